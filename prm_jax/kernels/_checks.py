@@ -1,0 +1,103 @@
+"""Trace-time argument checks and the value checks that cannot raise inside ``jit``.
+
+Shape, rank and dtype problems are caught while tracing, with messages that name the argument.
+Value problems (ranges, uniformity, group sizes) are computed on device as small flags; the public entry
+points turn them into a ``ValueError`` on the host, or, when called under an outer ``jit``/``vmap``, into a
+host callback that raises when the compiled computation runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def accumulation_dtype(*arrays: Any) -> jnp.dtype:
+    """float32, or float64 when an input already is: bf16/f16 inputs never accumulate in low precision."""
+    for x in arrays:
+        if x is not None and jnp.asarray(x).dtype == jnp.float64:
+            return jnp.dtype(jnp.float64)
+    return jnp.dtype(jnp.float32)
+
+
+def as_float(name: str, x: Any, dtype: jnp.dtype) -> jax.Array:
+    x = jnp.asarray(x)
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)
+            or x.dtype == jnp.bool_):
+        raise TypeError(f"{name} must be a real numeric array, got dtype {x.dtype}")
+    return x.astype(dtype)
+
+
+def as_mask(name: str, x: Any) -> jax.Array:
+    """Any numeric mask becomes bool: nonzero is active."""
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        raise TypeError(f"{name} must be a bool, integer or float mask, got dtype {x.dtype}")
+    return x if x.dtype == jnp.bool_ else x != 0
+
+
+def as_int(name: str, x: Any) -> jax.Array:
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"{name} must be an integer array, got dtype {x.dtype}")
+    return x.astype(jnp.int32)
+
+
+def check_rank(name: str, x: Any, ndim: int) -> None:
+    shape = jnp.shape(x)
+    if len(shape) != ndim:
+        raise ValueError(f"{name} must have rank {ndim}, got shape {tuple(shape)}")
+
+
+def check_shape(name: str, x: Any, shape: tuple[int, ...], like: str) -> None:
+    if tuple(jnp.shape(x)) != tuple(shape):
+        raise ValueError(f"{name} must have the shape of {like} {tuple(shape)}, got {tuple(jnp.shape(x))}")
+
+
+def is_traced(*xs: Any) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(xs))
+
+
+def concrete_scalar(x: Any) -> float | None:
+    """The Python value of a scalar known before tracing, else None."""
+    if is_traced(x):
+        return None
+    arr = np.asarray(x)
+    return float(arr) if arr.ndim == 0 else None
+
+
+@jax.tree_util.register_pytree_node_class
+class ValueCheck:
+    """A device-computed violation flag plus the host-side message built from its details.
+
+    A pytree (the message is static), so jitted functions can return their checks to the caller.
+    """
+
+    def __init__(self, failed: jax.Array, message: Callable[..., str], *details: jax.Array):
+        self.failed = failed
+        self.message = message
+        self.details = details
+
+    def tree_flatten(self):
+        return (self.failed, *self.details), self.message
+
+    @classmethod
+    def tree_unflatten(cls, message, children):
+        return cls(children[0], message, *children[1:])
+
+
+def raise_value_checks(checks: list[ValueCheck]) -> None:
+    """Raise ValueError for the first failed check; under a trace, raise when the computation runs."""
+    for check in checks:
+        if is_traced(check.failed, *check.details):
+            jax.debug.callback(_raise_on_host, check.message, check.failed, *check.details)
+        elif bool(check.failed):
+            raise ValueError(check.message(*(np.asarray(d) for d in check.details)))
+
+
+def _raise_on_host(message: Callable[..., str], failed: Any, *details: Any) -> None:
+    if bool(failed):
+        raise ValueError(message(*(np.asarray(d) for d in details)))

@@ -1,0 +1,307 @@
+"""Generalized advantage estimation on timesteps, with masked carry.
+
+Time convention: ``rewards[:, t]``, ``values[:, t]`` and ``mask[:, t]`` belong to timestep ``t`` (see
+``alignment``). The recurrence runs right to left from ``last = 0`` and ``nextv = bootstrap``::
+
+  delta_t = r_t + gamma * nextv - V_t
+  new_t   = delta_t + gamma * lam * last
+  mask_t = 1:  last = new_t,  nextv = V_t
+  mask_t = 0:  last, nextv carried unchanged (no discount consumed; a reward there is dropped)
+  A_t = last,  returns_t = A_t + V_t
+
+So a masked timestep holds the advantage of the next active timestep to its right (verl/AReaL parity),
+and a multi-turn row whose generated spans are separated by user/tool tokens is discounted over its
+generated tokens only. The recurrence is linear, ``A_t = c_t A_{t+1} + delta_t`` with
+``c_t = gamma * lam`` where active and 1 elsewhere, and every method below computes it:
+
+- ``scan``: one sequential ``lax.scan`` over time carrying ``(last, nextv)``: the literal recurrence.
+- ``associative``: ``lax.associative_scan`` over affine maps ``x -> c x + delta`` (log depth).
+- ``blocked``: a sequential scan inside blocks of ``block_size`` timesteps, all blocks in parallel, then
+  a scan over block carries and a fix-up pass (a chunked scan: few, wide steps).
+- ``cumsum``: when ``gamma * lam == 1`` is known before tracing, ``c_t == 1`` and ``A`` is a reverse
+  cumulative sum of ``delta``: exact, no products.
+- ``auto``: ``scan`` on CPU (cheapest per element there); on GPU/TPU ``cumsum`` when ``gamma * lam == 1``
+  is static, else ``associative``.
+
+For the parallel methods ``nextv`` (the value at the next active timestep, or ``bootstrap``) is found
+with a reverse running minimum over active indices and a gather: exact, no arithmetic on values.
+All methods accumulate in float32 (float64 for float64 inputs) whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.typing import ArrayLike
+
+from prm_jax.kernels import _checks
+from prm_jax.kernels.alignment import shift_to_next_token
+
+GAE_METHODS = ("auto", "scan", "associative", "blocked", "cumsum")
+DEFAULT_BLOCK_SIZE = 64
+
+
+class GAEOutput(NamedTuple):
+    advantages: jax.Array  # [B, T] (or [B, K] turns) float32
+    returns: jax.Array     # [B, T] float32, advantages + values
+
+
+def resolve_method(method: str, *, unit_discount: bool) -> str:
+    """Resolves ``auto`` for the default backend; ``cumsum`` needs ``gamma * lam == 1`` statically."""
+    if method not in GAE_METHODS:
+        raise ValueError(f"method must be one of {GAE_METHODS}, got {method!r}")
+    if method == "cumsum" and not unit_discount:
+        raise ValueError("method='cumsum' needs gamma * lam == 1 known before tracing (Python floats); "
+                         "use 'auto', 'scan', 'associative' or 'blocked' otherwise")
+    if method != "auto":
+        return method
+    if jax.default_backend() == "cpu":
+        return "scan"
+    return "cumsum" if unit_discount else "associative"
+
+
+def _next_active_values(values: jax.Array, active: jax.Array, bootstrap: jax.Array) -> jax.Array:
+    """``nextv[:, t]`` = value at the first active timestep after ``t``, else ``bootstrap``."""
+    num_steps = values.shape[-1]
+    index = lax.broadcasted_iota(jnp.int32, values.shape, values.ndim - 1)
+    candidate = jnp.where(active, index, num_steps)
+    first_at_or_after = lax.cummin(candidate, axis=values.ndim - 1, reverse=True)
+    first_after = shift_to_next_token(first_at_or_after, fill=num_steps)
+    gathered = jnp.take_along_axis(values, jnp.minimum(first_after, num_steps - 1), axis=-1)
+    return jnp.where(first_after < num_steps, gathered, bootstrap[:, None])
+
+
+def _affine_combine(later, earlier):
+    """Composes ``x -> a_l x + b_l`` (later timesteps, applied first) with ``x -> a_e x + b_e``."""
+    a_later, b_later = later
+    a_earlier, b_earlier = earlier
+    return a_later * a_earlier, a_earlier * b_later + b_earlier
+
+
+def backward_linear_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.Array, method: str,
+                               block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
+    """``x_t = coeffs_t * x_{t+1} + offsets_t`` for t = T-1 .. 0 along the last axis, ``x_T = init``.
+
+    Args:
+      coeffs, offsets: ``[B, T]`` float.
+      init: ``[B]`` float.
+      method: ``scan | associative | blocked``.
+    """
+    if method == "scan":
+        def step(x, coeff_offset):
+            coeff, offset = coeff_offset
+            x = coeff * x + offset
+            return x, x
+        _, xs = lax.scan(step, init, (coeffs.T, offsets.T), reverse=True)
+        return xs.T
+    if method == "associative":
+        offsets = offsets.at[:, -1].add(coeffs[:, -1] * init)
+        _, xs = lax.associative_scan(_affine_combine, (coeffs, offsets), reverse=True, axis=1)
+        return xs
+    if method == "blocked":
+        return _blocked_recurrence(coeffs, offsets, init, block_size)
+    raise ValueError(f"no linear recurrence for method {method!r}")
+
+
+def _blocked_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.Array, block_size: int) -> jax.Array:
+    batch, num_steps = coeffs.shape
+    block_size = max(1, min(block_size, num_steps))
+    num_blocks = -(-num_steps // block_size)
+    pad = num_blocks * block_size - num_steps
+    # Identity steps on the right leave the carried-in value unchanged.
+    coeffs = jnp.pad(coeffs, ((0, 0), (0, pad)), constant_values=1)
+    offsets = jnp.pad(offsets, ((0, 0), (0, pad)))
+    # [block_size, B, num_blocks]: one sequential step advances every block of every row at once.
+    coeffs = coeffs.reshape(batch, num_blocks, block_size).transpose(2, 0, 1)
+    offsets = offsets.reshape(batch, num_blocks, block_size).transpose(2, 0, 1)
+
+    def within_block(carry, coeff_offset):
+        product, local = carry
+        coeff, offset = coeff_offset
+        product = coeff * product
+        local = coeff * local + offset
+        return (product, local), (product, local)
+
+    zeros = jnp.zeros((batch, num_blocks), coeffs.dtype)
+    _, (products, locals_) = lax.scan(within_block, (jnp.ones_like(zeros), zeros), (coeffs, offsets),
+                                      reverse=True)
+
+    def across_blocks(x_after_block, product_local):
+        product, local = product_local
+        return product * x_after_block + local, x_after_block
+
+    # carry_in[j] is x just right of block j (the first step of block j + 1, or init).
+    _, carry_in = lax.scan(across_blocks, init, (products[0].T, locals_[0].T), reverse=True)
+    xs = locals_ + products * carry_in.T[None]
+    return xs.transpose(1, 2, 0).reshape(batch, num_blocks * block_size)[:, :num_steps]
+
+
+def _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap):
+    def step(carry, inputs):
+        last, next_value = carry
+        reward, value, is_active = inputs
+        new = reward + gamma * next_value - value + gamma_lam * last
+        last = jnp.where(is_active, new, last)
+        next_value = jnp.where(is_active, value, next_value)
+        return (last, next_value), last
+
+    init = (jnp.zeros_like(bootstrap), bootstrap)
+    _, advantages = lax.scan(step, init, (rewards.T, values.T, active.T), reverse=True)
+    return advantages.T
+
+
+def gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: jax.Array, lam: jax.Array,
+             bootstrap: jax.Array, method: str, block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
+    """Advantages for already-validated float arrays; ``method`` resolved; ``lam`` scalar or ``[B]``."""
+    gamma_lam = gamma * jnp.broadcast_to(lam, bootstrap.shape)
+    if method == "scan":
+        return _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap)
+    next_values = _next_active_values(values, active, bootstrap)
+    zero = jnp.zeros((), rewards.dtype)
+    deltas = jnp.where(active, rewards + gamma * next_values - values, zero)
+    if method == "cumsum":
+        return lax.cumsum(deltas, axis=1, reverse=True)
+    coeffs = jnp.where(active, gamma_lam[:, None], jnp.ones((), rewards.dtype))
+    return backward_linear_recurrence(coeffs, deltas, jnp.zeros_like(bootstrap), method, block_size)
+
+
+def _prepare(rewards, values, mask, lam, bootstrap):
+    _checks.check_rank("rewards", rewards, 2)
+    shape = jnp.shape(rewards)
+    if values is not None:
+        _checks.check_shape("values", values, shape, "rewards")
+    _checks.check_shape("mask", mask, shape, "rewards")
+    if jnp.ndim(lam) not in (0, 1) or (jnp.ndim(lam) == 1 and jnp.shape(lam) != shape[:1]):
+        raise ValueError(f"lam must be a scalar or have shape [B] = {shape[:1]}, got {jnp.shape(lam)}")
+    if bootstrap is not None:
+        _checks.check_shape("bootstrap", bootstrap, shape[:1], "rewards' batch axis")
+    dtype = _checks.accumulation_dtype(rewards, values, bootstrap)
+    rewards = _checks.as_float("rewards", rewards, dtype)
+    values = jnp.zeros(shape, dtype) if values is None else _checks.as_float("values", values, dtype)
+    bootstrap = jnp.zeros(shape[:1], dtype) if bootstrap is None else _checks.as_float("bootstrap", bootstrap, dtype)
+    return rewards, values, _checks.as_mask("mask", mask), bootstrap, dtype
+
+
+def _check_discount(name: str, x) -> None:
+    value = _checks.concrete_scalar(x)
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+def _is_unit_discount(gamma, lam) -> bool:
+    g, l = _checks.concrete_scalar(gamma), _checks.concrete_scalar(lam)
+    return g is not None and l is not None and g * l == 1.0
+
+
+@functools.partial(jax.jit, static_argnames=("method", "block_size"))
+def _gae_jit(rewards, values, mask, gamma, lam, bootstrap, *, method, block_size):
+    rewards, values, active, bootstrap, dtype = _prepare(rewards, values, mask, lam, bootstrap)
+    advantages = gae_core(rewards, values, active, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype),
+                          bootstrap, method, block_size)
+    return GAEOutput(advantages, advantages + values)
+
+
+def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma: ArrayLike = 1.0,
+        lam: ArrayLike = 1.0, bootstrap: ArrayLike | None = None, method: str = "auto",
+        block_size: int = DEFAULT_BLOCK_SIZE) -> GAEOutput:
+    """Generalized advantage estimation with masked carry (module docstring has the recurrence).
+
+    Args:
+      rewards: ``[B, T]`` float, reward of timestep t (the action token t + 1).
+      values: ``[B, T]`` float, V of timestep t; ``None`` means zeros.
+      mask: ``[B, T]`` bool/int/float, 1 where timestep t is trained on (the shifted loss mask).
+      gamma: discount in [0, 1]; a traced scalar is fine (no retrace when it changes).
+      lam: GAE lambda in [0, 1], a scalar or ``[B]`` (one per row).
+      bootstrap: ``[B]`` value after the last timestep (``V[seqlen-1]`` for truncated rows), or None (0).
+      method: ``auto | scan | associative | blocked | cumsum`` (``cumsum`` needs ``gamma * lam == 1``
+        as Python numbers).
+      block_size: timesteps per block for ``blocked``.
+
+    Returns:
+      ``GAEOutput(advantages [B, T], returns [B, T])``, float32 (float64 for float64 inputs).
+    """
+    _check_discount("gamma", gamma)
+    if jnp.ndim(lam) == 0:
+        _check_discount("lam", lam)
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    method = resolve_method(method, unit_discount=_is_unit_discount(gamma, lam))
+    return _gae_jit(rewards, values, mask, gamma, lam, bootstrap, method=method, block_size=block_size)
+
+
+def turn_gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, turn_ids: jax.Array,
+                  gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, num_turns: int,
+                  method: str) -> GAEOutput:
+    """Turn-level GAE on validated arrays; see ``turn_gae``."""
+    batch, num_steps = rewards.shape
+    dtype = rewards.dtype
+    in_turn = active & (turn_ids >= 0) & (turn_ids < num_turns)
+    row = lax.broadcasted_iota(jnp.int32, (batch, num_steps), 0)
+    # Timesteps outside any turn go to segment batch * num_turns, which segment ops drop.
+    segment = jnp.where(in_turn, row * num_turns + turn_ids, batch * num_turns)
+    turn_rewards = jax.ops.segment_sum(jnp.where(in_turn, rewards, jnp.zeros((), dtype)).ravel(),
+                                       segment.ravel(), num_segments=batch * num_turns).reshape(batch, num_turns)
+    step_index = lax.broadcasted_iota(jnp.int32, (batch, num_steps), 1)
+    first_step = jax.ops.segment_min(jnp.where(in_turn, step_index, num_steps).ravel(), segment.ravel(),
+                                     num_segments=batch * num_turns).reshape(batch, num_turns)
+    turn_active = first_step < num_steps
+    turn_values = jnp.take_along_axis(values, jnp.clip(first_step, 0, num_steps - 1), axis=1)
+    turn_values = jnp.where(turn_active, turn_values, jnp.zeros((), dtype))
+    turn_advantages = gae_core(turn_rewards, turn_values, turn_active, gamma, lam, bootstrap, method)
+
+    safe_ids = jnp.clip(turn_ids, 0, num_turns - 1)
+    token_advantages = jnp.take_along_axis(turn_advantages, safe_ids, axis=1)
+    token_returns = token_advantages + jnp.take_along_axis(turn_values, safe_ids, axis=1)
+    # Timesteps outside a turn carry the advantage of the next turn timestep to their right, as in
+    # token-level GAE; their returns are that advantage plus their own value.
+    carried = _next_active_values(token_advantages, in_turn, jnp.zeros((batch,), dtype))
+    advantages = jnp.where(in_turn, token_advantages, carried)
+    returns = jnp.where(in_turn, token_returns, carried + values)
+    return GAEOutput(advantages, returns)
+
+
+@functools.partial(jax.jit, static_argnames=("num_turns", "method"))
+def _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, *, num_turns, method):
+    rewards, values, active, bootstrap, dtype = _prepare(rewards, values, mask, lam, bootstrap)
+    _checks.check_shape("turn_ids", turn_ids, rewards.shape, "rewards")
+    turn_ids = _checks.as_int("turn_ids", turn_ids)
+    return turn_gae_core(rewards, values, active, turn_ids, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype),
+                         bootstrap, num_turns, method)
+
+
+def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn_ids: ArrayLike, *,
+             gamma: ArrayLike = 1.0, lam: ArrayLike = 1.0, bootstrap: ArrayLike | None = None,
+             num_turns: int | None = None, method: str = "auto") -> GAEOutput:
+    """GAE with turns as the time unit (``gae_timestep_unit: turn``).
+
+    Turn ``k`` of a row is the set of active timesteps whose (shifted) ``turn_ids`` equal ``k``. Its reward
+    is the sum of ``rewards`` over those timesteps, its value is ``values`` at its first active timestep.
+    The token recurrence then runs over turns ``k = K-1 .. 0`` (turns with no active timestep are masked)::
+
+      delta_k = R_k + gamma * V_{k+1} - V_k,   A_k = delta_k + gamma * lam * A_{k+1}
+
+    and each timestep of turn ``k`` gets ``A_k`` and the return ``A_k + V_k``. Timesteps in no turn carry
+    the advantage of the next turn timestep to their right, with return ``A + V_t``.
+
+    Args:
+      rewards, values, mask: ``[B, T]`` on timesteps, as for ``gae``.
+      turn_ids: ``[B, T]`` int, turn index of each timestep (shifted ``turn_ids``), -1 outside turns.
+      gamma, lam, bootstrap, method: as for ``gae``.
+      num_turns: static bound on turns per row; ids at or past it are ignored. Defaults to ``T``.
+
+    Returns:
+      ``GAEOutput(advantages [B, T], returns [B, T])``, float32.
+    """
+    _check_discount("gamma", gamma)
+    if jnp.ndim(lam) == 0:
+        _check_discount("lam", lam)
+    num_turns = jnp.shape(rewards)[-1] if num_turns is None else int(num_turns)
+    if num_turns < 1:
+        raise ValueError(f"num_turns must be >= 1, got {num_turns}")
+    method = resolve_method(method, unit_discount=_is_unit_discount(gamma, lam))
+    return _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, num_turns=num_turns,
+                         method=method)

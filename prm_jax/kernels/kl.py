@@ -1,0 +1,62 @@
+"""KL penalty rewards on timesteps.
+
+With ``d = logprobs - ref_logprobs`` (behaviour minus reference log-prob of the action at timestep t):
+
+  k1 = d,    k2 = d**2 / 2,    k3 = exp(-d) - 1 + d
+
+The estimate is clamped to [-10, 10] and the reward is ``-kl_ctl * kl`` on active timesteps, 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from prm_jax.kernels import _checks
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_CLAMP = 10.0
+
+
+def kl_estimate(logprobs: ArrayLike, ref_logprobs: ArrayLike, estimator: str = "k1") -> jax.Array:
+    """Per-timestep KL estimate, clamped to [-10, 10], accumulated in float32 (or float64).
+
+    Args:
+      logprobs: ``[B, T]`` behaviour log-probs on timesteps.
+      ref_logprobs: ``[B, T]`` reference log-probs on timesteps.
+      estimator: ``"k1" | "k2" | "k3"``.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    _checks.check_shape("ref_logprobs", ref_logprobs, jnp.shape(logprobs), "logprobs")
+    dtype = _checks.accumulation_dtype(logprobs, ref_logprobs)
+    d = _checks.as_float("logprobs", logprobs, dtype) - _checks.as_float("ref_logprobs", ref_logprobs, dtype)
+    if estimator == "k1":
+        kl = d
+    elif estimator == "k2":
+        kl = 0.5 * d * d
+    else:
+        kl = jnp.expm1(-d) + d
+    return jnp.clip(kl, -KL_CLAMP, KL_CLAMP)
+
+
+def kl_rewards(logprobs: ArrayLike, ref_logprobs: ArrayLike, mask: ArrayLike, *, kl_ctl: float = 0.1,
+               estimator: str = "k1") -> jax.Array:
+    """``-kl_ctl * kl_estimate`` where ``mask`` is active, exactly 0 elsewhere.
+
+    Masked timesteps are selected with ``where``, so NaN or Inf log-probs on padding do not leak.
+
+    Args:
+      logprobs, ref_logprobs: ``[B, T]`` float on timesteps.
+      mask: ``[B, T]`` timestep loss mask (the shifted ``loss_mask``).
+      kl_ctl: KL coefficient.
+      estimator: ``"k1" | "k2" | "k3"``.
+    """
+    _checks.check_shape("mask", mask, jnp.shape(logprobs), "logprobs")
+    active = _checks.as_mask("mask", mask)
+    dtype = _checks.accumulation_dtype(logprobs, ref_logprobs)
+    zero = jnp.zeros((), dtype)
+    safe_logp = jnp.where(active, _checks.as_float("logprobs", logprobs, dtype), zero)
+    safe_ref = jnp.where(active, _checks.as_float("ref_logprobs", ref_logprobs, dtype), zero)
+    return jnp.where(active, -kl_ctl * kl_estimate(safe_logp, safe_ref, estimator), zero)

@@ -1,0 +1,119 @@
+"""Advantage shaping with direct process rewards, applied after GAE and advantage normalization.
+
+``P`` is the shifted process reward on timesteps; shaping touches active timesteps only and never changes
+returns. With ``b = negative_scale``, ``z = zero_penalty``, ``eps = zero_eps``:
+
+- ``additive``:          ``A' = A + P``
+- ``gvpo``:              where ``P < 0``: ``A < -eps -> (1 + b) A``; ``|A| <= eps -> -z``; ``A > eps -> 0``
+                         (only the sign of ``P`` matters; ``P >= 0`` leaves ``A``)
+- ``process_weighted``:  ``P`` in [0, 1]; ``A >= 0 -> A P``; ``A < 0, P > 0 -> P``; ``A < 0, P = 0 -> A``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from prm_jax.kernels import _checks
+
+SHAPING_MODES = ("additive", "gvpo", "process_weighted")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapingConfig:
+    """``rollout.agent.prm.advantage_shaping``; hashable, a static argument."""
+
+    mode: str = "additive"
+    negative_scale: float = 0.2
+    zero_penalty: float = 0.4
+    zero_eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.mode not in SHAPING_MODES:
+            raise ValueError(f"advantage_shaping.mode must be one of {SHAPING_MODES}, got {self.mode!r}")
+        for key in ("negative_scale", "zero_penalty", "zero_eps"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise ValueError(f"advantage_shaping.{key} must be a finite number >= 0, got {value!r}")
+            object.__setattr__(self, key, float(value))
+
+    @classmethod
+    def from_value(cls, value: Any) -> "ShapingConfig":
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
+            if unknown:
+                raise ValueError(f"advantage_shaping has unknown keys {sorted(unknown)}")
+            return cls(**value)
+        raise TypeError(f"advantage_shaping must be a ShapingConfig or a mapping, got {type(value).__name__}")
+
+
+def shape_core(advantages: jax.Array, process_rewards: jax.Array, active: jax.Array,
+               shaping: ShapingConfig) -> jax.Array:
+    """Shaping of validated float arrays (same dtype) with a bool mask."""
+    a, p = advantages, process_rewards
+    if shaping.mode == "additive":
+        shaped = a + p
+    elif shaping.mode == "gvpo":
+        eps = shaping.zero_eps
+        on_negative = jnp.where(a < -eps, (1.0 + shaping.negative_scale) * a,
+                                jnp.where(a > eps, jnp.zeros((), a.dtype), jnp.full((), -shaping.zero_penalty, a.dtype)))
+        shaped = jnp.where(p < 0, on_negative, a)
+    else:
+        shaped = jnp.where(a >= 0, a * p, jnp.where(p > 0, p, a))
+    return jnp.where(active, shaped, a)
+
+
+def process_range_check(process_rewards: jax.Array, active: jax.Array) -> _checks.ValueCheck:
+    """process_weighted needs P in [0, 1] on active timesteps (NaN fails too)."""
+    inside = (process_rewards >= 0) & (process_rewards <= 1)
+    failed = jnp.any(active & ~inside)
+    lowest = jnp.min(jnp.where(active, process_rewards, jnp.inf))
+    highest = jnp.max(jnp.where(active, process_rewards, -jnp.inf))
+    return _checks.ValueCheck(
+        failed, lambda lo, hi: "process_weighted shaping needs process rewards in [0, 1] on active timesteps, "
+                               f"got values in [{float(lo):g}, {float(hi):g}] (NaN counts as outside)",
+        lowest, highest)
+
+
+def shape_advantages(advantages: ArrayLike, process_rewards: ArrayLike, mask: ArrayLike,
+                     shaping: ShapingConfig = ShapingConfig()) -> jax.Array:
+    """Shapes advantages with direct process rewards (module docstring has the rules).
+
+    Args:
+      advantages: ``[B, T]`` float on timesteps (after GAE and normalization).
+      process_rewards: ``[B, T]`` float on timesteps (shifted ``token_rewards``).
+      mask: ``[B, T]`` timestep loss mask; inactive timesteps keep their advantage.
+      shaping: ``ShapingConfig``.
+
+    Returns:
+      ``[B, T]`` float32 (float64 for float64 inputs). ``process_weighted`` raises ``ValueError`` when an
+      active process reward is outside [0, 1].
+    """
+    if not isinstance(shaping, ShapingConfig):
+        raise TypeError(f"shaping must be a ShapingConfig, got {type(shaping).__name__}")
+    _checks.check_rank("advantages", advantages, 2)
+    _checks.check_shape("process_rewards", process_rewards, jnp.shape(advantages), "advantages")
+    _checks.check_shape("mask", mask, jnp.shape(advantages), "advantages")
+    shaped, checks = _shape_jit(advantages, process_rewards, mask, shaping=shaping)
+    _checks.raise_value_checks(checks)
+    return shaped
+
+
+def _shape_impl(advantages, process_rewards, mask, *, shaping):
+    dtype = _checks.accumulation_dtype(advantages, process_rewards)
+    a = _checks.as_float("advantages", advantages, dtype)
+    p = _checks.as_float("process_rewards", process_rewards, dtype)
+    active = _checks.as_mask("mask", mask)
+    checks = [process_range_check(p, active)] if shaping.mode == "process_weighted" else []
+    return shape_core(a, p, active, shaping), checks
+
+
+_shape_jit = jax.jit(_shape_impl, static_argnames=("shaping",))

@@ -1,0 +1,245 @@
+"""Independent float64 references, written as plain loops over rows and timesteps.
+
+Nothing here imports prm_jax: these are the semantics of SPEC sections 1, 5 and 6 spelled out one
+element at a time, so a vectorization bug in the library cannot hide in the reference too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def shift(x, fill=0):
+    x = np.asarray(x)
+    out = np.empty_like(x)
+    rows, width = x.shape
+    for b in range(rows):
+        for t in range(width):
+            out[b, t] = x[b, t + 1] if t + 1 < width else fill
+    return out
+
+
+def gae(rewards, values, mask, gamma, lam, bootstrap):
+    """The AReaL loop: right to left, masked timesteps carry (last, nextv) unchanged."""
+    rewards, values, mask = (np.asarray(a, np.float64) for a in (rewards, values, mask))
+    rows, width = rewards.shape
+    lam = np.broadcast_to(np.asarray(lam, np.float64), (rows,))
+    advantages = np.zeros((rows, width))
+    for b in range(rows):
+        last, next_value = 0.0, float(bootstrap[b])
+        for t in reversed(range(width)):
+            if mask[b, t]:
+                delta = rewards[b, t] + gamma * next_value - values[b, t]
+                last = delta + gamma * lam[b] * last
+                next_value = values[b, t]
+            advantages[b, t] = last
+    return advantages, advantages + values
+
+
+def turn_gae(rewards, values, mask, turn_ids, gamma, lam, bootstrap, num_turns):
+    rewards, values = np.asarray(rewards, np.float64), np.asarray(values, np.float64)
+    rows, width = rewards.shape
+    lam = np.broadcast_to(np.asarray(lam, np.float64), (rows,))
+    advantages = np.zeros((rows, width))
+    returns = np.zeros((rows, width))
+    for b in range(rows):
+        turn_reward, turn_value = {}, {}
+        for t in range(width):
+            k = int(turn_ids[b, t])
+            if mask[b, t] and 0 <= k < num_turns:
+                turn_reward[k] = turn_reward.get(k, 0.0) + rewards[b, t]
+                turn_value.setdefault(k, values[b, t])
+        turn_adv = {}
+        last, next_value = 0.0, float(bootstrap[b])
+        for k in sorted(turn_reward, reverse=True):
+            last = turn_reward[k] + gamma * next_value - turn_value[k] + gamma * lam[b] * last
+            next_value = turn_value[k]
+            turn_adv[k] = last
+        carried = 0.0
+        for t in reversed(range(width)):
+            k = int(turn_ids[b, t])
+            if mask[b, t] and 0 <= k < num_turns:
+                advantages[b, t] = turn_adv[k]
+                returns[b, t] = turn_adv[k] + turn_value[k]
+                carried = turn_adv[k]
+            else:
+                advantages[b, t] = carried
+                returns[b, t] = carried + values[b, t]
+    return advantages, returns
+
+
+def group_of_rows(rows, group_size=1, group_sizes=None):
+    if group_sizes is None:
+        return [b // group_size for b in range(rows)]
+    out = []
+    for g, size in enumerate(group_sizes):
+        out += [g] * int(size)
+    return out
+
+
+def normalize(x, mask, *, mean_level="batch", std_level="batch", mean_leave1out=False, std_unbiased=True,
+              eps=1e-5, group_size=1, group_sizes=None):
+    x = np.asarray(x, np.float64)
+    mask = np.asarray(mask).astype(bool)
+    flat = x.ndim == 1
+    if flat:
+        x, mask = x[:, None], mask[:, None]
+    rows, width = x.shape
+    groups = group_of_rows(rows, group_size, group_sizes)
+    if not mask.any():
+        return x[:, 0] if flat else x
+
+    def members(level, b):
+        return [c for c in range(rows) if level == "batch" or groups[c] == groups[b]]
+
+    def entries(level, b):
+        return [x[c, t] for c in members(level, b) for t in range(width) if mask[c, t]]
+
+    out = np.zeros_like(x)
+    for b in range(rows):
+        for t in range(width):
+            if not mask[b, t]:
+                continue
+            if mean_level is None:
+                mean = 0.0
+            else:
+                vals = entries(mean_level, b)
+                if mean_leave1out:
+                    mean = (math.fsum(vals) - x[b, t]) / (len(vals) - 1) if len(vals) > 1 else 0.0
+                else:
+                    mean = math.fsum(vals) / len(vals)
+            if std_level is None:
+                std, e = 1.0, 0.0
+            else:
+                vals = entries(std_level, b)
+                centre = math.fsum(vals) / len(vals)
+                n = len(vals) - 1 if std_unbiased else len(vals)
+                std = math.sqrt(math.fsum((v - centre) ** 2 for v in vals) / n) if n > 0 else 1.0
+                e = eps
+            out[b, t] = (x[b, t] - mean) / (std + e)
+    return out[:, 0] if flat else out
+
+
+def shape(advantages, process, mask, mode, negative_scale=0.2, zero_penalty=0.4, zero_eps=1e-6):
+    advantages = np.asarray(advantages, np.float64).copy()
+    rows, width = advantages.shape
+    for b in range(rows):
+        for t in range(width):
+            if not mask[b, t]:
+                continue
+            a, p = advantages[b, t], float(process[b, t])
+            if mode == "additive":
+                a = a + p
+            elif mode == "gvpo":
+                if p < 0:
+                    if a < -zero_eps:
+                        a = (1 + negative_scale) * a
+                    elif a > zero_eps:
+                        a = 0.0
+                    else:
+                        a = -zero_penalty
+            else:
+                if a >= 0:
+                    a = a * p
+                elif p > 0:
+                    a = p
+            advantages[b, t] = a
+    return advantages
+
+
+def kl(logp, ref, estimator):
+    d = logp - ref
+    if estimator == "k1":
+        value = d
+    elif estimator == "k2":
+        value = d * d / 2
+    else:
+        value = math.exp(ref - logp) - 1 - (ref - logp)
+    return min(max(value, -10.0), 10.0)
+
+
+def compute_advantages(batch, cfg):
+    """SPEC 5 step by step. ``cfg`` is a plain dict of AdvantageConfig fields (norms as dicts)."""
+    c = dict(discount=1.0, gae_lambda=1.0, kl_ctl=0.1, kl_estimator="k1", reward_bias=0.0, reward_scaling=1.0,
+             reward_clip=20.0, mask_no_eos_with_zero=False, token_rewards_as_adv=True, gae_timestep_unit="token",
+             reward_norm=None, adv_norm=None, shaping=dict(mode="additive"), max_turns=None,
+             overlong_reward_penalty=False)
+    c.update(cfg)
+    attention = np.asarray(batch["attention_mask"]).astype(bool)
+    loss_mask = np.asarray(batch["loss_mask"]).astype(bool)
+    rows, width = attention.shape
+    f64 = lambda key: np.asarray(batch[key], np.float64)  # noqa: E731
+    seqlen = attention.sum(1)
+    rewards = f64("rewards").copy()
+    values = f64("values") if "values" in batch else np.zeros((rows, width))
+    gs = batch.get("group_sizes")
+
+    # 1
+    for b in range(rows):
+        if c["overlong_reward_penalty"]:
+            exceed = loss_mask[b].sum() - (c["max_new_tokens"] - c["overlong_tokens"])
+            rewards[b] += min(-exceed / c["overlong_tokens"] * c["overlong_penalty_factor"], 0.0)
+        rewards[b] = min(max((rewards[b] + c["reward_bias"]) * c["reward_scaling"], -c["reward_clip"]),
+                         c["reward_clip"])
+    if c["reward_norm"] is not None:
+        rewards = normalize(rewards, np.ones(rows, bool), group_sizes=gs, **c["reward_norm"])
+
+    # 2
+    m = shift(loss_mask, False).astype(bool)
+    logp = np.where(m, shift(f64("logprobs")), 0.0)
+    ref = np.where(m, shift(f64("ref_logprobs")), 0.0) if "ref_logprobs" in batch else np.zeros((rows, width))
+    tids = shift(np.asarray(batch["turn_ids"]), -1) if "turn_ids" in batch else None
+    has_p = "token_rewards" in batch
+    process = np.where(m, shift(f64("token_rewards")), 0.0) if has_p else None
+
+    # 3
+    kl_rewards = np.zeros((rows, width))
+    for b in range(rows):
+        for t in range(width):
+            if m[b, t] and t != seqlen[b] - 1:
+                kl_rewards[b, t] = -c["kl_ctl"] * kl(logp[b, t], ref[b, t], c["kl_estimator"])
+
+    # 4
+    truncated = (np.asarray(batch["is_truncated"]).astype(bool) if "is_truncated" in batch
+                 else seqlen == width)
+    tot = np.zeros((rows, width))
+    for b in range(rows):
+        r = 0.0 if (c["mask_no_eos_with_zero"] and truncated[b]) else rewards[b]
+        tot[b, max(seqlen[b] - 2, 0)] += r
+        if has_p and c["mask_no_eos_with_zero"] and truncated[b]:
+            process[b] = 0.0
+
+    # 5 fold
+    if has_p and not c["token_rewards_as_adv"]:
+        for b in range(rows):
+            for t in range(width):
+                if not m[b, t]:
+                    continue
+                same_next = t + 1 < width and m[b, t + 1] and (tids is None or tids[b, t] == tids[b, t + 1])
+                if same_next:
+                    assert process[b, t] == process[b, t + 1], "reference: non-uniform turn"
+                else:
+                    tot[b, t] += process[b, t]
+
+    # 6-7
+    bootstrap = np.array([values[b, max(seqlen[b] - 1, 0)] if truncated[b] else 0.0 for b in range(rows)])
+    lam = f64("gae_lambda") if "gae_lambda" in batch else c["gae_lambda"]
+    if c["gae_timestep_unit"] == "token":
+        tot = tot + kl_rewards
+        advantages, returns = gae(tot, values, m, c["discount"], lam, bootstrap)
+    else:
+        advantages, returns = turn_gae(tot, values, m, tids, c["discount"], lam, bootstrap,
+                                       c["max_turns"] or width)
+        advantages = advantages + kl_rewards
+
+    # 8
+    if c["adv_norm"] is not None:
+        advantages = normalize(advantages, m, group_sizes=gs, **c["adv_norm"])
+
+    # 9
+    if has_p and c["token_rewards_as_adv"]:
+        advantages = shape(advantages, process, m, **c["shaping"])
+    return dict(advantages=advantages, returns=returns, kl_rewards=kl_rewards, tot_rewards=tot,
+                loss_mask=m.astype(np.float64), logprobs=logp)

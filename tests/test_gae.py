@@ -1,0 +1,181 @@
+import importlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import prm_jax
+
+gae_module = importlib.import_module("prm_jax.kernels.gae")
+
+import reference
+from batches import timestep_inputs
+
+METHODS = ("scan", "associative", "blocked")
+ALL_METHODS = METHODS + ("auto",)
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0), (0.0, 0.5), (1.0, 0.9)])
+@pytest.mark.parametrize("rows,width", [(1, 1), (3, 17), (5, 130)])
+def test_gae_matches_float64_loop(method, gamma, lam, rows, width):
+    rng = np.random.default_rng(rows * 1000 + width)
+    rewards, values, mask, bootstrap = timestep_inputs(rng, rows, width)
+    out = prm_jax.gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=bootstrap, method=method,
+                      block_size=8)
+    want_adv, want_ret = reference.gae(rewards, values, mask, gamma, lam, bootstrap)
+    np.testing.assert_allclose(out.advantages, want_adv, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(out.returns, want_ret, rtol=2e-5, atol=2e-5)
+    assert out.advantages.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("method", ALL_METHODS + ("cumsum",))
+def test_unit_discount_paths_match_loop(method):
+    rng = np.random.default_rng(7)
+    rewards, values, mask, bootstrap = timestep_inputs(rng, 4, 300)
+    out = prm_jax.gae(rewards, values, mask, gamma=1.0, lam=1.0, bootstrap=bootstrap, method=method)
+    want_adv, _ = reference.gae(rewards, values, mask, 1.0, 1.0, bootstrap)
+    np.testing.assert_allclose(out.advantages, want_adv, rtol=1e-5, atol=5e-5)
+
+
+def test_cumsum_needs_static_unit_discount():
+    rewards, values, mask, _ = timestep_inputs(np.random.default_rng(0), 2, 5)
+    with pytest.raises(ValueError, match="gamma \\* lam == 1"):
+        prm_jax.gae(rewards, values, mask, gamma=0.99, lam=1.0, method="cumsum")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_per_row_lambda(method):
+    rng = np.random.default_rng(3)
+    rewards, values, mask, bootstrap = timestep_inputs(rng, 4, 40)
+    lam = np.array([0.0, 0.5, 0.95, 1.0], np.float32)
+    out = prm_jax.gae(rewards, values, mask, gamma=0.97, lam=lam, bootstrap=bootstrap, method=method, block_size=7)
+    want, _ = reference.gae(rewards, values, mask, 0.97, lam, bootstrap)
+    np.testing.assert_allclose(out.advantages, want, rtol=2e-5, atol=2e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), width=st.integers(1, 70), block=st.integers(1, 9),
+       gamma=st.floats(0, 1), lam=st.floats(0, 1))
+def test_all_methods_agree(seed, width, block, gamma, lam):
+    rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(seed), 3, width)
+    outs = [prm_jax.gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=bootstrap, method=m,
+                        block_size=block).advantages for m in METHODS]
+    for other in outs[1:]:
+        np.testing.assert_allclose(other, outs[0], rtol=3e-5, atol=3e-5)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_masked_rewards_and_values_do_not_change_active_outputs(method):
+    rng = np.random.default_rng(11)
+    rewards, values, mask, bootstrap = timestep_inputs(rng, 4, 50)
+    base = prm_jax.gae(rewards, values, mask, gamma=0.9, lam=0.8, bootstrap=bootstrap, method=method)
+    junk_r = np.where(mask, rewards, rng.normal(size=rewards.shape) * 1e3).astype(np.float32)
+    junk_v = np.where(mask, values, rng.normal(size=values.shape) * 1e3).astype(np.float32)
+    junk = prm_jax.gae(junk_r, junk_v, mask, gamma=0.9, lam=0.8, bootstrap=bootstrap, method=method)
+    np.testing.assert_array_equal(np.asarray(junk.advantages), np.asarray(base.advantages))
+    np.testing.assert_array_equal(np.asarray(junk.returns)[mask], np.asarray(base.returns)[mask])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_right_padding_changes_nothing(method):
+    rng = np.random.default_rng(12)
+    rewards, values, mask, bootstrap = timestep_inputs(rng, 3, 33)
+    base = prm_jax.gae(rewards, values, mask, gamma=0.95, lam=0.9, bootstrap=bootstrap, method=method, block_size=4)
+    pad = lambda x, v: np.concatenate([x, np.full((3, 20), v, x.dtype)], axis=1)  # noqa: E731
+    padded = prm_jax.gae(pad(rewards, 5.0), pad(values, -3.0), pad(mask, False), gamma=0.95, lam=0.9,
+                         bootstrap=bootstrap, method=method, block_size=4)
+    np.testing.assert_allclose(np.asarray(padded.advantages)[:, :33], base.advantages, rtol=1e-6, atol=1e-6)
+
+
+def test_bf16_inputs_accumulate_in_float32():
+    rng = np.random.default_rng(5)
+    rewards, values, mask, bootstrap = timestep_inputs(rng, 2, 2000, density=0.9)
+    bf = lambda x: jnp.asarray(x, jnp.bfloat16)  # noqa: E731
+    want, _ = reference.gae(np.asarray(bf(rewards), np.float64), np.asarray(bf(values), np.float64), mask,
+                            1.0, 1.0, np.asarray(bf(bootstrap), np.float64))
+    for method in ALL_METHODS:
+        out = prm_jax.gae(bf(rewards), bf(values), mask, bootstrap=bf(bootstrap), method=method)
+        assert out.advantages.dtype == jnp.float32
+        # A bf16 accumulator over 2000 steps would be off by whole units; float32 stays near 1e-4.
+        np.testing.assert_allclose(out.advantages, want, rtol=1e-4, atol=2e-3)
+
+
+def test_gae_no_retrace_for_new_python_scalars(monkeypatch):
+    counted = jax.jit(chex.assert_max_traces(gae_module._gae_jit.__wrapped__, n=1),
+                      static_argnames=("method", "block_size"))
+    monkeypatch.setattr(gae_module, "_gae_jit", counted)
+    rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(0), 2, 9)
+    for gamma, lam in [(0.9, 0.8), (0.95, 0.7), (0.5, 0.1)]:
+        prm_jax.gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=bootstrap, method="scan")
+
+
+def test_gae_under_jit_and_vmap():
+    rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(1), 4, 12)
+    want = prm_jax.gae(rewards, values, mask, gamma=0.9, lam=0.9, bootstrap=bootstrap, method="associative")
+
+    @jax.jit
+    def step(r, v, m, boot, gamma):
+        return prm_jax.gae(r, v, m, gamma=gamma, lam=0.9, bootstrap=boot, method="associative").advantages
+
+    np.testing.assert_allclose(step(rewards, values, mask, bootstrap, 0.9), want.advantages, rtol=1e-6, atol=1e-6)
+    per_row = jax.vmap(lambda r, v, m, boot: prm_jax.gae(r[None], v[None], m[None], gamma=0.9, lam=0.9,
+                                                         bootstrap=boot[None], method="scan").advantages[0])
+    np.testing.assert_allclose(per_row(rewards, values, mask, bootstrap), want.advantages, rtol=1e-5, atol=1e-5)
+
+
+def test_gae_argument_errors_name_the_argument():
+    r = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError, match="values"):
+        prm_jax.gae(r, np.zeros((2, 4), np.float32), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="mask"):
+        prm_jax.gae(r, None, np.ones((3, 3)))
+    with pytest.raises(ValueError, match="lam"):
+        prm_jax.gae(r, None, np.ones((2, 3)), lam=np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="gamma"):
+        prm_jax.gae(r, None, np.ones((2, 3)), gamma=1.5)
+    with pytest.raises(ValueError, match="bootstrap"):
+        prm_jax.gae(r, None, np.ones((2, 3)), bootstrap=np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="method"):
+        prm_jax.gae(r, None, np.ones((2, 3)), method="fast")
+
+
+@pytest.mark.parametrize("method,gamma,lam", [(m, g, l) for m in METHODS for g, l in [(1.0, 1.0), (0.9, 0.7)]]
+                         + [("cumsum", 1.0, 1.0)])
+def test_turn_gae_matches_loop(method, gamma, lam):
+    rng = np.random.default_rng(21)
+    rewards, values, mask, bootstrap = timestep_inputs(rng, 4, 40)
+    turn_ids = np.where(mask, np.cumsum(rng.random((4, 40)) < 0.15, axis=1), -1).astype(np.int32)
+    out = prm_jax.turn_gae(rewards, values, mask, turn_ids, gamma=gamma, lam=lam, bootstrap=bootstrap,
+                           method=method)
+    want_adv, want_ret = reference.turn_gae(rewards, values, mask, turn_ids, gamma, lam, bootstrap, 40)
+    np.testing.assert_allclose(out.advantages, want_adv, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(out.returns, want_ret, rtol=2e-5, atol=2e-5)
+
+
+def test_turn_gae_num_turns_bound_ignores_later_turns():
+    rng = np.random.default_rng(22)
+    rewards, values, mask, bootstrap = timestep_inputs(rng, 2, 30)
+    turn_ids = np.where(mask, np.arange(30)[None] // 6, -1).astype(np.int32)
+    out = prm_jax.turn_gae(rewards, values, mask, turn_ids, gamma=0.9, lam=0.9, bootstrap=bootstrap, num_turns=3)
+    want, _ = reference.turn_gae(rewards, values, mask, turn_ids, 0.9, 0.9, bootstrap, 3)
+    np.testing.assert_allclose(out.advantages, want, rtol=2e-5, atol=2e-5)
+
+
+def test_linear_recurrence_methods_agree_on_general_coefficients():
+    rng = np.random.default_rng(4)
+    coeffs = jnp.asarray(rng.uniform(-1, 1, size=(3, 77)), jnp.float32)
+    offsets = jnp.asarray(rng.normal(size=(3, 77)), jnp.float32)
+    init = jnp.asarray(rng.normal(size=3), jnp.float32)
+    want = np.zeros((3, 77))
+    for b in range(3):
+        x = float(init[b])
+        for t in reversed(range(77)):
+            x = float(coeffs[b, t]) * x + float(offsets[b, t])
+            want[b, t] = x
+    for method in METHODS:
+        got = prm_jax.backward_linear_recurrence(coeffs, offsets, init, method, block_size=10)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,278 @@
+import dataclasses
+import importlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import prm_jax
+from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages
+
+import reference
+from batches import make_batch
+
+pipeline = importlib.import_module("prm_jax.kernels.pipeline")
+FIELDS = ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs")
+
+
+def spec_example(**overrides):
+    batch = dict(
+        attention_mask=np.ones((1, 8), np.int32),
+        loss_mask=np.array([[0, 0, 1, 1, 0, 1, 1, 1]]),
+        turn_ids=np.array([[-1, -1, 0, 0, -1, 1, 1, 1]]),
+        logprobs=np.zeros((1, 8), np.float32),
+        rewards=np.array([1.0], np.float32),
+        token_rewards=np.array([[0, 0, 0, 0, 0, -0.2, -0.2, -0.2]], np.float32),
+        is_truncated=np.array([False]),
+    )
+    batch.update(overrides)
+    return batch
+
+
+ACTIVE = [1, 2, 4, 5, 6]
+
+
+@pytest.mark.parametrize("method", ["scan", "associative", "blocked", "auto", "cumsum"])
+def test_spec_worked_example(method):
+    batch = spec_example()
+    additive = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, gae_method=method))
+    np.testing.assert_allclose(np.asarray(additive.advantages)[0, ACTIVE], [1, 1, 0.8, 0.8, 0.8], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(additive.returns)[0, ACTIVE], 1.0, rtol=1e-6)
+    fold = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, token_rewards_as_adv=False, gae_method=method))
+    np.testing.assert_allclose(np.asarray(fold.advantages)[0, ACTIVE], 0.8, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(fold.returns)[0, ACTIVE], 0.8, rtol=1e-6)
+    gvpo = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, advantage_shaping=ShapingConfig("gvpo"),
+                                                     gae_method=method))
+    np.testing.assert_allclose(np.asarray(gvpo.advantages)[0, ACTIVE], [1, 1, 0, 0, 0], atol=1e-7)
+    np.testing.assert_allclose(gvpo.returns, additive.returns)
+    np.testing.assert_array_equal(additive.loss_mask[0], [0, 1, 1, 0, 1, 1, 1, 0])
+
+
+CONFIGS = {
+    "defaults": {},
+    "discounted": dict(discount=0.97, gae_lambda=0.9, kl_ctl=0.05, kl_estimator="k3"),
+    "gvpo_k2_advnorm": dict(kl_estimator="k2", adv_norm=dict(mean_level="batch", std_level="batch"),
+                            shaping=dict(mode="gvpo", negative_scale=0.3, zero_penalty=0.5, zero_eps=1e-3)),
+    "group_norm": dict(reward_norm=dict(mean_level="group", std_level="group", group_size=2),
+                       adv_norm=dict(mean_level="group", std_level="batch", mean_leave1out=True, group_size=2),
+                       reward_bias=-0.5, reward_scaling=2.0, reward_clip=1.5),
+    "mask_no_eos": dict(mask_no_eos_with_zero=True, discount=0.9, gae_lambda=0.95),
+    "overlong": dict(overlong_reward_penalty=True, overlong_tokens=4, overlong_penalty_factor=0.5,
+                     max_new_tokens=10),
+    "turn_level": dict(gae_timestep_unit="turn", discount=0.9, gae_lambda=0.8, kl_ctl=0.2),
+}
+
+
+def to_config(cfg, method):
+    cfg = dict(cfg)
+    shaping = cfg.pop("shaping", None)
+    if shaping is not None:
+        cfg["advantage_shaping"] = shaping
+    return AdvantageConfig(gae_method=method, **cfg)
+
+
+def check_against_reference(batch, cfg, method="auto", rtol=2e-5, atol=3e-5):
+    out = compute_advantages(batch, to_config(cfg, method))
+    want = reference.compute_advantages(batch, cfg)
+    for field in FIELDS:
+        np.testing.assert_allclose(getattr(out, field), want[field], rtol=rtol, atol=atol, err_msg=field)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("method", ["scan", "associative", "blocked"])
+def test_pipeline_matches_float64_reference(name, method):
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    batch = make_batch(rng, rows=6, width=48)
+    check_against_reference(batch, CONFIGS[name], method)
+
+
+@pytest.mark.parametrize("unit_interval", [False, True])
+def test_fold_and_process_weighted_match_reference(unit_interval):
+    rng = np.random.default_rng(31)
+    batch = make_batch(rng, rows=6, width=40, uniform=True, unit_interval=unit_interval)
+    check_against_reference(batch, dict(token_rewards_as_adv=False, discount=0.95))
+    if unit_interval:
+        check_against_reference(batch, dict(shaping=dict(mode="process_weighted")))
+
+
+def test_per_row_lambda_and_variable_groups():
+    rng = np.random.default_rng(32)
+    batch = make_batch(rng, rows=6, width=30)
+    batch["gae_lambda"] = np.array([0.0, 0.5, 0.9, 1.0, 0.7, 0.95], np.float32)
+    batch["group_sizes"] = np.array([1, 3, 2], np.int32)
+    check_against_reference(batch, dict(discount=0.99, reward_norm=dict(mean_level="group", std_level="group"),
+                                        adv_norm=dict(mean_level="group", std_level="group")))
+
+
+def test_truncation_fallback_warns_and_matches_reference():
+    rng = np.random.default_rng(33)
+    batch = make_batch(rng, rows=5, width=20, explicit_truncation=False)
+    with pytest.warns(UserWarning, match="is_truncated"):
+        check_against_reference(batch, dict(discount=0.9, mask_no_eos_with_zero=True))
+
+
+def test_shaping_never_changes_returns_or_tot_rewards():
+    rng = np.random.default_rng(34)
+    batch = make_batch(rng, rows=6, width=32, unit_interval=True)
+    outs = [compute_advantages(batch, AdvantageConfig(advantage_shaping=ShapingConfig(mode)))
+            for mode in prm_jax.SHAPING_MODES]
+    without = compute_advantages({k: v for k, v in batch.items() if k != "token_rewards"}, AdvantageConfig())
+    for out in outs:
+        np.testing.assert_array_equal(out.returns, without.returns)
+        np.testing.assert_array_equal(out.tot_rewards, without.tot_rewards)
+    assert not np.array_equal(outs[0].advantages, without.advantages)
+
+
+def test_masked_positions_do_not_change_active_outputs():
+    rng = np.random.default_rng(35)
+    batch = make_batch(rng, rows=5, width=30)
+    cfg = AdvantageConfig(discount=0.9, gae_lambda=0.9, adv_norm=NormConfig())
+    base = compute_advantages(batch, cfg)
+    noisy = dict(batch)
+    junk = rng.normal(size=batch["logprobs"].shape).astype(np.float32) * 100
+    # Positions whose token is not generated: their log-probs, ref log-probs and process rewards are unused.
+    for key in ("logprobs", "ref_logprobs", "token_rewards"):
+        noisy[key] = np.where(batch["loss_mask"] == 1, batch[key], junk)
+    noisy["logprobs"] = np.where(batch["loss_mask"] == 1, batch["logprobs"], np.nan).astype(np.float32)
+    out = compute_advantages(noisy, cfg)
+    active = np.asarray(base.loss_mask) == 1
+    for field in FIELDS:
+        np.testing.assert_array_equal(np.asarray(getattr(out, field))[active],
+                                      np.asarray(getattr(base, field))[active], err_msg=field)
+    assert np.isfinite(np.asarray(out.advantages)).all()
+
+
+def test_right_padding_changes_nothing():
+    rng = np.random.default_rng(36)
+    batch = make_batch(rng, rows=4, width=24)
+    cfg = AdvantageConfig(discount=0.95, gae_lambda=0.9, adv_norm=NormConfig())
+    base = compute_advantages(batch, cfg)
+    padded = {}
+    for key, value in batch.items():
+        if np.ndim(value) == 2:
+            fill = -1 if key == "turn_ids" else 0
+            padded[key] = np.concatenate([value, np.full((4, 9), fill, value.dtype)], axis=1)
+        else:
+            padded[key] = value
+    out = compute_advantages(padded, cfg)
+    for field in FIELDS:
+        np.testing.assert_allclose(np.asarray(getattr(out, field))[:, :24], getattr(base, field), rtol=1e-6,
+                                   atol=1e-6, err_msg=field)
+
+
+def test_process_weighted_range_is_checked():
+    batch = spec_example(token_rewards=np.array([[0, 0, 0, 0, 0, 1.5, 1.5, 1.5]], np.float32))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        compute_advantages(batch, AdvantageConfig(advantage_shaping=ShapingConfig("process_weighted")))
+    # Out-of-range values on prompt/gap tokens are not active and are ignored.
+    ok = spec_example(token_rewards=np.array([[9, 9, 0, 0, 9, 0.5, 0.5, 0.5]], np.float32))
+    compute_advantages(ok, AdvantageConfig(advantage_shaping=ShapingConfig("process_weighted")))
+    # The documented opt-out skips the check.
+    compute_advantages(batch, AdvantageConfig(advantage_shaping=ShapingConfig("process_weighted"),
+                                              check_values=False))
+
+
+def test_fold_uniformity_is_checked():
+    batch = spec_example(token_rewards=np.array([[0, 0, 0, 0, 0, -0.2, -0.3, -0.2]], np.float32))
+    with pytest.raises(ValueError, match="uniform"):
+        compute_advantages(batch, AdvantageConfig(token_rewards_as_adv=False))
+
+
+def test_value_check_raises_under_outer_jit():
+    batch = spec_example(token_rewards=np.array([[0, 0, 0, 0, 0, 2.0, 2.0, 2.0]], np.float32))
+    cfg = AdvantageConfig(advantage_shaping=ShapingConfig("process_weighted"))
+    step = jax.jit(lambda b: compute_advantages(b, cfg).advantages)
+    with pytest.raises(Exception, match=r"\[0, 1\]"):
+        jax.block_until_ready(step(batch))
+
+
+def test_group_sizes_are_checked():
+    batch = make_batch(np.random.default_rng(1), rows=4, width=10)
+    cfg = AdvantageConfig(adv_norm=NormConfig(mean_level="group", std_level="group"))
+    with pytest.raises(ValueError, match="group_sizes"):
+        compute_advantages(dict(batch, group_sizes=np.array([2, 1], np.int32)), cfg)
+    with pytest.raises(ValueError, match="group_sizes"):
+        compute_advantages(dict(batch, group_sizes=np.array([5, -1], np.int32)), cfg)
+    with pytest.raises(ValueError, match="does not divide"):
+        compute_advantages(batch, AdvantageConfig(adv_norm=NormConfig("group", "group", group_size=3)))
+
+
+def test_bad_batches_name_the_key():
+    batch = spec_example()
+    with pytest.raises(ValueError, match="missing required keys \\['rewards'\\]"):
+        compute_advantages({k: v for k, v in batch.items() if k != "rewards"})
+    with pytest.raises(ValueError, match="'loss_mask'"):
+        compute_advantages(dict(batch, loss_mask=np.ones((1, 7))))
+    with pytest.raises(ValueError, match="'rewards'"):
+        compute_advantages(dict(batch, rewards=np.ones((2,), np.float32)))
+    with pytest.raises(TypeError, match="'turn_ids'"):
+        compute_advantages(dict(batch, turn_ids=np.zeros((1, 8), np.float32)))
+    with pytest.raises(ValueError, match="turn_ids"):
+        compute_advantages({k: v for k, v in batch.items() if k != "turn_ids"},
+                           AdvantageConfig(gae_timestep_unit="turn"))
+
+
+@pytest.mark.parametrize("kwargs,key", [
+    (dict(discount=1.5), "discount"), (dict(gae_lambda=float("nan")), "gae_lambda"),
+    (dict(kl_estimator="k4"), "kl_estimator"), (dict(gae_timestep_unit="episode"), "gae_timestep_unit"),
+    (dict(advantage_shaping=dict(mode="multiply")), "advantage_shaping.mode"),
+    (dict(advantage_shaping=dict(negative_scale=-1)), "advantage_shaping.negative_scale"),
+    (dict(advantage_shaping=dict(zero_penalty=float("inf"))), "advantage_shaping.zero_penalty"),
+    (dict(advantage_shaping=dict(zero_eps=-1e-9)), "advantage_shaping.zero_eps"),
+    (dict(advantage_shaping=dict(mode="gvpo"), token_rewards_as_adv=False), "token_rewards_as_adv"),
+    (dict(advantage_shaping=dict(mode="process_weighted"), token_rewards_as_adv=False), "token_rewards_as_adv"),
+    (dict(advantage_shaping=dict(mode="process_weighted"), mask_no_eos_with_zero=True), "mask_no_eos_with_zero"),
+    (dict(advantage_shaping=dict(mode="additive", scale=1)), "unknown keys"),
+    (dict(adv_norm=dict(mean_level="global")), "adv_norm.mean_level"),
+    (dict(reward_norm=dict(eps=-1)), "reward_norm.eps"),
+    (dict(gae_method="cumsum", discount=0.9), "cumsum"),
+    (dict(overlong_reward_penalty=True, overlong_tokens=0), "overlong_tokens"),
+])
+def test_config_validation_names_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key.replace(".", "\\.")):
+        AdvantageConfig(**kwargs)
+
+
+def test_one_compile_per_shape_and_config(monkeypatch):
+    counted = jax.jit(chex.assert_max_traces(pipeline._pipeline, n=1), static_argnames=("config",))
+    monkeypatch.setattr(pipeline, "_pipeline_jit", counted)
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        batch = make_batch(rng, rows=4, width=16)
+        # A fresh but equal config object each call: configs hash by value.
+        compute_advantages(batch, AdvantageConfig(discount=0.9, adv_norm=dict(mean_level="batch")))
+
+
+def test_under_jit_and_vmap():
+    rng = np.random.default_rng(3)
+    batch = make_batch(rng, rows=4, width=16)
+    cfg = AdvantageConfig(discount=0.9, gae_lambda=0.95)
+    want = compute_advantages(batch, cfg)
+    jitted = jax.jit(lambda b: compute_advantages(b, cfg))(batch)
+    for field in FIELDS:
+        np.testing.assert_allclose(getattr(jitted, field), getattr(want, field), rtol=1e-6, atol=1e-6)
+    rows = jax.vmap(lambda b: compute_advantages(jax.tree.map(lambda x: x[None], b), cfg).advantages[0])(batch)
+    np.testing.assert_allclose(rows, want.advantages, rtol=1e-5, atol=1e-5)
+
+
+def test_outputs_are_float32_for_bf16_inputs():
+    rng = np.random.default_rng(4)
+    batch = make_batch(rng, rows=3, width=20)
+    low = {k: (jnp.asarray(v, jnp.bfloat16) if np.asarray(v).dtype == np.float32 else v) for k, v in batch.items()}
+    out = compute_advantages(low, AdvantageConfig(discount=0.9))
+    for field in FIELDS:
+        assert getattr(out, field).dtype == jnp.float32, field
+    want = reference.compute_advantages({k: np.asarray(v, np.float64) if np.asarray(v).dtype != bool else v
+                                         for k, v in low.items()}, dict(discount=0.9))
+    np.testing.assert_allclose(out.advantages, want["advantages"], rtol=1e-5, atol=1e-5)
+
+
+def test_advantage_config_is_hashable_and_static():
+    a = AdvantageConfig(adv_norm=dict(mean_level="group", group_size=2))
+    b = AdvantageConfig(adv_norm=NormConfig(mean_level="group", group_size=2))
+    assert a == b and hash(a) == hash(b)
+    assert dataclasses.replace(a, discount=0.5) != a
+    chex.assert_trees_all_equal(a.advantage_shaping, ShapingConfig())

@@ -1,0 +1,17 @@
+"""Python 3.10 support for ``ExceptionGroup`` and ``BaseException.add_note`` (built in from 3.11)."""
+
+from __future__ import annotations
+
+import sys
+
+if sys.version_info >= (3, 11):
+    ExceptionGroup = ExceptionGroup  # noqa: A001,PLW0127
+else:  # anyio depends on the backport on 3.10
+    from exceptiongroup import ExceptionGroup  # noqa: F401
+
+
+def add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", []), note]

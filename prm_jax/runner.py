@@ -1,0 +1,318 @@
+"""The scorer runner: builds scorers from config, scores branches, commits token rewards, closes scorers.
+
+Scoring a branch (``run``): scorers run in config order (disabled ones skipped); within a scorer every turn
+is evaluated concurrently, and a failure cancels its siblings. A scorer's results are all validated
+(type, shape ``(output_len,)``, finite ``raw`` and ``raw * weight``, observation rules, stable metric
+schemas) before any is committed; committing adds ``weight * raw`` to each turn's float32 ``token_rewards``.
+
+Lifecycle: scorers built from config are *owned* (disabled ones too) and closed by ``aclose`` in reverse
+creation order, each at most once; instances passed in are *borrowed* and never closed here.
+``await PRMRunner.create(config)`` rolls back (closes the owned scorers built so far) when start-up fails;
+the synchronous ``PRMRunner(config)`` is kept for compatibility without that rollback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import anyio
+import numpy as np
+
+from prm_jax._compat import ExceptionGroup, add_note
+from prm_jax.config import ExperimentConfig, PRMConfig, ScorerSpec
+from prm_jax.scoring import (BaseScorer, BaseTrajectoryScorer, PRMMetricObservation, PRMScorerResult,
+                             PRMTurnResult)
+from prm_jax.trajectory import Interaction, InteractionCache, freeze
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_scorer_class(path: str) -> type[BaseScorer]:
+    """Imports ``package.module.ClassName``; the class must subclass ``BaseScorer``."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"scorer path must be a non-empty dotted import path, got {path!r}")
+    module_name, _, attr = path.rpartition(".")
+    if not module_name:
+        raise ValueError(f"scorer path {path!r} must be 'package.module.ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"scorer path {path!r}: cannot import module {module_name!r}: {err}") from err
+    try:
+        cls = getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"scorer path {path!r}: module {module_name!r} has no attribute {attr!r}") from None
+    if not (isinstance(cls, type) and issubclass(cls, BaseScorer)):
+        raise TypeError(f"scorer path {path!r} names {cls!r}, which is not a BaseScorer subclass")
+    return cls
+
+
+def _as_prm_config(config: Any) -> PRMConfig:
+    if isinstance(config, PRMConfig):
+        return config
+    if isinstance(config, ExperimentConfig):
+        return config.prm
+    if isinstance(config, Mapping):
+        if "rollout" in config or "actor" in config:
+            return ExperimentConfig.from_dict(config).prm
+        return PRMConfig.from_dict(config)
+    if config is None:
+        return PRMConfig(enabled=False)
+    raise TypeError(f"config must be a PRMConfig, an ExperimentConfig or a mapping, got {type(config).__name__}")
+
+
+def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarray:
+    """The raw reward as float64 ``[output_len]``, or a ``ValueError``/``TypeError`` naming scorer and turn."""
+    where = f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}"
+    n = turn.output_len
+    if n <= 0:
+        raise ValueError(f"{where}: the turn has no output tokens to score (output_len must be > 0)")
+    if isinstance(raw, (bool, np.bool_)):
+        raise TypeError(f"{where}: returned a bool; return a float score (0.0 or 1.0) instead")
+    try:
+        array = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{where}: returned {type(raw).__name__}; expected a float or an array of shape ({n},)") from None
+    if array.ndim == 0:
+        array = np.full(n, float(array))
+    elif array.shape != (n,):
+        raise ValueError(f"{where}: must return shape (n,) with n = output_len = {n}, got shape {array.shape}")
+    if not np.isfinite(array).all():
+        raise ValueError(f"{where}: returned non-finite rewards")
+    with np.errstate(over="ignore"):
+        weighted = (array * scorer.weight).astype(np.float32)
+    if not np.isfinite(weighted).all():
+        raise ValueError(f"{where}: reward * weight ({scorer.weight}) is non-finite")
+    return array
+
+
+class PRMRunner:
+    """Runs configured scorers over branches and commits their weighted token rewards."""
+
+    def __init__(self, config: Any = None):
+        self._init_state()
+        self._build(_as_prm_config(config))
+
+    @classmethod
+    async def create(cls, config: Any = None) -> "PRMRunner":
+        """Builds and validates; on failure awaits cleanup of the owned scorers built so far, then re-raises."""
+        runner = cls.__new__(cls)
+        runner._init_state()
+        try:
+            runner._build(_as_prm_config(config))
+        except Exception as err:
+            for scorer in reversed(runner._owned):
+                try:
+                    await scorer.aclose()
+                except Exception as cleanup_error:
+                    logger.exception("cleanup of scorer %r after a failed start-up failed", scorer.name)
+                    add_note(err, f"cleanup of scorer {scorer.name!r} after the failed start-up also failed: "
+                                  f"{cleanup_error!r}")
+            raise
+        return runner
+
+    def _init_state(self) -> None:
+        self._scorers: list[BaseScorer] = []
+        self._owned: list[BaseScorer] = []
+        self._to_close: list[BaseScorer] = []
+        self._schemas: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {}
+        self._closing = False
+        self._closed = False
+        self._close_event: anyio.Event | None = None
+        self.config: PRMConfig | None = None
+
+    def _build(self, config: PRMConfig) -> None:
+        self.config = config
+        names: set[str] = set()
+        for i, entry in enumerate(config.scorers):
+            if isinstance(entry, BaseScorer):
+                scorer = entry
+            else:
+                cls = resolve_scorer_class(entry.path)
+                scorer = cls(weight=entry.weight, enabled=entry.enabled, **dict(entry.kwargs))
+                self._owned.append(scorer)
+                self._to_close.append(scorer)
+            if not isinstance(scorer, BaseScorer):
+                raise TypeError(f"rollout.agent.prm.scorers[{i}] built {type(scorer).__name__}, not a BaseScorer")
+            if scorer.name in names:
+                raise ValueError(f"scorer names must be unique within a runner: {scorer.name!r} appears twice")
+            names.add(scorer.name)
+            self._scorers.append(scorer)
+
+    @property
+    def scorers(self) -> tuple[BaseScorer, ...]:
+        return tuple(self._scorers)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.config and self.config.enabled and any(s.enabled for s in self._scorers))
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    async def run(self, branch: InteractionCache | Sequence[Interaction], ctx: Mapping[str, Any] | None = None, *,
+                  is_eval: bool = False) -> list[PRMTurnResult]:
+        """Scores one branch and commits into it; returns what each scorer committed to each turn.
+
+        Args:
+          branch: an ``InteractionCache`` holding one root-to-leaf chain (clone a session's branches with
+            ``clone_chain`` first), or the chain itself, parent before child.
+          ctx: extra read-only context for scorers; the runner adds ``messages`` and ``is_eval``.
+          is_eval: evaluation rollouts (metrics go to the ``eval-rollout`` namespace).
+
+        Raises:
+          RuntimeError: the runner is closing or closed; a scorer returned None for some turns.
+          ValueError, TypeError: a scorer's results failed validation; nothing of that scorer is committed.
+          Any exception a scorer raised, with a note naming the scorer and the turn.
+        """
+        if self._closing:
+            raise RuntimeError("PRMRunner is closed: run() is rejected once aclose() has started")
+        chain = self._chain(branch)
+        for turn in chain:
+            if not turn.token_backed:
+                raise ValueError(f"interaction {turn.interaction_id!r} is not token-backed (no token ids) and "
+                                 "cannot be scored")
+        if not self.config.enabled:
+            return []
+        leaf = chain[-1]
+        context = dict(ctx or {})
+        context["messages"] = tuple(leaf.messages) + tuple(leaf.output_messages)
+        context["is_eval"] = bool(is_eval)
+        frozen_ctx = freeze(context)
+        views = [turn.readonly() for turn in chain]
+        results: list[PRMTurnResult] = []
+        for scorer in self._scorers:
+            if scorer.enabled:
+                results.extend(await self._run_scorer(scorer, chain, views, frozen_ctx))
+        return results
+
+    @staticmethod
+    def _chain(branch: InteractionCache | Sequence[Interaction]) -> list[Interaction]:
+        if isinstance(branch, InteractionCache):
+            branches = branch.branches()
+            if len(branches) != 1:
+                raise ValueError(f"run() scores one branch, got a session with {len(branches)} branches; clone "
+                                 "each with clone_chain(leaf_id) first")
+            return branches[0]
+        chain = list(branch)
+        if not chain or not all(isinstance(t, Interaction) for t in chain):
+            raise TypeError("branch must be an InteractionCache or a non-empty sequence of Interactions")
+        for parent, child in zip(chain, chain[1:]):
+            if child.parent_id != parent.interaction_id:
+                raise ValueError(f"branch is not a parent-before-child chain at {child.interaction_id!r}")
+        return chain
+
+    async def _evaluate_all(self, scorer: BaseScorer, views: list[Interaction],
+                            ctx: Mapping[str, Any]) -> list[Any]:
+        if isinstance(scorer, BaseTrajectoryScorer):
+            mapping = await scorer.evaluate_trajectory(tuple(views), ctx)
+            if mapping is None:
+                return [None] * len(views)
+            if not isinstance(mapping, Mapping):
+                raise TypeError(f"scorer {scorer.name!r}: evaluate_trajectory must return a mapping of interaction "
+                                f"id to reward, got {type(mapping).__name__}")
+            ids = {view.interaction_id for view in views}
+            unknown = sorted(map(str, set(mapping) - ids))
+            if unknown:
+                raise ValueError(f"scorer {scorer.name!r}: evaluate_trajectory returned unknown interaction ids "
+                                 f"{unknown}")
+            return [scorer.prepare_result(view, mapping.get(view.interaction_id, 0.0), ctx) for view in views]
+
+        outcomes: list[Any] = [None] * len(views)
+        failure: list[BaseException] = []
+
+        async def score(i: int, view: Interaction) -> None:
+            try:
+                outcomes[i] = await scorer.evaluate_result(view, ctx)
+            except Exception as err:
+                add_note(err, f"raised by scorer {scorer.name!r} on interaction {view.interaction_id!r}")
+                if not failure:
+                    failure.append(err)
+                task_group.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as task_group:
+            for i, view in enumerate(views):
+                task_group.start_soon(score, i, view)
+        if failure:
+            raise failure[0]
+        return outcomes
+
+    async def _run_scorer(self, scorer: BaseScorer, chain: list[Interaction], views: list[Interaction],
+                          ctx: Mapping[str, Any]) -> list[PRMTurnResult]:
+        outcomes = await self._evaluate_all(scorer, views, ctx)
+        missing = sum(outcome is None or (isinstance(outcome, PRMScorerResult) and outcome.reward is None)
+                      for outcome in outcomes)
+        if missing:
+            raise RuntimeError(f"scorer {scorer.name!r} returned None for {missing} of {len(outcomes)} turns, which "
+                               "rejects the trajectory (return 0.0 for a real zero)")
+        # Validate everything first ...
+        vectors, seen, new_schemas = [], set(), {}
+        for turn, outcome in zip(chain, outcomes):
+            if not isinstance(outcome, PRMScorerResult):
+                raise TypeError(f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}: evaluate_result "
+                                f"must return a PRMScorerResult, got {type(outcome).__name__}")
+            vectors.append(_reward_vector(scorer, turn, outcome.reward))
+            for obs in outcome.observations:
+                self._check_observation(scorer, turn, obs, seen, new_schemas)
+        # ... then commit.
+        self._schemas.update(new_schemas)
+        results = []
+        for turn, outcome, raw in zip(chain, outcomes, vectors):
+            weighted = (raw * scorer.weight).astype(np.float32)
+            base = turn.token_rewards if turn.token_rewards is not None else np.zeros(turn.output_len, np.float32)
+            turn.token_rewards = (base + weighted).astype(np.float32)
+            results.append(PRMTurnResult(scorer.name, turn.interaction_id, scorer.weight, weighted,
+                                         float(np.mean(raw * scorer.weight)), outcome.observations))
+        return results
+
+    def _check_observation(self, scorer: BaseScorer, turn: Interaction, obs: Any, seen: set,
+                           new_schemas: dict) -> None:
+        where = f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}"
+        if not isinstance(obs, PRMMetricObservation):
+            raise TypeError(f"{where}: observations must be PRMMetricObservation, got {type(obs).__name__}")
+        if obs.scope == "turn" and obs.target_id != turn.interaction_id:
+            raise ValueError(f"{where}: a turn-scope observation must target its own turn, got target "
+                             f"{obs.target_id!r}")
+        key = (obs.scope, obs.target_id, obs.metric_id)
+        if key in seen:
+            raise ValueError(f"{where}: observation {key} reported more than once in one scorer run")
+        seen.add(key)
+        schema_key = (scorer.name, obs.scope, obs.metric_id)
+        known = self._schemas.get(schema_key, new_schemas.get(schema_key))
+        if known is not None and known != obs.schema:
+            raise ValueError(f"{where}: metric {obs.metric_id!r} ({obs.scope}) changed schema from {known} to "
+                             f"{obs.schema}; a scorer's metric keeps one value type and aggregation set")
+        new_schemas[schema_key] = obs.schema
+
+    async def aclose(self) -> None:
+        """Closes owned scorers in reverse creation order, each at most once.
+
+        The first caller runs the cleanup and raises an ``ExceptionGroup`` of the ordinary failures after
+        every owned scorer was tried; concurrent callers wait for that cleanup and return. Cancellation
+        propagates; a hook that failed or was interrupted is not retried by later calls.
+        """
+        self._closing = True
+        while not self._closed:
+            if self._close_event is not None:
+                await self._close_event.wait()
+                continue
+            event = self._close_event = anyio.Event()
+            errors: list[Exception] = []
+            try:
+                while self._to_close:
+                    scorer = self._to_close.pop()
+                    try:
+                        await scorer.aclose()
+                    except Exception as err:
+                        logger.exception("aclose() of scorer %r failed", scorer.name)
+                        errors.append(err)
+                self._closed = True
+            finally:
+                self._close_event = None
+                event.set()
+            if errors:
+                raise ExceptionGroup(f"{len(errors)} scorer cleanup hook(s) failed", errors)

@@ -1,0 +1,31 @@
+"""The example scorer: does each turn stay within an output-token budget?"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from prm_jax.scoring import BaseScorer, PRMMetricObservation, PRMScorerResult
+from prm_jax.trajectory import Interaction
+
+
+class LengthBudgetScorer(BaseScorer):
+    """``1.0`` for a turn with at most ``max_output_tokens`` output tokens, else ``0.0``.
+
+    Also reports the boolean turn observation ``within_budget`` (aggregated as count and rate).
+    """
+
+    name = "length_budget"
+
+    def __init__(self, max_output_tokens: int = 128, **kwargs: Any):
+        super().__init__(**kwargs)
+        if isinstance(max_output_tokens, bool) or not isinstance(max_output_tokens, int) or max_output_tokens <= 0:
+            raise ValueError(f"max_output_tokens must be a positive integer, got {max_output_tokens!r}")
+        self.max_output_tokens = max_output_tokens
+
+    async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> float:
+        return float(interaction.output_len <= self.max_output_tokens)
+
+    def prepare_result(self, interaction: Interaction, raw: Any, ctx: Mapping[str, Any]) -> PRMScorerResult:
+        observation = PRMMetricObservation("within_budget", "turn", interaction.interaction_id, bool(raw == 1.0),
+                                           "boolean", ("count", "rate"))
+        return PRMScorerResult(raw, (observation,))

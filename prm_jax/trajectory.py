@@ -1,0 +1,261 @@
+"""Agent trajectories: interactions (turns), session trees, branches and their concat export.
+
+An ``Interaction`` is one model call. A session is a tree of interactions linked by ``parent_id``; a
+branch is one root-to-leaf chain, parent before child. The concat export turns a branch into one token
+sequence, the leaf's ``input_tokens + output_tokens``, in which every turn's output span is trained on:
+
+  loss_mask      1 on every turn's output span, 0 on prompt and gap (user/tool) tokens
+  logprobs       behaviour log-prob of token j at position j, 0 elsewhere
+  turn_ids       the turn's index k (0-based, root first) on its output span, -1 elsewhere
+  token_rewards  each turn's vector on its output span, 0 elsewhere (absent when no turn has one)
+
+Every child's ``input_tokens`` must start with its parent's ``input_tokens + output_tokens``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import types
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+STOP_REASONS = ("stop", "length")
+
+
+def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+        raise ValueError(f"interaction {interaction_id!r}: {name} must be a 1-D sequence of token ids, got "
+                         f"dtype {array.dtype} shape {array.shape}")
+    return array.astype(np.int64)
+
+
+def freeze(value: Any) -> Any:
+    """A read-only deep copy: mappings become ``MappingProxyType``, sequences tuples, arrays read-only."""
+    if isinstance(value, Mapping):
+        return types.MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, np.ndarray):
+        out = value.copy()
+        out.setflags(write=False)
+        return out
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return frozenset(freeze(v) for v in value)
+    return copy.deepcopy(value)
+
+
+@dataclasses.dataclass(eq=False)
+class Interaction:
+    """One model call (a turn).
+
+    ``input_tokens``/``output_tokens`` are token ids; an interaction without them is message-only and
+    cannot be scored. ``token_rewards`` is float32 ``[output_len]``; ``reward`` the optional outcome.
+    """
+
+    interaction_id: str
+    input_tokens: Any
+    output_tokens: Any
+    _: dataclasses.KW_ONLY
+    parent_id: str | None = None
+    output_logprobs: Any = None
+    messages: Sequence[Mapping[str, Any]] = ()
+    output_messages: Sequence[Mapping[str, Any]] = ()
+    stop_reason: str = "stop"
+    reward: float | None = None
+    token_rewards: Any = None
+
+    def __post_init__(self):
+        if not isinstance(self.interaction_id, str) or not self.interaction_id:
+            raise ValueError(f"interaction_id must be a non-empty string, got {self.interaction_id!r}")
+        iid = self.interaction_id
+        if self.parent_id is not None and (not isinstance(self.parent_id, str) or not self.parent_id):
+            raise ValueError(f"interaction {iid!r}: parent_id must be a non-empty string or None")
+        if self.parent_id == iid:
+            raise ValueError(f"interaction {iid!r} is its own parent")
+        self.input_tokens = _tokens("input_tokens", self.input_tokens, iid)
+        self.output_tokens = _tokens("output_tokens", self.output_tokens, iid)
+        if (self.input_tokens is None) != (self.output_tokens is None):
+            raise ValueError(f"interaction {iid!r}: input_tokens and output_tokens must both be given or both be None")
+        if self.stop_reason not in STOP_REASONS:
+            raise ValueError(f"interaction {iid!r}: stop_reason must be one of {STOP_REASONS}, got {self.stop_reason!r}")
+        if self.reward is not None:
+            if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float, np.floating, np.integer)) \
+                    or not math.isfinite(self.reward):
+                raise ValueError(f"interaction {iid!r}: reward must be a finite number or None, got {self.reward!r}")
+            self.reward = float(self.reward)
+        if self.output_logprobs is not None:
+            self.output_logprobs = np.asarray(self.output_logprobs, np.float32)
+            if self.output_tokens is None or self.output_logprobs.shape != self.output_tokens.shape:
+                raise ValueError(f"interaction {iid!r}: output_logprobs must have shape ({self.output_len},), got "
+                                 f"{self.output_logprobs.shape}")
+        if self.token_rewards is not None:
+            self.token_rewards = np.asarray(self.token_rewards, np.float32)
+            if self.output_tokens is None or self.token_rewards.shape != self.output_tokens.shape:
+                raise ValueError(f"interaction {iid!r}: token_rewards must have shape ({self.output_len},), got "
+                                 f"{self.token_rewards.shape}")
+        self.messages = tuple(self.messages)
+        self.output_messages = tuple(self.output_messages)
+
+    @property
+    def output_len(self) -> int:
+        return 0 if self.output_tokens is None else int(self.output_tokens.shape[0])
+
+    @property
+    def token_backed(self) -> bool:
+        return self.output_tokens is not None
+
+    def readonly(self) -> "Interaction":
+        """A deep, read-only copy for scorers: frozen fields, read-only arrays, immutable messages."""
+        view = object.__new__(ReadOnlyInteraction)
+        for field in dataclasses.fields(self):
+            object.__setattr__(view, field.name, freeze(getattr(self, field.name)))
+        return view
+
+
+class ReadOnlyInteraction(Interaction):
+    """What scorers receive: setting an attribute raises ``AttributeError``."""
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"interaction {self.interaction_id!r} is read-only for scorers (tried to set {name!r})")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"interaction {self.interaction_id!r} is read-only for scorers")
+
+
+@dataclasses.dataclass(frozen=True)
+class BranchSequence:
+    """The concat export of one branch (numpy, unpadded)."""
+
+    leaf_id: str
+    input_ids: np.ndarray      # [L] int64
+    loss_mask: np.ndarray      # [L] int32
+    logprobs: np.ndarray       # [L] float32
+    turn_ids: np.ndarray       # [L] int32
+    token_rewards: np.ndarray | None  # [L] float32, or None when no turn has token rewards
+    reward: float | None       # the leaf's outcome reward
+    is_truncated: bool         # the leaf stopped at the length limit
+    interaction_ids: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dict(input_ids=self.input_ids, loss_mask=self.loss_mask, logprobs=self.logprobs,
+                   turn_ids=self.turn_ids, is_truncated=self.is_truncated)
+        if self.token_rewards is not None:
+            out["token_rewards"] = self.token_rewards
+        if self.reward is not None:
+            out["reward"] = self.reward
+        return out
+
+
+def stitch(chain: Sequence[Interaction]) -> BranchSequence:
+    """Concat export of a root-to-leaf chain (see the module docstring)."""
+    if not chain:
+        raise ValueError("a branch needs at least one interaction")
+    for turn in chain:
+        if not turn.token_backed:
+            raise ValueError(f"interaction {turn.interaction_id!r} is not token-backed (no token ids): "
+                             "concat export and scoring need token-backed interactions")
+    for parent, child in zip(chain, chain[1:]):
+        prefix = np.concatenate([parent.input_tokens, parent.output_tokens])
+        if child.input_tokens.shape[0] < prefix.shape[0] or not np.array_equal(
+                child.input_tokens[:prefix.shape[0]], prefix):
+            raise ValueError(f"interaction {child.interaction_id!r}: input_tokens must start with its parent "
+                             f"{parent.interaction_id!r}'s input_tokens + output_tokens (concat export)")
+    leaf = chain[-1]
+    input_ids = np.concatenate([leaf.input_tokens, leaf.output_tokens])
+    length = input_ids.shape[0]
+    loss_mask = np.zeros(length, np.int32)
+    logprobs = np.zeros(length, np.float32)
+    turn_ids = np.full(length, -1, np.int32)
+    has_rewards = any(turn.token_rewards is not None for turn in chain)
+    token_rewards = np.zeros(length, np.float32) if has_rewards else None
+    for k, turn in enumerate(chain):
+        start = turn.input_tokens.shape[0]
+        span = slice(start, start + turn.output_len)
+        loss_mask[span] = 1
+        turn_ids[span] = k
+        if turn.output_logprobs is not None:
+            logprobs[span] = turn.output_logprobs
+        if turn.token_rewards is not None:
+            token_rewards[span] = turn.token_rewards
+    return BranchSequence(leaf.interaction_id, input_ids, loss_mask, logprobs, turn_ids, token_rewards, leaf.reward,
+                          leaf.stop_reason == "length", tuple(turn.interaction_id for turn in chain))
+
+
+class InteractionCache:
+    """A session: interactions by id, linked into a tree by ``parent_id``."""
+
+    def __init__(self, interactions: Iterable[Interaction] = ()):
+        self._items: dict[str, Interaction] = {}
+        for interaction in interactions:
+            self.add(interaction)
+
+    def add(self, interaction: Interaction) -> None:
+        if not isinstance(interaction, Interaction):
+            raise TypeError(f"interaction must be an Interaction, got {type(interaction).__name__}")
+        if interaction.interaction_id in self._items:
+            raise ValueError(f"interaction {interaction.interaction_id!r} is already in the cache")
+        self._items[interaction.interaction_id] = interaction
+
+    def get(self, interaction_id: str) -> Interaction:
+        try:
+            return self._items[interaction_id]
+        except KeyError:
+            raise KeyError(f"no interaction {interaction_id!r} in the cache") from None
+
+    def remove(self, interaction_id: str) -> Interaction:
+        return self._items.pop(interaction_id)
+
+    def __contains__(self, interaction_id: object) -> bool:
+        return interaction_id in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self):
+        return iter(self._items.values())
+
+    def chain(self, leaf_id: str) -> list[Interaction]:
+        """Root-to-leaf interactions ending at ``leaf_id``; a cycle or a missing parent is a ``ValueError``."""
+        chain, seen = [], set()
+        node = self.get(leaf_id)
+        while True:
+            if node.interaction_id in seen:
+                raise ValueError(f"interaction {node.interaction_id!r} is on a parent cycle")
+            seen.add(node.interaction_id)
+            chain.append(node)
+            if node.parent_id is None:
+                break
+            if node.parent_id not in self._items:
+                raise ValueError(f"interaction {node.interaction_id!r} has parent {node.parent_id!r}, which is "
+                                 "not in the cache")
+            node = self._items[node.parent_id]
+        return chain[::-1]
+
+    def leaves(self) -> list[str]:
+        parents = {i.parent_id for i in self._items.values() if i.parent_id is not None}
+        leaves = [iid for iid in self._items if iid not in parents]
+        if self._items and not leaves:
+            raise ValueError("the session has no leaf: its parent links form a cycle")
+        return leaves
+
+    def branches(self) -> list[list[Interaction]]:
+        """Every root-to-leaf chain, in insertion order of the leaves, parent before child."""
+        branches = [self.chain(leaf) for leaf in self.leaves()]
+        covered = {i.interaction_id for branch in branches for i in branch}
+        stray = [iid for iid in self._items if iid not in covered]
+        if stray:
+            raise ValueError(f"interactions {stray} are on a parent cycle")
+        return branches
+
+    def clone_chain(self, leaf_id: str) -> "InteractionCache":
+        """A new cache holding deep copies of the chain ending at ``leaf_id``."""
+        return InteractionCache(copy.deepcopy(self.chain(leaf_id)))
+
+    def to_sequence(self, leaf_id: str) -> BranchSequence:
+        return stitch(self.chain(leaf_id))

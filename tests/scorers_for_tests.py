@@ -1,0 +1,104 @@
+"""Scorers used by the runtime tests, importable by dotted path (``scorers_for_tests.X``)."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+
+from prm_jax import BaseScorer, BaseTrajectoryScorer, PRMMetricObservation, PRMScorerResult
+
+EVENTS: list[str] = []
+
+
+class ConstantScorer(BaseScorer):
+    name = "constant"
+
+    def __init__(self, value=0.5, **kwargs):
+        super().__init__(**kwargs)
+        self.value = value
+
+    async def evaluate(self, interaction, ctx):
+        return self.value
+
+
+class PositionScorer(BaseScorer):
+    """Returns the token positions 0..n-1 as an array: checks that positions are kept."""
+
+    name = "position"
+
+    async def evaluate(self, interaction, ctx):
+        return np.arange(interaction.output_len, dtype=np.float64)
+
+
+class ClosingScorer(BaseScorer):
+    """Records its aclose() calls in EVENTS; can fail or hang while closing."""
+
+    name = "closing"
+
+    def __init__(self, label="a", fail=False, hang=False, **kwargs):
+        super().__init__(**kwargs)
+        self.label, self.fail, self.hang = label, fail, hang
+        self.closed = 0
+
+    async def evaluate(self, interaction, ctx):
+        return 1.0
+
+    async def aclose(self):
+        self.closed += 1
+        EVENTS.append(f"close:{self.label}")
+        if self.hang:
+            await anyio.sleep_forever()
+        if self.fail:
+            raise RuntimeError(f"cleanup of {self.label} failed")
+
+
+def closing_class(name):
+    return type(f"Closing_{name}", (ClosingScorer,), {"name": name})
+
+
+ClosingA = closing_class("closing_a")
+ClosingB = closing_class("closing_b")
+ClosingC = closing_class("closing_c")
+
+
+class BrokenConstructor(ClosingScorer):
+    name = "broken_constructor"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        raise RuntimeError("constructor failed")
+
+
+class NotAScorer:
+    name = "not_a_scorer"
+
+
+class BudgetObservationScorer(BaseScorer):
+    name = "observer"
+
+    def __init__(self, value_type="boolean", **kwargs):
+        super().__init__(**kwargs)
+        self.value_type = value_type
+
+    async def evaluate(self, interaction, ctx):
+        return 1.0
+
+    def prepare_result(self, interaction, raw, ctx):
+        if self.value_type == "boolean":
+            obs = PRMMetricObservation("ok", "turn", interaction.interaction_id, True, "boolean", ("count", "rate"))
+        else:
+            obs = PRMMetricObservation("ok", "turn", interaction.interaction_id, 2.0, "float", ("mean",))
+        return PRMScorerResult(raw, (obs,))
+
+
+class JointScorer(BaseTrajectoryScorer):
+    name = "joint"
+
+    def __init__(self, answer=None, **kwargs):
+        super().__init__(**kwargs)
+        self.answer = answer
+        self.seen = None
+
+    async def evaluate_trajectory(self, interactions, ctx):
+        self.seen = [i.interaction_id for i in interactions]
+        return self.answer

@@ -1,0 +1,48 @@
+import jax
+import numpy as np
+import pytest
+
+from prm_jax import AdvantageConfig, Interaction, InteractionCache, bucket_width, compute_advantages, pack_branches, to_device
+
+
+def sequences():
+    a = InteractionCache([Interaction("a", [1, 2], [3, 4], token_rewards=[0.5, 0.5], reward=1.0)])
+    b = InteractionCache([Interaction("p", [1], [2], reward=0.0),
+                          Interaction("c", [1, 2, 3], [4, 5, 6], parent_id="p", reward=0.0, stop_reason="length")])
+    return [a.to_sequence("a"), b.to_sequence("c")]
+
+
+@pytest.mark.parametrize("length,bucket,want", [(1, 128, 128), (128, 128, 128), (129, 128, 256), (5, "pow2", 8),
+                                                (8, "pow2", 8), (300, 64, 320)])
+def test_bucket_width(length, bucket, want):
+    assert bucket_width(length, bucket) == want
+
+
+def test_pack_pads_and_keeps_every_field():
+    batch = pack_branches(sequences(), bucket=4, rows=3)
+    assert batch["input_ids"].shape == (3, 8) and batch["rewards"].shape == (3,)
+    np.testing.assert_array_equal(batch["attention_mask"], [[1] * 4 + [0] * 4, [1] * 6 + [0] * 2, [0] * 8])
+    np.testing.assert_array_equal(batch["turn_ids"][1], [-1, 0, -1, 1, 1, 1, -1, -1])
+    np.testing.assert_array_equal(batch["token_rewards"][0], [0, 0, 0.5, 0.5, 0, 0, 0, 0])
+    np.testing.assert_array_equal(batch["token_rewards"][1], 0)
+    np.testing.assert_array_equal(batch["is_truncated"], [False, True, False])
+    assert batch["input_ids"].dtype == np.int32 and batch["logprobs"].dtype == np.float32
+
+
+def test_pack_errors():
+    with pytest.raises(ValueError, match="width"):
+        pack_branches(sequences(), width=5)
+    with pytest.raises(ValueError, match="rows"):
+        pack_branches(sequences(), rows=1)
+    no_reward = InteractionCache([Interaction("x", [1], [2])]).to_sequence("x")
+    with pytest.raises(ValueError, match="outcome reward"):
+        pack_branches([no_reward])
+
+
+def test_one_transfer_and_the_pipeline_accepts_it():
+    batch = to_device(pack_branches(sequences(), bucket="pow2"))
+    assert all(isinstance(v, jax.Array) for v in batch.values())
+    out = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0))
+    assert out.advantages.shape == (2, 8)
+    # Row 0: outcome 1 and process 0.5 on both generated tokens (timesteps 1, 2).
+    np.testing.assert_allclose(np.asarray(out.advantages)[0, 1:3], [1.5, 1.5])

@@ -1,0 +1,126 @@
+import copy
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+import yaml
+
+from prm_jax import (AdvantageConfig, ExperimentConfig, Interaction, InteractionCache, PRMConfig, PRMRunner,
+                     ShapingConfig, compute_advantages, load_config, pack_branches)
+from prm_jax.scorers import LengthBudgetScorer
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "prm_config.yaml"
+BASE = yaml.safe_load(EXAMPLE.read_text())
+
+
+def with_changes(*changes):
+    data = copy.deepcopy(BASE)
+    for path, value in changes:
+        node = data
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is DELETE:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return data
+
+
+DELETE = object()
+
+
+def test_seed_example_loads_and_runs_unchanged():
+    config = load_config(EXAMPLE)
+    assert config.prm.active and config.actor.advantage_shaping == ShapingConfig("process_weighted")
+    assert config.actor.token_rewards_as_adv
+
+    async def main():
+        runner = await PRMRunner.create(config)
+        cache = InteractionCache([Interaction("a", [1, 2], [3] * 100, reward=1.0),
+                                  Interaction("b", [1, 2] + [3] * 100 + [4], [5] * 200, parent_id="a", reward=1.0)])
+        results = await runner.run(cache)
+        await runner.aclose()
+        return cache, results
+
+    cache, results = anyio.run(main)
+    assert [r.reward for r in results] == [1.0, 0.0]
+    batch = pack_branches([cache.to_sequence("b")])
+    out = compute_advantages(batch, config.actor)
+    assert np.isfinite(np.asarray(out.advantages)).all()
+
+
+@pytest.mark.parametrize("changes,key", [
+    ([("rollout.agent.prm.advantage_shaping.mode", "boost")], "advantage_shaping.mode"),
+    ([("rollout.agent.prm.advantage_shaping.negative_scale", -0.1)], "advantage_shaping.negative_scale"),
+    ([("rollout.agent.prm.advantage_shaping.zero_penalty", float("nan"))], "advantage_shaping.zero_penalty"),
+    ([("rollout.agent.prm.advantage_shaping.zero_eps", float("inf"))], "advantage_shaping.zero_eps"),
+    ([("rollout.agent.prm.advantage_shaping.mode", "additive"), ("actor.token_rewards_as_adv", False)],
+     "actor.token_rewards_as_adv"),
+    ([("rollout.agent.prm.scorers", []), ("actor.token_rewards_as_adv", False)], "token_rewards_as_adv"),
+    ([("actor.mask_no_eos_with_zero", True)], "mask_no_eos_with_zero"),
+    ([("rollout.agent.export_style", "individual")], "rollout.agent.export_style"),
+    ([("rollout.agent.chat_template_type", "hf")], "rollout.agent.chat_template_type"),
+    ([("rollout._version", "v2"), ("rollout.api_url", "http://model")], "rollout.api_url"),
+    ([("rollout._version", "v3")], "rollout._version"),
+    ([("rollout.agent.prm.scorers", [{"path": "prm_jax.scorers.LengthBudgetScorer", "wieght": 1}])],
+     r"scorers\[0\] has unknown keys \['wieght'\]"),
+    ([("rollout.agent.prm.scorers", [{"path": ""}])], r"scorers\[0\]\.path"),
+    ([("rollout.agent.prm.scorers", [{"path": "x.Y", "weight": "heavy"}])], r"scorers\[0\]\.weight"),
+    ([("rollout.agent.prm.temperature", 1.0)], r"rollout\.agent\.prm has unknown keys"),
+    ([("actor.learning_rate", 1e-6)], "actor has unknown keys"),
+    ([("actor.discount", 2.0)], "actor.discount"),
+    ([("actor.adv_norm", {"mean_level": "token"})], "actor.adv_norm.mean_level"),
+    ([("trainer", {})], "config has unknown keys"),
+])
+def test_validation_names_the_key(changes, key):
+    with pytest.raises(ValueError, match=key):
+        ExperimentConfig.from_dict(with_changes(*changes))
+
+
+@pytest.mark.parametrize("changes", [
+    [("rollout.agent.prm.enabled", False), ("actor.token_rewards_as_adv", False),
+     ("rollout.agent.export_style", "individual")],
+    [("rollout.agent.prm.scorers", []), ("rollout.agent.export_style", "individual"),
+     ("rollout._version", "v2"), ("rollout.api_url", "http://model")],
+    [("rollout.agent.prm.advantage_shaping.mode", "additive"), ("rollout.agent.prm.scorers", []),
+     ("actor.token_rewards_as_adv", False)],
+])
+def test_scorer_rules_do_not_apply_without_active_scorers(changes):
+    ExperimentConfig.from_dict(with_changes(*changes))
+
+
+def test_disabled_prm_leaves_the_actor_unshaped():
+    config = ExperimentConfig.from_dict(with_changes(("rollout.agent.prm.enabled", False)))
+    assert config.actor.advantage_shaping == ShapingConfig()
+
+
+def test_load_config_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout: [unclosed")
+    with pytest.raises(ValueError, match="bad.yaml"):
+        load_config(bad)
+
+
+def test_prm_section_from_dict_and_runner_accept_full_config():
+    prm = PRMConfig.from_dict(BASE["rollout"]["agent"]["prm"])
+    assert prm.scorers[0].path == "prm_jax.scorers.LengthBudgetScorer"
+    runner = PRMRunner(BASE)
+    assert [type(s) for s in runner.scorers] == [LengthBudgetScorer]
+
+
+def test_length_budget_scorer():
+    with pytest.raises(ValueError, match="max_output_tokens"):
+        LengthBudgetScorer(max_output_tokens=0)
+    scorer = LengthBudgetScorer(max_output_tokens=2)
+    turn = Interaction("t", [1], [2, 3, 4])
+    assert anyio.run(scorer.evaluate, turn, {}) == 0.0
+    result = scorer.prepare_result(turn, 0.0, {})
+    assert result.observations[0].value is False and result.observations[0].aggregations == ("count", "rate")
+
+
+def test_advantage_config_from_actor_section():
+    config = ExperimentConfig.from_dict(with_changes(("actor.discount", 0.99), ("actor.adv_norm",
+                                                                              {"mean_level": "group", "group_size": 4})))
+    assert isinstance(config.actor, AdvantageConfig) and config.actor.adv_norm.group_size == 4

@@ -1,0 +1,398 @@
+import math
+
+import anyio
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prm_jax import (BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMConfig,
+                     PRMMetricObservation, PRMRunner, PRMScorerResult, ScorerSpec)
+
+import scorers_for_tests as st
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _clear_events():
+    st.EVENTS.clear()
+
+
+def branch(n_turns=3, out_len=2, rewards=None):
+    turns, tokens = [], [100]
+    for k in range(n_turns):
+        out = list(range(10 * k + 1, 10 * k + 1 + out_len))
+        turns.append(Interaction(f"t{k}", list(tokens), out, parent_id=f"t{k - 1}" if k else None,
+                                 messages=[{"role": "user", "content": f"q{k}"}],
+                                 output_messages=[{"role": "assistant", "content": f"a{k}"}],
+                                 token_rewards=None if rewards is None else rewards[k]))
+        tokens = tokens + out + [7]
+    return InteractionCache(turns)
+
+
+def scorer_of(fn, name="fn", cls=BaseScorer, **kwargs):
+    return type(f"S_{name}", (cls,), {"name": name, "evaluate": fn})(**kwargs)
+
+
+def rewards(cache):
+    return [None if i.token_rewards is None else i.token_rewards.tolist() for i in cache]
+
+
+async def test_scalar_broadcast_weight_and_commit():
+    cache = branch()
+    runner = PRMRunner(PRMConfig(scorers=(st.ConstantScorer(0.5, weight=2.0),)))
+    results = await runner.run(cache)
+    assert rewards(cache) == [[1.0, 1.0]] * 3
+    assert [r.reward for r in results] == [1.0] * 3 and all(r.token_rewards.dtype == np.float32 for r in results)
+
+
+async def test_arrays_keep_positions_and_scorers_add_up():
+    cache = branch(rewards=[[0.25, 0.25], None, [1.0, -1.0]])
+    runner = PRMRunner(PRMConfig(scorers=(st.PositionScorer(weight=0.5), st.ConstantScorer(1.0))))
+    await runner.run(cache)
+    assert rewards(cache) == [[1.25, 1.75], [1.0, 1.5], [2.0, 0.5]]
+
+
+@pytest.mark.parametrize("raw", [0.5, np.float32(0.5), np.array([0.5, 0.5]), jnp.array([0.5, 0.5]), [0.5, 0.5],
+                                 jnp.float32(0.5), 1])
+async def test_accepted_result_types(raw):
+    async def evaluate(self, interaction, ctx):
+        return raw
+    cache = branch(1)
+    await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+    assert rewards(cache) == [[float(np.asarray(raw).ravel()[0])] * 2]
+
+
+@pytest.mark.parametrize("raw,error,match", [
+    ([1.0, 2.0, 3.0], ValueError, r"must return shape \(n,\)"),
+    (np.ones((2, 1)), ValueError, r"must return shape \(n,\)"),
+    (float("nan"), ValueError, "non-finite"),
+    ([1.0, float("inf")], ValueError, "non-finite"),
+    (1e38, ValueError, "non-finite"),  # finite, but raw * weight overflows float32
+    ("high", TypeError, "expected a float"),
+    (True, TypeError, "bool"),
+])
+async def test_invalid_results_commit_nothing(raw, error, match):
+    calls = []
+
+    async def evaluate(self, interaction, ctx):
+        calls.append(interaction.interaction_id)
+        return 0.5 if interaction.interaction_id == "t0" else raw
+    cache = branch(rewards=[[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    runner = PRMRunner(PRMConfig(scorers=(scorer_of(evaluate, weight=10.0),)))
+    with pytest.raises(error, match=match):
+        await runner.run(cache)
+    assert rewards(cache) == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert sorted(calls) == ["t0", "t1", "t2"]
+
+
+async def test_none_rejects_and_names_the_scorer():
+    async def evaluate(self, interaction, ctx):
+        return None if interaction.interaction_id != "t1" else 1.0
+    cache = branch()
+    with pytest.raises(RuntimeError, match=r"'fn' returned None for 2 of 3 turns"):
+        await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+    assert rewards(cache) == [None] * 3
+
+
+async def test_exception_rejects_cancels_siblings_and_commits_nothing():
+    finished = []
+
+    async def evaluate(self, interaction, ctx):
+        if interaction.interaction_id == "t0":
+            raise KeyError("judge exploded")
+        await anyio.sleep(5)
+        finished.append(interaction.interaction_id)
+        return 1.0
+    cache = branch()
+    with anyio.fail_after(2):
+        with pytest.raises(KeyError, match="judge exploded") as info:
+            await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+    assert finished == [] and rewards(cache) == [None] * 3
+    assert any("'fn'" in note and "'t0'" in note for note in info.value.__notes__)
+
+
+async def test_earlier_scorers_stay_committed_when_a_later_one_fails():
+    async def evaluate(self, interaction, ctx):
+        return [1.0]  # wrong shape
+    cache = branch(2)
+    with pytest.raises(ValueError):
+        await PRMRunner(PRMConfig(scorers=(st.ConstantScorer(0.5), scorer_of(evaluate, "bad")))).run(cache)
+    assert rewards(cache) == [[0.5, 0.5]] * 2
+
+
+async def test_non_result_from_evaluate_result():
+    class Odd(BaseScorer):
+        name = "odd"
+
+        async def evaluate_result(self, interaction, ctx):
+            return {"reward": 1.0}
+    with pytest.raises(TypeError, match="PRMScorerResult"):
+        await PRMRunner(PRMConfig(scorers=(Odd(),))).run(branch(1))
+
+
+async def test_zero_length_turn_cannot_be_scored():
+    cache = InteractionCache([Interaction("e", [1, 2], [])])
+    with pytest.raises(ValueError, match="output_len must be > 0"):
+        await PRMRunner(PRMConfig(scorers=(st.ConstantScorer(),))).run(cache)
+
+
+async def test_message_only_turn_is_rejected():
+    cache = InteractionCache([Interaction("m", None, None)])
+    with pytest.raises(ValueError, match="token-backed"):
+        await PRMRunner(PRMConfig(scorers=(st.ConstantScorer(),))).run(cache)
+
+
+async def test_ctx_holds_branch_messages_and_is_read_only():
+    seen = {}
+
+    async def evaluate(self, interaction, ctx):
+        seen[interaction.interaction_id] = ctx
+        with pytest.raises(TypeError):
+            ctx["is_eval"] = False
+        return 0.0
+    cache = branch(2)
+    await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache, {"step": 3}, is_eval=True)
+    ctx = seen["t0"]
+    assert ctx["is_eval"] is True and ctx["step"] == 3
+    assert [m["content"] for m in ctx["messages"]] == ["q1", "a1"]
+
+
+async def test_mutating_scorer_fails_and_changes_nothing():
+    async def evaluate(self, interaction, ctx):
+        interaction.output_tokens[0] = -1
+        return 1.0
+    cache = branch(1)
+    with pytest.raises(ValueError, match="read-only"):
+        await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+    assert cache.get("t0").output_tokens[0] == 1 and cache.get("t0").token_rewards is None
+
+
+async def test_trajectory_scorer_rules():
+    joint = st.JointScorer({"t0": 1.0, "t2": [0.5, 0.25]})
+    cache = branch()
+    await PRMRunner(PRMConfig(scorers=(joint,))).run(cache)
+    assert joint.seen == ["t0", "t1", "t2"]
+    assert rewards(cache) == [[1.0, 1.0], [0.0, 0.0], [0.5, 0.25]]
+    with pytest.raises(ValueError, match="unknown interaction ids"):
+        await PRMRunner(PRMConfig(scorers=(st.JointScorer({"t9": 1.0}),))).run(branch())
+    with pytest.raises(TypeError, match="mapping"):
+        await PRMRunner(PRMConfig(scorers=(st.JointScorer([1.0]),))).run(branch())
+    with pytest.raises(RuntimeError, match="returned None for 3 of 3"):
+        await PRMRunner(PRMConfig(scorers=(st.JointScorer(None),))).run(branch())
+    with pytest.raises(RuntimeError, match="evaluate_trajectory"):
+        await st.JointScorer().evaluate(cache.get("t0"), {})
+
+
+async def test_observation_rules():
+    def obs_scorer(make, name="obs"):
+        class S(BaseScorer):
+            async def evaluate(self, interaction, ctx):
+                return 1.0
+
+            def prepare_result(self, interaction, raw, ctx):
+                return PRMScorerResult(raw, make(interaction))
+        S.name = name
+        return S()
+    wrong_target = obs_scorer(lambda i: (PRMMetricObservation("m", "turn", "other", True, "boolean", ("count",)),))
+    with pytest.raises(ValueError, match="its own turn"):
+        await PRMRunner(PRMConfig(scorers=(wrong_target,))).run(branch(1))
+    twice = obs_scorer(lambda i: (PRMMetricObservation("m", "trajectory", "branch", 1.0, "float", ("sum",)),))
+    cache = branch(2)
+    with pytest.raises(ValueError, match="more than once"):
+        await PRMRunner(PRMConfig(scorers=(twice,))).run(cache)
+    assert rewards(cache) == [None, None]
+
+
+async def test_metric_schema_is_stable_for_the_runner_life():
+    scorer = st.BudgetObservationScorer("boolean")
+    runner = PRMRunner(PRMConfig(scorers=(scorer,)))
+    await runner.run(branch(1))
+    scorer.value_type = "float"
+    cache = branch(1)
+    with pytest.raises(ValueError, match="changed schema"):
+        await runner.run(cache)
+    assert rewards(cache) == [None]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(metric_id="", scope="turn", target_id="a", value=True, value_type="boolean", aggregations=("count",)), "metric_id"),
+    (dict(metric_id="m", scope="branch", target_id="a", value=True, value_type="boolean", aggregations=("count",)), "scope"),
+    (dict(metric_id="m", scope="turn", target_id="a", value=True, value_type="boolean", aggregations=()), "not be empty"),
+    (dict(metric_id="m", scope="turn", target_id="a", value=True, value_type="boolean", aggregations=("count", "count")), "unique"),
+    (dict(metric_id="m", scope="turn", target_id="a", value=True, value_type="boolean", aggregations=("mean",)), "allows only"),
+    (dict(metric_id="m", scope="turn", target_id="a", value=1.0, value_type="float", aggregations=("rate",)), "allows only"),
+    (dict(metric_id="m", scope="turn", target_id="a", value=1, value_type="boolean", aggregations=("count",)), "must be a bool"),
+    (dict(metric_id="m", scope="turn", target_id="a", value=True, value_type="float", aggregations=("sum",)), "non-bool"),
+    (dict(metric_id="m", scope="turn", target_id="a", value=math.inf, value_type="float", aggregations=("sum",)), "finite"),
+])
+def test_observation_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PRMMetricObservation(**kwargs)
+
+
+def test_scorer_construction_rules():
+    class Nameless(BaseScorer):
+        pass
+    with pytest.raises(ValueError, match="name"):
+        Nameless()
+    with pytest.raises(ValueError, match="weight"):
+        st.ConstantScorer(weight=float("nan"))
+    with pytest.raises(ValueError, match="unique"):
+        PRMRunner(PRMConfig(scorers=(st.ConstantScorer(), st.ConstantScorer())))
+    with pytest.raises(ValueError, match="non-empty"):
+        PRMRunner({"scorers": [{"path": ""}]})
+    with pytest.raises(TypeError, match="not a BaseScorer"):
+        PRMRunner({"scorers": [{"path": "scorers_for_tests.NotAScorer"}]})
+    with pytest.raises(ValueError, match="cannot import"):
+        PRMRunner({"scorers": [{"path": "no_such_module.Scorer"}]})
+
+
+async def test_disabled_scorers_are_built_skipped_and_closed():
+    runner = await PRMRunner.create({"scorers": [
+        {"path": "scorers_for_tests.ClosingA", "kwargs": {"label": "a"}},
+        {"path": "scorers_for_tests.ClosingB", "enabled": False, "kwargs": {"label": "b"}},
+    ]})
+    results = await runner.run(branch(1))
+    assert [r.scorer for r in results] == ["closing_a"]
+    await runner.aclose()
+    assert st.EVENTS == ["close:b", "close:a"]
+
+
+async def test_borrowed_scorers_are_not_closed():
+    borrowed = st.ClosingC(label="borrowed")
+    runner = await PRMRunner.create(PRMConfig(scorers=(
+        ScorerSpec("scorers_for_tests.ClosingA", kwargs={"label": "a"}), borrowed,
+        ScorerSpec("scorers_for_tests.ClosingB", kwargs={"label": "b"}))))
+    await runner.aclose()
+    assert st.EVENTS == ["close:b", "close:a"] and borrowed.closed == 0
+
+
+def owned(*specs):
+    return {"scorers": [{"path": f"scorers_for_tests.{cls}", "kwargs": kw} for cls, kw in specs]}
+
+
+async def test_aclose_failures_are_grouped_after_all_were_tried_and_not_retried():
+    runner = await PRMRunner.create(owned(("ClosingA", {"label": "a", "fail": True}), ("ClosingB", {"label": "b"}),
+                                          ("ClosingC", {"label": "c", "fail": True})))
+    with pytest.raises(ExceptionGroup) as info:
+        await runner.aclose()
+    assert [str(e) for e in info.value.exceptions] == ["cleanup of c failed", "cleanup of a failed"]
+    assert st.EVENTS == ["close:c", "close:b", "close:a"]
+    await runner.aclose()
+    assert st.EVENTS == ["close:c", "close:b", "close:a"]
+
+
+async def test_concurrent_aclose_share_one_cleanup():
+    runner = await PRMRunner.create(owned(("ClosingA", {"label": "a"}), ("ClosingB", {"label": "b"})))
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(runner.aclose)
+    assert st.EVENTS == ["close:b", "close:a"]
+    assert all(s.closed == 1 for s in runner.scorers)
+
+
+async def test_run_is_rejected_once_closing_starts():
+    runner = await PRMRunner.create(owned(("ClosingA", {"label": "a", "hang": True})))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(runner.aclose)
+        await anyio.sleep(0.01)
+        with pytest.raises(RuntimeError, match="closed"):
+            await runner.run(branch(1))
+        tg.cancel_scope.cancel()
+
+
+async def test_cancellation_propagates_and_interrupted_hook_is_not_retried():
+    runner = await PRMRunner.create(owned(("ClosingA", {"label": "a"}), ("ClosingB", {"label": "b", "hang": True})))
+    with anyio.move_on_after(0.05) as scope:
+        await runner.aclose()
+    assert scope.cancelled_caught
+    assert st.EVENTS == ["close:b"]
+    await runner.aclose()  # resumes with the scorers never tried; b is not retried
+    assert st.EVENTS == ["close:b", "close:a"]
+
+
+async def test_create_rolls_back_owned_scorers_with_notes():
+    config = owned(("ClosingA", {"label": "a", "fail": True}), ("ClosingB", {"label": "b"}))
+    config["scorers"].append({"path": "scorers_for_tests.BrokenConstructor", "kwargs": {"label": "broken"}})
+    with pytest.raises(RuntimeError, match="constructor failed") as info:
+        await PRMRunner.create(config)
+    assert st.EVENTS == ["close:b", "close:a"]  # reverse order; the broken one is not closed
+    assert any("closing_a" in note and "cleanup of a failed" in note for note in info.value.__notes__)
+
+
+async def test_create_rolls_back_on_validation_errors():
+    config = owned(("ClosingA", {"label": "a"}), ("ClosingA", {"label": "again"}))
+    with pytest.raises(ValueError, match="unique"):
+        await PRMRunner.create(config)
+    assert st.EVENTS == ["close:again", "close:a"]
+
+
+async def test_cancellation_during_rollback_propagates():
+    config = owned(("ClosingA", {"label": "a", "hang": True}))
+    config["scorers"].append({"path": "scorers_for_tests.BrokenConstructor"})
+    with anyio.move_on_after(0.05) as scope:
+        await PRMRunner.create(config)
+    assert scope.cancelled_caught and st.EVENTS == ["close:a"]
+
+
+def test_sync_constructor_has_no_rollback():
+    config = owned(("ClosingA", {"label": "a"}))
+    config["scorers"].append({"path": "scorers_for_tests.BrokenConstructor"})
+    with pytest.raises(RuntimeError, match="constructor failed"):
+        PRMRunner(config)
+    assert st.EVENTS == []
+
+
+async def test_one_instance_serves_100_concurrent_sessions():
+    class EchoScorer(BaseScorer):
+        name = "echo"
+
+        async def evaluate(self, interaction, ctx):
+            request_id = ctx["session"]
+            await anyio.sleep(0.001 * (request_id % 7))
+            return float(request_id + interaction.output_len)
+
+    scorer = EchoScorer()
+    runner = PRMRunner(PRMConfig(scorers=(scorer,)))
+    caches = [branch(2) for _ in range(100)]
+    async with anyio.create_task_group() as tg:
+        for i, cache in enumerate(caches):
+            tg.start_soon(runner.run, cache, {"session": i})
+    for i, cache in enumerate(caches):
+        assert rewards(cache) == [[i + 2.0] * 2] * 2
+
+
+async def test_runner_disabled_scores_nothing():
+    cache = branch(1)
+    assert await PRMRunner(PRMConfig(enabled=False, scorers=(st.ConstantScorer(),))).run(cache) == []
+    assert rewards(cache) == [None]
+
+
+async def test_session_with_several_branches_must_be_cloned_first():
+    cache = InteractionCache([Interaction("r", [1], [2]), Interaction("x", [1, 2, 3], [4], parent_id="r"),
+                              Interaction("y", [1, 2, 5], [6], parent_id="r")])
+    runner = PRMRunner(PRMConfig(scorers=(st.ConstantScorer(),)))
+    with pytest.raises(ValueError, match="clone_chain"):
+        await runner.run(cache)
+    clone = cache.clone_chain("x")
+    await runner.run(clone)
+    assert cache.get("r").token_rewards is None and clone.get("r").token_rewards.tolist() == [0.5]
+
+
+class SharedTrajectoryScorer(BaseTrajectoryScorer):
+    name = "shared_traj"
+
+    async def evaluate_trajectory(self, interactions, ctx):
+        return {interactions[-1].interaction_id: 1.0}
+
+
+async def test_trajectory_scorer_missing_ids_get_zero():
+    cache = branch(3)
+    await PRMRunner(PRMConfig(scorers=(SharedTrajectoryScorer(weight=0.5),))).run(cache)
+    assert rewards(cache) == [[0.0, 0.0], [0.0, 0.0], [0.5, 0.5]]

@@ -1,0 +1,106 @@
+import numpy as np
+import pytest
+
+from prm_jax import Interaction, InteractionCache
+
+
+def parent_child(parent_rewards=(0.5, 0.0), child_rewards=(0.0, -1.0), **child):
+    parent = Interaction("p", [1, 2], [3, 4], output_logprobs=[-0.1, -0.2],
+                         token_rewards=None if parent_rewards is None else list(parent_rewards))
+    child = Interaction("c", [1, 2, 3, 4, 5], [6, 7], parent_id="p", output_logprobs=[-0.3, -0.4],
+                        token_rewards=None if child_rewards is None else list(child_rewards), **child)
+    return InteractionCache([parent, child])
+
+
+def test_spec_concat_example():
+    seq = parent_child().to_sequence("c")
+    np.testing.assert_array_equal(seq.input_ids, [1, 2, 3, 4, 5, 6, 7])
+    np.testing.assert_array_equal(seq.token_rewards, [0, 0, 0.5, 0, 0, 0, -1])
+    np.testing.assert_array_equal(seq.loss_mask, [0, 0, 1, 1, 0, 1, 1])
+    np.testing.assert_array_equal(seq.turn_ids, [-1, -1, 0, 0, -1, 1, 1])
+    np.testing.assert_allclose(seq.logprobs, [0, 0, -0.1, -0.2, 0, -0.3, -0.4])
+    assert seq.interaction_ids == ("p", "c")
+
+
+def test_token_rewards_key_absent_or_zero_filled():
+    assert parent_child(None, None).to_sequence("c").token_rewards is None
+    assert "token_rewards" not in parent_child(None, None).to_sequence("c").as_dict()
+    seq = parent_child(None, (1.0, 2.0)).to_sequence("c")
+    np.testing.assert_array_equal(seq.token_rewards, [0, 0, 0, 0, 0, 1, 2])
+
+
+def test_truncation_from_stop_reason():
+    assert parent_child(stop_reason="length").to_sequence("c").is_truncated
+    assert not parent_child().to_sequence("c").is_truncated
+
+
+def test_child_must_extend_parent():
+    cache = InteractionCache([Interaction("p", [1, 2], [3, 4]), Interaction("c", [1, 2, 9], [6], parent_id="p")])
+    with pytest.raises(ValueError, match="must start with its parent"):
+        cache.to_sequence("c")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(token_rewards=[1.0]), "token_rewards must have shape"),
+    (dict(output_logprobs=[1.0, 2.0, 3.0]), "output_logprobs must have shape"),
+    (dict(stop_reason="eos"), "stop_reason"),
+    (dict(reward=float("nan")), "reward"),
+])
+def test_interaction_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Interaction("x", [1], [2, 3], **kwargs)
+
+
+def test_message_only_interaction_cannot_be_exported():
+    cache = InteractionCache([Interaction("m", None, None, messages=[{"role": "user", "content": "hi"}])])
+    with pytest.raises(ValueError, match="token-backed"):
+        cache.to_sequence("m")
+
+
+def test_cycles_and_missing_parents():
+    cache = InteractionCache([Interaction("a", [1], [2], parent_id="b"), Interaction("b", [1], [2], parent_id="a")])
+    with pytest.raises(ValueError, match="cycle"):
+        cache.branches()
+    with pytest.raises(ValueError, match="cycle"):
+        cache.chain("a")
+    orphan = InteractionCache([Interaction("a", [1], [2], parent_id="ghost")])
+    with pytest.raises(ValueError, match="not in the cache"):
+        orphan.branches()
+    with pytest.raises(ValueError, match="already"):
+        InteractionCache([Interaction("a", [1], [2]), Interaction("a", [1], [2])])
+
+
+def test_branches_are_root_to_leaf():
+    cache = InteractionCache([
+        Interaction("r", [1], [2]),
+        Interaction("x", [1, 2, 3], [4], parent_id="r"),
+        Interaction("y", [1, 2, 5], [6], parent_id="r"),
+        Interaction("z", [1, 2, 3, 4, 7], [8], parent_id="x"),
+    ])
+    assert [[i.interaction_id for i in b] for b in cache.branches()] == [["r", "y"], ["r", "x", "z"]]
+
+
+def test_clone_chain_is_deep():
+    cache = parent_child()
+    clone = cache.clone_chain("c")
+    clone.get("p").token_rewards[0] = 99.0
+    clone.get("p").reward = 3.0
+    assert cache.get("p").token_rewards[0] == 0.5 and cache.get("p").reward is None
+    assert [i.interaction_id for i in clone] == ["p", "c"]
+
+
+def test_readonly_view_cannot_mutate_anything_stored():
+    cache = InteractionCache([Interaction("a", [1, 2], [3], messages=[{"role": "user", "content": "hi",
+                                                                      "meta": {"k": [1]}}])])
+    view = cache.get("a").readonly()
+    with pytest.raises(AttributeError):
+        view.reward = 1.0
+    with pytest.raises(ValueError):
+        view.output_tokens[0] = 7
+    with pytest.raises(TypeError):
+        view.messages[0]["content"] = "bye"
+    with pytest.raises(TypeError):
+        view.messages[0]["meta"]["k"] += (2,)
+    stored = cache.get("a")
+    assert stored.output_tokens[0] == 3 and stored.messages[0]["content"] == "hi"
+    assert stored.messages[0]["meta"] == {"k": [1]}

@@ -28,6 +28,7 @@ from prm_jax.scoring import (BaseScorer, BaseTrajectoryScorer, PRMMetricObservat
 from prm_jax.trajectory import Interaction, InteractionCache, freeze
 
 logger = logging.getLogger(__name__)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def resolve_scorer_class(path: str) -> type[BaseScorer]:
@@ -72,6 +73,12 @@ def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarra
         raise ValueError(f"{where}: the turn has no output tokens to score (output_len must be > 0)")
     if isinstance(raw, (bool, np.bool_)):
         raise TypeError(f"{where}: returned a bool; return a float score (0.0 or 1.0) instead")
+    if type(raw) in (float, int):  # the common case, without numpy's per-call overhead
+        if not math.isfinite(raw):
+            raise ValueError(f"{where}: returned non-finite rewards")
+        if not abs(raw * scorer.weight) <= FLOAT32_MAX:
+            raise ValueError(f"{where}: reward * weight ({scorer.weight}) is non-finite")
+        return np.full(n, float(raw))
     try:
         array = np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError):

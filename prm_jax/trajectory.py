@@ -35,14 +35,19 @@ def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
     return array.astype(np.int64)
 
 
+_IMMUTABLE = (str, bytes, int, float, bool, complex, type(None))
+
+
 def freeze(value: Any) -> Any:
     """A read-only deep copy: mappings become ``MappingProxyType``, sequences tuples, arrays read-only."""
-    if isinstance(value, Mapping):
-        return types.MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, _IMMUTABLE):
+        return value
     if isinstance(value, np.ndarray):
         out = value.copy()
         out.setflags(write=False)
         return out
+    if isinstance(value, (dict, types.MappingProxyType)) or isinstance(value, Mapping):
+        return types.MappingProxyType({k: freeze(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
         return tuple(freeze(v) for v in value)
     if isinstance(value, (set, frozenset)):

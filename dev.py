@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set-up and entry commands that need only Python 3 and pip.
 
-  python3 dev.py demo    create .venv, install prm-jax, run the demo (the main job)
+  python3 dev.py demo    create .venv, install prm-jax, run `prm-jax demo` (the main job)
   python3 dev.py test    create .venv, install prm-jax with its test extras, run the test suite
   python3 dev.py bench   create .venv, install, run the CPU benchmarks
 
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command == "demo":
         python = _ensure_env("")
-        return subprocess.run([str(python), "-m", "prm_jax.demo", *rest], cwd=ROOT).returncode
+        return subprocess.run([str(python), "-m", "prm_jax.cli", "demo", *rest], cwd=ROOT).returncode
     python = _ensure_env("test")
     if command == "test":
         return subprocess.run([str(python), "-m", "pytest", *rest], cwd=ROOT).returncode

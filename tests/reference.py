@@ -189,7 +189,8 @@ def compute_advantages(batch, cfg):
     # 2
     m = shift(loss_mask, False).astype(bool)
     logp = np.where(m, shift(f64("logprobs")), 0.0)
-    ref = np.where(m, shift(f64("ref_logprobs")), 0.0) if "ref_logprobs" in batch else np.zeros((rows, width))
+    has_ref = "ref_logprobs" in batch
+    ref = np.where(m, shift(f64("ref_logprobs")), 0.0) if has_ref else np.zeros((rows, width))
     tids = shift(np.asarray(batch["turn_ids"]), -1) if "turn_ids" in batch else None
     has_p = "token_rewards" in batch
     process = np.where(m, shift(f64("token_rewards")), 0.0) if has_p else None
@@ -198,7 +199,7 @@ def compute_advantages(batch, cfg):
     kl_rewards = np.zeros((rows, width))
     for b in range(rows):
         for t in range(width):
-            if m[b, t] and t != seqlen[b] - 1:
+            if has_ref and m[b, t] and t != seqlen[b] - 1:
                 kl_rewards[b, t] = -c["kl_ctl"] * kl(logp[b, t], ref[b, t], c["kl_estimator"])
 
     # 4

@@ -276,3 +276,10 @@ def test_advantage_config_is_hashable_and_static():
     assert a == b and hash(a) == hash(b)
     assert dataclasses.replace(a, discount=0.5) != a
     chex.assert_trees_all_equal(a.advantage_shaping, ShapingConfig())
+
+
+def test_no_reference_log_probs_means_no_kl():
+    rng = np.random.default_rng(37)
+    batch = make_batch(rng, rows=4, width=20, with_ref=False)
+    out = check_against_reference(batch, dict(kl_ctl=0.5))
+    np.testing.assert_array_equal(out.kl_rewards, 0.0)

@@ -7,7 +7,8 @@ everything on *timesteps* (see ``alignment``). In order:
    optional ``reward_norm`` over the ``[B]`` vector.
 2. shift ``loss_mask``, ``logprobs``, ``ref_logprobs``, ``turn_ids``, ``token_rewards`` to timesteps; the
    shifted mask is ``m`` and the log-probs are zeroed where ``m = 0``.
-3. ``kl_rewards = -kl_ctl * clamp(kl, -10, 10)`` on active timesteps, 0 at timestep ``seqlen - 1``.
+3. ``kl_rewards = -kl_ctl * clamp(kl, -10, 10)`` on active timesteps, 0 at timestep ``seqlen - 1``; 0
+   everywhere when the batch has no ``ref_logprobs`` (no reference policy).
 4. truncation: ``is_truncated`` when given, else ``seqlen == T`` (with a warning: it mislabels a row that
    ends exactly at the padded width). The outcome reward goes to timestep ``max(seqlen - 2, 0)``, or 0
    there for truncated rows under ``mask_no_eos_with_zero``, which also zeroes their process rewards.
@@ -216,9 +217,9 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     active = shift_to_next_token(raw_active, fill=False)
     logprobs = jnp.where(active, shift_to_next_token(_checks.as_float("batch['logprobs']", batch["logprobs"],
                                                                       dtype)), zero)
+    has_reference = "ref_logprobs" in batch
     ref_logprobs = (jnp.where(active, shift_to_next_token(_checks.as_float(
-        "batch['ref_logprobs']", batch["ref_logprobs"], dtype)), zero) if "ref_logprobs" in batch
-        else jnp.zeros(shape, dtype))
+        "batch['ref_logprobs']", batch["ref_logprobs"], dtype)), zero) if has_reference else None)
     turn_ids = (shift_to_next_token(_checks.as_int("batch['turn_ids']", batch["turn_ids"]), fill=-1)
                 if "turn_ids" in batch else None)
     has_process = "token_rewards" in batch
@@ -226,8 +227,12 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
         "batch['token_rewards']", batch["token_rewards"], dtype)), zero) if has_process else None)
 
     # 3. KL rewards
-    kl = kl_rewards(logprobs, ref_logprobs, active, kl_ctl=config.kl_ctl, estimator=config.kl_estimator)
-    kl = jnp.where(step == (seqlen - 1)[:, None], zero, kl)
+    # Without reference log-probs there is no reference policy and no KL penalty.
+    if has_reference:
+        kl = kl_rewards(logprobs, ref_logprobs, active, kl_ctl=config.kl_ctl, estimator=config.kl_estimator)
+        kl = jnp.where(step == (seqlen - 1)[:, None], zero, kl)
+    else:
+        kl = jnp.zeros(shape, dtype)
 
     # 4. truncation and the outcome reward's timestep
     if "is_truncated" in batch:

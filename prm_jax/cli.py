@@ -1,0 +1,343 @@
+"""The ``prm-jax`` command line.
+
+  prm-jax score --config CONFIG.yaml --input SESSIONS.jsonl --output OUT [--plot FILE.png] [--filter NAME]
+  prm-jax demo [--output OUT]
+  prm-jax validate-config CONFIG.yaml
+
+``score`` reads sessions (format: ``prm_jax.sessions``), scores them with the configured scorers, exports
+them group by group, computes advantages with the configured actor settings, and writes ``OUT/batch.npz``
+(the padded batch, its advantages and returns) and ``OUT/metrics.json`` (metrics and the summary). Input and
+config are validated completely before anything is scored or written; each output file is written to a
+temporary name and renamed, so a failed run leaves no partly written file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import os
+import sys
+import tempfile
+from collections import OrderedDict
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+import anyio
+import numpy as np
+
+from prm_jax.batching import pack_branches
+from prm_jax.config import ExperimentConfig, ScorerSpec, load_config
+from prm_jax.export import ExportService
+from prm_jax.kernels.filters import (filter_mixed_or_penalized_all_wrong,
+                                     filter_mixed_or_penalized_all_wrong_mask_no_eos)
+from prm_jax.kernels.pipeline import compute_advantages
+from prm_jax.kernels.shaping import SHAPING_MODES, ShapingConfig
+from prm_jax.metrics import InMemoryRecorder
+from prm_jax.runner import resolve_scorer_class
+from prm_jax.sessions import InputError, read_sessions
+
+FILTERS: dict[str, Callable] = {
+    "mixed_or_penalized_all_wrong": filter_mixed_or_penalized_all_wrong,
+    "mixed_or_penalized_all_wrong_mask_no_eos": filter_mixed_or_penalized_all_wrong_mask_no_eos,
+}
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def _load_config(path: str) -> ExperimentConfig:
+    try:
+        config = load_config(path)
+        for spec in config.prm.scorers:
+            if isinstance(spec, ScorerSpec):
+                resolve_scorer_class(spec.path)
+    except FileNotFoundError:
+        raise CLIError(f"{path}: no such file") from None
+    except (ValueError, TypeError) as err:
+        raise CLIError(f"{path}: {err}") from None
+    return config
+
+
+class Progress:
+    """A one-line progress bar on stderr (only when enabled)."""
+
+    def __init__(self, total: int, enabled: bool, stream=None):
+        self.total, self.enabled, self.done = total, enabled, 0
+        self.stream = stream or sys.stderr
+
+    def step(self) -> None:
+        self.done += 1
+        if self.enabled:
+            filled = int(30 * self.done / max(self.total, 1))
+            self.stream.write(f"\rscoring groups [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
+            if self.done == self.total:
+                self.stream.write("\n")
+            self.stream.flush()
+
+
+@dataclasses.dataclass
+class ScoreRun:
+    batch: dict[str, np.ndarray]
+    outputs: dict[str, Any]          # per shaping mode (and "none"): AdvantageOutput or an error string
+    configured: Any                  # the configured mode's AdvantageOutput
+    metrics: dict[str, float]
+    summary: dict[str, Any]
+
+
+async def _export_all(config: ExperimentConfig, records, group_filter, progress: Progress):
+    service = await ExportService.start(config)
+    recorder = InMemoryRecorder()
+    groups: OrderedDict[str, list[str]] = OrderedDict()
+    for record in records:
+        for interaction in record.cache:
+            service.store.add(record.key, interaction)
+        for leaf in record.ready:
+            service.store.mark_ready(record.key, leaf)
+        groups.setdefault(record.group, []).append(record.key)
+    statuses: dict[str, str] = {}
+    accepted: list[list[dict]] = []
+    async with service:
+        for group, keys in groups.items():
+            result = await service.export(keys, group_filter=group_filter)
+            statuses[group] = result["status"]
+            if "prm_stats" in result:
+                recorder.record(result["prm_stats"]["metrics"])
+            if result["status"] == "accepted":
+                accepted.append(result["trajectories"])
+            progress.step()
+    return statuses, accepted, recorder.flush()
+
+
+def _advantage_stats(output, batch_mask) -> dict[str, float]:
+    active = np.asarray(output.loss_mask) > 0
+    values = np.asarray(output.advantages)[active]
+    if values.size == 0:
+        return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
+    return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()),
+            "max": float(values.max())}
+
+
+def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | None = None, bucket: int = 128,
+              progress: bool = False) -> ScoreRun:
+    try:
+        records = read_sessions(input_path)
+    except InputError as err:
+        raise CLIError(str(err)) from None
+    groups = list(OrderedDict.fromkeys(r.group for r in records))
+    statuses, accepted, metrics = anyio.run(_export_all, config, records, FILTERS.get(group_filter) if group_filter
+                                            else None, Progress(len(groups), progress))
+    trajectories = [t for group in accepted for t in group]
+    if not trajectories:
+        raise RuntimeError(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on")
+    sequences = [dataclasses.replace(t["sequence"], reward=t["reward"]) for t in trajectories]
+    batch = pack_branches(sequences, bucket=bucket)
+    batch["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories], np.float32)
+    batch["group_sizes"] = np.array([len(group) for group in accepted], np.int32)
+
+    arrays = {k: v for k, v in batch.items() if k != "original_rewards"}
+    outputs: dict[str, Any] = {"none": compute_advantages({k: v for k, v in arrays.items() if k != "token_rewards"},
+                                                          config.actor)}
+    configured = compute_advantages(arrays, config.actor)
+    shaping = config.actor.advantage_shaping
+    if "token_rewards" in arrays and config.actor.token_rewards_as_adv:
+        for mode in SHAPING_MODES:
+            actor = dataclasses.replace(config.actor, advantage_shaping=dataclasses.replace(shaping, mode=mode),
+                                        mask_no_eos_with_zero=config.actor.mask_no_eos_with_zero and mode != "process_weighted")
+            try:
+                outputs[mode] = compute_advantages(arrays, actor)
+            except ValueError as err:
+                outputs[mode] = f"n/a: {err}"
+    summary = {
+        "groups": {"total": len(groups), **{s: sum(v == s for v in statuses.values())
+                                            for s in ("accepted", "rejected", "filtered")}},
+        "trajectories": len(trajectories),
+        "shaping_mode": shaping.mode,
+        "process_reward_per_scorer": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
+                                      if "/prm_turn_reward/" in k},
+        "advantages": {mode: (_advantage_stats(out, batch["loss_mask"]) if not isinstance(out, str) else out)
+                       for mode, out in outputs.items()},
+        "group_status": statuses,
+    }
+    return ScoreRun(batch, outputs, configured, metrics, summary)
+
+
+def _write_atomic(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_outputs(run: ScoreRun, output_dir: Path) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    arrays = dict(run.batch)
+    for field in ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs"):
+        arrays[f"timestep_{field}"] = np.asarray(getattr(run.configured, field))
+    arrays["timestep_advantages_unshaped"] = np.asarray(run.outputs["none"].advantages)
+    _write_atomic(output_dir / "batch.npz", lambda h: np.savez_compressed(h, **arrays))
+    payload = json.dumps({"metrics": run.metrics, "summary": run.summary}, indent=2, sort_keys=True).encode()
+    _write_atomic(output_dir / "metrics.json", lambda h: h.write(payload))
+
+
+def plot(run: ScoreRun, path: Path, rows: int = 4) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mask = np.asarray(run.configured.loss_mask)
+    process = np.zeros_like(mask)
+    if "token_rewards" in run.batch:
+        process = np.concatenate([run.batch["token_rewards"][:, 1:], np.zeros_like(mask[:, :1])], axis=1) * mask
+    rows = min(rows, mask.shape[0])
+    fig, axes = plt.subplots(rows, 1, figsize=(10, 2.6 * rows), squeeze=False)
+    for b in range(rows):
+        ax = axes[b, 0]
+        steps = np.arange(int(run.batch["attention_mask"][b].sum()))
+        ax.plot(steps, process[b, steps], label="process reward P", color="tab:green", drawstyle="steps-mid")
+        ax.plot(steps, np.asarray(run.outputs["none"].advantages)[b, steps], label="advantage, unshaped",
+                color="tab:gray")
+        ax.plot(steps, np.asarray(run.configured.advantages)[b, steps],
+                label=f"advantage, {run.summary['shaping_mode']}", color="tab:blue")
+        ax.fill_between(steps, 0, 1, where=mask[b, steps] > 0, color="tab:blue", alpha=0.06,
+                        transform=ax.get_xaxis_transform(), label="trained timesteps")
+        ax.set_ylabel(f"row {b}")
+    axes[0, 0].legend(loc="upper right", fontsize=8, ncol=2)
+    axes[-1, 0].set_xlabel("timestep")
+    fig.suptitle("per-token process rewards and advantages before and after shaping")
+    fig.tight_layout()
+    _write_atomic(path, lambda h: fig.savefig(h, format="png", dpi=90))
+    plt.close(fig)
+
+
+def print_summary(run: ScoreRun, stream=None) -> None:
+    out = stream or sys.stdout
+    s = run.summary
+    g = s["groups"]
+    print(f"groups: {g['total']} total, {g['accepted']} accepted, {g['rejected']} rejected, {g['filtered']} filtered;"
+          f" {s['trajectories']} trajectories in the batch", file=out)
+    if s["process_reward_per_scorer"]:
+        print("mean process reward per turn (weighted), per scorer:", file=out)
+        for scorer, value in s["process_reward_per_scorer"].items():
+            print(f"  {scorer:<24} {value:10.4f}", file=out)
+    print(f"advantages on trained timesteps, per shaping mode (configured: {s['shaping_mode']}):", file=out)
+    print(f"  {'mode':<18} {'mean':>9} {'std':>9} {'min':>9} {'max':>9}", file=out)
+    for mode, stats in s["advantages"].items():
+        if isinstance(stats, str):
+            print(f"  {mode:<18} {stats}", file=out)
+        else:
+            print(f"  {mode:<18} {stats['mean']:9.4f} {stats['std']:9.4f} {stats['min']:9.4f} {stats['max']:9.4f}",
+                  file=out)
+
+
+def print_turn_table(run: ScoreRun, rows: int = 2, stream=None) -> None:
+    """Per turn of the first rows: the process reward next to the mean advantage under each mode."""
+    out = stream or sys.stdout
+    modes = [m for m in ("none", *SHAPING_MODES) if m in run.outputs and not isinstance(run.outputs[m], str)]
+    turn_ids = np.concatenate([run.batch["turn_ids"][:, 1:], np.full_like(run.batch["turn_ids"][:, :1], -1)], axis=1)
+    mask = np.asarray(run.configured.loss_mask) > 0
+    rewards = run.batch.get("token_rewards")
+    print("per turn (timesteps predicting the turn's tokens): process reward and mean advantage per mode", file=out)
+    for b in range(min(rows, mask.shape[0])):
+        print(f"row {b}: outcome reward {run.batch['original_rewards'][b]:g} (group-normalized "
+              f"{run.batch['rewards'][b]:.3f}), {'truncated' if run.batch['is_truncated'][b] else 'complete'}",
+              file=out)
+        print(f"  {'turn':>4} {'tokens':>6} {'P':>7} " + " ".join(f"{m:>16}" for m in modes), file=out)
+        for k in sorted(set(turn_ids[b][mask[b]].tolist())):
+            steps = mask[b] & (turn_ids[b] == k)
+            p = 0.0 if rewards is None else float(rewards[b][np.flatnonzero(steps) + 1].mean())
+            cells = " ".join(f"{float(np.asarray(run.outputs[m].advantages)[b][steps].mean()):16.4f}" for m in modes)
+            print(f"  {k:>4} {int(steps.sum()):>6} {p:7.3f} {cells}", file=out)
+
+
+def cmd_score(args) -> int:
+    config = _load_config(args.config)
+    if args.plot:
+        _require_matplotlib()
+    run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket,
+                    progress=args.progress if args.progress is not None else sys.stderr.isatty())
+    write_outputs(run, Path(args.output))
+    if args.plot:
+        plot(run, Path(args.plot))
+    print_summary(run)
+    print(f"wrote {Path(args.output) / 'batch.npz'} and {Path(args.output) / 'metrics.json'}"
+          + (f" and {args.plot}" if args.plot else ""))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    data = resources.files("prm_jax").joinpath("data")
+    with resources.as_file(data.joinpath("demo_config.yaml")) as config_path, \
+            resources.as_file(data.joinpath("demo_sessions.jsonl")) as sessions_path:
+        config = _load_config(str(config_path))
+        print(f"prm-jax demo: {sessions_path.name} scored with the seed's example config "
+              f"(LengthBudgetScorer, max_output_tokens=128, shaping {config.actor.advantage_shaping.mode})\n")
+        run = run_score(config, str(sessions_path), progress=args.progress if args.progress is not None else False)
+    output = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="prm-jax-demo-"))
+    write_outputs(run, output)
+    print_summary(run)
+    print()
+    print_turn_table(run)
+    print(f"\nwrote {output / 'batch.npz'} and {output / 'metrics.json'}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    config = _load_config(args.config)
+    scorers = [s.path for s in config.prm.scorers if isinstance(s, ScorerSpec)]
+    print(f"{args.config}: ok (rollout {config.rollout.version}, PRM {'active' if config.prm.active else 'inactive'}, "
+          f"scorers: {', '.join(scorers) or 'none'}, shaping {config.actor.advantage_shaping.mode})")
+    return 0
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CLIError("--plot needs matplotlib: pip install 'prm-jax[plot]'") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prm-jax", description="Process rewards to shaped PPO/GRPO advantages.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    score = sub.add_parser("score", help="score sessions, export groups, compute advantages")
+    score.add_argument("--config", required=True, help="YAML config (rollout.agent.prm, actor)")
+    score.add_argument("--input", required=True, help="sessions, one JSON object per line")
+    score.add_argument("--output", required=True, help="output directory for batch.npz and metrics.json")
+    score.add_argument("--plot", help="also draw a few rows' process rewards and advantages to this PNG")
+    score.add_argument("--filter", choices=sorted(FILTERS), help="group filter applied to accepted groups")
+    score.add_argument("--bucket", type=int, default=128, help="pad widths to a multiple of this (default 128)")
+    score.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                       help="progress bar on stderr (default: when stderr is a terminal)")
+    score.set_defaults(func=cmd_score)
+    demo = sub.add_parser("demo", help="score the bundled example sessions with the seed's example config")
+    demo.add_argument("--output", help="output directory (default: a new temporary directory)")
+    demo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    demo.set_defaults(func=cmd_demo)
+    validate = sub.add_parser("validate-config", help="check a config and import its scorers")
+    validate.add_argument("config")
+    validate.set_defaults(func=cmd_validate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CLIError as err:
+        print(f"prm-jax: error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        print(f"prm-jax: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

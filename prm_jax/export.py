@@ -1,0 +1,312 @@
+"""Exporting scored groups of trajectories, with the semantics of AReaL's v1/v2 proxies, in process.
+
+Agents (or an inference proxy) feed a ``TrajectoryStore`` with token-backed interactions and mark
+trajectories ready (a ready trajectory is the branch ending at a leaf). A trainer exports a *group* of
+sessions at a time (``export_group``):
+
+- each exported branch is cloned before scoring, so a shared ancestor gets a branch-local score and
+  nothing stored changes;
+- sessions are scored concurrently, the branches of one session in order; a session is published only when
+  every branch scored, and a missing or failed session rejects the whole group (other sessions still
+  report their stats; failed ones report none);
+- scoring runs before group outcome normalization (population z-score, raw values kept as
+  ``original_rewards``); process rewards are never group-normalized;
+- an explicit discard skips scoring; with ``remove_session`` sessions are removed on success, on failure and
+  on cancellation, except the persistent ``__hitl__`` session, from which an export consumes only the
+  selected ready trajectory;
+- a ready trajectory is consumed once: retrying the export of a consumed trajectory finds it missing and
+  does not score it again (a lost response is not replayed).
+
+The result is a plain dict. With PRM active it carries ``prm_stats``; without PRM it has exactly the keys it
+would have without this feature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Mapping, Sequence
+
+import anyio
+import numpy as np
+
+from prm_jax._compat import ExceptionGroup, add_note
+from prm_jax.config import ExperimentConfig
+from prm_jax.kernels.filters import GroupFilterResult
+from prm_jax.metrics import MetricStats, branch_stats
+from prm_jax.runner import PRMRunner
+from prm_jax.scoring import PRMTurnResult
+from prm_jax.trajectory import BranchSequence, Interaction, InteractionCache
+
+logger = logging.getLogger(__name__)
+HITL_SESSION = "__hitl__"
+
+
+@dataclasses.dataclass
+class _Session:
+    cache: InteractionCache = dataclasses.field(default_factory=InteractionCache)
+    ready: list[str] = dataclasses.field(default_factory=list)
+
+
+class TrajectoryStore:
+    """Sessions of interactions and their ready trajectories."""
+
+    def __init__(self):
+        self._sessions: dict[str, _Session] = {}
+
+    def add(self, session_key: str, interaction: Interaction) -> None:
+        if not isinstance(session_key, str) or not session_key:
+            raise ValueError(f"session_key must be a non-empty string, got {session_key!r}")
+        self._sessions.setdefault(session_key, _Session()).cache.add(interaction)
+
+    def mark_ready(self, session_key: str, leaf_id: str) -> None:
+        """Marks the branch ending at ``leaf_id`` ready for export (validated as a chain now)."""
+        session = self._session(session_key)
+        session.cache.chain(leaf_id)
+        if leaf_id in session.ready:
+            raise ValueError(f"trajectory {leaf_id!r} of session {session_key!r} is already ready")
+        session.ready.append(leaf_id)
+
+    def ready(self, session_key: str) -> list[str]:
+        return list(self._sessions[session_key].ready) if session_key in self._sessions else []
+
+    def session(self, session_key: str) -> InteractionCache:
+        return self._session(session_key).cache
+
+    def has_session(self, session_key: str) -> bool:
+        return session_key in self._sessions
+
+    def remove_session(self, session_key: str) -> None:
+        self._sessions.pop(session_key, None)
+
+    def keys(self) -> list[str]:
+        return list(self._sessions)
+
+    def _session(self, session_key: str) -> _Session:
+        try:
+            return self._sessions[session_key]
+        except KeyError:
+            raise KeyError(f"no session {session_key!r} in the store") from None
+
+    def _take(self, session_key: str, select: str | None) -> list[str]:
+        """Consumes the ready trajectories to export: all of them, or only ``select`` (HITL: the oldest)."""
+        session = self._sessions.get(session_key)
+        if session is None or not session.ready:
+            return []
+        if session_key == HITL_SESSION and select is None:
+            select = session.ready[0]
+        if select is None:
+            taken, session.ready = session.ready, []
+            return taken
+        if select not in session.ready:
+            return []
+        session.ready.remove(select)
+        return [select]
+
+
+def group_normalize(rewards: Sequence[float]) -> np.ndarray:
+    """Population z-score ``(r - mean) / (std + 1e-8)``; the std of one element is 1."""
+    r = np.asarray(rewards, np.float64)
+    std = r.std() if r.size > 1 else 1.0
+    return (r - r.mean()) / (std + 1e-8)
+
+
+@dataclasses.dataclass
+class _Scored:
+    key: str
+    sequences: list[BranchSequence] = dataclasses.field(default_factory=list)
+    turn_results: list[list[PRMTurnResult]] = dataclasses.field(default_factory=list)
+    error: BaseException | None = None
+
+
+async def _score_session(store: TrajectoryStore, key: str, leaves: list[str], runner: PRMRunner | None,
+                         is_eval: bool) -> _Scored:
+    scored = _Scored(key)
+    try:
+        for leaf in leaves:
+            clone = store.session(key).clone_chain(leaf)
+            if runner is not None:
+                scored.turn_results.append(await runner.run(clone, {"session_key": key}, is_eval=is_eval))
+            scored.sequences.append(clone.to_sequence(leaf))
+            if scored.sequences[-1].reward is None:
+                raise ValueError(f"trajectory {leaf!r} of session {key!r} has no outcome reward")
+    except Exception as err:
+        add_note(err, f"while scoring session {key!r}")
+        scored.error = err
+    return scored
+
+
+def _prm_stats(scored: list[_Scored], is_eval: bool) -> dict[str, Any]:
+    stats = MetricStats()
+    turns, totals = {}, {}
+    for session in scored:
+        if session.error is not None:
+            continue
+        turns[session.key] = [r for branch in session.turn_results for r in branch]
+        totals[session.key] = {}
+        for seq, branch in zip(session.sequences, session.turn_results):
+            per_scorer: dict[str, float] = {}
+            for result in branch:
+                per_scorer[result.scorer] = per_scorer.get(result.scorer, 0.0) + result.reward
+            totals[session.key][seq.leaf_id] = per_scorer
+            stats.merge(branch_stats(branch, is_eval=is_eval))
+    return {"turn_results": turns, "branch_totals": totals, "metrics": stats}
+
+
+def _filter_view(trajectories: list[dict[str, Any]]) -> dict[str, Any]:
+    width = max(len(t["sequence"].input_ids) for t in trajectories)
+    rows = len(trajectories)
+    token_rewards = np.zeros((rows, width), np.float32)
+    loss_mask = np.zeros((rows, width), np.int32)
+    for b, t in enumerate(trajectories):
+        seq = t["sequence"]
+        loss_mask[b, :len(seq.input_ids)] = seq.loss_mask
+        if seq.token_rewards is not None:
+            token_rewards[b, :len(seq.input_ids)] = seq.token_rewards
+    return dict(rewards=np.array([t["reward"] for t in trajectories]),
+                original_rewards=np.array([t.get("original_reward", t["reward"]) for t in trajectories]),
+                token_rewards=token_rewards, loss_mask=loss_mask,
+                is_truncated=np.array([t["sequence"].is_truncated for t in trajectories]))
+
+
+async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, runner: PRMRunner | None = None,
+                       is_eval: bool = False, remove_session: bool = True, discard: bool = False,
+                       normalize_rewards: bool = True, select: Mapping[str, str] | None = None,
+                       group_filter: Callable[[Mapping[str, Any]], GroupFilterResult] | None = None) -> dict[str, Any]:
+    """Exports one group of sessions (see the module docstring).
+
+    Args:
+      store: where the sessions live.
+      session_keys: the group's sessions.
+      runner: the PRM runner; ``None`` or an inactive runner exports without scoring (and without
+        ``prm_stats``).
+      is_eval: evaluation rollouts (metric namespace ``eval-rollout``).
+      remove_session: remove the group's sessions afterwards (never ``__hitl__``).
+      discard: drop the group without scoring.
+      normalize_rewards: group outcome normalization after scoring.
+      select: session key -> the one ready trajectory to export (``__hitl__`` defaults to its oldest).
+      group_filter: e.g. ``filter_mixed_or_penalized_all_wrong``, applied to the complete accepted group.
+
+    Returns:
+      ``{"status": "accepted" | "rejected" | "filtered" | "discarded", "trajectories": [...],
+      "rejected_sessions": {key: reason}}`` plus ``"prm_stats"`` with PRM active. Each trajectory is
+      ``{"session_key", "leaf_id", "sequence", "reward"}`` (+ ``"original_reward"`` when normalized).
+    """
+    keys = list(session_keys)
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"session_keys must be distinct, got {keys}")
+    with_prm = runner is not None and runner.active
+    select = dict(select or {})
+    result: dict[str, Any] = {"status": "accepted", "trajectories": [], "rejected_sessions": {}}
+    try:
+        taken = {key: store._take(key, select.get(key)) for key in keys}
+        if discard:
+            result["status"] = "discarded"
+            if with_prm:
+                result["prm_stats"] = _prm_stats([], is_eval)
+            return result
+        for key, leaves in taken.items():
+            if not leaves:
+                result["rejected_sessions"][key] = "missing: no such session or no ready trajectory"
+        if result["rejected_sessions"]:
+            # The group is rejected whatever the others score: spare the judges.
+            result["status"] = "rejected"
+            if with_prm:
+                result["prm_stats"] = _prm_stats([], is_eval)
+            return result
+        scored: dict[str, _Scored] = {}
+
+        async def score(key: str) -> None:
+            scored[key] = await _score_session(store, key, taken[key], runner if with_prm else None, is_eval)
+
+        async with anyio.create_task_group() as tg:
+            for key in keys:
+                tg.start_soon(score, key)
+        for key in keys:
+            if scored[key].error is not None:
+                result["rejected_sessions"][key] = f"failed: {scored[key].error!r}"
+        if with_prm:
+            result["prm_stats"] = _prm_stats([scored[k] for k in keys], is_eval)
+        if result["rejected_sessions"]:
+            result["status"] = "rejected"
+            return result
+        trajectories = [{"session_key": key, "leaf_id": seq.leaf_id, "sequence": seq, "reward": seq.reward}
+                        for key in keys for seq in scored[key].sequences]
+        if normalize_rewards:
+            for t, value in zip(trajectories, group_normalize([t["reward"] for t in trajectories])):
+                t["original_reward"], t["reward"] = t["reward"], float(value)
+        if group_filter is not None and not group_filter(_filter_view(trajectories)).accepted:
+            result["status"] = "filtered"
+            return result
+        result["trajectories"] = trajectories
+        return result
+    finally:
+        if remove_session:
+            for key in keys:
+                if key != HITL_SESSION:
+                    store.remove_session(key)
+
+
+class ExportService:
+    """The store plus its PRM runner and clients, with the v1/v2 start-up and shutdown order.
+
+    v1 builds the runner synchronously (``PRMRunner(config)``, no start-up rollback); v2 builds it with
+    ``await PRMRunner.create(config)``. Shutdown closes the runner first, then the service's own clients,
+    which are closed even when scorer cleanup fails. A start-up error closes the clients too and is
+    re-raised unchanged (client cleanup failures are attached as notes).
+    """
+
+    def __init__(self, config: ExperimentConfig, runner: PRMRunner | None, clients: Sequence[Any]):
+        self.config = config
+        self.runner = runner
+        self.clients = list(clients)
+        self.store = TrajectoryStore()
+        self._closed = False
+
+    @classmethod
+    async def start(cls, config: ExperimentConfig, *, clients: Sequence[Any] = ()) -> "ExportService":
+        try:
+            if config.rollout.version == "v2":
+                runner = await PRMRunner.create(config) if config.prm.active else None
+            else:
+                runner = PRMRunner(config) if config.prm.active else None
+        except Exception as err:
+            for client in reversed(list(clients)):
+                try:
+                    await client.aclose()
+                except Exception as cleanup_error:
+                    logger.exception("closing a client after a failed start-up failed")
+                    add_note(err, f"closing client {client!r} after the failed start-up also failed: "
+                                  f"{cleanup_error!r}")
+            raise
+        return cls(config, runner, clients)
+
+    async def export(self, session_keys: Sequence[str], **kwargs: Any) -> dict[str, Any]:
+        return await export_group(self.store, session_keys, runner=self.runner, **kwargs)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        errors: list[Exception] = []
+        try:
+            if self.runner is not None:
+                try:
+                    await self.runner.aclose()
+                except Exception as err:
+                    errors.append(err)
+        finally:
+            for client in reversed(self.clients):
+                try:
+                    await client.aclose()
+                except Exception as err:
+                    logger.exception("closing client %r failed", client)
+                    errors.append(err)
+        if errors:
+            raise ExceptionGroup("export service shutdown failed", errors)
+
+    async def __aenter__(self) -> "ExportService":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()

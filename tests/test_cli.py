@@ -1,0 +1,127 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prm_jax import AdvantageConfig, compute_advantages, load_config
+from prm_jax.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "prm_jax" / "data"
+CONFIG = ROOT / "examples" / "prm_config.yaml"
+
+
+def lines():
+    return [json.loads(line) for line in (DATA / "demo_sessions.jsonl").read_text().splitlines()]
+
+
+def write_jsonl(path, sessions):
+    path.write_text("".join(json.dumps(s) + "\n" for s in sessions))
+    return path
+
+
+def test_demo(tmp_path, capsys):
+    assert main(["demo", "--output", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "4 accepted" in out and "process_weighted" in out and "length_budget" in out
+    assert (tmp_path / "out" / "batch.npz").exists() and (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_score_writes_a_consistent_batch_and_plot(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["score", "--config", str(CONFIG), "--input", str(DATA / "demo_sessions.jsonl"), "--output", str(out),
+                 "--plot", str(tmp_path / "rows.png"), "--progress"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "scoring groups [" in captured.err and "4/4" in captured.err
+    assert (tmp_path / "rows.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = dict(np.load(out / "batch.npz"))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["summary"]["groups"] == {"total": 4, "accepted": 4, "rejected": 0, "filtered": 0}
+    assert 0 <= metrics["metrics"]["rollout/prm_turn_reward/length_budget"] <= 1
+    # The saved advantages are what compute_advantages gives on the saved batch.
+    batch = {k: saved[k] for k in ("attention_mask", "loss_mask", "logprobs", "rewards", "token_rewards", "turn_ids",
+                                   "is_truncated", "group_sizes")}
+    redo = compute_advantages(batch, load_config(CONFIG).actor)
+    np.testing.assert_allclose(saved["timestep_advantages"], redo.advantages, rtol=1e-6)
+    assert saved["input_ids"].shape[1] % 128 == 0 and saved["group_sizes"].sum() == saved["rewards"].shape[0]
+    # Process rewards are the length-budget scores: 1 on turns of at most 128 tokens, 0 on longer ones.
+    for b in range(saved["turn_ids"].shape[0]):
+        for k in set(saved["turn_ids"][b].tolist()) - {-1}:
+            span = saved["turn_ids"][b] == k
+            assert np.all(saved["token_rewards"][b][span] == float(span.sum() <= 128))
+
+
+def test_validate_config(capsys):
+    assert main(["validate-config", str(CONFIG)]) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+def broken(tmp_path, name, mutate):
+    sessions = lines()
+    mutate(sessions)
+    return write_jsonl(tmp_path / name, sessions)
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: (p / "bad.jsonl").write_text(json.dumps(lines()[0]) + "\n{not json\n") and p / "bad.jsonl",
+     "bad.jsonl:2: json: malformed JSON"),
+    (lambda p: broken(p, "tokens.jsonl", lambda s: s[3]["interactions"][1].pop("output_tokens")),
+     "tokens.jsonl:4: interactions[1].output_tokens: token ids are required"),
+    (lambda p: broken(p, "reward.jsonl", lambda s: s[5]["interactions"][-1].pop("reward")),
+     "reward.jsonl:6: reward:"),
+    (lambda p: broken(p, "extra.jsonl", lambda s: s[0].update(colour="red")), "extra.jsonl:1: colour: unknown key"),
+    (lambda p: broken(p, "prefix.jsonl", lambda s: s[2]["interactions"][1]["input_tokens"].__setitem__(0, -5)),
+     "prefix.jsonl:3: interactions: interaction"),
+])
+def test_broken_inputs_fail_cleanly_and_write_nothing(tmp_path, capsys, make, needle):
+    path = make(tmp_path)
+    out = tmp_path / "out"
+    assert main(["score", "--config", str(CONFIG), "--input", str(path), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda c: c.replace("prm_jax.scorers.LengthBudgetScorer", "prm_jax.scorers.NoSuchScorer"), "NoSuchScorer"),
+    (lambda c: c.replace("prm_jax.scorers.LengthBudgetScorer", "nowhere.Scorer"), "cannot import module 'nowhere'"),
+    (lambda c: c + "trainer:\n  lr: 1\n", "unknown keys ['trainer']"),
+    (lambda c: c.replace("token_rewards_as_adv: true", "token_rewards_as_adv: true\n  colour: red"),
+     "actor has unknown keys ['colour']"),
+])
+def test_bad_configs(tmp_path, capsys, edit, needle):
+    config = tmp_path / "config.yaml"
+    config.write_text(edit(CONFIG.read_text()))
+    assert main(["validate-config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and str(config) in err
+    out = tmp_path / "out"
+    assert main(["score", "--config", str(config), "--input", str(DATA / "demo_sessions.jsonl"),
+                 "--output", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_no_accepted_group_is_an_error_without_output(tmp_path, capsys):
+    sessions = [s for s in lines() if s["group"] == "g0"]
+    for s in sessions:
+        s["interactions"][-1]["reward"] = 0.0
+    path = write_jsonl(tmp_path / "wrong.jsonl", sessions)
+    code = main(["score", "--config", str(CONFIG), "--input", str(path), "--output", str(tmp_path / "out"),
+                 "--filter", "mixed_or_penalized_all_wrong"])
+    assert code == 1 and "no group was accepted" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_group_filter_counts(tmp_path, capsys):
+    sessions = lines()
+    for s in sessions:
+        if s["group"] == "g0":
+            s["interactions"][-1]["reward"] = 1.0
+    path = write_jsonl(tmp_path / "s.jsonl", sessions)
+    out = tmp_path / "out"
+    assert main(["score", "--config", str(CONFIG), "--input", str(path), "--output", str(out),
+                 "--filter", "mixed_or_penalized_all_wrong"]) == 0
+    summary = json.loads((out / "metrics.json").read_text())["summary"]
+    assert summary["groups"]["filtered"] >= 1 and summary["group_status"]["g0"] == "filtered"

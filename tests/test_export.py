@@ -1,0 +1,282 @@
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+from prm_jax import (BaseScorer, ExperimentConfig, Interaction, PRMConfig, PRMRunner, filter_mixed_or_penalized_all_wrong)
+from prm_jax.export import HITL_SESSION, ExportService, TrajectoryStore, export_group, group_normalize
+
+import scorers_for_tests as st
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _clear_events():
+    st.EVENTS.clear()
+
+
+CALLS: list[tuple] = []
+
+
+class LeafAware(BaseScorer):
+    """Scores a turn by the leaf of the branch being scored, so a shared ancestor scores per branch."""
+
+    name = "leaf_aware"
+
+    async def evaluate(self, interaction, ctx):
+        CALLS.append((ctx["session_key"], interaction.interaction_id, ctx["messages"][-1]["content"]))
+        if ctx["messages"][-1]["content"] == "explode":
+            raise RuntimeError("judge failed")
+        return 1.0 if ctx["messages"][-1]["content"] == "good" else -1.0
+
+
+class Slow(BaseScorer):
+    name = "slow"
+
+    async def evaluate(self, interaction, ctx):
+        CALLS.append(("start", ctx["session_key"], ctx["messages"][-1]["content"]))
+        await anyio.sleep(0.2)
+        CALLS.append(("end", ctx["session_key"], ctx["messages"][-1]["content"]))
+        return 0.0
+
+
+class Hang(BaseScorer):
+    name = "hang"
+
+    async def evaluate(self, interaction, ctx):
+        await anyio.sleep_forever()
+
+
+@pytest.fixture(autouse=True)
+def _clear_calls():
+    CALLS.clear()
+
+
+def add_chain(store, key, answers=("good",), reward=1.0, branch_answers=()):
+    """A chain of turns; the last gets ``reward``; ``branch_answers`` add sibling leaves of the last turn."""
+    tokens, parent = [1, 2], None
+    for k, answer in enumerate(answers):
+        iid = f"{key}-t{k}"
+        last = k == len(answers) - 1
+        store.add(key, Interaction(iid, list(tokens), [10 + k, 20 + k], parent_id=parent, reward=reward if last else None,
+                                   output_messages=[{"role": "assistant", "content": answer}]))
+        if not last:
+            tokens, parent = tokens + [10 + k, 20 + k, 5], iid
+    leaves = [f"{key}-t{len(answers) - 1}"]
+    for j, answer in enumerate(branch_answers):
+        iid = f"{key}-b{j}"
+        store.add(key, Interaction(iid, list(tokens), [30 + j], parent_id=parent, reward=reward,
+                                   output_messages=[{"role": "assistant", "content": answer}]))
+        leaves.append(iid)
+    for leaf in leaves:
+        store.mark_ready(key, leaf)
+    return leaves
+
+
+def runner_of(*scorers):
+    return PRMRunner(PRMConfig(scorers=scorers))
+
+
+async def test_branches_are_cloned_and_shared_ancestors_score_per_branch():
+    store = TrajectoryStore()
+    add_chain(store, "s", ("first", "good"), branch_answers=("bad",))
+    result = await export_group(store, ["s"], runner=runner_of(LeafAware()), remove_session=False,
+                                normalize_rewards=False)
+    assert result["status"] == "accepted"
+    by_leaf = {t["leaf_id"]: t["sequence"] for t in result["trajectories"]}
+    # The shared first turn scores +1 on the "good" branch and -1 on the "bad" one.
+    assert by_leaf["s-t1"].token_rewards[2:4].tolist() == [1.0, 1.0]
+    assert by_leaf["s-b0"].token_rewards[2:4].tolist() == [-1.0, -1.0]
+    assert all(i.token_rewards is None for i in store.session("s"))
+    assert result["prm_stats"]["branch_totals"]["s"] == {"s-t1": {"leaf_aware": 2.0}, "s-b0": {"leaf_aware": -2.0}}
+
+
+async def test_failed_branch_rejects_its_session_and_the_group_but_others_report_stats():
+    store = TrajectoryStore()
+    add_chain(store, "ok", ("good",))
+    add_chain(store, "bad", ("good",), branch_answers=("explode",))
+    result = await export_group(store, ["ok", "bad"], runner=runner_of(LeafAware()))
+    assert result["status"] == "rejected" and result["trajectories"] == []
+    assert set(result["rejected_sessions"]) == {"bad"} and "judge failed" in result["rejected_sessions"]["bad"]
+    assert set(result["prm_stats"]["turn_results"]) == {"ok"}
+    assert result["prm_stats"]["metrics"].values()["rollout/prm_turn_reward/leaf_aware"] == 1.0
+    assert not store.has_session("ok") and not store.has_session("bad")
+
+
+async def test_sessions_concurrent_branches_in_order():
+    store = TrajectoryStore()
+    add_chain(store, "a", ("x",), branch_answers=("y",))
+    add_chain(store, "b", ("x",))
+    start = time.monotonic()
+    await export_group(store, ["a", "b"], runner=runner_of(Slow()))
+    assert time.monotonic() - start < 0.55  # a's two branches in order (0.4 s), b alongside
+    a_events = [(e[0], e[2]) for e in CALLS if e[1] == "a"]
+    assert a_events == [("start", "x"), ("end", "x"), ("start", "y"), ("end", "y")]
+    assert CALLS.index(("start", "b", "x")) < CALLS.index(("end", "a", "x"))
+
+
+async def test_missing_session_rejects_the_group_without_scoring():
+    store = TrajectoryStore()
+    add_chain(store, "a")
+    result = await export_group(store, ["a", "ghost"], runner=runner_of(LeafAware()))
+    assert result["status"] == "rejected" and "ghost" in result["rejected_sessions"] and CALLS == []
+
+
+async def test_discard_skips_scoring_and_removes():
+    store = TrajectoryStore()
+    add_chain(store, "a")
+    result = await export_group(store, ["a"], runner=runner_of(LeafAware()), discard=True)
+    assert result["status"] == "discarded" and CALLS == [] and not store.has_session("a")
+
+
+async def test_remove_session_on_cancellation_and_keep_when_asked():
+    store = TrajectoryStore()
+    add_chain(store, "a")
+    with anyio.move_on_after(0.05) as scope:
+        await export_group(store, ["a"], runner=runner_of(Hang()))
+    assert scope.cancelled_caught and not store.has_session("a")
+    add_chain(store, "b")
+    await export_group(store, ["b"], runner=runner_of(LeafAware()), remove_session=False)
+    assert store.has_session("b") and store.ready("b") == []
+
+
+async def test_consumed_trajectory_is_not_scored_again():
+    store = TrajectoryStore()
+    add_chain(store, "a")
+    first = await export_group(store, ["a"], runner=runner_of(LeafAware()), remove_session=False)
+    assert first["status"] == "accepted" and len(CALLS) == 1
+    retry = await export_group(store, ["a"], runner=runner_of(LeafAware()), remove_session=False)
+    assert retry["status"] == "rejected" and len(CALLS) == 1
+
+
+async def test_hitl_session_is_persistent_and_consumes_only_the_selected_trajectory():
+    store = TrajectoryStore()
+    leaves = add_chain(store, HITL_SESSION, ("good",), branch_answers=("bad",))
+    gate = anyio.Event()
+
+    class Gated(BaseScorer):
+        name = "gated"
+
+        async def evaluate(self, interaction, ctx):
+            await gate.wait()
+            return 0.5
+
+    async with anyio.create_task_group() as tg:
+        results = []
+
+        async def export():
+            results.append(await export_group(store, [HITL_SESSION], runner=runner_of(Gated()),
+                                              select={HITL_SESSION: leaves[1]}))
+        tg.start_soon(export)
+        await anyio.sleep(0.01)
+        # The agent keeps working on the session while the export is in flight.
+        store.add(HITL_SESSION, Interaction("late", [1, 2, 10, 20, 5, 9], [9], parent_id=leaves[0], reward=0.0))
+        store.mark_ready(HITL_SESSION, "late")
+        gate.set()
+    assert [t["leaf_id"] for t in results[0]["trajectories"]] == [leaves[1]]
+    assert store.has_session(HITL_SESSION) and "late" in store.session(HITL_SESSION)
+    assert store.ready(HITL_SESSION) == [leaves[0], "late"]
+
+
+async def test_result_shape_without_prm_is_unchanged():
+    store = TrajectoryStore()
+    add_chain(store, "a")
+    add_chain(store, "b", reward=0.0)
+    for runner in (None, PRMRunner(PRMConfig(enabled=False, scorers=(LeafAware(),)))):
+        result = await export_group(store, ["a", "b"], runner=runner, remove_session=False)
+        assert set(result) == {"status", "trajectories", "rejected_sessions"}
+        assert set(result["trajectories"][0]) == {"session_key", "leaf_id", "sequence", "reward", "original_reward"}
+        for key in ("a", "b"):
+            store.mark_ready(key, f"{key}-t0")
+
+
+async def test_group_normalization_after_scoring_leaves_process_rewards_alone():
+    store = TrajectoryStore()
+    add_chain(store, "a", ("good",), reward=1.0)
+    add_chain(store, "b", ("bad",), reward=0.0)
+    add_chain(store, "c", ("good",), reward=0.0)
+    result = await export_group(store, ["a", "b", "c"], runner=runner_of(LeafAware()))
+    rewards = [t["reward"] for t in result["trajectories"]]
+    np.testing.assert_allclose(rewards, group_normalize([1.0, 0.0, 0.0]))
+    assert [t["original_reward"] for t in result["trajectories"]] == [1.0, 0.0, 0.0]
+    assert [t["sequence"].token_rewards[2:].tolist() for t in result["trajectories"]] == [[1, 1], [-1, -1], [1, 1]]
+
+
+def test_group_normalize_population_z_score():
+    np.testing.assert_allclose(group_normalize([1.0, 0.0]), [1.0, -1.0], rtol=1e-6)
+    np.testing.assert_allclose(group_normalize([3.0]), [0.0])
+
+
+async def test_group_filter_applies_to_the_complete_group():
+    store = TrajectoryStore()
+    add_chain(store, "a", ("good",), reward=0.0)
+    add_chain(store, "b", ("good",), reward=0.0)
+    result = await export_group(store, ["a", "b"], runner=runner_of(LeafAware()),
+                                group_filter=filter_mixed_or_penalized_all_wrong)
+    assert result["status"] == "filtered"  # all wrong, no negative process reward
+    add_chain(store, "c", ("bad",), reward=0.0)
+    add_chain(store, "d", ("good",), reward=0.0)
+    result = await export_group(store, ["c", "d"], runner=runner_of(LeafAware()),
+                                group_filter=filter_mixed_or_penalized_all_wrong)
+    assert result["status"] == "accepted"  # all wrong, but penalized by the process reward
+
+
+class Client:
+    def __init__(self, label, fail=False):
+        self.label, self.fail = label, fail
+
+    async def aclose(self):
+        st.EVENTS.append(f"client:{self.label}")
+        if self.fail:
+            raise OSError(f"client {self.label} failed to close")
+
+
+def config(version="v2", **scorer_kwargs):
+    scorers = [{"path": "scorers_for_tests.ClosingA", "kwargs": {"label": "a", **scorer_kwargs}},
+               {"path": "scorers_for_tests.ClosingB", "kwargs": {"label": "b"}}]
+    return ExperimentConfig.from_dict({"rollout": {"_version": version, "agent": {"prm": {"scorers": scorers}}}})
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+async def test_service_closes_runner_then_clients_even_when_scorer_cleanup_fails(version):
+    service = await ExportService.start(config(version, fail=True), clients=[Client("bridge"), Client("http")])
+    with pytest.raises(ExceptionGroup) as info:
+        await service.aclose()
+    assert st.EVENTS == ["close:b", "close:a", "client:http", "client:bridge"]
+    assert "cleanup of a failed" in str(info.value.exceptions[0].exceptions[0])
+    await service.aclose()
+    assert len(st.EVENTS) == 4
+
+
+async def test_v2_startup_error_closes_scorers_and_clients_and_keeps_the_error():
+    data = {"rollout": {"_version": "v2", "agent": {"prm": {"scorers": [
+        {"path": "scorers_for_tests.ClosingA", "kwargs": {"label": "a"}},
+        {"path": "scorers_for_tests.BrokenConstructor"}]}}}}
+    with pytest.raises(RuntimeError, match="constructor failed") as info:
+        await ExportService.start(ExperimentConfig.from_dict(data), clients=[Client("bridge", fail=True)])
+    assert st.EVENTS == ["close:a", "client:bridge"]
+    assert any("client" in note and "failed to close" in note for note in info.value.__notes__)
+
+
+async def test_v1_startup_has_no_scorer_rollback_but_closes_clients():
+    data = {"rollout": {"_version": "v1", "agent": {"prm": {"scorers": [
+        {"path": "scorers_for_tests.ClosingA", "kwargs": {"label": "a"}},
+        {"path": "scorers_for_tests.BrokenConstructor"}]}}}}
+    with pytest.raises(RuntimeError, match="constructor failed"):
+        await ExportService.start(ExperimentConfig.from_dict(data), clients=[Client("bridge")])
+    assert st.EVENTS == ["client:bridge"]
+
+
+async def test_service_export_uses_its_runner():
+    async with await ExportService.start(config("v2")) as service:
+        add_chain(service.store, "a")
+        result = await service.export(["a"])
+        assert result["status"] == "accepted" and "prm_stats" in result
+    assert st.EVENTS == ["close:b", "close:a"]

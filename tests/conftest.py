@@ -1,5 +1,10 @@
+import os
+
 import jax
 import pytest
+
+# The multi-device tests run in their own processes (tests/test_multidevice.py starts them).
+collect_ignore = [] if os.environ.get("PRM_JAX_MULTIDEVICE") else ["multidevice"]
 
 # Every test runs with the strictest promotion rules, so implicit rank or dtype promotion is a bug.
 jax.config.update("jax_numpy_rank_promotion", "raise")

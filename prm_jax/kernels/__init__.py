@@ -6,6 +6,7 @@ from prm_jax.kernels.filters import (GroupFilterResult, filter_mixed_or_penalize
 from prm_jax.kernels.gae import GAE_METHODS, GAEOutput, backward_linear_recurrence, gae, turn_gae
 from prm_jax.kernels.kl import KL_ESTIMATORS, kl_estimate, kl_rewards
 from prm_jax.kernels.normalization import NormConfig, normalize
+from prm_jax.kernels.parallel import sequence_parallel_gae
 from prm_jax.kernels.pipeline import AdvantageConfig, AdvantageOutput, compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES, ShapingConfig, shape_advantages
 
@@ -14,5 +15,5 @@ __all__ = [
     "NormConfig", "SHAPING_MODES", "ShapingConfig", "backward_linear_recurrence", "broadcast_turn_rewards",
     "compute_advantages", "filter_mixed_or_penalized_all_wrong",
     "filter_mixed_or_penalized_all_wrong_mask_no_eos", "gae", "group_filter_flags", "kl_estimate",
-    "kl_rewards", "normalize", "shape_advantages", "shift_to_next_token", "turn_gae",
+    "kl_rewards", "normalize", "sequence_parallel_gae", "shape_advantages", "shift_to_next_token", "turn_gae",
 ]

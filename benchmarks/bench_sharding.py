@@ -13,22 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-
-def _median(fn, repeats):
-    import jax
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def measure(devices: int, rows: int, width: int, sp_width: int, repeats: int) -> dict:
@@ -37,7 +24,7 @@ def measure(devices: int, rows: int, width: int, sp_width: int, repeats: int) ->
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_advantages import make_inputs
+    from bench_advantages import make_inputs, median_seconds as _median
 
     import prm_jax
 

@@ -15,3 +15,15 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 def _no_implicit_promotion():
     with jax.numpy_rank_promotion("raise"), jax.numpy_dtype_promotion("strict"):
         yield
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _clear_scorer_events():
+    import scorers_for_tests
+
+    scorers_for_tests.EVENTS.clear()

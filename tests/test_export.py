@@ -12,16 +12,6 @@ import scorers_for_tests as st
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(autouse=True)
-def _clear_events():
-    st.EVENTS.clear()
-
-
 CALLS: list[tuple] = []
 
 

@@ -13,16 +13,6 @@ import scorers_for_tests as st
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(autouse=True)
-def _clear_events():
-    st.EVENTS.clear()
-
-
 def branch(n_turns=3, out_len=2, rewards=None):
     turns, tokens = [], [100]
     for k in range(n_turns):

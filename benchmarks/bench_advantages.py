@@ -86,7 +86,8 @@ def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float) -
     _gae_jit.lower(r, v, m, gamma, lam, None, method=auto, block_size=64).compile()
     out["compile_auto"] = time.perf_counter() - start
     for method in ("auto", "scan", "associative", "blocked") + (("cumsum",) if gamma * lam == 1.0 else ()):
-        out[method] = median_seconds(lambda: prm_jax.gae(r, v, m, gamma=gamma, lam=lam, method=method), repeats)
+        out[method] = median_seconds(lambda method=method: prm_jax.gae(r, v, m, gamma=gamma, lam=lam, method=method),
+                                     repeats)
     config = prm_jax.AdvantageConfig(discount=gamma, gae_lambda=lam, check_values=False)
     out["compute_advantages"] = median_seconds(lambda: prm_jax.compute_advantages(device_batch, config), repeats)
     loop_repeats = max(3, repeats // 5)

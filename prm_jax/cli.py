@@ -34,7 +34,7 @@ from prm_jax.export import ExportService
 from prm_jax.kernels.filters import (filter_mixed_or_penalized_all_wrong,
                                      filter_mixed_or_penalized_all_wrong_mask_no_eos)
 from prm_jax.kernels.pipeline import compute_advantages
-from prm_jax.kernels.shaping import SHAPING_MODES, ShapingConfig
+from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.metrics import InMemoryRecorder
 from prm_jax.runner import resolve_scorer_class
 from prm_jax.sessions import InputError, read_sessions

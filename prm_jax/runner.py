@@ -16,13 +16,13 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import anyio
 import numpy as np
 
 from prm_jax._compat import ExceptionGroup, add_note
-from prm_jax.config import ExperimentConfig, PRMConfig, ScorerSpec
+from prm_jax.config import ExperimentConfig, PRMConfig
 from prm_jax.scoring import (BaseScorer, BaseTrajectoryScorer, PRMMetricObservation, PRMScorerResult,
                              PRMTurnResult)
 from prm_jax.trajectory import Interaction, InteractionCache, freeze

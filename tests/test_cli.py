@@ -4,7 +4,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prm_jax import AdvantageConfig, compute_advantages, load_config
+from prm_jax import compute_advantages, load_config
 from prm_jax.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,6 +7,7 @@ import pytest
 from prm_jax import (BaseScorer, ExperimentConfig, Interaction, PRMConfig, PRMRunner, filter_mixed_or_penalized_all_wrong)
 from prm_jax.export import HITL_SESSION, ExportService, TrajectoryStore, export_group, group_normalize
 
+from prm_jax._compat import ExceptionGroup
 import scorers_for_tests as st
 
 pytestmark = pytest.mark.anyio

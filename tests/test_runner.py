@@ -8,6 +8,7 @@ import pytest
 from prm_jax import (BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMConfig,
                      PRMMetricObservation, PRMRunner, PRMScorerResult, ScorerSpec)
 
+from prm_jax._compat import ExceptionGroup
 import scorers_for_tests as st
 
 pytestmark = pytest.mark.anyio

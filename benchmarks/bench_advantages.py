@@ -5,7 +5,9 @@
 All figures come from one run on the current default backend. The roofline is one jitted elementwise pass
 reading and writing the same arrays as GAE (rewards, values and mask in; advantages and returns out); the
 loop is the plain numpy recurrence of AReaL (vectorized over rows, a Python loop over timesteps).
-Compile time is the first call's ``lower().compile()`` for the ``auto`` method.
+Compile time is ``lower().compile()`` for the ``auto`` method. The candidates of a shape are timed
+round-robin (one call of each per round), so a change in the machine's speed during the run affects all
+of them alike and the ratios stay meaningful.
 """
 
 from __future__ import annotations
@@ -19,19 +21,33 @@ import jax.numpy as jnp
 import numpy as np
 
 import prm_jax
+from prm_jax.kernels import native
 from prm_jax.kernels.gae import _gae_jit, resolve_method
 
 DEFAULT_SHAPES = "64x1024,64x8192,256x8192,16x32768"
 
 
 def median_seconds(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    return interleaved_medians({"fn": fn}, repeats, inner=1)["fn"]
+
+
+def interleaved_medians(fns: dict, repeats: int, inner: int = 5) -> dict[str, float]:
+    """Median seconds per call of each function, over ``repeats`` rounds.
+
+    Each round times ``inner`` back-to-back calls of every function in turn: back-to-back calls keep each
+    function's own cache state, and the round-robin makes drift in the machine's speed hit all alike.
+    """
+    for fn in fns.values():
         jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            jax.block_until_ready(fn())
+            start = time.perf_counter()
+            for _ in range(inner):
+                jax.block_until_ready(fn())
+            times[name].append((time.perf_counter() - start) / inner)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def numpy_loop(rewards, values, mask, gamma, lam):
@@ -80,16 +96,18 @@ def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float) -
     r, v, m = (jax.device_put(x) for x in (rewards, values, mask))
     device_batch = jax.device_put(batch)
     out = {"shape": f"{rows}x{width}"}
-    out["roofline"] = median_seconds(lambda: roofline(r, v, m), repeats)
     auto = resolve_method("auto", unit_discount=gamma * lam == 1.0)
     start = time.perf_counter()
     _gae_jit.lower(r, v, m, gamma, lam, None, method=auto, block_size=64).compile()
     out["compile_auto"] = time.perf_counter() - start
-    for method in ("auto", "scan", "associative", "blocked") + (("cumsum",) if gamma * lam == 1.0 else ()):
-        out[method] = median_seconds(lambda method=method: prm_jax.gae(r, v, m, gamma=gamma, lam=lam, method=method),
-                                     repeats)
     config = prm_jax.AdvantageConfig(discount=gamma, gae_lambda=lam, check_values=False)
-    out["compute_advantages"] = median_seconds(lambda: prm_jax.compute_advantages(device_batch, config), repeats)
+    candidates = {"roofline": lambda: roofline(r, v, m),
+                  "compute_advantages": lambda: prm_jax.compute_advantages(device_batch, config)}
+    methods = ("auto", "scan", "associative", "blocked") + (("cumsum",) if gamma * lam == 1.0 else ())
+    methods += ("native",) if native.available() else ()
+    for method in methods:
+        candidates[method] = lambda method=method: prm_jax.gae(r, v, m, gamma=gamma, lam=lam, method=method)
+    out.update(interleaved_medians(candidates, repeats))
     loop_repeats = max(3, repeats // 5)
     out["numpy_loop"] = median_seconds(lambda: numpy_loop(rewards, values, mask, gamma, lam), loop_repeats)
     return out
@@ -109,7 +127,7 @@ def main() -> None:
     print("{:>10} {:>20} {:>10} {:>11} {:>16}".format(*header))
     for rows, width in shapes:
         res = bench_shape(rows, width, args.repeats, args.gamma, args.lam)
-        for name in ("roofline", "auto", "scan", "associative", "blocked", "cumsum", "compute_advantages",
+        for name in ("roofline", "auto", "native", "scan", "associative", "blocked", "cumsum", "compute_advantages",
                      "numpy_loop"):
             if name in res:
                 print(f"{res['shape']:>10} {name:>20} {res[name] * 1e3:10.3f} {res[name] / res['roofline']:11.2f} "

@@ -1,4 +1,8 @@
 import importlib
+import os
+import shutil
+import subprocess
+import sys
 
 import chex
 import jax
@@ -10,11 +14,14 @@ from hypothesis import given, settings, strategies as st
 import prm_jax
 
 gae_module = importlib.import_module("prm_jax.kernels.gae")
+native = importlib.import_module("prm_jax.kernels.native")
 
 import reference
 from batches import timestep_inputs
 
-METHODS = ("scan", "associative", "blocked")
+# The native CPU kernel joins every comparison wherever it builds; test_native_kernel_builds checks that it
+# does wherever a C++ compiler exists, so it cannot drop out of the suite unnoticed.
+METHODS = ("scan", "associative", "blocked") + (("native",) if native.available() else ())
 ALL_METHODS = METHODS + ("auto",)
 
 
@@ -165,6 +172,44 @@ def test_turn_gae_num_turns_bound_ignores_later_turns():
     np.testing.assert_allclose(out.advantages, want, rtol=2e-5, atol=2e-5)
 
 
+def test_native_kernel_builds_where_a_compiler_exists():
+    if jax.default_backend() == "cpu" and shutil.which("c++") and os.environ.get("PRM_JAX_NATIVE", "1") != "0":
+        assert native.available()
+        assert gae_module.resolve_method("auto", unit_discount=False) == "native"
+
+
+def test_without_the_native_kernel_auto_falls_back_to_scan():
+    code = ("import importlib, prm_jax, numpy as np; from prm_jax.kernels import native; "
+            "gae = importlib.import_module('prm_jax.kernels.gae'); "
+            "assert not native.available(); assert gae.resolve_method('auto', unit_discount=False) == 'scan'; "
+            "out = prm_jax.gae(np.ones((2, 5), np.float32), None, np.ones((2, 5)), method='auto'); "
+            "assert float(out.advantages[0, 0]) == 5.0")
+    env = dict(os.environ, PRM_JAX_NATIVE="0")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = subprocess.run([sys.executable, "-c", "import prm_jax, numpy as np; prm_jax.gae(np.ones((1, 2), np.float32), "
+                           "None, np.ones((1, 2)), method='native')"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and "method='native' needs" in proc.stderr
+
+
+@pytest.mark.skipif(not native.available(), reason="the native kernel needs a CPU with a C++ compiler")
+def test_native_kernel_under_vmap_and_inside_jit():
+    rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(8), 6, 37)
+    want, _ = reference.gae(rewards, values, mask, 0.9, 0.8, bootstrap)
+    stacked = [x.reshape(2, 3, *x.shape[1:]) for x in (rewards, values, mask, bootstrap)]
+    per_group = jax.vmap(lambda r, v, m, b: prm_jax.gae(r, v, m, gamma=0.9, lam=0.8, bootstrap=b,
+                                                        method="native").advantages)
+    np.testing.assert_allclose(np.asarray(per_group(*stacked)).reshape(6, 37), want, rtol=2e-5, atol=2e-5)
+    # Many rows go through the thread pool; rows in a block of four and across blocks must not mix.
+    rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(9), 203, 700)
+    want, want_ret = reference.gae(rewards, values, mask, 0.97, 0.9, bootstrap)
+    got = jax.jit(lambda *a: prm_jax.gae(*a[:3], gamma=0.97, lam=0.9, bootstrap=a[3], method="native"))(
+        rewards, values, mask, bootstrap)
+    np.testing.assert_allclose(got.advantages, want, rtol=2e-5, atol=5e-5)
+    np.testing.assert_allclose(got.returns, want_ret, rtol=2e-5, atol=5e-5)
+
+
 def test_linear_recurrence_methods_agree_on_general_coefficients():
     rng = np.random.default_rng(4)
     coeffs = jnp.asarray(rng.uniform(-1, 1, size=(3, 77)), jnp.float32)
@@ -176,6 +221,6 @@ def test_linear_recurrence_methods_agree_on_general_coefficients():
         for t in reversed(range(77)):
             x = float(coeffs[b, t]) * x + float(offsets[b, t])
             want[b, t] = x
-    for method in METHODS:
+    for method in ("scan", "associative", "blocked"):
         got = prm_jax.backward_linear_recurrence(coeffs, offsets, init, method, block_size=10)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -14,6 +14,8 @@ import reference
 from batches import make_batch
 
 pipeline = importlib.import_module("prm_jax.kernels.pipeline")
+native = importlib.import_module("prm_jax.kernels.native")
+PIPELINE_METHODS = ["scan", "associative", "blocked"] + (["native"] if native.available() else [])
 FIELDS = ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs")
 
 
@@ -34,7 +36,7 @@ def spec_example(**overrides):
 ACTIVE = [1, 2, 4, 5, 6]
 
 
-@pytest.mark.parametrize("method", ["scan", "associative", "blocked", "auto", "cumsum"])
+@pytest.mark.parametrize("method", PIPELINE_METHODS + ["auto", "cumsum"])
 def test_spec_worked_example(method):
     batch = spec_example()
     additive = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, gae_method=method))
@@ -82,7 +84,7 @@ def check_against_reference(batch, cfg, method="auto", rtol=2e-5, atol=3e-5):
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-@pytest.mark.parametrize("method", ["scan", "associative", "blocked"])
+@pytest.mark.parametrize("method", PIPELINE_METHODS)
 def test_pipeline_matches_float64_reference(name, method):
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
     batch = make_batch(rng, rows=6, width=48)

@@ -20,8 +20,10 @@ generated tokens only. The recurrence is linear, ``A_t = c_t A_{t+1} + delta_t``
   a scan over block carries and a fix-up pass (a chunked scan: few, wide steps).
 - ``cumsum``: when ``gamma * lam == 1`` is known before tracing, ``c_t == 1`` and ``A`` is a reverse
   cumulative sum of ``delta``: exact, no products.
-- ``auto``: ``scan`` on CPU (cheapest per element there); on GPU/TPU ``cumsum`` when ``gamma * lam == 1``
-  is static, else ``associative``.
+- ``native``: the literal recurrence as a C++ XLA FFI kernel on the CPU (``prm_jax.kernels.native``),
+  built on first use where a C++ compiler exists; float32 only, not differentiable.
+- ``auto``: on CPU ``native`` when it is available and the process has one device, else ``scan``; on
+  GPU/TPU ``cumsum`` when ``gamma * lam == 1`` is static, else ``associative``.
 
 For the parallel methods ``nextv`` (the value at the next active timestep, or ``bootstrap``) is found
 with a reverse running minimum over active indices and a gather: exact, no arithmetic on values.
@@ -38,10 +40,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.typing import ArrayLike
 
-from prm_jax.kernels import _checks
+from prm_jax.kernels import _checks, native
 from prm_jax.kernels.alignment import shift_to_next_token
 
-GAE_METHODS = ("auto", "scan", "associative", "blocked", "cumsum")
+GAE_METHODS = ("auto", "scan", "associative", "blocked", "cumsum", "native")
 DEFAULT_BLOCK_SIZE = 64
 
 
@@ -57,10 +59,14 @@ def resolve_method(method: str, *, unit_discount: bool) -> str:
     if method == "cumsum" and not unit_discount:
         raise ValueError("method='cumsum' needs gamma * lam == 1 known before tracing (Python floats); "
                          "use 'auto', 'scan', 'associative' or 'blocked' otherwise")
+    if method == "native" and not native.available():
+        raise ValueError("method='native' needs the CPU backend and a C++ compiler to build the kernel "
+                         "(see prm_jax.kernels.native); use 'auto' to fall back to 'scan'")
     if method != "auto":
         return method
     if jax.default_backend() == "cpu":
-        return "scan"
+        # The custom call has no partitioning rule: keep sharded programs on 'scan'.
+        return "native" if jax.device_count() == 1 and native.available() else "scan"
     return "cumsum" if unit_discount else "associative"
 
 
@@ -155,18 +161,25 @@ def _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap):
 
 
 def gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: jax.Array, lam: jax.Array,
-             bootstrap: jax.Array, method: str, block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
-    """Advantages for already-validated float arrays; ``method`` resolved; ``lam`` scalar or ``[B]``."""
+             bootstrap: jax.Array, method: str, block_size: int = DEFAULT_BLOCK_SIZE) -> GAEOutput:
+    """GAE of already-validated float arrays; ``method`` resolved; ``lam`` scalar or ``[B]``."""
     gamma_lam = gamma * jnp.broadcast_to(lam, bootstrap.shape)
+    if method == "native":
+        if rewards.dtype == jnp.float32:
+            return GAEOutput(*native.gae_native(rewards, values, active, gamma, gamma_lam, bootstrap))
+        method = "scan"  # float64 inputs keep float64 accumulation
     if method == "scan":
-        return _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap)
+        advantages = _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap)
+        return GAEOutput(advantages, advantages + values)
     next_values = _next_active_values(values, active, bootstrap)
     zero = jnp.zeros((), rewards.dtype)
     deltas = jnp.where(active, rewards + gamma * next_values - values, zero)
     if method == "cumsum":
-        return lax.cumsum(deltas, axis=1, reverse=True)
-    coeffs = jnp.where(active, gamma_lam[:, None], jnp.ones((), rewards.dtype))
-    return backward_linear_recurrence(coeffs, deltas, jnp.zeros_like(bootstrap), method, block_size)
+        advantages = lax.cumsum(deltas, axis=1, reverse=True)
+    else:
+        coeffs = jnp.where(active, gamma_lam[:, None], jnp.ones((), rewards.dtype))
+        advantages = backward_linear_recurrence(coeffs, deltas, jnp.zeros_like(bootstrap), method, block_size)
+    return GAEOutput(advantages, advantages + values)
 
 
 def _prepare(rewards, values, mask, lam, bootstrap):
@@ -200,9 +213,8 @@ def _is_unit_discount(gamma, lam) -> bool:
 @functools.partial(jax.jit, static_argnames=("method", "block_size"))
 def _gae_jit(rewards, values, mask, gamma, lam, bootstrap, *, method, block_size):
     rewards, values, active, bootstrap, dtype = _prepare(rewards, values, mask, lam, bootstrap)
-    advantages = gae_core(rewards, values, active, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype),
-                          bootstrap, method, block_size)
-    return GAEOutput(advantages, advantages + values)
+    return gae_core(rewards, values, active, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype), bootstrap, method,
+                    block_size)
 
 
 def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma: ArrayLike = 1.0,
@@ -217,8 +229,8 @@ def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma:
       gamma: discount in [0, 1]; a traced scalar is fine (no retrace when it changes).
       lam: GAE lambda in [0, 1], a scalar or ``[B]`` (one per row).
       bootstrap: ``[B]`` value after the last timestep (``V[seqlen-1]`` for truncated rows), or None (0).
-      method: ``auto | scan | associative | blocked | cumsum`` (``cumsum`` needs ``gamma * lam == 1``
-        as Python numbers).
+      method: ``auto | scan | associative | blocked | cumsum | native`` (``cumsum`` needs
+        ``gamma * lam == 1`` as Python numbers; ``native`` a CPU with a C++ compiler).
       block_size: timesteps per block for ``blocked``.
 
     Returns:
@@ -251,7 +263,7 @@ def turn_gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, turn
     turn_active = first_step < num_steps
     turn_values = jnp.take_along_axis(values, jnp.clip(first_step, 0, num_steps - 1), axis=1)
     turn_values = jnp.where(turn_active, turn_values, jnp.zeros((), dtype))
-    turn_advantages = gae_core(turn_rewards, turn_values, turn_active, gamma, lam, bootstrap, method)
+    turn_advantages = gae_core(turn_rewards, turn_values, turn_active, gamma, lam, bootstrap, method).advantages
 
     safe_ids = jnp.clip(turn_ids, 0, num_turns - 1)
     token_advantages = jnp.take_along_axis(turn_advantages, safe_ids, axis=1)

@@ -94,8 +94,8 @@ def sequence_parallel_gae(rewards: ArrayLike, values: ArrayLike | None, mask: Ar
     if jnp.ndim(lam) == 0:
         _check_discount("lam", lam)
     method = resolve_method(method, unit_discount=False)
-    if method == "cumsum":
-        method = "associative"
+    # The per-chunk passes are linear recurrences with a carry-in: the scan-based methods.
+    method = {"cumsum": "associative", "native": "scan"}.get(method, method)
     rows = jnp.shape(rewards)[0]
     values = jnp.zeros((rows, width), jnp.float32) if values is None else values
     bootstrap = jnp.zeros((rows,), jnp.float32) if bootstrap is None else bootstrap

@@ -267,8 +267,8 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     gamma = jnp.asarray(config.discount, dtype)
     if config.gae_timestep_unit == "token":
         gae_rewards = gae_rewards + kl
-        advantages = gae_core(gae_rewards, values, active, gamma, lam, bootstrap, method, config.gae_block_size)
-        returns = advantages + values
+        advantages, returns = gae_core(gae_rewards, values, active, gamma, lam, bootstrap, method,
+                                       config.gae_block_size)
     else:
         num_turns = config.max_turns or width
         advantages, returns = turn_gae_core(gae_rewards, values, active, turn_ids, gamma, lam, bootstrap,

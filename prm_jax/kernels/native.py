@@ -1,0 +1,103 @@
+"""The native CPU GAE kernel: a small C++ XLA FFI custom call, built on first use.
+
+XLA:CPU runs a ``lax.scan`` step in tens of nanoseconds and transposes ``[B, T]`` slowly, so a sequential
+recurrence is far from memory speed there. ``native/gae_cpu.cc`` runs the same recurrence as the ``scan``
+method directly over the row-major buffers. It is compiled once per machine with the system C++ compiler
+into a cache directory (``$PRM_JAX_CACHE``, default ``~/.cache/prm_jax``) and loaded with ``ctypes``.
+
+Availability is checked, never assumed: with no compiler, a failed build, another backend than CPU, or
+``PRM_JAX_NATIVE=0``, ``available()`` is False and ``auto`` falls back to ``scan``. The kernel has no
+derivative (advantages are targets, not differentiated) and takes float32 only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+logger = logging.getLogger(__name__)
+TARGET = "prm_jax_gae_f32"
+SOURCE = Path(__file__).with_name("native") / "gae_cpu.cc"
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("PRM_JAX_CACHE"):
+        return Path(os.environ["PRM_JAX_CACHE"])
+    try:
+        return Path.home() / ".cache" / "prm_jax"
+    except RuntimeError:  # no home directory
+        return Path(tempfile.gettempdir()) / "prm_jax"
+
+
+def _build(compiler: str) -> Path:
+    include = jax.ffi.include_dir()
+    key = hashlib.sha256(SOURCE.read_bytes() + jax.__version__.encode() + include.encode() + compiler.encode()
+                         + sys.platform.encode()).hexdigest()[:16]
+    library = _cache_dir() / f"gae_cpu_{key}.so"
+    if library.exists():
+        return library
+    library.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".gae_cpu_", suffix=".so", dir=library.parent)
+    os.close(fd)
+    command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", f"-I{include}", str(SOURCE), "-o", tmp]
+    try:
+        subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+        os.replace(tmp, library)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return library
+
+
+def available() -> bool:
+    """Whether the native kernel is built and registered (building it on the first call)."""
+    if "ok" in _state:
+        return bool(_state["ok"])
+    with _lock:
+        if "ok" in _state:
+            return bool(_state["ok"])
+        _state["ok"] = False
+        if os.environ.get("PRM_JAX_NATIVE", "1") == "0" or jax.default_backend() != "cpu":
+            return False
+        compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+        if not compiler:
+            logger.info("no C++ compiler found: the native CPU GAE kernel is off, 'auto' uses 'scan'")
+            return False
+        try:
+            library = ctypes.cdll.LoadLibrary(str(_build(compiler)))
+            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32), platform="cpu")
+        except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
+            detail = getattr(err, "stderr", "") or err
+            logger.warning("building the native CPU GAE kernel failed, 'auto' uses 'scan': %s", detail)
+            return False
+        _state["ok"] = True
+        return True
+
+
+def gae_native(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: jax.Array, gamma_lam: jax.Array,
+               bootstrap: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(advantages, returns)`` from the native kernel.
+
+    float32 ``[..., T]`` inputs; ``gamma``, ``gamma_lam`` and ``bootstrap`` are ``[...]``.
+    """
+    if not available():
+        raise RuntimeError("the native CPU GAE kernel is not available (see prm_jax.kernels.native)")
+    f32 = jnp.float32
+    rows = rewards.shape[:-1]
+    out = jax.ShapeDtypeStruct(rewards.shape, f32)
+    call = jax.ffi.ffi_call(TARGET, (out, out), vmap_method="broadcast_all")
+    return call(rewards.astype(f32), values.astype(f32), active, jnp.broadcast_to(gamma, rows).astype(f32),
+                gamma_lam.astype(f32), bootstrap.astype(f32))

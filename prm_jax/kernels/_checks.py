@@ -31,11 +31,15 @@ def as_float(name: str, x: Any, dtype: jnp.dtype) -> jax.Array:
     return x.astype(dtype)
 
 
+def check_mask_dtype(name: str, x: jax.Array) -> None:
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        raise TypeError(f"{name} must be a bool, integer or float mask, got dtype {x.dtype}")
+
+
 def as_mask(name: str, x: Any) -> jax.Array:
     """Any numeric mask becomes bool: nonzero is active."""
     x = jnp.asarray(x)
-    if jnp.issubdtype(x.dtype, jnp.complexfloating):
-        raise TypeError(f"{name} must be a bool, integer or float mask, got dtype {x.dtype}")
+    check_mask_dtype(name, x)
     return x if x.dtype == jnp.bool_ else x != 0
 
 

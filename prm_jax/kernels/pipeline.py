@@ -194,9 +194,12 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     dtype = _checks.accumulation_dtype(*(batch[k] for k in ("logprobs", "rewards", "values", "ref_logprobs",
                                                              "token_rewards") if k in batch))
     zero = jnp.zeros((), dtype)
-    attention = _checks.as_mask("batch['attention_mask']", batch["attention_mask"])
     raw_active = _checks.as_mask("batch['loss_mask']", batch["loss_mask"])
-    seqlen = jnp.sum(attention.astype(jnp.int32), axis=1)
+    # seqlen = sum(attention_mask) (SPEC 1), summed as given: no converted copy of the mask.
+    attention = jnp.asarray(batch["attention_mask"])
+    _checks.check_mask_dtype("batch['attention_mask']", attention)
+    seqlen = (jnp.count_nonzero(attention, axis=1).astype(jnp.int32) if attention.dtype == jnp.bool_
+              else jnp.sum(attention, axis=1, dtype=jnp.int32))
     step = lax.broadcasted_iota(jnp.int32, shape, 1)
     checks = []
 

@@ -141,7 +141,7 @@ class AdvantageConfig:
                                  f"overlong_reward_penalty, got {self.max_new_tokens!r}")
 
 
-def _outcome_rewards(rewards, raw_active, groups, num_groups, config: AdvantageConfig):
+def _outcome_rewards(rewards, raw_active, config: AdvantageConfig, groups_of):
     dtype = rewards.dtype
     if config.overlong_reward_penalty:
         response_length = jnp.sum(raw_active.astype(dtype), axis=1)
@@ -151,7 +151,7 @@ def _outcome_rewards(rewards, raw_active, groups, num_groups, config: AdvantageC
                        config.reward_clip)
     if config.reward_norm is not None:
         ones = jnp.ones(rewards.shape + (1,), jnp.bool_)
-        rewards = normalize_core(rewards[:, None], ones, config.reward_norm, groups, num_groups)[:, 0]
+        rewards = normalize_core(rewards[:, None], ones, config.reward_norm, *groups_of(config.reward_norm))[:, 0]
     return rewards
 
 
@@ -203,18 +203,15 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     step = lax.broadcasted_iota(jnp.int32, shape, 1)
     checks = []
 
-    groups, num_groups = None, 1
-    uses_groups = any(n is not None and n.uses_groups for n in (config.reward_norm, config.adv_norm))
     if "group_sizes" in batch:
         checks.append(group_sizes_check(batch["group_sizes"], num_rows))
-    if uses_groups:
-        groups, num_groups = group_index(num_rows, config.reward_norm if config.reward_norm is not None
-                                         and config.reward_norm.uses_groups else config.adv_norm,
-                                         batch.get("group_sizes"))
+
+    def groups_of(norm: NormConfig) -> tuple[jax.Array | None, int]:
+        return group_index(num_rows, norm, batch.get("group_sizes")) if norm.uses_groups else (None, 1)
 
     # 1. outcome rewards
-    outcome = _outcome_rewards(_checks.as_float("batch['rewards']", batch["rewards"], dtype), raw_active,
-                               groups, num_groups, config)
+    outcome = _outcome_rewards(_checks.as_float("batch['rewards']", batch["rewards"], dtype), raw_active, config,
+                               groups_of)
 
     # 2. positions -> timesteps
     active = shift_to_next_token(raw_active, fill=False)
@@ -280,10 +277,7 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
 
     # 8. advantage normalization
     if config.adv_norm is not None:
-        adv_groups, adv_num_groups = groups, num_groups
-        if config.adv_norm.uses_groups:
-            adv_groups, adv_num_groups = group_index(num_rows, config.adv_norm, batch.get("group_sizes"))
-        advantages = normalize_core(advantages, active, config.adv_norm, adv_groups, adv_num_groups)
+        advantages = normalize_core(advantages, active, config.adv_norm, *groups_of(config.adv_norm))
 
     # 9. shaping with direct process rewards
     if has_process and config.token_rewards_as_adv:

@@ -112,7 +112,7 @@ async def _export_all(config: ExperimentConfig, records, group_filter, progress:
     return statuses, accepted, recorder.flush()
 
 
-def _advantage_stats(output, batch_mask) -> dict[str, float]:
+def _advantage_stats(output) -> dict[str, float]:
     active = np.asarray(output.loss_mask) > 0
     values = np.asarray(output.advantages)[active]
     if values.size == 0:
@@ -145,9 +145,8 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     shaping = config.actor.advantage_shaping
     if "token_rewards" in arrays and config.actor.token_rewards_as_adv:
         for mode in SHAPING_MODES:
-            actor = dataclasses.replace(config.actor, advantage_shaping=dataclasses.replace(shaping, mode=mode),
-                                        mask_no_eos_with_zero=config.actor.mask_no_eos_with_zero and mode != "process_weighted")
-            try:
+            try:  # the same actor settings under each mode; a mode those settings reject is reported
+                actor = dataclasses.replace(config.actor, advantage_shaping=dataclasses.replace(shaping, mode=mode))
                 outputs[mode] = compute_advantages(arrays, actor)
             except ValueError as err:
                 outputs[mode] = f"n/a: {err}"
@@ -158,7 +157,7 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
         "shaping_mode": shaping.mode,
         "process_reward_per_scorer": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
                                       if "/prm_turn_reward/" in k},
-        "advantages": {mode: (_advantage_stats(out, batch["loss_mask"]) if not isinstance(out, str) else out)
+        "advantages": {mode: (_advantage_stats(out) if not isinstance(out, str) else out)
                        for mode, out in outputs.items()},
         "group_status": statuses,
     }

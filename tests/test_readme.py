@@ -54,3 +54,17 @@ def test_runtime_example_runs():
     # non-negative advantages.
     assert np.all(np.asarray(out.advantages)[1][np.asarray(out.loss_mask)[1] > 0] == 0.0)
     assert all(i.token_rewards is None for cache, _ in sessions for i in cache)
+
+
+def test_session_example_is_valid_input(tmp_path):
+    import json
+
+    from prm_jax.sessions import read_sessions
+
+    text = README.read_text()
+    example = json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps(example) + "\n")
+    (record,) = read_sessions(path)
+    sequence = record.cache.to_sequence(record.ready[0])
+    assert sequence.is_truncated and sequence.loss_mask.tolist() == [0, 0, 1, 1, 0, 1]

@@ -336,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as err:
         print(f"prm-jax: error: {err}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ class TrajectoryStore:
         except KeyError:
             raise KeyError(f"no session {session_key!r} in the store") from None
 
-    def _take(self, session_key: str, select: str | None) -> list[str]:
+    def consume(self, session_key: str, select: str | None = None) -> list[str]:
         """Consumes the ready trajectories to export: all of them, or only ``select`` (HITL: the oldest)."""
         session = self._sessions.get(session_key)
         if session is None or not session.ready:
@@ -199,7 +199,7 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
     select = dict(select or {})
     result: dict[str, Any] = {"status": "accepted", "trajectories": [], "rejected_sessions": {}}
     try:
-        taken = {key: store._take(key, select.get(key)) for key in keys}
+        taken = {key: store.consume(key, select.get(key)) for key in keys}
         if discard:
             result["status"] = "discarded"
             if with_prm:

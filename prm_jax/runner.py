@@ -159,6 +159,7 @@ class PRMRunner:
 
     @property
     def closed(self) -> bool:
+        """True once ``aclose`` has started: from then on ``run`` is rejected."""
         return self._closing
 
     async def run(self, branch: InteractionCache | Sequence[Interaction], ctx: Mapping[str, Any] | None = None, *,

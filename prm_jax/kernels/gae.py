@@ -171,15 +171,25 @@ def gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: ja
     if method == "scan":
         advantages = _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap)
         return GAEOutput(advantages, advantages + values)
-    next_values = _next_active_values(values, active, bootstrap)
-    zero = jnp.zeros((), rewards.dtype)
-    deltas = jnp.where(active, rewards + gamma * next_values - values, zero)
+    coeffs, deltas = linear_form(rewards, values, active, gamma, gamma_lam, bootstrap)
     if method == "cumsum":
         advantages = lax.cumsum(deltas, axis=1, reverse=True)
     else:
-        coeffs = jnp.where(active, gamma_lam[:, None], jnp.ones((), rewards.dtype))
         advantages = backward_linear_recurrence(coeffs, deltas, jnp.zeros_like(bootstrap), method, block_size)
     return GAEOutput(advantages, advantages + values)
+
+
+def linear_form(rewards, values, active, gamma, gamma_lam, next_value_after):
+    """The GAE recurrence as ``A_t = coeffs_t * A_{t+1} + deltas_t``.
+
+    ``next_value_after`` ``[B]`` is the value after the last timestep (``bootstrap``, or for a chunk of a
+    longer row, the value at the first active timestep right of the chunk).
+    """
+    next_values = _next_active_values(values, active, next_value_after)
+    zero = jnp.zeros((), rewards.dtype)
+    deltas = jnp.where(active, rewards + gamma * next_values - values, zero)
+    coeffs = jnp.where(active, gamma_lam[:, None], jnp.ones((), rewards.dtype))
+    return coeffs, deltas
 
 
 def _prepare(rewards, values, mask, lam, bootstrap):
@@ -199,10 +209,13 @@ def _prepare(rewards, values, mask, lam, bootstrap):
     return rewards, values, _checks.as_mask("mask", mask), bootstrap, dtype
 
 
-def _check_discount(name: str, x) -> None:
-    value = _checks.concrete_scalar(x)
-    if value is not None and not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value}")
+def check_discounts(gamma, lam) -> None:
+    """``gamma`` and a scalar ``lam`` must lie in [0, 1] when their values are known before tracing."""
+    for name, x in (("gamma", gamma), ("lam", lam)):
+        if jnp.ndim(x) == 0:
+            value = _checks.concrete_scalar(x)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
 def _is_unit_discount(gamma, lam) -> bool:
@@ -236,9 +249,7 @@ def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma:
     Returns:
       ``GAEOutput(advantages [B, T], returns [B, T])``, float32 (float64 for float64 inputs).
     """
-    _check_discount("gamma", gamma)
-    if jnp.ndim(lam) == 0:
-        _check_discount("lam", lam)
+    check_discounts(gamma, lam)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     method = resolve_method(method, unit_discount=_is_unit_discount(gamma, lam))
@@ -308,9 +319,7 @@ def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn
     Returns:
       ``GAEOutput(advantages [B, T], returns [B, T])``, float32.
     """
-    _check_discount("gamma", gamma)
-    if jnp.ndim(lam) == 0:
-        _check_discount("lam", lam)
+    check_discounts(gamma, lam)
     num_turns = jnp.shape(rewards)[-1] if num_turns is None else int(num_turns)
     if num_turns < 1:
         raise ValueError(f"num_turns must be >= 1, got {num_turns}")

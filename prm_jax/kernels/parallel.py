@@ -25,7 +25,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.kernels.gae import (GAEOutput, _check_discount, _next_active_values, _prepare, backward_linear_recurrence,
+from prm_jax.kernels.gae import (GAEOutput, _prepare, backward_linear_recurrence, check_discounts, linear_form,
                                  resolve_method)
 
 
@@ -47,10 +47,7 @@ def _chunk_gae(rewards, values, mask, gamma, lam, bootstrap, *, axis_name, num_c
     from_right = jnp.take_along_axis(all_first, jnp.minimum(nearest, num_chunks - 1)[None], axis=0)[0]
     next_value_in = jnp.where(nearest < num_chunks, from_right, bootstrap)
 
-    next_values = _next_active_values(values, active, next_value_in)
-    zero = jnp.zeros((), dtype)
-    deltas = jnp.where(active, rewards + gamma * next_values - values, zero)
-    coeffs = jnp.where(active, gamma_lam[:, None], jnp.ones((), dtype))
+    coeffs, deltas = linear_form(rewards, values, active, gamma, gamma_lam, next_value_in)
 
     # 2. This chunk's affine map of the incoming advantage, then the carries of all chunks.
     local = backward_linear_recurrence(coeffs, deltas, jnp.zeros_like(bootstrap), method)
@@ -90,9 +87,7 @@ def sequence_parallel_gae(rewards: ArrayLike, values: ArrayLike | None, mask: Ar
     width = jnp.shape(rewards)[1]
     if width % num_chunks:
         raise ValueError(f"the time axis ({width}) must divide evenly over {num_chunks} devices of {axis_name!r}")
-    _check_discount("gamma", gamma)
-    if jnp.ndim(lam) == 0:
-        _check_discount("lam", lam)
+    check_discounts(gamma, lam)
     method = resolve_method(method, unit_discount=False)
     # The per-chunk passes are linear recurrences with a carry-in: the scan-based methods.
     method = {"cumsum": "associative", "native": "scan"}.get(method, method)

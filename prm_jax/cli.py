@@ -33,6 +33,7 @@ from prm_jax.config import ExperimentConfig, ScorerSpec, load_config
 from prm_jax.export import ExportService
 from prm_jax.kernels.filters import (filter_mixed_or_penalized_all_wrong,
                                      filter_mixed_or_penalized_all_wrong_mask_no_eos)
+from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels.pipeline import compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.metrics import InMemoryRecorder
@@ -186,15 +187,21 @@ def write_outputs(run: ScoreRun, output_dir: Path) -> None:
     _write_atomic(output_dir / "metrics.json", lambda h: h.write(payload))
 
 
+def _process_rewards(run: ScoreRun) -> np.ndarray:
+    """The process rewards on timesteps (0 where the shifted loss mask is 0, or without token rewards)."""
+    mask = np.asarray(run.configured.loss_mask)
+    if "token_rewards" not in run.batch:
+        return np.zeros_like(mask)
+    return np.asarray(shift_to_next_token(run.batch["token_rewards"])) * mask
+
+
 def plot(run: ScoreRun, path: Path, rows: int = 4) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     mask = np.asarray(run.configured.loss_mask)
-    process = np.zeros_like(mask)
-    if "token_rewards" in run.batch:
-        process = np.concatenate([run.batch["token_rewards"][:, 1:], np.zeros_like(mask[:, :1])], axis=1) * mask
+    process = _process_rewards(run)
     rows = min(rows, mask.shape[0])
     fig, axes = plt.subplots(rows, 1, figsize=(10, 2.6 * rows), squeeze=False)
     for b in range(rows):
@@ -240,9 +247,9 @@ def print_turn_table(run: ScoreRun, rows: int = 2, stream=None) -> None:
     """Per turn of the first rows: the process reward next to the mean advantage under each mode."""
     out = stream or sys.stdout
     modes = [m for m in ("none", *SHAPING_MODES) if m in run.outputs and not isinstance(run.outputs[m], str)]
-    turn_ids = np.concatenate([run.batch["turn_ids"][:, 1:], np.full_like(run.batch["turn_ids"][:, :1], -1)], axis=1)
+    turn_ids = np.asarray(shift_to_next_token(run.batch["turn_ids"], fill=-1))
     mask = np.asarray(run.configured.loss_mask) > 0
-    rewards = run.batch.get("token_rewards")
+    process = _process_rewards(run)
     print("per turn (timesteps predicting the turn's tokens): process reward and mean advantage per mode", file=out)
     for b in range(min(rows, mask.shape[0])):
         print(f"row {b}: outcome reward {run.batch['original_rewards'][b]:g} (group-normalized "
@@ -251,7 +258,7 @@ def print_turn_table(run: ScoreRun, rows: int = 2, stream=None) -> None:
         print(f"  {'turn':>4} {'tokens':>6} {'P':>7} " + " ".join(f"{m:>16}" for m in modes), file=out)
         for k in sorted(set(turn_ids[b][mask[b]].tolist())):
             steps = mask[b] & (turn_ids[b] == k)
-            p = 0.0 if rewards is None else float(rewards[b][np.flatnonzero(steps) + 1].mean())
+            p = float(process[b][steps].mean())
             cells = " ".join(f"{float(np.asarray(run.outputs[m].advantages)[b][steps].mean()):16.4f}" for m in modes)
             print(f"  {k:>4} {int(steps.sum()):>6} {p:7.3f} {cells}", file=out)
 

@@ -31,6 +31,7 @@ import anyio
 import numpy as np
 
 from prm_jax._compat import ExceptionGroup, add_note
+from prm_jax.batching import pack_branches
 from prm_jax.config import ExperimentConfig
 from prm_jax.kernels.filters import GroupFilterResult
 from prm_jax.metrics import MetricStats, branch_stats
@@ -154,19 +155,11 @@ def _prm_stats(scored: list[_Scored], is_eval: bool) -> dict[str, Any]:
 
 
 def _filter_view(trajectories: list[dict[str, Any]]) -> dict[str, Any]:
-    width = max(len(t["sequence"].input_ids) for t in trajectories)
-    rows = len(trajectories)
-    token_rewards = np.zeros((rows, width), np.float32)
-    loss_mask = np.zeros((rows, width), np.int32)
-    for b, t in enumerate(trajectories):
-        seq = t["sequence"]
-        loss_mask[b, :len(seq.input_ids)] = seq.loss_mask
-        if seq.token_rewards is not None:
-            token_rewards[b, :len(seq.input_ids)] = seq.token_rewards
-    return dict(rewards=np.array([t["reward"] for t in trajectories]),
-                original_rewards=np.array([t.get("original_reward", t["reward"]) for t in trajectories]),
-                token_rewards=token_rewards, loss_mask=loss_mask,
-                is_truncated=np.array([t["sequence"].is_truncated for t in trajectories]))
+    """The group as the filters read it: padded rows, normalized and raw outcome rewards."""
+    group = pack_branches([t["sequence"] for t in trajectories], bucket=1)
+    group["rewards"] = np.array([t["reward"] for t in trajectories])
+    group["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories])
+    return group
 
 
 async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, runner: PRMRunner | None = None,

@@ -27,12 +27,12 @@ disabled the shaping settings are validated but unused (the actor shapes nothing
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
+from prm_jax.kernels._checks import finite_number
 from prm_jax.kernels.normalization import NormConfig
 from prm_jax.kernels.pipeline import AdvantageConfig
 from prm_jax.kernels.shaping import ShapingConfig
@@ -66,16 +66,14 @@ class ScorerSpec:
         data = _check_keys(where, data, {"path", "weight", "enabled", "kwargs"})
         if not isinstance(data.get("path"), str) or not data.get("path"):
             raise ValueError(f"{where}.path must be a non-empty dotted import path, got {data.get('path')!r}")
-        weight = data.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise ValueError(f"{where}.weight must be a finite number, got {weight!r}")
+        weight = finite_number(f"{where}.weight", data.get("weight", 1.0))
         enabled = data.get("enabled", True)
         if not isinstance(enabled, bool):
             raise ValueError(f"{where}.enabled must be a bool, got {enabled!r}")
         kwargs = data.get("kwargs") or {}
         if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
             raise ValueError(f"{where}.kwargs must be a mapping of argument names, got {kwargs!r}")
-        return cls(data["path"], float(weight), enabled, dict(kwargs))
+        return cls(data["path"], weight, enabled, dict(kwargs))
 
 
 @dataclasses.dataclass(frozen=True)

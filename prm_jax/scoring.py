@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
+from prm_jax.kernels._checks import finite_number
+
 from prm_jax.trajectory import Interaction
 
 SCOPES = ("turn", "trajectory")
@@ -106,13 +108,11 @@ class BaseScorer:
     def __init__(self, weight: float = 1.0, enabled: bool = True, **kwargs: Any):
         if not isinstance(type(self).name, str) or not type(self).name:
             raise ValueError(f"{type(self).__name__} must set a non-empty class-level name")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise ValueError(f"scorer {self.name!r}: weight must be a finite number, got {weight!r}")
         if not isinstance(enabled, bool):
             raise ValueError(f"scorer {self.name!r}: enabled must be a bool, got {enabled!r}")
         if kwargs:
             raise TypeError(f"scorer {self.name!r} got unexpected keyword arguments {sorted(kwargs)}")
-        self.weight = float(weight)
+        self.weight = finite_number(f"scorer {self.name!r}: weight", weight)
         self.enabled = enabled
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:

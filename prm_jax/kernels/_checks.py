@@ -8,11 +8,22 @@ host callback that raises when the compiled computation runs.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def finite_number(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    """A finite Python number (not a bool) within the given bounds, as float; else ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    return float(value)
 
 
 def accumulation_dtype(*arrays: Any) -> jnp.dtype:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Sequence
 
 import jax
@@ -44,11 +43,9 @@ class NormConfig:
         for key in ("mean_level", "std_level"):
             if getattr(self, key) not in NORM_LEVELS:
                 raise ValueError(f"{key} must be one of 'batch', 'group' or None, got {getattr(self, key)!r}")
-        if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps >= 0):
-            raise ValueError(f"eps must be a finite number >= 0, got {self.eps!r}")
+        object.__setattr__(self, "eps", _checks.finite_number("eps", self.eps, minimum=0.0))
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
             raise ValueError(f"group_size must be an integer >= 1, got {self.group_size!r}")
-        object.__setattr__(self, "eps", float(self.eps))
 
     @classmethod
     def from_value(cls, value: Any, name: str) -> "NormConfig | None":

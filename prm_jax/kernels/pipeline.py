@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import warnings
 from typing import Any, Mapping, NamedTuple
 
@@ -56,14 +55,6 @@ class AdvantageOutput(NamedTuple):
     tot_rewards: jax.Array
     loss_mask: jax.Array  # shifted, 0/1
     logprobs: jax.Array   # shifted, 0 where the shifted loss mask is 0
-
-
-def _finite(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise ValueError(f"{name} must be in [{minimum}, {maximum if maximum is not None else 'inf'}], got {value!r}")
-    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,12 +91,12 @@ class AdvantageConfig:
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
-        set_("discount", _finite("discount", self.discount, minimum=0.0, maximum=1.0))
-        set_("gae_lambda", _finite("gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0))
-        set_("kl_ctl", _finite("kl_ctl", self.kl_ctl))
-        set_("reward_bias", _finite("reward_bias", self.reward_bias))
-        set_("reward_scaling", _finite("reward_scaling", self.reward_scaling))
-        set_("reward_clip", _finite("reward_clip", self.reward_clip, minimum=0.0))
+        set_("discount", _checks.finite_number("discount", self.discount, minimum=0.0, maximum=1.0))
+        set_("gae_lambda", _checks.finite_number("gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0))
+        set_("kl_ctl", _checks.finite_number("kl_ctl", self.kl_ctl))
+        set_("reward_bias", _checks.finite_number("reward_bias", self.reward_bias))
+        set_("reward_scaling", _checks.finite_number("reward_scaling", self.reward_scaling))
+        set_("reward_clip", _checks.finite_number("reward_clip", self.reward_clip, minimum=0.0))
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
         for key in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty", "check_values"):
@@ -134,7 +125,7 @@ class AdvantageConfig:
             if not isinstance(self.overlong_tokens, int) or self.overlong_tokens < 1:
                 raise ValueError(f"overlong_tokens must be an integer >= 1 with overlong_reward_penalty, got "
                                  f"{self.overlong_tokens!r}")
-            set_("overlong_penalty_factor", _finite("overlong_penalty_factor", self.overlong_penalty_factor,
+            set_("overlong_penalty_factor", _checks.finite_number("overlong_penalty_factor", self.overlong_penalty_factor,
                                                     minimum=0.0))
             if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < self.overlong_tokens:
                 raise ValueError(f"max_new_tokens must be an integer >= overlong_tokens with "

@@ -12,7 +12,6 @@ returns. With ``b = negative_scale``, ``z = zero_penalty``, ``eps = zero_eps``:
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -37,11 +36,8 @@ class ShapingConfig:
         if self.mode not in SHAPING_MODES:
             raise ValueError(f"advantage_shaping.mode must be one of {SHAPING_MODES}, got {self.mode!r}")
         for key in ("negative_scale", "zero_penalty", "zero_eps"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
-                raise ValueError(f"advantage_shaping.{key} must be a finite number >= 0, got {value!r}")
-            object.__setattr__(self, key, float(value))
+            object.__setattr__(self, key, _checks.finite_number(f"advantage_shaping.{key}", getattr(self, key),
+                                                                minimum=0.0))
 
     @classmethod
     def from_value(cls, value: Any) -> "ShapingConfig":

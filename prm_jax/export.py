@@ -34,7 +34,7 @@ from prm_jax._compat import ExceptionGroup, add_note
 from prm_jax.batching import pack_branches
 from prm_jax.config import ExperimentConfig
 from prm_jax.kernels.filters import GroupFilterResult
-from prm_jax.metrics import MetricStats, branch_stats
+from prm_jax.metrics import MetricStats, branch_stats, trajectory_rewards
 from prm_jax.runner import PRMRunner
 from prm_jax.scoring import PRMTurnResult
 from prm_jax.trajectory import BranchSequence, Interaction, InteractionCache
@@ -146,10 +146,7 @@ def _prm_stats(scored: list[_Scored], is_eval: bool) -> dict[str, Any]:
         turns[session.key] = [r for branch in session.turn_results for r in branch]
         totals[session.key] = {}
         for seq, branch in zip(session.sequences, session.turn_results):
-            per_scorer: dict[str, float] = {}
-            for result in branch:
-                per_scorer[result.scorer] = per_scorer.get(result.scorer, 0.0) + result.reward
-            totals[session.key][seq.leaf_id] = per_scorer
+            totals[session.key][seq.leaf_id] = trajectory_rewards(branch)
             stats.merge(branch_stats(branch, is_eval=is_eval))
     return {"turn_results": turns, "branch_totals": totals, "metrics": stats}
 

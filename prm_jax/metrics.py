@@ -69,20 +69,27 @@ class MetricStats:
         return len(self.metrics)
 
 
+def trajectory_rewards(results: Iterable[PRMTurnResult]) -> dict[str, float]:
+    """Per scorer, the sum of one branch's turn metrics (``prm_trajectory_reward``)."""
+    totals: dict[str, float] = {}
+    for result in results:
+        totals[result.scorer] = totals.get(result.scorer, 0.0) + result.reward
+    return totals
+
+
 def branch_stats(results: Iterable[PRMTurnResult], *, is_eval: bool = False) -> MetricStats:
     """The metrics of one scored branch (the list ``PRMRunner.run`` returned)."""
     ns = namespace(is_eval)
     stats = MetricStats()
-    trajectory: dict[str, float] = {}
+    results = list(results)
     for result in results:
         stats.add(f"{ns}/prm_turn_reward/{result.scorer}", result.reward, averaged=True)
-        trajectory[result.scorer] = trajectory.get(result.scorer, 0.0) + result.reward
         for obs in result.observations:
             base = f"{ns}/prm_metric/{obs.scope}/{quote_name(result.scorer)}/{quote_name(obs.metric_id)}"
             for aggregation in obs.aggregations:
                 value = float(obs.value)
                 stats.add(f"{base}/{aggregation}", value, averaged=aggregation in AVERAGED)
-    for scorer, total in trajectory.items():
+    for scorer, total in trajectory_rewards(results).items():
         stats.add(f"{ns}/prm_trajectory_reward/{scorer}", total, averaged=True)
     return stats
 

@@ -177,6 +177,16 @@ def test_process_weighted_range_is_checked():
                                               check_values=False))
 
 
+def test_disabled_value_checks_are_compiled_out():
+    batch = {k: jnp.asarray(v) for k, v in spec_example(group_sizes=np.array([1], np.int32)).items()}
+    for cfg in (AdvantageConfig(advantage_shaping=ShapingConfig("process_weighted")),
+                AdvantageConfig(token_rewards_as_adv=False)):
+        _, checks = pipeline._pipeline_jit(batch, config=cfg)
+        assert len(checks) == 2  # group sizes, and the mode's own check
+        _, checks = pipeline._pipeline_jit(batch, config=dataclasses.replace(cfg, check_values=False))
+        assert checks == []
+
+
 def test_fold_uniformity_is_checked():
     batch = spec_example(token_rewards=np.array([[0, 0, 0, 0, 0, -0.2, -0.3, -0.2]], np.float32))
     with pytest.raises(ValueError, match="uniform"):

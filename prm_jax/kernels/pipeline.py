@@ -63,8 +63,8 @@ class AdvantageConfig:
 
     Hashable: it is a static argument of the jitted pipeline, so equal configs never retrace. Beyond
     AReaL: ``gae_method``/``gae_block_size`` choose the scan, ``max_turns`` bounds turns per row for
-    turn-level GAE (default ``T``), ``check_values=False`` skips the host-side value checks (a device sync)
-    on the hot path.
+    turn-level GAE (default ``T``), ``check_values=False`` skips the value checks on the hot path (their
+    reductions and the device sync).
     """
 
     discount: float = 1.0
@@ -194,7 +194,7 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     step = lax.broadcasted_iota(jnp.int32, shape, 1)
     checks = []
 
-    if "group_sizes" in batch:
+    if "group_sizes" in batch and config.check_values:
         checks.append(group_sizes_check(batch["group_sizes"], num_rows))
 
     def groups_of(norm: NormConfig) -> tuple[jax.Array | None, int]:
@@ -242,7 +242,8 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     # 5. process rewards: direct (kept for shaping) or folded into the GAE rewards
     if has_process and not config.token_rewards_as_adv:
         folded, uniform_check = _fold_turn_rewards(process, active, turn_ids)
-        checks.append(uniform_check)
+        if config.check_values:
+            checks.append(uniform_check)
         gae_rewards = gae_rewards + folded
 
     # 6-7. GAE and returns
@@ -272,7 +273,7 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
 
     # 9. shaping with direct process rewards
     if has_process and config.token_rewards_as_adv:
-        if config.advantage_shaping.mode == "process_weighted":
+        if config.advantage_shaping.mode == "process_weighted" and config.check_values:
             checks.append(process_range_check(process, active))
         advantages = shape_core(advantages, process, active, config.advantage_shaping)
 

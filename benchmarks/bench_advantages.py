@@ -4,7 +4,9 @@
 
 All figures come from one run on the current default backend. The roofline is one jitted elementwise pass
 reading and writing the same arrays as GAE (rewards, values and mask in; advantages and returns out); the
-loop is the plain numpy recurrence of AReaL (vectorized over rows, a Python loop over timesteps).
+pipeline roofline is the same for ``compute_advantages``: one pass reading its six ``[B, T]`` inputs and
+writing six ``[B, T]`` outputs, the least any implementation of its interface moves. The loop is the
+plain numpy recurrence of AReaL (vectorized over rows, a Python loop over timesteps).
 Compile time is ``lower().compile()`` for the ``auto`` method. The candidates of a shape are timed
 round-robin (one call of each per round), so a change in the machine's speed during the run affects all
 of them alike and the ratios stay meaningful.
@@ -69,6 +71,23 @@ def roofline(rewards, values, mask):
     return jnp.where(mask, rewards, values), rewards + values
 
 
+PIPELINE_INPUTS = ("attention_mask", "loss_mask", "logprobs", "ref_logprobs", "values", "token_rewards")
+
+
+@jax.jit
+def pipeline_roofline(batch):
+    """Reads every [B, T] input of compute_advantages once and writes six float32 [B, T] outputs."""
+    f32 = jnp.float32
+    logprobs, ref, values, process = (batch[k] for k in ("logprobs", "ref_logprobs", "values", "token_rewards"))
+    mask = batch["loss_mask"].astype(f32)
+    attention = batch["attention_mask"].astype(f32)
+    return logprobs - ref, values + process, mask * attention, logprobs + ref, values - process, mask + attention
+
+
+def bytes_per_step(arrays) -> int:
+    return sum(np.dtype(a.dtype).itemsize for a in arrays)
+
+
 def make_inputs(rows: int, width: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, width // 4, size=rows)
@@ -102,7 +121,12 @@ def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float) -
     out["compile_auto"] = time.perf_counter() - start
     config = prm_jax.AdvantageConfig(discount=gamma, gae_lambda=lam, check_values=False)
     candidates = {"roofline": lambda: roofline(r, v, m),
+                  "pipeline_roofline": lambda: pipeline_roofline(device_batch),
                   "compute_advantages": lambda: prm_jax.compute_advantages(device_batch, config)}
+    # Bytes per [B, T] element: the GAE reads rewards, values, mask and writes two float32 arrays; the
+    # pipeline reads its six inputs and writes six float32 arrays.
+    out["bytes_gae"] = bytes_per_step((rewards, values, mask)) + 8
+    out["bytes_pipeline"] = bytes_per_step([batch[k] for k in PIPELINE_INPUTS]) + 24
     methods = ("auto", "scan", "associative", "blocked") + (("cumsum",) if gamma * lam == 1.0 else ())
     methods += ("native",) if native.available() else ()
     for method in methods:
@@ -127,13 +151,16 @@ def main() -> None:
     print("{:>10} {:>20} {:>10} {:>11} {:>16}".format(*header))
     for rows, width in shapes:
         res = bench_shape(rows, width, args.repeats, args.gamma, args.lam)
-        for name in ("roofline", "auto", "native", "scan", "associative", "blocked", "cumsum", "compute_advantages",
-                     "numpy_loop"):
+        for name in ("roofline", "auto", "native", "scan", "associative", "blocked", "cumsum", "pipeline_roofline",
+                     "compute_advantages", "numpy_loop"):
             if name in res:
                 print(f"{res['shape']:>10} {name:>20} {res[name] * 1e3:10.3f} {res[name] / res['roofline']:11.2f} "
                       f"{res['numpy_loop'] / res[name]:16.1f}")
         print(f"{res['shape']:>10} {'compile(auto) s':>20} {res['compile_auto']:10.3f}   "
-              f"compute_advantages / auto = {res['compute_advantages'] / res['auto']:.2f}")
+              f"compute_advantages / auto = {res['compute_advantages'] / res['auto']:.2f}, "
+              f"pipeline_roofline / auto = {res['pipeline_roofline'] / res['auto']:.2f}, "
+              f"compute_advantages / pipeline_roofline = {res['compute_advantages'] / res['pipeline_roofline']:.2f}, "
+              f"bytes per element: pipeline {res['bytes_pipeline']} vs GAE {res['bytes_gae']}")
 
 
 if __name__ == "__main__":

@@ -210,6 +210,21 @@ def test_native_kernel_under_vmap_and_inside_jit():
     np.testing.assert_allclose(got.returns, want_ret, rtol=2e-5, atol=5e-5)
 
 
+@pytest.mark.skipif(not native.available(), reason="the native kernel needs a CPU with a C++ compiler")
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9])
+def test_native_kernel_on_every_row_and_timestep_remainder(rows):
+    # Four rows at a time, four timesteps per vector block: leftover rows and timesteps take the scalar
+    # path, and the carried state must cross from one path to the other.
+    rng = np.random.default_rng(rows)
+    for width in (1, 2, 3, 4, 5, 7, 8, 9, 13, 16):
+        rewards, values, mask, bootstrap = timestep_inputs(rng, rows, width, density=0.6)
+        lam = rng.uniform(0.5, 1.0, size=rows).astype(np.float32)
+        got = prm_jax.gae(rewards, values, mask, gamma=0.95, lam=lam, bootstrap=bootstrap, method="native")
+        want_adv, want_ret = reference.gae(rewards, values, mask, 0.95, lam, bootstrap)
+        np.testing.assert_allclose(got.advantages, want_adv, rtol=2e-5, atol=2e-5, err_msg=f"width {width}")
+        np.testing.assert_allclose(got.returns, want_ret, rtol=2e-5, atol=2e-5, err_msg=f"width {width}")
+
+
 def test_linear_recurrence_methods_agree_on_general_coefficients():
     rng = np.random.default_rng(4)
     coeffs = jnp.asarray(rng.uniform(-1, 1, size=(3, 77)), jnp.float32)

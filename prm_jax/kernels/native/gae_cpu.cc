@@ -6,14 +6,19 @@
 //   A_t = last,  returns_t = A_t + V_t
 // Rows are processed four at a time: four independent dependency chains overlap in the pipeline while
 // the 4 rows x 5 arrays = 20 backward streams stay within what the hardware prefetchers follow (8 rows
-// measured 2x slower, 1 row 2x slower). Large batches are split into blocks of rows run on XLA's
-// intra-op thread pool.
+// measured 2x slower, 1 row 2x slower). On x86 the four rows share SSE registers (GaeBlocksSse), which
+// cuts the instructions per element several-fold; elsewhere, and for the leftover rows and timesteps,
+// the scalar loop runs. Large batches are split into blocks of rows run on XLA's intra-op thread pool.
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -36,6 +41,76 @@ inline float Select(bool take_first, float first, float second) {
   return out;
 }
 
+// The recurrence over timesteps [t_begin, t_end) of rows [base, base + lanes), right to left, from and
+// into the carried state.
+void GaeSteps(const float* rewards, const float* values, const bool* mask, const float* gamma,
+              const float* gamma_lam, float* advantages, float* returns, int64_t base, int64_t lanes,
+              int64_t width, int64_t t_begin, int64_t t_end, float* last, float* next_value) {
+  for (int64_t t = t_end - 1; t >= t_begin; --t) {
+    for (int64_t j = 0; j < lanes; ++j) {
+      const int64_t i = (base + j) * width + t;
+      const float value = values[i];
+      const float updated = rewards[i] + gamma[base + j] * next_value[j] - value + gamma_lam[base + j] * last[j];
+      const bool active = mask[i];
+      last[j] = Select(active, updated, last[j]);
+      next_value[j] = Select(active, value, next_value[j]);
+      advantages[i] = last[j];
+      returns[i] = last[j] + value;
+    }
+  }
+}
+
+#if defined(__SSE2__)
+// The same recurrence for exactly four rows with one SSE register per quantity (lane j = row base + j),
+// over whole blocks of four timesteps at the right end of the rows: each block's 4x4 tiles are
+// transposed to put a timestep of all four rows in one register and back. The arithmetic is the scalar
+// one, in the same order, so both paths give the same bits. Returns the first timestep it handled.
+int64_t GaeBlocksSse(const float* rewards, const float* values, const bool* mask, const float* gamma,
+                     const float* gamma_lam, float* advantages, float* returns, int64_t base, int64_t width,
+                     float* last_io, float* next_value_io) {
+  const __m128 g = _mm_setr_ps(gamma[base], gamma[base + 1], gamma[base + 2], gamma[base + 3]);
+  const __m128 gl = _mm_setr_ps(gamma_lam[base], gamma_lam[base + 1], gamma_lam[base + 2], gamma_lam[base + 3]);
+  __m128 last = _mm_loadu_ps(last_io);
+  __m128 next_value = _mm_loadu_ps(next_value_io);
+  const __m128i low_byte = _mm_set1_epi32(0xFF);
+  const __m128i zero = _mm_setzero_si128();
+  const int64_t t_begin = width % 4;
+  for (int64_t t0 = width - 4; t0 >= t_begin; t0 -= 4) {
+    const int64_t row[4] = {(base + 0) * width + t0, (base + 1) * width + t0, (base + 2) * width + t0,
+                            (base + 3) * width + t0};
+    __m128 r[4], v[4], adv[4], ret[4];
+    int32_t mask_bytes[4];
+    for (int j = 0; j < 4; ++j) {
+      r[j] = _mm_loadu_ps(rewards + row[j]);
+      v[j] = _mm_loadu_ps(values + row[j]);
+      std::memcpy(&mask_bytes[j], mask + row[j], 4);
+    }
+    _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);  // r[k]: timestep t0 + k of the four rows
+    _MM_TRANSPOSE4_PS(v[0], v[1], v[2], v[3]);
+    const __m128i m = _mm_setr_epi32(mask_bytes[0], mask_bytes[1], mask_bytes[2], mask_bytes[3]);
+    for (int k = 3; k >= 0; --k) {
+      const __m128i byte = _mm_and_si128(_mm_srl_epi32(m, _mm_cvtsi32_si128(8 * k)), low_byte);
+      const __m128 inactive = _mm_castsi128_ps(_mm_cmpeq_epi32(byte, zero));
+      const __m128 updated =
+          _mm_add_ps(_mm_sub_ps(_mm_add_ps(r[k], _mm_mul_ps(g, next_value)), v[k]), _mm_mul_ps(gl, last));
+      last = _mm_or_ps(_mm_andnot_ps(inactive, updated), _mm_and_ps(inactive, last));
+      next_value = _mm_or_ps(_mm_andnot_ps(inactive, v[k]), _mm_and_ps(inactive, next_value));
+      adv[k] = last;
+      ret[k] = _mm_add_ps(last, v[k]);
+    }
+    _MM_TRANSPOSE4_PS(adv[0], adv[1], adv[2], adv[3]);  // back to rows
+    _MM_TRANSPOSE4_PS(ret[0], ret[1], ret[2], ret[3]);
+    for (int j = 0; j < 4; ++j) {
+      _mm_storeu_ps(advantages + row[j], adv[j]);
+      _mm_storeu_ps(returns + row[j], ret[j]);
+    }
+  }
+  _mm_storeu_ps(last_io, last);
+  _mm_storeu_ps(next_value_io, next_value);
+  return t_begin;
+}
+#endif
+
 void GaeRows(const float* rewards, const float* values, const bool* mask, const float* gamma,
              const float* gamma_lam, const float* bootstrap, float* advantages, float* returns,
              int64_t row_begin, int64_t row_end, int64_t width) {
@@ -44,18 +119,15 @@ void GaeRows(const float* rewards, const float* values, const bool* mask, const 
     float last[kLanes] = {0};
     float next_value[kLanes] = {0};
     for (int64_t j = 0; j < lanes; ++j) next_value[j] = bootstrap[base + j];
-    for (int64_t t = width - 1; t >= 0; --t) {
-      for (int64_t j = 0; j < lanes; ++j) {
-        const int64_t i = (base + j) * width + t;
-        const float value = values[i];
-        const float updated = rewards[i] + gamma[base + j] * next_value[j] - value + gamma_lam[base + j] * last[j];
-        const bool active = mask[i];
-        last[j] = Select(active, updated, last[j]);
-        next_value[j] = Select(active, value, next_value[j]);
-        advantages[i] = last[j];
-        returns[i] = last[j] + value;
-      }
+    int64_t t_end = width;
+#if defined(__SSE2__)
+    if (lanes == 4) {
+      t_end = GaeBlocksSse(rewards, values, mask, gamma, gamma_lam, advantages, returns, base, width, last,
+                           next_value);
     }
+#endif
+    GaeSteps(rewards, values, mask, gamma, gamma_lam, advantages, returns, base, lanes, width, 0, t_end, last,
+             next_value);
   }
 }
 

@@ -225,6 +225,18 @@ def test_native_kernel_on_every_row_and_timestep_remainder(rows):
         np.testing.assert_allclose(got.returns, want_ret, rtol=2e-5, atol=2e-5, err_msg=f"width {width}")
 
 
+@pytest.mark.skipif(not native.available(), reason="the native kernel needs a CPU with a C++ compiler")
+def test_native_vector_and_scalar_paths_give_the_same_bits():
+    # A row in a group of four takes the vector path (on x86); the same row alone takes the scalar loop.
+    rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(12), 4, 29)
+    together = prm_jax.gae(rewards, values, mask, gamma=0.97, lam=0.9, bootstrap=bootstrap, method="native")
+    for b in range(4):
+        alone = prm_jax.gae(rewards[b:b + 1], values[b:b + 1], mask[b:b + 1], gamma=0.97, lam=0.9,
+                            bootstrap=bootstrap[b:b + 1], method="native")
+        np.testing.assert_array_equal(alone.advantages[0], together.advantages[b])
+        np.testing.assert_array_equal(alone.returns[0], together.returns[b])
+
+
 def test_linear_recurrence_methods_agree_on_general_coefficients():
     rng = np.random.default_rng(4)
     coeffs = jnp.asarray(rng.uniform(-1, 1, size=(3, 77)), jnp.float32)

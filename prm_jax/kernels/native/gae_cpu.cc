@@ -64,7 +64,9 @@ void GaeSteps(const float* rewards, const float* values, const bool* mask, const
 // The same recurrence for exactly four rows with one SSE register per quantity (lane j = row base + j),
 // over whole blocks of four timesteps at the right end of the rows: each block's 4x4 tiles are
 // transposed to put a timestep of all four rows in one register and back. The arithmetic is the scalar
-// one, in the same order, so both paths give the same bits. Returns the first timestep it handled.
+// one, in the same order, so both paths give the same bits. Timesteps [0, returned value) are left to
+// the scalar loop, with the carried state in last_io/next_value_io.
+static_assert(kLanes == 4, "GaeBlocksSse holds one row per SSE lane");
 int64_t GaeBlocksSse(const float* rewards, const float* values, const bool* mask, const float* gamma,
                      const float* gamma_lam, float* advantages, float* returns, int64_t base, int64_t width,
                      float* last_io, float* next_value_io) {

@@ -125,8 +125,8 @@ class AdvantageConfig:
             if not isinstance(self.overlong_tokens, int) or self.overlong_tokens < 1:
                 raise ValueError(f"overlong_tokens must be an integer >= 1 with overlong_reward_penalty, got "
                                  f"{self.overlong_tokens!r}")
-            set_("overlong_penalty_factor", _checks.finite_number("overlong_penalty_factor", self.overlong_penalty_factor,
-                                                    minimum=0.0))
+            set_("overlong_penalty_factor", _checks.finite_number("overlong_penalty_factor",
+                                                                  self.overlong_penalty_factor, minimum=0.0))
             if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < self.overlong_tokens:
                 raise ValueError(f"max_new_tokens must be an integer >= overlong_tokens with "
                                  f"overlong_reward_penalty, got {self.max_new_tokens!r}")
@@ -194,7 +194,7 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     step = lax.broadcasted_iota(jnp.int32, shape, 1)
     checks = []
 
-    if "group_sizes" in batch and config.check_values:
+    if "group_sizes" in batch:
         checks.append(group_sizes_check(batch["group_sizes"], num_rows))
 
     def groups_of(norm: NormConfig) -> tuple[jax.Array | None, int]:
@@ -242,8 +242,7 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     # 5. process rewards: direct (kept for shaping) or folded into the GAE rewards
     if has_process and not config.token_rewards_as_adv:
         folded, uniform_check = _fold_turn_rewards(process, active, turn_ids)
-        if config.check_values:
-            checks.append(uniform_check)
+        checks.append(uniform_check)
         gae_rewards = gae_rewards + folded
 
     # 6-7. GAE and returns
@@ -273,13 +272,14 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
 
     # 9. shaping with direct process rewards
     if has_process and config.token_rewards_as_adv:
-        if config.advantage_shaping.mode == "process_weighted" and config.check_values:
+        if config.advantage_shaping.mode == "process_weighted":
             checks.append(process_range_check(process, active))
         advantages = shape_core(advantages, process, active, config.advantage_shaping)
 
     output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=gae_rewards,
                              loss_mask=active.astype(dtype), logprobs=logprobs)
-    return output, checks
+    # Checks that are not returned are compiled out with their reductions.
+    return output, checks if config.check_values else []
 
 
 _pipeline_jit = jax.jit(_pipeline, static_argnames=("config",))

@@ -70,19 +70,19 @@ static_assert(kLanes == 4, "GaeBlocksSse holds one row per SSE lane");
 int64_t GaeBlocksSse(const float* rewards, const float* values, const bool* mask, const float* gamma,
                      const float* gamma_lam, float* advantages, float* returns, int64_t base, int64_t width,
                      float* last_io, float* next_value_io) {
-  const __m128 g = _mm_setr_ps(gamma[base], gamma[base + 1], gamma[base + 2], gamma[base + 3]);
-  const __m128 gl = _mm_setr_ps(gamma_lam[base], gamma_lam[base + 1], gamma_lam[base + 2], gamma_lam[base + 3]);
+  const __m128 g = _mm_loadu_ps(gamma + base);
+  const __m128 gl = _mm_loadu_ps(gamma_lam + base);
   __m128 last = _mm_loadu_ps(last_io);
   __m128 next_value = _mm_loadu_ps(next_value_io);
   const __m128i low_byte = _mm_set1_epi32(0xFF);
   const __m128i zero = _mm_setzero_si128();
   const int64_t t_begin = width % 4;
   for (int64_t t0 = width - 4; t0 >= t_begin; t0 -= 4) {
-    const int64_t row[4] = {(base + 0) * width + t0, (base + 1) * width + t0, (base + 2) * width + t0,
-                            (base + 3) * width + t0};
+    int64_t row[4];
     __m128 r[4], v[4], adv[4], ret[4];
     int32_t mask_bytes[4];
     for (int j = 0; j < 4; ++j) {
+      row[j] = (base + j) * width + t0;
       r[j] = _mm_loadu_ps(rewards + row[j]);
       v[j] = _mm_loadu_ps(values + row[j]);
       std::memcpy(&mask_bytes[j], mask + row[j], 4);

@@ -31,7 +31,7 @@ import numpy as np
 from prm_jax.batching import pack_branches
 from prm_jax.config import ExperimentConfig, ScorerSpec, load_config
 from prm_jax.export import ExportService
-from prm_jax.kernels.filters import (filter_mixed_or_penalized_all_wrong,
+from prm_jax.kernels.filters import (filter_function, filter_mixed_or_penalized_all_wrong,
                                      filter_mixed_or_penalized_all_wrong_mask_no_eos)
 from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels.pipeline import compute_advantages
@@ -41,6 +41,7 @@ from prm_jax.runner import resolve_scorer_class
 from prm_jax.sessions import InputError, read_sessions
 
 FILTERS: dict[str, Callable] = {
+    "filter_function": filter_function,
     "mixed_or_penalized_all_wrong": filter_mixed_or_penalized_all_wrong,
     "mixed_or_penalized_all_wrong_mask_no_eos": filter_mixed_or_penalized_all_wrong_mask_no_eos,
 }
@@ -101,16 +102,20 @@ async def _export_all(config: ExperimentConfig, records, group_filter, progress:
         groups.setdefault(record.group, []).append(record.key)
     statuses: dict[str, str] = {}
     accepted: list[list[dict]] = []
+    counters: dict[str, int] = {}
     async with service:
         for group, keys in groups.items():
             result = await service.export(keys, group_filter=group_filter)
             statuses[group] = result["status"]
+            for name, value in result.get("filter", {}).items():
+                if name != "accepted":
+                    counters[name] = counters.get(name, 0) + int(value)
             if "prm_stats" in result:
                 recorder.record(result["prm_stats"]["metrics"])
             if result["status"] == "accepted":
                 accepted.append(result["trajectories"])
             progress.step()
-    return statuses, accepted, recorder.flush()
+    return statuses, accepted, recorder.flush(), counters
 
 
 def _advantage_stats(output) -> dict[str, float]:
@@ -129,7 +134,7 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     except InputError as err:
         raise CLIError(str(err)) from None
     groups = list(OrderedDict.fromkeys(r.group for r in records))
-    statuses, accepted, metrics = anyio.run(_export_all, config, records, FILTERS.get(group_filter) if group_filter
+    statuses, accepted, metrics, filter_counters = anyio.run(_export_all, config, records, FILTERS.get(group_filter) if group_filter
                                             else None, Progress(len(groups), progress))
     trajectories = [t for group in accepted for t in group]
     if not trajectories:
@@ -162,6 +167,8 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
                        for mode, out in outputs.items()},
         "group_status": statuses,
     }
+    if group_filter:
+        summary["filter"] = {"name": group_filter, **filter_counters}
     return ScoreRun(batch, outputs, configured, metrics, summary)
 
 

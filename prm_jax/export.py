@@ -175,7 +175,8 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
       discard: drop the group without scoring.
       normalize_rewards: group outcome normalization after scoring.
       select: session key -> the one ready trajectory to export (``__hitl__`` defaults to its oldest).
-      group_filter: e.g. ``filter_mixed_or_penalized_all_wrong``, applied to the complete accepted group.
+      group_filter: e.g. ``filter_mixed_or_penalized_all_wrong``, applied to the complete accepted group;
+        its decision and AReaL's counters are returned under ``"filter"``.
 
     Returns:
       ``{"status": "accepted" | "rejected" | "filtered" | "discarded", "trajectories": [...],
@@ -225,9 +226,12 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
         if normalize_rewards:
             for t, value in zip(trajectories, group_normalize([t["reward"] for t in trajectories])):
                 t["original_reward"], t["reward"] = t["reward"], float(value)
-        if group_filter is not None and not group_filter(_filter_view(trajectories)).accepted:
-            result["status"] = "filtered"
-            return result
+        if group_filter is not None:
+            decision = group_filter(_filter_view(trajectories))
+            result["filter"] = decision._asdict()
+            if not decision.accepted:
+                result["status"] = "filtered"
+                return result
         result["trajectories"] = trajectories
         return result
     finally:

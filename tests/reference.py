@@ -57,16 +57,14 @@ def turn_gae(rewards, values, mask, turn_ids, gamma, lam, bootstrap, num_turns):
             last = turn_reward[k] + gamma * next_value - turn_value[k] + gamma * lam[b] * last
             next_value = turn_value[k]
             turn_adv[k] = last
-        carried = 0.0
-        for t in reversed(range(width)):
+        for t in range(width):
             k = int(turn_ids[b, t])
             if mask[b, t] and 0 <= k < num_turns:
                 advantages[b, t] = turn_adv[k]
                 returns[b, t] = turn_adv[k] + turn_value[k]
-                carried = turn_adv[k]
             else:
-                advantages[b, t] = carried
-                returns[b, t] = carried + values[b, t]
+                advantages[b, t] = 0.0
+                returns[b, t] = values[b, t]
     return advantages, returns
 
 
@@ -80,7 +78,8 @@ def group_of_rows(rows, group_size=1, group_sizes=None):
 
 
 def normalize(x, mask, *, mean_level="batch", std_level="batch", mean_leave1out=False, std_unbiased=True,
-              eps=1e-5, group_size=1, group_sizes=None):
+              eps=1e-5, group_size=1, group_sizes=None, group_member_counts=None):
+    """SPEC 6 (AReaL's ``Normalization``), one entry at a time."""
     x = np.asarray(x, np.float64)
     mask = np.asarray(mask).astype(bool)
     flat = x.ndim == 1
@@ -94,31 +93,45 @@ def normalize(x, mask, *, mean_level="batch", std_level="batch", mean_leave1out=
     def members(level, b):
         return [c for c in range(rows) if level == "batch" or groups[c] == groups[b]]
 
+    def single_member(level, b):
+        if level == "batch":
+            return False
+        if group_member_counts is not None:
+            return int(group_member_counts[groups[b]]) == 1
+        return len(members(level, b)) == 1
+
     def entries(level, b):
-        return [x[c, t] for c in members(level, b) for t in range(width) if mask[c, t]]
+        return [(c, t) for c in members(level, b) for t in range(width) if mask[c, t]]
+
+    def mean_at(b, t):
+        if mean_level is None:
+            return 0.0
+        vals = [x[c, s] for c, s in entries(mean_level, b)]
+        n = len(vals)
+        if mean_leave1out:
+            if single_member(mean_level, b):
+                return x[b, t]
+            if n <= 1:
+                return 0.0
+            return (math.fsum(vals) - x[b, t]) / (n - 1) if mask[b, t] else math.fsum(vals) / n
+        return math.fsum(vals) / n if n else 0.0
+
+    def std_at(b):
+        level_entries = entries(std_level, b)
+        n = len(level_entries)
+        if std_unbiased and single_member(std_level, b):
+            return 1.0
+        ss = math.fsum((x[c, s] - mean_at(c, s)) ** 2 for c, s in level_entries)
+        if std_unbiased:
+            return math.sqrt(ss / (n - 1)) if n > 1 else 1.0
+        return math.sqrt(ss / n) if n > 0 else 1.0
 
     out = np.zeros_like(x)
     for b in range(rows):
+        std, e = (1.0, 0.0) if std_level is None else (std_at(b), eps)
         for t in range(width):
-            if not mask[b, t]:
-                continue
-            if mean_level is None:
-                mean = 0.0
-            else:
-                vals = entries(mean_level, b)
-                if mean_leave1out:
-                    mean = (math.fsum(vals) - x[b, t]) / (len(vals) - 1) if len(vals) > 1 else 0.0
-                else:
-                    mean = math.fsum(vals) / len(vals)
-            if std_level is None:
-                std, e = 1.0, 0.0
-            else:
-                vals = entries(std_level, b)
-                centre = math.fsum(vals) / len(vals)
-                n = len(vals) - 1 if std_unbiased else len(vals)
-                std = math.sqrt(math.fsum((v - centre) ** 2 for v in vals) / n) if n > 0 else 1.0
-                e = eps
-            out[b, t] = (x[b, t] - mean) / (std + e)
+            if mask[b, t]:
+                out[b, t] = (x[b, t] - mean_at(b, t)) / (std + e)
     return out[:, 0] if flat else out
 
 
@@ -160,6 +173,25 @@ def kl(logp, ref, estimator):
     return min(max(value, -10.0), 10.0)
 
 
+def gae_lambda_fn(name, row_mask, row_turn_ids, unit, **kwargs):
+    """AReaL's built-in λ functions for one row, from its timestep mask and turn ids."""
+    tokens = sum(1 for a in row_mask if a)
+    turns = 0
+    if row_turn_ids is not None:
+        turns = len({int(k) for a, k in zip(row_mask, row_turn_ids) if a})
+    length = tokens if unit == "token" else turns
+    name = name.rsplit(".", 1)[-1]
+    if name == "constant_gae_lambda":
+        return kwargs["value"]
+    if name == "vapo_length_adaptive_gae":
+        return max(0.0, 1.0 - 1.0 / (kwargs["alpha"] * length)) if length > 0 else 0.0
+    if name == "relative_position_gae_lambda":
+        if length >= 2:
+            return kwargs["q"] ** (1.0 / (length - 1))
+        return 1.0 if length == 1 else 0.0
+    raise ValueError(name)
+
+
 def compute_advantages(batch, cfg):
     """SPEC 5 step by step. ``cfg`` is a plain dict of AdvantageConfig fields (norms as dicts)."""
     c = dict(discount=1.0, gae_lambda=1.0, kl_ctl=0.1, kl_estimator="k1", reward_bias=0.0, reward_scaling=1.0,
@@ -183,14 +215,15 @@ def compute_advantages(batch, cfg):
             rewards[b] += min(-exceed / c["overlong_tokens"] * c["overlong_penalty_factor"], 0.0)
         rewards[b] = min(max((rewards[b] + c["reward_bias"]) * c["reward_scaling"], -c["reward_clip"]),
                          c["reward_clip"])
+    gmc = batch.get("group_member_counts")
     if c["reward_norm"] is not None:
-        rewards = normalize(rewards, np.ones(rows, bool), group_sizes=gs, **c["reward_norm"])
+        rewards = normalize(rewards, np.ones(rows, bool), group_sizes=gs, group_member_counts=gmc, **c["reward_norm"])
 
     # 2
     m = shift(loss_mask, False).astype(bool)
-    logp = np.where(m, shift(f64("logprobs")), 0.0)
-    has_ref = "ref_logprobs" in batch
-    ref = np.where(m, shift(f64("ref_logprobs")), 0.0) if has_ref else np.zeros((rows, width))
+    # Rollout-side arrays are shifted; model outputs (ref, prox, values) are already on timesteps.
+    logp = np.where(m, f64("prox_logprobs") if "prox_logprobs" in batch else shift(f64("logprobs")), 0.0)
+    ref = np.where(m, f64("ref_logprobs"), 0.0) if "ref_logprobs" in batch else np.zeros((rows, width))
     tids = shift(np.asarray(batch["turn_ids"]), -1) if "turn_ids" in batch else None
     has_p = "token_rewards" in batch
     process = np.where(m, shift(f64("token_rewards")), 0.0) if has_p else None
@@ -199,7 +232,7 @@ def compute_advantages(batch, cfg):
     kl_rewards = np.zeros((rows, width))
     for b in range(rows):
         for t in range(width):
-            if has_ref and m[b, t] and t != seqlen[b] - 1:
+            if m[b, t] and t != seqlen[b] - 1:
                 kl_rewards[b, t] = -c["kl_ctl"] * kl(logp[b, t], ref[b, t], c["kl_estimator"])
 
     # 4
@@ -226,7 +259,14 @@ def compute_advantages(batch, cfg):
 
     # 6-7
     bootstrap = np.array([values[b, max(seqlen[b] - 1, 0)] if truncated[b] else 0.0 for b in range(rows)])
-    lam = f64("gae_lambda") if "gae_lambda" in batch else c["gae_lambda"]
+    if "gae_lambda" in batch:
+        lam = f64("gae_lambda")
+    elif isinstance(c["gae_lambda"], str):
+        lam = np.array([gae_lambda_fn(c["gae_lambda"], m[b], None if tids is None else tids[b],
+                                      c["gae_timestep_unit"], **dict(c.get("gae_lambda_kwargs", {})))
+                        for b in range(rows)])
+    else:
+        lam = c["gae_lambda"]
     if c["gae_timestep_unit"] == "token":
         tot = tot + kl_rewards
         advantages, returns = gae(tot, values, m, c["discount"], lam, bootstrap)
@@ -234,13 +274,54 @@ def compute_advantages(batch, cfg):
         advantages, returns = turn_gae(tot, values, m, tids, c["discount"], lam, bootstrap,
                                        c["max_turns"] or width)
         advantages = advantages + kl_rewards
+        tot = tot + kl_rewards
 
     # 8
     if c["adv_norm"] is not None:
-        advantages = normalize(advantages, m, group_sizes=gs, **c["adv_norm"])
+        advantages = normalize(advantages, m, group_sizes=gs, group_member_counts=gmc, **c["adv_norm"])
 
     # 9
     if has_p and c["token_rewards_as_adv"]:
         advantages = shape(advantages, process, m, **c["shaping"])
     return dict(advantages=advantages, returns=returns, kl_rewards=kl_rewards, tot_rewards=tot,
                 loss_mask=m.astype(np.float64), logprobs=logp)
+
+
+def group_filter(group, kind):
+    """SPEC 7, one row at a time: ``(accepted, failed_or_perfect, all_correct, all_wrong, penalized)``.
+
+    ``kind`` is ``plain``, ``penalized`` or ``penalized_mask_no_eos``.
+    """
+    key = "original_rewards" if group.get("original_rewards") is not None else "rewards"
+    rewards = [float(r) for r in np.asarray(group[key]).reshape(-1)]
+    mixed = False
+    for r in rewards:
+        if r != rewards[0]:
+            mixed = True
+    all_wrong = True
+    for r in rewards:
+        if r > 0:
+            all_wrong = False
+    preserved = False
+    if kind != "plain" and not mixed and all_wrong and group.get("token_rewards") is not None \
+            and group.get("loss_mask") is not None:
+        token_rewards, loss_mask = np.asarray(group["token_rewards"]), np.asarray(group["loss_mask"])
+        for b in range(token_rewards.shape[0]):
+            if kind == "penalized_mask_no_eos":
+                attention = np.asarray(group["attention_mask"])
+                if group.get("is_truncated") is not None:
+                    truncated = bool(np.asarray(group["is_truncated"])[b])
+                else:
+                    truncated = sum(1 for a in attention[b] if a) == attention.shape[1]
+                if truncated:
+                    continue
+            for t in range(token_rewards.shape[1]):
+                if loss_mask[b, t] and token_rewards[b, t] < 0:
+                    preserved = True
+    accepted = mixed or preserved
+    if kind == "plain":
+        all_correct = all(r >= 1 - 1e-3 for r in rewards)
+    else:
+        all_correct = all(r > 0 for r in rewards)
+    return (accepted, int(not accepted), int(not accepted and all_correct), int(not accepted and not all_correct),
+            int(preserved))

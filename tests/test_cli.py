@@ -125,3 +125,28 @@ def test_group_filter_counts(tmp_path, capsys):
                  "--filter", "mixed_or_penalized_all_wrong"]) == 0
     summary = json.loads((out / "metrics.json").read_text())["summary"]
     assert summary["groups"]["filtered"] >= 1 and summary["group_status"]["g0"] == "filtered"
+    counters = summary["filter"]
+    assert counters["name"] == "mixed_or_penalized_all_wrong"
+    filtered = summary["groups"]["filtered"]
+    assert counters["rejected_by_failed_or_perfect"] == filtered
+    assert counters["rejected_by_all_correct"] + counters["rejected_by_all_wrong"] == filtered
+    assert counters["rejected_by_all_correct"] >= 1  # g0: every reward 1
+
+
+def test_plain_filter_function_is_selectable(tmp_path):
+    # filter_function (AReaL's plain filter): g0 all 1.0 is rejected as all correct, g1 all 0.5 as all wrong
+    # (the plain filter's "correct" is r >= 1 - 1e-3), the rest are mixed.
+    sessions = lines()
+    for s in sessions:
+        for interaction in s["interactions"]:
+            if s["group"] in ("g0", "g1") and interaction.get("reward") is not None:
+                interaction["reward"] = 1.0 if s["group"] == "g0" else 0.5
+    path = write_jsonl(tmp_path / "s.jsonl", sessions)
+    out = tmp_path / "out"
+    assert main(["score", "--config", str(CONFIG), "--input", str(path), "--output", str(out),
+                 "--filter", "filter_function"]) == 0
+    summary = json.loads((out / "metrics.json").read_text())["summary"]
+    assert summary["group_status"]["g0"] == summary["group_status"]["g1"] == "filtered"
+    assert summary["filter"] == {"name": "filter_function", "rejected_by_failed_or_perfect": 2,
+                                 "rejected_by_all_correct": 1, "rejected_by_all_wrong": 1,
+                                 "accepted_penalized_all_wrong": 0}

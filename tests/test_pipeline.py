@@ -1,5 +1,6 @@
 import dataclasses
 import importlib
+import zlib
 
 import chex
 import jax
@@ -64,6 +65,13 @@ CONFIGS = {
     "overlong": dict(overlong_reward_penalty=True, overlong_tokens=4, overlong_penalty_factor=0.5,
                      max_new_tokens=10),
     "turn_level": dict(gae_timestep_unit="turn", discount=0.9, gae_lambda=0.8, kl_ctl=0.2),
+    "mixed_levels": dict(reward_norm=dict(mean_level=None, std_level="group", group_size=2),
+                         adv_norm=dict(mean_level="batch", std_level="group", mean_leave1out=True, group_size=3,
+                                       std_unbiased=False)),
+    "lambda_vapo": dict(gae_lambda="areal.trainer.ppo.lambda_fn.vapo_length_adaptive_gae",
+                        gae_lambda_kwargs=dict(alpha=0.4), discount=0.98),
+    "lambda_turn": dict(gae_timestep_unit="turn", gae_lambda="areal.trainer.ppo.lambda_fn.relative_position_gae_lambda",
+                        gae_lambda_kwargs=dict(q=0.3), discount=0.95),
 }
 
 
@@ -86,7 +94,7 @@ def check_against_reference(batch, cfg, method="auto", rtol=2e-5, atol=3e-5):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("method", PIPELINE_METHODS)
 def test_pipeline_matches_float64_reference(name, method):
-    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     batch = make_batch(rng, rows=6, width=48)
     check_against_reference(batch, CONFIGS[name], method)
 
@@ -135,9 +143,11 @@ def test_masked_positions_do_not_change_active_outputs():
     base = compute_advantages(batch, cfg)
     noisy = dict(batch)
     junk = rng.normal(size=batch["logprobs"].shape).astype(np.float32) * 100
-    # Positions whose token is not generated: their log-probs, ref log-probs and process rewards are unused.
-    for key in ("logprobs", "ref_logprobs", "token_rewards"):
+    # Positions whose token is not generated: their log-probs and process rewards are unused; so are the
+    # reference log-probs (on timesteps) of inactive timesteps.
+    for key in ("logprobs", "token_rewards"):
         noisy[key] = np.where(batch["loss_mask"] == 1, batch[key], junk)
+    noisy["ref_logprobs"] = np.where(reference.shift(batch["loss_mask"]) == 1, batch["ref_logprobs"], junk)
     noisy["logprobs"] = np.where(batch["loss_mask"] == 1, batch["logprobs"], np.nan).astype(np.float32)
     out = compute_advantages(noisy, cfg)
     active = np.asarray(base.loss_mask) == 1
@@ -288,10 +298,3 @@ def test_advantage_config_is_hashable_and_static():
     assert a == b and hash(a) == hash(b)
     assert dataclasses.replace(a, discount=0.5) != a
     chex.assert_trees_all_equal(a.advantage_shaping, ShapingConfig())
-
-
-def test_no_reference_log_probs_means_no_kl():
-    rng = np.random.default_rng(37)
-    batch = make_batch(rng, rows=4, width=20, with_ref=False)
-    out = check_against_reference(batch, dict(kl_ctl=0.5))
-    np.testing.assert_array_equal(out.kl_rewards, 0.0)

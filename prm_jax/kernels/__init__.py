@@ -1,7 +1,7 @@
 """Jitted pure functions over padded ``[B, T]`` batches: one module per concept."""
 
 from prm_jax.kernels.alignment import broadcast_turn_rewards, shift_to_next_token
-from prm_jax.kernels.filters import (GroupFilterResult, filter_mixed_or_penalized_all_wrong,
+from prm_jax.kernels.filters import (GroupFilterResult, filter_function, filter_mixed_or_penalized_all_wrong,
                                      filter_mixed_or_penalized_all_wrong_mask_no_eos, group_filter_flags)
 from prm_jax.kernels.gae import GAE_METHODS, GAEOutput, backward_linear_recurrence, gae, turn_gae
 from prm_jax.kernels.kl import KL_ESTIMATORS, kl_estimate, kl_rewards
@@ -13,7 +13,7 @@ from prm_jax.kernels.shaping import SHAPING_MODES, ShapingConfig, shape_advantag
 __all__ = [
     "AdvantageConfig", "AdvantageOutput", "GAEOutput", "GAE_METHODS", "GroupFilterResult", "KL_ESTIMATORS",
     "NormConfig", "SHAPING_MODES", "ShapingConfig", "backward_linear_recurrence", "broadcast_turn_rewards",
-    "compute_advantages", "filter_mixed_or_penalized_all_wrong",
+    "compute_advantages", "filter_function", "filter_mixed_or_penalized_all_wrong",
     "filter_mixed_or_penalized_all_wrong_mask_no_eos", "gae", "group_filter_flags", "kl_estimate",
     "kl_rewards", "normalize", "sequence_parallel_gae", "shape_advantages", "shift_to_next_token", "turn_gae",
 ]

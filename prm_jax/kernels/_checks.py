@@ -14,6 +14,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 
 def finite_number(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None) -> float:
@@ -82,6 +83,24 @@ def concrete_scalar(x: Any) -> float | None:
         return None
     arr = np.asarray(x)
     return float(arr) if arr.ndim == 0 else None
+
+
+def first_flagged(flags: jax.Array, *arrays: jax.Array) -> tuple[jax.Array, ...]:
+    """``(row, step, *values)`` of the first flagged entry of ``[B, T]`` ``flags`` (row-major), for messages.
+
+    Built from row-local reductions and masked sums, never a gather across rows, so a batch-sharded
+    program reports a failed check without collecting ``[B, T]`` (or ``[B]``) data on one device.
+    """
+    rows = lax.broadcasted_iota(jnp.int32, flags.shape[:1], 0)
+    step_in_row = jnp.argmax(flags, axis=1).astype(jnp.int32)
+    row = jnp.argmax(jnp.any(flags, axis=1)).astype(jnp.int32)
+    pick = rows == row
+
+    def select(per_row: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.where(pick, per_row, jnp.zeros((), per_row.dtype)))
+
+    values = [select(jnp.take_along_axis(a, step_in_row[:, None], axis=1)[:, 0]) for a in arrays]
+    return (row, select(step_in_row), *values)
 
 
 @jax.tree_util.register_pytree_node_class

@@ -1,12 +1,22 @@
 """Group filters for grouped (GRPO-style) rollouts, applied to one complete sample group.
 
-For a group: ``r = original_rewards`` if present else ``rewards``;
-``mixed = any(r != r[0])``; ``all_wrong = all(r <= 0)``;
-``negative_process = any(token_rewards < 0 where the raw, unshifted loss_mask is 1)``.
-``filter_mixed_or_penalized_all_wrong`` accepts mixed groups, and all-wrong groups that still carry a
-negative process signal. The ``_mask_no_eos`` variant first drops truncated rows (the rows the actor
-zeroes with ``mask_no_eos_with_zero``); a group with no untruncated row is rejected and counted by
-neither rejection counter.
+These are AReaL's dynamic filters (``examples/swe/filter_function.py``), decision for decision. For a
+group: ``r = original_rewards`` if present else ``rewards`` (flattened); over **all** rows,
+``mixed = any(r != r[0])`` and ``all_wrong = all(r <= 0)``.
+
+- ``filter_function``: accepts mixed groups; ``all_correct = all(r >= 1 - 1e-3)``.
+- ``filter_mixed_or_penalized_all_wrong``: also keeps an all-wrong group that carries a negative process
+  reward on a generated token (``token_rewards < 0`` where the raw, unshifted ``loss_mask`` is 1);
+  ``all_correct = all(r > 0)``.
+- ``filter_mixed_or_penalized_all_wrong_mask_no_eos``: the same, except that the negative-process check
+  ignores truncated rows (the rows whose penalties the actor clears under ``mask_no_eos_with_zero``).
+  ``mixed`` and ``all_wrong`` still see every row.
+
+The negative-process check runs only for a group that is not mixed and all wrong (AReaL short-circuits
+it), and only then are its inputs required and checked. Each decision carries AReaL's counters:
+``rejected_by_failed_or_perfect = not accepted``, ``rejected_by_all_correct = not accepted and
+all_correct``, ``rejected_by_all_wrong = not accepted and not all_correct``, and for the two PRM filters
+``accepted_penalized_all_wrong`` (an all-wrong group kept for its process penalty).
 """
 
 from __future__ import annotations
@@ -17,68 +27,98 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+CORRECT_THRESHOLD = 1.0 - 1e-3  # filter_function's "all correct"
+
 
 class GroupFilterResult(NamedTuple):
     accepted: bool
-    accepted_penalized_all_wrong: int
+    rejected_by_failed_or_perfect: int
     rejected_by_all_correct: int
     rejected_by_all_wrong: int
-
-
-def _flags(xp, rewards, rows, negative_process_rows):
-    first = rewards[xp.argmax(rows)]
-    mixed = xp.any(rows & (rewards != first))
-    all_wrong = xp.all(~rows | (rewards <= 0))
-    return mixed, all_wrong, xp.any(rows & negative_process_rows)
+    accepted_penalized_all_wrong: int  # always 0 for filter_function
 
 
 @jax.jit
-def group_filter_flags(rewards: jax.Array, rows: jax.Array, negative_process_rows: jax.Array):
-    """Jittable core over ``[G]`` rewards, ``[G]`` bool rows taken, ``[G]`` bool negative-process rows.
+def group_filter_flags(rewards: jax.Array, negative_process_rows: jax.Array) -> tuple[jax.Array, jax.Array,
+                                                                                        jax.Array]:
+    """Jittable core over ``[G]`` rewards and ``[G]`` bool rows with a negative process reward.
 
-    Returns ``(mixed, all_wrong, negative_process)`` as bool scalars over the rows taken (the first taken
-    row's reward is the reference for ``mixed``). The host filters below run the same code in float64.
+    Returns ``(mixed, all_wrong, negative_process)`` as bool scalars over every row; the host filters
+    below make the same decisions in float64.
     """
-    return _flags(jnp, rewards, rows, negative_process_rows)
+    return (jnp.any(rewards != rewards[0]), jnp.all(rewards <= 0), jnp.any(negative_process_rows))
 
 
 def _group_rewards(group: Mapping[str, Any]) -> np.ndarray:
     key = "original_rewards" if group.get("original_rewards") is not None else "rewards"
     if group.get(key) is None:
         raise ValueError("group has no 'rewards' (nor 'original_rewards')")
-    rewards = np.asarray(group[key], dtype=np.float64)
-    if rewards.ndim != 1 or rewards.size == 0:
-        raise ValueError(f"group '{key}' must be a non-empty 1-D array, got shape {rewards.shape}")
+    rewards = np.asarray(group[key], dtype=np.float64).reshape(-1)
+    if rewards.size == 0:
+        raise ValueError(f"group '{key}' must hold at least one reward")
     if not np.isfinite(rewards).all():
-        raise ValueError(f"group '{key}' must be finite, got {rewards.tolist()}")
+        raise ValueError(f"group '{key}' must be finite")
     return rewards
 
 
-def _negative_process_rows(group: Mapping[str, Any], size: int) -> np.ndarray:
+def _truncated_rows(group: Mapping[str, Any], shape: tuple[int, ...]) -> np.ndarray:
+    """``is_truncated`` if given, else ``seqlen == width``; ``attention_mask`` is required either way."""
+    if group.get("attention_mask") is None:
+        raise ValueError("the mask-no-EOS filter needs 'attention_mask' to tell truncated rows")
+    attention_mask = np.asarray(group["attention_mask"])
+    if attention_mask.shape != shape:
+        raise ValueError(f"group 'attention_mask' must have the shape of 'loss_mask' {shape}, got "
+                         f"{attention_mask.shape}")
+    if group.get("is_truncated") is not None:
+        truncated = np.asarray(group["is_truncated"]).astype(bool)
+        if truncated.shape != shape[:1]:
+            raise ValueError(f"group 'is_truncated' must have shape {shape[:1]}, got {truncated.shape}")
+        return truncated
+    return (attention_mask != 0).sum(axis=1) == shape[1]
+
+
+def has_negative_process_reward(group: Mapping[str, Any], *, ignore_no_eos: bool) -> bool:
+    """Whether a generated token (raw ``loss_mask`` 1) has ``token_rewards < 0``; False without either.
+
+    With ``ignore_no_eos`` truncated rows do not count (see ``_truncated_rows``).
+    """
     token_rewards, loss_mask = group.get("token_rewards"), group.get("loss_mask")
     if token_rewards is None or loss_mask is None:
-        return np.zeros(size, bool)
+        return False
     token_rewards, loss_mask = np.asarray(token_rewards), np.asarray(loss_mask)
-    if token_rewards.ndim != 2 or token_rewards.shape != loss_mask.shape or token_rewards.shape[0] != size:
-        raise ValueError(f"group 'token_rewards' and 'loss_mask' must both be [{size}, T], got "
+    if token_rewards.ndim != 2 or token_rewards.shape != loss_mask.shape:
+        raise ValueError(f"group 'token_rewards' and 'loss_mask' must both be [G, T] of one shape, got "
                          f"{token_rewards.shape} and {loss_mask.shape}")
-    return ((token_rewards < 0) & (loss_mask != 0)).any(axis=1)
+    if not np.isfinite(token_rewards).all():
+        raise ValueError("group 'token_rewards' must be finite")
+    valid = loss_mask != 0
+    if ignore_no_eos:
+        valid = valid & ~_truncated_rows(group, loss_mask.shape)[:, None]
+    return bool(((token_rewards < 0) & valid).any())
 
 
-def _decide(group: Mapping[str, Any], rows: np.ndarray | None) -> GroupFilterResult:
+def _counted(accepted: bool, all_correct: bool, preserved: bool) -> GroupFilterResult:
+    return GroupFilterResult(accepted, int(not accepted), int(not accepted and all_correct),
+                             int(not accepted and not all_correct), int(preserved))
+
+
+def filter_function(group: Mapping[str, Any]) -> GroupFilterResult:
+    """AReaL's plain dynamic filter: accepts a group whose outcome rewards are not all equal.
+
+    Args:
+      group: mapping with ``rewards [G]`` (or ``original_rewards [G]``, preferred when present).
+    """
     rewards = _group_rewards(group)
-    negative = _negative_process_rows(group, rewards.size)
-    rows = np.ones(rewards.size, bool) if rows is None else rows
-    if not rows.any():
-        return GroupFilterResult(False, 0, 0, 0)
-    mixed, all_wrong, negative_process = (bool(x) for x in _flags(np, rewards, rows, negative))
-    if mixed:
-        return GroupFilterResult(True, 0, 0, 0)
-    if all_wrong and negative_process:
-        return GroupFilterResult(True, 1, 0, 0)
-    if all_wrong:
-        return GroupFilterResult(False, 0, 0, 1)
-    return GroupFilterResult(False, 0, 1, 0)
+    accepted = bool((rewards != rewards[0]).any())
+    return _counted(accepted, bool((rewards >= CORRECT_THRESHOLD).all()), False)
+
+
+def _penalized_all_wrong(group: Mapping[str, Any], ignore_no_eos: bool) -> GroupFilterResult:
+    rewards = _group_rewards(group)
+    mixed = bool((rewards != rewards[0]).any())
+    all_wrong = bool((rewards <= 0).all())
+    preserved = not mixed and all_wrong and has_negative_process_reward(group, ignore_no_eos=ignore_no_eos)
+    return _counted(mixed or preserved, bool((rewards > 0).all()), preserved)
 
 
 def filter_mixed_or_penalized_all_wrong(group: Mapping[str, Any]) -> GroupFilterResult:
@@ -88,26 +128,14 @@ def filter_mixed_or_penalized_all_wrong(group: Mapping[str, Any]) -> GroupFilter
       group: mapping with ``rewards [G]`` (or ``original_rewards [G]``, preferred when present) and
         optionally ``token_rewards [G, T]`` with the raw, unshifted ``loss_mask [G, T]``.
     """
-    return _decide(group, None)
+    return _penalized_all_wrong(group, False)
 
 
 def filter_mixed_or_penalized_all_wrong_mask_no_eos(group: Mapping[str, Any]) -> GroupFilterResult:
-    """The same decision over the group's untruncated rows.
+    """As ``filter_mixed_or_penalized_all_wrong``, with penalties on truncated rows ignored.
 
-    Truncation is ``is_truncated [G]`` when given, else ``seqlen == width`` from ``attention_mask [G, T]``
-    (required then).
+    When the penalty check runs (an all-wrong, unmixed group with ``token_rewards`` and ``loss_mask``),
+    it needs ``attention_mask [G, T]``, even when ``is_truncated [G]`` is given (AReaL's rule); truncation
+    is ``is_truncated`` when given, else ``seqlen == width``.
     """
-    size = _group_rewards(group).size
-    if group.get("is_truncated") is not None:
-        truncated = np.asarray(group["is_truncated"]).astype(bool)
-        if truncated.shape != (size,):
-            raise ValueError(f"group 'is_truncated' must have shape ({size},), got {truncated.shape}")
-    else:
-        if group.get("attention_mask") is None:
-            raise ValueError("filter_mixed_or_penalized_all_wrong_mask_no_eos needs 'is_truncated' or "
-                             "'attention_mask' to tell truncated rows")
-        attention_mask = np.asarray(group["attention_mask"])
-        if attention_mask.ndim != 2 or attention_mask.shape[0] != size:
-            raise ValueError(f"group 'attention_mask' must be [{size}, T], got {attention_mask.shape}")
-        truncated = (attention_mask != 0).sum(axis=1) == attention_mask.shape[1]
-    return _decide(group, ~truncated)
+    return _penalized_all_wrong(group, True)

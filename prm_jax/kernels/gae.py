@@ -256,35 +256,53 @@ def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma:
     return _gae_jit(rewards, values, mask, gamma, lam, bootstrap, method=method, block_size=block_size)
 
 
+def turn_ids_check(turn_ids: jax.Array, active: jax.Array, num_turns: int) -> _checks.ValueCheck:
+    """AReaL's turn-id rules on timesteps: every active id in ``[0, num_turns)``, never decreasing along a row.
+
+    Gaps (ids skipped) are allowed; inactive timesteps carry any id (``-1`` by convention).
+    """
+    running_max = lax.cummax(jnp.where(active, turn_ids, -1), axis=1)
+    problem = jnp.where(active & (turn_ids < 0), 1,
+                        jnp.where(active & (turn_ids >= num_turns), 2,
+                                  jnp.where(active & (turn_ids < running_max), 3, 0)))
+    kinds = {1: "an active timestep must carry a turn id >= 0",
+             2: f"an active turn id must be below the number of turn slots {num_turns} (max_turns, default T)",
+             3: "turn ids must not decrease along a row"}
+
+    def message(kind, row, step, value):
+        return (f"invalid turn_ids: {kinds[int(kind)]}; row {int(row)}, timestep {int(step)} has id {int(value)} "
+                "(turn_ids on timesteps, i.e. shifted)")
+
+    row, step, kind, value = _checks.first_flagged(problem > 0, problem, turn_ids)
+    return _checks.ValueCheck(jnp.any(problem > 0), message, kind, row, step, value)
+
+
 def turn_gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, turn_ids: jax.Array,
                   gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, num_turns: int,
                   method: str) -> GAEOutput:
-    """Turn-level GAE on validated arrays; see ``turn_gae``."""
+    """Turn-level GAE on validated arrays (ids checked by ``turn_ids_check``); see ``turn_gae``."""
     batch, num_steps = rewards.shape
     dtype = rewards.dtype
+    zero = jnp.zeros((), dtype)
     in_turn = active & (turn_ids >= 0) & (turn_ids < num_turns)
     row = lax.broadcasted_iota(jnp.int32, (batch, num_steps), 0)
     # Timesteps outside any turn go to segment batch * num_turns, which segment ops drop.
     segment = jnp.where(in_turn, row * num_turns + turn_ids, batch * num_turns)
-    turn_rewards = jax.ops.segment_sum(jnp.where(in_turn, rewards, jnp.zeros((), dtype)).ravel(),
-                                       segment.ravel(), num_segments=batch * num_turns).reshape(batch, num_turns)
+    turn_rewards = jax.ops.segment_sum(jnp.where(in_turn, rewards, zero).ravel(), segment.ravel(),
+                                       num_segments=batch * num_turns).reshape(batch, num_turns)
     step_index = lax.broadcasted_iota(jnp.int32, (batch, num_steps), 1)
     first_step = jax.ops.segment_min(jnp.where(in_turn, step_index, num_steps).ravel(), segment.ravel(),
                                      num_segments=batch * num_turns).reshape(batch, num_turns)
     turn_active = first_step < num_steps
     turn_values = jnp.take_along_axis(values, jnp.clip(first_step, 0, num_steps - 1), axis=1)
-    turn_values = jnp.where(turn_active, turn_values, jnp.zeros((), dtype))
+    turn_values = jnp.where(turn_active, turn_values, zero)
     turn_advantages = gae_core(turn_rewards, turn_values, turn_active, gamma, lam, bootstrap, method).advantages
 
     safe_ids = jnp.clip(turn_ids, 0, num_turns - 1)
     token_advantages = jnp.take_along_axis(turn_advantages, safe_ids, axis=1)
     token_returns = token_advantages + jnp.take_along_axis(turn_values, safe_ids, axis=1)
-    # Timesteps outside a turn carry the advantage of the next turn timestep to their right, as in
-    # token-level GAE; their returns are that advantage plus their own value.
-    carried = _next_active_values(token_advantages, in_turn, jnp.zeros((batch,), dtype))
-    advantages = jnp.where(in_turn, token_advantages, carried)
-    returns = jnp.where(in_turn, token_returns, carried + values)
-    return GAEOutput(advantages, returns)
+    # Outside every turn: advantage 0 and return V_t (AReaL: A * m, R * m + V * (1 - m)).
+    return GAEOutput(jnp.where(in_turn, token_advantages, zero), jnp.where(in_turn, token_returns, values))
 
 
 @functools.partial(jax.jit, static_argnames=("num_turns", "method"))
@@ -292,8 +310,9 @@ def _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, *, num
     rewards, values, active, bootstrap, dtype = _prepare(rewards, values, mask, lam, bootstrap)
     _checks.check_shape("turn_ids", turn_ids, rewards.shape, "rewards")
     turn_ids = _checks.as_int("turn_ids", turn_ids)
-    return turn_gae_core(rewards, values, active, turn_ids, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype),
-                         bootstrap, num_turns, method)
+    output = turn_gae_core(rewards, values, active, turn_ids, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype),
+                           bootstrap, num_turns, method)
+    return output, [turn_ids_check(turn_ids, active, num_turns)]
 
 
 def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn_ids: ArrayLike, *,
@@ -307,14 +326,15 @@ def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn
 
       delta_k = R_k + gamma * V_{k+1} - V_k,   A_k = delta_k + gamma * lam * A_{k+1}
 
-    and each timestep of turn ``k`` gets ``A_k`` and the return ``A_k + V_k``. Timesteps in no turn carry
-    the advantage of the next turn timestep to their right, with return ``A + V_t``.
+    and each timestep of turn ``k`` gets ``A_k`` and the return ``A_k + V_k``. Timesteps in no turn get
+    advantage 0 and return ``V_t`` (AReaL). Turn ids must follow AReaL's rules (``turn_ids_check``):
+    active ids in ``[0, num_turns)``, never decreasing along a row; otherwise ``ValueError``.
 
     Args:
       rewards, values, mask: ``[B, T]`` on timesteps, as for ``gae``.
       turn_ids: ``[B, T]`` int, turn index of each timestep (shifted ``turn_ids``), -1 outside turns.
       gamma, lam, bootstrap, method: as for ``gae``.
-      num_turns: static bound on turns per row; ids at or past it are ignored. Defaults to ``T``.
+      num_turns: static bound on turn ids (ids must be below it). Defaults to ``T``.
 
     Returns:
       ``GAEOutput(advantages [B, T], returns [B, T])``, float32.
@@ -324,5 +344,7 @@ def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn
     if num_turns < 1:
         raise ValueError(f"num_turns must be >= 1, got {num_turns}")
     method = resolve_method(method, unit_discount=_is_unit_discount(gamma, lam))
-    return _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, num_turns=num_turns,
-                         method=method)
+    output, checks = _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, num_turns=num_turns,
+                                   method=method)
+    _checks.raise_value_checks(checks)
+    return output

@@ -1,22 +1,28 @@
-"""Masked, token-weighted normalization of advantages ([B, T]) and outcome rewards ([B]).
+"""Masked, token-weighted normalization of advantages ([B, T]) and outcome rewards ([B]): AReaL's rules.
 
 Statistics are taken over active entries only, per level (``batch``: all rows; ``group``: the rows of one
-sample group), with a two-pass variance::
+sample group); ``n`` and ``S`` are the level's active count and sum. Per entry:
 
-  mean = sum(x * m) / n                       (leave-one-out: (sum - x_i) / (n - 1), 0 when n <= 1)
-  var  = sum(m * (x - mean)**2) / (n - 1)     (unbiased; std = 1 when n <= 1)  or  / n  (biased)
-  x'   = (x - mean) * m / (std + eps)         (mean level None -> mean 0; std level None -> std 1, eps 0)
+  mean  mu_i = S / n                                  (0 when n = 0; level None: 0)
+        leave-one-out: mu_i = (S - x_i) / (n - 1) at active entries, S / n elsewhere, 0 when n <= 1;
+        a group with a single member uses mu_i = x_i (it has no peer to leave out: it normalizes to 0)
+  std   SS = sum over the std level of (x_i - mu_i)**2 at active entries (around each entry's own mu:
+        the leave-one-out means, the other level's mean, or 0 when the mean level is None)
+        unbiased sqrt(SS / (n - 1)), 1 when n <= 1 (and 1 for a single-member group);
+        biased sqrt(SS / n), 1 when n = 0; level None: 1 with eps 0
+  out   (x_i - mu_i) * m_i / (std + eps)
 
-Masked entries come out as 0 and are selected with ``where``, so NaN/Inf there never leak; an input with
-no active entry is returned unchanged. The standard deviation is always taken around the plain mean of its
-own level (leave-one-out only changes the subtracted mean).
+Single-member rules count rows (or logical members, ``group_member_counts``), never tokens. Masked entries
+come out as 0 and are selected with ``where``, so NaN/Inf there never leak (AReaL multiplies by the mask
+and propagates them); an input with no active entry is returned unchanged. A fixed ``group_size`` that
+does not divide the batch is an error (AReaL would divide the tail by eps).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -67,17 +73,35 @@ class NormConfig:
         return "group" in (self.mean_level, self.std_level)
 
 
-def group_index(batch: int, norm: NormConfig, group_sizes: jax.Array | None) -> tuple[jax.Array, int]:
-    """Row -> group index ``[B]`` and the static number of groups."""
+class GroupLayout(NamedTuple):
+    """Which group each row belongs to, and each group's member count (for the single-member rules)."""
+
+    index: jax.Array    # [B] int32, group of each row
+    num_groups: int     # static
+    members: jax.Array  # [G] int32: rows per group, or the logical member counts of split rollouts
+
+
+def group_layout(batch: int, norm: NormConfig, group_sizes: jax.Array | None,
+                 member_counts: jax.Array | None = None) -> GroupLayout:
+    """Rows -> groups from ``group_sizes [G]`` (consecutive groups) or ``norm.group_size``."""
     if group_sizes is not None:
         sizes = _checks.as_int("group_sizes", group_sizes)
         _checks.check_rank("group_sizes", sizes, 1)
         ends = jnp.cumsum(sizes)
-        return jnp.searchsorted(ends, jnp.arange(batch, dtype=jnp.int32), side="right").astype(jnp.int32), sizes.shape[0]
-    if batch % norm.group_size:
-        raise ValueError(f"group_size {norm.group_size} does not divide the batch size {batch}; pass "
-                         "group_sizes for groups of different sizes")
-    return jnp.arange(batch, dtype=jnp.int32) // norm.group_size, batch // norm.group_size
+        index = jnp.searchsorted(ends, jnp.arange(batch, dtype=jnp.int32), side="right").astype(jnp.int32)
+        num_groups = sizes.shape[0]
+        rows = sizes
+    else:
+        if batch % norm.group_size:
+            raise ValueError(f"group_size {norm.group_size} does not divide the batch size {batch}; pass "
+                             "group_sizes for groups of different sizes")
+        index = jnp.arange(batch, dtype=jnp.int32) // norm.group_size
+        num_groups = batch // norm.group_size
+        rows = jnp.full((num_groups,), norm.group_size, jnp.int32)
+    if member_counts is None:
+        return GroupLayout(index, num_groups, rows)
+    _checks.check_shape("group_member_counts", member_counts, (num_groups,), "the groups")
+    return GroupLayout(index, num_groups, _checks.as_int("group_member_counts", member_counts))
 
 
 def check_group_sizes(group_sizes: Any, batch: int) -> None:
@@ -97,43 +121,57 @@ def group_sizes_check(group_sizes: jax.Array, batch: int) -> _checks.ValueCheck:
                               f"{sizes.tolist()}", sizes)
 
 
-def _level_sums(per_row: jax.Array, level: str, groups: jax.Array, num_groups: int) -> jax.Array:
+def member_counts_check(member_counts: jax.Array) -> _checks.ValueCheck:
+    counts = _checks.as_int("group_member_counts", member_counts)
+    return _checks.ValueCheck(jnp.any(counts < 1), lambda counts: "group_member_counts must be >= 1 for "
+                              f"every group, got {counts.tolist()}", counts)
+
+
+def _level_sums(per_row: jax.Array, level: str, groups: GroupLayout | None) -> jax.Array:
     """Sum of per-row partial sums over each row's level, broadcast back to rows: ``[B]``."""
     if level == "batch":
         return jnp.broadcast_to(jnp.sum(per_row), per_row.shape)
-    return jax.ops.segment_sum(per_row, groups, num_segments=num_groups)[groups]
+    assert groups is not None
+    return jax.ops.segment_sum(per_row, groups.index, num_segments=groups.num_groups)[groups.index]
 
 
-def normalize_core(x: jax.Array, active: jax.Array, norm: NormConfig, groups: jax.Array | None,
-                   num_groups: int) -> jax.Array:
-    """Normalization of validated ``[B, N]`` float ``x`` with bool ``active``."""
-    zero = jnp.zeros((), x.dtype)
-    weight = active.astype(x.dtype)
+def _single_member(level: str, groups: GroupLayout | None) -> jax.Array | bool:
+    """``[B, 1]`` bool: the row's group has one member (never at batch level, as in AReaL)."""
+    if level == "batch":
+        return False
+    assert groups is not None
+    return (groups.members == 1)[groups.index][:, None]
+
+
+def normalize_core(x: jax.Array, active: jax.Array, norm: NormConfig, groups: GroupLayout | None) -> jax.Array:
+    """Normalization of validated ``[B, N]`` float ``x`` with bool ``active`` (module docstring)."""
+    zero, one = jnp.zeros((), x.dtype), jnp.ones((), x.dtype)
     safe_x = jnp.where(active, x, zero)
     row_sum = jnp.sum(safe_x, axis=1)
-    row_count = jnp.sum(weight, axis=1)
-
-    def stats(level):
-        total = _level_sums(row_sum, level, groups, num_groups)
-        count = _level_sums(row_count, level, groups, num_groups)
-        mean = total / jnp.maximum(count, 1)
-        return total[:, None], count[:, None], mean[:, None]
+    row_count = jnp.sum(active.astype(x.dtype), axis=1)
 
     if norm.mean_level is None:
         mean = zero
     else:
-        total, count, mean = stats(norm.mean_level)
+        total = _level_sums(row_sum, norm.mean_level, groups)[:, None]
+        count = _level_sums(row_count, norm.mean_level, groups)[:, None]
+        mean = total / jnp.maximum(count, 1)
         if norm.mean_leave1out:
-            mean = jnp.where(count > 1, (total - safe_x) / jnp.maximum(count - 1, 1), zero)
+            left_out = jnp.where(active, (total - safe_x) / jnp.maximum(count - 1, 1), mean)
+            mean = jnp.where(count > 1, left_out, zero)
+            # A single member has no peer to leave out: it is its own baseline.
+            mean = jnp.where(_single_member(norm.mean_level, groups), x, mean)
 
     if norm.std_level is None:
-        std, eps = jnp.ones((), x.dtype), 0.0
+        std, eps = one, 0.0
     else:
-        _, count, level_mean = stats(norm.std_level)
-        centred = jnp.where(active, x - level_mean, zero)
-        sq_sum = _level_sums(jnp.sum(centred * centred, axis=1), norm.std_level, groups, num_groups)[:, None]
+        centred = jnp.where(active, x - mean, zero)
+        sq_sum = _level_sums(jnp.sum(centred * centred, axis=1), norm.std_level, groups)[:, None]
+        count = _level_sums(row_count, norm.std_level, groups)[:, None]
         divisor = count - 1 if norm.std_unbiased else count
-        std = jnp.where(divisor > 0, jnp.sqrt(sq_sum / jnp.maximum(divisor, 1)), jnp.ones((), x.dtype))
+        std = jnp.where(divisor > 0, jnp.sqrt(sq_sum / jnp.maximum(divisor, 1)), one)
+        if norm.std_unbiased:
+            std = jnp.where(_single_member(norm.std_level, groups), one, std)
         eps = norm.eps
 
     normalized = jnp.where(active, (x - mean) / (std + eps), zero)
@@ -141,8 +179,9 @@ def normalize_core(x: jax.Array, active: jax.Array, norm: NormConfig, groups: ja
 
 
 def normalize(x: ArrayLike, mask: ArrayLike | None = None, norm: NormConfig = NormConfig(), *,
-              group_sizes: ArrayLike | Sequence[int] | None = None) -> jax.Array:
-    """Masked normalization (module docstring has the formulas).
+              group_sizes: ArrayLike | Sequence[int] | None = None,
+              group_member_counts: ArrayLike | Sequence[int] | None = None) -> jax.Array:
+    """Masked normalization with AReaL's rules (module docstring has the formulas).
 
     Args:
       x: ``[B, T]`` advantages or ``[B]`` outcome rewards.
@@ -151,9 +190,16 @@ def normalize(x: ArrayLike, mask: ArrayLike | None = None, norm: NormConfig = No
         divide ``B``.
       group_sizes: ``[G]`` int, consecutive groups of varying sizes (positive, summing to ``B``); overrides
         ``norm.group_size``.
+      group_member_counts: ``[G]`` int >= 1, the logical rollouts of each group when a rollout spans
+        several rows (split rollouts). It decides only the single-member rules; token weights still come
+        from the rows. Defaults to the rows per group.
 
     Returns:
       float32 (float64 for float64 input) array shaped like ``x``.
+
+    Raises:
+      ValueError: on bad shapes, and on ``group_sizes`` that are not positive or do not sum to ``B`` or
+        ``group_member_counts`` below 1 (under an outer ``jit``: when the computation runs).
     """
     if not isinstance(norm, NormConfig):
         raise TypeError(f"norm must be a NormConfig, got {type(norm).__name__}")
@@ -165,18 +211,28 @@ def normalize(x: ArrayLike, mask: ArrayLike | None = None, norm: NormConfig = No
         if not _checks.is_traced(group_sizes):
             check_group_sizes(group_sizes, jnp.shape(x)[0])
         group_sizes = jnp.asarray(group_sizes)
-    return _normalize_jit(x, mask, group_sizes, norm=norm)
+    if group_member_counts is not None:
+        group_member_counts = jnp.asarray(group_member_counts)
+    out, checks = _normalize_jit(x, mask, group_sizes, group_member_counts, norm=norm)
+    _checks.raise_value_checks(checks)
+    return out
 
 
 @functools.partial(jax.jit, static_argnames=("norm",))
-def _normalize_jit(x, mask, group_sizes, *, norm):
+def _normalize_jit(x, mask, group_sizes, member_counts, *, norm):
     dtype = _checks.accumulation_dtype(x)
     x = _checks.as_float("x", x, dtype)
     active = jnp.ones(x.shape, jnp.bool_) if mask is None else _checks.as_mask("mask", mask)
     flat = x.ndim == 1
     if flat:
         x, active = x[:, None], active[:, None]
-    groups, num_groups = (group_index(x.shape[0], norm, group_sizes) if norm.uses_groups
-                          else (None, 1))
-    out = normalize_core(x, active, norm, groups, num_groups)
-    return out[:, 0] if flat else out
+    checks = []
+    if group_sizes is not None:
+        checks.append(group_sizes_check(group_sizes, x.shape[0]))
+    groups = None
+    if norm.uses_groups:
+        groups = group_layout(x.shape[0], norm, group_sizes, member_counts)
+        if member_counts is not None:
+            checks.append(member_counts_check(member_counts))
+    out = normalize_core(x, active, norm, groups)
+    return (out[:, 0] if flat else out), checks

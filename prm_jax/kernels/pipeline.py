@@ -1,22 +1,29 @@
 """The fused advantage pipeline: outcome rewards, KL, GAE, normalization and process-reward shaping.
 
-``compute_advantages`` takes a padded batch on *positions* (raw, unshifted, as exported) and returns
-everything on *timesteps* (see ``alignment``). In order:
+``compute_advantages`` takes a padded batch and returns everything on *timesteps* (see ``alignment``).
+Rollout-side arrays (``loss_mask``, ``logprobs``, ``turn_ids``, ``token_rewards``) come on *positions*, as
+exported, and are shifted here; model outputs (``values``, ``ref_logprobs``, ``prox_logprobs``) come out
+of a forward pass already on timesteps and are not shifted (AReaL's alignment). In order:
 
 1. outcome reward: optional overlong penalty; ``r = clip((r + reward_bias) * reward_scaling, +-reward_clip)``;
    optional ``reward_norm`` over the ``[B]`` vector.
-2. shift ``loss_mask``, ``logprobs``, ``ref_logprobs``, ``turn_ids``, ``token_rewards`` to timesteps; the
-   shifted mask is ``m`` and the log-probs are zeroed where ``m = 0``.
-3. ``kl_rewards = -kl_ctl * clamp(kl, -10, 10)`` on active timesteps, 0 at timestep ``seqlen - 1``; 0
-   everywhere when the batch has no ``ref_logprobs`` (no reference policy).
+2. shift the rollout-side arrays to timesteps; the shifted mask is ``m``. The old log-probs are the
+   recomputed ``prox_logprobs`` when given, else the shifted behaviour ``logprobs``; they and the
+   reference log-probs are zeroed where ``m = 0``.
+3. ``kl_rewards = -kl_ctl * clamp(kl, -10, 10)`` on active timesteps, 0 at timestep ``seqlen - 1``.
+   Without ``ref_logprobs`` the reference log-prob is 0 (AReaL's rule; a warning once per trace when
+   ``kl_ctl != 0``).
 4. truncation: ``is_truncated`` when given, else ``seqlen == T`` (with a warning: it mislabels a row that
    ends exactly at the padded width). The outcome reward goes to timestep ``max(seqlen - 2, 0)``, or 0
    there for truncated rows under ``mask_no_eos_with_zero``, which also zeroes their process rewards.
 5. process rewards ``P = shifted(token_rewards) * m``: kept for shaping (``token_rewards_as_adv``), or
    folded: each turn's uniform reward is added once, at the timestep predicting its last token.
-6. GAE (``gae`` or ``turn_gae``) with bootstrap ``V[seqlen - 1]`` on truncated rows. At turn level the KL
-   rewards are added to the advantages after GAE instead of entering the turn rewards.
-7. ``returns = advantages + values`` before normalization and shaping.
+6. GAE (``gae`` or ``turn_gae``) with bootstrap ``V[seqlen - 1]`` on truncated rows; λ is the batch's
+   per-row ``gae_lambda``, the config's λ function of the rows' lengths, or its float. At turn level
+   the KL rewards are added to the advantages after GAE instead of entering the turn rewards, and
+   timesteps outside every turn get advantage 0 (plus their KL reward) and return ``V_t``.
+7. ``returns = advantages + values`` before normalization and shaping; ``tot_rewards`` = task rewards
+   plus KL rewards (at both levels).
 8. optional ``adv_norm`` over active timesteps.
 9. shaping with ``P`` (``shaping``); returns and ``tot_rewards`` are never shaped.
 """
@@ -34,15 +41,18 @@ from jax import lax
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
-from prm_jax.kernels.gae import DEFAULT_BLOCK_SIZE, GAE_METHODS, gae_core, resolve_method, turn_gae_core
+from prm_jax.kernels import lambda_fn
+from prm_jax.kernels.gae import (DEFAULT_BLOCK_SIZE, GAE_METHODS, gae_core, resolve_method, turn_gae_core,
+                                 turn_ids_check)
 from prm_jax.kernels.kl import KL_ESTIMATORS, kl_rewards
-from prm_jax.kernels.normalization import (NormConfig, check_group_sizes, group_index, group_sizes_check,
-                                           normalize_core)
+from prm_jax.kernels.lambda_fn import GAELambdaContext
+from prm_jax.kernels.normalization import (GroupLayout, NormConfig, check_group_sizes, group_layout,
+                                           group_sizes_check, member_counts_check, normalize_core)
 from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_core
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
-OPTIONAL_KEYS = ("values", "ref_logprobs", "token_rewards", "turn_ids", "is_truncated", "gae_lambda",
-                 "group_sizes")
+OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids", "is_truncated",
+                 "gae_lambda", "group_sizes", "group_member_counts")
 TIMESTEP_UNITS = ("token", "turn")
 
 
@@ -61,14 +71,17 @@ class AdvantageOutput(NamedTuple):
 class AdvantageConfig:
     """Actor settings of the advantage pipeline, with AReaL's field names and defaults.
 
-    Hashable: it is a static argument of the jitted pipeline, so equal configs never retrace. Beyond
-    AReaL: ``gae_method``/``gae_block_size`` choose the scan, ``max_turns`` bounds turns per row for
+    Hashable: it is a static argument of the jitted pipeline, so equal configs never retrace.
+    ``gae_lambda`` is a float, or (AReaL's dynamic λ) a dotted path to a jittable function of the rows'
+    lengths with ``gae_lambda_kwargs`` (see ``prm_jax.kernels.lambda_fn``; AReaL's built-in paths work).
+    Beyond AReaL: ``gae_method``/``gae_block_size`` choose the scan, ``max_turns`` bounds turns per row for
     turn-level GAE (default ``T``), ``check_values=False`` skips the value checks on the hot path (their
     reductions and the device sync).
     """
 
     discount: float = 1.0
-    gae_lambda: float = 1.0
+    gae_lambda: float | str = 1.0
+    gae_lambda_kwargs: Any = ()
     kl_ctl: float = 0.1
     kl_estimator: str = "k1"
     reward_bias: float = 0.0
@@ -92,7 +105,15 @@ class AdvantageConfig:
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
         set_("discount", _checks.finite_number("discount", self.discount, minimum=0.0, maximum=1.0))
-        set_("gae_lambda", _checks.finite_number("gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0))
+        if isinstance(self.gae_lambda, str):
+            set_("gae_lambda_kwargs", _frozen_kwargs(self.gae_lambda_kwargs))
+            try:
+                lambda_fn.validate(self.gae_lambda, dict(self.gae_lambda_kwargs))
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"gae_lambda: {err}") from None
+        else:
+            set_("gae_lambda", _checks.finite_number("gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0))
+            set_("gae_lambda_kwargs", ())  # ignored for a float, as in AReaL
         set_("kl_ctl", _checks.finite_number("kl_ctl", self.kl_ctl))
         set_("reward_bias", _checks.finite_number("reward_bias", self.reward_bias))
         set_("reward_scaling", _checks.finite_number("reward_scaling", self.reward_scaling))
@@ -115,8 +136,9 @@ class AdvantageConfig:
             raise ValueError("advantage_shaping.mode='process_weighted' rejects mask_no_eos_with_zero: true")
         if self.gae_method not in GAE_METHODS:
             raise ValueError(f"gae_method must be one of {GAE_METHODS}, got {self.gae_method!r}")
-        if self.gae_method == "cumsum" and self.discount * self.gae_lambda != 1.0:
-            raise ValueError("gae_method='cumsum' needs discount * gae_lambda == 1")
+        if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
+                                            or self.discount * self.gae_lambda != 1.0):
+            raise ValueError("gae_method='cumsum' needs discount * gae_lambda == 1 (a float gae_lambda)")
         if isinstance(self.gae_block_size, bool) or not isinstance(self.gae_block_size, int) or self.gae_block_size < 1:
             raise ValueError(f"gae_block_size must be an integer >= 1, got {self.gae_block_size!r}")
         if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
@@ -132,6 +154,20 @@ class AdvantageConfig:
                                  f"overlong_reward_penalty, got {self.max_new_tokens!r}")
 
 
+def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:
+    """``gae_lambda_kwargs`` as sorted ``(name, value)`` pairs, so the config stays hashable."""
+    if kwargs is None:
+        return ()
+    items = kwargs.items() if isinstance(kwargs, Mapping) else kwargs
+    try:
+        pairs = tuple(sorted((str(k), v) for k, v in items))
+        hash(pairs)
+    except (TypeError, ValueError):
+        raise ValueError(f"gae_lambda_kwargs must be a mapping of names to hashable values (numbers, strings), "
+                         f"got {kwargs!r}") from None
+    return pairs
+
+
 def _outcome_rewards(rewards, raw_active, config: AdvantageConfig, groups_of):
     dtype = rewards.dtype
     if config.overlong_reward_penalty:
@@ -142,7 +178,7 @@ def _outcome_rewards(rewards, raw_active, config: AdvantageConfig, groups_of):
                        config.reward_clip)
     if config.reward_norm is not None:
         ones = jnp.ones(rewards.shape + (1,), jnp.bool_)
-        rewards = normalize_core(rewards[:, None], ones, config.reward_norm, *groups_of(config.reward_norm))[:, 0]
+        rewards = normalize_core(rewards[:, None], ones, config.reward_norm, groups_of(config.reward_norm))[:, 0]
     return rewards
 
 
@@ -167,26 +203,115 @@ def _fold_turn_rewards(process, active, turn_ids):
     return jnp.where(is_last, process, zero), check
 
 
+class Timesteps(NamedTuple):
+    """The batch on timesteps: rollout-side arrays shifted, model outputs as given; ``None`` when absent."""
+
+    active: jax.Array               # [B, T] bool, the shifted loss mask m
+    logprobs: jax.Array             # [B, T] old log-probs (recomputed ones when given), 0 where m = 0
+    ref_logprobs: jax.Array | None  # [B, T] reference log-probs, 0 where m = 0
+    turn_ids: jax.Array | None      # [B, T] int32, -1 in the last column
+    process: jax.Array | None       # [B, T] process rewards P, 0 where m = 0
+    values: jax.Array               # [B, T] (0 without a critic)
+
+
+def _to_timesteps(batch: Mapping[str, jax.Array], raw_active: jax.Array, dtype) -> Timesteps:
+    zero = jnp.zeros((), dtype)
+    active = shift_to_next_token(raw_active, fill=False)
+
+    def masked(x):
+        return jnp.where(active, x, zero)
+
+    def position_float(key):
+        return masked(shift_to_next_token(_checks.as_float(f"batch[{key!r}]", batch[key], dtype)))
+
+    def timestep_float(key):
+        return _checks.as_float(f"batch[{key!r}]", batch[key], dtype)
+
+    logprobs = (masked(timestep_float("prox_logprobs")) if "prox_logprobs" in batch
+                else position_float("logprobs"))
+    return Timesteps(
+        active=active, logprobs=logprobs,
+        ref_logprobs=masked(timestep_float("ref_logprobs")) if "ref_logprobs" in batch else None,
+        turn_ids=(shift_to_next_token(_checks.as_int("batch['turn_ids']", batch["turn_ids"]), fill=-1)
+                  if "turn_ids" in batch else None),
+        process=position_float("token_rewards") if "token_rewards" in batch else None,
+        values=timestep_float("values") if "values" in batch else jnp.zeros(active.shape, dtype))
+
+
+def _kl(steps: Timesteps, seqlen: jax.Array, config: AdvantageConfig) -> jax.Array:
+    """KL rewards; without reference log-probs the reference is 0 (AReaL), so k1 gives ``kl_ctl * logp``."""
+    if steps.ref_logprobs is None and config.kl_ctl != 0:
+        warnings.warn("batch has no 'ref_logprobs' but kl_ctl != 0: the KL reward uses a zero reference "
+                      "log-prob (AReaL's rule), i.e. it rewards or penalizes the log-probs themselves",
+                      stacklevel=5)
+    ref = jnp.zeros_like(steps.logprobs) if steps.ref_logprobs is None else steps.ref_logprobs
+    kl = kl_rewards(steps.logprobs, ref, steps.active, kl_ctl=config.kl_ctl, estimator=config.kl_estimator)
+    step = lax.broadcasted_iota(jnp.int32, kl.shape, 1)
+    return jnp.where(step == (seqlen - 1)[:, None], jnp.zeros((), kl.dtype), kl)
+
+
+def _truncation(batch: Mapping[str, jax.Array], seqlen: jax.Array, width: int) -> jax.Array:
+    if "is_truncated" in batch:
+        return _checks.as_mask("batch['is_truncated']", batch["is_truncated"])
+    warnings.warn("batch has no 'is_truncated'; falling back to seqlen == width, which also marks a "
+                  "complete row that exactly fills the padded width as truncated", stacklevel=5)
+    return seqlen == width
+
+
+def _lambda_context(steps: Timesteps, config: AdvantageConfig) -> GAELambdaContext:
+    tokens = jnp.sum(steps.active, axis=1, dtype=jnp.int32)
+    if steps.turn_ids is None:
+        turns = jnp.zeros_like(tokens)
+    else:
+        # Ids never decrease along a row (checked), so a new turn starts where an active id exceeds
+        # every earlier active id.
+        seen = lax.cummax(jnp.where(steps.active, steps.turn_ids, -1), axis=1)
+        before = jnp.concatenate([jnp.full_like(seen[:, :1], -1), seen[:, :-1]], axis=1)
+        turns = jnp.sum(steps.active & (steps.turn_ids > before), axis=1, dtype=jnp.int32)
+    return GAELambdaContext(effective_token_lengths=tokens, turn_counts=turns,
+                            timestep_lengths=tokens if config.gae_timestep_unit == "token" else turns)
+
+
+def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, config: AdvantageConfig, dtype,
+                checks: list) -> jax.Array:
+    """λ: the batch's per-row ``gae_lambda [B]``, else the config's function of lengths, else its float."""
+    if "gae_lambda" in batch:
+        lam = _checks.as_float("batch['gae_lambda']", batch["gae_lambda"], dtype)
+    elif isinstance(config.gae_lambda, str):
+        lam = lambda_fn.resolve(config.gae_lambda)(_lambda_context(steps, config), **dict(config.gae_lambda_kwargs))
+        _checks.check_shape(f"the λ returned by {config.gae_lambda}", lam, steps.active.shape[:1], "the batch axis")
+        lam = _checks.as_float(f"the λ returned by {config.gae_lambda}", lam, dtype)
+    else:
+        return jnp.asarray(config.gae_lambda, dtype)
+    outside = ~((lam >= 0) & (lam <= 1))  # NaN is outside too
+    row, _, value = _checks.first_flagged(outside[:, None], lam[:, None])
+    checks.append(_checks.ValueCheck(
+        jnp.any(outside), lambda row, value: f"per-row gae_lambda must be finite and in [0, 1]; row {int(row)} has "
+                                             f"{float(value)!r}", row, value))
+    return lam
+
+
 def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     _checks.check_rank("batch['attention_mask']", batch["attention_mask"], 2)
     shape = jnp.shape(batch["attention_mask"])
     num_rows, width = shape
-    for key in ("loss_mask", "logprobs", "values", "ref_logprobs", "token_rewards", "turn_ids"):
+    for key in ("loss_mask", "logprobs", "values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids"):
         if key in batch:
             _checks.check_shape(f"batch[{key!r}]", batch[key], shape, "attention_mask")
     for key in ("rewards", "is_truncated", "gae_lambda"):
         if key in batch:
             _checks.check_shape(f"batch[{key!r}]", batch[key], (num_rows,), "the batch axis")
-    if "group_sizes" in batch:
-        _checks.check_rank("batch['group_sizes']", batch["group_sizes"], 1)
+    for key in ("group_sizes", "group_member_counts"):
+        if key in batch:
+            _checks.check_rank(f"batch[{key!r}]", batch[key], 1)
     if config.gae_timestep_unit == "turn" and "turn_ids" not in batch:
         raise ValueError("gae_timestep_unit='turn' needs batch['turn_ids']")
 
     dtype = _checks.accumulation_dtype(*(batch[k] for k in ("logprobs", "rewards", "values", "ref_logprobs",
-                                                             "token_rewards") if k in batch))
+                                                             "prox_logprobs", "token_rewards") if k in batch))
     zero = jnp.zeros((), dtype)
     raw_active = _checks.as_mask("batch['loss_mask']", batch["loss_mask"])
-    # seqlen = sum(attention_mask) (SPEC 1), summed as given: no converted copy of the mask.
+    # seqlen = sum(attention_mask), summed as given: no converted copy of the mask.
     attention = jnp.asarray(batch["attention_mask"])
     _checks.check_mask_dtype("batch['attention_mask']", attention)
     seqlen = (jnp.count_nonzero(attention, axis=1).astype(jnp.int32) if attention.dtype == jnp.bool_
@@ -196,88 +321,73 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
 
     if "group_sizes" in batch:
         checks.append(group_sizes_check(batch["group_sizes"], num_rows))
+    if "group_member_counts" in batch:
+        checks.append(member_counts_check(batch["group_member_counts"]))
 
-    def groups_of(norm: NormConfig) -> tuple[jax.Array | None, int]:
-        return group_index(num_rows, norm, batch.get("group_sizes")) if norm.uses_groups else (None, 1)
+    def groups_of(norm: NormConfig) -> GroupLayout | None:
+        if not norm.uses_groups:
+            return None
+        return group_layout(num_rows, norm, batch.get("group_sizes"), batch.get("group_member_counts"))
 
     # 1. outcome rewards
     outcome = _outcome_rewards(_checks.as_float("batch['rewards']", batch["rewards"], dtype), raw_active, config,
                                groups_of)
 
     # 2. positions -> timesteps
-    active = shift_to_next_token(raw_active, fill=False)
-    logprobs = jnp.where(active, shift_to_next_token(_checks.as_float("batch['logprobs']", batch["logprobs"],
-                                                                      dtype)), zero)
-    has_reference = "ref_logprobs" in batch
-    ref_logprobs = (jnp.where(active, shift_to_next_token(_checks.as_float(
-        "batch['ref_logprobs']", batch["ref_logprobs"], dtype)), zero) if has_reference else None)
-    turn_ids = (shift_to_next_token(_checks.as_int("batch['turn_ids']", batch["turn_ids"]), fill=-1)
-                if "turn_ids" in batch else None)
-    has_process = "token_rewards" in batch
-    process = (jnp.where(active, shift_to_next_token(_checks.as_float(
-        "batch['token_rewards']", batch["token_rewards"], dtype)), zero) if has_process else None)
+    steps = _to_timesteps(batch, raw_active, dtype)
+    active, process = steps.active, steps.process
+    num_turns = config.max_turns or width
+    if steps.turn_ids is not None and (config.gae_timestep_unit == "turn" or isinstance(config.gae_lambda, str)):
+        checks.append(turn_ids_check(steps.turn_ids, active, num_turns))
 
     # 3. KL rewards
-    # Without reference log-probs there is no reference policy and no KL penalty.
-    if has_reference:
-        kl = kl_rewards(logprobs, ref_logprobs, active, kl_ctl=config.kl_ctl, estimator=config.kl_estimator)
-        kl = jnp.where(step == (seqlen - 1)[:, None], zero, kl)
-    else:
-        kl = jnp.zeros(shape, dtype)
+    kl = _kl(steps, seqlen, config)
 
     # 4. truncation and the outcome reward's timestep
-    if "is_truncated" in batch:
-        truncated = _checks.as_mask("batch['is_truncated']", batch["is_truncated"])
-    else:
-        warnings.warn("batch has no 'is_truncated'; falling back to seqlen == width, which also marks a "
-                      "complete row that exactly fills the padded width as truncated", stacklevel=4)
-        truncated = seqlen == width
+    truncated = _truncation(batch, seqlen, width)
     if config.mask_no_eos_with_zero:
         outcome = jnp.where(truncated, zero, outcome)
-        if has_process:
+        if process is not None:
             process = jnp.where(truncated[:, None], zero, process)
     outcome_step = jnp.maximum(seqlen - 2, 0)
-    gae_rewards = jnp.where(step == outcome_step[:, None], outcome[:, None], zero)
+    task_rewards = jnp.where(step == outcome_step[:, None], outcome[:, None], zero)
 
     # 5. process rewards: direct (kept for shaping) or folded into the GAE rewards
-    if has_process and not config.token_rewards_as_adv:
-        folded, uniform_check = _fold_turn_rewards(process, active, turn_ids)
+    if process is not None and not config.token_rewards_as_adv:
+        folded, uniform_check = _fold_turn_rewards(process, active, steps.turn_ids)
         checks.append(uniform_check)
-        gae_rewards = gae_rewards + folded
+        task_rewards = task_rewards + folded
 
     # 6-7. GAE and returns
-    values = (_checks.as_float("batch['values']", batch["values"], dtype) if "values" in batch
-              else jnp.zeros(shape, dtype))
+    values = steps.values
     last_value = jnp.take_along_axis(values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
     bootstrap = jnp.where(truncated, last_value, zero)
-    per_row_lambda = "gae_lambda" in batch
-    lam = (_checks.as_float("batch['gae_lambda']", batch["gae_lambda"], dtype) if per_row_lambda
-           else jnp.asarray(config.gae_lambda, dtype))
-    method = resolve_method(config.gae_method, unit_discount=not per_row_lambda
+    lam = _gae_lambda(batch, steps, config, dtype, checks)
+    method = resolve_method(config.gae_method, unit_discount=jnp.ndim(lam) == 0
                             and config.discount * config.gae_lambda == 1.0)
     gamma = jnp.asarray(config.discount, dtype)
+    tot_rewards = task_rewards + kl
     if config.gae_timestep_unit == "token":
-        gae_rewards = gae_rewards + kl
-        advantages, returns = gae_core(gae_rewards, values, active, gamma, lam, bootstrap, method,
+        advantages, returns = gae_core(tot_rewards, values, active, gamma, lam, bootstrap, method,
                                        config.gae_block_size)
     else:
-        num_turns = config.max_turns or width
-        advantages, returns = turn_gae_core(gae_rewards, values, active, turn_ids, gamma, lam, bootstrap,
+        # KL stays token-local: added to the advantages, part of neither the recurrence nor the returns.
+        advantages, returns = turn_gae_core(task_rewards, values, active, steps.turn_ids, gamma, lam, bootstrap,
                                             num_turns, method)
         advantages = advantages + kl
 
     # 8. advantage normalization
     if config.adv_norm is not None:
-        advantages = normalize_core(advantages, active, config.adv_norm, *groups_of(config.adv_norm))
+        advantages = normalize_core(advantages, active, config.adv_norm, groups_of(config.adv_norm))
 
     # 9. shaping with direct process rewards
-    if has_process and config.token_rewards_as_adv:
+    if process is not None and config.token_rewards_as_adv:
         if config.advantage_shaping.mode == "process_weighted":
             checks.append(process_range_check(process, active))
         advantages = shape_core(advantages, process, active, config.advantage_shaping)
 
-    output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=gae_rewards,
-                             loss_mask=active.astype(dtype), logprobs=logprobs)
+    output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=tot_rewards,
+                             loss_mask=active.astype(dtype), logprobs=steps.logprobs)
     # Checks that are not returned are compiled out with their reductions.
     return output, checks if config.check_values else []
 
@@ -291,10 +401,12 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
     Args:
       batch: mapping with, on positions (raw, as exported, right-padded):
         ``attention_mask [B, T]``, ``loss_mask [B, T]``, ``logprobs [B, T]``, ``rewards [B]``; optionally
-        ``values [B, T]`` (on timesteps, as a critic emits them), ``ref_logprobs [B, T]``,
-        ``token_rewards [B, T]``, ``turn_ids [B, T]`` int, ``is_truncated [B]`` bool, ``gae_lambda [B]``
-        (per-row lambda, overrides the config) and ``group_sizes [G]`` int (consecutive groups of varying
-        size for group-level normalization). Other keys (``input_ids``, ...) are ignored.
+        ``token_rewards [B, T]`` and ``turn_ids [B, T]`` int (positions); ``values [B, T]``,
+        ``ref_logprobs [B, T]`` and ``prox_logprobs [B, T]`` (timesteps: model outputs);
+        ``is_truncated [B]`` bool, ``gae_lambda [B]`` (per-row lambda, overrides the config),
+        ``group_sizes [G]`` int (consecutive groups of varying size for group-level normalization) and
+        ``group_member_counts [G]`` int (logical rollouts per group when one spans several rows). Other
+        keys (``input_ids``, ...) are ignored.
       config: ``AdvantageConfig``, a static argument.
 
     Returns:
@@ -303,7 +415,8 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
     Raises:
       ValueError: on bad shapes (at trace time), and, unless ``config.check_values`` is False, on
         process rewards outside [0, 1] under ``process_weighted``, non-uniform turn rewards when folding,
-        or ``group_sizes`` that are not positive or do not sum to ``B``. Under an outer ``jit`` these value
+        ``group_sizes`` that are not positive or do not sum to ``B``, ``group_member_counts`` below 1,
+        a per-row λ outside [0, 1], or turn ids that break AReaL's rules (turn-level GAE or a λ function). Under an outer ``jit`` these value
         checks raise when the computation runs.
     """
     if not isinstance(config, AdvantageConfig):

@@ -49,6 +49,8 @@ CONFIGS = {
     "gvpo": AdvantageConfig(advantage_shaping=ShapingConfig("gvpo"), adv_norm=NormConfig()),
     "turn_level": AdvantageConfig(gae_timestep_unit="turn", discount=0.9, gae_lambda=0.9),
     "fold": AdvantageConfig(token_rewards_as_adv=False),
+    "lambda_fn": AdvantageConfig(gae_timestep_unit="turn", gae_lambda_kwargs={"q": 0.5},
+                                 gae_lambda="areal.trainer.ppo.lambda_fn.relative_position_gae_lambda"),
 }
 
 

@@ -1,0 +1,107 @@
+"""Per-row GAE lambda from trajectory lengths (AReaL's dynamic ``gae_lambda``).
+
+``AdvantageConfig.gae_lambda`` is a float or a dotted path to a function ``fn(context, **kwargs)`` that
+returns one lambda per row, ``[B]`` float. ``context`` is a ``GAELambdaContext`` of ``[B]`` int32 arrays
+built from the shifted loss mask ``m`` (timesteps):
+
+- ``effective_token_lengths``: active timesteps, ``sum_t m_t`` (the generated tokens trained on, an
+  active EOS included);
+- ``turn_counts``: turns with at least one active timestep (0 in token mode without ``turn_ids``);
+- ``timestep_lengths``: the ``L`` of the selected ``gae_timestep_unit``: tokens or turns.
+
+The function runs inside the jitted pipeline, so it must be jittable. Built in, under AReaL's paths
+(``areal.trainer.ppo.lambda_fn.<name>``) as well as this module's:
+
+- ``vapo_length_adaptive_gae(alpha > 0)``: ``lambda = max(0, 1 - 1 / (alpha L))`` for ``L > 0``, 0 for
+  ``L = 0`` (VAPO, Yue et al. 2025, arXiv 2504.05118);
+- ``relative_position_gae_lambda(0 < q <= 1)``: ``lambda = q ** (1 / (L - 1))`` for ``L >= 2``, 1 for
+  ``L = 1``, 0 for ``L = 0``: a terminal reward keeps the fraction ``q`` at the first timestep of
+  every trajectory, whatever its length;
+- ``constant_gae_lambda(value)``: ``value`` for every row.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from typing import Any, Callable, Mapping, TypedDict
+
+import jax
+import jax.numpy as jnp
+
+AREAL_MODULE = "areal.trainer.ppo.lambda_fn"
+
+
+class GAELambdaContext(TypedDict):
+    effective_token_lengths: jax.Array  # [B] int32
+    turn_counts: jax.Array              # [B] int32
+    timestep_lengths: jax.Array         # [B] int32
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def constant_gae_lambda(context: GAELambdaContext, *, value: float) -> jax.Array:
+    """``value`` for every row."""
+    value = _number("value", value)
+    return jnp.full(jnp.shape(context["timestep_lengths"]), value, jnp.float32)
+
+
+def vapo_length_adaptive_gae(context: GAELambdaContext, *, alpha: float) -> jax.Array:
+    """VAPO's length-adaptive ``lambda = max(0, 1 - 1 / (alpha L))``; 0 for an empty trajectory."""
+    alpha = _number("alpha", alpha)
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha!r}")
+    lengths = context["timestep_lengths"]
+    adaptive = 1.0 - 1.0 / (alpha * jnp.maximum(lengths, 1).astype(jnp.float32))
+    return jnp.where(lengths > 0, jnp.maximum(adaptive, 0.0), 0.0)
+
+
+def relative_position_gae_lambda(context: GAELambdaContext, *, q: float) -> jax.Array:
+    """``lambda = q ** (1 / (L - 1))`` for ``L >= 2`` (1 for ``L = 1``, 0 for ``L = 0``)."""
+    q = _number("q", q)
+    if not 0 < q <= 1:
+        raise ValueError(f"q must be in (0, 1], got {q!r}")
+    lengths = context["timestep_lengths"]
+    decay_steps = jnp.maximum(lengths - 1, 1).astype(jnp.float32)
+    per_step = jnp.exp(math.log(q) / decay_steps)
+    return jnp.where(lengths > 1, per_step, jnp.where(lengths == 1, 1.0, 0.0)).astype(jnp.float32)
+
+
+BUILTIN = {fn.__name__: fn for fn in (constant_gae_lambda, vapo_length_adaptive_gae, relative_position_gae_lambda)}
+
+
+def resolve(path: str) -> Callable[..., jax.Array]:
+    """The lambda function a dotted path names (AReaL's built-in paths map to this module)."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"gae_lambda must be a float or a non-empty dotted path, got {path!r}")
+    module_name, _, name = path.rpartition(".")
+    if module_name in (AREAL_MODULE, __name__) and name in BUILTIN:
+        return BUILTIN[name]
+    if not module_name:
+        raise ValueError(f"gae_lambda path {path!r} must be a dotted path 'module.function'")
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"gae_lambda path {path!r} cannot be imported: {err}") from None
+    if not callable(fn):
+        raise ValueError(f"gae_lambda path {path!r} names {type(fn).__name__}, not a function")
+    return fn
+
+
+def validate(path: str, kwargs: Mapping[str, Any]) -> None:
+    """Resolves ``path`` and binds ``kwargs`` to its signature; built-ins also check their values."""
+    fn = resolve(path)
+    try:
+        inspect.signature(fn).bind(None, **kwargs)
+    except TypeError as err:
+        raise ValueError(f"gae_lambda_kwargs do not fit {path}: {err}") from None
+    except ValueError:
+        pass  # no signature to read (a builtin or C function): checked when it runs
+    if fn in BUILTIN.values():
+        fn(GAELambdaContext(effective_token_lengths=jnp.ones(1, jnp.int32), turn_counts=jnp.ones(1, jnp.int32),
+                            timestep_lengths=jnp.ones(1, jnp.int32)), **kwargs)

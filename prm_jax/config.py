@@ -60,10 +60,11 @@ class ScorerSpec:
     weight: float = 1.0
     enabled: bool = True
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    timeout: float | None = None  # seconds per evaluate / evaluate_trajectory call; None: no deadline
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "ScorerSpec":
-        data = _check_keys(where, data, {"path", "weight", "enabled", "kwargs"})
+        data = _check_keys(where, data, {"path", "weight", "enabled", "kwargs", "timeout"})
         if not isinstance(data.get("path"), str) or not data.get("path"):
             raise ValueError(f"{where}.path must be a non-empty dotted import path, got {data.get('path')!r}")
         weight = finite_number(f"{where}.weight", data.get("weight", 1.0))
@@ -73,7 +74,12 @@ class ScorerSpec:
         kwargs = data.get("kwargs") or {}
         if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
             raise ValueError(f"{where}.kwargs must be a mapping of argument names, got {kwargs!r}")
-        return cls(data["path"], weight, enabled, dict(kwargs))
+        timeout = data.get("timeout")
+        if timeout is not None:
+            timeout = finite_number(f"{where}.timeout", timeout)
+            if timeout <= 0:
+                raise ValueError(f"{where}.timeout must be > 0 seconds (or null for no deadline), got {timeout!r}")
+        return cls(data["path"], weight, enabled, dict(kwargs), timeout)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,10 @@ sessions at a time (``export_group``):
   on cancellation, except the persistent ``__hitl__`` session, from which an export consumes only the
   selected ready trajectory;
 - a ready trajectory is consumed once: retrying the export of a consumed trajectory finds it missing and
-  does not score it again (a lost response is not replayed).
+  does not score it again (a lost response is not replayed);
+- the export that consumed a session's trajectories owns that session until it finishes: a concurrent or
+  retried export of the same group is rejected as missing and its cleanup does not remove sessions that
+  another export holds, so exactly one export of the group is accepted, whole.
 
 The result is a plain dict. With PRM active it carries ``prm_stats``; without PRM it has exactly the keys it
 would have without this feature.
@@ -54,6 +57,7 @@ class TrajectoryStore:
 
     def __init__(self):
         self._sessions: dict[str, _Session] = {}
+        self._held: dict[str, int] = {}  # session key -> exports that consumed from it and have not finished
 
     def add(self, session_key: str, interaction: Interaction) -> None:
         if not isinstance(session_key, str) or not session_key:
@@ -79,6 +83,20 @@ class TrajectoryStore:
 
     def remove_session(self, session_key: str) -> None:
         self._sessions.pop(session_key, None)
+
+    def hold(self, session_key: str) -> None:
+        """Marks a session as being exported: another export's cleanup leaves it alone."""
+        self._held[session_key] = self._held.get(session_key, 0) + 1
+
+    def release(self, session_key: str) -> None:
+        count = self._held.get(session_key, 0) - 1
+        if count > 0:
+            self._held[session_key] = count
+        else:
+            self._held.pop(session_key, None)
+
+    def held(self, session_key: str) -> bool:
+        return session_key in self._held
 
     def keys(self) -> list[str]:
         return list(self._sessions)
@@ -189,8 +207,15 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
     with_prm = runner is not None and runner.active
     select = dict(select or {})
     result: dict[str, Any] = {"status": "accepted", "trajectories": [], "rejected_sessions": {}}
+    # The sessions this export consumed from are its own until it finishes: a concurrent or retried
+    # export of the same group finds them missing and, when cleaning up, leaves them to this one.
+    owned: list[str] = []
     try:
         taken = {key: store.consume(key, select.get(key)) for key in keys}
+        for key, leaves in taken.items():
+            if leaves:
+                store.hold(key)
+                owned.append(key)
         if discard:
             result["status"] = "discarded"
             if with_prm:
@@ -235,9 +260,11 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
         result["trajectories"] = trajectories
         return result
     finally:
+        for key in owned:
+            store.release(key)
         if remove_session:
             for key in keys:
-                if key != HITL_SESSION:
+                if key != HITL_SESSION and (key in owned or not store.held(key)):
                     store.remove_session(key)
 
 

@@ -13,10 +13,12 @@ the synchronous ``PRMRunner(config)`` is kept for compatibility without that rol
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import importlib
 import logging
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import anyio
 import numpy as np
@@ -65,6 +67,21 @@ def _as_prm_config(config: Any) -> PRMConfig:
     raise TypeError(f"config must be a PRMConfig, an ExperimentConfig or a mapping, got {type(config).__name__}")
 
 
+def _cancellation_requested() -> bool:
+    """Whether the current asyncio task was asked to cancel (True where that cannot be told, e.g. trio)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return True
+    cancelling = getattr(task, "cancelling", None)
+    return task is None or cancelling is None or cancelling() > 0
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarray:
     """The raw reward as float64 ``[output_len]``, or a ``ValueError``/``TypeError`` naming scorer and turn."""
     where = f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}"
@@ -73,6 +90,8 @@ def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarra
         raise ValueError(f"{where}: the turn has no output tokens to score (output_len must be > 0)")
     if isinstance(raw, (bool, np.bool_)):
         raise TypeError(f"{where}: returned a bool; return a float score (0.0 or 1.0) instead")
+    if isinstance(raw, (str, bytes)):
+        raise TypeError(f"{where}: returned a {type(raw).__name__} ({_short(raw)}); expected a float (a number, not text)")
     if type(raw) in (float, int):  # the common case, without numpy's per-call overhead
         if not math.isfinite(raw):
             raise ValueError(f"{where}: returned non-finite rewards")
@@ -80,9 +99,13 @@ def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarra
             raise ValueError(f"{where}: reward * weight ({scorer.weight}) is non-finite")
         return np.full(n, float(raw))
     try:
-        array = np.asarray(raw, dtype=np.float64)
+        array = np.asarray(raw)
+        if array.dtype.kind not in "iuf":  # bools, strings and objects are not scores
+            raise TypeError
+        array = array.astype(np.float64)
     except (TypeError, ValueError):
-        raise TypeError(f"{where}: returned {type(raw).__name__}; expected a float or an array of shape ({n},)") from None
+        raise TypeError(f"{where}: returned {type(raw).__name__} ({_short(raw)}); expected a float or an array of "
+                        f"shape ({n},) of numbers") from None
     if array.ndim == 0:
         array = np.full(n, float(array))
     elif array.shape != (n,):
@@ -94,6 +117,16 @@ def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarra
     if not np.isfinite(weighted).all():
         raise ValueError(f"{where}: reward * weight ({scorer.weight}) is non-finite")
     return array
+
+
+@dataclasses.dataclass
+class _Staged:
+    """One scorer's validated results for a branch, waiting to be committed with the others."""
+
+    scorer: BaseScorer
+    weighted: list[np.ndarray] = dataclasses.field(default_factory=list)
+    results: list[PRMTurnResult] = dataclasses.field(default_factory=list)
+    schemas: dict = dataclasses.field(default_factory=dict)
 
 
 class PRMRunner:
@@ -129,6 +162,9 @@ class PRMRunner:
         self._closing = False
         self._closed = False
         self._close_event: anyio.Event | None = None
+        self._timeouts: dict[int, float | None] = {}
+        self._in_flight: set[anyio.CancelScope] = set()
+        self._idle: anyio.Event | None = None
         self.config: PRMConfig | None = None
 
     def _build(self, config: PRMConfig) -> None:
@@ -137,17 +173,20 @@ class PRMRunner:
         for i, entry in enumerate(config.scorers):
             if isinstance(entry, BaseScorer):
                 scorer = entry
+                timeout = None  # a borrowed instance keeps its own deadlines
             else:
                 cls = resolve_scorer_class(entry.path)
                 scorer = cls(weight=entry.weight, enabled=entry.enabled, **dict(entry.kwargs))
                 self._owned.append(scorer)
                 self._to_close.append(scorer)
+                timeout = entry.timeout
             if not isinstance(scorer, BaseScorer):
                 raise TypeError(f"rollout.agent.prm.scorers[{i}] built {type(scorer).__name__}, not a BaseScorer")
             if scorer.name in names:
                 raise ValueError(f"scorer names must be unique within a runner: {scorer.name!r} appears twice")
             names.add(scorer.name)
             self._scorers.append(scorer)
+            self._timeouts[id(scorer)] = timeout
 
     @property
     def scorers(self) -> tuple[BaseScorer, ...]:
@@ -192,10 +231,41 @@ class PRMRunner:
         context["is_eval"] = bool(is_eval)
         frozen_ctx = freeze(context)
         views = [turn.readonly() for turn in chain]
-        results: list[PRMTurnResult] = []
-        for scorer in self._scorers:
-            if scorer.enabled:
-                results.extend(await self._run_scorer(scorer, chain, views, frozen_ctx))
+        staged: list[_Staged] = []
+        with anyio.CancelScope() as scope:
+            self._in_flight.add(scope)
+            try:
+                for scorer in self._scorers:
+                    if scorer.enabled:
+                        staged.append(await self._score(scorer, chain, views, frozen_ctx))
+            finally:
+                self._in_flight.discard(scope)
+                if not self._in_flight and self._idle is not None:
+                    self._idle.set()
+        if scope.cancelled_caught or self._closing:
+            raise RuntimeError("PRMRunner was closed while this run was in flight; nothing was committed")
+        return self._commit(chain, staged)
+
+    def _commit(self, chain: list[Interaction], staged: list[_Staged]) -> list[PRMTurnResult]:
+        """Adds every scorer's weighted rewards to the turns, all at once or (non-finite sums) not at all."""
+        totals = []
+        for i, turn in enumerate(chain):
+            total = turn.token_rewards if turn.token_rewards is not None else np.zeros(turn.output_len, np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                for stage in staged:
+                    total = (total + stage.weighted[i]).astype(np.float32)
+            if not np.isfinite(total).all():
+                names = [stage.scorer.name for stage in staged]
+                raise ValueError(f"the committed token rewards of interaction {turn.interaction_id!r} would be "
+                                 f"non-finite (the float32 sum over scorers {names} and its earlier rewards "
+                                 "overflows); nothing was committed")
+            totals.append(total)
+        for turn, total in zip(chain, totals):
+            turn.token_rewards = total
+        results = []
+        for stage in staged:
+            self._schemas.update(stage.schemas)
+            results.extend(stage.results)
         return results
 
     @staticmethod
@@ -214,10 +284,29 @@ class PRMRunner:
                 raise ValueError(f"branch is not a parent-before-child chain at {child.interaction_id!r}")
         return chain
 
+    async def _call(self, scorer: BaseScorer, where: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        """One scorer call under the scorer's deadline.
+
+        A ``CancelledError`` that the scorer raises itself (no cancellation was requested) is a scorer
+        failure like any other, not a cancellation of the run.
+        """
+        timeout = self._timeouts.get(id(scorer))
+        try:
+            with anyio.fail_after(timeout):
+                return await call()
+        except TimeoutError:
+            raise TimeoutError(f"scorer {scorer.name!r} on {where} took longer than its timeout of {timeout} s") from None
+        except anyio.get_cancelled_exc_class():
+            if _cancellation_requested():
+                raise
+            raise RuntimeError(f"scorer {scorer.name!r} on {where} raised CancelledError without being "
+                               "cancelled") from None
+
     async def _evaluate_all(self, scorer: BaseScorer, views: list[Interaction],
                             ctx: Mapping[str, Any]) -> list[Any]:
         if isinstance(scorer, BaseTrajectoryScorer):
-            mapping = await scorer.evaluate_trajectory(tuple(views), ctx)
+            where = f"the branch ending at {views[-1].interaction_id!r}"
+            mapping = await self._call(scorer, where, lambda: scorer.evaluate_trajectory(tuple(views), ctx))
             if mapping is None:
                 return [None] * len(views)
             if not isinstance(mapping, Mapping):
@@ -227,17 +316,20 @@ class PRMRunner:
             unknown = sorted(map(str, set(mapping) - ids))
             if unknown:
                 raise ValueError(f"scorer {scorer.name!r}: evaluate_trajectory returned unknown interaction ids "
-                                 f"{unknown}")
+                                 f"{_short(unknown)}")
             return [scorer.prepare_result(view, mapping.get(view.interaction_id, 0.0), ctx) for view in views]
 
         outcomes: list[Any] = [None] * len(views)
+        done = [False] * len(views)
         failure: list[BaseException] = []
 
         async def score(i: int, view: Interaction) -> None:
+            where = f"interaction {view.interaction_id!r}"
             try:
-                outcomes[i] = await scorer.evaluate_result(view, ctx)
+                outcomes[i] = await self._call(scorer, where, lambda: scorer.evaluate_result(view, ctx))
+                done[i] = True
             except Exception as err:
-                add_note(err, f"raised by scorer {scorer.name!r} on interaction {view.interaction_id!r}")
+                add_note(err, f"raised by scorer {scorer.name!r} on {where}")
                 if not failure:
                     failure.append(err)
                 task_group.cancel_scope.cancel()
@@ -247,35 +339,34 @@ class PRMRunner:
                 task_group.start_soon(score, i, view)
         if failure:
             raise failure[0]
+        if not all(done):
+            raise RuntimeError(f"scorer {scorer.name!r} was cancelled on {done.count(False)} of {len(views)} turns "
+                               "before returning")
         return outcomes
 
-    async def _run_scorer(self, scorer: BaseScorer, chain: list[Interaction], views: list[Interaction],
-                          ctx: Mapping[str, Any]) -> list[PRMTurnResult]:
+    async def _score(self, scorer: BaseScorer, chain: list[Interaction], views: list[Interaction],
+                     ctx: Mapping[str, Any]) -> _Staged:
+        """Evaluates and validates one scorer's results; nothing is committed here."""
         outcomes = await self._evaluate_all(scorer, views, ctx)
         missing = sum(outcome is None or (isinstance(outcome, PRMScorerResult) and outcome.reward is None)
                       for outcome in outcomes)
         if missing:
             raise RuntimeError(f"scorer {scorer.name!r} returned None for {missing} of {len(outcomes)} turns, which "
                                "rejects the trajectory (return 0.0 for a real zero)")
-        # Validate everything first ...
-        vectors, seen, new_schemas = [], set(), {}
+        stage = _Staged(scorer)
+        seen: set = set()
         for turn, outcome in zip(chain, outcomes):
             if not isinstance(outcome, PRMScorerResult):
                 raise TypeError(f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}: evaluate_result "
                                 f"must return a PRMScorerResult, got {type(outcome).__name__}")
-            vectors.append(_reward_vector(scorer, turn, outcome.reward))
+            raw = _reward_vector(scorer, turn, outcome.reward)
             for obs in outcome.observations:
-                self._check_observation(scorer, turn, obs, seen, new_schemas)
-        # ... then commit.
-        self._schemas.update(new_schemas)
-        results = []
-        for turn, outcome, raw in zip(chain, outcomes, vectors):
+                self._check_observation(scorer, turn, obs, seen, stage.schemas)
             weighted = (raw * scorer.weight).astype(np.float32)
-            base = turn.token_rewards if turn.token_rewards is not None else np.zeros(turn.output_len, np.float32)
-            turn.token_rewards = (base + weighted).astype(np.float32)
-            results.append(PRMTurnResult(scorer.name, turn.interaction_id, scorer.weight, weighted,
-                                         float(np.mean(raw * scorer.weight)), outcome.observations))
-        return results
+            stage.weighted.append(weighted)
+            stage.results.append(PRMTurnResult(scorer.name, turn.interaction_id, scorer.weight, weighted,
+                                               float(np.mean(raw * scorer.weight)), outcome.observations))
+        return stage
 
     def _check_observation(self, scorer: BaseScorer, turn: Interaction, obs: Any, seen: set,
                            new_schemas: dict) -> None:
@@ -297,13 +388,19 @@ class PRMRunner:
         new_schemas[schema_key] = obs.schema
 
     async def aclose(self) -> None:
-        """Closes owned scorers in reverse creation order, each at most once.
+        """Cancels runs in flight (they commit nothing), then closes owned scorers in reverse creation order.
 
         The first caller runs the cleanup and raises an ``ExceptionGroup`` of the ordinary failures after
         every owned scorer was tried; concurrent callers wait for that cleanup and return. Cancellation
         propagates; a hook that failed or was interrupted is not retried by later calls.
         """
         self._closing = True
+        # Runs in flight are cancelled, and waited for, before any scorer is closed; they commit nothing.
+        while self._in_flight:
+            self._idle = anyio.Event()
+            for scope in list(self._in_flight):
+                scope.cancel()
+            await self._idle.wait()
         while not self._closed:
             if self._close_event is not None:
                 await self._close_event.wait()

@@ -108,13 +108,14 @@ async def test_exception_rejects_cancels_siblings_and_commits_nothing():
     assert any("'fn'" in note and "'t0'" in note for note in info.value.__notes__)
 
 
-async def test_earlier_scorers_stay_committed_when_a_later_one_fails():
+async def test_a_later_scorer_failing_commits_nothing_of_the_earlier_ones():
+    # Issue 10.2: all scorers are validated, then committed at once (AReaL commits scorer by scorer).
     async def evaluate(self, interaction, ctx):
         return [1.0]  # wrong shape
     cache = branch(2)
     with pytest.raises(ValueError):
         await PRMRunner(PRMConfig(scorers=(st.ConstantScorer(0.5), scorer_of(evaluate, "bad")))).run(cache)
-    assert rewards(cache) == [[0.5, 0.5]] * 2
+    assert rewards(cache) == [None, None]
 
 
 async def test_non_result_from_evaluate_result():

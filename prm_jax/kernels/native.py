@@ -51,40 +51,60 @@ def _build(compiler: str) -> Path:
     if library.exists():
         return library
     library.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".gae_cpu_", suffix=".so", dir=library.parent)
-    os.close(fd)
-    command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", f"-I{include}", str(SOURCE), "-o", tmp]
-    try:
-        subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
-        os.replace(tmp, library)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    # One build per machine: concurrent processes wait on a file lock, then find the finished library.
+    with open(library.with_suffix(".lock"), "a") as lock:
+        _lock_file(lock)
+        if library.exists():
+            return library
+        fd, tmp = tempfile.mkstemp(prefix=".gae_cpu_", suffix=".so", dir=library.parent)
+        os.close(fd)
+        command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", f"-I{include}", str(SOURCE),
+                   "-o", tmp]
+        try:
+            subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+            os.replace(tmp, library)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
     return library
 
 
+def _lock_file(handle) -> None:
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks (Windows): the atomic rename still keeps the library whole
+        return
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+
+
 def available() -> bool:
-    """Whether the native kernel is built and registered (building it on the first call)."""
+    """Whether the native kernel is built and registered (building it on the first call).
+
+    Thread-safe: a caller that arrives during the build waits for it; only the finished answer is
+    published.
+    """
     if "ok" in _state:
         return bool(_state["ok"])
     with _lock:
-        if "ok" in _state:
-            return bool(_state["ok"])
-        _state["ok"] = False
-        if os.environ.get("PRM_JAX_NATIVE", "1") == "0" or jax.default_backend() != "cpu":
-            return False
-        compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-        if not compiler:
-            logger.info("no C++ compiler found: the native CPU GAE kernel is off, 'auto' uses 'scan'")
-            return False
-        try:
-            library = ctypes.cdll.LoadLibrary(str(_build(compiler)))
-            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32), platform="cpu")
-        except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
-            detail = getattr(err, "stderr", "") or err
-            logger.warning("building the native CPU GAE kernel failed, 'auto' uses 'scan': %s", detail)
-            return False
-        _state["ok"] = True
-        return True
+        if "ok" not in _state:
+            _state["ok"] = _load()
+        return bool(_state["ok"])
+
+
+def _load() -> bool:
+    if os.environ.get("PRM_JAX_NATIVE", "1") == "0" or jax.default_backend() != "cpu":
+        return False
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not compiler:
+        logger.info("no C++ compiler found: the native CPU GAE kernel is off, 'auto' uses 'scan'")
+        return False
+    try:
+        library = ctypes.cdll.LoadLibrary(str(_build(compiler)))
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32), platform="cpu")
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
+        detail = getattr(err, "stderr", "") or err
+        logger.warning("building the native CPU GAE kernel failed, 'auto' uses 'scan': %s", detail)
+        return False
+    return True
 
 
 def gae_native(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: jax.Array, gamma_lam: jax.Array,

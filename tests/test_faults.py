@@ -1,0 +1,307 @@
+"""Issue 10: nothing lost, nothing silently wrong, under retries, faults and bad numbers (the runtime).
+
+The command-line cases are in ``test_cli_faults.py`` (they run the installed ``prm-jax``).
+"""
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+from prm_jax import (BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMConfig, PRMRunner,
+                     ScorerSpec)
+from prm_jax.export import TrajectoryStore, export_group
+
+import scorers_for_tests as st
+
+pytestmark = pytest.mark.anyio
+
+
+def branch(n_turns=2, out_len=2, rewards=None):
+    turns, tokens = [], [100]
+    for k in range(n_turns):
+        out = list(range(10 * k + 1, 10 * k + 1 + out_len))
+        turns.append(Interaction(f"t{k}", list(tokens), out, parent_id=f"t{k - 1}" if k else None,
+                                 reward=1.0 if k == n_turns - 1 else None,
+                                 token_rewards=None if rewards is None else rewards[k]))
+        tokens = tokens + out + [7]
+    return InteractionCache(turns)
+
+
+def scorer_of(fn, name="fn", cls=BaseScorer, **kwargs):
+    return type(f"S_{name}", (cls,), {"name": name, "evaluate": fn})(**kwargs)
+
+
+def committed(cache):
+    return [None if i.token_rewards is None else i.token_rewards.tolist() for i in cache]
+
+
+# --- 10.1 concurrent or retried export of one group -----------------------------------------------------
+
+class SlowJudge(BaseScorer):
+    name = "slow_judge"
+
+    async def evaluate(self, interaction, ctx):
+        await anyio.sleep(0.05)
+        return 1.0
+
+
+def fill(store, keys):
+    for key in keys:
+        for turn in branch():
+            store.add(key, turn)
+        store.mark_ready(key, "t1")
+
+
+async def test_a_duplicate_export_of_a_group_in_flight_is_rejected_and_loses_nothing():
+    store = TrajectoryStore()
+    fill(store, ["s0", "s1"])
+    runner = PRMRunner(PRMConfig(scorers=(SlowJudge(),)))
+    results = {}
+
+    async def export(name):
+        results[name] = await export_group(store, ["s0", "s1"], runner=runner)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(export, "first")
+        await anyio.sleep(0.01)  # the first is scoring when the retry arrives
+        tg.start_soon(export, "retry")
+    assert results["first"]["status"] == "accepted"
+    assert len(results["first"]["trajectories"]) == 2
+    assert all(t["sequence"].token_rewards is not None for t in results["first"]["trajectories"])
+    assert results["retry"]["status"] == "rejected"
+    assert set(results["retry"]["rejected_sessions"]) == {"s0", "s1"}
+    assert store.keys() == []  # the owner removed its sessions when it finished
+
+
+async def test_a_retry_after_an_export_finished_finds_the_group_missing():
+    store = TrajectoryStore()
+    fill(store, ["s0"])
+    first = await export_group(store, ["s0"], remove_session=False)
+    retry = await export_group(store, ["s0"], remove_session=False)
+    assert first["status"] == "accepted" and retry["status"] == "rejected"
+
+
+# --- 10.2 all-or-nothing commit across scorers ------------------------------------------------------------
+
+@pytest.mark.parametrize("failure", ["raise", "none", "shape", "cancel"])
+async def test_a_failing_later_scorer_commits_nothing_and_a_retry_does_not_double(failure):
+    async def later(self, interaction, ctx):
+        if failure == "raise":
+            raise RuntimeError("judge down")
+        if failure == "none":
+            return None
+        if failure == "shape":
+            return [1.0, 2.0, 3.0]
+        await anyio.sleep_forever()
+
+    cache = branch()
+    runner = PRMRunner(PRMConfig(scorers=(st.ConstantScorer(0.5), scorer_of(later, "later"))))
+    for _ in range(2):  # the trainer retries: before, 0.5 then 1.0 was committed
+        if failure == "cancel":
+            with anyio.move_on_after(0.05):
+                await runner.run(cache)
+        else:
+            with pytest.raises((RuntimeError, ValueError)):
+                await runner.run(cache)
+        assert committed(cache) == [None, None]
+    # Once the judge is back, the retry commits every scorer exactly once.
+    async def back(self, interaction, ctx):
+        return 0.25
+    await PRMRunner(PRMConfig(scorers=(st.ConstantScorer(0.5), scorer_of(back, "later")))).run(cache)
+    assert committed(cache) == [[0.75, 0.75], [0.75, 0.75]]
+
+
+# --- 10.3 aclose stops runs in flight -------------------------------------------------------------------
+
+class ClientScorer(BaseScorer):
+    name = "client"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.closed = False
+        self.started = anyio.Event()
+        self.finished_after_close = 0
+
+    async def evaluate(self, interaction, ctx):
+        self.started.set()
+        await anyio.sleep(0.2)
+        if self.closed:
+            self.finished_after_close += 1
+        return 1.0
+
+    async def aclose(self):
+        self.closed = True
+
+
+async def test_aclose_cancels_runs_in_flight_before_closing_scorers_and_commits_nothing():
+    scorer = ClientScorer()
+    runner = PRMRunner(PRMConfig(scorers=(scorer,)))
+    cache = branch()
+    errors = []
+
+    async def run():
+        try:
+            await runner.run(cache)
+        except RuntimeError as err:
+            errors.append(err)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await scorer.started.wait()
+        await runner.aclose()
+        # aclose returned: the run was cancelled first, the scorer closed after.
+        assert not runner._in_flight
+    assert errors and "closed while this run was in flight" in str(errors[0])
+    assert committed(cache) == [None, None]
+    assert scorer.finished_after_close == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        await runner.run(branch())
+
+
+async def test_aclose_closes_an_owned_scorer_only_after_the_cancelled_run_stopped():
+    order = []
+
+    class Tracking(BaseScorer):
+        name = "tracking"
+
+        async def evaluate(self, interaction, ctx):
+            try:
+                await anyio.sleep(1)
+            finally:
+                order.append("run stopped")
+            return 1.0
+
+        async def aclose(self):
+            order.append("closed")
+
+    runner = PRMRunner(PRMConfig(scorers=(Tracking(),)))
+    runner._to_close.append(runner.scorers[0])  # treat the instance as owned, to see the close order
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: _swallow(runner.run(branch(1))))
+        await anyio.sleep(0.02)
+        await runner.aclose()
+    assert order == ["run stopped", "closed"]
+
+
+async def _swallow(coro):
+    try:
+        await coro
+    except RuntimeError:
+        pass
+
+
+# --- 10.4 deadlines -------------------------------------------------------------------------------------
+
+class Hang(BaseScorer):
+    name = "hang"
+
+    async def evaluate(self, interaction, ctx):
+        await anyio.sleep_forever()
+
+
+class HangTrajectory(BaseTrajectoryScorer):
+    name = "hang_trajectory"
+
+    async def evaluate_trajectory(self, interactions, ctx):
+        await anyio.sleep_forever()
+
+
+@pytest.mark.parametrize("path,name", [("test_faults.Hang", "hang"),
+                                       ("test_faults.HangTrajectory", "hang_trajectory")])
+async def test_a_scorer_past_its_timeout_fails_like_a_raising_scorer(path, name):
+    runner = await PRMRunner.create(PRMConfig(scorers=(ScorerSpec(path, timeout=0.1),)))
+    cache = branch()
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=f"scorer '{name}' on .*timeout of 0.1 s"):
+        await runner.run(cache)
+    assert time.monotonic() - start < 2
+    assert committed(cache) == [None, None]
+    await runner.aclose()
+
+
+async def test_timeout_is_validated_in_config():
+    for bad in (0, -1.0, float("inf"), "1s", True):
+        with pytest.raises(ValueError, match="timeout"):
+            PRMConfig.from_dict({"scorers": [{"path": "test_faults.Hang", "timeout": bad}]})
+    spec = PRMConfig.from_dict({"scorers": [{"path": "test_faults.Hang", "timeout": 2.5}]}).scorers[0]
+    assert spec.timeout == 2.5
+
+
+# --- 10.5 sums that overflow ----------------------------------------------------------------------------
+
+async def test_a_non_finite_sum_over_scorers_is_a_failure_and_commits_nothing():
+    big = float(np.finfo(np.float32).max) * 0.75
+    cache = branch()
+    async def also_big(self, interaction, ctx):
+        return big
+    runner = PRMRunner(PRMConfig(scorers=(st.ConstantScorer(big), scorer_of(also_big))))
+    with pytest.raises(ValueError, match="non-finite"):
+        await runner.run(cache)
+    assert committed(cache) == [None, None]
+    # ... also with rewards committed earlier.
+    cache = branch(rewards=[[big, 0.0], [0.0, 0.0]])
+    with pytest.raises(ValueError, match="non-finite"):
+        await PRMRunner(PRMConfig(scorers=(st.ConstantScorer(big),))).run(cache)
+    assert committed(cache)[0] == [np.float32(big), 0.0]
+
+
+# --- 10.14 what a scorer returns ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw", ["0.5", b"1", [True, False], np.array(["1", "2"]), {"score": True}])
+async def test_text_and_bools_are_not_scores(raw):
+    async def evaluate(self, interaction, ctx):
+        return raw
+    cache = branch()
+    with pytest.raises(TypeError, match="expected a float"):
+        await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+    assert committed(cache) == [None, None]
+
+
+async def test_a_scorer_raising_cancelled_error_is_a_failure_not_a_none():
+    async def evaluate(self, interaction, ctx):
+        raise asyncio.CancelledError()
+    cache = branch()
+    with pytest.raises(RuntimeError, match="raised CancelledError without being cancelled"):
+        await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+    assert committed(cache) == [None, None]
+
+
+async def test_an_outer_cancellation_still_cancels():
+    async def evaluate(self, interaction, ctx):
+        await anyio.sleep_forever()
+    cache = branch()
+    with anyio.move_on_after(0.05) as scope:
+        await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+    assert scope.cancelled_caught and committed(cache) == [None, None]
+
+
+# --- 10.15 the native kernel's first build --------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+def test_the_native_build_is_published_only_when_finished_and_built_once(tmp_path):
+    script = textwrap.dedent("""
+        import sys, threading
+        from prm_jax.kernels import native
+        answers = []
+        threads = [threading.Thread(target=lambda: answers.append(native.available())) for _ in range(4)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        print(answers)
+        sys.exit(0 if answers == [True] * 4 else 1)
+    """)
+    env = dict(os.environ, PRM_JAX_CACHE=str(tmp_path), JAX_PLATFORMS="cpu")
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, (out, err[-2000:])
+    assert len(list(tmp_path.glob("gae_cpu_*.so"))) == 1
+    assert not list(tmp_path.glob(".gae_cpu_*"))  # no half-written temporaries left

@@ -37,7 +37,7 @@ from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels.pipeline import compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.metrics import InMemoryRecorder
-from prm_jax.runner import resolve_scorer_class
+from prm_jax.runner import check_scorer_specs
 from prm_jax.sessions import InputError, read_sessions
 
 FILTERS: dict[str, Callable] = {
@@ -51,14 +51,17 @@ class CLIError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+class NoGroupAccepted(Exception):
+    """Every group was rejected or filtered: nothing to train on (exit status 1)."""
+
+
 def _load_config(path: str) -> ExperimentConfig:
+    """The config, with everything runner start-up would reject checked and no scorer built."""
     try:
         config = load_config(path)
-        for spec in config.prm.scorers:
-            if isinstance(spec, ScorerSpec):
-                resolve_scorer_class(spec.path)
-    except FileNotFoundError:
-        raise CLIError(f"{path}: no such file") from None
+        check_scorer_specs(config.prm)
+    except OSError as err:
+        raise CLIError(f"{path}: {err.strerror or err}") from None
     except (ValueError, TypeError) as err:
         raise CLIError(f"{path}: {err}") from None
     return config
@@ -103,10 +106,14 @@ async def _export_all(config: ExperimentConfig, records, group_filter, progress:
     statuses: dict[str, str] = {}
     accepted: list[list[dict]] = []
     counters: dict[str, int] = {}
+    reasons: dict[str, dict[str, Any]] = {}
     async with service:
         for group, keys in groups.items():
             result = await service.export(keys, group_filter=group_filter)
             statuses[group] = result["status"]
+            if result["status"] != "accepted":
+                reasons[group] = {"status": result["status"], "sessions": keys,
+                                  "reason": _rejection_reason(result)}
             for name, value in result.get("filter", {}).items():
                 if name != "accepted":
                     counters[name] = counters.get(name, 0) + int(value)
@@ -115,7 +122,20 @@ async def _export_all(config: ExperimentConfig, records, group_filter, progress:
             if result["status"] == "accepted":
                 accepted.append(result["trajectories"])
             progress.step()
-    return statuses, accepted, recorder.flush(), counters
+    return statuses, accepted, recorder.flush(), counters, reasons
+
+
+def _rejection_reason(result: dict[str, Any]) -> Any:
+    if result["status"] == "rejected":
+        return {key: _shorten(reason) for key, reason in result["rejected_sessions"].items()}
+    decision = result.get("filter", {})
+    why = ("all correct" if decision.get("rejected_by_all_correct") else "all wrong without a process penalty"
+           if decision.get("rejected_by_all_wrong") else "rejected")
+    return f"filtered: {why}"
+
+
+def _shorten(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _advantage_stats(output) -> dict[str, float]:
@@ -134,11 +154,13 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     except InputError as err:
         raise CLIError(str(err)) from None
     groups = list(OrderedDict.fromkeys(r.group for r in records))
-    statuses, accepted, metrics, filter_counters = anyio.run(_export_all, config, records, FILTERS.get(group_filter) if group_filter
+    statuses, accepted, metrics, filter_counters, reasons = anyio.run(_export_all, config, records, FILTERS.get(group_filter) if group_filter
                                             else None, Progress(len(groups), progress))
     trajectories = [t for group in accepted for t in group]
     if not trajectories:
-        raise RuntimeError(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on")
+        listed = "; ".join(f"{g}: {r['status']} {r['reason']}" for g, r in list(reasons.items())[:5])
+        raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
+                              + _shorten(listed, 1000))
     sequences = [dataclasses.replace(t["sequence"], reward=t["reward"]) for t in trajectories]
     batch = pack_branches(sequences, bucket=bucket)
     batch["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories], np.float32)
@@ -166,32 +188,61 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
         "advantages": {mode: (_advantage_stats(out) if not isinstance(out, str) else out)
                        for mode, out in outputs.items()},
         "group_status": statuses,
+        "rejected_groups": reasons,
     }
     if group_filter:
         summary["filter"] = {"name": group_filter, **filter_counters}
     return ScoreRun(batch, outputs, configured, metrics, summary)
 
 
-def _write_atomic(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+def _commit_files(files: dict[Path, Callable[[io.BufferedWriter], None]]) -> None:
+    """Writes every file to a temporary name beside it, then renames them all: all files or none.
+
+    Files get the mode a plain ``open`` would give them (0666 less the umask), not ``mkstemp``'s 0600.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    staged: list[tuple[str, Path]] = []
+    done: list[Path] = []
     try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-        os.replace(tmp, path)
+        for path, write in files.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            staged.append((tmp, path))
+            with os.fdopen(fd, "wb") as handle:
+                write(handle)
+            os.chmod(tmp, 0o666 & ~umask)
+        for tmp, path in staged:
+            os.replace(tmp, path)
+            done.append(path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        for path in done:
+            path.unlink(missing_ok=True)
         raise
 
 
-def write_outputs(run: ScoreRun, output_dir: Path) -> None:
-    output_dir.mkdir(parents=True, exist_ok=True)
+def output_files(run: ScoreRun, output_dir: Path, plot_path: Path | None = None,
+                 compress: bool = False) -> dict[Path, Callable[[io.BufferedWriter], None]]:
     arrays = dict(run.batch)
     for field in ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs"):
         arrays[f"timestep_{field}"] = np.asarray(getattr(run.configured, field))
     arrays["timestep_advantages_unshaped"] = np.asarray(run.outputs["none"].advantages)
-    _write_atomic(output_dir / "batch.npz", lambda h: np.savez_compressed(h, **arrays))
-    payload = json.dumps({"metrics": run.metrics, "summary": run.summary}, indent=2, sort_keys=True).encode()
-    _write_atomic(output_dir / "metrics.json", lambda h: h.write(payload))
+    save = np.savez_compressed if compress else np.savez
+    payload = json.dumps({"metrics": run.metrics, "summary": run.summary}, indent=2, sort_keys=True,
+                         allow_nan=False).encode()
+    files: dict[Path, Callable[[io.BufferedWriter], None]] = {
+        output_dir / "batch.npz": lambda h: save(h, **arrays),
+        output_dir / "metrics.json": lambda h: h.write(payload),
+    }
+    if plot_path is not None:
+        files[plot_path] = lambda h: plot(run, h)
+    return files
+
+
+def write_outputs(run: ScoreRun, output_dir: Path, plot_path: Path | None = None, compress: bool = False) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _commit_files(output_files(run, output_dir, plot_path, compress))
 
 
 def _process_rewards(run: ScoreRun) -> np.ndarray:
@@ -202,7 +253,7 @@ def _process_rewards(run: ScoreRun) -> np.ndarray:
     return np.asarray(shift_to_next_token(run.batch["token_rewards"])) * mask
 
 
-def plot(run: ScoreRun, path: Path, rows: int = 4) -> None:
+def plot(run: ScoreRun, handle: io.BufferedWriter, rows: int = 4) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -226,8 +277,10 @@ def plot(run: ScoreRun, path: Path, rows: int = 4) -> None:
     axes[-1, 0].set_xlabel("timestep")
     fig.suptitle("per-token process rewards and advantages before and after shaping")
     fig.tight_layout()
-    _write_atomic(path, lambda h: fig.savefig(h, format="png", dpi=90))
-    plt.close(fig)
+    try:
+        fig.savefig(handle, format="png", dpi=90)
+    finally:
+        plt.close(fig)
 
 
 def print_summary(run: ScoreRun, stream=None) -> None:
@@ -236,6 +289,11 @@ def print_summary(run: ScoreRun, stream=None) -> None:
     g = s["groups"]
     print(f"groups: {g['total']} total, {g['accepted']} accepted, {g['rejected']} rejected, {g['filtered']} filtered;"
           f" {s['trajectories']} trajectories in the batch", file=out)
+    shown = list(s["rejected_groups"].items())
+    for group, why in shown[:10]:
+        print(f"  {why['status']} group {group} (sessions {', '.join(why['sessions'])}): {why['reason']}", file=out)
+    if len(shown) > 10:
+        print(f"  ... and {len(shown) - 10} more (metrics.json lists every one)", file=out)
     if s["process_reward_per_scorer"]:
         print("mean process reward per turn (weighted), per scorer:", file=out)
         for scorer, value in s["process_reward_per_scorer"].items():
@@ -270,15 +328,35 @@ def print_turn_table(run: ScoreRun, rows: int = 2, stream=None) -> None:
             print(f"  {k:>4} {int(steps.sum()):>6} {p:7.3f} {cells}", file=out)
 
 
-def cmd_score(args) -> int:
-    config = _load_config(args.config)
+def _check_arguments(args) -> None:
+    """Every argument is checked before any input is read."""
+    if args.bucket < 1:
+        raise CLIError(f"--bucket must be >= 1, got {args.bucket}")
+    output = Path(args.output)
+    if output.exists() and not output.is_dir():
+        raise CLIError(f"--output {output}: exists and is not a directory")
+    existing = output
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise CLIError(f"--output {output}: {existing} is not a writable directory")
     if args.plot:
         _require_matplotlib()
+        plot_dir = Path(args.plot).parent
+        if not plot_dir.is_dir():
+            raise CLIError(f"--plot {args.plot}: the folder {plot_dir} does not exist")
+        if not os.access(plot_dir, os.W_OK | os.X_OK):
+            raise CLIError(f"--plot {args.plot}: the folder {plot_dir} is not writable")
+        if Path(args.plot).is_dir():
+            raise CLIError(f"--plot {args.plot}: is a directory")
+
+
+def cmd_score(args) -> int:
+    _check_arguments(args)
+    config = _load_config(args.config)
     run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket,
                     progress=args.progress if args.progress is not None else sys.stderr.isatty())
-    write_outputs(run, Path(args.output))
-    if args.plot:
-        plot(run, Path(args.plot))
+    write_outputs(run, Path(args.output), Path(args.plot) if args.plot else None, compress=args.compress)
     print_summary(run)
     print(f"wrote {Path(args.output) / 'batch.npz'} and {Path(args.output) / 'metrics.json'}"
           + (f" and {args.plot}" if args.plot else ""))
@@ -327,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--plot", help="also draw a few rows' process rewards and advantages to this PNG")
     score.add_argument("--filter", choices=sorted(FILTERS), help="group filter applied to accepted groups")
     score.add_argument("--bucket", type=int, default=128, help="pad widths to a multiple of this (default 128)")
+    score.add_argument("--compress", action="store_true", help="write batch.npz compressed (default: uncompressed)")
     score.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="progress bar on stderr (default: when stderr is a terminal)")
     score.set_defaults(func=cmd_score)
@@ -345,10 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except CLIError as err:
-        print(f"prm-jax: error: {err}", file=sys.stderr)
+        print(f"prm-jax: error: {_shorten(str(err), 2000)}", file=sys.stderr)
         return 2
-    except RuntimeError as err:
-        print(f"prm-jax: error: {err}", file=sys.stderr)
+    except NoGroupAccepted as err:
+        print(f"prm-jax: {_shorten(str(err), 2000)}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

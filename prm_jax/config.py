@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from prm_jax.kernels._checks import finite_number
+from prm_jax.kernels._checks import finite_number, short_repr
 from prm_jax.kernels.normalization import NormConfig
 from prm_jax.kernels.pipeline import AdvantageConfig
 from prm_jax.kernels.shaping import ShapingConfig
@@ -46,9 +46,9 @@ def _check_keys(where: str, data: Any, allowed: set[str]) -> dict:
         return {}
     if not isinstance(data, Mapping):
         raise ValueError(f"{where} must be a mapping, got {type(data).__name__}")
-    unknown = sorted(set(data) - allowed)
+    unknown = sorted(map(str, set(data) - allowed))
     if unknown:
-        raise ValueError(f"{where} has unknown keys {unknown} (allowed: {sorted(allowed)})")
+        raise ValueError(f"{where} has unknown keys {short_repr(unknown)} (allowed: {sorted(allowed)})")
     return dict(data)
 
 
@@ -66,19 +66,19 @@ class ScorerSpec:
     def from_dict(cls, data: Any, where: str) -> "ScorerSpec":
         data = _check_keys(where, data, {"path", "weight", "enabled", "kwargs", "timeout"})
         if not isinstance(data.get("path"), str) or not data.get("path"):
-            raise ValueError(f"{where}.path must be a non-empty dotted import path, got {data.get('path')!r}")
+            raise ValueError(f"{where}.path must be a non-empty dotted import path, got {short_repr(data.get('path'))}")
         weight = finite_number(f"{where}.weight", data.get("weight", 1.0))
         enabled = data.get("enabled", True)
         if not isinstance(enabled, bool):
-            raise ValueError(f"{where}.enabled must be a bool, got {enabled!r}")
+            raise ValueError(f"{where}.enabled must be a bool, got {short_repr(enabled)}")
         kwargs = data.get("kwargs") or {}
         if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-            raise ValueError(f"{where}.kwargs must be a mapping of argument names, got {kwargs!r}")
+            raise ValueError(f"{where}.kwargs must be a mapping of argument names, got {short_repr(kwargs)}")
         timeout = data.get("timeout")
         if timeout is not None:
             timeout = finite_number(f"{where}.timeout", timeout)
             if timeout <= 0:
-                raise ValueError(f"{where}.timeout must be > 0 seconds (or null for no deadline), got {timeout!r}")
+                raise ValueError(f"{where}.timeout must be > 0 seconds (or null for no deadline), got {short_repr(timeout)}")
         return cls(data["path"], weight, enabled, dict(kwargs), timeout)
 
 
@@ -92,7 +92,7 @@ class PRMConfig:
 
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
-            raise ValueError(f"rollout.agent.prm.enabled must be a bool, got {self.enabled!r}")
+            raise ValueError(f"rollout.agent.prm.enabled must be a bool, got {short_repr(self.enabled)}")
         object.__setattr__(self, "advantage_shaping", ShapingConfig.from_value(self.advantage_shaping))
         scorers = []
         for i, entry in enumerate(self.scorers or ()):
@@ -143,13 +143,13 @@ class ExperimentConfig:
         agent = _check_keys("rollout.agent", rollout.get("agent"), {"chat_template_type", "export_style", "prm"})
         version = rollout.get("_version", "v1")
         if version not in VERSIONS:
-            raise ValueError(f"rollout._version must be one of {VERSIONS}, got {version!r}")
+            raise ValueError(f"rollout._version must be one of {VERSIONS}, got {short_repr(version)}")
         api_url = rollout.get("api_url")
         if api_url is not None and not isinstance(api_url, str):
-            raise ValueError(f"rollout.api_url must be a string or null, got {api_url!r}")
+            raise ValueError(f"rollout.api_url must be a string or null, got {short_repr(api_url)}")
         for key in ("chat_template_type", "export_style"):
             if not isinstance(agent.get(key, "concat"), str):
-                raise ValueError(f"rollout.agent.{key} must be a string, got {agent.get(key)!r}")
+                raise ValueError(f"rollout.agent.{key} must be a string, got {short_repr(agent.get(key))}")
         rollout_config = RolloutConfig(version, api_url, agent.get("chat_template_type", "concat"),
                                        agent.get("export_style", "concat"))
         prm = PRMConfig.from_dict(agent.get("prm"))
@@ -179,10 +179,10 @@ class ExperimentConfig:
                              "advantages); folding dense scorer rewards into GAE is not supported")
         if self.rollout.export_style != "concat":
             raise ValueError(f"rollout.agent.export_style must be 'concat' with active PRM scorers, got "
-                             f"{self.rollout.export_style!r}")
+                             f"{short_repr(self.rollout.export_style)}")
         if self.rollout.chat_template_type != "concat":
             raise ValueError(f"rollout.agent.chat_template_type must be 'concat' with active PRM scorers, got "
-                             f"{self.rollout.chat_template_type!r}")
+                             f"{short_repr(self.rollout.chat_template_type)}")
         if self.rollout.version == "v2" and self.rollout.api_url is not None:
             raise ValueError("rollout.api_url (v2 external-model mode) stores string-only responses and cannot be "
                              "used with active PRM scorers, which need token-backed interactions")
@@ -195,13 +195,44 @@ def _norm(value: Any, where: str) -> NormConfig | None:
         raise ValueError(str(err)) from None
 
 
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Nodes the document has once aliases are expanded (shared subtrees counted each time they appear)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = 1  # a recursive alias counts once
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, memo) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    memo[id(node)] = min(size, MAX_YAML_NODES + 1)
+    return memo[id(node)]
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load`` that refuses documents expanding past ``MAX_YAML_NODES`` (nested-alias bombs)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_YAML_NODES:
+            raise ValueError(f"{where}: the YAML expands to more than {MAX_YAML_NODES} nodes (nested aliases?); "
+                             "refused")
+        return loader.construct_document(node)
+    except yaml.YAMLError as err:
+        raise ValueError(f"{where}: not valid YAML: {short_repr(str(err))}") from None
+    finally:
+        loader.dispose()
+
+
 def load_config(path: str | Path) -> ExperimentConfig:
     """Loads and validates a YAML config file."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML: {err}") from None
+    data = parse_yaml(path.read_text(), str(path))
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: the config must be a YAML mapping with 'rollout' and 'actor'")
     return ExperimentConfig.from_dict(data)

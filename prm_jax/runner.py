@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import inspect
 import logging
 import math
 from typing import Any, Awaitable, Callable, Mapping, Sequence
@@ -51,6 +52,78 @@ def resolve_scorer_class(path: str) -> type[BaseScorer]:
     if not (isinstance(cls, type) and issubclass(cls, BaseScorer)):
         raise TypeError(f"scorer path {path!r} names {cls!r}, which is not a BaseScorer subclass")
     return cls
+
+
+RESERVED_KWARGS = ("weight", "enabled", "timeout")
+
+
+def _constructor_arguments(cls: type[BaseScorer]) -> tuple[set[str], set[str], bool]:
+    """Keyword names a scorer class's constructor chain accepts, those it requires, and whether it is open.
+
+    Follows ``**kwargs`` up the MRO: a class that forwards them passes the rest to its parent; ``BaseScorer``
+    accepts ``weight`` and ``enabled`` and nothing else.
+    """
+    accepted: set[str] = set()
+    required: set[str] | None = None  # the most derived constructor's parameters without a default
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            parameters = list(inspect.signature(init).parameters.values())[1:]
+        except (TypeError, ValueError):
+            return accepted, required or set(), True  # no readable signature: cannot check
+        named = [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        accepted.update(p.name for p in named)
+        if required is None:
+            required = {p.name for p in named if p.default is p.empty}
+        if klass is BaseScorer or not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return accepted, required or set(), False
+    return accepted, required or set(), True
+
+
+def check_scorer_specs(prm: PRMConfig) -> list[type[BaseScorer] | None]:
+    """Everything start-up would reject, found without building a scorer (they may open clients).
+
+    Imports each entry's class, binds its ``kwargs`` against the constructor chain, checks the class
+    ``name`` (set, unique across entries and borrowed instances) and calls the optional classmethod hook
+    ``validate_prm_config(prm_config)`` (AReaL's per-scorer check). Returns the classes (None for borrowed
+    instances). Raises ``ValueError``/``TypeError`` naming the entry.
+    """
+    classes: list[type[BaseScorer] | None] = []
+    names: dict[str, str] = {}
+    for i, entry in enumerate(prm.scorers):
+        where = f"rollout.agent.prm.scorers[{i}]"
+        if isinstance(entry, BaseScorer):
+            cls, name = None, entry.name
+        else:
+            cls = resolve_scorer_class(entry.path)
+            name = cls.name
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"{where}: scorer class {entry.path} has no class-level name")
+            reserved = [k for k in RESERVED_KWARGS if k in entry.kwargs]
+            if reserved:
+                raise ValueError(f"{where}.kwargs: {reserved} belong to the entry itself, not to kwargs")
+            accepted, required, open_ = _constructor_arguments(cls)
+            unknown = sorted(set(entry.kwargs) - accepted)
+            if unknown and not open_:
+                raise ValueError(f"{where}.kwargs: {entry.path} does not accept {_short(unknown)} (it accepts "
+                                 f"{sorted(accepted - {'weight', 'enabled'})})")
+            missing = sorted(required - set(entry.kwargs) - {"weight", "enabled"})
+            if missing:
+                raise ValueError(f"{where}.kwargs: {entry.path} needs {missing}")
+            hook = getattr(cls, "validate_prm_config", None)
+            if hook is not None:
+                try:
+                    hook(prm)
+                except (ValueError, TypeError) as err:
+                    raise ValueError(f"{where}: {entry.path} rejects this PRM config: {err}") from None
+        if name in names:
+            raise ValueError(f"{where}: scorer name {name!r} is already used by {names[name]}; names must be "
+                             "unique within a runner")
+        names[name] = where
+        classes.append(cls)
+    return classes
 
 
 def _as_prm_config(config: Any) -> PRMConfig:
@@ -169,13 +242,14 @@ class PRMRunner:
 
     def _build(self, config: PRMConfig) -> None:
         self.config = config
+        classes = check_scorer_specs(config)
         names: set[str] = set()
-        for i, entry in enumerate(config.scorers):
+        for i, (entry, cls) in enumerate(zip(config.scorers, classes)):
             if isinstance(entry, BaseScorer):
                 scorer = entry
                 timeout = None  # a borrowed instance keeps its own deadlines
             else:
-                cls = resolve_scorer_class(entry.path)
+                assert cls is not None
                 scorer = cls(weight=entry.weight, enabled=entry.enabled, **dict(entry.kwargs))
                 self._owned.append(scorer)
                 self._to_close.append(scorer)

@@ -15,18 +15,25 @@ One session per line::
       "token_rewards": [..]}],                          # optional, pre-existing process rewards
    "ready": ["q17-s0-t3"]}             # optional: leaves to export; default every leaf
 
-``group`` defaults to the session key (a group of one).
+``group`` defaults to the session key (a group of one, with a warning: its group-normalized outcome
+reward is 0). Numbers must be finite (``NaN``/``Infinity`` are refused), token ids in ``[0, 2**31 - 1]``,
+log-probs ``<= 0``; every error names the file, the line and the field. Lines end at ``\n`` only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import warnings
 from pathlib import Path
 from typing import Any
 
+from prm_jax.kernels._checks import short_repr
 from prm_jax.trajectory import Interaction, InteractionCache
 
+MAX_TOKEN_ID = 2**31 - 1
+LOGPROB_SLACK = 1e-6  # inference engines round a log-prob of ~0 to tiny positive values
 SESSION_KEYS = {"session_key", "group", "interactions", "ready"}
 INTERACTION_KEYS = {"id", "parent_id", "input_tokens", "output_tokens", "output_logprobs", "messages",
                     "output_messages", "stop_reason", "reward", "token_rewards"}
@@ -47,6 +54,20 @@ class SessionRecord:
     cache: InteractionCache
     ready: list[str]
     line: int
+
+
+def _check_finite(value: Any, upper: float | None, path: Path, line: int, field: str) -> None:
+    """Numbers (or lists of numbers) must be finite, and at most ``upper`` when given; bools are not numbers."""
+    if value is None:
+        return
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InputError(path, line, field, f"must hold numbers, got {short_repr(v)}")
+        if not math.isfinite(v):
+            raise InputError(path, line, field, f"must be finite, got {v}")
+        if upper is not None and v > upper + LOGPROB_SLACK:
+            raise InputError(path, line, field, f"log-probabilities must be <= 0, got {v}")
 
 
 def _session(data: Any, path: Path, line: int) -> SessionRecord:
@@ -78,6 +99,12 @@ def _session(data: Any, path: Path, line: int) -> SessionRecord:
                                                                  "message-only interactions cannot be scored")
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in item[field]):
                 raise InputError(path, line, f"{where}.{field}", "must hold integer token ids only")
+            bad = [t for t in item[field] if not 0 <= t <= MAX_TOKEN_ID]
+            if bad:
+                raise InputError(path, line, f"{where}.{field}", f"token ids must be in [0, {MAX_TOKEN_ID}] (int32), "
+                                                                 f"got {bad[0]}")
+        for field, upper in (("token_rewards", None), ("output_logprobs", 0.0), ("reward", None)):
+            _check_finite(item.get(field), upper, path, line, f"{where}.{field}")
         try:
             cache.add(Interaction(
                 item.get("id"), item["input_tokens"], item["output_tokens"], parent_id=item.get("parent_id"),
@@ -112,18 +139,26 @@ def read_sessions(path: str | Path) -> list[SessionRecord]:
     except OSError as err:
         raise InputError(path, 0, "file", err.strerror or str(err)) from None
     records, keys = [], set()
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    ungrouped = 0
+    # Lines end at "\n" only: U+2028 and friends are valid inside JSON strings.
+    for line_no, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
+            data = json.loads(line)  # NaN/Infinity parse here and are refused by field below
         except json.JSONDecodeError as err:
             raise InputError(path, line_no, "json", f"malformed JSON: {err.msg} at column {err.colno}") from None
         record = _session(data, path, line_no)
+        ungrouped += isinstance(data, dict) and "group" not in data
         if record.key in keys:
             raise InputError(path, line_no, "session_key", f"{record.key!r} appears twice")
         keys.add(record.key)
         records.append(record)
     if not records:
         raise InputError(path, 0, "file", "no sessions")
+    if ungrouped:
+        warnings.warn(f"{path}: {ungrouped} session(s) have no 'group': each is a group of one, whose "
+                      "group-normalized outcome reward, and so its advantages without a critic, are 0",
+                      stacklevel=2)
     return records
+

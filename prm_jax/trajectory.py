@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 STOP_REASONS = ("stop", "length")
+MAX_TOKEN_ID = 2**31 - 1  # batches hold token ids as int32
 
 
 def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
@@ -32,7 +33,11 @@ def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
     if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
         raise ValueError(f"interaction {interaction_id!r}: {name} must be a 1-D sequence of token ids, got "
                          f"dtype {array.dtype} shape {array.shape}")
-    return array.astype(np.int64)
+    array = array.astype(np.int64)
+    if array.size and (array.min() < 0 or array.max() > MAX_TOKEN_ID):
+        raise ValueError(f"interaction {interaction_id!r}: {name} must hold token ids in [0, {MAX_TOKEN_ID}] "
+                         f"(int32), got {int(array.min()) if array.min() < 0 else int(array.max())}")
+    return array
 
 
 _IMMUTABLE = (str, bytes, int, float, bool, complex, type(None))
@@ -96,11 +101,15 @@ class Interaction:
             self.reward = float(self.reward)
         if self.output_logprobs is not None:
             self.output_logprobs = np.asarray(self.output_logprobs, np.float32)
+            if not np.isfinite(self.output_logprobs).all():
+                raise ValueError(f"interaction {iid!r}: output_logprobs must be finite")
             if self.output_tokens is None or self.output_logprobs.shape != self.output_tokens.shape:
                 raise ValueError(f"interaction {iid!r}: output_logprobs must have shape ({self.output_len},), got "
                                  f"{self.output_logprobs.shape}")
         if self.token_rewards is not None:
             self.token_rewards = np.asarray(self.token_rewards, np.float32)
+            if not np.isfinite(self.token_rewards).all():
+                raise ValueError(f"interaction {iid!r}: token_rewards must be finite")
             if self.output_tokens is None or self.token_rewards.shape != self.output_tokens.shape:
                 raise ValueError(f"interaction {iid!r}: token_rewards must have shape ({self.output_len},), got "
                                  f"{self.token_rewards.shape}")

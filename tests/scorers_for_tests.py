@@ -102,3 +102,50 @@ class JointScorer(BaseTrajectoryScorer):
     async def evaluate_trajectory(self, interactions, ctx):
         self.seen = [i.interaction_id for i in interactions]
         return self.answer
+
+
+class Nameless(BaseScorer):
+    """No class-level name: start-up (and validate-config) must refuse it."""
+
+    async def evaluate(self, interaction, ctx):
+        return 0.0
+
+
+class StrictKwargs(BaseScorer):
+    name = "strict_kwargs"
+
+    def __init__(self, threshold: float, **kwargs):
+        super().__init__(**kwargs)
+        self.threshold = threshold
+
+    async def evaluate(self, interaction, ctx):
+        return float(interaction.output_len > self.threshold)
+
+
+class NoGvpo(BaseScorer):
+    """Rejects gvpo through AReaL's optional per-scorer hook (a 1/0 judge is a no-op under gvpo)."""
+
+    name = "no_gvpo"
+
+    @classmethod
+    def validate_prm_config(cls, prm_config):
+        if prm_config.advantage_shaping.mode == "gvpo":
+            raise ValueError("a 0/1 judge gives gvpo no negative process reward")
+
+    async def evaluate(self, interaction, ctx):
+        return 1.0
+
+
+class FailOnGroup(BaseScorer):
+    """Raises for sessions of groups whose key starts with ``prefix``."""
+
+    name = "fail_on_group"
+
+    def __init__(self, prefix="g1", **kwargs):
+        super().__init__(**kwargs)
+        self.prefix = prefix
+
+    async def evaluate(self, interaction, ctx):
+        if ctx["session_key"].startswith(self.prefix):
+            raise RuntimeError("judge unavailable")
+        return 0.5

@@ -72,7 +72,7 @@ def broken(tmp_path, name, mutate):
     (lambda p: broken(p, "reward.jsonl", lambda s: s[5]["interactions"][-1].pop("reward")),
      "reward.jsonl:6: reward:"),
     (lambda p: broken(p, "extra.jsonl", lambda s: s[0].update(colour="red")), "extra.jsonl:1: colour: unknown key"),
-    (lambda p: broken(p, "prefix.jsonl", lambda s: s[2]["interactions"][1]["input_tokens"].__setitem__(0, -5)),
+    (lambda p: broken(p, "prefix.jsonl", lambda s: s[2]["interactions"][1]["input_tokens"].__setitem__(0, 99999)),
      "prefix.jsonl:3: interactions: interaction"),
 ])
 def test_broken_inputs_fail_cleanly_and_write_nothing(tmp_path, capsys, make, needle):

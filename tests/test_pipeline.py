@@ -192,7 +192,8 @@ def test_disabled_value_checks_are_compiled_out():
     for cfg in (AdvantageConfig(advantage_shaping=ShapingConfig("process_weighted")),
                 AdvantageConfig(token_rewards_as_adv=False)):
         _, checks = pipeline._pipeline_jit(batch, config=cfg)
-        assert len(checks) == 2  # group sizes, and the mode's own check
+        # the two integer masks' 0/1 rule, finite rewards, group sizes, and the mode's own check
+        assert len(checks) == 5
         _, checks = pipeline._pipeline_jit(batch, config=dataclasses.replace(cfg, check_values=False))
         assert checks == []
 

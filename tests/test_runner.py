@@ -318,11 +318,12 @@ async def test_create_rolls_back_owned_scorers_with_notes():
     assert any("closing_a" in note and "cleanup of a failed" in note for note in info.value.__notes__)
 
 
-async def test_create_rolls_back_on_validation_errors():
+async def test_duplicate_names_are_rejected_before_any_scorer_is_built():
+    # Issue 10.10: found from the classes, so no scorer (and no client) is built and none needs closing.
     config = owned(("ClosingA", {"label": "a"}), ("ClosingA", {"label": "again"}))
     with pytest.raises(ValueError, match="unique"):
         await PRMRunner.create(config)
-    assert st.EVENTS == ["close:again", "close:a"]
+    assert st.EVENTS == []
 
 
 async def test_cancellation_during_rollback_propagates():

@@ -9,6 +9,7 @@ host callback that raises when the compiled computation runs.
 from __future__ import annotations
 
 import math
+import reprlib
 from typing import Any, Callable
 
 import jax
@@ -20,11 +21,21 @@ from jax import lax
 def finite_number(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None) -> float:
     """A finite Python number (not a bool) within the given bounds, as float; else ``ValueError`` naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise ValueError(f"{name} must be a finite number, got {short_repr(value)}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
+        raise ValueError(f"{name} must be {bound}, got {short_repr(value)}")
     return float(value)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxset = 3, 6, 6, 6, 6
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 80, 80, 40
+
+
+def short_repr(value: Any) -> str:
+    """A bounded ``repr`` for error messages: user input can be arbitrarily large or deep."""
+    return _SHORT.repr(value)
 
 
 def accumulation_dtype(*arrays: Any) -> jnp.dtype:
@@ -121,6 +132,28 @@ class ValueCheck:
     @classmethod
     def tree_unflatten(cls, message, children):
         return cls(children[0], message, *children[1:])
+
+
+def mask_check(name: str, x: Any) -> list[ValueCheck]:
+    """Masks are bool, or numbers that are exactly 0 or 1 (one rule for every mask); [] for bool masks."""
+    x = jnp.asarray(x)
+    if x.dtype == jnp.bool_:
+        return []
+    bad = (x != 0) & (x != 1)  # NaN is bad too
+    flags = bad.reshape(bad.shape[0], -1) if bad.ndim else bad.reshape(1, 1)
+    row, step, value = first_flagged(flags, x.reshape(flags.shape).astype(jnp.float32))
+    where = (lambda row, step: f"row {int(row)}, position {int(step)}") if x.ndim > 1 else (
+        lambda row, step: f"entry {int(row)}")
+    return [ValueCheck(jnp.any(bad), lambda row, step, value: f"{name} must be bool or hold only 0 and 1; "
+                       f"{where(row, step)} holds {float(value)!r}", row, step, value)]
+
+
+def finite_check(name: str, x: jax.Array) -> ValueCheck:
+    bad = ~jnp.isfinite(x)
+    flags = bad.reshape(bad.shape[0], -1) if bad.ndim else bad.reshape(1, 1)
+    row, _, value = first_flagged(flags, x.reshape(flags.shape))
+    return ValueCheck(jnp.any(bad), lambda row, value: f"{name} must be finite; entry {int(row)} is "
+                      f"{float(value)!r}", row, value)
 
 
 def raise_value_checks(checks: list[ValueCheck]) -> None:

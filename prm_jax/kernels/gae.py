@@ -226,8 +226,9 @@ def _is_unit_discount(gamma, lam) -> bool:
 @functools.partial(jax.jit, static_argnames=("method", "block_size"))
 def _gae_jit(rewards, values, mask, gamma, lam, bootstrap, *, method, block_size):
     rewards, values, active, bootstrap, dtype = _prepare(rewards, values, mask, lam, bootstrap)
-    return gae_core(rewards, values, active, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype), bootstrap, method,
-                    block_size)
+    output = gae_core(rewards, values, active, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype), bootstrap, method,
+                      block_size)
+    return output, _checks.mask_check("mask", mask)
 
 
 def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma: ArrayLike = 1.0,
@@ -253,7 +254,9 @@ def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma:
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     method = resolve_method(method, unit_discount=_is_unit_discount(gamma, lam))
-    return _gae_jit(rewards, values, mask, gamma, lam, bootstrap, method=method, block_size=block_size)
+    output, checks = _gae_jit(rewards, values, mask, gamma, lam, bootstrap, method=method, block_size=block_size)
+    _checks.raise_value_checks(checks)
+    return output
 
 
 def turn_ids_check(turn_ids: jax.Array, active: jax.Array, num_turns: int) -> _checks.ValueCheck:
@@ -312,7 +315,7 @@ def _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, *, num
     turn_ids = _checks.as_int("turn_ids", turn_ids)
     output = turn_gae_core(rewards, values, active, turn_ids, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype),
                            bootstrap, num_turns, method)
-    return output, [turn_ids_check(turn_ids, active, num_turns)]
+    return output, [turn_ids_check(turn_ids, active, num_turns), *_checks.mask_check("mask", mask)]
 
 
 def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn_ids: ArrayLike, *,

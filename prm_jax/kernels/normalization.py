@@ -48,10 +48,10 @@ class NormConfig:
     def __post_init__(self):
         for key in ("mean_level", "std_level"):
             if getattr(self, key) not in NORM_LEVELS:
-                raise ValueError(f"{key} must be one of 'batch', 'group' or None, got {getattr(self, key)!r}")
+                raise ValueError(f"{key} must be one of 'batch', 'group' or None, got {_checks.short_repr(getattr(self, key))}")
         object.__setattr__(self, "eps", _checks.finite_number("eps", self.eps, minimum=0.0))
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
-            raise ValueError(f"group_size must be an integer >= 1, got {self.group_size!r}")
+            raise ValueError(f"group_size must be an integer >= 1, got {_checks.short_repr(self.group_size)}")
 
     @classmethod
     def from_value(cls, value: Any, name: str) -> "NormConfig | None":
@@ -226,7 +226,7 @@ def _normalize_jit(x, mask, group_sizes, member_counts, *, norm):
     flat = x.ndim == 1
     if flat:
         x, active = x[:, None], active[:, None]
-    checks = []
+    checks = [] if mask is None else _checks.mask_check("mask", mask)
     if group_sizes is not None:
         checks.append(group_sizes_check(group_sizes, x.shape[0]))
     groups = None

@@ -119,12 +119,12 @@ class AdvantageConfig:
         set_("reward_scaling", _checks.finite_number("reward_scaling", self.reward_scaling))
         set_("reward_clip", _checks.finite_number("reward_clip", self.reward_clip, minimum=0.0))
         if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+            raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {_checks.short_repr(self.kl_estimator)}")
         for key in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty", "check_values"):
             if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"{key} must be a bool, got {getattr(self, key)!r}")
+                raise ValueError(f"{key} must be a bool, got {_checks.short_repr(getattr(self, key))}")
         if self.gae_timestep_unit not in TIMESTEP_UNITS:
-            raise ValueError(f"gae_timestep_unit must be one of {TIMESTEP_UNITS}, got {self.gae_timestep_unit!r}")
+            raise ValueError(f"gae_timestep_unit must be one of {TIMESTEP_UNITS}, got {_checks.short_repr(self.gae_timestep_unit)}")
         set_("reward_norm", NormConfig.from_value(self.reward_norm, "reward_norm"))
         set_("adv_norm", NormConfig.from_value(self.adv_norm, "adv_norm"))
         set_("advantage_shaping", ShapingConfig.from_value(self.advantage_shaping))
@@ -135,23 +135,23 @@ class AdvantageConfig:
         if mode == "process_weighted" and self.mask_no_eos_with_zero:
             raise ValueError("advantage_shaping.mode='process_weighted' rejects mask_no_eos_with_zero: true")
         if self.gae_method not in GAE_METHODS:
-            raise ValueError(f"gae_method must be one of {GAE_METHODS}, got {self.gae_method!r}")
+            raise ValueError(f"gae_method must be one of {GAE_METHODS}, got {_checks.short_repr(self.gae_method)}")
         if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
                                             or self.discount * self.gae_lambda != 1.0):
             raise ValueError("gae_method='cumsum' needs discount * gae_lambda == 1 (a float gae_lambda)")
         if isinstance(self.gae_block_size, bool) or not isinstance(self.gae_block_size, int) or self.gae_block_size < 1:
-            raise ValueError(f"gae_block_size must be an integer >= 1, got {self.gae_block_size!r}")
+            raise ValueError(f"gae_block_size must be an integer >= 1, got {_checks.short_repr(self.gae_block_size)}")
         if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
-            raise ValueError(f"max_turns must be None or an integer >= 1, got {self.max_turns!r}")
+            raise ValueError(f"max_turns must be None or an integer >= 1, got {_checks.short_repr(self.max_turns)}")
         if self.overlong_reward_penalty:
             if not isinstance(self.overlong_tokens, int) or self.overlong_tokens < 1:
                 raise ValueError(f"overlong_tokens must be an integer >= 1 with overlong_reward_penalty, got "
-                                 f"{self.overlong_tokens!r}")
+                                 f"{_checks.short_repr(self.overlong_tokens)}")
             set_("overlong_penalty_factor", _checks.finite_number("overlong_penalty_factor",
                                                                   self.overlong_penalty_factor, minimum=0.0))
             if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < self.overlong_tokens:
                 raise ValueError(f"max_new_tokens must be an integer >= overlong_tokens with "
-                                 f"overlong_reward_penalty, got {self.max_new_tokens!r}")
+                                 f"overlong_reward_penalty, got {_checks.short_repr(self.max_new_tokens)}")
 
 
 def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:
@@ -164,7 +164,7 @@ def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:
         hash(pairs)
     except (TypeError, ValueError):
         raise ValueError(f"gae_lambda_kwargs must be a mapping of names to hashable values (numbers, strings), "
-                         f"got {kwargs!r}") from None
+                         f"got {_checks.short_repr(kwargs)}") from None
     return pairs
 
 
@@ -317,7 +317,10 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     seqlen = (jnp.count_nonzero(attention, axis=1).astype(jnp.int32) if attention.dtype == jnp.bool_
               else jnp.sum(attention, axis=1, dtype=jnp.int32))
     step = lax.broadcasted_iota(jnp.int32, shape, 1)
-    checks = []
+    checks = [*_checks.mask_check("batch['attention_mask']", attention),
+              *_checks.mask_check("batch['loss_mask']", batch["loss_mask"])]
+    if "is_truncated" in batch:
+        checks += _checks.mask_check("batch['is_truncated']", batch["is_truncated"])
 
     if "group_sizes" in batch:
         checks.append(group_sizes_check(batch["group_sizes"], num_rows))
@@ -330,8 +333,9 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
         return group_layout(num_rows, norm, batch.get("group_sizes"), batch.get("group_member_counts"))
 
     # 1. outcome rewards
-    outcome = _outcome_rewards(_checks.as_float("batch['rewards']", batch["rewards"], dtype), raw_active, config,
-                               groups_of)
+    rewards = _checks.as_float("batch['rewards']", batch["rewards"], dtype)
+    checks.append(_checks.finite_check("batch['rewards']", rewards))
+    outcome = _outcome_rewards(rewards, raw_active, config, groups_of)
 
     # 2. positions -> timesteps
     steps = _to_timesteps(batch, raw_active, dtype)

@@ -34,7 +34,7 @@ class ShapingConfig:
 
     def __post_init__(self):
         if self.mode not in SHAPING_MODES:
-            raise ValueError(f"advantage_shaping.mode must be one of {SHAPING_MODES}, got {self.mode!r}")
+            raise ValueError(f"advantage_shaping.mode must be one of {SHAPING_MODES}, got {_checks.short_repr(self.mode)}")
         for key in ("negative_scale", "zero_penalty", "zero_eps"):
             object.__setattr__(self, key, _checks.finite_number(f"advantage_shaping.{key}", getattr(self, key),
                                                                 minimum=0.0))
@@ -109,6 +109,7 @@ def _shape_impl(advantages, process_rewards, mask, *, shaping):
     p = _checks.as_float("process_rewards", process_rewards, dtype)
     active = _checks.as_mask("mask", mask)
     checks = [process_range_check(p, active)] if shaping.mode == "process_weighted" else []
+    checks += _checks.mask_check("mask", mask)
     return shape_core(a, p, active, shaping), checks
 
 

@@ -1,7 +1,11 @@
-"""Random padded multi-turn batches for the tests."""
+"""Random padded multi-turn batches for the tests, and a compile counter."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
+import jax
 import numpy as np
 
 
@@ -62,3 +66,21 @@ def timestep_inputs(rng: np.random.Generator, rows: int, width: int, *, density:
     values = rng.normal(size=(rows, width)).astype(np.float32)
     bootstrap = rng.normal(size=rows).astype(np.float32)
     return rewards, values, mask, bootstrap
+
+
+@contextlib.contextmanager
+def compile_log():
+    """The messages of ``jax.log_compiles()`` (a public seam: no private function is patched)."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect()
+    logging.getLogger("jax").addHandler(handler)
+    try:
+        with jax.log_compiles():
+            yield messages
+    finally:
+        logging.getLogger("jax").removeHandler(handler)

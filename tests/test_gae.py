@@ -17,7 +17,7 @@ gae_module = importlib.import_module("prm_jax.kernels.gae")
 native = importlib.import_module("prm_jax.kernels.native")
 
 import reference
-from batches import timestep_inputs
+from batches import compile_log, timestep_inputs
 
 # The native CPU kernel joins every comparison wherever it builds; test_native_kernel_builds checks that it
 # does wherever a C++ compiler exists, so it cannot drop out of the suite unnoticed.
@@ -111,13 +111,16 @@ def test_bf16_inputs_accumulate_in_float32():
         np.testing.assert_allclose(out.advantages, want, rtol=1e-4, atol=2e-3)
 
 
-def test_gae_no_retrace_for_new_python_scalars(monkeypatch):
-    counted = jax.jit(chex.assert_max_traces(gae_module._gae_jit.__wrapped__, n=1),
-                      static_argnames=("method", "block_size"))
-    monkeypatch.setattr(gae_module, "_gae_jit", counted)
+def test_gae_no_retrace_for_new_python_scalars():
     rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(0), 2, 9)
-    for gamma, lam in [(0.9, 0.8), (0.95, 0.7), (0.5, 0.1)]:
-        prm_jax.gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=bootstrap, method="scan")
+    with compile_log() as compiled:
+        for gamma, lam in [(0.9, 0.8), (0.95, 0.7), (0.5, 0.1)]:
+            prm_jax.gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=bootstrap, method="scan")
+    assert sum("Compiling jit(_gae_jit)" in m for m in compiled) == 1
+    step = jax.jit(chex.assert_max_traces(lambda g: prm_jax.gae(rewards, values, mask, gamma=g, lam=0.9,
+                                                                    bootstrap=bootstrap).advantages, n=1))
+    for gamma in (0.9, 0.95, 0.5):
+        step(gamma)
 
 
 def test_gae_under_jit_and_vmap():
@@ -192,10 +195,15 @@ def test_turn_gae_rejects_invalid_turn_ids(ids, mask, problem):
     prm_jax.turn_gae(z, z, np.array([[0, 1, 0, 1]], bool), np.array([[7, 0, -5, 2]], np.int32))
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu" or not shutil.which("c++")
+                    or os.environ.get("PRM_JAX_NATIVE", "1") == "0", reason="needs the CPU backend and a C++ compiler")
 def test_native_kernel_builds_where_a_compiler_exists():
-    if jax.default_backend() == "cpu" and shutil.which("c++") and os.environ.get("PRM_JAX_NATIVE", "1") != "0":
-        assert native.available()
-        assert gae_module.resolve_method("auto", unit_discount=False) == "native"
+    assert native.available()
+    assert gae_module.resolve_method("auto", unit_discount=False) == "native"
+    # A sharded program never gets the custom call.
+    assert gae_module.resolve_method("auto", unit_discount=False, sharded=True) == "scan"
+    with pytest.raises(ValueError, match="sharded"):
+        gae_module.resolve_method("native", unit_discount=False, sharded=True)
 
 
 def test_without_the_native_kernel_auto_falls_back_to_scan():
@@ -269,5 +277,5 @@ def test_linear_recurrence_methods_agree_on_general_coefficients():
             x = float(coeffs[b, t]) * x + float(offsets[b, t])
             want[b, t] = x
     for method in ("scan", "associative", "blocked"):
-        got = prm_jax.backward_linear_recurrence(coeffs, offsets, init, method, block_size=10)
+        got = prm_jax.backward_linear_recurrence(coeffs, offsets, init, method=method, block_size=10)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

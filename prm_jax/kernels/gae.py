@@ -33,17 +33,19 @@ All methods accumulate in float32 (float64 for float64 inputs) whatever the inpu
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks, native
 from prm_jax.kernels.alignment import shift_to_next_token
 
-GAE_METHODS = ("auto", "scan", "associative", "blocked", "cumsum", "native")
+GAEMethod = Literal["auto", "scan", "associative", "blocked", "cumsum", "native"]
+GAE_METHODS: tuple[GAEMethod, ...] = ("auto", "scan", "associative", "blocked", "cumsum", "native")
 DEFAULT_BLOCK_SIZE = 64
 
 
@@ -52,8 +54,13 @@ class GAEOutput(NamedTuple):
     returns: jax.Array     # [B, T] float32, advantages + values
 
 
-def resolve_method(method: str, *, unit_discount: bool) -> str:
-    """Resolves ``auto`` for the default backend; ``cumsum`` needs ``gamma * lam == 1`` statically."""
+def resolve_method(method: str, *, unit_discount: bool, sharded: bool = False) -> GAEMethod:
+    """The one place ``auto`` is resolved, outside any trace; the result is a static argument of the jit.
+
+    ``auto``: on CPU ``native`` when it is available and the program runs on one device (``sharded``
+    False and one device; a custom call has no partitioning rule), else ``scan``; on GPU/TPU ``cumsum``
+    when ``gamma * lam == 1`` is known statically (``unit_discount``), else ``associative``.
+    """
     if method not in GAE_METHODS:
         raise ValueError(f"method must be one of {GAE_METHODS}, got {method!r}")
     if method == "cumsum" and not unit_discount:
@@ -62,11 +69,14 @@ def resolve_method(method: str, *, unit_discount: bool) -> str:
     if method == "native" and not native.available():
         raise ValueError("method='native' needs the CPU backend and a C++ compiler to build the kernel "
                          "(see prm_jax.kernels.native); use 'auto' to fall back to 'scan'")
+    if method == "native" and sharded:
+        raise ValueError("method='native' cannot run in a sharded program (a custom call has no partitioning "
+                         "rule); use 'auto' or 'scan'")
     if method != "auto":
-        return method
+        return method  # type: ignore[return-value]
     if jax.default_backend() == "cpu":
-        # The custom call has no partitioning rule: keep sharded programs on 'scan'.
-        return "native" if jax.device_count() == 1 and native.available() else "scan"
+        single = not sharded and jax.device_count() == 1
+        return "native" if single and native.available() else "scan"
     return "cumsum" if unit_discount else "associative"
 
 
@@ -88,15 +98,66 @@ def _affine_combine(later, earlier):
     return a_later * a_earlier, a_earlier * b_later + b_earlier
 
 
-def backward_linear_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.Array, method: str,
-                               block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
+def affine_scan(coeffs: jax.Array, offsets: jax.Array, method: str) -> tuple[jax.Array, jax.Array]:
+    """The chunked-scan primitive: ``(products, locals)`` of ``x_t = coeffs_t x_{t+1} + offsets_t`` from 0.
+
+    Along the last axis, right to left from a zero carry: ``locals_t`` is ``x_t`` and ``products_t`` the
+    product of ``coeffs`` from ``t`` to the end, so the same chunk with a carry-in ``c`` is
+    ``locals_t + products_t * c`` (``carry_correction``). ``method`` is ``scan`` or ``associative``.
+    """
+    if method == "associative":
+        return lax.associative_scan(_affine_combine, (coeffs, offsets), reverse=True, axis=coeffs.ndim - 1)
+
+    def step(carry, coeff_offset):
+        product, local = carry
+        coeff, offset = coeff_offset
+        carry = (coeff * product, coeff * local + offset)
+        return carry, carry
+
+    time_major = (jnp.moveaxis(coeffs, -1, 0), jnp.moveaxis(offsets, -1, 0))
+    zeros = jnp.zeros(coeffs.shape[:-1], coeffs.dtype)
+    _, (products, locals_) = lax.scan(step, (jnp.ones_like(zeros), zeros), time_major, reverse=True)
+    return jnp.moveaxis(products, 0, -1), jnp.moveaxis(locals_, 0, -1)
+
+
+def carry_correction(products: jax.Array, locals_: jax.Array, carry_in: jax.Array) -> jax.Array:
+    """A chunk's values once the carry entering it from the right, ``carry_in [...]``, is known."""
+    return locals_ + products * carry_in[..., None]
+
+
+def backward_linear_recurrence(coeffs: ArrayLike, offsets: ArrayLike, init: ArrayLike, *,
+                               method: str = "scan", block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
     """``x_t = coeffs_t * x_{t+1} + offsets_t`` for t = T-1 .. 0 along the last axis, ``x_T = init``.
 
     Args:
       coeffs, offsets: ``[B, T]`` float.
       init: ``[B]`` float.
       method: ``scan | associative | blocked``.
+      block_size: timesteps per block for ``blocked``.
+
+    Returns:
+      ``[B, T]`` float32 (float64 for float64 inputs).
     """
+    if method not in ("scan", "associative", "blocked"):
+        raise ValueError(f"method must be 'scan', 'associative' or 'blocked', got {method!r}")
+    _checks.check_rank("coeffs", coeffs, 2)
+    _checks.check_shape("offsets", offsets, jnp.shape(coeffs), "coeffs")
+    _checks.check_shape("init", init, jnp.shape(coeffs)[:1], "coeffs' batch axis")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    return _recurrence_jit(coeffs, offsets, init, method=method, block_size=block_size)
+
+
+@functools.partial(jax.jit, static_argnames=("method", "block_size"))
+def _recurrence_jit(coeffs, offsets, init, *, method, block_size):
+    dtype = _checks.accumulation_dtype(coeffs, offsets, init)
+    return linear_recurrence(_checks.as_float("coeffs", coeffs, dtype), _checks.as_float("offsets", offsets, dtype),
+                             _checks.as_float("init", init, dtype), method, block_size)
+
+
+def linear_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.Array, method: str,
+                      block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
+    """``backward_linear_recurrence`` on validated arrays, inside a trace."""
     if method == "scan":
         def step(x, coeff_offset):
             coeff, offset = coeff_offset
@@ -105,45 +166,60 @@ def backward_linear_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.
         _, xs = lax.scan(step, init, (coeffs.T, offsets.T), reverse=True)
         return xs.T
     if method == "associative":
-        offsets = offsets.at[:, -1].add(coeffs[:, -1] * init)
-        _, xs = lax.associative_scan(_affine_combine, (coeffs, offsets), reverse=True, axis=1)
-        return xs
+        products, locals_ = affine_scan(coeffs, offsets, "associative")
+        return carry_correction(products, locals_, init)
     if method == "blocked":
         return _blocked_recurrence(coeffs, offsets, init, block_size)
     raise ValueError(f"no linear recurrence for method {method!r}")
 
 
 def _blocked_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.Array, block_size: int) -> jax.Array:
+    """Blocks of ``block_size`` timesteps scanned side by side, then one carry per block (a chunked scan)."""
     batch, num_steps = coeffs.shape
     block_size = max(1, min(block_size, num_steps))
     num_blocks = -(-num_steps // block_size)
     pad = num_blocks * block_size - num_steps
     # Identity steps on the right leave the carried-in value unchanged.
-    coeffs = jnp.pad(coeffs, ((0, 0), (0, pad)), constant_values=1)
-    offsets = jnp.pad(offsets, ((0, 0), (0, pad)))
-    # [block_size, B, num_blocks]: one sequential step advances every block of every row at once.
-    coeffs = coeffs.reshape(batch, num_blocks, block_size).transpose(2, 0, 1)
-    offsets = offsets.reshape(batch, num_blocks, block_size).transpose(2, 0, 1)
-
-    def within_block(carry, coeff_offset):
-        product, local = carry
-        coeff, offset = coeff_offset
-        product = coeff * product
-        local = coeff * local + offset
-        return (product, local), (product, local)
-
-    zeros = jnp.zeros((batch, num_blocks), coeffs.dtype)
-    _, (products, locals_) = lax.scan(within_block, (jnp.ones_like(zeros), zeros), (coeffs, offsets),
-                                      reverse=True)
+    coeffs = jnp.pad(coeffs, ((0, 0), (0, pad)), constant_values=1).reshape(batch, num_blocks, block_size)
+    offsets = jnp.pad(offsets, ((0, 0), (0, pad))).reshape(batch, num_blocks, block_size)
+    products, locals_ = affine_scan(coeffs, offsets, "scan")
 
     def across_blocks(x_after_block, product_local):
         product, local = product_local
         return product * x_after_block + local, x_after_block
 
-    # carry_in[j] is x just right of block j (the first step of block j + 1, or init).
-    _, carry_in = lax.scan(across_blocks, init, (products[0].T, locals_[0].T), reverse=True)
-    xs = locals_ + products * carry_in.T[None]
-    return xs.transpose(1, 2, 0).reshape(batch, num_blocks * block_size)[:, :num_steps]
+    # carry_in[:, j] is x just right of block j (the first step of block j + 1, or init).
+    _, carry_in = lax.scan(across_blocks, init, (products[:, :, 0].T, locals_[:, :, 0].T), reverse=True)
+    xs = carry_correction(products, locals_, carry_in.T)
+    return xs.reshape(batch, num_blocks * block_size)[:, :num_steps]
+
+
+@jax.custom_vjp
+def _native_gae(rewards, values, active, gamma, gamma_lam, bootstrap):
+    """The native kernel, differentiable: its cotangents are those of the same recurrence as ``scan``."""
+    return native.gae_native(rewards, values, active, gamma, gamma_lam, bootstrap)
+
+
+def _native_gae_fwd(rewards, values, active, gamma, gamma_lam, bootstrap):
+    primals = (rewards, values, active, gamma, gamma_lam, bootstrap)
+    return _native_gae(*primals), primals
+
+
+def _scan_gae_pair(rewards, values, active, gamma, gamma_lam, bootstrap):
+    advantages = _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap)
+    return advantages, advantages + values
+
+
+def _native_gae_bwd(primals, cotangents):
+    rewards, values, active, gamma, gamma_lam, bootstrap = primals
+    differentiable = lambda r, v, g, gl, b: _scan_gae_pair(r, v, active, g, gl, b)  # noqa: E731
+    _, vjp = jax.vjp(differentiable, rewards, values, gamma, gamma_lam, bootstrap)
+    d_rewards, d_values, d_gamma, d_gamma_lam, d_bootstrap = vjp(cotangents)
+    d_active = np.zeros(active.shape, jax.dtypes.float0)
+    return d_rewards, d_values, d_active, d_gamma, d_gamma_lam, d_bootstrap
+
+
+_native_gae.defvjp(_native_gae_fwd, _native_gae_bwd)
 
 
 def _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap):
@@ -166,7 +242,8 @@ def gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: ja
     gamma_lam = gamma * jnp.broadcast_to(lam, bootstrap.shape)
     if method == "native":
         if rewards.dtype == jnp.float32:
-            return GAEOutput(*native.gae_native(rewards, values, active, gamma, gamma_lam, bootstrap))
+            return GAEOutput(*_native_gae(rewards, values, active, jnp.broadcast_to(gamma, bootstrap.shape),
+                                          gamma_lam, bootstrap))
         method = "scan"  # float64 inputs keep float64 accumulation
     if method == "scan":
         advantages = _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap)
@@ -175,7 +252,7 @@ def gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: ja
     if method == "cumsum":
         advantages = lax.cumsum(deltas, axis=1, reverse=True)
     else:
-        advantages = backward_linear_recurrence(coeffs, deltas, jnp.zeros_like(bootstrap), method, block_size)
+        advantages = linear_recurrence(coeffs, deltas, jnp.zeros_like(bootstrap), method, block_size)
     return GAEOutput(advantages, advantages + values)
 
 

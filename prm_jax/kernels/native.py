@@ -16,6 +16,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -34,38 +35,60 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
-def _cache_dir() -> Path:
+def _cache_dir() -> Path | None:
+    """``$PRM_JAX_CACHE``, else ``~/.cache/prm_jax``; None (no native kernel) without a home directory.
+
+    Never a shared temporary folder with a predictable name, where another user could plant a library.
+    """
     if os.environ.get("PRM_JAX_CACHE"):
         return Path(os.environ["PRM_JAX_CACHE"])
     try:
         return Path.home() / ".cache" / "prm_jax"
-    except RuntimeError:  # no home directory
-        return Path(tempfile.gettempdir()) / "prm_jax"
+    except RuntimeError:
+        return None
+
+
+def _compiler_version(compiler: str) -> str:
+    try:
+        return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def _build(compiler: str) -> Path:
-    include = jax.ffi.include_dir()
-    key = hashlib.sha256(SOURCE.read_bytes() + jax.__version__.encode() + include.encode() + compiler.encode()
-                         + sys.platform.encode()).hexdigest()[:16]
-    library = _cache_dir() / f"gae_cpu_{key}.so"
+    cache = _cache_dir()
+    if cache is None:
+        raise OSError("no cache directory for the native kernel: set PRM_JAX_CACHE")
+    command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", f"-I{jax.ffi.include_dir()}",
+               str(SOURCE)]
+    # The build is reused only for the same source, compile command, compiler, machine and JAX.
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *command, _compiler_version(compiler), platform.machine(),
+                                     sys.platform, jax.__version__]).encode()).hexdigest()[:16]
+    library = cache / f"gae_cpu_{key}.so"
     if library.exists():
         return library
-    library.parent.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
     # One build per machine: concurrent processes wait on a file lock, then find the finished library.
     with open(library.with_suffix(".lock"), "a") as lock:
         _lock_file(lock)
         if library.exists():
             return library
-        fd, tmp = tempfile.mkstemp(prefix=".gae_cpu_", suffix=".so", dir=library.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".gae_cpu_", suffix=".so", dir=cache)
         os.close(fd)
-        command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", f"-I{include}", str(SOURCE),
-                   "-o", tmp]
         try:
-            subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+            subprocess.run([*command, "-o", tmp], check=True, capture_output=True, text=True, timeout=300)
             os.replace(tmp, library)
         finally:
             Path(tmp).unlink(missing_ok=True)
+        _remove_stale(cache, keep=library)
     return library
+
+
+def _remove_stale(cache: Path, keep: Path) -> None:
+    """Builds of other keys (older sources, compilers or JAX versions) are not used again."""
+    for old in cache.glob("gae_cpu_*"):
+        if old.stem != keep.stem:
+            old.unlink(missing_ok=True)
 
 
 def _lock_file(handle) -> None:

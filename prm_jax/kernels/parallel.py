@@ -10,8 +10,10 @@ chunk needs two things from the chunks to its right, both small (``[B]`` per dev
    ``L`` its advantage from a zero carry. Each chunk publishes ``(P, L)``; composing the maps of the chunks
    to its right gives its incoming advantage.
 
-So: one local pass for the summaries, an ``all_gather`` of ``3 x [B]`` values per chunk, and one local pass
-with the corrected carries. The result equals unsharded ``gae`` (to float32 rounding).
+So: one local pass (``affine_scan``, which returns every timestep's value from a zero carry together with
+the running coefficient products), an ``all_gather`` of ``4 x [B]`` values per chunk, and one elementwise
+``carry_correction`` (recurrentgemma's multi-shard correction); no second sequential pass. The result
+equals unsharded ``gae`` (to float32 rounding).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.kernels.gae import (GAEOutput, _prepare, backward_linear_recurrence, check_discounts, linear_form,
+from prm_jax.kernels.gae import (GAEOutput, _prepare, affine_scan, carry_correction, check_discounts, linear_form,
                                  resolve_method)
 
 
@@ -50,16 +52,16 @@ def _chunk_gae(rewards, values, mask, gamma, lam, bootstrap, *, axis_name, num_c
     coeffs, deltas = linear_form(rewards, values, active, gamma, gamma_lam, next_value_in)
 
     # 2. This chunk's affine map of the incoming advantage, then the carries of all chunks.
-    local = backward_linear_recurrence(coeffs, deltas, jnp.zeros_like(bootstrap), method)
-    all_products = lax.all_gather(jnp.prod(coeffs, axis=1), axis_name)
+    products, local = affine_scan(coeffs, deltas, method)
+    all_products = lax.all_gather(products[:, 0], axis_name)
     all_starts = lax.all_gather(local[:, 0], axis_name)
     carry = jnp.zeros_like(bootstrap)
-    carries = [None] * num_chunks
+    carries = [carry] * num_chunks
     for c in reversed(range(num_chunks)):
         carries[c] = carry
         carry = all_products[c] * carry + all_starts[c]
     carry_in = jnp.stack(carries)[chunk]
-    advantages = backward_linear_recurrence(coeffs, deltas, carry_in, method)
+    advantages = carry_correction(products, local, carry_in)
     return advantages, advantages + values
 
 
@@ -75,7 +77,8 @@ def sequence_parallel_gae(rewards: ArrayLike, values: ArrayLike | None, mask: Ar
       axis_name: the mesh axis that splits time.
       batch_axis: an optional mesh axis that splits rows as well.
       gamma, lam, bootstrap: as for ``gae`` (``lam`` a scalar or ``[B]``).
-      method: local scan per chunk: ``auto | scan | associative | blocked``.
+      method: local scan per chunk: ``auto`` (``scan`` on CPU, ``associative`` elsewhere), ``scan`` or
+        ``associative``.
 
     Returns:
       ``GAEOutput(advantages, returns)``, ``[B, T]`` float32, sharded like the inputs.
@@ -88,9 +91,9 @@ def sequence_parallel_gae(rewards: ArrayLike, values: ArrayLike | None, mask: Ar
     if width % num_chunks:
         raise ValueError(f"the time axis ({width}) must divide evenly over {num_chunks} devices of {axis_name!r}")
     check_discounts(gamma, lam)
-    method = resolve_method(method, unit_discount=False)
-    # The per-chunk passes are linear recurrences with a carry-in: the scan-based methods.
-    method = {"cumsum": "associative", "native": "scan"}.get(method, method)
+    method = resolve_method(method, unit_discount=False, sharded=True)
+    if method not in ("scan", "associative"):
+        raise ValueError(f"sequence_parallel_gae scans each chunk with 'scan' or 'associative', got {method!r}")
     rows = jnp.shape(rewards)[0]
     values = jnp.zeros((rows, width), jnp.float32) if values is None else values
     bootstrap = jnp.zeros((rows,), jnp.float32) if bootstrap is None else bootstrap

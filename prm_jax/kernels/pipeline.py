@@ -42,8 +42,8 @@ from jax import lax
 from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels import lambda_fn
-from prm_jax.kernels.gae import (DEFAULT_BLOCK_SIZE, GAE_METHODS, gae_core, resolve_method, turn_gae_core,
-                                 turn_ids_check)
+from prm_jax.kernels.gae import (DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod, gae_core, resolve_method,
+                                 turn_gae_core, turn_ids_check)
 from prm_jax.kernels.kl import KL_ESTIMATORS, kl_rewards
 from prm_jax.kernels.lambda_fn import GAELambdaContext
 from prm_jax.kernels.normalization import (GroupLayout, NormConfig, check_group_sizes, group_layout,
@@ -240,10 +240,6 @@ def _to_timesteps(batch: Mapping[str, jax.Array], raw_active: jax.Array, dtype) 
 
 def _kl(steps: Timesteps, seqlen: jax.Array, config: AdvantageConfig) -> jax.Array:
     """KL rewards; without reference log-probs the reference is 0 (AReaL), so k1 gives ``kl_ctl * logp``."""
-    if steps.ref_logprobs is None and config.kl_ctl != 0:
-        warnings.warn("batch has no 'ref_logprobs' but kl_ctl != 0: the KL reward uses a zero reference "
-                      "log-prob (AReaL's rule), i.e. it rewards or penalizes the log-probs themselves",
-                      stacklevel=5)
     ref = jnp.zeros_like(steps.logprobs) if steps.ref_logprobs is None else steps.ref_logprobs
     kl = kl_rewards(steps.logprobs, ref, steps.active, kl_ctl=config.kl_ctl, estimator=config.kl_estimator)
     step = lax.broadcasted_iota(jnp.int32, kl.shape, 1)
@@ -253,9 +249,7 @@ def _kl(steps: Timesteps, seqlen: jax.Array, config: AdvantageConfig) -> jax.Arr
 def _truncation(batch: Mapping[str, jax.Array], seqlen: jax.Array, width: int) -> jax.Array:
     if "is_truncated" in batch:
         return _checks.as_mask("batch['is_truncated']", batch["is_truncated"])
-    warnings.warn("batch has no 'is_truncated'; falling back to seqlen == width, which also marks a "
-                  "complete row that exactly fills the padded width as truncated", stacklevel=5)
-    return seqlen == width
+    return seqlen == width  # AReaL's fallback (compute_advantages warns)
 
 
 def _lambda_context(steps: Timesteps, config: AdvantageConfig) -> GAELambdaContext:
@@ -291,7 +285,7 @@ def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, config: Advant
     return lam
 
 
-def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
+def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: GAEMethod):
     _checks.check_rank("batch['attention_mask']", batch["attention_mask"], 2)
     shape = jnp.shape(batch["attention_mask"])
     num_rows, width = shape
@@ -367,8 +361,6 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     last_value = jnp.take_along_axis(values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
     bootstrap = jnp.where(truncated, last_value, zero)
     lam = _gae_lambda(batch, steps, config, dtype, checks)
-    method = resolve_method(config.gae_method, unit_discount=jnp.ndim(lam) == 0
-                            and config.discount * config.gae_lambda == 1.0)
     gamma = jnp.asarray(config.discount, dtype)
     tot_rewards = task_rewards + kl
     if config.gae_timestep_unit == "token":
@@ -396,7 +388,23 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig):
     return output, checks if config.check_values else []
 
 
-_pipeline_jit = jax.jit(_pipeline, static_argnames=("config",))
+_pipeline_jit = jax.jit(_pipeline, static_argnames=("config", "method"))
+
+
+def _static_unit_discount(batch: Mapping[str, Any], config: AdvantageConfig) -> bool:
+    """``gamma * lam == 1`` known before tracing: one float λ for every row."""
+    return ("gae_lambda" not in batch and not isinstance(config.gae_lambda, str)
+            and config.discount * config.gae_lambda == 1.0)
+
+
+def _warn_about_fallbacks(batch: Mapping[str, Any], config: AdvantageConfig) -> None:
+    if "is_truncated" not in batch:
+        warnings.warn("batch has no 'is_truncated'; falling back to seqlen == width, which also marks a "
+                      "complete row that exactly fills the padded width as truncated", stacklevel=3)
+    if "ref_logprobs" not in batch and config.kl_ctl != 0:
+        warnings.warn("batch has no 'ref_logprobs' but kl_ctl != 0: the KL reward uses a zero reference "
+                      "log-prob (AReaL's rule), i.e. it rewards or penalizes the log-probs themselves",
+                      stacklevel=3)
 
 
 def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = AdvantageConfig()) -> AdvantageOutput:
@@ -433,7 +441,10 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
     arrays = {key: batch[key] for key in REQUIRED_KEYS + OPTIONAL_KEYS if batch.get(key) is not None}
     if "group_sizes" in arrays and not _checks.is_traced(arrays["group_sizes"]):
         check_group_sizes(arrays["group_sizes"], jnp.shape(arrays["attention_mask"])[0])
-    output, checks = _pipeline_jit(arrays, config=config)
+    _warn_about_fallbacks(arrays, config)
+    method = resolve_method(config.gae_method, unit_discount=_static_unit_discount(arrays, config),
+                            sharded=jax.device_count() > 1)
+    output, checks = _pipeline_jit(arrays, config=config, method=method)
     if config.check_values:
         _checks.raise_value_checks(checks)
     return output

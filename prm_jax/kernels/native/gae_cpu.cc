@@ -8,13 +8,13 @@
 // the 4 rows x 5 arrays = 20 backward streams stay within what the hardware prefetchers follow (8 rows
 // measured 2x slower, 1 row 2x slower). On x86 the four rows share SSE registers (GaeBlocksSse), which
 // cuts the instructions per element several-fold; elsewhere, and for the leftover rows and timesteps,
-// the scalar loop runs. Large batches are split into blocks of rows run on XLA's intra-op thread pool.
+// the scalar loop runs. Large batches are split into blocks of rows run on XLA's intra-op thread pool,
+// and the handler returns an ffi::Future that the last block completes (no executor thread waits).
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
+#include <utility>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -133,17 +133,29 @@ void GaeRows(const float* rewards, const float* values, const bool* mask, const 
   }
 }
 
-ffi::Error GaeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> rewards, ffi::Buffer<ffi::F32> values,
-                   ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::F32> gamma, ffi::Buffer<ffi::F32> gamma_lam,
-                   ffi::Buffer<ffi::F32> bootstrap, ffi::ResultBuffer<ffi::F32> advantages,
-                   ffi::ResultBuffer<ffi::F32> returns) {
+ffi::Future Completed(ffi::Error error) {
+  ffi::Promise promise;
+  if (error.success()) {
+    promise.SetAvailable();
+  } else {
+    promise.SetError(std::move(error));
+  }
+  return ffi::Future(promise);
+}
+
+// Returns a future instead of blocking an executor thread: large batches are split into tasks on XLA's
+// intra-op pool, and the last task to finish completes the future.
+ffi::Future GaeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> rewards, ffi::Buffer<ffi::F32> values,
+                    ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::F32> gamma, ffi::Buffer<ffi::F32> gamma_lam,
+                    ffi::Buffer<ffi::F32> bootstrap, ffi::ResultBuffer<ffi::F32> advantages,
+                    ffi::ResultBuffer<ffi::F32> returns) {
   const auto dims = rewards.dimensions();
-  if (dims.size() == 0) return ffi::Error::InvalidArgument("rewards must have a time axis");
+  if (dims.size() == 0) return Completed(ffi::Error::InvalidArgument("rewards must have a time axis"));
   const int64_t width = dims.back();
   const int64_t rows = width == 0 ? 0 : static_cast<int64_t>(rewards.element_count()) / width;
   if (static_cast<int64_t>(gamma.element_count()) != rows || static_cast<int64_t>(gamma_lam.element_count()) != rows ||
       static_cast<int64_t>(bootstrap.element_count()) != rows) {
-    return ffi::Error::InvalidArgument("gamma, gamma_lam and bootstrap need one value per row");
+    return Completed(ffi::Error::InvalidArgument("gamma, gamma_lam and bootstrap need one value per row"));
   }
   const float* r = rewards.typed_data();
   const float* v = values.typed_data();
@@ -161,25 +173,23 @@ ffi::Error GaeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> rewards, ffi::Buf
   const int64_t per_task = (blocks + std::max<int64_t>(tasks, 1) - 1) / std::max<int64_t>(tasks, 1) * kLanes;
   if (tasks <= 1) {
     GaeRows(r, v, m, g, gl, b, a, ret, 0, rows, width);
-    return ffi::Error::Success();
+    return Completed(ffi::Error::Success());
   }
-  // The counter is only touched under the mutex, so the waiter cannot return (and destroy these locals)
-  // while a task still holds the mutex.
-  int64_t pending = (rows + per_task - 1) / per_task - 1;
-  std::mutex mutex;
-  std::condition_variable done;
+  // One count per task; the caller runs the first block of rows itself. Buffers stay alive until the
+  // future completes, and the tasks capture only pointers and sizes.
+  const int64_t num_tasks = (rows + per_task - 1) / per_task;
+  ffi::CountDownPromise pending(num_tasks);
+  ffi::Future done(pending);
   for (int64_t begin = per_task; begin < rows; begin += per_task) {
     const int64_t end = std::min(rows, begin + per_task);
-    pool.Schedule([=, &pending, &mutex, &done] {
+    pool.Schedule([=]() mutable {
       GaeRows(r, v, m, g, gl, b, a, ret, begin, end, width);
-      std::lock_guard<std::mutex> lock(mutex);
-      if (--pending == 0) done.notify_one();
+      pending.CountDown();
     });
   }
   GaeRows(r, v, m, g, gl, b, a, ret, 0, std::min(rows, per_task), width);
-  std::unique_lock<std::mutex> lock(mutex);
-  done.wait(lock, [&pending] { return pending == 0; });
-  return ffi::Error::Success();
+  pending.CountDown();
+  return done;
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command == "demo":
         python = _ensure_env("")
-        return subprocess.run([str(python), "-m", "prm_jax.cli", "demo", *rest], cwd=ROOT).returncode
+        return subprocess.run([str(python), "-m", "prm_jax.app.cli", "demo", *rest], cwd=ROOT).returncode
     python = _ensure_env("test")
     if command == "test":
         return subprocess.run([str(python), "-m", "pytest", *rest], cwd=ROOT).returncode

@@ -20,7 +20,7 @@ import time
 import anyio
 import jax
 
-from prm_jax import (BaseScorer, Interaction, InteractionCache, PRMConfig, PRMRunner, pack_branches, to_device)
+from prm_jax import BaseScorer, Interaction, InteractionCache, PRMConfig, PRMRunner, pack_branches
 
 TURNS = 8
 
@@ -102,7 +102,7 @@ def packing(rows: int = 256, repeats: int = 20) -> tuple[float, float]:
         batch = pack_branches(sequences, bucket=128)
         times.append((time.perf_counter() - start) / (rows * TURNS))
     start = time.perf_counter()
-    jax.block_until_ready(to_device(batch))
+    jax.block_until_ready(jax.device_put(batch))
     return statistics.median(times), time.perf_counter() - start
 
 

@@ -21,10 +21,12 @@ from pathlib import Path
 def measure(devices: int, rows: int, width: int, sp_width: int, repeats: int) -> dict:
     import jax
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_advantages import make_inputs, median_seconds as _median
+    from bench_advantages import make_inputs
+    from bench_advantages import median_seconds as _median
 
     import prm_jax
 
@@ -81,7 +83,7 @@ def main() -> None:
     base = results[0]["compute_advantages_ms"]
     print(f"global batch {args.rows}x{args.width}, {'real' if args.real else 'fake CPU'} devices; medians of "
           f"{args.repeats}")
-    print(f"{'devices':>8} {'compute_advantages ms':>22} {'vs 1 device':>12} {'SP GAE ms (T=%d)' % args.sp_width:>22} "
+    print(f"{'devices':>8} {'compute_advantages ms':>22} {'vs 1 device':>12} {f'SP GAE ms (T={args.sp_width})':>22} "
           f"{'unsharded GAE ms':>17}")
     for r in results:
         sp = f"{r['sequence_parallel_gae_ms']:22.2f} {r['unsharded_gae_ms']:17.2f}" if "sequence_parallel_gae_ms" in r \

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import sys
 
+__all__ = ["ExceptionGroup", "add_note"]
+
 if sys.version_info >= (3, 11):
-    ExceptionGroup = ExceptionGroup  # noqa: A001,PLW0127
+    import builtins
+
+    ExceptionGroup = builtins.ExceptionGroup
 else:  # anyio depends on the backport on 3.10
-    from exceptiongroup import ExceptionGroup  # noqa: F401
+    from exceptiongroup import ExceptionGroup
 
 
 def add_note(error: BaseException, note: str) -> None:
     if hasattr(error, "add_note"):
         error.add_note(note)
     else:
-        error.__notes__ = [*getattr(error, "__notes__", []), note]
+        setattr(error, "__notes__", [*getattr(error, "__notes__", []), note])  # noqa: B010

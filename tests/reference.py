@@ -202,7 +202,7 @@ def compute_advantages(batch, cfg):
     attention = np.asarray(batch["attention_mask"]).astype(bool)
     loss_mask = np.asarray(batch["loss_mask"]).astype(bool)
     rows, width = attention.shape
-    f64 = lambda key: np.asarray(batch[key], np.float64)  # noqa: E731
+    f64 = lambda key: np.asarray(batch[key], np.float64)
     seqlen = attention.sum(1)
     rewards = f64("rewards").copy()
     values = f64("values") if "values" in batch else np.zeros((rows, width))

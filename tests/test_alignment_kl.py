@@ -3,10 +3,9 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference
 
 from prm_jax import broadcast_turn_rewards, kl_estimate, kl_rewards, shift_to_next_token
-
-import reference
 
 
 @pytest.mark.parametrize("fill", [0, -1, 7])

@@ -10,14 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference
 import yaml
+from batches import make_batch
 
 import prm_jax
 from prm_jax import AdvantageConfig, NormConfig, compute_advantages, normalize
 from prm_jax.kernels import lambda_fn
-
-import reference
-from batches import make_batch
 
 LOO = NormConfig("batch", "batch", mean_leave1out=True)
 

@@ -2,7 +2,7 @@ import jax
 import numpy as np
 import pytest
 
-from prm_jax import AdvantageConfig, Interaction, InteractionCache, bucket_width, compute_advantages, pack_branches, to_device
+from prm_jax import AdvantageConfig, Interaction, InteractionCache, bucket_width, compute_advantages, pack_branches
 
 
 def sequences():
@@ -40,7 +40,7 @@ def test_pack_errors():
 
 
 def test_one_transfer_and_the_pipeline_accepts_it():
-    batch = to_device(pack_branches(sequences(), bucket="pow2"))
+    batch = jax.device_put(pack_branches(sequences(), bucket="pow2"))
     assert all(isinstance(v, jax.Array) for v in batch.values())
     out = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0))
     assert out.advantages.shape == (2, 8)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from prm_jax import compute_advantages, load_config
-from prm_jax.cli import main
+from prm_jax.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "prm_jax" / "data"

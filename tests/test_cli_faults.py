@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prm_jax import AdvantageConfig, compute_advantages, normalize, NormConfig
-from prm_jax import cli
+from prm_jax import AdvantageConfig, NormConfig, compute_advantages, normalize
+from prm_jax.app import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -96,7 +96,7 @@ def test_token_ids_that_do_not_fit_are_refused(tmp_path, token, shown):
     items = sessions()
     items[1]["interactions"][0]["output_tokens"][0] = token
     proc = score(tmp_path, write_jsonl(tmp_path / "ids.jsonl", items))
-    assert_input_error(proc, f"ids.jsonl:2: interactions[0].output_tokens: token ids must be in [0, 2147483647]",
+    assert_input_error(proc, "ids.jsonl:2: interactions[0].output_tokens: token ids must be in [0, 2147483647]",
                        tmp_path / "out")
     assert shown in proc.stderr
 
@@ -199,7 +199,7 @@ def test_a_yaml_alias_bomb_is_refused_quickly_with_a_short_message(tmp_path):
     assert proc.returncode == 2 and "nested aliases" in proc.stderr
     assert len(proc.stderr) < 2000
     assert elapsed < 30  # the whole process, start-up included; the refusal itself is milliseconds
-    from prm_jax.config import parse_yaml
+    from prm_jax.app.config_file import parse_yaml
     start = time.monotonic()
     with pytest.raises(ValueError, match="expands to more than"):
         parse_yaml(path.read_text(), "bomb.yaml")
@@ -241,9 +241,9 @@ def test_the_output_set_is_all_or_nothing(tmp_path):
         raise OSError("disk full")
     files = {tmp_path / "batch.npz": good, tmp_path / "metrics.json": failing}
     with pytest.raises(OSError, match="disk full"):
-        cli._commit_files(files)
+        cli.write_all_or_nothing(files)
     assert sorted(os.listdir(tmp_path)) == []
-    cli._commit_files({tmp_path / "batch.npz": good, tmp_path / "metrics.json": good})
+    cli.write_all_or_nothing({tmp_path / "batch.npz": good, tmp_path / "metrics.json": good})
     assert sorted(os.listdir(tmp_path)) == ["batch.npz", "metrics.json"]
 
 

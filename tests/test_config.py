@@ -6,8 +6,18 @@ import numpy as np
 import pytest
 import yaml
 
-from prm_jax import (AdvantageConfig, ExperimentConfig, Interaction, InteractionCache, PRMConfig, PRMRunner,
-                     ShapingConfig, compute_advantages, load_config, pack_branches)
+from prm_jax import (
+    AdvantageConfig,
+    ExperimentConfig,
+    Interaction,
+    InteractionCache,
+    PRMConfig,
+    PRMRunner,
+    ShapingConfig,
+    compute_advantages,
+    load_config,
+    pack_branches,
+)
 from prm_jax.scorers import LengthBudgetScorer
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "prm_config.yaml"
@@ -99,7 +109,7 @@ def test_disabled_prm_leaves_the_actor_unshaped():
 def test_load_config_errors_name_the_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("rollout: [unclosed")
-    with pytest.raises(ValueError, match="bad.yaml"):
+    with pytest.raises(ValueError, match=r"bad\.yaml"):
         load_config(bad)
 
 

@@ -3,12 +3,11 @@ import time
 import anyio
 import numpy as np
 import pytest
-
-from prm_jax import (BaseScorer, ExperimentConfig, Interaction, PRMConfig, PRMRunner, filter_mixed_or_penalized_all_wrong)
-from prm_jax.export import HITL_SESSION, ExportService, TrajectoryStore, export_group, group_normalize
-
-from prm_jax._compat import ExceptionGroup
 import scorers_for_tests as st
+
+from prm_jax import BaseScorer, ExperimentConfig, Interaction, PRMConfig, PRMRunner, filter_mixed_or_penalized_all_wrong
+from prm_jax._compat import ExceptionGroup
+from prm_jax.runtime.export import HITL_SESSION, ExportService, TrajectoryStore, export_group, group_normalize
 
 pytestmark = pytest.mark.anyio
 

@@ -14,12 +14,10 @@ import time
 import anyio
 import numpy as np
 import pytest
-
-from prm_jax import (BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMConfig, PRMRunner,
-                     ScorerSpec)
-from prm_jax.export import TrajectoryStore, export_group
-
 import scorers_for_tests as st
+
+from prm_jax import BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMConfig, PRMRunner, ScorerSpec
+from prm_jax.runtime.export import TrajectoryStore, export_group
 
 pytestmark = pytest.mark.anyio
 

@@ -2,10 +2,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 import reference as ref
-from prm_jax import (filter_function, filter_mixed_or_penalized_all_wrong,
-                     filter_mixed_or_penalized_all_wrong_mask_no_eos, group_filter_flags)
+
+from prm_jax import (
+    filter_function,
+    filter_mixed_or_penalized_all_wrong,
+    filter_mixed_or_penalized_all_wrong_mask_no_eos,
+    group_filter_flags,
+)
 
 FILTERS = {"plain": filter_function, "penalized": filter_mixed_or_penalized_all_wrong,
            "penalized_mask_no_eos": filter_mixed_or_penalized_all_wrong_mask_no_eos}

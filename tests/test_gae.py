@@ -9,15 +9,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-import prm_jax
-
-gae_module = importlib.import_module("prm_jax.kernels.gae")
-native = importlib.import_module("prm_jax.kernels.native")
-
 import reference
 from batches import compile_log, timestep_inputs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import prm_jax
+from prm_jax.kernels import native
+
+# The module, not the function that prm_jax.kernels re-exports under the same name.
+gae_module = importlib.import_module("prm_jax.kernels.gae")
 
 # The native CPU kernel joins every comparison wherever it builds; test_native_kernel_builds checks that it
 # does wherever a C++ compiler exists, so it cannot drop out of the suite unnoticed.
@@ -92,7 +93,7 @@ def test_right_padding_changes_nothing(method):
     rng = np.random.default_rng(12)
     rewards, values, mask, bootstrap = timestep_inputs(rng, 3, 33)
     base = prm_jax.gae(rewards, values, mask, gamma=0.95, lam=0.9, bootstrap=bootstrap, method=method, block_size=4)
-    pad = lambda x, v: np.concatenate([x, np.full((3, 20), v, x.dtype)], axis=1)  # noqa: E731
+    pad = lambda x, v: np.concatenate([x, np.full((3, 20), v, x.dtype)], axis=1)
     padded = prm_jax.gae(pad(rewards, 5.0), pad(values, -3.0), pad(mask, False), gamma=0.95, lam=0.9,
                          bootstrap=bootstrap, method=method, block_size=4)
     np.testing.assert_allclose(np.asarray(padded.advantages)[:, :33], base.advantages, rtol=1e-6, atol=1e-6)
@@ -101,7 +102,7 @@ def test_right_padding_changes_nothing(method):
 def test_bf16_inputs_accumulate_in_float32():
     rng = np.random.default_rng(5)
     rewards, values, mask, bootstrap = timestep_inputs(rng, 2, 2000, density=0.9)
-    bf = lambda x: jnp.asarray(x, jnp.bfloat16)  # noqa: E731
+    bf = lambda x: jnp.asarray(x, jnp.bfloat16)
     want, _ = reference.gae(np.asarray(bf(rewards), np.float64), np.asarray(bf(values), np.float64), mask,
                             1.0, 1.0, np.asarray(bf(bootstrap), np.float64))
     for method in ALL_METHODS:
@@ -153,7 +154,7 @@ def test_gae_argument_errors_name_the_argument():
         prm_jax.gae(r, None, np.ones((2, 3)), method="fast")
 
 
-@pytest.mark.parametrize("method,gamma,lam", [(m, g, l) for m in METHODS for g, l in [(1.0, 1.0), (0.9, 0.7)]]
+@pytest.mark.parametrize("method,gamma,lam", [(m, g, lam) for m in METHODS for g, lam in [(1.0, 1.0), (0.9, 0.7)]]
                          + [("cumsum", 1.0, 1.0)])
 def test_turn_gae_matches_loop(method, gamma, lam):
     rng = np.random.default_rng(21)

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 
 from prm_jax import InMemoryRecorder, MetricStats, PRMConfig, PRMRunner, PRMTurnResult, branch_stats, reduce_workers
-from prm_jax.metrics import quote_name
-from prm_jax.scoring import PRMMetricObservation
+from prm_jax.runtime.metrics import quote_name
+from prm_jax.runtime.scoring import PRMMetricObservation
+from prm_jax.runtime.trajectory import Interaction, InteractionCache
 from prm_jax.scorers import LengthBudgetScorer
-from prm_jax.trajectory import Interaction, InteractionCache
 
 
 def turn(scorer, iid, reward, *observations):
@@ -14,7 +14,7 @@ def turn(scorer, iid, reward, *observations):
 
 
 def test_names_weighting_and_trajectory_sum():
-    ok = lambda iid, v: PRMMetricObservation("within budget/%", "turn", iid, v, "boolean", ("count", "rate"))  # noqa: E731
+    ok = lambda iid, v: PRMMetricObservation("within budget/%", "turn", iid, v, "boolean", ("count", "rate"))
     results = [turn("judge", "a", 1.0, ok("a", True)), turn("judge", "b", 0.5, ok("b", False)),
                turn("len", "a", -1.0)]
     values = branch_stats(results).values()
@@ -46,7 +46,7 @@ def test_cross_worker_reduction_weights_means_by_count_and_adds_sums():
 
 
 def test_float_observations_sum_and_mean():
-    obs = lambda iid, v: PRMMetricObservation("latency", "turn", iid, v, "float", ("sum", "mean"))  # noqa: E731
+    obs = lambda iid, v: PRMMetricObservation("latency", "turn", iid, v, "float", ("sum", "mean"))
     values = branch_stats([turn("j", "a", 0.0, obs("a", 2.0)), turn("j", "b", 0.0, obs("b", 4.0))]).values()
     assert values["rollout/prm_metric/turn/j/latency/sum"] == 6.0
     assert values["rollout/prm_metric/turn/j/latency/mean"] == 3.0

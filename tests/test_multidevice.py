@@ -7,11 +7,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-from prm_jax import compute_advantages
-
 from batches import make_batch
 from multiprocess_config import CONFIG, ROWS, SEED, WIDTH
+
+from prm_jax import compute_advantages
 
 HERE = Path(__file__).resolve().parent
 

@@ -3,10 +3,9 @@ import itertools
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference
 
 from prm_jax import NormConfig, normalize
-
-import reference
 
 LEVELS = ("batch", "group", None)
 

@@ -1,5 +1,4 @@
 import dataclasses
-import importlib
 import zlib
 
 import chex
@@ -7,17 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import prm_jax
-from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages
-
-from prm_jax.kernels import native
-
 import reference
 from batches import compile_log, make_batch
 
-pipeline = importlib.import_module("prm_jax.kernels.pipeline")
-native = importlib.import_module("prm_jax.kernels.native")
+import prm_jax
+from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages
+from prm_jax.kernels import native
+
 PIPELINE_METHODS = ["scan", "associative", "blocked"] + (["native"] if native.available() else [])
 FIELDS = ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs")
 

@@ -3,7 +3,6 @@
 import re
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -59,7 +58,7 @@ def test_runtime_example_runs():
 def test_session_example_is_valid_input(tmp_path):
     import json
 
-    from prm_jax.sessions import read_sessions
+    from prm_jax.app.sessions import read_sessions
 
     text = README.read_text()
     example = json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))

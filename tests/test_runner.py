@@ -4,12 +4,20 @@ import anyio
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from prm_jax import (BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMConfig,
-                     PRMMetricObservation, PRMRunner, PRMScorerResult, ScorerSpec)
-
-from prm_jax._compat import ExceptionGroup
 import scorers_for_tests as st
+
+from prm_jax import (
+    BaseScorer,
+    BaseTrajectoryScorer,
+    Interaction,
+    InteractionCache,
+    PRMConfig,
+    PRMMetricObservation,
+    PRMRunner,
+    PRMScorerResult,
+    ScorerSpec,
+)
+from prm_jax._compat import ExceptionGroup
 
 pytestmark = pytest.mark.anyio
 
@@ -212,16 +220,20 @@ async def test_metric_schema_is_stable_for_the_runner_life():
     assert rewards(cache) == [None]
 
 
+def obs(**kwargs):
+    return dict(metric_id="m", target_id="a", **kwargs)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(metric_id="", scope="turn", target_id="a", value=True, value_type="boolean", aggregations=("count",)), "metric_id"),
-    (dict(metric_id="m", scope="branch", target_id="a", value=True, value_type="boolean", aggregations=("count",)), "scope"),
-    (dict(metric_id="m", scope="turn", target_id="a", value=True, value_type="boolean", aggregations=()), "not be empty"),
-    (dict(metric_id="m", scope="turn", target_id="a", value=True, value_type="boolean", aggregations=("count", "count")), "unique"),
-    (dict(metric_id="m", scope="turn", target_id="a", value=True, value_type="boolean", aggregations=("mean",)), "allows only"),
-    (dict(metric_id="m", scope="turn", target_id="a", value=1.0, value_type="float", aggregations=("rate",)), "allows only"),
-    (dict(metric_id="m", scope="turn", target_id="a", value=1, value_type="boolean", aggregations=("count",)), "must be a bool"),
-    (dict(metric_id="m", scope="turn", target_id="a", value=True, value_type="float", aggregations=("sum",)), "non-bool"),
-    (dict(metric_id="m", scope="turn", target_id="a", value=math.inf, value_type="float", aggregations=("sum",)), "finite"),
+    (obs(scope="branch", value=True, value_type="boolean", aggregations=("count",)), "scope"),
+    (obs(scope="turn", value=True, value_type="boolean", aggregations=()), "not be empty"),
+    (obs(scope="turn", value=True, value_type="boolean", aggregations=("count", "count")), "unique"),
+    (obs(scope="turn", value=True, value_type="boolean", aggregations=("mean",)), "allows only"),
+    (obs(scope="turn", value=1.0, value_type="float", aggregations=("rate",)), "allows only"),
+    (obs(scope="turn", value=1, value_type="boolean", aggregations=("count",)), "must be a bool"),
+    (obs(scope="turn", value=True, value_type="float", aggregations=("sum",)), "non-bool"),
+    (obs(scope="turn", value=math.inf, value_type="float", aggregations=("sum",)), "finite"),
 ])
 def test_observation_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -1,11 +1,11 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+import reference
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prm_jax import ShapingConfig, shape_advantages
-
-import reference
 
 
 def case():

@@ -1,8 +1,6 @@
 """Jitted pure functions over padded ``[B, T]`` batches: one module per concept."""
 
 from prm_jax.kernels.alignment import broadcast_turn_rewards, shift_to_next_token
-from prm_jax.kernels.filters import (GroupFilterResult, filter_function, filter_mixed_or_penalized_all_wrong,
-                                     filter_mixed_or_penalized_all_wrong_mask_no_eos, group_filter_flags)
 from prm_jax.kernels.gae import GAE_METHODS, GAEOutput, backward_linear_recurrence, gae, turn_gae
 from prm_jax.kernels.kl import KL_ESTIMATORS, kl_estimate, kl_rewards
 from prm_jax.kernels.normalization import NormConfig, normalize
@@ -11,9 +9,8 @@ from prm_jax.kernels.pipeline import AdvantageConfig, AdvantageOutput, compute_a
 from prm_jax.kernels.shaping import SHAPING_MODES, ShapingConfig, shape_advantages
 
 __all__ = [
-    "AdvantageConfig", "AdvantageOutput", "GAEOutput", "GAE_METHODS", "GroupFilterResult", "KL_ESTIMATORS",
+    "AdvantageConfig", "AdvantageOutput", "GAEOutput", "GAE_METHODS", "KL_ESTIMATORS",
     "NormConfig", "SHAPING_MODES", "ShapingConfig", "backward_linear_recurrence", "broadcast_turn_rewards",
-    "compute_advantages", "filter_function", "filter_mixed_or_penalized_all_wrong",
-    "filter_mixed_or_penalized_all_wrong_mask_no_eos", "gae", "group_filter_flags", "kl_estimate",
+    "compute_advantages", "gae", "kl_estimate",
     "kl_rewards", "normalize", "sequence_parallel_gae", "shape_advantages", "shift_to_next_token", "turn_gae",
 ]

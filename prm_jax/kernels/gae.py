@@ -54,7 +54,7 @@ class GAEOutput(NamedTuple):
     returns: jax.Array     # [B, T] float32, advantages + values
 
 
-def resolve_method(method: str, *, unit_discount: bool, sharded: bool = False) -> GAEMethod:
+def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: bool = False) -> GAEMethod:
     """The one place ``auto`` is resolved, outside any trace; the result is a static argument of the jit.
 
     ``auto``: on CPU ``native`` when it is available and the program runs on one device (``sharded``
@@ -73,7 +73,7 @@ def resolve_method(method: str, *, unit_discount: bool, sharded: bool = False) -
         raise ValueError("method='native' cannot run in a sharded program (a custom call has no partitioning "
                          "rule); use 'auto' or 'scan'")
     if method != "auto":
-        return method  # type: ignore[return-value]
+        return method
     if jax.default_backend() == "cpu":
         single = not sharded and jax.device_count() == 1
         return "native" if single and native.available() else "scan"
@@ -212,7 +212,7 @@ def _scan_gae_pair(rewards, values, active, gamma, gamma_lam, bootstrap):
 
 def _native_gae_bwd(primals, cotangents):
     rewards, values, active, gamma, gamma_lam, bootstrap = primals
-    differentiable = lambda r, v, g, gl, b: _scan_gae_pair(r, v, active, g, gl, b)  # noqa: E731
+    differentiable = lambda r, v, g, gl, b: _scan_gae_pair(r, v, active, g, gl, b)
     _, vjp = jax.vjp(differentiable, rewards, values, gamma, gamma_lam, bootstrap)
     d_rewards, d_values, d_gamma, d_gamma_lam, d_bootstrap = vjp(cotangents)
     d_active = np.zeros(active.shape, jax.dtypes.float0)
@@ -296,8 +296,8 @@ def check_discounts(gamma, lam) -> None:
 
 
 def _is_unit_discount(gamma, lam) -> bool:
-    g, l = _checks.concrete_scalar(gamma), _checks.concrete_scalar(lam)
-    return g is not None and l is not None and g * l == 1.0
+    g, lam_value = _checks.concrete_scalar(gamma), _checks.concrete_scalar(lam)
+    return g is not None and lam_value is not None and g * lam_value == 1.0
 
 
 @functools.partial(jax.jit, static_argnames=("method", "block_size"))

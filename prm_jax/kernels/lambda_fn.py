@@ -25,7 +25,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
-from typing import Any, Callable, Mapping, TypedDict
+from collections.abc import Callable, Mapping
+from typing import Any, TypedDict
 
 import jax
 import jax.numpy as jnp

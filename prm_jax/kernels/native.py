@@ -142,5 +142,6 @@ def gae_native(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: 
     rows = rewards.shape[:-1]
     out = jax.ShapeDtypeStruct(rewards.shape, f32)
     call = jax.ffi.ffi_call(TARGET, (out, out), vmap_method="broadcast_all")
-    return call(rewards.astype(f32), values.astype(f32), active, jnp.broadcast_to(gamma, rows).astype(f32),
-                gamma_lam.astype(f32), bootstrap.astype(f32))
+    advantages, returns = call(rewards.astype(f32), values.astype(f32), active,
+                               jnp.broadcast_to(gamma, rows).astype(f32), gamma_lam.astype(f32), bootstrap.astype(f32))
+    return advantages, returns

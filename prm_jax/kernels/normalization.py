@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.validation import finite_number, short_repr
 
 NORM_LEVELS = ("batch", "group", None)
 
@@ -48,13 +50,13 @@ class NormConfig:
     def __post_init__(self):
         for key in ("mean_level", "std_level"):
             if getattr(self, key) not in NORM_LEVELS:
-                raise ValueError(f"{key} must be one of 'batch', 'group' or None, got {_checks.short_repr(getattr(self, key))}")
-        object.__setattr__(self, "eps", _checks.finite_number("eps", self.eps, minimum=0.0))
+                raise ValueError(f"{key} must be one of 'batch', 'group' or None, got {short_repr(getattr(self, key))}")
+        object.__setattr__(self, "eps", finite_number("eps", self.eps, minimum=0.0))
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
-            raise ValueError(f"group_size must be an integer >= 1, got {_checks.short_repr(self.group_size)}")
+            raise ValueError(f"group_size must be an integer >= 1, got {short_repr(self.group_size)}")
 
     @classmethod
-    def from_value(cls, value: Any, name: str) -> "NormConfig | None":
+    def from_value(cls, value: Any, name: str) -> NormConfig | None:
         """``None``, a ``NormConfig`` or a mapping of its fields (unknown keys are errors)."""
         if value is None or isinstance(value, cls):
             return value
@@ -76,7 +78,7 @@ class NormConfig:
 class GroupLayout(NamedTuple):
     """Which group each row belongs to, and each group's member count (for the single-member rules)."""
 
-    index: jax.Array    # [B] int32, group of each row
+    row_group: jax.Array  # [B] int32, group of each row
     num_groups: int     # static
     members: jax.Array  # [G] int32: rows per group, or the logical member counts of split rollouts
 
@@ -132,7 +134,7 @@ def _level_sums(per_row: jax.Array, level: str, groups: GroupLayout | None) -> j
     if level == "batch":
         return jnp.broadcast_to(jnp.sum(per_row), per_row.shape)
     assert groups is not None
-    return jax.ops.segment_sum(per_row, groups.index, num_segments=groups.num_groups)[groups.index]
+    return jax.ops.segment_sum(per_row, groups.row_group, num_segments=groups.num_groups)[groups.row_group]
 
 
 def _single_member(level: str, groups: GroupLayout | None) -> jax.Array | bool:
@@ -140,7 +142,7 @@ def _single_member(level: str, groups: GroupLayout | None) -> jax.Array | bool:
     if level == "batch":
         return False
     assert groups is not None
-    return (groups.members == 1)[groups.index][:, None]
+    return (groups.members == 1)[groups.row_group][:, None]
 
 
 def normalize_core(x: jax.Array, active: jax.Array, norm: NormConfig, groups: GroupLayout | None) -> jax.Array:

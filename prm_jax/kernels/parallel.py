@@ -23,12 +23,20 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.kernels.gae import (GAEOutput, _prepare, affine_scan, carry_correction, check_discounts, linear_form,
-                                 resolve_method)
+from prm_jax.kernels.gae import (
+    GAEOutput,
+    _prepare,
+    affine_scan,
+    carry_correction,
+    check_discounts,
+    linear_form,
+    resolve_method,
+)
 
 
 def _chunk_gae(rewards, values, mask, gamma, lam, bootstrap, *, axis_name, num_chunks, method):

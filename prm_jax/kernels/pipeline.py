@@ -33,22 +33,37 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from prm_jax.kernels import _checks
+from prm_jax.kernels import _checks, lambda_fn
 from prm_jax.kernels.alignment import shift_to_next_token
-from prm_jax.kernels import lambda_fn
-from prm_jax.kernels.gae import (DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod, gae_core, resolve_method,
-                                 turn_gae_core, turn_ids_check)
+from prm_jax.kernels.gae import (
+    DEFAULT_BLOCK_SIZE,
+    GAE_METHODS,
+    GAEMethod,
+    gae_core,
+    resolve_method,
+    turn_gae_core,
+    turn_ids_check,
+)
 from prm_jax.kernels.kl import KL_ESTIMATORS, kl_rewards
 from prm_jax.kernels.lambda_fn import GAELambdaContext
-from prm_jax.kernels.normalization import (GroupLayout, NormConfig, check_group_sizes, group_layout,
-                                           group_sizes_check, member_counts_check, normalize_core)
+from prm_jax.kernels.normalization import (
+    GroupLayout,
+    NormConfig,
+    check_group_sizes,
+    group_layout,
+    group_sizes_check,
+    member_counts_check,
+    normalize_core,
+)
 from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_core
+from prm_jax.validation import finite_number, short_repr
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
 OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids", "is_truncated",
@@ -104,7 +119,7 @@ class AdvantageConfig:
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
-        set_("discount", _checks.finite_number("discount", self.discount, minimum=0.0, maximum=1.0))
+        set_("discount", finite_number("discount", self.discount, minimum=0.0, maximum=1.0))
         if isinstance(self.gae_lambda, str):
             set_("gae_lambda_kwargs", _frozen_kwargs(self.gae_lambda_kwargs))
             try:
@@ -112,19 +127,19 @@ class AdvantageConfig:
             except (ValueError, TypeError) as err:
                 raise ValueError(f"gae_lambda: {err}") from None
         else:
-            set_("gae_lambda", _checks.finite_number("gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0))
+            set_("gae_lambda", finite_number("gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0))
             set_("gae_lambda_kwargs", ())  # ignored for a float, as in AReaL
-        set_("kl_ctl", _checks.finite_number("kl_ctl", self.kl_ctl))
-        set_("reward_bias", _checks.finite_number("reward_bias", self.reward_bias))
-        set_("reward_scaling", _checks.finite_number("reward_scaling", self.reward_scaling))
-        set_("reward_clip", _checks.finite_number("reward_clip", self.reward_clip, minimum=0.0))
+        set_("kl_ctl", finite_number("kl_ctl", self.kl_ctl))
+        set_("reward_bias", finite_number("reward_bias", self.reward_bias))
+        set_("reward_scaling", finite_number("reward_scaling", self.reward_scaling))
+        set_("reward_clip", finite_number("reward_clip", self.reward_clip, minimum=0.0))
         if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {_checks.short_repr(self.kl_estimator)}")
+            raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {short_repr(self.kl_estimator)}")
         for key in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty", "check_values"):
             if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"{key} must be a bool, got {_checks.short_repr(getattr(self, key))}")
+                raise ValueError(f"{key} must be a bool, got {short_repr(getattr(self, key))}")
         if self.gae_timestep_unit not in TIMESTEP_UNITS:
-            raise ValueError(f"gae_timestep_unit must be one of {TIMESTEP_UNITS}, got {_checks.short_repr(self.gae_timestep_unit)}")
+            raise ValueError(f"gae_timestep_unit must be one of {TIMESTEP_UNITS}, got {short_repr(self.gae_timestep_unit)}")
         set_("reward_norm", NormConfig.from_value(self.reward_norm, "reward_norm"))
         set_("adv_norm", NormConfig.from_value(self.adv_norm, "adv_norm"))
         set_("advantage_shaping", ShapingConfig.from_value(self.advantage_shaping))
@@ -135,23 +150,23 @@ class AdvantageConfig:
         if mode == "process_weighted" and self.mask_no_eos_with_zero:
             raise ValueError("advantage_shaping.mode='process_weighted' rejects mask_no_eos_with_zero: true")
         if self.gae_method not in GAE_METHODS:
-            raise ValueError(f"gae_method must be one of {GAE_METHODS}, got {_checks.short_repr(self.gae_method)}")
+            raise ValueError(f"gae_method must be one of {GAE_METHODS}, got {short_repr(self.gae_method)}")
         if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
                                             or self.discount * self.gae_lambda != 1.0):
             raise ValueError("gae_method='cumsum' needs discount * gae_lambda == 1 (a float gae_lambda)")
         if isinstance(self.gae_block_size, bool) or not isinstance(self.gae_block_size, int) or self.gae_block_size < 1:
-            raise ValueError(f"gae_block_size must be an integer >= 1, got {_checks.short_repr(self.gae_block_size)}")
+            raise ValueError(f"gae_block_size must be an integer >= 1, got {short_repr(self.gae_block_size)}")
         if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
-            raise ValueError(f"max_turns must be None or an integer >= 1, got {_checks.short_repr(self.max_turns)}")
+            raise ValueError(f"max_turns must be None or an integer >= 1, got {short_repr(self.max_turns)}")
         if self.overlong_reward_penalty:
             if not isinstance(self.overlong_tokens, int) or self.overlong_tokens < 1:
                 raise ValueError(f"overlong_tokens must be an integer >= 1 with overlong_reward_penalty, got "
-                                 f"{_checks.short_repr(self.overlong_tokens)}")
-            set_("overlong_penalty_factor", _checks.finite_number("overlong_penalty_factor",
+                                 f"{short_repr(self.overlong_tokens)}")
+            set_("overlong_penalty_factor", finite_number("overlong_penalty_factor",
                                                                   self.overlong_penalty_factor, minimum=0.0))
             if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < self.overlong_tokens:
                 raise ValueError(f"max_new_tokens must be an integer >= overlong_tokens with "
-                                 f"overlong_reward_penalty, got {_checks.short_repr(self.max_new_tokens)}")
+                                 f"overlong_reward_penalty, got {short_repr(self.max_new_tokens)}")
 
 
 def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:
@@ -164,16 +179,19 @@ def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:
         hash(pairs)
     except (TypeError, ValueError):
         raise ValueError(f"gae_lambda_kwargs must be a mapping of names to hashable values (numbers, strings), "
-                         f"got {_checks.short_repr(kwargs)}") from None
+                         f"got {short_repr(kwargs)}") from None
     return pairs
 
 
 def _outcome_rewards(rewards, raw_active, config: AdvantageConfig, groups_of):
     dtype = rewards.dtype
     if config.overlong_reward_penalty:
+        # Validated by AdvantageConfig: all three are set with the penalty on.
+        max_new, tokens, factor = config.max_new_tokens, config.overlong_tokens, config.overlong_penalty_factor
+        assert max_new is not None and tokens is not None and factor is not None
         response_length = jnp.sum(raw_active.astype(dtype), axis=1)
-        exceed = response_length - (config.max_new_tokens - config.overlong_tokens)
-        rewards = rewards + jnp.minimum(-exceed / config.overlong_tokens * config.overlong_penalty_factor, 0.0)
+        exceed = response_length - (max_new - tokens)
+        rewards = rewards + jnp.minimum(-exceed / tokens * factor, 0.0)
     rewards = jnp.clip((rewards + config.reward_bias) * config.reward_scaling, -config.reward_clip,
                        config.reward_clip)
     if config.reward_norm is not None:
@@ -368,6 +386,7 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: G
                                        config.gae_block_size)
     else:
         # KL stays token-local: added to the advantages, part of neither the recurrence nor the returns.
+        assert steps.turn_ids is not None  # turn level needs turn_ids (checked above)
         advantages, returns = turn_gae_core(task_rewards, values, active, steps.turn_ids, gamma, lam, bootstrap,
                                             num_turns, method)
         advantages = advantages + kl
@@ -428,8 +447,8 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
       ValueError: on bad shapes (at trace time), and, unless ``config.check_values`` is False, on
         process rewards outside [0, 1] under ``process_weighted``, non-uniform turn rewards when folding,
         ``group_sizes`` that are not positive or do not sum to ``B``, ``group_member_counts`` below 1,
-        a per-row λ outside [0, 1], or turn ids that break AReaL's rules (turn-level GAE or a λ function). Under an outer ``jit`` these value
-        checks raise when the computation runs.
+        a per-row λ outside [0, 1], or turn ids that break AReaL's rules (turn-level GAE or a λ function).
+        Under an outer ``jit`` these value checks raise when the computation runs.
     """
     if not isinstance(config, AdvantageConfig):
         raise TypeError(f"config must be an AdvantageConfig, got {type(config).__name__}")

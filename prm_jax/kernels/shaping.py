@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.validation import finite_number, short_repr
 
 SHAPING_MODES = ("additive", "gvpo", "process_weighted")
 
@@ -34,13 +35,13 @@ class ShapingConfig:
 
     def __post_init__(self):
         if self.mode not in SHAPING_MODES:
-            raise ValueError(f"advantage_shaping.mode must be one of {SHAPING_MODES}, got {_checks.short_repr(self.mode)}")
+            raise ValueError(f"advantage_shaping.mode must be one of {SHAPING_MODES}, got {short_repr(self.mode)}")
         for key in ("negative_scale", "zero_penalty", "zero_eps"):
-            object.__setattr__(self, key, _checks.finite_number(f"advantage_shaping.{key}", getattr(self, key),
+            object.__setattr__(self, key, finite_number(f"advantage_shaping.{key}", getattr(self, key),
                                                                 minimum=0.0))
 
     @classmethod
-    def from_value(cls, value: Any) -> "ShapingConfig":
+    def from_value(cls, value: Any) -> ShapingConfig:
         if isinstance(value, cls):
             return value
         if isinstance(value, dict):

@@ -12,14 +12,15 @@ judge on the local network without adding an HTTP dependency.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 
-from prm_jax.authoring import call_with_retry
-from prm_jax.scoring import BaseScorer
-from prm_jax.trajectory import Interaction
+from prm_jax.runtime.authoring import call_with_retry
+from prm_jax.runtime.scoring import BaseScorer
+from prm_jax.runtime.trajectory import Interaction
 
 
 class JudgeError(RuntimeError):

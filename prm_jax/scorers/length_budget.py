@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from prm_jax.scoring import BaseScorer, PRMMetricObservation, PRMScorerResult
-from prm_jax.trajectory import Interaction
+from prm_jax.runtime.scoring import BaseScorer, PRMMetricObservation, PRMScorerResult
+from prm_jax.runtime.trajectory import Interaction
 
 
 class LengthBudgetScorer(BaseScorer):

@@ -11,11 +11,12 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
                            process_id=process_id, initialization_timeout=60)
 
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from batches import make_batch  # noqa: E402
-from multiprocess_config import CONFIG, ROWS, WIDTH, SEED  # noqa: E402
+from multiprocess_config import CONFIG, ROWS, SEED, WIDTH  # noqa: E402
 
 from prm_jax import compute_advantages  # noqa: E402
 

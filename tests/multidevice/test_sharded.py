@@ -6,14 +6,13 @@ import re
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import reference
+from batches import make_batch, timestep_inputs
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import prm_jax
 from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages, sequence_parallel_gae
-from prm_jax.kernels import pipeline
-
-import reference
-from batches import make_batch, timestep_inputs
 
 FIELDS = ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs")
 

@@ -19,16 +19,22 @@ import importlib
 import inspect
 import logging
 import math
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import anyio
 import numpy as np
 
 from prm_jax._compat import ExceptionGroup, add_note
-from prm_jax.config import ExperimentConfig, PRMConfig
-from prm_jax.scoring import (BaseScorer, BaseTrajectoryScorer, PRMMetricObservation, PRMScorerResult,
-                             PRMTurnResult)
-from prm_jax.trajectory import Interaction, InteractionCache, freeze
+from prm_jax.runtime.config import ExperimentConfig, PRMConfig
+from prm_jax.runtime.scoring import (
+    BaseScorer,
+    BaseTrajectoryScorer,
+    PRMMetricObservation,
+    PRMScorerResult,
+    PRMTurnResult,
+)
+from prm_jax.runtime.trajectory import Interaction, InteractionCache, freeze
 
 logger = logging.getLogger(__name__)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -210,7 +216,7 @@ class PRMRunner:
         self._build(_as_prm_config(config))
 
     @classmethod
-    async def create(cls, config: Any = None) -> "PRMRunner":
+    async def create(cls, config: Any = None) -> PRMRunner:
         """Builds and validates; on failure awaits cleanup of the owned scorers built so far, then re-raises."""
         runner = cls.__new__(cls)
         runner._init_state()
@@ -297,6 +303,7 @@ class PRMRunner:
             if not turn.token_backed:
                 raise ValueError(f"interaction {turn.interaction_id!r} is not token-backed (no token ids) and "
                                  "cannot be scored")
+        assert self.config is not None  # set by _build
         if not self.config.enabled:
             return []
         leaf = chain[-1]

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
-from prm_jax.kernels._checks import finite_number
-
-from prm_jax.trajectory import Interaction
+from prm_jax.runtime.trajectory import Interaction
+from prm_jax.validation import finite_number
 
 SCOPES = ("turn", "trajectory")
 VALUE_TYPES = ("float", "boolean")

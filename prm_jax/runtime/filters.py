@@ -21,7 +21,8 @@ all_correct``, ``rejected_by_all_wrong = not accepted and not all_correct``, and
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

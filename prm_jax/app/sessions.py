@@ -29,8 +29,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from prm_jax.kernels._checks import short_repr
-from prm_jax.trajectory import Interaction, InteractionCache
+from prm_jax.runtime.trajectory import Interaction, InteractionCache
+from prm_jax.validation import short_repr
 
 MAX_TOKEN_ID = 2**31 - 1
 LOGPROB_SLACK = 1e-6  # inference engines round a log-prob of ~0 to tiny positive values
@@ -105,9 +105,12 @@ def _session(data: Any, path: Path, line: int) -> SessionRecord:
                                                                  f"got {bad[0]}")
         for field, upper in (("token_rewards", None), ("output_logprobs", 0.0), ("reward", None)):
             _check_finite(item.get(field), upper, path, line, f"{where}.{field}")
+        interaction_id = item.get("id")
+        if not isinstance(interaction_id, str) or not interaction_id:
+            raise InputError(path, line, f"{where}.id", "must be a non-empty string")
         try:
             cache.add(Interaction(
-                item.get("id"), item["input_tokens"], item["output_tokens"], parent_id=item.get("parent_id"),
+                interaction_id, item["input_tokens"], item["output_tokens"], parent_id=item.get("parent_id"),
                 output_logprobs=item.get("output_logprobs"), messages=item.get("messages") or (),
                 output_messages=item.get("output_messages") or (), stop_reason=item.get("stop_reason", "stop"),
                 reward=item.get("reward"), token_rewards=item.get("token_rewards")))

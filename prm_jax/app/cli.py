@@ -4,7 +4,7 @@
   prm-jax demo [--output OUT]
   prm-jax validate-config CONFIG.yaml
 
-``score`` reads sessions (format: ``prm_jax.sessions``), scores them with the configured scorers, exports
+``score`` reads sessions (format: ``prm_jax.app.sessions``), scores them with the configured scorers, exports
 them group by group, computes advantages with the configured actor settings, and writes ``OUT/batch.npz``
 (the padded batch, its advantages and returns) and ``OUT/metrics.json`` (metrics and the summary). Input and
 config are validated completely before anything is scored or written; each output file is written to a
@@ -21,24 +21,29 @@ import os
 import sys
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 import numpy as np
 
-from prm_jax.batching import pack_branches
-from prm_jax.config import ExperimentConfig, ScorerSpec, load_config
-from prm_jax.export import ExportService
-from prm_jax.kernels.filters import (filter_function, filter_mixed_or_penalized_all_wrong,
-                                     filter_mixed_or_penalized_all_wrong_mask_no_eos)
-from prm_jax.kernels.alignment import shift_to_next_token
+from prm_jax.app.config_file import load_config
+from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table
+from prm_jax.app.sessions import InputError, read_sessions
 from prm_jax.kernels.pipeline import compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES
-from prm_jax.metrics import InMemoryRecorder
-from prm_jax.runner import check_scorer_specs
-from prm_jax.sessions import InputError, read_sessions
+from prm_jax.runtime.batching import pack_branches
+from prm_jax.runtime.config import ExperimentConfig, ScorerSpec
+from prm_jax.runtime.export import ExportService
+from prm_jax.runtime.filters import (
+    filter_function,
+    filter_mixed_or_penalized_all_wrong,
+    filter_mixed_or_penalized_all_wrong_mask_no_eos,
+)
+from prm_jax.runtime.metrics import InMemoryRecorder
+from prm_jax.runtime.runner import check_scorer_specs
 
 FILTERS: dict[str, Callable] = {
     "filter_function": filter_function,
@@ -82,15 +87,6 @@ class Progress:
             if self.done == self.total:
                 self.stream.write("\n")
             self.stream.flush()
-
-
-@dataclasses.dataclass
-class ScoreRun:
-    batch: dict[str, np.ndarray]
-    outputs: dict[str, Any]          # per shaping mode (and "none"): AdvantageOutput or an error string
-    configured: Any                  # the configured mode's AdvantageOutput
-    metrics: dict[str, float]
-    summary: dict[str, Any]
 
 
 async def _export_all(config: ExperimentConfig, records, group_filter, progress: Progress):
@@ -138,15 +134,6 @@ def _shorten(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _advantage_stats(output) -> dict[str, float]:
-    active = np.asarray(output.loss_mask) > 0
-    values = np.asarray(output.advantages)[active]
-    if values.size == 0:
-        return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
-    return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()),
-            "max": float(values.max())}
-
-
 def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | None = None, bucket: int = 128,
               progress: bool = False) -> ScoreRun:
     try:
@@ -154,8 +141,9 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     except InputError as err:
         raise CLIError(str(err)) from None
     groups = list(OrderedDict.fromkeys(r.group for r in records))
-    statuses, accepted, metrics, filter_counters, reasons = anyio.run(_export_all, config, records, FILTERS.get(group_filter) if group_filter
-                                            else None, Progress(len(groups), progress))
+    chosen_filter = FILTERS[group_filter] if group_filter else None
+    statuses, accepted, metrics, filter_counters, reasons = anyio.run(_export_all, config, records, chosen_filter,
+                                                                      Progress(len(groups), progress))
     trajectories = [t for group in accepted for t in group]
     if not trajectories:
         listed = "; ".join(f"{g}: {r['status']} {r['reason']}" for g, r in list(reasons.items())[:5])
@@ -185,7 +173,7 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
         "shaping_mode": shaping.mode,
         "process_reward_per_scorer": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
                                       if "/prm_turn_reward/" in k},
-        "advantages": {mode: (_advantage_stats(out) if not isinstance(out, str) else out)
+        "advantages": {mode: (advantage_stats(out) if not isinstance(out, str) else out)
                        for mode, out in outputs.items()},
         "group_status": statuses,
         "rejected_groups": reasons,
@@ -195,7 +183,7 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     return ScoreRun(batch, outputs, configured, metrics, summary)
 
 
-def _commit_files(files: dict[Path, Callable[[io.BufferedWriter], None]]) -> None:
+def write_all_or_nothing(files: dict[Path, Callable[[io.BufferedWriter], None]]) -> None:
     """Writes every file to a temporary name beside it, then renames them all: all files or none.
 
     Files get the mode a plain ``open`` would give them (0666 less the umask), not ``mkstemp``'s 0600.
@@ -228,13 +216,18 @@ def output_files(run: ScoreRun, output_dir: Path, plot_path: Path | None = None,
     for field in ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs"):
         arrays[f"timestep_{field}"] = np.asarray(getattr(run.configured, field))
     arrays["timestep_advantages_unshaped"] = np.asarray(run.outputs["none"].advantages)
-    save = np.savez_compressed if compress else np.savez
     payload = json.dumps({"metrics": run.metrics, "summary": run.summary}, indent=2, sort_keys=True,
                          allow_nan=False).encode()
-    files: dict[Path, Callable[[io.BufferedWriter], None]] = {
-        output_dir / "batch.npz": lambda h: save(h, **arrays),
-        output_dir / "metrics.json": lambda h: h.write(payload),
-    }
+
+    def write_batch(handle: io.BufferedWriter) -> None:
+        save: Any = np.savez_compressed if compress else np.savez
+        save(handle, **arrays)
+
+    def write_metrics(handle: io.BufferedWriter) -> None:
+        handle.write(payload)
+
+    files: dict[Path, Callable[[io.BufferedWriter], None]] = {output_dir / "batch.npz": write_batch,
+                                                               output_dir / "metrics.json": write_metrics}
     if plot_path is not None:
         files[plot_path] = lambda h: plot(run, h)
     return files
@@ -242,90 +235,7 @@ def output_files(run: ScoreRun, output_dir: Path, plot_path: Path | None = None,
 
 def write_outputs(run: ScoreRun, output_dir: Path, plot_path: Path | None = None, compress: bool = False) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
-    _commit_files(output_files(run, output_dir, plot_path, compress))
-
-
-def _process_rewards(run: ScoreRun) -> np.ndarray:
-    """The process rewards on timesteps (0 where the shifted loss mask is 0, or without token rewards)."""
-    mask = np.asarray(run.configured.loss_mask)
-    if "token_rewards" not in run.batch:
-        return np.zeros_like(mask)
-    return np.asarray(shift_to_next_token(run.batch["token_rewards"])) * mask
-
-
-def plot(run: ScoreRun, handle: io.BufferedWriter, rows: int = 4) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    mask = np.asarray(run.configured.loss_mask)
-    process = _process_rewards(run)
-    rows = min(rows, mask.shape[0])
-    fig, axes = plt.subplots(rows, 1, figsize=(10, 2.6 * rows), squeeze=False)
-    for b in range(rows):
-        ax = axes[b, 0]
-        steps = np.arange(int(run.batch["attention_mask"][b].sum()))
-        ax.plot(steps, process[b, steps], label="process reward P", color="tab:green", drawstyle="steps-mid")
-        ax.plot(steps, np.asarray(run.outputs["none"].advantages)[b, steps], label="advantage, unshaped",
-                color="tab:gray")
-        ax.plot(steps, np.asarray(run.configured.advantages)[b, steps],
-                label=f"advantage, {run.summary['shaping_mode']}", color="tab:blue")
-        ax.fill_between(steps, 0, 1, where=mask[b, steps] > 0, color="tab:blue", alpha=0.06,
-                        transform=ax.get_xaxis_transform(), label="trained timesteps")
-        ax.set_ylabel(f"row {b}")
-    axes[0, 0].legend(loc="upper right", fontsize=8, ncol=2)
-    axes[-1, 0].set_xlabel("timestep")
-    fig.suptitle("per-token process rewards and advantages before and after shaping")
-    fig.tight_layout()
-    try:
-        fig.savefig(handle, format="png", dpi=90)
-    finally:
-        plt.close(fig)
-
-
-def print_summary(run: ScoreRun, stream=None) -> None:
-    out = stream or sys.stdout
-    s = run.summary
-    g = s["groups"]
-    print(f"groups: {g['total']} total, {g['accepted']} accepted, {g['rejected']} rejected, {g['filtered']} filtered;"
-          f" {s['trajectories']} trajectories in the batch", file=out)
-    shown = list(s["rejected_groups"].items())
-    for group, why in shown[:10]:
-        print(f"  {why['status']} group {group} (sessions {', '.join(why['sessions'])}): {why['reason']}", file=out)
-    if len(shown) > 10:
-        print(f"  ... and {len(shown) - 10} more (metrics.json lists every one)", file=out)
-    if s["process_reward_per_scorer"]:
-        print("mean process reward per turn (weighted), per scorer:", file=out)
-        for scorer, value in s["process_reward_per_scorer"].items():
-            print(f"  {scorer:<24} {value:10.4f}", file=out)
-    print(f"advantages on trained timesteps, per shaping mode (configured: {s['shaping_mode']}):", file=out)
-    print(f"  {'mode':<18} {'mean':>9} {'std':>9} {'min':>9} {'max':>9}", file=out)
-    for mode, stats in s["advantages"].items():
-        if isinstance(stats, str):
-            print(f"  {mode:<18} {stats}", file=out)
-        else:
-            print(f"  {mode:<18} {stats['mean']:9.4f} {stats['std']:9.4f} {stats['min']:9.4f} {stats['max']:9.4f}",
-                  file=out)
-
-
-def print_turn_table(run: ScoreRun, rows: int = 2, stream=None) -> None:
-    """Per turn of the first rows: the process reward next to the mean advantage under each mode."""
-    out = stream or sys.stdout
-    modes = [m for m in ("none", *SHAPING_MODES) if m in run.outputs and not isinstance(run.outputs[m], str)]
-    turn_ids = np.asarray(shift_to_next_token(run.batch["turn_ids"], fill=-1))
-    mask = np.asarray(run.configured.loss_mask) > 0
-    process = _process_rewards(run)
-    print("per turn (timesteps predicting the turn's tokens): process reward and mean advantage per mode", file=out)
-    for b in range(min(rows, mask.shape[0])):
-        print(f"row {b}: outcome reward {run.batch['original_rewards'][b]:g} (group-normalized "
-              f"{run.batch['rewards'][b]:.3f}), {'truncated' if run.batch['is_truncated'][b] else 'complete'}",
-              file=out)
-        print(f"  {'turn':>4} {'tokens':>6} {'P':>7} " + " ".join(f"{m:>16}" for m in modes), file=out)
-        for k in sorted(set(turn_ids[b][mask[b]].tolist())):
-            steps = mask[b] & (turn_ids[b] == k)
-            p = float(process[b][steps].mean())
-            cells = " ".join(f"{float(np.asarray(run.outputs[m].advantages)[b][steps].mean()):16.4f}" for m in modes)
-            print(f"  {k:>4} {int(steps.sum()):>6} {p:7.3f} {cells}", file=out)
+    write_all_or_nothing(output_files(run, output_dir, plot_path, compress))
 
 
 def _check_arguments(args) -> None:

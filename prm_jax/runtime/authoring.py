@@ -8,7 +8,8 @@ exponential backoff. Cancellation always propagates (it is never retried).
 from __future__ import annotations
 
 import math
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 

@@ -27,16 +27,14 @@ disabled the shaping settings are validated but unused (the actor shapes nothing
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-import yaml
-
-from prm_jax.kernels._checks import finite_number, short_repr
 from prm_jax.kernels.normalization import NormConfig
 from prm_jax.kernels.pipeline import AdvantageConfig
 from prm_jax.kernels.shaping import ShapingConfig
-from prm_jax.scoring import BaseScorer
+from prm_jax.runtime.scoring import BaseScorer
+from prm_jax.validation import finite_number, short_repr
 
 VERSIONS = ("v1", "v2")
 
@@ -63,7 +61,7 @@ class ScorerSpec:
     timeout: float | None = None  # seconds per evaluate / evaluate_trajectory call; None: no deadline
 
     @classmethod
-    def from_dict(cls, data: Any, where: str) -> "ScorerSpec":
+    def from_dict(cls, data: Any, where: str) -> ScorerSpec:
         data = _check_keys(where, data, {"path", "weight", "enabled", "kwargs", "timeout"})
         if not isinstance(data.get("path"), str) or not data.get("path"):
             raise ValueError(f"{where}.path must be a non-empty dotted import path, got {short_repr(data.get('path'))}")
@@ -107,7 +105,7 @@ class PRMConfig:
         return self.enabled and bool(self.scorers)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> "PRMConfig":
+    def from_dict(cls, data: Mapping[str, Any] | None) -> PRMConfig:
         data = _check_keys("rollout.agent.prm", data, {"enabled", "advantage_shaping", "scorers"})
         try:
             shaping = ShapingConfig.from_value(data.get("advantage_shaping") or {})
@@ -137,7 +135,7 @@ class ExperimentConfig:
     actor: AdvantageConfig
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ExperimentConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> ExperimentConfig:
         data = _check_keys("config", data, {"rollout", "actor"})
         rollout = _check_keys("rollout", data.get("rollout"), {"_version", "api_url", "agent"})
         agent = _check_keys("rollout.agent", rollout.get("agent"), {"chat_template_type", "export_style", "prm"})
@@ -193,46 +191,3 @@ def _norm(value: Any, where: str) -> NormConfig | None:
         return NormConfig.from_value(value, where)
     except TypeError as err:
         raise ValueError(str(err)) from None
-
-
-MAX_YAML_NODES = 100_000
-
-
-def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
-    """Nodes the document has once aliases are expanded (shared subtrees counted each time they appear)."""
-    if id(node) in memo:
-        return memo[id(node)]
-    memo[id(node)] = 1  # a recursive alias counts once
-    size = 1
-    if isinstance(node, yaml.SequenceNode):
-        size += sum(_expanded_size(child, memo) for child in node.value)
-    elif isinstance(node, yaml.MappingNode):
-        size += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
-    memo[id(node)] = min(size, MAX_YAML_NODES + 1)
-    return memo[id(node)]
-
-
-def parse_yaml(text: str, where: str) -> Any:
-    """``yaml.safe_load`` that refuses documents expanding past ``MAX_YAML_NODES`` (nested-alias bombs)."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if _expanded_size(node, {}) > MAX_YAML_NODES:
-            raise ValueError(f"{where}: the YAML expands to more than {MAX_YAML_NODES} nodes (nested aliases?); "
-                             "refused")
-        return loader.construct_document(node)
-    except yaml.YAMLError as err:
-        raise ValueError(f"{where}: not valid YAML: {short_repr(str(err))}") from None
-    finally:
-        loader.dispose()
-
-
-def load_config(path: str | Path) -> ExperimentConfig:
-    """Loads and validates a YAML config file."""
-    path = Path(path)
-    data = parse_yaml(path.read_text(), str(path))
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{path}: the config must be a YAML mapping with 'rollout' and 'actor'")
-    return ExperimentConfig.from_dict(data)

@@ -1,4 +1,4 @@
-"""Scored branches to padded device arrays: one host buffer per field, one transfer.
+"""Scored branches to padded batches: one host buffer per field (``jax.device_put`` moves it in one call).
 
 Widths are bucketed (to a multiple of ``bucket``, or to a power of two) and the row count can be padded
 to a fixed size, so a trainer compiles ``compute_advantages`` a handful of times rather than once per
@@ -7,12 +7,11 @@ length. Padding rows have an all-zero attention mask and ``turn_ids`` of -1.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
 
-import jax
 import numpy as np
 
-from prm_jax.trajectory import BranchSequence
+from prm_jax.runtime.trajectory import BranchSequence
 
 FIELDS = {
     "input_ids": (np.int32, 0),
@@ -51,7 +50,7 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     if rows < len(sequences):
         raise ValueError(f"rows {rows} is fewer than the {len(sequences)} sequences")
     with_rewards = any(seq.token_rewards is not None for seq in sequences)
-    batch = {name: np.full((rows, width), fill, dtype) for name, (dtype, fill) in FIELDS.items()
+    batch: dict[str, np.ndarray] = {name: np.full((rows, width), fill, dtype) for name, (dtype, fill) in FIELDS.items()
              if name != "token_rewards" or with_rewards}
     batch["rewards"] = np.zeros(rows, np.float32)
     batch["is_truncated"] = np.zeros(rows, bool)
@@ -69,8 +68,3 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
         batch["rewards"][b] = seq.reward
         batch["is_truncated"][b] = seq.is_truncated
     return batch
-
-
-def to_device(batch: dict[str, np.ndarray], sharding: Any = None) -> dict[str, jax.Array]:
-    """One ``jax.device_put`` of the whole batch (a transfer per field), optionally with a sharding."""
-    return jax.device_put(batch, sharding)

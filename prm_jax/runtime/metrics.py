@@ -15,10 +15,11 @@ sums and counts add up. A boolean ``count`` is the number of true observations.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 from urllib.parse import quote
 
-from prm_jax.scoring import PRMTurnResult
+from prm_jax.runtime.scoring import PRMTurnResult
 
 AVERAGED = ("mean", "rate")
 
@@ -57,7 +58,7 @@ class MetricStats:
         metric.total += float(value)
         metric.count += count
 
-    def merge(self, other: "MetricStats") -> "MetricStats":
+    def merge(self, other: MetricStats) -> MetricStats:
         for name, metric in other.metrics.items():
             self.add(name, metric.total, averaged=metric.averaged, count=metric.count)
         return self

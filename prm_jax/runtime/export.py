@@ -28,19 +28,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import anyio
 import numpy as np
 
 from prm_jax._compat import ExceptionGroup, add_note
-from prm_jax.batching import pack_branches
-from prm_jax.config import ExperimentConfig
-from prm_jax.kernels.filters import GroupFilterResult
-from prm_jax.metrics import MetricStats, branch_stats, trajectory_rewards
-from prm_jax.runner import PRMRunner
-from prm_jax.scoring import PRMTurnResult
-from prm_jax.trajectory import BranchSequence, Interaction, InteractionCache
+from prm_jax.runtime.batching import pack_branches
+from prm_jax.runtime.config import ExperimentConfig
+from prm_jax.runtime.filters import GroupFilterResult
+from prm_jax.runtime.metrics import MetricStats, branch_stats, trajectory_rewards
+from prm_jax.runtime.runner import PRMRunner
+from prm_jax.runtime.scoring import PRMTurnResult
+from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache
 
 logger = logging.getLogger(__name__)
 HITL_SESSION = "__hitl__"
@@ -157,7 +158,8 @@ async def _score_session(store: TrajectoryStore, key: str, leaves: list[str], ru
 
 def _prm_stats(scored: list[_Scored], is_eval: bool) -> dict[str, Any]:
     stats = MetricStats()
-    turns, totals = {}, {}
+    turns: dict[str, list[PRMTurnResult]] = {}
+    totals: dict[str, dict[str, dict[str, float]]] = {}
     for session in scored:
         if session.error is not None:
             continue
@@ -246,8 +248,9 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
         if result["rejected_sessions"]:
             result["status"] = "rejected"
             return result
-        trajectories = [{"session_key": key, "leaf_id": seq.leaf_id, "sequence": seq, "reward": seq.reward}
-                        for key in keys for seq in scored[key].sequences]
+        trajectories: list[dict[str, Any]] = [
+            {"session_key": key, "leaf_id": seq.leaf_id, "sequence": seq, "reward": seq.reward}
+            for key in keys for seq in scored[key].sequences]
         if normalize_rewards:
             for t, value in zip(trajectories, group_normalize([t["reward"] for t in trajectories])):
                 t["original_reward"], t["reward"] = t["reward"], float(value)
@@ -285,7 +288,7 @@ class ExportService:
         self._closed = False
 
     @classmethod
-    async def start(cls, config: ExperimentConfig, *, clients: Sequence[Any] = ()) -> "ExportService":
+    async def start(cls, config: ExperimentConfig, *, clients: Sequence[Any] = ()) -> ExportService:
         try:
             if config.rollout.version == "v2":
                 runner = await PRMRunner.create(config) if config.prm.active else None
@@ -326,7 +329,7 @@ class ExportService:
         if errors:
             raise ExceptionGroup("export service shutdown failed", errors)
 
-    async def __aenter__(self) -> "ExportService":
+    async def __aenter__(self) -> ExportService:
         return self
 
     async def __aexit__(self, *exc_info) -> None:

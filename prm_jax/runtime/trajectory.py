@@ -18,7 +18,8 @@ import copy
 import dataclasses
 import math
 import types
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -124,7 +125,7 @@ class Interaction:
     def token_backed(self) -> bool:
         return self.output_tokens is not None
 
-    def readonly(self) -> "Interaction":
+    def readonly(self) -> Interaction:
         """A deep, read-only copy for scorers: frozen fields, read-only arrays, immutable messages."""
         view = object.__new__(ReadOnlyInteraction)
         for field in dataclasses.fields(self):
@@ -195,7 +196,7 @@ def stitch(chain: Sequence[Interaction]) -> BranchSequence:
         turn_ids[span] = k
         if turn.output_logprobs is not None:
             logprobs[span] = turn.output_logprobs
-        if turn.token_rewards is not None:
+        if turn.token_rewards is not None and token_rewards is not None:
             token_rewards[span] = turn.token_rewards
     return BranchSequence(leaf.interaction_id, input_ids, loss_mask, logprobs, turn_ids, token_rewards, leaf.reward,
                           leaf.stop_reason == "length", tuple(turn.interaction_id for turn in chain))
@@ -267,7 +268,7 @@ class InteractionCache:
             raise ValueError(f"interactions {stray} are on a parent cycle")
         return branches
 
-    def clone_chain(self, leaf_id: str) -> "InteractionCache":
+    def clone_chain(self, leaf_id: str) -> InteractionCache:
         """A new cache holding deep copies of the chain ending at ``leaf_id``."""
         return InteractionCache(copy.deepcopy(self.chain(leaf_id)))
 

@@ -1,0 +1,54 @@
+"""Config files: YAML, YAML-compatible with AReaL, parsed with a bound on alias expansion."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from prm_jax.runtime.config import ExperimentConfig
+from prm_jax.validation import short_repr
+
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Nodes the document has once aliases are expanded (shared subtrees counted each time they appear)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = 1  # a recursive alias counts once
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, memo) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    memo[id(node)] = min(size, MAX_YAML_NODES + 1)
+    return memo[id(node)]
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load`` that refuses documents expanding past ``MAX_YAML_NODES`` (nested-alias bombs)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_YAML_NODES:
+            raise ValueError(f"{where}: the YAML expands to more than {MAX_YAML_NODES} nodes (nested aliases?); "
+                             "refused")
+        return loader.construct_document(node)
+    except yaml.YAMLError as err:
+        raise ValueError(f"{where}: not valid YAML: {short_repr(str(err))}") from None
+    finally:
+        loader.dispose()
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Loads and validates a YAML config file."""
+    path = Path(path)
+    data = parse_yaml(path.read_text(), str(path))
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path}: the config must be a YAML mapping with 'rollout' and 'actor'")
+    return ExperimentConfig.from_dict(data)

@@ -1,0 +1,116 @@
+"""The report of a scored run: the summary, the per-turn table and the plot of a few rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import sys
+from typing import Any
+
+import numpy as np
+
+from prm_jax.kernels.alignment import shift_to_next_token
+from prm_jax.kernels.shaping import SHAPING_MODES
+
+
+@dataclasses.dataclass
+class ScoreRun:
+    batch: dict[str, np.ndarray]
+    outputs: dict[str, Any]          # per shaping mode (and "none"): AdvantageOutput or an error string
+    configured: Any                  # the configured mode's AdvantageOutput
+    metrics: dict[str, float]
+    summary: dict[str, Any]
+
+
+def advantage_stats(output) -> dict[str, float]:
+    active = np.asarray(output.loss_mask) > 0
+    values = np.asarray(output.advantages)[active]
+    if values.size == 0:
+        return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
+    return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()),
+            "max": float(values.max())}
+
+
+def _process_rewards(run: ScoreRun) -> np.ndarray:
+    """The process rewards on timesteps (0 where the shifted loss mask is 0, or without token rewards)."""
+    mask = np.asarray(run.configured.loss_mask)
+    if "token_rewards" not in run.batch:
+        return np.zeros_like(mask)
+    return np.asarray(shift_to_next_token(run.batch["token_rewards"])) * mask
+
+
+def plot(run: ScoreRun, handle: io.BufferedWriter, rows: int = 4) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mask = np.asarray(run.configured.loss_mask)
+    process = _process_rewards(run)
+    rows = min(rows, mask.shape[0])
+    fig, axes = plt.subplots(rows, 1, figsize=(10, 2.6 * rows), squeeze=False)
+    for b in range(rows):
+        ax = axes[b, 0]
+        steps = np.arange(int(run.batch["attention_mask"][b].sum()))
+        ax.plot(steps, process[b, steps], label="process reward P", color="tab:green", drawstyle="steps-mid")
+        ax.plot(steps, np.asarray(run.outputs["none"].advantages)[b, steps], label="advantage, unshaped",
+                color="tab:gray")
+        ax.plot(steps, np.asarray(run.configured.advantages)[b, steps],
+                label=f"advantage, {run.summary['shaping_mode']}", color="tab:blue")
+        ax.fill_between(steps, 0, 1, where=mask[b, steps] > 0, color="tab:blue", alpha=0.06,
+                        transform=ax.get_xaxis_transform(), label="trained timesteps")
+        ax.set_ylabel(f"row {b}")
+    axes[0, 0].legend(loc="upper right", fontsize=8, ncol=2)
+    axes[-1, 0].set_xlabel("timestep")
+    fig.suptitle("per-token process rewards and advantages before and after shaping")
+    fig.tight_layout()
+    try:
+        fig.savefig(handle, format="png", dpi=90)
+    finally:
+        plt.close(fig)
+
+
+def print_summary(run: ScoreRun, stream=None) -> None:
+    out = stream or sys.stdout
+    s = run.summary
+    g = s["groups"]
+    print(f"groups: {g['total']} total, {g['accepted']} accepted, {g['rejected']} rejected, {g['filtered']} filtered;"
+          f" {s['trajectories']} trajectories in the batch", file=out)
+    shown = list(s["rejected_groups"].items())
+    for group, why in shown[:10]:
+        print(f"  {why['status']} group {group} (sessions {', '.join(why['sessions'])}): {why['reason']}", file=out)
+    if len(shown) > 10:
+        print(f"  ... and {len(shown) - 10} more (metrics.json lists every one)", file=out)
+    if s["process_reward_per_scorer"]:
+        print("mean process reward per turn (weighted), per scorer:", file=out)
+        for scorer, value in s["process_reward_per_scorer"].items():
+            print(f"  {scorer:<24} {value:10.4f}", file=out)
+    print(f"advantages on trained timesteps, per shaping mode (configured: {s['shaping_mode']}):", file=out)
+    print(f"  {'mode':<18} {'mean':>9} {'std':>9} {'min':>9} {'max':>9}", file=out)
+    for mode, stats in s["advantages"].items():
+        if isinstance(stats, str):
+            print(f"  {mode:<18} {stats}", file=out)
+        else:
+            print(f"  {mode:<18} {stats['mean']:9.4f} {stats['std']:9.4f} {stats['min']:9.4f} {stats['max']:9.4f}",
+                  file=out)
+
+
+def print_turn_table(run: ScoreRun, rows: int = 2, stream=None) -> None:
+    """Per turn of the first rows: the process reward next to the mean advantage under each mode."""
+    out = stream or sys.stdout
+    modes = [m for m in ("none", *SHAPING_MODES) if m in run.outputs and not isinstance(run.outputs[m], str)]
+    turn_ids = np.asarray(shift_to_next_token(run.batch["turn_ids"], fill=-1))
+    mask = np.asarray(run.configured.loss_mask) > 0
+    process = _process_rewards(run)
+    print("per turn (timesteps predicting the turn's tokens): process reward and mean advantage per mode", file=out)
+    for b in range(min(rows, mask.shape[0])):
+        print(f"row {b}: outcome reward {run.batch['original_rewards'][b]:g} (group-normalized "
+              f"{run.batch['rewards'][b]:.3f}), {'truncated' if run.batch['is_truncated'][b] else 'complete'}",
+              file=out)
+        print(f"  {'turn':>4} {'tokens':>6} {'P':>7} " + " ".join(f"{m:>16}" for m in modes), file=out)
+        for k in sorted(set(turn_ids[b][mask[b]].tolist())):
+            steps = mask[b] & (turn_ids[b] == k)
+            p = float(process[b][steps].mean())
+            cells = " ".join(f"{float(np.asarray(run.outputs[m].advantages)[b][steps].mean()):16.4f}" for m in modes)
+            print(f"  {k:>4} {int(steps.sum()):>6} {p:7.3f} {cells}", file=out)
+
+

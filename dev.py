@@ -3,6 +3,8 @@
 
   python3 dev.py demo    create .venv, install prm-jax, run `prm-jax demo` (the main job)
   python3 dev.py test    create .venv, install prm-jax with its test extras, run the test suite
+  python3 dev.py lint    ruff and mypy over the package (in .venv)
+  python3 dev.py floor   the kernel tests on the oldest supported jax, in .venv-floor
   python3 dev.py bench   create .venv, install, run the CPU benchmarks
 
 Extra arguments are passed on (to pytest for ``test``).
@@ -18,37 +20,52 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
+FLOOR_VENV = ROOT / ".venv-floor"
+JAX_FLOOR = "0.7.0"  # keep equal to the floor in pyproject.toml
+KERNEL_TESTS = ["tests/test_gae.py", "tests/test_pipeline.py", "tests/test_normalization.py",
+                "tests/test_shaping.py", "tests/test_alignment_kl.py", "tests/test_areal_parity.py"]
 
 
-def _python() -> Path:
-    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+def _python(env: Path = VENV) -> Path:
+    return env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def _ensure_env(extras: str) -> Path:
-    python = _python()
+def _ensure_env(extras: str, env: Path = VENV, pins: tuple[str, ...] = ()) -> Path:
+    python = _python(env)
     if not python.exists():
-        venv.EnvBuilder(with_pip=True).create(VENV)
-    stamp = VENV / f".installed-{extras or 'base'}"
+        venv.EnvBuilder(with_pip=True).create(env)
+    stamp = env / f".installed-{extras or 'base'}"
     sources = [ROOT / "pyproject.toml"]
     if not stamp.exists() or any(s.stat().st_mtime > stamp.stat().st_mtime for s in sources):
         target = f"{ROOT}[{extras}]" if extras else str(ROOT)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "-e", target], check=True)
+                        "-e", target, *pins], check=True)
         stamp.touch()
     return python
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "bench"):
+    if not argv or argv[0] not in ("demo", "test", "lint", "floor", "bench"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
     if command == "demo":
         python = _ensure_env("")
         return subprocess.run([str(python), "-m", "prm_jax.app.cli", "demo", *rest], cwd=ROOT).returncode
+    if command == "floor":
+        python = _ensure_env("test", FLOOR_VENV, (f"jax=={JAX_FLOOR}", f"jaxlib=={JAX_FLOOR}"))
+        env = dict(os.environ, PRM_JAX_CACHE=str(FLOOR_VENV / "prm_jax_cache"))
+        return subprocess.run([str(python), "-m", "pytest", "-q", *KERNEL_TESTS, *rest], cwd=ROOT,
+                              env=env).returncode
     python = _ensure_env("test")
     if command == "test":
         return subprocess.run([str(python), "-m", "pytest", *rest], cwd=ROOT).returncode
+    if command == "lint":
+        for tool in (["ruff", "check", "prm_jax", "tests", "benchmarks", "examples", "dev.py"], ["mypy"]):
+            code = subprocess.run([str(python), "-m", *tool], cwd=ROOT).returncode
+            if code:
+                return code
+        return 0
     return subprocess.run([str(python), "benchmarks/bench_advantages.py", *rest], cwd=ROOT).returncode
 
 

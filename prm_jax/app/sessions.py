@@ -70,6 +70,37 @@ def _check_finite(value: Any, upper: float | None, path: Path, line: int, field:
             raise InputError(path, line, field, f"log-probabilities must be <= 0, got {v}")
 
 
+def _interaction(item: Any, path: Path, line: int, where: str) -> Interaction:
+    if not isinstance(item, dict):
+        raise InputError(path, line, where, "must be a JSON object")
+    unknown = sorted(set(item) - INTERACTION_KEYS)
+    if unknown:
+        raise InputError(path, line, f"{where}.{unknown[0]}", "unknown key")
+    for field in ("input_tokens", "output_tokens"):
+        if not isinstance(item.get(field), list):
+            raise InputError(path, line, f"{where}.{field}", "token ids are required (a list of integers); "
+                                                             "message-only interactions cannot be scored")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in item[field]):
+            raise InputError(path, line, f"{where}.{field}", "must hold integer token ids only")
+        bad = [t for t in item[field] if not 0 <= t <= MAX_TOKEN_ID]
+        if bad:
+            raise InputError(path, line, f"{where}.{field}", f"token ids must be in [0, {MAX_TOKEN_ID}] (int32), "
+                                                             f"got {bad[0]}")
+    for field, upper in (("token_rewards", None), ("output_logprobs", 0.0), ("reward", None)):
+        _check_finite(item.get(field), upper, path, line, f"{where}.{field}")
+    interaction_id = item.get("id")
+    if not isinstance(interaction_id, str) or not interaction_id:
+        raise InputError(path, line, f"{where}.id", "must be a non-empty string")
+    try:
+        return Interaction(
+            interaction_id, item["input_tokens"], item["output_tokens"], parent_id=item.get("parent_id"),
+            output_logprobs=item.get("output_logprobs"), messages=item.get("messages") or (),
+            output_messages=item.get("output_messages") or (), stop_reason=item.get("stop_reason", "stop"),
+            reward=item.get("reward"), token_rewards=item.get("token_rewards"))
+    except (ValueError, TypeError) as err:
+        raise InputError(path, line, where, str(err)) from None
+
+
 def _session(data: Any, path: Path, line: int) -> SessionRecord:
     if not isinstance(data, dict):
         raise InputError(path, line, "session", f"must be a JSON object, got {type(data).__name__}")
@@ -87,35 +118,11 @@ def _session(data: Any, path: Path, line: int) -> SessionRecord:
         raise InputError(path, line, "interactions", "must be a non-empty list")
     cache = InteractionCache()
     for i, item in enumerate(items):
-        where = f"interactions[{i}]"
-        if not isinstance(item, dict):
-            raise InputError(path, line, where, "must be a JSON object")
-        unknown = sorted(set(item) - INTERACTION_KEYS)
-        if unknown:
-            raise InputError(path, line, f"{where}.{unknown[0]}", "unknown key")
-        for field in ("input_tokens", "output_tokens"):
-            if not isinstance(item.get(field), list):
-                raise InputError(path, line, f"{where}.{field}", "token ids are required (a list of integers); "
-                                                                 "message-only interactions cannot be scored")
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in item[field]):
-                raise InputError(path, line, f"{where}.{field}", "must hold integer token ids only")
-            bad = [t for t in item[field] if not 0 <= t <= MAX_TOKEN_ID]
-            if bad:
-                raise InputError(path, line, f"{where}.{field}", f"token ids must be in [0, {MAX_TOKEN_ID}] (int32), "
-                                                                 f"got {bad[0]}")
-        for field, upper in (("token_rewards", None), ("output_logprobs", 0.0), ("reward", None)):
-            _check_finite(item.get(field), upper, path, line, f"{where}.{field}")
-        interaction_id = item.get("id")
-        if not isinstance(interaction_id, str) or not interaction_id:
-            raise InputError(path, line, f"{where}.id", "must be a non-empty string")
+        interaction = _interaction(item, path, line, f"interactions[{i}]")
         try:
-            cache.add(Interaction(
-                interaction_id, item["input_tokens"], item["output_tokens"], parent_id=item.get("parent_id"),
-                output_logprobs=item.get("output_logprobs"), messages=item.get("messages") or (),
-                output_messages=item.get("output_messages") or (), stop_reason=item.get("stop_reason", "stop"),
-                reward=item.get("reward"), token_rewards=item.get("token_rewards")))
+            cache.add(interaction)
         except (ValueError, TypeError) as err:
-            raise InputError(path, line, where, str(err)) from None
+            raise InputError(path, line, f"interactions[{i}]", str(err)) from None
     try:
         leaves = cache.leaves()
         ready = data.get("ready", leaves)

@@ -303,106 +303,112 @@ def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, config: Advant
     return lam
 
 
-def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: GAEMethod):
+def _check_batch_shapes(batch: Mapping[str, jax.Array], config: AdvantageConfig) -> tuple[int, int]:
+    """Trace-time checks of every key's shape; returns ``(B, T)``."""
     _checks.check_rank("batch['attention_mask']", batch["attention_mask"], 2)
     shape = jnp.shape(batch["attention_mask"])
-    num_rows, width = shape
     for key in ("loss_mask", "logprobs", "values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids"):
         if key in batch:
             _checks.check_shape(f"batch[{key!r}]", batch[key], shape, "attention_mask")
     for key in ("rewards", "is_truncated", "gae_lambda"):
         if key in batch:
-            _checks.check_shape(f"batch[{key!r}]", batch[key], (num_rows,), "the batch axis")
+            _checks.check_shape(f"batch[{key!r}]", batch[key], shape[:1], "the batch axis")
     for key in ("group_sizes", "group_member_counts"):
         if key in batch:
             _checks.check_rank(f"batch[{key!r}]", batch[key], 1)
     if config.gae_timestep_unit == "turn" and "turn_ids" not in batch:
         raise ValueError("gae_timestep_unit='turn' needs batch['turn_ids']")
+    return shape[0], shape[1]
 
-    dtype = _checks.accumulation_dtype(*(batch[k] for k in ("logprobs", "rewards", "values", "ref_logprobs",
-                                                             "prox_logprobs", "token_rewards") if k in batch))
-    zero = jnp.zeros((), dtype)
-    raw_active = _checks.as_mask("batch['loss_mask']", batch["loss_mask"])
-    # seqlen = sum(attention_mask), summed as given: no converted copy of the mask.
-    attention = jnp.asarray(batch["attention_mask"])
-    _checks.check_mask_dtype("batch['attention_mask']", attention)
-    seqlen = (jnp.count_nonzero(attention, axis=1).astype(jnp.int32) if attention.dtype == jnp.bool_
-              else jnp.sum(attention, axis=1, dtype=jnp.int32))
-    step = lax.broadcasted_iota(jnp.int32, shape, 1)
-    checks = [*_checks.mask_check("batch['attention_mask']", attention),
+
+def _batch_checks(batch: Mapping[str, jax.Array], num_rows: int) -> list[_checks.ValueCheck]:
+    """Value checks of the inputs themselves: masks are bool or 0/1, groups add up."""
+    checks = [*_checks.mask_check("batch['attention_mask']", batch["attention_mask"]),
               *_checks.mask_check("batch['loss_mask']", batch["loss_mask"])]
     if "is_truncated" in batch:
         checks += _checks.mask_check("batch['is_truncated']", batch["is_truncated"])
-
     if "group_sizes" in batch:
         checks.append(group_sizes_check(batch["group_sizes"], num_rows))
     if "group_member_counts" in batch:
         checks.append(member_counts_check(batch["group_member_counts"]))
+    return checks
+
+
+def _sequence_lengths(attention_mask: jax.Array) -> jax.Array:
+    """``seqlen = sum(attention_mask)`` per row, summed as given: no converted copy of the mask."""
+    attention = jnp.asarray(attention_mask)
+    _checks.check_mask_dtype("batch['attention_mask']", attention)
+    if attention.dtype == jnp.bool_:
+        return jnp.count_nonzero(attention, axis=1).astype(jnp.int32)
+    return jnp.sum(attention, axis=1, dtype=jnp.int32)
+
+
+def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timesteps, seqlen: jax.Array,
+                  truncated: jax.Array, config: AdvantageConfig, checks: list) -> tuple[jax.Array, jax.Array | None]:
+    """Steps 4-5: the outcome reward at timestep ``max(seqlen - 2, 0)`` (0 for truncated rows under
+    ``mask_no_eos_with_zero``, which also clears their process rewards), plus folded turn rewards."""
+    zero = jnp.zeros((), outcome.dtype)
+    if config.mask_no_eos_with_zero:
+        outcome = jnp.where(truncated, zero, outcome)
+        if process is not None:
+            process = jnp.where(truncated[:, None], zero, process)
+    step = lax.broadcasted_iota(jnp.int32, steps.active.shape, 1)
+    task = jnp.where(step == jnp.maximum(seqlen - 2, 0)[:, None], outcome[:, None], zero)
+    if process is not None and not config.token_rewards_as_adv:
+        folded, uniform_check = _fold_turn_rewards(process, steps.active, steps.turn_ids)
+        checks.append(uniform_check)
+        task = task + folded
+    return task, process
+
+
+def _advantages_and_returns(task: jax.Array, kl: jax.Array, steps: Timesteps, bootstrap: jax.Array,
+                            lam: jax.Array, config: AdvantageConfig, method: GAEMethod) -> tuple[jax.Array, jax.Array]:
+    """Steps 6-7: GAE over tokens (with the KL rewards inside) or over turns (KL added afterwards)."""
+    gamma = jnp.asarray(config.discount, task.dtype)
+    if config.gae_timestep_unit == "token":
+        return gae_core(task + kl, steps.values, steps.active, gamma, lam, bootstrap, method, config.gae_block_size)
+    # KL stays token-local: added to the advantages, part of neither the recurrence nor the returns.
+    assert steps.turn_ids is not None  # turn level needs turn_ids (checked with the shapes)
+    width = steps.active.shape[1]
+    advantages, returns = turn_gae_core(task, steps.values, steps.active, steps.turn_ids, gamma, lam, bootstrap,
+                                        config.max_turns or width, method)
+    return advantages + kl, returns
+
+
+def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: GAEMethod):
+    num_rows, width = _check_batch_shapes(batch, config)
+    dtype = _checks.accumulation_dtype(*(batch[k] for k in ("logprobs", "rewards", "values", "ref_logprobs",
+                                                             "prox_logprobs", "token_rewards") if k in batch))
+    checks = _batch_checks(batch, num_rows)
+    seqlen = _sequence_lengths(batch["attention_mask"])
+    raw_active = _checks.as_mask("batch['loss_mask']", batch["loss_mask"])
 
     def groups_of(norm: NormConfig) -> GroupLayout | None:
         if not norm.uses_groups:
             return None
         return group_layout(num_rows, norm, batch.get("group_sizes"), batch.get("group_member_counts"))
 
-    # 1. outcome rewards
     rewards = _checks.as_float("batch['rewards']", batch["rewards"], dtype)
     checks.append(_checks.finite_check("batch['rewards']", rewards))
-    outcome = _outcome_rewards(rewards, raw_active, config, groups_of)
-
-    # 2. positions -> timesteps
-    steps = _to_timesteps(batch, raw_active, dtype)
-    active, process = steps.active, steps.process
-    num_turns = config.max_turns or width
+    outcome = _outcome_rewards(rewards, raw_active, config, groups_of)                      # 1
+    steps = _to_timesteps(batch, raw_active, dtype)                                          # 2
     if steps.turn_ids is not None and (config.gae_timestep_unit == "turn" or isinstance(config.gae_lambda, str)):
-        checks.append(turn_ids_check(steps.turn_ids, active, num_turns))
-
-    # 3. KL rewards
-    kl = _kl(steps, seqlen, config)
-
-    # 4. truncation and the outcome reward's timestep
+        checks.append(turn_ids_check(steps.turn_ids, steps.active, config.max_turns or width))
+    kl = _kl(steps, seqlen, config)                                                          # 3
     truncated = _truncation(batch, seqlen, width)
-    if config.mask_no_eos_with_zero:
-        outcome = jnp.where(truncated, zero, outcome)
-        if process is not None:
-            process = jnp.where(truncated[:, None], zero, process)
-    outcome_step = jnp.maximum(seqlen - 2, 0)
-    task_rewards = jnp.where(step == outcome_step[:, None], outcome[:, None], zero)
-
-    # 5. process rewards: direct (kept for shaping) or folded into the GAE rewards
-    if process is not None and not config.token_rewards_as_adv:
-        folded, uniform_check = _fold_turn_rewards(process, active, steps.turn_ids)
-        checks.append(uniform_check)
-        task_rewards = task_rewards + folded
-
-    # 6-7. GAE and returns
-    values = steps.values
-    last_value = jnp.take_along_axis(values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
-    bootstrap = jnp.where(truncated, last_value, zero)
+    task, process = _task_rewards(outcome, steps.process, steps, seqlen, truncated, config, checks)  # 4-5
+    last_value = jnp.take_along_axis(steps.values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
+    bootstrap = jnp.where(truncated, last_value, jnp.zeros((), dtype))
     lam = _gae_lambda(batch, steps, config, dtype, checks)
-    gamma = jnp.asarray(config.discount, dtype)
-    tot_rewards = task_rewards + kl
-    if config.gae_timestep_unit == "token":
-        advantages, returns = gae_core(tot_rewards, values, active, gamma, lam, bootstrap, method,
-                                       config.gae_block_size)
-    else:
-        # KL stays token-local: added to the advantages, part of neither the recurrence nor the returns.
-        assert steps.turn_ids is not None  # turn level needs turn_ids (checked above)
-        advantages, returns = turn_gae_core(task_rewards, values, active, steps.turn_ids, gamma, lam, bootstrap,
-                                            num_turns, method)
-        advantages = advantages + kl
-
-    # 8. advantage normalization
-    if config.adv_norm is not None:
-        advantages = normalize_core(advantages, active, config.adv_norm, groups_of(config.adv_norm))
-
-    # 9. shaping with direct process rewards
-    if process is not None and config.token_rewards_as_adv:
+    advantages, returns = _advantages_and_returns(task, kl, steps, bootstrap, lam, config, method)  # 6-7
+    if config.adv_norm is not None:                                                          # 8
+        advantages = normalize_core(advantages, steps.active, config.adv_norm, groups_of(config.adv_norm))
+    if process is not None and config.token_rewards_as_adv:                                  # 9
         if config.advantage_shaping.mode == "process_weighted":
-            checks.append(process_range_check(process, active))
-        advantages = shape_core(advantages, process, active, config.advantage_shaping)
-
-    output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=tot_rewards,
-                             loss_mask=active.astype(dtype), logprobs=steps.logprobs)
+            checks.append(process_range_check(process, steps.active))
+        advantages = shape_core(advantages, process, steps.active, config.advantage_shaping)
+    output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=task + kl,
+                             loss_mask=steps.active.astype(dtype), logprobs=steps.logprobs)
     # Checks that are not returned are compiled out with their reductions.
     return output, checks if config.check_values else []
 

@@ -207,68 +207,78 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
     if len(set(keys)) != len(keys):
         raise ValueError(f"session_keys must be distinct, got {keys}")
     with_prm = runner is not None and runner.active
-    select = dict(select or {})
     result: dict[str, Any] = {"status": "accepted", "trajectories": [], "rejected_sessions": {}}
     # The sessions this export consumed from are its own until it finishes: a concurrent or retried
     # export of the same group finds them missing and, when cleaning up, leaves them to this one.
     owned: list[str] = []
     try:
-        taken = {key: store.consume(key, select.get(key)) for key in keys}
+        taken = {key: store.consume(key, (select or {}).get(key)) for key in keys}
         for key, leaves in taken.items():
             if leaves:
                 store.hold(key)
                 owned.append(key)
-        if discard:
-            result["status"] = "discarded"
+        missing = {key: "missing: no such session or no ready trajectory" for key, leaves in taken.items()
+                   if not leaves}
+        if discard or missing:
+            # A missing session rejects the group whatever the others score: spare the judges.
+            result.update(status="discarded" if discard else "rejected",
+                          rejected_sessions={} if discard else missing)
             if with_prm:
                 result["prm_stats"] = _prm_stats([], is_eval)
             return result
-        for key, leaves in taken.items():
-            if not leaves:
-                result["rejected_sessions"][key] = "missing: no such session or no ready trajectory"
-        if result["rejected_sessions"]:
-            # The group is rejected whatever the others score: spare the judges.
-            result["status"] = "rejected"
-            if with_prm:
-                result["prm_stats"] = _prm_stats([], is_eval)
-            return result
-        scored: dict[str, _Scored] = {}
-
-        async def score(key: str) -> None:
-            scored[key] = await _score_session(store, key, taken[key], runner if with_prm else None, is_eval)
-
-        async with anyio.create_task_group() as tg:
-            for key in keys:
-                tg.start_soon(score, key)
-        for key in keys:
-            if scored[key].error is not None:
-                result["rejected_sessions"][key] = f"failed: {scored[key].error!r}"
+        scored = await _score_sessions(store, taken, runner if with_prm else None, is_eval)
+        result["rejected_sessions"] = {key: f"failed: {s.error!r}" for key, s in scored.items() if s.error}
         if with_prm:
-            result["prm_stats"] = _prm_stats([scored[k] for k in keys], is_eval)
+            result["prm_stats"] = _prm_stats(list(scored.values()), is_eval)
         if result["rejected_sessions"]:
             result["status"] = "rejected"
             return result
-        trajectories: list[dict[str, Any]] = [
-            {"session_key": key, "leaf_id": seq.leaf_id, "sequence": seq, "reward": seq.reward}
-            for key in keys for seq in scored[key].sequences]
-        if normalize_rewards:
-            for t, value in zip(trajectories, group_normalize([t["reward"] for t in trajectories])):
-                t["original_reward"], t["reward"] = t["reward"], float(value)
-        if group_filter is not None:
-            decision = group_filter(_filter_view(trajectories))
-            result["filter"] = decision._asdict()
-            if not decision.accepted:
-                result["status"] = "filtered"
-                return result
-        result["trajectories"] = trajectories
-        return result
+        return _publish(result, scored, normalize_rewards, group_filter)
     finally:
-        for key in owned:
-            store.release(key)
-        if remove_session:
-            for key in keys:
-                if key != HITL_SESSION and (key in owned or not store.held(key)):
-                    store.remove_session(key)
+        _release(store, keys, owned, remove_session)
+
+
+async def _score_sessions(store: TrajectoryStore, taken: dict[str, list[str]], runner: PRMRunner | None,
+                          is_eval: bool) -> dict[str, _Scored]:
+    """Scores every session concurrently (the branches of one session in order), in the keys' order."""
+    scored: dict[str, _Scored] = {}
+
+    async def score(key: str) -> None:
+        scored[key] = await _score_session(store, key, taken[key], runner, is_eval)
+
+    async with anyio.create_task_group() as tg:
+        for key in taken:
+            tg.start_soon(score, key)
+    return {key: scored[key] for key in taken}
+
+
+def _publish(result: dict[str, Any], scored: dict[str, _Scored], normalize_rewards: bool,
+             group_filter: Callable[[Mapping[str, Any]], GroupFilterResult] | None) -> dict[str, Any]:
+    """Group outcome normalization, then the group filter, on a group whose sessions all scored."""
+    trajectories: list[dict[str, Any]] = [
+        {"session_key": key, "leaf_id": seq.leaf_id, "sequence": seq, "reward": seq.reward}
+        for key, session in scored.items() for seq in session.sequences]
+    if normalize_rewards:
+        for t, value in zip(trajectories, group_normalize([t["reward"] for t in trajectories])):
+            t["original_reward"], t["reward"] = t["reward"], float(value)
+    if group_filter is not None:
+        decision = group_filter(_filter_view(trajectories))
+        result["filter"] = decision._asdict()
+        if not decision.accepted:
+            result["status"] = "filtered"
+            return result
+    result["trajectories"] = trajectories
+    return result
+
+
+def _release(store: TrajectoryStore, keys: list[str], owned: list[str], remove_session: bool) -> None:
+    """Releases this export's sessions; removes them (never ``__hitl__``, never one another export holds)."""
+    for key in owned:
+        store.release(key)
+    if remove_session:
+        for key in keys:
+            if key != HITL_SESSION and (key in owned or not store.held(key)):
+                store.remove_session(key)
 
 
 class ExportService:

@@ -20,7 +20,7 @@ import time
 import anyio
 import jax
 
-from prm_jax import BaseScorer, Interaction, InteractionCache, PRMConfig, PRMRunner, pack_branches
+from prm_jax import BaseScorer, Interaction, InteractionCache, PRMRunner, pack_branches
 
 TURNS = 8
 
@@ -53,7 +53,7 @@ def make_branch(turns: int = TURNS, out_len: int = 64, prompt: int = 32) -> Inte
 
 
 async def overhead(repeats: int = 200) -> float:
-    runner = PRMRunner(PRMConfig(scorers=(Trivial(),)))
+    runner = PRMRunner(scorers=(Trivial(),))
     branches = [make_branch() for _ in range(repeats)]
     times = []
     for cache in branches:
@@ -64,7 +64,7 @@ async def overhead(repeats: int = 200) -> float:
 
 
 async def throughput(sessions: int = 1000) -> float:
-    runner = PRMRunner(PRMConfig(scorers=(Sleepy(),)))
+    runner = PRMRunner(scorers=(Sleepy(),))
     branches = [make_branch() for _ in range(sessions)]
     start = time.perf_counter()
     async with anyio.create_task_group() as tg:

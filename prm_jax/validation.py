@@ -1,19 +1,25 @@
-"""Checks of plain Python values shared by every floor: finite numbers, bounded reprs for messages."""
+"""Checks of plain Python values shared by every floor: finite numbers, bounded reprs for messages, and the
+one path by which every config class is built from a mapping (``from_mapping``, errors as ``ConfigError``
+with the key path)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import reprlib
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def finite_number(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None) -> float:
     """A finite Python number (not a bool) within the given bounds, as float; else ``ValueError`` naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {short_repr(value)}")
+        raise ConfigError(name, f"must be a finite number, got {short_repr(value)}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
-        raise ValueError(f"{name} must be {bound}, got {short_repr(value)}")
+        raise ConfigError(name, f"must be {bound}, got {short_repr(value)}")
     return float(value)
 
 
@@ -25,3 +31,41 @@ _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 80, 80, 40
 def short_repr(value: Any) -> str:
     """A bounded ``repr`` for error messages: user input can be arbitrarily large or deep."""
     return _SHORT.repr(value)
+
+
+class ConfigError(ValueError):
+    """A bad setting, with the key path that names it (``actor.adv_norm.eps``) and what is wrong."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key} {problem}" if key else problem)
+        self.key, self.problem = key, problem
+
+    def under(self, prefix: str) -> ConfigError:
+        """The same error one level down: ``prefix.key``."""
+        if not prefix:
+            return self
+        return ConfigError(f"{prefix}.{self.key}" if self.key else prefix, self.problem)
+
+
+def from_mapping(cls: type[T], data: Any, where: str = "", **convert: Callable[[Any, str], Any]) -> T:
+    """``cls`` (a dataclass that validates itself in ``__post_init__``) from a mapping of its fields.
+
+    Unknown keys are errors; ``convert[key](value, path)`` builds a nested value; every error is a
+    ``ConfigError`` whose key path starts at ``where``. An instance of ``cls`` is returned unchanged.
+    """
+    if isinstance(data, cls):
+        return data
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(where or cls.__name__, f"must be a mapping, got {type(data).__name__}")
+    allowed = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(map(str, set(data) - allowed))
+    if unknown:
+        raise ConfigError(where or cls.__name__, f"has unknown keys {short_repr(unknown)} (allowed: {sorted(allowed)})")
+    values = {key: convert[key](value, f"{where}.{key}" if where else key) if key in convert else value
+              for key, value in data.items()}
+    try:
+        return cls(**values)
+    except ConfigError as err:
+        raise err.under(where) from None

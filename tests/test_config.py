@@ -13,6 +13,7 @@ from prm_jax import (
     InteractionCache,
     PRMConfig,
     PRMRunner,
+    ScorerSpec,
     ShapingConfig,
     compute_advantages,
     load_config,
@@ -86,7 +87,7 @@ def test_seed_example_loads_and_runs_unchanged():
 ])
 def test_validation_names_the_key(changes, key):
     with pytest.raises(ValueError, match=key):
-        ExperimentConfig.from_dict(with_changes(*changes))
+        ExperimentConfig.from_mapping(with_changes(*changes))
 
 
 @pytest.mark.parametrize("changes", [
@@ -98,11 +99,11 @@ def test_validation_names_the_key(changes, key):
      ("actor.token_rewards_as_adv", False)],
 ])
 def test_scorer_rules_do_not_apply_without_active_scorers(changes):
-    ExperimentConfig.from_dict(with_changes(*changes))
+    ExperimentConfig.from_mapping(with_changes(*changes))
 
 
 def test_disabled_prm_leaves_the_actor_unshaped():
-    config = ExperimentConfig.from_dict(with_changes(("rollout.agent.prm.enabled", False)))
+    config = ExperimentConfig.from_mapping(with_changes(("rollout.agent.prm.enabled", False)))
     assert config.actor.advantage_shaping == ShapingConfig()
 
 
@@ -114,7 +115,7 @@ def test_load_config_errors_name_the_file(tmp_path):
 
 
 def test_prm_section_from_dict_and_runner_accept_full_config():
-    prm = PRMConfig.from_dict(BASE["rollout"]["agent"]["prm"])
+    prm = PRMConfig.from_mapping(BASE["rollout"]["agent"]["prm"])
     assert prm.scorers[0].path == "prm_jax.scorers.LengthBudgetScorer"
     runner = PRMRunner(BASE)
     assert [type(s) for s in runner.scorers] == [LengthBudgetScorer]
@@ -131,6 +132,41 @@ def test_length_budget_scorer():
 
 
 def test_advantage_config_from_actor_section():
-    config = ExperimentConfig.from_dict(with_changes(("actor.discount", 0.99), ("actor.adv_norm",
+    config = ExperimentConfig.from_mapping(with_changes(("actor.discount", 0.99), ("actor.adv_norm",
                                                                               {"mean_level": "group", "group_size": 4})))
     assert isinstance(config.actor, AdvantageConfig) and config.actor.adv_norm.group_size == 4
+
+
+def test_config_classes_validate_when_built_in_code():
+    # Issue 11.7: one validation path, in __post_init__, whether built from YAML or in code.
+    from prm_jax.runtime.config import RolloutConfig
+    from prm_jax.validation import ConfigError
+    with pytest.raises(ConfigError, match=r"^path must be a non-empty"):
+        ScorerSpec("")
+    with pytest.raises(ConfigError, match=r"^timeout must be > 0"):
+        ScorerSpec("a.B", timeout=0)
+    with pytest.raises(ConfigError, match=r"^_version must be one of"):
+        RolloutConfig(version="v3")
+    with pytest.raises(ConfigError, match=r"^actor\.token_rewards_as_adv must be true with active PRM scorers"):
+        ExperimentConfig(prm=PRMConfig(scorers=(ScorerSpec("prm_jax.scorers.LengthBudgetScorer"),)),
+                         actor=AdvantageConfig(token_rewards_as_adv=False))
+
+
+def test_errors_name_the_full_key_path():
+    data = {"actor": {"adv_norm": {"mean_level": "batch", "eps": -1.0}}}
+    with pytest.raises(ValueError, match=r"^actor\.adv_norm\.eps must be >= 0"):
+        ExperimentConfig.from_mapping(data)
+    data = {"rollout": {"agent": {"prm": {"scorers": [{"path": "a.B", "weight": "heavy"}]}}}}
+    with pytest.raises(ValueError, match=r"^rollout\.agent\.prm\.scorers\[0\]\.weight must be a finite number"):
+        ExperimentConfig.from_mapping(data)
+    data = {"rollout": {"agent": {"prm": {"advantage_shaping": {"mode": "gvpo", "zero_eps": -1}}}}}
+    with pytest.raises(ValueError, match=r"^rollout\.agent\.prm\.advantage_shaping\.zero_eps must be >= 0"):
+        ExperimentConfig.from_mapping(data)
+
+
+def test_the_shaping_mode_has_one_owner():
+    # Issue 11.8: written under rollout.agent.prm, held by the actor's AdvantageConfig only.
+    config = ExperimentConfig.from_mapping({"rollout": {"agent": {"prm": {"advantage_shaping": {"mode": "gvpo"}}}}})
+    assert config.actor.advantage_shaping.mode == "gvpo"
+    assert not hasattr(config.prm, "advantage_shaping")
+    assert config.prm_section.advantage_shaping is config.actor.advantage_shaping

@@ -71,7 +71,7 @@ def add_chain(store, key, answers=("good",), reward=1.0, branch_answers=()):
 
 
 def runner_of(*scorers):
-    return PRMRunner(PRMConfig(scorers=scorers))
+    return PRMRunner(scorers=scorers)
 
 
 async def test_branches_are_cloned_and_shared_ancestors_score_per_branch():
@@ -179,7 +179,7 @@ async def test_result_shape_without_prm_is_unchanged():
     store = TrajectoryStore()
     add_chain(store, "a")
     add_chain(store, "b", reward=0.0)
-    for runner in (None, PRMRunner(PRMConfig(enabled=False, scorers=(LeafAware(),)))):
+    for runner in (None, PRMRunner(PRMConfig(enabled=False), scorers=(LeafAware(),))):
         result = await export_group(store, ["a", "b"], runner=runner, remove_session=False)
         assert set(result) == {"status", "trajectories", "rejected_sessions"}
         assert set(result["trajectories"][0]) == {"session_key", "leaf_id", "sequence", "reward", "original_reward"}
@@ -231,7 +231,7 @@ class Client:
 def config(version="v2", **scorer_kwargs):
     scorers = [{"path": "scorers_for_tests.ClosingA", "kwargs": {"label": "a", **scorer_kwargs}},
                {"path": "scorers_for_tests.ClosingB", "kwargs": {"label": "b"}}]
-    return ExperimentConfig.from_dict({"rollout": {"_version": version, "agent": {"prm": {"scorers": scorers}}}})
+    return ExperimentConfig.from_mapping({"rollout": {"_version": version, "agent": {"prm": {"scorers": scorers}}}})
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
@@ -250,7 +250,7 @@ async def test_v2_startup_error_closes_scorers_and_clients_and_keeps_the_error()
         {"path": "scorers_for_tests.ClosingA", "kwargs": {"label": "a"}},
         {"path": "scorers_for_tests.BrokenConstructor"}]}}}}
     with pytest.raises(RuntimeError, match="constructor failed") as info:
-        await ExportService.start(ExperimentConfig.from_dict(data), clients=[Client("bridge", fail=True)])
+        await ExportService.start(ExperimentConfig.from_mapping(data), clients=[Client("bridge", fail=True)])
     assert st.EVENTS == ["close:a", "client:bridge"]
     assert any("client" in note and "failed to close" in note for note in info.value.__notes__)
 
@@ -260,7 +260,7 @@ async def test_v1_startup_has_no_scorer_rollback_but_closes_clients():
         {"path": "scorers_for_tests.ClosingA", "kwargs": {"label": "a"}},
         {"path": "scorers_for_tests.BrokenConstructor"}]}}}}
     with pytest.raises(RuntimeError, match="constructor failed"):
-        await ExportService.start(ExperimentConfig.from_dict(data), clients=[Client("bridge")])
+        await ExportService.start(ExperimentConfig.from_mapping(data), clients=[Client("bridge")])
     assert st.EVENTS == ["client:bridge"]
 
 

@@ -61,7 +61,7 @@ def fill(store, keys):
 async def test_a_duplicate_export_of_a_group_in_flight_is_rejected_and_loses_nothing():
     store = TrajectoryStore()
     fill(store, ["s0", "s1"])
-    runner = PRMRunner(PRMConfig(scorers=(SlowJudge(),)))
+    runner = PRMRunner(scorers=(SlowJudge(),))
     results = {}
 
     async def export(name):
@@ -101,7 +101,7 @@ async def test_a_failing_later_scorer_commits_nothing_and_a_retry_does_not_doubl
         await anyio.sleep_forever()
 
     cache = branch()
-    runner = PRMRunner(PRMConfig(scorers=(st.ConstantScorer(0.5), scorer_of(later, "later"))))
+    runner = PRMRunner(scorers=(st.ConstantScorer(0.5), scorer_of(later, "later")))
     for _ in range(2):  # the trainer retries: before, 0.5 then 1.0 was committed
         if failure == "cancel":
             with anyio.move_on_after(0.05):
@@ -113,7 +113,7 @@ async def test_a_failing_later_scorer_commits_nothing_and_a_retry_does_not_doubl
     # Once the judge is back, the retry commits every scorer exactly once.
     async def back(self, interaction, ctx):
         return 0.25
-    await PRMRunner(PRMConfig(scorers=(st.ConstantScorer(0.5), scorer_of(back, "later")))).run(cache)
+    await PRMRunner(scorers=(st.ConstantScorer(0.5), scorer_of(back, "later"))).run(cache)
     assert committed(cache) == [[0.75, 0.75], [0.75, 0.75]]
 
 
@@ -141,7 +141,7 @@ class ClientScorer(BaseScorer):
 
 async def test_aclose_cancels_runs_in_flight_before_closing_scorers_and_commits_nothing():
     scorer = ClientScorer()
-    runner = PRMRunner(PRMConfig(scorers=(scorer,)))
+    runner = PRMRunner(scorers=(scorer,))
     cache = branch()
     errors = []
 
@@ -154,9 +154,7 @@ async def test_aclose_cancels_runs_in_flight_before_closing_scorers_and_commits_
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
         await scorer.started.wait()
-        await runner.aclose()
-        # aclose returned: the run was cancelled first, the scorer closed after.
-        assert not runner._in_flight
+        await runner.aclose()  # returns once the run was cancelled and the scorer closed
     assert errors and "closed while this run was in flight" in str(errors[0])
     assert committed(cache) == [None, None]
     assert scorer.finished_after_close == 0
@@ -164,29 +162,33 @@ async def test_aclose_cancels_runs_in_flight_before_closing_scorers_and_commits_
         await runner.run(branch())
 
 
+ORDER: list[str] = []
+
+
+class Tracking(BaseScorer):
+    """Records when its evaluation stops and when it is closed."""
+
+    name = "tracking"
+
+    async def evaluate(self, interaction, ctx):
+        try:
+            await anyio.sleep(1)
+        finally:
+            ORDER.append("run stopped")
+        return 1.0
+
+    async def aclose(self):
+        ORDER.append("closed")
+
+
 async def test_aclose_closes_an_owned_scorer_only_after_the_cancelled_run_stopped():
-    order = []
-
-    class Tracking(BaseScorer):
-        name = "tracking"
-
-        async def evaluate(self, interaction, ctx):
-            try:
-                await anyio.sleep(1)
-            finally:
-                order.append("run stopped")
-            return 1.0
-
-        async def aclose(self):
-            order.append("closed")
-
-    runner = PRMRunner(PRMConfig(scorers=(Tracking(),)))
-    runner._to_close.append(runner.scorers[0])  # treat the instance as owned, to see the close order
+    ORDER.clear()
+    runner = await PRMRunner.create(PRMConfig(scorers=(ScorerSpec("test_faults.Tracking"),)))
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: _swallow(runner.run(branch(1))))
         await anyio.sleep(0.02)
         await runner.aclose()
-    assert order == ["run stopped", "closed"]
+    assert ORDER == ["run stopped", "closed"]
 
 
 async def _swallow(coro):
@@ -228,8 +230,8 @@ async def test_a_scorer_past_its_timeout_fails_like_a_raising_scorer(path, name)
 async def test_timeout_is_validated_in_config():
     for bad in (0, -1.0, float("inf"), "1s", True):
         with pytest.raises(ValueError, match="timeout"):
-            PRMConfig.from_dict({"scorers": [{"path": "test_faults.Hang", "timeout": bad}]})
-    spec = PRMConfig.from_dict({"scorers": [{"path": "test_faults.Hang", "timeout": 2.5}]}).scorers[0]
+            PRMConfig.from_mapping({"scorers": [{"path": "test_faults.Hang", "timeout": bad}]})
+    spec = PRMConfig.from_mapping({"scorers": [{"path": "test_faults.Hang", "timeout": 2.5}]}).scorers[0]
     assert spec.timeout == 2.5
 
 
@@ -240,14 +242,14 @@ async def test_a_non_finite_sum_over_scorers_is_a_failure_and_commits_nothing():
     cache = branch()
     async def also_big(self, interaction, ctx):
         return big
-    runner = PRMRunner(PRMConfig(scorers=(st.ConstantScorer(big), scorer_of(also_big))))
+    runner = PRMRunner(scorers=(st.ConstantScorer(big), scorer_of(also_big)))
     with pytest.raises(ValueError, match="non-finite"):
         await runner.run(cache)
     assert committed(cache) == [None, None]
     # ... also with rewards committed earlier.
     cache = branch(rewards=[[big, 0.0], [0.0, 0.0]])
     with pytest.raises(ValueError, match="non-finite"):
-        await PRMRunner(PRMConfig(scorers=(st.ConstantScorer(big),))).run(cache)
+        await PRMRunner(scorers=(st.ConstantScorer(big),)).run(cache)
     assert committed(cache)[0] == [np.float32(big), 0.0]
 
 
@@ -259,7 +261,7 @@ async def test_text_and_bools_are_not_scores(raw):
         return raw
     cache = branch()
     with pytest.raises(TypeError, match="expected a float"):
-        await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+        await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
     assert committed(cache) == [None, None]
 
 
@@ -268,7 +270,7 @@ async def test_a_scorer_raising_cancelled_error_is_a_failure_not_a_none():
         raise asyncio.CancelledError()
     cache = branch()
     with pytest.raises(RuntimeError, match="raised CancelledError without being cancelled"):
-        await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+        await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
     assert committed(cache) == [None, None]
 
 
@@ -277,7 +279,7 @@ async def test_an_outer_cancellation_still_cancels():
         await anyio.sleep_forever()
     cache = branch()
     with anyio.move_on_after(0.05) as scope:
-        await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+        await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
     assert scope.cancelled_caught and committed(cache) == [None, None]
 
 

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import anyio
 import pytest
 
-from prm_jax import Interaction, InteractionCache, PRMConfig, PRMRunner, RetryError, call_with_retry
+from prm_jax import Interaction, InteractionCache, PRMRunner, RetryError, call_with_retry
 from prm_jax.scorers import HTTPJudgeScorer
 
 
@@ -65,7 +65,7 @@ def session(*answers):
 
 def run_judge(url, path, cache, **kwargs):
     async def main():
-        runner = PRMRunner(PRMConfig(scorers=(HTTPJudgeScorer(url + path, **kwargs),)))
+        runner = PRMRunner(scorers=(HTTPJudgeScorer(url + path, **kwargs),))
         return await runner.run(cache)
     return anyio.run(main)
 

@@ -2,7 +2,7 @@ import anyio
 import numpy as np
 import pytest
 
-from prm_jax import InMemoryRecorder, MetricStats, PRMConfig, PRMRunner, PRMTurnResult, branch_stats, reduce_workers
+from prm_jax import InMemoryRecorder, MetricStats, PRMRunner, PRMTurnResult, branch_stats, reduce_workers
 from prm_jax.runtime.metrics import quote_name
 from prm_jax.runtime.scoring import PRMMetricObservation
 from prm_jax.runtime.trajectory import Interaction, InteractionCache
@@ -56,7 +56,7 @@ def test_recorder_flushes_runner_metrics():
     recorder = InMemoryRecorder()
 
     async def main():
-        runner = PRMRunner(PRMConfig(scorers=(LengthBudgetScorer(max_output_tokens=2, weight=0.5),)))
+        runner = PRMRunner(scorers=(LengthBudgetScorer(max_output_tokens=2, weight=0.5),))
         for out_len in (1, 5):
             cache = InteractionCache([Interaction("a", [1], [2] * out_len)])
             recorder.record(branch_stats(await runner.run(cache)))

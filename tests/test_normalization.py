@@ -1,5 +1,6 @@
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -106,3 +107,18 @@ def test_bf16_input_gives_float32():
 def test_norm_config_validation(kwargs, key):
     with pytest.raises(ValueError, match=key):
         NormConfig(**kwargs)
+
+
+def test_group_sizes_are_checked_under_jit_too():
+    # Issue 11.9: [2, 5] for 4 rows was silently accepted under jit; one check serves eager and jitted calls.
+    x = np.zeros((4, 3), np.float32)
+    with pytest.raises(ValueError, match="sum to the batch size 4"):
+        normalize(x, None, NormConfig("group", "group"), group_sizes=[2, 5])
+
+    @jax.jit
+    def step(x, sizes):
+        return normalize(x, None, NormConfig("group", "group"), group_sizes=sizes)
+
+    with pytest.raises(Exception, match="sum to the batch size 4"):
+        jax.block_until_ready(step(x, jnp.array([2, 5])))
+    step(x, jnp.array([2, 2]))

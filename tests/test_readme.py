@@ -6,7 +6,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from prm_jax import Interaction, InteractionCache, pack_branches
+from prm_jax import BaseScorer, Interaction, InteractionCache, pack_branches
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -47,7 +47,19 @@ def test_runtime_example_runs():
         cache = InteractionCache([Interaction(f"s{k}", [1, 2], [3] * out_len, reward=float(k))])
         sessions.append((cache, f"s{k}"))
     config = Path(__file__).resolve().parents[1] / "examples" / "prm_config.yaml"
-    out = anyio.run(namespace["main"], config, sessions)
+    class Judge(BaseScorer):
+        name = "judge"
+        closed = False
+
+        async def evaluate(self, interaction, ctx):
+            return 0.0  # keeps process_weighted's P in [0, 1] next to the length budget
+
+        async def aclose(self):
+            self.closed = True
+
+    judge = Judge()
+    out = anyio.run(namespace["main"], config, sessions, judge)
+    assert not judge.closed  # borrowed: the caller closes it
     assert out.advantages.shape == (2, 384)
     # The short turn is within the 128-token budget, the long one is not: process_weighted zeroes its
     # non-negative advantages.

@@ -44,7 +44,7 @@ def rewards(cache):
 
 async def test_scalar_broadcast_weight_and_commit():
     cache = branch()
-    runner = PRMRunner(PRMConfig(scorers=(st.ConstantScorer(0.5, weight=2.0),)))
+    runner = PRMRunner(scorers=(st.ConstantScorer(0.5, weight=2.0),))
     results = await runner.run(cache)
     assert rewards(cache) == [[1.0, 1.0]] * 3
     assert [r.reward for r in results] == [1.0] * 3 and all(r.token_rewards.dtype == np.float32 for r in results)
@@ -52,7 +52,7 @@ async def test_scalar_broadcast_weight_and_commit():
 
 async def test_arrays_keep_positions_and_scorers_add_up():
     cache = branch(rewards=[[0.25, 0.25], None, [1.0, -1.0]])
-    runner = PRMRunner(PRMConfig(scorers=(st.PositionScorer(weight=0.5), st.ConstantScorer(1.0))))
+    runner = PRMRunner(scorers=(st.PositionScorer(weight=0.5), st.ConstantScorer(1.0)))
     await runner.run(cache)
     assert rewards(cache) == [[1.25, 1.75], [1.0, 1.5], [2.0, 0.5]]
 
@@ -63,7 +63,7 @@ async def test_accepted_result_types(raw):
     async def evaluate(self, interaction, ctx):
         return raw
     cache = branch(1)
-    await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+    await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
     assert rewards(cache) == [[float(np.asarray(raw).ravel()[0])] * 2]
 
 
@@ -83,7 +83,7 @@ async def test_invalid_results_commit_nothing(raw, error, match):
         calls.append(interaction.interaction_id)
         return 0.5 if interaction.interaction_id == "t0" else raw
     cache = branch(rewards=[[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
-    runner = PRMRunner(PRMConfig(scorers=(scorer_of(evaluate, weight=10.0),)))
+    runner = PRMRunner(scorers=(scorer_of(evaluate, weight=10.0),))
     with pytest.raises(error, match=match):
         await runner.run(cache)
     assert rewards(cache) == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
@@ -95,7 +95,7 @@ async def test_none_rejects_and_names_the_scorer():
         return None if interaction.interaction_id != "t1" else 1.0
     cache = branch()
     with pytest.raises(RuntimeError, match=r"'fn' returned None for 2 of 3 turns"):
-        await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+        await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
     assert rewards(cache) == [None] * 3
 
 
@@ -111,7 +111,7 @@ async def test_exception_rejects_cancels_siblings_and_commits_nothing():
     cache = branch()
     with anyio.fail_after(2):
         with pytest.raises(KeyError, match="judge exploded") as info:
-            await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+            await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
     assert finished == [] and rewards(cache) == [None] * 3
     assert any("'fn'" in note and "'t0'" in note for note in info.value.__notes__)
 
@@ -122,7 +122,7 @@ async def test_a_later_scorer_failing_commits_nothing_of_the_earlier_ones():
         return [1.0]  # wrong shape
     cache = branch(2)
     with pytest.raises(ValueError):
-        await PRMRunner(PRMConfig(scorers=(st.ConstantScorer(0.5), scorer_of(evaluate, "bad")))).run(cache)
+        await PRMRunner(scorers=(st.ConstantScorer(0.5), scorer_of(evaluate, "bad"))).run(cache)
     assert rewards(cache) == [None, None]
 
 
@@ -133,19 +133,19 @@ async def test_non_result_from_evaluate_result():
         async def evaluate_result(self, interaction, ctx):
             return {"reward": 1.0}
     with pytest.raises(TypeError, match="PRMScorerResult"):
-        await PRMRunner(PRMConfig(scorers=(Odd(),))).run(branch(1))
+        await PRMRunner(scorers=(Odd(),)).run(branch(1))
 
 
 async def test_zero_length_turn_cannot_be_scored():
     cache = InteractionCache([Interaction("e", [1, 2], [])])
     with pytest.raises(ValueError, match="output_len must be > 0"):
-        await PRMRunner(PRMConfig(scorers=(st.ConstantScorer(),))).run(cache)
+        await PRMRunner(scorers=(st.ConstantScorer(),)).run(cache)
 
 
 async def test_message_only_turn_is_rejected():
     cache = InteractionCache([Interaction("m", None, None)])
     with pytest.raises(ValueError, match="token-backed"):
-        await PRMRunner(PRMConfig(scorers=(st.ConstantScorer(),))).run(cache)
+        await PRMRunner(scorers=(st.ConstantScorer(),)).run(cache)
 
 
 async def test_ctx_holds_branch_messages_and_is_read_only():
@@ -157,7 +157,7 @@ async def test_ctx_holds_branch_messages_and_is_read_only():
             ctx["is_eval"] = False
         return 0.0
     cache = branch(2)
-    await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache, {"step": 3}, is_eval=True)
+    await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache, {"step": 3}, is_eval=True)
     ctx = seen["t0"]
     assert ctx["is_eval"] is True and ctx["step"] == 3
     assert [m["content"] for m in ctx["messages"]] == ["q1", "a1"]
@@ -169,22 +169,22 @@ async def test_mutating_scorer_fails_and_changes_nothing():
         return 1.0
     cache = branch(1)
     with pytest.raises(ValueError, match="read-only"):
-        await PRMRunner(PRMConfig(scorers=(scorer_of(evaluate),))).run(cache)
+        await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
     assert cache.get("t0").output_tokens[0] == 1 and cache.get("t0").token_rewards is None
 
 
 async def test_trajectory_scorer_rules():
     joint = st.JointScorer({"t0": 1.0, "t2": [0.5, 0.25]})
     cache = branch()
-    await PRMRunner(PRMConfig(scorers=(joint,))).run(cache)
+    await PRMRunner(scorers=(joint,)).run(cache)
     assert joint.seen == ["t0", "t1", "t2"]
     assert rewards(cache) == [[1.0, 1.0], [0.0, 0.0], [0.5, 0.25]]
     with pytest.raises(ValueError, match="unknown interaction ids"):
-        await PRMRunner(PRMConfig(scorers=(st.JointScorer({"t9": 1.0}),))).run(branch())
+        await PRMRunner(scorers=(st.JointScorer({"t9": 1.0}),)).run(branch())
     with pytest.raises(TypeError, match="mapping"):
-        await PRMRunner(PRMConfig(scorers=(st.JointScorer([1.0]),))).run(branch())
+        await PRMRunner(scorers=(st.JointScorer([1.0]),)).run(branch())
     with pytest.raises(RuntimeError, match="returned None for 3 of 3"):
-        await PRMRunner(PRMConfig(scorers=(st.JointScorer(None),))).run(branch())
+        await PRMRunner(scorers=(st.JointScorer(None),)).run(branch())
     with pytest.raises(RuntimeError, match="evaluate_trajectory"):
         await st.JointScorer().evaluate(cache.get("t0"), {})
 
@@ -201,17 +201,17 @@ async def test_observation_rules():
         return S()
     wrong_target = obs_scorer(lambda i: (PRMMetricObservation("m", "turn", "other", True, "boolean", ("count",)),))
     with pytest.raises(ValueError, match="its own turn"):
-        await PRMRunner(PRMConfig(scorers=(wrong_target,))).run(branch(1))
+        await PRMRunner(scorers=(wrong_target,)).run(branch(1))
     twice = obs_scorer(lambda i: (PRMMetricObservation("m", "trajectory", "branch", 1.0, "float", ("sum",)),))
     cache = branch(2)
     with pytest.raises(ValueError, match="more than once"):
-        await PRMRunner(PRMConfig(scorers=(twice,))).run(cache)
+        await PRMRunner(scorers=(twice,)).run(cache)
     assert rewards(cache) == [None, None]
 
 
 async def test_metric_schema_is_stable_for_the_runner_life():
     scorer = st.BudgetObservationScorer("boolean")
-    runner = PRMRunner(PRMConfig(scorers=(scorer,)))
+    runner = PRMRunner(scorers=(scorer,))
     await runner.run(branch(1))
     scorer.value_type = "float"
     cache = branch(1)
@@ -248,7 +248,7 @@ def test_scorer_construction_rules():
     with pytest.raises(ValueError, match="weight"):
         st.ConstantScorer(weight=float("nan"))
     with pytest.raises(ValueError, match="unique"):
-        PRMRunner(PRMConfig(scorers=(st.ConstantScorer(), st.ConstantScorer())))
+        PRMRunner(scorers=(st.ConstantScorer(), st.ConstantScorer()))
     with pytest.raises(ValueError, match="non-empty"):
         PRMRunner({"scorers": [{"path": ""}]})
     with pytest.raises(TypeError, match="not a BaseScorer"):
@@ -270,11 +270,17 @@ async def test_disabled_scorers_are_built_skipped_and_closed():
 
 async def test_borrowed_scorers_are_not_closed():
     borrowed = st.ClosingC(label="borrowed")
-    runner = await PRMRunner.create(PRMConfig(scorers=(
-        ScorerSpec("scorers_for_tests.ClosingA", kwargs={"label": "a"}), borrowed,
-        ScorerSpec("scorers_for_tests.ClosingB", kwargs={"label": "b"}))))
-    await runner.aclose()
+    config = PRMConfig(scorers=(ScorerSpec("scorers_for_tests.ClosingA", kwargs={"label": "a"}),
+                                ScorerSpec("scorers_for_tests.ClosingB", kwargs={"label": "b"})))
+    async with await PRMRunner.create(config, scorers=(borrowed,)) as runner:
+        assert [s.name for s in runner.scorers] == ["closing_a", "closing_b", "closing_c"]
     assert st.EVENTS == ["close:b", "close:a"] and borrowed.closed == 0
+
+
+def test_scorer_instances_are_not_configuration():
+    # Issue 11.8: borrowed instances go to the runner, not into a PRMConfig.
+    with pytest.raises(ValueError, match="PRMRunner"):
+        PRMConfig(scorers=(st.ConstantScorer(),))
 
 
 def owned(*specs):
@@ -364,7 +370,7 @@ async def test_one_instance_serves_100_concurrent_sessions():
             return float(request_id + interaction.output_len)
 
     scorer = EchoScorer()
-    runner = PRMRunner(PRMConfig(scorers=(scorer,)))
+    runner = PRMRunner(scorers=(scorer,))
     caches = [branch(2) for _ in range(100)]
     async with anyio.create_task_group() as tg:
         for i, cache in enumerate(caches):
@@ -375,14 +381,14 @@ async def test_one_instance_serves_100_concurrent_sessions():
 
 async def test_runner_disabled_scores_nothing():
     cache = branch(1)
-    assert await PRMRunner(PRMConfig(enabled=False, scorers=(st.ConstantScorer(),))).run(cache) == []
+    assert await PRMRunner(PRMConfig(enabled=False), scorers=(st.ConstantScorer(),)).run(cache) == []
     assert rewards(cache) == [None]
 
 
 async def test_session_with_several_branches_must_be_cloned_first():
     cache = InteractionCache([Interaction("r", [1], [2]), Interaction("x", [1, 2, 3], [4], parent_id="r"),
                               Interaction("y", [1, 2, 5], [6], parent_id="r")])
-    runner = PRMRunner(PRMConfig(scorers=(st.ConstantScorer(),)))
+    runner = PRMRunner(scorers=(st.ConstantScorer(),))
     with pytest.raises(ValueError, match="clone_chain"):
         await runner.run(cache)
     clone = cache.clone_chain("x")
@@ -399,5 +405,5 @@ class SharedTrajectoryScorer(BaseTrajectoryScorer):
 
 async def test_trajectory_scorer_missing_ids_get_zero():
     cache = branch(3)
-    await PRMRunner(PRMConfig(scorers=(SharedTrajectoryScorer(weight=0.5),))).run(cache)
+    await PRMRunner(scorers=(SharedTrajectoryScorer(weight=0.5),)).run(cache)
     assert rewards(cache) == [[0.0, 0.0], [0.0, 0.0], [0.5, 0.5]]

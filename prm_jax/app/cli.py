@@ -64,7 +64,7 @@ def _load_config(path: str) -> ExperimentConfig:
     """The config, with everything runner start-up would reject checked and no scorer built."""
     try:
         config = load_config(path)
-        check_scorer_specs(config.prm)
+        check_scorer_specs(config)
     except OSError as err:
         raise CLIError(f"{path}: {err.strerror or err}") from None
     except (ValueError, TypeError) as err:

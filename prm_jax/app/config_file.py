@@ -51,4 +51,4 @@ def load_config(path: str | Path) -> ExperimentConfig:
     data = parse_yaml(path.read_text(), str(path))
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: the config must be a YAML mapping with 'rollout' and 'actor'")
-    return ExperimentConfig.from_dict(data)
+    return ExperimentConfig.from_mapping(data)

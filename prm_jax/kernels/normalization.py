@@ -27,11 +27,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import finite_number, short_repr
+from prm_jax.validation import ConfigError, finite_number, from_mapping, short_repr
 
 NORM_LEVELS = ("batch", "group", None)
 
@@ -50,25 +49,18 @@ class NormConfig:
     def __post_init__(self):
         for key in ("mean_level", "std_level"):
             if getattr(self, key) not in NORM_LEVELS:
-                raise ValueError(f"{key} must be one of 'batch', 'group' or None, got {short_repr(getattr(self, key))}")
+                raise ConfigError(key, f"must be one of 'batch', 'group' or None, got {short_repr(getattr(self, key))}")
         object.__setattr__(self, "eps", finite_number("eps", self.eps, minimum=0.0))
+        for key in ("mean_leave1out", "std_unbiased"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(key, f"must be a bool, got {short_repr(getattr(self, key))}")
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
-            raise ValueError(f"group_size must be an integer >= 1, got {short_repr(self.group_size)}")
+            raise ConfigError("group_size", f"must be an integer >= 1, got {short_repr(self.group_size)}")
 
     @classmethod
-    def from_value(cls, value: Any, name: str) -> NormConfig | None:
-        """``None``, a ``NormConfig`` or a mapping of its fields (unknown keys are errors)."""
-        if value is None or isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
-            if unknown:
-                raise ValueError(f"{name} has unknown keys {sorted(unknown)}")
-            try:
-                return cls(**value)
-            except ValueError as err:
-                raise ValueError(f"{name}.{err}") from None
-        raise TypeError(f"{name} must be a NormConfig, a mapping or None, got {type(value).__name__}")
+    def from_value(cls, value: Any, where: str) -> NormConfig | None:
+        """``None`` (no normalization), a ``NormConfig`` or a mapping of its fields."""
+        return None if value is None else from_mapping(cls, value, where)
 
     @property
     def uses_groups(self) -> bool:
@@ -106,16 +98,8 @@ def group_layout(batch: int, norm: NormConfig, group_sizes: jax.Array | None,
     return GroupLayout(index, num_groups, _checks.as_int("group_member_counts", member_counts))
 
 
-def check_group_sizes(group_sizes: Any, batch: int) -> None:
-    """Eager check of concrete ``group_sizes``: positive integers summing to the batch size."""
-    sizes = np.asarray(group_sizes)
-    if sizes.ndim != 1 or sizes.size == 0:
-        raise ValueError(f"group_sizes must be a non-empty 1-D sequence, got shape {sizes.shape}")
-    if (sizes <= 0).any() or int(sizes.sum()) != batch:
-        raise ValueError(f"group_sizes must be positive and sum to the batch size {batch}, got {sizes.tolist()}")
-
-
 def group_sizes_check(group_sizes: jax.Array, batch: int) -> _checks.ValueCheck:
+    """The one check of ``group_sizes``: positive and summing to the batch (eagerly, or under ``jit``)."""
     sizes = _checks.as_int("group_sizes", group_sizes)
     failed = jnp.any(sizes <= 0) | (jnp.sum(sizes) != batch)
     return _checks.ValueCheck(
@@ -210,8 +194,6 @@ def normalize(x: ArrayLike, mask: ArrayLike | None = None, norm: NormConfig = No
     if mask is not None:
         _checks.check_shape("mask", mask, jnp.shape(x), "x")
     if group_sizes is not None:
-        if not _checks.is_traced(group_sizes):
-            check_group_sizes(group_sizes, jnp.shape(x)[0])
         group_sizes = jnp.asarray(group_sizes)
     if group_member_counts is not None:
         group_member_counts = jnp.asarray(group_member_counts)

@@ -56,14 +56,13 @@ from prm_jax.kernels.lambda_fn import GAELambdaContext
 from prm_jax.kernels.normalization import (
     GroupLayout,
     NormConfig,
-    check_group_sizes,
     group_layout,
     group_sizes_check,
     member_counts_check,
     normalize_core,
 )
 from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_core
-from prm_jax.validation import finite_number, short_repr
+from prm_jax.validation import ConfigError, finite_number, short_repr
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
 OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids", "is_truncated",
@@ -125,7 +124,7 @@ class AdvantageConfig:
             try:
                 lambda_fn.validate(self.gae_lambda, dict(self.gae_lambda_kwargs))
             except (ValueError, TypeError) as err:
-                raise ValueError(f"gae_lambda: {err}") from None
+                raise ConfigError("gae_lambda", f"({self.gae_lambda}): {err}") from None
         else:
             set_("gae_lambda", finite_number("gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0))
             set_("gae_lambda_kwargs", ())  # ignored for a float, as in AReaL
@@ -134,39 +133,40 @@ class AdvantageConfig:
         set_("reward_scaling", finite_number("reward_scaling", self.reward_scaling))
         set_("reward_clip", finite_number("reward_clip", self.reward_clip, minimum=0.0))
         if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {short_repr(self.kl_estimator)}")
+            raise ConfigError("kl_estimator", f"must be one of {KL_ESTIMATORS}, got {short_repr(self.kl_estimator)}")
         for key in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty", "check_values"):
             if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"{key} must be a bool, got {short_repr(getattr(self, key))}")
+                raise ConfigError(key, f"must be a bool, got {short_repr(getattr(self, key))}")
         if self.gae_timestep_unit not in TIMESTEP_UNITS:
-            raise ValueError(f"gae_timestep_unit must be one of {TIMESTEP_UNITS}, got {short_repr(self.gae_timestep_unit)}")
+            raise ConfigError("gae_timestep_unit",
+                              f"must be one of {TIMESTEP_UNITS}, got {short_repr(self.gae_timestep_unit)}")
         set_("reward_norm", NormConfig.from_value(self.reward_norm, "reward_norm"))
         set_("adv_norm", NormConfig.from_value(self.adv_norm, "adv_norm"))
         set_("advantage_shaping", ShapingConfig.from_value(self.advantage_shaping))
         mode = self.advantage_shaping.mode
         if mode in ("gvpo", "process_weighted") and not self.token_rewards_as_adv:
-            raise ValueError(f"advantage_shaping.mode={mode!r} shapes with direct process rewards and needs "
-                             "token_rewards_as_adv: true")
+            raise ConfigError("token_rewards_as_adv", f"must be true: advantage_shaping.mode={mode!r} shapes with "
+                                                      "direct process rewards")
         if mode == "process_weighted" and self.mask_no_eos_with_zero:
-            raise ValueError("advantage_shaping.mode='process_weighted' rejects mask_no_eos_with_zero: true")
+            raise ConfigError("mask_no_eos_with_zero", "must be false with advantage_shaping.mode='process_weighted'")
         if self.gae_method not in GAE_METHODS:
-            raise ValueError(f"gae_method must be one of {GAE_METHODS}, got {short_repr(self.gae_method)}")
+            raise ConfigError("gae_method", f"must be one of {GAE_METHODS}, got {short_repr(self.gae_method)}")
         if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
                                             or self.discount * self.gae_lambda != 1.0):
-            raise ValueError("gae_method='cumsum' needs discount * gae_lambda == 1 (a float gae_lambda)")
+            raise ConfigError("gae_method", "'cumsum' needs discount * gae_lambda == 1 (a float gae_lambda)")
         if isinstance(self.gae_block_size, bool) or not isinstance(self.gae_block_size, int) or self.gae_block_size < 1:
-            raise ValueError(f"gae_block_size must be an integer >= 1, got {short_repr(self.gae_block_size)}")
+            raise ConfigError("gae_block_size", f"must be an integer >= 1, got {short_repr(self.gae_block_size)}")
         if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
-            raise ValueError(f"max_turns must be None or an integer >= 1, got {short_repr(self.max_turns)}")
+            raise ConfigError("max_turns", f"must be None or an integer >= 1, got {short_repr(self.max_turns)}")
         if self.overlong_reward_penalty:
             if not isinstance(self.overlong_tokens, int) or self.overlong_tokens < 1:
-                raise ValueError(f"overlong_tokens must be an integer >= 1 with overlong_reward_penalty, got "
-                                 f"{short_repr(self.overlong_tokens)}")
+                raise ConfigError("overlong_tokens", "must be an integer >= 1 with overlong_reward_penalty, got "
+                                                     f"{short_repr(self.overlong_tokens)}")
             set_("overlong_penalty_factor", finite_number("overlong_penalty_factor",
                                                                   self.overlong_penalty_factor, minimum=0.0))
             if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < self.overlong_tokens:
-                raise ValueError(f"max_new_tokens must be an integer >= overlong_tokens with "
-                                 f"overlong_reward_penalty, got {short_repr(self.max_new_tokens)}")
+                raise ConfigError("max_new_tokens", "must be an integer >= overlong_tokens with "
+                                                    f"overlong_reward_penalty, got {short_repr(self.max_new_tokens)}")
 
 
 def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:
@@ -178,8 +178,8 @@ def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:
         pairs = tuple(sorted((str(k), v) for k, v in items))
         hash(pairs)
     except (TypeError, ValueError):
-        raise ValueError(f"gae_lambda_kwargs must be a mapping of names to hashable values (numbers, strings), "
-                         f"got {short_repr(kwargs)}") from None
+        raise ConfigError("gae_lambda_kwargs", "must be a mapping of names to hashable values (numbers, strings), "
+                                               f"got {short_repr(kwargs)}") from None
     return pairs
 
 
@@ -464,8 +464,6 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
     if missing:
         raise ValueError(f"batch is missing required keys {missing}")
     arrays = {key: batch[key] for key in REQUIRED_KEYS + OPTIONAL_KEYS if batch.get(key) is not None}
-    if "group_sizes" in arrays and not _checks.is_traced(arrays["group_sizes"]):
-        check_group_sizes(arrays["group_sizes"], jnp.shape(arrays["attention_mask"])[0])
     _warn_about_fallbacks(arrays, config)
     method = resolve_method(config.gae_method, unit_discount=_static_unit_discount(arrays, config),
                             sharded=jax.device_count() > 1)

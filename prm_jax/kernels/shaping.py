@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import finite_number, short_repr
+from prm_jax.validation import ConfigError, finite_number, from_mapping, short_repr
 
 SHAPING_MODES = ("additive", "gvpo", "process_weighted")
 
@@ -35,21 +35,14 @@ class ShapingConfig:
 
     def __post_init__(self):
         if self.mode not in SHAPING_MODES:
-            raise ValueError(f"advantage_shaping.mode must be one of {SHAPING_MODES}, got {short_repr(self.mode)}")
+            raise ConfigError("mode", f"must be one of {SHAPING_MODES}, got {short_repr(self.mode)}")
         for key in ("negative_scale", "zero_penalty", "zero_eps"):
-            object.__setattr__(self, key, finite_number(f"advantage_shaping.{key}", getattr(self, key),
-                                                                minimum=0.0))
+            object.__setattr__(self, key, finite_number(key, getattr(self, key), minimum=0.0))
 
     @classmethod
-    def from_value(cls, value: Any) -> ShapingConfig:
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
-            if unknown:
-                raise ValueError(f"advantage_shaping has unknown keys {sorted(unknown)}")
-            return cls(**value)
-        raise TypeError(f"advantage_shaping must be a ShapingConfig or a mapping, got {type(value).__name__}")
+    def from_value(cls, value: Any, where: str = "advantage_shaping") -> ShapingConfig:
+        """A ``ShapingConfig`` or a mapping of its fields (``None``: the defaults)."""
+        return from_mapping(cls, value, where)
 
 
 def shape_core(advantages: jax.Array, process_rewards: jax.Array, active: jax.Array,

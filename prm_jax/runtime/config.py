@@ -17,37 +17,29 @@ actor:
   mask_no_eos_with_zero: false
 ```
 
-Every key is checked; unknown keys are errors. ``actor`` takes the ``AdvantageConfig`` fields (AReaL's
-names). The scorer rules (direct process advantages, concat export and template, no v2 external-model
-mode) apply only when scorers are active: PRM enabled and a non-empty scorer list. The shaping mode's own
-rules (``gvpo``/``process_weighted`` need ``token_rewards_as_adv``) apply whenever PRM is enabled; with PRM
-disabled the shaping settings are validated but unused (the actor shapes nothing).
+Every key is checked; unknown keys are errors. Every class validates itself in ``__post_init__`` (built
+from YAML or in code alike) and is built from a mapping by one function, ``prm_jax.validation.from_mapping``,
+whose errors name the key path. ``actor`` takes the ``AdvantageConfig`` fields (AReaL's names).
+
+The shaping settings are written under ``rollout.agent.prm.advantage_shaping`` (AReaL's place) but have one
+owner, ``AdvantageConfig.advantage_shaping``, the pipeline's static argument: ``ExperimentConfig`` moves
+them there when PRM is enabled (with PRM disabled they are validated and unused: the actor shapes
+nothing). The scorer rules (direct process advantages, concat export and template, no v2 external-model
+mode) apply only when scorers are active: PRM enabled and a non-empty scorer list. Scorer *instances* are
+not configuration: pass them to ``PRMRunner(..., scorers=...)`` (they are borrowed, never closed there).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from prm_jax.kernels.normalization import NormConfig
 from prm_jax.kernels.pipeline import AdvantageConfig
 from prm_jax.kernels.shaping import ShapingConfig
-from prm_jax.runtime.scoring import BaseScorer
-from prm_jax.validation import finite_number, short_repr
+from prm_jax.validation import ConfigError, finite_number, from_mapping, short_repr
 
 VERSIONS = ("v1", "v2")
-
-
-def _check_keys(where: str, data: Any, allowed: set[str]) -> dict:
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{where} must be a mapping, got {type(data).__name__}")
-    unknown = sorted(map(str, set(data) - allowed))
-    if unknown:
-        raise ValueError(f"{where} has unknown keys {short_repr(unknown)} (allowed: {sorted(allowed)})")
-    return dict(data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,44 +52,49 @@ class ScorerSpec:
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     timeout: float | None = None  # seconds per evaluate / evaluate_trajectory call; None: no deadline
 
-    @classmethod
-    def from_dict(cls, data: Any, where: str) -> ScorerSpec:
-        data = _check_keys(where, data, {"path", "weight", "enabled", "kwargs", "timeout"})
-        if not isinstance(data.get("path"), str) or not data.get("path"):
-            raise ValueError(f"{where}.path must be a non-empty dotted import path, got {short_repr(data.get('path'))}")
-        weight = finite_number(f"{where}.weight", data.get("weight", 1.0))
-        enabled = data.get("enabled", True)
-        if not isinstance(enabled, bool):
-            raise ValueError(f"{where}.enabled must be a bool, got {short_repr(enabled)}")
-        kwargs = data.get("kwargs") or {}
+    def __post_init__(self):
+        if not isinstance(self.path, str) or not self.path:
+            raise ConfigError("path", f"must be a non-empty dotted import path, got {short_repr(self.path)}")
+        object.__setattr__(self, "weight", finite_number("weight", self.weight))
+        if not isinstance(self.enabled, bool):
+            raise ConfigError("enabled", f"must be a bool, got {short_repr(self.enabled)}")
+        kwargs = {} if self.kwargs is None else self.kwargs
         if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-            raise ValueError(f"{where}.kwargs must be a mapping of argument names, got {short_repr(kwargs)}")
-        timeout = data.get("timeout")
-        if timeout is not None:
-            timeout = finite_number(f"{where}.timeout", timeout)
+            raise ConfigError("kwargs", f"must be a mapping of argument names, got {short_repr(kwargs)}")
+        object.__setattr__(self, "kwargs", dict(kwargs))
+        if self.timeout is not None:
+            timeout = finite_number("timeout", self.timeout)
             if timeout <= 0:
-                raise ValueError(f"{where}.timeout must be > 0 seconds (or null for no deadline), got {short_repr(timeout)}")
-        return cls(data["path"], weight, enabled, dict(kwargs), timeout)
+                raise ConfigError("timeout", f"must be > 0 seconds (or null for no deadline), got {short_repr(timeout)}")
+            object.__setattr__(self, "timeout", timeout)
+
+
+def _scorer_list(value: Any, where: str) -> tuple[ScorerSpec, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(where, f"must be a list, got {type(value).__name__}")
+    specs = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, (ScorerSpec, Mapping)):
+            raise ConfigError(f"{where}[{i}]", f"must be a scorer entry {{path, weight, enabled, kwargs, timeout}}, "
+                                               f"got {type(entry).__name__} (scorer instances go to "
+                                               "PRMRunner(..., scorers=...))")
+        specs.append(from_mapping(ScorerSpec, entry, f"{where}[{i}]"))
+    return tuple(specs)
 
 
 @dataclasses.dataclass(frozen=True)
 class PRMConfig:
-    """``rollout.agent.prm``. ``scorers`` holds ``ScorerSpec`` entries or borrowed ``BaseScorer`` instances."""
+    """``rollout.agent.prm`` without the shaping settings (their owner is ``AdvantageConfig``)."""
 
     enabled: bool = True
-    advantage_shaping: ShapingConfig = ShapingConfig()
-    scorers: tuple[ScorerSpec | BaseScorer, ...] = ()
+    scorers: tuple[ScorerSpec, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
-            raise ValueError(f"rollout.agent.prm.enabled must be a bool, got {short_repr(self.enabled)}")
-        object.__setattr__(self, "advantage_shaping", ShapingConfig.from_value(self.advantage_shaping))
-        scorers = []
-        for i, entry in enumerate(self.scorers or ()):
-            if not isinstance(entry, (ScorerSpec, BaseScorer)):
-                entry = ScorerSpec.from_dict(entry, f"rollout.agent.prm.scorers[{i}]")
-            scorers.append(entry)
-        object.__setattr__(self, "scorers", tuple(scorers))
+            raise ConfigError("enabled", f"must be a bool, got {short_repr(self.enabled)}")
+        object.__setattr__(self, "scorers", _scorer_list(self.scorers, "scorers"))
 
     @property
     def active(self) -> bool:
@@ -105,89 +102,103 @@ class PRMConfig:
         return self.enabled and bool(self.scorers)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> PRMConfig:
-        data = _check_keys("rollout.agent.prm", data, {"enabled", "advantage_shaping", "scorers"})
-        try:
-            shaping = ShapingConfig.from_value(data.get("advantage_shaping") or {})
-        except TypeError as err:
-            raise ValueError(f"rollout.agent.prm.{err}") from None
-        scorers = data.get("scorers") or []
-        if not isinstance(scorers, (list, tuple)):
-            raise ValueError(f"rollout.agent.prm.scorers must be a list, got {type(scorers).__name__}")
-        return cls(data.get("enabled", True), shaping,
-                   tuple(ScorerSpec.from_dict(s, f"rollout.agent.prm.scorers[{i}]") for i, s in enumerate(scorers)))
+    def from_mapping(cls, data: Any, where: str = "rollout.agent.prm") -> PRMConfig:
+        """The YAML section; its ``advantage_shaping`` belongs to the actor (see ``ExperimentConfig``)."""
+        section = dict(data or {})
+        section.pop("advantage_shaping", None)
+        return from_mapping(cls, section, where)
+
+
+class PRMSection(NamedTuple):
+    """``rollout.agent.prm`` as written, shaping included: what a scorer's ``validate_prm_config`` reads."""
+
+    enabled: bool
+    advantage_shaping: ShapingConfig
+    scorers: tuple[ScorerSpec, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
+    """``rollout``: the proxy version, the v2 external-model URL, the agent's template and export style."""
+
     version: str = "v1"
     api_url: str | None = None
     chat_template_type: str = "concat"
     export_style: str = "concat"
+
+    def __post_init__(self):
+        if self.version not in VERSIONS:
+            raise ConfigError("_version", f"must be one of {VERSIONS}, got {short_repr(self.version)}")
+        if self.api_url is not None and not isinstance(self.api_url, str):
+            raise ConfigError("api_url", f"must be a string or null, got {short_repr(self.api_url)}")
+        for key in ("chat_template_type", "export_style"):
+            if not isinstance(getattr(self, key), str):
+                raise ConfigError(f"agent.{key}", f"must be a string, got {short_repr(getattr(self, key))}")
 
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """The whole YAML: rollout settings, the PRM section and the actor's advantage settings."""
 
-    rollout: RolloutConfig
-    prm: PRMConfig
-    actor: AdvantageConfig
+    rollout: RolloutConfig = RolloutConfig()
+    prm: PRMConfig = PRMConfig(enabled=False)
+    actor: AdvantageConfig = AdvantageConfig()
+
+    def __post_init__(self):
+        for key, kind in (("rollout", RolloutConfig), ("prm", PRMConfig), ("actor", AdvantageConfig)):
+            if not isinstance(getattr(self, key), kind):
+                raise ConfigError(key, f"must be a {kind.__name__}, got {type(getattr(self, key)).__name__}")
+        self._check_active_scorers()
+
+    @property
+    def prm_section(self) -> PRMSection:
+        return PRMSection(self.prm.enabled, self.actor.advantage_shaping, self.prm.scorers)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ExperimentConfig:
-        data = _check_keys("config", data, {"rollout", "actor"})
-        rollout = _check_keys("rollout", data.get("rollout"), {"_version", "api_url", "agent"})
-        agent = _check_keys("rollout.agent", rollout.get("agent"), {"chat_template_type", "export_style", "prm"})
-        version = rollout.get("_version", "v1")
-        if version not in VERSIONS:
-            raise ValueError(f"rollout._version must be one of {VERSIONS}, got {short_repr(version)}")
-        api_url = rollout.get("api_url")
-        if api_url is not None and not isinstance(api_url, str):
-            raise ValueError(f"rollout.api_url must be a string or null, got {short_repr(api_url)}")
-        for key in ("chat_template_type", "export_style"):
-            if not isinstance(agent.get(key, "concat"), str):
-                raise ValueError(f"rollout.agent.{key} must be a string, got {short_repr(agent.get(key))}")
-        rollout_config = RolloutConfig(version, api_url, agent.get("chat_template_type", "concat"),
-                                       agent.get("export_style", "concat"))
-        prm = PRMConfig.from_dict(agent.get("prm"))
-        actor = _check_keys("actor", data.get("actor"), {f.name for f in dataclasses.fields(AdvantageConfig)}
-                            - {"advantage_shaping"})
-        if prm.enabled:
-            actor["advantage_shaping"] = prm.advantage_shaping
-        for key in ("reward_norm", "adv_norm"):
-            if key in actor:
-                actor[key] = _norm(actor[key], f"actor.{key}")
+    def from_mapping(cls, data: Any) -> ExperimentConfig:
+        """From the YAML's mapping (AReaL's layout: ``rollout.agent.prm``, ``actor``)."""
+        top = _keys(data, "", {"rollout", "actor"})
+        rollout = _keys(top.get("rollout"), "rollout", {"_version", "api_url", "agent"})
+        agent = _keys(rollout.get("agent"), "rollout.agent", {"chat_template_type", "export_style", "prm"})
         try:
-            actor_config = AdvantageConfig(**actor)
-        except (ValueError, TypeError) as err:
-            message = str(err)
-            raise ValueError(message if message.startswith(("actor.", "advantage_shaping")) else
-                             f"actor.{message}") from None
-        config = cls(rollout_config, prm, actor_config)
-        config.validate()
-        return config
+            rollout_config = RolloutConfig(rollout.get("_version", "v1"), rollout.get("api_url"),
+                                           agent.get("chat_template_type", "concat"), agent.get("export_style", "concat"))
+        except ConfigError as err:
+            raise err.under("rollout") from None
+        prm_data = _keys(agent.get("prm"), "rollout.agent.prm", {"enabled", "advantage_shaping", "scorers"})
+        prm = PRMConfig.from_mapping(prm_data)
+        shaping = ShapingConfig.from_value(prm_data.get("advantage_shaping"), "rollout.agent.prm.advantage_shaping")
+        actor = _keys(top.get("actor"), "actor", {f.name for f in dataclasses.fields(AdvantageConfig)}
+                      - {"advantage_shaping"})
+        if prm.enabled:
+            actor["advantage_shaping"] = shaping
+        return cls(rollout_config, prm, from_mapping(AdvantageConfig, actor, "actor"))
 
-    def validate(self) -> None:
-        """The cross-section rules of active scorers (SPEC 4); each message names the offending key."""
+    def _check_active_scorers(self) -> None:
+        """The cross-section rules of active scorers; each message names the offending key."""
         if not self.prm.active:
             return
         if not self.actor.token_rewards_as_adv:
-            raise ValueError("actor.token_rewards_as_adv must be true with active PRM scorers (direct process "
-                             "advantages); folding dense scorer rewards into GAE is not supported")
-        if self.rollout.export_style != "concat":
-            raise ValueError(f"rollout.agent.export_style must be 'concat' with active PRM scorers, got "
-                             f"{short_repr(self.rollout.export_style)}")
-        if self.rollout.chat_template_type != "concat":
-            raise ValueError(f"rollout.agent.chat_template_type must be 'concat' with active PRM scorers, got "
-                             f"{short_repr(self.rollout.chat_template_type)}")
+            raise ConfigError("actor.token_rewards_as_adv", "must be true with active PRM scorers (direct process "
+                                                           "advantages); folding dense scorer rewards into GAE is "
+                                                           "not supported")
+        for key in ("export_style", "chat_template_type"):
+            if getattr(self.rollout, key) != "concat":
+                raise ConfigError(f"rollout.agent.{key}", f"must be 'concat' with active PRM scorers, got "
+                                                          f"{short_repr(getattr(self.rollout, key))}")
         if self.rollout.version == "v2" and self.rollout.api_url is not None:
-            raise ValueError("rollout.api_url (v2 external-model mode) stores string-only responses and cannot be "
-                             "used with active PRM scorers, which need token-backed interactions")
+            raise ConfigError("rollout.api_url", "(v2 external-model mode) stores string-only responses and cannot "
+                                                 "be used with active PRM scorers, which need token-backed "
+                                                 "interactions")
 
 
-def _norm(value: Any, where: str) -> NormConfig | None:
-    try:
-        return NormConfig.from_value(value, where)
-    except TypeError as err:
-        raise ValueError(str(err)) from None
+def _keys(data: Any, where: str, allowed: set[str]) -> dict:
+    """A YAML section as a dict, unknown keys refused (sections that are not one config class)."""
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(where or "config", f"must be a mapping, got {type(data).__name__}")
+    unknown = sorted(map(str, set(data) - allowed))
+    if unknown:
+        raise ConfigError(where or "config", f"has unknown keys {short_repr(unknown)} (allowed: {sorted(allowed)})")
+    return dict(data)

@@ -26,6 +26,7 @@ would have without this feature.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -285,9 +286,10 @@ class ExportService:
     """The store plus its PRM runner and clients, with the v1/v2 start-up and shutdown order.
 
     v1 builds the runner synchronously (``PRMRunner(config)``, no start-up rollback); v2 builds it with
-    ``await PRMRunner.create(config)``. Shutdown closes the runner first, then the service's own clients,
-    which are closed even when scorer cleanup fails. A start-up error closes the clients too and is
-    re-raised unchanged (client cleanup failures are attached as notes).
+    ``await PRMRunner.create(config)``. One ``AsyncExitStack`` holds the clients' ``aclose`` (pushed first)
+    and the runner's (pushed last), so shutdown closes the runner first, then the clients, which are
+    closed even when scorer cleanup fails. A start-up error unwinds the same stack (the clients) and is
+    re-raised unchanged, with cleanup failures attached as notes. An async context manager.
     """
 
     def __init__(self, config: ExperimentConfig, runner: PRMRunner | None, clients: Sequence[Any]):
@@ -295,52 +297,47 @@ class ExportService:
         self.runner = runner
         self.clients = list(clients)
         self.store = TrajectoryStore()
-        self._closed = False
+        self._errors: list[Exception] = []
+        self._stack = contextlib.AsyncExitStack()
+        for client in self.clients:
+            self._stack.push_async_callback(self._close, client)
+        if runner is not None:
+            self._stack.push_async_callback(self._close, runner)
 
     @classmethod
     async def start(cls, config: ExperimentConfig, *, clients: Sequence[Any] = ()) -> ExportService:
+        service = cls(config, None, clients)
         try:
-            if config.rollout.version == "v2":
-                runner = await PRMRunner.create(config) if config.prm.active else None
-            else:
-                runner = PRMRunner(config) if config.prm.active else None
+            if config.prm.active:
+                service.runner = (await PRMRunner.create(config) if config.rollout.version == "v2"
+                                  else PRMRunner(config))
+                service._stack.push_async_callback(service._close, service.runner)
         except Exception as err:
-            for client in reversed(list(clients)):
-                try:
-                    await client.aclose()
-                except Exception as cleanup_error:
-                    logger.exception("closing a client after a failed start-up failed")
-                    add_note(err, f"closing client {client!r} after the failed start-up also failed: "
-                                  f"{cleanup_error!r}")
+            await service._stack.aclose()
+            for cleanup_error in service._errors:
+                add_note(err, f"closing a client after the failed start-up also failed: {cleanup_error!r}")
             raise
-        return cls(config, runner, clients)
+        return service
+
+    async def _close(self, resource: Any) -> None:
+        try:
+            await resource.aclose()
+        except Exception as err:
+            logger.exception("closing %r failed", resource)
+            self._errors.append(err)
 
     async def export(self, session_keys: Sequence[str], **kwargs: Any) -> dict[str, Any]:
         return await export_group(self.store, session_keys, runner=self.runner, **kwargs)
 
     async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        errors: list[Exception] = []
-        try:
-            if self.runner is not None:
-                try:
-                    await self.runner.aclose()
-                except Exception as err:
-                    errors.append(err)
-        finally:
-            for client in reversed(self.clients):
-                try:
-                    await client.aclose()
-                except Exception as err:
-                    logger.exception("closing client %r failed", client)
-                    errors.append(err)
-        if errors:
-            raise ExceptionGroup("export service shutdown failed", errors)
+        """Closes the runner, then the clients (each once); failures are raised together afterwards."""
+        self._errors = []
+        await self._stack.aclose()
+        if self._errors:
+            raise ExceptionGroup("export service shutdown failed", self._errors)
 
     async def __aenter__(self) -> ExportService:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()

@@ -14,6 +14,7 @@ the synchronous ``PRMRunner(config)`` is kept for compatibility without that rol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -26,7 +27,8 @@ import anyio
 import numpy as np
 
 from prm_jax._compat import ExceptionGroup, add_note
-from prm_jax.runtime.config import ExperimentConfig, PRMConfig
+from prm_jax.kernels.shaping import ShapingConfig
+from prm_jax.runtime.config import ExperimentConfig, PRMConfig, PRMSection, ScorerSpec
 from prm_jax.runtime.scoring import (
     BaseScorer,
     BaseTrajectoryScorer,
@@ -88,61 +90,77 @@ def _constructor_arguments(cls: type[BaseScorer]) -> tuple[set[str], set[str], b
     return accepted, required or set(), True
 
 
-def check_scorer_specs(prm: PRMConfig) -> list[type[BaseScorer] | None]:
+def check_scorer_specs(section: PRMSection | PRMConfig | ExperimentConfig,
+                       borrowed: Sequence[BaseScorer] = ()) -> list[type[BaseScorer]]:
     """Everything start-up would reject, found without building a scorer (they may open clients).
 
     Imports each entry's class, binds its ``kwargs`` against the constructor chain, checks the class
-    ``name`` (set, unique across entries and borrowed instances) and calls the optional classmethod hook
-    ``validate_prm_config(prm_config)`` (AReaL's per-scorer check). Returns the classes (None for borrowed
-    instances). Raises ``ValueError``/``TypeError`` naming the entry.
+    ``name`` (set, unique across entries and ``borrowed`` instances) and calls the optional classmethod hook
+    ``validate_prm_config(prm_section)`` (AReaL's per-scorer check; it sees ``enabled``,
+    ``advantage_shaping`` and ``scorers``). Returns the entries' classes. Raises ``ValueError``/``TypeError``
+    naming the entry.
     """
-    classes: list[type[BaseScorer] | None] = []
+    if isinstance(section, ExperimentConfig):
+        section = section.prm_section
+    elif isinstance(section, PRMConfig):
+        section = PRMSection(section.enabled, ShapingConfig(), section.scorers)
+    classes: list[type[BaseScorer]] = []
     names: dict[str, str] = {}
-    for i, entry in enumerate(prm.scorers):
+    for i, entry in enumerate(section.scorers):
         where = f"rollout.agent.prm.scorers[{i}]"
-        if isinstance(entry, BaseScorer):
-            cls, name = None, entry.name
-        else:
-            cls = resolve_scorer_class(entry.path)
-            name = cls.name
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"{where}: scorer class {entry.path} has no class-level name")
-            reserved = [k for k in RESERVED_KWARGS if k in entry.kwargs]
-            if reserved:
-                raise ValueError(f"{where}.kwargs: {reserved} belong to the entry itself, not to kwargs")
-            accepted, required, open_ = _constructor_arguments(cls)
-            unknown = sorted(set(entry.kwargs) - accepted)
-            if unknown and not open_:
-                raise ValueError(f"{where}.kwargs: {entry.path} does not accept {_short(unknown)} (it accepts "
-                                 f"{sorted(accepted - {'weight', 'enabled'})})")
-            missing = sorted(required - set(entry.kwargs) - {"weight", "enabled"})
-            if missing:
-                raise ValueError(f"{where}.kwargs: {entry.path} needs {missing}")
-            hook = getattr(cls, "validate_prm_config", None)
-            if hook is not None:
-                try:
-                    hook(prm)
-                except (ValueError, TypeError) as err:
-                    raise ValueError(f"{where}: {entry.path} rejects this PRM config: {err}") from None
-        if name in names:
-            raise ValueError(f"{where}: scorer name {name!r} is already used by {names[name]}; names must be "
-                             "unique within a runner")
-        names[name] = where
+        cls = _check_spec(entry, where, section)
+        _claim_name(names, cls.name, where)
         classes.append(cls)
+    for i, scorer in enumerate(borrowed):
+        if not isinstance(scorer, BaseScorer):
+            raise TypeError(f"scorers[{i}] must be a BaseScorer instance, got {type(scorer).__name__}")
+        _claim_name(names, scorer.name, f"scorers[{i}] (borrowed)")
     return classes
 
 
-def _as_prm_config(config: Any) -> PRMConfig:
-    if isinstance(config, PRMConfig):
-        return config
+def _check_spec(entry: ScorerSpec, where: str, section: PRMSection) -> type[BaseScorer]:
+    cls = resolve_scorer_class(entry.path)
+    if not isinstance(cls.name, str) or not cls.name:
+        raise ValueError(f"{where}: scorer class {entry.path} has no class-level name")
+    reserved = [k for k in RESERVED_KWARGS if k in entry.kwargs]
+    if reserved:
+        raise ValueError(f"{where}.kwargs: {reserved} belong to the entry itself, not to kwargs")
+    accepted, required, open_ = _constructor_arguments(cls)
+    unknown = sorted(set(entry.kwargs) - accepted)
+    if unknown and not open_:
+        raise ValueError(f"{where}.kwargs: {entry.path} does not accept {_short(unknown)} (it accepts "
+                         f"{sorted(accepted - {'weight', 'enabled'})})")
+    missing = sorted(required - set(entry.kwargs) - {"weight", "enabled"})
+    if missing:
+        raise ValueError(f"{where}.kwargs: {entry.path} needs {missing}")
+    hook = getattr(cls, "validate_prm_config", None)
+    if hook is not None:
+        try:
+            hook(section)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{where}: {entry.path} rejects this PRM config: {err}") from None
+    return cls
+
+
+def _claim_name(names: dict[str, str], name: str, where: str) -> None:
+    if name in names:
+        raise ValueError(f"{where}: scorer name {name!r} is already used by {names[name]}; names must be "
+                         "unique within a runner")
+    names[name] = where
+
+
+def _as_section(config: Any, borrowed: Sequence[BaseScorer]) -> PRMSection:
+    """The PRM section a runner is built from; with only borrowed scorers, PRM is enabled."""
     if isinstance(config, ExperimentConfig):
-        return config.prm
+        return config.prm_section
     if isinstance(config, Mapping):
-        if "rollout" in config or "actor" in config:
-            return ExperimentConfig.from_dict(config).prm
-        return PRMConfig.from_dict(config)
+        config = (ExperimentConfig.from_mapping(config) if "rollout" in config or "actor" in config
+                  else PRMConfig.from_mapping(config))
+        return config.prm_section if isinstance(config, ExperimentConfig) else _as_section(config, borrowed)
+    if isinstance(config, PRMConfig):
+        return PRMSection(config.enabled, ShapingConfig(), config.scorers)
     if config is None:
-        return PRMConfig(enabled=False)
+        return PRMSection(bool(borrowed), ShapingConfig(), ())
     raise TypeError(f"config must be a PRMConfig, an ExperimentConfig or a mapping, got {type(config).__name__}")
 
 
@@ -209,34 +227,46 @@ class _Staged:
 
 
 class PRMRunner:
-    """Runs configured scorers over branches and commits their weighted token rewards."""
+    """Runs configured scorers over branches and commits their weighted token rewards.
 
-    def __init__(self, config: Any = None):
+    ``config`` names the scorers to build (owned: closed by ``aclose``); ``scorers`` are instances the caller
+    owns (borrowed: run after the configured ones, never closed here). An async context manager:
+    ``async with await PRMRunner.create(config) as runner: ...`` closes it on exit.
+    """
+
+    def __init__(self, config: Any = None, *, scorers: Sequence[BaseScorer] = ()):
         self._init_state()
-        self._build(_as_prm_config(config))
+        self._build(_as_section(config, scorers), scorers)
 
     @classmethod
-    async def create(cls, config: Any = None) -> PRMRunner:
-        """Builds and validates; on failure awaits cleanup of the owned scorers built so far, then re-raises."""
+    async def create(cls, config: Any = None, *, scorers: Sequence[BaseScorer] = ()) -> PRMRunner:
+        """Builds and validates; on failure closes the owned scorers built so far, then re-raises."""
         runner = cls.__new__(cls)
         runner._init_state()
         try:
-            runner._build(_as_prm_config(config))
+            runner._build(_as_section(config, scorers), scorers)
         except Exception as err:
-            for scorer in reversed(runner._owned):
-                try:
-                    await scorer.aclose()
-                except Exception as cleanup_error:
-                    logger.exception("cleanup of scorer %r after a failed start-up failed", scorer.name)
-                    add_note(err, f"cleanup of scorer {scorer.name!r} after the failed start-up also failed: "
-                                  f"{cleanup_error!r}")
+            errors = runner._close_errors = []
+            await runner._owned_stack.aclose()  # cancellation during the rollback propagates
+            for scorer, cleanup_error in errors:
+                add_note(err, f"cleanup of scorer {scorer.name!r} after the failed start-up also failed: "
+                              f"{cleanup_error!r}")
             raise
         return runner
+
+    async def __aenter__(self) -> PRMRunner:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     def _init_state(self) -> None:
         self._scorers: list[BaseScorer] = []
         self._owned: list[BaseScorer] = []
-        self._to_close: list[BaseScorer] = []
+        # Each owned scorer's aclose is pushed as it is built: start-up rollback and aclose() both unwind it.
+        self._owned_stack = contextlib.AsyncExitStack()
+        self._close_errors: list[tuple[BaseScorer, Exception]] = []
+        self._interrupted: list[BaseScorer] | None = None
         self._schemas: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {}
         self._closing = False
         self._closed = False
@@ -244,29 +274,34 @@ class PRMRunner:
         self._timeouts: dict[int, float | None] = {}
         self._in_flight: set[anyio.CancelScope] = set()
         self._idle: anyio.Event | None = None
-        self.config: PRMConfig | None = None
+        self.config: PRMSection | None = None
 
-    def _build(self, config: PRMConfig) -> None:
-        self.config = config
-        classes = check_scorer_specs(config)
-        names: set[str] = set()
-        for i, (entry, cls) in enumerate(zip(config.scorers, classes)):
-            if isinstance(entry, BaseScorer):
-                scorer = entry
-                timeout = None  # a borrowed instance keeps its own deadlines
-            else:
-                assert cls is not None
-                scorer = cls(weight=entry.weight, enabled=entry.enabled, **dict(entry.kwargs))
-                self._owned.append(scorer)
-                self._to_close.append(scorer)
-                timeout = entry.timeout
-            if not isinstance(scorer, BaseScorer):
-                raise TypeError(f"rollout.agent.prm.scorers[{i}] built {type(scorer).__name__}, not a BaseScorer")
-            if scorer.name in names:
-                raise ValueError(f"scorer names must be unique within a runner: {scorer.name!r} appears twice")
-            names.add(scorer.name)
+    def _build(self, section: PRMSection, borrowed: Sequence[BaseScorer]) -> None:
+        self.config = section
+        classes = check_scorer_specs(section, borrowed)
+        for entry, cls in zip(section.scorers, classes):
+            scorer = cls(weight=entry.weight, enabled=entry.enabled, **dict(entry.kwargs))
+            self._owned.append(scorer)
+            self._owned_stack.push_async_callback(self._close_one, scorer)
             self._scorers.append(scorer)
-            self._timeouts[id(scorer)] = timeout
+            self._timeouts[id(scorer)] = entry.timeout
+        for scorer in borrowed:
+            self._scorers.append(scorer)
+            self._timeouts[id(scorer)] = None  # a borrowed instance keeps its own deadlines
+
+    async def _close_one(self, scorer: BaseScorer) -> None:
+        """One owned scorer's cleanup; after a cancellation the rest are kept for a later ``aclose``."""
+        if self._interrupted is not None:
+            self._interrupted.append(scorer)
+            return
+        try:
+            await scorer.aclose()
+        except anyio.get_cancelled_exc_class():
+            self._interrupted = []
+            raise
+        except Exception as err:
+            logger.exception("aclose() of scorer %r failed", scorer.name)
+            self._close_errors.append((scorer, err))
 
     @property
     def scorers(self) -> tuple[BaseScorer, ...]:
@@ -473,7 +508,7 @@ class PRMRunner:
 
         The first caller runs the cleanup and raises an ``ExceptionGroup`` of the ordinary failures after
         every owned scorer was tried; concurrent callers wait for that cleanup and return. Cancellation
-        propagates; a hook that failed or was interrupted is not retried by later calls.
+        propagates; the interrupted hook is not retried, and a later call closes the scorers never tried.
         """
         self._closing = True
         # Runs in flight are cancelled, and waited for, before any scorer is closed; they commit nothing.
@@ -487,18 +522,22 @@ class PRMRunner:
                 await self._close_event.wait()
                 continue
             event = self._close_event = anyio.Event()
-            errors: list[Exception] = []
+            errors = self._close_errors = []
             try:
-                while self._to_close:
-                    scorer = self._to_close.pop()
-                    try:
-                        await scorer.aclose()
-                    except Exception as err:
-                        logger.exception("aclose() of scorer %r failed", scorer.name)
-                        errors.append(err)
-                self._closed = True
+                await self._owned_stack.aclose()
             finally:
+                self._resume_after_interruption()
                 self._close_event = None
                 event.set()
             if errors:
-                raise ExceptionGroup(f"{len(errors)} scorer cleanup hook(s) failed", errors)
+                raise ExceptionGroup(f"{len(errors)} scorer cleanup hook(s) failed", [e for _, e in errors])
+
+    def _resume_after_interruption(self) -> None:
+        """Closed, unless a cancellation left scorers never tried: a new stack holds them, in order."""
+        if self._interrupted is None:
+            self._closed = True
+            return
+        self._owned_stack = contextlib.AsyncExitStack()
+        for scorer in reversed(self._interrupted):
+            self._owned_stack.push_async_callback(self._close_one, scorer)
+        self._interrupted = None

@@ -1,7 +1,8 @@
 """Independent float64 references, written as plain loops over rows and timesteps.
 
-Nothing here imports prm_jax: these are the semantics of SPEC sections 1, 5 and 6 spelled out one
-element at a time, so a vectorization bug in the library cannot hide in the reference too.
+Nothing here imports prm_jax: these are AReaL's semantics (alignment, the advantage pipeline,
+normalization, the group filters) spelled out one element at a time, so a vectorization bug in the
+library cannot hide in the reference too.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def group_of_rows(rows, group_size=1, group_sizes=None):
 
 def normalize(x, mask, *, mean_level="batch", std_level="batch", mean_leave1out=False, std_unbiased=True,
               eps=1e-5, group_size=1, group_sizes=None, group_member_counts=None):
-    """SPEC 6 (AReaL's ``Normalization``), one entry at a time."""
+    """AReaL's ``Normalization``, one entry at a time."""
     x = np.asarray(x, np.float64)
     mask = np.asarray(mask).astype(bool)
     flat = x.ndim == 1
@@ -193,7 +194,7 @@ def gae_lambda_fn(name, row_mask, row_turn_ids, unit, **kwargs):
 
 
 def compute_advantages(batch, cfg):
-    """SPEC 5 step by step. ``cfg`` is a plain dict of AdvantageConfig fields (norms as dicts)."""
+    """The advantage pipeline step by step. ``cfg`` is a plain dict of AdvantageConfig fields (norms as dicts)."""
     c = dict(discount=1.0, gae_lambda=1.0, kl_ctl=0.1, kl_estimator="k1", reward_bias=0.0, reward_scaling=1.0,
              reward_clip=20.0, mask_no_eos_with_zero=False, token_rewards_as_adv=True, gae_timestep_unit="token",
              reward_norm=None, adv_norm=None, shaping=dict(mode="additive"), max_turns=None,
@@ -288,7 +289,7 @@ def compute_advantages(batch, cfg):
 
 
 def group_filter(group, kind):
-    """SPEC 7, one row at a time: ``(accepted, failed_or_perfect, all_correct, all_wrong, penalized)``.
+    """AReaL's group filters, one row at a time: ``(accepted, failed_or_perfect, all_correct, all_wrong, penalized)``.
 
     ``kind`` is ``plain``, ``penalized`` or ``penalized_mask_no_eos``.
     """

@@ -1,5 +1,9 @@
 """Generalized advantage estimation on timesteps, with masked carry.
 
+GAE: Schulman, Moritz, Levine, Jordan, Abbeel, "High-Dimensional Continuous Control Using Generalized
+Advantage Estimation" (2015, arXiv:1506.02438). The masked carry over prompt and tool tokens is AReaL's
+(and verl's) multi-turn convention.
+
 Time convention: ``rewards[:, t]``, ``values[:, t]`` and ``mask[:, t]`` belong to timestep ``t`` (see
 ``alignment``). The recurrence runs right to left from ``last = 0`` and ``nextv = bootstrap``::
 

@@ -1,5 +1,8 @@
 """KL penalty rewards on timesteps.
 
+The estimators k1, k2, k3 are those of J. Schulman, "Approximating KL Divergence" (2020,
+http://joschu.net/blog/kl-approx.html), clamped to [-10, 10] as AReaL does.
+
 With ``d = logprobs - ref_logprobs`` (behaviour minus reference log-prob of the action at timestep t):
 
   k1 = d,    k2 = d**2 / 2,    k3 = exp(-d) - 1 + d

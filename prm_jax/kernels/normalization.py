@@ -1,5 +1,9 @@
 """Masked, token-weighted normalization of advantages ([B, T]) and outcome rewards ([B]): AReaL's rules.
 
+Group-level normalization of outcome rewards is GRPO's baseline (Shao et al., "DeepSeekMath", 2024,
+arXiv:2402.03300); the leave-one-out mean is RLOO's (Ahmadian et al., "Back to Basics", 2024,
+arXiv:2402.14740).
+
 Statistics are taken over active entries only, per level (``batch``: all rows; ``group``: the rows of one
 sample group); ``n`` and ``S`` are the level's active count and sum. Per entry:
 

@@ -1,5 +1,9 @@
 """Advantage shaping with direct process rewards, applied after GAE and advantage normalization.
 
+Process rewards score each step of a solution (Lightman et al., "Let's Verify Step by Step", 2023,
+arXiv:2305.20050); the three ways of combining them with outcome advantages (``additive``, ``gvpo``,
+``process_weighted``) are AReaL's process-reward feature, reproduced rule for rule.
+
 ``P`` is the shifted process reward on timesteps; shaping touches active timesteps only and never changes
 returns. With ``b = negative_scale``, ``z = zero_penalty``, ``eps = zero_eps``:
 

@@ -408,6 +408,8 @@ class PRMRunner:
         """
         timeout = self._timeouts.get(id(scorer))
         try:
+            if timeout is None:  # no cancel scope per call where no deadline is set
+                return await call()
             with anyio.fail_after(timeout):
                 return await call()
         except TimeoutError:

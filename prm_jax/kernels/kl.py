@@ -12,13 +12,16 @@ The estimate is clamped to [-10, 10] and the reward is ``-kl_ctl * kl`` on activ
 
 from __future__ import annotations
 
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KLEstimator = Literal["k1", "k2", "k3"]
+KL_ESTIMATORS: tuple[KLEstimator, ...] = ("k1", "k2", "k3")
 KL_CLAMP = 10.0
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,15 +36,16 @@ from jax.typing import ArrayLike
 from prm_jax.kernels import _checks
 from prm_jax.validation import ConfigError, finite_number, from_mapping, short_repr
 
-NORM_LEVELS = ("batch", "group", None)
+NormLevel = Literal["batch", "group"] | None
+NORM_LEVELS: tuple[NormLevel, ...] = ("batch", "group", None)
 
 
 @dataclasses.dataclass(frozen=True)
 class NormConfig:
     """AReaL's ``NormConfig``: hashable, so it is a static argument and never causes a retrace."""
 
-    mean_level: str | None = "batch"
-    std_level: str | None = "batch"
+    mean_level: NormLevel = "batch"
+    std_level: NormLevel = "batch"
     mean_leave1out: bool = False
     std_unbiased: bool = True
     eps: float = 1e-5

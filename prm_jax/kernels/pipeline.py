@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +51,7 @@ from prm_jax.kernels.gae import (
     turn_gae_core,
     turn_ids_check,
 )
-from prm_jax.kernels.kl import KL_ESTIMATORS, kl_rewards
+from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator, kl_rewards
 from prm_jax.kernels.lambda_fn import GAELambdaContext
 from prm_jax.kernels.normalization import (
     GroupLayout,
@@ -67,7 +67,8 @@ from prm_jax.validation import ConfigError, finite_number, short_repr
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
 OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids", "is_truncated",
                  "gae_lambda", "group_sizes", "group_member_counts")
-TIMESTEP_UNITS = ("token", "turn")
+TimestepUnit = Literal["token", "turn"]
+TIMESTEP_UNITS: tuple[TimestepUnit, ...] = ("token", "turn")
 
 
 class AdvantageOutput(NamedTuple):
@@ -97,13 +98,13 @@ class AdvantageConfig:
     gae_lambda: float | str = 1.0
     gae_lambda_kwargs: Any = ()
     kl_ctl: float = 0.1
-    kl_estimator: str = "k1"
+    kl_estimator: KLEstimator = "k1"
     reward_bias: float = 0.0
     reward_scaling: float = 1.0
     reward_clip: float = 20.0
     mask_no_eos_with_zero: bool = False
     token_rewards_as_adv: bool = True
-    gae_timestep_unit: str = "token"
+    gae_timestep_unit: TimestepUnit = "token"
     reward_norm: NormConfig | None = None
     adv_norm: NormConfig | None = None
     advantage_shaping: ShapingConfig = ShapingConfig()
@@ -111,7 +112,7 @@ class AdvantageConfig:
     overlong_tokens: int | None = None
     overlong_penalty_factor: float | None = None
     max_new_tokens: int | None = None
-    gae_method: str = "auto"
+    gae_method: GAEMethod = "auto"
     gae_block_size: int = DEFAULT_BLOCK_SIZE
     max_turns: int | None = None
     check_values: bool = True

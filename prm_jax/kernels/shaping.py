@@ -16,7 +16,7 @@ returns. With ``b = negative_scale``, ``z = zero_penalty``, ``eps = zero_eps``:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -25,14 +25,15 @@ from jax.typing import ArrayLike
 from prm_jax.kernels import _checks
 from prm_jax.validation import ConfigError, finite_number, from_mapping, short_repr
 
-SHAPING_MODES = ("additive", "gvpo", "process_weighted")
+ShapingMode = Literal["additive", "gvpo", "process_weighted"]
+SHAPING_MODES: tuple[ShapingMode, ...] = ("additive", "gvpo", "process_weighted")
 
 
 @dataclasses.dataclass(frozen=True)
 class ShapingConfig:
     """``rollout.agent.prm.advantage_shaping``; hashable, a static argument."""
 
-    mode: str = "additive"
+    mode: ShapingMode = "additive"
     negative_scale: float = 0.2
     zero_penalty: float = 0.4
     zero_eps: float = 1e-6

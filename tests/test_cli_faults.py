@@ -286,6 +286,7 @@ def test_a_library_bug_is_a_traceback_not_no_group_accepted(tmp_path, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the library")
     monkeypatch.setattr(cli, "compute_advantages", broken)
+    monkeypatch.setattr(cli, "compute_advantage_variants", broken)
     with pytest.raises(RuntimeError, match="a bug in the library"):
         cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()

@@ -329,3 +329,22 @@ def test_grad_through_compute_advantages_matches_scan(method):
     for g, w in zip(got, want):
         assert np.abs(np.asarray(w)).max() > 0
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_shaping_variants_share_one_gae_and_equal_separate_runs():
+    # Issue 12: the CLI's five advantage passes become one GAE shaped four ways.
+    from prm_jax.kernels.pipeline import compute_advantage_variants
+    rng = np.random.default_rng(120)
+    batch = make_batch(rng, rows=6, width=32, unit_interval=True)
+    config = AdvantageConfig(discount=0.95, gae_lambda=0.9, adv_norm=NormConfig())
+    configured, variants = compute_advantage_variants(batch, config, ["additive", "gvpo", "process_weighted"])
+    np.testing.assert_array_equal(configured.advantages, compute_advantages(batch, config).advantages)
+    unshaped = compute_advantages({k: v for k, v in batch.items() if k != "token_rewards"}, config)
+    np.testing.assert_allclose(variants["none"], unshaped.advantages, rtol=1e-6, atol=1e-6)
+    for mode in ("additive", "gvpo", "process_weighted"):
+        alone = compute_advantages(batch, dataclasses.replace(config, advantage_shaping=ShapingConfig(mode)))
+        np.testing.assert_allclose(variants[mode], alone.advantages, rtol=1e-6, atol=1e-6, err_msg=mode)
+    # A mode the batch rules out is reported, not raised.
+    batch["token_rewards"] = batch["token_rewards"] * 3
+    _, variants = compute_advantage_variants(batch, config, ["additive", "process_weighted"])
+    assert variants["process_weighted"].startswith("n/a") and not isinstance(variants["additive"], str)

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from importlib import resources
@@ -27,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import jax
 import numpy as np
 
 from prm_jax.app.config_file import load_config
 from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table
 from prm_jax.app.sessions import InputError, read_sessions
-from prm_jax.kernels.pipeline import compute_advantages
+from prm_jax.kernels.pipeline import compute_advantage_variants, compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.runtime.batching import pack_branches
 from prm_jax.runtime.config import ExperimentConfig, ScorerSpec
@@ -136,14 +138,24 @@ def _shorten(text: str, limit: int = 300) -> str:
 
 def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | None = None, bucket: int = 128,
               progress: bool = False) -> ScoreRun:
+    clock = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(phase: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[phase], clock = now - clock, now
+
     try:
         records = read_sessions(input_path)
     except InputError as err:
         raise CLIError(str(err)) from None
+    lap("read")
     groups = list(OrderedDict.fromkeys(r.group for r in records))
     chosen_filter = FILTERS[group_filter] if group_filter else None
     statuses, accepted, metrics, filter_counters, reasons = anyio.run(_export_all, config, records, chosen_filter,
                                                                       Progress(len(groups), progress))
+    lap("score+export")
     trajectories = [t for group in accepted for t in group]
     if not trajectories:
         listed = "; ".join(f"{g}: {r['status']} {r['reason']}" for g, r in list(reasons.items())[:5])
@@ -153,20 +165,24 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     batch = pack_branches(sequences, bucket=bucket)
     batch["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories], np.float32)
     batch["group_sizes"] = np.array([len(group) for group in accepted], np.int32)
+    lap("pack")
 
     arrays = {k: v for k, v in batch.items() if k != "original_rewards"}
-    outputs: dict[str, Any] = {"none": compute_advantages({k: v for k, v in arrays.items() if k != "token_rewards"},
-                                                          config.actor)}
-    configured = compute_advantages(arrays, config.actor)
     shaping = config.actor.advantage_shaping
+    outputs: dict[str, Any] = {}
     if "token_rewards" in arrays and config.actor.token_rewards_as_adv:
-        for mode in SHAPING_MODES:
-            try:  # the same actor settings under each mode; a mode those settings reject is reported
-                actor = dataclasses.replace(config.actor, advantage_shaping=dataclasses.replace(shaping, mode=mode))
-                outputs[mode] = compute_advantages(arrays, actor)
-            except ValueError as err:
-                outputs[mode] = f"n/a: {err}"
+        # One GAE for every mode: the configured run, unshaped, and each shaping mode (report only).
+        configured, variants = compute_advantage_variants(arrays, config.actor, SHAPING_MODES)
+        for mode, advantages in variants.items():
+            outputs[mode] = advantages if isinstance(advantages, str) else configured._replace(advantages=advantages)
+    else:
+        configured = compute_advantages(arrays, config.actor)
+        outputs["none"] = compute_advantages({k: v for k, v in arrays.items() if k != "token_rewards"},
+                                             config.actor)
+    jax.block_until_ready(configured)
+    lap("advantages")
     summary = {
+        "timings_s": timings,
         "groups": {"total": len(groups), **{s: sum(v == s for v in statuses.values())
                                             for s in ("accepted", "rejected", "filtered")}},
         "trajectories": len(trajectories),
@@ -266,8 +282,13 @@ def cmd_score(args) -> int:
     config = _load_config(args.config)
     run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket,
                     progress=args.progress if args.progress is not None else sys.stderr.isatty())
+    start = time.perf_counter()
     write_outputs(run, Path(args.output), Path(args.plot) if args.plot else None, compress=args.compress)
+    run.summary["timings_s"]["write"] = time.perf_counter() - start
     print_summary(run)
+    if args.timings:
+        for phase, seconds in run.summary["timings_s"].items():
+            print(f"timing: {phase:<14} {seconds:8.3f} s")
     print(f"wrote {Path(args.output) / 'batch.npz'} and {Path(args.output) / 'metrics.json'}"
           + (f" and {args.plot}" if args.plot else ""))
     return 0
@@ -316,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--filter", choices=sorted(FILTERS), help="group filter applied to accepted groups")
     score.add_argument("--bucket", type=int, default=128, help="pad widths to a multiple of this (default 128)")
     score.add_argument("--compress", action="store_true", help="write batch.npz compressed (default: uncompressed)")
+    score.add_argument("--timings", action="store_true", help="print the time of each phase")
     score.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="progress bar on stderr (default: when stderr is a terminal)")
     score.set_defaults(func=cmd_score)

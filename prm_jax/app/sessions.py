@@ -26,14 +26,19 @@ import dataclasses
 import json
 import math
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
+import numpy as np
 
 from prm_jax.runtime.trajectory import Interaction, InteractionCache
 from prm_jax.validation import short_repr
 
 MAX_TOKEN_ID = 2**31 - 1
 LOGPROB_SLACK = 1e-6  # inference engines round a log-prob of ~0 to tiny positive values
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
 SESSION_KEYS = {"session_key", "group", "interactions", "ready"}
 INTERACTION_KEYS = {"id", "parent_id", "input_tokens", "output_tokens", "output_logprobs", "messages",
                     "output_messages", "stop_reason", "reward", "token_rewards"}
@@ -141,27 +146,181 @@ def _session(data: Any, path: Path, line: int) -> SessionRecord:
     return SessionRecord(key, group, cache, list(ready), line)
 
 
-def read_sessions(path: str | Path) -> list[SessionRecord]:
-    """Reads and validates every line before anything is scored; raises ``InputError`` at the first problem."""
+class _InteractionIn(msgspec.Struct, forbid_unknown_fields=True):
+    """The fast path's schema: what ``_interaction`` checks field by field, checked in C while decoding."""
+
+    id: str
+    input_tokens: msgspec.Raw  # not decoded: a child repeats its parent's tokens (see _branch_tokens)
+    output_tokens: list[TokenId]
+    parent_id: str | None = None
+    output_logprobs: list[float] | None = None
+    messages: list[dict[str, Any]] = []
+    output_messages: list[dict[str, Any]] = []
+    stop_reason: Literal["stop", "length"] = "stop"
+    reward: float | None = None
+    token_rewards: list[float] | None = None
+
+
+class _SessionIn(msgspec.Struct, forbid_unknown_fields=True):
+    session_key: str
+    interactions: list[_InteractionIn]
+    group: str | None = None
+    ready: list[str] | None = None
+
+
+_DECODER = msgspec.json.Decoder(_SessionIn)
+JSON_DECODER = f"msgspec {msgspec.__version__}"
+
+
+def decode_json(line: bytes) -> Any:
+    """A plain decode of one line, as the benchmark's floor (no schema)."""
+    return msgspec.json.decode(line)
+
+
+def _fast_session(line: bytes, path: Path, line_no: int) -> tuple[SessionRecord, bool]:
+    """One line through the typed decoder, token lists to arrays with vectorized checks.
+
+    Any problem sends the line to the field-by-field path, which names the field that is wrong.
+    """
+    data = _DECODER.decode(line)
+    items = {item.id: item for item in data.interactions}
+    if len(items) != len(data.interactions) or not data.session_key or data.group == "":
+        raise ValueError("duplicate ids or empty keys")
+    children = {item.parent_id for item in data.interactions if item.parent_id is not None}
+    leaves = [iid for iid in items if iid not in children]
+    ready = data.ready if data.ready is not None else leaves
+    if not ready or any(leaf not in items or items[leaf].reward is None for leaf in ready):
+        raise ValueError("ready")
+    tokens = _branch_tokens(items, leaves)
+    cache = InteractionCache()
+    for item in data.interactions:
+        cache.add(_fast_interaction(item, *tokens[item.id]))
+    group = data.group if data.group is not None else data.session_key
+    return SessionRecord(data.session_key, group, cache, list(ready), line_no), data.group is None
+
+
+def _parse_ids(raw: bytes) -> np.ndarray:
+    """A JSON list of token ids, parsed at C speed and range-checked (``ValueError`` on anything else)."""
+    body = raw.strip()[1:-1]
+    if not body.strip():
+        return np.zeros(0, np.int64)
+    ids = np.fromstring(body, dtype=np.int64, sep=",")
+    if ids.size != body.count(b",") + 1 or b"." in body or b"e" in body.lower() or ids.min() < 0 \
+            or ids.max() > MAX_TOKEN_ID:
+        raise ValueError("token ids")
+    return ids
+
+
+def _branch_tokens(items: dict[str, _InteractionIn], leaves: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every turn's ``(input_tokens, output_tokens)`` as views of one buffer per branch.
+
+    Only the leaf's ``input_tokens`` are parsed; an ancestor's are checked to be a prefix of them byte for
+    byte (the same JSON writer formats both), and its outputs to follow that prefix (the concat rule).
+    """
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for leaf in leaves:
+        chain, node, seen = [], items[leaf], set()
+        while True:
+            if node.id in seen:
+                raise ValueError("cycle")
+            seen.add(node.id)
+            chain.append(node)
+            if node.parent_id is None:
+                break
+            node = items[node.parent_id]
+        leaf_raw = bytes(items[leaf].input_tokens).strip()
+        full = np.concatenate([_parse_ids(leaf_raw), np.asarray(items[leaf].output_tokens, np.int64)])
+        full.setflags(write=False)
+        for turn in chain:
+            raw = bytes(turn.input_tokens).strip()
+            body = raw[1:-1].strip()
+            start = body.count(b",") + 1 if body else 0
+            stop = start + len(turn.output_tokens)
+            prefix = raw[:-1].rstrip()
+            if not (leaf_raw.startswith(prefix) and leaf_raw[len(prefix):len(prefix) + 1] in (b",", b"]")) \
+                    or stop > full.shape[0] or not np.array_equal(full[start:stop], turn.output_tokens):
+                raise ValueError("concat prefix")
+            out.setdefault(turn.id, (full[:start], full[start:stop]))
+    return out
+
+
+def _fast_interaction(item: _InteractionIn, input_tokens: np.ndarray, output_tokens: np.ndarray) -> Interaction:
+    logprobs = None if item.output_logprobs is None else np.asarray(item.output_logprobs, np.float32)
+    rewards = None if item.token_rewards is None else np.asarray(item.token_rewards, np.float32)
+    for floats in (logprobs, rewards):
+        if floats is not None and not np.isfinite(floats).all():
+            raise ValueError("non-finite")
+    if logprobs is not None and logprobs.size and logprobs.max() > LOGPROB_SLACK:
+        raise ValueError("positive log-prob")
+    if item.reward is not None and not math.isfinite(item.reward):
+        raise ValueError("non-finite reward")
+    return Interaction(item.id, input_tokens, output_tokens, parent_id=item.parent_id, output_logprobs=logprobs,
+                       messages=item.messages, output_messages=item.output_messages, stop_reason=item.stop_reason,
+                       reward=item.reward, token_rewards=rewards)
+
+
+def share_prefixes(cache: InteractionCache, leaves: Sequence[str]) -> None:
+    """Makes every turn's token arrays views of one buffer per branch (the leaf's whole sequence).
+
+    A child's ``input_tokens`` repeats its parent's tokens; after the concat-prefix check they are equal,
+    so holding one copy per branch saves the repeats (most of an AReaL rollout dump).
+    """
+    for leaf in leaves:
+        chain = cache.chain(leaf)
+        last = chain[-1]
+        full = np.concatenate([last.input_tokens, last.output_tokens])
+        for turn in chain:
+            start, stop = turn.input_tokens.shape[0], turn.input_tokens.shape[0] + turn.output_len
+            if stop > full.shape[0] or not (np.array_equal(full[:start], turn.input_tokens)
+                                            and np.array_equal(full[start:stop], turn.output_tokens)):
+                raise ValueError(f"interaction {turn.interaction_id!r}: its tokens are not a prefix of the branch "
+                                 f"ending at {leaf!r} (concat export)")
+        full.setflags(write=False)
+        for turn in chain:
+            start = turn.input_tokens.shape[0]
+            turn.input_tokens = full[:start]
+            turn.output_tokens = full[start:start + turn.output_len]
+
+
+def _slow_session(text: str, path: Path, line_no: int) -> tuple[SessionRecord, bool]:
+    try:
+        data = json.loads(text)  # NaN/Infinity parse here and are refused by field below
+    except json.JSONDecodeError as err:
+        raise InputError(path, line_no, "json", f"malformed JSON: {err.msg} at column {err.colno}") from None
+    record = _session(data, path, line_no)
+    share_prefixes(record.cache, record.ready)
+    return record, isinstance(data, dict) and "group" not in data
+
+
+def iter_sessions(path: str | Path) -> Iterator[tuple[SessionRecord, bool]]:
+    """Streams ``(record, had_no_group)`` line by line; ``InputError`` at the first problem."""
     path = Path(path)
     try:
-        text = path.read_text()
+        handle = open(path, "rb")
     except OSError as err:
         raise InputError(path, 0, "file", err.strerror or str(err)) from None
+    with handle:
+        # Lines end at "\n" only (a binary file splits nowhere else): U+2028 is valid inside JSON strings.
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield _fast_session(line, path, line_no)
+            except (msgspec.DecodeError, ValueError, TypeError) as fast_error:
+                # Rare: the field-by-field checks find and name the problem ...
+                _slow_session(line.decode("utf-8", errors="replace"), path, line_no)
+                # ... or, where they accept what the typed decoder refused, its own reason is reported.
+                raise InputError(path, line_no, "session", short_repr(str(fast_error))) from None
+
+
+def read_sessions(path: str | Path) -> list[SessionRecord]:
+    """Reads and validates every line before anything is scored; raises ``InputError`` at the first problem."""
     records, keys = [], set()
     ungrouped = 0
-    # Lines end at "\n" only: U+2028 and friends are valid inside JSON strings.
-    for line_no, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)  # NaN/Infinity parse here and are refused by field below
-        except json.JSONDecodeError as err:
-            raise InputError(path, line_no, "json", f"malformed JSON: {err.msg} at column {err.colno}") from None
-        record = _session(data, path, line_no)
-        ungrouped += isinstance(data, dict) and "group" not in data
+    for record, had_no_group in iter_sessions(path):
+        ungrouped += had_no_group
         if record.key in keys:
-            raise InputError(path, line_no, "session_key", f"{record.key!r} appears twice")
+            raise InputError(path, record.line, "session_key", f"{record.key!r} appears twice")
         keys.add(record.key)
         records.append(record)
     if not records:
@@ -171,4 +330,3 @@ def read_sessions(path: str | Path) -> list[SessionRecord]:
                       "group-normalized outcome reward, and so its advantages without a critic, are 0",
                       stacklevel=2)
     return records
-

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -61,7 +61,7 @@ from prm_jax.kernels.normalization import (
     member_counts_check,
     normalize_core,
 )
-from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_core
+from prm_jax.kernels.shaping import ShapingConfig, ShapingMode, process_range_check, shape_core
 from prm_jax.validation import ConfigError, finite_number, short_repr
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
@@ -376,7 +376,8 @@ def _advantages_and_returns(task: jax.Array, kl: jax.Array, steps: Timesteps, bo
     return advantages + kl, returns
 
 
-def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: GAEMethod):
+def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: GAEMethod,
+              variants: tuple[ShapingConfig, ...] = ()):
     num_rows, width = _check_batch_shapes(batch, config)
     dtype = _checks.accumulation_dtype(*(batch[k] for k in ("logprobs", "rewards", "values", "ref_logprobs",
                                                              "prox_logprobs", "token_rewards") if k in batch))
@@ -404,17 +405,23 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: G
     advantages, returns = _advantages_and_returns(task, kl, steps, bootstrap, lam, config, method)  # 6-7
     if config.adv_norm is not None:                                                          # 8
         advantages = normalize_core(advantages, steps.active, config.adv_norm, groups_of(config.adv_norm))
+    unshaped = advantages
     if process is not None and config.token_rewards_as_adv:                                  # 9
         if config.advantage_shaping.mode == "process_weighted":
             checks.append(process_range_check(process, steps.active))
         advantages = shape_core(advantages, process, steps.active, config.advantage_shaping)
     output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=task + kl,
                              loss_mask=steps.active.astype(dtype), logprobs=steps.logprobs)
+    # The same normalized advantages under other shapings (one GAE for all), each with its range check.
+    extras = tuple((shape_core(unshaped, process, steps.active, shaping),
+                    process_range_check(process, steps.active).failed if shaping.mode == "process_weighted"
+                    else jnp.zeros((), jnp.bool_))
+                   for shaping in variants if process is not None)
     # Checks that are not returned are compiled out with their reductions.
-    return output, checks if config.check_values else []
+    return output, (checks if config.check_values else []), unshaped, extras
 
 
-_pipeline_jit = jax.jit(_pipeline, static_argnames=("config", "method"))
+_pipeline_jit = jax.jit(_pipeline, static_argnames=("config", "method", "variants"))
 
 
 def _static_unit_discount(batch: Mapping[str, Any], config: AdvantageConfig) -> bool:
@@ -468,7 +475,42 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
     _warn_about_fallbacks(arrays, config)
     method = resolve_method(config.gae_method, unit_discount=_static_unit_discount(arrays, config),
                             sharded=jax.device_count() > 1)
-    output, checks = _pipeline_jit(arrays, config=config, method=method)
+    output, checks, _, _ = _pipeline_jit(arrays, config=config, method=method)
     if config.check_values:
         _checks.raise_value_checks(checks)
     return output
+
+
+def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantageConfig,
+                               modes: Sequence[ShapingMode]) -> tuple[AdvantageOutput, dict[str, jax.Array | str]]:
+    """``compute_advantages`` plus the same advantages under other shaping modes, from one GAE.
+
+    GAE and normalization do not depend on the shaping mode, so they run once; each mode in ``modes``
+    (with the config's other shaping settings) shapes the same normalized advantages. Returns the
+    configured output and ``{"none": unshaped advantages, mode: shaped advantages, ...}``; a mode the
+    config or the batch rules out (``process_weighted`` with ``mask_no_eos_with_zero``, or process rewards
+    outside [0, 1]) maps to a string saying why. Needs direct process rewards (``token_rewards`` in the
+    batch and ``token_rewards_as_adv``).
+    """
+    if "token_rewards" not in batch or not config.token_rewards_as_adv:
+        raise ValueError("compute_advantage_variants needs batch['token_rewards'] and token_rewards_as_adv: true")
+    variants: list[ShapingConfig] = []
+    refused: dict[str, jax.Array | str] = {}
+    for mode in modes:
+        try:
+            dataclasses.replace(config, advantage_shaping=dataclasses.replace(config.advantage_shaping, mode=mode))
+            variants.append(dataclasses.replace(config.advantage_shaping, mode=mode))
+        except ValueError as err:
+            refused[mode] = f"n/a: {err}"
+    arrays = {key: batch[key] for key in REQUIRED_KEYS + OPTIONAL_KEYS if batch.get(key) is not None}
+    _warn_about_fallbacks(arrays, config)
+    method = resolve_method(config.gae_method, unit_discount=_static_unit_discount(arrays, config),
+                            sharded=jax.device_count() > 1)
+    output, checks, unshaped, extras = _pipeline_jit(arrays, config=config, method=method, variants=tuple(variants))
+    if config.check_values:
+        _checks.raise_value_checks(checks)
+    shaped: dict[str, jax.Array | str] = {"none": unshaped}
+    for shaping, (advantages, out_of_range) in zip(variants, extras):
+        shaped[shaping.mode] = ("n/a: process_weighted needs process rewards in [0, 1]" if bool(out_of_range)
+                                else advantages)
+    return output, {**shaped, **refused}

@@ -34,7 +34,7 @@ def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
     if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
         raise ValueError(f"interaction {interaction_id!r}: {name} must be a 1-D sequence of token ids, got "
                          f"dtype {array.dtype} shape {array.shape}")
-    array = array.astype(np.int64)
+    array = array.astype(np.int64, copy=False)  # keeps views (shared branch buffers) as they are
     if array.size and (array.min() < 0 or array.max() > MAX_TOKEN_ID):
         raise ValueError(f"interaction {interaction_id!r}: {name} must hold token ids in [0, {MAX_TOKEN_ID}] "
                          f"(int32), got {int(array.min()) if array.min() < 0 else int(array.max())}")
@@ -42,6 +42,12 @@ def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
 
 
 _IMMUTABLE = (str, bytes, int, float, bool, complex, type(None))
+
+
+def _readonly_view(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.setflags(write=False)
+    return view
 
 
 def freeze(value: Any) -> Any:
@@ -126,11 +132,41 @@ class Interaction:
         return self.output_tokens is not None
 
     def readonly(self) -> Interaction:
-        """A deep, read-only copy for scorers: frozen fields, read-only arrays, immutable messages."""
+        """What a scorer sees: every field immutable (read-only array views, frozen messages), no copy of the
+        token arrays (nothing writes into them: scoring replaces ``token_rewards``)."""
         view = object.__new__(ReadOnlyInteraction)
         for field in dataclasses.fields(self):
-            object.__setattr__(view, field.name, freeze(getattr(self, field.name)))
+            value = getattr(self, field.name)
+            if isinstance(value, np.ndarray):
+                value = _readonly_view(value)
+            elif field.name in ("messages", "output_messages"):
+                value = self._frozen(field.name)
+            else:
+                value = freeze(value)
+            object.__setattr__(view, field.name, value)
         return view
+
+    def _frozen(self, name: str) -> Any:
+        """The frozen messages, built once per interaction (scorers of every branch share them)."""
+        cache = self.__dict__.setdefault("_frozen_cache", {})
+        if name not in cache:
+            cache[name] = freeze(getattr(self, name))
+        return cache[name]
+
+    def clone(self) -> Interaction:
+        """A copy whose ``token_rewards`` and containers are its own; arrays shared as read-only views."""
+        twin = copy.copy(self)
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "token_rewards" and value is not None:
+                setattr(twin, field.name, value.copy())
+            elif isinstance(value, np.ndarray):
+                setattr(twin, field.name, _readonly_view(value))
+            elif field.name in ("messages", "output_messages"):
+                setattr(twin, field.name, self._frozen(field.name))
+        twin.__dict__.pop("_frozen_cache", None)
+        twin.__dict__["_frozen_cache"] = dict(self.__dict__.get("_frozen_cache", {}))
+        return twin
 
 
 class ReadOnlyInteraction(Interaction):
@@ -269,8 +305,13 @@ class InteractionCache:
         return branches
 
     def clone_chain(self, leaf_id: str) -> InteractionCache:
-        """A new cache holding deep copies of the chain ending at ``leaf_id``."""
-        return InteractionCache(copy.deepcopy(self.chain(leaf_id)))
+        """A new cache holding copies of the chain ending at ``leaf_id`` that scoring cannot reach back from.
+
+        Scoring replaces ``token_rewards`` (never writes into arrays), so each clone gets its own
+        ``token_rewards`` copy and its own containers, while token ids and log-probs are shared as read-only
+        views, and messages as their frozen form (no deep copy of a branch's whole conversation per clone).
+        """
+        return InteractionCache([turn.clone() for turn in self.chain(leaf_id)])
 
     def to_sequence(self, leaf_id: str) -> BranchSequence:
         return stitch(self.chain(leaf_id))

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""The host path of `prm-jax score`: ingest, score, pack, advantages and write, on a realistic rollout dump.
+
+The generator writes AReaL-style sessions (each turn's `input_tokens` repeats the whole prefix): by default
+2,000 sessions x 8 turns x ~300 tokens per turn in groups of 8 (about 195 MB). The script then times, in one
+run: a pure decode of the same bytes with the JSON decoder prm-jax uses, the validated read, the whole
+`prm-jax score` in a subprocess (wall time, peak RSS and its phase breakdown), and a plain write of the
+batch; it prints each figure with its floor and target.
+
+  python benchmarks/bench_cli.py [--sessions 2000] [--turns 8] [--tokens 300] [--group 8] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "prm_jax" / "data" / "demo_config.yaml"
+
+
+def generate(path: Path, sessions: int, turns: int, tokens: int, group: int, seed: int = 0) -> int:
+    """Writes the sessions; returns the file's size in bytes."""
+    rng = random.Random(seed)
+    with open(path, "w") as out:
+        for s in range(sessions):
+            prefix = [rng.randrange(50_000) for _ in range(rng.randrange(100, 400))]
+            interactions, parent = [], None
+            for k in range(turns):
+                n_out = max(1, int(rng.gauss(tokens, tokens / 4)))
+                output = [rng.randrange(50_000) for _ in range(n_out)]
+                item = {"id": f"s{s}-t{k}", "parent_id": parent, "input_tokens": prefix,
+                        "output_tokens": output,
+                        "output_logprobs": [round(-rng.random() * 3, 4) for _ in range(n_out)],
+                        "messages": [{"role": "user", "content": f"step {k} of task {s // group}"}],
+                        "output_messages": [{"role": "assistant", "content": "..."}],
+                        "stop_reason": "stop"}
+                if k == turns - 1:
+                    item["reward"] = float(rng.random() < 0.5)
+                interactions.append(item)
+                tool = [rng.randrange(50_000) for _ in range(rng.randrange(5, 40))]
+                prefix = prefix + output + tool
+                parent = item["id"]
+            out.write(json.dumps({"session_key": f"s{s}", "group": f"g{s // group}",
+                                  "interactions": interactions}) + "\n")
+    return path.stat().st_size
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=2000)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=300)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--keep", help="keep the generated input and outputs in this folder")
+    args = parser.parse_args()
+    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="prm-jax-bench-cli-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / "sessions.jsonl"
+    start = time.perf_counter()
+    size = generate(data, args.sessions, args.turns, args.tokens, args.group)
+    print(f"input: {args.sessions} sessions x {args.turns} turns x ~{args.tokens} tokens, groups of {args.group}: "
+          f"{size / 1e6:.1f} MB (generated in {time.perf_counter() - start:.1f} s)")
+
+    from prm_jax.app import sessions as sessions_module
+
+    raw = data.read_bytes()
+    start = time.perf_counter()
+    for line in raw.split(b"\n"):
+        if line:
+            sessions_module.decode_json(line)
+    decode = time.perf_counter() - start
+    del raw
+    start = time.perf_counter()
+    records = sessions_module.read_sessions(data)
+    read = time.perf_counter() - start
+    del records
+    print(f"pure decode ({sessions_module.JSON_DECODER}): {decode:.2f} s = {size / decode / 1e6:.0f} MB/s")
+    print(f"read + validate: {read:.2f} s = {size / read / 1e6:.0f} MB/s; ratio to pure decode "
+          f"{read / decode:.2f} (target: >= 150 MB/s or <= 3x pure decode)")
+
+    out = folder / "out"
+    command = [sys.executable, "-m", "prm_jax.app.cli", "score", "--config", str(CONFIG), "--input", str(data),
+               "--output", str(out), "--timings"]
+    start = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:])
+        return proc.returncode
+    phases = [line for line in proc.stdout.splitlines() if line.startswith("timing:")]
+    print(f"prm-jax score end to end: {wall:.2f} s wall (target <= 5 s at the default size); peak RSS "
+          f"{peak / 1e6:.0f} MB = {peak / size:.2f}x the input (target <= 2x)")
+    for line in phases:
+        print("  " + line)
+    batch = out / "batch.npz"
+    start = time.perf_counter()
+    with open(folder / "copy.bin", "wb") as handle:
+        handle.write(batch.read_bytes())
+        handle.flush()
+        os.fsync(handle.fileno())
+    copy = time.perf_counter() - start
+    print(f"batch.npz {batch.stat().st_size / 1e6:.0f} MB; a plain copy of it (disk floor) {copy:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

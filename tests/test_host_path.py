@@ -1,0 +1,51 @@
+"""Issue 12: the host path of `prm-jax score` on many sessions, under a memory ceiling."""
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_cli import generate  # noqa: E402
+
+from prm_jax.app.sessions import read_sessions  # noqa: E402
+
+MEMORY_CEILING_MB = 1500  # jax itself takes ~300 MB; 10,000 small sessions are a 48 MB file
+
+
+def test_ten_thousand_small_sessions_are_scored_under_a_memory_ceiling(tmp_path):
+    data = tmp_path / "sessions.jsonl"
+    size = generate(data, sessions=10_000, turns=2, tokens=20, group=8)
+    out = tmp_path / "out"
+    script = ("import resource, sys; from prm_jax.app.cli import main; code = main(sys.argv[1:]); "
+              "print('peak_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", script, "score", "--config",
+                           str(ROOT / "prm_jax" / "data" / "demo_config.yaml"), "--input", str(data),
+                           "--output", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    peak_mb = int(proc.stdout.split("peak_kb")[-1].split()[0]) / 1024
+    assert peak_mb < MEMORY_CEILING_MB, f"peak RSS {peak_mb:.0f} MB for a {size / 1e6:.0f} MB input"
+    summary = json.loads((out / "metrics.json").read_text())["summary"]
+    assert summary["trajectories"] == 10_000 and summary["groups"]["accepted"] == 1250
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > 0
+
+
+def test_turns_share_one_token_buffer_per_branch(tmp_path):
+    # The repeated prefixes are held once: every turn's input and output tokens are views of the leaf's.
+    data = tmp_path / "s.jsonl"
+    generate(data, sessions=3, turns=4, tokens=10, group=3)
+    for record in read_sessions(data):
+        turns = list(record.cache)
+        base = turns[-1].input_tokens.base
+        assert base is not None and all(t.input_tokens.base is base and t.output_tokens.base is base for t in turns)
+        assert not turns[0].input_tokens.flags.writeable
+        # ... and hold exactly what the file says.
+        raw = json.loads(data.read_text().splitlines()[record.line - 1])["interactions"]
+        for turn, item in zip(turns, raw):
+            np.testing.assert_array_equal(turn.input_tokens, item["input_tokens"])
+            np.testing.assert_array_equal(turn.output_tokens, item["output_tokens"])

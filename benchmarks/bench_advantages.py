@@ -67,6 +67,12 @@ def numpy_loop(rewards, values, mask, gamma, lam):
 
 
 @jax.jit
+def device_copy(rewards, values, mask):
+    """A device-to-device copy of the GAE's input bytes: the bandwidth every kernel is compared with."""
+    return jnp.array(rewards, copy=True), jnp.array(values, copy=True), jnp.array(mask, copy=True)
+
+
+@jax.jit
 def roofline(rewards, values, mask):
     return jnp.where(mask, rewards, values), rewards + values
 
@@ -110,7 +116,7 @@ def make_inputs(rows: int, width: int, seed: int = 0):
     return batch, rewards, batch["values"], np.roll(loss_mask, -1, axis=1).astype(bool)
 
 
-def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float) -> dict:
+def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float, loop: bool = True) -> dict:
     batch, rewards, values, mask = make_inputs(rows, width)
     r, v, m = (jax.device_put(x) for x in (rewards, values, mask))
     device_batch = jax.device_put(batch)
@@ -120,7 +126,7 @@ def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float) -
     _gae_jit.lower(r, v, m, gamma, lam, None, method=auto, block_size=64).compile()
     out["compile_auto"] = time.perf_counter() - start
     config = prm_jax.AdvantageConfig(discount=gamma, gae_lambda=lam, check_values=False)
-    candidates = {"roofline": lambda: roofline(r, v, m),
+    candidates = {"roofline": lambda: roofline(r, v, m), "copy": lambda: device_copy(r, v, m),
                   "pipeline_roofline": lambda: pipeline_roofline(device_batch),
                   "compute_advantages": lambda: prm_jax.compute_advantages(device_batch, config)}
     # Bytes per [B, T] element: the GAE reads rewards, values, mask and writes two float32 arrays; the
@@ -132,9 +138,20 @@ def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float) -
     for method in methods:
         candidates[method] = lambda method=method: prm_jax.gae(r, v, m, gamma=gamma, lam=lam, method=method)
     out.update(interleaved_medians(candidates, repeats))
-    loop_repeats = max(3, repeats // 5)
-    out["numpy_loop"] = median_seconds(lambda: numpy_loop(rewards, values, mask, gamma, lam), loop_repeats)
+    out["bytes_copy"] = 2 * bytes_per_step((rewards, values, mask))
+    out["elements"] = rows * width
+    if loop:
+        loop_repeats = max(3, repeats // 5)
+        out["numpy_loop"] = median_seconds(lambda: numpy_loop(rewards, values, mask, gamma, lam), loop_repeats)
     return out
+
+
+def bandwidth_fraction(res: dict, name: str) -> float:
+    """Achieved bytes per second of ``name`` over those of the device copy (same run)."""
+    if name == "copy":
+        return 1.0
+    moved = res["bytes_pipeline"] if name in ("compute_advantages", "pipeline_roofline") else res["bytes_gae"]
+    return (moved / res[name]) / (res["bytes_copy"] / res["copy"])
 
 
 def main() -> None:
@@ -143,24 +160,36 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--gamma", type=float, default=0.99)
     parser.add_argument("--lam", type=float, default=0.95)
+    parser.add_argument("--no-loop", action="store_true", help="skip the numpy loop (large shapes, accelerators)")
+    parser.add_argument("--json", help="also write every figure to this JSON file")
     args = parser.parse_args()
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
     print(f"backend={jax.default_backend()} devices={jax.devices()} jax={jax.__version__} "
           f"gamma={args.gamma} lam={args.lam} auto={resolve_method('auto', unit_discount=args.gamma * args.lam == 1)}")
-    header = ("shape", "method", "median_ms", "x_roofline", "speedup_vs_loop")
-    print("{:>10} {:>20} {:>10} {:>11} {:>16}".format(*header))
+    header = ("shape", "method", "median_ms", "x_roofline", "speedup_vs_loop", "of_copy_bw")
+    print("{:>10} {:>20} {:>10} {:>11} {:>16} {:>11}".format(*header))
+    results = []
     for rows, width in shapes:
-        res = bench_shape(rows, width, args.repeats, args.gamma, args.lam)
-        for name in ("roofline", "auto", "native", "scan", "associative", "blocked", "cumsum", "pipeline_roofline",
-                     "compute_advantages", "numpy_loop"):
+        res = bench_shape(rows, width, args.repeats, args.gamma, args.lam, loop=not args.no_loop)
+        results.append(res)
+        for name in ("copy", "roofline", "auto", "native", "scan", "associative", "blocked", "cumsum",
+                     "pipeline_roofline", "compute_advantages", "numpy_loop"):
             if name in res:
+                speedup = f"{res['numpy_loop'] / res[name]:16.1f}" if "numpy_loop" in res else f"{'-':>16}"
+                fraction = f"{bandwidth_fraction(res, name):11.2f}" if name != "numpy_loop" else f"{'-':>11}"
                 print(f"{res['shape']:>10} {name:>20} {res[name] * 1e3:10.3f} {res[name] / res['roofline']:11.2f} "
-                      f"{res['numpy_loop'] / res[name]:16.1f}")
+                      f"{speedup} {fraction}")
         print(f"{res['shape']:>10} {'compile(auto) s':>20} {res['compile_auto']:10.3f}   "
               f"compute_advantages / auto = {res['compute_advantages'] / res['auto']:.2f}, "
               f"pipeline_roofline / auto = {res['pipeline_roofline'] / res['auto']:.2f}, "
               f"compute_advantages / pipeline_roofline = {res['compute_advantages'] / res['pipeline_roofline']:.2f}, "
               f"bytes per element: pipeline {res['bytes_pipeline']} vs GAE {res['bytes_gae']}")
+    if args.json:
+        import json
+        with open(args.json, "w") as handle:
+            json.dump({"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+                       "jax": jax.__version__, "gamma": args.gamma, "lam": args.lam, "results": results}, handle,
+                      indent=2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""The README's jitted train step, with and without `compute_advantages` inside, and its host callbacks.
+
+  python benchmarks/bench_train_step.py [--rows 64] [--width 2048] [--vocab 256] [--repeats 20] [--check-values]
+
+Prints the median step time with the call, without it (the same step on advantages computed once outside),
+the call's share, and the number of host callbacks in the compiled step (each is a device-to-host round
+trip per step; `check_values=False` compiles the value checks out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import prm_jax
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--check-values", action="store_true", help="keep the value checks (host callbacks)")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    rows, width = args.rows, args.width
+    lengths = rng.integers(width // 2, width + 1, size=rows)
+    attention = (np.arange(width)[None] < lengths[:, None]).astype(np.int32)
+    loss_mask = attention * (np.arange(width)[None] >= width // 8)
+    batch = jax.device_put(dict(
+        input_ids=rng.integers(0, args.vocab, size=(rows, width)).astype(np.int32), attention_mask=attention,
+        loss_mask=loss_mask.astype(np.int32), logprobs=(-rng.exponential(size=(rows, width))).astype(np.float32),
+        token_rewards=(rng.random((rows, width)) * loss_mask).astype(np.float32),
+        rewards=rng.choice([0.0, 1.0], size=rows).astype(np.float32), is_truncated=lengths == width,
+        group_sizes=np.full(rows // 8, 8, np.int32)))
+    config = prm_jax.AdvantageConfig(kl_ctl=0.0, adv_norm=prm_jax.NormConfig("batch", "batch"),
+                                     advantage_shaping=prm_jax.ShapingConfig("process_weighted"),
+                                     check_values=args.check_values)
+    params = jnp.asarray(rng.normal(size=(args.vocab, args.vocab)) * 0.01, jnp.float32)
+
+    def policy_logprobs(params, input_ids):
+        logp = jax.nn.log_softmax(params[input_ids[:, :-1]], axis=-1)
+        taken = jnp.take_along_axis(logp, input_ids[:, 1:, None], axis=-1)[..., 0]
+        return jnp.pad(taken, ((0, 0), (0, 1)))
+
+    def update(params, batch, adv):
+        def loss_fn(p):
+            ratio = jnp.exp(policy_logprobs(p, batch["input_ids"]) - adv.logprobs)
+            clipped = jnp.clip(ratio, 0.8, 1.2)
+            per_token = -jnp.minimum(ratio * adv.advantages, clipped * adv.advantages)
+            return (per_token * adv.loss_mask).sum() / jnp.maximum(adv.loss_mask.sum(), 1.0)
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        return params - 0.1 * grads, loss
+
+    with_call = jax.jit(lambda p, b: update(p, b, prm_jax.compute_advantages(b, config)))
+    precomputed = prm_jax.compute_advantages(batch, config)
+    without_call = jax.jit(lambda p, b, adv: update(p, b, adv))
+    start = time.perf_counter()
+    with_call.lower(params, batch).compile()
+    compile_s = time.perf_counter() - start
+    jaxpr = jax.make_jaxpr(lambda p, b: update(p, b, prm_jax.compute_advantages(b, config)))(params, batch)
+    callbacks = sum(eqn.primitive.name in ("debug_callback", "pure_callback", "io_callback")
+                    for eqn in jaxpr.jaxpr.eqns)
+
+    def median(fn):
+        jax.block_until_ready(fn())
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    t_with = median(lambda: with_call(params, batch))
+    t_without = median(lambda: without_call(params, batch, precomputed))
+    print(f"backend={jax.default_backend()} batch {rows}x{width} vocab {args.vocab} check_values={args.check_values}")
+    print(f"train step with compute_advantages: {t_with * 1e3:.3f} ms; without: {t_without * 1e3:.3f} ms; "
+          f"the call's share {(t_with - t_without) / t_with:.1%}; compile {compile_s:.2f} s")
+    print(f"host callbacks in the step: {callbacks}")
+
+
+if __name__ == "__main__":
+    main()

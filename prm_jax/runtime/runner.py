@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -162,6 +164,34 @@ def _as_section(config: Any, borrowed: Sequence[BaseScorer]) -> PRMSection:
     if config is None:
         return PRMSection(bool(borrowed), ShapingConfig(), ())
     raise TypeError(f"config must be a PRMConfig, an ExperimentConfig or a mapping, got {type(config).__name__}")
+
+
+async def _concurrently(jobs: list[Callable[[], Coroutine[Any, Any, None]]]) -> None:
+    """Runs the jobs concurrently; the first failure cancels the others and the group raises.
+
+    The fan-out of every scored turn, so its shape matters: one job is awaited in place; on asyncio
+    (Python 3.11+) the native ``asyncio.TaskGroup`` (same cancel-the-siblings semantics, a fraction of the
+    cost per task); elsewhere (trio, Python 3.10) an anyio task group.
+    """
+    if len(jobs) == 1:
+        await jobs[0]()
+        return
+    if sys.version_info >= (3, 11) and _on_asyncio():
+        async with asyncio.TaskGroup() as native_group:
+            for job in jobs:
+                native_group.create_task(job())
+        return
+    async with anyio.create_task_group() as group:
+        for job in jobs:
+            group.start_soon(job)
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # trio, or no event loop
+        return False
+    return True
 
 
 def _cancellation_requested() -> bool:
@@ -450,11 +480,13 @@ class PRMRunner:
                 add_note(err, f"raised by scorer {scorer.name!r} on {where}")
                 if not failure:
                     failure.append(err)
-                task_group.cancel_scope.cancel()
+                raise  # the group cancels the other turns
 
-        async with anyio.create_task_group() as task_group:
-            for i, view in enumerate(views):
-                task_group.start_soon(score, i, view)
+        try:
+            await _concurrently([functools.partial(score, i, view) for i, view in enumerate(views)])
+        except Exception:
+            if not failure:
+                raise
         if failure:
             raise failure[0]
         if not all(done):

@@ -103,6 +103,13 @@ def main() -> int:
     for line in phases:
         print("  " + line)
     batch = out / "batch.npz"
+    # The memory floor of any run that produces this output: jax imported and the written batch held once.
+    floor_script = ("import resource, sys, numpy as np, jax, prm_jax; arrays = dict(np.load(sys.argv[1])); "
+                    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    floor_kb = int(subprocess.run([sys.executable, "-c", floor_script, str(batch)], capture_output=True,
+                                  text=True).stdout.split()[-1])
+    print(f"memory floor (jax imported + the output batch held once): {floor_kb / 1024:.0f} MB = "
+          f"{floor_kb * 1024 / size:.2f}x the input")
     start = time.perf_counter()
     with open(folder / "copy.bin", "wb") as handle:
         handle.write(batch.read_bytes())

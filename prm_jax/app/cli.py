@@ -136,6 +136,23 @@ def _shorten(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _advantages(batch: dict[str, np.ndarray], config: ExperimentConfig) -> tuple[Any, dict[str, Any]]:
+    """The configured run, and for the report the unshaped advantages and each shaping mode's."""
+    arrays = {k: v for k, v in batch.items() if k != "original_rewards"}
+    outputs: dict[str, Any] = {}
+    if "token_rewards" in arrays and config.actor.token_rewards_as_adv:
+        # One GAE for every mode.
+        configured, variants = compute_advantage_variants(arrays, config.actor, SHAPING_MODES)
+        for mode, advantages in variants.items():
+            outputs[mode] = advantages if isinstance(advantages, str) else configured._replace(advantages=advantages)
+    else:
+        configured = compute_advantages(arrays, config.actor)
+        outputs["none"] = compute_advantages({k: v for k, v in arrays.items() if k != "token_rewards"},
+                                             config.actor)
+    jax.block_until_ready(configured)
+    return configured, outputs
+
+
 def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | None = None, bucket: int = 128,
               progress: bool = False) -> ScoreRun:
     clock = time.perf_counter()
@@ -167,19 +184,8 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     batch["group_sizes"] = np.array([len(group) for group in accepted], np.int32)
     lap("pack")
 
-    arrays = {k: v for k, v in batch.items() if k != "original_rewards"}
     shaping = config.actor.advantage_shaping
-    outputs: dict[str, Any] = {}
-    if "token_rewards" in arrays and config.actor.token_rewards_as_adv:
-        # One GAE for every mode: the configured run, unshaped, and each shaping mode (report only).
-        configured, variants = compute_advantage_variants(arrays, config.actor, SHAPING_MODES)
-        for mode, advantages in variants.items():
-            outputs[mode] = advantages if isinstance(advantages, str) else configured._replace(advantages=advantages)
-    else:
-        configured = compute_advantages(arrays, config.actor)
-        outputs["none"] = compute_advantages({k: v for k, v in arrays.items() if k != "token_rewards"},
-                                             config.actor)
-    jax.block_until_ready(configured)
+    configured, outputs = _advantages(batch, config)
     lap("advantages")
     summary = {
         "timings_s": timings,

@@ -49,3 +49,17 @@ def test_turns_share_one_token_buffer_per_branch(tmp_path):
         for turn, item in zip(turns, raw):
             np.testing.assert_array_equal(turn.input_tokens, item["input_tokens"])
             np.testing.assert_array_equal(turn.output_tokens, item["output_tokens"])
+
+
+def test_lines_the_fast_path_cannot_take_are_read_by_the_checked_path(tmp_path):
+    # A token list written in another style than its ancestor's (other spacing) is valid JSON that the byte
+    # prefix check cannot take: the field-by-field path reads it instead of refusing it.
+    line = {"session_key": "s", "group": "g", "interactions": [
+        {"id": "a", "input_tokens": [1, 2], "output_tokens": [3], "output_logprobs": [-0.5]},
+        {"id": "b", "parent_id": "a", "input_tokens": [1, 2, 3, 4], "output_tokens": [5], "reward": 1.0}]}
+    text = json.dumps(line).replace('"input_tokens": [1, 2, 3, 4]', '"input_tokens": [1,2,3,  4]')
+    path = tmp_path / "styles.jsonl"
+    path.write_text(text + "\n")
+    (record,) = read_sessions(path)
+    np.testing.assert_array_equal(record.cache.get("b").input_tokens, [1, 2, 3, 4])
+    np.testing.assert_array_equal(record.cache.get("a").output_tokens, [3])

@@ -326,3 +326,55 @@ def group_filter(group, kind):
         all_correct = all(r > 0 for r in rewards)
     return (accepted, int(not accepted), int(not accepted and all_correct), int(not accepted and not all_correct),
             int(preserved))
+
+
+def gigpo(turn_rewards, turn_mask, outcome, anchor_ids=None, group_sizes=None, *, step_weight=1.0,
+          step_discount=0.95, norm="mean_norm", eps=1e-6, episode_stats="trajectory"):
+    """GiGPO the way the reference implementation reads: dicts keyed by group and anchor, plain loops."""
+    turn_rewards = np.asarray(turn_rewards, np.float64)
+    rows, turns = turn_rewards.shape
+    groups = group_of_rows(rows, rows, group_sizes) if group_sizes is not None else [0] * rows
+
+    def mean_std(values):
+        if len(values) <= 1:
+            return (values[0] if values else 0.0), 1.0
+        mean = math.fsum(values) / len(values)
+        return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+    episode = np.zeros(rows)
+    for b in range(rows):
+        members = [c for c in range(rows) if groups[c] == groups[b]]
+        if len(members) == 1:
+            mean, std = 0.0, 1.0
+        elif episode_stats == "trajectory":
+            mean, std = mean_std([float(outcome[c]) for c in members])
+        else:
+            mean, std = mean_std([float(outcome[c]) for c in members for k in range(turns) if turn_mask[c][k]])
+        episode[b] = (outcome[b] - mean) / (std + eps) if norm == "mean_std_norm" else outcome[b] - mean
+    returns = np.zeros((rows, turns))
+    for b in range(rows):
+        running = 0.0
+        for k in reversed(range(turns)):
+            if turn_mask[b][k]:
+                running = turn_rewards[b, k] + step_discount * running
+                returns[b, k] = running
+    step_groups: dict = {}
+    for b in range(rows):
+        for k in range(turns):
+            anchor = 0 if anchor_ids is None else int(anchor_ids[b][k])
+            if turn_mask[b][k] and anchor >= 0:
+                step_groups.setdefault((groups[b], anchor), []).append((b, k))
+    step = np.zeros((rows, turns))
+    for members in step_groups.values():
+        values = [returns[b, k] for b, k in members]
+        if len(values) == 1:
+            continue
+        mean, std = mean_std(values)
+        for b, k in members:
+            step[b, k] = (returns[b, k] - mean) / (std + eps) if norm == "mean_std_norm" else returns[b, k] - mean
+    advantages = np.zeros((rows, turns))
+    for b in range(rows):
+        for k in range(turns):
+            if turn_mask[b][k]:
+                advantages[b, k] = episode[b] + step_weight * step[b, k]
+    return advantages, episode, step, returns

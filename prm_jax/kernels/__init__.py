@@ -2,6 +2,7 @@
 
 from prm_jax.kernels.alignment import broadcast_turn_rewards, shift_to_next_token
 from prm_jax.kernels.gae import GAE_METHODS, GAEOutput, backward_linear_recurrence, gae, turn_gae
+from prm_jax.kernels.gigpo import GiGPOConfig, GiGPOOutput, dense_anchor_ids, gigpo
 from prm_jax.kernels.kl import KL_ESTIMATORS, kl_estimate, kl_rewards
 from prm_jax.kernels.normalization import NormConfig, normalize
 from prm_jax.kernels.parallel import sequence_parallel_gae
@@ -11,6 +12,6 @@ from prm_jax.kernels.shaping import SHAPING_MODES, ShapingConfig, shape_advantag
 __all__ = [
     "AdvantageConfig", "AdvantageOutput", "GAEOutput", "GAE_METHODS", "KL_ESTIMATORS",
     "NormConfig", "SHAPING_MODES", "ShapingConfig", "backward_linear_recurrence", "broadcast_turn_rewards",
-    "compute_advantages", "gae", "kl_estimate",
+    "GiGPOConfig", "GiGPOOutput", "compute_advantages", "dense_anchor_ids", "gae", "gigpo", "kl_estimate",
     "kl_rewards", "normalize", "sequence_parallel_gae", "shape_advantages", "shift_to_next_token", "turn_gae",
 ]

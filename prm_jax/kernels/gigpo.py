@@ -1,0 +1,204 @@
+"""GiGPO: group-in-group advantages for multi-turn agents, as one jitted array program.
+
+Feng et al., "Group-in-Group Policy Optimization for LLM Agent Training" (2025, arXiv:2505.10978). Rows are
+trajectories of GRPO groups; each row has up to ``K`` turns (steps) with a step reward ``r_{i,k}`` and an
+anchor-state id (the environment state the turn acted on):
+
+  episode  A^E_i = R_i - mean_g(R)                       (``mean_norm``)
+                 = (R_i - mean_g(R)) / (std_g(R) + eps)  (``mean_std_norm``; std unbiased)
+           statistics over the group's trajectories, or (``episode_stats="step"``) over its steps, each
+           trajectory weighted by its number of turns; a group of one has mean 0 and std 1.
+  returns  R_{i,k} = sum_{j >= k} gamma^(j - k) r_{i,j} over the row's active turns (a reverse scan; an
+           inactive turn consumes no discount)
+  step     turns of one group with the same anchor id form a step group;
+           A^S_{i,k} = R_{i,k} - mean(step group)  (or divided by std + eps, std unbiased, 1 for one member);
+           a step group of one gives 0, a turn without an anchor (id -1) gives 0
+  result   A_{i,k} = A^E_i + omega * A^S_{i,k} on active turns, 0 elsewhere.
+
+Without anchor ids every active turn of a group is in one step group: discounted per-step returns
+normalized across the group's steps (the special case of verifiers #1554 / Kevin, arXiv:2507.11948).
+
+Per-turn-index normalization (MT-GRPO style: normalizing turn ``k`` across a group's ``k``-th turns) is
+deliberately not offered: it is biased when the policy controls its number of turns (verl #7244).
+
+Step groups are found on device: the ``(group, anchor)`` pairs are sorted (``lexsort``), run boundaries
+numbered, and the statistics are segment sums, so no Python loop runs over turns. Anchor ids are compared
+as integers of JAX's integer width (int32 unless x64 is enabled): map 64-bit hashes to dense ids first
+(``dense_anchor_ids``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.typing import ArrayLike
+
+from prm_jax.kernels import _checks
+from prm_jax.kernels.normalization import NormConfig, group_layout, group_sizes_check
+from prm_jax.validation import ConfigError, finite_number, short_repr
+
+GiGPONorm = Literal["mean_norm", "mean_std_norm"]
+EpisodeStats = Literal["trajectory", "step"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GiGPOConfig:
+    """``actor.credit_assignment`` with ``mode: gigpo``; hashable, a static argument."""
+
+    step_weight: float = 1.0        # omega
+    step_discount: float = 0.95     # gamma over turns
+    norm: GiGPONorm = "mean_norm"
+    eps: float = 1e-6
+    episode_stats: EpisodeStats = "trajectory"
+
+    def __post_init__(self):
+        object.__setattr__(self, "step_weight", finite_number("step_weight", self.step_weight))
+        object.__setattr__(self, "step_discount", finite_number("step_discount", self.step_discount,
+                                                                minimum=0.0, maximum=1.0))
+        object.__setattr__(self, "eps", finite_number("eps", self.eps, minimum=0.0))
+        if self.norm not in ("mean_norm", "mean_std_norm"):
+            raise ConfigError("norm", f"must be 'mean_norm' or 'mean_std_norm', got {short_repr(self.norm)}")
+        if self.episode_stats not in ("trajectory", "step"):
+            raise ConfigError("episode_stats", f"must be 'trajectory' or 'step', got {short_repr(self.episode_stats)}")
+
+
+class GiGPOOutput(NamedTuple):
+    advantages: jax.Array          # [B, K] A^E + omega A^S on active turns, 0 elsewhere
+    episode_advantages: jax.Array  # [B]
+    step_advantages: jax.Array     # [B, K]
+    step_returns: jax.Array        # [B, K]
+    step_group_sizes: jax.Array    # [B, K] members of each turn's step group (0 where none)
+
+
+def dense_anchor_ids(anchor_ids: ArrayLike) -> np.ndarray:
+    """Host helper: any integer anchor ids (e.g. 64-bit state hashes) to dense int32 ids; -1 stays -1."""
+    ids = np.asarray(anchor_ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"anchor_ids must be integers, got dtype {ids.dtype}")
+    dense = np.full(ids.shape, -1, np.int32)
+    has = ids != -1
+    _, inverse = np.unique(ids[has], return_inverse=True)
+    dense[has] = inverse.astype(np.int32)
+    return dense
+
+
+def _group_stats(values: jax.Array, weights: jax.Array, segment: jax.Array, num_segments: int):
+    """Per-segment weighted count, mean and unbiased std (two passes), broadcast back: ``[N]`` each."""
+    count = jax.ops.segment_sum(weights, segment, num_segments=num_segments)
+    total = jax.ops.segment_sum(values * weights, segment, num_segments=num_segments)
+    mean = total / jnp.maximum(count, 1)
+    deviation = (values - mean[segment]) * weights
+    sq = jax.ops.segment_sum(deviation * (values - mean[segment]), segment, num_segments=num_segments)
+    std = jnp.where(count > 1, jnp.sqrt(sq / jnp.maximum(count - 1, 1)), 1.0)
+    return count[segment], mean[segment], std[segment]
+
+
+def _step_returns(rewards: jax.Array, active: jax.Array, gamma: float) -> jax.Array:
+    """``R_k = r_k + gamma R_{k+1}`` over active turns; inactive turns carry the return unchanged."""
+    def step(carry, inputs):
+        reward, is_active = inputs
+        carry = jnp.where(is_active, reward + gamma * carry, carry)
+        return carry, carry
+    _, returns = lax.scan(step, jnp.zeros(rewards.shape[:1], rewards.dtype), (rewards.T, active.T), reverse=True)
+    return jnp.where(active, returns.T, 0.0)
+
+
+def _step_groups(row_group: jax.Array, anchors: jax.Array, anchored: jax.Array) -> jax.Array:
+    """Dense step-group id per turn (``[B, K]``; entries without an anchor get their own ids)."""
+    rows, turns = anchors.shape
+    flat_group = jnp.broadcast_to(row_group[:, None], anchors.shape).ravel()
+    flat_anchor = jnp.where(anchored, anchors, -1).ravel()
+    unanchored = ~anchored.ravel()
+    # Unanchored entries sort last and each gets a fresh id: they never join a step group.
+    order = jnp.lexsort((jnp.arange(rows * turns), flat_anchor, flat_group, unanchored))
+    key_group, key_anchor, key_free = flat_group[order], flat_anchor[order], unanchored[order]
+    new = jnp.concatenate([jnp.ones(1, bool), (key_group[1:] != key_group[:-1]) | (key_anchor[1:] != key_anchor[:-1])
+                           | key_free[1:]])
+    ids_sorted = jnp.cumsum(new) - 1
+    return jnp.zeros(rows * turns, jnp.int32).at[order].set(ids_sorted.astype(jnp.int32)).reshape(rows, turns)
+
+
+def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.Array | None,
+               outcome: jax.Array, row_group: jax.Array, num_groups: int, config: GiGPOConfig) -> GiGPOOutput:
+    """GiGPO on validated arrays (module docstring has the rules)."""
+    dtype = turn_rewards.dtype
+    rows, turns = turn_rewards.shape
+    active_f = turn_active.astype(dtype)
+    # Episode statistics: per trajectory, or per step (each trajectory weighted by its turns).
+    weights = jnp.sum(active_f, axis=1) if config.episode_stats == "step" else jnp.ones((rows,), dtype)
+    count, mean, std = _group_stats(outcome, weights, row_group, num_groups)
+    single = count <= 1 if config.episode_stats == "trajectory" else (
+        jax.ops.segment_sum(jnp.ones((rows,), dtype), row_group, num_segments=num_groups)[row_group] <= 1)
+    mean, std = jnp.where(single, 0.0, mean), jnp.where(single, 1.0, std)
+    episode = outcome - mean
+    if config.norm == "mean_std_norm":
+        episode = episode / (std + config.eps)
+    returns = _step_returns(turn_rewards, turn_active, config.step_discount)
+    anchors = jnp.zeros((rows, turns), jnp.int32) if anchor_ids is None else anchor_ids
+    anchored = turn_active & (anchors >= 0)
+    segment = _step_groups(row_group, anchors, anchored).ravel()
+    s_count, s_mean, s_std = _group_stats(returns.ravel(), anchored.ravel().astype(dtype), segment, rows * turns)
+    step = returns.ravel() - s_mean
+    if config.norm == "mean_std_norm":
+        step = step / (s_std + config.eps)
+    sizes = jnp.where(anchored.ravel(), s_count, 0.0)
+    step = jnp.where(sizes > 1, step, 0.0).reshape(rows, turns)
+    advantages = jnp.where(turn_active, episode[:, None] + config.step_weight * step, 0.0)
+    return GiGPOOutput(advantages, episode, step, returns, sizes.reshape(rows, turns).astype(jnp.int32))
+
+
+def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayLike, *,
+          anchor_ids: ArrayLike | None = None, group_sizes: ArrayLike | None = None,
+          config: GiGPOConfig = GiGPOConfig()) -> GiGPOOutput:
+    """GiGPO advantages per turn.
+
+    Args:
+      turn_rewards: ``[B, K]`` float, the step reward of each turn (e.g. the sum of its process rewards).
+      turn_mask: ``[B, K]`` bool/0-1, the turns that exist (and are trained on).
+      outcome_rewards: ``[B]`` float, each trajectory's outcome reward ``R_i``.
+      anchor_ids: ``[B, K]`` int, the anchor state of each turn (-1: none); ``None``: one step group per
+        GRPO group.
+      group_sizes: ``[G]`` int, consecutive GRPO groups; ``None``: the batch is one group.
+      config: ``GiGPOConfig`` (static).
+
+    Returns:
+      ``GiGPOOutput``; ``broadcast_turn_rewards(output.advantages, turn_ids)`` puts them on tokens.
+    """
+    if not isinstance(config, GiGPOConfig):
+        raise TypeError(f"config must be a GiGPOConfig, got {type(config).__name__}")
+    _checks.check_rank("turn_rewards", turn_rewards, 2)
+    shape = jnp.shape(turn_rewards)
+    _checks.check_shape("turn_mask", turn_mask, shape, "turn_rewards")
+    _checks.check_shape("outcome_rewards", outcome_rewards, shape[:1], "turn_rewards' batch axis")
+    if anchor_ids is not None:
+        _checks.check_shape("anchor_ids", anchor_ids, shape, "turn_rewards")
+    if group_sizes is not None:
+        group_sizes = jnp.asarray(group_sizes)
+        _checks.check_rank("group_sizes", group_sizes, 1)
+    output, checks = _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes, config=config)
+    _checks.raise_value_checks(checks)
+    return output
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes, *, config):
+    dtype = _checks.accumulation_dtype(turn_rewards, outcome_rewards)
+    rewards = _checks.as_float("turn_rewards", turn_rewards, dtype)
+    outcome = _checks.as_float("outcome_rewards", outcome_rewards, dtype)
+    active = _checks.as_mask("turn_mask", turn_mask)
+    anchors = None if anchor_ids is None else _checks.as_int("anchor_ids", anchor_ids)
+    rows = rewards.shape[0]
+    checks = _checks.mask_check("turn_mask", turn_mask)
+    if group_sizes is None:
+        row_group, num_groups = jnp.zeros((rows,), jnp.int32), 1
+    else:
+        checks.append(group_sizes_check(group_sizes, rows))
+        layout = group_layout(rows, NormConfig("group", "group"), group_sizes)
+        row_group, num_groups = layout.row_group, layout.num_groups
+    return gigpo_core(rewards, active, anchors, outcome, row_group, num_groups, config), checks

@@ -105,3 +105,69 @@ def test_bad_inputs_name_the_argument():
         gigpo(np.zeros((2, 3), np.float32), np.ones((2, 3), bool), np.zeros(2, np.float32), group_sizes=[1, 2])
     with pytest.raises(ValueError, match="norm"):
         GiGPOConfig(norm="per_turn")
+
+
+@pytest.mark.parametrize("anchors", [True, False])
+def test_gigpo_in_compute_advantages_then_shaping(anchors):
+    # GiGPO replaces GAE (step 6); normalization and shaping apply on top as before.
+    from batches import make_batch
+
+    from prm_jax import AdvantageConfig, ShapingConfig, compute_advantages
+    rng = np.random.default_rng(133)
+    batch = make_batch(rng, rows=8, width=40, max_turns=5)
+    batch["group_sizes"] = np.array([4, 4], np.int32)
+    if anchors:
+        batch["anchor_ids"] = rng.integers(-1, 3, size=(8, 5)).astype(np.int32)
+    cfg = dict(kl_ctl=0.0, credit_assignment={"mode": "gigpo", "step_weight": 0.7, "step_discount": 0.9,
+                                              "norm": "mean_std_norm"})
+    out = compute_advantages(batch, AdvantageConfig(**cfg))
+    m = reference.shift(batch["loss_mask"]).astype(bool)
+    tids = reference.shift(batch["turn_ids"], -1)
+    process = np.where(m, reference.shift(batch["token_rewards"]), 0.0)
+    turn_rewards, counts = np.zeros((8, 5)), np.zeros((8, 5))
+    for b in range(8):
+        for t in range(40):
+            if m[b, t] and 0 <= tids[b, t] < 5:
+                turn_rewards[b, tids[b, t]] += process[b, t]
+                counts[b, tids[b, t]] += 1
+    per_turn, *_ = reference.gigpo(turn_rewards, counts > 0, batch["rewards"], batch.get("anchor_ids"), [4, 4],
+                                   step_weight=0.7, step_discount=0.9, norm="mean_std_norm")
+    want = np.zeros((8, 40))
+    for b in range(8):
+        for t in range(40):
+            if m[b, t] and 0 <= tids[b, t] < 5:
+                want[b, t] = per_turn[b, tids[b, t]]
+    # The default shaping is additive: A' = A + P on active timesteps; returns are never shaped.
+    np.testing.assert_allclose(out.advantages, want + process * m, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(out.returns, want + batch["values"], rtol=2e-5, atol=2e-5)
+    # Step rewards given per turn replace the process-reward sums; gvpo then only reads P's sign.
+    given = dict(batch, turn_rewards=turn_rewards.astype(np.float32))
+    gvpo = compute_advantages(given, AdvantageConfig(**cfg, advantage_shaping=ShapingConfig("gvpo")))
+    want_gvpo = reference.shape(want, process, m, "gvpo")
+    np.testing.assert_allclose(gvpo.advantages, want_gvpo, rtol=2e-5, atol=2e-5)
+
+
+def test_cli_with_anchor_ids_and_step_rewards(tmp_path):
+    import json
+    from pathlib import Path
+
+    from prm_jax.app.cli import main
+    root = Path(__file__).resolve().parents[1]
+    sessions = [json.loads(line) for line in (root / "prm_jax" / "data" / "demo_sessions.jsonl").read_text().splitlines()]
+    for s in sessions:
+        for k, turn in enumerate(s["interactions"]):
+            turn["anchor_id"] = 2**40 + k % 2   # 64-bit state hashes, shared across the group's sessions
+            turn["step_reward"] = 0.1 * k
+    path = tmp_path / "anchored.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in sessions))
+    config = tmp_path / "gigpo.yaml"
+    config.write_text((root / "prm_jax" / "data" / "demo_config.yaml").read_text()
+                      + "  credit_assignment: {mode: gigpo, step_weight: 0.5, step_discount: 0.9}\n")
+    out = tmp_path / "out"
+    assert main(["score", "--config", str(config), "--input", str(path), "--output", str(out)]) == 0
+    saved = dict(np.load(out / "batch.npz"))
+    assert saved["anchor_ids"].dtype == np.int64 and saved["anchor_ids"].max() == 2**40 + 1
+    assert saved["turn_rewards"].shape == saved["anchor_ids"].shape
+    summary = json.loads((out / "metrics.json").read_text())["summary"]
+    groups = summary["gigpo_step_groups"]
+    assert groups["count"] > 0 and groups["mean_size"] > 1 and 0 < groups["share_with_more_than_one"] <= 1

@@ -32,8 +32,9 @@ import jax
 import numpy as np
 
 from prm_jax.app.config_file import load_config
-from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table
+from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table, step_group_stats
 from prm_jax.app.sessions import InputError, read_sessions
+from prm_jax.kernels.gigpo import dense_anchor_ids
 from prm_jax.kernels.pipeline import compute_advantage_variants, compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.runtime.batching import pack_branches
@@ -139,6 +140,8 @@ def _shorten(text: str, limit: int = 300) -> str:
 def _advantages(batch: dict[str, np.ndarray], config: ExperimentConfig) -> tuple[Any, dict[str, Any]]:
     """The configured run, and for the report the unshaped advantages and each shaping mode's."""
     arrays = {k: v for k, v in batch.items() if k != "original_rewards"}
+    if "anchor_ids" in arrays:
+        arrays["anchor_ids"] = dense_anchor_ids(arrays["anchor_ids"])  # 64-bit hashes to dense int32 ids
     outputs: dict[str, Any] = {}
     if "token_rewards" in arrays and config.actor.token_rewards_as_adv:
         # One GAE for every mode.
@@ -202,6 +205,8 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     }
     if group_filter:
         summary["filter"] = {"name": group_filter, **filter_counters}
+    if config.actor.credit_assignment is not None:
+        summary["gigpo_step_groups"] = step_group_stats(batch)
     return ScoreRun(batch, outputs, configured, metrics, summary)
 
 

@@ -12,7 +12,8 @@ One session per line::
       "output_messages": [{"role": "assistant", ..}],   # optional
       "stop_reason": "stop" | "length",                 # optional, default "stop"
       "reward": 1.0,                                    # the outcome reward, on each leaf
-      "token_rewards": [..]}],                          # optional, pre-existing process rewards
+      "token_rewards": [..],                            # optional, pre-existing process rewards
+      "anchor_id": 17, "step_reward": 0.5}],            # optional, per turn, for GiGPO
    "ready": ["q17-s0-t3"]}             # optional: leaves to export; default every leaf
 
 ``group`` defaults to the session key (a group of one, with a warning: its group-normalized outcome
@@ -41,7 +42,7 @@ LOGPROB_SLACK = 1e-6  # inference engines round a log-prob of ~0 to tiny positiv
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
 SESSION_KEYS = {"session_key", "group", "interactions", "ready"}
 INTERACTION_KEYS = {"id", "parent_id", "input_tokens", "output_tokens", "output_logprobs", "messages",
-                    "output_messages", "stop_reason", "reward", "token_rewards"}
+                    "output_messages", "stop_reason", "reward", "token_rewards", "anchor_id", "step_reward"}
 
 
 class InputError(ValueError):
@@ -91,7 +92,8 @@ def _interaction(item: Any, path: Path, line: int, where: str) -> Interaction:
         if bad:
             raise InputError(path, line, f"{where}.{field}", f"token ids must be in [0, {MAX_TOKEN_ID}] (int32), "
                                                              f"got {bad[0]}")
-    for field, upper in (("token_rewards", None), ("output_logprobs", 0.0), ("reward", None)):
+    for field, upper in (("token_rewards", None), ("output_logprobs", 0.0), ("reward", None),
+                         ("step_reward", None)):
         _check_finite(item.get(field), upper, path, line, f"{where}.{field}")
     interaction_id = item.get("id")
     if not isinstance(interaction_id, str) or not interaction_id:
@@ -101,7 +103,8 @@ def _interaction(item: Any, path: Path, line: int, where: str) -> Interaction:
             interaction_id, item["input_tokens"], item["output_tokens"], parent_id=item.get("parent_id"),
             output_logprobs=item.get("output_logprobs"), messages=item.get("messages") or (),
             output_messages=item.get("output_messages") or (), stop_reason=item.get("stop_reason", "stop"),
-            reward=item.get("reward"), token_rewards=item.get("token_rewards"))
+            reward=item.get("reward"), token_rewards=item.get("token_rewards"), anchor_id=item.get("anchor_id"),
+            step_reward=item.get("step_reward"))
     except (ValueError, TypeError) as err:
         raise InputError(path, line, where, str(err)) from None
 
@@ -159,6 +162,8 @@ class _InteractionIn(msgspec.Struct, forbid_unknown_fields=True):
     stop_reason: Literal["stop", "length"] = "stop"
     reward: float | None = None
     token_rewards: list[float] | None = None
+    anchor_id: int | None = None
+    step_reward: float | None = None
 
 
 class _SessionIn(msgspec.Struct, forbid_unknown_fields=True):
@@ -252,11 +257,12 @@ def _fast_interaction(item: _InteractionIn, input_tokens: np.ndarray, output_tok
             raise ValueError("non-finite")
     if logprobs is not None and logprobs.size and logprobs.max() > LOGPROB_SLACK:
         raise ValueError("positive log-prob")
-    if item.reward is not None and not math.isfinite(item.reward):
-        raise ValueError("non-finite reward")
+    for number in (item.reward, item.step_reward):
+        if number is not None and not math.isfinite(number):
+            raise ValueError("non-finite reward")
     return Interaction(item.id, input_tokens, output_tokens, parent_id=item.parent_id, output_logprobs=logprobs,
                        messages=item.messages, output_messages=item.output_messages, stop_reason=item.stop_reason,
-                       reward=item.reward, token_rewards=rewards)
+                       reward=item.reward, token_rewards=rewards, anchor_id=item.anchor_id, step_reward=item.step_reward)
 
 
 def share_prefixes(cache: InteractionCache, leaves: Sequence[str]) -> None:

@@ -51,6 +51,7 @@ from prm_jax.kernels.gae import (
     turn_gae_core,
     turn_ids_check,
 )
+from prm_jax.kernels.gigpo import GiGPOConfig, gigpo_core
 from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator, kl_rewards
 from prm_jax.kernels.lambda_fn import GAELambdaContext
 from prm_jax.kernels.normalization import (
@@ -62,11 +63,11 @@ from prm_jax.kernels.normalization import (
     normalize_core,
 )
 from prm_jax.kernels.shaping import ShapingConfig, ShapingMode, process_range_check, shape_core
-from prm_jax.validation import ConfigError, finite_number, short_repr
+from prm_jax.validation import ConfigError, finite_number, from_mapping, short_repr
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
 OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids", "is_truncated",
-                 "gae_lambda", "group_sizes", "group_member_counts")
+                 "gae_lambda", "group_sizes", "group_member_counts", "turn_rewards", "anchor_ids")
 TimestepUnit = Literal["token", "turn"]
 TIMESTEP_UNITS: tuple[TimestepUnit, ...] = ("token", "turn")
 
@@ -116,6 +117,7 @@ class AdvantageConfig:
     gae_block_size: int = DEFAULT_BLOCK_SIZE
     max_turns: int | None = None
     check_values: bool = True
+    credit_assignment: GiGPOConfig | None = None
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
@@ -144,6 +146,7 @@ class AdvantageConfig:
         set_("reward_norm", NormConfig.from_value(self.reward_norm, "reward_norm"))
         set_("adv_norm", NormConfig.from_value(self.adv_norm, "adv_norm"))
         set_("advantage_shaping", ShapingConfig.from_value(self.advantage_shaping))
+        set_("credit_assignment", _credit_assignment(self.credit_assignment))
         mode = self.advantage_shaping.mode
         if mode in ("gvpo", "process_weighted") and not self.token_rewards_as_adv:
             raise ConfigError("token_rewards_as_adv", f"must be true: advantage_shaping.mode={mode!r} shapes with "
@@ -168,6 +171,18 @@ class AdvantageConfig:
             if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < self.overlong_tokens:
                 raise ConfigError("max_new_tokens", "must be an integer >= overlong_tokens with "
                                                     f"overlong_reward_penalty, got {short_repr(self.max_new_tokens)}")
+
+
+def _credit_assignment(value: Any) -> GiGPOConfig | None:
+    """``None``, a ``GiGPOConfig`` or AReaL-style ``{mode: gigpo, ...}``."""
+    if value is None or isinstance(value, GiGPOConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError("credit_assignment", f"must be a mapping with mode: gigpo, got {type(value).__name__}")
+    fields = dict(value)
+    if fields.pop("mode", None) != "gigpo":
+        raise ConfigError("credit_assignment.mode", f"must be 'gigpo', got {short_repr(value.get('mode'))}")
+    return from_mapping(GiGPOConfig, fields, "credit_assignment")
 
 
 def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:
@@ -317,8 +332,13 @@ def _check_batch_shapes(batch: Mapping[str, jax.Array], config: AdvantageConfig)
     for key in ("group_sizes", "group_member_counts"):
         if key in batch:
             _checks.check_rank(f"batch[{key!r}]", batch[key], 1)
-    if config.gae_timestep_unit == "turn" and "turn_ids" not in batch:
-        raise ValueError("gae_timestep_unit='turn' needs batch['turn_ids']")
+    if (config.gae_timestep_unit == "turn" or config.credit_assignment is not None) and "turn_ids" not in batch:
+        raise ValueError("gae_timestep_unit='turn' and credit_assignment need batch['turn_ids']")
+    for key in ("turn_rewards", "anchor_ids"):
+        if key in batch:
+            _checks.check_rank(f"batch[{key!r}]", batch[key], 2)
+            if jnp.shape(batch[key])[0] != shape[0]:
+                raise ValueError(f"batch[{key!r}] must be [B, K] with B = {shape[0]}, got {jnp.shape(batch[key])}")
     return shape[0], shape[1]
 
 
@@ -362,6 +382,44 @@ def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timestep
     return task, process
 
 
+def _turn_table(x: jax.Array, steps: Timesteps, num_turns: int) -> jax.Array:
+    """Sums of a timestep array over each turn's active timesteps: ``[B, K]``."""
+    assert steps.turn_ids is not None
+    rows = x.shape[0]
+    in_turn = steps.active & (steps.turn_ids >= 0) & (steps.turn_ids < num_turns)
+    segment = jnp.where(in_turn, lax.broadcasted_iota(jnp.int32, x.shape, 0) * num_turns + steps.turn_ids,
+                        rows * num_turns)
+    return jax.ops.segment_sum(jnp.where(in_turn, x, jnp.zeros((), x.dtype)).ravel(), segment.ravel(),
+                               num_segments=rows * num_turns).reshape(rows, num_turns)
+
+
+def _gigpo_advantages(batch: Mapping[str, jax.Array], outcome: jax.Array, process: jax.Array | None,
+                      steps: Timesteps, config: AdvantageConfig, groups: GroupLayout | None) -> jax.Array:
+    """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps.
+
+    Step rewards are ``batch['turn_rewards'] [B, K]`` when given, else the sum of each turn's process
+    rewards; anchors are ``batch['anchor_ids'] [B, K]`` (none: one step group per GRPO group).
+    """
+    assert config.credit_assignment is not None and steps.turn_ids is not None
+    width = steps.active.shape[1]
+    num_turns = (jnp.shape(batch["turn_rewards"])[1] if "turn_rewards" in batch
+                 else jnp.shape(batch["anchor_ids"])[1] if "anchor_ids" in batch else config.max_turns or width)
+    counts = _turn_table(steps.active.astype(outcome.dtype), steps, num_turns)
+    if "turn_rewards" in batch:
+        step_rewards = _checks.as_float("batch['turn_rewards']", batch["turn_rewards"], outcome.dtype)
+    else:
+        step_rewards = (_turn_table(process, steps, num_turns) if process is not None
+                        else jnp.zeros(counts.shape, outcome.dtype))
+    anchors = _checks.as_int("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
+    row_group, num_groups = ((groups.row_group, groups.num_groups) if groups is not None
+                             else (jnp.zeros(outcome.shape, jnp.int32), 1))
+    per_turn = gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups,
+                          config.credit_assignment).advantages
+    safe = jnp.clip(steps.turn_ids, 0, num_turns - 1)
+    in_turn = steps.active & (steps.turn_ids >= 0) & (steps.turn_ids < num_turns)
+    return jnp.where(in_turn, jnp.take_along_axis(per_turn, safe, axis=1), jnp.zeros((), outcome.dtype))
+
+
 def _advantages_and_returns(task: jax.Array, kl: jax.Array, steps: Timesteps, bootstrap: jax.Array,
                             lam: jax.Array, config: AdvantageConfig, method: GAEMethod) -> tuple[jax.Array, jax.Array]:
     """Steps 6-7: GAE over tokens (with the KL rewards inside) or over turns (KL added afterwards)."""
@@ -402,7 +460,13 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: G
     last_value = jnp.take_along_axis(steps.values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
     bootstrap = jnp.where(truncated, last_value, jnp.zeros((), dtype))
     lam = _gae_lambda(batch, steps, config, dtype, checks)
-    advantages, returns = _advantages_and_returns(task, kl, steps, bootstrap, lam, config, method)  # 6-7
+    if config.credit_assignment is not None:                                                 # 6-7 GiGPO
+        grpo_groups = group_layout(num_rows, NormConfig("group", "group"), batch.get("group_sizes")) \
+            if "group_sizes" in batch else None
+        advantages = _gigpo_advantages(batch, outcome, process, steps, config, grpo_groups) + kl
+        returns = advantages + steps.values
+    else:
+        advantages, returns = _advantages_and_returns(task, kl, steps, bootstrap, lam, config, method)  # 6-7
     if config.adv_norm is not None:                                                          # 8
         advantages = normalize_core(advantages, steps.active, config.adv_norm, groups_of(config.adv_norm))
     unshaped = advantages

@@ -54,6 +54,7 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
              if name != "token_rewards" or with_rewards}
     batch["rewards"] = np.zeros(rows, np.float32)
     batch["is_truncated"] = np.zeros(rows, bool)
+    _per_turn(batch, sequences, rows)
     for b, seq in enumerate(sequences):
         if seq.reward is None:
             raise ValueError(f"branch ending at {seq.leaf_id!r} has no outcome reward")
@@ -68,3 +69,20 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
         batch["rewards"][b] = seq.reward
         batch["is_truncated"][b] = seq.is_truncated
     return batch
+
+
+def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence], rows: int) -> None:
+    """GiGPO's per-turn inputs, ``[rows, K]`` with K the most turns of a branch: ``anchor_ids`` (-1 where a
+    turn has none, int64 as given; ``dense_anchor_ids`` makes them int32) and ``turn_rewards`` (0 where a
+    turn has no step reward). Each is present when any turn of the batch has one."""
+    turns = max(len(seq.interaction_ids) for seq in sequences)
+    if any(a is not None for seq in sequences for a in seq.anchor_ids):
+        anchors = np.full((rows, turns), -1, np.int64)
+        for b, seq in enumerate(sequences):
+            anchors[b, :len(seq.anchor_ids)] = [-1 if a is None else a for a in seq.anchor_ids]
+        batch["anchor_ids"] = anchors
+    if any(r is not None for seq in sequences for r in seq.step_rewards):
+        step_rewards = np.zeros((rows, turns), np.float32)
+        for b, seq in enumerate(sequences):
+            step_rewards[b, :len(seq.step_rewards)] = [0.0 if r is None else r for r in seq.step_rewards]
+        batch["turn_rewards"] = step_rewards

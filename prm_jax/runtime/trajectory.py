@@ -86,6 +86,8 @@ class Interaction:
     stop_reason: str = "stop"
     reward: float | None = None
     token_rewards: Any = None
+    anchor_id: int | None = None     # the environment state this turn acted on (GiGPO step groups)
+    step_reward: float | None = None  # the turn's step reward for GiGPO (else its process rewards' sum)
 
     def __post_init__(self):
         if not isinstance(self.interaction_id, str) or not self.interaction_id:
@@ -120,6 +122,14 @@ class Interaction:
             if self.output_tokens is None or self.token_rewards.shape != self.output_tokens.shape:
                 raise ValueError(f"interaction {iid!r}: token_rewards must have shape ({self.output_len},), got "
                                  f"{self.token_rewards.shape}")
+        if self.anchor_id is not None and (isinstance(self.anchor_id, bool)
+                                           or not isinstance(self.anchor_id, (int, np.integer))):
+            raise ValueError(f"interaction {iid!r}: anchor_id must be an integer or None, got {self.anchor_id!r}")
+        if self.step_reward is not None:
+            if isinstance(self.step_reward, bool) or not isinstance(self.step_reward, (int, float, np.number)) \
+                    or not math.isfinite(self.step_reward):
+                raise ValueError(f"interaction {iid!r}: step_reward must be a finite number or None")
+            self.step_reward = float(self.step_reward)
         self.messages = tuple(self.messages)
         self.output_messages = tuple(self.output_messages)
 
@@ -192,6 +202,8 @@ class BranchSequence:
     reward: float | None       # the leaf's outcome reward
     is_truncated: bool         # the leaf stopped at the length limit
     interaction_ids: tuple[str, ...]
+    anchor_ids: tuple[int | None, ...] = ()      # per turn, root first
+    step_rewards: tuple[float | None, ...] = ()  # per turn, root first
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(input_ids=self.input_ids, loss_mask=self.loss_mask, logprobs=self.logprobs,
@@ -235,7 +247,8 @@ def stitch(chain: Sequence[Interaction]) -> BranchSequence:
         if turn.token_rewards is not None and token_rewards is not None:
             token_rewards[span] = turn.token_rewards
     return BranchSequence(leaf.interaction_id, input_ids, loss_mask, logprobs, turn_ids, token_rewards, leaf.reward,
-                          leaf.stop_reason == "length", tuple(turn.interaction_id for turn in chain))
+                          leaf.stop_reason == "length", tuple(turn.interaction_id for turn in chain),
+                          tuple(turn.anchor_id for turn in chain), tuple(turn.step_reward for turn in chain))
 
 
 class InteractionCache:

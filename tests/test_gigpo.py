@@ -171,3 +171,15 @@ def test_cli_with_anchor_ids_and_step_rewards(tmp_path):
     summary = json.loads((out / "metrics.json").read_text())["summary"]
     groups = summary["gigpo_step_groups"]
     assert groups["count"] > 0 and groups["mean_size"] > 1 and 0 < groups["share_with_more_than_one"] <= 1
+
+
+def test_large_anchor_ids_take_the_stable_sort_and_agree():
+    # Anchors too large to pack beside the entry index use two stable argsorts: the same result.
+    rng = np.random.default_rng(134)
+    rewards, mask, anchors, outcome = random_batch(rng)
+    large = np.where(anchors >= 0, anchors * 100_000_000 + 7, -1).astype(np.int32)
+    got = gigpo(rewards, mask, outcome, anchor_ids=large, group_sizes=np.array([5, 7]))
+    want = gigpo(rewards, mask, outcome, anchor_ids=anchors, group_sizes=np.array([5, 7]))
+    np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-6, atol=1e-6)
+    ref, *_ = reference.gigpo(rewards, mask, outcome, large, [5, 7])
+    np.testing.assert_allclose(got.advantages, ref, rtol=2e-5, atol=2e-5)

@@ -147,7 +147,7 @@ def test_gigpo_in_compute_advantages_then_shaping(anchors):
     np.testing.assert_allclose(gvpo.advantages, want_gvpo, rtol=2e-5, atol=2e-5)
 
 
-def test_cli_with_anchor_ids_and_step_rewards(tmp_path):
+def test_cli_with_anchor_ids_and_step_rewards(tmp_path, capsys):
     import json
     from pathlib import Path
 
@@ -171,6 +171,7 @@ def test_cli_with_anchor_ids_and_step_rewards(tmp_path):
     summary = json.loads((out / "metrics.json").read_text())["summary"]
     groups = summary["gigpo_step_groups"]
     assert groups["count"] > 0 and groups["mean_size"] > 1 and 0 < groups["share_with_more_than_one"] <= 1
+    assert "GiGPO step groups:" in capsys.readouterr().out
 
 
 def test_large_anchor_ids_take_the_stable_sort_and_agree():

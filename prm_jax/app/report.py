@@ -101,6 +101,10 @@ def print_summary(run: ScoreRun, stream=None) -> None:
         print(f"  {why['status']} group {group} (sessions {', '.join(why['sessions'])}): {why['reason']}", file=out)
     if len(shown) > 10:
         print(f"  ... and {len(shown) - 10} more (metrics.json lists every one)", file=out)
+    if "gigpo_step_groups" in s:
+        steps = s["gigpo_step_groups"]
+        print(f"GiGPO step groups: {steps['count']}, mean size {steps['mean_size']:.2f}, "
+              f"{steps['share_with_more_than_one']:.0%} with more than one turn", file=out)
     if s["process_reward_per_scorer"]:
         print("mean process reward per turn (weighted), per scorer:", file=out)
         for scorer, value in s["process_reward_per_scorer"].items():

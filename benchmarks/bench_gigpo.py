@@ -23,7 +23,7 @@ import numpy as np
 import prm_jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import reference  # noqa: E402  (the float64 dict-and-loop GiGPO of the tests)
+import reference  # the float64 dict-and-loop GiGPO of the tests
 
 
 def median(fn, repeats):

@@ -21,8 +21,9 @@ normalized across the group's steps (the special case of verifiers #1554 / Kevin
 Per-turn-index normalization (MT-GRPO style: normalizing turn ``k`` across a group's ``k``-th turns) is
 deliberately not offered: it is biased when the policy controls its number of turns (verl #7244).
 
-Step groups are found on device: the ``(group, anchor)`` pairs are sorted (``lexsort``), run boundaries
-numbered, and the statistics are segment sums, so no Python loop runs over turns. Anchor ids are compared
+Step groups are found on device: the ``(group, anchor)`` pairs are sorted (one value sort of the pair packed
+beside the entry index, or two stable argsorts where it does not fit), each step group is then a
+contiguous run, and its statistics are sorted segment sums, so no Python loop runs over turns. Anchor ids are compared
 as integers of JAX's integer width (int32 unless x64 is enabled): map 64-bit hashes to dense ids first
 (``dense_anchor_ids``).
 """
@@ -133,19 +134,41 @@ def _pair_order(group: jax.Array, anchor: jax.Array) -> jax.Array:
     return lax.cond(fits, packed, stable, None)
 
 
-def _step_groups(row_group: jax.Array, anchors: jax.Array, anchored: jax.Array) -> jax.Array:
-    """Dense step-group id per turn (``[B, K]``; entries without an anchor get their own ids)."""
-    rows, turns = anchors.shape
+def _step_advantages(returns: jax.Array, anchored: jax.Array, anchors: jax.Array, row_group: jax.Array,
+                     config: GiGPOConfig) -> tuple[jax.Array, jax.Array]:
+    """Step advantages and step-group sizes, ``[B, K]`` each, computed in ``(group, anchor)`` order.
+
+    After the sort every step group is a contiguous run, so its statistics are sorted segment sums and
+    one scatter puts the results back in place.
+    """
+    rows, turns = returns.shape
     flat_group = jnp.broadcast_to(row_group[:, None], anchors.shape).ravel()
     flat_anchor = jnp.where(anchored, anchors, -1).ravel()
-    unanchored = ~anchored.ravel()
-    # Unanchored entries each get a fresh id below, so they never join a step group.
     order = _pair_order(flat_group, flat_anchor)
-    key_group, key_anchor, key_free = flat_group[order], flat_anchor[order], unanchored[order]
+    key_group, key_anchor = flat_group[order], flat_anchor[order]
+    free = ~anchored.ravel()[order]
     new = jnp.concatenate([jnp.ones(1, bool), (key_group[1:] != key_group[:-1]) | (key_anchor[1:] != key_anchor[:-1])
-                           | key_free[1:]])
-    ids_sorted = jnp.cumsum(new) - 1
-    return jnp.zeros(rows * turns, jnp.int32).at[order].set(ids_sorted.astype(jnp.int32)).reshape(rows, turns)
+                           | free[1:]])
+    segment = jnp.cumsum(new) - 1
+    values = returns.ravel()[order]
+    weights = (~free).astype(values.dtype)
+    size = rows * turns
+
+    def sums(x):
+        return jax.ops.segment_sum(x, segment, num_segments=size, indices_are_sorted=True)
+
+    count = sums(weights)
+    mean = (sums(values * weights) / jnp.maximum(count, 1))[segment]
+    deviation = (values - mean) * weights
+    count = count[segment]
+    std = jnp.where(count > 1, jnp.sqrt(sums(deviation * deviation)[segment] / jnp.maximum(count - 1, 1)), 1.0)
+    step = values - mean
+    if config.norm == "mean_std_norm":
+        step = step / (std + config.eps)
+    sizes = jnp.where(free, 0.0, count)
+    step = jnp.where(sizes > 1, step, 0.0)
+    unsorted = jnp.zeros((2, size), values.dtype).at[:, order].set(jnp.stack([step, sizes]))
+    return unsorted[0].reshape(rows, turns), unsorted[1].reshape(rows, turns).astype(jnp.int32)
 
 
 def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.Array | None,
@@ -166,15 +189,9 @@ def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.
     returns = _step_returns(turn_rewards, turn_active, config.step_discount)
     anchors = jnp.zeros((rows, turns), jnp.int32) if anchor_ids is None else anchor_ids
     anchored = turn_active & (anchors >= 0)
-    segment = _step_groups(row_group, anchors, anchored).ravel()
-    s_count, s_mean, s_std = _group_stats(returns.ravel(), anchored.ravel().astype(dtype), segment, rows * turns)
-    step = returns.ravel() - s_mean
-    if config.norm == "mean_std_norm":
-        step = step / (s_std + config.eps)
-    sizes = jnp.where(anchored.ravel(), s_count, 0.0)
-    step = jnp.where(sizes > 1, step, 0.0).reshape(rows, turns)
+    step, sizes = _step_advantages(returns, anchored, anchors, row_group, config)
     advantages = jnp.where(turn_active, episode[:, None] + config.step_weight * step, 0.0)
-    return GiGPOOutput(advantages, episode, step, returns, sizes.reshape(rows, turns).astype(jnp.int32))
+    return GiGPOOutput(advantages, episode, step, returns, sizes)
 
 
 def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayLike, *,

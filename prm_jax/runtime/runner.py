@@ -39,6 +39,7 @@ from prm_jax.runtime.scoring import (
     PRMTurnResult,
 )
 from prm_jax.runtime.trajectory import Interaction, InteractionCache, freeze
+from prm_jax.validation import short_repr
 
 logger = logging.getLogger(__name__)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -130,7 +131,7 @@ def _check_spec(entry: ScorerSpec, where: str, section: PRMSection) -> type[Base
     accepted, required, open_ = _constructor_arguments(cls)
     unknown = sorted(set(entry.kwargs) - accepted)
     if unknown and not open_:
-        raise ValueError(f"{where}.kwargs: {entry.path} does not accept {_short(unknown)} (it accepts "
+        raise ValueError(f"{where}.kwargs: {entry.path} does not accept {short_repr(unknown)} (it accepts "
                          f"{sorted(accepted - {'weight', 'enabled'})})")
     missing = sorted(required - set(entry.kwargs) - {"weight", "enabled"})
     if missing:
@@ -204,11 +205,6 @@ def _cancellation_requested() -> bool:
     return task is None or cancelling is None or cancelling() > 0
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarray:
     """The raw reward as float64 ``[output_len]``, or a ``ValueError``/``TypeError`` naming scorer and turn."""
     where = f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}"
@@ -218,7 +214,7 @@ def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarra
     if isinstance(raw, (bool, np.bool_)):
         raise TypeError(f"{where}: returned a bool; return a float score (0.0 or 1.0) instead")
     if isinstance(raw, (str, bytes)):
-        raise TypeError(f"{where}: returned a {type(raw).__name__} ({_short(raw)}); expected a float (a number, not text)")
+        raise TypeError(f"{where}: returned a {type(raw).__name__} ({short_repr(raw)}); expected a float (a number, not text)")
     if type(raw) in (float, int):  # the common case, without numpy's per-call overhead
         if not math.isfinite(raw):
             raise ValueError(f"{where}: returned non-finite rewards")
@@ -231,7 +227,7 @@ def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarra
             raise TypeError
         array = array.astype(np.float64)
     except (TypeError, ValueError):
-        raise TypeError(f"{where}: returned {type(raw).__name__} ({_short(raw)}); expected a float or an array of "
+        raise TypeError(f"{where}: returned {type(raw).__name__} ({short_repr(raw)}); expected a float or an array of "
                         f"shape ({n},) of numbers") from None
     if array.ndim == 0:
         array = np.full(n, float(array))
@@ -464,7 +460,7 @@ class PRMRunner:
             unknown = sorted(map(str, set(mapping) - ids))
             if unknown:
                 raise ValueError(f"scorer {scorer.name!r}: evaluate_trajectory returned unknown interaction ids "
-                                 f"{_short(unknown)}")
+                                 f"{short_repr(unknown)}")
             return [scorer.prepare_result(view, mapping.get(view.interaction_id, 0.0), ctx) for view in views]
 
         outcomes: list[Any] = [None] * len(views)

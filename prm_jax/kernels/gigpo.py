@@ -89,13 +89,16 @@ def dense_anchor_ids(anchor_ids: ArrayLike) -> np.ndarray:
     return dense
 
 
-def _group_stats(values: jax.Array, weights: jax.Array, segment: jax.Array, num_segments: int):
+def _group_stats(values: jax.Array, weights: jax.Array, segment: jax.Array, num_segments: int,
+                 indices_are_sorted: bool = False):
     """Per-segment weighted count, mean and unbiased std (two passes), broadcast back: ``[N]`` each."""
-    count = jax.ops.segment_sum(weights, segment, num_segments=num_segments)
-    total = jax.ops.segment_sum(values * weights, segment, num_segments=num_segments)
-    mean = total / jnp.maximum(count, 1)
+    def sums(x):
+        return jax.ops.segment_sum(x, segment, num_segments=num_segments, indices_are_sorted=indices_are_sorted)
+
+    count = sums(weights)
+    mean = sums(values * weights) / jnp.maximum(count, 1)
     deviation = (values - mean[segment]) * weights
-    sq = jax.ops.segment_sum(deviation * (values - mean[segment]), segment, num_segments=num_segments)
+    sq = sums(deviation * (values - mean[segment]))
     std = jnp.where(count > 1, jnp.sqrt(sq / jnp.maximum(count - 1, 1)), 1.0)
     return count[segment], mean[segment], std[segment]
 
@@ -151,17 +154,8 @@ def _step_advantages(returns: jax.Array, anchored: jax.Array, anchors: jax.Array
                            | free[1:]])
     segment = jnp.cumsum(new) - 1
     values = returns.ravel()[order]
-    weights = (~free).astype(values.dtype)
     size = rows * turns
-
-    def sums(x):
-        return jax.ops.segment_sum(x, segment, num_segments=size, indices_are_sorted=True)
-
-    count = sums(weights)
-    mean = (sums(values * weights) / jnp.maximum(count, 1))[segment]
-    deviation = (values - mean) * weights
-    count = count[segment]
-    std = jnp.where(count > 1, jnp.sqrt(sums(deviation * deviation)[segment] / jnp.maximum(count - 1, 1)), 1.0)
+    count, mean, std = _group_stats(values, (~free).astype(values.dtype), segment, size, indices_are_sorted=True)
     step = values - mean
     if config.norm == "mean_std_norm":
         step = step / (std + config.eps)

@@ -361,6 +361,24 @@ def turn_ids_check(turn_ids: jax.Array, active: jax.Array, num_turns: int) -> _c
     return _checks.ValueCheck(jnp.any(problem > 0), message, kind, row, step, value)
 
 
+def turn_segments(active: jax.Array, turn_ids: jax.Array, num_turns: int) -> tuple[jax.Array, jax.Array]:
+    """``in_turn [B, T]`` (active with an id below ``num_turns``) and each timestep's segment ``b * K + id``.
+
+    Timesteps outside any turn go to segment ``B * K``, which segment ops with ``B * K`` segments drop.
+    """
+    batch = active.shape[0]
+    in_turn = active & (turn_ids >= 0) & (turn_ids < num_turns)
+    row = lax.broadcasted_iota(jnp.int32, active.shape, 0)
+    return in_turn, jnp.where(in_turn, row * num_turns + turn_ids, batch * num_turns)
+
+
+def turn_sums(x: jax.Array, in_turn: jax.Array, segment: jax.Array, num_turns: int) -> jax.Array:
+    """Sums of a ``[B, T]`` timestep array over each turn's timesteps: ``[B, K]``."""
+    batch = x.shape[0]
+    return jax.ops.segment_sum(jnp.where(in_turn, x, jnp.zeros((), x.dtype)).ravel(), segment.ravel(),
+                               num_segments=batch * num_turns).reshape(batch, num_turns)
+
+
 def turn_gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, turn_ids: jax.Array,
                   gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, num_turns: int,
                   method: str) -> GAEOutput:
@@ -368,12 +386,8 @@ def turn_gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, turn
     batch, num_steps = rewards.shape
     dtype = rewards.dtype
     zero = jnp.zeros((), dtype)
-    in_turn = active & (turn_ids >= 0) & (turn_ids < num_turns)
-    row = lax.broadcasted_iota(jnp.int32, (batch, num_steps), 0)
-    # Timesteps outside any turn go to segment batch * num_turns, which segment ops drop.
-    segment = jnp.where(in_turn, row * num_turns + turn_ids, batch * num_turns)
-    turn_rewards = jax.ops.segment_sum(jnp.where(in_turn, rewards, zero).ravel(), segment.ravel(),
-                                       num_segments=batch * num_turns).reshape(batch, num_turns)
+    in_turn, segment = turn_segments(active, turn_ids, num_turns)
+    turn_rewards = turn_sums(rewards, in_turn, segment, num_turns)
     step_index = lax.broadcasted_iota(jnp.int32, (batch, num_steps), 1)
     first_step = jax.ops.segment_min(jnp.where(in_turn, step_index, num_steps).ravel(), segment.ravel(),
                                      num_segments=batch * num_turns).reshape(batch, num_turns)

@@ -50,6 +50,8 @@ from prm_jax.kernels.gae import (
     resolve_method,
     turn_gae_core,
     turn_ids_check,
+    turn_segments,
+    turn_sums,
 )
 from prm_jax.kernels.gigpo import GiGPOConfig, gigpo_core
 from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator, kl_rewards
@@ -382,17 +384,6 @@ def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timestep
     return task, process
 
 
-def _turn_table(x: jax.Array, steps: Timesteps, num_turns: int) -> jax.Array:
-    """Sums of a timestep array over each turn's active timesteps: ``[B, K]``."""
-    assert steps.turn_ids is not None
-    rows = x.shape[0]
-    in_turn = steps.active & (steps.turn_ids >= 0) & (steps.turn_ids < num_turns)
-    segment = jnp.where(in_turn, lax.broadcasted_iota(jnp.int32, x.shape, 0) * num_turns + steps.turn_ids,
-                        rows * num_turns)
-    return jax.ops.segment_sum(jnp.where(in_turn, x, jnp.zeros((), x.dtype)).ravel(), segment.ravel(),
-                               num_segments=rows * num_turns).reshape(rows, num_turns)
-
-
 def _gigpo_advantages(batch: Mapping[str, jax.Array], outcome: jax.Array, process: jax.Array | None,
                       steps: Timesteps, config: AdvantageConfig, groups: GroupLayout | None) -> jax.Array:
     """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps.
@@ -404,11 +395,12 @@ def _gigpo_advantages(batch: Mapping[str, jax.Array], outcome: jax.Array, proces
     width = steps.active.shape[1]
     num_turns = (jnp.shape(batch["turn_rewards"])[1] if "turn_rewards" in batch
                  else jnp.shape(batch["anchor_ids"])[1] if "anchor_ids" in batch else config.max_turns or width)
-    counts = _turn_table(steps.active.astype(outcome.dtype), steps, num_turns)
+    in_turn, segment = turn_segments(steps.active, steps.turn_ids, num_turns)
+    counts = turn_sums(steps.active.astype(outcome.dtype), in_turn, segment, num_turns)
     if "turn_rewards" in batch:
         step_rewards = _checks.as_float("batch['turn_rewards']", batch["turn_rewards"], outcome.dtype)
     else:
-        step_rewards = (_turn_table(process, steps, num_turns) if process is not None
+        step_rewards = (turn_sums(process, in_turn, segment, num_turns) if process is not None
                         else jnp.zeros(counts.shape, outcome.dtype))
     anchors = _checks.as_int("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
     row_group, num_groups = ((groups.row_group, groups.num_groups) if groups is not None
@@ -416,7 +408,6 @@ def _gigpo_advantages(batch: Mapping[str, jax.Array], outcome: jax.Array, proces
     per_turn = gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups,
                           config.credit_assignment).advantages
     safe = jnp.clip(steps.turn_ids, 0, num_turns - 1)
-    in_turn = steps.active & (steps.turn_ids >= 0) & (steps.turn_ids < num_turns)
     return jnp.where(in_turn, jnp.take_along_axis(per_turn, safe, axis=1), jnp.zeros((), outcome.dtype))
 
 

@@ -31,6 +31,8 @@ from typing import Any, TypedDict
 import jax
 import jax.numpy as jnp
 
+from prm_jax.validation import ConfigError, finite_number
+
 AREAL_MODULE = "areal.trainer.ppo.lambda_fn"
 
 
@@ -40,23 +42,33 @@ class GAELambdaContext(TypedDict):
     timestep_lengths: jax.Array         # [B] int32
 
 
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
+def _check_value(*, value: float) -> float:
+    return finite_number("value", value)
+
+
+def _check_alpha(*, alpha: float) -> float:
+    alpha = finite_number("alpha", alpha)
+    if alpha <= 0:
+        raise ConfigError("alpha", f"must be > 0, got {alpha!r}")
+    return alpha
+
+
+def _check_q(*, q: float) -> float:
+    q = finite_number("q", q)
+    if not 0 < q <= 1:
+        raise ConfigError("q", f"must be in (0, 1], got {q!r}")
+    return q
 
 
 def constant_gae_lambda(context: GAELambdaContext, *, value: float) -> jax.Array:
     """``value`` for every row."""
-    value = _number("value", value)
+    value = _check_value(value=value)
     return jnp.full(jnp.shape(context["timestep_lengths"]), value, jnp.float32)
 
 
 def vapo_length_adaptive_gae(context: GAELambdaContext, *, alpha: float) -> jax.Array:
     """VAPO's length-adaptive ``lambda = max(0, 1 - 1 / (alpha L))``; 0 for an empty trajectory."""
-    alpha = _number("alpha", alpha)
-    if alpha <= 0:
-        raise ValueError(f"alpha must be > 0, got {alpha!r}")
+    alpha = _check_alpha(alpha=alpha)
     lengths = context["timestep_lengths"]
     adaptive = 1.0 - 1.0 / (alpha * jnp.maximum(lengths, 1).astype(jnp.float32))
     return jnp.where(lengths > 0, jnp.maximum(adaptive, 0.0), 0.0)
@@ -64,9 +76,7 @@ def vapo_length_adaptive_gae(context: GAELambdaContext, *, alpha: float) -> jax.
 
 def relative_position_gae_lambda(context: GAELambdaContext, *, q: float) -> jax.Array:
     """``lambda = q ** (1 / (L - 1))`` for ``L >= 2`` (1 for ``L = 1``, 0 for ``L = 0``)."""
-    q = _number("q", q)
-    if not 0 < q <= 1:
-        raise ValueError(f"q must be in (0, 1], got {q!r}")
+    q = _check_q(q=q)
     lengths = context["timestep_lengths"]
     decay_steps = jnp.maximum(lengths - 1, 1).astype(jnp.float32)
     per_step = jnp.exp(math.log(q) / decay_steps)
@@ -74,6 +84,10 @@ def relative_position_gae_lambda(context: GAELambdaContext, *, q: float) -> jax.
 
 
 BUILTIN = {fn.__name__: fn for fn in (constant_gae_lambda, vapo_length_adaptive_gae, relative_position_gae_lambda)}
+# Each built-in's kwargs check, run when a config is built (no JAX work at config time).
+_KWARG_CHECKS: dict[Callable[..., jax.Array], Callable[..., float]] = {
+    constant_gae_lambda: _check_value, vapo_length_adaptive_gae: _check_alpha,
+    relative_position_gae_lambda: _check_q}
 
 
 def resolve(path: str) -> Callable[..., jax.Array]:
@@ -103,6 +117,5 @@ def validate(path: str, kwargs: Mapping[str, Any]) -> None:
         raise ValueError(f"gae_lambda_kwargs do not fit {path}: {err}") from None
     except ValueError:
         pass  # no signature to read (a builtin or C function): checked when it runs
-    if fn in BUILTIN.values():
-        fn(GAELambdaContext(effective_token_lengths=jnp.ones(1, jnp.int32), turn_counts=jnp.ones(1, jnp.int32),
-                            timestep_lengths=jnp.ones(1, jnp.int32)), **kwargs)
+    if fn in _KWARG_CHECKS:
+        _KWARG_CHECKS[fn](**kwargs)

@@ -103,33 +103,25 @@ class Interaction:
             raise ValueError(f"interaction {iid!r}: input_tokens and output_tokens must both be given or both be None")
         if self.stop_reason not in STOP_REASONS:
             raise ValueError(f"interaction {iid!r}: stop_reason must be one of {STOP_REASONS}, got {self.stop_reason!r}")
-        if self.reward is not None:
-            if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float, np.floating, np.integer)) \
-                    or not math.isfinite(self.reward):
-                raise ValueError(f"interaction {iid!r}: reward must be a finite number or None, got {self.reward!r}")
-            self.reward = float(self.reward)
-        if self.output_logprobs is not None:
-            self.output_logprobs = np.asarray(self.output_logprobs, np.float32)
-            if not np.isfinite(self.output_logprobs).all():
-                raise ValueError(f"interaction {iid!r}: output_logprobs must be finite")
-            if self.output_tokens is None or self.output_logprobs.shape != self.output_tokens.shape:
-                raise ValueError(f"interaction {iid!r}: output_logprobs must have shape ({self.output_len},), got "
-                                 f"{self.output_logprobs.shape}")
-        if self.token_rewards is not None:
-            self.token_rewards = np.asarray(self.token_rewards, np.float32)
-            if not np.isfinite(self.token_rewards).all():
-                raise ValueError(f"interaction {iid!r}: token_rewards must be finite")
-            if self.output_tokens is None or self.token_rewards.shape != self.output_tokens.shape:
-                raise ValueError(f"interaction {iid!r}: token_rewards must have shape ({self.output_len},), got "
-                                 f"{self.token_rewards.shape}")
+        for name in ("reward", "step_reward"):
+            value = getattr(self, name)
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
+                        or not math.isfinite(value):
+                    raise ValueError(f"interaction {iid!r}: {name} must be a finite number or None, got {value!r}")
+                setattr(self, name, float(value))
+        for name in ("output_logprobs", "token_rewards"):
+            if getattr(self, name) is not None:
+                vector = np.asarray(getattr(self, name), np.float32)
+                if not np.isfinite(vector).all():
+                    raise ValueError(f"interaction {iid!r}: {name} must be finite")
+                if self.output_tokens is None or vector.shape != self.output_tokens.shape:
+                    raise ValueError(f"interaction {iid!r}: {name} must have shape ({self.output_len},), got "
+                                     f"{vector.shape}")
+                setattr(self, name, vector)
         if self.anchor_id is not None and (isinstance(self.anchor_id, bool)
                                            or not isinstance(self.anchor_id, (int, np.integer))):
             raise ValueError(f"interaction {iid!r}: anchor_id must be an integer or None, got {self.anchor_id!r}")
-        if self.step_reward is not None:
-            if isinstance(self.step_reward, bool) or not isinstance(self.step_reward, (int, float, np.number)) \
-                    or not math.isfinite(self.step_reward):
-                raise ValueError(f"interaction {iid!r}: step_reward must be a finite number or None")
-            self.step_reward = float(self.step_reward)
         self.messages = tuple(self.messages)
         self.output_messages = tuple(self.output_messages)
 
@@ -174,9 +166,7 @@ class Interaction:
                 setattr(twin, field.name, _readonly_view(value))
             elif field.name in ("messages", "output_messages"):
                 setattr(twin, field.name, self._frozen(field.name))
-        twin.__dict__.pop("_frozen_cache", None)
-        twin.__dict__["_frozen_cache"] = dict(self.__dict__.get("_frozen_cache", {}))
-        return twin
+        return twin  # the frozen-messages cache is shared: its values are immutable and the same for both
 
 
 class ReadOnlyInteraction(Interaction):

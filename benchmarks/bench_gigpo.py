@@ -12,7 +12,6 @@ within 2x).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,16 +23,7 @@ import prm_jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import reference  # the float64 dict-and-loop GiGPO of the tests
-
-
-def median(fn, repeats):
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from bench_advantages import interleaved_medians, median_seconds
 
 
 def make_batch(rows, turns, width, group, seed=0):
@@ -65,7 +55,7 @@ def main() -> None:
     mask = np.ones((args.rows, args.turns), bool)
     kernel_inputs = jax.device_put((batch["turn_rewards"], mask, batch["rewards"]))
     anchors, sizes = jax.device_put((batch["anchor_ids"], batch["group_sizes"]))
-    kernel = median(lambda: prm_jax.gigpo(*kernel_inputs, anchor_ids=anchors, group_sizes=sizes).advantages,
+    kernel = median_seconds(lambda: prm_jax.gigpo(*kernel_inputs, anchor_ids=anchors, group_sizes=sizes).advantages,
                     args.repeats)
     start = time.perf_counter()
     reference.gigpo(batch["turn_rewards"], mask, batch["rewards"], batch["anchor_ids"], batch["group_sizes"].tolist())
@@ -73,8 +63,10 @@ def main() -> None:
     device_batch = jax.device_put(batch)
     gae_config = prm_jax.AdvantageConfig(kl_ctl=0.0, check_values=False)
     gigpo_config = prm_jax.AdvantageConfig(kl_ctl=0.0, check_values=False, credit_assignment={"mode": "gigpo"})
-    plain = median(lambda: prm_jax.compute_advantages(device_batch, gae_config).advantages, args.repeats)
-    with_gigpo = median(lambda: prm_jax.compute_advantages(device_batch, gigpo_config).advantages, args.repeats)
+    timed = interleaved_medians({"plain": lambda: prm_jax.compute_advantages(device_batch, gae_config).advantages,
+                                 "gigpo": lambda: prm_jax.compute_advantages(device_batch, gigpo_config).advantages},
+                                args.repeats, inner=1)
+    plain, with_gigpo = timed["plain"], timed["gigpo"]
     print(f"backend={jax.default_backend()} B={args.rows} K={args.turns} T={args.width} groups of {args.group}")
     print(f"GiGPO kernel [B, K]: {kernel * 1e3:.3f} ms; reference-style Python loop: {loop * 1e3:.0f} ms; "
           f"speedup {loop / kernel:.0f}x (target >= 100x)")

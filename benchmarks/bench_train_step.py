@@ -11,12 +11,12 @@ trip per step; `check_values=False` compiles the value checks out).
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from bench_advantages import interleaved_medians
 
 import prm_jax
 
@@ -69,17 +69,9 @@ def main() -> None:
     callbacks = sum(eqn.primitive.name in ("debug_callback", "pure_callback", "io_callback")
                     for eqn in jaxpr.jaxpr.eqns)
 
-    def median(fn):
-        jax.block_until_ready(fn())
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(fn())
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    t_with = median(lambda: with_call(params, batch))
-    t_without = median(lambda: without_call(params, batch, precomputed))
+    timed = interleaved_medians({"with": lambda: with_call(params, batch),
+                                 "without": lambda: without_call(params, batch, precomputed)}, args.repeats, inner=1)
+    t_with, t_without = timed["with"], timed["without"]
     print(f"backend={jax.default_backend()} batch {rows}x{width} vocab {args.vocab} check_values={args.check_values}")
     print(f"train step with compute_advantages: {t_with * 1e3:.3f} ms; without: {t_without * 1e3:.3f} ms; "
           f"the call's share {(t_with - t_without) / t_with:.1%}; compile {compile_s:.2f} s")

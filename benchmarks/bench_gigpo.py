@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -50,6 +49,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--loop-repeats", type=int, default=3, help="runs of the Python loop (median)")
     args = parser.parse_args()
     batch = make_batch(args.rows, args.turns, args.width, args.group)
     mask = np.ones((args.rows, args.turns), bool)
@@ -57,9 +57,8 @@ def main() -> None:
     anchors, sizes = jax.device_put((batch["anchor_ids"], batch["group_sizes"]))
     kernel = median_seconds(lambda: prm_jax.gigpo(*kernel_inputs, anchor_ids=anchors, group_sizes=sizes).advantages,
                     args.repeats)
-    start = time.perf_counter()
-    reference.gigpo(batch["turn_rewards"], mask, batch["rewards"], batch["anchor_ids"], batch["group_sizes"].tolist())
-    loop = time.perf_counter() - start
+    loop = median_seconds(lambda: reference.gigpo(batch["turn_rewards"], mask, batch["rewards"], batch["anchor_ids"],
+                                                  batch["group_sizes"].tolist()), args.loop_repeats)
     device_batch = jax.device_put(batch)
     gae_config = prm_jax.AdvantageConfig(kl_ctl=0.0, check_values=False)
     gigpo_config = prm_jax.AdvantageConfig(kl_ctl=0.0, check_values=False, credit_assignment={"mode": "gigpo"})

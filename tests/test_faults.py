@@ -298,11 +298,11 @@ def test_the_native_build_is_published_only_when_finished_and_built_once(tmp_pat
         sys.exit(0 if answers == [True] * 4 else 1)
     """)
     env = dict(os.environ, PRM_JAX_CACHE=str(tmp_path), JAX_PLATFORMS="cpu")
-    (tmp_path / "gae_cpu_00stale00key0000.so").write_bytes(b"an older build")  # issue 11.3: removed
+    (tmp_path / "prm_jax_cpu_00stale00key0000.so").write_bytes(b"an older build")  # issue 11.3: removed
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for proc in procs:
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, (out, err[-2000:])
-    assert len(list(tmp_path.glob("gae_cpu_*.so"))) == 1
-    assert not list(tmp_path.glob(".gae_cpu_*"))  # no half-written temporaries left
+    assert len(list(tmp_path.glob("prm_jax_cpu_*.so"))) == 1
+    assert not list(tmp_path.glob(".prm_jax_cpu_*"))  # no half-written temporaries left

@@ -8,6 +8,7 @@ import pytest
 import reference
 from batches import compile_log
 
+from prm_jax.kernels import native
 from prm_jax.kernels.gigpo import GiGPOConfig, dense_anchor_ids, gigpo
 
 CONFIGS = [
@@ -16,6 +17,18 @@ CONFIGS = [
     dict(episode_stats="step", step_discount=1.0),
     dict(norm="mean_std_norm", episode_stats="step", step_weight=2.0, step_discount=0.0),
 ]
+
+
+@pytest.fixture(params=["native", "sort"])
+def step_group_path(request, monkeypatch):
+    """Both ways of finding step groups: the CPU's native hash pass and the sort every backend has."""
+    if request.param == "native" and not native.available():
+        pytest.skip("no C++ compiler: the native kernels are not built")
+    if request.param == "sort":
+        monkeypatch.setattr(native, "available", lambda: False)
+    jax.clear_caches()  # the choice is made while tracing
+    yield request.param
+    jax.clear_caches()
 
 
 def random_batch(rng, rows=12, turns=6, anchors=5):
@@ -32,7 +45,7 @@ def random_batch(rng, rows=12, turns=6, anchors=5):
 
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("with_anchors", [True, False])
-def test_matches_the_loop_reference_on_random_batches(cfg, with_anchors):
+def test_matches_the_loop_reference_on_random_batches(cfg, with_anchors, step_group_path):
     rng = np.random.default_rng(13)
     for sizes in ([12], [1, 4, 3, 4], [5, 7], [2, 1, 9]):
         rewards, mask, anchors, outcome = random_batch(rng)
@@ -174,8 +187,9 @@ def test_cli_with_anchor_ids_and_step_rewards(tmp_path, capsys):
     assert "GiGPO step groups:" in capsys.readouterr().out
 
 
-def test_large_anchor_ids_take_the_stable_sort_and_agree():
-    # Anchors too large to pack beside the entry index use two stable argsorts: the same result.
+def test_large_anchor_ids_take_the_stable_sort_and_agree(step_group_path):
+    # Anchors too large to pack beside the entry index use two stable argsorts (on the sort path): the
+    # same result.
     rng = np.random.default_rng(134)
     rewards, mask, anchors, outcome = random_batch(rng)
     large = np.where(anchors >= 0, anchors * 100_000_000 + 7, -1).astype(np.int32)

@@ -40,7 +40,7 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from prm_jax.kernels import _checks
+from prm_jax.kernels import _checks, native
 from prm_jax.kernels.normalization import NormConfig, group_layout, group_sizes_check
 from prm_jax.validation import ConfigError, finite_number, short_repr
 
@@ -139,30 +139,40 @@ def _pair_order(group: jax.Array, anchor: jax.Array) -> jax.Array:
 
 def _step_advantages(returns: jax.Array, anchored: jax.Array, anchors: jax.Array, row_group: jax.Array,
                      config: GiGPOConfig) -> tuple[jax.Array, jax.Array]:
-    """Step advantages and step-group sizes, ``[B, K]`` each, computed in ``(group, anchor)`` order.
+    """Step advantages and step-group sizes, ``[B, K]`` each.
 
-    After the sort every step group is a contiguous run, so its statistics are sorted segment sums and
-    one scatter puts the results back in place.
+    On the CPU the native kernel names each step group by its first entry in one hash-table pass. Elsewhere
+    the entries are sorted by ``(group, anchor)``: every step group is then a contiguous run, its statistics
+    are sorted segment sums, and one scatter puts the results back in place.
     """
     rows, turns = returns.shape
+    size = rows * turns
     flat_group = jnp.broadcast_to(row_group[:, None], anchors.shape).ravel()
     flat_anchor = jnp.where(anchored, anchors, -1).ravel()
-    order = _pair_order(flat_group, flat_anchor)
-    key_group, key_anchor = flat_group[order], flat_anchor[order]
-    free = ~anchored.ravel()[order]
-    new = jnp.concatenate([jnp.ones(1, bool), (key_group[1:] != key_group[:-1]) | (key_anchor[1:] != key_anchor[:-1])
-                           | free[1:]])
-    segment = jnp.cumsum(new) - 1
-    values = returns.ravel()[order]
-    size = rows * turns
-    count, mean, std = _group_stats(values, (~free).astype(values.dtype), segment, size, indices_are_sorted=True)
+    values = returns.ravel()
+    if native.available():
+        step, sizes = _step_stats(values, flat_anchor < 0, native.step_groups(flat_group, flat_anchor), config)
+    else:
+        order = _pair_order(flat_group, flat_anchor)
+        key_group, key_anchor, free = flat_group[order], flat_anchor[order], flat_anchor[order] < 0
+        new = jnp.concatenate([jnp.ones(1, bool), (key_group[1:] != key_group[:-1])
+                               | (key_anchor[1:] != key_anchor[:-1]) | free[1:]])
+        sorted_step, sorted_sizes = _step_stats(values[order], free, jnp.cumsum(new) - 1, config, sorted_segments=True)
+        unsorted = jnp.zeros((2, size), values.dtype).at[:, order].set(jnp.stack([sorted_step, sorted_sizes]))
+        step, sizes = unsorted[0], unsorted[1]
+    return step.reshape(rows, turns), sizes.reshape(rows, turns).astype(jnp.int32)
+
+
+def _step_stats(values: jax.Array, free: jax.Array, segment: jax.Array, config: GiGPOConfig,
+                sorted_segments: bool = False) -> tuple[jax.Array, jax.Array]:
+    """``[N]`` step advantages and step-group sizes (0 for an entry without an anchor) from segment ids."""
+    count, mean, std = _group_stats(values, (~free).astype(values.dtype), segment, values.shape[0],
+                                    indices_are_sorted=sorted_segments)
     step = values - mean
     if config.norm == "mean_std_norm":
         step = step / (std + config.eps)
     sizes = jnp.where(free, 0.0, count)
-    step = jnp.where(sizes > 1, step, 0.0)
-    unsorted = jnp.zeros((2, size), values.dtype).at[:, order].set(jnp.stack([step, sizes]))
-    return unsorted[0].reshape(rows, turns), unsorted[1].reshape(rows, turns).astype(jnp.int32)
+    return jnp.where(sizes > 1, step, 0.0), sizes
 
 
 def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.Array | None,

@@ -1,13 +1,15 @@
-"""The native CPU GAE kernel: a small C++ XLA FFI custom call, built on first use.
+"""The native CPU kernels: small C++ XLA FFI custom calls, built on first use.
 
 XLA:CPU runs a ``lax.scan`` step in tens of nanoseconds and transposes ``[B, T]`` slowly, so a sequential
 recurrence is far from memory speed there. ``native/gae_cpu.cc`` runs the same recurrence as the ``scan``
-method directly over the row-major buffers. It is compiled once per machine with the system C++ compiler
-into a cache directory (``$PRM_JAX_CACHE``, default ``~/.cache/prm_jax``) and loaded with ``ctypes``.
+method directly over the row-major buffers. XLA:CPU also sorts slowly (~1 ms for 32k keys), so
+``native/step_groups_cpu.cc`` finds GiGPO's step groups with one hash-table pass instead of a sort. Both
+are compiled into one library once per machine with the system C++ compiler into a cache directory
+(``$PRM_JAX_CACHE``, default ``~/.cache/prm_jax``) and loaded with ``ctypes``.
 
 Availability is checked, never assumed: with no compiler, a failed build, another backend than CPU, or
-``PRM_JAX_NATIVE=0``, ``available()`` is False and ``auto`` falls back to ``scan``. The kernel has no
-derivative (advantages are targets, not differentiated) and takes float32 only.
+``PRM_JAX_NATIVE=0``, ``available()`` is False and callers fall back (GAE's ``auto`` to ``scan``, GiGPO to
+its sort). The GAE kernel takes float32 only; ``prm_jax.kernels.gae`` gives it a derivative.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import jax.numpy as jnp
 
 logger = logging.getLogger(__name__)
 TARGET = "prm_jax_gae_f32"
-SOURCE = Path(__file__).with_name("native") / "gae_cpu.cc"
+STEP_GROUPS_TARGET = "prm_jax_step_groups"
+SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("gae_cpu.cc", "step_groups_cpu.cc"))
+LIBRARY_PREFIX = "prm_jax_cpu_"
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -60,11 +64,12 @@ def _build(compiler: str) -> Path:
     if cache is None:
         raise OSError("no cache directory for the native kernel: set PRM_JAX_CACHE")
     command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", f"-I{jax.ffi.include_dir()}",
-               str(SOURCE)]
-    # The build is reused only for the same source, compile command, compiler, machine and JAX.
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *command, _compiler_version(compiler), platform.machine(),
-                                     sys.platform, jax.__version__]).encode()).hexdigest()[:16]
-    library = cache / f"gae_cpu_{key}.so"
+               *map(str, SOURCES)]
+    # The build is reused only for the same sources, compile command, compiler, machine and JAX.
+    sources = [source.read_text() for source in SOURCES]
+    key = hashlib.sha256("\0".join([*sources, *command, _compiler_version(compiler), platform.machine(), sys.platform,
+                                     jax.__version__]).encode()).hexdigest()[:16]
+    library = cache / f"{LIBRARY_PREFIX}{key}.so"
     if library.exists():
         return library
     cache.mkdir(parents=True, exist_ok=True)
@@ -73,7 +78,7 @@ def _build(compiler: str) -> Path:
         _lock_file(lock)
         if library.exists():
             return library
-        fd, tmp = tempfile.mkstemp(prefix=".gae_cpu_", suffix=".so", dir=cache)
+        fd, tmp = tempfile.mkstemp(prefix=f".{LIBRARY_PREFIX}", suffix=".so", dir=cache)
         os.close(fd)
         try:
             subprocess.run([*command, "-o", tmp], check=True, capture_output=True, text=True, timeout=300)
@@ -86,7 +91,7 @@ def _build(compiler: str) -> Path:
 
 def _remove_stale(cache: Path, keep: Path) -> None:
     """Builds of other keys (older sources, compilers or JAX versions) are not used again."""
-    for old in cache.glob("gae_cpu_*"):
+    for old in [*cache.glob(f"{LIBRARY_PREFIX}*"), *cache.glob("gae_cpu_*")]:  # gae_cpu_: the GAE-only library
         if old.stem != keep.stem:
             old.unlink(missing_ok=True)
 
@@ -118,14 +123,15 @@ def _load() -> bool:
         return False
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not compiler:
-        logger.info("no C++ compiler found: the native CPU GAE kernel is off, 'auto' uses 'scan'")
+        logger.info("no C++ compiler found: the native CPU kernels are off: GAE's 'auto' uses 'scan', GiGPO sorts")
         return False
     try:
         library = ctypes.cdll.LoadLibrary(str(_build(compiler)))
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32), platform="cpu")
+        jax.ffi.register_ffi_target(STEP_GROUPS_TARGET, jax.ffi.pycapsule(library.PrmJaxStepGroups), platform="cpu")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
         detail = getattr(err, "stderr", "") or err
-        logger.warning("building the native CPU GAE kernel failed, 'auto' uses 'scan': %s", detail)
+        logger.warning("building the native CPU kernels failed: GAE's 'auto' uses 'scan', GiGPO sorts: %s", detail)
         return False
     return True
 
@@ -145,3 +151,13 @@ def gae_native(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: 
     advantages, returns = call(rewards.astype(f32), values.astype(f32), active,
                                jnp.broadcast_to(gamma, rows).astype(f32), gamma_lam.astype(f32), bootstrap.astype(f32))
     return advantages, returns
+
+
+def step_groups(group: jax.Array, anchor: jax.Array) -> jax.Array:
+    """Step-group ids ``[..., N]`` int32: the index of the first entry with the same ``(group, anchor)``; an
+    entry with ``anchor < 0`` is its own group. int32 ``[..., N]`` inputs."""
+    if not available():
+        raise RuntimeError("the native CPU kernels are not available (see prm_jax.kernels.native)")
+    call = jax.ffi.ffi_call(STEP_GROUPS_TARGET, jax.ShapeDtypeStruct(group.shape, jnp.int32),
+                            vmap_method="broadcast_all")
+    return call(group.astype(jnp.int32), anchor.astype(jnp.int32))

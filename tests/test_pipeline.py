@@ -185,18 +185,30 @@ def test_process_weighted_range_is_checked():
 
 
 def count_host_callbacks(config, batch):
-    """Value checks under an outer jit become host callbacks: count them in the traced program."""
+    """Value checks under an outer jit with check_values='callback' become host callbacks: count them."""
     jaxpr = jax.make_jaxpr(lambda b: compute_advantages(b, config))(batch)
     return sum(eqn.primitive.name == "debug_callback" for eqn in jaxpr.jaxpr.eqns)
 
 
-def test_disabled_value_checks_are_compiled_out():
+def test_value_checks_under_jit_cost_no_host_callback_unless_asked():
+    # Issue 14.7: under an outer jit the default checks are data, not host callbacks; the raising
+    # callback is opt-in, and check_values=False compiles the checks out.
     batch = {k: jnp.asarray(v) for k, v in spec_example(group_sizes=np.array([1], np.int32)).items()}
     for cfg in (AdvantageConfig(advantage_shaping=ShapingConfig("process_weighted")),
                 AdvantageConfig(token_rewards_as_adv=False)):
+        assert count_host_callbacks(cfg, batch) == 0
         # the two integer masks' 0/1 rule, finite rewards, group sizes, and the mode's own check
-        assert count_host_callbacks(cfg, batch) == 5
+        assert count_host_callbacks(dataclasses.replace(cfg, check_values="callback"), batch) == 5
         assert count_host_callbacks(dataclasses.replace(cfg, check_values=False), batch) == 0
+        out = jax.jit(lambda b, cfg=cfg: compute_advantages(b, cfg))(batch)
+        # spec_example's process rewards are -0.2 on the three timesteps of turn 1: outside [0, 1].
+        mode_check = ({"checks/process_reward_out_of_range": 3} if cfg.advantage_shaping.mode == "process_weighted"
+                      else {"checks/turn_rewards_not_uniform": 0})
+        assert {k: int(v) for k, v in out.diagnostics.items() if k.startswith("checks/")} == {
+            "checks/attention_mask_not_binary": 0, "checks/loss_mask_not_binary": 0, "checks/rewards_not_finite": 0,
+            "checks/group_sizes_invalid": 0, **mode_check}
+        off = jax.jit(lambda b, cfg=cfg: compute_advantages(b, dataclasses.replace(cfg, check_values=False)))(batch)
+        assert not any(k.startswith("checks/") for k in off.diagnostics)
 
 
 def test_fold_uniformity_is_checked():
@@ -205,10 +217,18 @@ def test_fold_uniformity_is_checked():
         compute_advantages(batch, AdvantageConfig(token_rewards_as_adv=False))
 
 
-def test_value_check_raises_under_outer_jit():
+def test_value_check_violations_are_counted_under_jit_and_raise_with_the_callback():
     batch = spec_example(token_rewards=np.array([[0, 0, 0, 0, 0, 2.0, 2.0, 2.0]], np.float32))
     cfg = AdvantageConfig(advantage_shaping=ShapingConfig("process_weighted"))
-    step = jax.jit(lambda b: compute_advantages(b, cfg).advantages)
+    out = jax.jit(lambda b: compute_advantages(b, cfg))(batch)
+    # Every active timestep whose (shifted) process reward is outside [0, 1] counts.
+    shifted = np.concatenate([batch["token_rewards"][:, 1:], np.zeros((1, 1), np.float32)], axis=1)
+    expected = int(np.sum((np.asarray(out.loss_mask) > 0) & ((shifted < 0) | (shifted > 1))))
+    assert expected > 0
+    assert int(out.diagnostics["checks/process_reward_out_of_range"]) == expected
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):  # eager calls still raise
+        compute_advantages(batch, cfg)
+    step = jax.jit(lambda b: compute_advantages(b, dataclasses.replace(cfg, check_values="callback")).advantages)
     with pytest.raises(Exception, match=r"\[0, 1\]"):
         jax.block_until_ready(step(batch))
 

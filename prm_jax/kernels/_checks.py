@@ -1,13 +1,17 @@
 """Trace-time argument checks and the value checks that cannot raise inside ``jit``.
 
 Shape, rank and dtype problems are caught while tracing, with messages that name the argument.
-Value problems (ranges, uniformity, group sizes) are computed on device as small flags; the public entry
-points turn them into a ``ValueError`` on the host, or, when called under an outer ``jit``/``vmap``, into a
-host callback that raises when the compiled computation runs.
+Value problems (ranges, uniformity, group sizes) are computed on device as violation counts; the public
+entry points turn them into a ``ValueError`` on the host when called eagerly. Under an outer
+``jit``/``vmap``, ``compute_advantages`` (the trainer's call) pays no host round trip: it returns the counts
+as data (``output.diagnostics["checks/<name>"]``), and a raising host callback is opt-in
+(``AdvantageConfig(check_values="callback")``). The single kernels (``gae``, ``normalize``, ...) have no
+output to carry counts in, so under a trace they raise from a host callback when the computation runs.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -93,24 +97,36 @@ def first_flagged(flags: jax.Array, *arrays: jax.Array) -> tuple[jax.Array, ...]
     return (row, select(step_in_row), *values)
 
 
+def check_key(name: str) -> str:
+    """A diagnostics key from an argument name: ``batch['loss_mask']`` -> ``loss_mask``."""
+    return re.sub(r"[^0-9A-Za-z_]+", "_", name.replace("batch['", "").replace("']", "")).strip("_")
+
+
 @jax.tree_util.register_pytree_node_class
 class ValueCheck:
-    """A device-computed violation flag plus the host-side message built from its details.
+    """A device-computed violation count plus the host-side message built from its details.
 
-    A pytree (the message is static), so jitted functions can return their checks to the caller.
+    A pytree (the name and the message are static), so jitted functions can return their checks to the
+    caller. ``count`` is the number of violating entries (for a check of a whole array, 0 or 1).
     """
 
-    def __init__(self, failed: jax.Array, message: Callable[..., str], *details: jax.Array):
-        self.failed = failed
+    def __init__(self, name: str, count: jax.Array, message: Callable[..., str], *details: jax.Array):
+        self.name = name
+        self.count = count
         self.message = message
         self.details = details
 
     def tree_flatten(self):
-        return (self.failed, *self.details), self.message
+        return (self.count, *self.details), (self.name, self.message)
 
     @classmethod
-    def tree_unflatten(cls, message, children):
-        return cls(children[0], message, *children[1:])
+    def tree_unflatten(cls, aux, children):
+        return cls(aux[0], children[0], aux[1], *children[1:])
+
+
+def violations(flags: jax.Array) -> jax.Array:
+    """The number of True entries, int32: a check's count."""
+    return jnp.sum(flags, dtype=jnp.int32)
 
 
 def mask_check(name: str, x: Any) -> list[ValueCheck]:
@@ -123,7 +139,8 @@ def mask_check(name: str, x: Any) -> list[ValueCheck]:
     row, step, value = first_flagged(flags, x.reshape(flags.shape).astype(jnp.float32))
     where = (lambda row, step: f"row {int(row)}, position {int(step)}") if x.ndim > 1 else (
         lambda row, step: f"entry {int(row)}")
-    return [ValueCheck(jnp.any(bad), lambda row, step, value: f"{name} must be bool or hold only 0 and 1; "
+    return [ValueCheck(f"{check_key(name)}_not_binary", violations(bad),
+                       lambda row, step, value: f"{name} must be bool or hold only 0 and 1; "
                        f"{where(row, step)} holds {float(value)!r}", row, step, value)]
 
 
@@ -131,17 +148,33 @@ def finite_check(name: str, x: jax.Array) -> ValueCheck:
     bad = ~jnp.isfinite(x)
     flags = bad.reshape(bad.shape[0], -1) if bad.ndim else bad.reshape(1, 1)
     row, _, value = first_flagged(flags, x.reshape(flags.shape))
-    return ValueCheck(jnp.any(bad), lambda row, value: f"{name} must be finite; entry {int(row)} is "
+    return ValueCheck(f"{check_key(name)}_not_finite", violations(bad),
+                      lambda row, value: f"{name} must be finite; entry {int(row)} is "
                       f"{float(value)!r}", row, value)
 
 
-def raise_value_checks(checks: list[ValueCheck]) -> None:
-    """Raise ValueError for the first failed check; under a trace, raise when the computation runs."""
+def raise_value_checks(checks: list[ValueCheck], *, callback: bool = False) -> None:
+    """Raise ValueError for the first failed check of an eager call.
+
+    Under a trace nothing is raised and no host round trip is paid, unless ``callback``: then a host
+    callback raises when the computation runs (it costs a device-to-host sync per call and keeps the
+    program out of JAX's persistent compilation cache).
+    """
     for check in checks:
-        if is_traced(check.failed, *check.details):
-            jax.debug.callback(_raise_on_host, check.message, check.failed, *check.details)
-        elif bool(check.failed):
+        if is_traced(check.count, *check.details):
+            if callback:
+                jax.debug.callback(_raise_on_host, check.message, check.count, *check.details)
+        elif bool(check.count):
             raise ValueError(check.message(*(np.asarray(d) for d in check.details)))
+
+
+def check_counts(checks: list[ValueCheck]) -> dict[str, jax.Array]:
+    """``{"checks/<name>": violation count}``; checks of the same name add up."""
+    counts: dict[str, jax.Array] = {}
+    for check in checks:
+        key = f"checks/{check.name}"
+        counts[key] = counts[key] + check.count if key in counts else check.count
+    return counts
 
 
 def _raise_on_host(message: Callable[..., str], failed: Any, *details: Any) -> None:

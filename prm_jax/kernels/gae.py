@@ -336,7 +336,7 @@ def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     method = resolve_method(method, unit_discount=_is_unit_discount(gamma, lam))
     output, checks = _gae_jit(rewards, values, mask, gamma, lam, bootstrap, method=method, block_size=block_size)
-    _checks.raise_value_checks(checks)
+    _checks.raise_value_checks(checks, callback=True)
     return output
 
 
@@ -358,7 +358,7 @@ def turn_ids_check(turn_ids: jax.Array, active: jax.Array, num_turns: int) -> _c
                 "(turn_ids on timesteps, i.e. shifted)")
 
     row, step, kind, value = _checks.first_flagged(problem > 0, problem, turn_ids)
-    return _checks.ValueCheck(jnp.any(problem > 0), message, kind, row, step, value)
+    return _checks.ValueCheck("turn_ids_invalid", _checks.violations(problem > 0), message, kind, row, step, value)
 
 
 def turn_segments(active: jax.Array, turn_ids: jax.Array, num_turns: int) -> tuple[jax.Array, jax.Array]:
@@ -444,5 +444,5 @@ def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn
     method = resolve_method(method, unit_discount=_is_unit_discount(gamma, lam))
     output, checks = _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, num_turns=num_turns,
                                    method=method)
-    _checks.raise_value_checks(checks)
+    _checks.raise_value_checks(checks, callback=True)
     return output

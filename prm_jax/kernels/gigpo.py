@@ -176,16 +176,19 @@ def _step_stats(values: jax.Array, free: jax.Array, segment: jax.Array, config: 
 
 
 def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.Array | None,
-               outcome: jax.Array, row_group: jax.Array, num_groups: int, config: GiGPOConfig) -> GiGPOOutput:
-    """GiGPO on validated arrays (module docstring has the rules)."""
+               outcome: jax.Array, row_group: jax.Array, num_groups: int, config: GiGPOConfig,
+               real_rows: jax.Array | None = None) -> GiGPOOutput:
+    """GiGPO on validated arrays (module docstring has the rules); ``real_rows [B]`` bool leaves padding
+    rows out of the episode statistics (default: every row is real)."""
     dtype = turn_rewards.dtype
     rows, turns = turn_rewards.shape
     active_f = turn_active.astype(dtype)
+    real = jnp.ones((rows,), dtype) if real_rows is None else real_rows.astype(dtype)
     # Episode statistics: per trajectory, or per step (each trajectory weighted by its turns).
-    weights = jnp.sum(active_f, axis=1) if config.episode_stats == "step" else jnp.ones((rows,), dtype)
+    weights = jnp.sum(active_f, axis=1) if config.episode_stats == "step" else real
     count, mean, std = _group_stats(outcome, weights, row_group, num_groups)
     single = count <= 1 if config.episode_stats == "trajectory" else (
-        jax.ops.segment_sum(jnp.ones((rows,), dtype), row_group, num_segments=num_groups)[row_group] <= 1)
+        jax.ops.segment_sum(real, row_group, num_segments=num_groups)[row_group] <= 1)
     mean, std = jnp.where(single, 0.0, mean), jnp.where(single, 1.0, std)
     episode = outcome - mean
     if config.norm == "mean_std_norm":
@@ -227,7 +230,7 @@ def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayL
         group_sizes = jnp.asarray(group_sizes)
         _checks.check_rank("group_sizes", group_sizes, 1)
     output, checks = _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes, config=config)
-    _checks.raise_value_checks(checks)
+    _checks.raise_value_checks(checks, callback=True)
     return output
 
 

@@ -60,7 +60,7 @@ def kl_rewards(logprobs: ArrayLike, ref_logprobs: ArrayLike, mask: ArrayLike, *,
       estimator: ``"k1" | "k2" | "k3"``.
     """
     _checks.check_shape("mask", mask, jnp.shape(logprobs), "logprobs")
-    _checks.raise_value_checks(_checks.mask_check("mask", mask))
+    _checks.raise_value_checks(_checks.mask_check("mask", mask), callback=True)
     active = _checks.as_mask("mask", mask)
     dtype = _checks.accumulation_dtype(logprobs, ref_logprobs)
     zero = jnp.zeros((), dtype)

@@ -81,8 +81,20 @@ class GroupLayout(NamedTuple):
 
 
 def group_layout(batch: int, norm: NormConfig, group_sizes: jax.Array | None,
-                 member_counts: jax.Array | None = None) -> GroupLayout:
-    """Rows -> groups from ``group_sizes [G]`` (consecutive groups) or ``norm.group_size``."""
+                 member_counts: jax.Array | None = None, group_ids: jax.Array | None = None) -> GroupLayout:
+    """Rows -> groups from ``group_sizes [G]`` (consecutive groups), else ``group_ids [B]`` (a group id per
+    row in ``[0, B)``, -1 for a padding row: one shape for any number of groups), else ``norm.group_size``.
+
+    With ``group_ids`` there are ``B + 1`` group slots; padding rows share the last one, which holds no
+    real row.
+    """
+    if group_sizes is None and group_ids is not None:
+        if member_counts is not None:
+            raise ValueError("group_member_counts goes with group_sizes [G], not with group_ids [B]")
+        ids = _checks.as_int("group_ids", group_ids)
+        index = jnp.where(ids >= 0, ids, batch)
+        members = jax.ops.segment_sum(jnp.ones((batch,), jnp.int32), index, num_segments=batch + 1)
+        return GroupLayout(index, batch + 1, members)
     if group_sizes is not None:
         sizes = _checks.as_int("group_sizes", group_sizes)
         _checks.check_rank("group_sizes", sizes, 1)
@@ -106,15 +118,26 @@ def group_layout(batch: int, norm: NormConfig, group_sizes: jax.Array | None,
 def group_sizes_check(group_sizes: jax.Array, batch: int) -> _checks.ValueCheck:
     """The one check of ``group_sizes``: positive and summing to the batch (eagerly, or under ``jit``)."""
     sizes = _checks.as_int("group_sizes", group_sizes)
-    failed = jnp.any(sizes <= 0) | (jnp.sum(sizes) != batch)
+    failed = (jnp.any(sizes <= 0) | (jnp.sum(sizes) != batch)).astype(jnp.int32)
     return _checks.ValueCheck(
-        failed, lambda sizes: f"group_sizes must be positive and sum to the batch size {batch}, got "
+        "group_sizes_invalid", failed, lambda sizes: f"group_sizes must be positive and sum to the batch size {batch}, got "
                               f"{sizes.tolist()}", sizes)
+
+
+def group_ids_check(group_ids: jax.Array, batch: int) -> _checks.ValueCheck:
+    """Group ids are -1 (padding) or in ``[0, B)``."""
+    ids = _checks.as_int("group_ids", group_ids)
+    bad = (ids < -1) | (ids >= batch)
+    _, entry, value = _checks.first_flagged(bad[None], ids[None])
+    return _checks.ValueCheck("group_ids_invalid", _checks.violations(bad), lambda entry, value:
+                              f"group_ids must be -1 (padding) or in [0, {batch}); entry {int(entry)} is {int(value)}",
+                              entry, value)
 
 
 def member_counts_check(member_counts: jax.Array) -> _checks.ValueCheck:
     counts = _checks.as_int("group_member_counts", member_counts)
-    return _checks.ValueCheck(jnp.any(counts < 1), lambda counts: "group_member_counts must be >= 1 for "
+    return _checks.ValueCheck("group_member_counts_invalid", _checks.violations(counts < 1),
+                              lambda counts: "group_member_counts must be >= 1 for "
                               f"every group, got {counts.tolist()}", counts)
 
 
@@ -203,7 +226,7 @@ def normalize(x: ArrayLike, mask: ArrayLike | None = None, norm: NormConfig = No
     if group_member_counts is not None:
         group_member_counts = jnp.asarray(group_member_counts)
     out, checks = _normalize_jit(x, mask, group_sizes, group_member_counts, norm=norm)
-    _checks.raise_value_checks(checks)
+    _checks.raise_value_checks(checks, callback=True)
     return out
 
 

@@ -59,6 +59,7 @@ from prm_jax.kernels.lambda_fn import GAELambdaContext
 from prm_jax.kernels.normalization import (
     GroupLayout,
     NormConfig,
+    group_ids_check,
     group_layout,
     group_sizes_check,
     member_counts_check,
@@ -69,7 +70,7 @@ from prm_jax.validation import ConfigError, finite_number, from_mapping, short_r
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
 OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids", "is_truncated",
-                 "gae_lambda", "group_sizes", "group_member_counts", "turn_rewards", "anchor_ids")
+                 "gae_lambda", "group_sizes", "group_member_counts", "group_ids", "turn_rewards", "anchor_ids")
 TimestepUnit = Literal["token", "turn"]
 TIMESTEP_UNITS: tuple[TimestepUnit, ...] = ("token", "turn")
 
@@ -83,6 +84,9 @@ class AdvantageOutput(NamedTuple):
     tot_rewards: jax.Array
     loss_mask: jax.Array  # shifted, 0/1
     logprobs: jax.Array   # shifted, 0 where the shifted loss mask is 0
+    # Scalars as arrays: "checks/<name>" violation counts (with check_values), and with
+    # ``AdvantageConfig(diagnostics=True)`` the statistics that explain a mode that does not learn.
+    diagnostics: dict[str, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +122,9 @@ class AdvantageConfig:
     gae_method: GAEMethod = "auto"
     gae_block_size: int = DEFAULT_BLOCK_SIZE
     max_turns: int | None = None
-    check_values: bool = True
+    check_values: bool | Literal["callback"] = True
     credit_assignment: GiGPOConfig | None = None
+    diagnostics: bool = False
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
@@ -139,7 +144,9 @@ class AdvantageConfig:
         set_("reward_clip", finite_number("reward_clip", self.reward_clip, minimum=0.0))
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ConfigError("kl_estimator", f"must be one of {KL_ESTIMATORS}, got {short_repr(self.kl_estimator)}")
-        for key in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty", "check_values"):
+        if not (self.check_values is True or self.check_values is False or self.check_values == "callback"):
+            raise ConfigError("check_values", f"must be true, false or 'callback', got {short_repr(self.check_values)}")
+        for key in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty", "diagnostics"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(key, f"must be a bool, got {short_repr(getattr(self, key))}")
         if self.gae_timestep_unit not in TIMESTEP_UNITS:
@@ -201,7 +208,7 @@ def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:
     return pairs
 
 
-def _outcome_rewards(rewards, raw_active, config: AdvantageConfig, groups_of):
+def _outcome_rewards(rewards, raw_active, real_rows, config: AdvantageConfig, groups_of):
     dtype = rewards.dtype
     if config.overlong_reward_penalty:
         # Validated by AdvantageConfig: all three are set with the penalty on.
@@ -213,8 +220,10 @@ def _outcome_rewards(rewards, raw_active, config: AdvantageConfig, groups_of):
     rewards = jnp.clip((rewards + config.reward_bias) * config.reward_scaling, -config.reward_clip,
                        config.reward_clip)
     if config.reward_norm is not None:
-        ones = jnp.ones(rewards.shape + (1,), jnp.bool_)
-        rewards = normalize_core(rewards[:, None], ones, config.reward_norm, groups_of(config.reward_norm))[:, 0]
+        # Every real row counts (one without generated tokens too, as in AReaL); padding rows (no
+        # attention at all) do not, and come out as 0.
+        rewards = normalize_core(rewards[:, None], real_rows[:, None], config.reward_norm,
+                                 groups_of(config.reward_norm))[:, 0]
     return rewards
 
 
@@ -228,13 +237,13 @@ def _fold_turn_rewards(process, active, turn_ids):
     if turn_ids is not None:
         same_turn_next = same_turn_next & (turn_ids == shift_to_next_token(turn_ids, fill=-1))
     uneven = same_turn_next & (process != shift_to_next_token(process, fill=0))
-    failed = jnp.any(uneven)
     flat = jnp.argmax(uneven.ravel())
     row, step = flat // process.shape[1], flat % process.shape[1]
     check = _checks.ValueCheck(
-        failed, lambda row, step: "token_rewards_as_adv=False folds one reward per turn into GAE, so "
-                                  "token_rewards must be uniform over each turn's generated tokens; row "
-                                  f"{int(row)} changes value at timestep {int(step)}", row, step)
+        "turn_rewards_not_uniform", _checks.violations(uneven),
+        lambda row, step: "token_rewards_as_adv=False folds one reward per turn into GAE, so token_rewards must "
+                          f"be uniform over each turn's generated tokens; row {int(row)} changes value at timestep "
+                          f"{int(step)}", row, step)
     is_last = active & ~same_turn_next
     return jnp.where(is_last, process, zero), check
 
@@ -316,7 +325,8 @@ def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, config: Advant
     outside = ~((lam >= 0) & (lam <= 1))  # NaN is outside too
     row, _, value = _checks.first_flagged(outside[:, None], lam[:, None])
     checks.append(_checks.ValueCheck(
-        jnp.any(outside), lambda row, value: f"per-row gae_lambda must be finite and in [0, 1]; row {int(row)} has "
+        "gae_lambda_out_of_range", _checks.violations(outside),
+        lambda row, value: f"per-row gae_lambda must be finite and in [0, 1]; row {int(row)} has "
                                              f"{float(value)!r}", row, value))
     return lam
 
@@ -328,7 +338,7 @@ def _check_batch_shapes(batch: Mapping[str, jax.Array], config: AdvantageConfig)
     for key in ("loss_mask", "logprobs", "values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids"):
         if key in batch:
             _checks.check_shape(f"batch[{key!r}]", batch[key], shape, "attention_mask")
-    for key in ("rewards", "is_truncated", "gae_lambda"):
+    for key in ("rewards", "is_truncated", "gae_lambda", "group_ids"):
         if key in batch:
             _checks.check_shape(f"batch[{key!r}]", batch[key], shape[:1], "the batch axis")
     for key in ("group_sizes", "group_member_counts"):
@@ -352,6 +362,8 @@ def _batch_checks(batch: Mapping[str, jax.Array], num_rows: int) -> list[_checks
         checks += _checks.mask_check("batch['is_truncated']", batch["is_truncated"])
     if "group_sizes" in batch:
         checks.append(group_sizes_check(batch["group_sizes"], num_rows))
+    elif "group_ids" in batch:
+        checks.append(group_ids_check(batch["group_ids"], num_rows))
     if "group_member_counts" in batch:
         checks.append(member_counts_check(batch["group_member_counts"]))
     return checks
@@ -385,7 +397,8 @@ def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timestep
 
 
 def _gigpo_advantages(batch: Mapping[str, jax.Array], outcome: jax.Array, process: jax.Array | None,
-                      steps: Timesteps, config: AdvantageConfig, groups: GroupLayout | None) -> jax.Array:
+                      steps: Timesteps, real_rows: jax.Array, config: AdvantageConfig,
+                      groups: GroupLayout | None) -> jax.Array:
     """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps.
 
     Step rewards are ``batch['turn_rewards'] [B, K]`` when given, else the sum of each turn's process
@@ -406,7 +419,7 @@ def _gigpo_advantages(batch: Mapping[str, jax.Array], outcome: jax.Array, proces
     row_group, num_groups = ((groups.row_group, groups.num_groups) if groups is not None
                              else (jnp.zeros(outcome.shape, jnp.int32), 1))
     per_turn = gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups,
-                          config.credit_assignment).advantages
+                          config.credit_assignment, real_rows).advantages
     safe = jnp.clip(steps.turn_ids, 0, num_turns - 1)
     return jnp.where(in_turn, jnp.take_along_axis(per_turn, safe, axis=1), jnp.zeros((), outcome.dtype))
 
@@ -425,6 +438,16 @@ def _advantages_and_returns(task: jax.Array, kl: jax.Array, steps: Timesteps, bo
     return advantages + kl, returns
 
 
+GRPO_GROUPS = NormConfig("group", "group")
+
+
+def _groups_of(batch: Mapping[str, jax.Array], num_rows: int, norm: NormConfig) -> GroupLayout | None:
+    if not norm.uses_groups:
+        return None
+    return group_layout(num_rows, norm, batch.get("group_sizes"), batch.get("group_member_counts"),
+                        batch.get("group_ids"))
+
+
 def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: GAEMethod,
               variants: tuple[ShapingConfig, ...] = ()):
     num_rows, width = _check_batch_shapes(batch, config)
@@ -433,15 +456,11 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: G
     checks = _batch_checks(batch, num_rows)
     seqlen = _sequence_lengths(batch["attention_mask"])
     raw_active = _checks.as_mask("batch['loss_mask']", batch["loss_mask"])
-
-    def groups_of(norm: NormConfig) -> GroupLayout | None:
-        if not norm.uses_groups:
-            return None
-        return group_layout(num_rows, norm, batch.get("group_sizes"), batch.get("group_member_counts"))
-
+    groups_of = functools.partial(_groups_of, batch, num_rows)
+    grpo_groups = groups_of(GRPO_GROUPS) if "group_sizes" in batch or "group_ids" in batch else None
     rewards = _checks.as_float("batch['rewards']", batch["rewards"], dtype)
     checks.append(_checks.finite_check("batch['rewards']", rewards))
-    outcome = _outcome_rewards(rewards, raw_active, config, groups_of)                      # 1
+    outcome = _outcome_rewards(rewards, raw_active, seqlen > 0, config, groups_of)          # 1
     steps = _to_timesteps(batch, raw_active, dtype)                                          # 2
     if steps.turn_ids is not None and (config.gae_timestep_unit == "turn" or isinstance(config.gae_lambda, str)):
         checks.append(turn_ids_check(steps.turn_ids, steps.active, config.max_turns or width))
@@ -452,9 +471,7 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: G
     bootstrap = jnp.where(truncated, last_value, jnp.zeros((), dtype))
     lam = _gae_lambda(batch, steps, config, dtype, checks)
     if config.credit_assignment is not None:                                                 # 6-7 GiGPO
-        grpo_groups = group_layout(num_rows, NormConfig("group", "group"), batch.get("group_sizes")) \
-            if "group_sizes" in batch else None
-        advantages = _gigpo_advantages(batch, outcome, process, steps, config, grpo_groups) + kl
+        advantages = _gigpo_advantages(batch, outcome, process, steps, seqlen > 0, config, grpo_groups) + kl
         returns = advantages + steps.values
     else:
         advantages, returns = _advantages_and_returns(task, kl, steps, bootstrap, lam, config, method)  # 6-7
@@ -466,14 +483,52 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: G
             checks.append(process_range_check(process, steps.active))
         advantages = shape_core(advantages, process, steps.active, config.advantage_shaping)
     output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=task + kl,
-                             loss_mask=steps.active.astype(dtype), logprobs=steps.logprobs)
+                             loss_mask=steps.active.astype(dtype), logprobs=steps.logprobs,
+                             diagnostics=_diagnostics(advantages, unshaped, process, steps.active, grpo_groups, config))
     # The same normalized advantages under other shapings (one GAE for all), each with its range check.
     extras = tuple((shape_core(unshaped, process, steps.active, shaping),
-                    process_range_check(process, steps.active).failed if shaping.mode == "process_weighted"
+                    process_range_check(process, steps.active).count > 0 if shaping.mode == "process_weighted"
                     else jnp.zeros((), jnp.bool_))
                    for shaping in variants if process is not None)
     # Checks that are not returned are compiled out with their reductions.
     return output, (checks if config.check_values else []), unshaped, extras
+
+
+def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array | None, active: jax.Array,
+                 groups: GroupLayout | None, config: AdvantageConfig) -> dict[str, jax.Array]:
+    """Scalars that explain a mode that does not learn (``config.diagnostics``); under ``gvpo`` the share of
+    negative process rewards always (the host warns when it is 0: gvpo reads only the sign)."""
+    count = jnp.sum(active, dtype=jnp.int32)
+    n = jnp.maximum(count, 1).astype(advantages.dtype)
+
+    def share(flags: jax.Array) -> jax.Array:
+        return jnp.sum(active & flags, dtype=jnp.int32).astype(advantages.dtype) / n
+
+    gvpo = process is not None and config.token_rewards_as_adv and config.advantage_shaping.mode == "gvpo"
+    out = {"process/negative_share": share(process < 0)} if gvpo and process is not None else {}
+    if not config.diagnostics:
+        return out
+    nonzero = active & (advantages != 0)
+    out.update({"active_timesteps": count, "nonzero_advantage_share": share(advantages != 0),
+                "shaping_changed_share": share(advantages != unshaped)})
+    row_group, num_groups = (groups.row_group, groups.num_groups) if groups is not None else (
+        jnp.zeros(active.shape[:1], jnp.int32), 1)
+    group_active = jax.ops.segment_sum(jnp.sum(active, axis=1, dtype=jnp.int32), row_group, num_segments=num_groups)
+    group_nonzero = jax.ops.segment_sum(jnp.sum(nonzero, axis=1, dtype=jnp.int32), row_group, num_segments=num_groups)
+    out["groups"] = jnp.sum(group_active > 0, dtype=jnp.int32)
+    out["zero_advantage_groups"] = jnp.sum((group_active > 0) & (group_nonzero == 0), dtype=jnp.int32)
+    if process is not None:
+        safe = jnp.where(active, process, 0.0)
+        mean = jnp.sum(safe) / n
+        anywhere = count > 0
+        out.update({"process/mean": mean,
+                    "process/std": jnp.sqrt(jnp.sum(jnp.where(active, (process - mean) ** 2, 0.0)) / n),
+                    "process/min": jnp.where(anywhere, jnp.min(jnp.where(active, process, jnp.inf)), 0.0),
+                    "process/max": jnp.where(anywhere, jnp.max(jnp.where(active, process, -jnp.inf)), 0.0),
+                    "process/negative_share": share(process < 0), "process/zero_share": share(process == 0),
+                    "process/positive_share": share(process > 0),
+                    "process/outside_unit_share": share(~((process >= 0) & (process <= 1)))})
+    return out
 
 
 _pipeline_jit = jax.jit(_pipeline, static_argnames=("config", "method", "variants"))
@@ -505,19 +560,26 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
         ``ref_logprobs [B, T]`` and ``prox_logprobs [B, T]`` (timesteps: model outputs);
         ``is_truncated [B]`` bool, ``gae_lambda [B]`` (per-row lambda, overrides the config),
         ``group_sizes [G]`` int (consecutive groups of varying size for group-level normalization) and
-        ``group_member_counts [G]`` int (logical rollouts per group when one spans several rows). Other
-        keys (``input_ids``, ...) are ignored.
+        ``group_member_counts [G]`` int (logical rollouts per group when one spans several rows), or
+        instead of ``group_sizes`` ``group_ids [B]`` int (a group id per row in ``[0, B)``, -1 for a
+        padding row: one shape for any number of groups; ``pack_branches`` emits it). Rows without any
+        attention (padding rows) never count in reward normalization. Other keys (``input_ids``, ...)
+        are ignored.
       config: ``AdvantageConfig``, a static argument.
 
     Returns:
-      ``AdvantageOutput``; see the module docstring for each step.
+      ``AdvantageOutput``; see the module docstring for each step. ``output.diagnostics`` holds the
+      value checks' violation counts (``"checks/<name>"``, unless ``check_values`` is False) and, with
+      ``config.diagnostics``, the statistics listed in the README.
 
     Raises:
-      ValueError: on bad shapes (at trace time), and, unless ``config.check_values`` is False, on
+      ValueError: on bad shapes (at trace time), and, when called eagerly with ``check_values`` on, on
         process rewards outside [0, 1] under ``process_weighted``, non-uniform turn rewards when folding,
-        ``group_sizes`` that are not positive or do not sum to ``B``, ``group_member_counts`` below 1,
-        a per-row λ outside [0, 1], or turn ids that break AReaL's rules (turn-level GAE or a λ function).
-        Under an outer ``jit`` these value checks raise when the computation runs.
+        ``group_sizes`` that are not positive or do not sum to ``B``, bad ``group_ids``,
+        ``group_member_counts`` below 1, a per-row λ outside [0, 1], or turn ids that break AReaL's rules
+        (turn-level GAE or a λ function). Under an outer ``jit`` nothing is raised and no host round trip
+        is paid: the counts come back in ``output.diagnostics``; ``check_values="callback"`` raises there
+        too, from a host callback when the computation runs.
     """
     if not isinstance(config, AdvantageConfig):
         raise TypeError(f"config must be an AdvantageConfig, got {type(config).__name__}")
@@ -531,9 +593,26 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
     method = resolve_method(config.gae_method, unit_discount=_static_unit_discount(arrays, config),
                             sharded=jax.device_count() > 1)
     output, checks, _, _ = _pipeline_jit(arrays, config=config, method=method)
-    if config.check_values:
-        _checks.raise_value_checks(checks)
-    return output
+    return _settle_checks(output, checks, config)
+
+
+_warned: set[str] = set()
+
+
+def _settle_checks(output: AdvantageOutput, checks: list[_checks.ValueCheck],
+                   config: AdvantageConfig) -> AdvantageOutput:
+    """Eagerly: raise on a failed check, and warn once when gvpo sees no negative process reward. Under a
+    trace: the counts go into the diagnostics (a host callback raises only with ``check_values='callback'``)."""
+    if not config.check_values:
+        return output
+    _checks.raise_value_checks(checks, callback=config.check_values == "callback")
+    negative = output.diagnostics.get("process/negative_share")
+    if negative is not None and not _checks.is_traced(negative) and float(negative) == 0 and "gvpo" not in _warned:
+        _warned.add("gvpo")
+        warnings.warn("advantage_shaping.mode='gvpo' reads only the sign of the process reward, and no active "
+                      "process reward in this batch is negative: gvpo changes nothing here (a 1/0 judge is a "
+                      "no-op under gvpo; see the README's table of what each mode expects)", stacklevel=3)
+    return output._replace(diagnostics={**output.diagnostics, **_checks.check_counts(checks)})
 
 
 def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantageConfig,
@@ -562,8 +641,7 @@ def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantageConfig
     method = resolve_method(config.gae_method, unit_discount=_static_unit_discount(arrays, config),
                             sharded=jax.device_count() > 1)
     output, checks, unshaped, extras = _pipeline_jit(arrays, config=config, method=method, variants=tuple(variants))
-    if config.check_values:
-        _checks.raise_value_checks(checks)
+    output = _settle_checks(output, checks, config)
     shaped: dict[str, jax.Array | str] = {"none": unshaped}
     for shaping, (advantages, out_of_range) in zip(variants, extras):
         shaped[shaping.mode] = ("n/a: process_weighted needs process rewards in [0, 1]" if bool(out_of_range)

@@ -69,11 +69,11 @@ def shape_core(advantages: jax.Array, process_rewards: jax.Array, active: jax.Ar
 def process_range_check(process_rewards: jax.Array, active: jax.Array) -> _checks.ValueCheck:
     """process_weighted needs P in [0, 1] on active timesteps (NaN fails too)."""
     inside = (process_rewards >= 0) & (process_rewards <= 1)
-    failed = jnp.any(active & ~inside)
     lowest = jnp.min(jnp.where(active, process_rewards, jnp.inf))
     highest = jnp.max(jnp.where(active, process_rewards, -jnp.inf))
     return _checks.ValueCheck(
-        failed, lambda lo, hi: "process_weighted shaping needs process rewards in [0, 1] on active timesteps, "
+        "process_reward_out_of_range", _checks.violations(active & ~inside),
+        lambda lo, hi: "process_weighted shaping needs process rewards in [0, 1] on active timesteps, "
                                f"got values in [{float(lo):g}, {float(hi):g}] (NaN counts as outside)",
         lowest, highest)
 
@@ -98,7 +98,7 @@ def shape_advantages(advantages: ArrayLike, process_rewards: ArrayLike, mask: Ar
     _checks.check_shape("process_rewards", process_rewards, jnp.shape(advantages), "advantages")
     _checks.check_shape("mask", mask, jnp.shape(advantages), "advantages")
     shaped, checks = _shape_jit(advantages, process_rewards, mask, shaping=shaping)
-    _checks.raise_value_checks(checks)
+    _checks.raise_value_checks(checks, callback=True)
     return shaped
 
 

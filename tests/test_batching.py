@@ -1,3 +1,4 @@
+import chex
 import jax
 import numpy as np
 import pytest
@@ -46,3 +47,36 @@ def test_one_transfer_and_the_pipeline_accepts_it():
     assert out.advantages.shape == (2, 8)
     # Row 0: outcome 1 and process 0.5 on both generated tokens (timesteps 1, 2).
     np.testing.assert_allclose(np.asarray(out.advantages)[0, 1:3], [1.5, 1.5])
+
+
+def test_the_keys_do_not_depend_on_the_content():
+    # Issue 14.6: token_rewards was emitted only when some branch had them, so a batch without them
+    # retraced the caller's jitted step.
+    plain = InteractionCache([Interaction("a", [1, 2], [3, 4], reward=1.0)]).to_sequence("a")
+    with_rewards, without = pack_branches(sequences(), bucket=8), pack_branches([plain, plain], bucket=8)
+    assert sorted(with_rewards) == sorted(without)
+    np.testing.assert_array_equal(without["token_rewards"], 0.0)
+    step = jax.jit(chex.assert_max_traces(lambda b: compute_advantages(b, AdvantageConfig(kl_ctl=0.0)).advantages,
+                                          n=1))
+    step(with_rewards)
+    step(without)
+    assert "token_rewards" not in pack_branches([plain], token_rewards=False)
+
+
+def test_group_ids_mark_groups_and_padding_rows():
+    # Issue 14.4: a [rows] group description of fixed shape, -1 on the rows added for a fixed size.
+    seqs = sequences() * 2
+    np.testing.assert_array_equal(pack_branches(seqs, rows=6, group_sizes=[1, 3])["group_ids"], [0, 1, 1, 1, -1, -1])
+    np.testing.assert_array_equal(pack_branches(seqs, rows=5)["group_ids"], [0, 0, 0, 0, -1])
+    with pytest.raises(ValueError, match="group_sizes"):
+        pack_branches(seqs, group_sizes=[2, 1])
+
+
+def test_per_turn_inputs_have_a_fixed_width_and_derive_missing_step_rewards():
+    cache = InteractionCache([Interaction("p", [1], [2, 3], token_rewards=[0.25, 0.5], reward=0.0, anchor_id=7),
+                              Interaction("c", [1, 2, 3], [4], parent_id="p", reward=1.0, step_reward=2.0)])
+    batch = pack_branches([cache.to_sequence("c")], rows=2, per_turn=True, turns=4)
+    np.testing.assert_array_equal(batch["anchor_ids"], [[7, -1, -1, -1], [-1] * 4])
+    np.testing.assert_allclose(batch["turn_rewards"], [[0.75, 2.0, 0, 0], [0] * 4])
+    with pytest.raises(ValueError, match="turns"):
+        pack_branches([cache.to_sequence("c")], per_turn=True, turns=1)

@@ -5,7 +5,15 @@ import numpy as np
 import pytest
 import scorers_for_tests as st
 
-from prm_jax import BaseScorer, ExperimentConfig, Interaction, PRMConfig, PRMRunner, filter_mixed_or_penalized_all_wrong
+from prm_jax import (
+    BaseScorer,
+    ExperimentConfig,
+    Interaction,
+    PRMConfig,
+    PRMRunner,
+    filter_mixed_or_penalized_all_wrong,
+    pack_branches,
+)
 from prm_jax._compat import ExceptionGroup
 from prm_jax.runtime.export import HITL_SESSION, ExportService, TrajectoryStore, export_group, group_normalize
 
@@ -197,6 +205,17 @@ async def test_group_normalization_after_scoring_leaves_process_rewards_alone():
     np.testing.assert_allclose(rewards, group_normalize([1.0, 0.0, 0.0]))
     assert [t["original_reward"] for t in result["trajectories"]] == [1.0, 0.0, 0.0]
     assert [t["sequence"].token_rewards[2:].tolist() for t in result["trajectories"]] == [[1, 1], [-1, -1], [1, 1]]
+
+
+async def test_the_normalized_reward_is_where_the_batch_reads_it():
+    # Issue 14.5: t["reward"] was normalized but t["sequence"].reward, which pack_branches reads, stayed raw.
+    store = TrajectoryStore()
+    add_chain(store, "a", ("good",), reward=1.0)
+    add_chain(store, "b", ("bad",), reward=0.0)
+    result = await export_group(store, ["a", "b"], runner=runner_of(LeafAware()))
+    batch = pack_branches([t["sequence"] for t in result["trajectories"]])
+    np.testing.assert_allclose(batch["rewards"], [1.0, -1.0], rtol=1e-6)  # population z-score of [1, 0]
+    assert [t["sequence"].reward for t in result["trajectories"]] == [t["reward"] for t in result["trajectories"]]
 
 
 def test_group_normalize_population_z_score():

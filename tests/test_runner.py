@@ -67,6 +67,17 @@ async def test_accepted_result_types(raw):
     assert rewards(cache) == [[float(np.asarray(raw).ravel()[0])] * 2]
 
 
+@pytest.mark.parametrize("raw,want", [(True, [1.0, 1.0]), (np.bool_(False), [0.0, 0.0]), (np.True_, [1.0, 1.0]),
+                                      (np.array([True, False]), [1.0, 0.0])])
+async def test_bool_verdicts_are_numbers(raw, want):
+    # Issue 14.10: a scorer returning np.bool_ (or a Python bool) is accepted like a Python number.
+    async def evaluate(self, interaction, ctx):
+        return raw
+    cache = branch(1)
+    await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
+    assert rewards(cache) == [want]
+
+
 @pytest.mark.parametrize("raw,error,match", [
     ([1.0, 2.0, 3.0], ValueError, r"must return shape \(n,\)"),
     (np.ones((2, 1)), ValueError, r"must return shape \(n,\)"),
@@ -74,7 +85,6 @@ async def test_accepted_result_types(raw):
     ([1.0, float("inf")], ValueError, "non-finite"),
     (1e38, ValueError, "non-finite"),  # finite, but raw * weight overflows float32
     ("high", TypeError, "expected a float"),
-    (True, TypeError, "bool"),
 ])
 async def test_invalid_results_commit_nothing(raw, error, match):
     calls = []

@@ -14,7 +14,6 @@ temporary name and renamed, so a failed run leaves no partly written file.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import json
 import os
@@ -181,8 +180,13 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
         listed = "; ".join(f"{g}: {r['status']} {r['reason']}" for g, r in list(reasons.items())[:5])
         raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
                               + _shorten(listed, 1000))
-    sequences = [dataclasses.replace(t["sequence"], reward=t["reward"]) for t in trajectories]
-    batch = pack_branches(sequences, bucket=bucket)
+    sequences = [t["sequence"] for t in trajectories]
+    anchored = any(a is not None for seq in sequences for a in seq.anchor_ids)
+    batch = pack_branches(sequences, bucket=bucket, group_sizes=[len(group) for group in accepted],
+                          token_rewards=any(seq.token_rewards is not None for seq in sequences),
+                          per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards))
+    if not anchored:
+        batch.pop("anchor_ids", None)  # no anchors at all: one step group per group (not "every turn alone")
     batch["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories], np.float32)
     batch["group_sizes"] = np.array([len(group) for group in accepted], np.int32)
     lap("pack")

@@ -34,10 +34,17 @@ def bucket_width(length: int, bucket: int | str = 128, min_width: int = 1) -> in
 
 
 def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 128, width: int | None = None,
-                  rows: int | None = None, min_width: int = 1) -> dict[str, np.ndarray]:
-    """Right-pads branch sequences into ``[rows, width]`` numpy buffers (``rewards``/``is_truncated`` ``[rows]``).
+                  rows: int | None = None, min_width: int = 1, group_sizes: Sequence[int] | None = None,
+                  token_rewards: bool = True, per_turn: bool = False, turns: int | None = None) -> dict[str, np.ndarray]:
+    """Right-pads branch sequences into ``[rows, width]`` numpy buffers.
 
-    ``token_rewards`` is present when any branch has token rewards. Every branch needs an outcome reward.
+    The keys depend only on the arguments, never on the content (a jitted step sees one structure):
+    ``input_ids``, ``attention_mask``, ``loss_mask``, ``logprobs``, ``turn_ids``, ``rewards [rows]``,
+    ``is_truncated [rows]``, ``group_ids [rows]`` (consecutive groups of ``group_sizes``, else one group;
+    -1 on padding rows), and with ``token_rewards`` (default) ``token_rewards`` (0 where a branch has none).
+    ``per_turn`` adds GiGPO's ``anchor_ids [rows, K]`` int64 (-1: no anchor) and ``turn_rewards [rows, K]``
+    (the turn's step reward, else the sum of its token rewards), ``K = turns`` or the most turns of a branch.
+    Every branch needs an outcome reward.
     """
     if not sequences:
         raise ValueError("pack_branches needs at least one sequence")
@@ -49,12 +56,11 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     rows = len(sequences) if rows is None else rows
     if rows < len(sequences):
         raise ValueError(f"rows {rows} is fewer than the {len(sequences)} sequences")
-    with_rewards = any(seq.token_rewards is not None for seq in sequences)
     batch: dict[str, np.ndarray] = {name: np.full((rows, width), fill, dtype) for name, (dtype, fill) in FIELDS.items()
-             if name != "token_rewards" or with_rewards}
+                                    if name != "token_rewards" or token_rewards}
     batch["rewards"] = np.zeros(rows, np.float32)
     batch["is_truncated"] = np.zeros(rows, bool)
-    _per_turn(batch, sequences, rows)
+    batch["group_ids"] = _group_ids(group_sizes, len(sequences), rows)
     for b, seq in enumerate(sequences):
         if seq.reward is None:
             raise ValueError(f"branch ending at {seq.leaf_id!r} has no outcome reward")
@@ -64,25 +70,42 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
         batch["loss_mask"][b, :n] = seq.loss_mask
         batch["logprobs"][b, :n] = seq.logprobs
         batch["turn_ids"][b, :n] = seq.turn_ids
-        if with_rewards and seq.token_rewards is not None:
+        if token_rewards and seq.token_rewards is not None:
             batch["token_rewards"][b, :n] = seq.token_rewards
         batch["rewards"][b] = seq.reward
         batch["is_truncated"][b] = seq.is_truncated
+    if per_turn:
+        _per_turn(batch, sequences, rows, turns)
     return batch
 
 
-def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence], rows: int) -> None:
-    """GiGPO's per-turn inputs, ``[rows, K]`` with K the most turns of a branch: ``anchor_ids`` (-1 where a
-    turn has none, int64 as given; ``dense_anchor_ids`` makes them int32) and ``turn_rewards`` (0 where a
-    turn has no step reward). Each is present when any turn of the batch has one."""
-    turns = max(len(seq.interaction_ids) for seq in sequences)
-    if any(a is not None for seq in sequences for a in seq.anchor_ids):
-        anchors = np.full((rows, turns), -1, np.int64)
-        for b, seq in enumerate(sequences):
-            anchors[b, :len(seq.anchor_ids)] = [-1 if a is None else a for a in seq.anchor_ids]
-        batch["anchor_ids"] = anchors
-    if any(r is not None for seq in sequences for r in seq.step_rewards):
-        step_rewards = np.zeros((rows, turns), np.float32)
-        for b, seq in enumerate(sequences):
-            step_rewards[b, :len(seq.step_rewards)] = [0.0 if r is None else r for r in seq.step_rewards]
-        batch["turn_rewards"] = step_rewards
+def _group_ids(group_sizes: Sequence[int] | None, real: int, rows: int) -> np.ndarray:
+    ids = np.full(rows, -1, np.int32)
+    if group_sizes is None:
+        ids[:real] = 0
+        return ids
+    sizes = np.asarray(group_sizes)
+    if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any() or sizes.sum() != real:
+        raise ValueError(f"group_sizes must be positive integers summing to the {real} sequences, got "
+                         f"{np.asarray(group_sizes).tolist()}")
+    ids[:real] = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+    return ids
+
+
+def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence], rows: int, turns: int | None) -> None:
+    """GiGPO's per-turn inputs, ``[rows, K]``: ``anchor_ids`` (-1 where a turn has none, int64 as given;
+    ``dense_anchor_ids`` makes them int32) and ``turn_rewards`` (the step reward, else the sum of the
+    turn's token rewards: the value the pipeline would derive)."""
+    most = max(len(seq.interaction_ids) for seq in sequences)
+    turns = most if turns is None else turns
+    if turns < most:
+        raise ValueError(f"turns {turns} is fewer than the {most} turns of the longest branch")
+    anchors = np.full((rows, turns), -1, np.int64)
+    step_rewards = np.zeros((rows, turns), np.float32)
+    for b, seq in enumerate(sequences):
+        anchors[b, :len(seq.anchor_ids)] = [-1 if a is None else a for a in seq.anchor_ids]
+        derived = (np.bincount(seq.turn_ids[seq.turn_ids >= 0], weights=seq.token_rewards[seq.turn_ids >= 0],
+                               minlength=turns) if seq.token_rewards is not None else np.zeros(turns))
+        step_rewards[b, :len(seq.step_rewards)] = [derived[k] if r is None else r for k, r in enumerate(seq.step_rewards)]
+    batch["anchor_ids"] = anchors
+    batch["turn_rewards"] = step_rewards

@@ -202,7 +202,9 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
     Returns:
       ``{"status": "accepted" | "rejected" | "filtered" | "discarded", "trajectories": [...],
       "rejected_sessions": {key: reason}}`` plus ``"prm_stats"`` with PRM active. Each trajectory is
-      ``{"session_key", "leaf_id", "sequence", "reward"}`` (+ ``"original_reward"`` when normalized).
+      ``{"session_key", "leaf_id", "sequence", "reward"}`` (+ ``"original_reward"`` when normalized); with
+      normalization ``"reward"`` and ``"sequence".reward`` are both the normalized reward, so
+      ``pack_branches([t["sequence"] ...])`` trains on it.
     """
     keys = list(session_keys)
     if len(set(keys)) != len(keys):
@@ -260,8 +262,10 @@ def _publish(result: dict[str, Any], scored: dict[str, _Scored], normalize_rewar
         {"session_key": key, "leaf_id": seq.leaf_id, "sequence": seq, "reward": seq.reward}
         for key, session in scored.items() for seq in session.sequences]
     if normalize_rewards:
+        # One place holds the reward a batch is built from: the sequence carries the normalized one too.
         for t, value in zip(trajectories, group_normalize([t["reward"] for t in trajectories])):
             t["original_reward"], t["reward"] = t["reward"], float(value)
+            t["sequence"] = dataclasses.replace(t["sequence"], reward=float(value))
     if group_filter is not None:
         decision = group_filter(_filter_view(trajectories))
         result["filter"] = decision._asdict()

@@ -211,8 +211,8 @@ def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarra
     n = turn.output_len
     if n <= 0:
         raise ValueError(f"{where}: the turn has no output tokens to score (output_len must be > 0)")
-    if isinstance(raw, (bool, np.bool_)):
-        raise TypeError(f"{where}: returned a bool; return a float score (0.0 or 1.0) instead")
+    if isinstance(raw, (bool, np.bool_)):  # a judge's verdict, like any Python number: 1.0 or 0.0
+        raw = float(raw)
     if isinstance(raw, (str, bytes)):
         raise TypeError(f"{where}: returned a {type(raw).__name__} ({short_repr(raw)}); expected a float (a number, not text)")
     if type(raw) in (float, int):  # the common case, without numpy's per-call overhead
@@ -223,7 +223,7 @@ def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarra
         return np.full(n, float(raw))
     try:
         array = np.asarray(raw)
-        if array.dtype.kind not in "iuf":  # bools, strings and objects are not scores
+        if array.dtype.kind not in "biuf":  # strings and objects are not scores
             raise TypeError
         array = array.astype(np.float64)
     except (TypeError, ValueError):

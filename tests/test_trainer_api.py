@@ -151,3 +151,27 @@ def test_output_keys_are_the_same_eager_and_jitted():
     eager = compute_advantages(batch, PLAIN)
     jitted = jax.jit(lambda b: compute_advantages(b, PLAIN))(jax.tree.map(jnp.asarray, batch))
     assert sorted(eager.diagnostics) == sorted(jitted.diagnostics)
+
+
+def test_every_public_kernel_compiles_one_program_per_shape():
+    # Issue 14.3: broadcast_turn_rewards dispatched op by op outside jit and compiled six small programs
+    # per shape; now each public kernel is one jitted program.
+    import prm_jax
+    from batches import compile_log
+
+    rng = np.random.default_rng(3)
+    turn_rewards = rng.normal(size=(2, 3)).astype(np.float32)
+    turn_ids = np.array([[-1, 0, 0, 1, 2, -1], [-1, -1, 0, 1, 1, 5]], np.int32)
+    logp, ref = (-rng.exponential(size=(2, 6))).astype(np.float32), (-rng.exponential(size=(2, 6))).astype(np.float32)
+    mask = turn_ids >= 0
+    calls = {"broadcast_turn_rewards": lambda: prm_jax.broadcast_turn_rewards(turn_rewards, turn_ids),
+             "shift_to_next_token": lambda: prm_jax.shift_to_next_token(turn_ids, fill=-1),
+             "kl_estimate": lambda: prm_jax.kl_estimate(logp, ref, "k3"),
+             "kl_rewards": lambda: prm_jax.kl_rewards(logp, ref, mask, kl_ctl=0.2)}
+    for name, call in calls.items():
+        with compile_log() as compiled:
+            first = np.asarray(call())
+            np.testing.assert_array_equal(call(), first)
+        assert sum(m.startswith("Compiling jit(") for m in compiled) == 1, (name, compiled)
+    want = np.where((turn_ids >= 0) & (turn_ids < 3), turn_rewards[np.arange(2)[:, None], np.clip(turn_ids, 0, 2)], 0)
+    np.testing.assert_array_equal(prm_jax.broadcast_turn_rewards(turn_rewards, turn_ids), want)

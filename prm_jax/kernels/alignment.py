@@ -27,9 +27,14 @@ def shift_to_next_token(x: ArrayLike, *, fill: ArrayLike = 0) -> jax.Array:
     Returns:
       ``[..., T]`` array with ``x``'s dtype.
     """
+    if jnp.ndim(x) < 1:
+        raise ValueError(f"x must have a time axis, got shape {jnp.shape(x)}")
+    return _shift_jit(x, fill)
+
+
+@jax.jit
+def _shift_jit(x, fill):
     x = jnp.asarray(x)
-    if x.ndim < 1:
-        raise ValueError(f"x must have a time axis, got shape {x.shape}")
     last = jnp.full(x.shape[:-1] + (1,), fill, dtype=x.dtype)
     return jnp.concatenate([x[..., 1:], last], axis=-1)
 
@@ -49,11 +54,16 @@ def broadcast_turn_rewards(turn_rewards: ArrayLike, turn_ids: ArrayLike) -> jax.
     """
     _checks.check_rank("turn_rewards", turn_rewards, 2)
     _checks.check_rank("turn_ids", turn_ids, 2)
+    if jnp.shape(turn_rewards)[0] != jnp.shape(turn_ids)[0]:
+        raise ValueError(f"turn_rewards and turn_ids must share the batch axis, got {jnp.shape(turn_rewards)} and "
+                         f"{jnp.shape(turn_ids)}")
+    return _broadcast_jit(turn_rewards, turn_ids)
+
+
+@jax.jit
+def _broadcast_jit(turn_rewards, turn_ids):
     turn_rewards = jnp.asarray(turn_rewards)
     turn_ids = _checks.as_int("turn_ids", turn_ids)
-    if turn_rewards.shape[0] != turn_ids.shape[0]:
-        raise ValueError(
-            f"turn_rewards and turn_ids must share the batch axis, got {turn_rewards.shape} and {turn_ids.shape}")
     num_turns = turn_rewards.shape[1]
     valid = (turn_ids >= 0) & (turn_ids < num_turns)
     gathered = jnp.take_along_axis(turn_rewards, jnp.clip(turn_ids, 0, max(num_turns - 1, 0)), axis=1,

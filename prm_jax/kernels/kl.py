@@ -12,6 +12,7 @@ The estimate is clamped to [-10, 10] and the reward is ``-kl_ctl * kl`` on activ
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import jax
@@ -36,6 +37,11 @@ def kl_estimate(logprobs: ArrayLike, ref_logprobs: ArrayLike, estimator: str = "
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
     _checks.check_shape("ref_logprobs", ref_logprobs, jnp.shape(logprobs), "logprobs")
+    return _kl_estimate_jit(logprobs, ref_logprobs, estimator=estimator)
+
+
+@functools.partial(jax.jit, static_argnames=("estimator",))
+def _kl_estimate_jit(logprobs, ref_logprobs, *, estimator):
     dtype = _checks.accumulation_dtype(logprobs, ref_logprobs)
     d = _checks.as_float("logprobs", logprobs, dtype) - _checks.as_float("ref_logprobs", ref_logprobs, dtype)
     if estimator == "k1":
@@ -59,11 +65,21 @@ def kl_rewards(logprobs: ArrayLike, ref_logprobs: ArrayLike, mask: ArrayLike, *,
       kl_ctl: KL coefficient.
       estimator: ``"k1" | "k2" | "k3"``.
     """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    _checks.check_shape("ref_logprobs", ref_logprobs, jnp.shape(logprobs), "logprobs")
     _checks.check_shape("mask", mask, jnp.shape(logprobs), "logprobs")
-    _checks.raise_value_checks(_checks.mask_check("mask", mask), callback=True)
+    rewards, checks = _kl_rewards_jit(logprobs, ref_logprobs, mask, kl_ctl, estimator=estimator)
+    _checks.raise_value_checks(checks, callback=True)
+    return rewards
+
+
+@functools.partial(jax.jit, static_argnames=("estimator",))
+def _kl_rewards_jit(logprobs, ref_logprobs, mask, kl_ctl, *, estimator):
+    checks = _checks.mask_check("mask", mask)
     active = _checks.as_mask("mask", mask)
     dtype = _checks.accumulation_dtype(logprobs, ref_logprobs)
     zero = jnp.zeros((), dtype)
     safe_logp = jnp.where(active, _checks.as_float("logprobs", logprobs, dtype), zero)
     safe_ref = jnp.where(active, _checks.as_float("ref_logprobs", ref_logprobs, dtype), zero)
-    return jnp.where(active, -kl_ctl * kl_estimate(safe_logp, safe_ref, estimator), zero)
+    return jnp.where(active, -jnp.asarray(kl_ctl, dtype) * kl_estimate(safe_logp, safe_ref, estimator), zero), checks

@@ -156,8 +156,9 @@ def test_output_keys_are_the_same_eager_and_jitted():
 def test_every_public_kernel_compiles_one_program_per_shape():
     # Issue 14.3: broadcast_turn_rewards dispatched op by op outside jit and compiled six small programs
     # per shape; now each public kernel is one jitted program.
-    import prm_jax
     from batches import compile_log
+
+    import prm_jax
 
     rng = np.random.default_rng(3)
     turn_rewards = rng.normal(size=(2, 3)).astype(np.float32)

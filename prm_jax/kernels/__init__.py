@@ -1,6 +1,6 @@
 """Jitted pure functions over padded ``[B, T]`` batches: one module per concept."""
 
-from prm_jax.kernels.alignment import broadcast_turn_rewards, shift_to_next_token
+from prm_jax.kernels.alignment import broadcast_turn_rewards, shift_to_next_token, turn_ids_from_spans
 from prm_jax.kernels.gae import GAE_METHODS, GAEOutput, backward_linear_recurrence, gae, turn_gae
 from prm_jax.kernels.gigpo import GiGPOConfig, GiGPOOutput, dense_anchor_ids, gigpo
 from prm_jax.kernels.kl import KL_ESTIMATORS, kl_estimate, kl_rewards
@@ -14,4 +14,5 @@ __all__ = [
     "NormConfig", "SHAPING_MODES", "ShapingConfig", "backward_linear_recurrence", "broadcast_turn_rewards",
     "GiGPOConfig", "GiGPOOutput", "compute_advantages", "dense_anchor_ids", "gae", "gigpo", "kl_estimate",
     "kl_rewards", "normalize", "sequence_parallel_gae", "shape_advantages", "shift_to_next_token", "turn_gae",
+    "turn_ids_from_spans",
 ]

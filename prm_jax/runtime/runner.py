@@ -388,6 +388,41 @@ class PRMRunner:
             raise RuntimeError("PRMRunner was closed while this run was in flight; nothing was committed")
         return self._commit(chain, staged)
 
+    async def run_many(self, branches: Sequence[InteractionCache | Sequence[Interaction]],
+                       ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None, *,
+                       limit: int | None = 64, is_eval: bool = False,
+                       return_exceptions: bool = False) -> list[Any]:
+        """Scores many branches concurrently, at most ``limit`` at a time; results in the branches' order.
+
+        Each branch follows ``run``'s rules: it commits all of its scores or none. ``ctx`` is one mapping for
+        every branch or one per branch. By default the first failure cancels the branches still running
+        (they commit nothing; branches already finished keep their scores) and is raised in an
+        ``ExceptionGroup``; with ``return_exceptions`` every branch runs and a failed one's slot holds its
+        exception.
+        """
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+        branches = list(branches)
+        contexts = list(ctx) if isinstance(ctx, Sequence) else [ctx] * len(branches)
+        if len(contexts) != len(branches):
+            raise ValueError(f"ctx has {len(contexts)} entries for {len(branches)} branches")
+        results: list[Any] = [None] * len(branches)
+        limiter = anyio.Semaphore(limit or max(len(branches), 1))
+
+        async def one(i: int) -> None:
+            async with limiter:
+                try:
+                    results[i] = await self.run(branches[i], contexts[i], is_eval=is_eval)
+                except Exception as err:
+                    if not return_exceptions:
+                        raise
+                    results[i] = err
+
+        async with anyio.create_task_group() as group:
+            for i in range(len(branches)):
+                group.start_soon(one, i)
+        return results
+
     def _commit(self, chain: list[Interaction], staged: list[_Staged]) -> list[PRMTurnResult]:
         """Adds every scorer's weighted rewards to the turns, all at once or (non-finite sums) not at all."""
         totals = []

@@ -1,0 +1,110 @@
+"""Scoring a trainer's token arrays: ``[B, T]`` rows to scorer inputs, process rewards back to ``[B, T]``.
+
+A trainer holds padded token arrays and turn ids, not sessions. ``chains_from_arrays`` turns each real row
+into the chain of interactions a scorer reads (turn ``k`` = the row's tokens with turn id ``k``, its input
+= every token before them), sharing the row's token buffer instead of copying prefixes;
+``token_rewards_from_chains`` writes the committed rewards back onto the same positions; ``score_arrays``
+does both around ``PRMRunner.run_many``. No ``InteractionCache`` and no ``pack_branches``: the trainer's
+own arrays stay the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from prm_jax.runtime.trajectory import Interaction
+
+
+def _row_turns(turn_ids: np.ndarray, row: int) -> list[tuple[int, int]]:
+    """``[(start, end)]`` of turns 0, 1, ... in a row; each turn one contiguous run of positions."""
+    positions = np.flatnonzero(turn_ids >= 0)
+    if positions.size == 0:
+        return []
+    ids = turn_ids[positions]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    run_ids = ids[starts]
+    if not np.array_equal(run_ids, np.arange(run_ids.size)):
+        raise ValueError(f"turn_ids of row {row} must number its turns 0, 1, 2, ... in order, each turn one "
+                         f"contiguous run of tokens; got runs with ids {run_ids.tolist()}")
+    ends = np.r_[starts[1:], positions.size]
+    spans = [(int(positions[a]), int(positions[b - 1]) + 1) for a, b in zip(starts, ends)]
+    for k, (start, end) in enumerate(spans):
+        if end - start != ends[k] - starts[k]:
+            raise ValueError(f"turn {k} of row {row} is not contiguous: its tokens span positions {start}..{end - 1} "
+                             "with other tokens between them")
+    return spans
+
+
+def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = None, logprobs: Any = None,
+                       rewards: Any = None, row_ids: Sequence[str] | None = None) -> list[list[Interaction] | None]:
+    """One chain of interactions per row (``None`` for a padding row or a row without turns).
+
+    Args:
+      input_ids: ``[B, T]`` int token ids.
+      turn_ids: ``[B, T]`` int, the turn of each generated token (0, 1, ... in order, each turn contiguous),
+        -1 elsewhere (``turn_ids_from_spans`` builds it from spans).
+      attention_mask: ``[B, T]``; a row with none is padding. Default: every row is real.
+      logprobs: ``[B, T]`` behaviour log-probs of the tokens, given to scorers as ``output_logprobs``.
+      rewards: ``[B]`` outcome rewards, set on each row's last turn.
+      row_ids: names of the rows (interaction ids are ``f"{row_id}/t{k}"``); default ``row{b}``.
+    """
+    tokens = np.asarray(input_ids)
+    ids = np.asarray(turn_ids)
+    if tokens.ndim != 2 or ids.shape != tokens.shape:
+        raise ValueError(f"input_ids and turn_ids must both be [B, T], got {tokens.shape} and {ids.shape}")
+    rows = tokens.shape[0]
+    real: np.ndarray = (np.ones(rows, bool) if attention_mask is None
+                        else np.asarray(np.asarray(attention_mask).reshape(rows, -1).any(axis=1)))
+    logp = None if logprobs is None else np.asarray(logprobs, np.float32).reshape(tokens.shape)
+    outcome = None if rewards is None else np.asarray(rewards, np.float64).reshape(rows)
+    names = [f"row{b}" for b in range(rows)] if row_ids is None else list(row_ids)
+    if len(names) != rows:
+        raise ValueError(f"row_ids has {len(names)} names for {rows} rows")
+    chains: list[list[Interaction] | None] = []
+    for b in range(rows):
+        spans = _row_turns(ids[b], b) if real[b] else []
+        if not spans:
+            chains.append(None)
+            continue
+        row = tokens[b].astype(np.int64)  # one buffer per row: every turn's input is a view of it
+        chain: list[Interaction] = []
+        for k, (start, end) in enumerate(spans):
+            chain.append(Interaction(
+                f"{names[b]}/t{k}", row[:start], row[start:end], parent_id=chain[-1].interaction_id if chain else None,
+                output_logprobs=None if logp is None else logp[b, start:end],
+                reward=float(outcome[b]) if outcome is not None and k == len(spans) - 1 else None))
+        chains.append(chain)
+    return chains
+
+
+def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], turn_ids: Any) -> np.ndarray:
+    """``[B, T]`` float32: each turn's committed ``token_rewards`` on its positions, 0 elsewhere."""
+    ids = np.asarray(turn_ids)
+    out = np.zeros(ids.shape, np.float32)
+    for b, chain in enumerate(chains):
+        if not chain:
+            continue
+        values = [t.token_rewards if t.token_rewards is not None else np.zeros(t.output_len, np.float32)
+                  for t in chain]
+        out[b, ids[b] >= 0] = np.concatenate(values)
+    return out
+
+
+async def score_arrays(runner: Any, input_ids: Any, turn_ids: Any, *, attention_mask: Any = None,
+                       logprobs: Any = None, rewards: Any = None,
+                       ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+                       limit: int | None = 64, is_eval: bool = False) -> np.ndarray:
+    """Scores every real row with ``runner`` (a ``PRMRunner``) and returns ``token_rewards [B, T]`` float32.
+
+    ``ctx`` is one mapping for every row or one per row (padding rows' entries are ignored). Rows are
+    scored concurrently, at most ``limit`` at a time; a failure is raised (see ``PRMRunner.run_many``).
+    """
+    chains = chains_from_arrays(input_ids, turn_ids, attention_mask=attention_mask, logprobs=logprobs,
+                                rewards=rewards)
+    scored = [b for b, chain in enumerate(chains) if chain]
+    contexts = ctx if ctx is None or isinstance(ctx, Mapping) else [list(ctx)[b] for b in scored]
+    await runner.run_many([chains[b] for b in scored], contexts, limit=limit, is_eval=is_eval)
+    return token_rewards_from_chains(chains, turn_ids)

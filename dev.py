@@ -2,7 +2,7 @@
 """Set-up and entry commands that need only Python 3 and pip.
 
   python3 dev.py demo    create .venv, install prm-jax, run `prm-jax demo` (the main job)
-  python3 dev.py test    create .venv, install prm-jax with its test extras, run the test suite
+  python3 dev.py test    create .venv, install prm-jax with its test and example extras, run the test suite
   python3 dev.py lint    ruff and mypy over the package (in .venv)
   python3 dev.py floor   the kernel tests on the oldest supported jax, in .venv-floor
   python3 dev.py bench   create .venv, install, run the CPU benchmarks
@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
         env = dict(os.environ, PRM_JAX_CACHE=str(FLOOR_VENV / "prm_jax_cache"))
         return subprocess.run([str(python), "-m", "pytest", "-q", *KERNEL_TESTS, *rest], cwd=ROOT,
                               env=env).returncode
-    python = _ensure_env("test")
+    python = _ensure_env("test,example")
     if command == "test":
         return subprocess.run([str(python), "-m", "pytest", *rest], cwd=ROOT).returncode
     if command == "lint":

@@ -104,3 +104,18 @@ def test_readonly_view_cannot_mutate_anything_stored():
     stored = cache.get("a")
     assert stored.output_tokens[0] == 3 and stored.messages[0]["content"] == "hi"
     assert stored.messages[0]["meta"] == {"k": [1]}
+
+
+def test_frozen_messages_are_built_on_first_read_and_follow_a_new_value():
+    # Issue 12: views freeze messages only when a scorer reads them, once per interaction.
+    turn = Interaction("a", [1], [2], messages=[{"role": "user", "content": "hi"}])
+    view = turn.readonly()
+    assert "_frozen_cache" not in turn.__dict__  # nothing frozen yet
+    first = view.messages
+    assert first[0]["content"] == "hi" and turn.readonly().messages is first  # built once, shared
+    turn.messages = ({"role": "user", "content": "new"},)
+    assert turn.readonly().messages[0]["content"] == "new"
+    clone = turn.clone()
+    assert clone.messages[0]["content"] == "new" and clone.readonly().messages is clone.messages
+    clone.messages = ({"role": "user", "content": "clone's own"},)
+    assert turn.readonly().messages[0]["content"] == "new"

@@ -167,14 +167,15 @@ def _as_section(config: Any, borrowed: Sequence[BaseScorer]) -> PRMSection:
     raise TypeError(f"config must be a PRMConfig, an ExperimentConfig or a mapping, got {type(config).__name__}")
 
 
-async def _concurrently(jobs: list[Callable[[], Coroutine[Any, Any, None]]]) -> None:
+async def _concurrently(jobs: list[Callable[[], Coroutine[Any, Any, None]]], *, group_one: bool = False) -> None:
     """Runs the jobs concurrently; the first failure cancels the others and the group raises.
 
-    The fan-out of every scored turn, so its shape matters: one job is awaited in place; on asyncio
-    (Python 3.11+) the native ``asyncio.TaskGroup`` (same cancel-the-siblings semantics, a fraction of the
-    cost per task); elsewhere (trio, Python 3.10) an anyio task group.
+    The fan-out of every scored turn, so its shape matters: one job is awaited in place (unless
+    ``group_one``: then its failure too comes in an ``ExceptionGroup``); on asyncio (Python 3.11+) the
+    native ``asyncio.TaskGroup`` (same cancel-the-siblings semantics, a fraction of the cost per task);
+    elsewhere (trio, Python 3.10) an anyio task group.
     """
-    if len(jobs) == 1:
+    if len(jobs) == 1 and not group_one:
         await jobs[0]()
         return
     if sys.version_info >= (3, 11) and _on_asyncio():
@@ -223,7 +224,7 @@ def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarra
         return np.full(n, float(raw))
     try:
         array = np.asarray(raw)
-        if array.dtype.kind not in "biuf":  # strings and objects are not scores
+        if array.dtype.kind not in "iuf":  # bool arrays, strings and objects are not scores
             raise TypeError
         array = array.astype(np.float64)
     except (TypeError, ValueError):
@@ -418,9 +419,7 @@ class PRMRunner:
                         raise
                     results[i] = err
 
-        async with anyio.create_task_group() as group:
-            for i in range(len(branches)):
-                group.start_soon(one, i)
+        await _concurrently([functools.partial(one, i) for i in range(len(branches))], group_one=True)
         return results
 
     def _commit(self, chain: list[Interaction], staged: list[_Staged]) -> list[PRMTurnResult]:

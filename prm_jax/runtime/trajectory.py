@@ -135,42 +135,63 @@ class Interaction:
 
     def readonly(self) -> Interaction:
         """What a scorer sees: every field immutable (read-only array views, frozen messages), no copy of the
-        token arrays (nothing writes into them: scoring replaces ``token_rewards``)."""
+        token arrays (nothing writes into them: scoring replaces ``token_rewards``). The frozen messages
+        are built on first read (most scorers read tokens only), once per interaction."""
         view = object.__new__(ReadOnlyInteraction)
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, np.ndarray):
-                value = _readonly_view(value)
-            elif field.name in ("messages", "output_messages"):
-                value = self._frozen(field.name)
-            else:
-                value = freeze(value)
-            object.__setattr__(view, field.name, value)
+        state = _shared_state(self)
+        for name in _MESSAGE_FIELDS:
+            del state[name]  # read through ReadOnlyInteraction's properties, from the source's cache
+        state["_source"] = self
+        object.__getattribute__(view, "__dict__").update(state)
         return view
 
     def _frozen(self, name: str) -> Any:
-        """The frozen messages, built once per interaction (scorers of every branch share them)."""
+        """The frozen messages, built once per interaction (scorers of every branch share them); rebuilt
+        when the field was assigned a new value."""
         cache = self.__dict__.setdefault("_frozen_cache", {})
-        if name not in cache:
-            cache[name] = freeze(getattr(self, name))
-        return cache[name]
+        value = self.__dict__[name]
+        if name not in cache or cache[name][0] is not value:
+            cache[name] = (value, freeze(value))
+        return cache[name][1]
 
     def clone(self) -> Interaction:
         """A copy whose ``token_rewards`` and containers are its own; arrays shared as read-only views."""
-        twin = copy.copy(self)
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.name == "token_rewards" and value is not None:
-                setattr(twin, field.name, value.copy())
-            elif isinstance(value, np.ndarray):
-                setattr(twin, field.name, _readonly_view(value))
-            elif field.name in ("messages", "output_messages"):
-                setattr(twin, field.name, self._frozen(field.name))
-        return twin  # the frozen-messages cache is shared: its values are immutable and the same for both
+        twin = object.__new__(type(self))
+        state = _shared_state(self)
+        if state["token_rewards"] is not None:
+            state["token_rewards"] = self.token_rewards.copy()
+        frozen = {name: self._frozen(name) for name in _MESSAGE_FIELDS}
+        state.update(frozen, _frozen_cache={name: (value, value) for name, value in frozen.items()})
+        twin.__dict__.update(state)
+        return twin
+
+
+_ARRAY_FIELDS = ("input_tokens", "output_tokens", "output_logprobs", "token_rewards")
+_MESSAGE_FIELDS = ("messages", "output_messages")
+
+
+def _shared_state(turn: Interaction) -> dict[str, Any]:
+    """The turn's attributes with arrays as read-only views and any other mutable value frozen."""
+    state = dict(turn.__dict__)
+    for name, value in state.items():
+        if name in _ARRAY_FIELDS:
+            if value is not None:
+                state[name] = _readonly_view(value)
+        elif name not in _MESSAGE_FIELDS and name != "_frozen_cache" and not isinstance(value, _IMMUTABLE):
+            state[name] = freeze(value)
+    return state
 
 
 class ReadOnlyInteraction(Interaction):
     """What scorers receive: setting an attribute raises ``AttributeError``."""
+
+    @property
+    def messages(self) -> Any:  # type: ignore[override]
+        return self.__dict__["_source"]._frozen("messages")
+
+    @property
+    def output_messages(self) -> Any:  # type: ignore[override]
+        return self.__dict__["_source"]._frozen("output_messages")
 
     def __setattr__(self, name, value):
         raise AttributeError(f"interaction {self.interaction_id!r} is read-only for scorers (tried to set {name!r})")

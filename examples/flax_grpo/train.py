@@ -1,0 +1,149 @@
+"""The GRPO loop: sample groups in JAX, score the turns with prm-jax, update with compute_advantages inside jit."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import prm_jax
+from examples.flax_grpo.env import ANSWER0, ANSWER_POSITIONS, BOS, CHOICES, CUE0, TURNS, WIDTH, outcome
+from examples.flax_grpo.model import Policy
+
+CONFIG = Path(__file__).with_name("config.yaml")
+MODES = ("outcome", "additive", "gvpo", "process_weighted")
+SPANS = np.array([[[p, p + 1] for p in ANSWER_POSITIONS]], np.int32)  # one generated token per turn
+
+
+def load(mode: str) -> prm_jax.ExperimentConfig:
+    """The YAML config with ``mode`` applied: ``outcome`` switches the scorers off; ``process_weighted``
+    needs scores in [0, 1], so its judge says 0 (not -1) for a wrong turn, at weight 1."""
+    config = prm_jax.load_config(CONFIG)
+    prm = config.prm
+    if mode == "outcome":
+        prm = dataclasses.replace(prm, enabled=False)
+    elif mode == "process_weighted":
+        prm = dataclasses.replace(prm, scorers=tuple(dataclasses.replace(s, weight=1.0, kwargs={"wrong": 0.0})
+                                                     for s in prm.scorers))
+    actor = config.actor if mode == "outcome" else dataclasses.replace(
+        config.actor, advantage_shaping=dataclasses.replace(config.actor.advantage_shaping, mode=mode))
+    return dataclasses.replace(config, prm=prm, actor=actor)
+
+
+@nnx.jit
+def sample(policy: Policy, cues: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Rows ``[BOS, c0, a0, c1, a1, c2, a2, PAD]``: each answer sampled from the policy given the row so far.
+    Returns the tokens and the behaviour log-probs on positions (a token's log-prob at its own position)."""
+    rows = cues.shape[0]
+    tokens = jnp.zeros((rows, WIDTH), jnp.int32).at[:, 0].set(BOS)
+    tokens = tokens.at[:, ANSWER_POSITIONS - 1].set(CUE0 + cues)
+    logprobs = jnp.zeros((rows, WIDTH), jnp.float32)
+    for turn, position in enumerate(ANSWER_POSITIONS):
+        logits = policy(tokens)[:, position - 1]
+        choice = jax.random.categorical(jax.random.fold_in(key, turn), logits)
+        tokens = tokens.at[:, position].set(ANSWER0 + choice)
+        logprobs = logprobs.at[:, position].set(jnp.take_along_axis(jax.nn.log_softmax(logits), choice[:, None], 1)[:, 0])
+    return tokens, logprobs
+
+
+def policy_logprobs(policy: Policy, tokens: jax.Array) -> jax.Array:
+    """On timesteps: at ``t`` the log-prob of token ``t + 1`` (meaningful where the next token is an answer)."""
+    logp = jax.nn.log_softmax(policy(tokens), axis=-1)
+    answer = jnp.clip(jnp.roll(tokens, -1, axis=1) - ANSWER0, 0, CHOICES - 1)
+    return jnp.take_along_axis(logp, answer[..., None], axis=-1)[..., 0]
+
+
+@nnx.jit(static_argnames="config")
+def update(policy: Policy, optimizer: nnx.Optimizer, batch: dict, config: prm_jax.AdvantageConfig):
+    """One PPO-clip step on the batch's advantages (GRPO: no critic, group-normalized outcome rewards)."""
+    adv = prm_jax.compute_advantages(batch, config)  # config is static: one compile
+
+    def loss_fn(policy):
+        ratio = jnp.exp(policy_logprobs(policy, batch["input_ids"]) - adv.logprobs)
+        per_token = -jnp.minimum(ratio * adv.advantages, jnp.clip(ratio, 0.8, 1.2) * adv.advantages)
+        return jnp.sum(per_token * adv.loss_mask) / jnp.maximum(jnp.sum(adv.loss_mask), 1.0)
+
+    loss, grads = nnx.value_and_grad(loss_fn)(policy)
+    optimizer.update(policy, grads)
+    return loss, adv.advantages, adv.loss_mask, adv.diagnostics
+
+
+def train(mode: str = "gvpo", steps: int = 100, seed: int = 0, prompts: int = 16, group: int = 8,
+          progress: bool = True) -> dict:
+    """Trains one policy; returns the per-step success, losses and the last step's arrays."""
+    config = load(mode)
+    policy = Policy(rngs=nnx.Rngs(seed))
+    optimizer = nnx.Optimizer(policy, optax.adam(3e-3), wrt=nnx.Param)
+    rng = np.random.default_rng(seed)
+    key = jax.random.key(seed)
+    rows = prompts * group
+    fixed = dict(attention_mask=np.tile((np.arange(WIDTH) < WIDTH - 1).astype(np.int32), (rows, 1)),
+                 turn_ids=np.tile(np.asarray(prm_jax.turn_ids_from_spans(SPANS, WIDTH)), (rows, 1)),
+                 group_ids=np.repeat(np.arange(prompts, dtype=np.int32), group), is_truncated=np.zeros(rows, bool))
+    fixed["loss_mask"] = (fixed["turn_ids"] >= 0).astype(np.int32)
+    history: dict = {"success": [], "loss": []}
+    with prm_jax.BlockingRunner(config) as judge:
+        for step in range(steps):
+            cues = np.repeat(rng.integers(0, CHOICES, size=(prompts, TURNS)), group, axis=0)  # one prompt per group
+            tokens, logprobs = sample(policy, jnp.asarray(cues, jnp.int32), jax.random.fold_in(key, step))
+            tokens = np.asarray(tokens)
+            batch = dict(fixed, input_ids=tokens, logprobs=np.asarray(logprobs), rewards=outcome(tokens))
+            if judge.runner.active:
+                batch["token_rewards"] = judge.score_arrays(tokens, fixed["turn_ids"], rewards=batch["rewards"])
+            loss, advantages, mask, diagnostics = update(policy, optimizer, batch, config.actor)
+            history["success"].append(float(batch["rewards"].mean()))
+            history["loss"].append(float(loss))
+            if progress:
+                _bar(step + 1, steps, history)
+    history.update(batch=batch, advantages=np.asarray(advantages), loss_mask=np.asarray(mask),
+                   diagnostics={k: float(v) for k, v in diagnostics.items()})
+    return history
+
+
+def _bar(done: int, total: int, history: dict, width: int = 30) -> None:
+    filled = width * done // total
+    recent = np.mean(history["success"][-10:])
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] step {done}/{total}  success {history['success'][-1]:.2f}"
+                     f" (last 10: {recent:.2f})  loss {history['loss'][-1]:+.4f}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def compare(steps: int, seeds: int, out: Path) -> str:
+    """Every mode over ``seeds`` seeds: a learning-curve plot and a markdown table of areas under the curve."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {}
+    for mode in MODES:
+        for seed in range(seeds):
+            start = time.perf_counter()
+            curves[mode, seed] = np.array(train(mode, steps, seed, progress=False)["success"])
+            print(f"{mode:>16} seed {seed}: area {curves[mode, seed].mean():.3f} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for mode in MODES:
+        runs = np.stack([curves[mode, s] for s in range(seeds)])
+        smooth = np.stack([np.convolve(r, np.ones(5) / 5, mode="valid") for r in runs])
+        x = np.arange(smooth.shape[1]) + 5
+        axis.plot(x, smooth.mean(0), label=mode)
+        axis.fill_between(x, smooth.min(0), smooth.max(0), alpha=0.2)
+    axis.set(xlabel="step", ylabel="success (5-step mean)", title=f"GRPO on the 3-turn cue task, {seeds} seeds")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out, dpi=100)
+    header = "| mode | " + " | ".join(f"seed {s}" for s in range(seeds)) + " | mean |"
+    lines = [header, "| --- " * (seeds + 2) + "|"]
+    for mode in MODES:
+        areas = [curves[mode, s].mean() for s in range(seeds)]
+        lines.append(f"| {mode} | " + " | ".join(f"{a:.3f}" for a in areas) + f" | {np.mean(areas):.3f} |")
+    return "\n".join(lines)

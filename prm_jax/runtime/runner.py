@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import importlib
 import inspect
 import logging
@@ -167,8 +166,8 @@ def _as_section(config: Any, borrowed: Sequence[BaseScorer]) -> PRMSection:
     raise TypeError(f"config must be a PRMConfig, an ExperimentConfig or a mapping, got {type(config).__name__}")
 
 
-async def _concurrently(jobs: list[Callable[[], Coroutine[Any, Any, None]]], *, group_one: bool = False) -> None:
-    """Runs the jobs concurrently; the first failure cancels the others and the group raises.
+async def _concurrently(jobs: list[Coroutine[Any, Any, None]], *, group_one: bool = False) -> None:
+    """Runs the coroutines concurrently; the first failure cancels the others and the group raises.
 
     The fan-out of every scored turn, so its shape matters: one job is awaited in place (unless
     ``group_one``: then its failure too comes in an ``ExceptionGroup``); on asyncio (Python 3.11+) the
@@ -176,16 +175,20 @@ async def _concurrently(jobs: list[Callable[[], Coroutine[Any, Any, None]]], *, 
     elsewhere (trio, Python 3.10) an anyio task group.
     """
     if len(jobs) == 1 and not group_one:
-        await jobs[0]()
+        await jobs[0]
         return
     if sys.version_info >= (3, 11) and _on_asyncio():
         async with asyncio.TaskGroup() as native_group:
             for job in jobs:
-                native_group.create_task(job())
+                native_group.create_task(job)
         return
     async with anyio.create_task_group() as group:
         for job in jobs:
-            group.start_soon(job)
+            group.start_soon(_await, job)
+
+
+async def _await(job: Coroutine[Any, Any, None]) -> None:
+    await job
 
 
 def _on_asyncio() -> bool:
@@ -206,41 +209,89 @@ def _cancellation_requested() -> bool:
     return task is None or cancelling is None or cancelling() > 0
 
 
-def _reward_vector(scorer: BaseScorer, turn: Interaction, raw: Any) -> np.ndarray:
-    """The raw reward as float64 ``[output_len]``, or a ``ValueError``/``TypeError`` naming scorer and turn."""
-    where = f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}"
+def _weighted_rewards(scorer: BaseScorer, turn: Interaction, raw: Any) -> tuple[np.ndarray, float]:
+    """``weight * raw`` as float32 ``[output_len]`` and its mean, or a ``ValueError``/``TypeError`` naming
+    scorer and turn."""
     n = turn.output_len
     if n <= 0:
-        raise ValueError(f"{where}: the turn has no output tokens to score (output_len must be > 0)")
+        raise ValueError(f"{_where(scorer, turn)}: the turn has no output tokens to score (output_len must be > 0)")
     if isinstance(raw, (bool, np.bool_)):  # a judge's verdict, like any Python number: 1.0 or 0.0
         raw = float(raw)
-    if isinstance(raw, (str, bytes)):
-        raise TypeError(f"{where}: returned a {type(raw).__name__} ({short_repr(raw)}); expected a float (a number, not text)")
-    if type(raw) in (float, int):  # the common case, without numpy's per-call overhead
+    if type(raw) in (float, int):  # the common case, in plain Python and one numpy call
         if not math.isfinite(raw):
-            raise ValueError(f"{where}: returned non-finite rewards")
-        if not abs(raw * scorer.weight) <= FLOAT32_MAX:
-            raise ValueError(f"{where}: reward * weight ({scorer.weight}) is non-finite")
-        return np.full(n, float(raw))
+            raise ValueError(f"{_where(scorer, turn)}: returned non-finite rewards")
+        weighted = raw * scorer.weight
+        if not abs(weighted) <= FLOAT32_MAX:
+            raise ValueError(f"{_where(scorer, turn)}: reward * weight ({scorer.weight}) is non-finite")
+        return np.full(n, weighted, np.float32), float(weighted)
+    array = _reward_array(scorer, turn, raw, n)
+    with np.errstate(over="ignore"):
+        product = array * scorer.weight
+        weighted = product.astype(np.float32)
+    if not np.isfinite(weighted).all():
+        raise ValueError(f"{_where(scorer, turn)}: reward * weight ({scorer.weight}) is non-finite")
+    return weighted, float(np.mean(product))
+
+
+def _reward_array(scorer: BaseScorer, turn: Interaction, raw: Any, n: int) -> np.ndarray:
+    if isinstance(raw, (str, bytes)):
+        raise TypeError(f"{_where(scorer, turn)}: returned a {type(raw).__name__} ({short_repr(raw)}); expected a "
+                        "float (a number, not text)")
     try:
         array = np.asarray(raw)
         if array.dtype.kind not in "iuf":  # bool arrays, strings and objects are not scores
             raise TypeError
         array = array.astype(np.float64)
     except (TypeError, ValueError):
-        raise TypeError(f"{where}: returned {type(raw).__name__} ({short_repr(raw)}); expected a float or an array of "
-                        f"shape ({n},) of numbers") from None
+        raise TypeError(f"{_where(scorer, turn)}: returned {type(raw).__name__} ({short_repr(raw)}); expected a "
+                        f"float or an array of shape ({n},) of numbers") from None
     if array.ndim == 0:
         array = np.full(n, float(array))
     elif array.shape != (n,):
-        raise ValueError(f"{where}: must return shape (n,) with n = output_len = {n}, got shape {array.shape}")
+        raise ValueError(f"{_where(scorer, turn)}: must return shape (n,) with n = output_len = {n}, got shape "
+                         f"{array.shape}")
     if not np.isfinite(array).all():
-        raise ValueError(f"{where}: returned non-finite rewards")
-    with np.errstate(over="ignore"):
-        weighted = (array * scorer.weight).astype(np.float32)
-    if not np.isfinite(weighted).all():
-        raise ValueError(f"{where}: reward * weight ({scorer.weight}) is non-finite")
+        raise ValueError(f"{_where(scorer, turn)}: returned non-finite rewards")
     return array
+
+
+def _plain(scorer: BaseScorer) -> bool:
+    """The scorer keeps BaseScorer's ``evaluate_result``/``prepare_result``: its raw results need no wrapper."""
+    return (type(scorer).evaluate_result is BaseScorer.evaluate_result
+            and type(scorer).prepare_result is BaseScorer.prepare_result)
+
+
+def _where(scorer: BaseScorer, turn: Interaction) -> str:
+    return f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}"
+
+
+class _Context(Mapping):
+    """The read-only ``ctx`` scorers get: the caller's entries frozen, ``is_eval``, and ``messages`` (the
+    leaf's conversation) frozen on first read, once per run, since most scorers never read it."""
+
+    def __init__(self, ctx: Mapping[str, Any] | None, leaf: Interaction, is_eval: bool):
+        self._items = {key: freeze(value) for key, value in (ctx or {}).items()}
+        self._items["is_eval"] = bool(is_eval)
+        self._items.pop("messages", None)
+        self._leaf = leaf
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "messages":
+            if "messages" not in self._items:
+                self._items["messages"] = freeze(tuple(self._leaf.messages) + tuple(self._leaf.output_messages))
+            return self._items["messages"]
+        return self._items[key]
+
+    def __iter__(self):
+        yield from self._items
+        if "messages" not in self._items:
+            yield "messages"
+
+    def __len__(self) -> int:
+        return len(self._items) + ("messages" not in self._items)
+
+    def __repr__(self) -> str:
+        return f"ctx({dict(self)!r})"
 
 
 @dataclasses.dataclass
@@ -368,11 +419,7 @@ class PRMRunner:
         assert self.config is not None  # set by _build
         if not self.config.enabled:
             return []
-        leaf = chain[-1]
-        context = dict(ctx or {})
-        context["messages"] = tuple(leaf.messages) + tuple(leaf.output_messages)
-        context["is_eval"] = bool(is_eval)
-        frozen_ctx = freeze(context)
+        frozen_ctx = _Context(ctx, chain[-1], is_eval)
         views = [turn.readonly() for turn in chain]
         staged: list[_Staged] = []
         with anyio.CancelScope() as scope:
@@ -408,18 +455,21 @@ class PRMRunner:
         if len(contexts) != len(branches):
             raise ValueError(f"ctx has {len(contexts)} entries for {len(branches)} branches")
         results: list[Any] = [None] * len(branches)
-        limiter = anyio.Semaphore(limit or max(len(branches), 1))
+        limiter = anyio.Semaphore(limit) if limit is not None and limit < len(branches) else None
 
         async def one(i: int) -> None:
-            async with limiter:
-                try:
+            try:
+                if limiter is None:  # no slot to wait for: no semaphore round trip per branch
                     results[i] = await self.run(branches[i], contexts[i], is_eval=is_eval)
-                except Exception as err:
-                    if not return_exceptions:
-                        raise
-                    results[i] = err
+                else:
+                    async with limiter:
+                        results[i] = await self.run(branches[i], contexts[i], is_eval=is_eval)
+            except Exception as err:
+                if not return_exceptions:
+                    raise
+                results[i] = err
 
-        await _concurrently([functools.partial(one, i) for i in range(len(branches))], group_one=True)
+        await _concurrently([one(i) for i in range(len(branches))], group_one=True)
         return results
 
     def _commit(self, chain: list[Interaction], staged: list[_Staged]) -> list[PRMTurnResult]:
@@ -500,20 +550,40 @@ class PRMRunner:
         outcomes: list[Any] = [None] * len(views)
         done = [False] * len(views)
         failure: list[BaseException] = []
+        # A scorer that keeps BaseScorer's evaluate_result/prepare_result is awaited directly: its raw
+        # result is wrapped later only if needed (two allocations fewer per turn on the hot path).
+        plain = _plain(scorer)
+        timeout = self._timeouts.get(id(scorer))
 
-        async def score(i: int, view: Interaction) -> None:
-            where = f"interaction {view.interaction_id!r}"
+        async def score(i: int) -> None:
+            view = views[i]
             try:
-                outcomes[i] = await self._call(scorer, where, lambda: scorer.evaluate_result(view, ctx))
+                call = scorer.evaluate(view, ctx) if plain else scorer.evaluate_result(view, ctx)
+                if timeout is None:  # no cancel scope per call where no deadline is set
+                    outcomes[i] = await call
+                else:
+                    with anyio.fail_after(timeout):
+                        outcomes[i] = await call
                 done[i] = True
             except Exception as err:
-                add_note(err, f"raised by scorer {scorer.name!r} on {where}")
+                reported = self._scorer_failure(scorer, view, err, timeout)
                 if not failure:
-                    failure.append(err)
-                raise  # the group cancels the other turns
+                    failure.append(reported)
+                if reported is err:
+                    raise  # the group cancels the other turns
+                raise reported from None
+            except anyio.get_cancelled_exc_class():
+                if _cancellation_requested():
+                    raise
+                unrequested = RuntimeError(f"scorer {scorer.name!r} on interaction {view.interaction_id!r} raised "
+                                           "CancelledError without being cancelled")
+                add_note(unrequested, f"raised by scorer {scorer.name!r} on interaction {view.interaction_id!r}")
+                if not failure:
+                    failure.append(unrequested)
+                raise unrequested from None
 
         try:
-            await _concurrently([functools.partial(score, i, view) for i, view in enumerate(views)])
+            await _concurrently([score(i) for i in range(len(views))])
         except Exception:
             if not failure:
                 raise
@@ -523,6 +593,14 @@ class PRMRunner:
             raise RuntimeError(f"scorer {scorer.name!r} was cancelled on {done.count(False)} of {len(views)} turns "
                                "before returning")
         return outcomes
+
+    @staticmethod
+    def _scorer_failure(scorer: BaseScorer, view: Interaction, err: Exception, timeout: float | None) -> Exception:
+        where = f"interaction {view.interaction_id!r}"
+        if isinstance(err, TimeoutError) and timeout is not None:
+            err = TimeoutError(f"scorer {scorer.name!r} on {where} took longer than its timeout of {timeout} s")
+        add_note(err, f"raised by scorer {scorer.name!r} on {where}")
+        return err
 
     async def _score(self, scorer: BaseScorer, chain: list[Interaction], views: list[Interaction],
                      ctx: Mapping[str, Any]) -> _Staged:
@@ -535,17 +613,21 @@ class PRMRunner:
                                "rejects the trajectory (return 0.0 for a real zero)")
         stage = _Staged(scorer)
         seen: set = set()
+        raw_allowed = _plain(scorer) and not isinstance(scorer, BaseTrajectoryScorer)
         for turn, outcome in zip(chain, outcomes):
-            if not isinstance(outcome, PRMScorerResult):
+            if isinstance(outcome, PRMScorerResult):
+                reward, observations = outcome.reward, outcome.observations
+            elif raw_allowed:  # what BaseScorer.prepare_result would have wrapped
+                reward, observations = outcome, ()
+            else:
                 raise TypeError(f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}: evaluate_result "
                                 f"must return a PRMScorerResult, got {type(outcome).__name__}")
-            raw = _reward_vector(scorer, turn, outcome.reward)
-            for obs in outcome.observations:
+            weighted, mean = _weighted_rewards(scorer, turn, reward)
+            for obs in observations:
                 self._check_observation(scorer, turn, obs, seen, stage.schemas)
-            weighted = (raw * scorer.weight).astype(np.float32)
             stage.weighted.append(weighted)
-            stage.results.append(PRMTurnResult(scorer.name, turn.interaction_id, scorer.weight, weighted,
-                                               float(np.mean(raw * scorer.weight)), outcome.observations))
+            stage.results.append(PRMTurnResult(scorer.name, turn.interaction_id, scorer.weight, weighted, mean,
+                                               observations))
         return stage
 
     def _check_observation(self, scorer: BaseScorer, turn: Interaction, obs: Any, seen: set,

@@ -83,7 +83,7 @@ class PRMScorerResult:
         object.__setattr__(self, "observations", tuple(self.observations))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class PRMTurnResult:
     """What one scorer committed to one turn: the weighted token rewards and the turn metric."""
 

@@ -138,11 +138,11 @@ class Interaction:
         token arrays (nothing writes into them: scoring replaces ``token_rewards``). The frozen messages
         are built on first read (most scorers read tokens only), once per interaction."""
         view = object.__new__(ReadOnlyInteraction)
-        state = _shared_state(self)
+        state = object.__getattribute__(view, "__dict__")
+        _share_state(self, state)
         for name in _MESSAGE_FIELDS:
             del state[name]  # read through ReadOnlyInteraction's properties, from the source's cache
         state["_source"] = self
-        object.__getattribute__(view, "__dict__").update(state)
         return view
 
     def _frozen(self, name: str) -> Any:
@@ -157,12 +157,12 @@ class Interaction:
     def clone(self) -> Interaction:
         """A copy whose ``token_rewards`` and containers are its own; arrays shared as read-only views."""
         twin = object.__new__(type(self))
-        state = _shared_state(self)
+        state = twin.__dict__
+        _share_state(self, state)
         if state["token_rewards"] is not None:
             state["token_rewards"] = self.token_rewards.copy()
         frozen = {name: self._frozen(name) for name in _MESSAGE_FIELDS}
         state.update(frozen, _frozen_cache={name: (value, value) for name, value in frozen.items()})
-        twin.__dict__.update(state)
         return twin
 
 
@@ -170,16 +170,15 @@ _ARRAY_FIELDS = ("input_tokens", "output_tokens", "output_logprobs", "token_rewa
 _MESSAGE_FIELDS = ("messages", "output_messages")
 
 
-def _shared_state(turn: Interaction) -> dict[str, Any]:
-    """The turn's attributes with arrays as read-only views and any other mutable value frozen."""
-    state = dict(turn.__dict__)
+def _share_state(turn: Interaction, state: dict[str, Any]) -> None:
+    """Fills ``state`` with the turn's attributes, arrays as read-only views, other mutable values frozen."""
+    state.update(turn.__dict__)
     for name, value in state.items():
         if name in _ARRAY_FIELDS:
             if value is not None:
                 state[name] = _readonly_view(value)
         elif name not in _MESSAGE_FIELDS and name != "_frozen_cache" and not isinstance(value, _IMMUTABLE):
             state[name] = freeze(value)
-    return state
 
 
 class ReadOnlyInteraction(Interaction):

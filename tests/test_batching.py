@@ -80,3 +80,15 @@ def test_per_turn_inputs_have_a_fixed_width_and_derive_missing_step_rewards():
     np.testing.assert_allclose(batch["turn_rewards"], [[0.75, 2.0, 0, 0], [0] * 4])
     with pytest.raises(ValueError, match="turns"):
         pack_branches([cache.to_sequence("c")], per_turn=True, turns=1)
+
+
+def test_empty_batch_is_a_template_of_pack_branches():
+    from prm_jax.runtime.batching import empty_batch
+
+    for per_turn in (False, True):
+        packed = pack_branches(sequences(), bucket=8, rows=4, per_turn=per_turn, turns=3 if per_turn else None)
+        template = empty_batch(4, 8, turns=3 if per_turn else None)
+        assert {k: (v.shape, v.dtype) for k, v in packed.items()} == {k: (v.shape, v.dtype) for k, v in template.items()}
+        np.testing.assert_array_equal(template["attention_mask"], 0)
+        np.testing.assert_array_equal(template["group_ids"], -1)
+        np.testing.assert_array_equal(template["turn_ids"], -1)

@@ -150,3 +150,25 @@ def test_plain_filter_function_is_selectable(tmp_path):
     assert summary["filter"] == {"name": "filter_function", "rejected_by_failed_or_perfect": 2,
                                  "rejected_by_all_correct": 1, "rejected_by_all_wrong": 1,
                                  "accepted_penalized_all_wrong": 0}
+
+
+def test_the_command_keeps_its_compiled_programs_in_a_persistent_cache(tmp_path):
+    # Issue 12: the second run of the same shapes loads the advantage programs instead of compiling them.
+    import os
+    import subprocess
+    import sys
+
+    data = ROOT / "prm_jax" / "data"
+    command = [sys.executable, "-m", "prm_jax.app.cli", "score", "--config", str(data / "demo_config.yaml"),
+               "--input", str(data / "demo_sessions.jsonl"), "--output", str(tmp_path / "out")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    cache = tmp_path / "cache"
+    proc = subprocess.run(command, env=dict(env, PRM_JAX_CACHE=str(cache), PRM_JAX_NATIVE="0"), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    entries = list((cache / "xla").iterdir())
+    assert entries and any(path.name.startswith("jit__pipeline") for path in entries)
+    off = subprocess.run(command, env=dict(env, PRM_JAX_CACHE=str(tmp_path / "off"), PRM_JAX_NATIVE="0",
+                                           PRM_JAX_COMPILE_CACHE="0"), capture_output=True, text=True, timeout=600)
+    assert off.returncode == 0, off.stderr[-2000:]
+    assert not (tmp_path / "off" / "xla").exists()

@@ -63,3 +63,30 @@ def test_lines_the_fast_path_cannot_take_are_read_by_the_checked_path(tmp_path):
     (record,) = read_sessions(path)
     np.testing.assert_array_equal(record.cache.get("b").input_tokens, [1, 2, 3, 4])
     np.testing.assert_array_equal(record.cache.get("a").output_tokens, [3])
+
+
+def test_the_fast_path_builds_the_same_interactions_as_the_checked_path():
+    # Issue 12: the fast path validates once per branch and builds interactions without per-turn re-checks
+    # (Interaction.checked); every field must equal what the field-by-field path builds.
+    from importlib import resources
+
+    from prm_jax.app.sessions import _fast_session, _slow_session
+
+    path = resources.files("prm_jax") / "data" / "demo_sessions.jsonl"
+    lines = path.read_bytes().splitlines()
+    assert lines
+    for number, line in enumerate(lines, start=1):
+        fast, _ = _fast_session(line, path, number)
+        slow, _ = _slow_session(line.decode(), path, number)
+        assert (fast.key, fast.group, fast.ready) == (slow.key, slow.group, slow.ready)
+        for a, b in zip(fast.cache, slow.cache, strict=True):
+            for name in ("interaction_id", "parent_id", "stop_reason", "reward", "anchor_id", "step_reward",
+                         "messages", "output_messages"):
+                assert getattr(a, name) == getattr(b, name), name
+                assert type(getattr(a, name)) is type(getattr(b, name)), name
+            for name in ("input_tokens", "output_tokens", "output_logprobs", "token_rewards"):
+                x, y = getattr(a, name), getattr(b, name)
+                assert (x is None) == (y is None), name
+                if x is not None:
+                    assert x.dtype == y.dtype, name
+                    np.testing.assert_array_equal(x, y, err_msg=name)

@@ -14,6 +14,7 @@ temporary name and renamed, so a failed run leaves no partly written file.
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import os
@@ -33,6 +34,7 @@ import numpy as np
 from prm_jax.app.config_file import load_config
 from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table, step_group_stats
 from prm_jax.app.sessions import InputError, read_sessions
+from prm_jax.kernels import native
 from prm_jax.kernels.gigpo import dense_anchor_ids
 from prm_jax.kernels.pipeline import compute_advantage_variants, compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES
@@ -136,6 +138,9 @@ def _shorten(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+TIMESTEP_FIELDS = ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs")
+
+
 def _advantages(batch: dict[str, np.ndarray], config: ExperimentConfig) -> tuple[Any, dict[str, Any]]:
     """The configured run, and for the report the unshaped advantages and each shaping mode's."""
     arrays = {k: v for k, v in batch.items() if k != "original_rewards"}
@@ -155,8 +160,21 @@ def _advantages(batch: dict[str, np.ndarray], config: ExperimentConfig) -> tuple
     return configured, outputs
 
 
+def _pack(sequences: list, accepted: list, bucket: int) -> dict[str, np.ndarray]:
+    anchored = any(a is not None for seq in sequences for a in seq.anchor_ids)
+    batch = pack_branches(sequences, bucket=bucket, group_sizes=[len(group) for group in accepted],
+                          token_rewards=any(seq.token_rewards is not None for seq in sequences),
+                          per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards))
+    if not anchored:
+        batch.pop("anchor_ids", None)  # no anchors at all: one step group per group (not "every turn alone")
+    return batch
+
+
 def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | None = None, bucket: int = 128,
-              progress: bool = False) -> ScoreRun:
+              progress: bool = False, freeze_gc: bool = False) -> ScoreRun:
+    """Reads, scores, exports, packs and computes advantages. ``freeze_gc`` (the command line's choice: it
+    owns its process) moves everything read into CPython's permanent generation, so the cyclic collector
+    stops re-walking the sessions on every full collection while they are scored."""
     clock = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -169,7 +187,16 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
         records = read_sessions(input_path)
     except InputError as err:
         raise CLIError(str(err)) from None
+    if freeze_gc:
+        gc.freeze()
     lap("read")
+    run = _score_records(records, config, group_filter, bucket, progress, lap)
+    run.summary["timings_s"] = timings
+    return run
+
+
+def _score_records(records: list, config: ExperimentConfig, group_filter: str | None, bucket: int, progress: bool,
+                   lap: Callable[[str], None]) -> ScoreRun:
     groups = list(OrderedDict.fromkeys(r.group for r in records))
     chosen_filter = FILTERS[group_filter] if group_filter else None
     statuses, accepted, metrics, filter_counters, reasons = anyio.run(_export_all, config, records, chosen_filter,
@@ -180,26 +207,17 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
         listed = "; ".join(f"{g}: {r['status']} {r['reason']}" for g, r in list(reasons.items())[:5])
         raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
                               + _shorten(listed, 1000))
-    sequences = [t["sequence"] for t in trajectories]
-    anchored = any(a is not None for seq in sequences for a in seq.anchor_ids)
-    batch = pack_branches(sequences, bucket=bucket, group_sizes=[len(group) for group in accepted],
-                          token_rewards=any(seq.token_rewards is not None for seq in sequences),
-                          per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards))
-    if not anchored:
-        batch.pop("anchor_ids", None)  # no anchors at all: one step group per group (not "every turn alone")
+    batch = _pack([t["sequence"] for t in trajectories], accepted, bucket)
     batch["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories], np.float32)
     batch["group_sizes"] = np.array([len(group) for group in accepted], np.int32)
     lap("pack")
-
-    shaping = config.actor.advantage_shaping
     configured, outputs = _advantages(batch, config)
     lap("advantages")
     summary = {
-        "timings_s": timings,
         "groups": {"total": len(groups), **{s: sum(v == s for v in statuses.values())
                                             for s in ("accepted", "rejected", "filtered")}},
         "trajectories": len(trajectories),
-        "shaping_mode": shaping.mode,
+        "shaping_mode": config.actor.advantage_shaping.mode,
         "process_reward_per_scorer": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
                                       if "/prm_turn_reward/" in k},
         "advantages": {mode: (advantage_stats(out) if not isinstance(out, str) else out)
@@ -244,7 +262,7 @@ def write_all_or_nothing(files: dict[Path, Callable[[io.BufferedWriter], None]])
 def output_files(run: ScoreRun, output_dir: Path, plot_path: Path | None = None,
                  compress: bool = False) -> dict[Path, Callable[[io.BufferedWriter], None]]:
     arrays = dict(run.batch)
-    for field in ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs"):
+    for field in TIMESTEP_FIELDS:
         arrays[f"timestep_{field}"] = np.asarray(getattr(run.configured, field))
     arrays["timestep_advantages_unshaped"] = np.asarray(run.outputs["none"].advantages)
     payload = json.dumps({"metrics": run.metrics, "summary": run.summary}, indent=2, sort_keys=True,
@@ -296,7 +314,7 @@ def cmd_score(args) -> int:
     _check_arguments(args)
     config = _load_config(args.config)
     run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket,
-                    progress=args.progress if args.progress is not None else sys.stderr.isatty())
+                    progress=args.progress if args.progress is not None else sys.stderr.isatty(), freeze_gc=True)
     start = time.perf_counter()
     write_outputs(run, Path(args.output), Path(args.plot) if args.plot else None, compress=args.compress)
     run.summary["timings_s"]["write"] = time.perf_counter() - start
@@ -381,5 +399,30 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-if __name__ == "__main__":
+def enable_compile_cache() -> None:
+    """JAX's persistent compilation cache for the command line, in ``$PRM_JAX_CACHE/xla`` (default
+    ``~/.cache/prm_jax/xla``; about 50 kB per batch shape): a later run with the same shapes loads the advantage
+    programs instead of compiling them (0.6 s of a 2,000-session run). ``PRM_JAX_COMPILE_CACHE=0`` turns it
+    off; a cache directory configured for JAX already (``JAX_COMPILATION_CACHE_DIR``) is used as it is."""
+    if os.environ.get("PRM_JAX_COMPILE_CACHE", "1") == "0":
+        return
+    try:
+        if not getattr(jax.config, "jax_compilation_cache_dir", None):
+            cache = native.cache_dir()
+            if cache is None:
+                return
+            jax.config.update("jax_compilation_cache_dir", str(cache / "xla"))
+        if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # JAX's default, 1 s, skips ours
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+    except (AttributeError, ValueError):  # an older jax without these options: compile every time
+        pass
+
+
+def entry() -> None:
+    """The ``prm-jax`` command (``main`` without the process-wide compilation cache, for callers in Python)."""
+    enable_compile_cache()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from prm_jax.runtime.trajectory import Interaction, InteractionCache
+from prm_jax.runtime.trajectory import STOP_REASONS, Interaction, InteractionCache
 from prm_jax.validation import short_repr
 
 MAX_TOKEN_ID = 2**31 - 1
@@ -235,6 +235,8 @@ def _branch_tokens(items: dict[str, _InteractionIn], leaves: list[str]) -> dict[
             node = items[node.parent_id]
         leaf_raw = bytes(items[leaf].input_tokens).strip()
         full = np.concatenate([_parse_ids(leaf_raw), np.asarray(items[leaf].output_tokens, np.int64)])
+        if full.size and (full.min() < 0 or full.max() > MAX_TOKEN_ID):  # the whole branch, once
+            raise ValueError("token ids")
         full.setflags(write=False)
         for turn in chain:
             raw = bytes(turn.input_tokens).strip()
@@ -260,9 +262,17 @@ def _fast_interaction(item: _InteractionIn, input_tokens: np.ndarray, output_tok
     for number in (item.reward, item.step_reward):
         if number is not None and not math.isfinite(number):
             raise ValueError("non-finite reward")
-    return Interaction(item.id, input_tokens, output_tokens, parent_id=item.parent_id, output_logprobs=logprobs,
-                       messages=item.messages, output_messages=item.output_messages, stop_reason=item.stop_reason,
-                       reward=item.reward, token_rewards=rewards, anchor_id=item.anchor_id, step_reward=item.step_reward)
+    for vector in (logprobs, rewards):
+        if vector is not None and vector.shape != output_tokens.shape:
+            raise ValueError("length")
+    if not item.id or item.parent_id == "" or item.parent_id == item.id or item.stop_reason not in STOP_REASONS:
+        raise ValueError("ids or stop reason")
+    # Every rule of Interaction.__post_init__ holds by now (token ids were checked once per branch).
+    return Interaction.checked(
+        item.id, input_tokens, output_tokens, parent_id=item.parent_id, output_logprobs=logprobs,
+        messages=tuple(item.messages), output_messages=tuple(item.output_messages), stop_reason=item.stop_reason,
+        reward=None if item.reward is None else float(item.reward), token_rewards=rewards, anchor_id=item.anchor_id,
+        step_reward=None if item.step_reward is None else float(item.step_reward))
 
 
 def share_prefixes(cache: InteractionCache, leaves: Sequence[str]) -> None:
@@ -308,7 +318,7 @@ def iter_sessions(path: str | Path) -> Iterator[tuple[SessionRecord, bool]]:
     with handle:
         # Lines end at "\n" only (a binary file splits nowhere else): U+2028 is valid inside JSON strings.
         for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
+            if line.isspace():  # (no copy of the line, unlike strip())
                 continue
             try:
                 yield _fast_session(line, path, line_no)

@@ -39,7 +39,7 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
-def _cache_dir() -> Path | None:
+def cache_dir() -> Path | None:
     """``$PRM_JAX_CACHE``, else ``~/.cache/prm_jax``; None (no native kernel) without a home directory.
 
     Never a shared temporary folder with a predictable name, where another user could plant a library.
@@ -60,7 +60,7 @@ def _compiler_version(compiler: str) -> str:
 
 
 def _build(compiler: str) -> Path:
-    cache = _cache_dir()
+    cache = cache_dir()
     if cache is None:
         raise OSError("no cache directory for the native kernel: set PRM_JAX_CACHE")
     command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", f"-I{jax.ffi.include_dir()}",

@@ -56,10 +56,11 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     rows = len(sequences) if rows is None else rows
     if rows < len(sequences):
         raise ValueError(f"rows {rows} is fewer than the {len(sequences)} sequences")
-    batch: dict[str, np.ndarray] = {name: np.full((rows, width), fill, dtype) for name, (dtype, fill) in FIELDS.items()
-                                    if name != "token_rewards" or token_rewards}
-    batch["rewards"] = np.zeros(rows, np.float32)
-    batch["is_truncated"] = np.zeros(rows, bool)
+    most = max(len(seq.interaction_ids) for seq in sequences)
+    if per_turn and turns is not None and turns < most:
+        raise ValueError(f"turns {turns} is fewer than the {most} turns of the longest branch")
+    batch = empty_batch(rows, width, token_rewards=token_rewards, turns=(most if turns is None else turns)
+                        if per_turn else None)
     batch["group_ids"] = _group_ids(group_sizes, len(sequences), rows)
     for b, seq in enumerate(sequences):
         if seq.reward is None:
@@ -75,7 +76,21 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
         batch["rewards"][b] = seq.reward
         batch["is_truncated"][b] = seq.is_truncated
     if per_turn:
-        _per_turn(batch, sequences, rows, turns)
+        _per_turn(batch, sequences)
+    return batch
+
+
+def empty_batch(rows: int, width: int, *, token_rewards: bool = True, turns: int | None = None) -> dict[str, np.ndarray]:
+    """``rows`` padding rows with ``pack_branches``' keys, dtypes and fill values (``turns``: with GiGPO's
+    per-turn arrays, ``[rows, turns]``): a fixed-shape template, e.g. to compile a step before any data."""
+    batch: dict[str, np.ndarray] = {name: np.full((rows, width), fill, dtype) for name, (dtype, fill) in FIELDS.items()
+                                    if name != "token_rewards" or token_rewards}
+    batch["rewards"] = np.zeros(rows, np.float32)
+    batch["is_truncated"] = np.zeros(rows, bool)
+    batch["group_ids"] = np.full(rows, -1, np.int32)
+    if turns is not None:
+        batch["anchor_ids"] = np.full((rows, turns), -1, np.int64)
+        batch["turn_rewards"] = np.zeros((rows, turns), np.float32)
     return batch
 
 
@@ -92,20 +107,14 @@ def _group_ids(group_sizes: Sequence[int] | None, real: int, rows: int) -> np.nd
     return ids
 
 
-def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence], rows: int, turns: int | None) -> None:
-    """GiGPO's per-turn inputs, ``[rows, K]``: ``anchor_ids`` (-1 where a turn has none, int64 as given;
+def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence]) -> None:
+    """Fills GiGPO's per-turn inputs: ``anchor_ids`` (-1 where a turn has none, int64 as given;
     ``dense_anchor_ids`` makes them int32) and ``turn_rewards`` (the step reward, else the sum of the
     turn's token rewards: the value the pipeline would derive)."""
-    most = max(len(seq.interaction_ids) for seq in sequences)
-    turns = most if turns is None else turns
-    if turns < most:
-        raise ValueError(f"turns {turns} is fewer than the {most} turns of the longest branch")
-    anchors = np.full((rows, turns), -1, np.int64)
-    step_rewards = np.zeros((rows, turns), np.float32)
+    anchors, step_rewards = batch["anchor_ids"], batch["turn_rewards"]
+    turns = anchors.shape[1]
     for b, seq in enumerate(sequences):
         anchors[b, :len(seq.anchor_ids)] = [-1 if a is None else a for a in seq.anchor_ids]
         derived = (np.bincount(seq.turn_ids[seq.turn_ids >= 0], weights=seq.token_rewards[seq.turn_ids >= 0],
                                minlength=turns) if seq.token_rewards is not None else np.zeros(turns))
         step_rewards[b, :len(seq.step_rewards)] = [derived[k] if r is None else r for k, r in enumerate(seq.step_rewards)]
-    batch["anchor_ids"] = anchors
-    batch["turn_rewards"] = step_rewards

@@ -125,6 +125,16 @@ class Interaction:
         self.messages = tuple(self.messages)
         self.output_messages = tuple(self.output_messages)
 
+    @classmethod
+    def checked(cls, interaction_id: str, input_tokens: np.ndarray, output_tokens: np.ndarray, **fields: Any) -> Interaction:
+        """An interaction from fields a reader has already validated by the rules of ``__post_init__``
+        (token ids int64 arrays in range, vectors float32 of the output's length and finite, numbers finite,
+        messages tuples), e.g. once per branch with vectorized checks: no check is repeated per turn."""
+        turn = object.__new__(cls)
+        turn.__dict__.update(_DEFAULTS, interaction_id=interaction_id, input_tokens=input_tokens,
+                             output_tokens=output_tokens, **fields)
+        return turn
+
     @property
     def output_len(self) -> int:
         return 0 if self.output_tokens is None else int(self.output_tokens.shape[0])
@@ -179,6 +189,10 @@ def _share_state(turn: Interaction, state: dict[str, Any]) -> None:
                 state[name] = _readonly_view(value)
         elif name not in _MESSAGE_FIELDS and name != "_frozen_cache" and not isinstance(value, _IMMUTABLE):
             state[name] = freeze(value)
+
+
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Interaction)
+             if field.default is not dataclasses.MISSING}
 
 
 class ReadOnlyInteraction(Interaction):

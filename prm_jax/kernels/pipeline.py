@@ -96,6 +96,8 @@ class AdvantageConfig:
     Hashable: it is a static argument of the jitted pipeline, so equal configs never retrace.
     ``gae_lambda`` is a float, or (AReaL's dynamic λ) a dotted path to a jittable function of the rows'
     lengths with ``gae_lambda_kwargs`` (see ``prm_jax.kernels.lambda_fn``; AReaL's built-in paths work).
+    ``reward_norm`` is AReaL's actor-side outcome normalization (unbiased std, eps 1e-5 by default); the
+    export's ``normalize_rewards`` is the proxy-side one (population std + 1e-8): use one, not both.
     Beyond AReaL: ``gae_method``/``gae_block_size`` choose the scan, ``max_turns`` bounds turns per row for
     turn-level GAE (default ``T``), ``check_values=False`` skips the value checks on the hot path (their
     reductions and the device sync).

@@ -101,7 +101,8 @@ def main() -> int:
         return 1
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     warm = sorted(runs[1:], key=lambda run: run[0])[1]  # the median of three warm runs
-    for label, (wall, phases) in (("cold (first run, compiles)", runs[0]), ("warm (compiled programs cached), median of 3", warm)):
+    labelled = (("cold (first run, compiles)", runs[0]), ("warm (compiled programs cached), median of 3", warm))
+    for label, (wall, phases) in labelled:
         print(f"prm-jax score end to end, {label}: {wall:.2f} s wall (target <= 5 s at the default size)")
         for line in phases:
             print("  " + line)

@@ -194,9 +194,8 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
       is_eval: evaluation rollouts (metric namespace ``eval-rollout``).
       remove_session: remove the group's sessions afterwards (never ``__hitl__``).
       discard: drop the group without scoring.
-      normalize_rewards: group outcome normalization after scoring, the v1/v2 proxy's rule:
-        ``(r - mean) / (population std + 1e-8)``. ``AdvantageConfig.reward_norm`` is AReaL's other one (in
-        the jitted pipeline: unbiased std, eps 1e-5); use one of the two, not both.
+      normalize_rewards: group outcome normalization after scoring, ``(r - mean) / (population std + 1e-8)``
+        (the proxy's rule; ``AdvantageConfig.reward_norm`` is AReaL's other one: use one, not both).
       select: session key -> the one ready trajectory to export (``__hitl__`` defaults to its oldest).
       group_filter: e.g. ``filter_mixed_or_penalized_all_wrong``, applied to the complete accepted group;
         its decision and AReaL's counters are returned under ``"filter"``.

@@ -533,20 +533,28 @@ class PRMRunner:
     async def _evaluate_all(self, scorer: BaseScorer, views: list[Interaction],
                             ctx: Mapping[str, Any]) -> list[Any]:
         if isinstance(scorer, BaseTrajectoryScorer):
-            where = f"the branch ending at {views[-1].interaction_id!r}"
-            mapping = await self._call(scorer, where, lambda: scorer.evaluate_trajectory(tuple(views), ctx))
-            if mapping is None:
-                return [None] * len(views)
-            if not isinstance(mapping, Mapping):
-                raise TypeError(f"scorer {scorer.name!r}: evaluate_trajectory must return a mapping of interaction "
-                                f"id to reward, got {type(mapping).__name__}")
-            ids = {view.interaction_id for view in views}
-            unknown = sorted(map(str, set(mapping) - ids))
-            if unknown:
-                raise ValueError(f"scorer {scorer.name!r}: evaluate_trajectory returned unknown interaction ids "
-                                 f"{short_repr(unknown)}")
-            return [scorer.prepare_result(view, mapping.get(view.interaction_id, 0.0), ctx) for view in views]
+            return await self._evaluate_trajectory(scorer, views, ctx)
+        return await self._evaluate_turns(scorer, views, ctx)
 
+    async def _evaluate_trajectory(self, scorer: BaseTrajectoryScorer, views: list[Interaction],
+                                   ctx: Mapping[str, Any]) -> list[Any]:
+        """The whole branch in one call: a mapping of interaction id to reward (missing ids get 0.0)."""
+        where = f"the branch ending at {views[-1].interaction_id!r}"
+        mapping = await self._call(scorer, where, lambda: scorer.evaluate_trajectory(tuple(views), ctx))
+        if mapping is None:
+            return [None] * len(views)
+        if not isinstance(mapping, Mapping):
+            raise TypeError(f"scorer {scorer.name!r}: evaluate_trajectory must return a mapping of interaction "
+                            f"id to reward, got {type(mapping).__name__}")
+        ids = {view.interaction_id for view in views}
+        unknown = sorted(map(str, set(mapping) - ids))
+        if unknown:
+            raise ValueError(f"scorer {scorer.name!r}: evaluate_trajectory returned unknown interaction ids "
+                             f"{short_repr(unknown)}")
+        return [scorer.prepare_result(view, mapping.get(view.interaction_id, 0.0), ctx) for view in views]
+
+    async def _evaluate_turns(self, scorer: BaseScorer, views: list[Interaction], ctx: Mapping[str, Any]) -> list[Any]:
+        """Every turn concurrently; the first failure cancels the others and is raised."""
         outcomes: list[Any] = [None] * len(views)
         done = [False] * len(views)
         failure: list[BaseException] = []

@@ -10,6 +10,7 @@ own arrays stay the batch.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -107,4 +108,22 @@ async def score_arrays(runner: Any, input_ids: Any, turn_ids: Any, *, attention_
     scored = [b for b, chain in enumerate(chains) if chain]
     contexts = ctx if ctx is None or isinstance(ctx, Mapping) else [list(ctx)[b] for b in scored]
     await runner.run_many([chains[b] for b in scored], contexts, limit=limit, is_eval=is_eval)
-    return token_rewards_from_chains(chains, turn_ids)
+    token_rewards = token_rewards_from_chains(chains, turn_ids)
+    _warn_if_gvpo_sees_no_penalty(runner, token_rewards, scored)
+    return token_rewards
+
+
+_warned: set[str] = set()
+
+
+def _warn_if_gvpo_sees_no_penalty(runner: Any, token_rewards: np.ndarray, scored: list[int]) -> None:
+    """Host side, once per process: under ``gvpo`` (it reads only the sign) scores that are never negative
+    change nothing; a jitted trainer never sees ``compute_advantages``' own eager warning."""
+    config = getattr(runner, "config", None)
+    shaping = getattr(config, "advantage_shaping", None)
+    if getattr(shaping, "mode", None) != "gvpo" or not scored or "gvpo" in _warned or (token_rewards < 0).any():
+        return
+    _warned.add("gvpo")
+    warnings.warn("advantage_shaping.mode='gvpo' reads only the sign of the process reward, and no score in this "
+                  "batch is negative: gvpo changes nothing (a 1/0 judge is a no-op under gvpo; see the README's "
+                  "table of what each mode expects)", stacklevel=3)

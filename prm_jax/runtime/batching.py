@@ -41,7 +41,9 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     The keys depend only on the arguments, never on the content (a jitted step sees one structure):
     ``input_ids``, ``attention_mask``, ``loss_mask``, ``logprobs``, ``turn_ids``, ``rewards [rows]``,
     ``is_truncated [rows]``, ``group_ids [rows]`` (consecutive groups of ``group_sizes``, else one group;
-    -1 on padding rows), and with ``token_rewards`` (default) ``token_rewards`` (0 where a branch has none).
+    -1 on padding rows), and with ``token_rewards`` (default) ``token_rewards`` (0 where a branch has none:
+    AReaL's value for an unscored turn). Pass ``token_rewards=False`` when no scorer runs: a batch with the
+    key is shaped, and under ``process_weighted`` a process reward of 0 zeroes a positive advantage.
     ``per_turn`` adds GiGPO's ``anchor_ids [rows, K]`` int64 (-1: no anchor) and ``turn_rewards [rows, K]``
     (the turn's step reward, else the sum of its token rewards), ``K = turns`` or the most turns of a branch.
     Every branch needs an outcome reward.

@@ -309,3 +309,19 @@ def test_json_lines_split_on_newline_only(tmp_path):
     raw = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in items)
     proc = score(tmp_path, write_jsonl(tmp_path / "u2028.jsonl", None, raw))
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_failure_after_the_batch_began_keeps_an_earlier_output_set_whole(tmp_path, monkeypatch):
+    # Issue 12: batch.npz is begun while the advantages compute; a failure then leaves no temporary file,
+    # and the outputs of an earlier run as they were.
+    out = tmp_path / "out"
+    assert cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)]) == 0
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the library")
+    monkeypatch.setattr(cli, "compute_advantage_variants", broken)
+    monkeypatch.setattr(cli, "compute_advantages", broken)
+    with pytest.raises(RuntimeError, match="a bug in the library"):
+        cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)])
+    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before

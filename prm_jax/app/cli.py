@@ -14,13 +14,16 @@ temporary name and renamed, so a failed run leaves no partly written file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import io
 import json
 import os
 import sys
 import tempfile
+import threading
 import time
+import zipfile
 from collections import OrderedDict
 from collections.abc import Callable
 from importlib import resources
@@ -171,10 +174,12 @@ def _pack(sequences: list, accepted: list, bucket: int) -> dict[str, np.ndarray]
 
 
 def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | None = None, bucket: int = 128,
-              progress: bool = False, freeze_gc: bool = False) -> ScoreRun:
+              progress: bool = False, freeze_gc: bool = False,
+              on_packed: Callable[[dict[str, np.ndarray]], None] | None = None) -> ScoreRun:
     """Reads, scores, exports, packs and computes advantages. ``freeze_gc`` (the command line's choice: it
     owns its process) moves everything read into CPython's permanent generation, so the cyclic collector
-    stops re-walking the sessions on every full collection while they are scored."""
+    stops re-walking the sessions on every full collection while they are scored. ``on_packed`` gets the
+    batch before the advantages are computed (the command starts writing it)."""
     clock = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -190,13 +195,13 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     if freeze_gc:
         gc.freeze()
     lap("read")
-    run = _score_records(records, config, group_filter, bucket, progress, lap)
+    run = _score_records(records, config, group_filter, bucket, progress, lap, on_packed)
     run.summary["timings_s"] = timings
     return run
 
 
 def _score_records(records: list, config: ExperimentConfig, group_filter: str | None, bucket: int, progress: bool,
-                   lap: Callable[[str], None]) -> ScoreRun:
+                   lap: Callable[[str], None], on_packed: Callable[[dict[str, np.ndarray]], None] | None) -> ScoreRun:
     groups = list(OrderedDict.fromkeys(r.group for r in records))
     chosen_filter = FILTERS[group_filter] if group_filter else None
     statuses, accepted, metrics, filter_counters, reasons = anyio.run(_export_all, config, records, chosen_filter,
@@ -210,6 +215,8 @@ def _score_records(records: list, config: ExperimentConfig, group_filter: str | 
     batch = _pack([t["sequence"] for t in trajectories], accepted, bucket)
     batch["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories], np.float32)
     batch["group_sizes"] = np.array([len(group) for group in accepted], np.int32)
+    if on_packed is not None:
+        on_packed(batch)
     lap("pack")
     configured, outputs = _advantages(batch, config)
     lap("advantages")
@@ -232,16 +239,20 @@ def _score_records(records: list, config: ExperimentConfig, group_filter: str | 
     return ScoreRun(batch, outputs, configured, metrics, summary)
 
 
-def write_all_or_nothing(files: dict[Path, Callable[[io.BufferedWriter], None]]) -> None:
+def write_all_or_nothing(files: dict[Path, Callable[[io.BufferedWriter], None]],
+                         written: dict[Path, str] | None = None) -> None:
     """Writes every file to a temporary name beside it, then renames them all: all files or none.
 
+    ``written`` maps further targets to temporary files already written beside them (``_EarlyBatch``).
     Files get the mode a plain ``open`` would give them (0666 less the umask), not ``mkstemp``'s 0600.
     """
     umask = os.umask(0)
     os.umask(umask)
-    staged: list[tuple[str, Path]] = []
+    staged: list[tuple[str, Path]] = [(tmp, path) for path, tmp in (written or {}).items()]
     done: list[Path] = []
     try:
+        for tmp, _ in staged:
+            os.chmod(tmp, 0o666 & ~umask)
         for path, write in files.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
             staged.append((tmp, path))
@@ -259,12 +270,15 @@ def write_all_or_nothing(files: dict[Path, Callable[[io.BufferedWriter], None]])
         raise
 
 
+def timestep_arrays(run: ScoreRun) -> dict[str, np.ndarray]:
+    arrays = {f"timestep_{field}": np.asarray(getattr(run.configured, field)) for field in TIMESTEP_FIELDS}
+    arrays["timestep_advantages_unshaped"] = np.asarray(run.outputs["none"].advantages)
+    return arrays
+
+
 def output_files(run: ScoreRun, output_dir: Path, plot_path: Path | None = None,
                  compress: bool = False) -> dict[Path, Callable[[io.BufferedWriter], None]]:
-    arrays = dict(run.batch)
-    for field in TIMESTEP_FIELDS:
-        arrays[f"timestep_{field}"] = np.asarray(getattr(run.configured, field))
-    arrays["timestep_advantages_unshaped"] = np.asarray(run.outputs["none"].advantages)
+    arrays = {**run.batch, **timestep_arrays(run)}
     payload = json.dumps({"metrics": run.metrics, "summary": run.summary}, indent=2, sort_keys=True,
                          allow_nan=False).encode()
 
@@ -282,9 +296,63 @@ def output_files(run: ScoreRun, output_dir: Path, plot_path: Path | None = None,
     return files
 
 
-def write_outputs(run: ScoreRun, output_dir: Path, plot_path: Path | None = None, compress: bool = False) -> None:
+def write_outputs(run: ScoreRun, output_dir: Path, plot_path: Path | None = None, compress: bool = False,
+                  early: _EarlyBatch | None = None) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
-    write_all_or_nothing(output_files(run, output_dir, plot_path, compress))
+    files = output_files(run, output_dir, plot_path, compress)
+    written = {}
+    if early is not None:  # the batch's inputs are in already: add the outputs, stage it with the rest
+        del files[early.path]
+        written[early.path] = early.finish(timestep_arrays(run))
+    write_all_or_nothing(files, written)
+
+
+class _EarlyBatch:
+    """``batch.npz`` begun early: a thread writes the batch's arrays into its staged file while the
+    advantages are computed (file writes and XLA both run without the GIL), ``finish`` appends the timestep
+    outputs. The file is renamed only with the other outputs; ``abort`` removes it, and the output folder
+    when this run created it."""
+
+    def __init__(self, path: Path, arrays: dict[str, np.ndarray]):
+        self.path = path
+        self._created = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        self._handle = os.fdopen(fd, "wb")
+        self._archive = zipfile.ZipFile(self._handle, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._add_in_thread, args=(dict(arrays),), daemon=True)
+        self._thread.start()
+
+    def _add_in_thread(self, arrays: dict[str, np.ndarray]) -> None:
+        try:
+            self._add(arrays)
+        except BaseException as err:  # re-raised by finish
+            self._error = err
+
+    def _add(self, arrays: dict[str, np.ndarray]) -> None:
+        for name, value in arrays.items():  # as np.savez writes them
+            with self._archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+
+    def finish(self, arrays: dict[str, np.ndarray]) -> str:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        self._add(arrays)
+        self._archive.close()
+        self._handle.close()
+        return self.tmp
+
+    def abort(self) -> None:
+        self._thread.join()
+        with contextlib.suppress(Exception):
+            self._archive.close()
+        self._handle.close()
+        Path(self.tmp).unlink(missing_ok=True)
+        for folder in self._created:  # innermost first; only folders this run made, and only if empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def _check_arguments(args) -> None:
@@ -313,10 +381,22 @@ def _check_arguments(args) -> None:
 def cmd_score(args) -> int:
     _check_arguments(args)
     config = _load_config(args.config)
-    run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket,
-                    progress=args.progress if args.progress is not None else sys.stderr.isatty(), freeze_gc=True)
-    start = time.perf_counter()
-    write_outputs(run, Path(args.output), Path(args.plot) if args.plot else None, compress=args.compress)
+    early: list[_EarlyBatch] = []
+
+    def start_writing(batch: dict[str, np.ndarray]) -> None:
+        early.append(_EarlyBatch(Path(args.output) / "batch.npz", batch))
+
+    try:
+        run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket,
+                        progress=args.progress if args.progress is not None else sys.stderr.isatty(), freeze_gc=True,
+                        on_packed=None if args.compress else start_writing)
+        start = time.perf_counter()
+        write_outputs(run, Path(args.output), Path(args.plot) if args.plot else None, compress=args.compress,
+                      early=early[0] if early else None)
+    except BaseException:
+        for begun in early:
+            begun.abort()
+        raise
     run.summary["timings_s"]["write"] = time.perf_counter() - start
     print_summary(run)
     if args.timings:

@@ -255,6 +255,17 @@ def _reward_array(scorer: BaseScorer, turn: Interaction, raw: Any, n: int) -> np
     return array
 
 
+def _scorer_error(scorer: BaseScorer, where: str, err: BaseException, timeout: float | None) -> BaseException:
+    """What an exception out of one scorer call becomes: the deadline's ``TimeoutError`` names the scorer and
+    its timeout; a ``CancelledError`` the scorer raised itself (no cancellation was asked for) is a scorer
+    failure, not a cancellation of the run; anything else stays as it is."""
+    if isinstance(err, TimeoutError) and timeout is not None:
+        return TimeoutError(f"scorer {scorer.name!r} on {where} took longer than its timeout of {timeout} s")
+    if isinstance(err, anyio.get_cancelled_exc_class()) and not _cancellation_requested():
+        return RuntimeError(f"scorer {scorer.name!r} on {where} raised CancelledError without being cancelled")
+    return err
+
+
 def _plain(scorer: BaseScorer) -> bool:
     """The scorer keeps BaseScorer's ``evaluate_result``/``prepare_result``: its raw results need no wrapper."""
     return (type(scorer).evaluate_result is BaseScorer.evaluate_result
@@ -522,13 +533,11 @@ class PRMRunner:
                 return await call()
             with anyio.fail_after(timeout):
                 return await call()
-        except TimeoutError:
-            raise TimeoutError(f"scorer {scorer.name!r} on {where} took longer than its timeout of {timeout} s") from None
-        except anyio.get_cancelled_exc_class():
-            if _cancellation_requested():
+        except (Exception, anyio.get_cancelled_exc_class()) as err:
+            reported = _scorer_error(scorer, where, err, timeout)
+            if reported is err:
                 raise
-            raise RuntimeError(f"scorer {scorer.name!r} on {where} raised CancelledError without being "
-                               "cancelled") from None
+            raise reported from None
 
     async def _evaluate_all(self, scorer: BaseScorer, views: list[Interaction],
                             ctx: Mapping[str, Any]) -> list[Any]:
@@ -573,22 +582,17 @@ class PRMRunner:
                     with anyio.fail_after(timeout):
                         outcomes[i] = await call
                 done[i] = True
-            except Exception as err:
-                reported = self._scorer_failure(scorer, view, err, timeout)
+            except (Exception, anyio.get_cancelled_exc_class()) as err:
+                where = f"interaction {view.interaction_id!r}"
+                reported = _scorer_error(scorer, where, err, timeout)
+                if not isinstance(reported, Exception):
+                    raise  # a cancellation that was asked for
+                add_note(reported, f"raised by scorer {scorer.name!r} on {where}")
                 if not failure:
                     failure.append(reported)
                 if reported is err:
                     raise  # the group cancels the other turns
                 raise reported from None
-            except anyio.get_cancelled_exc_class():
-                if _cancellation_requested():
-                    raise
-                unrequested = RuntimeError(f"scorer {scorer.name!r} on interaction {view.interaction_id!r} raised "
-                                           "CancelledError without being cancelled")
-                add_note(unrequested, f"raised by scorer {scorer.name!r} on interaction {view.interaction_id!r}")
-                if not failure:
-                    failure.append(unrequested)
-                raise unrequested from None
 
         try:
             await _concurrently([score(i) for i in range(len(views))])
@@ -601,14 +605,6 @@ class PRMRunner:
             raise RuntimeError(f"scorer {scorer.name!r} was cancelled on {done.count(False)} of {len(views)} turns "
                                "before returning")
         return outcomes
-
-    @staticmethod
-    def _scorer_failure(scorer: BaseScorer, view: Interaction, err: Exception, timeout: float | None) -> Exception:
-        where = f"interaction {view.interaction_id!r}"
-        if isinstance(err, TimeoutError) and timeout is not None:
-            err = TimeoutError(f"scorer {scorer.name!r} on {where} took longer than its timeout of {timeout} s")
-        add_note(err, f"raised by scorer {scorer.name!r} on {where}")
-        return err
 
     async def _score(self, scorer: BaseScorer, chain: list[Interaction], views: list[Interaction],
                      ctx: Mapping[str, Any]) -> _Staged:

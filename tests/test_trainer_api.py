@@ -10,7 +10,7 @@ import pytest
 from batches import make_batch
 
 from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages
-from prm_jax.kernels import pipeline
+from prm_jax.kernels import shaping
 
 # gamma = lam = 1, no KL, no values: every active timestep's advantage is the row's (normalized) outcome.
 PLAIN = AdvantageConfig(kl_ctl=0.0, reward_norm=NormConfig("batch", "batch"))
@@ -124,7 +124,7 @@ def test_zero_advantage_groups_counts_a_process_weighted_group_where_all_failed(
 
 def test_gvpo_warns_once_when_no_process_reward_is_negative(monkeypatch):
     # Issue 14.9: a 1/0 judge is silently a no-op under gvpo.
-    monkeypatch.setattr(pipeline, "_warned", set())
+    monkeypatch.setattr(shaping, "_warned", set())
     judge = {**rows_with_padding([1, 0], real=2), "token_rewards": np.ones((2, 4), np.float32)}
     config = AdvantageConfig(kl_ctl=0.0, advantage_shaping=ShapingConfig("gvpo"))
     with pytest.warns(UserWarning, match="gvpo changes nothing here"):
@@ -132,7 +132,7 @@ def test_gvpo_warns_once_when_no_process_reward_is_negative(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         compute_advantages(judge, config)  # once per process
-        monkeypatch.setattr(pipeline, "_warned", set())
+        monkeypatch.setattr(shaping, "_warned", set())
         signed = {**judge, "token_rewards": np.where(np.arange(4) % 2, -1.0, 1.0).astype(np.float32)[None].repeat(2, 0)}
         compute_advantages(signed, config)  # a negative process reward: no warning
     out = jax.jit(lambda b: compute_advantages(b, config))(judge)  # under jit: the share, no host call

@@ -168,18 +168,18 @@ async def test_score_arrays_warns_once_when_gvpo_gets_no_negative_score(monkeypa
     # Issue 14.9: host side, for a jitted trainer (its compute_advantages never runs eagerly).
     import warnings
 
-    from prm_jax.runtime import arrays
+    from prm_jax.kernels import shaping
 
     input_ids, turn_ids, attention = trainer_arrays()
     config = {"rollout": {"agent": {"prm": {"enabled": True, "advantage_shaping": {"mode": "gvpo"}}}}}
-    monkeypatch.setattr(arrays, "_warned", set())
+    monkeypatch.setattr(shaping, "_warned", set())
     judge = PRMRunner(config, scorers=[st.ConstantScorer(1.0)])
     with pytest.warns(UserWarning, match="gvpo changes nothing"):
         await score_arrays(judge, input_ids, turn_ids, attention_mask=attention)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         await score_arrays(judge, input_ids, turn_ids, attention_mask=attention)  # once per process
-        monkeypatch.setattr(arrays, "_warned", set())
+        monkeypatch.setattr(shaping, "_warned", set())
         await score_arrays(PRMRunner(config, scorers=[st.ConstantScorer(-1.0)]), input_ids, turn_ids,
                            attention_mask=attention)
         await score_arrays(PRMRunner({"enabled": True, "scorers": []}, scorers=[st.ConstantScorer(1.0)]),

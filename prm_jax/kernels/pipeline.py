@@ -65,7 +65,13 @@ from prm_jax.kernels.normalization import (
     member_counts_check,
     normalize_core,
 )
-from prm_jax.kernels.shaping import ShapingConfig, ShapingMode, process_range_check, shape_core
+from prm_jax.kernels.shaping import (
+    ShapingConfig,
+    ShapingMode,
+    process_range_check,
+    shape_core,
+    warn_gvpo_without_penalty,
+)
 from prm_jax.validation import ConfigError, finite_number, from_mapping, short_repr
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
@@ -598,9 +604,6 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
     return _settle_checks(output, checks, config)
 
 
-_warned: set[str] = set()
-
-
 def _settle_checks(output: AdvantageOutput, checks: list[_checks.ValueCheck],
                    config: AdvantageConfig) -> AdvantageOutput:
     """Eagerly: raise on a failed check, and warn once when gvpo sees no negative process reward. Under a
@@ -609,11 +612,8 @@ def _settle_checks(output: AdvantageOutput, checks: list[_checks.ValueCheck],
         return output
     _checks.raise_value_checks(checks, callback=config.check_values == "callback")
     negative = output.diagnostics.get("process/negative_share")
-    if negative is not None and not _checks.is_traced(negative) and float(negative) == 0 and "gvpo" not in _warned:
-        _warned.add("gvpo")
-        warnings.warn("advantage_shaping.mode='gvpo' reads only the sign of the process reward, and no active "
-                      "process reward in this batch is negative: gvpo changes nothing here (a 1/0 judge is a "
-                      "no-op under gvpo; see the README's table of what each mode expects)", stacklevel=3)
+    if negative is not None and not _checks.is_traced(negative) and float(negative) == 0:
+        warn_gvpo_without_penalty(stacklevel=3)
     return output._replace(diagnostics={**output.diagnostics, **_checks.check_counts(checks)})
 
 

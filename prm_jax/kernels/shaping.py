@@ -16,6 +16,7 @@ returns. With ``b = negative_scale``, ``z = zero_penalty``, ``eps = zero_eps``:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Literal
 
 import jax
@@ -64,6 +65,21 @@ def shape_core(advantages: jax.Array, process_rewards: jax.Array, active: jax.Ar
     else:
         shaped = jnp.where(a >= 0, a * p, jnp.where(p > 0, p, a))
     return jnp.where(active, shaped, a)
+
+
+_warned: set[str] = set()
+
+
+def warn_gvpo_without_penalty(stacklevel: int) -> None:
+    """Host side, once per process: gvpo reads only the sign of the process reward, so a batch in which no
+    active process reward is negative is not shaped at all (the eager ``compute_advantages`` and
+    ``score_arrays``, for jitted trainers, call this)."""
+    if "gvpo" in _warned:
+        return
+    _warned.add("gvpo")
+    warnings.warn("advantage_shaping.mode='gvpo' reads only the sign of the process reward, and no active "
+                  "process reward in this batch is negative: gvpo changes nothing here (a 1/0 judge is a "
+                  "no-op under gvpo; see the README's table of what each mode expects)", stacklevel=stacklevel + 1)
 
 
 def process_range_check(process_rewards: jax.Array, active: jax.Array) -> _checks.ValueCheck:

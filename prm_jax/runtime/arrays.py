@@ -10,12 +10,12 @@ own arrays stay the batch.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from prm_jax.kernels.shaping import warn_gvpo_without_penalty
 from prm_jax.runtime.trajectory import Interaction
 
 
@@ -106,24 +106,13 @@ async def score_arrays(runner: Any, input_ids: Any, turn_ids: Any, *, attention_
     chains = chains_from_arrays(input_ids, turn_ids, attention_mask=attention_mask, logprobs=logprobs,
                                 rewards=rewards)
     scored = [b for b, chain in enumerate(chains) if chain]
-    contexts = ctx if ctx is None or isinstance(ctx, Mapping) else [list(ctx)[b] for b in scored]
-    await runner.run_many([chains[b] for b in scored], contexts, limit=limit, is_eval=is_eval)
+    if ctx is not None and not isinstance(ctx, Mapping):
+        per_row = list(ctx)
+        ctx = [per_row[b] for b in scored]
+    await runner.run_many([chains[b] for b in scored], ctx, limit=limit, is_eval=is_eval)
     token_rewards = token_rewards_from_chains(chains, turn_ids)
-    _warn_if_gvpo_sees_no_penalty(runner, token_rewards, scored)
+    # A jitted trainer never sees compute_advantages' eager warning: the host side says it here.
+    shaping = getattr(getattr(runner, "config", None), "advantage_shaping", None)
+    if getattr(shaping, "mode", None) == "gvpo" and scored and not (token_rewards < 0).any():
+        warn_gvpo_without_penalty(stacklevel=2)
     return token_rewards
-
-
-_warned: set[str] = set()
-
-
-def _warn_if_gvpo_sees_no_penalty(runner: Any, token_rewards: np.ndarray, scored: list[int]) -> None:
-    """Host side, once per process: under ``gvpo`` (it reads only the sign) scores that are never negative
-    change nothing; a jitted trainer never sees ``compute_advantages``' own eager warning."""
-    config = getattr(runner, "config", None)
-    shaping = getattr(config, "advantage_shaping", None)
-    if getattr(shaping, "mode", None) != "gvpo" or not scored or "gvpo" in _warned or (token_rewards < 0).any():
-        return
-    _warned.add("gvpo")
-    warnings.warn("advantage_shaping.mode='gvpo' reads only the sign of the process reward, and no score in this "
-                  "batch is negative: gvpo changes nothing (a 1/0 judge is a no-op under gvpo; see the README's "
-                  "table of what each mode expects)", stacklevel=3)

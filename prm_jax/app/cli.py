@@ -278,13 +278,12 @@ def timestep_arrays(run: ScoreRun) -> dict[str, np.ndarray]:
 
 def output_files(run: ScoreRun, output_dir: Path, plot_path: Path | None = None,
                  compress: bool = False) -> dict[Path, Callable[[io.BufferedWriter], None]]:
-    arrays = {**run.batch, **timestep_arrays(run)}
     payload = json.dumps({"metrics": run.metrics, "summary": run.summary}, indent=2, sort_keys=True,
                          allow_nan=False).encode()
 
-    def write_batch(handle: io.BufferedWriter) -> None:
+    def write_batch(handle: io.BufferedWriter) -> None:  # (not called when _EarlyBatch writes it)
         save: Any = np.savez_compressed if compress else np.savez
-        save(handle, **arrays)
+        save(handle, **run.batch, **timestep_arrays(run))
 
     def write_metrics(handle: io.BufferedWriter) -> None:
         handle.write(payload)

@@ -289,7 +289,8 @@ class _Context(Mapping):
     def __getitem__(self, key: str) -> Any:
         if key == "messages":
             if "messages" not in self._items:
-                self._items["messages"] = freeze(tuple(self._leaf.messages) + tuple(self._leaf.output_messages))
+                # The leaf's own frozen messages (built once per interaction, shared with scorers' views).
+                self._items["messages"] = self._leaf._frozen("messages") + self._leaf._frozen("output_messages")
             return self._items["messages"]
         return self._items[key]
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -90,3 +91,98 @@ def test_the_fast_path_builds_the_same_interactions_as_the_checked_path():
                 if x is not None:
                     assert x.dtype == y.dtype, name
                     np.testing.assert_array_equal(x, y, err_msg=name)
+
+
+def _equal_records(a, b) -> None:
+    assert (a.key, a.group, a.ready) == (b.key, b.group, b.ready)
+    for x, y in zip(a.cache, b.cache, strict=True):
+        for name in ("interaction_id", "parent_id", "stop_reason", "reward", "messages"):
+            assert getattr(x, name) == getattr(y, name), name
+        for name in ("input_tokens", "output_tokens", "output_logprobs", "token_rewards"):
+            u, v = getattr(x, name), getattr(y, name)
+            assert (u is None) == (v is None), name
+            if u is not None:
+                assert u.dtype == v.dtype, name
+                np.testing.assert_array_equal(u, v, err_msg=name)
+
+
+def _session_line(rng: np.random.Generator, spacing: str) -> tuple[bytes, bool]:
+    """A session of 1-4 turns (sometimes two leaves sharing their ancestors), token lists written with
+    ``spacing`` after commas, possibly with one flaw or with the leaf's inputs in another style; returns the
+    line and whether it is unflawed and in one style."""
+    turns, items, prefix, parent = int(rng.integers(1, 5)), [], [], None
+    for k in range(turns):
+        outputs = [int(t) for t in rng.integers(0, 200, int(rng.integers(0, 4)))]
+        items.append({"id": f"t{k}", "parent_id": parent, "input_tokens": list(prefix), "output_tokens": outputs,
+                      "output_logprobs": [-0.25] * len(outputs)})
+        prefix = prefix + outputs + [int(t) for t in rng.integers(0, 200, int(rng.integers(0, 3)))]
+        parent = f"t{k}"
+    items[-1]["reward"] = 1.0
+    if turns > 1 and rng.random() < 0.3:  # a second leaf branching off the root
+        root = items[0]
+        items.append({"id": "b", "parent_id": "t0", "input_tokens": root["input_tokens"] + root["output_tokens"],
+                      "output_tokens": [7], "reward": 0.0})
+    flaw = rng.integers(0, 8)
+    if flaw == 1:  # one token changed in an ancestor: the concat rule breaks
+        victim = items[int(rng.integers(0, len(items)))]
+        field = "input_tokens" if victim["input_tokens"] and rng.random() < 0.5 else "output_tokens"
+        if victim[field]:
+            victim[field][int(rng.integers(0, len(victim[field])))] += 1000
+    elif flaw == 2:  # a token id out of range, a float, or a bool somewhere
+        victim = items[int(rng.integers(0, len(items)))]
+        victim["output_tokens"] = victim["output_tokens"] + [rng.choice([-1, 2**31, 2**70, 1.5, True])]
+    elif flaw == 3:  # a number cut short: "[.., 12]" of a parent against "[.., 123, ..]" in the leaf
+        for item in items[1:]:
+            if item["input_tokens"]:
+                item["input_tokens"][-1] = item["input_tokens"][-1] * 10 + 3
+                break
+    restyled = None
+    if flaw == 4:  # valid, but the leaf's inputs are written in another style than its ancestors'
+        restyled, items[-1]["input_tokens"] = items[-1]["input_tokens"], "@"
+    text = json.dumps({"session_key": "s", "group": "g", "interactions": items}, separators=("," + spacing, ":"))
+    if restyled is not None:
+        text = text.replace('"@"', "[ " + " ,".join(map(str, restyled)) + "]")
+    return text.encode(), flaw in (0, 5, 6, 7)
+
+
+def test_the_fast_reader_agrees_with_the_checked_path_on_valid_and_flawed_lines(tmp_path):
+    # Issue 12: the fast path parses only each leaf's tokens and compares every ancestor's token lists to
+    # the leaf's as bytes. Whatever a line holds, reading it gives exactly what the field-by-field path gives:
+    # the same interactions, or an error naming the same line and field.
+    from prm_jax.app.sessions import InputError, _fast_session, _slow_session
+
+    rng = np.random.default_rng(12)
+    outcomes = {"fast": 0, "checked": 0, "refused": 0}
+    for case in range(600):
+        line, clean = _session_line(rng, ["", " ", "  "][case % 3])
+        path = tmp_path / f"{case}.jsonl"
+        path.write_bytes(line + b"\n")
+        try:
+            slow, _ = _slow_session(line.decode(), path, 1)
+        except InputError as err:
+            with pytest.raises(InputError) as caught:
+                read_sessions(path)
+            assert str(caught.value) == str(err)
+            outcomes["refused"] += 1
+            continue
+        (record,) = read_sessions(path)
+        _equal_records(record, slow)
+        try:
+            fast, _ = _fast_session(line, path, 1)
+            outcomes["fast"] += 1
+            _equal_records(fast, slow)
+        except ValueError:
+            outcomes["checked"] += 1
+            assert not clean, line  # a well-formed line in one style takes the fast path
+    assert min(outcomes.values()) > 20, outcomes
+
+
+def test_a_turn_whose_parent_is_missing_is_a_located_error(tmp_path):
+    # The fast path raised a bare KeyError here (a traceback instead of the file, line and field).
+    from prm_jax.app.sessions import InputError
+
+    path = tmp_path / "orphan.jsonl"
+    path.write_text(json.dumps({"session_key": "s", "interactions": [
+        {"id": "b", "parent_id": "zz", "input_tokens": [1], "output_tokens": [2], "reward": 1.0}]}) + "\n")
+    with pytest.raises(InputError, match=r"orphan.jsonl:1: interactions: interaction 'b' has parent 'zz'"):
+        read_sessions(path)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -150,11 +151,15 @@ def _session(data: Any, path: Path, line: int) -> SessionRecord:
 
 
 class _InteractionIn(msgspec.Struct, forbid_unknown_fields=True):
-    """The fast path's schema: what ``_interaction`` checks field by field, checked in C while decoding."""
+    """The fast path's schema: what ``_interaction`` checks field by field, checked in C while decoding.
+
+    Token lists stay raw JSON (valid JSON: msgspec checks their syntax): a child repeats its parent's
+    tokens, which are compared as bytes and never decoded (see ``_branch_tokens``); the leaf's are parsed
+    straight into one array (``_parse_ids``). Floats decode faster through msgspec than through numpy."""
 
     id: str
-    input_tokens: msgspec.Raw  # not decoded: a child repeats its parent's tokens (see _branch_tokens)
-    output_tokens: list[TokenId]
+    input_tokens: msgspec.Raw
+    output_tokens: msgspec.Raw
     parent_id: str | None = None
     output_logprobs: list[float] | None = None
     messages: list[dict[str, Any]] = []
@@ -183,9 +188,10 @@ def decode_json(line: bytes) -> Any:
 
 
 def _fast_session(line: bytes, path: Path, line_no: int) -> tuple[SessionRecord, bool]:
-    """One line through the typed decoder, token lists to arrays with vectorized checks.
+    """One line through the typed decoder, number lists to arrays with vectorized checks.
 
-    Any problem sends the line to the field-by-field path, which names the field that is wrong.
+    Any problem raises ``ValueError`` (or ``msgspec.DecodeError``): the caller sends the line to the
+    field-by-field path, which names the field that is wrong.
     """
     data = _DECODER.decode(line)
     items = {item.id: item for item in data.interactions}
@@ -204,14 +210,36 @@ def _fast_session(line: bytes, path: Path, line_no: int) -> tuple[SessionRecord,
     return SessionRecord(data.session_key, group, cache, list(ready), line_no), data.group is None
 
 
+_SPACE = b" \t\r\n"
+_ID_CHARS = b"0123456789," + _SPACE
+_SPACES = re.compile(b"[ \t\r\n]*")
+_ELEMENT_END = (b",", b"]", b" ", b"\t", b"\r", b"\n")
+
+
+def _list_body(raw: bytes) -> bytes:
+    """The text between a JSON list's brackets (``ValueError`` if the value is not a list)."""
+    if raw[:1] != b"[" or raw[-1:] != b"]":
+        raise ValueError("not a list")
+    return raw[1:-1].strip(_SPACE)
+
+
+def _count(body: bytes) -> int:
+    """How many elements a list body holds (its elements are numbers: no commas inside them)."""
+    return body.count(b",") + 1 if body else 0
+
+
 def _parse_ids(raw: bytes) -> np.ndarray:
-    """A JSON list of token ids, parsed at C speed and range-checked (``ValueError`` on anything else)."""
-    body = raw.strip()[1:-1]
-    if not body.strip():
+    """A JSON list of token ids, parsed at C speed and range-checked. ``raw`` is valid JSON (msgspec
+    checked it), so a body of digits, commas and spaces only is a list of non-negative JSON integers, which
+    ``np.fromstring`` parses exactly (saturating at the int64 maximum, which the range check refuses);
+    anything else (signs, floats, strings, ``true``, nested lists) raises ``ValueError``."""
+    body = _list_body(raw)
+    if body.translate(None, _ID_CHARS):
+        raise ValueError("not a list of token ids")
+    if not body:
         return np.zeros(0, np.int64)
     ids = np.fromstring(body, dtype=np.int64, sep=",")
-    if ids.size != body.count(b",") + 1 or b"." in body or b"e" in body.lower() or ids.min() < 0 \
-            or ids.max() > MAX_TOKEN_ID:
+    if ids.size != _count(body) or ids.max() > MAX_TOKEN_ID:
         raise ValueError("token ids")
     return ids
 
@@ -219,36 +247,64 @@ def _parse_ids(raw: bytes) -> np.ndarray:
 def _branch_tokens(items: dict[str, _InteractionIn], leaves: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Every turn's ``(input_tokens, output_tokens)`` as views of one buffer per branch.
 
-    Only the leaf's ``input_tokens`` are parsed; an ancestor's are checked to be a prefix of them byte for
-    byte (the same JSON writer formats both), and its outputs to follow that prefix (the concat rule).
+    Only the leaf's tokens are parsed; an ancestor's inputs are checked to be a prefix of the leaf's
+    inputs byte for byte, and its outputs to follow that prefix there (the concat rule), so their token ids
+    are the leaf's, already parsed and range-checked. Lists written in another style than the leaf's
+    (other spacing) raise ``ValueError``: the field-by-field path reads them.
     """
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for leaf in leaves:
-        chain, node, seen = [], items[leaf], set()
-        while True:
-            if node.id in seen:
-                raise ValueError("cycle")
-            seen.add(node.id)
-            chain.append(node)
-            if node.parent_id is None:
-                break
-            node = items[node.parent_id]
-        leaf_raw = bytes(items[leaf].input_tokens).strip()
-        full = np.concatenate([_parse_ids(leaf_raw), np.asarray(items[leaf].output_tokens, np.int64)])
-        if full.size and (full.min() < 0 or full.max() > MAX_TOKEN_ID):  # the whole branch, once
-            raise ValueError("token ids")
+        chain = _chain(items, leaf)
+        leaf_raw = bytes(items[leaf].input_tokens).strip(_SPACE)
+        full = np.concatenate([_parse_ids(leaf_raw), _parse_ids(bytes(items[leaf].output_tokens).strip(_SPACE))])
         full.setflags(write=False)
+        leaf_inputs = _count(_list_body(leaf_raw))
         for turn in chain:
-            raw = bytes(turn.input_tokens).strip()
-            body = raw[1:-1].strip()
-            start = body.count(b",") + 1 if body else 0
-            stop = start + len(turn.output_tokens)
-            prefix = raw[:-1].rstrip()
-            if not (leaf_raw.startswith(prefix) and leaf_raw[len(prefix):len(prefix) + 1] in (b",", b"]")) \
-                    or stop > full.shape[0] or not np.array_equal(full[start:stop], turn.output_tokens):
-                raise ValueError("concat prefix")
+            start = leaf_inputs if turn is chain[-1] else _ancestor_start(turn, leaf_raw)
+            stop = start + _count(_list_body(bytes(turn.output_tokens).strip(_SPACE)))
             out.setdefault(turn.id, (full[:start], full[start:stop]))
     return out
+
+
+def _chain(items: dict[str, _InteractionIn], leaf: str) -> list[_InteractionIn]:
+    """Root-first turns of the branch ending at ``leaf`` (``ValueError`` on a cycle or a missing parent:
+    the checked path words the error)."""
+    chain, node, seen = [], items[leaf], set()
+    while True:
+        if node.id in seen:
+            raise ValueError("cycle")
+        seen.add(node.id)
+        chain.append(node)
+        if node.parent_id is None:
+            return chain[::-1]
+        if node.parent_id not in items:
+            raise ValueError("missing parent")
+        node = items[node.parent_id]
+
+
+def _ancestor_start(turn: _InteractionIn, leaf_raw: bytes) -> int:
+    """How many input tokens an ancestor has, after checking, as bytes, that its leaf's input list begins
+    with the ancestor's input elements and then its output elements."""
+    raw = bytes(turn.input_tokens).strip(_SPACE)
+    inputs = _count(_list_body(raw))
+    prefix = raw[:-1].rstrip(_SPACE)  # "[1, 2" of "[1, 2]"
+    if not leaf_raw.startswith(prefix):
+        raise ValueError("concat prefix")
+    at = len(prefix)
+    outputs = _list_body(bytes(turn.output_tokens).strip(_SPACE))
+    if outputs:
+        if inputs:  # the comma between the last input and the first output
+            at = _SPACES.match(leaf_raw, at).end()  # type: ignore[union-attr]
+            if leaf_raw[at:at + 1] != b",":
+                raise ValueError("concat prefix")
+            at += 1
+        at = _SPACES.match(leaf_raw, at).end()  # type: ignore[union-attr]
+        if not leaf_raw.startswith(outputs, at):
+            raise ValueError("concat prefix")
+        at += len(outputs)
+    if (inputs or outputs) and leaf_raw[at:at + 1] not in _ELEMENT_END:  # the last element is whole
+        raise ValueError("concat prefix")
+    return inputs
 
 
 def _fast_interaction(item: _InteractionIn, input_tokens: np.ndarray, output_tokens: np.ndarray) -> Interaction:
@@ -312,7 +368,7 @@ def iter_sessions(path: str | Path) -> Iterator[tuple[SessionRecord, bool]]:
     """Streams ``(record, had_no_group)`` line by line; ``InputError`` at the first problem."""
     path = Path(path)
     try:
-        handle = open(path, "rb")
+        handle = open(path, "rb", buffering=1 << 20)  # long lines: a small buffer readline copies many times
     except OSError as err:
         raise InputError(path, 0, "file", err.strerror or str(err)) from None
     with handle:

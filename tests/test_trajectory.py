@@ -119,3 +119,92 @@ def test_frozen_messages_are_built_on_first_read_and_follow_a_new_value():
     assert clone.messages[0]["content"] == "new" and clone.readonly().messages is clone.messages
     clone.messages = ({"role": "user", "content": "clone's own"},)
     assert turn.readonly().messages[0]["content"] == "new"
+
+
+def _stitch_by_loop(chain):
+    """The concat export as the SPEC states it, one position at a time (float64, no numpy tricks)."""
+    leaf = chain[-1]
+    ids = list(leaf.input_tokens) + list(leaf.output_tokens)
+    loss, logprobs, turn_ids, rewards = [0] * len(ids), [0.0] * len(ids), [-1] * len(ids), [0.0] * len(ids)
+    for k, turn in enumerate(chain):
+        assert list(ids[:len(turn.input_tokens) + turn.output_len]) == \
+            list(turn.input_tokens) + list(turn.output_tokens)
+        for j in range(turn.output_len):
+            at = len(turn.input_tokens) + j
+            loss[at], turn_ids[at] = 1, k
+            if turn.output_logprobs is not None:
+                logprobs[at] = float(turn.output_logprobs[j])
+            if turn.token_rewards is not None:
+                rewards[at] = float(turn.token_rewards[j])
+    return ids, loss, logprobs, turn_ids, rewards
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_stitch_matches_a_plain_loop_on_random_chains(shared):
+    # The concat export against a position-by-position loop, for turns holding their own arrays and for turns
+    # that are views of one buffer (as the session reader builds them); a child that does not extend its
+    # parent (other values, or the same buffer at another offset) is refused.
+    from prm_jax import stitch
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 6))
+        outputs = [rng.integers(0, 100, int(rng.integers(0, 4))) for _ in range(n)]
+        gaps = [rng.integers(0, 100, int(rng.integers(0, 3))) for _ in range(n)]
+        full = np.concatenate([x for pair in zip(gaps, outputs) for x in pair]).astype(np.int64)
+        full.setflags(write=False)
+        chain, start, parent = [], 0, None
+        for k in range(n):
+            start += gaps[k].size
+            stop = start + outputs[k].size
+            inputs, outs = (full[:start], full[start:stop]) if shared else (full[:start].copy(), outputs[k])
+            chain.append(Interaction(
+                f"t{k}", inputs, outs, parent_id=parent,
+                output_logprobs=None if rng.random() < 0.3 else -rng.random(outs.size),
+                token_rewards=None if rng.random() < 0.5 else rng.normal(size=outs.size)))
+            parent, start = f"t{k}", stop
+        seq = stitch(chain)
+        ids, loss, logprobs, turn_ids, rewards = _stitch_by_loop(chain)
+        np.testing.assert_array_equal(seq.input_ids, ids)
+        np.testing.assert_array_equal(seq.loss_mask, loss)
+        np.testing.assert_array_equal(seq.turn_ids, turn_ids)
+        np.testing.assert_allclose(seq.logprobs, np.float32(logprobs), rtol=0, atol=0)
+        if any(turn.token_rewards is not None for turn in chain):
+            np.testing.assert_allclose(seq.token_rewards, np.float32(rewards), rtol=0, atol=0)
+        else:
+            assert seq.token_rewards is None
+        assert (seq.loss_mask.dtype, seq.turn_ids.dtype, seq.logprobs.dtype) == (np.int32, np.int32, np.float32)
+        if n > 1 and chain[0].output_len:  # a child whose inputs are other memory (same buffer, shifted) or
+            child = chain[1]                # other values is refused unless it happens to hold equal tokens
+            size = child.input_tokens.shape[0]
+            moved = full[1:1 + size] if shared else np.asarray(child.input_tokens) + 1
+            if moved.shape[0] == size:
+                chain[1] = Interaction("t1", moved, child.output_tokens, parent_id="t0")
+                prefix = np.concatenate([chain[0].input_tokens, chain[0].output_tokens])
+                if not np.array_equal(moved[:prefix.shape[0]], prefix):
+                    with pytest.raises(ValueError, match="must start with its parent"):
+                        stitch(chain)
+
+
+def test_freeze_copies_deeply_and_refuses_writes():
+    from types import MappingProxyType
+
+    from prm_jax.runtime.trajectory import freeze
+
+    class Role(str):
+        pass
+
+    array = np.arange(3)
+    value = [{"role": Role("user"), "content": [{"type": "text", "text": "hi"}], "ids": array,
+              "tags": {"a"}}, ("x", 1, 2.5, None, True)]
+    frozen = freeze(value)
+    assert isinstance(frozen, tuple) and isinstance(frozen[0], MappingProxyType)
+    assert frozen[0]["content"] == (MappingProxyType({"type": "text", "text": "hi"}),)
+    assert frozen[1] == ("x", 1, 2.5, None, True) and frozen[0]["tags"] == frozenset({"a"})
+    value[0]["content"][0]["text"] = "changed"
+    array[0] = 99
+    assert frozen[0]["content"][0]["text"] == "hi" and frozen[0]["ids"][0] == 0
+    with pytest.raises(TypeError):
+        frozen[0]["role"] = "assistant"  # type: ignore[index]
+    with pytest.raises(ValueError):
+        frozen[0]["ids"][0] = 1

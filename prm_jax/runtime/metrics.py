@@ -15,6 +15,7 @@ sums and counts add up. A boolean ``count`` is the number of true observations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import Protocol
 from urllib.parse import quote
@@ -28,6 +29,7 @@ def namespace(is_eval: bool) -> str:
     return "eval-rollout" if is_eval else "rollout"
 
 
+@functools.lru_cache(maxsize=4096)  # a run quotes the same few scorer and metric names for every turn
 def quote_name(name: str) -> str:
     return quote(name, safe="-_.:")
 

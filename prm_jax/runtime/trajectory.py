@@ -50,8 +50,19 @@ def _readonly_view(array: np.ndarray) -> np.ndarray:
     return view
 
 
+_IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
+
+
 def freeze(value: Any) -> Any:
     """A read-only deep copy: mappings become ``MappingProxyType``, sequences tuples, arrays read-only."""
+    kind = type(value)
+    if kind in _IMMUTABLE_TYPES:
+        return value
+    # Chat messages are plain dicts and lists of strings: exact types first, without the isinstance chain.
+    if kind is dict:
+        return types.MappingProxyType({k: v if type(v) in _IMMUTABLE_TYPES else freeze(v) for k, v in value.items()})
+    if kind is tuple or kind is list:
+        return tuple([v if type(v) in _IMMUTABLE_TYPES else freeze(v) for v in value])
     if isinstance(value, _IMMUTABLE):
         return value
     if isinstance(value, np.ndarray):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import io
 import json
@@ -149,6 +151,9 @@ def _advantages(batch: dict[str, np.ndarray], config: ExperimentConfig) -> tuple
     arrays = {k: v for k, v in batch.items() if k != "original_rewards"}
     if "anchor_ids" in arrays:
         arrays["anchor_ids"] = dense_anchor_ids(arrays["anchor_ids"])  # 64-bit hashes to dense int32 ids
+    # pack_branches' buffers are 64-byte aligned: on the CPU the device arrays alias them (no copy of the
+    # batch; nothing writes into it from here on).
+    arrays = jax.device_put(arrays)
     outputs: dict[str, Any] = {}
     if "token_rewards" in arrays and config.actor.token_rewards_as_adv:
         # One GAE for every mode.
@@ -195,18 +200,32 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     if freeze_gc:
         gc.freeze()
     lap("read")
-    run = _score_records(records, config, group_filter, bucket, progress, lap, on_packed)
+    groups = list(OrderedDict.fromkeys(r.group for r in records))
+    exported = anyio.run(_export_all, config, records, FILTERS[group_filter] if group_filter else None,
+                         Progress(len(groups), progress))
+    del records  # exported: the sessions' memory is free for the batch and the advantages
+    lap("score+export")
+    run = _score_batch(exported, groups, config, group_filter, bucket, lap, on_packed)
     run.summary["timings_s"] = timings
     return run
 
 
-def _score_records(records: list, config: ExperimentConfig, group_filter: str | None, bucket: int, progress: bool,
-                   lap: Callable[[str], None], on_packed: Callable[[dict[str, np.ndarray]], None] | None) -> ScoreRun:
-    groups = list(OrderedDict.fromkeys(r.group for r in records))
-    chosen_filter = FILTERS[group_filter] if group_filter else None
-    statuses, accepted, metrics, filter_counters, reasons = anyio.run(_export_all, config, records, chosen_filter,
-                                                                      Progress(len(groups), progress))
-    lap("score+export")
+def _release_freed_memory() -> None:
+    """Hands the pages of freed sessions and branch sequences back to the system (glibc keeps them in its
+    heap, where XLA's large allocations never reuse them): a lower peak for the advantages. A no-op
+    without glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, group_filter: str | None,
+                 bucket: int, lap: Callable[[str], None],
+                 on_packed: Callable[[dict[str, np.ndarray]], None] | None) -> ScoreRun:
+    """Packs the accepted groups (and drops their trajectories), computes the advantages, summarizes."""
+    statuses, accepted, metrics, filter_counters, reasons = exported
     trajectories = [t for group in accepted for t in group]
     if not trajectories:
         listed = "; ".join(f"{g}: {r['status']} {r['reason']}" for g, r in list(reasons.items())[:5])
@@ -215,6 +234,10 @@ def _score_records(records: list, config: ExperimentConfig, group_filter: str | 
     batch = _pack([t["sequence"] for t in trajectories], accepted, bucket)
     batch["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories], np.float32)
     batch["group_sizes"] = np.array([len(group) for group in accepted], np.int32)
+    rows = len(trajectories)
+    del trajectories
+    accepted.clear()  # packed: the branch sequences' memory is free for the advantages
+    _release_freed_memory()
     if on_packed is not None:
         on_packed(batch)
     lap("pack")
@@ -223,7 +246,7 @@ def _score_records(records: list, config: ExperimentConfig, group_filter: str | 
     summary = {
         "groups": {"total": len(groups), **{s: sum(v == s for v in statuses.values())
                                             for s in ("accepted", "rejected", "filtered")}},
-        "trajectories": len(trajectories),
+        "trajectories": rows,
         "shaping_mode": config.actor.advantage_shaping.mode,
         "process_reward_per_scorer": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
                                       if "/prm_turn_reward/" in k},

@@ -2,7 +2,9 @@
 
 Widths are bucketed (to a multiple of ``bucket``, or to a power of two) and the row count can be padded
 to a fixed size, so a trainer compiles ``compute_advantages`` a handful of times rather than once per
-length. Padding rows have an all-zero attention mask and ``turn_ids`` of -1.
+length. Padding rows have an all-zero attention mask and ``turn_ids`` of -1. Every buffer starts on a
+64-byte boundary: on the CPU backend ``jax.device_put`` then aliases it instead of copying it (numpy's own
+allocations are only 16-byte aligned), so do not write into a batch after putting it on the device.
 """
 
 from __future__ import annotations
@@ -85,19 +87,34 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
 def empty_batch(rows: int, width: int, *, token_rewards: bool = True, turns: int | None = None) -> dict[str, np.ndarray]:
     """``rows`` padding rows with ``pack_branches``' keys, dtypes and fill values (``turns``: with GiGPO's
     per-turn arrays, ``[rows, turns]``): a fixed-shape template, e.g. to compile a step before any data."""
-    batch: dict[str, np.ndarray] = {name: np.full((rows, width), fill, dtype) for name, (dtype, fill) in FIELDS.items()
-                                    if name != "token_rewards" or token_rewards}
-    batch["rewards"] = np.zeros(rows, np.float32)
-    batch["is_truncated"] = np.zeros(rows, bool)
-    batch["group_ids"] = np.full(rows, -1, np.int32)
+    batch: dict[str, np.ndarray] = {name: aligned_full((rows, width), fill, dtype)
+                                    for name, (dtype, fill) in FIELDS.items() if name != "token_rewards" or token_rewards}
+    batch["rewards"] = aligned_full((rows,), 0.0, np.float32)
+    batch["is_truncated"] = aligned_full((rows,), False, np.bool_)
+    batch["group_ids"] = aligned_full((rows,), -1, np.int32)
     if turns is not None:
-        batch["anchor_ids"] = np.full((rows, turns), -1, np.int64)
-        batch["turn_rewards"] = np.zeros((rows, turns), np.float32)
+        batch["anchor_ids"] = aligned_full((rows, turns), -1, np.int64)
+        batch["turn_rewards"] = aligned_full((rows, turns), 0.0, np.float32)
     return batch
 
 
+ALIGNMENT = 64  # what XLA's CPU client needs to alias a host buffer rather than copy it
+
+
+def aligned_full(shape: tuple[int, ...], fill: float | int | bool, dtype: type) -> np.ndarray:
+    """``np.full(shape, fill, dtype)`` starting on an ``ALIGNMENT``-byte boundary (a view into a slightly
+    larger byte buffer)."""
+    dtype_ = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype_.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    out = raw[start:start + nbytes].view(dtype_).reshape(shape)
+    out.fill(fill)
+    return out
+
+
 def _group_ids(group_sizes: Sequence[int] | None, real: int, rows: int) -> np.ndarray:
-    ids = np.full(rows, -1, np.int32)
+    ids = aligned_full((rows,), -1, np.int32)
     if group_sizes is None:
         ids[:real] = 0
         return ids

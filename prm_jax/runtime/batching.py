@@ -87,15 +87,21 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
 def empty_batch(rows: int, width: int, *, token_rewards: bool = True, turns: int | None = None) -> dict[str, np.ndarray]:
     """``rows`` padding rows with ``pack_branches``' keys, dtypes and fill values (``turns``: with GiGPO's
     per-turn arrays, ``[rows, turns]``): a fixed-shape template, e.g. to compile a step before any data."""
-    batch: dict[str, np.ndarray] = {name: aligned_full((rows, width), fill, dtype)
-                                    for name, (dtype, fill) in FIELDS.items() if name != "token_rewards" or token_rewards}
-    batch["rewards"] = aligned_full((rows,), 0.0, np.float32)
-    batch["is_truncated"] = aligned_full((rows,), False, np.bool_)
-    batch["group_ids"] = aligned_full((rows,), -1, np.int32)
+    return {name: aligned_full(shape, fill, dtype)
+            for name, (shape, dtype, fill) in batch_spec(rows, width, token_rewards=token_rewards, turns=turns).items()}
+
+
+def batch_spec(rows: int, width: int, *, token_rewards: bool = True,
+               turns: int | None = None) -> dict[str, tuple[tuple[int, ...], type, float | int | bool]]:
+    """``pack_branches``' keys with the shape, dtype and padding value of each (nothing allocated)."""
+    spec: dict[str, tuple[tuple[int, ...], type, float | int | bool]] = {
+        name: ((rows, width), dtype, fill) for name, (dtype, fill) in FIELDS.items()
+        if name != "token_rewards" or token_rewards}
+    spec.update(rewards=((rows,), np.float32, 0.0), is_truncated=((rows,), np.bool_, False),
+                group_ids=((rows,), np.int32, -1))
     if turns is not None:
-        batch["anchor_ids"] = aligned_full((rows, turns), -1, np.int64)
-        batch["turn_rewards"] = aligned_full((rows, turns), 0.0, np.float32)
-    return batch
+        spec.update(anchor_ids=((rows, turns), np.int64, -1), turn_rewards=((rows, turns), np.float32, 0.0))
+    return spec
 
 
 ALIGNMENT = 64  # what XLA's CPU client needs to alias a host buffer rather than copy it

@@ -306,3 +306,22 @@ def test_the_native_build_is_published_only_when_finished_and_built_once(tmp_pat
         assert proc.returncode == 0, (out, err[-2000:])
     assert len(list(tmp_path.glob("prm_jax_cpu_*.so"))) == 1
     assert not list(tmp_path.glob(".prm_jax_cpu_*"))  # no half-written temporaries left
+
+
+def test_the_native_build_key_does_not_depend_on_where_the_sources_are(tmp_path):
+    # Issue 12: the key hashed the absolute compile command, so two checkouts (or an install and a checkout)
+    # of one version removed each other's build as stale and rebuilt it, ~4 s, whenever they alternated:
+    # the "8-10 s outliers" of bench_cli after a CI run in a clean clone.
+    from prm_jax.kernels import native
+
+    copies = []
+    for folder in ("a", "b/deeper"):
+        target = tmp_path / folder
+        target.mkdir(parents=True)
+        for source in native.SOURCES:
+            shutil.copy(source, target / source.name)
+        copies.append([target / source.name for source in native.SOURCES])
+    assert native.build_key("c++", copies[0]) == native.build_key("c++", copies[1]) == \
+        native.build_key("c++", native.SOURCES)
+    copies[1][0].write_text(copies[1][0].read_text() + "\n// changed\n")
+    assert native.build_key("c++", copies[0]) != native.build_key("c++", copies[1])

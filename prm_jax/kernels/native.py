@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -59,17 +60,25 @@ def _compiler_version(compiler: str) -> str:
         return ""
 
 
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
+
+
+def build_key(compiler: str, sources: Sequence[Path]) -> str:
+    """The build is reused only for the same source texts, flags, compiler, machine and JAX version, and
+    for nothing else: not the folder the sources are in. (Keyed on the absolute command, two checkouts or
+    installs of one version on a machine removed each other's build as stale and rebuilt it, ~4 s, on
+    every alternation.)"""
+    parts = [*(f"{source.name}\0{source.read_text()}" for source in sources), compiler, *FLAGS,
+             _compiler_version(compiler), platform.machine(), sys.platform, jax.__version__]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
 def _build(compiler: str) -> Path:
     cache = cache_dir()
     if cache is None:
         raise OSError("no cache directory for the native kernel: set PRM_JAX_CACHE")
-    command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", f"-I{jax.ffi.include_dir()}",
-               *map(str, SOURCES)]
-    # The build is reused only for the same sources, compile command, compiler, machine and JAX.
-    sources = [source.read_text() for source in SOURCES]
-    key = hashlib.sha256("\0".join([*sources, *command, _compiler_version(compiler), platform.machine(), sys.platform,
-                                     jax.__version__]).encode()).hexdigest()[:16]
-    library = cache / f"{LIBRARY_PREFIX}{key}.so"
+    command = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES)]
+    library = cache / f"{LIBRARY_PREFIX}{build_key(compiler, SOURCES)}.so"
     if library.exists():
         return library
     cache.mkdir(parents=True, exist_ok=True)

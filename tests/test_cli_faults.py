@@ -325,3 +325,27 @@ def test_a_failure_after_the_batch_began_keeps_an_earlier_output_set_whole(tmp_p
     with pytest.raises(RuntimeError, match="a bug in the library"):
         cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)])
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+
+
+def test_a_failed_write_in_the_batch_thread_keeps_an_earlier_output_set_whole(tmp_path, monkeypatch):
+    # Issue 12: the writer thread takes the timestep arrays while the summary is computed; a failure there
+    # (a full disk) is raised by the command and leaves the earlier outputs as they were, no temporary file.
+    out = tmp_path / "out"
+    assert cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)]) == 0
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    write_array = np.lib.format.write_array
+
+    written = []
+
+    def failing(handle, array, **kwargs):
+        written.append(array)
+        if len(written) == len(before_names) + 2:  # a timestep array: the batch's own keys came first
+            raise OSError("disk full")
+        return write_array(handle, array, **kwargs)
+    import zipfile
+    with zipfile.ZipFile(out / "batch.npz") as archive:
+        before_names = [name for name in archive.namelist() if not name.startswith("timestep_")]
+    monkeypatch.setattr(np.lib.format, "write_array", failing)
+    with pytest.raises(OSError, match="disk full"):
+        cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)])
+    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before

@@ -21,6 +21,7 @@ import gc
 import io
 import json
 import os
+import queue
 import sys
 import tempfile
 import threading
@@ -180,11 +181,12 @@ def _pack(sequences: list, accepted: list, bucket: int) -> dict[str, np.ndarray]
 
 def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | None = None, bucket: int = 128,
               progress: bool = False, freeze_gc: bool = False,
-              on_packed: Callable[[dict[str, np.ndarray]], None] | None = None) -> ScoreRun:
+              on_arrays: Callable[[dict[str, np.ndarray]], None] | None = None) -> ScoreRun:
     """Reads, scores, exports, packs and computes advantages. ``freeze_gc`` (the command line's choice: it
     owns its process) moves everything read into CPython's permanent generation, so the cyclic collector
-    stops re-walking the sessions on every full collection while they are scored. ``on_packed`` gets the
-    batch before the advantages are computed (the command starts writing it)."""
+    stops re-walking the sessions on every full collection while they are scored. ``on_arrays`` gets the
+    output arrays as they are ready: the packed batch before the advantages are computed, then the
+    timestep arrays before the summary is (the command writes them into ``batch.npz`` meanwhile)."""
     clock = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -205,7 +207,7 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
                          Progress(len(groups), progress))
     del records  # exported: the sessions' memory is free for the batch and the advantages
     lap("score+export")
-    run = _score_batch(exported, groups, config, group_filter, bucket, lap, on_packed)
+    run = _score_batch(exported, groups, config, group_filter, bucket, lap, on_arrays)
     run.summary["timings_s"] = timings
     return run
 
@@ -223,7 +225,7 @@ def _release_freed_memory() -> None:
 
 def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, group_filter: str | None,
                  bucket: int, lap: Callable[[str], None],
-                 on_packed: Callable[[dict[str, np.ndarray]], None] | None) -> ScoreRun:
+                 on_arrays: Callable[[dict[str, np.ndarray]], None] | None) -> ScoreRun:
     """Packs the accepted groups (and drops their trajectories), computes the advantages, summarizes."""
     statuses, accepted, metrics, filter_counters, reasons = exported
     trajectories = [t for group in accepted for t in group]
@@ -238,10 +240,12 @@ def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, g
     del trajectories
     accepted.clear()  # packed: the branch sequences' memory is free for the advantages
     _release_freed_memory()
-    if on_packed is not None:
-        on_packed(batch)
+    if on_arrays is not None:
+        on_arrays(batch)
     lap("pack")
     configured, outputs = _advantages(batch, config)
+    if on_arrays is not None:
+        on_arrays(timestep_arrays(configured, outputs))
     lap("advantages")
     summary = {
         "groups": {"total": len(groups), **{s: sum(v == s for v in statuses.values())
@@ -259,6 +263,7 @@ def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, g
         summary["filter"] = {"name": group_filter, **filter_counters}
     if config.actor.credit_assignment is not None:
         summary["gigpo_step_groups"] = step_group_stats(batch)
+    lap("summary")
     return ScoreRun(batch, outputs, configured, metrics, summary)
 
 
@@ -293,9 +298,9 @@ def write_all_or_nothing(files: dict[Path, Callable[[io.BufferedWriter], None]],
         raise
 
 
-def timestep_arrays(run: ScoreRun) -> dict[str, np.ndarray]:
-    arrays = {f"timestep_{field}": np.asarray(getattr(run.configured, field)) for field in TIMESTEP_FIELDS}
-    arrays["timestep_advantages_unshaped"] = np.asarray(run.outputs["none"].advantages)
+def timestep_arrays(configured: Any, outputs: dict[str, Any]) -> dict[str, np.ndarray]:
+    arrays = {f"timestep_{field}": np.asarray(getattr(configured, field)) for field in TIMESTEP_FIELDS}
+    arrays["timestep_advantages_unshaped"] = np.asarray(outputs["none"].advantages)
     return arrays
 
 
@@ -306,7 +311,7 @@ def output_files(run: ScoreRun, output_dir: Path, plot_path: Path | None = None,
 
     def write_batch(handle: io.BufferedWriter) -> None:  # (not called when _EarlyBatch writes it)
         save: Any = np.savez_compressed if compress else np.savez
-        save(handle, **run.batch, **timestep_arrays(run))
+        save(handle, **run.batch, **timestep_arrays(run.configured, run.outputs))
 
     def write_metrics(handle: io.BufferedWriter) -> None:
         handle.write(payload)
@@ -325,17 +330,17 @@ def write_outputs(run: ScoreRun, output_dir: Path, plot_path: Path | None = None
     written = {}
     if early is not None:  # the batch's inputs are in already: add the outputs, stage it with the rest
         del files[early.path]
-        written[early.path] = early.finish(timestep_arrays(run))
+        written[early.path] = early.finish()
     write_all_or_nothing(files, written)
 
 
 class _EarlyBatch:
-    """``batch.npz`` begun early: a thread writes the batch's arrays into its staged file while the
-    advantages are computed (file writes and XLA both run without the GIL), ``finish`` appends the timestep
-    outputs. The file is renamed only with the other outputs; ``abort`` removes it, and the output folder
-    when this run created it."""
+    """``batch.npz`` begun early: a thread writes arrays into its staged file as they are handed over (the
+    batch while the advantages are computed, then the timestep outputs while the summary is; file writes
+    and XLA run without the GIL). The file is renamed only with the other outputs; ``abort`` removes it,
+    and the output folder when this run created it."""
 
-    def __init__(self, path: Path, arrays: dict[str, np.ndarray]):
+    def __init__(self, path: Path):
         self.path = path
         self._created = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -343,30 +348,35 @@ class _EarlyBatch:
         self._handle = os.fdopen(fd, "wb")
         self._archive = zipfile.ZipFile(self._handle, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._add_in_thread, args=(dict(arrays),), daemon=True)
+        self._queue: queue.SimpleQueue[dict[str, np.ndarray] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
 
-    def _add_in_thread(self, arrays: dict[str, np.ndarray]) -> None:
+    def add(self, arrays: dict[str, np.ndarray]) -> None:
+        """Queues arrays to be written after those handed over before them (as ``np.savez`` writes them)."""
+        self._queue.put(dict(arrays))
+
+    def _drain(self) -> None:
         try:
-            self._add(arrays)
+            while (arrays := self._queue.get()) is not None:
+                for name, value in arrays.items():
+                    with self._archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                        np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
         except BaseException as err:  # re-raised by finish
             self._error = err
 
-    def _add(self, arrays: dict[str, np.ndarray]) -> None:
-        for name, value in arrays.items():  # as np.savez writes them
-            with self._archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
-
-    def finish(self, arrays: dict[str, np.ndarray]) -> str:
+    def finish(self) -> str:
+        """Waits for every queued array; returns the staged file's name."""
+        self._queue.put(None)
         self._thread.join()
         if self._error is not None:
             raise self._error
-        self._add(arrays)
         self._archive.close()
         self._handle.close()
         return self.tmp
 
     def abort(self) -> None:
+        self._queue.put(None)
         self._thread.join()
         with contextlib.suppress(Exception):
             self._archive.close()
@@ -405,13 +415,15 @@ def cmd_score(args) -> int:
     config = _load_config(args.config)
     early: list[_EarlyBatch] = []
 
-    def start_writing(batch: dict[str, np.ndarray]) -> None:
-        early.append(_EarlyBatch(Path(args.output) / "batch.npz", batch))
+    def write_early(arrays: dict[str, np.ndarray]) -> None:
+        if not early:
+            early.append(_EarlyBatch(Path(args.output) / "batch.npz"))
+        early[0].add(arrays)
 
     try:
         run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket,
                         progress=args.progress if args.progress is not None else sys.stderr.isatty(), freeze_gc=True,
-                        on_packed=None if args.compress else start_writing)
+                        on_arrays=None if args.compress else write_early)
         start = time.perf_counter()
         write_outputs(run, Path(args.output), Path(args.plot) if args.plot else None, compress=args.compress,
                       early=early[0] if early else None)

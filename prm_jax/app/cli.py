@@ -152,8 +152,11 @@ def _advantages(batch: dict[str, np.ndarray], config: ExperimentConfig) -> tuple
     arrays = {k: v for k, v in batch.items() if k != "original_rewards"}
     if "anchor_ids" in arrays:
         arrays["anchor_ids"] = dense_anchor_ids(arrays["anchor_ids"])  # 64-bit hashes to dense int32 ids
-    # pack_branches' buffers are 64-byte aligned: on the CPU the device arrays alias them (no copy of the
-    # batch; nothing writes into it from here on).
+    # The masks as bool: pack_branches writes only 0 and 1, so the program needs no 0/1 check of them
+    # (0.1 s less to compile). The other buffers are 64-byte aligned: on the CPU the device arrays alias
+    # them (no copy of the batch; nothing writes into it from here on).
+    for name in ("attention_mask", "loss_mask"):
+        arrays[name] = arrays[name] > 0
     arrays = jax.device_put(arrays)
     outputs: dict[str, Any] = {}
     if "token_rewards" in arrays and config.actor.token_rewards_as_adv:

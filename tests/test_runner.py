@@ -417,3 +417,24 @@ async def test_trajectory_scorer_missing_ids_get_zero():
     cache = branch(3)
     await PRMRunner(scorers=(SharedTrajectoryScorer(weight=0.5),)).run(cache)
     assert rewards(cache) == [[0.0, 0.0], [0.0, 0.0], [0.5, 0.5]]
+
+
+async def test_one_scorer_commits_exactly_what_the_general_sum_gives():
+    # Issue 12: with one scorer and no earlier rewards the commit skips the zeros-plus-sum-and-check per
+    # turn; it must still store 0 + weight * raw in float32 (so -0.0 becomes 0.0, as the sum makes it), in an
+    # array of the turn's own that the scorer's returned value does not share.
+    returned = {}
+
+    async def evaluate(self, interaction, ctx):
+        value = {"t0": -0.0, "t1": np.array([3.0, -1.5], np.float32), "t2": 1e-30}[interaction.interaction_id]
+        returned[interaction.interaction_id] = value
+        return value
+    cache = branch()
+    await PRMRunner(scorers=(scorer_of(evaluate, weight=0.5),)).run(cache)
+    want = {k: np.float32(0) + (np.asarray(v, np.float64) * 0.5 * np.ones(2)).astype(np.float32)
+            for k, v in returned.items()}
+    for turn in cache:
+        got = turn.token_rewards
+        assert got.dtype == np.float32 and got.tobytes() == want[turn.interaction_id].tobytes()
+        assert not np.shares_memory(got, np.asarray(returned[turn.interaction_id]))
+    assert np.signbit(cache.get("t0").token_rewards).sum() == 0

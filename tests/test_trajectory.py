@@ -208,3 +208,27 @@ def test_freeze_copies_deeply_and_refuses_writes():
         frozen[0]["role"] = "assistant"  # type: ignore[index]
     with pytest.raises(ValueError):
         frozen[0]["ids"][0] = 1
+
+
+def test_views_and_clones_share_read_only_views_that_cannot_be_made_writeable():
+    # Issue 12: a turn whose token arrays are already read-only views (the session reader's) shares them as
+    # they are instead of viewing them again per clone and per scorer view: numpy refuses to make such a
+    # view writeable, so sharing it hands out nothing a fresh view would not. Every array stays read-only.
+    full = np.arange(1, 8)
+    full.setflags(write=False)
+    shared = Interaction("a", full[:3], full[3:5], output_logprobs=[-0.1, -0.2])
+    plain = Interaction("b", [1, 2], [3, 4], token_rewards=[0.5, 0.5])
+    for turn in (shared, plain):
+        for copy in (turn.readonly(), turn.clone()):
+            for name in ("input_tokens", "output_tokens", "output_logprobs"):
+                array = getattr(copy, name)
+                if array is None:
+                    continue
+                with pytest.raises(ValueError):
+                    array[0] = 0
+                if turn is shared and name != "output_logprobs":
+                    with pytest.raises(ValueError):
+                        array.setflags(write=True)
+    assert shared.clone().input_tokens is shared.input_tokens  # shared, not viewed again
+    assert plain.clone().token_rewards is not plain.token_rewards  # the clone's own, to commit into
+    np.testing.assert_array_equal(full, np.arange(1, 8))

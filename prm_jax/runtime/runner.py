@@ -488,6 +488,10 @@ class PRMRunner:
         """Adds every scorer's weighted rewards to the turns, all at once or (non-finite sums) not at all."""
         totals = []
         for i, turn in enumerate(chain):
+            if len(staged) == 1 and turn.token_rewards is None:  # the usual case: 0 + the one scorer's rewards
+                only = staged[0].weighted[i]  # the stage's own float32 array, checked finite when staged
+                totals.append(np.add(only, np.float32(0), out=only))  # as the sum below gives it (-0.0 -> 0.0)
+                continue
             total = turn.token_rewards if turn.token_rewards is not None else np.zeros(turn.output_len, np.float32)
             with np.errstate(over="ignore", invalid="ignore"):
                 for stage in staged:

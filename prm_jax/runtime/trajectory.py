@@ -45,6 +45,8 @@ _IMMUTABLE = (str, bytes, int, float, bool, complex, type(None))
 
 
 def _readonly_view(array: np.ndarray) -> np.ndarray:
+    if array.base is not None and not array.flags.writeable:
+        return array  # a read-only view cannot be made writeable again (numpy refuses): share it as it is
     view = array.view()
     view.setflags(write=False)
     return view

@@ -66,6 +66,22 @@ def test_lines_the_fast_path_cannot_take_are_read_by_the_checked_path(tmp_path):
     np.testing.assert_array_equal(record.cache.get("a").output_tokens, [3])
 
 
+def _equal_records(a, b) -> None:
+    """Every field of every interaction equal, of the same type (arrays: same dtype and values)."""
+    assert (a.key, a.group, a.ready) == (b.key, b.group, b.ready)
+    for x, y in zip(a.cache, b.cache, strict=True):
+        for name in ("interaction_id", "parent_id", "stop_reason", "reward", "anchor_id", "step_reward",
+                     "messages", "output_messages"):
+            assert getattr(x, name) == getattr(y, name), name
+            assert type(getattr(x, name)) is type(getattr(y, name)), name
+        for name in ("input_tokens", "output_tokens", "output_logprobs", "token_rewards"):
+            u, v = getattr(x, name), getattr(y, name)
+            assert (u is None) == (v is None), name
+            if u is not None:
+                assert u.dtype == v.dtype, name
+                np.testing.assert_array_equal(u, v, err_msg=name)
+
+
 def test_the_fast_path_builds_the_same_interactions_as_the_checked_path():
     # Issue 12: the fast path validates once per branch and builds interactions without per-turn re-checks
     # (Interaction.checked); every field must equal what the field-by-field path builds.
@@ -79,31 +95,7 @@ def test_the_fast_path_builds_the_same_interactions_as_the_checked_path():
     for number, line in enumerate(lines, start=1):
         fast, _ = _fast_session(line, path, number)
         slow, _ = _slow_session(line.decode(), path, number)
-        assert (fast.key, fast.group, fast.ready) == (slow.key, slow.group, slow.ready)
-        for a, b in zip(fast.cache, slow.cache, strict=True):
-            for name in ("interaction_id", "parent_id", "stop_reason", "reward", "anchor_id", "step_reward",
-                         "messages", "output_messages"):
-                assert getattr(a, name) == getattr(b, name), name
-                assert type(getattr(a, name)) is type(getattr(b, name)), name
-            for name in ("input_tokens", "output_tokens", "output_logprobs", "token_rewards"):
-                x, y = getattr(a, name), getattr(b, name)
-                assert (x is None) == (y is None), name
-                if x is not None:
-                    assert x.dtype == y.dtype, name
-                    np.testing.assert_array_equal(x, y, err_msg=name)
-
-
-def _equal_records(a, b) -> None:
-    assert (a.key, a.group, a.ready) == (b.key, b.group, b.ready)
-    for x, y in zip(a.cache, b.cache, strict=True):
-        for name in ("interaction_id", "parent_id", "stop_reason", "reward", "messages"):
-            assert getattr(x, name) == getattr(y, name), name
-        for name in ("input_tokens", "output_tokens", "output_logprobs", "token_rewards"):
-            u, v = getattr(x, name), getattr(y, name)
-            assert (u is None) == (v is None), name
-            if u is not None:
-                assert u.dtype == v.dtype, name
-                np.testing.assert_array_equal(u, v, err_msg=name)
+        _equal_records(fast, slow)
 
 
 def _session_line(rng: np.random.Generator, spacing: str) -> tuple[bytes, bool]:

@@ -331,7 +331,7 @@ def write_outputs(run: ScoreRun, output_dir: Path, plot_path: Path | None = None
     output_dir.mkdir(parents=True, exist_ok=True)
     files = output_files(run, output_dir, plot_path, compress)
     written = {}
-    if early is not None:  # the batch's inputs are in already: add the outputs, stage it with the rest
+    if early is not None:  # every array was handed to its writer thread: wait for it, stage it with the rest
         del files[early.path]
         written[early.path] = early.finish()
     write_all_or_nothing(files, written)

@@ -172,3 +172,56 @@ def test_the_command_keeps_its_compiled_programs_in_a_persistent_cache(tmp_path)
                                            PRM_JAX_COMPILE_CACHE="0"), capture_output=True, text=True, timeout=600)
     assert off.returncode == 0, off.stderr[-2000:]
     assert not (tmp_path / "off" / "xla").exists()
+
+
+def _anchored_config(tmp_path):
+    config = tmp_path / "gigpo.yaml"
+    config.write_text(CONFIG.read_text() + "  credit_assignment: {mode: gigpo, step_weight: 0.5, step_discount: 0.9}\n")
+    sessions = [json.loads(line) for line in (DATA / "demo_sessions.jsonl").read_text().splitlines()]
+    for s in sessions:
+        for k, turn in enumerate(s["interactions"]):
+            turn["anchor_id"] = 2**40 + k % 2
+    path = tmp_path / "anchored.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in sessions))
+    return config, path
+
+
+@pytest.mark.parametrize("gigpo", [False, True])
+def test_rows_are_bucketed_for_the_device_but_not_in_the_outputs(tmp_path, gigpo):
+    # Issue 12: the advantage program runs on rows padded to --row-bucket (one compiled program, and one
+    # persistent-cache entry, for runs of similar size); the padding rows (no attention, group id -1) must
+    # change no real row's number, and the outputs hold the real rows only.
+    config, data = _anchored_config(tmp_path) if gigpo else (CONFIG, DATA / "demo_sessions.jsonl")
+    saved = {}
+    for row_bucket in (1, 64):
+        out = tmp_path / f"out{row_bucket}"
+        assert main(["score", "--config", str(config), "--input", str(data), "--output", str(out),
+                     "--row-bucket", str(row_bucket)]) == 0
+        saved[row_bucket] = dict(np.load(out / "batch.npz"))
+    rows = saved[1]["rewards"].shape[0]
+    assert rows % 64 and rows == saved[1]["group_sizes"].sum()
+    assert sorted(saved[1]) == sorted(saved[64])
+    for name, value in saved[1].items():
+        assert saved[64][name].shape == value.shape and saved[64][name].dtype == value.dtype, name
+        assert saved[64][name].tobytes() == value.tobytes(), name  # bit for bit
+
+
+def test_runs_of_different_sizes_in_one_row_bucket_compile_the_advantages_once(tmp_path):
+    from jax import monitoring
+
+    sessions = (DATA / "demo_sessions.jsonl").read_text().splitlines()
+    fewer = tmp_path / "fewer.jsonl"
+    fewer.write_text("\n".join(sessions[:-2]) + "\n")
+    compiles = []
+    monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kwargs: compiles.append(event) if "backend_compile" in event else None)
+    counts, rows = [], []
+    for data in (DATA / "demo_sessions.jsonl", fewer):
+        before = len(compiles)
+        assert main(["score", "--config", str(CONFIG), "--input", str(data), "--output", str(tmp_path / data.stem),
+                     "--row-bucket", "64", "--bucket", "4096"]) == 0
+        counts.append(len(compiles) - before)
+        rows.append(np.load(tmp_path / data.stem / "batch.npz")["rewards"].shape[0])
+        summary = json.loads((tmp_path / data.stem / "metrics.json").read_text())["summary"]
+        assert rows[-1] == summary["trajectories"]
+    assert rows[0] > rows[1] and counts[1] == 0, (rows, counts)  # the second size found the first's program

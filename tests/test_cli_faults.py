@@ -217,6 +217,7 @@ def test_long_values_in_errors_are_truncated(tmp_path):
 
 @pytest.mark.parametrize("make_args,needle", [
     (lambda p: ["--bucket", "0"], "--bucket must be >= 1"),
+    (lambda p: ["--row-bucket", "0"], "--row-bucket must be >= 1"),
     (lambda p: ["--plot", str(p / "no" / "such" / "dir" / "rows.png")], "does not exist"),
 ])
 def test_argument_errors_come_before_the_input_is_read(tmp_path, make_args, needle):

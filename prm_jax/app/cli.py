@@ -44,7 +44,7 @@ from prm_jax.kernels import native
 from prm_jax.kernels.gigpo import dense_anchor_ids
 from prm_jax.kernels.pipeline import compute_advantage_variants, compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES
-from prm_jax.runtime.batching import pack_branches
+from prm_jax.runtime.batching import bucket_width, pack_branches
 from prm_jax.runtime.config import ExperimentConfig, ScorerSpec
 from prm_jax.runtime.export import ExportService
 from prm_jax.runtime.filters import (
@@ -147,9 +147,11 @@ def _shorten(text: str, limit: int = 300) -> str:
 TIMESTEP_FIELDS = ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs")
 
 
-def _advantages(batch: dict[str, np.ndarray], config: ExperimentConfig) -> tuple[Any, dict[str, Any]]:
-    """The configured run, and for the report the unshaped advantages and each shaping mode's."""
-    arrays = {k: v for k, v in batch.items() if k != "original_rewards"}
+def _advantages(padded: dict[str, np.ndarray], config: ExperimentConfig, rows: int) -> tuple[Any, dict[str, Any]]:
+    """The configured run, and for the report the unshaped advantages and each shaping mode's, on a batch
+    whose rows are bucketed (padding rows: no attention, ``group_ids`` -1; they change no real row's
+    numbers); returns the first ``rows`` rows, as numpy views."""
+    arrays = dict(padded)  # groups by group_ids [B], whose shape does not change with the number of groups
     if "anchor_ids" in arrays:
         arrays["anchor_ids"] = dense_anchor_ids(arrays["anchor_ids"])  # 64-bit hashes to dense int32 ids
     # The masks as bool: pack_branches writes only 0 and 1, so the program needs no 0/1 check of them
@@ -169,12 +171,19 @@ def _advantages(batch: dict[str, np.ndarray], config: ExperimentConfig) -> tuple
         outputs["none"] = compute_advantages({k: v for k, v in arrays.items() if k != "token_rewards"},
                                              config.actor)
     jax.block_until_ready(configured)
-    return configured, outputs
+
+    def real_rows(output: Any) -> Any:
+        return output if isinstance(output, str) else output._replace(
+            **{field: np.asarray(getattr(output, field))[:rows] for field in TIMESTEP_FIELDS})
+    return real_rows(configured), {mode: real_rows(output) for mode, output in outputs.items()}
 
 
-def _pack(sequences: list, accepted: list, bucket: int) -> dict[str, np.ndarray]:
+def _pack(sequences: list, accepted: list, bucket: int, row_bucket: int) -> dict[str, np.ndarray]:
+    """The batch for the device: widths bucketed to ``bucket``, rows to ``row_bucket``, so runs of similar
+    size share one compiled program (and hit the persistent compilation cache)."""
     anchored = any(a is not None for seq in sequences for a in seq.anchor_ids)
-    batch = pack_branches(sequences, bucket=bucket, group_sizes=[len(group) for group in accepted],
+    batch = pack_branches(sequences, bucket=bucket, rows=bucket_width(len(sequences), row_bucket),
+                          group_sizes=[len(group) for group in accepted],
                           token_rewards=any(seq.token_rewards is not None for seq in sequences),
                           per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards))
     if not anchored:
@@ -183,7 +192,7 @@ def _pack(sequences: list, accepted: list, bucket: int) -> dict[str, np.ndarray]
 
 
 def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | None = None, bucket: int = 128,
-              progress: bool = False, freeze_gc: bool = False,
+              row_bucket: int = 64, progress: bool = False, freeze_gc: bool = False,
               on_arrays: Callable[[dict[str, np.ndarray]], None] | None = None) -> ScoreRun:
     """Reads, scores, exports, packs and computes advantages. ``freeze_gc`` (the command line's choice: it
     owns its process) moves everything read into CPython's permanent generation, so the cyclic collector
@@ -210,7 +219,7 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
                          Progress(len(groups), progress))
     del records  # exported: the sessions' memory is free for the batch and the advantages
     lap("score+export")
-    run = _score_batch(exported, groups, config, group_filter, bucket, lap, on_arrays)
+    run = _score_batch(exported, groups, config, group_filter, (bucket, row_bucket), lap, on_arrays)
     run.summary["timings_s"] = timings
     return run
 
@@ -227,7 +236,7 @@ def _release_freed_memory() -> None:
 
 
 def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, group_filter: str | None,
-                 bucket: int, lap: Callable[[str], None],
+                 buckets: tuple[int, int], lap: Callable[[str], None],
                  on_arrays: Callable[[dict[str, np.ndarray]], None] | None) -> ScoreRun:
     """Packs the accepted groups (and drops their trajectories), computes the advantages, summarizes."""
     statuses, accepted, metrics, filter_counters, reasons = exported
@@ -236,7 +245,8 @@ def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, g
         listed = "; ".join(f"{g}: {r['status']} {r['reason']}" for g, r in list(reasons.items())[:5])
         raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
                               + _shorten(listed, 1000))
-    batch = _pack([t["sequence"] for t in trajectories], accepted, bucket)
+    padded = _pack([t["sequence"] for t in trajectories], accepted, *buckets)
+    batch = {name: value[:len(trajectories)] for name, value in padded.items()}  # views: the real rows
     batch["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories], np.float32)
     batch["group_sizes"] = np.array([len(group) for group in accepted], np.int32)
     rows = len(trajectories)
@@ -246,7 +256,7 @@ def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, g
     if on_arrays is not None:
         on_arrays(batch)
     lap("pack")
-    configured, outputs = _advantages(batch, config)
+    configured, outputs = _advantages(padded, config, rows)
     if on_arrays is not None:
         on_arrays(timestep_arrays(configured, outputs))
     lap("advantages")
@@ -392,8 +402,9 @@ class _EarlyBatch:
 
 def _check_arguments(args) -> None:
     """Every argument is checked before any input is read."""
-    if args.bucket < 1:
-        raise CLIError(f"--bucket must be >= 1, got {args.bucket}")
+    for flag, value in (("--bucket", args.bucket), ("--row-bucket", args.row_bucket)):
+        if value < 1:
+            raise CLIError(f"{flag} must be >= 1, got {value}")
     output = Path(args.output)
     if output.exists() and not output.is_dir():
         raise CLIError(f"--output {output}: exists and is not a directory")
@@ -424,7 +435,7 @@ def cmd_score(args) -> int:
         early[0].add(arrays)
 
     try:
-        run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket,
+        run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket, row_bucket=args.row_bucket,
                         progress=args.progress if args.progress is not None else sys.stderr.isatty(), freeze_gc=True,
                         on_arrays=None if args.compress else write_early)
         start = time.perf_counter()
@@ -486,6 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--plot", help="also draw a few rows' process rewards and advantages to this PNG")
     score.add_argument("--filter", choices=sorted(FILTERS), help="group filter applied to accepted groups")
     score.add_argument("--bucket", type=int, default=128, help="pad widths to a multiple of this (default 128)")
+    score.add_argument("--row-bucket", type=int, default=64,
+                       help="compute on rows padded to a multiple of this (default 64); outputs hold the real rows")
     score.add_argument("--compress", action="store_true", help="write batch.npz compressed (default: uncompressed)")
     score.add_argument("--timings", action="store_true", help="print the time of each phase")
     score.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

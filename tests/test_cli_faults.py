@@ -334,19 +334,31 @@ def test_a_failed_write_in_the_batch_thread_keeps_an_earlier_output_set_whole(tm
     out = tmp_path / "out"
     assert cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)]) == 0
     before = {name: (out / name).read_bytes() for name in os.listdir(out)}
-    write_array = np.lib.format.write_array
-
+    write_npy = cli.write_npy
     written = []
 
-    def failing(handle, array, **kwargs):
+    def failing(handle, array):
         written.append(array)
         if len(written) == len(before_names) + 2:  # a timestep array: the batch's own keys came first
             raise OSError("disk full")
-        return write_array(handle, array, **kwargs)
+        return write_npy(handle, array)
     import zipfile
     with zipfile.ZipFile(out / "batch.npz") as archive:
         before_names = [name for name in archive.namelist() if not name.startswith("timestep_")]
-    monkeypatch.setattr(np.lib.format, "write_array", failing)
+    monkeypatch.setattr(cli, "write_npy", failing)
     with pytest.raises(OSError, match="disk full"):
         cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)])
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+
+
+@pytest.mark.parametrize("array", [np.arange(12, dtype=np.int32).reshape(3, 4), np.zeros((2, 0), np.float32),
+                                   np.array([True, False]), np.arange(6.0).reshape(2, 3)[:, 1],
+                                   np.arange(4, dtype=">i4"), np.float32(2.5)])
+def test_the_batch_writer_writes_numpys_npy_bytes(array):
+    # Issue 12: batch.npz's members are written from the arrays' own memory (numpy copies every chunk twice
+    # for a zip member); the bytes must be np.lib.format.write_array's, for any array.
+    import io
+    ours, numpys = io.BytesIO(), io.BytesIO()
+    cli.write_npy(ours, np.asanyarray(array))
+    np.lib.format.write_array(numpys, np.asanyarray(array), allow_pickle=False)
+    assert ours.getvalue() == numpys.getvalue()

@@ -347,6 +347,16 @@ def write_outputs(run: ScoreRun, output_dir: Path, plot_path: Path | None = None
     write_all_or_nothing(files, written)
 
 
+def write_npy(handle: Any, array: np.ndarray) -> None:
+    """``np.lib.format.write_array``'s bytes, written from the array's own memory: for a file-like
+    object that is not a real file (a zip member) numpy copies every 16 MB chunk twice before writing it."""
+    if array.size and array.flags.c_contiguous and array.dtype.isnative and not array.dtype.hasobject:
+        np.lib.format.write_array_header_1_0(handle, np.lib.format.header_data_from_array_1_0(array))
+        handle.write(memoryview(array).cast("B"))
+    else:
+        np.lib.format.write_array(handle, array, allow_pickle=False)
+
+
 class _EarlyBatch:
     """``batch.npz`` begun early: a thread writes arrays into its staged file as they are handed over (the
     batch while the advantages are computed, then the timestep outputs while the summary is; file writes
@@ -374,7 +384,7 @@ class _EarlyBatch:
             while (arrays := self._queue.get()) is not None:
                 for name, value in arrays.items():
                     with self._archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                        np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+                        write_npy(member, np.asanyarray(value))
         except BaseException as err:  # re-raised by finish
             self._error = err
 

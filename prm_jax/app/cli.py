@@ -352,7 +352,7 @@ def write_npy(handle: Any, array: np.ndarray) -> None:
     object that is not a real file (a zip member) numpy copies every 16 MB chunk twice before writing it."""
     if array.size and array.flags.c_contiguous and array.dtype.isnative and not array.dtype.hasobject:
         np.lib.format.write_array_header_1_0(handle, np.lib.format.header_data_from_array_1_0(array))
-        handle.write(memoryview(array).cast("B"))
+        handle.write(array.data.cast("B"))
     else:
         np.lib.format.write_array(handle, array, allow_pickle=False)
 

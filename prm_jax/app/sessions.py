@@ -256,12 +256,11 @@ def _branch_tokens(items: dict[str, _InteractionIn], leaves: list[str]) -> dict[
     for leaf in leaves:
         chain = _chain(items, leaf)
         leaf_raw = bytes(items[leaf].input_tokens).strip(_SPACE)
-        full = np.concatenate([_parse_ids(leaf_raw), _parse_ids(bytes(items[leaf].output_tokens).strip(_SPACE))])
+        inputs = _parse_ids(leaf_raw)
+        full = np.concatenate([inputs, _parse_ids(bytes(items[leaf].output_tokens).strip(_SPACE))])
         full.setflags(write=False)
-        leaf_inputs = _count(_list_body(leaf_raw))
         for turn in chain:
-            start = leaf_inputs if turn is chain[-1] else _ancestor_start(turn, leaf_raw)
-            stop = start + _count(_list_body(bytes(turn.output_tokens).strip(_SPACE)))
+            start, stop = (inputs.shape[0], full.shape[0]) if turn is chain[-1] else _ancestor_span(turn, leaf_raw)
             out.setdefault(turn.id, (full[:start], full[start:stop]))
     return out
 
@@ -282,9 +281,9 @@ def _chain(items: dict[str, _InteractionIn], leaf: str) -> list[_InteractionIn]:
         node = items[node.parent_id]
 
 
-def _ancestor_start(turn: _InteractionIn, leaf_raw: bytes) -> int:
-    """How many input tokens an ancestor has, after checking, as bytes, that its leaf's input list begins
-    with the ancestor's input elements and then its output elements."""
+def _ancestor_span(turn: _InteractionIn, leaf_raw: bytes) -> tuple[int, int]:
+    """Where an ancestor's output tokens are in its leaf's sequence, ``(start, stop)``, after checking, as
+    bytes, that the leaf's input list begins with the ancestor's input elements and then its output elements."""
     raw = bytes(turn.input_tokens).strip(_SPACE)
     inputs = _count(_list_body(raw))
     prefix = raw[:-1].rstrip(_SPACE)  # "[1, 2" of "[1, 2]"
@@ -304,7 +303,7 @@ def _ancestor_start(turn: _InteractionIn, leaf_raw: bytes) -> int:
         at += len(outputs)
     if (inputs or outputs) and leaf_raw[at:at + 1] not in _ELEMENT_END:  # the last element is whole
         raise ValueError("concat prefix")
-    return inputs
+    return inputs, inputs + _count(outputs)
 
 
 def _fast_interaction(item: _InteractionIn, input_tokens: np.ndarray, output_tokens: np.ndarray) -> Interaction:

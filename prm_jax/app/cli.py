@@ -178,12 +178,12 @@ def _advantages(padded: dict[str, np.ndarray], config: ExperimentConfig, rows: i
     return real_rows(configured), {mode: real_rows(output) for mode, output in outputs.items()}
 
 
-def _pack(sequences: list, accepted: list, bucket: int, row_bucket: int) -> dict[str, np.ndarray]:
+def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int) -> dict[str, np.ndarray]:
     """The batch for the device: widths bucketed to ``bucket``, rows to ``row_bucket``, so runs of similar
     size share one compiled program (and hit the persistent compilation cache)."""
     anchored = any(a is not None for seq in sequences for a in seq.anchor_ids)
     batch = pack_branches(sequences, bucket=bucket, rows=bucket_width(len(sequences), row_bucket),
-                          group_sizes=[len(group) for group in accepted],
+                          group_sizes=group_sizes,
                           token_rewards=any(seq.token_rewards is not None for seq in sequences),
                           per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards))
     if not anchored:
@@ -245,11 +245,11 @@ def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, g
         listed = "; ".join(f"{g}: {r['status']} {r['reason']}" for g, r in list(reasons.items())[:5])
         raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
                               + _shorten(listed, 1000))
-    padded = _pack([t["sequence"] for t in trajectories], accepted, *buckets)
-    batch = {name: value[:len(trajectories)] for name, value in padded.items()}  # views: the real rows
+    rows, group_sizes = len(trajectories), [len(group) for group in accepted]
+    padded = _pack([t["sequence"] for t in trajectories], group_sizes, *buckets)
+    batch = {name: value[:rows] for name, value in padded.items()}  # views: the real rows
     batch["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories], np.float32)
-    batch["group_sizes"] = np.array([len(group) for group in accepted], np.int32)
-    rows = len(trajectories)
+    batch["group_sizes"] = np.array(group_sizes, np.int32)
     del trajectories
     accepted.clear()  # packed: the branch sequences' memory is free for the advantages
     _release_freed_memory()

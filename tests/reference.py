@@ -362,7 +362,7 @@ def gigpo(turn_rewards, turn_mask, outcome, anchor_ids=None, group_sizes=None, *
     for b in range(rows):
         for k in range(turns):
             anchor = 0 if anchor_ids is None else int(anchor_ids[b][k])
-            if turn_mask[b][k] and anchor >= 0:
+            if turn_mask[b][k] and anchor != -1:  # only -1 means "no anchor"
                 step_groups.setdefault((groups[b], anchor), []).append((b, k))
     step = np.zeros((rows, turns))
     for members in step_groups.values():

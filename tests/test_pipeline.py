@@ -197,8 +197,9 @@ def test_value_checks_under_jit_cost_no_host_callback_unless_asked():
     for cfg in (AdvantageConfig(advantage_shaping=ShapingConfig("process_weighted")),
                 AdvantageConfig(token_rewards_as_adv=False)):
         assert count_host_callbacks(cfg, batch) == 0
-        # the two integer masks' 0/1 rule, finite rewards, group sizes, and the mode's own check
-        assert count_host_callbacks(dataclasses.replace(cfg, check_values="callback"), batch) == 5
+        # the two integer masks' 0/1 rule, finite rewards, group sizes, the mode's own check, and (issue
+        # 20.4) finite values, bootstrap values, log-probs and token rewards where they are used
+        assert count_host_callbacks(dataclasses.replace(cfg, check_values="callback"), batch) == 9
         assert count_host_callbacks(dataclasses.replace(cfg, check_values=False), batch) == 0
         out = jax.jit(lambda b, cfg=cfg: compute_advantages(b, cfg))(batch)
         # spec_example's process rewards are -0.2 on the three timesteps of turn 1: outside [0, 1].
@@ -206,7 +207,8 @@ def test_value_checks_under_jit_cost_no_host_callback_unless_asked():
                       else {"checks/turn_rewards_not_uniform": 0})
         assert {k: int(v) for k, v in out.diagnostics.items() if k.startswith("checks/")} == {
             "checks/attention_mask_not_binary": 0, "checks/loss_mask_not_binary": 0, "checks/rewards_not_finite": 0,
-            "checks/group_sizes_invalid": 0, **mode_check}
+            "checks/group_sizes_invalid": 0, "checks/values_not_finite": 0, "checks/values_bootstrap_not_finite": 0,
+            "checks/logprobs_not_finite": 0, "checks/token_rewards_not_finite": 0, **mode_check}
         off = jax.jit(lambda b, cfg=cfg: compute_advantages(b, dataclasses.replace(cfg, check_values=False)))(batch)
         assert not any(k.startswith("checks/") for k in off.diagnostics)
 

@@ -41,7 +41,6 @@ from prm_jax.app.config_file import load_config
 from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table, step_group_stats
 from prm_jax.app.sessions import InputError, read_sessions
 from prm_jax.kernels import native
-from prm_jax.kernels.gigpo import dense_anchor_ids
 from prm_jax.kernels.pipeline import compute_advantage_variants, compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.runtime.batching import bucket_width, pack_branches
@@ -152,8 +151,6 @@ def _advantages(padded: dict[str, np.ndarray], config: ExperimentConfig, rows: i
     whose rows are bucketed (padding rows: no attention, ``group_ids`` -1; they change no real row's
     numbers); returns the first ``rows`` rows, as numpy views."""
     arrays = dict(padded)  # groups by group_ids [B], whose shape does not change with the number of groups
-    if "anchor_ids" in arrays:
-        arrays["anchor_ids"] = dense_anchor_ids(arrays["anchor_ids"])  # 64-bit hashes to dense int32 ids
     # The masks as bool: pack_branches writes only 0 and 1, so the program needs no 0/1 check of them
     # (0.1 s less to compile). The other buffers are 64-byte aligned: on the CPU the device arrays alias
     # them (no copy of the batch; nothing writes into it from here on).

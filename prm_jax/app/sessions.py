@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from prm_jax.runtime.trajectory import STOP_REASONS, Interaction, InteractionCache
+from prm_jax.runtime.trajectory import ANCHOR_MAX, ANCHOR_MIN, STOP_REASONS, Interaction, InteractionCache
 from prm_jax.validation import short_repr
 
 MAX_TOKEN_ID = 2**31 - 1
@@ -167,7 +167,7 @@ class _InteractionIn(msgspec.Struct, forbid_unknown_fields=True):
     stop_reason: Literal["stop", "length"] = "stop"
     reward: float | None = None
     token_rewards: list[float] | None = None
-    anchor_id: int | None = None
+    anchor_id: int | None = None  # (msgspec bounds no int beyond int64: the range is checked below)
     step_reward: float | None = None
 
 
@@ -317,6 +317,8 @@ def _fast_interaction(item: _InteractionIn, input_tokens: np.ndarray, output_tok
     for number in (item.reward, item.step_reward):
         if number is not None and not math.isfinite(number):
             raise ValueError("non-finite reward")
+    if item.anchor_id is not None and not ANCHOR_MIN <= item.anchor_id <= ANCHOR_MAX:
+        raise ValueError("anchor_id range")
     for vector in (logprobs, rewards):
         if vector is not None and vector.shape != output_tokens.shape:
             raise ValueError("length")

@@ -56,6 +56,14 @@ def as_int(name: str, x: Any) -> jax.Array:
     return x.astype(jnp.int32)
 
 
+def as_integer(name: str, x: Any) -> jax.Array:
+    """An integer array kept at its own width (ids compared whole, e.g. 64-bit hashes)."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"{name} must be an integer array, got dtype {x.dtype}")
+    return x
+
+
 def check_rank(name: str, x: Any, ndim: int) -> None:
     shape = jnp.shape(x)
     if len(shape) != ndim:
@@ -144,13 +152,23 @@ def mask_check(name: str, x: Any) -> list[ValueCheck]:
                        f"{where(row, step)} holds {float(value)!r}", row, step, value)]
 
 
-def finite_check(name: str, x: jax.Array) -> ValueCheck:
+def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key: str | None = None,
+                 axis: str = "timestep") -> ValueCheck:
+    """``x`` is finite (where ``where`` is True, when given): ``[B]`` arrays name the entry, ``[B, T]`` ones
+    the row and the index along ``axis``. ``key`` names the check (default: from ``name``)."""
     bad = ~jnp.isfinite(x)
+    if where is not None:
+        bad = bad & where
     flags = bad.reshape(bad.shape[0], -1) if bad.ndim else bad.reshape(1, 1)
-    row, _, value = first_flagged(flags, x.reshape(flags.shape))
-    return ValueCheck(f"{check_key(name)}_not_finite", violations(bad),
-                      lambda row, value: f"{name} must be finite; entry {int(row)} is "
-                      f"{float(value)!r}", row, value)
+    row, step, value = first_flagged(flags, x.reshape(flags.shape))
+    scope = "" if where is None else " where it is used"
+    if x.ndim > 1:
+        def message(row, step, value):
+            return f"{name} must be finite{scope}; row {int(row)}, {axis} {int(step)} is {float(value)!r}"
+    else:
+        def message(row, step, value):
+            return f"{name} must be finite{scope}; entry {int(row)} is {float(value)!r}"
+    return ValueCheck(f"{key or check_key(name)}_not_finite", violations(bad), message, row, step, value)
 
 
 def raise_value_checks(checks: list[ValueCheck], *, callback: bool = False) -> None:

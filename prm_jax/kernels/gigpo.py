@@ -23,9 +23,11 @@ deliberately not offered: it is biased when the policy controls its number of tu
 
 Step groups are found on device: the ``(group, anchor)`` pairs are sorted (one value sort of the pair packed
 beside the entry index, or two stable argsorts where it does not fit), each step group is then a
-contiguous run, and its statistics are sorted segment sums, so no Python loop runs over turns. Anchor ids are compared
-as integers of JAX's integer width (int32 unless x64 is enabled): map 64-bit hashes to dense ids first
-(``dense_anchor_ids``).
+contiguous run, and its statistics are sorted segment sums, so no Python loop runs over turns. Anchor ids are any
+integers (64-bit hashes, signed or unsigned, with x64 on; host arrays of them from an eager call with x64 off):
+only -1 means "no anchor", and ids are compared whole, never truncated to 32 bits. Under ``jit`` with x64
+off JAX has already made 64-bit inputs int32: map such hashes to dense ids first (``dense_anchor_ids``;
+``pack_branches`` does).
 """
 
 from __future__ import annotations
@@ -101,6 +103,46 @@ def _group_stats(values: jax.Array, weights: jax.Array, segment: jax.Array, num_
     sq = sums(deviation * (values - mean[segment]))
     std = jnp.where(count > 1, jnp.sqrt(sq / jnp.maximum(count - 1, 1)), 1.0)
     return count[segment], mean[segment], std[segment]
+
+
+def _dense_anchors(anchors: jax.Array, anchored: jax.Array) -> jax.Array:
+    """int32 ids ``>= 0`` that are equal exactly where the anchors are, ``-1`` where a turn has none.
+
+    Ids that already fit (int32 or narrower, none negative) are used as they are; 64-bit or unsigned 32-bit
+    ids, and negative ids other than -1, are ranked (one sort): the step-group sort and the native pass read
+    non-negative int32 ids, and a cast would merge hashes that share their low 32 bits.
+    """
+    if anchors.size == 0:
+        return jnp.full(anchors.shape, -1, jnp.int32)
+
+    def rank(_: None) -> jax.Array:
+        flat = anchors.ravel()
+        order = jnp.argsort(flat)
+        ordered = flat[order]
+        new = jnp.concatenate([jnp.zeros(1, jnp.int32), (ordered[1:] != ordered[:-1]).astype(jnp.int32)])
+        return jnp.zeros(flat.shape, jnp.int32).at[order].set(jnp.cumsum(new)).reshape(anchors.shape)
+
+    dtype = jnp.dtype(anchors.dtype)
+    if dtype.itemsize > 4 or dtype == jnp.uint32:
+        dense = rank(None)
+    else:
+        narrow = anchors.astype(jnp.int32)
+        dense = lax.cond(jnp.any(anchored & (narrow < 0)), rank, lambda _: narrow, None)
+    return jnp.where(anchored, dense, jnp.full((), -1, jnp.int32))
+
+
+def host_anchor_ids(anchor_ids: ArrayLike) -> ArrayLike:
+    """What an eager caller passes, safe from JAX's int32 canonicalization: host (numpy or list) anchor ids
+    wider than 32 bits become dense int32 ids when x64 is off (JAX would keep only their low 32 bits);
+    anything else is returned as it is. Inside ``jit`` the arrays already have JAX's dtypes."""
+    if isinstance(anchor_ids, jax.Array) or _checks.is_traced(anchor_ids):
+        return anchor_ids
+    ids = np.asarray(anchor_ids)
+    if ids.dtype.kind in "iu" and ids.dtype.itemsize > 4 and not jax.config.read("jax_enable_x64"):
+        return dense_anchor_ids(ids)
+    if ids.dtype == object:  # Python ints beyond 64 bits (numpy could not pick an integer dtype)
+        raise ValueError("anchor_ids must be 64-bit integers (signed or unsigned); got values beyond that range")
+    return anchor_ids
 
 
 def _step_returns(rewards: jax.Array, active: jax.Array, gamma: float) -> jax.Array:
@@ -195,7 +237,8 @@ def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.
         episode = episode / (std + config.eps)
     returns = _step_returns(turn_rewards, turn_active, config.step_discount)
     anchors = jnp.zeros((rows, turns), jnp.int32) if anchor_ids is None else anchor_ids
-    anchored = turn_active & (anchors >= 0)
+    anchored = turn_active & (anchors != -1)
+    anchors = _dense_anchors(anchors, anchored)
     step, sizes = _step_advantages(returns, anchored, anchors, row_group, config)
     advantages = jnp.where(turn_active, episode[:, None] + config.step_weight * step, 0.0)
     return GiGPOOutput(advantages, episode, step, returns, sizes)
@@ -210,8 +253,8 @@ def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayL
       turn_rewards: ``[B, K]`` float, the step reward of each turn (e.g. the sum of its process rewards).
       turn_mask: ``[B, K]`` bool/0-1, the turns that exist (and are trained on).
       outcome_rewards: ``[B]`` float, each trajectory's outcome reward ``R_i``.
-      anchor_ids: ``[B, K]`` int, the anchor state of each turn (-1: none); ``None``: one step group per
-        GRPO group.
+      anchor_ids: ``[B, K]`` int of any width, the anchor state of each turn (-1 alone: none); ``None``: one
+        step group per GRPO group.
       group_sizes: ``[G]`` int, consecutive GRPO groups; ``None``: the batch is one group.
       config: ``GiGPOConfig`` (static).
 
@@ -225,6 +268,7 @@ def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayL
     _checks.check_shape("turn_mask", turn_mask, shape, "turn_rewards")
     _checks.check_shape("outcome_rewards", outcome_rewards, shape[:1], "turn_rewards' batch axis")
     if anchor_ids is not None:
+        anchor_ids = host_anchor_ids(anchor_ids)
         _checks.check_shape("anchor_ids", anchor_ids, shape, "turn_rewards")
     if group_sizes is not None:
         group_sizes = jnp.asarray(group_sizes)
@@ -240,7 +284,7 @@ def _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes
     rewards = _checks.as_float("turn_rewards", turn_rewards, dtype)
     outcome = _checks.as_float("outcome_rewards", outcome_rewards, dtype)
     active = _checks.as_mask("turn_mask", turn_mask)
-    anchors = None if anchor_ids is None else _checks.as_int("anchor_ids", anchor_ids)
+    anchors = None if anchor_ids is None else _checks.as_integer("anchor_ids", anchor_ids)
     rows = rewards.shape[0]
     checks = _checks.mask_check("turn_mask", turn_mask)
     if group_sizes is None:

@@ -53,7 +53,7 @@ from prm_jax.kernels.gae import (
     turn_segments,
     turn_sums,
 )
-from prm_jax.kernels.gigpo import GiGPOConfig, gigpo_core
+from prm_jax.kernels.gigpo import GiGPOConfig, gigpo_core, host_anchor_ids
 from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator, kl_rewards
 from prm_jax.kernels.lambda_fn import GAELambdaContext
 from prm_jax.kernels.normalization import (
@@ -377,6 +377,23 @@ def _batch_checks(batch: Mapping[str, jax.Array], num_rows: int) -> list[_checks
     return checks
 
 
+def _finite_inputs_checks(batch: Mapping[str, jax.Array], steps: Timesteps, last_value: jax.Array,
+                          truncated: jax.Array, dtype) -> list[_checks.ValueCheck]:
+    """Every float input is finite where it is used: on trained timesteps, and a truncated row's bootstrap
+    value ``V[seqlen - 1]`` (one NaN there would reach every advantage through batch normalization)."""
+    checks = [_checks.finite_check("batch['values']", steps.values, steps.active),
+              _checks.finite_check("batch['values'] (the bootstrap value V[seqlen - 1] of a truncated row)",
+                                   last_value, truncated, key="values_bootstrap")]
+    behaviour = (shift_to_next_token(_checks.as_float("batch['logprobs']", batch["logprobs"], dtype))
+                 if "prox_logprobs" in batch else steps.logprobs)  # prox_logprobs replaced them in steps
+    checks.append(_checks.finite_check("batch['logprobs']", behaviour, steps.active))
+    for key, array in (("prox_logprobs", steps.logprobs), ("ref_logprobs", steps.ref_logprobs),
+                       ("token_rewards", steps.process)):
+        if key in batch and array is not None:
+            checks.append(_checks.finite_check(f"batch[{key!r}]", array, steps.active))
+    return checks
+
+
 def _sequence_lengths(attention_mask: jax.Array) -> jax.Array:
     """``seqlen = sum(attention_mask)`` per row, summed as given: no converted copy of the mask."""
     attention = jnp.asarray(attention_mask)
@@ -406,7 +423,7 @@ def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timestep
 
 def _gigpo_advantages(batch: Mapping[str, jax.Array], outcome: jax.Array, process: jax.Array | None,
                       steps: Timesteps, real_rows: jax.Array, config: AdvantageConfig,
-                      groups: GroupLayout | None) -> jax.Array:
+                      groups: GroupLayout | None, checks: list) -> jax.Array:
     """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps.
 
     Step rewards are ``batch['turn_rewards'] [B, K]`` when given, else the sum of each turn's process
@@ -420,10 +437,11 @@ def _gigpo_advantages(batch: Mapping[str, jax.Array], outcome: jax.Array, proces
     counts = turn_sums(steps.active.astype(outcome.dtype), in_turn, segment, num_turns)
     if "turn_rewards" in batch:
         step_rewards = _checks.as_float("batch['turn_rewards']", batch["turn_rewards"], outcome.dtype)
+        checks.append(_checks.finite_check("batch['turn_rewards']", step_rewards, counts > 0, axis="turn"))
     else:
         step_rewards = (turn_sums(process, in_turn, segment, num_turns) if process is not None
                         else jnp.zeros(counts.shape, outcome.dtype))
-    anchors = _checks.as_int("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
+    anchors = _checks.as_integer("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
     row_group, num_groups = ((groups.row_group, groups.num_groups) if groups is not None
                              else (jnp.zeros(outcome.shape, jnp.int32), 1))
     per_turn = gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups,
@@ -463,7 +481,9 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: G
                                                              "prox_logprobs", "token_rewards") if k in batch))
     checks = _batch_checks(batch, num_rows)
     seqlen = _sequence_lengths(batch["attention_mask"])
-    raw_active = _checks.as_mask("batch['loss_mask']", batch["loss_mask"])
+    # A position outside the attention mask is never trained, whatever its loss mask says (padding).
+    raw_active = (_checks.as_mask("batch['loss_mask']", batch["loss_mask"])
+                  & _checks.as_mask("batch['attention_mask']", batch["attention_mask"]))
     groups_of = functools.partial(_groups_of, batch, num_rows)
     grpo_groups = groups_of(GRPO_GROUPS) if "group_sizes" in batch or "group_ids" in batch else None
     rewards = _checks.as_float("batch['rewards']", batch["rewards"], dtype)
@@ -477,9 +497,10 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: G
     task, process = _task_rewards(outcome, steps.process, steps, seqlen, truncated, config, checks)  # 4-5
     last_value = jnp.take_along_axis(steps.values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
     bootstrap = jnp.where(truncated, last_value, jnp.zeros((), dtype))
+    checks += _finite_inputs_checks(batch, steps, last_value, truncated, dtype)
     lam = _gae_lambda(batch, steps, config, dtype, checks)
     if config.credit_assignment is not None:                                                 # 6-7 GiGPO
-        advantages = _gigpo_advantages(batch, outcome, process, steps, seqlen > 0, config, grpo_groups) + kl
+        advantages = _gigpo_advantages(batch, outcome, process, steps, seqlen > 0, config, grpo_groups, checks) + kl
         returns = advantages + steps.values
     else:
         advantages, returns = _advantages_and_returns(task, kl, steps, bootstrap, lam, config, method)  # 6-7
@@ -558,6 +579,14 @@ def _warn_about_fallbacks(batch: Mapping[str, Any], config: AdvantageConfig) -> 
                       stacklevel=3)
 
 
+def _batch_arrays(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys the pipeline reads; host anchor ids wider than JAX's integers made dense (exact) first."""
+    arrays = {key: batch[key] for key in REQUIRED_KEYS + OPTIONAL_KEYS if batch.get(key) is not None}
+    if "anchor_ids" in arrays:
+        arrays["anchor_ids"] = host_anchor_ids(arrays["anchor_ids"])
+    return arrays
+
+
 def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = AdvantageConfig()) -> AdvantageOutput:
     """Advantages and returns for a padded batch, as one fused jitted computation.
 
@@ -596,7 +625,7 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
     missing = [key for key in REQUIRED_KEYS if batch.get(key) is None]
     if missing:
         raise ValueError(f"batch is missing required keys {missing}")
-    arrays = {key: batch[key] for key in REQUIRED_KEYS + OPTIONAL_KEYS if batch.get(key) is not None}
+    arrays = _batch_arrays(batch)
     _warn_about_fallbacks(arrays, config)
     method = resolve_method(config.gae_method, unit_discount=_static_unit_discount(arrays, config),
                             sharded=jax.device_count() > 1)
@@ -638,7 +667,7 @@ def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantageConfig
             variants.append(dataclasses.replace(config.advantage_shaping, mode=mode))
         except ValueError as err:
             refused[mode] = f"n/a: {err}"
-    arrays = {key: batch[key] for key in REQUIRED_KEYS + OPTIONAL_KEYS if batch.get(key) is not None}
+    arrays = _batch_arrays(batch)
     _warn_about_fallbacks(arrays, config)
     method = resolve_method(config.gae_method, unit_discount=_static_unit_discount(arrays, config),
                             sharded=jax.device_count() > 1)

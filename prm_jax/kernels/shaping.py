@@ -11,6 +11,8 @@ returns. With ``b = negative_scale``, ``z = zero_penalty``, ``eps = zero_eps``:
 - ``gvpo``:              where ``P < 0``: ``A < -eps -> (1 + b) A``; ``|A| <= eps -> -z``; ``A > eps -> 0``
                          (only the sign of ``P`` matters; ``P >= 0`` leaves ``A``)
 - ``process_weighted``:  ``P`` in [0, 1]; ``A >= 0 -> A P``; ``A < 0, P > 0 -> P``; ``A < 0, P = 0 -> A``
+
+No mode turns a non-finite advantage into a finite one: where ``A`` is NaN or infinite it is left as it is.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ def shape_core(advantages: jax.Array, process_rewards: jax.Array, active: jax.Ar
         shaped = jnp.where(p < 0, on_negative, a)
     else:
         shaped = jnp.where(a >= 0, a * p, jnp.where(p > 0, p, a))
-    return jnp.where(active, shaped, a)
+    # A non-finite advantage stays as it is: NaN fails every comparison above, so gvpo would turn it into -z
+    # and process_weighted into P (a plausible number where an input was broken).
+    return jnp.where(active & jnp.isfinite(a), shaped, a)
 
 
 _warned: set[str] = set()

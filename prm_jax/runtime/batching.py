@@ -46,8 +46,9 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     -1 on padding rows), and with ``token_rewards`` (default) ``token_rewards`` (0 where a branch has none:
     AReaL's value for an unscored turn). Pass ``token_rewards=False`` when no scorer runs: a batch with the
     key is shaped, and under ``process_weighted`` a process reward of 0 zeroes a positive advantage.
-    ``per_turn`` adds GiGPO's ``anchor_ids [rows, K]`` int64 (-1: no anchor) and ``turn_rewards [rows, K]``
-    (the turn's step reward, else the sum of its token rewards), ``K = turns`` or the most turns of a branch.
+    ``per_turn`` adds GiGPO's ``anchor_ids [rows, K]`` int32 (dense ids in first-seen order, -1: no anchor)
+    and ``turn_rewards [rows, K]`` (the turn's step reward, else the sum of its token rewards), ``K = turns``
+    or the most turns of a branch.
     Every branch needs an outcome reward.
     """
     if not sequences:
@@ -100,7 +101,7 @@ def batch_spec(rows: int, width: int, *, token_rewards: bool = True,
     spec.update(rewards=((rows,), np.float32, 0.0), is_truncated=((rows,), np.bool_, False),
                 group_ids=((rows,), np.int32, -1))
     if turns is not None:
-        spec.update(anchor_ids=((rows, turns), np.int64, -1), turn_rewards=((rows, turns), np.float32, 0.0))
+        spec.update(anchor_ids=((rows, turns), np.int32, -1), turn_rewards=((rows, turns), np.float32, 0.0))
     return spec
 
 
@@ -133,13 +134,15 @@ def _group_ids(group_sizes: Sequence[int] | None, real: int, rows: int) -> np.nd
 
 
 def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence]) -> None:
-    """Fills GiGPO's per-turn inputs: ``anchor_ids`` (-1 where a turn has none, int64 as given;
-    ``dense_anchor_ids`` makes them int32) and ``turn_rewards`` (the step reward, else the sum of the
-    turn's token rewards: the value the pipeline would derive)."""
+    """Fills GiGPO's per-turn inputs: ``anchor_ids`` (dense int32 ids, equal exactly where the turns' anchors
+    are: any 64-bit ids, signed or unsigned, compared whole; -1 where a turn has none) and ``turn_rewards``
+    (the step reward, else the sum of the turn's token rewards: the value the pipeline would derive)."""
     anchors, step_rewards = batch["anchor_ids"], batch["turn_rewards"]
     turns = anchors.shape[1]
+    dense: dict[int, int] = {}
     for b, seq in enumerate(sequences):
-        anchors[b, :len(seq.anchor_ids)] = [-1 if a is None else a for a in seq.anchor_ids]
+        anchors[b, :len(seq.anchor_ids)] = [-1 if a is None or a == -1 else dense.setdefault(int(a), len(dense))
+                                            for a in seq.anchor_ids]
         derived = (np.bincount(seq.turn_ids[seq.turn_ids >= 0], weights=seq.token_rewards[seq.turn_ids >= 0],
                                minlength=turns) if seq.token_rewards is not None else np.zeros(turns))
         step_rewards[b, :len(seq.step_rewards)] = [derived[k] if r is None else r for k, r in enumerate(seq.step_rewards)]

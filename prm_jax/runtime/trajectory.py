@@ -23,8 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from prm_jax.validation import short_repr
+
 STOP_REASONS = ("stop", "length")
 MAX_TOKEN_ID = 2**31 - 1  # batches hold token ids as int32
+ANCHOR_MIN, ANCHOR_MAX = -(2**63), 2**64 - 1  # anchor ids: any 64-bit hash, signed or unsigned
 
 
 def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
@@ -132,9 +135,12 @@ class Interaction:
                     raise ValueError(f"interaction {iid!r}: {name} must have shape ({self.output_len},), got "
                                      f"{vector.shape}")
                 setattr(self, name, vector)
-        if self.anchor_id is not None and (isinstance(self.anchor_id, bool)
-                                           or not isinstance(self.anchor_id, (int, np.integer))):
-            raise ValueError(f"interaction {iid!r}: anchor_id must be an integer or None, got {self.anchor_id!r}")
+        if self.anchor_id is not None:
+            if isinstance(self.anchor_id, bool) or not isinstance(self.anchor_id, (int, np.integer)) \
+                    or not ANCHOR_MIN <= self.anchor_id <= ANCHOR_MAX:
+                raise ValueError(f"interaction {iid!r}: anchor_id must be a 64-bit integer (signed or unsigned, "
+                                 f"in [-2**63, 2**64 - 1]; -1: none) or None, got {short_repr(self.anchor_id)}")
+            self.anchor_id = int(self.anchor_id)
         self.messages = tuple(self.messages)
         self.output_messages = tuple(self.output_messages)
 

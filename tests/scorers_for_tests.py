@@ -149,3 +149,19 @@ class FailOnGroup(BaseScorer):
         if ctx["session_key"].startswith(self.prefix):
             raise RuntimeError("judge unavailable")
         return 0.5
+
+
+class SlowScorer(BaseScorer):
+    """Touches ``marker`` when it is first called, then takes ``seconds`` per turn: a run to interrupt."""
+
+    name = "slow"
+
+    def __init__(self, marker="", seconds=30.0, **kwargs):
+        super().__init__(**kwargs)
+        self.marker, self.seconds = marker, seconds
+
+    async def evaluate(self, interaction, ctx):
+        if self.marker:
+            open(self.marker, "a").close()
+        await anyio.sleep(self.seconds)
+        return 0.5

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from prm_jax import AdvantageConfig, NormConfig, compute_advantages, normalize
-from prm_jax.app import cli
+from prm_jax.app import cli, outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -234,20 +234,6 @@ def test_an_output_path_that_is_a_file_is_refused_first(tmp_path):
     assert (tmp_path / "out").read_text() == "not a folder"
 
 
-def test_the_output_set_is_all_or_nothing(tmp_path):
-    def good(handle):
-        handle.write(b"data")
-
-    def failing(handle):
-        raise OSError("disk full")
-    files = {tmp_path / "batch.npz": good, tmp_path / "metrics.json": failing}
-    with pytest.raises(OSError, match="disk full"):
-        cli.write_all_or_nothing(files)
-    assert sorted(os.listdir(tmp_path)) == []
-    cli.write_all_or_nothing({tmp_path / "batch.npz": good, tmp_path / "metrics.json": good})
-    assert sorted(os.listdir(tmp_path)) == ["batch.npz", "metrics.json"]
-
-
 def test_output_files_get_the_umask_mode_and_batch_is_uncompressed_by_default(tmp_path):
     proc = prm_jax("score", "--config", CONFIG, "--input", DEMO, "--output", tmp_path / "out", umask=0o022)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -324,8 +310,9 @@ def test_a_failure_after_the_batch_began_keeps_an_earlier_output_set_whole(tmp_p
     monkeypatch.setattr(cli, "compute_advantage_variants", broken)
     monkeypatch.setattr(cli, "compute_advantages", broken)
     with pytest.raises(RuntimeError, match="a bug in the library"):
-        cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)])
+        cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out), "--overwrite"])
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]  # no staging folder left
 
 
 def test_a_failed_write_in_the_batch_thread_keeps_an_earlier_output_set_whole(tmp_path, monkeypatch):
@@ -334,7 +321,7 @@ def test_a_failed_write_in_the_batch_thread_keeps_an_earlier_output_set_whole(tm
     out = tmp_path / "out"
     assert cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)]) == 0
     before = {name: (out / name).read_bytes() for name in os.listdir(out)}
-    write_npy = cli.write_npy
+    write_npy = outputs.write_npy
     written = []
 
     def failing(handle, array):
@@ -345,10 +332,11 @@ def test_a_failed_write_in_the_batch_thread_keeps_an_earlier_output_set_whole(tm
     import zipfile
     with zipfile.ZipFile(out / "batch.npz") as archive:
         before_names = [name for name in archive.namelist() if not name.startswith("timestep_")]
-    monkeypatch.setattr(cli, "write_npy", failing)
+    monkeypatch.setattr(outputs, "write_npy", failing)
     with pytest.raises(OSError, match="disk full"):
-        cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)])
+        cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out), "--overwrite"])
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]  # no staging folder left
 
 
 @pytest.mark.parametrize("array", [np.arange(12, dtype=np.int32).reshape(3, 4), np.zeros((2, 0), np.float32),
@@ -359,6 +347,6 @@ def test_the_batch_writer_writes_numpys_npy_bytes(array):
     # for a zip member); the bytes must be np.lib.format.write_array's, for any array.
     import io
     ours, numpys = io.BytesIO(), io.BytesIO()
-    cli.write_npy(ours, np.asanyarray(array))
+    outputs.write_npy(ours, np.asanyarray(array))
     np.lib.format.write_array(numpys, np.asanyarray(array), allow_pickle=False)
     assert ours.getvalue() == numpys.getvalue()

@@ -18,15 +18,13 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
-import io
 import json
 import os
-import queue
+import signal
 import sys
 import tempfile
 import threading
 import time
-import zipfile
 from collections import OrderedDict
 from collections.abc import Callable
 from importlib import resources
@@ -38,6 +36,14 @@ import jax
 import numpy as np
 
 from prm_jax.app.config_file import load_config
+from prm_jax.app.outputs import (
+    OUTPUT_SET,
+    WRITE_ERRNOS,
+    BatchWriter,
+    OutputFolderError,
+    StagedOutputs,
+    check_output_folder,
+)
 from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table, step_group_stats
 from prm_jax.app.sessions import InputError, read_sessions
 from prm_jax.kernels import native
@@ -59,6 +65,9 @@ FILTERS: dict[str, Callable] = {
     "mixed_or_penalized_all_wrong": filter_mixed_or_penalized_all_wrong,
     "mixed_or_penalized_all_wrong_mask_no_eos": filter_mixed_or_penalized_all_wrong_mask_no_eos,
 }
+
+
+EXIT_WRITE_FAILED = 74  # sysexits' EX_IOERR: the disk is full or a file-size limit was hit
 
 
 class CLIError(Exception):
@@ -277,134 +286,48 @@ def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, g
     return ScoreRun(batch, outputs, configured, metrics, summary)
 
 
-def write_all_or_nothing(files: dict[Path, Callable[[io.BufferedWriter], None]],
-                         written: dict[Path, str] | None = None) -> None:
-    """Writes every file to a temporary name beside it, then renames them all: all files or none.
-
-    ``written`` maps further targets to temporary files already written beside them (``_EarlyBatch``).
-    Files get the mode a plain ``open`` would give them (0666 less the umask), not ``mkstemp``'s 0600.
-    """
-    umask = os.umask(0)
-    os.umask(umask)
-    staged: list[tuple[str, Path]] = [(tmp, path) for path, tmp in (written or {}).items()]
-    done: list[Path] = []
-    try:
-        for tmp, _ in staged:
-            os.chmod(tmp, 0o666 & ~umask)
-        for path, write in files.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            staged.append((tmp, path))
-            with os.fdopen(fd, "wb") as handle:
-                write(handle)
-            os.chmod(tmp, 0o666 & ~umask)
-        for tmp, path in staged:
-            os.replace(tmp, path)
-            done.append(path)
-    except BaseException:
-        for tmp, _ in staged:
-            Path(tmp).unlink(missing_ok=True)
-        for path in done:
-            path.unlink(missing_ok=True)
-        raise
-
-
 def timestep_arrays(configured: Any, outputs: dict[str, Any]) -> dict[str, np.ndarray]:
     arrays = {f"timestep_{field}": np.asarray(getattr(configured, field)) for field in TIMESTEP_FIELDS}
     arrays["timestep_advantages_unshaped"] = np.asarray(outputs["none"].advantages)
     return arrays
 
 
-def output_files(run: ScoreRun, output_dir: Path, plot_path: Path | None = None,
-                 compress: bool = False) -> dict[Path, Callable[[io.BufferedWriter], None]]:
+def write_outputs(run: ScoreRun, staged: StagedOutputs, plot_path: Path | None = None, compress: bool = False,
+                  early: BatchWriter | None = None) -> None:
+    """Writes the output set into the staging folder and publishes it (see ``prm_jax.app.outputs``); a plot
+    outside the output folder is written beside itself under a temporary name and renamed after."""
     payload = json.dumps({"metrics": run.metrics, "summary": run.summary}, indent=2, sort_keys=True,
                          allow_nan=False).encode()
-
-    def write_batch(handle: io.BufferedWriter) -> None:  # (not called when _EarlyBatch writes it)
-        save: Any = np.savez_compressed if compress else np.savez
-        save(handle, **run.batch, **timestep_arrays(run.configured, run.outputs))
-
-    def write_metrics(handle: io.BufferedWriter) -> None:
-        handle.write(payload)
-
-    files: dict[Path, Callable[[io.BufferedWriter], None]] = {output_dir / "batch.npz": write_batch,
-                                                               output_dir / "metrics.json": write_metrics}
-    if plot_path is not None:
-        files[plot_path] = lambda h: plot(run, h)
-    return files
-
-
-def write_outputs(run: ScoreRun, output_dir: Path, plot_path: Path | None = None, compress: bool = False,
-                  early: _EarlyBatch | None = None) -> None:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    files = output_files(run, output_dir, plot_path, compress)
-    written = {}
-    if early is not None:  # every array was handed to its writer thread: wait for it, stage it with the rest
-        del files[early.path]
-        written[early.path] = early.finish()
-    write_all_or_nothing(files, written)
-
-
-def write_npy(handle: Any, array: np.ndarray) -> None:
-    """``np.lib.format.write_array``'s bytes, written from the array's own memory: for a file-like
-    object that is not a real file (a zip member) numpy copies every 16 MB chunk twice before writing it."""
-    if array.size and array.flags.c_contiguous and array.dtype.isnative and not array.dtype.hasobject:
-        np.lib.format.write_array_header_1_0(handle, np.lib.format.header_data_from_array_1_0(array))
-        handle.write(array.data.cast("B"))
+    if early is not None:  # every array was handed to its writer thread: wait for it
+        early.finish()
     else:
-        np.lib.format.write_array(handle, array, allow_pickle=False)
+        save: Any = np.savez_compressed if compress else np.savez
+        with open(staged.path("batch.npz"), "wb") as handle:
+            save(handle, **run.batch, **timestep_arrays(run.configured, run.outputs))
+    staged.path("metrics.json").write_bytes(payload)
+    outside: str | None = None
+    try:
+        if plot_path is not None and staged.holds(plot_path):
+            with open(staged.path(plot_path.name), "wb") as handle:
+                plot(run, handle)
+        elif plot_path is not None:
+            fd, outside = tempfile.mkstemp(prefix=f".{plot_path.name}.", dir=plot_path.parent)
+            with os.fdopen(fd, "wb") as handle:
+                plot(run, handle)
+            os.chmod(outside, 0o666 & ~_umask())
+        staged.publish()
+        if outside is not None and plot_path is not None:
+            os.replace(outside, plot_path)
+            outside = None
+    finally:
+        if outside is not None:
+            Path(outside).unlink(missing_ok=True)
 
 
-class _EarlyBatch:
-    """``batch.npz`` begun early: a thread writes arrays into its staged file as they are handed over (the
-    batch while the advantages are computed, then the timestep outputs while the summary is; file writes
-    and XLA run without the GIL). The file is renamed only with the other outputs; ``abort`` removes it,
-    and the output folder when this run created it."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._created = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        self._handle = os.fdopen(fd, "wb")
-        self._archive = zipfile.ZipFile(self._handle, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
-        self._error: BaseException | None = None
-        self._queue: queue.SimpleQueue[dict[str, np.ndarray] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._drain, daemon=True)
-        self._thread.start()
-
-    def add(self, arrays: dict[str, np.ndarray]) -> None:
-        """Queues arrays to be written after those handed over before them (as ``np.savez`` writes them)."""
-        self._queue.put(dict(arrays))
-
-    def _drain(self) -> None:
-        try:
-            while (arrays := self._queue.get()) is not None:
-                for name, value in arrays.items():
-                    with self._archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                        write_npy(member, np.asanyarray(value))
-        except BaseException as err:  # re-raised by finish
-            self._error = err
-
-    def finish(self) -> str:
-        """Waits for every queued array; returns the staged file's name."""
-        self._queue.put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        self._archive.close()
-        self._handle.close()
-        return self.tmp
-
-    def abort(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-        with contextlib.suppress(Exception):
-            self._archive.close()
-        self._handle.close()
-        Path(self.tmp).unlink(missing_ok=True)
-        for folder in self._created:  # innermost first; only folders this run made, and only if empty
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def _check_arguments(args) -> None:
@@ -412,46 +335,90 @@ def _check_arguments(args) -> None:
     for flag, value in (("--bucket", args.bucket), ("--row-bucket", args.row_bucket)):
         if value < 1:
             raise CLIError(f"{flag} must be >= 1, got {value}")
-    output = Path(args.output)
-    if output.exists() and not output.is_dir():
-        raise CLIError(f"--output {output}: exists and is not a directory")
-    existing = output
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise CLIError(f"--output {output}: {existing} is not a writable directory")
+    _check_output(args)
     if args.plot:
         _require_matplotlib()
         plot_dir = Path(args.plot).parent
-        if not plot_dir.is_dir():
+        if not plot_dir.is_dir() and Path(args.plot).absolute().parent != Path(args.output).absolute():
             raise CLIError(f"--plot {args.plot}: the folder {plot_dir} does not exist")
-        if not os.access(plot_dir, os.W_OK | os.X_OK):
+        if plot_dir.is_dir() and not os.access(plot_dir, os.W_OK | os.X_OK):
             raise CLIError(f"--plot {args.plot}: the folder {plot_dir} is not writable")
         if Path(args.plot).is_dir():
             raise CLIError(f"--plot {args.plot}: is a directory")
+        if Path(args.plot).name in OUTPUT_SET and Path(args.plot).absolute().parent == Path(args.output).absolute():
+            raise CLIError(f"--plot {args.plot}: would replace the output set's own {Path(args.plot).name}")
+
+
+def _check_output(args) -> None:
+    try:
+        check_output_folder("--output", Path(args.output), args.overwrite)
+    except OutputFolderError as err:
+        raise CLIError(str(err)) from None
+
+
+class Interrupted(BaseException):
+    """SIGTERM (or SIGHUP) received: unwinds like ``KeyboardInterrupt`` so every cleanup runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_unwind():
+    """SIGTERM and SIGHUP raise ``Interrupted`` in the main thread (SIGINT raises ``KeyboardInterrupt``);
+    a second signal during the cleanup is ignored, so the cleanup finishes. Outside the main thread (a
+    caller's worker) the handlers are left as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum: int, frame: Any) -> None:
+        for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(number, signal.SIG_IGN)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted(signum)
+
+    previous = {number: signal.signal(number, unwind) for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def _staged(output: Path):
+    """The run's staging folder; everything in it (and any folder the run made) removed on failure."""
+    staged = StagedOutputs(output)
+    try:
+        yield staged
+    except BaseException:
+        staged.abort()
+        raise
 
 
 def cmd_score(args) -> int:
     _check_arguments(args)
     config = _load_config(args.config)
-    early: list[_EarlyBatch] = []
+    writers: list[BatchWriter] = []
+    with _signals_unwind(), _staged(Path(args.output)) as staged:
 
-    def write_early(arrays: dict[str, np.ndarray]) -> None:
-        if not early:
-            early.append(_EarlyBatch(Path(args.output) / "batch.npz"))
-        early[0].add(arrays)
+        def write_early(arrays: dict[str, np.ndarray]) -> None:
+            if not writers:
+                writers.append(BatchWriter(staged.path("batch.npz")))
+            writers[0].add(arrays)
 
-    try:
-        run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket, row_bucket=args.row_bucket,
-                        progress=args.progress if args.progress is not None else sys.stderr.isatty(), freeze_gc=True,
-                        on_arrays=None if args.compress else write_early)
-        start = time.perf_counter()
-        write_outputs(run, Path(args.output), Path(args.plot) if args.plot else None, compress=args.compress,
-                      early=early[0] if early else None)
-    except BaseException:
-        for begun in early:
-            begun.abort()
-        raise
+        try:
+            run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket,
+                            row_bucket=args.row_bucket, freeze_gc=True, on_arrays=None if args.compress else write_early,
+                            progress=args.progress if args.progress is not None else sys.stderr.isatty())
+            start = time.perf_counter()
+            write_outputs(run, staged, Path(args.plot) if args.plot else None, compress=args.compress,
+                          early=writers[0] if writers else None)
+        except BaseException:
+            for writer in writers:
+                writer.abort()
+            raise
     run.summary["timings_s"]["write"] = time.perf_counter() - start
     print_summary(run)
     if args.timings:
@@ -463,15 +430,17 @@ def cmd_score(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    if args.output:
+        _check_output(args)
+    output = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="prm-jax-demo-")) / "out"
     data = resources.files("prm_jax").joinpath("data")
-    with resources.as_file(data.joinpath("demo_config.yaml")) as config_path, \
-            resources.as_file(data.joinpath("demo_sessions.jsonl")) as sessions_path:
+    with _signals_unwind(), resources.as_file(data.joinpath("demo_config.yaml")) as config_path, \
+            resources.as_file(data.joinpath("demo_sessions.jsonl")) as sessions_path, _staged(output) as staged:
         config = _load_config(str(config_path))
         print(f"prm-jax demo: {sessions_path.name} scored with the seed's example config "
               f"(LengthBudgetScorer, max_output_tokens=128, shaping {config.actor.advantage_shaping.mode})\n")
         run = run_score(config, str(sessions_path), progress=args.progress if args.progress is not None else False)
-    output = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="prm-jax-demo-"))
-    write_outputs(run, output)
+        write_outputs(run, staged)
     print_summary(run)
     print()
     print_turn_table(run)
@@ -501,6 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--config", required=True, help="YAML config (rollout.agent.prm, actor)")
     score.add_argument("--input", required=True, help="sessions, one JSON object per line")
     score.add_argument("--output", required=True, help="output directory for batch.npz and metrics.json")
+    score.add_argument("--overwrite", action="store_true",
+                       help="replace an output set already in --output (atomically, once the new one is complete)")
     score.add_argument("--plot", help="also draw a few rows' process rewards and advantages to this PNG")
     score.add_argument("--filter", choices=sorted(FILTERS), help="group filter applied to accepted groups")
     score.add_argument("--bucket", type=int, default=128, help="pad widths to a multiple of this (default 128)")
@@ -513,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.set_defaults(func=cmd_score)
     demo = sub.add_parser("demo", help="score the bundled example sessions with the seed's example config")
     demo.add_argument("--output", help="output directory (default: a new temporary directory)")
+    demo.add_argument("--overwrite", action="store_true", help="replace an output set already in --output")
     demo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     demo.set_defaults(func=cmd_demo)
     validate = sub.add_parser("validate-config", help="check a config and import its scorers")
@@ -531,6 +503,18 @@ def main(argv: list[str] | None = None) -> int:
     except NoGroupAccepted as err:
         print(f"prm-jax: {_shorten(str(err), 2000)}", file=sys.stderr)
         return 1
+    except OSError as err:
+        if err.errno not in WRITE_ERRNOS:
+            raise
+        print(f"prm-jax: error: could not write the output: {err.strerror or err} (nothing was written)",
+              file=sys.stderr)
+        return EXIT_WRITE_FAILED
+    except KeyboardInterrupt:
+        print("prm-jax: interrupted by SIGINT (nothing was written)", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Interrupted as err:
+        print(f"prm-jax: interrupted by {err} (nothing was written)", file=sys.stderr)
+        return 128 + err.signum
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

@@ -1,0 +1,214 @@
+"""The command's output set (``batch.npz``, ``metrics.json``, a plot inside the folder): staged, then published
+at once.
+
+Every file of a run is written into a staging folder beside the output folder (``.OUT.staging-*``). Only when
+the whole set is written is it published:
+
+- a new output folder: the staging folder is renamed to it (one atomic rename);
+- an existing folder that holds only files: the other files are hard-linked into the staging folder, then the
+  two folders are exchanged (``renameat2(RENAME_EXCHANGE)``, atomic) and the old one is removed, so a reader
+  sees exactly the old set or exactly the new one at every moment. Where the exchange is not supported
+  (not Linux, or a file system without it) two renames do it, rolled back on failure; a crash between them
+  leaves the old set whole in the staging folder's place;
+- an existing folder that holds sub-folders (or is the working directory) and no output set: the files are
+  renamed into it one by one, removed again on failure (there was no old set to keep).
+
+A folder that already holds an output set is replaced only with ``--overwrite`` (``check_output_folder``,
+before any input is read), and only when it can be exchanged whole. On any failure or signal the staging
+folder, and any parent folder the run created, are removed: a failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OUTPUT_SET = ("batch.npz", "metrics.json")
+# Errors of a full disk or file-size limit: the environment's, not a bug (one line, no traceback).
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+class OutputFolderError(ValueError):
+    """The output folder cannot take this run's outputs (said before any input is read)."""
+
+
+def _existing_set(folder: Path) -> list[str]:
+    return [name for name in OUTPUT_SET if os.path.lexists(folder / name)]
+
+
+def _exchangeable(folder: Path) -> bool:
+    """A folder that can be swapped whole: only regular files in it, and not the working directory or
+    one of its parents (a process must not be left standing in the removed old folder)."""
+    cwd = Path.cwd().resolve()
+    resolved = folder.resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        return False
+    return all(entry.is_file(follow_symlinks=False) for entry in os.scandir(folder))
+
+
+def check_output_folder(flag: str, output: Path, overwrite: bool) -> None:
+    """Everything about the output folder that would fail the run later, checked first."""
+    if output.is_symlink() and not output.exists():
+        raise OutputFolderError(f"{flag} {output}: is a dangling symbolic link")
+    if output.exists() and not output.is_dir():
+        raise OutputFolderError(f"{flag} {output}: exists and is not a directory")
+    existing = output
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputFolderError(f"{flag} {output}: {existing} is not a writable directory")
+    if output.is_dir():
+        old = _existing_set(output)
+        if old and not overwrite:
+            raise OutputFolderError(f"{flag} {output}: already holds an output set ({', '.join(old)}); pass "
+                                    "--overwrite to replace it (the old set stays whole until the new one is "
+                                    "complete), or choose another folder")
+        if old and not _exchangeable(output):
+            raise OutputFolderError(f"{flag} {output}: --overwrite replaces an output set only in a folder that "
+                                    "holds nothing but files (it is exchanged whole); this one holds folders or "
+                                    "links, or is the working directory: choose another folder")
+        if not os.access(output, os.W_OK | os.X_OK):
+            raise OutputFolderError(f"{flag} {output}: is not a writable directory")
+
+
+def _exchange(staging: Path, target: Path) -> None:
+    """Swaps two folders atomically where the system can; else two renames (see the module docstring)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        if renameat2(_AT_FDCWD, os.fsencode(staging), _AT_FDCWD, os.fsencode(target), _RENAME_EXCHANGE) == 0:
+            return
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise OSError(code, os.strerror(code), str(target))
+    backup = staging.with_name(staging.name + ".old")
+    os.rename(target, backup)
+    try:
+        os.rename(staging, target)
+    except BaseException:
+        os.rename(backup, target)
+        raise
+    os.rename(backup, staging)  # the old set where the caller removes it
+
+
+class StagedOutputs:
+    """A run's output files, written under ``path(name)`` and published together by ``publish``."""
+
+    def __init__(self, output: Path):
+        self.target = output.resolve() if output.is_symlink() else output.absolute()
+        self._created = [folder for folder in self.target.parents if not folder.exists()][::-1]
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.staging-", dir=self.target.parent))
+
+    def path(self, name: str) -> Path:
+        return self.staging / name
+
+    def holds(self, path: Path) -> bool:
+        """Whether ``path`` belongs in the output folder (then it is staged with the set)."""
+        return path.absolute().parent == self.target or path.parent.resolve() == self.target.resolve()
+
+    def publish(self) -> None:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.staging, 0o777 & ~umask)  # mkdtemp's 0700 otherwise
+        if not self.target.exists():
+            os.rename(self.staging, self.target)
+            return
+        if _exchangeable(self.target):
+            for entry in os.scandir(self.target):  # the folder's other files stay in it
+                if not os.path.lexists(self.staging / entry.name):
+                    os.link(entry.path, self.staging / entry.name, follow_symlinks=False)
+            _exchange(self.staging, self.target)
+            shutil.rmtree(self.staging)
+            return
+        if _existing_set(self.target):
+            raise OutputFolderError(f"{self.target}: an output set appeared there during the run; nothing written")
+        moved: list[Path] = []
+        try:
+            for name in sorted(os.listdir(self.staging)):
+                os.rename(self.staging / name, self.target / name)
+                moved.append(self.target / name)
+        except BaseException:
+            for path in moved:
+                path.unlink(missing_ok=True)
+            raise
+        self.staging.rmdir()
+
+    def abort(self) -> None:
+        """Removes everything this run created (the staging folder, and parent folders it made if empty)."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        for folder in reversed(self._created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def write_npy(handle: Any, array: np.ndarray) -> None:
+    """``np.lib.format.write_array``'s bytes, written from the array's own memory: for a file-like
+    object that is not a real file (a zip member) numpy copies every 16 MB chunk twice before writing it."""
+    if array.size and array.flags.c_contiguous and array.dtype.isnative and not array.dtype.hasobject:
+        np.lib.format.write_array_header_1_0(handle, np.lib.format.header_data_from_array_1_0(array))
+        handle.write(array.data.cast("B"))
+    else:
+        np.lib.format.write_array(handle, array, allow_pickle=False)
+
+
+class BatchWriter:
+    """``batch.npz`` begun early: a thread writes arrays into the staged file as they are handed over (the
+    batch while the advantages are computed, then the timestep outputs while the summary is; file writes
+    and XLA run without the GIL). ``abort`` stops it between two arrays; the file goes with the staging
+    folder."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._handle = open(path, "wb")
+        self._archive = zipfile.ZipFile(self._handle, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._queue: queue.SimpleQueue[dict[str, np.ndarray] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def add(self, arrays: dict[str, np.ndarray]) -> None:
+        """Queues arrays to be written after those handed over before them (as ``np.savez`` writes them)."""
+        self._queue.put(dict(arrays))
+
+    def _drain(self) -> None:
+        try:
+            while (arrays := self._queue.get()) is not None:
+                for name, value in arrays.items():
+                    if self._stop.is_set():
+                        return
+                    with self._archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                        write_npy(member, np.asanyarray(value))
+        except BaseException as err:  # re-raised by finish
+            self._error = err
+
+    def finish(self) -> None:
+        """Waits for every queued array, then closes the file."""
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        self._archive.close()
+        self._handle.close()
+
+    def abort(self) -> None:
+        """Stops the thread after the array it is writing; closes the file whatever a full disk says."""
+        self._stop.set()
+        self._queue.put(None)
+        self._thread.join()
+        for close in (self._archive.close, self._handle.close):
+            with contextlib.suppress(Exception):
+                close()

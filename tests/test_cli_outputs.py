@@ -1,0 +1,177 @@
+"""Issue 20.1-20.2: the output set on rerun and ``--overwrite``, and nothing left behind by a failed or
+interrupted run. The command runs as a user runs it: the installed ``prm-jax`` in a subprocess, signals sent
+to that process, a full disk through ``RLIMIT_FSIZE``."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_cli_faults import CONFIG, DEMO, PRM_JAX, TESTS, config_with, prm_jax, score
+
+from prm_jax.app import cli, outputs
+
+
+def listing(folder: Path) -> dict[str, bytes]:
+    return {name: (folder / name).read_bytes() for name in sorted(os.listdir(folder))}
+
+
+def leftovers(tmp_path: Path) -> list[str]:
+    """Anything a run created beside the output folder: staging folders, temporary files."""
+    return sorted(name for name in os.listdir(tmp_path) if name.startswith("."))
+
+
+@pytest.fixture
+def first_run(tmp_path):
+    proc = score(tmp_path, DEMO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return tmp_path / "out", listing(tmp_path / "out")
+
+
+def test_a_rerun_into_an_output_set_is_refused_before_reading_input(tmp_path, first_run):
+    out, before = first_run
+    proc = score(tmp_path, tmp_path / "missing.jsonl")  # refused for the output, not for the missing input
+    assert proc.returncode == 2, proc.stderr
+    assert "--output" in proc.stderr and "already holds an output set (batch.npz, metrics.json)" in proc.stderr
+    assert "--overwrite" in proc.stderr and "Traceback" not in proc.stderr
+    assert listing(out) == before and leftovers(tmp_path) == []
+
+
+def test_overwrite_replaces_the_set_and_keeps_the_folders_other_files(tmp_path, first_run):
+    out, before = first_run
+    (out / "notes.txt").write_text("mine")
+    proc = score(tmp_path, DEMO, "--overwrite", "--bucket", "64")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    after = listing(out)
+    assert sorted(after) == ["batch.npz", "metrics.json", "notes.txt"] and after["notes.txt"] == b"mine"
+    assert after["batch.npz"] != before["batch.npz"]  # a new set: other widths
+    assert np.load(out / "batch.npz")["input_ids"].shape[1] % 64 == 0
+    assert leftovers(tmp_path) == []
+
+
+def test_overwrite_refuses_a_folder_it_cannot_exchange_whole(tmp_path, first_run):
+    # The issue's case: OUT/metrics.json made a folder; a rename failed half-way and lost batch.npz.
+    out, _ = first_run
+    (out / "metrics.json").unlink()
+    (out / "metrics.json").mkdir()
+    before = {"batch.npz": (out / "batch.npz").read_bytes()}
+    proc = score(tmp_path, DEMO, "--overwrite")
+    assert proc.returncode == 2 and "holds nothing but files" in proc.stderr, proc.stderr
+    assert (out / "batch.npz").read_bytes() == before["batch.npz"] and (out / "metrics.json").is_dir()
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("fail_at", ["exchange", "fallback_second_rename"])
+def test_a_failed_swap_leaves_exactly_the_old_set(tmp_path, monkeypatch, fail_at):
+    out = tmp_path / "out"
+    assert cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)]) == 0
+    before = listing(out)
+    if fail_at == "exchange":
+        def broken(staging, target):
+            raise OSError("the exchange failed")
+        monkeypatch.setattr(outputs, "_exchange", broken)
+    else:  # no renameat2 exchange here: two renames, the second fails and the first is rolled back
+        monkeypatch.setattr(outputs, "_RENAME_EXCHANGE", 1 << 30)  # an invalid flag: EINVAL, the fallback
+        real_rename, calls = os.rename, []
+
+        def rename(src, dst):
+            calls.append((src, dst))
+            if len(calls) == 2:
+                raise OSError("interrupted between the two renames")
+            return real_rename(src, dst)
+        monkeypatch.setattr(outputs.os, "rename", rename)
+    with pytest.raises(OSError):
+        cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out), "--overwrite"])
+    assert listing(out) == before and leftovers(tmp_path) == []
+
+
+def test_the_fallback_swap_publishes_the_new_set(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    assert cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)]) == 0
+    before = listing(out)
+    monkeypatch.setattr(outputs, "_RENAME_EXCHANGE", 1 << 30)
+    argv = ["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out), "--overwrite", "--bucket", "64"]
+    assert cli.main(argv) == 0
+    assert listing(out)["batch.npz"] != before["batch.npz"] and leftovers(tmp_path) == []
+
+
+def test_a_folder_with_subfolders_and_no_set_takes_the_files(tmp_path):
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    proc = score(tmp_path, DEMO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(os.listdir(out)) == ["batch.npz", "logs", "metrics.json"] and leftovers(tmp_path) == []
+
+
+def run_limited(tmp_path, *args, size=20_000):
+    """The command under a file-size limit (set in the child before it execs: no fork from this process)."""
+    env = dict(os.environ, PYTHONPATH=str(TESTS), JAX_PLATFORMS="cpu", PRM_JAX_COMPILE_CACHE="0")
+    command = [str(PRM_JAX), "score", "--config", str(CONFIG), "--input", str(DEMO), "--output",
+               str(tmp_path / "out"), *args]
+    limit = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, ({0}, {0})); "
+             "os.execv(sys.argv[1], sys.argv[1:])").format(size)
+    return subprocess.run([sys.executable, "-c", limit, *command], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("extra", [(), ("--compress",)])
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, extra):
+    # The demo's batch.npz is ~680 kB (~60 kB compressed): a 20 kB file-size limit fails its write with EFBIG.
+    proc = run_limited(tmp_path, *extra)
+    assert proc.returncode == cli.EXIT_WRITE_FAILED, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1] == "prm-jax: error: could not write the output: File too large (nothing was written)", lines
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_a_full_disk_during_overwrite_keeps_the_old_set(tmp_path, first_run):
+    out, before = first_run
+    proc = run_limited(tmp_path, "--overwrite", "--bucket", "64")
+    assert proc.returncode == cli.EXIT_WRITE_FAILED, proc.stderr[-2000:]
+    assert listing(out) == before and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("with_old_set", [False, True])
+def test_a_signal_mid_run_removes_everything_the_run_created(tmp_path, signum, with_old_set):
+    out = tmp_path / "out"
+    if with_old_set:
+        assert score(tmp_path, DEMO).returncode == 0
+    before = listing(out) if with_old_set else None
+    marker = tmp_path / "scoring-started"
+    config = config_with(tmp_path, f"        - {{path: scorers_for_tests.SlowScorer, kwargs: {{marker: '{marker}'}}}}")
+    env = dict(os.environ, PYTHONPATH=str(TESTS), JAX_PLATFORMS="cpu")
+    command = [str(PRM_JAX), "score", "--config", str(config), "--input", str(DEMO), "--output", str(out),
+               *(["--overwrite"] if with_old_set else [])]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), process.communicate()[1][-2000:]
+    assert [name for name in leftovers(tmp_path) if name.startswith(".out.staging-")]  # the run's staging folder
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == f"prm-jax: interrupted by {signal.Signals(signum).name} (nothing was written)"
+    assert "Traceback" not in stderr
+    assert leftovers(tmp_path) == []
+    assert (listing(out) == before) if with_old_set else not out.exists()
+
+
+def test_an_output_path_through_a_dangling_link_is_refused_first(tmp_path):
+    (tmp_path / "out").symlink_to(tmp_path / "nowhere")
+    proc = score(tmp_path, tmp_path / "missing.jsonl")
+    assert proc.returncode == 2 and "--output" in proc.stderr and "dangling symbolic link" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_demo_output_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    proc = prm_jax("demo", "--output", tmp_path / "file")
+    assert proc.returncode == 2 and "--output" in proc.stderr and "exists and is not a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr and (tmp_path / "file").read_text() == "x"

@@ -112,8 +112,8 @@ def run_limited(tmp_path, *args, size=20_000):
     env = dict(os.environ, PYTHONPATH=str(TESTS), JAX_PLATFORMS="cpu", PRM_JAX_COMPILE_CACHE="0")
     command = [str(PRM_JAX), "score", "--config", str(CONFIG), "--input", str(DEMO), "--output",
                str(tmp_path / "out"), *args]
-    limit = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, ({0}, {0})); "
-             "os.execv(sys.argv[1], sys.argv[1:])").format(size)
+    limit = (f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, ({size}, {size})); "
+             "os.execv(sys.argv[1], sys.argv[1:])")
     return subprocess.run([sys.executable, "-c", limit, *command], capture_output=True, text=True, env=env,
                           timeout=300)
 

@@ -171,7 +171,7 @@ async def test_hitl_session_is_persistent_and_consumes_only_the_selected_traject
 
         async def export():
             results.append(await export_group(store, [HITL_SESSION], runner=runner_of(Gated()),
-                                              select={HITL_SESSION: leaves[1]}))
+                                              select={HITL_SESSION: leaves[1]}, persistent=(HITL_SESSION,)))
         tg.start_soon(export)
         await anyio.sleep(0.01)
         # The agent keeps working on the session while the export is in flight.
@@ -181,6 +181,21 @@ async def test_hitl_session_is_persistent_and_consumes_only_the_selected_traject
     assert [t["leaf_id"] for t in results[0]["trajectories"]] == [leaves[1]]
     assert store.has_session(HITL_SESSION) and "late" in store.session(HITL_SESSION)
     assert store.ready(HITL_SESSION) == [leaves[0], "late"]
+
+
+async def test_hitl_rule_applies_only_where_the_caller_asks():
+    # Issue 20.3: a session keyed "__hitl__" is an ordinary session unless the caller names it persistent
+    # (3 ready trajectories in, 3 out, session removed).
+    store = TrajectoryStore()
+    leaves = add_chain(store, HITL_SESSION, ("good",), branch_answers=("bad", "ok"))
+    assert len(leaves) == 3
+    result = await export_group(store, [HITL_SESSION], runner=runner_of(LeafAware()))
+    assert result["status"] == "accepted"
+    assert [t["leaf_id"] for t in result["trajectories"]] == leaves
+    assert not store.has_session(HITL_SESSION)
+    leaves = add_chain(store, HITL_SESSION, ("good",), branch_answers=("bad", "ok"))
+    result = await export_group(store, [HITL_SESSION], runner=runner_of(LeafAware()), persistent=(HITL_SESSION,))
+    assert [t["leaf_id"] for t in result["trajectories"]] == leaves[:1] and store.has_session(HITL_SESSION)
 
 
 async def test_result_shape_without_prm_is_unchanged():

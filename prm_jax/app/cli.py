@@ -184,13 +184,15 @@ def _advantages(padded: dict[str, np.ndarray], config: ExperimentConfig, rows: i
     return real_rows(configured), {mode: real_rows(output) for mode, output in outputs.items()}
 
 
-def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int) -> dict[str, np.ndarray]:
+def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int,
+          process_rewards: bool) -> dict[str, np.ndarray]:
     """The batch for the device: widths bucketed to ``bucket``, rows to ``row_bucket``, so runs of similar
-    size share one compiled program (and hit the persistent compilation cache)."""
+    size share one compiled program (and hit the persistent compilation cache). Without ``process_rewards``
+    (PRM disabled or no scorer) no token reward of the input reaches the batch, nor GiGPO's step rewards."""
     anchored = any(a is not None for seq in sequences for a in seq.anchor_ids)
     batch = pack_branches(sequences, bucket=bucket, rows=bucket_width(len(sequences), row_bucket),
                           group_sizes=group_sizes,
-                          token_rewards=any(seq.token_rewards is not None for seq in sequences),
+                          token_rewards=process_rewards and any(seq.token_rewards is not None for seq in sequences),
                           per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards))
     if not anchored:
         batch.pop("anchor_ids", None)  # no anchors at all: one step group per group (not "every turn alone")
@@ -252,7 +254,7 @@ def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, g
         raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
                               + _shorten(listed, 1000))
     rows, group_sizes = len(trajectories), [len(group) for group in accepted]
-    padded = _pack([t["sequence"] for t in trajectories], group_sizes, *buckets)
+    padded = _pack([t["sequence"] for t in trajectories], group_sizes, *buckets, process_rewards=config.prm.active)
     batch = {name: value[:rows] for name, value in padded.items()}  # views: the real rows
     batch["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories], np.float32)
     batch["group_sizes"] = np.array(group_sizes, np.int32)

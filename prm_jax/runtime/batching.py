@@ -45,7 +45,8 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     ``is_truncated [rows]``, ``group_ids [rows]`` (consecutive groups of ``group_sizes``, else one group;
     -1 on padding rows), and with ``token_rewards`` (default) ``token_rewards`` (0 where a branch has none:
     AReaL's value for an unscored turn). Pass ``token_rewards=False`` when no scorer runs: a batch with the
-    key is shaped, and under ``process_weighted`` a process reward of 0 zeroes a positive advantage.
+    key is shaped, and under ``process_weighted`` a process reward of 0 zeroes a positive advantage; then
+    no token reward of the branches is used at all (GiGPO's derived step rewards included).
     ``per_turn`` adds GiGPO's ``anchor_ids [rows, K]`` int32 (dense ids in first-seen order, -1: no anchor)
     and ``turn_rewards [rows, K]`` (the turn's step reward, else the sum of its token rewards), ``K = turns``
     or the most turns of a branch.
@@ -81,7 +82,7 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
         batch["rewards"][b] = seq.reward
         batch["is_truncated"][b] = seq.is_truncated
     if per_turn:
-        _per_turn(batch, sequences)
+        _per_turn(batch, sequences, token_rewards)
     return batch
 
 
@@ -133,10 +134,11 @@ def _group_ids(group_sizes: Sequence[int] | None, real: int, rows: int) -> np.nd
     return ids
 
 
-def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence]) -> None:
+def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence], token_rewards: bool) -> None:
     """Fills GiGPO's per-turn inputs: ``anchor_ids`` (dense int32 ids, equal exactly where the turns' anchors
     are: any 64-bit ids, signed or unsigned, compared whole; -1 where a turn has none) and ``turn_rewards``
-    (the step reward, else the sum of the turn's token rewards: the value the pipeline would derive)."""
+    (the step reward, else the sum of the turn's token rewards, 0 without ``token_rewards``: the value the
+    pipeline would derive)."""
     anchors, step_rewards = batch["anchor_ids"], batch["turn_rewards"]
     turns = anchors.shape[1]
     dense: dict[int, int] = {}
@@ -144,5 +146,6 @@ def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence])
         anchors[b, :len(seq.anchor_ids)] = [-1 if a is None or a == -1 else dense.setdefault(int(a), len(dense))
                                             for a in seq.anchor_ids]
         derived = (np.bincount(seq.turn_ids[seq.turn_ids >= 0], weights=seq.token_rewards[seq.turn_ids >= 0],
-                               minlength=turns) if seq.token_rewards is not None else np.zeros(turns))
+                               minlength=turns) if token_rewards and seq.token_rewards is not None
+                   else np.zeros(turns))
         step_rewards[b, :len(seq.step_rewards)] = [derived[k] if r is None else r for k, r in enumerate(seq.step_rewards)]

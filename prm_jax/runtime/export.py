@@ -12,8 +12,9 @@ sessions at a time (``export_group``):
 - scoring runs before group outcome normalization (population z-score, raw values kept as
   ``original_rewards``); process rewards are never group-normalized;
 - an explicit discard skips scoring; with ``remove_session`` sessions are removed on success, on failure and
-  on cancellation, except the persistent ``__hitl__`` session, from which an export consumes only the
-  selected ready trajectory;
+  on cancellation, except persistent sessions (AReaL's ``__hitl__``, where a caller names it in
+  ``persistent``), from which an export consumes only the selected ready trajectory (default: the oldest);
+  no key is persistent unless the caller says so;
 - a ready trajectory is consumed once: retrying the export of a consumed trajectory finds it missing and
   does not score it again (a lost response is not replayed);
 - the export that consumed a session's trajectories owns that session until it finishes: a concurrent or
@@ -29,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -109,12 +110,13 @@ class TrajectoryStore:
         except KeyError:
             raise KeyError(f"no session {session_key!r} in the store") from None
 
-    def consume(self, session_key: str, select: str | None = None) -> list[str]:
-        """Consumes the ready trajectories to export: all of them, or only ``select`` (HITL: the oldest)."""
+    def consume(self, session_key: str, select: str | None = None, *, persistent: bool = False) -> list[str]:
+        """Consumes the ready trajectories to export: all of them, or only ``select`` (a persistent session:
+        only ``select``, by default its oldest)."""
         session = self._sessions.get(session_key)
         if session is None or not session.ready:
             return []
-        if session_key == HITL_SESSION and select is None:
+        if persistent and select is None:
             select = session.ready[0]
         if select is None:
             taken, session.ready = session.ready, []
@@ -183,7 +185,8 @@ def _filter_view(trajectories: list[dict[str, Any]]) -> dict[str, Any]:
 async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, runner: PRMRunner | None = None,
                        is_eval: bool = False, remove_session: bool = True, discard: bool = False,
                        normalize_rewards: bool = True, select: Mapping[str, str] | None = None,
-                       group_filter: Callable[[Mapping[str, Any]], GroupFilterResult] | None = None) -> dict[str, Any]:
+                       group_filter: Callable[[Mapping[str, Any]], GroupFilterResult] | None = None,
+                       persistent: Collection[str] = ()) -> dict[str, Any]:
     """Exports one group of sessions (see the module docstring).
 
     Args:
@@ -192,13 +195,16 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
       runner: the PRM runner; ``None`` or an inactive runner exports without scoring (and without
         ``prm_stats``).
       is_eval: evaluation rollouts (metric namespace ``eval-rollout``).
-      remove_session: remove the group's sessions afterwards (never ``__hitl__``).
+      remove_session: remove the group's sessions afterwards (never a persistent one).
       discard: drop the group without scoring.
       normalize_rewards: group outcome normalization after scoring, ``(r - mean) / (population std + 1e-8)``
         (the proxy's rule; ``AdvantageConfig.reward_norm`` is AReaL's other one: use one, not both).
-      select: session key -> the one ready trajectory to export (``__hitl__`` defaults to its oldest).
+      select: session key -> the one ready trajectory to export (a persistent session defaults to its oldest).
       group_filter: e.g. ``filter_mixed_or_penalized_all_wrong``, applied to the complete accepted group;
         its decision and AReaL's counters are returned under ``"filter"``.
+      persistent: keys of persistent sessions (AReaL's human-in-the-loop session: ``(HITL_SESSION,)``),
+        never removed and exported one ready trajectory at a time. Default none: every key, ``__hitl__``
+        included, is an ordinary session.
 
     Returns:
       ``{"status": "accepted" | "rejected" | "filtered" | "discarded", "trajectories": [...],
@@ -216,7 +222,7 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
     # export of the same group finds them missing and, when cleaning up, leaves them to this one.
     owned: list[str] = []
     try:
-        taken = {key: store.consume(key, (select or {}).get(key)) for key in keys}
+        taken = {key: store.consume(key, (select or {}).get(key), persistent=key in persistent) for key in keys}
         for key, leaves in taken.items():
             if leaves:
                 store.hold(key)
@@ -239,7 +245,7 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
             return result
         return _publish(result, scored, normalize_rewards, group_filter)
     finally:
-        _release(store, keys, owned, remove_session)
+        _release(store, [key for key in keys if key not in persistent], owned, remove_session)
 
 
 async def _score_sessions(store: TrajectoryStore, taken: dict[str, list[str]], runner: PRMRunner | None,
@@ -278,12 +284,12 @@ def _publish(result: dict[str, Any], scored: dict[str, _Scored], normalize_rewar
 
 
 def _release(store: TrajectoryStore, keys: list[str], owned: list[str], remove_session: bool) -> None:
-    """Releases this export's sessions; removes them (never ``__hitl__``, never one another export holds)."""
+    """Releases this export's sessions; removes ``keys`` (never one another export holds)."""
     for key in owned:
         store.release(key)
     if remove_session:
         for key in keys:
-            if key != HITL_SESSION and (key in owned or not store.held(key)):
+            if key in owned or not store.held(key):
                 store.remove_session(key)
 
 

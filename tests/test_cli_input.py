@@ -5,7 +5,7 @@
 import json
 
 import numpy as np
-from test_cli_faults import CONFIG, assert_input_error, score, sessions, write_jsonl
+from test_cli_faults import CONFIG, score, sessions, write_jsonl
 
 
 def batch_of(out):

@@ -15,12 +15,38 @@ T = TypeVar("T")
 
 def finite_number(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None) -> float:
     """A finite Python number (not a bool) within the given bounds, as float; else ``ValueError`` naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _isfinite(value):
         raise ConfigError(name, f"must be a finite number, got {short_repr(value)}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
         raise ConfigError(name, f"must be {bound}, got {short_repr(value)}")
     return float(value)
+
+
+def _isfinite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond a float's range
+        return False
+
+
+# Weighted process rewards live in float32 and are squared in statistics (normalization, summaries): a scorer
+# weight beyond this turns ordinary scores into infinities (1e38 did). Scores themselves are checked finite.
+MAX_SCORER_WEIGHT = 1e6
+
+
+def scorer_weight(name: str, value: Any) -> float:
+    """A scorer's ``weight``: finite and within ``±MAX_SCORER_WEIGHT``."""
+    return finite_number(name, value, minimum=-MAX_SCORER_WEIGHT, maximum=MAX_SCORER_WEIGHT)
+
+
+def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
+    """A Python integer (not a bool: YAML's ``true`` is no count) of at least ``minimum``; else a
+    ``ConfigError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise ConfigError(name, f"must be an integer{bound}, got {short_repr(value)}")
+    return value
 
 
 _SHORT = reprlib.Repr()

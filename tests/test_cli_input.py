@@ -5,7 +5,7 @@
 import json
 
 import numpy as np
-from test_cli_faults import CONFIG, score, sessions, write_jsonl
+from test_cli_faults import CONFIG, assert_input_error, score, sessions, write_jsonl
 
 
 def batch_of(out):
@@ -70,3 +70,95 @@ def test_with_prm_disabled_no_input_token_reward_reaches_the_advantages(tmp_path
         got, want = batch_of(tmp_path / f"rewarded-{enabled}"), batch_of(tmp_path / f"bare-{enabled}")
         assert "token_rewards" not in got
         np.testing.assert_array_equal(got["timestep_advantages"], want["timestep_advantages"])
+
+
+# --- 20.9, 20.10, 20.14: located errors before any scoring ---------------------------------------------------
+
+def slow_config(tmp_path):
+    """A scorer that marks when it is first called: a refused input must cost no scorer call."""
+    from test_cli_faults import config_with
+    marker = tmp_path / "scored"
+    path = config_with(tmp_path, f"        - {{path: scorers_for_tests.SlowScorer, kwargs: {{marker: '{marker}', "
+                                 "seconds: 0.0}}", shaping="additive")
+    return path, marker
+
+
+def chain_session(key="s0", group="g"):
+    return {"session_key": key, "group": group, "interactions": [
+        {"id": "a", "input_tokens": [1], "output_tokens": [2, 3]},
+        {"id": "b", "parent_id": "a", "input_tokens": [1, 2, 3, 9], "output_tokens": [4]},
+        {"id": "c", "parent_id": "b", "input_tokens": [1, 2, 3, 9, 4, 8], "output_tokens": [5], "reward": 1.0}]}
+
+
+def bad_lines():
+    """name -> (the line's text, the error's located needle)."""
+    cases = {}
+    short = chain_session()
+    short["interactions"][1]["input_tokens"] = [1, 2]  # b's inputs end inside a's outputs; all prefixes of c's
+    cases["child shorter than its parent"] = (json.dumps(short), "bad.jsonl:2: interactions")
+    selfish = chain_session()
+    selfish["interactions"][0]["parent_id"] = "a"
+    cases["self-parent"] = (json.dumps(selfish), "bad.jsonl:2: interactions[0]: interaction 'a' is its own parent")
+    cycle = chain_session()
+    cycle["interactions"] += [{"id": "x", "parent_id": "y", "input_tokens": [1], "output_tokens": [2]},
+                              {"id": "y", "parent_id": "x", "input_tokens": [1], "output_tokens": [2]}]
+    cases["cycle off every branch"] = (json.dumps(cycle), "bad.jsonl:2: interactions: interactions ['x', 'y'] are on a "
+                                                          "parent cycle")
+    twice = dict(chain_session(), ready=["c", "c"])
+    cases["leaf ready twice"] = (json.dumps(twice), "bad.jsonl:2: ready: names 'c' twice")
+    huge = json.dumps(chain_session()).replace('"reward": 1.0', '"reward": 1' + "0" * 400)
+    cases["400-digit reward"] = (huge, "bad.jsonl:2: interactions[2].reward: must be finite")
+    deep = json.dumps(chain_session()).replace('"output_tokens": [5]', '"output_tokens": [5], "messages": '
+                                               + "[" * 3000 + "]" * 3000)
+    cases["deeply nested"] = (deep, "bad.jsonl:2: json: nested too deeply")
+    utf8 = json.dumps(chain_session()).replace('"output_tokens": [5]', '"output_tokens": [5], "output_messages": '
+                                               '[{"role": "assistant", "content": "@@"}]')
+    cases["invalid UTF-8"] = (utf8, "bad.jsonl:2: json: invalid UTF-8 at byte")
+    return cases
+
+
+def test_bad_lines_are_located_errors_before_any_scoring(tmp_path):
+    config, marker = slow_config(tmp_path)
+    good = json.dumps(chain_session("ok", "g0"))
+    for name, (line, needle) in bad_lines().items():
+        raw = (good + "\n" + line + "\n").encode().replace(b"@@", b"\xff\xfe")
+        path = tmp_path / "bad.jsonl"
+        path.write_bytes(raw)
+        proc = score(tmp_path, path, config=config)
+        assert_input_error(proc, needle, tmp_path / "out")
+        assert not marker.exists(), name  # no judge call spent
+
+
+def test_a_huge_scorer_weight_is_a_located_config_error(tmp_path):
+    config = tmp_path / "w.yaml"
+    config.write_text(CONFIG.read_text().replace("weight: 1.0", "weight: 1.0e38"))
+    proc = score(tmp_path, tmp_path / "missing.jsonl", config=config)
+    assert_input_error(proc, "rollout.agent.prm.scorers[0].weight must be in [-1000000.0, 1000000.0], got 1e+38",
+                       tmp_path / "out")
+
+
+def test_gzip_and_standard_input_read_like_the_plain_file(tmp_path):
+    import gzip
+    import os
+    import subprocess
+
+    from test_cli_faults import DEMO, PRM_JAX, TESTS
+    assert score(tmp_path, DEMO, out="plain").returncode == 0
+    packed = tmp_path / "sessions.jsonl.gz"
+    packed.write_bytes(gzip.compress(DEMO.read_bytes()))
+    assert score(tmp_path, packed, out="gz").returncode == 0
+    env = dict(os.environ, PYTHONPATH=str(TESTS), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([str(PRM_JAX), "score", "--config", str(CONFIG), "--input", "-", "--output",
+                           str(tmp_path / "stdin")], input=DEMO.read_bytes(), capture_output=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = batch_of(tmp_path / "plain")
+    for out in ("gz", "stdin"):
+        got = batch_of(tmp_path / out)
+        assert sorted(got) == sorted(want)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"{out}: {key}")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"session_key": 1}\n')
+    proc = subprocess.run([str(PRM_JAX), "score", "--config", str(CONFIG), "--input", "-", "--output",
+                           str(tmp_path / "x")], stdin=bad.open("rb"), capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and "<stdin>:1: " in proc.stderr, proc.stderr[-2000:]

@@ -83,11 +83,45 @@ def test_seed_example_loads_and_runs_unchanged():
     ([("actor.learning_rate", 1e-6)], "actor has unknown keys"),
     ([("actor.discount", 2.0)], "actor.discount"),
     ([("actor.adv_norm", {"mean_level": "token"})], "actor.adv_norm.mean_level"),
-    ([("trainer", {})], "config has unknown keys"),
 ])
 def test_validation_names_the_key(changes, key):
     with pytest.raises(ValueError, match=key):
         ExperimentConfig.from_mapping(with_changes(*changes))
+
+
+def test_a_full_areal_config_is_read_with_its_other_sections_ignored_once():
+    # Issue 20.14: AReaL's experiment config has sections prm-jax does not read: accepted, listed in one
+    # warning; an unknown key inside a section prm-jax reads stays an error.
+    data = with_changes(("cluster", {"n_nodes": 1}), ("gconfig", {"max_new_tokens": 512}), ("trainer", {}))
+    with pytest.warns(UserWarning, match=r"ignored: \['cluster', 'gconfig', 'trainer'\]") as caught:
+        config = ExperimentConfig.from_mapping(data)
+    assert len(caught) == 1 and config == ExperimentConfig.from_mapping(with_changes())
+    with pytest.raises(ValueError, match="actor has unknown keys"):
+        ExperimentConfig.from_mapping(with_changes(("cluster", {}), ("actor.learning_rate", 1e-6)))
+
+
+@pytest.mark.parametrize("key,value", [("max_turns", True), ("gae_block_size", False), ("max_turns", 2.0)])
+def test_bools_and_floats_are_not_counts(key, value):
+    # Issue 20.14: YAML's `max_turns: true` was accepted as 1.
+    with pytest.raises(ValueError, match=f"actor.{key} must be an integer >= 1, got {value}"):
+        ExperimentConfig.from_mapping(with_changes((f"actor.{key}", value)))
+
+
+def test_numbers_are_read_as_areal_reads_them(tmp_path):
+    # Issue 20.14: `eps: 1e-5` is a string to PyYAML (YAML 1.1), a float to AReaL's OmegaConf.
+    from prm_jax.app.config_file import load_config
+    path = tmp_path / "c.yaml"
+    path.write_text("actor:\n  adv_norm: {mean_level: batch, std_level: batch, eps: 1e-5}\n  kl_ctl: 2E-3\n")
+    config = load_config(path)
+    assert config.actor.adv_norm.eps == 1e-5 and config.actor.kl_ctl == 2e-3
+
+
+def test_deeply_nested_yaml_is_a_located_error(tmp_path):
+    from prm_jax.app.config_file import load_config
+    path = tmp_path / "deep.yaml"
+    path.write_text("actor: " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(ValueError, match="deep.yaml: the YAML is nested too deeply"):
+        load_config(path)
 
 
 @pytest.mark.parametrize("changes", [

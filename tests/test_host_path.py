@@ -94,7 +94,7 @@ def test_the_fast_path_builds_the_same_interactions_as_the_checked_path():
     assert lines
     for number, line in enumerate(lines, start=1):
         fast, _ = _fast_session(line, path, number)
-        slow, _ = _slow_session(line.decode(), path, number)
+        slow, _ = _slow_session(line, path, number)
         _equal_records(fast, slow)
 
 
@@ -150,7 +150,7 @@ def test_the_fast_reader_agrees_with_the_checked_path_on_valid_and_flawed_lines(
         path = tmp_path / f"{case}.jsonl"
         path.write_bytes(line + b"\n")
         try:
-            slow, _ = _slow_session(line.decode(), path, 1)
+            slow, _ = _slow_session(line, path, 1)
         except InputError as err:
             with pytest.raises(InputError) as caught:
                 read_sessions(path)

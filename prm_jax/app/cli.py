@@ -264,7 +264,10 @@ def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, g
     if on_arrays is not None:
         on_arrays(batch)
     lap("pack")
-    configured, outputs = _advantages(padded, config, rows)
+    try:
+        configured, outputs = _advantages(padded, config, rows)
+    except ValueError as err:  # a value check of the scored batch (e.g. process_weighted's [0, 1] range)
+        raise CLIError(f"the advantages could not be computed: {err}") from None
     if on_arrays is not None:
         on_arrays(timestep_arrays(configured, outputs))
     lap("advantages")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,27 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     return memo[id(node)]
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader reading numbers as AReaL's configs are read (OmegaConf, YAML 1.2): ``1e-5`` and
+    ``1E+3`` are floats, not the strings YAML 1.1 makes of an exponent without a dot."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
+                |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                |[-+]?\.(?:inf|Inf|INF)
+                |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+# The float resolver above also matches plain integers; YAML's own int resolver comes first for those.
+_Loader.yaml_implicit_resolvers = {key: sorted(resolvers, key=lambda r: r[0] != "tag:yaml.org,2002:int")
+                                   for key, resolvers in _Loader.yaml_implicit_resolvers.items()}
+
+
 def parse_yaml(text: str, where: str) -> Any:
-    """``yaml.safe_load`` that refuses documents expanding past ``MAX_YAML_NODES`` (nested-alias bombs)."""
-    loader = yaml.SafeLoader(text)
+    """``yaml.safe_load`` (numbers as AReaL reads them) that refuses documents expanding past
+    ``MAX_YAML_NODES`` (nested-alias bombs) or nested too deeply for the parser."""
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -41,6 +60,8 @@ def parse_yaml(text: str, where: str) -> Any:
         return loader.construct_document(node)
     except yaml.YAMLError as err:
         raise ValueError(f"{where}: not valid YAML: {short_repr(str(err))}") from None
+    except RecursionError:
+        raise ValueError(f"{where}: the YAML is nested too deeply") from None
     finally:
         loader.dispose()
 

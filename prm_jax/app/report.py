@@ -24,7 +24,7 @@ class ScoreRun:
 
 def advantage_stats(output) -> dict[str, float]:
     active = np.asarray(output.loss_mask) > 0
-    values = np.asarray(output.advantages)[active]
+    values = np.asarray(output.advantages)[active].astype(np.float64)  # float32 sums of squares overflow
     if values.size == 0:
         return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
     return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()),

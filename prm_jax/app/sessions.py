@@ -23,10 +23,14 @@ log-probs ``<= 0``; every error names the file, the line and the field. Lines en
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gzip
+import io
 import json
 import math
 import re
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -71,8 +75,12 @@ def _check_finite(value: Any, upper: float | None, path: Path, line: int, field:
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise InputError(path, line, field, f"must hold numbers, got {short_repr(v)}")
-        if not math.isfinite(v):
-            raise InputError(path, line, field, f"must be finite, got {v}")
+        try:
+            finite = math.isfinite(v)
+        except OverflowError:  # an integer beyond a float's range (e.g. 400 digits)
+            finite = False
+        if not finite:
+            raise InputError(path, line, field, f"must be finite, got {short_repr(v)}")
         if upper is not None and v > upper + LOGPROB_SLACK:
             raise InputError(path, line, field, f"log-probabilities must be <= 0, got {v}")
 
@@ -99,6 +107,10 @@ def _interaction(item: Any, path: Path, line: int, where: str) -> Interaction:
     interaction_id = item.get("id")
     if not isinstance(interaction_id, str) or not interaction_id:
         raise InputError(path, line, f"{where}.id", "must be a non-empty string")
+    for field in ("messages", "output_messages"):
+        messages = item.get(field)
+        if messages is not None and (not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages)):
+            raise InputError(path, line, f"{where}.{field}", f"must be a list of JSON objects, got {short_repr(messages)}")
     try:
         return Interaction(
             interaction_id, item["input_tokens"], item["output_tokens"], parent_id=item.get("parent_id"),
@@ -133,10 +145,13 @@ def _session(data: Any, path: Path, line: int) -> SessionRecord:
         except (ValueError, TypeError) as err:
             raise InputError(path, line, f"interactions[{i}]", str(err)) from None
     try:
-        leaves = cache.leaves()
+        leaves = [branch[-1].interaction_id for branch in cache.branches()]  # every turn on a branch (no cycle)
         ready = data.get("ready", leaves)
         if not isinstance(ready, list) or not ready or not all(isinstance(r, str) for r in ready):
             raise InputError(path, line, "ready", "must be a non-empty list of interaction ids")
+        if len(set(ready)) != len(ready):
+            twice = next(r for r in ready if ready.count(r) > 1)
+            raise InputError(path, line, "ready", f"names {twice!r} twice")
         for leaf in ready:
             if leaf not in cache:
                 raise InputError(path, line, "ready", f"names {leaf!r}, which is not an interaction of the session")
@@ -162,8 +177,8 @@ class _InteractionIn(msgspec.Struct, forbid_unknown_fields=True):
     output_tokens: msgspec.Raw
     parent_id: str | None = None
     output_logprobs: list[float] | None = None
-    messages: list[dict[str, Any]] = []
-    output_messages: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] | None = None
+    output_messages: list[dict[str, Any]] | None = None
     stop_reason: Literal["stop", "length"] = "stop"
     reward: float | None = None
     token_rewards: list[float] | None = None
@@ -174,8 +189,8 @@ class _InteractionIn(msgspec.Struct, forbid_unknown_fields=True):
 class _SessionIn(msgspec.Struct, forbid_unknown_fields=True):
     session_key: str
     interactions: list[_InteractionIn]
-    group: str | None = None
-    ready: list[str] | None = None
+    group: str | msgspec.UnsetType = msgspec.UNSET  # absent: the session key; null is refused (as field by field)
+    ready: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
 _DECODER = msgspec.json.Decoder(_SessionIn)
@@ -199,15 +214,19 @@ def _fast_session(line: bytes, path: Path, line_no: int) -> tuple[SessionRecord,
         raise ValueError("duplicate ids or empty keys")
     children = {item.parent_id for item in data.interactions if item.parent_id is not None}
     leaves = [iid for iid in items if iid not in children]
-    ready = data.ready if data.ready is not None else leaves
-    if not ready or any(leaf not in items or items[leaf].reward is None for leaf in ready):
+    ready = leaves if data.ready is msgspec.UNSET else data.ready
+    if not ready or len(set(ready)) != len(ready) or any(leaf not in items or items[leaf].reward is None
+                                                          for leaf in ready):
         raise ValueError("ready")
     tokens = _branch_tokens(items, leaves)
+    if len(tokens) != len(items):
+        raise ValueError("turns on no branch (a parent cycle)")
     cache = InteractionCache()
     for item in data.interactions:
         cache.add(_fast_interaction(item, *tokens[item.id]))
-    group = data.group if data.group is not None else data.session_key
-    return SessionRecord(data.session_key, group, cache, list(ready), line_no), data.group is None
+    ungrouped = isinstance(data.group, msgspec.UnsetType)
+    group = data.session_key if isinstance(data.group, msgspec.UnsetType) else data.group
+    return SessionRecord(data.session_key, group, cache, list(ready), line_no), ungrouped
 
 
 _SPACE = b" \t\r\n"
@@ -259,8 +278,12 @@ def _branch_tokens(items: dict[str, _InteractionIn], leaves: list[str]) -> dict[
         inputs = _parse_ids(leaf_raw)
         full = np.concatenate([inputs, _parse_ids(bytes(items[leaf].output_tokens).strip(_SPACE))])
         full.setflags(write=False)
+        parent_stop = 0
         for turn in chain:
             start, stop = (inputs.shape[0], full.shape[0]) if turn is chain[-1] else _ancestor_span(turn, leaf_raw)
+            if start < parent_stop:  # its inputs end before its parent's outputs do: not the concat rule
+                raise ValueError("concat prefix")
+            parent_stop = stop
             out.setdefault(turn.id, (full[:start], full[start:stop]))
     return out
 
@@ -307,13 +330,14 @@ def _ancestor_span(turn: _InteractionIn, leaf_raw: bytes) -> tuple[int, int]:
 
 
 def _fast_interaction(item: _InteractionIn, input_tokens: np.ndarray, output_tokens: np.ndarray) -> Interaction:
-    logprobs = None if item.output_logprobs is None else np.asarray(item.output_logprobs, np.float32)
+    logprobs = None if item.output_logprobs is None else np.asarray(item.output_logprobs, np.float64)
+    if logprobs is not None and logprobs.size and logprobs.max() > LOGPROB_SLACK:  # as read (float64)
+        raise ValueError("positive log-prob")
+    logprobs = None if logprobs is None else logprobs.astype(np.float32)
     rewards = None if item.token_rewards is None else np.asarray(item.token_rewards, np.float32)
     for floats in (logprobs, rewards):
         if floats is not None and not np.isfinite(floats).all():
             raise ValueError("non-finite")
-    if logprobs is not None and logprobs.size and logprobs.max() > LOGPROB_SLACK:
-        raise ValueError("positive log-prob")
     for number in (item.reward, item.step_reward):
         if number is not None and not math.isfinite(number):
             raise ValueError("non-finite reward")
@@ -327,7 +351,8 @@ def _fast_interaction(item: _InteractionIn, input_tokens: np.ndarray, output_tok
     # Every rule of Interaction.__post_init__ holds by now (token ids were checked once per branch).
     return Interaction.checked(
         item.id, input_tokens, output_tokens, parent_id=item.parent_id, output_logprobs=logprobs,
-        messages=tuple(item.messages), output_messages=tuple(item.output_messages), stop_reason=item.stop_reason,
+        messages=tuple(item.messages or ()), output_messages=tuple(item.output_messages or ()),
+        stop_reason=item.stop_reason,
         reward=None if item.reward is None else float(item.reward), token_rewards=rewards, anchor_id=item.anchor_id,
         step_reward=None if item.step_reward is None else float(item.step_reward))
 
@@ -355,41 +380,72 @@ def share_prefixes(cache: InteractionCache, leaves: Sequence[str]) -> None:
             turn.output_tokens = full[start:start + turn.output_len]
 
 
-def _slow_session(text: str, path: Path, line_no: int) -> tuple[SessionRecord, bool]:
+def _slow_session(line: bytes, path: Path, line_no: int) -> tuple[SessionRecord, bool]:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(path, line_no, "json", f"invalid UTF-8 at byte {err.start}") from None
     try:
         data = json.loads(text)  # NaN/Infinity parse here and are refused by field below
     except json.JSONDecodeError as err:
         raise InputError(path, line_no, "json", f"malformed JSON: {err.msg} at column {err.colno}") from None
+    except RecursionError:
+        raise InputError(path, line_no, "json", "nested too deeply") from None
     record = _session(data, path, line_no)
     share_prefixes(record.cache, record.ready)
     return record, isinstance(data, dict) and "group" not in data
 
 
-def iter_sessions(path: str | Path) -> Iterator[tuple[SessionRecord, bool]]:
-    """Streams ``(record, had_no_group)`` line by line; ``InputError`` at the first problem."""
-    path = Path(path)
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@contextlib.contextmanager
+def _open(path: Path) -> Iterator[Any]:
+    """The input as binary lines: ``-`` is standard input; a gzip file (by its magic bytes) is read
+    decompressed."""
+    if str(path) == "-":
+        yield sys.stdin.buffer
+        return
     try:
-        handle = open(path, "rb", buffering=1 << 20)  # long lines: a small buffer readline copies many times
+        # 1 MB reads: for long lines a small buffer makes readline copy many times
+        handle = io.BufferedReader(io.FileIO(path, "rb"), buffer_size=1 << 20)
     except OSError as err:
         raise InputError(path, 0, "file", err.strerror or str(err)) from None
     with handle:
+        if handle.peek(2)[:2] == GZIP_MAGIC:
+            with gzip.GzipFile(fileobj=handle, mode="rb") as unzipped:
+                yield unzipped
+        else:
+            yield handle
+
+
+def iter_sessions(path: str | Path) -> Iterator[tuple[SessionRecord, bool]]:
+    """Streams ``(record, had_no_group)`` line by line; ``InputError`` at the first problem. ``path`` may
+    be ``-`` (standard input) or a gzip file."""
+    path = Path(path)
+    shown = Path("<stdin>") if str(path) == "-" else path
+    with _open(path) as handle:
         # Lines end at "\n" only (a binary file splits nowhere else): U+2028 is valid inside JSON strings.
-        for line_no, line in enumerate(handle, start=1):
-            if line.isspace():  # (no copy of the line, unlike strip())
-                continue
-            try:
-                yield _fast_session(line, path, line_no)
-            except (msgspec.DecodeError, ValueError, TypeError):
-                # Rare (bad input, or token lists formatted unlike each other): the field-by-field checks
-                # decide, and name the field when the line is bad.
-                yield _slow_session(line.decode("utf-8", errors="replace"), path, line_no)
+        try:
+            for line_no, line in enumerate(handle, start=1):
+                if line.isspace():  # (no copy of the line, unlike strip())
+                    continue
+                try:
+                    yield _fast_session(line, shown, line_no)
+                except (msgspec.DecodeError, ValueError, TypeError, RecursionError):
+                    # Rare (bad input, or token lists formatted unlike each other): the field-by-field checks
+                    # decide, and name the field when the line is bad.
+                    yield _slow_session(line, shown, line_no)
+        except (OSError, EOFError) as err:  # a corrupt gzip stream, a read error
+            raise InputError(shown, 0, "file", f"could not be read: {err}") from None
 
 
 def read_sessions(path: str | Path) -> list[SessionRecord]:
     """Reads and validates every line before anything is scored; raises ``InputError`` at the first problem."""
     records, keys = [], set()
     ungrouped = 0
-    for record, had_no_group in iter_sessions(path):
+    path = "<stdin>" if str(path) == "-" else path
+    for record, had_no_group in iter_sessions("-" if path == "<stdin>" else path):
         ungrouped += had_no_group
         if record.key in keys:
             raise InputError(path, record.line, "session_key", f"{record.key!r} appears twice")

@@ -5,7 +5,9 @@ recurrence is far from memory speed there. ``native/gae_cpu.cc`` runs the same r
 method directly over the row-major buffers. XLA:CPU also sorts slowly (~1 ms for 32k keys), so
 ``native/step_groups_cpu.cc`` finds GiGPO's step groups with one hash-table pass instead of a sort. Both
 are compiled into one library once per machine with the system C++ compiler into a cache directory
-(``$PRM_JAX_CACHE``, default ``~/.cache/prm_jax``) and loaded with ``ctypes``.
+(``$PRM_JAX_CACHE``, default ``~/.cache/prm_jax``) and loaded with ``ctypes``. The build is synced to disk
+with its size and SHA-256 recorded beside it, and verified before every load: a damaged file (a crash or a
+full disk while it was written) is rebuilt, or, when that fails, skipped with a warning.
 
 Availability is checked, never assumed: with no compiler, a failed build, another backend than CPU, or
 ``PRM_JAX_NATIVE=0``, ``available()`` is False and callers fall back (GAE's ``auto`` to ``scan``, GiGPO to
@@ -73,25 +75,84 @@ def build_key(compiler: str, sources: Sequence[Path]) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
+def _fingerprint(path: Path) -> str:
+    """``"<size> <sha256>"`` of a file."""
+    data = path.read_bytes()
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+
+
+def _record(library: Path) -> Path:
+    return library.with_suffix(".sha256")
+
+
+def verified(library: Path) -> bool:
+    """The library is whole: its size and hash are those recorded when it was built. (A library truncated
+    by a crash or a full disk was loaded as it was: SIGBUS, exit 135, no message.)"""
+    try:
+        return _record(library).read_text().strip() == _fingerprint(library)
+    except OSError:
+        return False
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, on disk before the rename that publishes it (and the rename itself synced)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    _sync_folder(path.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _build(compiler: str) -> Path:
+    """The library for this build key: a verified cached one, else built now (a damaged one is rebuilt)."""
     cache = cache_dir()
     if cache is None:
         raise OSError("no cache directory for the native kernel: set PRM_JAX_CACHE")
     command = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES)]
     library = cache / f"{LIBRARY_PREFIX}{build_key(compiler, SOURCES)}.so"
-    if library.exists():
+    if verified(library):
         return library
     cache.mkdir(parents=True, exist_ok=True)
     # One build per machine: concurrent processes wait on a file lock, then find the finished library.
     with open(library.with_suffix(".lock"), "a") as lock:
         _lock_file(lock)
-        if library.exists():
+        if verified(library):
             return library
+        if library.exists():
+            if _record(library).exists():
+                logger.warning("the cached native library %s does not match its recorded size and hash (a crash "
+                               "or a full disk while it was written?): rebuilding it", library)
+            else:
+                logger.info("the cached native library %s has no recorded hash (an older build): rebuilding it",
+                            library)
+            library.unlink()
         fd, tmp = tempfile.mkstemp(prefix=f".{LIBRARY_PREFIX}", suffix=".so", dir=cache)
         os.close(fd)
         try:
             subprocess.run([*command, "-o", tmp], check=True, capture_output=True, text=True, timeout=300)
-            os.replace(tmp, library)
+            with open(tmp, "rb+") as built:
+                os.fsync(built.fileno())
+            _write_synced(_record(library), _fingerprint(Path(tmp)).encode())
+            os.replace(tmp, library)  # the record first: a library without its record is never loaded
+            _sync_folder(cache)
         finally:
             Path(tmp).unlink(missing_ok=True)
         _remove_stale(cache, keep=library)
@@ -101,7 +162,7 @@ def _build(compiler: str) -> Path:
 def _remove_stale(cache: Path, keep: Path) -> None:
     """Builds of other keys (older sources, compilers or JAX versions) are not used again."""
     for old in [*cache.glob(f"{LIBRARY_PREFIX}*"), *cache.glob("gae_cpu_*")]:  # gae_cpu_: the GAE-only library
-        if old.stem != keep.stem:
+        if old.stem != keep.stem:  # (the record and the lock share the library's stem)
             old.unlink(missing_ok=True)
 
 

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import ConfigError, finite_number, from_mapping, short_repr
+from prm_jax.validation import ConfigError, finite_number, from_mapping, integer, short_repr
 
 NormLevel = Literal["batch", "group"] | None
 NORM_LEVELS: tuple[NormLevel, ...] = ("batch", "group", None)
@@ -59,8 +59,7 @@ class NormConfig:
         for key in ("mean_leave1out", "std_unbiased"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(key, f"must be a bool, got {short_repr(getattr(self, key))}")
-        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
-            raise ConfigError("group_size", f"must be an integer >= 1, got {short_repr(self.group_size)}")
+        integer("group_size", self.group_size, minimum=1)
 
     @classmethod
     def from_value(cls, value: Any, where: str) -> NormConfig | None:

@@ -72,7 +72,7 @@ from prm_jax.kernels.shaping import (
     shape_core,
     warn_gvpo_without_penalty,
 )
-from prm_jax.validation import ConfigError, finite_number, from_mapping, short_repr
+from prm_jax.validation import ConfigError, finite_number, from_mapping, integer, short_repr
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
 OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids", "is_truncated",
@@ -175,19 +175,17 @@ class AdvantageConfig:
         if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
                                             or self.discount * self.gae_lambda != 1.0):
             raise ConfigError("gae_method", "'cumsum' needs discount * gae_lambda == 1 (a float gae_lambda)")
-        if isinstance(self.gae_block_size, bool) or not isinstance(self.gae_block_size, int) or self.gae_block_size < 1:
-            raise ConfigError("gae_block_size", f"must be an integer >= 1, got {short_repr(self.gae_block_size)}")
-        if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
-            raise ConfigError("max_turns", f"must be None or an integer >= 1, got {short_repr(self.max_turns)}")
+        integer("gae_block_size", self.gae_block_size, minimum=1)
+        if self.max_turns is not None:
+            integer("max_turns", self.max_turns, minimum=1)
         if self.overlong_reward_penalty:
-            if not isinstance(self.overlong_tokens, int) or self.overlong_tokens < 1:
-                raise ConfigError("overlong_tokens", "must be an integer >= 1 with overlong_reward_penalty, got "
-                                                     f"{short_repr(self.overlong_tokens)}")
+            try:
+                overlong = integer("overlong_tokens", self.overlong_tokens, minimum=1)
+                integer("max_new_tokens", self.max_new_tokens, minimum=overlong)
+            except ConfigError as err:
+                raise ConfigError(err.key, f"{err.problem} (with overlong_reward_penalty)") from None
             set_("overlong_penalty_factor", finite_number("overlong_penalty_factor",
-                                                                  self.overlong_penalty_factor, minimum=0.0))
-            if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < self.overlong_tokens:
-                raise ConfigError("max_new_tokens", "must be an integer >= overlong_tokens with "
-                                                    f"overlong_reward_penalty, got {short_repr(self.max_new_tokens)}")
+                                                          self.overlong_penalty_factor, minimum=0.0))
 
 
 def _credit_assignment(value: Any) -> GiGPOConfig | None:

@@ -32,12 +32,13 @@ not configuration: pass them to ``PRMRunner(..., scorers=...)`` (they are borrow
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from prm_jax.kernels.pipeline import AdvantageConfig
 from prm_jax.kernels.shaping import ShapingConfig
-from prm_jax.validation import ConfigError, finite_number, from_mapping, short_repr
+from prm_jax.validation import ConfigError, finite_number, from_mapping, scorer_weight, short_repr
 
 VERSIONS = ("v1", "v2")
 
@@ -55,7 +56,7 @@ class ScorerSpec:
     def __post_init__(self):
         if not isinstance(self.path, str) or not self.path:
             raise ConfigError("path", f"must be a non-empty dotted import path, got {short_repr(self.path)}")
-        object.__setattr__(self, "weight", finite_number("weight", self.weight))
+        object.__setattr__(self, "weight", scorer_weight("weight", self.weight))
         if not isinstance(self.enabled, bool):
             raise ConfigError("enabled", f"must be a bool, got {short_repr(self.enabled)}")
         kwargs = {} if self.kwargs is None else self.kwargs
@@ -157,7 +158,7 @@ class ExperimentConfig:
     @classmethod
     def from_mapping(cls, data: Any) -> ExperimentConfig:
         """From the YAML's mapping (AReaL's layout: ``rollout.agent.prm``, ``actor``)."""
-        top = _keys(data, "", {"rollout", "actor"})
+        top = _keys(_read_sections(data), "", {"rollout", "actor"})
         rollout = _keys(top.get("rollout"), "rollout", {"_version", "api_url", "agent"})
         agent = _keys(rollout.get("agent"), "rollout.agent", {"chat_template_type", "export_style", "prm"})
         try:
@@ -190,6 +191,18 @@ class ExperimentConfig:
             raise ConfigError("rollout.api_url", "(v2 external-model mode) stores string-only responses and cannot "
                                                  "be used with active PRM scorers, which need token-backed "
                                                  "interactions")
+
+
+def _read_sections(data: Any) -> Any:
+    """A full AReaL experiment config is accepted: its top-level sections other than ``rollout`` and
+    ``actor`` (``cluster``, ``gconfig``, ``train_dataset``, ...) are not prm-jax's and are ignored, with one
+    warning listing them. Unknown keys inside the sections prm-jax reads stay errors."""
+    if not isinstance(data, Mapping):
+        return data
+    ignored = sorted(map(str, set(data) - {"rollout", "actor"}))
+    if ignored:
+        warnings.warn(f"config sections that prm-jax does not read are ignored: {short_repr(ignored)}", stacklevel=3)
+    return {key: value for key, value in data.items() if key in ("rollout", "actor")}
 
 
 def _keys(data: Any, where: str, allowed: set[str]) -> dict:

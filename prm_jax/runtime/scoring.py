@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from prm_jax.runtime.trajectory import Interaction
-from prm_jax.validation import finite_number
+from prm_jax.validation import scorer_weight
 
 SCOPES = ("turn", "trajectory")
 VALUE_TYPES = ("float", "boolean")
@@ -112,7 +112,7 @@ class BaseScorer:
             raise ValueError(f"scorer {self.name!r}: enabled must be a bool, got {enabled!r}")
         if kwargs:
             raise TypeError(f"scorer {self.name!r} got unexpected keyword arguments {sorted(kwargs)}")
-        self.weight = finite_number(f"scorer {self.name!r}: weight", weight)
+        self.weight = scorer_weight(f"scorer {self.name!r}: weight", weight)
         self.enabled = enabled
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:

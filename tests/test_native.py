@@ -1,0 +1,58 @@
+"""Issue 20.13: the native library is recorded (size and hash) when built and verified before it is loaded:
+a truncated build is rebuilt, or skipped with a clear warning, never loaded (it was SIGBUS, exit 135)."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from prm_jax.kernels import native
+
+COMPILER = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler: the native kernels are not built")
+
+
+@pytest.fixture
+def damaged_cache(tmp_path, monkeypatch):
+    """A cache holding a built library, then truncated to half its size (as a crash or a full disk leaves it)."""
+    monkeypatch.setenv("PRM_JAX_CACHE", str(tmp_path))
+    library = native._build(COMPILER)
+    assert native.verified(library)
+    whole = library.read_bytes()
+    library.write_bytes(whole[: len(whole) // 2])
+    assert not native.verified(library)
+    return tmp_path, library, whole
+
+
+def test_a_damaged_library_is_rebuilt(damaged_cache, caplog):
+    _, library, whole = damaged_cache
+    with caplog.at_level("WARNING", logger=native.__name__):
+        rebuilt = native._build(COMPILER)
+    assert rebuilt == library and native.verified(library) and len(library.read_bytes()) == len(whole)
+    assert "does not match its recorded size and hash" in caplog.text
+
+
+def test_a_damaged_library_that_cannot_be_rebuilt_is_skipped_with_a_warning(damaged_cache, monkeypatch, caplog):
+    _, library, _ = damaged_cache
+    real_run = native.subprocess.run
+
+    def failing_compile(command, *args, **kwargs):
+        if "-o" in command:  # the build itself (the compiler's --version still answers)
+            raise subprocess.CalledProcessError(1, command, stderr="the compiler failed")
+        return real_run(command, *args, **kwargs)
+    monkeypatch.setattr(native.subprocess, "run", failing_compile)
+    monkeypatch.setenv("CXX", COMPILER)
+    with caplog.at_level("INFO", logger=native.__name__):
+        assert native._load() is False  # before: the truncated file was loaded (SIGBUS, exit 135)
+    assert "does not match its recorded size and hash" in caplog.text
+    assert "building the native CPU kernels failed" in caplog.text and "the compiler failed" in caplog.text
+    assert not library.exists()  # the damaged file is gone: a later run with a compiler rebuilds it
+
+
+def test_a_library_without_a_record_is_not_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRM_JAX_CACHE", str(tmp_path))
+    library = native._build(COMPILER)
+    native._record(library).unlink()
+    assert not native.verified(library)
+    assert native._build(COMPILER) == library and native.verified(library)

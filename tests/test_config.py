@@ -120,7 +120,7 @@ def test_deeply_nested_yaml_is_a_located_error(tmp_path):
     from prm_jax.app.config_file import load_config
     path = tmp_path / "deep.yaml"
     path.write_text("actor: " + "[" * 3000 + "]" * 3000 + "\n")
-    with pytest.raises(ValueError, match="deep.yaml: the YAML is nested too deeply"):
+    with pytest.raises(ValueError, match=r"deep\.yaml: the YAML is nested too deeply"):
         load_config(path)
 
 

@@ -87,7 +87,7 @@ def test_broken_inputs_fail_cleanly_and_write_nothing(tmp_path, capsys, make, ne
 @pytest.mark.parametrize("edit,needle", [
     (lambda c: c.replace("prm_jax.scorers.LengthBudgetScorer", "prm_jax.scorers.NoSuchScorer"), "NoSuchScorer"),
     (lambda c: c.replace("prm_jax.scorers.LengthBudgetScorer", "nowhere.Scorer"), "cannot import module 'nowhere'"),
-    (lambda c: c + "trainer:\n  lr: 1\n", "unknown keys ['trainer']"),
+    (lambda c: c.replace("  _version: v1", "  _version: v1\n  queue_size: 4"), "rollout has unknown keys ['queue_size']"),
     (lambda c: c.replace("token_rewards_as_adv: true", "token_rewards_as_adv: true\n  colour: red"),
      "actor has unknown keys ['colour']"),
 ])

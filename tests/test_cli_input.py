@@ -162,3 +162,63 @@ def test_gzip_and_standard_input_read_like_the_plain_file(tmp_path):
     proc = subprocess.run([str(PRM_JAX), "score", "--config", str(CONFIG), "--input", "-", "--output",
                            str(tmp_path / "x")], stdin=bad.open("rb"), capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2 and "<stdin>:1: " in proc.stderr, proc.stderr[-2000:]
+
+
+# --- 20.11: a scorer's own argument checks run before anything is scored ------------------------------------
+
+def scorer_config(tmp_path, entry):
+    path = tmp_path / "scorer.yaml"
+    path.write_text(CONFIG.read_text().split("      scorers:")[0] + "      scorers:\n" + entry + "actor:\n"
+                    "  token_rewards_as_adv: true\n")
+    return path
+
+
+BAD_SCORERS = {
+    "negative budget": ("        - {path: prm_jax.scorers.LengthBudgetScorer, kwargs: {max_output_tokens: -5}}\n",
+                        "rollout.agent.prm.scorers[0].kwargs: prm_jax.scorers.LengthBudgetScorer: max_output_tokens "
+                        "must be an integer >= 1, got -5"),
+    "budget as text": ("        - {path: prm_jax.scorers.LengthBudgetScorer, kwargs: {max_output_tokens: '6'}}\n",
+                       "max_output_tokens must be an integer >= 1, got '6'"),
+    "unexpanded url": ("        - {path: prm_jax.scorers.HTTPJudgeScorer, kwargs: {url: '${JUDGE_URL}'}}\n",
+                       "rollout.agent.prm.scorers[0].kwargs: prm_jax.scorers.HTTPJudgeScorer: url '${JUDGE_URL}' "
+                       "holds an unexpanded variable"),
+}
+
+
+def test_validate_config_and_score_run_the_scorers_own_checks(tmp_path):
+    from test_cli_faults import prm_jax
+    for name, (entry, needle) in BAD_SCORERS.items():
+        config = scorer_config(tmp_path, entry)
+        checked = prm_jax("validate-config", config)
+        assert checked.returncode == 2 and needle in checked.stderr, (name, checked.stdout, checked.stderr)
+        proc = score(tmp_path, tmp_path / "missing.jsonl", config=config)  # refused before the input is read
+        assert_input_error(proc, needle, tmp_path / "out")
+
+
+def test_a_scorer_whose_constructor_raises_is_exit_2_naming_it(tmp_path):
+    from test_cli_faults import DEMO
+    config = scorer_config(tmp_path, "        - {path: prm_jax.scorers.LengthBudgetScorer}\n"
+                                     "        - {path: scorers_for_tests.BrokenConstructor}\n")
+    proc = score(tmp_path, DEMO, config=config)
+    assert_input_error(proc, "rollout.agent.prm.scorers[1] (scorers_for_tests.BrokenConstructor) could not be "
+                             "built: RuntimeError: constructor failed", tmp_path / "out")
+
+
+# --- 20.15: error_policy in prm-jax score -----------------------------------------------------------------
+
+def test_score_honours_keep_original(tmp_path):
+    from test_cli_faults import DEMO, config_with
+    path = config_with(tmp_path, "        - {path: scorers_for_tests.FailOnGroup, kwargs: {prefix: g1}}",
+                       shaping="additive")
+    path.write_text(path.read_text().replace("      scorers:", "      error_policy: keep_original\n      scorers:"))
+    proc = score(tmp_path, DEMO, config=path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    saved = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    fallbacks = saved["summary"]["prm_fallbacks"]
+    assert sorted(fallbacks) == ["g1-s0", "g1-s1", "g1-s2", "g1-s3"]
+    assert all("judge unavailable" in why for why in fallbacks.values())
+    assert saved["metrics"]["rollout/prm_fallback"] == 4.0 and saved["summary"]["groups"]["rejected"] == 0
+    rejected = score(tmp_path, DEMO, config=config_with(tmp_path, "        - {path: scorers_for_tests.FailOnGroup, "
+                                                                    "kwargs: {prefix: g1}}"), out="reject")
+    assert rejected.returncode == 0
+    assert json.loads((tmp_path / "reject" / "metrics.json").read_text())["summary"]["groups"]["rejected"] == 1

@@ -304,3 +304,72 @@ async def test_service_export_uses_its_runner():
         result = await service.export(["a"])
         assert result["status"] == "accepted" and "prm_stats" in result
     assert st.EVENTS == ["close:b", "close:a"]
+
+
+# --- issue 20.15: AReaL's error_policy (PR #1747) ----------------------------------------------------------
+
+def original_session(store, key, answers=("good", "explode")):
+    """A root turn with pre-existing token rewards and two leaves: the first scores, the second explodes."""
+    store.add(key, Interaction(f"{key}-r", [1, 2], [3, 4], token_rewards=[0.25, -0.5],
+                               output_messages=[{"role": "assistant", "content": "root"}]))
+    for j, answer in enumerate(answers):
+        store.add(key, Interaction(f"{key}-l{j}", [1, 2, 3, 4, 5], [6 + j], parent_id=f"{key}-r", reward=float(j),
+                                   output_messages=[{"role": "assistant", "content": answer}]))
+        store.mark_ready(key, f"{key}-l{j}")
+
+
+async def test_keep_original_exports_the_whole_session_unscored_when_a_scorer_fails():
+    store = TrajectoryStore()
+    original_session(store, "a")
+    add_chain(store, "b")
+    want = {leaf: store.session("a").to_sequence(leaf) for leaf in ("a-l0", "a-l1")}
+    result = await export_group(store, ["a", "b"], runner=runner_of(LeafAware()), error_policy="keep_original")
+    assert result["status"] == "accepted"
+    got = {t["leaf_id"]: t["sequence"] for t in result["trajectories"] if t["session_key"] == "a"}
+    assert sorted(got) == ["a-l0", "a-l1"]
+    for leaf, sequence in got.items():  # the first branch scored before the second failed: not kept
+        np.testing.assert_array_equal(sequence.token_rewards, want[leaf].token_rewards)
+        assert [t["original_reward"] for t in result["trajectories"] if t["leaf_id"] == leaf] == [want[leaf].reward]
+    scored_b = [t["sequence"] for t in result["trajectories"] if t["session_key"] == "b"][0]
+    assert scored_b.token_rewards is not None and scored_b.token_rewards.max() == 1.0  # b was scored
+    assert list(result["prm_fallbacks"]) == ["a"] and "judge failed" in result["prm_fallbacks"]["a"]
+    metrics = result["prm_stats"]["metrics"].values()
+    assert metrics["rollout/prm_fallback"] == 1.0
+    assert "a" not in result["prm_stats"]["turn_results"] and "b" in result["prm_stats"]["turn_results"]
+    assert not store.has_session("a") and not store.has_session("b")  # cleanup unchanged
+
+
+async def test_reject_stays_the_default():
+    store = TrajectoryStore()
+    original_session(store, "a")
+    result = await export_group(store, ["a"], runner=runner_of(LeafAware()))
+    assert result["status"] == "rejected" and "prm_fallbacks" not in result
+
+
+async def test_keep_original_never_catches_cancellation_or_a_closed_runner():
+    store = TrajectoryStore()
+    add_chain(store, "a")
+    with anyio.move_on_after(0.05) as scope:
+        await export_group(store, ["a"], runner=runner_of(Hang()), error_policy="keep_original")
+    assert scope.cancelled_caught
+    store = TrajectoryStore()
+    add_chain(store, "a")
+    runner = runner_of(LeafAware())
+    await runner.aclose()
+    result = await export_group(store, ["a"], runner=runner, error_policy="keep_original")
+    assert result["status"] == "rejected" and result["prm_fallbacks"] == {}
+    assert "closed" in result["rejected_sessions"]["a"]
+
+
+def test_error_policy_config():
+    base = {"rollout": {"agent": {"prm": {"error_policy": "keep_original", "scorers": [
+        {"path": "prm_jax.scorers.LengthBudgetScorer"}]}}}}
+    assert ExperimentConfig.from_mapping(base).prm.error_policy == "keep_original"
+    v2 = {"rollout": {**base["rollout"], "_version": "v2"}}
+    with pytest.raises(ValueError, match="rollout.agent.prm.error_policy keep_original is not implemented for "
+                                         "rollout._version v2"):
+        ExperimentConfig.from_mapping(v2)
+    v2["rollout"]["agent"]["prm"]["enabled"] = False  # only an enabled keep_original is refused
+    ExperimentConfig.from_mapping(v2)
+    with pytest.raises(ValueError, match="error_policy must be one of"):
+        ExperimentConfig.from_mapping({"rollout": {"agent": {"prm": {"error_policy": "ignore"}}}})

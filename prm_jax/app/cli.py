@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import gc
 import json
 import os
@@ -58,7 +59,7 @@ from prm_jax.runtime.filters import (
     filter_mixed_or_penalized_all_wrong_mask_no_eos,
 )
 from prm_jax.runtime.metrics import InMemoryRecorder
-from prm_jax.runtime.runner import check_scorer_specs
+from prm_jax.runtime.runner import BUILDING_NOTE, check_scorer_specs
 
 FILTERS: dict[str, Callable] = {
     "filter_function": filter_function,
@@ -108,7 +109,14 @@ class Progress:
 
 
 async def _export_all(config: ExperimentConfig, records, group_filter, progress: Progress):
-    service = await ExportService.start(config)
+    try:
+        service = await ExportService.start(config)
+    except Exception as err:  # a scorer's constructor: the config's fault, named (exit 2)
+        where = [note for note in getattr(err, "__notes__", ()) if note.startswith(BUILDING_NOTE)]
+        if not where:
+            raise
+        raise CLIError(f"{where[0][len(BUILDING_NOTE):].strip()} could not be built: "
+                       f"{type(err).__name__}: {err}") from None
     recorder = InMemoryRecorder()
     groups: OrderedDict[str, list[str]] = OrderedDict()
     for record in records:
@@ -117,26 +125,39 @@ async def _export_all(config: ExperimentConfig, records, group_filter, progress:
         for leaf in record.ready:
             service.store.mark_ready(record.key, leaf)
         groups.setdefault(record.group, []).append(record.key)
-    statuses: dict[str, str] = {}
-    accepted: list[list[dict]] = []
-    counters: dict[str, int] = {}
-    reasons: dict[str, dict[str, Any]] = {}
+    out = Exported()
     async with service:
         for group, keys in groups.items():
             result = await service.export(keys, group_filter=group_filter)
-            statuses[group] = result["status"]
+            out.statuses[group] = result["status"]
             if result["status"] != "accepted":
-                reasons[group] = {"status": result["status"], "sessions": keys,
-                                  "reason": _rejection_reason(result)}
+                out.reasons[group] = {"status": result["status"], "sessions": keys,
+                                      "reason": _rejection_reason(result)}
             for name, value in result.get("filter", {}).items():
                 if name != "accepted":
-                    counters[name] = counters.get(name, 0) + int(value)
+                    out.filter_counters[name] = out.filter_counters.get(name, 0) + int(value)
             if "prm_stats" in result:
                 recorder.record(result["prm_stats"]["metrics"])
+            out.fallbacks.update({key: _shorten(why) for key, why in result.get("prm_fallbacks", {}).items()})
             if result["status"] == "accepted":
-                accepted.append(result["trajectories"])
+                out.accepted.append(result["trajectories"])
             progress.step()
-    return statuses, accepted, recorder.flush(), counters, reasons
+    out.metrics = recorder.flush()
+    return out
+
+
+@dataclasses.dataclass
+class Exported:
+    """What the export of every group gave: each group's status, the accepted groups' trajectories, the
+    metrics, the filter's counters, why groups were not accepted, and the sessions exported unscored
+    (``error_policy: keep_original``) with why."""
+
+    statuses: dict[str, str] = dataclasses.field(default_factory=dict)
+    accepted: list[list[dict]] = dataclasses.field(default_factory=list)
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    filter_counters: dict[str, int] = dataclasses.field(default_factory=dict)
+    reasons: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    fallbacks: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _rejection_reason(result: dict[str, Any]) -> Any:
@@ -243,11 +264,11 @@ def _release_freed_memory() -> None:
         pass
 
 
-def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, group_filter: str | None,
+def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig, group_filter: str | None,
                  buckets: tuple[int, int], lap: Callable[[str], None],
                  on_arrays: Callable[[dict[str, np.ndarray]], None] | None) -> ScoreRun:
     """Packs the accepted groups (and drops their trajectories), computes the advantages, summarizes."""
-    statuses, accepted, metrics, filter_counters, reasons = exported
+    statuses, accepted, metrics, reasons = exported.statuses, exported.accepted, exported.metrics, exported.reasons
     trajectories = [t for group in accepted for t in group]
     if not trajectories:
         listed = "; ".join(f"{g}: {r['status']} {r['reason']}" for g, r in list(reasons.items())[:5])
@@ -283,8 +304,10 @@ def _score_batch(exported: tuple, groups: list[str], config: ExperimentConfig, g
         "group_status": statuses,
         "rejected_groups": reasons,
     }
+    if config.prm.error_policy == "keep_original" and config.prm.active:
+        summary["prm_fallbacks"] = exported.fallbacks
     if group_filter:
-        summary["filter"] = {"name": group_filter, **filter_counters}
+        summary["filter"] = {"name": group_filter, **exported.filter_counters}
     if config.actor.credit_assignment is not None:
         summary["gigpo_step_groups"] = step_group_stats(batch)
     lap("summary")

@@ -11,6 +11,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
@@ -90,12 +91,19 @@ def turn_ids_from_spans(spans: ArrayLike, width: int) -> jax.Array:
         raise ValueError(f"spans must be [B, K, 2] (start, end), got shape {jnp.shape(spans)}")
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise ValueError(f"width must be a positive integer, got {width!r}")
+    if not _checks.is_traced(spans) and not isinstance(spans, jax.Array):
+        # Host spans: clipped to [0, width] (exact: no position lies outside) before JAX narrows them to
+        # int32, which would wrap a 64-bit span beyond 2**31 onto real positions.
+        host = np.asarray(spans)
+        if not np.issubdtype(host.dtype, np.integer):
+            raise TypeError(f"spans must be an integer array, got dtype {host.dtype}")
+        spans = np.clip(host, 0, width).astype(np.int32)
     return _spans_jit(spans, width=width)
 
 
 @functools.partial(jax.jit, static_argnames=("width",))
 def _spans_jit(spans, *, width):
-    spans = _checks.as_int("spans", spans)
+    spans = jnp.clip(_checks.as_integer("spans", spans), 0, width).astype(jnp.int32)  # exact, at any width
     position = jnp.arange(width, dtype=jnp.int32)[None, None, :]
     inside = (position >= spans[..., :1]) & (position < spans[..., 1:])               # [B, K, T]
     turn = jnp.arange(spans.shape[1], dtype=jnp.int32)[None, :, None]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from prm_jax.kernels.shaping import warn_gvpo_without_penalty
-from prm_jax.runtime.trajectory import Interaction
+from prm_jax.runtime.trajectory import MAX_TOKEN_ID, Interaction
 
 
 def _row_turns(turn_ids: np.ndarray, row: int) -> list[tuple[int, int]]:
@@ -52,15 +52,30 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
       rewards: ``[B]`` outcome rewards, set on each row's last turn.
       row_ids: names of the rows (interaction ids are ``f"{row_id}/t{k}"``); default ``row{b}``.
     """
-    tokens = np.asarray(input_ids)
-    ids = np.asarray(turn_ids)
-    if tokens.ndim != 2 or ids.shape != tokens.shape:
-        raise ValueError(f"input_ids and turn_ids must both be [B, T], got {tokens.shape} and {ids.shape}")
+    tokens = _integers("input_ids", input_ids)
+    ids = _integers("turn_ids", turn_ids)
+    if tokens.ndim != 2:
+        raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
+    _same_shape("turn_ids", ids, tokens.shape)
+    if tokens.size and (tokens.min() < 0 or tokens.max() > MAX_TOKEN_ID):
+        raise ValueError(f"input_ids must hold token ids in [0, {MAX_TOKEN_ID}], got "
+                         f"{int(tokens.min()) if tokens.min() < 0 else int(tokens.max())}")
     rows = tokens.shape[0]
-    real: np.ndarray = (np.ones(rows, bool) if attention_mask is None
-                        else np.asarray(np.asarray(attention_mask).reshape(rows, -1).any(axis=1)))
-    logp = None if logprobs is None else np.asarray(logprobs, np.float32).reshape(tokens.shape)
-    outcome = None if rewards is None else np.asarray(rewards, np.float64).reshape(rows)
+    real: np.ndarray = np.ones(rows, bool)
+    if attention_mask is not None:
+        mask = np.asarray(attention_mask)
+        _same_shape("attention_mask", mask, tokens.shape)
+        real = np.asarray(mask.astype(bool).any(axis=1))
+    logp = None
+    if logprobs is not None:
+        logp = np.asarray(logprobs)
+        _same_shape("logprobs", logp, tokens.shape)
+        logp = logp.astype(np.float32)
+    outcome = None
+    if rewards is not None:
+        outcome = np.asarray(rewards)
+        _same_shape("rewards", outcome, (rows,))
+        outcome = outcome.astype(np.float64)
     names = [f"row{b}" for b in range(rows)] if row_ids is None else list(row_ids)
     if len(names) != rows:
         raise ValueError(f"row_ids has {len(names)} names for {rows} rows")
@@ -79,6 +94,20 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
                 reward=float(outcome[b]) if outcome is not None and k == len(spans) - 1 else None))
         chains.append(chain)
     return chains
+
+
+def _integers(name: str, value: Any) -> np.ndarray:
+    """An integer array: float token ids (7.7) were truncated to 7 by a cast."""
+    array = np.asarray(value)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} must be an integer array, got dtype {array.dtype}")
+    return array
+
+
+def _same_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
+    """Exactly ``shape``: a transposed ``[T, B]`` array was reshaped into ``[B, T]`` (scrambled, silently)."""
+    if array.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} (input_ids' [B, T] or [B]), got {array.shape}")
 
 
 def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], turn_ids: Any) -> np.ndarray:
@@ -108,6 +137,9 @@ async def score_arrays(runner: Any, input_ids: Any, turn_ids: Any, *, attention_
     scored = [b for b, chain in enumerate(chains) if chain]
     if ctx is not None and not isinstance(ctx, Mapping):
         per_row = list(ctx)
+        if len(per_row) != len(chains):
+            raise ValueError(f"ctx must be one mapping, or one entry per row of input_ids ({len(chains)}), got "
+                             f"{len(per_row)} entries")
         ctx = [per_row[b] for b in scored]
     await runner.run_many([chains[b] for b in scored], ctx, limit=limit, is_eval=is_eval)
     token_rewards = token_rewards_from_chains(chains, turn_ids)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from prm_jax.kernels.pipeline import AdvantageConfig
 from prm_jax.kernels.shaping import ShapingConfig
@@ -85,17 +85,30 @@ def _scorer_list(value: Any, where: str) -> tuple[ScorerSpec, ...]:
     return tuple(specs)
 
 
+ErrorPolicy = Literal["reject", "keep_original"]
+ERROR_POLICIES: tuple[ErrorPolicy, ...] = ("reject", "keep_original")
+
+
 @dataclasses.dataclass(frozen=True)
 class PRMConfig:
-    """``rollout.agent.prm`` without the shaping settings (their owner is ``AdvantageConfig``)."""
+    """``rollout.agent.prm`` without the shaping settings (their owner is ``AdvantageConfig``).
+
+    ``error_policy`` (AReaL PR #1747): ``reject`` (default) rejects a session, and so its group, when a
+    scorer fails; ``keep_original`` exports that session as it was before scoring (its original outcome and
+    token rewards, never a partly scored branch), counted in the ``prm_fallback`` metric. Cancellation,
+    start-up and configuration errors are never caught by the fallback. v1 only (AReaL has no v2 fallback).
+    """
 
     enabled: bool = True
     scorers: tuple[ScorerSpec, ...] = ()
+    error_policy: ErrorPolicy = "reject"
 
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
             raise ConfigError("enabled", f"must be a bool, got {short_repr(self.enabled)}")
         object.__setattr__(self, "scorers", _scorer_list(self.scorers, "scorers"))
+        if self.error_policy not in ERROR_POLICIES:
+            raise ConfigError("error_policy", f"must be one of {ERROR_POLICIES}, got {short_repr(self.error_policy)}")
 
     @property
     def active(self) -> bool:
@@ -166,7 +179,8 @@ class ExperimentConfig:
                                            agent.get("chat_template_type", "concat"), agent.get("export_style", "concat"))
         except ConfigError as err:
             raise err.under("rollout") from None
-        prm_data = _keys(agent.get("prm"), "rollout.agent.prm", {"enabled", "advantage_shaping", "scorers"})
+        prm_data = _keys(agent.get("prm"), "rollout.agent.prm", {"enabled", "advantage_shaping", "scorers",
+                                                                 "error_policy"})
         prm = PRMConfig.from_mapping(prm_data)
         shaping = ShapingConfig.from_value(prm_data.get("advantage_shaping"), "rollout.agent.prm.advantage_shaping")
         actor = _keys(top.get("actor"), "actor", {f.name for f in dataclasses.fields(AdvantageConfig)}
@@ -177,6 +191,9 @@ class ExperimentConfig:
 
     def _check_active_scorers(self) -> None:
         """The cross-section rules of active scorers; each message names the offending key."""
+        if self.prm.enabled and self.prm.error_policy == "keep_original" and self.rollout.version == "v2":
+            raise ConfigError("rollout.agent.prm.error_policy", "keep_original is not implemented for rollout._version "
+                                                               "v2 (AReaL rejects it there): use reject")
         if not self.prm.active:
             return
         if not self.actor.token_rewards_as_adv:

@@ -38,10 +38,10 @@ import numpy as np
 
 from prm_jax._compat import ExceptionGroup, add_note
 from prm_jax.runtime.batching import pack_branches
-from prm_jax.runtime.config import ExperimentConfig
+from prm_jax.runtime.config import ErrorPolicy, ExperimentConfig
 from prm_jax.runtime.filters import GroupFilterResult
-from prm_jax.runtime.metrics import MetricStats, branch_stats, trajectory_rewards
-from prm_jax.runtime.runner import PRMRunner
+from prm_jax.runtime.metrics import MetricStats, branch_stats, namespace, trajectory_rewards
+from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner
 from prm_jax.runtime.scoring import PRMTurnResult
 from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache
 
@@ -140,22 +140,47 @@ class _Scored:
     sequences: list[BranchSequence] = dataclasses.field(default_factory=list)
     turn_results: list[list[PRMTurnResult]] = dataclasses.field(default_factory=list)
     error: BaseException | None = None
+    fallback: str | None = None  # error_policy keep_original: why the session is exported unscored
 
 
 async def _score_session(store: TrajectoryStore, key: str, leaves: list[str], runner: PRMRunner | None,
-                         is_eval: bool) -> _Scored:
+                         is_eval: bool, error_policy: ErrorPolicy = "reject") -> _Scored:
     scored = _Scored(key)
     try:
         for leaf in leaves:
             clone = store.session(key).clone_chain(leaf)
             if runner is not None:
-                scored.turn_results.append(await runner.run(clone, {"session_key": key}, is_eval=is_eval))
-            scored.sequences.append(clone.to_sequence(leaf))
-            if scored.sequences[-1].reward is None:
-                raise ValueError(f"trajectory {leaf!r} of session {key!r} has no outcome reward")
+                try:
+                    scored.turn_results.append(await runner.run(clone, {"session_key": key}, is_eval=is_eval))
+                except NOT_SCORER_FAILURES:
+                    raise
+                except Exception as err:  # a scorer failed (cancellation is no Exception: never caught here)
+                    if error_policy != "keep_original":
+                        raise
+                    return _unscored(store, key, leaves, err)
+            scored.sequences.append(_exported(clone, key, leaf))
     except Exception as err:
         add_note(err, f"while scoring session {key!r}")
         scored.error = err
+    return scored
+
+
+def _exported(clone: InteractionCache, key: str, leaf: str) -> BranchSequence:
+    sequence = clone.to_sequence(leaf)
+    if sequence.reward is None:
+        raise ValueError(f"trajectory {leaf!r} of session {key!r} has no outcome reward")
+    return sequence
+
+
+def _unscored(store: TrajectoryStore, key: str, leaves: list[str], error: Exception) -> _Scored:
+    """AReaL's ``keep_original`` fallback: the session's whole pre-scoring export (fresh clones of every
+    branch: the original outcome and token rewards, nothing of a partly scored branch)."""
+    scored = _Scored(key, fallback=f"{type(error).__name__}: {error}")
+    try:
+        scored.sequences = [_exported(store.session(key).clone_chain(leaf), key, leaf) for leaf in leaves]
+    except Exception as err:
+        add_note(err, f"while exporting session {key!r} unscored after a scorer failed: {error!r}")
+        scored.error, scored.fallback = err, None
     return scored
 
 
@@ -164,7 +189,9 @@ def _prm_stats(scored: list[_Scored], is_eval: bool) -> dict[str, Any]:
     turns: dict[str, list[PRMTurnResult]] = {}
     totals: dict[str, dict[str, dict[str, float]]] = {}
     for session in scored:
-        if session.error is not None:
+        if session.fallback is not None:
+            stats.add(f"{namespace(is_eval)}/prm_fallback", 1.0, averaged=False)
+        if session.error is not None or session.fallback is not None:
             continue
         turns[session.key] = [r for branch in session.turn_results for r in branch]
         totals[session.key] = {}
@@ -186,7 +213,7 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
                        is_eval: bool = False, remove_session: bool = True, discard: bool = False,
                        normalize_rewards: bool = True, select: Mapping[str, str] | None = None,
                        group_filter: Callable[[Mapping[str, Any]], GroupFilterResult] | None = None,
-                       persistent: Collection[str] = ()) -> dict[str, Any]:
+                       persistent: Collection[str] = (), error_policy: ErrorPolicy = "reject") -> dict[str, Any]:
     """Exports one group of sessions (see the module docstring).
 
     Args:
@@ -202,6 +229,9 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
       select: session key -> the one ready trajectory to export (a persistent session defaults to its oldest).
       group_filter: e.g. ``filter_mixed_or_penalized_all_wrong``, applied to the complete accepted group;
         its decision and AReaL's counters are returned under ``"filter"``.
+      error_policy: ``reject`` (a failing scorer rejects the group) or ``keep_original`` (AReaL PR #1747:
+        that session is exported as it was before scoring, counted in ``prm_fallback`` and listed under
+        ``"prm_fallbacks"`` with its reason; its sessions report no other stats).
       persistent: keys of persistent sessions (AReaL's human-in-the-loop session: ``(HITL_SESSION,)``),
         never removed and exported one ready trajectory at a time. Default none: every key, ``__hitl__``
         included, is an ordinary session.
@@ -236,10 +266,12 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
             if with_prm:
                 result["prm_stats"] = _prm_stats([], is_eval)
             return result
-        scored = await _score_sessions(store, taken, runner if with_prm else None, is_eval)
+        scored = await _score_sessions(store, taken, runner if with_prm else None, is_eval, error_policy)
         result["rejected_sessions"] = {key: f"failed: {s.error!r}" for key, s in scored.items() if s.error}
         if with_prm:
             result["prm_stats"] = _prm_stats(list(scored.values()), is_eval)
+            if error_policy == "keep_original":
+                result["prm_fallbacks"] = {key: s.fallback for key, s in scored.items() if s.fallback is not None}
         if result["rejected_sessions"]:
             result["status"] = "rejected"
             return result
@@ -249,12 +281,12 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
 
 
 async def _score_sessions(store: TrajectoryStore, taken: dict[str, list[str]], runner: PRMRunner | None,
-                          is_eval: bool) -> dict[str, _Scored]:
+                          is_eval: bool, error_policy: ErrorPolicy) -> dict[str, _Scored]:
     """Scores every session concurrently (the branches of one session in order), in the keys' order."""
     scored: dict[str, _Scored] = {}
 
     async def score(key: str) -> None:
-        scored[key] = await _score_session(store, key, taken[key], runner, is_eval)
+        scored[key] = await _score_session(store, key, taken[key], runner, is_eval, error_policy)
 
     async with anyio.create_task_group() as tg:
         for key in taken:
@@ -338,6 +370,8 @@ class ExportService:
             self._errors.append(err)
 
     async def export(self, session_keys: Sequence[str], **kwargs: Any) -> dict[str, Any]:
+        """``export_group`` with this service's runner and the config's ``error_policy``."""
+        kwargs.setdefault("error_policy", self.config.prm.error_policy)
         return await export_group(self.store, session_keys, runner=self.runner, **kwargs)
 
     async def aclose(self) -> None:

@@ -92,6 +92,21 @@ def _constructor_arguments(cls: type[BaseScorer]) -> tuple[set[str], set[str], b
     return accepted, required or set(), True
 
 
+BUILDING_NOTE = "while building the scorer of"
+
+
+class RunnerClosedError(RuntimeError):
+    """``run()`` on a runner that is closing or closed: a lifecycle error, not a scorer's failure."""
+
+
+class NotScorableError(ValueError):
+    """A branch the runner cannot score (a message-only turn): the input's fault, not a scorer's."""
+
+
+# Errors of a run that no scorer caused: AReaL's ``error_policy: keep_original`` never falls back on them.
+NOT_SCORER_FAILURES: tuple[type[BaseException], ...] = (RunnerClosedError, NotScorableError)
+
+
 def check_scorer_specs(section: PRMSection | PRMConfig | ExperimentConfig,
                        borrowed: Sequence[BaseScorer] = ()) -> list[type[BaseScorer]]:
     """Everything start-up would reject, found without building a scorer (they may open clients).
@@ -135,6 +150,10 @@ def _check_spec(entry: ScorerSpec, where: str, section: PRMSection) -> type[Base
     missing = sorted(required - set(entry.kwargs) - {"weight", "enabled"})
     if missing:
         raise ValueError(f"{where}.kwargs: {entry.path} needs {missing}")
+    try:
+        cls.validate_kwargs(**entry.kwargs)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{where}.kwargs: {entry.path}: {err}") from None
     hook = getattr(cls, "validate_prm_config", None)
     if hook is not None:
         try:
@@ -369,8 +388,12 @@ class PRMRunner:
     def _build(self, section: PRMSection, borrowed: Sequence[BaseScorer]) -> None:
         self.config = section
         classes = check_scorer_specs(section, borrowed)
-        for entry, cls in zip(section.scorers, classes):
-            scorer = cls(weight=entry.weight, enabled=entry.enabled, **dict(entry.kwargs))
+        for i, (entry, cls) in enumerate(zip(section.scorers, classes)):
+            try:
+                scorer = cls(weight=entry.weight, enabled=entry.enabled, **dict(entry.kwargs))
+            except Exception as err:  # re-raised as it is (SPEC 3), with the entry named
+                add_note(err, f"{BUILDING_NOTE} rollout.agent.prm.scorers[{i}] ({entry.path})")
+                raise
             self._owned.append(scorer)
             self._owned_stack.push_async_callback(self._close_one, scorer)
             self._scorers.append(scorer)
@@ -422,12 +445,12 @@ class PRMRunner:
           Any exception a scorer raised, with a note naming the scorer and the turn.
         """
         if self._closing:
-            raise RuntimeError("PRMRunner is closed: run() is rejected once aclose() has started")
+            raise RunnerClosedError("PRMRunner is closed: run() is rejected once aclose() has started")
         chain = self._chain(branch)
         for turn in chain:
             if not turn.token_backed:
-                raise ValueError(f"interaction {turn.interaction_id!r} is not token-backed (no token ids) and "
-                                 "cannot be scored")
+                raise NotScorableError(f"interaction {turn.interaction_id!r} is not token-backed (no token ids) "
+                                       "and cannot be scored")
         assert self.config is not None  # set by _build
         if not self.config.enabled:
             return []
@@ -445,7 +468,7 @@ class PRMRunner:
                 if not self._in_flight and self._idle is not None:
                     self._idle.set()
         if scope.cancelled_caught or self._closing:
-            raise RuntimeError("PRMRunner was closed while this run was in flight; nothing was committed")
+            raise RunnerClosedError("PRMRunner was closed while this run was in flight; nothing was committed")
         return self._commit(chain, staged)
 
     async def run_many(self, branches: Sequence[InteractionCache | Sequence[Interaction]],

@@ -115,6 +115,13 @@ class BaseScorer:
         self.weight = scorer_weight(f"scorer {self.name!r}: weight", weight)
         self.enabled = enabled
 
+    @classmethod
+    def validate_kwargs(cls, **kwargs: Any) -> None:
+        """Checks a config entry's ``kwargs`` for this class without acquiring anything (no client, no
+        connection, no file): ``validate-config`` and ``prm-jax score``'s preflight call it, so a bad value
+        is reported before anything is scored. Raise ``ValueError`` or ``TypeError`` naming the argument; a
+        constructor should call it too, so each rule has one home. The default accepts everything."""
+
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
         raise NotImplementedError(f"scorer {self.name!r} must implement evaluate(interaction, ctx)")
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from prm_jax.runtime.scoring import BaseScorer, PRMMetricObservation, PRMScorerResult
 from prm_jax.runtime.trajectory import Interaction
+from prm_jax.validation import integer
 
 
 class LengthBudgetScorer(BaseScorer):
@@ -19,9 +20,12 @@ class LengthBudgetScorer(BaseScorer):
 
     def __init__(self, max_output_tokens: int = 128, **kwargs: Any):
         super().__init__(**kwargs)
-        if isinstance(max_output_tokens, bool) or not isinstance(max_output_tokens, int) or max_output_tokens <= 0:
-            raise ValueError(f"max_output_tokens must be a positive integer, got {max_output_tokens!r}")
+        type(self).validate_kwargs(max_output_tokens=max_output_tokens)
         self.max_output_tokens = max_output_tokens
+
+    @classmethod
+    def validate_kwargs(cls, max_output_tokens: Any = 128, **kwargs: Any) -> None:
+        integer("max_output_tokens", max_output_tokens, minimum=1)
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> float:
         return float(interaction.output_len <= self.max_output_tokens)

@@ -330,7 +330,7 @@ async def test_keep_original_exports_the_whole_session_unscored_when_a_scorer_fa
     for leaf, sequence in got.items():  # the first branch scored before the second failed: not kept
         np.testing.assert_array_equal(sequence.token_rewards, want[leaf].token_rewards)
         assert [t["original_reward"] for t in result["trajectories"] if t["leaf_id"] == leaf] == [want[leaf].reward]
-    scored_b = [t["sequence"] for t in result["trajectories"] if t["session_key"] == "b"][0]
+    scored_b = next(t["sequence"] for t in result["trajectories"] if t["session_key"] == "b")
     assert scored_b.token_rewards is not None and scored_b.token_rewards.max() == 1.0  # b was scored
     assert list(result["prm_fallbacks"]) == ["a"] and "judge failed" in result["prm_fallbacks"]["a"]
     metrics = result["prm_stats"]["metrics"].values()
@@ -366,8 +366,8 @@ def test_error_policy_config():
         {"path": "prm_jax.scorers.LengthBudgetScorer"}]}}}}
     assert ExperimentConfig.from_mapping(base).prm.error_policy == "keep_original"
     v2 = {"rollout": {**base["rollout"], "_version": "v2"}}
-    with pytest.raises(ValueError, match="rollout.agent.prm.error_policy keep_original is not implemented for "
-                                         "rollout._version v2"):
+    with pytest.raises(ValueError, match=r"rollout\.agent\.prm\.error_policy keep_original is not implemented for "
+                                         r"rollout\._version v2"):
         ExperimentConfig.from_mapping(v2)
     v2["rollout"]["agent"]["prm"]["enabled"] = False  # only an enabled keep_original is refused
     ExperimentConfig.from_mapping(v2)

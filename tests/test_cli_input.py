@@ -222,3 +222,24 @@ def test_score_honours_keep_original(tmp_path):
                                                                     "kwargs: {prefix: g1}}"), out="reject")
     assert rejected.returncode == 0
     assert json.loads((tmp_path / "reject" / "metrics.json").read_text())["summary"]["groups"]["rejected"] == 1
+
+
+# --- 20.6 at the command line ------------------------------------------------------------------------------
+
+def test_unsigned_64_bit_anchor_ids_work_end_to_end_and_larger_ones_are_refused_first(tmp_path):
+    from test_cli_faults import ROOT
+    items = sessions()
+    for s in items:
+        for k, turn in enumerate(s["interactions"]):
+            turn["anchor_id"] = 2**63 + 5 + (k % 2) * 2**32  # the old path: OverflowError after scoring
+    config = tmp_path / "gigpo.yaml"
+    config.write_text((ROOT / "prm_jax" / "data" / "demo_config.yaml").read_text()
+                      + "  credit_assignment: {mode: gigpo}\n")
+    proc = score(tmp_path, write_jsonl(tmp_path / "anchored.jsonl", items), config=config)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert set(np.unique(batch_of(tmp_path / "out")["anchor_ids"])) == {-1, 0, 1}
+    marker_config, marker = slow_config(tmp_path)
+    items[1]["interactions"][0]["anchor_id"] = 2**64
+    proc = score(tmp_path, write_jsonl(tmp_path / "too_big.jsonl", items), config=marker_config, out="big")
+    assert_input_error(proc, "too_big.jsonl:2: interactions[0]: interaction", tmp_path / "big")
+    assert "anchor_id must be a 64-bit integer" in proc.stderr and not marker.exists()

@@ -13,16 +13,34 @@ COMPILER = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") o
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler: the native kernels are not built")
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One build for the module: its cache folder (the library and its record)."""
+    cache = tmp_path_factory.mktemp("native")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PRM_JAX_CACHE", str(cache))
+        assert native.verified(native._build(COMPILER))
+    return cache
+
+
 @pytest.fixture
-def damaged_cache(tmp_path, monkeypatch):
-    """A cache holding a built library, then truncated to half its size (as a crash or a full disk leaves it)."""
+def cache(built, tmp_path, monkeypatch):
+    """A test's own copy of the built cache."""
+    for path in built.iterdir():
+        shutil.copy2(path, tmp_path / path.name)
     monkeypatch.setenv("PRM_JAX_CACHE", str(tmp_path))
-    library = native._build(COMPILER)
+    return tmp_path
+
+
+@pytest.fixture
+def damaged_cache(cache):
+    """A cache holding a built library, then truncated to half its size (as a crash or a full disk leaves it)."""
+    library = native._build(COMPILER)  # found, verified: not built again
     assert native.verified(library)
     whole = library.read_bytes()
     library.write_bytes(whole[: len(whole) // 2])
     assert not native.verified(library)
-    return tmp_path, library, whole
+    return cache, library, whole
 
 
 def test_a_damaged_library_is_rebuilt(damaged_cache, caplog):
@@ -50,8 +68,7 @@ def test_a_damaged_library_that_cannot_be_rebuilt_is_skipped_with_a_warning(dama
     assert not library.exists()  # the damaged file is gone: a later run with a compiler rebuilds it
 
 
-def test_a_library_without_a_record_is_not_loaded(tmp_path, monkeypatch):
-    monkeypatch.setenv("PRM_JAX_CACHE", str(tmp_path))
+def test_a_library_without_a_record_is_not_loaded(cache):
     library = native._build(COMPILER)
     native._record(library).unlink()
     assert not native.verified(library)

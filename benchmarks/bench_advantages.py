@@ -126,9 +126,12 @@ def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float, l
     _gae_jit.lower(r, v, m, gamma, lam, None, method=auto, block_size=64).compile()
     out["compile_auto"] = time.perf_counter() - start
     config = prm_jax.AdvantageConfig(discount=gamma, gae_lambda=lam, check_values=False)
+    checked = prm_jax.AdvantageConfig(discount=gamma, gae_lambda=lam, check_values=True)
     candidates = {"roofline": lambda: roofline(r, v, m), "copy": lambda: device_copy(r, v, m),
                   "pipeline_roofline": lambda: pipeline_roofline(device_batch),
-                  "compute_advantages": lambda: prm_jax.compute_advantages(device_batch, config)}
+                  "compute_advantages": lambda: prm_jax.compute_advantages(device_batch, config),
+                  # The library's default: every value check computed and returned as counts (no host sync).
+                  "compute_advantages_checked": lambda: prm_jax.compute_advantages(device_batch, checked)}
     # Bytes per [B, T] element: the GAE reads rewards, values, mask and writes two float32 arrays; the
     # pipeline reads its six inputs and writes six float32 arrays.
     out["bytes_gae"] = bytes_per_step((rewards, values, mask)) + 8
@@ -150,7 +153,8 @@ def bandwidth_fraction(res: dict, name: str) -> float:
     """Achieved bytes per second of ``name`` over those of the device copy (same run)."""
     if name == "copy":
         return 1.0
-    moved = res["bytes_pipeline"] if name in ("compute_advantages", "pipeline_roofline") else res["bytes_gae"]
+    moved = (res["bytes_pipeline"] if name in ("compute_advantages", "compute_advantages_checked", "pipeline_roofline")
+             else res["bytes_gae"])
     return (moved / res[name]) / (res["bytes_copy"] / res["copy"])
 
 
@@ -167,20 +171,21 @@ def main() -> None:
     print(f"backend={jax.default_backend()} devices={jax.devices()} jax={jax.__version__} "
           f"gamma={args.gamma} lam={args.lam} auto={resolve_method('auto', unit_discount=args.gamma * args.lam == 1)}")
     header = ("shape", "method", "median_ms", "x_roofline", "speedup_vs_loop", "of_copy_bw")
-    print("{:>10} {:>20} {:>10} {:>11} {:>16} {:>11}".format(*header))
+    print("{:>10} {:>26} {:>10} {:>11} {:>16} {:>11}".format(*header))
     results = []
     for rows, width in shapes:
         res = bench_shape(rows, width, args.repeats, args.gamma, args.lam, loop=not args.no_loop)
         results.append(res)
         for name in ("copy", "roofline", "auto", "native", "scan", "associative", "blocked", "cumsum",
-                     "pipeline_roofline", "compute_advantages", "numpy_loop"):
+                     "pipeline_roofline", "compute_advantages", "compute_advantages_checked", "numpy_loop"):
             if name in res:
                 speedup = f"{res['numpy_loop'] / res[name]:16.1f}" if "numpy_loop" in res else f"{'-':>16}"
                 fraction = f"{bandwidth_fraction(res, name):11.2f}" if name != "numpy_loop" else f"{'-':>11}"
-                print(f"{res['shape']:>10} {name:>20} {res[name] * 1e3:10.3f} {res[name] / res['roofline']:11.2f} "
+                print(f"{res['shape']:>10} {name:>26} {res[name] * 1e3:10.3f} {res[name] / res['roofline']:11.2f} "
                       f"{speedup} {fraction}")
-        print(f"{res['shape']:>10} {'compile(auto) s':>20} {res['compile_auto']:10.3f}   "
+        print(f"{res['shape']:>10} {'compile(auto) s':>26} {res['compile_auto']:10.3f}   "
               f"compute_advantages / auto = {res['compute_advantages'] / res['auto']:.2f}, "
+              f"checked / unchecked = {res['compute_advantages_checked'] / res['compute_advantages']:.2f}, "
               f"pipeline_roofline / auto = {res['pipeline_roofline'] / res['auto']:.2f}, "
               f"compute_advantages / pipeline_roofline = {res['compute_advantages'] / res['pipeline_roofline']:.2f}, "
               f"bytes per element: pipeline {res['bytes_pipeline']} vs GAE {res['bytes_gae']}")

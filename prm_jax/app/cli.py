@@ -1,14 +1,17 @@
 """The ``prm-jax`` command line.
 
-  prm-jax score --config CONFIG.yaml --input SESSIONS.jsonl --output OUT [--plot FILE.png] [--filter NAME]
-  prm-jax demo [--output OUT]
+  prm-jax score --config CONFIG.yaml --input SESSIONS.jsonl --output OUT [--overwrite] [--plot FILE.png]
+                [--filter NAME]
+  prm-jax demo [--output OUT] [--overwrite]
   prm-jax validate-config CONFIG.yaml
 
 ``score`` reads sessions (format: ``prm_jax.app.sessions``), scores them with the configured scorers, exports
 them group by group, computes advantages with the configured actor settings, and writes ``OUT/batch.npz``
 (the padded batch, its advantages and returns) and ``OUT/metrics.json`` (metrics and the summary). Input and
-config are validated completely before anything is scored or written; each output file is written to a
-temporary name and renamed, so a failed run leaves no partly written file.
+config are validated completely before anything is scored or written; the output set is staged beside
+``OUT`` and published at once (``prm_jax.app.outputs``), so a failed or interrupted run leaves nothing behind
+and an earlier set in ``OUT`` (replaced only with ``--overwrite``) whole. Exit statuses: 0, 1 (no group
+accepted), 2 (bad arguments, config or input), 74 (the output could not be written), 128 + N (signal N).
 """
 
 from __future__ import annotations

@@ -18,7 +18,11 @@ One session per line::
 
 ``group`` defaults to the session key (a group of one, with a warning: its group-normalized outcome
 reward is 0). Numbers must be finite (``NaN``/``Infinity`` are refused), token ids in ``[0, 2**31 - 1]``,
-log-probs ``<= 0``; every error names the file, the line and the field. Lines end at ``\n`` only.
+log-probs ``<= 0``, anchor ids 64-bit integers, signed or unsigned (-1: none); ``ready`` names each leaf
+once; every child's inputs start with its parent's inputs and outputs, and no turn is on a parent cycle.
+Every error names the file, the line and the field. Lines are UTF-8 and end at ``\n`` only; the file may
+be gzip-compressed, or ``-`` (standard input). Both readers (the typed fast path and the field-by-field
+one) accept exactly the same lines.
 """
 
 from __future__ import annotations

@@ -231,3 +231,19 @@ def test_pack_branches_to_compute_advantages_keeps_64_bit_anchors_apart():
 def test_an_anchor_beyond_64_bits_is_refused_when_the_turn_is_built(anchor):
     with pytest.raises(ValueError, match="anchor_id must be a 64-bit integer"):
         Interaction("t", [1], [2], anchor_id=anchor)
+
+
+def test_gigpo_step_rewards_are_checked_on_active_turns():
+    rng = np.random.default_rng(64)
+    batch = make_batch(rng, 4, 24, with_process=False)
+    batch["turn_rewards"] = np.zeros((4, 4), np.float32)
+    config = AdvantageConfig(credit_assignment=GiGPOConfig(), kl_ctl=0.0)
+    row = int(np.flatnonzero((batch["turn_ids"][:, 1:] >= 0).any(axis=1))[0])
+    batch["turn_rewards"][row, 0] = np.nan
+    with pytest.raises(ValueError, match=rf"batch\['turn_rewards'\] must be finite where it is used; row {row}, "
+                                         r"turn 0 is nan"):
+        compute_advantages(batch, config)
+    batch["turn_rewards"][row, 0] = 0.0
+    batch["turn_rewards"][:, 3] = np.where(np.arange(4) == row, np.nan, 0.0)  # a turn the row does not have
+    if not (batch["turn_ids"][row, 1:] == 3).any():
+        compute_advantages(batch, config)

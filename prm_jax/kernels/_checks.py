@@ -154,21 +154,33 @@ def mask_check(name: str, x: Any) -> list[ValueCheck]:
 
 def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key: str | None = None,
                  axis: str = "timestep") -> ValueCheck:
-    """``x`` is finite (where ``where`` is True, when given): ``[B]`` arrays name the entry, ``[B, T]`` ones
-    the row and the index along ``axis``. ``key`` names the check (default: from ``name``)."""
-    bad = ~jnp.isfinite(x)
-    if where is not None:
-        bad = bad & where
-    flags = bad.reshape(bad.shape[0], -1) if bad.ndim else bad.reshape(1, 1)
-    row, step, value = first_flagged(flags, x.reshape(flags.shape))
+    """``x`` is finite (where ``where`` is True, when given). ``[B]`` arrays: the count is the number of bad
+    entries, and the message names the first. ``[B, K]`` arrays: the count is the number of rows holding a
+    bad entry, and the message names the first such row and the index along ``axis``. ``key`` names the
+    check (default: from ``name``).
+
+    A row is probed with one fused pass, ``sum(where(used, x * 0, 0))``: NaN exactly when a used entry is
+    NaN or infinite (``inf * 0`` is NaN), and never an overflow; the bad entry is then looked for in that
+    one row only, so a check that passes costs a single read of ``x``.
+    """
     scope = "" if where is None else " where it is used"
-    if x.ndim > 1:
-        def message(row, step, value):
-            return f"{name} must be finite{scope}; row {int(row)}, {axis} {int(step)} is {float(value)!r}"
-    else:
-        def message(row, step, value):
-            return f"{name} must be finite{scope}; entry {int(row)} is {float(value)!r}"
-    return ValueCheck(f"{key or check_key(name)}_not_finite", violations(bad), message, row, step, value)
+    if x.ndim < 2:
+        bad = ~jnp.isfinite(x) if where is None else ~jnp.isfinite(x) & where
+        flags = bad.reshape(bad.shape[0], 1) if bad.ndim else bad.reshape(1, 1)
+        row, _, value = first_flagged(flags, x.reshape(flags.shape))
+        return ValueCheck(f"{key or check_key(name)}_not_finite", violations(bad),
+                          lambda row, value: f"{name} must be finite{scope}; entry {int(row)} is {float(value)!r}",
+                          row, value)
+    zero = jnp.zeros((), x.dtype)
+    used = jnp.ones(x.shape, jnp.bool_) if where is None else where
+    bad_rows = jnp.isnan(jnp.sum(jnp.where(used, x * zero, zero), axis=1))
+    row = jnp.argmax(bad_rows).astype(jnp.int32)
+    in_row = lax.dynamic_index_in_dim(x, row, axis=0, keepdims=False)
+    bad = ~jnp.isfinite(in_row) & lax.dynamic_index_in_dim(used, row, axis=0, keepdims=False)
+    step = jnp.argmax(bad).astype(jnp.int32)
+    return ValueCheck(f"{key or check_key(name)}_not_finite", violations(bad_rows),
+                      lambda row, step, value: f"{name} must be finite{scope}; row {int(row)}, {axis} {int(step)} "
+                                               f"is {float(value)!r}", row, step, in_row[step])
 
 
 def raise_value_checks(checks: list[ValueCheck], *, callback: bool = False) -> None:

@@ -295,6 +295,10 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
     if on_arrays is not None:
         on_arrays(timestep_arrays(configured, outputs))
     lap("advantages")
+    try:
+        stats = {mode: (advantage_stats(out) if not isinstance(out, str) else out) for mode, out in outputs.items()}
+    except ValueError as err:  # non-finite advantages: what the scores or inputs hold, said in one line
+        raise CLIError(str(err)) from None
     summary = {
         "groups": {"total": len(groups), **{s: sum(v == s for v in statuses.values())
                                             for s in ("accepted", "rejected", "filtered")}},
@@ -302,8 +306,7 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
         "shaping_mode": config.actor.advantage_shaping.mode,
         "process_reward_per_scorer": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
                                       if "/prm_turn_reward/" in k},
-        "advantages": {mode: (advantage_stats(out) if not isinstance(out, str) else out)
-                       for mode, out in outputs.items()},
+        "advantages": stats,
         "group_status": statuses,
         "rejected_groups": reasons,
     }

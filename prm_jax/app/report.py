@@ -24,11 +24,21 @@ class ScoreRun:
 
 def advantage_stats(output) -> dict[str, float]:
     active = np.asarray(output.loss_mask) > 0
-    values = np.asarray(output.advantages)[active].astype(np.float64)  # float32 sums of squares overflow
+    values = np.asarray(output.advantages)[active]
     if values.size == 0:
         return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
-    return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()),
-            "max": float(values.max())}
+    # Taken on values scaled into [-1, 1]: float32 sums of huge advantages (or of their squares) overflow,
+    # and a float64 copy of every active advantage costs more than the statistics.
+    low, high = float(values.min()), float(values.max())
+    scale = max(abs(low), abs(high))
+    if not np.isfinite(scale):
+        raise ValueError(f"the advantages are not finite (min {low}, max {high}): the scores or the inputs "
+                         "overflow float32")
+    unit = values / np.float32(scale) if scale > 0 else values
+    mean = float(unit.mean(dtype=np.float64))
+    centred = unit - np.float32(mean)
+    return {"mean": mean * scale, "std": float(np.sqrt(np.dot(centred, centred) / centred.size)) * scale,
+            "min": low, "max": high}
 
 
 def step_group_stats(batch: dict[str, np.ndarray]) -> dict[str, float]:

@@ -247,3 +247,16 @@ def test_gigpo_step_rewards_are_checked_on_active_turns():
     batch["turn_rewards"][:, 3] = np.where(np.arange(4) == row, np.nan, 0.0)  # a turn the row does not have
     if not (batch["turn_ids"][row, 1:] == 3).any():
         compute_advantages(batch, config)
+
+
+def test_a_host_list_of_unsigned_hashes_beside_minus_one_is_read_whole():
+    # No numpy integer dtype holds -1 and 2**63 + 9 together (object dtype): still exact, -1 still none.
+    anchors = [[2**63 + 9, -1, 5], [2**63 + 9, 5, -1]]
+    rng = np.random.default_rng(65)
+    rewards, mask, outcome = anchored_batch(rng, np.zeros((2, 3)))
+    want, *_ = reference.gigpo(rewards, mask, outcome, anchors)
+    got = gigpo(rewards, mask, outcome, anchor_ids=np.array(anchors, dtype=object))
+    np.testing.assert_allclose(got.advantages, want, rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(got.step_group_sizes), [[2, 0, 2], [2, 2, 0]])
+    with pytest.raises(ValueError, match="64-bit"):
+        gigpo(rewards, mask, outcome, anchor_ids=np.array([[2**64, 1, 1], [1, 1, 1]], dtype=object))

@@ -43,7 +43,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from prm_jax.runtime.trajectory import ANCHOR_MAX, ANCHOR_MIN, STOP_REASONS, Interaction, InteractionCache
+from prm_jax.kernels.gigpo import ANCHOR_MAX, ANCHOR_MIN
+from prm_jax.runtime.trajectory import STOP_REASONS, Interaction, InteractionCache
 from prm_jax.validation import short_repr
 
 MAX_TOKEN_ID = 2**31 - 1

@@ -79,10 +79,20 @@ class GiGPOOutput(NamedTuple):
     step_group_sizes: jax.Array    # [B, K] members of each turn's step group (0 where none)
 
 
+ANCHOR_MIN, ANCHOR_MAX = -(2**63), 2**64 - 1  # any 64-bit id, signed or unsigned
+
+
 def dense_anchor_ids(anchor_ids: ArrayLike) -> np.ndarray:
-    """Host helper: any integer anchor ids (e.g. 64-bit state hashes) to dense int32 ids; -1 stays -1."""
+    """Host helper: any 64-bit anchor ids (signed or unsigned state hashes; Python ints too, e.g. -1 beside
+    hashes of 2**63 or more, which no numpy integer dtype holds together) to dense int32 ids; -1 stays -1."""
     ids = np.asarray(anchor_ids)
-    if not np.issubdtype(ids.dtype, np.integer):
+    if ids.dtype == object:
+        flat = ids.ravel().tolist()
+        if not all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in flat):
+            raise TypeError("anchor_ids must be integers")
+        if not all(ANCHOR_MIN <= a <= ANCHOR_MAX for a in flat):
+            raise ValueError("anchor_ids must be 64-bit integers, signed or unsigned, in [-2**63, 2**64 - 1]")
+    elif not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(f"anchor_ids must be integers, got dtype {ids.dtype}")
     dense = np.full(ids.shape, -1, np.int32)
     has = ids != -1
@@ -138,10 +148,9 @@ def host_anchor_ids(anchor_ids: ArrayLike) -> ArrayLike:
     if isinstance(anchor_ids, jax.Array) or _checks.is_traced(anchor_ids):
         return anchor_ids
     ids = np.asarray(anchor_ids)
-    if ids.dtype.kind in "iu" and ids.dtype.itemsize > 4 and not jax.config.read("jax_enable_x64"):
-        return dense_anchor_ids(ids)
-    if ids.dtype == object:  # Python ints beyond 64 bits (numpy could not pick an integer dtype)
-        raise ValueError("anchor_ids must be 64-bit integers (signed or unsigned); got values beyond that range")
+    if ids.dtype == object or (ids.dtype.kind in "iu" and ids.dtype.itemsize > 4
+                               and not jax.config.read("jax_enable_x64")):
+        return dense_anchor_ids(ids)  # (object: Python ints that share no numpy dtype; checked there)
     return anchor_ids
 
 

@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from prm_jax.kernels.gigpo import ANCHOR_MAX, ANCHOR_MIN
 from prm_jax.validation import short_repr
 
 STOP_REASONS = ("stop", "length")
 MAX_TOKEN_ID = 2**31 - 1  # batches hold token ids as int32
-ANCHOR_MIN, ANCHOR_MAX = -(2**63), 2**64 - 1  # anchor ids: any 64-bit hash, signed or unsigned
 
 
 def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:

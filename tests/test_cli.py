@@ -225,3 +225,13 @@ def test_runs_of_different_sizes_in_one_row_bucket_compile_the_advantages_once(t
         summary = json.loads((tmp_path / data.stem / "metrics.json").read_text())["summary"]
         assert rows[-1] == summary["trajectories"]
     assert rows[0] > rows[1] and counts[1] == 0, (rows, counts)  # the second size found the first's program
+
+
+def test_main_in_process_leaves_the_callers_process_alone(tmp_path):
+    # Issue 21: gc.freeze ran for every in-process caller of main() (the tests froze pytest's heap ~15
+    # times); process tuning belongs to the prm-jax process (entry), not to the library.
+    import gc
+    gc.unfreeze()
+    assert main(["score", "--config", str(CONFIG), "--input", str(DATA / "demo_sessions.jsonl"),
+                 "--output", str(tmp_path / "out")]) == 0
+    assert gc.get_freeze_count() == 0

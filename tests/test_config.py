@@ -133,7 +133,12 @@ def test_deeply_nested_yaml_is_a_located_error(tmp_path):
      ("actor.token_rewards_as_adv", False)],
 ])
 def test_scorer_rules_do_not_apply_without_active_scorers(changes):
-    ExperimentConfig.from_mapping(with_changes(*changes))
+    config = ExperimentConfig.from_mapping(with_changes(*changes))
+    assert not config.prm.active  # the rules these settings break are the active scorers' rules
+    written = dict(changes)
+    assert config.rollout.export_style == written.get("rollout.agent.export_style", "concat")
+    assert config.rollout.api_url == written.get("rollout.api_url")
+    assert config.actor.token_rewards_as_adv is written.get("actor.token_rewards_as_adv", True)
 
 
 def test_disabled_prm_leaves_the_actor_unshaped():

@@ -4,6 +4,8 @@ a truncated build is rebuilt, or skipped with a clear warning, never loaded (it 
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +75,14 @@ def test_a_library_without_a_record_is_not_loaded(cache):
     native._record(library).unlink()
     assert not native.verified(library)
     assert native._build(COMPILER) == library and native.verified(library)
+
+
+def test_collecting_the_suite_builds_nothing(tmp_path):
+    # Issue 21: test_gae and test_pipeline built the native kernel while pytest collected them.
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PRM_JAX_CACHE=str(tmp_path / "cache"), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert " tests collected" in proc.stdout or "tests collected" in proc.stdout
+    assert not list((tmp_path / "cache").glob(f"{native.LIBRARY_PREFIX}*"))

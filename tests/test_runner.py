@@ -438,3 +438,51 @@ async def test_one_scorer_commits_exactly_what_the_general_sum_gives():
         assert got.dtype == np.float32 and got.tobytes() == want[turn.interaction_id].tobytes()
         assert not np.shares_memory(got, np.asarray(returned[turn.interaction_id]))
     assert np.signbit(cache.get("t0").token_rewards).sum() == 0
+
+
+@pytest.mark.parametrize("path", ["asyncio", "anyio"])
+def test_both_fan_outs_cancel_the_siblings_of_a_failed_turn(monkeypatch, path):
+    # Issue 21: the anyio task group (trio, Python 3.10) was never run by a test; both fan-outs must score
+    # every turn, and on a failure cancel the others and commit nothing.
+    import time
+
+    from prm_jax.runtime import runner as runner_module
+
+    if path == "anyio":
+        monkeypatch.setattr(runner_module, "_on_asyncio", lambda: False)
+    finished: list[str] = []
+
+    class FailsOnOneTurn(BaseScorer):
+        name = "fails_on_one"
+
+        def __init__(self, fail: bool, **kwargs):
+            super().__init__(**kwargs)
+            self.fail = fail
+
+        async def evaluate(self, interaction, ctx):
+            if interaction.interaction_id == "t1" and self.fail:
+                await anyio.sleep(0.01)
+                raise RuntimeError("boom")
+            await anyio.sleep(0.02 if not self.fail else 5.0)
+            finished.append(interaction.interaction_id)
+            return 0.5
+
+    def chain():
+        turns, tokens = [], [1]
+        for k in range(4):
+            turns.append(Interaction(f"t{k}", list(tokens), [5, 6], parent_id=f"t{k - 1}" if k else None))
+            tokens = tokens + [5, 6, 2]
+        return InteractionCache(turns)
+
+    ok = chain()
+    anyio.run(PRMRunner(scorers=(FailsOnOneTurn(False),)).run, ok)
+    assert sorted(finished) == ["t0", "t1", "t2", "t3"]
+    assert [t.token_rewards.tolist() for t in ok] == [[0.5, 0.5]] * 4
+    finished.clear()
+    bad = chain()
+    start = time.monotonic()
+    with pytest.raises(BaseException) as caught:
+        anyio.run(PRMRunner(scorers=(FailsOnOneTurn(True),)).run, bad)
+    assert "boom" in repr(caught.value) or any("boom" in repr(e) for e in getattr(caught.value, "exceptions", ()))
+    assert time.monotonic() - start < 2.0 and finished == []  # the siblings were cancelled, not awaited
+    assert all(t.token_rewards is None for t in bad)

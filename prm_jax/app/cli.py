@@ -224,11 +224,13 @@ def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int,
 
 
 def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | None = None, bucket: int = 128,
-              row_bucket: int = 64, progress: bool = False, freeze_gc: bool = False,
+              row_bucket: int = 64, progress: bool = False, tune_process: bool = False,
               on_arrays: Callable[[dict[str, np.ndarray]], None] | None = None) -> ScoreRun:
-    """Reads, scores, exports, packs and computes advantages. ``freeze_gc`` (the command line's choice: it
-    owns its process) moves everything read into CPython's permanent generation, so the cyclic collector
-    stops re-walking the sessions on every full collection while they are scored. ``on_arrays`` gets the
+    """Reads, scores, exports, packs and computes advantages. ``tune_process`` (the ``prm-jax`` process's
+    choice, made in ``entry``: it owns its process; in-process callers keep theirs untouched) moves
+    everything read into CPython's permanent generation, so the cyclic collector stops re-walking the
+    sessions on every full collection while they are scored, and hands the freed sessions' pages back to
+    the system once the batch is packed (``malloc_trim``). ``on_arrays`` gets the
     output arrays as they are ready: the packed batch before the advantages are computed, then the
     timestep arrays before the summary is (the command writes them into ``batch.npz`` meanwhile)."""
     clock = time.perf_counter()
@@ -243,7 +245,7 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
         records = read_sessions(input_path)
     except InputError as err:
         raise CLIError(str(err)) from None
-    if freeze_gc:
+    if tune_process:
         gc.freeze()
     lap("read")
     groups = list(OrderedDict.fromkeys(r.group for r in records))
@@ -251,7 +253,8 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
                          Progress(len(groups), progress))
     del records  # exported: the sessions' memory is free for the batch and the advantages
     lap("score+export")
-    run = _score_batch(exported, groups, config, group_filter, (bucket, row_bucket), lap, on_arrays)
+    run = _score_batch(exported, groups, config, group_filter, (bucket, row_bucket), lap, on_arrays,
+                       _release_freed_memory if tune_process else None)
     run.summary["timings_s"] = timings
     return run
 
@@ -269,7 +272,8 @@ def _release_freed_memory() -> None:
 
 def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig, group_filter: str | None,
                  buckets: tuple[int, int], lap: Callable[[str], None],
-                 on_arrays: Callable[[dict[str, np.ndarray]], None] | None) -> ScoreRun:
+                 on_arrays: Callable[[dict[str, np.ndarray]], None] | None,
+                 release_memory: Callable[[], None] | None = None) -> ScoreRun:
     """Packs the accepted groups (and drops their trajectories), computes the advantages, summarizes."""
     statuses, accepted, metrics, reasons = exported.statuses, exported.accepted, exported.metrics, exported.reasons
     trajectories = [t for group in accepted for t in group]
@@ -284,7 +288,8 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
     batch["group_sizes"] = np.array(group_sizes, np.int32)
     del trajectories
     accepted.clear()  # packed: the branch sequences' memory is free for the advantages
-    _release_freed_memory()
+    if release_memory is not None:
+        release_memory()
     if on_arrays is not None:
         on_arrays(batch)
     lap("pack")
@@ -444,7 +449,8 @@ def cmd_score(args) -> int:
 
         try:
             run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket,
-                            row_bucket=args.row_bucket, freeze_gc=True, on_arrays=None if args.compress else write_early,
+                            row_bucket=args.row_bucket, tune_process=args.tune_process,
+                            on_arrays=None if args.compress else write_early,
                             progress=args.progress if args.progress is not None else sys.stderr.isatty())
             start = time.perf_counter()
             write_outputs(run, staged, Path(args.plot) if args.plot else None, compress=args.compress,
@@ -527,8 +533,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, tune_process: bool = False) -> int:
+    """The command line, for in-process callers too: nothing process-wide is changed unless
+    ``tune_process`` (``entry`` passes it: the ``prm-jax`` process owns its garbage collector and heap)."""
     args = build_parser().parse_args(argv)
+    args.tune_process = tune_process
     try:
         return args.func(args)
     except CLIError as err:
@@ -574,9 +583,10 @@ def enable_compile_cache() -> None:
 
 
 def entry() -> None:
-    """The ``prm-jax`` command (``main`` without the process-wide compilation cache, for callers in Python)."""
+    """The ``prm-jax`` process: the one place that tunes the process (the persistent compilation cache, the
+    frozen garbage collector, the trimmed heap); ``main`` is the same command without them."""
     enable_compile_cache()
-    sys.exit(main())
+    sys.exit(main(tune_process=True))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ group filters, batches, metrics: a small anyio layer) and ``prm_jax.app`` (confi
 session format, the command line). Everything public is re-exported here.
 """
 
-from prm_jax.app.config_file import load_config
 from prm_jax.kernels import *  # noqa: F403  (the list below is the public surface)
 from prm_jax.kernels import __all__ as _kernel_names
 from prm_jax.runtime.arrays import chains_from_arrays, score_arrays, token_rewards_from_chains
@@ -14,6 +13,7 @@ from prm_jax.runtime.authoring import RetryError, call_with_retry
 from prm_jax.runtime.batching import bucket_width, pack_branches
 from prm_jax.runtime.blocking import BlockingRunner
 from prm_jax.runtime.config import ExperimentConfig, PRMConfig, ScorerSpec
+from prm_jax.runtime.config_file import load_config
 from prm_jax.runtime.export import ExportService, TrajectoryStore, export_group
 from prm_jax.runtime.filters import (
                                      GroupFilterResult,

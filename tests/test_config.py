@@ -109,7 +109,7 @@ def test_bools_and_floats_are_not_counts(key, value):
 
 def test_numbers_are_read_as_areal_reads_them(tmp_path):
     # Issue 20.14: `eps: 1e-5` is a string to PyYAML (YAML 1.1), a float to AReaL's OmegaConf.
-    from prm_jax.app.config_file import load_config
+    from prm_jax.runtime.config_file import load_config
     path = tmp_path / "c.yaml"
     path.write_text("actor:\n  adv_norm: {mean_level: batch, std_level: batch, eps: 1e-5}\n  kl_ctl: 2E-3\n")
     config = load_config(path)
@@ -117,7 +117,7 @@ def test_numbers_are_read_as_areal_reads_them(tmp_path):
 
 
 def test_deeply_nested_yaml_is_a_located_error(tmp_path):
-    from prm_jax.app.config_file import load_config
+    from prm_jax.runtime.config_file import load_config
     path = tmp_path / "deep.yaml"
     path.write_text("actor: " + "[" * 3000 + "]" * 3000 + "\n")
     with pytest.raises(ValueError, match=r"deep\.yaml: the YAML is nested too deeply"):

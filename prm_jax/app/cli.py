@@ -39,7 +39,6 @@ import anyio
 import jax
 import numpy as np
 
-from prm_jax.app.config_file import load_config
 from prm_jax.app.outputs import (
     OUTPUT_SET,
     WRITE_ERRNOS,
@@ -55,6 +54,7 @@ from prm_jax.kernels.pipeline import compute_advantage_variants, compute_advanta
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.runtime.batching import bucket_width, pack_branches
 from prm_jax.runtime.config import ExperimentConfig, ScorerSpec
+from prm_jax.runtime.config_file import load_config
 from prm_jax.runtime.export import ExportService
 from prm_jax.runtime.filters import (
     filter_function,

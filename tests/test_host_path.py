@@ -80,7 +80,7 @@ def _equal_records(a, b) -> None:
 
 def test_the_fast_path_builds_the_same_interactions_as_the_checked_path():
     # Issue 12: the fast path validates once per branch and builds interactions without per-turn re-checks
-    # (Interaction.checked); every field must equal what the field-by-field path builds.
+    # (Interaction.prevalidated); every field must equal what the field-by-field path builds.
     from importlib import resources
 
     from prm_jax.app.sessions import _fast_session, _slow_session

@@ -44,7 +44,7 @@ import msgspec
 import numpy as np
 
 from prm_jax.kernels.gigpo import ANCHOR_MAX, ANCHOR_MIN
-from prm_jax.runtime.trajectory import STOP_REASONS, Interaction, InteractionCache
+from prm_jax.runtime.trajectory import STOP_REASONS, Interaction, InteractionCache, concat_spans
 from prm_jax.validation import short_repr
 
 MAX_TOKEN_ID = 2**31 - 1
@@ -354,7 +354,7 @@ def _fast_interaction(item: _InteractionIn, input_tokens: np.ndarray, output_tok
     if not item.id or item.parent_id == "" or item.parent_id == item.id or item.stop_reason not in STOP_REASONS:
         raise ValueError("ids or stop reason")
     # Every rule of Interaction.__post_init__ holds by now (token ids were checked once per branch).
-    return Interaction.checked(
+    return Interaction.prevalidated(
         item.id, input_tokens, output_tokens, parent_id=item.parent_id, output_logprobs=logprobs,
         messages=tuple(item.messages or ()), output_messages=tuple(item.output_messages or ()),
         stop_reason=item.stop_reason,
@@ -370,19 +370,13 @@ def share_prefixes(cache: InteractionCache, leaves: Sequence[str]) -> None:
     """
     for leaf in leaves:
         chain = cache.chain(leaf)
+        spans = concat_spans(chain)  # the rule holds: every turn's tokens are where its span says
         last = chain[-1]
         full = np.concatenate([last.input_tokens, last.output_tokens])
-        for turn in chain:
-            start, stop = turn.input_tokens.shape[0], turn.input_tokens.shape[0] + turn.output_len
-            if stop > full.shape[0] or not (np.array_equal(full[:start], turn.input_tokens)
-                                            and np.array_equal(full[start:stop], turn.output_tokens)):
-                raise ValueError(f"interaction {turn.interaction_id!r}: its tokens are not a prefix of the branch "
-                                 f"ending at {leaf!r} (concat export)")
         full.setflags(write=False)
-        for turn in chain:
-            start = turn.input_tokens.shape[0]
+        for turn, (start, stop) in zip(chain, spans):
             turn.input_tokens = full[:start]
-            turn.output_tokens = full[start:start + turn.output_len]
+            turn.output_tokens = full[start:stop]
 
 
 def _slow_session(line: bytes, path: Path, line_no: int) -> tuple[SessionRecord, bool]:

@@ -145,10 +145,12 @@ class Interaction:
         self.output_messages = tuple(self.output_messages)
 
     @classmethod
-    def checked(cls, interaction_id: str, input_tokens: np.ndarray, output_tokens: np.ndarray, **fields: Any) -> Interaction:
-        """An interaction from fields a reader has already validated by the rules of ``__post_init__``
-        (token ids int64 arrays in range, vectors float32 of the output's length and finite, numbers finite,
-        messages tuples), e.g. once per branch with vectorized checks: no check is repeated per turn."""
+    def prevalidated(cls, interaction_id: str, input_tokens: np.ndarray, output_tokens: np.ndarray,
+                     **fields: Any) -> Interaction:
+        """An interaction built WITHOUT checks, from fields a reader has already validated by the rules of
+        ``__post_init__`` (token ids int64 arrays in range, vectors float32 of the output's length and
+        finite, numbers finite, messages tuples), e.g. once per branch with vectorized checks. (It was
+        ``checked``, a name that promised the checks it skips.)"""
         turn = object.__new__(cls)
         turn.__dict__.update(_DEFAULTS, interaction_id=interaction_id, input_tokens=input_tokens,
                              output_tokens=output_tokens, **fields)
@@ -258,8 +260,11 @@ class BranchSequence:
         return out
 
 
-def stitch(chain: Sequence[Interaction]) -> BranchSequence:
-    """Concat export of a root-to-leaf chain (see the module docstring)."""
+def concat_spans(chain: Sequence[Interaction]) -> list[tuple[int, int]]:
+    """The concat rule, checked: every turn is token-backed and every child's ``input_tokens`` start with its
+    parent's ``input_tokens + output_tokens``. Returns each turn's output span ``(start, stop)`` in the
+    branch's token sequence (the leaf's ``input_tokens + output_tokens``). The one home of the rule (the
+    JSONL reader's fast path checks the same on the raw bytes; a differential test holds it to this)."""
     if not chain:
         raise ValueError("a branch needs at least one interaction")
     for turn in chain:
@@ -272,6 +277,12 @@ def stitch(chain: Sequence[Interaction]) -> BranchSequence:
                 child.input_tokens[:prefix.shape[0]], prefix):
             raise ValueError(f"interaction {child.interaction_id!r}: input_tokens must start with its parent "
                              f"{parent.interaction_id!r}'s input_tokens + output_tokens (concat export)")
+    return [(turn.input_tokens.shape[0], turn.input_tokens.shape[0] + turn.output_len) for turn in chain]
+
+
+def stitch(chain: Sequence[Interaction]) -> BranchSequence:
+    """Concat export of a root-to-leaf chain (see the module docstring)."""
+    spans = concat_spans(chain)
     leaf = chain[-1]
     input_ids = np.concatenate([leaf.input_tokens, leaf.output_tokens])
     length = input_ids.shape[0]
@@ -280,9 +291,8 @@ def stitch(chain: Sequence[Interaction]) -> BranchSequence:
     turn_ids = np.full(length, -1, np.int32)
     has_rewards = any(turn.token_rewards is not None for turn in chain)
     token_rewards = np.zeros(length, np.float32) if has_rewards else None
-    for k, turn in enumerate(chain):
-        start = turn.input_tokens.shape[0]
-        span = slice(start, start + turn.output_len)
+    for k, (turn, (start, stop)) in enumerate(zip(chain, spans)):
+        span = slice(start, stop)
         loss_mask[span] = 1
         turn_ids[span] = k
         if turn.output_logprobs is not None:

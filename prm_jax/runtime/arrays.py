@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from prm_jax.kernels.shaping import warn_gvpo_without_penalty
+from prm_jax.runtime.runner import PRMRunner
 from prm_jax.runtime.trajectory import MAX_TOKEN_ID, Interaction
 
 
@@ -123,7 +124,7 @@ def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], tu
     return out
 
 
-async def score_arrays(runner: Any, input_ids: Any, turn_ids: Any, *, attention_mask: Any = None,
+async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = None,
                        logprobs: Any = None, rewards: Any = None,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
                        limit: int | None = 64, is_eval: bool = False) -> np.ndarray:
@@ -135,16 +136,16 @@ async def score_arrays(runner: Any, input_ids: Any, turn_ids: Any, *, attention_
     chains = chains_from_arrays(input_ids, turn_ids, attention_mask=attention_mask, logprobs=logprobs,
                                 rewards=rewards)
     scored = [b for b, chain in enumerate(chains) if chain]
+    branches = [chain for chain in chains if chain]
     if ctx is not None and not isinstance(ctx, Mapping):
         per_row = list(ctx)
         if len(per_row) != len(chains):
             raise ValueError(f"ctx must be one mapping, or one entry per row of input_ids ({len(chains)}), got "
                              f"{len(per_row)} entries")
         ctx = [per_row[b] for b in scored]
-    await runner.run_many([chains[b] for b in scored], ctx, limit=limit, is_eval=is_eval)
+    await runner.run_many(branches, ctx, limit=limit, is_eval=is_eval)
     token_rewards = token_rewards_from_chains(chains, turn_ids)
     # A jitted trainer never sees compute_advantages' eager warning: the host side says it here.
-    shaping = getattr(getattr(runner, "config", None), "advantage_shaping", None)
-    if getattr(shaping, "mode", None) == "gvpo" and scored and not (token_rewards < 0).any():
+    if runner.shaping_mode == "gvpo" and scored and not (token_rewards < 0).any():
         warn_gvpo_without_penalty(stacklevel=2)
     return token_rewards

@@ -421,6 +421,13 @@ class PRMRunner:
         return tuple(self._scorers)
 
     @property
+    def shaping_mode(self) -> str:
+        """The configured ``advantage_shaping.mode`` (what the scores will shape; ``score_arrays`` warns for
+        ``gvpo`` when no process reward is negative)."""
+        assert self.config is not None  # set by _build
+        return self.config.advantage_shaping.mode
+
+    @property
     def active(self) -> bool:
         return bool(self.config and self.config.enabled and any(s.enabled for s in self._scorers))
 

@@ -21,7 +21,7 @@ import inspect
 import logging
 import math
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -556,8 +556,9 @@ class PRMRunner:
                 raise ValueError(f"branch is not a parent-before-child chain at {child.interaction_id!r}")
         return chain
 
-    async def _call(self, scorer: BaseScorer, where: str, call: Callable[[], Awaitable[Any]]) -> Any:
-        """One scorer call under the scorer's deadline.
+    async def _call(self, scorer: BaseScorer, on: Interaction | str, call: Awaitable[Any]) -> Any:
+        """One scorer call (an awaitable not yet awaited) under the scorer's deadline; ``on`` is the turn
+        or what the call covers, for messages (formatted only on failure: this is the hot path).
 
         A ``CancelledError`` that the scorer raises itself (no cancellation was requested) is a scorer
         failure like any other, not a cancellation of the run.
@@ -565,10 +566,11 @@ class PRMRunner:
         timeout = self._timeouts.get(id(scorer))
         try:
             if timeout is None:  # no cancel scope per call where no deadline is set
-                return await call()
+                return await call
             with anyio.fail_after(timeout):
-                return await call()
+                return await call
         except (Exception, anyio.get_cancelled_exc_class()) as err:
+            where = on if isinstance(on, str) else f"interaction {on.interaction_id!r}"
             reported = _scorer_error(scorer, where, err, timeout)
             if reported is err:
                 raise
@@ -584,7 +586,7 @@ class PRMRunner:
                                    ctx: Mapping[str, Any]) -> list[Any]:
         """The whole branch in one call: a mapping of interaction id to reward (missing ids get 0.0)."""
         where = f"the branch ending at {views[-1].interaction_id!r}"
-        mapping = await self._call(scorer, where, lambda: scorer.evaluate_trajectory(tuple(views), ctx))
+        mapping = await self._call(scorer, where, scorer.evaluate_trajectory(tuple(views), ctx))
         if mapping is None:
             return [None] * len(views)
         if not isinstance(mapping, Mapping):
@@ -604,30 +606,18 @@ class PRMRunner:
         failure: list[BaseException] = []
         # A scorer that keeps BaseScorer's evaluate_result/prepare_result is awaited directly: its raw
         # result is wrapped later only if needed (two allocations fewer per turn on the hot path).
-        plain = _plain(scorer)
-        timeout = self._timeouts.get(id(scorer))
+        evaluate = scorer.evaluate if _plain(scorer) else scorer.evaluate_result
 
         async def score(i: int) -> None:
             view = views[i]
             try:
-                call = scorer.evaluate(view, ctx) if plain else scorer.evaluate_result(view, ctx)
-                if timeout is None:  # no cancel scope per call where no deadline is set
-                    outcomes[i] = await call
-                else:
-                    with anyio.fail_after(timeout):
-                        outcomes[i] = await call
+                outcomes[i] = await self._call(scorer, view, evaluate(view, ctx))
                 done[i] = True
-            except (Exception, anyio.get_cancelled_exc_class()) as err:
-                where = f"interaction {view.interaction_id!r}"
-                reported = _scorer_error(scorer, where, err, timeout)
-                if not isinstance(reported, Exception):
-                    raise  # a cancellation that was asked for
-                add_note(reported, f"raised by scorer {scorer.name!r} on {where}")
+            except Exception as err:  # (a cancellation that was asked for passes through)
+                add_note(err, f"raised by scorer {scorer.name!r} on interaction {view.interaction_id!r}")
                 if not failure:
-                    failure.append(reported)
-                if reported is err:
-                    raise  # the group cancels the other turns
-                raise reported from None
+                    failure.append(err)
+                raise  # the group cancels the other turns
 
         try:
             await _concurrently([score(i) for i in range(len(views))])

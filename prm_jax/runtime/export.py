@@ -40,6 +40,7 @@ from prm_jax._compat import ExceptionGroup, add_note
 from prm_jax.runtime.batching import pack_branches
 from prm_jax.runtime.config import ErrorPolicy, ExperimentConfig
 from prm_jax.runtime.filters import GroupFilterResult
+from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.metrics import MetricStats, branch_stats, namespace, trajectory_rewards
 from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner
 from prm_jax.runtime.scoring import PRMTurnResult
@@ -350,16 +351,12 @@ class ExportService:
     @classmethod
     async def start(cls, config: ExperimentConfig, *, clients: Sequence[Any] = ()) -> ExportService:
         service = cls(config, None, clients)
-        try:
+        async with rolled_back(service._stack, lambda: [
+                f"closing a client after the failed start-up also failed: {error!r}" for error in service._errors]):
             if config.prm.active:
                 service.runner = (await PRMRunner.create(config) if config.rollout.version == "v2"
                                   else PRMRunner(config))
                 service._stack.push_async_callback(service._close, service.runner)
-        except Exception as err:
-            await service._stack.aclose()
-            for cleanup_error in service._errors:
-                add_note(err, f"closing a client after the failed start-up also failed: {cleanup_error!r}")
-            raise
         return service
 
     async def _close(self, resource: Any) -> None:

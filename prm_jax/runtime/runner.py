@@ -30,6 +30,7 @@ import numpy as np
 from prm_jax._compat import ExceptionGroup, add_note
 from prm_jax.kernels.shaping import ShapingConfig
 from prm_jax.runtime.config import ExperimentConfig, PRMConfig, PRMSection, ScorerSpec
+from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.scoring import (
     BaseScorer,
     BaseTrajectoryScorer,
@@ -352,15 +353,10 @@ class PRMRunner:
         """Builds and validates; on failure closes the owned scorers built so far, then re-raises."""
         runner = cls.__new__(cls)
         runner._init_state()
-        try:
+        async with rolled_back(runner._owned_stack, lambda: [
+                f"cleanup of scorer {scorer.name!r} after the failed start-up also failed: {error!r}"
+                for scorer, error in runner._close_errors]):
             runner._build(_as_section(config, scorers), scorers)
-        except Exception as err:
-            errors = runner._close_errors = []
-            await runner._owned_stack.aclose()  # cancellation during the rollback propagates
-            for scorer, cleanup_error in errors:
-                add_note(err, f"cleanup of scorer {scorer.name!r} after the failed start-up also failed: "
-                              f"{cleanup_error!r}")
-            raise
         return runner
 
     async def __aenter__(self) -> PRMRunner:

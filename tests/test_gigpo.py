@@ -199,3 +199,22 @@ def test_large_anchor_ids_take_the_stable_sort_and_agree(step_group_path):
     np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-6, atol=1e-6)
     ref, *_ = reference.gigpo(rewards, mask, outcome, large, [5, 7])
     np.testing.assert_allclose(got.advantages, ref, rtol=2e-5, atol=2e-5)
+
+
+def test_step_group_counts_match_a_loop_over_step_groups():
+    # Issue 21: the report counted step groups in its own Python loop; the counts now come from the kernel's
+    # step-group sizes (exact integers), checked here against a plain count of (group, anchor) pairs.
+    from prm_jax.kernels.gigpo import step_group_counts
+    rng = np.random.default_rng(211)
+    for sizes in ([12], [1, 4, 3, 4], [5, 7]):
+        rewards, mask, anchors, outcome = random_batch(rng)
+        out = gigpo(rewards, mask, outcome, anchor_ids=anchors, group_sizes=np.array(sizes))
+        row_group = np.repeat(np.arange(len(sizes)), sizes)
+        members: dict = {}
+        for b in range(rewards.shape[0]):
+            for k in range(rewards.shape[1]):
+                if mask[b, k] and anchors[b, k] != -1:
+                    members[(row_group[b], anchors[b, k])] = members.get((row_group[b], anchors[b, k]), 0) + 1
+        counts = {key: int(value) for key, value in step_group_counts(out.step_group_sizes).items()}
+        assert counts == {"gigpo/step_groups": len(members), "gigpo/step_group_turns": sum(members.values()),
+                          "gigpo/step_groups_with_more_than_one": sum(n > 1 for n in members.values())}

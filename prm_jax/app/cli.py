@@ -320,7 +320,7 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
     if group_filter:
         summary["filter"] = {"name": group_filter, **exported.filter_counters}
     if config.actor.credit_assignment is not None:
-        summary["gigpo_step_groups"] = step_group_stats(batch)
+        summary["gigpo_step_groups"] = step_group_stats(configured.diagnostics)
     lap("summary")
     return ScoreRun(batch, outputs, configured, metrics, summary)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -41,25 +42,15 @@ def advantage_stats(output) -> dict[str, float]:
             "min": low, "max": high}
 
 
-def step_group_stats(batch: dict[str, np.ndarray]) -> dict[str, float]:
-    """GiGPO's step groups in a packed batch: how many, their mean size, the share with more than one turn.
-
-    A step group is the turns of one GRPO group with the same anchor id (without anchors: all of the
-    group's turns); only turns with generated tokens count.
-    """
-    rows = batch["loss_mask"].shape[0]
-    sizes = batch.get("group_sizes", np.array([rows]))
-    row_group = np.repeat(np.arange(len(sizes)), sizes)
-    members: dict[tuple[int, int], int] = {}
-    for b in range(rows):
-        present = set(batch["turn_ids"][b][batch["loss_mask"][b] > 0].tolist()) - {-1}
-        for k in present:
-            anchor = int(batch["anchor_ids"][b, k]) if "anchor_ids" in batch else 0
-            if anchor != -1:
-                members[(int(row_group[b]), anchor)] = members.get((int(row_group[b]), anchor), 0) + 1
-    counts = np.array(list(members.values()) or [0])
-    return {"count": len(members), "mean_size": float(counts.mean()),
-            "share_with_more_than_one": float((counts > 1).mean()) if members else 0.0}
+def step_group_stats(diagnostics: Mapping[str, Any]) -> dict[str, float]:
+    """GiGPO's step groups, from the counts ``compute_advantages`` returns with GiGPO (the kernel's own step
+    groups: the turns of one GRPO group with the same anchor id, without anchors all of the group's turns,
+    only turns with trained timesteps): how many, their mean size, the share with more than one turn."""
+    count = int(diagnostics["gigpo/step_groups"])
+    turns = int(diagnostics["gigpo/step_group_turns"])
+    more = int(diagnostics["gigpo/step_groups_with_more_than_one"])
+    return {"count": count, "mean_size": turns / count if count else 0.0,
+            "share_with_more_than_one": more / count if count else 0.0}
 
 
 def _process_rewards(run: ScoreRun) -> np.ndarray:

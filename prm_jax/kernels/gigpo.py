@@ -253,6 +253,23 @@ def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.
     return GiGPOOutput(advantages, episode, step, returns, sizes)
 
 
+def step_group_counts(step_group_sizes: jax.Array) -> dict[str, jax.Array]:
+    """Exact int32 counts of the step groups behind ``GiGPOOutput.step_group_sizes`` (``[B, K]``, each
+    anchored turn holding its group's size, 0 elsewhere): ``n_s`` turns of size ``s`` are ``n_s / s`` groups.
+
+    ``gigpo/step_groups``: how many; ``gigpo/step_group_turns``: the turns in them;
+    ``gigpo/step_groups_with_more_than_one``: those of two turns or more (a group of one gives no step
+    advantage). ``compute_advantages`` with GiGPO returns them in its diagnostics."""
+    sizes = step_group_sizes.ravel()
+    turns_of_size = jnp.bincount(sizes, length=sizes.shape[0] + 1).astype(jnp.int32)  # n_s for s = 0..N
+    size = jnp.arange(sizes.shape[0] + 1, dtype=jnp.int32)
+    groups_of_size = turns_of_size // jnp.maximum(size, 1)
+    anchored = size > 0
+    return {"gigpo/step_groups": jnp.sum(jnp.where(anchored, groups_of_size, 0)),
+            "gigpo/step_group_turns": jnp.sum(jnp.where(anchored, turns_of_size, 0)),
+            "gigpo/step_groups_with_more_than_one": jnp.sum(jnp.where(size > 1, groups_of_size, 0))}
+
+
 def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayLike, *,
           anchor_ids: ArrayLike | None = None, group_sizes: ArrayLike | None = None,
           config: GiGPOConfig = GiGPOConfig()) -> GiGPOOutput:

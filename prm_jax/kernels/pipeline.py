@@ -53,7 +53,7 @@ from prm_jax.kernels.gae import (
     turn_segments,
     turn_sums,
 )
-from prm_jax.kernels.gigpo import GiGPOConfig, gigpo_core, host_anchor_ids
+from prm_jax.kernels.gigpo import GiGPOConfig, gigpo_core, host_anchor_ids, step_group_counts
 from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator, kl_rewards
 from prm_jax.kernels.lambda_fn import GAELambdaContext
 from prm_jax.kernels.normalization import (
@@ -421,8 +421,9 @@ def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timestep
 
 def _gigpo_advantages(batch: Mapping[str, jax.Array], outcome: jax.Array, process: jax.Array | None,
                       steps: Timesteps, real_rows: jax.Array, config: AdvantageConfig,
-                      groups: GroupLayout | None, checks: list) -> jax.Array:
-    """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps.
+                      groups: GroupLayout | None, checks: list) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps, and the step
+    groups' counts (``step_group_counts``) for the diagnostics.
 
     Step rewards are ``batch['turn_rewards'] [B, K]`` when given, else the sum of each turn's process
     rewards; anchors are ``batch['anchor_ids'] [B, K]`` (none: one step group per GRPO group).
@@ -443,9 +444,11 @@ def _gigpo_advantages(batch: Mapping[str, jax.Array], outcome: jax.Array, proces
     row_group, num_groups = ((groups.row_group, groups.num_groups) if groups is not None
                              else (jnp.zeros(outcome.shape, jnp.int32), 1))
     per_turn = gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups,
-                          config.credit_assignment, real_rows).advantages
+                          config.credit_assignment, real_rows)
     safe = jnp.clip(steps.turn_ids, 0, num_turns - 1)
-    return jnp.where(in_turn, jnp.take_along_axis(per_turn, safe, axis=1), jnp.zeros((), outcome.dtype))
+    advantages = jnp.where(in_turn, jnp.take_along_axis(per_turn.advantages, safe, axis=1),
+                           jnp.zeros((), outcome.dtype))
+    return advantages, step_group_counts(per_turn.step_group_sizes)
 
 
 def _advantages_and_returns(task: jax.Array, kl: jax.Array, steps: Timesteps, bootstrap: jax.Array,
@@ -497,8 +500,11 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: G
     bootstrap = jnp.where(truncated, last_value, jnp.zeros((), dtype))
     checks += _finite_inputs_checks(batch, steps, last_value, truncated, dtype)
     lam = _gae_lambda(batch, steps, config, dtype, checks)
+    step_groups: dict[str, jax.Array] = {}
     if config.credit_assignment is not None:                                                 # 6-7 GiGPO
-        advantages = _gigpo_advantages(batch, outcome, process, steps, seqlen > 0, config, grpo_groups, checks) + kl
+        advantages, step_groups = _gigpo_advantages(batch, outcome, process, steps, seqlen > 0, config, grpo_groups,
+                                                     checks)
+        advantages = advantages + kl
         returns = advantages + steps.values
     else:
         advantages, returns = _advantages_and_returns(task, kl, steps, bootstrap, lam, config, method)  # 6-7
@@ -511,7 +517,8 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: G
         advantages = shape_core(advantages, process, steps.active, config.advantage_shaping)
     output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=task + kl,
                              loss_mask=steps.active.astype(dtype), logprobs=steps.logprobs,
-                             diagnostics=_diagnostics(advantages, unshaped, process, steps.active, grpo_groups, config))
+                             diagnostics={**_diagnostics(advantages, unshaped, process, steps.active, grpo_groups,
+                                                         config), **step_groups})
     # The same normalized advantages under other shapings (one GAE for all), each with its range check.
     extras = tuple((shape_core(unshaped, process, steps.active, shaping),
                     process_range_check(process, steps.active).count > 0 if shaping.mode == "process_weighted"

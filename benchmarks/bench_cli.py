@@ -62,7 +62,7 @@ def main() -> int:
     print(f"read + validate: {read:.2f} s = {size / read / 1e6:.0f} MB/s; ratio to pure decode "
           f"{read / decode:.2f} (target: >= 150 MB/s or <= 3x pure decode)")
 
-    from prm_jax.kernels import native
+    from prm_jax.native import ffi as native
 
     # A one-time set-up, like installing: the native CPU kernel is compiled on a machine's first run (a few
     # seconds), then loaded; it is built here so that no timed run pays for it.

@@ -289,7 +289,7 @@ async def test_an_outer_cancellation_still_cancels():
 def test_the_native_build_is_published_only_when_finished_and_built_once(tmp_path):
     script = textwrap.dedent("""
         import sys, threading
-        from prm_jax.kernels import native
+        from prm_jax.native import ffi as native
         answers = []
         threads = [threading.Thread(target=lambda: answers.append(native.available())) for _ in range(4)]
         for t in threads: t.start()
@@ -312,7 +312,7 @@ def test_the_native_build_key_does_not_depend_on_where_the_sources_are(tmp_path)
     # Issue 12: the key hashed the absolute compile command, so two checkouts (or an install and a checkout)
     # of one version removed each other's build as stale and rebuilt it, ~4 s, whenever they alternated:
     # the "8-10 s outliers" of bench_cli after a CI run in a clean clone.
-    from prm_jax.kernels import native
+    from prm_jax.native import build as native
 
     copies = []
     for folder in ("a", "b/deeper"):

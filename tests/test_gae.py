@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prm_jax
-from prm_jax.kernels import native
+from prm_jax.native import ffi as native
 
 # The module, not the function that prm_jax.kernels re-exports under the same name.
 gae_module = importlib.import_module("prm_jax.kernels.gae")
@@ -227,7 +227,7 @@ def test_native_kernel_builds_where_a_compiler_exists():
 
 
 def test_without_the_native_kernel_auto_falls_back_to_scan():
-    code = ("import importlib, prm_jax, numpy as np; from prm_jax.kernels import native; "
+    code = ("import importlib, prm_jax, numpy as np; from prm_jax.native import ffi as native; "
             "gae = importlib.import_module('prm_jax.kernels.gae'); "
             "assert not native.available(); assert gae.resolve_method('auto', unit_discount=False) == 'scan'; "
             "out = prm_jax.gae(np.ones((2, 5), np.float32), None, np.ones((2, 5)), method='auto'); "

@@ -8,8 +8,8 @@ import pytest
 import reference
 from batches import compile_log
 
-from prm_jax.kernels import native
 from prm_jax.kernels.gigpo import GiGPOConfig, dense_anchor_ids, gigpo
+from prm_jax.native import ffi as native
 
 CONFIGS = [
     dict(),

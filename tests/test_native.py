@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prm_jax.kernels import native
+from prm_jax.native import build, ffi
 
 COMPILER = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler: the native kernels are not built")
@@ -21,7 +21,7 @@ def built(tmp_path_factory):
     cache = tmp_path_factory.mktemp("native")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PRM_JAX_CACHE", str(cache))
-        assert native.verified(native._build(COMPILER))
+        assert build.verified(build.build_library(COMPILER))
     return cache
 
 
@@ -37,44 +37,44 @@ def cache(built, tmp_path, monkeypatch):
 @pytest.fixture
 def damaged_cache(cache):
     """A cache holding a built library, then truncated to half its size (as a crash or a full disk leaves it)."""
-    library = native._build(COMPILER)  # found, verified: not built again
-    assert native.verified(library)
+    library = build.build_library(COMPILER)  # found, verified: not built again
+    assert build.verified(library)
     whole = library.read_bytes()
     library.write_bytes(whole[: len(whole) // 2])
-    assert not native.verified(library)
+    assert not build.verified(library)
     return cache, library, whole
 
 
 def test_a_damaged_library_is_rebuilt(damaged_cache, caplog):
     _, library, whole = damaged_cache
-    with caplog.at_level("WARNING", logger=native.__name__):
-        rebuilt = native._build(COMPILER)
-    assert rebuilt == library and native.verified(library) and len(library.read_bytes()) == len(whole)
+    with caplog.at_level("WARNING", logger="prm_jax.native"):
+        rebuilt = build.build_library(COMPILER)
+    assert rebuilt == library and build.verified(library) and len(library.read_bytes()) == len(whole)
     assert "does not match its recorded size and hash" in caplog.text
 
 
 def test_a_damaged_library_that_cannot_be_rebuilt_is_skipped_with_a_warning(damaged_cache, monkeypatch, caplog):
     _, library, _ = damaged_cache
-    real_run = native.subprocess.run
+    real_run = build.subprocess.run
 
     def failing_compile(command, *args, **kwargs):
         if "-o" in command:  # the build itself (the compiler's --version still answers)
             raise subprocess.CalledProcessError(1, command, stderr="the compiler failed")
         return real_run(command, *args, **kwargs)
-    monkeypatch.setattr(native.subprocess, "run", failing_compile)
+    monkeypatch.setattr(build.subprocess, "run", failing_compile)
     monkeypatch.setenv("CXX", COMPILER)
-    with caplog.at_level("INFO", logger=native.__name__):
-        assert native._load() is False  # before: the truncated file was loaded (SIGBUS, exit 135)
+    with caplog.at_level("INFO", logger="prm_jax.native"):
+        assert ffi._load() is False  # before: the truncated file was loaded (SIGBUS, exit 135)
     assert "does not match its recorded size and hash" in caplog.text
     assert "building the native CPU kernels failed" in caplog.text and "the compiler failed" in caplog.text
     assert not library.exists()  # the damaged file is gone: a later run with a compiler rebuilds it
 
 
 def test_a_library_without_a_record_is_not_loaded(cache):
-    library = native._build(COMPILER)
-    native._record(library).unlink()
-    assert not native.verified(library)
-    assert native._build(COMPILER) == library and native.verified(library)
+    library = build.build_library(COMPILER)
+    build._record(library).unlink()
+    assert not build.verified(library)
+    assert build.build_library(COMPILER) == library and build.verified(library)
 
 
 def test_collecting_the_suite_builds_nothing(tmp_path):
@@ -85,4 +85,4 @@ def test_collecting_the_suite_builds_nothing(tmp_path):
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert " tests collected" in proc.stdout or "tests collected" in proc.stdout
-    assert not list((tmp_path / "cache").glob(f"{native.LIBRARY_PREFIX}*"))
+    assert not list((tmp_path / "cache").glob(f"{build.LIBRARY_PREFIX}*"))

@@ -11,7 +11,7 @@ from batches import compile_log, make_batch
 
 import prm_jax
 from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages
-from prm_jax.kernels import native
+from prm_jax.native import ffi as native
 
 PIPELINE_METHODS = ["scan", "associative", "blocked", "native"]  # native skipped at run time where it does not build
 

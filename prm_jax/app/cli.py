@@ -49,9 +49,9 @@ from prm_jax.app.outputs import (
 )
 from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table, step_group_stats
 from prm_jax.app.sessions import InputError, read_sessions
-from prm_jax.kernels import native
 from prm_jax.kernels.pipeline import compute_advantage_variants, compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES
+from prm_jax.native.build import cache_dir
 from prm_jax.runtime.batching import bucket_width, pack_branches
 from prm_jax.runtime.config import ExperimentConfig, ScorerSpec
 from prm_jax.runtime.config_file import load_config
@@ -572,7 +572,7 @@ def enable_compile_cache() -> None:
         return
     try:
         if not getattr(jax.config, "jax_compilation_cache_dir", None):
-            cache = native.cache_dir()
+            cache = cache_dir()
             if cache is None:
                 return
             jax.config.update("jax_compilation_cache_dir", str(cache / "xla"))

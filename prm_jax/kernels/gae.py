@@ -24,7 +24,7 @@ generated tokens only. The recurrence is linear, ``A_t = c_t A_{t+1} + delta_t``
   a scan over block carries and a fix-up pass (a chunked scan: few, wide steps).
 - ``cumsum``: when ``gamma * lam == 1`` is known before tracing, ``c_t == 1`` and ``A`` is a reverse
   cumulative sum of ``delta``: exact, no products.
-- ``native``: the literal recurrence as a C++ XLA FFI kernel on the CPU (``prm_jax.kernels.native``),
+- ``native``: the literal recurrence as a C++ XLA FFI kernel on the CPU (``prm_jax.native``),
   built on first use where a C++ compiler exists; float32 only, not differentiable.
 - ``auto``: on CPU ``native`` when it is available and the process has one device, else ``scan``; on
   GPU/TPU ``cumsum`` when ``gamma * lam == 1`` is static, else ``associative``.
@@ -45,8 +45,9 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from prm_jax.kernels import _checks, native
+from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
+from prm_jax.native import ffi
 
 GAEMethod = Literal["auto", "scan", "associative", "blocked", "cumsum", "native"]
 GAE_METHODS: tuple[GAEMethod, ...] = ("auto", "scan", "associative", "blocked", "cumsum", "native")
@@ -70,17 +71,16 @@ def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: boo
     if method == "cumsum" and not unit_discount:
         raise ValueError("method='cumsum' needs gamma * lam == 1 known before tracing (Python floats); "
                          "use 'auto', 'scan', 'associative' or 'blocked' otherwise")
-    if method == "native" and not native.available():
+    if method == "native" and not ffi.available():
         raise ValueError("method='native' needs the CPU backend and a C++ compiler to build the kernel "
-                         "(see prm_jax.kernels.native); use 'auto' to fall back to 'scan'")
+                         "(see prm_jax.native); use 'auto' to fall back to 'scan'")
     if method == "native" and sharded:
         raise ValueError("method='native' cannot run in a sharded program (a custom call has no partitioning "
                          "rule); use 'auto' or 'scan'")
     if method != "auto":
         return method
     if jax.default_backend() == "cpu":
-        single = not sharded and jax.device_count() == 1
-        return "native" if single and native.available() else "scan"
+        return "native" if ffi.use_native(sharded=sharded) else "scan"
     return "cumsum" if unit_discount else "associative"
 
 
@@ -201,7 +201,7 @@ def _blocked_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.Array, 
 @jax.custom_vjp
 def _native_gae(rewards, values, active, gamma, gamma_lam, bootstrap):
     """The native kernel, differentiable: its cotangents are those of the same recurrence as ``scan``."""
-    return native.gae_native(rewards, values, active, gamma, gamma_lam, bootstrap)
+    return ffi.gae_native(rewards, values, active, gamma, gamma_lam, bootstrap)
 
 
 def _native_gae_fwd(rewards, values, active, gamma, gamma_lam, bootstrap):

@@ -42,8 +42,9 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from prm_jax.kernels import _checks, native
+from prm_jax.kernels import _checks
 from prm_jax.kernels.normalization import NormConfig, group_layout, group_sizes_check
+from prm_jax.native import ffi
 from prm_jax.validation import ConfigError, finite_number, short_repr
 
 GiGPONorm = Literal["mean_norm", "mean_std_norm"]
@@ -201,8 +202,8 @@ def _step_advantages(returns: jax.Array, anchored: jax.Array, anchors: jax.Array
     flat_group = jnp.broadcast_to(row_group[:, None], anchors.shape).ravel()
     flat_anchor = jnp.where(anchored, anchors, -1).ravel()
     values = returns.ravel()
-    if native.available():
-        step, sizes = _step_stats(values, flat_anchor < 0, native.step_groups(flat_group, flat_anchor), config)
+    if ffi.use_native(sharded=False):  # the policy GAE's auto follows too (one device, the CPU, a build)
+        step, sizes = _step_stats(values, flat_anchor < 0, ffi.step_groups(flat_group, flat_anchor), config)
     else:
         order = _pair_order(flat_group, flat_anchor)
         key_group, key_anchor, free = flat_group[order], flat_anchor[order], flat_anchor[order] < 0

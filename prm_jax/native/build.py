@@ -1,45 +1,30 @@
-"""The native CPU kernels: small C++ XLA FFI custom calls, built on first use.
+"""Building the native CPU kernels: compile, cache, lock, verify (the only code that runs a compiler).
 
-XLA:CPU runs a ``lax.scan`` step in tens of nanoseconds and transposes ``[B, T]`` slowly, so a sequential
-recurrence is far from memory speed there. ``native/gae_cpu.cc`` runs the same recurrence as the ``scan``
-method directly over the row-major buffers. XLA:CPU also sorts slowly (~1 ms for 32k keys), so
-``native/step_groups_cpu.cc`` finds GiGPO's step groups with one hash-table pass instead of a sort. Both
-are compiled into one library once per machine with the system C++ compiler into a cache directory
-(``$PRM_JAX_CACHE``, default ``~/.cache/prm_jax``) and loaded with ``ctypes``. The build is synced to disk
-with its size and SHA-256 recorded beside it, and verified before every load: a damaged file (a crash or a
-full disk while it was written) is rebuilt, or, when that fails, skipped with a warning.
-
-Availability is checked, never assumed: with no compiler, a failed build, another backend than CPU, or
-``PRM_JAX_NATIVE=0``, ``available()`` is False and callers fall back (GAE's ``auto`` to ``scan``, GiGPO to
-its sort). The GAE kernel takes float32 only; ``prm_jax.kernels.gae`` gives it a derivative.
+The C++ sources beside this file (``gae_cpu.cc``, ``step_groups_cpu.cc``) are compiled into one library
+once per machine with the system C++ compiler into a cache directory (``$PRM_JAX_CACHE``, default
+``~/.cache/prm_jax``). The build is keyed on the sources' text, the flags, the compiler and JAX (not on the
+folder the sources are in), synced to disk with its size and SHA-256 recorded beside it, and verified before
+every load: a damaged file (a crash or a full disk while it was written) is rebuilt. Concurrent processes
+wait on a file lock, then find the finished library.
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
-logger = logging.getLogger(__name__)
-TARGET = "prm_jax_gae_f32"
-STEP_GROUPS_TARGET = "prm_jax_step_groups"
-SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("gae_cpu.cc", "step_groups_cpu.cc"))
+logger = logging.getLogger("prm_jax.native")
+SOURCES = tuple(Path(__file__).parent / name for name in ("gae_cpu.cc", "step_groups_cpu.cc"))
 LIBRARY_PREFIX = "prm_jax_cpu_"
-
-_lock = threading.Lock()
-_state: dict[str, object] = {}
 
 
 def cache_dir() -> Path | None:
@@ -121,7 +106,7 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def _build(compiler: str) -> Path:
+def build_library(compiler: str) -> Path:
     """The library for this build key: a verified cached one, else built now (a damaged one is rebuilt)."""
     cache = cache_dir()
     if cache is None:
@@ -172,62 +157,3 @@ def _lock_file(handle) -> None:
     except ImportError:  # no POSIX locks (Windows): the atomic rename still keeps the library whole
         return
     fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-
-
-def available() -> bool:
-    """Whether the native kernel is built and registered (building it on the first call).
-
-    Thread-safe: a caller that arrives during the build waits for it; only the finished answer is
-    published.
-    """
-    if "ok" in _state:
-        return bool(_state["ok"])
-    with _lock:
-        if "ok" not in _state:
-            _state["ok"] = _load()
-        return bool(_state["ok"])
-
-
-def _load() -> bool:
-    if os.environ.get("PRM_JAX_NATIVE", "1") == "0" or jax.default_backend() != "cpu":
-        return False
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if not compiler:
-        logger.info("no C++ compiler found: the native CPU kernels are off: GAE's 'auto' uses 'scan', GiGPO sorts")
-        return False
-    try:
-        library = ctypes.cdll.LoadLibrary(str(_build(compiler)))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32), platform="cpu")
-        jax.ffi.register_ffi_target(STEP_GROUPS_TARGET, jax.ffi.pycapsule(library.PrmJaxStepGroups), platform="cpu")
-    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
-        detail = getattr(err, "stderr", "") or err
-        logger.warning("building the native CPU kernels failed: GAE's 'auto' uses 'scan', GiGPO sorts: %s", detail)
-        return False
-    return True
-
-
-def gae_native(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: jax.Array, gamma_lam: jax.Array,
-               bootstrap: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(advantages, returns)`` from the native kernel.
-
-    float32 ``[..., T]`` inputs; ``gamma``, ``gamma_lam`` and ``bootstrap`` are ``[...]``.
-    """
-    if not available():
-        raise RuntimeError("the native CPU GAE kernel is not available (see prm_jax.kernels.native)")
-    f32 = jnp.float32
-    rows = rewards.shape[:-1]
-    out = jax.ShapeDtypeStruct(rewards.shape, f32)
-    call = jax.ffi.ffi_call(TARGET, (out, out), vmap_method="broadcast_all")
-    advantages, returns = call(rewards.astype(f32), values.astype(f32), active,
-                               jnp.broadcast_to(gamma, rows).astype(f32), gamma_lam.astype(f32), bootstrap.astype(f32))
-    return advantages, returns
-
-
-def step_groups(group: jax.Array, anchor: jax.Array) -> jax.Array:
-    """Step-group ids ``[..., N]`` int32: the index of the first entry with the same ``(group, anchor)``; an
-    entry with ``anchor < 0`` is its own group. int32 ``[..., N]`` inputs."""
-    if not available():
-        raise RuntimeError("the native CPU kernels are not available (see prm_jax.kernels.native)")
-    call = jax.ffi.ffi_call(STEP_GROUPS_TARGET, jax.ShapeDtypeStruct(group.shape, jnp.int32),
-                            vmap_method="broadcast_all")
-    return call(group.astype(jnp.int32), anchor.astype(jnp.int32))

@@ -49,7 +49,7 @@ from prm_jax.app.outputs import (
 )
 from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table, step_group_stats
 from prm_jax.app.sessions import InputError, read_sessions
-from prm_jax.kernels.pipeline import compute_advantage_variants, compute_advantages
+from prm_jax.kernels.advantages import compute_advantage_variants, compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.native.build import cache_dir
 from prm_jax.runtime.batching import bucket_width, pack_branches

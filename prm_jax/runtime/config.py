@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
-from prm_jax.kernels.pipeline import AdvantageConfig
+from prm_jax.kernels.advantages import AdvantageConfig
 from prm_jax.kernels.shaping import ShapingConfig
 from prm_jax.validation import ConfigError, finite_number, from_mapping, scorer_weight, short_repr
 

@@ -362,7 +362,7 @@ def test_grad_through_compute_advantages_matches_scan(method):
 
 def test_shaping_variants_share_one_gae_and_equal_separate_runs():
     # Issue 12: the CLI's five advantage passes become one GAE shaped four ways.
-    from prm_jax.kernels.pipeline import compute_advantage_variants
+    from prm_jax.kernels.advantages import compute_advantage_variants
     rng = np.random.default_rng(120)
     batch = make_batch(rng, rows=6, width=32, unit_interval=True)
     config = AdvantageConfig(discount=0.95, gae_lambda=0.9, adv_norm=NormConfig())

@@ -23,7 +23,7 @@ from prm_jax.runtime.filters import (
                                      group_filter_flags,
 )
 from prm_jax.runtime.metrics import InMemoryRecorder, MetricRecorder, MetricStats, branch_stats, reduce_workers
-from prm_jax.runtime.runner import PRMRunner, resolve_scorer_class
+from prm_jax.runtime.runner import PRMRunner
 from prm_jax.runtime.scoring import (
                                      BaseScorer,
                                      BaseTrajectoryScorer,
@@ -31,6 +31,7 @@ from prm_jax.runtime.scoring import (
                                      PRMScorerResult,
                                      PRMTurnResult,
 )
+from prm_jax.runtime.specs import resolve_scorer_class
 from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache, stitch
 
 __version__ = "0.1.0"

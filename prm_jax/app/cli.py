@@ -62,7 +62,8 @@ from prm_jax.runtime.filters import (
     filter_mixed_or_penalized_all_wrong_mask_no_eos,
 )
 from prm_jax.runtime.metrics import InMemoryRecorder
-from prm_jax.runtime.runner import BUILDING_NOTE, check_scorer_specs
+from prm_jax.runtime.runner import BUILDING_NOTE
+from prm_jax.runtime.specs import check_scorer_specs
 
 FILTERS: dict[str, Callable] = {
     "filter_function": filter_function,

@@ -139,7 +139,7 @@ def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float, l
     methods = ("auto", "scan", "associative", "blocked") + (("cumsum",) if gamma * lam == 1.0 else ())
     methods += ("native",) if native.available() else ()
     for method in methods:
-        candidates[method] = lambda method=method: prm_jax.gae(r, v, m, gamma=gamma, lam=lam, method=method)
+        candidates[method] = lambda method=method: prm_jax.kernels.gae(r, v, m, gamma=gamma, lam=lam, method=method)
     out.update(interleaved_medians(candidates, repeats))
     out["bytes_copy"] = 2 * bytes_per_step((rewards, values, mask))
     out["elements"] = rows * width

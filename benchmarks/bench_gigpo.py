@@ -3,7 +3,7 @@
 
   python benchmarks/bench_gigpo.py [--rows 1024] [--turns 32] [--width 4096] [--group 8] [--repeats 10]
 
-Prints, from one run: the per-turn GiGPO kernel (``prm_jax.gigpo``) against a dict-and-loop implementation
+Prints, from one run: the per-turn GiGPO kernel (``prm_jax.kernels.gigpo``) against a dict-and-loop implementation
 written the way verl-agent's reads (target: >= 100x faster), and ``compute_advantages`` with
 ``credit_assignment: gigpo`` against plain ``compute_advantages`` (GAE) on the same [B, T] batch (target:
 within 2x).
@@ -55,7 +55,7 @@ def main() -> None:
     mask = np.ones((args.rows, args.turns), bool)
     kernel_inputs = jax.device_put((batch["turn_rewards"], mask, batch["rewards"]))
     anchors, sizes = jax.device_put((batch["anchor_ids"], batch["group_sizes"]))
-    kernel = median_seconds(lambda: prm_jax.gigpo(*kernel_inputs, anchor_ids=anchors, group_sizes=sizes).advantages,
+    kernel = median_seconds(lambda: prm_jax.kernels.gigpo(*kernel_inputs, anchor_ids=anchors, group_sizes=sizes).advantages,
                     args.repeats)
     loop = median_seconds(lambda: reference.gigpo(batch["turn_rewards"], mask, batch["rewards"], batch["anchor_ids"],
                                                   batch["group_sizes"].tolist()), args.loop_repeats)

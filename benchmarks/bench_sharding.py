@@ -48,10 +48,10 @@ def measure(devices: int, rows: int, width: int, sp_width: int, repeats: int) ->
         spec = NamedSharding(seq_mesh, P(None, "seq"))
         r, v, m = (jax.device_put(x, spec) for x in (r, v, m))
         out["sequence_parallel_gae_ms"] = 1e3 * _median(
-            lambda: prm_jax.sequence_parallel_gae(r, v, m, mesh=seq_mesh, gamma=0.99, lam=0.95), repeats)
+            lambda: prm_jax.kernels.sequence_parallel_gae(r, v, m, mesh=seq_mesh, gamma=0.99, lam=0.95), repeats)
         local = jax.device_put(np.asarray(r), jax.devices()[0]), jax.device_put(np.asarray(v), jax.devices()[0]), \
             jax.device_put(np.asarray(m), jax.devices()[0])
-        out["unsharded_gae_ms"] = 1e3 * _median(lambda: prm_jax.gae(*local, gamma=0.99, lam=0.95), repeats)
+        out["unsharded_gae_ms"] = 1e3 * _median(lambda: prm_jax.kernels.gae(*local, gamma=0.99, lam=0.95), repeats)
     return out
 
 

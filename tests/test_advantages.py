@@ -132,7 +132,7 @@ def test_shaping_never_changes_returns_or_tot_rewards():
     rng = np.random.default_rng(34)
     batch = make_batch(rng, rows=6, width=32, unit_interval=True)
     outs = [compute_advantages(batch, AdvantageConfig(advantage_shaping=ShapingConfig(mode)))
-            for mode in prm_jax.SHAPING_MODES]
+            for mode in prm_jax.kernels.SHAPING_MODES]
     without = compute_advantages({k: v for k, v in batch.items() if k != "token_rewards"}, AdvantageConfig())
     for out in outs:
         np.testing.assert_array_equal(out.returns, without.returns)

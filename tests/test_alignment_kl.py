@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import reference
 
-from prm_jax import broadcast_turn_rewards, kl_estimate, kl_rewards, shift_to_next_token
+from prm_jax.kernels import broadcast_turn_rewards, kl_estimate, kl_rewards, shift_to_next_token
 
 
 @pytest.mark.parametrize("fill", [0, -1, 7])

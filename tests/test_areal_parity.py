@@ -15,8 +15,8 @@ import yaml
 from batches import make_batch
 
 import prm_jax
-from prm_jax import AdvantageConfig, NormConfig, compute_advantages, normalize
-from prm_jax.kernels import lambda_fn
+from prm_jax import AdvantageConfig, NormConfig, compute_advantages
+from prm_jax.kernels import lambda_fn, normalize
 
 LOO = NormConfig("batch", "batch", mean_leave1out=True)
 
@@ -156,7 +156,7 @@ def kl_batch():
 def test_reference_log_probs_are_on_timesteps():
     batch = kl_batch()
     # The reference model's output for the same policy: on timesteps, i.e. the shifted behaviour log-probs.
-    batch["ref_logprobs"] = np.asarray(prm_jax.shift_to_next_token(batch["logprobs"]))
+    batch["ref_logprobs"] = np.asarray(prm_jax.kernels.shift_to_next_token(batch["logprobs"]))
     out = compute_advantages(batch, AdvantageConfig(kl_ctl=0.1))
     np.testing.assert_array_equal(out.kl_rewards, 0.0)  # before: a KL one step off, nonzero
 

@@ -5,7 +5,8 @@ import anyio
 import numpy as np
 import pytest
 
-from prm_jax import PRMRunner, score_arrays, turn_ids_from_spans
+from prm_jax import PRMRunner, score_arrays
+from prm_jax.kernels import turn_ids_from_spans
 from prm_jax.runtime.arrays import chains_from_arrays
 
 

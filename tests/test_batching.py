@@ -3,7 +3,8 @@ import jax
 import numpy as np
 import pytest
 
-from prm_jax import AdvantageConfig, Interaction, InteractionCache, bucket_width, compute_advantages, pack_branches
+from prm_jax import AdvantageConfig, Interaction, InteractionCache, compute_advantages, pack_branches
+from prm_jax.runtime import bucket_width
 
 
 def sequences():

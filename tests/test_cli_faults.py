@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prm_jax import AdvantageConfig, NormConfig, compute_advantages, normalize
+from prm_jax import AdvantageConfig, NormConfig, compute_advantages
 from prm_jax.app import cli, outputs
+from prm_jax.kernels import normalize
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

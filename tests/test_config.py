@@ -11,14 +11,13 @@ from prm_jax import (
     ExperimentConfig,
     Interaction,
     InteractionCache,
-    PRMConfig,
     PRMRunner,
-    ScorerSpec,
     ShapingConfig,
     compute_advantages,
     load_config,
     pack_branches,
 )
+from prm_jax.runtime import PRMConfig, ScorerSpec
 from prm_jax.scorers import LengthBudgetScorer
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "prm_config.yaml"

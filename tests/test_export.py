@@ -5,16 +5,10 @@ import numpy as np
 import pytest
 import scorers_for_tests as st
 
-from prm_jax import (
-    BaseScorer,
-    ExperimentConfig,
-    Interaction,
-    PRMConfig,
-    PRMRunner,
-    filter_mixed_or_penalized_all_wrong,
-    pack_branches,
-)
+from prm_jax import BaseScorer, ExperimentConfig, Interaction, PRMRunner, pack_branches
 from prm_jax._compat import ExceptionGroup
+from prm_jax.filters import filter_mixed_or_penalized_all_wrong
+from prm_jax.runtime import PRMConfig
 from prm_jax.runtime.export import HITL_SESSION, ExportService, TrajectoryStore, export_group, group_normalize
 
 pytestmark = pytest.mark.anyio

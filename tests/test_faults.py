@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import scorers_for_tests as st
 
-from prm_jax import BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMConfig, PRMRunner, ScorerSpec
+from prm_jax import BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMRunner
+from prm_jax.runtime import PRMConfig, ScorerSpec
 from prm_jax.runtime.export import TrajectoryStore, export_group
 
 pytestmark = pytest.mark.anyio

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import reference as ref
 
-from prm_jax import (
+from prm_jax.filters import (
     filter_function,
     filter_mixed_or_penalized_all_wrong,
     filter_mixed_or_penalized_all_wrong_mask_no_eos,

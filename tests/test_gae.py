@@ -51,7 +51,7 @@ def needs_native():
 def test_gae_matches_float64_loop(method, gamma, lam, rows, width):
     rng = np.random.default_rng(rows * 1000 + width)
     rewards, values, mask, bootstrap = timestep_inputs(rng, rows, width)
-    out = prm_jax.gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=bootstrap, method=method,
+    out = prm_jax.kernels.gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=bootstrap, method=method,
                       block_size=8)
     want_adv, want_ret = reference.gae(rewards, values, mask, gamma, lam, bootstrap)
     np.testing.assert_allclose(out.advantages, want_adv, rtol=2e-5, atol=2e-5)
@@ -63,7 +63,7 @@ def test_gae_matches_float64_loop(method, gamma, lam, rows, width):
 def test_unit_discount_paths_match_loop(method):
     rng = np.random.default_rng(7)
     rewards, values, mask, bootstrap = timestep_inputs(rng, 4, 300)
-    out = prm_jax.gae(rewards, values, mask, gamma=1.0, lam=1.0, bootstrap=bootstrap, method=method)
+    out = prm_jax.kernels.gae(rewards, values, mask, gamma=1.0, lam=1.0, bootstrap=bootstrap, method=method)
     want_adv, _ = reference.gae(rewards, values, mask, 1.0, 1.0, bootstrap)
     np.testing.assert_allclose(out.advantages, want_adv, rtol=1e-5, atol=5e-5)
 
@@ -71,7 +71,7 @@ def test_unit_discount_paths_match_loop(method):
 def test_cumsum_needs_static_unit_discount():
     rewards, values, mask, _ = timestep_inputs(np.random.default_rng(0), 2, 5)
     with pytest.raises(ValueError, match="gamma \\* lam == 1"):
-        prm_jax.gae(rewards, values, mask, gamma=0.99, lam=1.0, method="cumsum")
+        prm_jax.kernels.gae(rewards, values, mask, gamma=0.99, lam=1.0, method="cumsum")
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -79,7 +79,7 @@ def test_per_row_lambda(method):
     rng = np.random.default_rng(3)
     rewards, values, mask, bootstrap = timestep_inputs(rng, 4, 40)
     lam = np.array([0.0, 0.5, 0.95, 1.0], np.float32)
-    out = prm_jax.gae(rewards, values, mask, gamma=0.97, lam=lam, bootstrap=bootstrap, method=method, block_size=7)
+    out = prm_jax.kernels.gae(rewards, values, mask, gamma=0.97, lam=lam, bootstrap=bootstrap, method=method, block_size=7)
     want, _ = reference.gae(rewards, values, mask, 0.97, lam, bootstrap)
     np.testing.assert_allclose(out.advantages, want, rtol=2e-5, atol=2e-5)
 
@@ -89,7 +89,7 @@ def test_per_row_lambda(method):
        gamma=st.floats(0, 1), lam=st.floats(0, 1))
 def test_all_methods_agree(seed, width, block, gamma, lam):
     rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(seed), 3, width)
-    outs = [prm_jax.gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=bootstrap, method=m,
+    outs = [prm_jax.kernels.gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=bootstrap, method=m,
                         block_size=block).advantages for m in built(METHODS)]
     for other in outs[1:]:
         np.testing.assert_allclose(other, outs[0], rtol=3e-5, atol=3e-5)
@@ -99,10 +99,10 @@ def test_all_methods_agree(seed, width, block, gamma, lam):
 def test_masked_rewards_and_values_do_not_change_active_outputs(method):
     rng = np.random.default_rng(11)
     rewards, values, mask, bootstrap = timestep_inputs(rng, 4, 50)
-    base = prm_jax.gae(rewards, values, mask, gamma=0.9, lam=0.8, bootstrap=bootstrap, method=method)
+    base = prm_jax.kernels.gae(rewards, values, mask, gamma=0.9, lam=0.8, bootstrap=bootstrap, method=method)
     junk_r = np.where(mask, rewards, rng.normal(size=rewards.shape) * 1e3).astype(np.float32)
     junk_v = np.where(mask, values, rng.normal(size=values.shape) * 1e3).astype(np.float32)
-    junk = prm_jax.gae(junk_r, junk_v, mask, gamma=0.9, lam=0.8, bootstrap=bootstrap, method=method)
+    junk = prm_jax.kernels.gae(junk_r, junk_v, mask, gamma=0.9, lam=0.8, bootstrap=bootstrap, method=method)
     np.testing.assert_array_equal(np.asarray(junk.advantages), np.asarray(base.advantages))
     np.testing.assert_array_equal(np.asarray(junk.returns)[mask], np.asarray(base.returns)[mask])
 
@@ -111,9 +111,9 @@ def test_masked_rewards_and_values_do_not_change_active_outputs(method):
 def test_right_padding_changes_nothing(method):
     rng = np.random.default_rng(12)
     rewards, values, mask, bootstrap = timestep_inputs(rng, 3, 33)
-    base = prm_jax.gae(rewards, values, mask, gamma=0.95, lam=0.9, bootstrap=bootstrap, method=method, block_size=4)
+    base = prm_jax.kernels.gae(rewards, values, mask, gamma=0.95, lam=0.9, bootstrap=bootstrap, method=method, block_size=4)
     pad = lambda x, v: np.concatenate([x, np.full((3, 20), v, x.dtype)], axis=1)
-    padded = prm_jax.gae(pad(rewards, 5.0), pad(values, -3.0), pad(mask, False), gamma=0.95, lam=0.9,
+    padded = prm_jax.kernels.gae(pad(rewards, 5.0), pad(values, -3.0), pad(mask, False), gamma=0.95, lam=0.9,
                          bootstrap=bootstrap, method=method, block_size=4)
     np.testing.assert_allclose(np.asarray(padded.advantages)[:, :33], base.advantages, rtol=1e-6, atol=1e-6)
 
@@ -125,7 +125,7 @@ def test_bf16_inputs_accumulate_in_float32():
     want, _ = reference.gae(np.asarray(bf(rewards), np.float64), np.asarray(bf(values), np.float64), mask,
                             1.0, 1.0, np.asarray(bf(bootstrap), np.float64))
     for method in built(ALL_METHODS):
-        out = prm_jax.gae(bf(rewards), bf(values), mask, bootstrap=bf(bootstrap), method=method)
+        out = prm_jax.kernels.gae(bf(rewards), bf(values), mask, bootstrap=bf(bootstrap), method=method)
         assert out.advantages.dtype == jnp.float32
         # A bf16 accumulator over 2000 steps would be off by whole units; float32 stays near 1e-4.
         np.testing.assert_allclose(out.advantages, want, rtol=1e-4, atol=2e-3)
@@ -135,9 +135,9 @@ def test_gae_no_retrace_for_new_python_scalars():
     rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(0), 2, 9)
     with compile_log() as compiled:
         for gamma, lam in [(0.9, 0.8), (0.95, 0.7), (0.5, 0.1)]:
-            prm_jax.gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=bootstrap, method="scan")
+            prm_jax.kernels.gae(rewards, values, mask, gamma=gamma, lam=lam, bootstrap=bootstrap, method="scan")
     assert sum("Compiling jit(_gae_jit)" in m for m in compiled) == 1
-    step = jax.jit(chex.assert_max_traces(lambda g: prm_jax.gae(rewards, values, mask, gamma=g, lam=0.9,
+    step = jax.jit(chex.assert_max_traces(lambda g: prm_jax.kernels.gae(rewards, values, mask, gamma=g, lam=0.9,
                                                                     bootstrap=bootstrap).advantages, n=1))
     for gamma in (0.9, 0.95, 0.5):
         step(gamma)
@@ -145,14 +145,14 @@ def test_gae_no_retrace_for_new_python_scalars():
 
 def test_gae_under_jit_and_vmap():
     rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(1), 4, 12)
-    want = prm_jax.gae(rewards, values, mask, gamma=0.9, lam=0.9, bootstrap=bootstrap, method="associative")
+    want = prm_jax.kernels.gae(rewards, values, mask, gamma=0.9, lam=0.9, bootstrap=bootstrap, method="associative")
 
     @jax.jit
     def step(r, v, m, boot, gamma):
-        return prm_jax.gae(r, v, m, gamma=gamma, lam=0.9, bootstrap=boot, method="associative").advantages
+        return prm_jax.kernels.gae(r, v, m, gamma=gamma, lam=0.9, bootstrap=boot, method="associative").advantages
 
     np.testing.assert_allclose(step(rewards, values, mask, bootstrap, 0.9), want.advantages, rtol=1e-6, atol=1e-6)
-    per_row = jax.vmap(lambda r, v, m, boot: prm_jax.gae(r[None], v[None], m[None], gamma=0.9, lam=0.9,
+    per_row = jax.vmap(lambda r, v, m, boot: prm_jax.kernels.gae(r[None], v[None], m[None], gamma=0.9, lam=0.9,
                                                          bootstrap=boot[None], method="scan").advantages[0])
     np.testing.assert_allclose(per_row(rewards, values, mask, bootstrap), want.advantages, rtol=1e-5, atol=1e-5)
 
@@ -160,17 +160,17 @@ def test_gae_under_jit_and_vmap():
 def test_gae_argument_errors_name_the_argument():
     r = np.zeros((2, 3), np.float32)
     with pytest.raises(ValueError, match="values"):
-        prm_jax.gae(r, np.zeros((2, 4), np.float32), np.ones((2, 3)))
+        prm_jax.kernels.gae(r, np.zeros((2, 4), np.float32), np.ones((2, 3)))
     with pytest.raises(ValueError, match="mask"):
-        prm_jax.gae(r, None, np.ones((3, 3)))
+        prm_jax.kernels.gae(r, None, np.ones((3, 3)))
     with pytest.raises(ValueError, match="lam"):
-        prm_jax.gae(r, None, np.ones((2, 3)), lam=np.ones(3, np.float32))
+        prm_jax.kernels.gae(r, None, np.ones((2, 3)), lam=np.ones(3, np.float32))
     with pytest.raises(ValueError, match="gamma"):
-        prm_jax.gae(r, None, np.ones((2, 3)), gamma=1.5)
+        prm_jax.kernels.gae(r, None, np.ones((2, 3)), gamma=1.5)
     with pytest.raises(ValueError, match="bootstrap"):
-        prm_jax.gae(r, None, np.ones((2, 3)), bootstrap=np.zeros(3, np.float32))
+        prm_jax.kernels.gae(r, None, np.ones((2, 3)), bootstrap=np.zeros(3, np.float32))
     with pytest.raises(ValueError, match="method"):
-        prm_jax.gae(r, None, np.ones((2, 3)), method="fast")
+        prm_jax.kernels.gae(r, None, np.ones((2, 3)), method="fast")
 
 
 @pytest.mark.parametrize("method,gamma,lam", [(m, g, lam) for m in METHODS for g, lam in [(1.0, 1.0), (0.9, 0.7)]]
@@ -179,7 +179,7 @@ def test_turn_gae_matches_loop(method, gamma, lam):
     rng = np.random.default_rng(21)
     rewards, values, mask, bootstrap = timestep_inputs(rng, 4, 40)
     turn_ids = np.where(mask, np.cumsum(rng.random((4, 40)) < 0.15, axis=1), -1).astype(np.int32)
-    out = prm_jax.turn_gae(rewards, values, mask, turn_ids, gamma=gamma, lam=lam, bootstrap=bootstrap,
+    out = prm_jax.kernels.turn_gae(rewards, values, mask, turn_ids, gamma=gamma, lam=lam, bootstrap=bootstrap,
                            method=method)
     want_adv, want_ret = reference.turn_gae(rewards, values, mask, turn_ids, gamma, lam, bootstrap, 40)
     np.testing.assert_allclose(out.advantages, want_adv, rtol=2e-5, atol=2e-5)
@@ -195,7 +195,7 @@ def test_turn_gae_outside_turns_is_zero_advantage_and_value_return():
     rewards = np.zeros((1, 8), np.float32)
     rewards[0, 6] = 1.0
     for method in ("scan", "associative", "blocked", "auto"):
-        out = prm_jax.turn_gae(rewards, values, mask, turn_ids, method=method)
+        out = prm_jax.kernels.turn_gae(rewards, values, mask, turn_ids, method=method)
         np.testing.assert_allclose(out.advantages, [[0, .8, .8, 0, .5, .5, .5, 0]], atol=1e-6)
         np.testing.assert_allclose(out.returns, [[.1, 1, 1, .4, 1, 1, 1, .8]], atol=1e-6)
 
@@ -210,9 +210,9 @@ def test_turn_gae_rejects_invalid_turn_ids(ids, mask, problem):
     # Issue 9.8: AReaL validates turn ids; before, these gave silent zeros or order-dependent results.
     z = np.zeros((1, 4), np.float32)
     with pytest.raises(ValueError, match=problem):
-        prm_jax.turn_gae(z, z, np.asarray(mask, bool), np.asarray(ids, np.int32))
+        prm_jax.kernels.turn_gae(z, z, np.asarray(mask, bool), np.asarray(ids, np.int32))
     # Gaps in the ids and any id on inactive timesteps are fine.
-    prm_jax.turn_gae(z, z, np.array([[0, 1, 0, 1]], bool), np.array([[7, 0, -5, 2]], np.int32))
+    prm_jax.kernels.turn_gae(z, z, np.array([[0, 1, 0, 1]], bool), np.array([[7, 0, -5, 2]], np.int32))
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu" or not shutil.which("c++")
@@ -230,14 +230,14 @@ def test_without_the_native_kernel_auto_falls_back_to_scan():
     code = ("import importlib, prm_jax, numpy as np; from prm_jax.native import ffi as native; "
             "gae = importlib.import_module('prm_jax.kernels.gae'); "
             "assert not native.available(); assert gae.resolve_method('auto', unit_discount=False) == 'scan'; "
-            "out = prm_jax.gae(np.ones((2, 5), np.float32), None, np.ones((2, 5)), method='auto'); "
+            "out = prm_jax.kernels.gae(np.ones((2, 5), np.float32), None, np.ones((2, 5)), method='auto'); "
             "assert float(out.advantages[0, 0]) == 5.0")
     env = dict(os.environ, PRM_JAX_NATIVE="0")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = subprocess.run([sys.executable, "-c", "import prm_jax, numpy as np; prm_jax.gae(np.ones((1, 2), np.float32), "
-                           "None, np.ones((1, 2)), method='native')"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", "import prm_jax, numpy as np; prm_jax.kernels.gae(np.ones((1, 2), "
+                           "np.float32), None, np.ones((1, 2)), method='native')"], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode != 0 and "method='native' needs" in proc.stderr
 
 
@@ -246,13 +246,13 @@ def test_native_kernel_under_vmap_and_inside_jit():
     rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(8), 6, 37)
     want, _ = reference.gae(rewards, values, mask, 0.9, 0.8, bootstrap)
     stacked = [x.reshape(2, 3, *x.shape[1:]) for x in (rewards, values, mask, bootstrap)]
-    per_group = jax.vmap(lambda r, v, m, b: prm_jax.gae(r, v, m, gamma=0.9, lam=0.8, bootstrap=b,
+    per_group = jax.vmap(lambda r, v, m, b: prm_jax.kernels.gae(r, v, m, gamma=0.9, lam=0.8, bootstrap=b,
                                                         method="native").advantages)
     np.testing.assert_allclose(np.asarray(per_group(*stacked)).reshape(6, 37), want, rtol=2e-5, atol=2e-5)
     # Many rows go through the thread pool; rows in a block of four and across blocks must not mix.
     rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(9), 203, 700)
     want, want_ret = reference.gae(rewards, values, mask, 0.97, 0.9, bootstrap)
-    got = jax.jit(lambda *a: prm_jax.gae(*a[:3], gamma=0.97, lam=0.9, bootstrap=a[3], method="native"))(
+    got = jax.jit(lambda *a: prm_jax.kernels.gae(*a[:3], gamma=0.97, lam=0.9, bootstrap=a[3], method="native"))(
         rewards, values, mask, bootstrap)
     np.testing.assert_allclose(got.advantages, want, rtol=2e-5, atol=5e-5)
     np.testing.assert_allclose(got.returns, want_ret, rtol=2e-5, atol=5e-5)
@@ -267,7 +267,7 @@ def test_native_kernel_on_every_row_and_timestep_remainder(rows):
     for width in (1, 2, 3, 4, 5, 7, 8, 9, 13, 16):
         rewards, values, mask, bootstrap = timestep_inputs(rng, rows, width, density=0.6)
         lam = rng.uniform(0.5, 1.0, size=rows).astype(np.float32)
-        got = prm_jax.gae(rewards, values, mask, gamma=0.95, lam=lam, bootstrap=bootstrap, method="native")
+        got = prm_jax.kernels.gae(rewards, values, mask, gamma=0.95, lam=lam, bootstrap=bootstrap, method="native")
         want_adv, want_ret = reference.gae(rewards, values, mask, 0.95, lam, bootstrap)
         np.testing.assert_allclose(got.advantages, want_adv, rtol=2e-5, atol=2e-5, err_msg=f"width {width}")
         np.testing.assert_allclose(got.returns, want_ret, rtol=2e-5, atol=2e-5, err_msg=f"width {width}")
@@ -277,9 +277,9 @@ def test_native_kernel_on_every_row_and_timestep_remainder(rows):
 def test_native_vector_and_scalar_paths_give_the_same_bits():
     # A row in a group of four takes the vector path (on x86); the same row alone takes the scalar loop.
     rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(12), 4, 29)
-    together = prm_jax.gae(rewards, values, mask, gamma=0.97, lam=0.9, bootstrap=bootstrap, method="native")
+    together = prm_jax.kernels.gae(rewards, values, mask, gamma=0.97, lam=0.9, bootstrap=bootstrap, method="native")
     for b in range(4):
-        alone = prm_jax.gae(rewards[b:b + 1], values[b:b + 1], mask[b:b + 1], gamma=0.97, lam=0.9,
+        alone = prm_jax.kernels.gae(rewards[b:b + 1], values[b:b + 1], mask[b:b + 1], gamma=0.97, lam=0.9,
                             bootstrap=bootstrap[b:b + 1], method="native")
         np.testing.assert_array_equal(alone.advantages[0], together.advantages[b])
         np.testing.assert_array_equal(alone.returns[0], together.returns[b])
@@ -297,5 +297,5 @@ def test_linear_recurrence_methods_agree_on_general_coefficients():
             x = float(coeffs[b, t]) * x + float(offsets[b, t])
             want[b, t] = x
     for method in ("scan", "associative", "blocked"):
-        got = prm_jax.backward_linear_recurrence(coeffs, offsets, init, method=method, block_size=10)
+        got = prm_jax.kernels.backward_linear_recurrence(coeffs, offsets, init, method=method, block_size=10)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -20,8 +20,13 @@ def test_ten_thousand_small_sessions_are_scored_under_a_memory_ceiling(tmp_path)
     data = tmp_path / "sessions.jsonl"
     size = generate(data, sessions=10_000, turns=2, tokens=20, group=8)
     out = tmp_path / "out"
-    script = ("import resource, sys; from prm_jax.app.cli import main; code = main(sys.argv[1:]); "
-              "print('peak_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(code)")
+    # The command as the prm-jax process runs it (entry: tune_process=True). Its own peak: VmHWM belongs to
+    # the process image; ru_maxrss survives execve on Linux, so a child forked from a large pytest process
+    # reported the parent's size (1.58 GB here against 0.69 GB of its own).
+    script = ("import resource, sys; from prm_jax.app.cli import main; code = main(sys.argv[1:], tune_process=True); "
+              "status = open('/proc/self/status').read() if sys.platform == 'linux' else ''; "
+              "hwm = [line.split()[1] for line in status.splitlines() if line.startswith('VmHWM:')]; "
+              "print('peak_kb', hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(code)")
     proc = subprocess.run([sys.executable, "-c", script, "score", "--config",
                            str(ROOT / "prm_jax" / "data" / "demo_config.yaml"), "--input", str(data),
                            "--output", str(out)], capture_output=True, text=True, timeout=600)

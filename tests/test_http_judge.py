@@ -8,7 +8,8 @@ import time
 import anyio
 import pytest
 
-from prm_jax import Interaction, InteractionCache, PRMRunner, RetryError, call_with_retry
+from prm_jax import Interaction, InteractionCache, PRMRunner
+from prm_jax.runtime import RetryError, call_with_retry
 from prm_jax.scorers import HTTPJudgeScorer
 
 

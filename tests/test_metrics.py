@@ -2,7 +2,8 @@ import anyio
 import numpy as np
 import pytest
 
-from prm_jax import InMemoryRecorder, MetricStats, PRMRunner, PRMTurnResult, branch_stats, reduce_workers
+from prm_jax import PRMRunner
+from prm_jax.runtime import InMemoryRecorder, MetricStats, PRMTurnResult, branch_stats, reduce_workers
 from prm_jax.runtime.metrics import quote_name
 from prm_jax.runtime.scoring import PRMMetricObservation
 from prm_jax.runtime.trajectory import Interaction, InteractionCache

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import reference
 
-from prm_jax import NormConfig, normalize
+from prm_jax import NormConfig
+from prm_jax.kernels import normalize
 
 LEVELS = ("batch", "group", None)
 

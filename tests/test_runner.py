@@ -11,13 +11,12 @@ from prm_jax import (
     BaseTrajectoryScorer,
     Interaction,
     InteractionCache,
-    PRMConfig,
     PRMMetricObservation,
     PRMRunner,
     PRMScorerResult,
-    ScorerSpec,
 )
 from prm_jax._compat import ExceptionGroup
+from prm_jax.runtime import PRMConfig, ScorerSpec
 
 pytestmark = pytest.mark.anyio
 

@@ -5,7 +5,8 @@ import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prm_jax import ShapingConfig, shape_advantages
+from prm_jax import ShapingConfig
+from prm_jax.kernels import shape_advantages
 
 
 def case():

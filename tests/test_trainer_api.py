@@ -165,14 +165,14 @@ def test_every_public_kernel_compiles_one_program_per_shape():
     turn_ids = np.array([[-1, 0, 0, 1, 2, -1], [-1, -1, 0, 1, 1, 5]], np.int32)
     logp, ref = (-rng.exponential(size=(2, 6))).astype(np.float32), (-rng.exponential(size=(2, 6))).astype(np.float32)
     mask = turn_ids >= 0
-    calls = {"broadcast_turn_rewards": lambda: prm_jax.broadcast_turn_rewards(turn_rewards, turn_ids),
-             "shift_to_next_token": lambda: prm_jax.shift_to_next_token(turn_ids, fill=-1),
-             "kl_estimate": lambda: prm_jax.kl_estimate(logp, ref, "k3"),
-             "kl_rewards": lambda: prm_jax.kl_rewards(logp, ref, mask, kl_ctl=0.2)}
+    calls = {"broadcast_turn_rewards": lambda: prm_jax.kernels.broadcast_turn_rewards(turn_rewards, turn_ids),
+             "shift_to_next_token": lambda: prm_jax.kernels.shift_to_next_token(turn_ids, fill=-1),
+             "kl_estimate": lambda: prm_jax.kernels.kl_estimate(logp, ref, "k3"),
+             "kl_rewards": lambda: prm_jax.kernels.kl_rewards(logp, ref, mask, kl_ctl=0.2)}
     for name, call in calls.items():
         with compile_log() as compiled:
             first = np.asarray(call())
             np.testing.assert_array_equal(call(), first)
         assert sum(m.startswith("Compiling jit(") for m in compiled) == 1, (name, compiled)
     want = np.where((turn_ids >= 0) & (turn_ids < 3), turn_rewards[np.arange(2)[:, None], np.clip(turn_ids, 0, 2)], 0)
-    np.testing.assert_array_equal(prm_jax.broadcast_turn_rewards(turn_rewards, turn_ids), want)
+    np.testing.assert_array_equal(prm_jax.kernels.broadcast_turn_rewards(turn_rewards, turn_ids), want)

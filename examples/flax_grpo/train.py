@@ -85,7 +85,7 @@ def train(mode: str = "gvpo", steps: int = 100, seed: int = 0, prompts: int = 16
     key = jax.random.key(seed)
     rows = prompts * group
     fixed = dict(attention_mask=np.tile((np.arange(WIDTH) < WIDTH - 1).astype(np.int32), (rows, 1)),
-                 turn_ids=np.tile(np.asarray(prm_jax.turn_ids_from_spans(SPANS, WIDTH)), (rows, 1)),
+                 turn_ids=np.tile(np.asarray(prm_jax.kernels.turn_ids_from_spans(SPANS, WIDTH)), (rows, 1)),
                  group_ids=np.repeat(np.arange(prompts, dtype=np.int32), group), is_truncated=np.zeros(rows, bool))
     fixed["loss_mask"] = (fixed["turn_ids"] >= 0).astype(np.int32)
     history: dict = {"success": [], "loss": []}

@@ -12,7 +12,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import prm_jax
-from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages, sequence_parallel_gae
+from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages
+from prm_jax.kernels import sequence_parallel_gae
 
 FIELDS = ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs")
 
@@ -104,7 +105,7 @@ def test_sequence_parallel_gae_equals_unsharded(method, layout):
                             batch_axis="data", method=method).compile().as_text()
     sizes = gathered_sizes(hlo)
     assert sizes and all(size <= layout[1] * 4 for size in sizes), sizes
-    np.testing.assert_allclose(got.advantages, prm_jax.gae(rewards, values, mask, gamma=0.95, lam=lam,
+    np.testing.assert_allclose(got.advantages, prm_jax.kernels.gae(rewards, values, mask, gamma=0.95, lam=lam,
                                                            bootstrap=bootstrap, method="scan").advantages,
                                rtol=2e-5, atol=2e-5)
 
@@ -114,7 +115,7 @@ def test_sequence_parallel_gae_long_rows():
     rng = np.random.default_rng(9)
     rewards, values, mask, bootstrap = timestep_inputs(rng, 2, 8 * 4096, density=0.9)
     got = sequence_parallel_gae(rewards, values, mask, mesh=mesh, gamma=1.0, lam=1.0, bootstrap=bootstrap)
-    want = prm_jax.gae(rewards, values, mask, gamma=1.0, lam=1.0, bootstrap=bootstrap, method="scan")
+    want = prm_jax.kernels.gae(rewards, values, mask, gamma=1.0, lam=1.0, bootstrap=bootstrap, method="scan")
     np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-4, atol=5e-3)
 
 

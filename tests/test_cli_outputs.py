@@ -136,7 +136,7 @@ def test_a_full_disk_during_overwrite_keeps_the_old_set(tmp_path, first_run):
     assert listing(out) == before and leftovers(tmp_path) == []
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 @pytest.mark.parametrize("with_old_set", [False, True])
 def test_a_signal_mid_run_removes_everything_the_run_created(tmp_path, signum, with_old_set):
     out = tmp_path / "out"

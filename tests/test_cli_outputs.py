@@ -175,3 +175,22 @@ def test_demo_output_that_is_a_file_is_refused(tmp_path):
     proc = prm_jax("demo", "--output", tmp_path / "file")
     assert proc.returncode == 2 and "--output" in proc.stderr and "exists and is not a directory" in proc.stderr
     assert "Traceback" not in proc.stderr and (tmp_path / "file").read_text() == "x"
+
+
+def test_an_interruption_right_after_publishing_keeps_the_new_set_and_says_so(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)]) == 0
+    before = listing(out)
+    publish = outputs.StagedOutputs.publish
+
+    def publish_then_interrupted(self):
+        publish(self)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(outputs.StagedOutputs, "publish", publish_then_interrupted)
+    code = cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out), "--overwrite",
+                     "--bucket", "64"])
+    assert code == 130
+    assert "interrupted by SIGINT (after the new output set was published)" in capsys.readouterr().err
+    after = listing(out)
+    assert sorted(after) == sorted(before) and after["batch.npz"] != before["batch.npz"]  # the new set, whole
+    assert leftovers(tmp_path) == []

@@ -39,6 +39,7 @@ import anyio
 import jax
 import numpy as np
 
+from prm_jax._compat import add_note
 from prm_jax.app.outputs import (
     OUTPUT_SET,
     WRITE_ERRNOS,
@@ -72,6 +73,7 @@ FILTERS: dict[str, Callable] = {
 }
 
 
+PUBLISHED_NOTE = "the new output set was published before the interruption"
 EXIT_WRITE_FAILED = 74  # sysexits' EX_IOERR: the disk is full or a file-size limit was hit
 
 
@@ -432,7 +434,9 @@ def _staged(output: Path):
     staged = StagedOutputs(output)
     try:
         yield staged
-    except BaseException:
+    except BaseException as err:
+        if staged.published:  # interrupted after the new set was in place: it stays, and the message says so
+            add_note(err, PUBLISHED_NOTE)
         staged.abort()
         raise
 
@@ -553,12 +557,12 @@ def main(argv: list[str] | None = None, *, tune_process: bool = False) -> int:
         print(f"prm-jax: error: could not write the output: {err.strerror or err} (nothing was written)",
               file=sys.stderr)
         return EXIT_WRITE_FAILED
-    except KeyboardInterrupt:
-        print("prm-jax: interrupted by SIGINT (nothing was written)", file=sys.stderr)
-        return 128 + signal.SIGINT
-    except Interrupted as err:
-        print(f"prm-jax: interrupted by {err} (nothing was written)", file=sys.stderr)
-        return 128 + err.signum
+    except (KeyboardInterrupt, Interrupted) as err:
+        signum = err.signum if isinstance(err, Interrupted) else signal.SIGINT
+        written = ("after the new output set was published" if PUBLISHED_NOTE in getattr(err, "__notes__", ())
+                   else "nothing was written")
+        print(f"prm-jax: interrupted by {signal.Signals(signum).name} ({written})", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

@@ -111,6 +111,7 @@ class StagedOutputs:
         self._created = [folder for folder in self.target.parents if not folder.exists()][::-1]
         self.target.parent.mkdir(parents=True, exist_ok=True)
         self.staging = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.staging-", dir=self.target.parent))
+        self.published = False  # the new set is in place (an interruption after this wrote it whole)
 
     def path(self, name: str) -> Path:
         return self.staging / name
@@ -125,13 +126,15 @@ class StagedOutputs:
         os.chmod(self.staging, 0o777 & ~umask)  # mkdtemp's 0700 otherwise
         if not self.target.exists():
             os.rename(self.staging, self.target)
+            self.published = True
             return
         if _exchangeable(self.target):
             for entry in os.scandir(self.target):  # the folder's other files stay in it
                 if not os.path.lexists(self.staging / entry.name):
                     os.link(entry.path, self.staging / entry.name, follow_symlinks=False)
             _exchange(self.staging, self.target)
-            shutil.rmtree(self.staging)
+            self.published = True
+            shutil.rmtree(self.staging, ignore_errors=True)  # the old set: the new one is in place whatever happens
             return
         if _existing_set(self.target):
             raise OutputFolderError(f"{self.target}: an output set appeared there during the run; nothing written")
@@ -144,6 +147,7 @@ class StagedOutputs:
             for path in moved:
                 path.unlink(missing_ok=True)
             raise
+        self.published = True
         self.staging.rmdir()
 
     def abort(self) -> None:

@@ -43,7 +43,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from prm_jax.kernels.gigpo import ANCHOR_MAX, ANCHOR_MIN
+from prm_jax.kernels.gigpo import is_anchor_id
 from prm_jax.runtime.trajectory import STOP_REASONS, Interaction, InteractionCache, concat_spans
 from prm_jax.validation import short_repr
 
@@ -346,7 +346,7 @@ def _fast_interaction(item: _InteractionIn, input_tokens: np.ndarray, output_tok
     for number in (item.reward, item.step_reward):
         if number is not None and not math.isfinite(number):
             raise ValueError("non-finite reward")
-    if item.anchor_id is not None and not ANCHOR_MIN <= item.anchor_id <= ANCHOR_MAX:
+    if item.anchor_id is not None and not is_anchor_id(item.anchor_id):
         raise ValueError("anchor_id range")
     for vector in (logprobs, rewards):
         if vector is not None and vector.shape != output_tokens.shape:
@@ -443,17 +443,17 @@ def read_sessions(path: str | Path) -> list[SessionRecord]:
     """Reads and validates every line before anything is scored; raises ``InputError`` at the first problem."""
     records, keys = [], set()
     ungrouped = 0
-    path = "<stdin>" if str(path) == "-" else path
-    for record, had_no_group in iter_sessions("-" if path == "<stdin>" else path):
+    shown = "<stdin>" if str(path) == "-" else path
+    for record, had_no_group in iter_sessions(path):
         ungrouped += had_no_group
         if record.key in keys:
-            raise InputError(path, record.line, "session_key", f"{record.key!r} appears twice")
+            raise InputError(shown, record.line, "session_key", f"{record.key!r} appears twice")
         keys.add(record.key)
         records.append(record)
     if not records:
-        raise InputError(path, 0, "file", "no sessions")
+        raise InputError(shown, 0, "file", "no sessions")
     if ungrouped:
-        warnings.warn(f"{path}: {ungrouped} session(s) have no 'group': each is a group of one, whose "
+        warnings.warn(f"{shown}: {ungrouped} session(s) have no 'group': each is a group of one, whose "
                       "group-normalized outcome reward, and so its advantages without a critic, are 0",
                       stacklevel=2)
     return records

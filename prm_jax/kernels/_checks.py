@@ -49,19 +49,17 @@ def as_mask(name: str, x: Any) -> jax.Array:
     return x if x.dtype == jnp.bool_ else x != 0
 
 
-def as_int(name: str, x: Any) -> jax.Array:
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(f"{name} must be an integer array, got dtype {x.dtype}")
-    return x.astype(jnp.int32)
-
-
 def as_integer(name: str, x: Any) -> jax.Array:
     """An integer array kept at its own width (ids compared whole, e.g. 64-bit hashes)."""
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"{name} must be an integer array, got dtype {x.dtype}")
     return x
+
+
+def as_int(name: str, x: Any) -> jax.Array:
+    """An integer array as int32 (turn ids, group ids: values that fit)."""
+    return as_integer(name, x).astype(jnp.int32)
 
 
 def check_rank(name: str, x: Any, ndim: int) -> None:

@@ -83,15 +83,18 @@ class GiGPOOutput(NamedTuple):
 ANCHOR_MIN, ANCHOR_MAX = -(2**63), 2**64 - 1  # any 64-bit id, signed or unsigned
 
 
+def is_anchor_id(value: object) -> bool:
+    """An anchor id: a 64-bit integer, signed or unsigned (not a bool); -1 means "no anchor"."""
+    return (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+            and bool(ANCHOR_MIN <= value <= ANCHOR_MAX))
+
+
 def dense_anchor_ids(anchor_ids: ArrayLike) -> np.ndarray:
     """Host helper: any 64-bit anchor ids (signed or unsigned state hashes; Python ints too, e.g. -1 beside
     hashes of 2**63 or more, which no numpy integer dtype holds together) to dense int32 ids; -1 stays -1."""
     ids = np.asarray(anchor_ids)
     if ids.dtype == object:
-        flat = ids.ravel().tolist()
-        if not all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in flat):
-            raise TypeError("anchor_ids must be integers")
-        if not all(ANCHOR_MIN <= a <= ANCHOR_MAX for a in flat):
+        if not all(map(is_anchor_id, ids.ravel().tolist())):
             raise ValueError("anchor_ids must be 64-bit integers, signed or unsigned, in [-2**63, 2**64 - 1]")
     elif not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(f"anchor_ids must be integers, got dtype {ids.dtype}")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from prm_jax.kernels.gigpo import dense_anchor_ids
 from prm_jax.runtime.trajectory import BranchSequence
 
 FIELDS = {
@@ -47,7 +48,7 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     AReaL's value for an unscored turn). Pass ``token_rewards=False`` when no scorer runs: a batch with the
     key is shaped, and under ``process_weighted`` a process reward of 0 zeroes a positive advantage; then
     no token reward of the branches is used at all (GiGPO's derived step rewards included).
-    ``per_turn`` adds GiGPO's ``anchor_ids [rows, K]`` int32 (dense ids in first-seen order, -1: no anchor)
+    ``per_turn`` adds GiGPO's ``anchor_ids [rows, K]`` int32 (``dense_anchor_ids``: -1 for no anchor)
     and ``turn_rewards [rows, K]`` (the turn's step reward, else the sum of its token rewards), ``K = turns``
     or the most turns of a branch.
     Every branch needs an outcome reward.
@@ -141,10 +142,11 @@ def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence],
     pipeline would derive)."""
     anchors, step_rewards = batch["anchor_ids"], batch["turn_rewards"]
     turns = anchors.shape[1]
-    dense: dict[int, int] = {}
+    given = np.full(anchors.shape, -1, dtype=object)  # Python ints: no numpy dtype holds -1 beside 2**63
     for b, seq in enumerate(sequences):
-        anchors[b, :len(seq.anchor_ids)] = [-1 if a is None or a == -1 else dense.setdefault(int(a), len(dense))
-                                            for a in seq.anchor_ids]
+        given[b, :len(seq.anchor_ids)] = [-1 if a is None else a for a in seq.anchor_ids]
+    anchors[...] = dense_anchor_ids(given)
+    for b, seq in enumerate(sequences):
         derived = (np.bincount(seq.turn_ids[seq.turn_ids >= 0], weights=seq.token_rewards[seq.turn_ids >= 0],
                                minlength=turns) if token_rewards and seq.token_rewards is not None
                    else np.zeros(turns))

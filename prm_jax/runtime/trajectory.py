@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from prm_jax.kernels.gigpo import ANCHOR_MAX, ANCHOR_MIN
+from prm_jax.kernels.gigpo import is_anchor_id
 from prm_jax.validation import short_repr
 
 STOP_REASONS = ("stop", "length")
@@ -136,8 +136,7 @@ class Interaction:
                                      f"{vector.shape}")
                 setattr(self, name, vector)
         if self.anchor_id is not None:
-            if isinstance(self.anchor_id, bool) or not isinstance(self.anchor_id, (int, np.integer)) \
-                    or not ANCHOR_MIN <= self.anchor_id <= ANCHOR_MAX:
+            if not is_anchor_id(self.anchor_id):
                 raise ValueError(f"interaction {iid!r}: anchor_id must be a 64-bit integer (signed or unsigned, "
                                  f"in [-2**63, 2**64 - 1]; -1: none) or None, got {short_repr(self.anchor_id)}")
             self.anchor_id = int(self.anchor_id)

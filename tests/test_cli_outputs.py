@@ -194,3 +194,13 @@ def test_an_interruption_right_after_publishing_keeps_the_new_set_and_says_so(tm
     after = listing(out)
     assert sorted(after) == sorted(before) and after["batch.npz"] != before["batch.npz"]  # the new set, whole
     assert leftovers(tmp_path) == []
+
+
+def test_a_plot_inside_a_new_output_folder_is_published_with_the_set(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "new" / "out"  # neither folder exists yet: the plot is staged with the set
+    argv = ["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)]
+    assert cli.main([*argv, "--plot", str(out / "rows.png")]) == 0
+    assert sorted(os.listdir(out)) == ["batch.npz", "metrics.json", "rows.png"] and leftovers(out.parent) == []
+    assert cli.main([*argv, "--overwrite", "--plot", str(out / "metrics.json")]) == 2
+    assert "would replace the output set's own metrics.json" in capsys.readouterr().err

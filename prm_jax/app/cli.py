@@ -47,6 +47,8 @@ from prm_jax.app.outputs import (
     OutputFolderError,
     StagedOutputs,
     check_output_folder,
+    current_umask,
+    in_folder,
 )
 from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table, step_group_stats
 from prm_jax.app.sessions import InputError, read_sessions
@@ -356,7 +358,7 @@ def write_outputs(run: ScoreRun, staged: StagedOutputs, plot_path: Path | None =
             fd, outside = tempfile.mkstemp(prefix=f".{plot_path.name}.", dir=plot_path.parent)
             with os.fdopen(fd, "wb") as handle:
                 plot(run, handle)
-            os.chmod(outside, 0o666 & ~_umask())
+            os.chmod(outside, 0o666 & ~current_umask())
         staged.publish()
         if outside is not None and plot_path is not None:
             os.replace(outside, plot_path)
@@ -364,12 +366,6 @@ def write_outputs(run: ScoreRun, staged: StagedOutputs, plot_path: Path | None =
     finally:
         if outside is not None:
             Path(outside).unlink(missing_ok=True)
-
-
-def _umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
 
 
 def _check_arguments(args) -> None:
@@ -380,15 +376,16 @@ def _check_arguments(args) -> None:
     _check_output(args)
     if args.plot:
         _require_matplotlib()
-        plot_dir = Path(args.plot).parent
-        if not plot_dir.is_dir() and Path(args.plot).absolute().parent != Path(args.output).absolute():
+        plot_path, plot_dir = Path(args.plot), Path(args.plot).parent
+        staged_with_the_set = in_folder(plot_path, Path(args.output))
+        if not plot_dir.is_dir() and not staged_with_the_set:
             raise CLIError(f"--plot {args.plot}: the folder {plot_dir} does not exist")
         if plot_dir.is_dir() and not os.access(plot_dir, os.W_OK | os.X_OK):
             raise CLIError(f"--plot {args.plot}: the folder {plot_dir} is not writable")
-        if Path(args.plot).is_dir():
+        if plot_path.is_dir():
             raise CLIError(f"--plot {args.plot}: is a directory")
-        if Path(args.plot).name in OUTPUT_SET and Path(args.plot).absolute().parent == Path(args.output).absolute():
-            raise CLIError(f"--plot {args.plot}: would replace the output set's own {Path(args.plot).name}")
+        if plot_path.name in OUTPUT_SET and staged_with_the_set:
+            raise CLIError(f"--plot {args.plot}: would replace the output set's own {plot_path.name}")
 
 
 def _check_output(args) -> None:

@@ -40,6 +40,18 @@ WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it, then restoring it): files get the mode ``open`` would give."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def in_folder(path: Path, folder: Path) -> bool:
+    """Whether ``path`` names a file directly inside ``folder`` (as given, or through symbolic links)."""
+    return path.absolute().parent == folder.absolute() or path.parent.resolve() == folder.resolve()
+
+
 class OutputFolderError(ValueError):
     """The output folder cannot take this run's outputs (said before any input is read)."""
 
@@ -118,12 +130,10 @@ class StagedOutputs:
 
     def holds(self, path: Path) -> bool:
         """Whether ``path`` belongs in the output folder (then it is staged with the set)."""
-        return path.absolute().parent == self.target or path.parent.resolve() == self.target.resolve()
+        return in_folder(path, self.target)
 
     def publish(self) -> None:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self.staging, 0o777 & ~umask)  # mkdtemp's 0700 otherwise
+        os.chmod(self.staging, 0o777 & ~current_umask())  # mkdtemp's 0700 otherwise
         if not self.target.exists():
             os.rename(self.staging, self.target)
             self.published = True

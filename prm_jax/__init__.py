@@ -2,24 +2,24 @@
 
 The names a user needs first are here; the rest live in namespaces, as optax's do:
 
+- ``prm_jax.config``: every configuration class, ``ConfigError`` and the YAML loader;
 - ``prm_jax.kernels``: the jitted pure functions over padded ``[B, T]`` batches (``gae``, ``turn_gae``,
   ``normalize``, ``shape_advantages``, ``kl_rewards``, ``gigpo``, the alignment helpers, ...);
 - ``prm_jax.runtime``: sessions, the runner's pieces, export, batches, metrics, retries;
 - ``prm_jax.filters``: AReaL's host-side group filters;
 - ``prm_jax.scorers``: the built-in scorers.
 
-Three floors, each importing only the ones below it: ``prm_jax.kernels`` (with ``prm_jax.native`` below
-it), ``prm_jax.runtime`` and ``prm_jax.app`` (the JSONL format and the command line); ``import prm_jax``
-loads no application code.
+Four floors, each importing only the ones below it: ``prm_jax.kernels`` (with ``prm_jax.native`` beside
+it), ``prm_jax.config``, ``prm_jax.runtime`` and ``prm_jax.app`` (the JSONL format and the command line);
+``import prm_jax`` loads no application code.
 """
 
-from prm_jax import filters, kernels, runtime, scorers
-from prm_jax.kernels import AdvantageConfig, AdvantageOutput, GiGPOConfig, NormConfig, ShapingConfig, compute_advantages
+from prm_jax import config, filters, kernels, runtime, scorers
+from prm_jax.config import AdvantageConfig, ExperimentConfig, GiGPOConfig, NormConfig, ShapingConfig, load_config
+from prm_jax.kernels import AdvantageOutput, compute_advantages
 from prm_jax.runtime.arrays import score_arrays
 from prm_jax.runtime.batching import pack_branches
 from prm_jax.runtime.blocking import BlockingRunner
-from prm_jax.runtime.config import ExperimentConfig
-from prm_jax.runtime.config_file import load_config
 from prm_jax.runtime.runner import PRMRunner
 from prm_jax.runtime.scoring import BaseScorer, BaseTrajectoryScorer, PRMMetricObservation, PRMScorerResult
 from prm_jax.runtime.trajectory import Interaction, InteractionCache
@@ -29,5 +29,5 @@ __all__ = [
     "AdvantageConfig", "AdvantageOutput", "BaseScorer", "BaseTrajectoryScorer", "BlockingRunner", "ExperimentConfig",
     "GiGPOConfig", "Interaction", "InteractionCache", "NormConfig", "PRMMetricObservation", "PRMRunner",
     "PRMScorerResult", "ShapingConfig", "compute_advantages", "load_config", "pack_branches", "score_arrays",
-    "filters", "kernels", "runtime", "scorers",
+    "config", "filters", "kernels", "runtime", "scorers",
 ]

@@ -10,6 +10,8 @@ import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 
@@ -52,6 +54,12 @@ def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
 _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxset = 3, 6, 6, 6, 6
 _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 80, 80, 40
+
+
+def integer_dtype(name: str, dtype: Any) -> None:
+    """The one check that an array (numpy or JAX, host or traced) holds integers: ``TypeError`` naming it."""
+    if not np.issubdtype(dtype, np.integer):
+        raise TypeError(f"{name} must be an integer array, got dtype {dtype}")
 
 
 def short_repr(value: Any) -> str:

@@ -366,7 +366,9 @@ def test_shaping_variants_share_one_gae_and_equal_separate_runs():
     rng = np.random.default_rng(120)
     batch = make_batch(rng, rows=6, width=32, unit_interval=True)
     config = AdvantageConfig(discount=0.95, gae_lambda=0.9, adv_norm=NormConfig())
-    configured, variants = compute_advantage_variants(batch, config, ["additive", "gvpo", "process_weighted"])
+    shapings, refused = config.shaping_variants(["additive", "gvpo", "process_weighted"])
+    assert refused == {}
+    configured, variants = compute_advantage_variants(batch, config, shapings)
     np.testing.assert_array_equal(configured.advantages, compute_advantages(batch, config).advantages)
     unshaped = compute_advantages({k: v for k, v in batch.items() if k != "token_rewards"}, config)
     np.testing.assert_allclose(variants["none"], unshaped.advantages, rtol=1e-6, atol=1e-6)
@@ -375,5 +377,11 @@ def test_shaping_variants_share_one_gae_and_equal_separate_runs():
         np.testing.assert_allclose(variants[mode], alone.advantages, rtol=1e-6, atol=1e-6, err_msg=mode)
     # A mode the batch rules out is reported, not raised.
     batch["token_rewards"] = batch["token_rewards"] * 3
-    _, variants = compute_advantage_variants(batch, config, ["additive", "process_weighted"])
+    _, variants = compute_advantage_variants(batch, config, config.shaping_variants(["additive", "process_weighted"])[0])
     assert variants["process_weighted"].startswith("n/a") and not isinstance(variants["additive"], str)
+    # A mode the config rules out is named with the reason, never computed.
+    masked = dataclasses.replace(config, mask_no_eos_with_zero=True)
+    shapings, refused = masked.shaping_variants(["additive", "process_weighted"])
+    assert [s.mode for s in shapings] == ["additive"]
+    assert refused == {"process_weighted": "n/a: mask_no_eos_with_zero must be false with "
+                                           "advantage_shaping.mode='process_weighted'"}

@@ -16,7 +16,8 @@ from batches import make_batch
 
 import prm_jax
 from prm_jax import AdvantageConfig, NormConfig, compute_advantages
-from prm_jax.kernels import lambda_fn, normalize
+from prm_jax.kernels import gae_lambda as lambda_fn
+from prm_jax.kernels import normalize
 
 LOO = NormConfig("batch", "batch", mean_leave1out=True)
 
@@ -212,7 +213,8 @@ def test_builtin_lambda_functions():
 @pytest.mark.parametrize("path,kwargs", [
     ("areal.trainer.ppo.lambda_fn.vapo_length_adaptive_gae", dict(alpha=0.3)),
     ("areal.trainer.ppo.lambda_fn.relative_position_gae_lambda", dict(q=0.5)),
-    ("prm_jax.kernels.lambda_fn.constant_gae_lambda", dict(value=0.8)),
+    ("prm_jax.kernels.gae_lambda.constant_gae_lambda", dict(value=0.8)),
+    ("prm_jax.kernels.lambda_fn.constant_gae_lambda", dict(value=0.7)),  # the name before issue 21
 ])
 def test_lambda_functions_in_the_pipeline_match_the_reference(unit, path, kwargs):
     rng = np.random.default_rng(912)
@@ -250,7 +252,7 @@ def test_a_users_lambda_function_by_dotted_path(tmp_path, monkeypatch):
 def test_a_lambda_outside_the_unit_interval_is_refused():
     rng = np.random.default_rng(914)
     batch = make_batch(rng, rows=3, width=12)
-    cfg = AdvantageConfig(gae_lambda="prm_jax.kernels.lambda_fn.constant_gae_lambda",
+    cfg = AdvantageConfig(gae_lambda="prm_jax.kernels.gae_lambda.constant_gae_lambda",
                           gae_lambda_kwargs=dict(value=1.5))
     with pytest.raises(ValueError, match=r"gae_lambda must be finite and in \[0, 1\]"):
         compute_advantages(batch, cfg)

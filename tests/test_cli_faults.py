@@ -200,7 +200,7 @@ def test_a_yaml_alias_bomb_is_refused_quickly_with_a_short_message(tmp_path):
     assert proc.returncode == 2 and "nested aliases" in proc.stderr
     assert len(proc.stderr) < 2000
     assert elapsed < 30  # the whole process, start-up included; the refusal itself is milliseconds
-    from prm_jax.runtime.config_file import parse_yaml
+    from prm_jax.config.loader import parse_yaml
     start = time.monotonic()
     with pytest.raises(ValueError, match="expands to more than"):
         parse_yaml(path.read_text(), "bomb.yaml")

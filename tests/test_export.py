@@ -7,9 +7,9 @@ import scorers_for_tests as st
 
 from prm_jax import BaseScorer, ExperimentConfig, Interaction, PRMRunner, pack_branches
 from prm_jax._compat import ExceptionGroup
+from prm_jax.config import PRMConfig
 from prm_jax.filters import filter_mixed_or_penalized_all_wrong
-from prm_jax.runtime import PRMConfig
-from prm_jax.runtime.export import HITL_SESSION, ExportService, TrajectoryStore, export_group, group_normalize
+from prm_jax.runtime.export import HITL_SESSION, ExportService, TrajectoryStore, export_group
 
 pytestmark = pytest.mark.anyio
 
@@ -81,13 +81,13 @@ async def test_branches_are_cloned_and_shared_ancestors_score_per_branch():
     add_chain(store, "s", ("first", "good"), branch_answers=("bad",))
     result = await export_group(store, ["s"], runner=runner_of(LeafAware()), remove_session=False,
                                 normalize_rewards=False)
-    assert result["status"] == "accepted"
-    by_leaf = {t["leaf_id"]: t["sequence"] for t in result["trajectories"]}
+    assert result.status == "accepted"
+    by_leaf = {t.leaf_id: t.sequence for t in result.trajectories}
     # The shared first turn scores +1 on the "good" branch and -1 on the "bad" one.
     assert by_leaf["s-t1"].token_rewards[2:4].tolist() == [1.0, 1.0]
     assert by_leaf["s-b0"].token_rewards[2:4].tolist() == [-1.0, -1.0]
     assert all(i.token_rewards is None for i in store.session("s"))
-    assert result["prm_stats"]["branch_totals"]["s"] == {"s-t1": {"leaf_aware": 2.0}, "s-b0": {"leaf_aware": -2.0}}
+    assert result.prm_stats["branch_totals"]["s"] == {"s-t1": {"leaf_aware": 2.0}, "s-b0": {"leaf_aware": -2.0}}
 
 
 async def test_failed_branch_rejects_its_session_and_the_group_but_others_report_stats():
@@ -95,10 +95,10 @@ async def test_failed_branch_rejects_its_session_and_the_group_but_others_report
     add_chain(store, "ok", ("good",))
     add_chain(store, "bad", ("good",), branch_answers=("explode",))
     result = await export_group(store, ["ok", "bad"], runner=runner_of(LeafAware()))
-    assert result["status"] == "rejected" and result["trajectories"] == []
-    assert set(result["rejected_sessions"]) == {"bad"} and "judge failed" in result["rejected_sessions"]["bad"]
-    assert set(result["prm_stats"]["turn_results"]) == {"ok"}
-    assert result["prm_stats"]["metrics"].values()["rollout/prm_turn_reward/leaf_aware"] == 1.0
+    assert result.status == "rejected" and result.trajectories == []
+    assert set(result.rejected_sessions) == {"bad"} and "judge failed" in result.rejected_sessions["bad"]
+    assert set(result.prm_stats["turn_results"]) == {"ok"}
+    assert result.prm_stats["metrics"].values()["rollout/prm_turn_reward/leaf_aware"] == 1.0
     assert not store.has_session("ok") and not store.has_session("bad")
 
 
@@ -118,14 +118,14 @@ async def test_missing_session_rejects_the_group_without_scoring():
     store = TrajectoryStore()
     add_chain(store, "a")
     result = await export_group(store, ["a", "ghost"], runner=runner_of(LeafAware()))
-    assert result["status"] == "rejected" and "ghost" in result["rejected_sessions"] and CALLS == []
+    assert result.status == "rejected" and "ghost" in result.rejected_sessions and CALLS == []
 
 
 async def test_discard_skips_scoring_and_removes():
     store = TrajectoryStore()
     add_chain(store, "a")
     result = await export_group(store, ["a"], runner=runner_of(LeafAware()), discard=True)
-    assert result["status"] == "discarded" and CALLS == [] and not store.has_session("a")
+    assert result.status == "discarded" and CALLS == [] and not store.has_session("a")
 
 
 async def test_remove_session_on_cancellation_and_keep_when_asked():
@@ -143,9 +143,9 @@ async def test_consumed_trajectory_is_not_scored_again():
     store = TrajectoryStore()
     add_chain(store, "a")
     first = await export_group(store, ["a"], runner=runner_of(LeafAware()), remove_session=False)
-    assert first["status"] == "accepted" and len(CALLS) == 1
+    assert first.status == "accepted" and len(CALLS) == 1
     retry = await export_group(store, ["a"], runner=runner_of(LeafAware()), remove_session=False)
-    assert retry["status"] == "rejected" and len(CALLS) == 1
+    assert retry.status == "rejected" and len(CALLS) == 1
 
 
 async def test_hitl_session_is_persistent_and_consumes_only_the_selected_trajectory():
@@ -172,7 +172,7 @@ async def test_hitl_session_is_persistent_and_consumes_only_the_selected_traject
         store.add(HITL_SESSION, Interaction("late", [1, 2, 10, 20, 5, 9], [9], parent_id=leaves[0], reward=0.0))
         store.mark_ready(HITL_SESSION, "late")
         gate.set()
-    assert [t["leaf_id"] for t in results[0]["trajectories"]] == [leaves[1]]
+    assert [t.leaf_id for t in results[0].trajectories] == [leaves[1]]
     assert store.has_session(HITL_SESSION) and "late" in store.session(HITL_SESSION)
     assert store.ready(HITL_SESSION) == [leaves[0], "late"]
 
@@ -184,12 +184,12 @@ async def test_hitl_rule_applies_only_where_the_caller_asks():
     leaves = add_chain(store, HITL_SESSION, ("good",), branch_answers=("bad", "ok"))
     assert len(leaves) == 3
     result = await export_group(store, [HITL_SESSION], runner=runner_of(LeafAware()))
-    assert result["status"] == "accepted"
-    assert [t["leaf_id"] for t in result["trajectories"]] == leaves
+    assert result.status == "accepted"
+    assert [t.leaf_id for t in result.trajectories] == leaves
     assert not store.has_session(HITL_SESSION)
     leaves = add_chain(store, HITL_SESSION, ("good",), branch_answers=("bad", "ok"))
     result = await export_group(store, [HITL_SESSION], runner=runner_of(LeafAware()), persistent=(HITL_SESSION,))
-    assert [t["leaf_id"] for t in result["trajectories"]] == leaves[:1] and store.has_session(HITL_SESSION)
+    assert [t.leaf_id for t in result.trajectories] == leaves[:1] and store.has_session(HITL_SESSION)
 
 
 async def test_result_shape_without_prm_is_unchanged():
@@ -198,8 +198,8 @@ async def test_result_shape_without_prm_is_unchanged():
     add_chain(store, "b", reward=0.0)
     for runner in (None, PRMRunner(PRMConfig(enabled=False), scorers=(LeafAware(),))):
         result = await export_group(store, ["a", "b"], runner=runner, remove_session=False)
-        assert set(result) == {"status", "trajectories", "rejected_sessions"}
-        assert set(result["trajectories"][0]) == {"session_key", "leaf_id", "sequence", "reward", "original_reward"}
+        assert result.status == "accepted" and (result.prm_stats, result.prm_fallbacks, result.filter) == (None,) * 3
+        assert result.trajectories[0].original_reward == 1.0 and result.rejected_sessions == {}
         for key in ("a", "b"):
             store.mark_ready(key, f"{key}-t0")
 
@@ -210,26 +210,34 @@ async def test_group_normalization_after_scoring_leaves_process_rewards_alone():
     add_chain(store, "b", ("bad",), reward=0.0)
     add_chain(store, "c", ("good",), reward=0.0)
     result = await export_group(store, ["a", "b", "c"], runner=runner_of(LeafAware()))
-    rewards = [t["reward"] for t in result["trajectories"]]
-    np.testing.assert_allclose(rewards, group_normalize([1.0, 0.0, 0.0]))
-    assert [t["original_reward"] for t in result["trajectories"]] == [1.0, 0.0, 0.0]
-    assert [t["sequence"].token_rewards[2:].tolist() for t in result["trajectories"]] == [[1, 1], [-1, -1], [1, 1]]
+    rewards = [t.reward for t in result.trajectories]
+    # population z-score of [1, 0, 0]: mean 1/3, std sqrt(2)/3
+    np.testing.assert_allclose(rewards, [2 / 2**0.5, -1 / 2**0.5, -1 / 2**0.5], rtol=1e-6)
+    assert [t.original_reward for t in result.trajectories] == [1.0, 0.0, 0.0]
+    assert [t.sequence.token_rewards[2:].tolist() for t in result.trajectories] == [[1, 1], [-1, -1], [1, 1]]
 
 
 async def test_the_normalized_reward_is_where_the_batch_reads_it():
-    # Issue 14.5: t["reward"] was normalized but t["sequence"].reward, which pack_branches reads, stayed raw.
+    # Issue 14.5: t.reward was normalized but t.sequence.reward, which pack_branches reads, stayed raw.
     store = TrajectoryStore()
     add_chain(store, "a", ("good",), reward=1.0)
     add_chain(store, "b", ("bad",), reward=0.0)
     result = await export_group(store, ["a", "b"], runner=runner_of(LeafAware()))
-    batch = pack_branches([t["sequence"] for t in result["trajectories"]])
+    batch = pack_branches([t.sequence for t in result.trajectories])
     np.testing.assert_allclose(batch["rewards"], [1.0, -1.0], rtol=1e-6)  # population z-score of [1, 0]
-    assert [t["sequence"].reward for t in result["trajectories"]] == [t["reward"] for t in result["trajectories"]]
+    assert [t.sequence.reward for t in result.trajectories] == [t.reward for t in result.trajectories]
 
 
-def test_group_normalize_population_z_score():
-    np.testing.assert_allclose(group_normalize([1.0, 0.0]), [1.0, -1.0], rtol=1e-6)
-    np.testing.assert_allclose(group_normalize([3.0]), [0.0])
+def test_proxy_normalize_population_z_score():
+    from prm_jax.kernels.normalization import proxy_normalize
+    np.testing.assert_allclose(proxy_normalize([1.0, 0.0]), [1.0, -1.0], rtol=1e-6)
+    np.testing.assert_allclose(proxy_normalize([3.0]), [0.0])
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 9, 40):
+        r = rng.normal(size=n)
+        mean = sum(r) / n
+        std = (sum((x - mean) ** 2 for x in r) / n) ** 0.5
+        np.testing.assert_allclose(proxy_normalize(r.tolist()), [(x - mean) / (std + 1e-8) for x in r], rtol=1e-12)
 
 
 async def test_group_filter_applies_to_the_complete_group():
@@ -238,12 +246,12 @@ async def test_group_filter_applies_to_the_complete_group():
     add_chain(store, "b", ("good",), reward=0.0)
     result = await export_group(store, ["a", "b"], runner=runner_of(LeafAware()),
                                 group_filter=filter_mixed_or_penalized_all_wrong)
-    assert result["status"] == "filtered"  # all wrong, no negative process reward
+    assert result.status == "filtered"  # all wrong, no negative process reward
     add_chain(store, "c", ("bad",), reward=0.0)
     add_chain(store, "d", ("good",), reward=0.0)
     result = await export_group(store, ["c", "d"], runner=runner_of(LeafAware()),
                                 group_filter=filter_mixed_or_penalized_all_wrong)
-    assert result["status"] == "accepted"  # all wrong, but penalized by the process reward
+    assert result.status == "accepted"  # all wrong, but penalized by the process reward
 
 
 class Client:
@@ -296,7 +304,7 @@ async def test_service_export_uses_its_runner():
     async with await ExportService.start(config("v2")) as service:
         add_chain(service.store, "a")
         result = await service.export(["a"])
-        assert result["status"] == "accepted" and "prm_stats" in result
+        assert result.status == "accepted" and result.prm_stats is not None
     assert st.EVENTS == ["close:b", "close:a"]
 
 
@@ -318,18 +326,18 @@ async def test_keep_original_exports_the_whole_session_unscored_when_a_scorer_fa
     add_chain(store, "b")
     want = {leaf: store.session("a").to_sequence(leaf) for leaf in ("a-l0", "a-l1")}
     result = await export_group(store, ["a", "b"], runner=runner_of(LeafAware()), error_policy="keep_original")
-    assert result["status"] == "accepted"
-    got = {t["leaf_id"]: t["sequence"] for t in result["trajectories"] if t["session_key"] == "a"}
+    assert result.status == "accepted"
+    got = {t.leaf_id: t.sequence for t in result.trajectories if t.session_key == "a"}
     assert sorted(got) == ["a-l0", "a-l1"]
     for leaf, sequence in got.items():  # the first branch scored before the second failed: not kept
         np.testing.assert_array_equal(sequence.token_rewards, want[leaf].token_rewards)
-        assert [t["original_reward"] for t in result["trajectories"] if t["leaf_id"] == leaf] == [want[leaf].reward]
-    scored_b = next(t["sequence"] for t in result["trajectories"] if t["session_key"] == "b")
+        assert [t.original_reward for t in result.trajectories if t.leaf_id == leaf] == [want[leaf].reward]
+    scored_b = next(t.sequence for t in result.trajectories if t.session_key == "b")
     assert scored_b.token_rewards is not None and scored_b.token_rewards.max() == 1.0  # b was scored
-    assert list(result["prm_fallbacks"]) == ["a"] and "judge failed" in result["prm_fallbacks"]["a"]
-    metrics = result["prm_stats"]["metrics"].values()
+    assert list(result.prm_fallbacks) == ["a"] and "judge failed" in result.prm_fallbacks["a"]
+    metrics = result.prm_stats["metrics"].values()
     assert metrics["rollout/prm_fallback"] == 1.0
-    assert "a" not in result["prm_stats"]["turn_results"] and "b" in result["prm_stats"]["turn_results"]
+    assert "a" not in result.prm_stats["turn_results"] and "b" in result.prm_stats["turn_results"]
     assert not store.has_session("a") and not store.has_session("b")  # cleanup unchanged
 
 
@@ -337,7 +345,7 @@ async def test_reject_stays_the_default():
     store = TrajectoryStore()
     original_session(store, "a")
     result = await export_group(store, ["a"], runner=runner_of(LeafAware()))
-    assert result["status"] == "rejected" and "prm_fallbacks" not in result
+    assert result.status == "rejected" and result.prm_fallbacks is None
 
 
 async def test_keep_original_never_catches_cancellation_or_a_closed_runner():
@@ -351,8 +359,8 @@ async def test_keep_original_never_catches_cancellation_or_a_closed_runner():
     runner = runner_of(LeafAware())
     await runner.aclose()
     result = await export_group(store, ["a"], runner=runner, error_policy="keep_original")
-    assert result["status"] == "rejected" and result["prm_fallbacks"] == {}
-    assert "closed" in result["rejected_sessions"]["a"]
+    assert result.status == "rejected" and result.prm_fallbacks == {}
+    assert "closed" in result.rejected_sessions["a"]
 
 
 def test_error_policy_config():

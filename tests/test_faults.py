@@ -17,7 +17,7 @@ import pytest
 import scorers_for_tests as st
 
 from prm_jax import BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMRunner
-from prm_jax.runtime import PRMConfig, ScorerSpec
+from prm_jax.config import PRMConfig, ScorerSpec
 from prm_jax.runtime.export import TrajectoryStore, export_group
 
 pytestmark = pytest.mark.anyio
@@ -72,11 +72,11 @@ async def test_a_duplicate_export_of_a_group_in_flight_is_rejected_and_loses_not
         tg.start_soon(export, "first")
         await anyio.sleep(0.01)  # the first is scoring when the retry arrives
         tg.start_soon(export, "retry")
-    assert results["first"]["status"] == "accepted"
-    assert len(results["first"]["trajectories"]) == 2
-    assert all(t["sequence"].token_rewards is not None for t in results["first"]["trajectories"])
-    assert results["retry"]["status"] == "rejected"
-    assert set(results["retry"]["rejected_sessions"]) == {"s0", "s1"}
+    assert results["first"].status == "accepted"
+    assert len(results["first"].trajectories) == 2
+    assert all(t.sequence.token_rewards is not None for t in results["first"].trajectories)
+    assert results["retry"].status == "rejected"
+    assert set(results["retry"].rejected_sessions) == {"s0", "s1"}
     assert store.keys() == []  # the owner removed its sessions when it finished
 
 
@@ -85,7 +85,7 @@ async def test_a_retry_after_an_export_finished_finds_the_group_missing():
     fill(store, ["s0"])
     first = await export_group(store, ["s0"], remove_session=False)
     retry = await export_group(store, ["s0"], remove_session=False)
-    assert first["status"] == "accepted" and retry["status"] == "rejected"
+    assert first.status == "accepted" and retry.status == "rejected"
 
 
 # --- 10.2 all-or-nothing commit across scorers ------------------------------------------------------------

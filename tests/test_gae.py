@@ -19,6 +19,7 @@ from prm_jax.native import ffi as native
 
 # The module, not the function that prm_jax.kernels re-exports under the same name.
 gae_module = importlib.import_module("prm_jax.kernels.gae")
+recurrence = importlib.import_module("prm_jax.kernels.recurrence")
 
 # The native CPU kernel joins every comparison wherever it builds (decided when a test runs, not while
 # the suite is collected: collecting builds nothing); test_native_kernel_builds checks that it does wherever
@@ -219,11 +220,11 @@ def test_turn_gae_rejects_invalid_turn_ids(ids, mask, problem):
                     or os.environ.get("PRM_JAX_NATIVE", "1") == "0", reason="needs the CPU backend and a C++ compiler")
 def test_native_kernel_builds_where_a_compiler_exists():
     assert native.available()
-    assert gae_module.resolve_method("auto", unit_discount=False) == "native"
+    assert recurrence.resolve_method("auto", unit_discount=False) == "native"
     # A sharded program never gets the custom call.
-    assert gae_module.resolve_method("auto", unit_discount=False, sharded=True) == "scan"
+    assert recurrence.resolve_method("auto", unit_discount=False, sharded=True) == "scan"
     with pytest.raises(ValueError, match="sharded"):
-        gae_module.resolve_method("native", unit_discount=False, sharded=True)
+        recurrence.resolve_method("native", unit_discount=False, sharded=True)
 
 
 def test_without_the_native_kernel_auto_falls_back_to_scan():

@@ -261,7 +261,7 @@ def test_kwargs_are_checked_without_opening_anything(kwargs, needle):
 
 
 def test_the_per_attempt_timeout_comes_from_yaml(tmp_path, judge):
-    from prm_jax.runtime.config_file import load_config
+    from prm_jax.config.loader import load_config
     from prm_jax.runtime.specs import check_scorer_specs
     path = tmp_path / "judge.yaml"
     path.write_text(f"""

@@ -1,4 +1,4 @@
-"""The three floors import only downward (kernels <- runtime <- app), and ``import prm_jax`` loads no
+"""The floors import only downward (kernels, native <- config <- runtime, scorers <- app), and ``import prm_jax`` loads no
 application code (issue 21: ``__init__`` imported the YAML loader from ``prm_jax.app``)."""
 
 import ast
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "prm_jax"
-FLOORS = {"kernels": 0, "native": 0, "runtime": 1, "scorers": 1, "app": 2}
+FLOORS = {"kernels": 0, "native": 0, "config": 1, "runtime": 2, "scorers": 2, "app": 3}
 
 
 def floor_of(module: str) -> int | None:

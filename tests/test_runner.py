@@ -16,7 +16,8 @@ from prm_jax import (
     PRMScorerResult,
 )
 from prm_jax._compat import ExceptionGroup
-from prm_jax.runtime import PRMConfig, ScorerSpec
+from prm_jax.config import PRMConfig, ScorerSpec
+from prm_jax.runtime.runner import RunnerState
 
 pytestmark = pytest.mark.anyio
 
@@ -283,7 +284,9 @@ async def test_borrowed_scorers_are_not_closed():
                                 ScorerSpec("scorers_for_tests.ClosingB", kwargs={"label": "b"})))
     async with await PRMRunner.create(config, scorers=(borrowed,)) as runner:
         assert [s.name for s in runner.scorers] == ["closing_a", "closing_b", "closing_c"]
+        assert runner.state is RunnerState.OPEN
     assert st.EVENTS == ["close:b", "close:a"] and borrowed.closed == 0
+    assert runner.state is RunnerState.CLOSED
 
 
 def test_scorer_instances_are_not_configuration():
@@ -321,9 +324,11 @@ async def test_run_is_rejected_once_closing_starts():
     async with anyio.create_task_group() as tg:
         tg.start_soon(runner.aclose)
         await anyio.sleep(0.01)
+        assert runner.state is RunnerState.CLOSING and runner.closed
         with pytest.raises(RuntimeError, match="closed"):
             await runner.run(branch(1))
         tg.cancel_scope.cancel()
+    assert runner.state is RunnerState.CLOSING  # the cancelled aclose left the hanging scorer to a later one
 
 
 async def test_cancellation_propagates_and_interrupted_hook_is_not_retried():

@@ -2,6 +2,8 @@ import numpy as np
 import pytest
 
 from prm_jax import Interaction, InteractionCache
+from prm_jax.kernels import turn_ids_from_spans
+from prm_jax.runtime.trajectory import concat_spans, turn_spans
 
 
 def parent_child(parent_rewards=(0.5, 0.0), child_rewards=(0.0, -1.0), **child):
@@ -174,6 +176,14 @@ def test_stitch_matches_a_plain_loop_on_random_chains(shared):
         else:
             assert seq.token_rewards is None
         assert (seq.loss_mask.dtype, seq.turn_ids.dtype, seq.logprobs.dtype) == (np.int32, np.int32, np.float32)
+        # One turn-id rule, three readers of it: the host inverse (score_arrays), the device writer.
+        spans = concat_spans(chain)
+        nonempty = [span for span in spans if span[1] > span[0]]
+        if len(nonempty) == len(spans):
+            assert turn_spans(seq.turn_ids) == spans
+        if seq.turn_ids.size:
+            device = turn_ids_from_spans(np.asarray(spans, np.int64)[None], seq.turn_ids.size)
+            np.testing.assert_array_equal(np.asarray(device)[0], seq.turn_ids)
         if n > 1 and chain[0].output_len:  # a child whose inputs are other memory (same buffer, shifted) or
             child = chain[1]                # other values is refused unless it happens to hold equal tokens
             size = child.input_tokens.shape[0]
@@ -232,3 +242,10 @@ def test_views_and_clones_share_read_only_views_that_cannot_be_made_writeable():
     assert shared.clone().input_tokens is shared.input_tokens  # shared, not viewed again
     assert plain.clone().token_rewards is not plain.token_rewards  # the clone's own, to commit into
     np.testing.assert_array_equal(full, np.arange(1, 8))
+
+
+def test_turn_spans_refuses_ids_that_stitch_never_writes():
+    assert turn_spans(np.array([-1, 0, 0, -1, 1, -1])) == [(1, 3), (4, 5)]
+    for bad, match in (([1, 1, -1], "in order"), ([0, -1, 0], "not contiguous"), ([0, 2], "in order")):
+        with pytest.raises(ValueError, match=match):
+            turn_spans(np.array(bad), row=3)

@@ -52,13 +52,13 @@ from prm_jax.app.outputs import (
 )
 from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table, step_group_stats
 from prm_jax.app.sessions import InputError, read_sessions
+from prm_jax.config.experiment import ExperimentConfig, ScorerSpec
+from prm_jax.config.loader import load_config
 from prm_jax.kernels.advantages import compute_advantage_variants, compute_advantages
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.native.build import cache_dir
 from prm_jax.runtime.batching import bucket_width, pack_branches
-from prm_jax.runtime.config import ExperimentConfig, ScorerSpec
-from prm_jax.runtime.config_file import load_config
-from prm_jax.runtime.export import ExportService
+from prm_jax.runtime.export import ExportedTrajectory, ExportResult, ExportService
 from prm_jax.runtime.filters import (
     filter_function,
     filter_mixed_or_penalized_all_wrong,
@@ -137,18 +137,18 @@ async def _export_all(config: ExperimentConfig, records, group_filter, progress:
     async with service:
         for group, keys in groups.items():
             result = await service.export(keys, group_filter=group_filter)
-            out.statuses[group] = result["status"]
-            if result["status"] != "accepted":
-                out.reasons[group] = {"status": result["status"], "sessions": keys,
+            out.statuses[group] = result.status
+            if result.status != "accepted":
+                out.reasons[group] = {"status": result.status, "sessions": keys,
                                       "reason": _rejection_reason(result)}
-            for name, value in result.get("filter", {}).items():
+            for name, value in (result.filter or {}).items():
                 if name != "accepted":
                     out.filter_counters[name] = out.filter_counters.get(name, 0) + int(value)
-            if "prm_stats" in result:
-                recorder.record(result["prm_stats"]["metrics"])
-            out.fallbacks.update({key: _shorten(why) for key, why in result.get("prm_fallbacks", {}).items()})
-            if result["status"] == "accepted":
-                out.accepted.append(result["trajectories"])
+            if result.prm_stats is not None:
+                recorder.record(result.prm_stats["metrics"])
+            out.fallbacks.update({key: _shorten(why) for key, why in (result.prm_fallbacks or {}).items()})
+            if result.status == "accepted":
+                out.accepted.append(result.trajectories)
             progress.step()
     out.metrics = recorder.flush()
     return out
@@ -161,17 +161,17 @@ class Exported:
     (``error_policy: keep_original``) with why."""
 
     statuses: dict[str, str] = dataclasses.field(default_factory=dict)
-    accepted: list[list[dict]] = dataclasses.field(default_factory=list)
+    accepted: list[list[ExportedTrajectory]] = dataclasses.field(default_factory=list)
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     filter_counters: dict[str, int] = dataclasses.field(default_factory=dict)
     reasons: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     fallbacks: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def _rejection_reason(result: dict[str, Any]) -> Any:
-    if result["status"] == "rejected":
-        return {key: _shorten(reason) for key, reason in result["rejected_sessions"].items()}
-    decision = result.get("filter", {})
+def _rejection_reason(result: ExportResult) -> Any:
+    if result.status == "rejected":
+        return {key: _shorten(reason) for key, reason in result.rejected_sessions.items()}
+    decision = result.filter or {}
     why = ("all correct" if decision.get("rejected_by_all_correct") else "all wrong without a process penalty"
            if decision.get("rejected_by_all_wrong") else "rejected")
     return f"filtered: {why}"
@@ -198,8 +198,9 @@ def _advantages(padded: dict[str, np.ndarray], config: ExperimentConfig, rows: i
     outputs: dict[str, Any] = {}
     if "token_rewards" in arrays and config.actor.token_rewards_as_adv:
         # One GAE for every mode.
-        configured, variants = compute_advantage_variants(arrays, config.actor, SHAPING_MODES)
-        for mode, advantages in variants.items():
+        shapings, refused = config.actor.shaping_variants(SHAPING_MODES)
+        configured, variants = compute_advantage_variants(arrays, config.actor, shapings)
+        for mode, advantages in {**variants, **refused}.items():
             outputs[mode] = advantages if isinstance(advantages, str) else configured._replace(advantages=advantages)
     else:
         configured = compute_advantages(arrays, config.actor)
@@ -287,9 +288,10 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
         raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
                               + _shorten(listed, 1000))
     rows, group_sizes = len(trajectories), [len(group) for group in accepted]
-    padded = _pack([t["sequence"] for t in trajectories], group_sizes, *buckets, process_rewards=config.prm.active)
+    padded = _pack([t.sequence for t in trajectories], group_sizes, *buckets, process_rewards=config.prm.active)
     batch = {name: value[:rows] for name, value in padded.items()}  # views: the real rows
-    batch["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories], np.float32)
+    batch["original_rewards"] = np.array([t.reward if t.original_reward is None else t.original_reward
+                                          for t in trajectories], np.float32)
     batch["group_sizes"] = np.array(group_sizes, np.int32)
     del trajectories
     accepted.clear()  # packed: the branch sequences' memory is free for the advantages

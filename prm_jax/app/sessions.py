@@ -29,30 +29,35 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gzip
 import io
 import json
-import math
 import re
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 import numpy as np
 
-from prm_jax.kernels.gigpo import is_anchor_id
-from prm_jax.runtime.trajectory import STOP_REASONS, Interaction, InteractionCache, concat_spans
+from prm_jax.runtime.trajectory import (
+    MAX_TOKEN_ID,
+    STOP_REASONS,
+    Interaction,
+    InteractionCache,
+    anchor_value,
+    check_vector_lengths,
+    concat_spans,
+    finite_value,
+    finite_vector,
+)
 from prm_jax.validation import short_repr
 
-MAX_TOKEN_ID = 2**31 - 1
 LOGPROB_SLACK = 1e-6  # inference engines round a log-prob of ~0 to tiny positive values
-TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
-SESSION_KEYS = {"session_key", "group", "interactions", "ready"}
-INTERACTION_KEYS = {"id", "parent_id", "input_tokens", "output_tokens", "output_logprobs", "messages",
-                    "output_messages", "stop_reason", "reward", "token_rewards", "anchor_id", "step_reward"}
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class InputError(ValueError):
@@ -72,59 +77,161 @@ class SessionRecord:
     line: int
 
 
-def _check_finite(value: Any, upper: float | None, path: Path, line: int, field: str) -> None:
-    """Numbers (or lists of numbers) must be finite, and at most ``upper`` when given; bools are not numbers."""
-    if value is None:
-        return
-    values = value if isinstance(value, list) else [value]
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise InputError(path, line, field, f"must hold numbers, got {short_repr(v)}")
-        try:
-            finite = math.isfinite(v)
-        except OverflowError:  # an integer beyond a float's range (e.g. 400 digits)
-            finite = False
-        if not finite:
-            raise InputError(path, line, field, f"must be finite, got {short_repr(v)}")
-        if upper is not None and v > upper + LOGPROB_SLACK:
-            raise InputError(path, line, field, f"log-probabilities must be <= 0, got {v}")
+# The schema, declared once. Each field: its JSON type as the fast path decodes it (msgspec checks it in C),
+# the same type checked in Python by the field-by-field path, and one value rule that both paths run on the
+# decoded value. The fast path may read bytes differently (token lists are compared as bytes); it accepts
+# exactly what this table accepts (tests/app/test_sessions.py fuzzes both readers against each other).
+
+REQUIRED = msgspec.NODEFAULT
+
+
+class FieldRule(NamedTuple):
+    name: str
+    json_type: Any                        # msgspec type of the fast path
+    default: Any                          # REQUIRED, or the value when absent
+    is_type: Callable[[Any], bool]        # the field-by-field path's check of the same type
+    type_problem: str
+    value: Callable[[Any], Any] | None = None  # the value rule (raises ValueError), on the decoded value
+    absent: Any = None                    # the turn's value when the field is absent or null
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _nonempty_str(v: Any) -> bool:
+    return isinstance(v, str) and bool(v)
+
+
+def _numbers(v: Any) -> bool:
+    return isinstance(v, list) and all(map(_number, v))
+
+
+def _token_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
+def _objects(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(m, dict) for m in v)
+
+
+def _logprobs(values: list[float]) -> np.ndarray:
+    """The format's rule on log-probs (<= 0, with slack for rounding), then the turn's vector rule."""
+    array = finite_vector(values)
+    if array.size and np.asarray(values, np.float64).max() > LOGPROB_SLACK:
+        raise ValueError(f"log-probabilities must be <= 0, got {np.asarray(values, np.float64).max().item()}")
+    return array
+
+
+INTERACTION_SCHEMA: tuple[FieldRule, ...] = (
+    FieldRule("id", NonEmpty, REQUIRED, _nonempty_str, "must be a non-empty string", None),
+    FieldRule("input_tokens", msgspec.Raw, REQUIRED, _token_list,
+              "token ids are required (a list of integers); message-only interactions cannot be scored"),
+    FieldRule("output_tokens", msgspec.Raw, REQUIRED, _token_list,
+              "token ids are required (a list of integers); message-only interactions cannot be scored"),
+    FieldRule("parent_id", NonEmpty | None, None, _optional(_nonempty_str), "must be a non-empty string or null"),
+    FieldRule("output_logprobs", list[float] | None, None, _optional(_numbers), "must hold numbers",
+              _logprobs),
+    FieldRule("messages", list[dict[str, Any]] | None, None, _optional(_objects), "must be a list of JSON objects",
+              tuple, ()),
+    FieldRule("output_messages", list[dict[str, Any]] | None, None, _optional(_objects),
+              "must be a list of JSON objects", tuple, ()),
+    FieldRule("stop_reason", Literal["stop", "length"], "stop", lambda v: v in STOP_REASONS,
+              f"must be one of {STOP_REASONS}", None, "stop"),
+    FieldRule("reward", float | None, None, _optional(_number), "must hold numbers", finite_value),
+    FieldRule("token_rewards", list[float] | None, None, _optional(_numbers), "must hold numbers", finite_vector),
+    # (msgspec bounds no int beyond int64: the value rule checks the range)
+    FieldRule("anchor_id", int | None, None, _optional(lambda v: isinstance(v, int) and not isinstance(v, bool)),
+              "must be an integer or null", anchor_value),
+    FieldRule("step_reward", float | None, None, _optional(_number), "must hold numbers", finite_value),
+)
+INTERACTION_KEYS = {rule.name for rule in INTERACTION_SCHEMA}
+SESSION_KEYS = {"session_key", "group", "interactions", "ready"}
+
+
+_VALUE_RULES = tuple(rule for rule in INTERACTION_SCHEMA if rule.name not in ("id", "input_tokens", "output_tokens"))
+
+
+def _struct_fields(schema: Sequence[FieldRule]) -> list[tuple[Any, ...]]:
+    return [(r.name, r.json_type) if r.default is REQUIRED else (r.name, r.json_type, r.default) for r in schema]
+
+
+def _field_values(get: Callable[[str], Any], where: str) -> dict[str, Any]:
+    """The value rules of every field but the token lists, on decoded values; ``FieldError`` names the field."""
+    values = {}
+    for rule in _VALUE_RULES:
+        value = get(rule.name)
+        if value is None:
+            value = rule.absent
+        elif rule.value is not None:
+            try:
+                value = rule.value(value)
+            except ValueError as err:
+                raise FieldError(f"{where}.{rule.name}", str(err)) from None
+        values[rule.name] = value
+    return values
+
+
+class FieldError(ValueError):
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
+
+
+def _interaction_from(interaction_id: str, input_tokens: np.ndarray, output_tokens: np.ndarray,
+                      values: dict[str, Any], where: str) -> Interaction:
+    """The cross-field rules, then the turn (every rule of ``Interaction`` holds by now)."""
+    if values["parent_id"] == interaction_id:
+        raise FieldError(where, f"interaction {interaction_id!r} is its own parent")
+    try:
+        check_vector_lengths(interaction_id, output_tokens.shape[0], values["output_logprobs"], values["token_rewards"])
+    except ValueError as err:
+        raise FieldError(where, str(err)) from None
+    return Interaction.prevalidated(interaction_id, input_tokens, output_tokens, **values)
 
 
 def _interaction(item: Any, path: Path, line: int, where: str) -> Interaction:
+    """One interaction, field by field: the schema's types in Python, then the value rules."""
     if not isinstance(item, dict):
         raise InputError(path, line, where, "must be a JSON object")
     unknown = sorted(set(item) - INTERACTION_KEYS)
     if unknown:
         raise InputError(path, line, f"{where}.{unknown[0]}", "unknown key")
-    for field in ("input_tokens", "output_tokens"):
-        if not isinstance(item.get(field), list):
-            raise InputError(path, line, f"{where}.{field}", "token ids are required (a list of integers); "
-                                                             "message-only interactions cannot be scored")
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in item[field]):
-            raise InputError(path, line, f"{where}.{field}", "must hold integer token ids only")
-        bad = [t for t in item[field] if not 0 <= t <= MAX_TOKEN_ID]
+    for rule in INTERACTION_SCHEMA:
+        if rule.name not in item and rule.default is not REQUIRED:
+            continue
+        value = item.get(rule.name)
+        if not rule.is_type(value):
+            shown = "" if rule.name.endswith("_tokens") else f", got {short_repr(value)}"
+            raise InputError(path, line, f"{where}.{rule.name}", rule.type_problem + shown)
+    tokens = []
+    for name in ("input_tokens", "output_tokens"):
+        bad = [t for t in item[name] if not 0 <= t <= MAX_TOKEN_ID]
         if bad:
-            raise InputError(path, line, f"{where}.{field}", f"token ids must be in [0, {MAX_TOKEN_ID}] (int32), "
-                                                             f"got {bad[0]}")
-    for field, upper in (("token_rewards", None), ("output_logprobs", 0.0), ("reward", None),
-                         ("step_reward", None)):
-        _check_finite(item.get(field), upper, path, line, f"{where}.{field}")
-    interaction_id = item.get("id")
-    if not isinstance(interaction_id, str) or not interaction_id:
-        raise InputError(path, line, f"{where}.id", "must be a non-empty string")
-    for field in ("messages", "output_messages"):
-        messages = item.get(field)
-        if messages is not None and (not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages)):
-            raise InputError(path, line, f"{where}.{field}", f"must be a list of JSON objects, got {short_repr(messages)}")
+            raise InputError(path, line, f"{where}.{name}", f"token ids must be in [0, {MAX_TOKEN_ID}] (int32), "
+                                                            f"got {bad[0]}")
+        tokens.append(np.asarray(item[name], np.int64) if item[name] else np.zeros(0, np.int64))
     try:
-        return Interaction(
-            interaction_id, item["input_tokens"], item["output_tokens"], parent_id=item.get("parent_id"),
-            output_logprobs=item.get("output_logprobs"), messages=item.get("messages") or (),
-            output_messages=item.get("output_messages") or (), stop_reason=item.get("stop_reason", "stop"),
-            reward=item.get("reward"), token_rewards=item.get("token_rewards"), anchor_id=item.get("anchor_id"),
-            step_reward=item.get("step_reward"))
-    except (ValueError, TypeError) as err:
-        raise InputError(path, line, where, str(err)) from None
+        return _interaction_from(item["id"], tokens[0], tokens[1], _field_values(item.get, where), where)
+    except FieldError as err:
+        raise InputError(path, line, err.field, err.problem) from None
+
+
+def _ready_rule(ready: list[str], known: Any, reward_of: Callable[[str], float | None]) -> None:
+    """``ready`` names leaves of the session, each once, each with an outcome reward (both readers)."""
+    if not ready:
+        raise FieldError("ready", "must be a non-empty list of interaction ids")
+    if len(set(ready)) != len(ready):
+        raise FieldError("ready", f"names {next(r for r in ready if ready.count(r) > 1)!r} twice")
+    for leaf in ready:
+        if leaf not in known:
+            raise FieldError("ready", f"names {leaf!r}, which is not an interaction of the session")
+        if reward_of(leaf) is None:
+            raise FieldError("reward", f"the leaf {leaf!r} of a ready trajectory needs an outcome reward")
 
 
 def _session(data: Any, path: Path, line: int) -> SessionRecord:
@@ -152,49 +259,28 @@ def _session(data: Any, path: Path, line: int) -> SessionRecord:
     try:
         leaves = [branch[-1].interaction_id for branch in cache.branches()]  # every turn on a branch (no cycle)
         ready = data.get("ready", leaves)
-        if not isinstance(ready, list) or not ready or not all(isinstance(r, str) for r in ready):
+        if not isinstance(ready, list) or not all(isinstance(r, str) for r in ready):
             raise InputError(path, line, "ready", "must be a non-empty list of interaction ids")
-        if len(set(ready)) != len(ready):
-            twice = next(r for r in ready if ready.count(r) > 1)
-            raise InputError(path, line, "ready", f"names {twice!r} twice")
+        _ready_rule(ready, cache, lambda leaf: cache.get(leaf).reward)
         for leaf in ready:
-            if leaf not in cache:
-                raise InputError(path, line, "ready", f"names {leaf!r}, which is not an interaction of the session")
-            sequence = cache.to_sequence(leaf)
-            if sequence.reward is None:
-                raise InputError(path, line, "reward", f"the leaf {leaf!r} of a ready trajectory needs an outcome reward")
-    except InputError:
-        raise
+            cache.to_sequence(leaf)  # the concat rule along the branch
+    except FieldError as err:
+        raise InputError(path, line, err.field, err.problem) from None
     except ValueError as err:
         raise InputError(path, line, "interactions", str(err)) from None
     return SessionRecord(key, group, cache, list(ready), line)
 
 
-class _InteractionIn(msgspec.Struct, forbid_unknown_fields=True):
-    """The fast path's schema: what ``_interaction`` checks field by field, checked in C while decoding.
-
-    Token lists stay raw JSON (valid JSON: msgspec checks their syntax): a child repeats its parent's
-    tokens, which are compared as bytes and never decoded (see ``_branch_tokens``); the leaf's are parsed
-    straight into one array (``_parse_ids``). Floats decode faster through msgspec than through numpy."""
-
-    id: str
-    input_tokens: msgspec.Raw
-    output_tokens: msgspec.Raw
-    parent_id: str | None = None
-    output_logprobs: list[float] | None = None
-    messages: list[dict[str, Any]] | None = None
-    output_messages: list[dict[str, Any]] | None = None
-    stop_reason: Literal["stop", "length"] = "stop"
-    reward: float | None = None
-    token_rewards: list[float] | None = None
-    anchor_id: int | None = None  # (msgspec bounds no int beyond int64: the range is checked below)
-    step_reward: float | None = None
+# The fast path's types, built from the schema above. Token lists stay raw JSON (valid JSON: msgspec checks
+# their syntax): a child repeats its parent's tokens, which are compared as bytes and never decoded (see
+# ``_branch_tokens``); the leaf's are parsed straight into one array (``_parse_ids``).
+_InteractionIn = msgspec.defstruct("_InteractionIn", _struct_fields(INTERACTION_SCHEMA), forbid_unknown_fields=True)
 
 
 class _SessionIn(msgspec.Struct, forbid_unknown_fields=True):
-    session_key: str
-    interactions: list[_InteractionIn]
-    group: str | msgspec.UnsetType = msgspec.UNSET  # absent: the session key; null is refused (as field by field)
+    session_key: NonEmpty
+    interactions: list[_InteractionIn]  # type: ignore[valid-type]
+    group: NonEmpty | msgspec.UnsetType = msgspec.UNSET  # absent: the session key; null is refused (as field by field)
     ready: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -214,20 +300,19 @@ def _fast_session(line: bytes, path: Path, line_no: int) -> tuple[SessionRecord,
     field-by-field path, which names the field that is wrong.
     """
     data = _DECODER.decode(line)
-    items = {item.id: item for item in data.interactions}
-    if len(items) != len(data.interactions) or not data.session_key or data.group == "":
-        raise ValueError("duplicate ids or empty keys")
-    children = {item.parent_id for item in data.interactions if item.parent_id is not None}
+    turns: list[Any] = data.interactions  # (a struct type built at run time: mypy cannot see its fields)
+    items = {item.id: item for item in turns}
+    if len(items) != len(turns):
+        raise ValueError("duplicate ids")
+    children = {item.parent_id for item in turns if item.parent_id is not None}
     leaves = [iid for iid in items if iid not in children]
     ready = leaves if data.ready is msgspec.UNSET else data.ready
-    if not ready or len(set(ready)) != len(ready) or any(leaf not in items or items[leaf].reward is None
-                                                          for leaf in ready):
-        raise ValueError("ready")
+    _ready_rule(ready, items, lambda leaf: items[leaf].reward)
     tokens = _branch_tokens(items, leaves)
     if len(tokens) != len(items):
         raise ValueError("turns on no branch (a parent cycle)")
     cache = InteractionCache()
-    for item in data.interactions:
+    for item in turns:
         cache.add(_fast_interaction(item, *tokens[item.id]))
     ungrouped = isinstance(data.group, msgspec.UnsetType)
     group = data.session_key if isinstance(data.group, msgspec.UnsetType) else data.group
@@ -268,7 +353,7 @@ def _parse_ids(raw: bytes) -> np.ndarray:
     return ids
 
 
-def _branch_tokens(items: dict[str, _InteractionIn], leaves: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _branch_tokens(items: dict[str, Any], leaves: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Every turn's ``(input_tokens, output_tokens)`` as views of one buffer per branch.
 
     Only the leaf's tokens are parsed; an ancestor's inputs are checked to be a prefix of the leaf's
@@ -293,7 +378,7 @@ def _branch_tokens(items: dict[str, _InteractionIn], leaves: list[str]) -> dict[
     return out
 
 
-def _chain(items: dict[str, _InteractionIn], leaf: str) -> list[_InteractionIn]:
+def _chain(items: dict[str, Any], leaf: str) -> list[Any]:
     """Root-first turns of the branch ending at ``leaf`` (``ValueError`` on a cycle or a missing parent:
     the checked path words the error)."""
     chain, node, seen = [], items[leaf], set()
@@ -309,7 +394,7 @@ def _chain(items: dict[str, _InteractionIn], leaf: str) -> list[_InteractionIn]:
         node = items[node.parent_id]
 
 
-def _ancestor_span(turn: _InteractionIn, leaf_raw: bytes) -> tuple[int, int]:
+def _ancestor_span(turn: Any, leaf_raw: bytes) -> tuple[int, int]:
     """Where an ancestor's output tokens are in its leaf's sequence, ``(start, stop)``, after checking, as
     bytes, that the leaf's input list begins with the ancestor's input elements and then its output elements."""
     raw = bytes(turn.input_tokens).strip(_SPACE)
@@ -334,32 +419,10 @@ def _ancestor_span(turn: _InteractionIn, leaf_raw: bytes) -> tuple[int, int]:
     return inputs, inputs + _count(outputs)
 
 
-def _fast_interaction(item: _InteractionIn, input_tokens: np.ndarray, output_tokens: np.ndarray) -> Interaction:
-    logprobs = None if item.output_logprobs is None else np.asarray(item.output_logprobs, np.float64)
-    if logprobs is not None and logprobs.size and logprobs.max() > LOGPROB_SLACK:  # as read (float64)
-        raise ValueError("positive log-prob")
-    logprobs = None if logprobs is None else logprobs.astype(np.float32)
-    rewards = None if item.token_rewards is None else np.asarray(item.token_rewards, np.float32)
-    for floats in (logprobs, rewards):
-        if floats is not None and not np.isfinite(floats).all():
-            raise ValueError("non-finite")
-    for number in (item.reward, item.step_reward):
-        if number is not None and not math.isfinite(number):
-            raise ValueError("non-finite reward")
-    if item.anchor_id is not None and not is_anchor_id(item.anchor_id):
-        raise ValueError("anchor_id range")
-    for vector in (logprobs, rewards):
-        if vector is not None and vector.shape != output_tokens.shape:
-            raise ValueError("length")
-    if not item.id or item.parent_id == "" or item.parent_id == item.id or item.stop_reason not in STOP_REASONS:
-        raise ValueError("ids or stop reason")
-    # Every rule of Interaction.__post_init__ holds by now (token ids were checked once per branch).
-    return Interaction.prevalidated(
-        item.id, input_tokens, output_tokens, parent_id=item.parent_id, output_logprobs=logprobs,
-        messages=tuple(item.messages or ()), output_messages=tuple(item.output_messages or ()),
-        stop_reason=item.stop_reason,
-        reward=None if item.reward is None else float(item.reward), token_rewards=rewards, anchor_id=item.anchor_id,
-        step_reward=None if item.step_reward is None else float(item.step_reward))
+def _fast_interaction(item: Any, input_tokens: np.ndarray, output_tokens: np.ndarray) -> Interaction:
+    """The schema's value rules on a decoded interaction (types were checked while decoding)."""
+    return _interaction_from(item.id, input_tokens, output_tokens,
+                             _field_values(functools.partial(getattr, item), "interaction"), "interaction")
 
 
 def share_prefixes(cache: InteractionCache, leaves: Sequence[str]) -> None:

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from prm_jax.validation import integer_dtype
+
 
 def accumulation_dtype(*arrays: Any) -> jnp.dtype:
     """float32, or float64 when an input already is: bf16/f16 inputs never accumulate in low precision."""
@@ -52,8 +54,7 @@ def as_mask(name: str, x: Any) -> jax.Array:
 def as_integer(name: str, x: Any) -> jax.Array:
     """An integer array kept at its own width (ids compared whole, e.g. 64-bit hashes)."""
     x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(f"{name} must be an integer array, got dtype {x.dtype}")
+    integer_dtype(name, x.dtype)
     return x
 
 

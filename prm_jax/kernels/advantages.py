@@ -33,29 +33,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from prm_jax.kernels import _checks, lambda_fn
+from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
-from prm_jax.kernels.gae import (
-    DEFAULT_BLOCK_SIZE,
-    GAE_METHODS,
-    GAEMethod,
-    gae_core,
-    resolve_method,
-    turn_gae_core,
-    turn_ids_check,
-    turn_segments,
-    turn_sums,
-)
+from prm_jax.kernels.gae import gae_core
+from prm_jax.kernels.gae_lambda import GAELambdaContext
 from prm_jax.kernels.gigpo import GiGPOConfig, gigpo_core, host_anchor_ids, step_group_counts
-from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator, kl_rewards
-from prm_jax.kernels.lambda_fn import GAELambdaContext
+from prm_jax.kernels.kl import KLEstimator, kl_rewards
 from prm_jax.kernels.normalization import (
     GroupLayout,
     NormConfig,
@@ -65,14 +55,9 @@ from prm_jax.kernels.normalization import (
     member_counts_check,
     normalize_core,
 )
-from prm_jax.kernels.shaping import (
-    ShapingConfig,
-    ShapingMode,
-    process_range_check,
-    shape_core,
-    warn_gvpo_without_penalty,
-)
-from prm_jax.validation import ConfigError, finite_number, from_mapping, integer, short_repr
+from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAEMethod, resolve_method
+from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_core, warn_gvpo_without_penalty
+from prm_jax.kernels.turns import turn_counts, turn_gae_core, turn_ids_check, turn_segments, turn_sums
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
 OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids", "is_truncated",
@@ -95,141 +80,141 @@ class AdvantageOutput(NamedTuple):
     diagnostics: dict[str, jax.Array]
 
 
-@dataclasses.dataclass(frozen=True)
-class AdvantageConfig:
-    """Actor settings of the advantage pipeline, with AReaL's field names and defaults.
+# The stages of the pipeline. ``prm_jax.config.AdvantageConfig`` (AReaL's keys, validated) resolves into an
+# ``AdvantagePlan`` of these once; the pipeline runs the stages the plan holds and tests no config flag.
 
-    Hashable: it is a static argument of the jitted pipeline, so equal configs never retrace.
-    ``gae_lambda`` is a float, or (AReaL's dynamic λ) a dotted path to a jittable function of the rows'
-    lengths with ``gae_lambda_kwargs`` (see ``prm_jax.kernels.lambda_fn``; AReaL's built-in paths work).
-    ``reward_norm`` is AReaL's actor-side outcome normalization (unbiased std, eps 1e-5 by default); the
-    export's ``normalize_rewards`` is the proxy-side one (population std + 1e-8): use one, not both.
-    Beyond AReaL: ``gae_method``/``gae_block_size`` choose the scan, ``max_turns`` bounds turns per row for
-    turn-level GAE (default ``T``), ``check_values=False`` skips the value checks on the hot path (their
-    reductions and the device sync).
+
+@dataclasses.dataclass(frozen=True)
+class OverlongPenalty:
+    """DAPO's overlong reward penalty: ``min(-(len - (max_new_tokens - overlong_tokens)) / overlong_tokens
+    * factor, 0)`` added to the outcome reward."""
+
+    max_new_tokens: int
+    overlong_tokens: int
+    factor: float
+
+
+@dataclasses.dataclass(frozen=True)
+class OutcomeStage:
+    """Step 1: the ``[B]`` outcome rewards: overlong penalty, bias, scaling, clip, optional normalization."""
+
+    bias: float = 0.0
+    scaling: float = 1.0
+    clip: float = 20.0
+    norm: NormConfig | None = None
+    overlong: OverlongPenalty | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class KLStage:
+    """Step 3: ``-kl_ctl * clamp(kl, -10, 10)`` on active timesteps."""
+
+    kl_ctl: float = 0.1
+    estimator: KLEstimator = "k1"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRewardStage:
+    """Steps 4-5: where the outcome reward goes; ``mask_truncated`` (``mask_no_eos_with_zero``) zeroes it
+    and the process rewards of truncated rows; ``fold_process`` folds uniform per-turn process rewards
+    into the rewards (``token_rewards_as_adv=False``) instead of keeping them for shaping."""
+
+    mask_truncated: bool = False
+    fold_process: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LambdaFunction:
+    """AReaL's dynamic λ: a jittable ``fn(GAELambdaContext, **kwargs) -> [B]`` (``gae_lambda``), with the
+    timestep unit whose lengths it reads."""
+
+    fn: Callable[..., jax.Array]
+    kwargs: tuple[tuple[str, Any], ...]
+    name: str
+    unit: TimestepUnit = "token"
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenGAE:
+    """Steps 6-7: GAE over token timesteps, the KL rewards inside the recurrence."""
+
+    block_size: int = DEFAULT_BLOCK_SIZE
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnGAE:
+    """Steps 6-7: GAE over turns; the KL rewards are added to the advantages afterwards."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GiGPOStage:
+    """Steps 6-7: GiGPO's per-turn advantages in place of GAE (``credit_assignment: {mode: gigpo}``)."""
+
+    config: GiGPOConfig = GiGPOConfig()
+
+
+Estimator = TokenGAE | TurnGAE | GiGPOStage
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantagePlan:
+    """A resolved, validated configuration: the stages ``compute_advantages`` runs, in order.
+
+    Hashable: it is the static argument of the jitted pipeline, so equal plans never retrace. Build it
+    with ``prm_jax.config.AdvantageConfig(...).plan`` (AReaL's keys, validated) rather than by hand.
+    ``shaping`` is ``None`` when the process rewards are folded or unused; ``check_turn_ids`` says the
+    turn ids must follow AReaL's rules (turn-level GAE or a λ function).
     """
 
+    outcome: OutcomeStage = OutcomeStage()
+    kl: KLStage = KLStage()
+    task: TaskRewardStage = TaskRewardStage()
     discount: float = 1.0
-    gae_lambda: float | str = 1.0
-    gae_lambda_kwargs: Any = ()
-    kl_ctl: float = 0.1
-    kl_estimator: KLEstimator = "k1"
-    reward_bias: float = 0.0
-    reward_scaling: float = 1.0
-    reward_clip: float = 20.0
-    mask_no_eos_with_zero: bool = False
-    token_rewards_as_adv: bool = True
-    gae_timestep_unit: TimestepUnit = "token"
-    reward_norm: NormConfig | None = None
+    lam: float | LambdaFunction = 1.0
+    estimator: Estimator = TokenGAE()
     adv_norm: NormConfig | None = None
-    advantage_shaping: ShapingConfig = ShapingConfig()
-    overlong_reward_penalty: bool = False
-    overlong_tokens: int | None = None
-    overlong_penalty_factor: float | None = None
-    max_new_tokens: int | None = None
+    shaping: ShapingConfig | None = ShapingConfig()
     gae_method: GAEMethod = "auto"
-    gae_block_size: int = DEFAULT_BLOCK_SIZE
     max_turns: int | None = None
+    check_turn_ids: bool = False
     check_values: bool | Literal["callback"] = True
-    credit_assignment: GiGPOConfig | None = None
     diagnostics: bool = False
 
-    def __post_init__(self):
-        set_ = functools.partial(object.__setattr__, self)
-        set_("discount", finite_number("discount", self.discount, minimum=0.0, maximum=1.0))
-        if isinstance(self.gae_lambda, str):
-            set_("gae_lambda_kwargs", _frozen_kwargs(self.gae_lambda_kwargs))
-            try:
-                lambda_fn.validate(self.gae_lambda, dict(self.gae_lambda_kwargs))
-            except (ValueError, TypeError) as err:
-                raise ConfigError("gae_lambda", f"({self.gae_lambda}): {err}") from None
-        else:
-            set_("gae_lambda", finite_number("gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0))
-            set_("gae_lambda_kwargs", ())  # ignored for a float, as in AReaL
-        set_("kl_ctl", finite_number("kl_ctl", self.kl_ctl))
-        set_("reward_bias", finite_number("reward_bias", self.reward_bias))
-        set_("reward_scaling", finite_number("reward_scaling", self.reward_scaling))
-        set_("reward_clip", finite_number("reward_clip", self.reward_clip, minimum=0.0))
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ConfigError("kl_estimator", f"must be one of {KL_ESTIMATORS}, got {short_repr(self.kl_estimator)}")
-        if not (self.check_values is True or self.check_values is False or self.check_values == "callback"):
-            raise ConfigError("check_values", f"must be true, false or 'callback', got {short_repr(self.check_values)}")
-        for key in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty", "diagnostics"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(key, f"must be a bool, got {short_repr(getattr(self, key))}")
-        if self.gae_timestep_unit not in TIMESTEP_UNITS:
-            raise ConfigError("gae_timestep_unit",
-                              f"must be one of {TIMESTEP_UNITS}, got {short_repr(self.gae_timestep_unit)}")
-        set_("reward_norm", NormConfig.from_value(self.reward_norm, "reward_norm"))
-        set_("adv_norm", NormConfig.from_value(self.adv_norm, "adv_norm"))
-        set_("advantage_shaping", ShapingConfig.from_value(self.advantage_shaping))
-        set_("credit_assignment", _credit_assignment(self.credit_assignment))
-        mode = self.advantage_shaping.mode
-        if mode in ("gvpo", "process_weighted") and not self.token_rewards_as_adv:
-            raise ConfigError("token_rewards_as_adv", f"must be true: advantage_shaping.mode={mode!r} shapes with "
-                                                      "direct process rewards")
-        if mode == "process_weighted" and self.mask_no_eos_with_zero:
-            raise ConfigError("mask_no_eos_with_zero", "must be false with advantage_shaping.mode='process_weighted'")
-        if self.gae_method not in GAE_METHODS:
-            raise ConfigError("gae_method", f"must be one of {GAE_METHODS}, got {short_repr(self.gae_method)}")
-        if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
-                                            or self.discount * self.gae_lambda != 1.0):
-            raise ConfigError("gae_method", "'cumsum' needs discount * gae_lambda == 1 (a float gae_lambda)")
-        integer("gae_block_size", self.gae_block_size, minimum=1)
-        if self.max_turns is not None:
-            integer("max_turns", self.max_turns, minimum=1)
-        if self.overlong_reward_penalty:
-            try:
-                overlong = integer("overlong_tokens", self.overlong_tokens, minimum=1)
-                integer("max_new_tokens", self.max_new_tokens, minimum=overlong)
-            except ConfigError as err:
-                raise ConfigError(err.key, f"{err.problem} (with overlong_reward_penalty)") from None
-            set_("overlong_penalty_factor", finite_number("overlong_penalty_factor",
-                                                          self.overlong_penalty_factor, minimum=0.0))
+    @property
+    def needs_turn_ids(self) -> bool:
+        return not isinstance(self.estimator, TokenGAE)
+
+    def num_turns(self, width: int) -> int:
+        return self.max_turns or width
 
 
-def _credit_assignment(value: Any) -> GiGPOConfig | None:
-    """``None``, a ``GiGPOConfig`` or AReaL-style ``{mode: gigpo, ...}``."""
-    if value is None or isinstance(value, GiGPOConfig):
-        return value
-    if not isinstance(value, Mapping):
-        raise ConfigError("credit_assignment", f"must be a mapping with mode: gigpo, got {type(value).__name__}")
-    fields = dict(value)
-    if fields.pop("mode", None) != "gigpo":
-        raise ConfigError("credit_assignment.mode", f"must be 'gigpo', got {short_repr(value.get('mode'))}")
-    return from_mapping(GiGPOConfig, fields, "credit_assignment")
+class PlanSource(Protocol):
+    """Anything that resolves into a plan (``prm_jax.config.AdvantageConfig``)."""
+
+    @property
+    def plan(self) -> AdvantagePlan: ...
 
 
-def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:
-    """``gae_lambda_kwargs`` as sorted ``(name, value)`` pairs, so the config stays hashable."""
-    if kwargs is None:
-        return ()
-    items = kwargs.items() if isinstance(kwargs, Mapping) else kwargs
-    try:
-        pairs = tuple(sorted((str(k), v) for k, v in items))
-        hash(pairs)
-    except (TypeError, ValueError):
-        raise ConfigError("gae_lambda_kwargs", "must be a mapping of names to hashable values (numbers, strings), "
-                                               f"got {short_repr(kwargs)}") from None
-    return pairs
+def as_plan(config: AdvantagePlan | PlanSource) -> AdvantagePlan:
+    """The plan of ``config`` (a plan is its own)."""
+    plan = config if isinstance(config, AdvantagePlan) else getattr(config, "plan", None)
+    if not isinstance(plan, AdvantagePlan):
+        raise TypeError(f"config must be an AdvantageConfig or an AdvantagePlan, got {type(config).__name__}")
+    return plan
 
 
-def _outcome_rewards(rewards, raw_active, real_rows, config: AdvantageConfig, groups_of):
+def _outcome_rewards(rewards, raw_active, real_rows, stage: OutcomeStage, groups_of):
     dtype = rewards.dtype
-    if config.overlong_reward_penalty:
-        # Validated by AdvantageConfig: all three are set with the penalty on.
-        max_new, tokens, factor = config.max_new_tokens, config.overlong_tokens, config.overlong_penalty_factor
-        assert max_new is not None and tokens is not None and factor is not None
+    if stage.overlong is not None:
+        max_new, tokens, factor = stage.overlong.max_new_tokens, stage.overlong.overlong_tokens, stage.overlong.factor
         response_length = jnp.sum(raw_active.astype(dtype), axis=1)
         exceed = response_length - (max_new - tokens)
         rewards = rewards + jnp.minimum(-exceed / tokens * factor, 0.0)
-    rewards = jnp.clip((rewards + config.reward_bias) * config.reward_scaling, -config.reward_clip,
-                       config.reward_clip)
-    if config.reward_norm is not None:
+    rewards = jnp.clip((rewards + stage.bias) * stage.scaling, -stage.clip, stage.clip)
+    if stage.norm is not None:
         # Every real row counts (one without generated tokens too, as in AReaL); padding rows (no
         # attention at all) do not, and come out as 0.
-        rewards = normalize_core(rewards[:, None], real_rows[:, None], config.reward_norm,
-                                 groups_of(config.reward_norm))[:, 0]
+        rewards = normalize_core(rewards[:, None], real_rows[:, None], stage.norm, groups_of(stage.norm))[:, 0]
     return rewards
 
 
@@ -289,10 +274,10 @@ def _to_timesteps(batch: Mapping[str, jax.Array], raw_active: jax.Array, dtype) 
         values=timestep_float("values") if "values" in batch else jnp.zeros(active.shape, dtype))
 
 
-def _kl(steps: Timesteps, seqlen: jax.Array, config: AdvantageConfig) -> jax.Array:
+def _kl(steps: Timesteps, seqlen: jax.Array, stage: KLStage) -> jax.Array:
     """KL rewards; without reference log-probs the reference is 0 (AReaL), so k1 gives ``kl_ctl * logp``."""
     ref = jnp.zeros_like(steps.logprobs) if steps.ref_logprobs is None else steps.ref_logprobs
-    kl = kl_rewards(steps.logprobs, ref, steps.active, kl_ctl=config.kl_ctl, estimator=config.kl_estimator)
+    kl = kl_rewards(steps.logprobs, ref, steps.active, kl_ctl=stage.kl_ctl, estimator=stage.estimator)
     step = lax.broadcasted_iota(jnp.int32, kl.shape, 1)
     return jnp.where(step == (seqlen - 1)[:, None], jnp.zeros((), kl.dtype), kl)
 
@@ -303,31 +288,24 @@ def _truncation(batch: Mapping[str, jax.Array], seqlen: jax.Array, width: int) -
     return seqlen == width  # AReaL's fallback (compute_advantages warns)
 
 
-def _lambda_context(steps: Timesteps, config: AdvantageConfig) -> GAELambdaContext:
+def _lambda_context(steps: Timesteps, unit: TimestepUnit) -> GAELambdaContext:
     tokens = jnp.sum(steps.active, axis=1, dtype=jnp.int32)
-    if steps.turn_ids is None:
-        turns = jnp.zeros_like(tokens)
-    else:
-        # Ids never decrease along a row (checked), so a new turn starts where an active id exceeds
-        # every earlier active id.
-        seen = lax.cummax(jnp.where(steps.active, steps.turn_ids, -1), axis=1)
-        before = jnp.concatenate([jnp.full_like(seen[:, :1], -1), seen[:, :-1]], axis=1)
-        turns = jnp.sum(steps.active & (steps.turn_ids > before), axis=1, dtype=jnp.int32)
+    turns = jnp.zeros_like(tokens) if steps.turn_ids is None else turn_counts(steps.active, steps.turn_ids)
     return GAELambdaContext(effective_token_lengths=tokens, turn_counts=turns,
-                            timestep_lengths=tokens if config.gae_timestep_unit == "token" else turns)
+                            timestep_lengths=tokens if unit == "token" else turns)
 
 
-def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, config: AdvantageConfig, dtype,
+def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, plan_lam: float | LambdaFunction, dtype,
                 checks: list) -> jax.Array:
-    """λ: the batch's per-row ``gae_lambda [B]``, else the config's function of lengths, else its float."""
+    """λ: the batch's per-row ``gae_lambda [B]``, else the plan's function of lengths, else its float."""
     if "gae_lambda" in batch:
         lam = _checks.as_float("batch['gae_lambda']", batch["gae_lambda"], dtype)
-    elif isinstance(config.gae_lambda, str):
-        lam = lambda_fn.resolve(config.gae_lambda)(_lambda_context(steps, config), **dict(config.gae_lambda_kwargs))
-        _checks.check_shape(f"the λ returned by {config.gae_lambda}", lam, steps.active.shape[:1], "the batch axis")
-        lam = _checks.as_float(f"the λ returned by {config.gae_lambda}", lam, dtype)
+    elif isinstance(plan_lam, LambdaFunction):
+        lam = plan_lam.fn(_lambda_context(steps, plan_lam.unit), **dict(plan_lam.kwargs))
+        _checks.check_shape(f"the λ returned by {plan_lam.name}", lam, steps.active.shape[:1], "the batch axis")
+        lam = _checks.as_float(f"the λ returned by {plan_lam.name}", lam, dtype)
     else:
-        return jnp.asarray(config.gae_lambda, dtype)
+        return jnp.asarray(plan_lam, dtype)
     outside = ~((lam >= 0) & (lam <= 1))  # NaN is outside too
     row, _, value = _checks.first_flagged(outside[:, None], lam[:, None])
     checks.append(_checks.ValueCheck(
@@ -337,7 +315,7 @@ def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, config: Advant
     return lam
 
 
-def _check_batch_shapes(batch: Mapping[str, jax.Array], config: AdvantageConfig) -> tuple[int, int]:
+def _check_batch_shapes(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> tuple[int, int]:
     """Trace-time checks of every key's shape; returns ``(B, T)``."""
     _checks.check_rank("batch['attention_mask']", batch["attention_mask"], 2)
     shape = jnp.shape(batch["attention_mask"])
@@ -350,7 +328,7 @@ def _check_batch_shapes(batch: Mapping[str, jax.Array], config: AdvantageConfig)
     for key in ("group_sizes", "group_member_counts"):
         if key in batch:
             _checks.check_rank(f"batch[{key!r}]", batch[key], 1)
-    if (config.gae_timestep_unit == "turn" or config.credit_assignment is not None) and "turn_ids" not in batch:
+    if plan.needs_turn_ids and "turn_ids" not in batch:
         raise ValueError("gae_timestep_unit='turn' and credit_assignment need batch['turn_ids']")
     for key in ("turn_rewards", "anchor_ids"):
         if key in batch:
@@ -402,68 +380,88 @@ def _sequence_lengths(attention_mask: jax.Array) -> jax.Array:
 
 
 def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timesteps, seqlen: jax.Array,
-                  truncated: jax.Array, config: AdvantageConfig, checks: list) -> tuple[jax.Array, jax.Array | None]:
+                  truncated: jax.Array, stage: TaskRewardStage, checks: list) -> tuple[jax.Array, jax.Array | None]:
     """Steps 4-5: the outcome reward at timestep ``max(seqlen - 2, 0)`` (0 for truncated rows under
     ``mask_no_eos_with_zero``, which also clears their process rewards), plus folded turn rewards."""
     zero = jnp.zeros((), outcome.dtype)
-    if config.mask_no_eos_with_zero:
+    if stage.mask_truncated:
         outcome = jnp.where(truncated, zero, outcome)
         if process is not None:
             process = jnp.where(truncated[:, None], zero, process)
     step = lax.broadcasted_iota(jnp.int32, steps.active.shape, 1)
     task = jnp.where(step == jnp.maximum(seqlen - 2, 0)[:, None], outcome[:, None], zero)
-    if process is not None and not config.token_rewards_as_adv:
+    if process is not None and stage.fold_process:
         folded, uniform_check = _fold_turn_rewards(process, steps.active, steps.turn_ids)
         checks.append(uniform_check)
         task = task + folded
     return task, process
 
 
-def _gigpo_advantages(batch: Mapping[str, jax.Array], outcome: jax.Array, process: jax.Array | None,
-                      steps: Timesteps, real_rows: jax.Array, config: AdvantageConfig,
-                      groups: GroupLayout | None, checks: list) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps, and the step
-    groups' counts (``step_group_counts``) for the diagnostics.
+class EstimatorInputs(NamedTuple):
+    """What every estimator of steps 6-7 may read."""
+
+    batch: Mapping[str, jax.Array]
+    task: jax.Array                 # [B, T] outcome (+ folded turn) rewards on timesteps
+    kl: jax.Array                   # [B, T] KL rewards
+    outcome: jax.Array              # [B] transformed outcome rewards
+    process: jax.Array | None       # [B, T] process rewards P (None without token_rewards)
+    steps: Timesteps
+    bootstrap: jax.Array            # [B] V[seqlen - 1] on truncated rows, else 0
+    lam: jax.Array                  # scalar or [B]
+    real_rows: jax.Array            # [B] bool, rows with any attention
+    groups: GroupLayout | None      # the batch's GRPO groups, when it has some
+    gamma: jax.Array
+    num_turns: int
+    method: GAEMethod
+
+
+def _token_gae(stage: TokenGAE, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
+    advantages, returns = gae_core(x.task + x.kl, x.steps.values, x.steps.active, x.gamma, x.lam, x.bootstrap,
+                                   x.method, stage.block_size)
+    return advantages, returns, {}
+
+
+def _turn_gae(stage: TurnGAE, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
+    # KL stays token-local: added to the advantages, part of neither the recurrence nor the returns.
+    assert x.steps.turn_ids is not None  # turn level needs turn_ids (checked with the shapes)
+    advantages, returns = turn_gae_core(x.task, x.steps.values, x.steps.active, x.steps.turn_ids, x.gamma, x.lam,
+                                        x.bootstrap, x.num_turns, x.method)
+    return advantages + x.kl, returns, {}
+
+
+def _gigpo(stage: GiGPOStage, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
+    """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps (plus the KL
+    rewards), returns ``advantages + values``, and the step groups' counts (``step_group_counts``).
 
     Step rewards are ``batch['turn_rewards'] [B, K]`` when given, else the sum of each turn's process
     rewards; anchors are ``batch['anchor_ids'] [B, K]`` (none: one step group per GRPO group).
     """
-    assert config.credit_assignment is not None and steps.turn_ids is not None
-    width = steps.active.shape[1]
+    batch, steps, dtype = x.batch, x.steps, x.outcome.dtype
+    assert steps.turn_ids is not None
     num_turns = (jnp.shape(batch["turn_rewards"])[1] if "turn_rewards" in batch
-                 else jnp.shape(batch["anchor_ids"])[1] if "anchor_ids" in batch else config.max_turns or width)
+                 else jnp.shape(batch["anchor_ids"])[1] if "anchor_ids" in batch else x.num_turns)
     in_turn, segment = turn_segments(steps.active, steps.turn_ids, num_turns)
-    counts = turn_sums(steps.active.astype(outcome.dtype), in_turn, segment, num_turns)
+    counts = turn_sums(steps.active.astype(dtype), in_turn, segment, num_turns)
     if "turn_rewards" in batch:
-        step_rewards = _checks.as_float("batch['turn_rewards']", batch["turn_rewards"], outcome.dtype)
+        step_rewards = _checks.as_float("batch['turn_rewards']", batch["turn_rewards"], dtype)
         checks.append(_checks.finite_check("batch['turn_rewards']", step_rewards, counts > 0, axis="turn"))
     else:
-        step_rewards = (turn_sums(process, in_turn, segment, num_turns) if process is not None
-                        else jnp.zeros(counts.shape, outcome.dtype))
+        step_rewards = (turn_sums(x.process, in_turn, segment, num_turns) if x.process is not None
+                        else jnp.zeros(counts.shape, dtype))
     anchors = _checks.as_integer("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
-    row_group, num_groups = ((groups.row_group, groups.num_groups) if groups is not None
-                             else (jnp.zeros(outcome.shape, jnp.int32), 1))
-    per_turn = gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups,
-                          config.credit_assignment, real_rows)
+    row_group, num_groups = ((x.groups.row_group, x.groups.num_groups) if x.groups is not None
+                             else (jnp.zeros(x.outcome.shape, jnp.int32), 1))
+    per_turn = gigpo_core(step_rewards, counts > 0, anchors, x.outcome, row_group, num_groups, stage.config,
+                          x.real_rows)
     safe = jnp.clip(steps.turn_ids, 0, num_turns - 1)
-    advantages = jnp.where(in_turn, jnp.take_along_axis(per_turn.advantages, safe, axis=1),
-                           jnp.zeros((), outcome.dtype))
-    return advantages, step_group_counts(per_turn.step_group_sizes)
+    advantages = jnp.where(in_turn, jnp.take_along_axis(per_turn.advantages, safe, axis=1), jnp.zeros((), dtype))
+    advantages = advantages + x.kl
+    return advantages, advantages + steps.values, step_group_counts(per_turn.step_group_sizes)
 
 
-def _advantages_and_returns(task: jax.Array, kl: jax.Array, steps: Timesteps, bootstrap: jax.Array,
-                            lam: jax.Array, config: AdvantageConfig, method: GAEMethod) -> tuple[jax.Array, jax.Array]:
-    """Steps 6-7: GAE over tokens (with the KL rewards inside) or over turns (KL added afterwards)."""
-    gamma = jnp.asarray(config.discount, task.dtype)
-    if config.gae_timestep_unit == "token":
-        return gae_core(task + kl, steps.values, steps.active, gamma, lam, bootstrap, method, config.gae_block_size)
-    # KL stays token-local: added to the advantages, part of neither the recurrence nor the returns.
-    assert steps.turn_ids is not None  # turn level needs turn_ids (checked with the shapes)
-    width = steps.active.shape[1]
-    advantages, returns = turn_gae_core(task, steps.values, steps.active, steps.turn_ids, gamma, lam, bootstrap,
-                                        config.max_turns or width, method)
-    return advantages + kl, returns
-
+# Steps 6-7, one function per estimator type: the plan's estimator picks it once.
+_ESTIMATORS: dict[type, Callable[[Any, EstimatorInputs, list], tuple[jax.Array, jax.Array, dict]]] = {
+    TokenGAE: _token_gae, TurnGAE: _turn_gae, GiGPOStage: _gigpo}
 
 GRPO_GROUPS = NormConfig("group", "group")
 
@@ -475,9 +473,9 @@ def _groups_of(batch: Mapping[str, jax.Array], num_rows: int, norm: NormConfig) 
                         batch.get("group_ids"))
 
 
-def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: GAEMethod,
+def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMethod,
               variants: tuple[ShapingConfig, ...] = ()):
-    num_rows, width = _check_batch_shapes(batch, config)
+    num_rows, width = _check_batch_shapes(batch, plan)
     dtype = _checks.accumulation_dtype(*(batch[k] for k in ("logprobs", "rewards", "values", "ref_logprobs",
                                                              "prox_logprobs", "token_rewards") if k in batch))
     checks = _batch_checks(batch, num_rows)
@@ -489,48 +487,43 @@ def _pipeline(batch: Mapping[str, jax.Array], config: AdvantageConfig, method: G
     grpo_groups = groups_of(GRPO_GROUPS) if "group_sizes" in batch or "group_ids" in batch else None
     rewards = _checks.as_float("batch['rewards']", batch["rewards"], dtype)
     checks.append(_checks.finite_check("batch['rewards']", rewards))
-    outcome = _outcome_rewards(rewards, raw_active, seqlen > 0, config, groups_of)          # 1
+    outcome = _outcome_rewards(rewards, raw_active, seqlen > 0, plan.outcome, groups_of)     # 1
     steps = _to_timesteps(batch, raw_active, dtype)                                          # 2
-    if steps.turn_ids is not None and (config.gae_timestep_unit == "turn" or isinstance(config.gae_lambda, str)):
-        checks.append(turn_ids_check(steps.turn_ids, steps.active, config.max_turns or width))
-    kl = _kl(steps, seqlen, config)                                                          # 3
+    if steps.turn_ids is not None and plan.check_turn_ids:
+        checks.append(turn_ids_check(steps.turn_ids, steps.active, plan.num_turns(width)))
+    kl = _kl(steps, seqlen, plan.kl)                                                         # 3
     truncated = _truncation(batch, seqlen, width)
-    task, process = _task_rewards(outcome, steps.process, steps, seqlen, truncated, config, checks)  # 4-5
+    task, process = _task_rewards(outcome, steps.process, steps, seqlen, truncated, plan.task, checks)  # 4-5
     last_value = jnp.take_along_axis(steps.values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
     bootstrap = jnp.where(truncated, last_value, jnp.zeros((), dtype))
     checks += _finite_inputs_checks(batch, steps, last_value, truncated, dtype)
-    lam = _gae_lambda(batch, steps, config, dtype, checks)
-    step_groups: dict[str, jax.Array] = {}
-    if config.credit_assignment is not None:                                                 # 6-7 GiGPO
-        advantages, step_groups = _gigpo_advantages(batch, outcome, process, steps, seqlen > 0, config, grpo_groups,
-                                                     checks)
-        advantages = advantages + kl
-        returns = advantages + steps.values
-    else:
-        advantages, returns = _advantages_and_returns(task, kl, steps, bootstrap, lam, config, method)  # 6-7
-    if config.adv_norm is not None:                                                          # 8
-        advantages = normalize_core(advantages, steps.active, config.adv_norm, groups_of(config.adv_norm))
+    lam = _gae_lambda(batch, steps, plan.lam, dtype, checks)
+    inputs = EstimatorInputs(batch, task, kl, outcome, process, steps, bootstrap, lam, seqlen > 0, grpo_groups,
+                             jnp.asarray(plan.discount, dtype), plan.num_turns(width), method)
+    advantages, returns, step_groups = _ESTIMATORS[type(plan.estimator)](plan.estimator, inputs, checks)  # 6-7
+    if plan.adv_norm is not None:                                                            # 8
+        advantages = normalize_core(advantages, steps.active, plan.adv_norm, groups_of(plan.adv_norm))
     unshaped = advantages
-    if process is not None and config.token_rewards_as_adv:                                  # 9
-        if config.advantage_shaping.mode == "process_weighted":
+    if process is not None and plan.shaping is not None:                                     # 9
+        if plan.shaping.mode == "process_weighted":
             checks.append(process_range_check(process, steps.active))
-        advantages = shape_core(advantages, process, steps.active, config.advantage_shaping)
+        advantages = shape_core(advantages, process, steps.active, plan.shaping)
     output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=task + kl,
                              loss_mask=steps.active.astype(dtype), logprobs=steps.logprobs,
                              diagnostics={**_diagnostics(advantages, unshaped, process, steps.active, grpo_groups,
-                                                         config), **step_groups})
+                                                         plan), **step_groups})
     # The same normalized advantages under other shapings (one GAE for all), each with its range check.
     extras = tuple((shape_core(unshaped, process, steps.active, shaping),
                     process_range_check(process, steps.active).count > 0 if shaping.mode == "process_weighted"
                     else jnp.zeros((), jnp.bool_))
                    for shaping in variants if process is not None)
     # Checks that are not returned are compiled out with their reductions.
-    return output, (checks if config.check_values else []), unshaped, extras
+    return output, (checks if plan.check_values else []), unshaped, extras
 
 
 def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array | None, active: jax.Array,
-                 groups: GroupLayout | None, config: AdvantageConfig) -> dict[str, jax.Array]:
-    """Scalars that explain a mode that does not learn (``config.diagnostics``); under ``gvpo`` the share of
+                 groups: GroupLayout | None, plan: AdvantagePlan) -> dict[str, jax.Array]:
+    """Scalars that explain a mode that does not learn (``plan.diagnostics``); under ``gvpo`` the share of
     negative process rewards always (the host warns when it is 0: gvpo reads only the sign)."""
     count = jnp.sum(active, dtype=jnp.int32)
     n = jnp.maximum(count, 1).astype(advantages.dtype)
@@ -538,9 +531,9 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
     def share(flags: jax.Array) -> jax.Array:
         return jnp.sum(active & flags, dtype=jnp.int32).astype(advantages.dtype) / n
 
-    gvpo = process is not None and config.token_rewards_as_adv and config.advantage_shaping.mode == "gvpo"
+    gvpo = process is not None and plan.shaping is not None and plan.shaping.mode == "gvpo"
     out = {"process/negative_share": share(process < 0)} if gvpo and process is not None else {}
-    if not config.diagnostics:
+    if not plan.diagnostics:
         return out
     nonzero = active & (advantages != 0)
     out.update({"active_timesteps": count, "nonzero_advantage_share": share(advantages != 0),
@@ -565,20 +558,21 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
     return out
 
 
-_pipeline_jit = jax.jit(_pipeline, static_argnames=("config", "method", "variants"))
+_pipeline_jit = jax.jit(_pipeline, static_argnames=("plan", "method", "variants"))
 
 
-def _static_unit_discount(batch: Mapping[str, Any], config: AdvantageConfig) -> bool:
-    """``gamma * lam == 1`` known before tracing: one float λ for every row."""
-    return ("gae_lambda" not in batch and not isinstance(config.gae_lambda, str)
-            and config.discount * config.gae_lambda == 1.0)
+def _method(batch: Mapping[str, Any], plan: AdvantagePlan) -> GAEMethod:
+    """The scan, chosen before tracing; ``gamma * lam == 1`` is known then only for one float λ."""
+    unit_discount = ("gae_lambda" not in batch and not isinstance(plan.lam, LambdaFunction)
+                     and plan.discount * plan.lam == 1.0)
+    return resolve_method(plan.gae_method, unit_discount=unit_discount, sharded=jax.device_count() > 1)
 
 
-def _warn_about_fallbacks(batch: Mapping[str, Any], config: AdvantageConfig) -> None:
+def _warn_about_fallbacks(batch: Mapping[str, Any], plan: AdvantagePlan) -> None:
     if "is_truncated" not in batch:
         warnings.warn("batch has no 'is_truncated'; falling back to seqlen == width, which also marks a "
                       "complete row that exactly fills the padded width as truncated", stacklevel=3)
-    if "ref_logprobs" not in batch and config.kl_ctl != 0:
+    if "ref_logprobs" not in batch and plan.kl.kl_ctl != 0:
         warnings.warn("batch has no 'ref_logprobs' but kl_ctl != 0: the KL reward uses a zero reference "
                       "log-prob (AReaL's rule), i.e. it rewards or penalizes the log-probs themselves",
                       stacklevel=3)
@@ -592,7 +586,8 @@ def _batch_arrays(batch: Mapping[str, Any]) -> dict[str, Any]:
     return arrays
 
 
-def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = AdvantageConfig()) -> AdvantageOutput:
+def compute_advantages(batch: Mapping[str, Any],
+                       config: AdvantagePlan | PlanSource = AdvantagePlan()) -> AdvantageOutput:
     """Advantages and returns for a padded batch, as one fused jitted computation.
 
     Args:
@@ -607,12 +602,13 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
         padding row: one shape for any number of groups; ``pack_branches`` emits it). Rows without any
         attention (padding rows) never count in reward normalization. Other keys (``input_ids``, ...)
         are ignored.
-      config: ``AdvantageConfig``, a static argument.
+      config: ``prm_jax.AdvantageConfig`` (AReaL's keys) or the ``AdvantagePlan`` it resolves to (its
+        ``.plan``), a static argument. The default plan is ``AdvantageConfig()``'s.
 
     Returns:
       ``AdvantageOutput``; see the module docstring for each step. ``output.diagnostics`` holds the
       value checks' violation counts (``"checks/<name>"``, unless ``check_values`` is False) and, with
-      ``config.diagnostics``, the statistics listed in the README.
+      ``diagnostics`` on, the statistics listed in the README.
 
     Raises:
       ValueError: on bad shapes (at trace time), and, when called eagerly with ``check_values`` on, on
@@ -623,63 +619,50 @@ def compute_advantages(batch: Mapping[str, Any], config: AdvantageConfig = Advan
         is paid: the counts come back in ``output.diagnostics``; ``check_values="callback"`` raises there
         too, from a host callback when the computation runs.
     """
-    if not isinstance(config, AdvantageConfig):
-        raise TypeError(f"config must be an AdvantageConfig, got {type(config).__name__}")
+    plan = as_plan(config)
     if not isinstance(batch, Mapping):
         raise TypeError(f"batch must be a mapping of arrays, got {type(batch).__name__}")
     missing = [key for key in REQUIRED_KEYS if batch.get(key) is None]
     if missing:
         raise ValueError(f"batch is missing required keys {missing}")
     arrays = _batch_arrays(batch)
-    _warn_about_fallbacks(arrays, config)
-    method = resolve_method(config.gae_method, unit_discount=_static_unit_discount(arrays, config),
-                            sharded=jax.device_count() > 1)
-    output, checks, _, _ = _pipeline_jit(arrays, config=config, method=method)
-    return _settle_checks(output, checks, config)
+    _warn_about_fallbacks(arrays, plan)
+    output, checks, _, _ = _pipeline_jit(arrays, plan=plan, method=_method(arrays, plan))
+    return _settle_checks(output, checks, plan)
 
 
-def _settle_checks(output: AdvantageOutput, checks: list[_checks.ValueCheck],
-                   config: AdvantageConfig) -> AdvantageOutput:
+def _settle_checks(output: AdvantageOutput, checks: list[_checks.ValueCheck], plan: AdvantagePlan) -> AdvantageOutput:
     """Eagerly: raise on a failed check, and warn once when gvpo sees no negative process reward. Under a
     trace: the counts go into the diagnostics (a host callback raises only with ``check_values='callback'``)."""
-    if not config.check_values:
+    if not plan.check_values:
         return output
-    _checks.raise_value_checks(checks, callback=config.check_values == "callback")
+    _checks.raise_value_checks(checks, callback=plan.check_values == "callback")
     negative = output.diagnostics.get("process/negative_share")
     if negative is not None and not _checks.is_traced(negative) and float(negative) == 0:
         warn_gvpo_without_penalty(stacklevel=3)
     return output._replace(diagnostics={**output.diagnostics, **_checks.check_counts(checks)})
 
 
-def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantageConfig,
-                               modes: Sequence[ShapingMode]) -> tuple[AdvantageOutput, dict[str, jax.Array | str]]:
-    """``compute_advantages`` plus the same advantages under other shaping modes, from one GAE.
+def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantagePlan | PlanSource,
+                               shapings: Sequence[ShapingConfig]) -> tuple[AdvantageOutput, dict[str, jax.Array | str]]:
+    """``compute_advantages`` plus the same advantages under other shapings, from one GAE.
 
-    GAE and normalization do not depend on the shaping mode, so they run once; each mode in ``modes``
-    (with the config's other shaping settings) shapes the same normalized advantages. Returns the
-    configured output and ``{"none": unshaped advantages, mode: shaped advantages, ...}``; a mode the
-    config or the batch rules out (``process_weighted`` with ``mask_no_eos_with_zero``, or process rewards
-    outside [0, 1]) maps to a string saying why. Needs direct process rewards (``token_rewards`` in the
-    batch and ``token_rewards_as_adv``).
+    GAE and normalization do not depend on the shaping, so they run once; each of ``shapings`` shapes the
+    same normalized advantages. Returns the configured output and ``{"none": unshaped advantages, mode:
+    shaped advantages, ...}``; ``process_weighted`` maps to a string saying why when the batch's process
+    rewards leave [0, 1]. Needs direct process rewards (``token_rewards`` in the batch and a plan that
+    shapes with them). ``AdvantageConfig.shaping_variants`` says which modes a config allows.
     """
-    if "token_rewards" not in batch or not config.token_rewards_as_adv:
+    plan = as_plan(config)
+    if "token_rewards" not in batch or plan.shaping is None:
         raise ValueError("compute_advantage_variants needs batch['token_rewards'] and token_rewards_as_adv: true")
-    variants: list[ShapingConfig] = []
-    refused: dict[str, jax.Array | str] = {}
-    for mode in modes:
-        try:
-            dataclasses.replace(config, advantage_shaping=dataclasses.replace(config.advantage_shaping, mode=mode))
-            variants.append(dataclasses.replace(config.advantage_shaping, mode=mode))
-        except ValueError as err:
-            refused[mode] = f"n/a: {err}"
     arrays = _batch_arrays(batch)
-    _warn_about_fallbacks(arrays, config)
-    method = resolve_method(config.gae_method, unit_discount=_static_unit_discount(arrays, config),
-                            sharded=jax.device_count() > 1)
-    output, checks, unshaped, extras = _pipeline_jit(arrays, config=config, method=method, variants=tuple(variants))
-    output = _settle_checks(output, checks, config)
+    _warn_about_fallbacks(arrays, plan)
+    output, checks, unshaped, extras = _pipeline_jit(arrays, plan=plan, method=_method(arrays, plan),
+                                                     variants=tuple(shapings))
+    output = _settle_checks(output, checks, plan)
     shaped: dict[str, jax.Array | str] = {"none": unshaped}
-    for shaping, (advantages, out_of_range) in zip(variants, extras):
+    for shaping, (advantages, out_of_range) in zip(shapings, extras):
         shaped[shaping.mode] = ("n/a: process_weighted needs process rewards in [0, 1]" if bool(out_of_range)
                                 else advantages)
-    return output, {**shaped, **refused}
+    return output, shaped

@@ -7,11 +7,8 @@ values and advantages live on timesteps. ``shift_to_next_token`` moves a positio
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
@@ -72,39 +69,3 @@ def _broadcast_jit(turn_rewards, turn_ids):
     gathered = jnp.take_along_axis(turn_rewards, jnp.clip(turn_ids, 0, max(num_turns - 1, 0)), axis=1,
                                    mode="clip") if num_turns else jnp.zeros(turn_ids.shape, turn_rewards.dtype)
     return jnp.where(valid, gathered, jnp.zeros((), turn_rewards.dtype))
-
-
-def turn_ids_from_spans(spans: ArrayLike, width: int) -> jax.Array:
-    """Turn ids on positions from turn spans: the ``turn_ids`` that the pipeline and ``score_arrays`` read.
-
-    Args:
-      spans: ``[B, K, 2]`` int, ``(start, end)`` of turn ``k``'s generated tokens (end exclusive), turns in
-        order and not overlapping; a span with ``end <= start`` (e.g. ``(0, 0)`` for a row with fewer turns)
-        names no token.
-      width: ``T``, static.
-
-    Returns:
-      ``[B, T]`` int32: ``k`` on turn ``k``'s positions, -1 elsewhere (where spans overlap, the later turn).
-    """
-    _checks.check_rank("spans", spans, 3)
-    if jnp.shape(spans)[2] != 2:
-        raise ValueError(f"spans must be [B, K, 2] (start, end), got shape {jnp.shape(spans)}")
-    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ValueError(f"width must be a positive integer, got {width!r}")
-    if not _checks.is_traced(spans) and not isinstance(spans, jax.Array):
-        # Host spans: clipped to [0, width] (exact: no position lies outside) before JAX narrows them to
-        # int32, which would wrap a 64-bit span beyond 2**31 onto real positions.
-        host = np.asarray(spans)
-        if not np.issubdtype(host.dtype, np.integer):
-            raise TypeError(f"spans must be an integer array, got dtype {host.dtype}")
-        spans = np.clip(host, 0, width).astype(np.int32)
-    return _spans_jit(spans, width=width)
-
-
-@functools.partial(jax.jit, static_argnames=("width",))
-def _spans_jit(spans, *, width):
-    spans = jnp.clip(_checks.as_integer("spans", spans), 0, width).astype(jnp.int32)  # exact, at any width
-    position = jnp.arange(width, dtype=jnp.int32)[None, None, :]
-    inside = (position >= spans[..., :1]) & (position < spans[..., 1:])               # [B, K, T]
-    turn = jnp.arange(spans.shape[1], dtype=jnp.int32)[None, :, None]
-    return jnp.max(jnp.where(inside, turn, -1), axis=1, initial=-1)

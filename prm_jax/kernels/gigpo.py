@@ -43,7 +43,7 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.kernels.normalization import NormConfig, group_layout, group_sizes_check
+from prm_jax.kernels.normalization import NormConfig, group_layout, group_sizes_check, weighted_moments
 from prm_jax.native import ffi
 from prm_jax.validation import ConfigError, finite_number, short_repr
 
@@ -103,20 +103,6 @@ def dense_anchor_ids(anchor_ids: ArrayLike) -> np.ndarray:
     _, inverse = np.unique(ids[has], return_inverse=True)
     dense[has] = inverse.astype(np.int32)
     return dense
-
-
-def _group_stats(values: jax.Array, weights: jax.Array, segment: jax.Array, num_segments: int,
-                 indices_are_sorted: bool = False):
-    """Per-segment weighted count, mean and unbiased std (two passes), broadcast back: ``[N]`` each."""
-    def sums(x):
-        return jax.ops.segment_sum(x, segment, num_segments=num_segments, indices_are_sorted=indices_are_sorted)
-
-    count = sums(weights)
-    mean = sums(values * weights) / jnp.maximum(count, 1)
-    deviation = (values - mean[segment]) * weights
-    sq = sums(deviation * (values - mean[segment]))
-    std = jnp.where(count > 1, jnp.sqrt(sq / jnp.maximum(count - 1, 1)), 1.0)
-    return count[segment], mean[segment], std[segment]
 
 
 def _dense_anchors(anchors: jax.Array, anchored: jax.Array) -> jax.Array:
@@ -221,7 +207,7 @@ def _step_advantages(returns: jax.Array, anchored: jax.Array, anchors: jax.Array
 def _step_stats(values: jax.Array, free: jax.Array, segment: jax.Array, config: GiGPOConfig,
                 sorted_segments: bool = False) -> tuple[jax.Array, jax.Array]:
     """``[N]`` step advantages and step-group sizes (0 for an entry without an anchor) from segment ids."""
-    count, mean, std = _group_stats(values, (~free).astype(values.dtype), segment, values.shape[0],
+    count, mean, std = weighted_moments(values, (~free).astype(values.dtype), segment, values.shape[0],
                                     indices_are_sorted=sorted_segments)
     step = values - mean
     if config.norm == "mean_std_norm":
@@ -241,7 +227,7 @@ def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.
     real = jnp.ones((rows,), dtype) if real_rows is None else real_rows.astype(dtype)
     # Episode statistics: per trajectory, or per step (each trajectory weighted by its turns).
     weights = jnp.sum(active_f, axis=1) if config.episode_stats == "step" else real
-    count, mean, std = _group_stats(outcome, weights, row_group, num_groups)
+    count, mean, std = weighted_moments(outcome, weights, row_group, num_groups)
     single = count <= 1 if config.episode_stats == "trajectory" else (
         jax.ops.segment_sum(real, row_group, num_segments=num_groups)[row_group] <= 1)
     mean, std = jnp.where(single, 0.0, mean), jnp.where(single, 1.0, std)

@@ -4,6 +4,9 @@ Group-level normalization of outcome rewards is GRPO's baseline (Shao et al., "D
 arXiv:2402.03300); the leave-one-out mean is RLOO's (Ahmadian et al., "Back to Basics", 2024,
 arXiv:2402.14740).
 
+This module is the only home of group statistics: the rules below, GiGPO's weighted moments
+(``weighted_moments``) and the export proxy's host-side z-score (``proxy_normalize``).
+
 Statistics are taken over active entries only, per level (``batch``: all rows; ``group``: the rows of one
 sample group); ``n`` and ``S`` are the level's active count and sum. Per entry:
 
@@ -27,14 +30,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import ConfigError, finite_number, from_mapping, integer, short_repr
+from prm_jax.validation import ConfigError, finite_number, integer, short_repr
 
 NormLevel = Literal["batch", "group"] | None
 NORM_LEVELS: tuple[NormLevel, ...] = ("batch", "group", None)
@@ -60,11 +64,6 @@ class NormConfig:
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(key, f"must be a bool, got {short_repr(getattr(self, key))}")
         integer("group_size", self.group_size, minimum=1)
-
-    @classmethod
-    def from_value(cls, value: Any, where: str) -> NormConfig | None:
-        """``None`` (no normalization), a ``NormConfig`` or a mapping of its fields."""
-        return None if value is None else from_mapping(cls, value, where)
 
     @property
     def uses_groups(self) -> bool:
@@ -140,12 +139,40 @@ def member_counts_check(member_counts: jax.Array) -> _checks.ValueCheck:
                               f"every group, got {counts.tolist()}", counts)
 
 
+def segment_totals(x: jax.Array, segment: jax.Array, num_segments: int, indices_are_sorted: bool = False) -> jax.Array:
+    """``[N]``: the sum of ``x`` over each entry's segment, broadcast back to the entries."""
+    return jax.ops.segment_sum(x, segment, num_segments=num_segments, indices_are_sorted=indices_are_sorted)[segment]
+
+
+def weighted_moments(values: jax.Array, weights: jax.Array, segment: jax.Array, num_segments: int,
+                     indices_are_sorted: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-segment weighted count, mean and unbiased std (two passes; std 1 for a count <= 1), broadcast back
+    to the entries: ``[N]`` each. GiGPO's episode and step statistics."""
+    def sums(x):
+        return jax.ops.segment_sum(x, segment, num_segments=num_segments, indices_are_sorted=indices_are_sorted)
+
+    count = sums(weights)
+    mean = sums(values * weights) / jnp.maximum(count, 1)
+    deviation = (values - mean[segment]) * weights
+    sq = sums(deviation * (values - mean[segment]))
+    std = jnp.where(count > 1, jnp.sqrt(sq / jnp.maximum(count - 1, 1)), 1.0)
+    return count[segment], mean[segment], std[segment]
+
+
+def proxy_normalize(rewards: Sequence[float | None]) -> np.ndarray:
+    """The v1/v2 proxy's group normalization of outcome rewards on the host, in float64 as the proxy computes
+    it: ``(r - mean) / (population std + 1e-8)``, and the std of one element is 1."""
+    r = np.asarray(rewards, np.float64)
+    std = r.std() if r.size > 1 else 1.0
+    return (r - r.mean()) / (std + 1e-8)
+
+
 def _level_sums(per_row: jax.Array, level: str, groups: GroupLayout | None) -> jax.Array:
     """Sum of per-row partial sums over each row's level, broadcast back to rows: ``[B]``."""
     if level == "batch":
         return jnp.broadcast_to(jnp.sum(per_row), per_row.shape)
     assert groups is not None
-    return jax.ops.segment_sum(per_row, groups.row_group, num_segments=groups.num_groups)[groups.row_group]
+    return segment_totals(per_row, groups.row_group, groups.num_groups)
 
 
 def _single_member(level: str, groups: GroupLayout | None) -> jax.Array | bool:

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Literal
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import ConfigError, finite_number, from_mapping, short_repr
+from prm_jax.validation import ConfigError, finite_number, short_repr
 
 ShapingMode = Literal["additive", "gvpo", "process_weighted"]
 SHAPING_MODES: tuple[ShapingMode, ...] = ("additive", "gvpo", "process_weighted")
@@ -46,11 +46,6 @@ class ShapingConfig:
             raise ConfigError("mode", f"must be one of {SHAPING_MODES}, got {short_repr(self.mode)}")
         for key in ("negative_scale", "zero_penalty", "zero_eps"):
             object.__setattr__(self, key, finite_number(key, getattr(self, key), minimum=0.0))
-
-    @classmethod
-    def from_value(cls, value: Any, where: str = "advantage_shaping") -> ShapingConfig:
-        """A ``ShapingConfig`` or a mapping of its fields (``None``: the defaults)."""
-        return from_mapping(cls, value, where)
 
 
 def shape_core(advantages: jax.Array, process_rewards: jax.Array, active: jax.Array,

@@ -8,9 +8,7 @@ from prm_jax.runtime.arrays import chains_from_arrays, score_arrays, token_rewar
 from prm_jax.runtime.authoring import RetryError, call_with_retry
 from prm_jax.runtime.batching import batch_spec, bucket_width, empty_batch, pack_branches
 from prm_jax.runtime.blocking import BlockingRunner
-from prm_jax.runtime.config import ExperimentConfig, PRMConfig, ScorerSpec
-from prm_jax.runtime.config_file import load_config
-from prm_jax.runtime.export import HITL_SESSION, ExportService, TrajectoryStore, export_group
+from prm_jax.runtime.export import HITL_SESSION, ExportedTrajectory, ExportResult, ExportService, TrajectoryStore, export_group
 from prm_jax.runtime.metrics import InMemoryRecorder, MetricRecorder, MetricStats, branch_stats, reduce_workers
 from prm_jax.runtime.runner import PRMRunner
 from prm_jax.runtime.scoring import (
@@ -24,10 +22,10 @@ from prm_jax.runtime.specs import check_scorer_specs, resolve_scorer_class
 from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache, stitch
 
 __all__ = [
-    "BaseScorer", "BaseTrajectoryScorer", "BlockingRunner", "BranchSequence", "ExperimentConfig", "ExportService",
-    "HITL_SESSION", "InMemoryRecorder", "Interaction", "InteractionCache", "MetricRecorder", "MetricStats",
-    "PRMConfig", "PRMMetricObservation", "PRMRunner", "PRMScorerResult", "PRMTurnResult", "RetryError", "ScorerSpec",
-    "TrajectoryStore", "batch_spec", "branch_stats", "bucket_width", "call_with_retry", "chains_from_arrays",
-    "check_scorer_specs", "empty_batch", "export_group", "load_config", "pack_branches", "reduce_workers",
-    "resolve_scorer_class", "score_arrays", "stitch", "token_rewards_from_chains",
+    "BaseScorer", "BaseTrajectoryScorer", "BlockingRunner", "BranchSequence", "ExportResult", "ExportService",
+    "ExportedTrajectory", "HITL_SESSION", "InMemoryRecorder", "Interaction", "InteractionCache",
+    "MetricRecorder", "MetricStats", "PRMMetricObservation", "PRMRunner", "PRMScorerResult", "PRMTurnResult",
+    "RetryError", "TrajectoryStore", "batch_spec", "branch_stats", "bucket_width", "call_with_retry",
+    "chains_from_arrays", "check_scorer_specs", "empty_batch", "export_group", "pack_branches",
+    "reduce_workers", "resolve_scorer_class", "score_arrays", "stitch", "token_rewards_from_chains",
 ]

@@ -17,27 +17,8 @@ import numpy as np
 
 from prm_jax.kernels.shaping import warn_gvpo_without_penalty
 from prm_jax.runtime.runner import PRMRunner
-from prm_jax.runtime.trajectory import MAX_TOKEN_ID, Interaction
-
-
-def _row_turns(turn_ids: np.ndarray, row: int) -> list[tuple[int, int]]:
-    """``[(start, end)]`` of turns 0, 1, ... in a row; each turn one contiguous run of positions."""
-    positions = np.flatnonzero(turn_ids >= 0)
-    if positions.size == 0:
-        return []
-    ids = turn_ids[positions]
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    run_ids = ids[starts]
-    if not np.array_equal(run_ids, np.arange(run_ids.size)):
-        raise ValueError(f"turn_ids of row {row} must number its turns 0, 1, 2, ... in order, each turn one "
-                         f"contiguous run of tokens; got runs with ids {run_ids.tolist()}")
-    ends = np.r_[starts[1:], positions.size]
-    spans = [(int(positions[a]), int(positions[b - 1]) + 1) for a, b in zip(starts, ends)]
-    for k, (start, end) in enumerate(spans):
-        if end - start != ends[k] - starts[k]:
-            raise ValueError(f"turn {k} of row {row} is not contiguous: its tokens span positions {start}..{end - 1} "
-                             "with other tokens between them")
-    return spans
+from prm_jax.runtime.trajectory import MAX_TOKEN_ID, Interaction, turn_spans
+from prm_jax.validation import integer_dtype
 
 
 def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = None, logprobs: Any = None,
@@ -82,7 +63,7 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
         raise ValueError(f"row_ids has {len(names)} names for {rows} rows")
     chains: list[list[Interaction] | None] = []
     for b in range(rows):
-        spans = _row_turns(ids[b], b) if real[b] else []
+        spans = turn_spans(ids[b], b) if real[b] else []
         if not spans:
             chains.append(None)
             continue
@@ -100,8 +81,7 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
 def _integers(name: str, value: Any) -> np.ndarray:
     """An integer array: float token ids (7.7) were truncated to 7 by a cast."""
     array = np.asarray(value)
-    if not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"{name} must be an integer array, got dtype {array.dtype}")
+    integer_dtype(name, array.dtype)
     return array
 
 

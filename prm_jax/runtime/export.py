@@ -21,8 +21,8 @@ sessions at a time (``export_group``):
   retried export of the same group is rejected as missing and its cleanup does not remove sessions that
   another export holds, so exactly one export of the group is accepted, whole.
 
-The result is a plain dict. With PRM active it carries ``prm_stats``; without PRM it has exactly the keys it
-would have without this feature.
+The result is an ``ExportResult``. With PRM active it carries ``prm_stats``; without PRM that field is
+``None`` and the rest is what it would be without this feature.
 """
 
 from __future__ import annotations
@@ -31,14 +31,15 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import numpy as np
 
 from prm_jax._compat import ExceptionGroup, add_note
+from prm_jax.config.experiment import ErrorPolicy, ExperimentConfig
+from prm_jax.kernels.normalization import proxy_normalize
 from prm_jax.runtime.batching import pack_branches
-from prm_jax.runtime.config import ErrorPolicy, ExperimentConfig
 from prm_jax.runtime.filters import GroupFilterResult
 from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.metrics import MetricStats, branch_stats, namespace, trajectory_rewards
@@ -128,11 +129,38 @@ class TrajectoryStore:
         return [select]
 
 
-def group_normalize(rewards: Sequence[float]) -> np.ndarray:
-    """Population z-score ``(r - mean) / (std + 1e-8)``; the std of one element is 1."""
-    r = np.asarray(rewards, np.float64)
-    std = r.std() if r.size > 1 else 1.0
-    return (r - r.mean()) / (std + 1e-8)
+ExportStatus = Literal["accepted", "rejected", "filtered", "discarded"]
+
+
+@dataclasses.dataclass
+class ExportedTrajectory:
+    """One exported ready trajectory. With group normalization ``reward`` and ``sequence.reward`` are both
+    the normalized reward (``pack_branches([t.sequence ...])`` trains on it) and ``original_reward`` the raw
+    one; without it ``original_reward`` is ``None``."""
+
+    session_key: str
+    leaf_id: str
+    sequence: BranchSequence
+    reward: float | None
+    original_reward: float | None = None
+
+
+@dataclasses.dataclass
+class ExportResult:
+    """What ``export_group`` did with a group.
+
+    ``rejected_sessions`` maps a session key to why it was rejected; ``prm_stats`` (PRM active only) holds
+    the ``MetricStats`` under ``"metrics"`` and the per-turn results and totals; ``prm_fallbacks``
+    (``error_policy: keep_original`` only) maps a session key to why it was exported unscored; ``filter`` is
+    the group filter's decision and AReaL's counters (with a ``group_filter`` only).
+    """
+
+    status: ExportStatus = "accepted"
+    trajectories: list[ExportedTrajectory] = dataclasses.field(default_factory=list)
+    rejected_sessions: dict[str, str] = dataclasses.field(default_factory=dict)
+    prm_stats: dict[str, Any] | None = None
+    prm_fallbacks: dict[str, str] | None = None
+    filter: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -202,11 +230,12 @@ def _prm_stats(scored: list[_Scored], is_eval: bool) -> dict[str, Any]:
     return {"turn_results": turns, "branch_totals": totals, "metrics": stats}
 
 
-def _filter_view(trajectories: list[dict[str, Any]]) -> dict[str, Any]:
+def _filter_view(trajectories: list[ExportedTrajectory]) -> dict[str, Any]:
     """The group as the filters read it: padded rows, normalized and raw outcome rewards."""
-    group = pack_branches([t["sequence"] for t in trajectories], bucket=1)
-    group["rewards"] = np.array([t["reward"] for t in trajectories])
-    group["original_rewards"] = np.array([t.get("original_reward", t["reward"]) for t in trajectories])
+    group = pack_branches([t.sequence for t in trajectories], bucket=1)
+    group["rewards"] = np.array([t.reward for t in trajectories])
+    group["original_rewards"] = np.array([t.reward if t.original_reward is None else t.original_reward
+                                          for t in trajectories])
     return group
 
 
@@ -214,7 +243,7 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
                        is_eval: bool = False, remove_session: bool = True, discard: bool = False,
                        normalize_rewards: bool = True, select: Mapping[str, str] | None = None,
                        group_filter: Callable[[Mapping[str, Any]], GroupFilterResult] | None = None,
-                       persistent: Collection[str] = (), error_policy: ErrorPolicy = "reject") -> dict[str, Any]:
+                       persistent: Collection[str] = (), error_policy: ErrorPolicy = "reject") -> ExportResult:
     """Exports one group of sessions (see the module docstring).
 
     Args:
@@ -229,26 +258,23 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
         (the proxy's rule; ``AdvantageConfig.reward_norm`` is AReaL's other one: use one, not both).
       select: session key -> the one ready trajectory to export (a persistent session defaults to its oldest).
       group_filter: e.g. ``filter_mixed_or_penalized_all_wrong``, applied to the complete accepted group;
-        its decision and AReaL's counters are returned under ``"filter"``.
+        its decision and AReaL's counters are returned in ``filter``.
       error_policy: ``reject`` (a failing scorer rejects the group) or ``keep_original`` (AReaL PR #1747:
-        that session is exported as it was before scoring, counted in ``prm_fallback`` and listed under
-        ``"prm_fallbacks"`` with its reason; its sessions report no other stats).
+        that session is exported as it was before scoring, counted in ``prm_fallback`` and listed in
+        ``prm_fallbacks`` with its reason; its sessions report no other stats).
       persistent: keys of persistent sessions (AReaL's human-in-the-loop session: ``(HITL_SESSION,)``),
         never removed and exported one ready trajectory at a time. Default none: every key, ``__hitl__``
         included, is an ordinary session.
 
     Returns:
-      ``{"status": "accepted" | "rejected" | "filtered" | "discarded", "trajectories": [...],
-      "rejected_sessions": {key: reason}}`` plus ``"prm_stats"`` with PRM active. Each trajectory is
-      ``{"session_key", "leaf_id", "sequence", "reward"}`` (+ ``"original_reward"`` when normalized); with
-      normalization ``"reward"`` and ``"sequence".reward`` are both the normalized reward, so
-      ``pack_branches([t["sequence"] ...])`` trains on it.
+      an ``ExportResult``: ``status``, the accepted ``trajectories`` (``ExportedTrajectory``),
+      ``rejected_sessions``, and ``prm_stats`` with PRM active.
     """
     keys = list(session_keys)
     if len(set(keys)) != len(keys):
         raise ValueError(f"session_keys must be distinct, got {keys}")
     with_prm = runner is not None and runner.active
-    result: dict[str, Any] = {"status": "accepted", "trajectories": [], "rejected_sessions": {}}
+    result = ExportResult()
     # The sessions this export consumed from are its own until it finishes: a concurrent or retried
     # export of the same group finds them missing and, when cleaning up, leaves them to this one.
     owned: list[str] = []
@@ -262,19 +288,19 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
                    if not leaves}
         if discard or missing:
             # A missing session rejects the group whatever the others score: spare the judges.
-            result.update(status="discarded" if discard else "rejected",
-                          rejected_sessions={} if discard else missing)
+            result.status = "discarded" if discard else "rejected"
+            result.rejected_sessions = {} if discard else missing
             if with_prm:
-                result["prm_stats"] = _prm_stats([], is_eval)
+                result.prm_stats = _prm_stats([], is_eval)
             return result
         scored = await _score_sessions(store, taken, runner if with_prm else None, is_eval, error_policy)
-        result["rejected_sessions"] = {key: f"failed: {s.error!r}" for key, s in scored.items() if s.error}
+        result.rejected_sessions = {key: f"failed: {s.error!r}" for key, s in scored.items() if s.error}
         if with_prm:
-            result["prm_stats"] = _prm_stats(list(scored.values()), is_eval)
+            result.prm_stats = _prm_stats(list(scored.values()), is_eval)
             if error_policy == "keep_original":
-                result["prm_fallbacks"] = {key: s.fallback for key, s in scored.items() if s.fallback is not None}
-        if result["rejected_sessions"]:
-            result["status"] = "rejected"
+                result.prm_fallbacks = {key: s.fallback for key, s in scored.items() if s.fallback is not None}
+        if result.rejected_sessions:
+            result.status = "rejected"
             return result
         return _publish(result, scored, normalize_rewards, group_filter)
     finally:
@@ -295,24 +321,23 @@ async def _score_sessions(store: TrajectoryStore, taken: dict[str, list[str]], r
     return {key: scored[key] for key in taken}
 
 
-def _publish(result: dict[str, Any], scored: dict[str, _Scored], normalize_rewards: bool,
-             group_filter: Callable[[Mapping[str, Any]], GroupFilterResult] | None) -> dict[str, Any]:
+def _publish(result: ExportResult, scored: dict[str, _Scored], normalize_rewards: bool,
+             group_filter: Callable[[Mapping[str, Any]], GroupFilterResult] | None) -> ExportResult:
     """Group outcome normalization, then the group filter, on a group whose sessions all scored."""
-    trajectories: list[dict[str, Any]] = [
-        {"session_key": key, "leaf_id": seq.leaf_id, "sequence": seq, "reward": seq.reward}
-        for key, session in scored.items() for seq in session.sequences]
+    trajectories = [ExportedTrajectory(key, seq.leaf_id, seq, seq.reward)
+                    for key, session in scored.items() for seq in session.sequences]
     if normalize_rewards:
         # One place holds the reward a batch is built from: the sequence carries the normalized one too.
-        for t, value in zip(trajectories, group_normalize([t["reward"] for t in trajectories])):
-            t["original_reward"], t["reward"] = t["reward"], float(value)
-            t["sequence"] = dataclasses.replace(t["sequence"], reward=float(value))
+        for t, value in zip(trajectories, proxy_normalize([t.reward for t in trajectories])):
+            t.original_reward, t.reward = t.reward, float(value)
+            t.sequence = dataclasses.replace(t.sequence, reward=float(value))
     if group_filter is not None:
         decision = group_filter(_filter_view(trajectories))
-        result["filter"] = decision._asdict()
+        result.filter = decision._asdict()
         if not decision.accepted:
-            result["status"] = "filtered"
+            result.status = "filtered"
             return result
-    result["trajectories"] = trajectories
+    result.trajectories = trajectories
     return result
 
 
@@ -366,7 +391,7 @@ class ExportService:
             logger.exception("closing %r failed", resource)
             self._errors.append(err)
 
-    async def export(self, session_keys: Sequence[str], **kwargs: Any) -> dict[str, Any]:
+    async def export(self, session_keys: Sequence[str], **kwargs: Any) -> ExportResult:
         """``export_group`` with this service's runner and the config's ``error_policy``."""
         kwargs.setdefault("error_policy", self.config.prm.error_policy)
         return await export_group(self.store, session_keys, runner=self.runner, **kwargs)

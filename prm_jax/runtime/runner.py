@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import logging
 import math
 import sys
@@ -26,7 +27,7 @@ import anyio
 import numpy as np
 
 from prm_jax._compat import ExceptionGroup, add_note
-from prm_jax.runtime.config import PRMSection
+from prm_jax.config.experiment import PRMSection
 from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.scoring import (
     BaseScorer,
@@ -36,7 +37,7 @@ from prm_jax.runtime.scoring import (
     PRMTurnResult,
 )
 from prm_jax.runtime.specs import as_section, check_scorer_specs
-from prm_jax.runtime.trajectory import Interaction, InteractionCache, freeze
+from prm_jax.runtime.trajectory import Interaction, InteractionCache, freeze, require_token_backed
 from prm_jax.validation import short_repr
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,16 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 BUILDING_NOTE = "while building the scorer of"
+
+
+class RunnerState(enum.Enum):
+    """A runner's lifecycle: ``OPEN`` (runs accepted), ``CLOSING`` (``aclose`` started: runs rejected, runs in
+    flight cancelled, owned scorers being closed; a cancelled ``aclose`` stays here and a later one resumes),
+    ``CLOSED`` (every owned scorer was tried)."""
+
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
 
 
 class RunnerClosedError(RuntimeError):
@@ -245,8 +256,7 @@ class PRMRunner:
         self._close_errors: list[tuple[BaseScorer, Exception]] = []
         self._interrupted: list[BaseScorer] | None = None
         self._schemas: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {}
-        self._closing = False
-        self._closed = False
+        self._state = RunnerState.OPEN
         self._close_event: anyio.Event | None = None
         self._timeouts: dict[int, float | None] = {}
         self._in_flight: set[anyio.CancelScope] = set()
@@ -300,9 +310,13 @@ class PRMRunner:
         return bool(self.config and self.config.enabled and any(s.enabled for s in self._scorers))
 
     @property
+    def state(self) -> RunnerState:
+        return self._state
+
+    @property
     def closed(self) -> bool:
         """True once ``aclose`` has started: from then on ``run`` is rejected."""
-        return self._closing
+        return self._state is not RunnerState.OPEN
 
     async def run(self, branch: InteractionCache | Sequence[Interaction], ctx: Mapping[str, Any] | None = None, *,
                   is_eval: bool = False) -> list[PRMTurnResult]:
@@ -319,13 +333,10 @@ class PRMRunner:
           ValueError, TypeError: a scorer's results failed validation; nothing of that scorer is committed.
           Any exception a scorer raised, with a note naming the scorer and the turn.
         """
-        if self._closing:
+        if self._state is not RunnerState.OPEN:
             raise RunnerClosedError("PRMRunner is closed: run() is rejected once aclose() has started")
         chain = self._chain(branch)
-        for turn in chain:
-            if not turn.token_backed:
-                raise NotScorableError(f"interaction {turn.interaction_id!r} is not token-backed (no token ids) "
-                                       "and cannot be scored")
+        require_token_backed(chain, NotScorableError)
         assert self.config is not None  # set by _build
         if not self.config.enabled:
             return []
@@ -342,7 +353,7 @@ class PRMRunner:
                 self._in_flight.discard(scope)
                 if not self._in_flight and self._idle is not None:
                     self._idle.set()
-        if scope.cancelled_caught or self._closing:
+        if scope.cancelled_caught or self._state is not RunnerState.OPEN:
             raise RunnerClosedError("PRMRunner was closed while this run was in flight; nothing was committed")
         return self._commit(chain, staged)
 
@@ -553,14 +564,15 @@ class PRMRunner:
         every owned scorer was tried; concurrent callers wait for that cleanup and return. Cancellation
         propagates; the interrupted hook is not retried, and a later call closes the scorers never tried.
         """
-        self._closing = True
+        if self._state is RunnerState.OPEN:
+            self._state = RunnerState.CLOSING
         # Runs in flight are cancelled, and waited for, before any scorer is closed; they commit nothing.
         while self._in_flight:
             self._idle = anyio.Event()
             for scope in list(self._in_flight):
                 scope.cancel()
             await self._idle.wait()
-        while not self._closed:
+        while self._state is not RunnerState.CLOSED:
             if self._close_event is not None:
                 await self._close_event.wait()
                 continue
@@ -578,7 +590,7 @@ class PRMRunner:
     def _resume_after_interruption(self) -> None:
         """Closed, unless a cancellation left scorers never tried: a new stack holds them, in order."""
         if self._interrupted is None:
-            self._closed = True
+            self._state = RunnerState.CLOSED
             return
         self._owned_stack = contextlib.AsyncExitStack()
         for scorer in reversed(self._interrupted):

@@ -9,8 +9,8 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from prm_jax.config.experiment import ExperimentConfig, PRMConfig, PRMSection, ScorerSpec
 from prm_jax.kernels.shaping import ShapingConfig
-from prm_jax.runtime.config import ExperimentConfig, PRMConfig, PRMSection, ScorerSpec
 from prm_jax.runtime.scoring import BaseScorer
 from prm_jax.validation import short_repr
 

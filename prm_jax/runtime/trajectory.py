@@ -30,6 +30,14 @@ STOP_REASONS = ("stop", "length")
 MAX_TOKEN_ID = 2**31 - 1  # batches hold token ids as int32
 
 
+def check_vector_lengths(interaction_id: str, output_len: int | None, *vectors: np.ndarray | None) -> None:
+    """``output_logprobs`` and ``token_rewards`` have one entry per output token."""
+    for name, vector in zip(("output_logprobs", "token_rewards"), vectors):
+        if vector is not None and (output_len is None or vector.shape != (output_len,)):
+            raise ValueError(f"interaction {interaction_id!r}: {name} must have shape ({output_len or 0},), got "
+                             f"{vector.shape}")
+
+
 def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
     if value is None:
         return None
@@ -42,6 +50,43 @@ def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
         raise ValueError(f"interaction {interaction_id!r}: {name} must hold token ids in [0, {MAX_TOKEN_ID}] "
                          f"(int32), got {int(array.min()) if array.min() < 0 else int(array.max())}")
     return array
+
+
+def finite_value(value: Any) -> float:
+    """The rule of ``reward`` and ``step_reward``: a finite number (not a bool), as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ValueError(f"must be a finite number or None, got {short_repr(value)}")
+    try:
+        ok = math.isfinite(value)
+    except OverflowError:  # an integer beyond a float's range (e.g. 400 digits)
+        ok = False
+    if not ok:
+        raise ValueError(f"must be finite, got {short_repr(value)}")
+    return float(value)
+
+
+def finite_vector(value: Any) -> np.ndarray:
+    """The rule of ``output_logprobs`` and ``token_rewards``: numbers, finite as given and as float32."""
+    try:
+        array = np.asarray(value)
+        if array.dtype.kind not in "iuf":
+            array = np.asarray(value, np.float64)
+    except OverflowError:  # an integer beyond a float's range
+        raise ValueError("must be finite, got a number beyond float64's range") from None
+    if array.size and not np.isfinite(array).all():
+        raise ValueError(f"must be finite, got {short_repr(array[~np.isfinite(array)][0].item())}")
+    out = array.astype(np.float32)
+    if not np.isfinite(out).all():
+        raise ValueError("must be finite in float32")
+    return out
+
+
+def anchor_value(value: Any) -> int:
+    """The rule of ``anchor_id``: a 64-bit integer, signed or unsigned (-1: none)."""
+    if not is_anchor_id(value):
+        raise ValueError("must be a 64-bit integer (signed or unsigned, in [-2**63, 2**64 - 1]; -1: none) "
+                         f"or None, got {short_repr(value)}")
+    return int(value)
 
 
 _IMMUTABLE = (str, bytes, int, float, bool, complex, type(None))
@@ -119,27 +164,15 @@ class Interaction:
             raise ValueError(f"interaction {iid!r}: input_tokens and output_tokens must both be given or both be None")
         if self.stop_reason not in STOP_REASONS:
             raise ValueError(f"interaction {iid!r}: stop_reason must be one of {STOP_REASONS}, got {self.stop_reason!r}")
-        for name in ("reward", "step_reward"):
-            value = getattr(self, name)
-            if value is not None:
-                if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
-                        or not math.isfinite(value):
-                    raise ValueError(f"interaction {iid!r}: {name} must be a finite number or None, got {value!r}")
-                setattr(self, name, float(value))
-        for name in ("output_logprobs", "token_rewards"):
+        for name, rule in (("reward", finite_value), ("step_reward", finite_value), ("anchor_id", anchor_value),
+                           ("output_logprobs", finite_vector), ("token_rewards", finite_vector)):
             if getattr(self, name) is not None:
-                vector = np.asarray(getattr(self, name), np.float32)
-                if not np.isfinite(vector).all():
-                    raise ValueError(f"interaction {iid!r}: {name} must be finite")
-                if self.output_tokens is None or vector.shape != self.output_tokens.shape:
-                    raise ValueError(f"interaction {iid!r}: {name} must have shape ({self.output_len},), got "
-                                     f"{vector.shape}")
-                setattr(self, name, vector)
-        if self.anchor_id is not None:
-            if not is_anchor_id(self.anchor_id):
-                raise ValueError(f"interaction {iid!r}: anchor_id must be a 64-bit integer (signed or unsigned, "
-                                 f"in [-2**63, 2**64 - 1]; -1: none) or None, got {short_repr(self.anchor_id)}")
-            self.anchor_id = int(self.anchor_id)
+                try:
+                    setattr(self, name, rule(getattr(self, name)))
+                except (ValueError, TypeError) as err:
+                    raise ValueError(f"interaction {iid!r}: {name} {err}") from None
+        check_vector_lengths(iid, self.output_len if self.output_tokens is not None else None,
+                             self.output_logprobs, self.token_rewards)
         self.messages = tuple(self.messages)
         self.output_messages = tuple(self.output_messages)
 
@@ -259,6 +292,14 @@ class BranchSequence:
         return out
 
 
+def require_token_backed(chain: Sequence[Interaction], error: type[ValueError] = ValueError) -> None:
+    """Every turn carries token ids: concat export and scoring read them."""
+    for turn in chain:
+        if not turn.token_backed:
+            raise error(f"interaction {turn.interaction_id!r} is not token-backed (no token ids): "
+                        "concat export and scoring need token-backed interactions")
+
+
 def concat_spans(chain: Sequence[Interaction]) -> list[tuple[int, int]]:
     """The concat rule, checked: every turn is token-backed and every child's ``input_tokens`` start with its
     parent's ``input_tokens + output_tokens``. Returns each turn's output span ``(start, stop)`` in the
@@ -266,10 +307,7 @@ def concat_spans(chain: Sequence[Interaction]) -> list[tuple[int, int]]:
     JSONL reader's fast path checks the same on the raw bytes; a differential test holds it to this)."""
     if not chain:
         raise ValueError("a branch needs at least one interaction")
-    for turn in chain:
-        if not turn.token_backed:
-            raise ValueError(f"interaction {turn.interaction_id!r} is not token-backed (no token ids): "
-                             "concat export and scoring need token-backed interactions")
+    require_token_backed(chain)
     for parent, child in zip(chain, chain[1:]):
         prefix = np.concatenate([parent.input_tokens, parent.output_tokens])
         if child.input_tokens.shape[0] < prefix.shape[0] or not np.array_equal(
@@ -277,6 +315,28 @@ def concat_spans(chain: Sequence[Interaction]) -> list[tuple[int, int]]:
             raise ValueError(f"interaction {child.interaction_id!r}: input_tokens must start with its parent "
                              f"{parent.interaction_id!r}'s input_tokens + output_tokens (concat export)")
     return [(turn.input_tokens.shape[0], turn.input_tokens.shape[0] + turn.output_len) for turn in chain]
+
+
+def turn_spans(turn_ids: np.ndarray, row: int = 0) -> list[tuple[int, int]]:
+    """The inverse of ``stitch``'s turn ids: ``[(start, end)]`` of turns 0, 1, ... in one row of ``turn_ids``
+    (``k`` on turn ``k``'s positions, each turn one contiguous run, -1 elsewhere); ``ValueError`` naming
+    ``row`` otherwise."""
+    positions = np.flatnonzero(turn_ids >= 0)
+    if positions.size == 0:
+        return []
+    ids = turn_ids[positions]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    run_ids = ids[starts]
+    if not np.array_equal(run_ids, np.arange(run_ids.size)):
+        raise ValueError(f"turn_ids of row {row} must number its turns 0, 1, 2, ... in order, each turn one "
+                         f"contiguous run of tokens; got runs with ids {run_ids.tolist()}")
+    ends = np.r_[starts[1:], positions.size]
+    spans = [(int(positions[a]), int(positions[b - 1]) + 1) for a, b in zip(starts, ends)]
+    for k, (start, end) in enumerate(spans):
+        if end - start != ends[k] - starts[k]:
+            raise ValueError(f"turn {k} of row {row} is not contiguous: its tokens span positions {start}..{end - 1} "
+                             "with other tokens between them")
+    return spans
 
 
 def stitch(chain: Sequence[Interaction]) -> BranchSequence:

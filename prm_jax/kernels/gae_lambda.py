@@ -10,7 +10,8 @@ built from the shifted loss mask ``m`` (timesteps):
 - ``timestep_lengths``: the ``L`` of the selected ``gae_timestep_unit``: tokens or turns.
 
 The function runs inside the jitted pipeline, so it must be jittable. Built in, under AReaL's paths
-(``areal.trainer.ppo.lambda_fn.<name>``) as well as this module's:
+(``areal.trainer.ppo.lambda_fn.<name>``) as well as this module's (``prm_jax.config`` resolves the paths
+when a config is built; this module imports nothing):
 
 - ``vapo_length_adaptive_gae(alpha > 0)``: ``lambda = max(0, 1 - 1 / (alpha L))`` for ``L > 0``, 0 for
   ``L = 0`` (VAPO, Yue et al. 2025, arXiv 2504.05118);
@@ -22,18 +23,14 @@ The function runs inside the jitted pipeline, so it must be jittable. Built in, 
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import math
-from collections.abc import Callable, Mapping
-from typing import Any, TypedDict
+from collections.abc import Callable
+from typing import TypedDict
 
 import jax
 import jax.numpy as jnp
 
 from prm_jax.validation import ConfigError, finite_number
-
-AREAL_MODULE = "areal.trainer.ppo.lambda_fn"
 
 
 class GAELambdaContext(TypedDict):
@@ -85,37 +82,6 @@ def relative_position_gae_lambda(context: GAELambdaContext, *, q: float) -> jax.
 
 BUILTIN = {fn.__name__: fn for fn in (constant_gae_lambda, vapo_length_adaptive_gae, relative_position_gae_lambda)}
 # Each built-in's kwargs check, run when a config is built (no JAX work at config time).
-_KWARG_CHECKS: dict[Callable[..., jax.Array], Callable[..., float]] = {
+KWARG_CHECKS: dict[Callable[..., jax.Array], Callable[..., float]] = {
     constant_gae_lambda: _check_value, vapo_length_adaptive_gae: _check_alpha,
     relative_position_gae_lambda: _check_q}
-
-
-def resolve(path: str) -> Callable[..., jax.Array]:
-    """The lambda function a dotted path names (AReaL's built-in paths map to this module)."""
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"gae_lambda must be a float or a non-empty dotted path, got {path!r}")
-    module_name, _, name = path.rpartition(".")
-    if module_name in (AREAL_MODULE, __name__) and name in BUILTIN:
-        return BUILTIN[name]
-    if not module_name:
-        raise ValueError(f"gae_lambda path {path!r} must be a dotted path 'module.function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"gae_lambda path {path!r} cannot be imported: {err}") from None
-    if not callable(fn):
-        raise ValueError(f"gae_lambda path {path!r} names {type(fn).__name__}, not a function")
-    return fn
-
-
-def validate(path: str, kwargs: Mapping[str, Any]) -> None:
-    """Resolves ``path`` and binds ``kwargs`` to its signature; built-ins also check their values."""
-    fn = resolve(path)
-    try:
-        inspect.signature(fn).bind(None, **kwargs)
-    except TypeError as err:
-        raise ValueError(f"gae_lambda_kwargs do not fit {path}: {err}") from None
-    except ValueError:
-        pass  # no signature to read (a builtin or C function): checked when it runs
-    if fn in _KWARG_CHECKS:
-        _KWARG_CHECKS[fn](**kwargs)

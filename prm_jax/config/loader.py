@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from prm_jax.runtime.config import ExperimentConfig
+from prm_jax.config.experiment import ExperimentConfig
 from prm_jax.validation import short_repr
 
 MAX_YAML_NODES = 100_000

@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
-from prm_jax.kernels.advantages import AdvantageConfig
+from prm_jax.config.advantage import AdvantageConfig, shaping_config
 from prm_jax.kernels.shaping import ShapingConfig
 from prm_jax.validation import ConfigError, finite_number, from_mapping, scorer_weight, short_repr
 
@@ -182,7 +182,7 @@ class ExperimentConfig:
         prm_data = _keys(agent.get("prm"), "rollout.agent.prm", {"enabled", "advantage_shaping", "scorers",
                                                                  "error_policy"})
         prm = PRMConfig.from_mapping(prm_data)
-        shaping = ShapingConfig.from_value(prm_data.get("advantage_shaping"), "rollout.agent.prm.advantage_shaping")
+        shaping = shaping_config(prm_data.get("advantage_shaping"), "rollout.agent.prm.advantage_shaping")
         actor = _keys(top.get("actor"), "actor", {f.name for f in dataclasses.fields(AdvantageConfig)}
                       - {"advantage_shaping"})
         if prm.enabled:

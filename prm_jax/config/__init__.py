@@ -1,0 +1,42 @@
+"""Configuration: every YAML-facing setting, validated, with AReaL's keys.
+
+``AdvantageConfig`` (``actor``) resolves into the kernels' ``AdvantagePlan``; ``ExperimentConfig`` is a
+whole file (``rollout``, ``rollout.agent.prm``, ``actor``), read by ``load_config`` (YAML with a bound on
+alias expansion). Errors are ``ConfigError``, naming the key path. The kernels' own parameter records
+(``NormConfig``, ``ShapingConfig``, ``GiGPOConfig``) are re-exported: they are the values of
+``reward_norm``/``adv_norm``, ``advantage_shaping`` and ``credit_assignment``.
+"""
+
+from prm_jax.config.advantage import AdvantageConfig, resolve_lambda
+from prm_jax.config.experiment import (
+    ERROR_POLICIES,
+    ErrorPolicy,
+    ExperimentConfig,
+    PRMConfig,
+    PRMSection,
+    RolloutConfig,
+    ScorerSpec,
+)
+from prm_jax.config.loader import load_config, parse_yaml
+from prm_jax.kernels.gigpo import GiGPOConfig
+from prm_jax.kernels.normalization import NormConfig
+from prm_jax.kernels.shaping import ShapingConfig
+from prm_jax.validation import ConfigError
+
+__all__ = [
+    "ERROR_POLICIES",
+    "AdvantageConfig",
+    "ConfigError",
+    "ErrorPolicy",
+    "ExperimentConfig",
+    "GiGPOConfig",
+    "NormConfig",
+    "PRMConfig",
+    "PRMSection",
+    "RolloutConfig",
+    "ScorerSpec",
+    "ShapingConfig",
+    "load_config",
+    "parse_yaml",
+    "resolve_lambda",
+]

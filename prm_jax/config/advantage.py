@@ -1,0 +1,255 @@
+"""``actor``: the advantage settings with AReaL's names and defaults, resolved into the kernels' plan.
+
+``AdvantageConfig`` is what a YAML file or a trainer writes; it validates every field (errors name the
+key) and resolves once into a hashable ``prm_jax.kernels.AdvantagePlan``, the stages
+``compute_advantages`` runs. The kernels never see these keys: AReaL's ``credit_assignment: {mode:
+gigpo}``, the dotted-path λ functions (imported here, when the config is built) and the flags that choose
+a stage (``gae_timestep_unit``, ``token_rewards_as_adv``, ``credit_assignment``) end here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import jax
+
+from prm_jax.kernels import gae_lambda
+from prm_jax.kernels.advantages import (
+    TIMESTEP_UNITS,
+    AdvantagePlan,
+    Estimator,
+    GiGPOStage,
+    KLStage,
+    LambdaFunction,
+    OutcomeStage,
+    OverlongPenalty,
+    TaskRewardStage,
+    TimestepUnit,
+    TokenGAE,
+    TurnGAE,
+)
+from prm_jax.kernels.gigpo import GiGPOConfig
+from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator
+from prm_jax.kernels.normalization import NormConfig
+from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod
+from prm_jax.kernels.shaping import ShapingConfig, ShapingMode
+from prm_jax.validation import ConfigError, finite_number, from_mapping, integer, short_repr
+
+AREAL_LAMBDA_MODULE = "areal.trainer.ppo.lambda_fn"
+# Where the built-in λ functions may be named from: AReaL's module, ours, and ours before issue 21
+# renamed it (configs written then keep working).
+BUILTIN_LAMBDA_MODULES = (AREAL_LAMBDA_MODULE, gae_lambda.__name__, "prm_jax.kernels.lambda_fn")
+
+
+def resolve_lambda(path: str) -> Callable[..., jax.Array]:
+    """The λ function a dotted path names (AReaL's built-in paths map to ``prm_jax.kernels.gae_lambda``)."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"gae_lambda must be a float or a non-empty dotted path, got {path!r}")
+    module_name, _, name = path.rpartition(".")
+    if module_name in BUILTIN_LAMBDA_MODULES and name in gae_lambda.BUILTIN:
+        return gae_lambda.BUILTIN[name]
+    if not module_name:
+        raise ValueError(f"gae_lambda path {path!r} must be a dotted path 'module.function'")
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"gae_lambda path {path!r} cannot be imported: {err}") from None
+    if not callable(fn):
+        raise ValueError(f"gae_lambda path {path!r} names {type(fn).__name__}, not a function")
+    return fn
+
+
+def _checked_lambda(path: str, kwargs: Mapping[str, Any]) -> Callable[..., jax.Array]:
+    """Resolves ``path`` and binds ``kwargs`` to its signature; built-ins also check their values."""
+    fn = resolve_lambda(path)
+    try:
+        inspect.signature(fn).bind(None, **kwargs)
+    except TypeError as err:
+        raise ValueError(f"gae_lambda_kwargs do not fit {path}: {err}") from None
+    except ValueError:
+        pass  # no signature to read (a builtin or C function): checked when it runs
+    if fn in gae_lambda.KWARG_CHECKS:
+        gae_lambda.KWARG_CHECKS[fn](**kwargs)
+    return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageConfig:
+    """Actor settings of the advantage pipeline, with AReaL's field names and defaults.
+
+    Hashable, and resolved once into ``.plan`` (an ``AdvantagePlan``), the static argument of the jitted
+    pipeline: equal configs never retrace. ``gae_lambda`` is a float, or (AReaL's dynamic λ) a dotted path
+    to a jittable function of the rows' lengths with ``gae_lambda_kwargs`` (see
+    ``prm_jax.kernels.gae_lambda``; AReaL's built-in paths work). ``reward_norm`` is AReaL's actor-side
+    outcome normalization (unbiased std, eps 1e-5 by default); the export's ``normalize_rewards`` is the
+    proxy-side one (population std + 1e-8): use one, not both. Beyond AReaL: ``gae_method``/
+    ``gae_block_size`` choose the scan, ``max_turns`` bounds turns per row for turn-level GAE (default
+    ``T``), ``check_values=False`` skips the value checks on the hot path (their reductions and the device
+    sync).
+    """
+
+    discount: float = 1.0
+    gae_lambda: float | str = 1.0
+    gae_lambda_kwargs: Any = ()
+    kl_ctl: float = 0.1
+    kl_estimator: KLEstimator = "k1"
+    reward_bias: float = 0.0
+    reward_scaling: float = 1.0
+    reward_clip: float = 20.0
+    mask_no_eos_with_zero: bool = False
+    token_rewards_as_adv: bool = True
+    gae_timestep_unit: TimestepUnit = "token"
+    reward_norm: NormConfig | None = None
+    adv_norm: NormConfig | None = None
+    advantage_shaping: ShapingConfig = ShapingConfig()
+    overlong_reward_penalty: bool = False
+    overlong_tokens: int | None = None
+    overlong_penalty_factor: float | None = None
+    max_new_tokens: int | None = None
+    gae_method: GAEMethod = "auto"
+    gae_block_size: int = DEFAULT_BLOCK_SIZE
+    max_turns: int | None = None
+    check_values: bool | Literal["callback"] = True
+    credit_assignment: GiGPOConfig | None = None
+    diagnostics: bool = False
+
+    def __post_init__(self):
+        set_ = functools.partial(object.__setattr__, self)
+        set_("discount", finite_number("discount", self.discount, minimum=0.0, maximum=1.0))
+        if isinstance(self.gae_lambda, str):
+            set_("gae_lambda_kwargs", _frozen_kwargs(self.gae_lambda_kwargs))
+            try:
+                _checked_lambda(self.gae_lambda, dict(self.gae_lambda_kwargs))
+            except (ValueError, TypeError) as err:
+                raise ConfigError("gae_lambda", f"({self.gae_lambda}): {err}") from None
+        else:
+            set_("gae_lambda", finite_number("gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0))
+            set_("gae_lambda_kwargs", ())  # ignored for a float, as in AReaL
+        set_("kl_ctl", finite_number("kl_ctl", self.kl_ctl))
+        set_("reward_bias", finite_number("reward_bias", self.reward_bias))
+        set_("reward_scaling", finite_number("reward_scaling", self.reward_scaling))
+        set_("reward_clip", finite_number("reward_clip", self.reward_clip, minimum=0.0))
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ConfigError("kl_estimator", f"must be one of {KL_ESTIMATORS}, got {short_repr(self.kl_estimator)}")
+        if not (self.check_values is True or self.check_values is False or self.check_values == "callback"):
+            raise ConfigError("check_values", f"must be true, false or 'callback', got {short_repr(self.check_values)}")
+        for key in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty", "diagnostics"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(key, f"must be a bool, got {short_repr(getattr(self, key))}")
+        if self.gae_timestep_unit not in TIMESTEP_UNITS:
+            raise ConfigError("gae_timestep_unit",
+                              f"must be one of {TIMESTEP_UNITS}, got {short_repr(self.gae_timestep_unit)}")
+        set_("reward_norm", _norm(self.reward_norm, "reward_norm"))
+        set_("adv_norm", _norm(self.adv_norm, "adv_norm"))
+        set_("advantage_shaping", shaping_config(self.advantage_shaping))
+        set_("credit_assignment", _credit_assignment(self.credit_assignment))
+        _check_shaping(self.advantage_shaping.mode, self.token_rewards_as_adv, self.mask_no_eos_with_zero)
+        if self.gae_method not in GAE_METHODS:
+            raise ConfigError("gae_method", f"must be one of {GAE_METHODS}, got {short_repr(self.gae_method)}")
+        if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
+                                            or self.discount * self.gae_lambda != 1.0):
+            raise ConfigError("gae_method", "'cumsum' needs discount * gae_lambda == 1 (a float gae_lambda)")
+        integer("gae_block_size", self.gae_block_size, minimum=1)
+        if self.max_turns is not None:
+            integer("max_turns", self.max_turns, minimum=1)
+        if self.overlong_reward_penalty:
+            try:
+                overlong = integer("overlong_tokens", self.overlong_tokens, minimum=1)
+                integer("max_new_tokens", self.max_new_tokens, minimum=overlong)
+            except ConfigError as err:
+                raise ConfigError(err.key, f"{err.problem} (with overlong_reward_penalty)") from None
+            set_("overlong_penalty_factor", finite_number("overlong_penalty_factor",
+                                                          self.overlong_penalty_factor, minimum=0.0))
+
+    @functools.cached_property
+    def plan(self) -> AdvantagePlan:
+        """The stages this config runs (built once per config object)."""
+        lam: float | LambdaFunction
+        if isinstance(self.gae_lambda, str):
+            lam = LambdaFunction(resolve_lambda(self.gae_lambda), self.gae_lambda_kwargs, self.gae_lambda,
+                                 self.gae_timestep_unit)
+        else:
+            lam = self.gae_lambda
+        overlong = None
+        if self.overlong_reward_penalty:  # validated: all three are set with the penalty on
+            assert self.max_new_tokens is not None and self.overlong_tokens is not None
+            assert self.overlong_penalty_factor is not None
+            overlong = OverlongPenalty(self.max_new_tokens, self.overlong_tokens, self.overlong_penalty_factor)
+        estimator: Estimator
+        if self.credit_assignment is not None:
+            estimator = GiGPOStage(self.credit_assignment)
+        elif self.gae_timestep_unit == "turn":
+            estimator = TurnGAE()
+        else:
+            estimator = TokenGAE(self.gae_block_size)
+        return AdvantagePlan(
+            outcome=OutcomeStage(self.reward_bias, self.reward_scaling, self.reward_clip, self.reward_norm, overlong),
+            kl=KLStage(self.kl_ctl, self.kl_estimator),
+            task=TaskRewardStage(self.mask_no_eos_with_zero, fold_process=not self.token_rewards_as_adv),
+            discount=self.discount, lam=lam, estimator=estimator, adv_norm=self.adv_norm,
+            shaping=self.advantage_shaping if self.token_rewards_as_adv else None,
+            gae_method=self.gae_method, max_turns=self.max_turns,
+            check_turn_ids=self.gae_timestep_unit == "turn" or isinstance(lam, LambdaFunction),
+            check_values=self.check_values, diagnostics=self.diagnostics)
+
+    def shaping_variants(self, modes: Sequence[ShapingMode]) -> tuple[list[ShapingConfig], dict[str, str]]:
+        """This config's shaping under each of ``modes``, and ``{mode: "n/a: why"}`` for the modes it rules
+        out (for ``compute_advantage_variants``)."""
+        shapings: list[ShapingConfig] = []
+        refused: dict[str, str] = {}
+        for mode in modes:
+            try:
+                _check_shaping(mode, self.token_rewards_as_adv, self.mask_no_eos_with_zero)
+                shapings.append(dataclasses.replace(self.advantage_shaping, mode=mode))
+            except ValueError as err:
+                refused[mode] = f"n/a: {err}"
+        return shapings, refused
+
+
+def _check_shaping(mode: str, token_rewards_as_adv: bool, mask_no_eos_with_zero: bool) -> None:
+    if mode in ("gvpo", "process_weighted") and not token_rewards_as_adv:
+        raise ConfigError("token_rewards_as_adv", f"must be true: advantage_shaping.mode={mode!r} shapes with "
+                                                  "direct process rewards")
+    if mode == "process_weighted" and mask_no_eos_with_zero:
+        raise ConfigError("mask_no_eos_with_zero", "must be false with advantage_shaping.mode='process_weighted'")
+
+
+def _norm(value: Any, where: str) -> NormConfig | None:
+    """``None`` (no normalization), a ``NormConfig`` or a mapping of its fields."""
+    return None if value is None else from_mapping(NormConfig, value, where)
+
+
+def shaping_config(value: Any, where: str = "advantage_shaping") -> ShapingConfig:
+    """A ``ShapingConfig`` or a mapping of its fields (``None``: the defaults)."""
+    return from_mapping(ShapingConfig, value, where)
+
+
+def _credit_assignment(value: Any) -> GiGPOConfig | None:
+    """``None``, a ``GiGPOConfig`` or AReaL-style ``{mode: gigpo, ...}``."""
+    if value is None or isinstance(value, GiGPOConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError("credit_assignment", f"must be a mapping with mode: gigpo, got {type(value).__name__}")
+    fields = dict(value)
+    if fields.pop("mode", None) != "gigpo":
+        raise ConfigError("credit_assignment.mode", f"must be 'gigpo', got {short_repr(value.get('mode'))}")
+    return from_mapping(GiGPOConfig, fields, "credit_assignment")
+
+
+def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:
+    """``gae_lambda_kwargs`` as sorted ``(name, value)`` pairs, so the config stays hashable."""
+    if kwargs is None:
+        return ()
+    items = kwargs.items() if isinstance(kwargs, Mapping) else kwargs
+    try:
+        pairs = tuple(sorted((str(k), v) for k, v in items))
+        hash(pairs)
+    except (TypeError, ValueError):
+        raise ConfigError("gae_lambda_kwargs", "must be a mapping of names to hashable values (numbers, strings), "
+                                               f"got {short_repr(kwargs)}") from None
+    return pairs

@@ -1,0 +1,160 @@
+"""The backward linear recurrence ``x_t = c_t x_{t+1} + d_t`` and the scan methods that compute it.
+
+GAE (token- and turn-level) is this recurrence with ``c_t = gamma * lam`` on active timesteps and 1
+elsewhere; every method computes the same values:
+
+- ``scan``: one sequential ``lax.scan`` over time: the literal recurrence.
+- ``associative``: ``lax.associative_scan`` over affine maps ``x -> c x + d`` (log depth).
+- ``blocked``: a sequential scan inside blocks of ``block_size`` timesteps, all blocks in parallel, then
+  a scan over block carries and a fix-up pass (a chunked scan: few, wide steps).
+- ``cumsum``: when ``gamma * lam == 1`` is known before tracing, ``c_t == 1`` and ``x`` is a reverse
+  cumulative sum: exact, no products.
+- ``native``: GAE's literal recurrence as a C++ XLA FFI kernel on the CPU (``prm_jax.native``), built on
+  first use where a C++ compiler exists; float32 only.
+- ``auto``: resolved once, before tracing, by ``resolve_method``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.typing import ArrayLike
+
+from prm_jax.kernels import _checks
+from prm_jax.native import ffi
+
+GAEMethod = Literal["auto", "scan", "associative", "blocked", "cumsum", "native"]
+GAE_METHODS: tuple[GAEMethod, ...] = ("auto", "scan", "associative", "blocked", "cumsum", "native")
+DEFAULT_BLOCK_SIZE = 64
+
+
+def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: bool = False) -> GAEMethod:
+    """The one place ``auto`` is resolved, outside any trace; the result is a static argument of the jit.
+
+    ``auto``: on CPU ``native`` when it is available and the program runs on one device (``sharded``
+    False and one device; a custom call has no partitioning rule), else ``scan``; on GPU/TPU ``cumsum``
+    when ``gamma * lam == 1`` is known statically (``unit_discount``), else ``associative``.
+    """
+    if method not in GAE_METHODS:
+        raise ValueError(f"method must be one of {GAE_METHODS}, got {method!r}")
+    if method == "cumsum" and not unit_discount:
+        raise ValueError("method='cumsum' needs gamma * lam == 1 known before tracing (Python floats); "
+                         "use 'auto', 'scan', 'associative' or 'blocked' otherwise")
+    if method == "native" and not ffi.available():
+        raise ValueError("method='native' needs the CPU backend and a C++ compiler to build the kernel "
+                         "(see prm_jax.native); use 'auto' to fall back to 'scan'")
+    if method == "native" and sharded:
+        raise ValueError("method='native' cannot run in a sharded program (a custom call has no partitioning "
+                         "rule); use 'auto' or 'scan'")
+    if method != "auto":
+        return method
+    if jax.default_backend() == "cpu":
+        return "native" if ffi.use_native(sharded=sharded) else "scan"
+    return "cumsum" if unit_discount else "associative"
+
+
+def _affine_combine(later, earlier):
+    """Composes ``x -> a_l x + b_l`` (later timesteps, applied first) with ``x -> a_e x + b_e``."""
+    a_later, b_later = later
+    a_earlier, b_earlier = earlier
+    return a_later * a_earlier, a_earlier * b_later + b_earlier
+
+
+def affine_scan(coeffs: jax.Array, offsets: jax.Array, method: str) -> tuple[jax.Array, jax.Array]:
+    """The chunked-scan primitive: ``(products, locals)`` of ``x_t = coeffs_t x_{t+1} + offsets_t`` from 0.
+
+    Along the last axis, right to left from a zero carry: ``locals_t`` is ``x_t`` and ``products_t`` the
+    product of ``coeffs`` from ``t`` to the end, so the same chunk with a carry-in ``c`` is
+    ``locals_t + products_t * c`` (``carry_correction``). ``method`` is ``scan`` or ``associative``.
+    """
+    if method == "associative":
+        return lax.associative_scan(_affine_combine, (coeffs, offsets), reverse=True, axis=coeffs.ndim - 1)
+
+    def step(carry, coeff_offset):
+        product, local = carry
+        coeff, offset = coeff_offset
+        carry = (coeff * product, coeff * local + offset)
+        return carry, carry
+
+    time_major = (jnp.moveaxis(coeffs, -1, 0), jnp.moveaxis(offsets, -1, 0))
+    zeros = jnp.zeros(coeffs.shape[:-1], coeffs.dtype)
+    _, (products, locals_) = lax.scan(step, (jnp.ones_like(zeros), zeros), time_major, reverse=True)
+    return jnp.moveaxis(products, 0, -1), jnp.moveaxis(locals_, 0, -1)
+
+
+def carry_correction(products: jax.Array, locals_: jax.Array, carry_in: jax.Array) -> jax.Array:
+    """A chunk's values once the carry entering it from the right, ``carry_in [...]``, is known."""
+    return locals_ + products * carry_in[..., None]
+
+
+def backward_linear_recurrence(coeffs: ArrayLike, offsets: ArrayLike, init: ArrayLike, *,
+                               method: str = "scan", block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
+    """``x_t = coeffs_t * x_{t+1} + offsets_t`` for t = T-1 .. 0 along the last axis, ``x_T = init``.
+
+    Args:
+      coeffs, offsets: ``[B, T]`` float.
+      init: ``[B]`` float.
+      method: ``scan | associative | blocked``.
+      block_size: timesteps per block for ``blocked``.
+
+    Returns:
+      ``[B, T]`` float32 (float64 for float64 inputs).
+    """
+    if method not in ("scan", "associative", "blocked"):
+        raise ValueError(f"method must be 'scan', 'associative' or 'blocked', got {method!r}")
+    _checks.check_rank("coeffs", coeffs, 2)
+    _checks.check_shape("offsets", offsets, jnp.shape(coeffs), "coeffs")
+    _checks.check_shape("init", init, jnp.shape(coeffs)[:1], "coeffs' batch axis")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    return _recurrence_jit(coeffs, offsets, init, method=method, block_size=block_size)
+
+
+@functools.partial(jax.jit, static_argnames=("method", "block_size"))
+def _recurrence_jit(coeffs, offsets, init, *, method, block_size):
+    dtype = _checks.accumulation_dtype(coeffs, offsets, init)
+    return linear_recurrence(_checks.as_float("coeffs", coeffs, dtype), _checks.as_float("offsets", offsets, dtype),
+                             _checks.as_float("init", init, dtype), method, block_size)
+
+
+def linear_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.Array, method: str,
+                      block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
+    """``backward_linear_recurrence`` on validated arrays, inside a trace."""
+    if method == "scan":
+        def step(x, coeff_offset):
+            coeff, offset = coeff_offset
+            x = coeff * x + offset
+            return x, x
+        _, xs = lax.scan(step, init, (coeffs.T, offsets.T), reverse=True)
+        return xs.T
+    if method == "associative":
+        products, locals_ = affine_scan(coeffs, offsets, "associative")
+        return carry_correction(products, locals_, init)
+    if method == "blocked":
+        return _blocked_recurrence(coeffs, offsets, init, block_size)
+    raise ValueError(f"no linear recurrence for method {method!r}")
+
+
+def _blocked_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.Array, block_size: int) -> jax.Array:
+    """Blocks of ``block_size`` timesteps scanned side by side, then one carry per block (a chunked scan)."""
+    batch, num_steps = coeffs.shape
+    block_size = max(1, min(block_size, num_steps))
+    num_blocks = -(-num_steps // block_size)
+    pad = num_blocks * block_size - num_steps
+    # Identity steps on the right leave the carried-in value unchanged.
+    coeffs = jnp.pad(coeffs, ((0, 0), (0, pad)), constant_values=1).reshape(batch, num_blocks, block_size)
+    offsets = jnp.pad(offsets, ((0, 0), (0, pad))).reshape(batch, num_blocks, block_size)
+    products, locals_ = affine_scan(coeffs, offsets, "scan")
+
+    def across_blocks(x_after_block, product_local):
+        product, local = product_local
+        return product * x_after_block + local, x_after_block
+
+    # carry_in[:, j] is x just right of block j (the first step of block j + 1, or init).
+    _, carry_in = lax.scan(across_blocks, init, (products[:, :, 0].T, locals_[:, :, 0].T), reverse=True)
+    xs = carry_correction(products, locals_, carry_in.T)
+    return xs.reshape(batch, num_blocks * block_size)[:, :num_steps]

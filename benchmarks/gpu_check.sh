@@ -36,9 +36,7 @@ sys.exit(0 if prm_jax.__file__.startswith('$PWD/') else 1)" | tee -a "$OUT/machi
 fi
 
 # 1. Kernel and pipeline tests on this backend; CPU-only tests (the native kernel) report their skip reason.
-timeout "$TEST_BOUND" $PY -m pytest -q -p no:cacheprovider -rs tests/test_gae.py tests/test_advantages.py \
-  tests/test_normalization.py tests/test_shaping.py tests/test_alignment_kl.py tests/test_areal_parity.py \
-  tests/test_gigpo.py tests/test_hostile_kernels.py > "$OUT/tests.log" 2>&1
+timeout "$TEST_BOUND" $PY -m pytest -q -p no:cacheprovider -rs tests/kernels > "$OUT/tests.log" 2>&1
 step "tests ($(tail -1 "$OUT/tests.log"))" $?
 
 # 2. GAE methods, compute_advantages (unchecked and checked), roofline and device copy per shape (float32),

@@ -13,14 +13,11 @@ the synchronous ``PRMRunner(config)`` is kept for compatibility without that rol
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import enum
 import logging
-import math
-import sys
-from collections.abc import Awaitable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -28,7 +25,10 @@ import numpy as np
 
 from prm_jax._compat import ExceptionGroup, add_note
 from prm_jax.config.experiment import PRMSection
+from prm_jax.runtime.concurrency import cancellation_requested, concurrently
+from prm_jax.runtime.context import ScorerContext
 from prm_jax.runtime.lifecycle import rolled_back
+from prm_jax.runtime.rewards import weighted_rewards
 from prm_jax.runtime.scoring import (
     BaseScorer,
     BaseTrajectoryScorer,
@@ -37,11 +37,10 @@ from prm_jax.runtime.scoring import (
     PRMTurnResult,
 )
 from prm_jax.runtime.specs import as_section, check_scorer_specs
-from prm_jax.runtime.trajectory import Interaction, InteractionCache, freeze, require_token_backed
+from prm_jax.runtime.trajectory import Interaction, InteractionCache, require_token_backed
 from prm_jax.validation import short_repr
 
 logger = logging.getLogger(__name__)
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 BUILDING_NOTE = "while building the scorer of"
@@ -69,102 +68,13 @@ class NotScorableError(ValueError):
 NOT_SCORER_FAILURES: tuple[type[BaseException], ...] = (RunnerClosedError, NotScorableError)
 
 
-async def _concurrently(jobs: list[Coroutine[Any, Any, None]], *, group_one: bool = False) -> None:
-    """Runs the coroutines concurrently; the first failure cancels the others and the group raises.
-
-    The fan-out of every scored turn, so its shape matters: one job is awaited in place (unless
-    ``group_one``: then its failure too comes in an ``ExceptionGroup``); on asyncio (Python 3.11+) the
-    native ``asyncio.TaskGroup`` (same cancel-the-siblings semantics, a fraction of the cost per task);
-    elsewhere (trio, Python 3.10) an anyio task group.
-    """
-    if len(jobs) == 1 and not group_one:
-        await jobs[0]
-        return
-    if sys.version_info >= (3, 11) and _on_asyncio():
-        async with asyncio.TaskGroup() as native_group:
-            for job in jobs:
-                native_group.create_task(job)
-        return
-    async with anyio.create_task_group() as group:
-        for job in jobs:
-            group.start_soon(_await, job)
-
-
-async def _await(job: Coroutine[Any, Any, None]) -> None:
-    await job
-
-
-def _on_asyncio() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # trio, or no event loop
-        return False
-    return True
-
-
-def _cancellation_requested() -> bool:
-    """Whether the current asyncio task was asked to cancel (True where that cannot be told, e.g. trio)."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        return True
-    cancelling = getattr(task, "cancelling", None)
-    return task is None or cancelling is None or cancelling() > 0
-
-
-def _weighted_rewards(scorer: BaseScorer, turn: Interaction, raw: Any) -> tuple[np.ndarray, float]:
-    """``weight * raw`` as float32 ``[output_len]`` and its mean, or a ``ValueError``/``TypeError`` naming
-    scorer and turn."""
-    n = turn.output_len
-    if n <= 0:
-        raise ValueError(f"{_where(scorer, turn)}: the turn has no output tokens to score (output_len must be > 0)")
-    if isinstance(raw, (bool, np.bool_)):  # a judge's verdict, like any Python number: 1.0 or 0.0
-        raw = float(raw)
-    if type(raw) in (float, int):  # the common case, in plain Python and one numpy call
-        if not math.isfinite(raw):
-            raise ValueError(f"{_where(scorer, turn)}: returned non-finite rewards")
-        weighted = raw * scorer.weight
-        if not abs(weighted) <= FLOAT32_MAX:
-            raise ValueError(f"{_where(scorer, turn)}: reward * weight ({scorer.weight}) is non-finite")
-        return np.full(n, weighted, np.float32), float(weighted)
-    array = _reward_array(scorer, turn, raw, n)
-    with np.errstate(over="ignore"):
-        product = array * scorer.weight
-        weighted = product.astype(np.float32)
-    if not np.isfinite(weighted).all():
-        raise ValueError(f"{_where(scorer, turn)}: reward * weight ({scorer.weight}) is non-finite")
-    return weighted, float(np.mean(product))
-
-
-def _reward_array(scorer: BaseScorer, turn: Interaction, raw: Any, n: int) -> np.ndarray:
-    if isinstance(raw, (str, bytes)):
-        raise TypeError(f"{_where(scorer, turn)}: returned a {type(raw).__name__} ({short_repr(raw)}); expected a "
-                        "float (a number, not text)")
-    try:
-        array = np.asarray(raw)
-        if array.dtype.kind not in "iuf":  # bool arrays, strings and objects are not scores
-            raise TypeError
-        array = array.astype(np.float64)
-    except (TypeError, ValueError):
-        raise TypeError(f"{_where(scorer, turn)}: returned {type(raw).__name__} ({short_repr(raw)}); expected a "
-                        f"float or an array of shape ({n},) of numbers") from None
-    if array.ndim == 0:
-        array = np.full(n, float(array))
-    elif array.shape != (n,):
-        raise ValueError(f"{_where(scorer, turn)}: must return shape (n,) with n = output_len = {n}, got shape "
-                         f"{array.shape}")
-    if not np.isfinite(array).all():
-        raise ValueError(f"{_where(scorer, turn)}: returned non-finite rewards")
-    return array
-
-
 def _scorer_error(scorer: BaseScorer, where: str, err: BaseException, timeout: float | None) -> BaseException:
     """What an exception out of one scorer call becomes: the deadline's ``TimeoutError`` names the scorer and
     its timeout; a ``CancelledError`` the scorer raised itself (no cancellation was asked for) is a scorer
     failure, not a cancellation of the run; anything else stays as it is."""
     if isinstance(err, TimeoutError) and timeout is not None:
         return TimeoutError(f"scorer {scorer.name!r} on {where} took longer than its timeout of {timeout} s")
-    if isinstance(err, anyio.get_cancelled_exc_class()) and not _cancellation_requested():
+    if isinstance(err, anyio.get_cancelled_exc_class()) and not cancellation_requested():
         return RuntimeError(f"scorer {scorer.name!r} on {where} raised CancelledError without being cancelled")
     return err
 
@@ -173,40 +83,6 @@ def _plain(scorer: BaseScorer) -> bool:
     """The scorer keeps BaseScorer's ``evaluate_result``/``prepare_result``: its raw results need no wrapper."""
     return (type(scorer).evaluate_result is BaseScorer.evaluate_result
             and type(scorer).prepare_result is BaseScorer.prepare_result)
-
-
-def _where(scorer: BaseScorer, turn: Interaction) -> str:
-    return f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}"
-
-
-class _Context(Mapping):
-    """The read-only ``ctx`` scorers get: the caller's entries frozen, ``is_eval``, and ``messages`` (the
-    leaf's conversation) frozen on first read, once per run, since most scorers never read it."""
-
-    def __init__(self, ctx: Mapping[str, Any] | None, leaf: Interaction, is_eval: bool):
-        self._items = {key: freeze(value) for key, value in (ctx or {}).items()}
-        self._items["is_eval"] = bool(is_eval)
-        self._items.pop("messages", None)
-        self._leaf = leaf
-
-    def __getitem__(self, key: str) -> Any:
-        if key == "messages":
-            if "messages" not in self._items:
-                # The leaf's own frozen messages (built once per interaction, shared with scorers' views).
-                self._items["messages"] = self._leaf._frozen("messages") + self._leaf._frozen("output_messages")
-            return self._items["messages"]
-        return self._items[key]
-
-    def __iter__(self):
-        yield from self._items
-        if "messages" not in self._items:
-            yield "messages"
-
-    def __len__(self) -> int:
-        return len(self._items) + ("messages" not in self._items)
-
-    def __repr__(self) -> str:
-        return f"ctx({dict(self)!r})"
 
 
 @dataclasses.dataclass
@@ -340,7 +216,7 @@ class PRMRunner:
         assert self.config is not None  # set by _build
         if not self.config.enabled:
             return []
-        frozen_ctx = _Context(ctx, chain[-1], is_eval)
+        frozen_ctx = ScorerContext(ctx, chain[-1], is_eval)
         views = [turn.readonly() for turn in chain]
         staged: list[_Staged] = []
         with anyio.CancelScope() as scope:
@@ -390,7 +266,7 @@ class PRMRunner:
                     raise
                 results[i] = err
 
-        await _concurrently([one(i) for i in range(len(branches))], group_one=True)
+        await concurrently([one(i) for i in range(len(branches))], group_one=True)
         return results
 
     def _commit(self, chain: list[Interaction], staged: list[_Staged]) -> list[PRMTurnResult]:
@@ -499,7 +375,7 @@ class PRMRunner:
                 raise  # the group cancels the other turns
 
         try:
-            await _concurrently([score(i) for i in range(len(views))])
+            await concurrently([score(i) for i in range(len(views))])
         except Exception:
             if not failure:
                 raise
@@ -530,7 +406,7 @@ class PRMRunner:
             else:
                 raise TypeError(f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}: evaluate_result "
                                 f"must return a PRMScorerResult, got {type(outcome).__name__}")
-            weighted, mean = _weighted_rewards(scorer, turn, reward)
+            weighted, mean = weighted_rewards(scorer, turn, reward)
             for obs in observations:
                 self._check_observation(scorer, turn, obs, seen, stage.schemas)
             stage.weighted.append(weighted)

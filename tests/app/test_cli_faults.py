@@ -18,8 +18,8 @@ from prm_jax import AdvantageConfig, NormConfig, compute_advantages
 from prm_jax.app import cli, outputs
 from prm_jax.kernels import normalize
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "prm_jax" / "data" / "demo_sessions.jsonl"
 CONFIG = ROOT / "examples" / "prm_config.yaml"
 PRM_JAX = Path(sys.executable).with_name("prm-jax")

@@ -11,7 +11,7 @@ import pytest
 from examples.rollout_dump import generate
 from prm_jax.app.sessions import read_sessions
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 MEMORY_CEILING_MB = 1500  # jax itself takes ~300 MB; 10,000 small sessions are a 48 MB file
 

@@ -70,7 +70,7 @@ async def test_accepted_result_types(raw):
 @pytest.mark.parametrize("raw,want", [(True, [1.0, 1.0]), (np.bool_(False), [0.0, 0.0]), (np.True_, [1.0, 1.0])])
 async def test_bool_verdicts_are_numbers(raw, want):
     # Issue 14.10: a scorer returning np.bool_ (or a Python bool) is accepted like a Python number; bool
-    # lists and arrays stay errors (issue 10.14, tests/test_faults.py).
+    # lists and arrays stay errors (issue 10.14, tests/runtime/test_runner_faults.py).
     async def evaluate(self, interaction, ctx):
         return raw
     cache = branch(1)
@@ -450,10 +450,10 @@ def test_both_fan_outs_cancel_the_siblings_of_a_failed_turn(monkeypatch, path):
     # every turn, and on a failure cancel the others and commit nothing.
     import time
 
-    from prm_jax.runtime import runner as runner_module
+    from prm_jax.runtime import concurrency
 
     if path == "anyio":
-        monkeypatch.setattr(runner_module, "_on_asyncio", lambda: False)
+        monkeypatch.setattr(concurrency, "_on_asyncio", lambda: False)
     finished: list[str] = []
 
     class FailsOnOneTurn(BaseScorer):

@@ -20,7 +20,7 @@ from prm_jax import (
 from prm_jax.config import PRMConfig, ScorerSpec
 from prm_jax.scorers import LengthBudgetScorer
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "prm_config.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "prm_config.yaml"
 BASE = yaml.safe_load(EXAMPLE.read_text())
 
 

@@ -165,7 +165,7 @@ def test_cli_with_anchor_ids_and_step_rewards(tmp_path, capsys):
     from pathlib import Path
 
     from prm_jax.app.cli import main
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     sessions = [json.loads(line) for line in (root / "prm_jax" / "data" / "demo_sessions.jsonl").read_text().splitlines()]
     for s in sessions:
         for k, turn in enumerate(s["interactions"]):

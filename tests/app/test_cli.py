@@ -7,7 +7,7 @@ import pytest
 from prm_jax import compute_advantages, load_config
 from prm_jax.app.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "prm_jax" / "data"
 CONFIG = ROOT / "examples" / "prm_config.yaml"
 

@@ -184,7 +184,7 @@ class Tracking(BaseScorer):
 
 async def test_aclose_closes_an_owned_scorer_only_after_the_cancelled_run_stopped():
     ORDER.clear()
-    runner = await PRMRunner.create(PRMConfig(scorers=(ScorerSpec("test_faults.Tracking"),)))
+    runner = await PRMRunner.create(PRMConfig(scorers=(ScorerSpec("test_runner_faults.Tracking"),)))
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: _swallow(runner.run(branch(1))))
         await anyio.sleep(0.02)
@@ -215,8 +215,8 @@ class HangTrajectory(BaseTrajectoryScorer):
         await anyio.sleep_forever()
 
 
-@pytest.mark.parametrize("path,name", [("test_faults.Hang", "hang"),
-                                       ("test_faults.HangTrajectory", "hang_trajectory")])
+@pytest.mark.parametrize("path,name", [("test_runner_faults.Hang", "hang"),
+                                       ("test_runner_faults.HangTrajectory", "hang_trajectory")])
 async def test_a_scorer_past_its_timeout_fails_like_a_raising_scorer(path, name):
     runner = await PRMRunner.create(PRMConfig(scorers=(ScorerSpec(path, timeout=0.1),)))
     cache = branch()
@@ -231,8 +231,8 @@ async def test_a_scorer_past_its_timeout_fails_like_a_raising_scorer(path, name)
 async def test_timeout_is_validated_in_config():
     for bad in (0, -1.0, float("inf"), "1s", True):
         with pytest.raises(ValueError, match="timeout"):
-            PRMConfig.from_mapping({"scorers": [{"path": "test_faults.Hang", "timeout": bad}]})
-    spec = PRMConfig.from_mapping({"scorers": [{"path": "test_faults.Hang", "timeout": 2.5}]}).scorers[0]
+            PRMConfig.from_mapping({"scorers": [{"path": "test_runner_faults.Hang", "timeout": bad}]})
+    spec = PRMConfig.from_mapping({"scorers": [{"path": "test_runner_faults.Hang", "timeout": 2.5}]}).scorers[0]
     assert spec.timeout == 2.5
 
 

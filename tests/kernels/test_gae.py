@@ -21,9 +21,7 @@ from prm_jax.native import ffi as native
 gae_module = importlib.import_module("prm_jax.kernels.gae")
 recurrence = importlib.import_module("prm_jax.kernels.recurrence")
 
-# The native CPU kernel joins every comparison wherever it builds (decided when a test runs, not while
-# the suite is collected: collecting builds nothing); test_native_kernel_builds checks that it does wherever
-# a C++ compiler exists, so it cannot drop out of the suite unnoticed.
+# ``native`` is skipped where the kernel does not build (tests/kernels/conftest.py).
 METHODS = ("scan", "associative", "blocked", "native")
 ALL_METHODS = METHODS + ("auto",)
 
@@ -32,18 +30,6 @@ def built(methods):
     """The methods this machine runs: ``native`` only where the kernel built."""
     return [m for m in methods if m != "native" or native.available()]
 
-
-@pytest.fixture(autouse=True)
-def _native_where_it_builds(request):
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and "native" in callspec.params.values() and not native.available():
-        pytest.skip("the native kernel needs a CPU with a C++ compiler")
-
-
-@pytest.fixture
-def needs_native():
-    if not native.available():
-        pytest.skip("the native kernel needs a CPU with a C++ compiler")
 
 
 @pytest.mark.parametrize("method", ALL_METHODS)
@@ -174,48 +160,6 @@ def test_gae_argument_errors_name_the_argument():
         prm_jax.kernels.gae(r, None, np.ones((2, 3)), method="fast")
 
 
-@pytest.mark.parametrize("method,gamma,lam", [(m, g, lam) for m in METHODS for g, lam in [(1.0, 1.0), (0.9, 0.7)]]
-                         + [("cumsum", 1.0, 1.0)])
-def test_turn_gae_matches_loop(method, gamma, lam):
-    rng = np.random.default_rng(21)
-    rewards, values, mask, bootstrap = timestep_inputs(rng, 4, 40)
-    turn_ids = np.where(mask, np.cumsum(rng.random((4, 40)) < 0.15, axis=1), -1).astype(np.int32)
-    out = prm_jax.kernels.turn_gae(rewards, values, mask, turn_ids, gamma=gamma, lam=lam, bootstrap=bootstrap,
-                           method=method)
-    want_adv, want_ret = reference.turn_gae(rewards, values, mask, turn_ids, gamma, lam, bootstrap, 40)
-    np.testing.assert_allclose(out.advantages, want_adv, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(out.returns, want_ret, rtol=2e-5, atol=2e-5)
-
-
-def test_turn_gae_outside_turns_is_zero_advantage_and_value_return():
-    # Issue 9.6, AReaL's unit-test batch: values 0.1 .. 0.8, gamma = lam = 1, the outcome in turn 1.
-    # AReaL: advantages [0, .8, .8, 0, .5, .5, .5, 0]; the old carry gave [.8, .8, .8, .5, .5, .5, .5, 0].
-    mask = np.array([[0, 1, 1, 0, 1, 1, 1, 0]], bool)
-    turn_ids = np.array([[-1, 0, 0, -1, 1, 1, 1, -1]], np.int32)
-    values = np.arange(1, 9, dtype=np.float32)[None] / 10
-    rewards = np.zeros((1, 8), np.float32)
-    rewards[0, 6] = 1.0
-    for method in ("scan", "associative", "blocked", "auto"):
-        out = prm_jax.kernels.turn_gae(rewards, values, mask, turn_ids, method=method)
-        np.testing.assert_allclose(out.advantages, [[0, .8, .8, 0, .5, .5, .5, 0]], atol=1e-6)
-        np.testing.assert_allclose(out.returns, [[.1, 1, 1, .4, 1, 1, 1, .8]], atol=1e-6)
-
-
-@pytest.mark.parametrize("ids,mask,problem", [
-    ([[-1, 0, -1, 1]], [[0, 1, 1, 1]], "turn id >= 0"),            # an active timestep without a turn
-    ([[-1, 1, 1, 0]], [[0, 1, 1, 1]], "must not decrease"),         # ids that go back
-    ([[-1, 1, -1, 0]], [[0, 1, 0, 1]], "must not decrease"),        # ... across a gap
-    ([[-1, 0, 0, 4]], [[0, 1, 1, 1]], "below the number of turn slots 4"),
-])
-def test_turn_gae_rejects_invalid_turn_ids(ids, mask, problem):
-    # Issue 9.8: AReaL validates turn ids; before, these gave silent zeros or order-dependent results.
-    z = np.zeros((1, 4), np.float32)
-    with pytest.raises(ValueError, match=problem):
-        prm_jax.kernels.turn_gae(z, z, np.asarray(mask, bool), np.asarray(ids, np.int32))
-    # Gaps in the ids and any id on inactive timesteps are fine.
-    prm_jax.kernels.turn_gae(z, z, np.array([[0, 1, 0, 1]], bool), np.array([[7, 0, -5, 2]], np.int32))
-
-
 @pytest.mark.skipif(jax.default_backend() != "cpu" or not shutil.which("c++")
                     or os.environ.get("PRM_JAX_NATIVE", "1") == "0", reason="needs the CPU backend and a C++ compiler")
 def test_native_kernel_builds_where_a_compiler_exists():
@@ -284,19 +228,3 @@ def test_native_vector_and_scalar_paths_give_the_same_bits():
                             bootstrap=bootstrap[b:b + 1], method="native")
         np.testing.assert_array_equal(alone.advantages[0], together.advantages[b])
         np.testing.assert_array_equal(alone.returns[0], together.returns[b])
-
-
-def test_linear_recurrence_methods_agree_on_general_coefficients():
-    rng = np.random.default_rng(4)
-    coeffs = jnp.asarray(rng.uniform(-1, 1, size=(3, 77)), jnp.float32)
-    offsets = jnp.asarray(rng.normal(size=(3, 77)), jnp.float32)
-    init = jnp.asarray(rng.normal(size=3), jnp.float32)
-    want = np.zeros((3, 77))
-    for b in range(3):
-        x = float(init[b])
-        for t in reversed(range(77)):
-            x = float(coeffs[b, t]) * x + float(offsets[b, t])
-            want[b, t] = x
-    for method in ("scan", "associative", "blocked"):
-        got = prm_jax.kernels.backward_linear_recurrence(coeffs, offsets, init, method=method, block_size=10)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

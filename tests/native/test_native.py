@@ -79,7 +79,7 @@ def test_a_library_without_a_record_is_not_loaded(cache):
 
 def test_collecting_the_suite_builds_nothing(tmp_path):
     # Issue 21: test_gae and test_pipeline built the native kernel while pytest collected them.
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PRM_JAX_CACHE=str(tmp_path / "cache"), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)

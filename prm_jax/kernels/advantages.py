@@ -473,8 +473,15 @@ def _groups_of(batch: Mapping[str, jax.Array], num_rows: int, norm: NormConfig) 
                         batch.get("group_ids"))
 
 
-def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMethod,
-              variants: tuple[ShapingConfig, ...] = ()):
+class _Run(NamedTuple):
+    output: AdvantageOutput
+    checks: list[_checks.ValueCheck]  # empty without check_values: their reductions are compiled out
+    unshaped: jax.Array               # the normalized advantages before shaping
+    process: jax.Array | None         # P on timesteps
+    active: jax.Array
+
+
+def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMethod) -> _Run:
     num_rows, width = _check_batch_shapes(batch, plan)
     dtype = _checks.accumulation_dtype(*(batch[k] for k in ("logprobs", "rewards", "values", "ref_logprobs",
                                                              "prox_logprobs", "token_rewards") if k in batch))
@@ -512,13 +519,7 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMe
                              loss_mask=steps.active.astype(dtype), logprobs=steps.logprobs,
                              diagnostics={**_diagnostics(advantages, unshaped, process, steps.active, grpo_groups,
                                                          plan), **step_groups})
-    # The same normalized advantages under other shapings (one GAE for all), each with its range check.
-    extras = tuple((shape_core(unshaped, process, steps.active, shaping),
-                    process_range_check(process, steps.active).count > 0 if shaping.mode == "process_weighted"
-                    else jnp.zeros((), jnp.bool_))
-                   for shaping in variants if process is not None)
-    # Checks that are not returned are compiled out with their reductions.
-    return output, (checks if plan.check_values else []), unshaped, extras
+    return _Run(output, checks if plan.check_values else [], unshaped, process, steps.active)
 
 
 def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array | None, active: jax.Array,
@@ -558,7 +559,22 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
     return out
 
 
-_pipeline_jit = jax.jit(_pipeline, static_argnames=("plan", "method", "variants"))
+@functools.partial(jax.jit, static_argnames=("plan", "method"))
+def _pipeline_jit(batch, plan, method):
+    run = _pipeline(batch, plan, method)
+    return run.output, run.checks
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "method", "shapings"))
+def _variants_jit(batch, plan, method, shapings):
+    """The pipeline, and its normalized advantages under other shapings (one GAE for all), each with
+    whether ``process_weighted`` found process rewards outside [0, 1]."""
+    run = _pipeline(batch, plan, method)
+    assert run.process is not None  # compute_advantage_variants needs token_rewards
+    shaped = tuple((shape_core(run.unshaped, run.process, run.active, shaping),
+                    process_range_check(run.process, run.active).count > 0 if shaping.mode == "process_weighted"
+                    else jnp.zeros((), jnp.bool_)) for shaping in shapings)
+    return run.output, run.checks, run.unshaped, shaped
 
 
 def _method(batch: Mapping[str, Any], plan: AdvantagePlan) -> GAEMethod:
@@ -627,7 +643,7 @@ def compute_advantages(batch: Mapping[str, Any],
         raise ValueError(f"batch is missing required keys {missing}")
     arrays = _batch_arrays(batch)
     _warn_about_fallbacks(arrays, plan)
-    output, checks, _, _ = _pipeline_jit(arrays, plan=plan, method=_method(arrays, plan))
+    output, checks = _pipeline_jit(arrays, plan=plan, method=_method(arrays, plan))
     return _settle_checks(output, checks, plan)
 
 
@@ -658,8 +674,8 @@ def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantagePlan |
         raise ValueError("compute_advantage_variants needs batch['token_rewards'] and token_rewards_as_adv: true")
     arrays = _batch_arrays(batch)
     _warn_about_fallbacks(arrays, plan)
-    output, checks, unshaped, extras = _pipeline_jit(arrays, plan=plan, method=_method(arrays, plan),
-                                                     variants=tuple(shapings))
+    output, checks, unshaped, extras = _variants_jit(arrays, plan=plan, method=_method(arrays, plan),
+                                                     shapings=tuple(shapings))
     output = _settle_checks(output, checks, plan)
     shaped: dict[str, jax.Array | str] = {"none": unshaped}
     for shaping, (advantages, out_of_range) in zip(shapings, extras):

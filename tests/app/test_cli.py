@@ -167,7 +167,7 @@ def test_the_command_keeps_its_compiled_programs_in_a_persistent_cache(tmp_path)
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     entries = list((cache / "xla").iterdir())
-    assert entries and any(path.name.startswith("jit__pipeline") for path in entries)
+    assert entries and any(path.name.startswith(("jit__pipeline", "jit__variants")) for path in entries)
     off = subprocess.run([*command, "--overwrite"], env=dict(env, PRM_JAX_CACHE=str(tmp_path / "off"), PRM_JAX_NATIVE="0",
                                            PRM_JAX_COMPILE_CACHE="0"), capture_output=True, text=True, timeout=600)
     assert off.returncode == 0, off.stderr[-2000:]

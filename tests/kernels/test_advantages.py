@@ -290,7 +290,7 @@ def test_one_compile_per_shape_and_config():
             batch = make_batch(rng, rows=4, width=16)
             # A fresh but equal config object each call: configs hash by value.
             compute_advantages(batch, AdvantageConfig(discount=0.9, adv_norm=dict(mean_level="batch")))
-    assert sum("Compiling jit(_pipeline)" in m for m in compiled) == 1
+    assert sum("Compiling jit(_pipeline_jit)" in m for m in compiled) == 1
     # ... and an outer jitted step that calls it traces once.
     step = jax.jit(chex.assert_max_traces(lambda b: compute_advantages(b, AdvantageConfig(discount=0.9)), n=1))
     for _ in range(3):

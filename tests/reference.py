@@ -344,12 +344,11 @@ def gigpo(turn_rewards, turn_mask, outcome, anchor_ids=None, group_sizes=None, *
     episode = np.zeros(rows)
     for b in range(rows):
         members = [c for c in range(rows) if groups[c] == groups[b]]
-        if len(members) == 1:
-            mean, std = 0.0, 1.0
-        elif episode_stats == "trajectory":
-            mean, std = mean_std([float(outcome[c]) for c in members])
-        else:
-            mean, std = mean_std([float(outcome[c]) for c in members for k in range(turns) if turn_mask[c][k]])
+        if episode_stats == "trajectory":
+            entries = [float(outcome[c]) for c in members]
+        else:  # verl-agent: one entry per step
+            entries = [float(outcome[c]) for c in members for k in range(turns) if turn_mask[c][k]]
+        mean, std = (0.0, 1.0) if len(entries) <= 1 else mean_std(entries)
         episode[b] = (outcome[b] - mean) / (std + eps) if norm == "mean_std_norm" else outcome[b] - mean
     returns = np.zeros((rows, turns))
     for b in range(rows):
@@ -378,3 +377,239 @@ def gigpo(turn_rewards, turn_mask, outcome, anchor_ids=None, group_sizes=None, *
             if turn_mask[b][k]:
                 advantages[b, k] = episode[b] + step_weight * step[b, k]
     return advantages, episode, step, returns
+
+
+# ---- Credit assignment (CREDIT.md), plain float64 loops written from the formulas, not from the kernels ----
+
+def tree_discount(parent, raw, gamma, mask=None):
+    """AReaL PR #1666's rule: r(n) = raw(n) + gamma * mean of r over n's children, children first."""
+    n = len(parent)
+    used = [True] * n if mask is None else [bool(m) for m in mask]
+    children = {i: [c for c in range(n) if used[c] and parent[c] == i] for i in range(n)}
+    memo: dict = {}
+
+    def r(i):
+        if i not in memo:
+            kids = children[i]
+            memo[i] = float(raw[i]) + (gamma * math.fsum(r(c) for c in kids) / len(kids) if kids else 0.0)
+        return memo[i]
+    return [r(i) if used[i] else 0.0 for i in range(n)]
+
+
+def areal_linear_discount(raw, gamma):
+    """AReaL today: one running value over the insertion order, reversed: c = c * gamma + raw(i)."""
+    out, running = [0.0] * len(raw), 0.0
+    for i in reversed(range(len(raw))):
+        running = running * gamma + float(raw[i])
+        out[i] = running
+    return out
+
+
+def tree_advantages(parent, leaf_reward, *, mask=None, selected=None, group=None, weighting="sqrt",
+                    value="state_value"):
+    """TreeRL as its code reads (CREDIT.md 3 and 7.2): centred leaves, subtree sums, paths from the synthetic
+    root with the fill-in rule, node by node."""
+    n = len(parent)
+    used = [True] * n if mask is None else [bool(m) for m in mask]
+    grp = [0] * n if group is None else [int(g) for g in group]
+    children = {i: [c for c in range(n) if used[c] and parent[c] == i] for i in range(n)}
+    leaves = [i for i in range(n) if used[i] and not children[i]]
+    chosen = set(leaves if selected is None else [i for i in leaves if selected[i]])
+    centred = {}
+    for g in set(grp[i] for i in leaves):
+        mine = [i for i in leaves if grp[i] == g]
+        total = math.fsum(float(leaf_reward[i]) for i in mine)
+        for i in mine:
+            centred[i] = 0.0 if len(mine) == 1 else float(leaf_reward[i]) - (total - float(leaf_reward[i])) / (len(mine) - 1)
+
+    def below(i):
+        return [i] if not children[i] else [leaf for c in children[i] for leaf in below(c)]
+
+    def weigh(a, k):
+        if k == 0 or weighting == "none":
+            return a
+        return a / math.sqrt(k) if weighting == "sqrt" else a / k
+
+    def state(leafs):
+        a = math.fsum(centred[leaf] for leaf in leafs)
+        return weigh(a, sum(leaf in chosen for leaf in leafs)) / len(leafs)
+
+    out = [0.0] * n
+    for i in range(n):
+        if not used[i]:
+            continue
+        path = [i]
+        while parent[path[-1]] >= 0:
+            path.append(parent[path[-1]])
+        path.reverse()  # root first
+        root_leaves = [leaf for leaf in leaves if grp[leaf] == grp[i]]
+        states = [state(root_leaves)] + [state(below(node)) for node in path]
+        local = [states[j + 1] - states[j] for j in range(len(path))]
+        for j in range(1, len(local)):  # TreeRL's fill-in, along the path
+            if abs(local[j]) < 1e-8:
+                local[j] = local[j - 1]
+        out[i] = {"state_value": local[-1] + states[-1], "value_only": states[-1], "local_only": local[-1]}[value]
+    return out
+
+
+def min_form(scores, steps, temperature):
+    """PURE's weights over all of a row's steps: w = softmax(-s / tau), r = w * s."""
+    out = np.zeros(np.shape(scores))
+    for b in range(len(scores)):
+        idx = [k for k in range(len(scores[b])) if steps[b][k]]
+        if not idx:
+            continue
+        top = max(-float(scores[b][k]) / temperature for k in idx)
+        e = {k: math.exp(-float(scores[b][k]) / temperature - top) for k in idx}
+        z = math.fsum(e.values())
+        for k in idx:
+            out[b][k] = e[k] / z * float(scores[b][k])
+    return out
+
+
+def whiten(x, mask, eps=1e-8):
+    vals = [float(x[b][t]) for b in range(len(x)) for t in range(len(x[b])) if mask[b][t]]
+    out = np.zeros(np.shape(x))
+    if not vals:
+        return out
+    mu = math.fsum(vals) / len(vals)
+    var = math.fsum((v - mu) ** 2 for v in vals) / max(len(vals) - 1, 1)
+    for b in range(len(x)):
+        for t in range(len(x[b])):
+            if mask[b][t]:
+                out[b][t] = (float(x[b][t]) - mu) / math.sqrt(var + eps)
+    return out
+
+
+def turn_ends(mask, turn_ids):
+    """Each turn's last trained timestep: the next timestep is untrained or in another turn."""
+    rows, width = np.shape(mask)
+    ends = np.zeros((rows, width), bool)
+    for b in range(rows):
+        for t in range(width):
+            if mask[b][t]:
+                nxt = t + 1 < width and mask[b][t + 1] and (turn_ids is None or turn_ids[b][t + 1] == turn_ids[b][t])
+                ends[b][t] = not nxt
+    return ends
+
+
+def pure(process, outcome, mask, turn_ids, outcome_step, groups, temperature, verifier_coef, whitened=True):
+    """The PURE recipe (CREDIT.md 1 step 3-4 with 7.3's per-row length): min-form at turn ends, the verifier
+    score at the outcome's timestep, sum returns, RLOO baseline, whitening."""
+    rows, width = np.shape(mask)
+    ends = turn_ends(mask, turn_ids)
+    r = min_form(np.where(ends, process, 0.0), ends, temperature)
+    q = np.array(r, np.float64)
+    for b in range(rows):
+        q[b][outcome_step[b]] += verifier_coef * float(outcome[b])
+    g = np.zeros((rows, width))
+    for b in range(rows):
+        running = 0.0
+        for t in reversed(range(width)):
+            if mask[b][t]:
+                running += q[b][t]
+                g[b][t] = running
+    per_token = [math.fsum(g[b]) / max(int(np.sum(mask[b])), 1) for b in range(rows)]
+    returns = np.zeros((rows, width))
+    scored = np.zeros((rows, width), bool)
+    for b in range(rows):
+        others = [c for c in range(rows) if groups[c] == groups[b] and c != b]
+        if not others:
+            continue
+        base = math.fsum(per_token[c] for c in others) / len(others)
+        for t in range(width):
+            if mask[b][t]:
+                returns[b][t] = g[b][t] - base
+                scored[b][t] = True
+    return (whiten(returns, scored) if whitened else returns), returns
+
+
+def implicit_rewards(prm, ref, mask, beta, lam=0.0, outcome=None):
+    rows, width = np.shape(mask)
+    out = np.zeros((rows, width))
+    for b in range(rows):
+        idx = [t for t in range(width) if mask[b][t]]
+        if not idx:
+            continue
+        q = {t: beta * (float(prm[b][t]) - float(ref[b][t])) for t in idx}
+        if lam == 0.0:
+            r = q
+        else:
+            if outcome is not None:
+                q[idx[-1]] = float(outcome[b]) - math.fsum(q[t] for t in idx[:-1])
+            r, running = {}, 0.0
+            for t in reversed(idx):
+                running = q[t] + lam * running
+                r[t] = running
+        for t in idx[:-1]:  # the last trained token's reward is dropped
+            out[b][t] = r[t]
+    return out
+
+
+def prime(prm, ref, outcome, mask, groups, *, beta, lam=0.0, use_gt=False, dpo_coef=5.0, gt_coef=5.0,
+          batch_norm=True):
+    rows, width = np.shape(mask)
+    s = implicit_rewards(prm, ref, mask, beta, lam, outcome if use_gt else None)
+    if batch_norm:
+        top = 0.0
+        for b in range(rows):
+            running = 0.0
+            for t in reversed(range(width)):
+                if mask[b][t]:
+                    running += s[b][t]
+                    top = max(top, abs(running))
+        s = s / (top + 1e-6)
+    final = np.zeros((rows, width))
+    for b in range(rows):
+        members = [c for c in range(rows) if groups[c] == groups[b]]
+        n = len(members)
+        idx = [t for t in range(width) if mask[b][t]]
+        mu = {c: math.fsum(s[c][t] for t in range(width) if mask[c][t]) / max(int(np.sum(mask[c])), 1)
+              for c in members}
+        for t in idx:
+            final[b][t] += dpo_coef * (s[b][t] * n / (n - 1) - math.fsum(mu.values()) / (n - 1))
+        if idx:
+            others = [float(outcome[c]) for c in members if c != b]
+            final[b][idx[-1]] += gt_coef * (float(outcome[b]) - math.fsum(others) / len(others))
+    returns = np.zeros((rows, width))
+    for b in range(rows):
+        running = 0.0
+        for t in reversed(range(width)):
+            if mask[b][t]:
+                running += final[b][t]
+                returns[b][t] = running
+    return whiten(returns, mask), returns, s
+
+
+def decoupled(rewards, weights, groups, eps=1e-4):
+    """TRL's normalize_then_sum: per source nan-aware group z-scores, weighted sum, batch z-score, NaN -> 0."""
+    rows, sources = np.shape(rewards)
+    p = [math.nan] * rows
+    for b in range(rows):
+        if all(math.isnan(float(rewards[b][k])) for k in range(sources)):
+            continue
+        total = 0.0
+        for k in range(sources):
+            r = float(rewards[b][k])
+            if math.isnan(r):
+                continue
+            members = [c for c in range(rows) if groups[c] == groups[b]]
+            if len(members) == 1:
+                continue  # G = 1: std 0, (r - r) / eps = 0
+            vals = [float(rewards[c][k]) for c in members if not math.isnan(float(rewards[c][k]))]
+            if len(vals) < 2:
+                continue  # nanstd of fewer than two values is NaN: the term drops out of the nansum
+            mu = math.fsum(vals) / len(vals)
+            sd = math.sqrt(math.fsum((v - mu) ** 2 for v in vals) / (len(vals) - 1))
+            total += float(weights[k]) * (r - mu) / (sd + eps)
+        p[b] = total
+    vals = [v for v in p if not math.isnan(v)]
+    out = np.zeros(rows)
+    if len(vals) < 2:
+        return out
+    mu = math.fsum(vals) / len(vals)
+    sd = math.sqrt(math.fsum((v - mu) ** 2 for v in vals) / (len(vals) - 1))
+    for b in range(rows):
+        if not math.isnan(p[b]):
+            out[b] = (p[b] - mu) / (sd + eps)
+    return out

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import gzip
 import io
 import json
@@ -121,10 +120,10 @@ def _objects(v: Any) -> bool:
 
 def _logprobs(values: list[float]) -> np.ndarray:
     """The format's rule on log-probs (<= 0, with slack for rounding), then the turn's vector rule."""
-    array = finite_vector(values)
-    if array.size and np.asarray(values, np.float64).max() > LOGPROB_SLACK:
-        raise ValueError(f"log-probabilities must be <= 0, got {np.asarray(values, np.float64).max().item()}")
-    return array
+    read = np.asarray(values, np.float64)
+    if read.size and read.max() > LOGPROB_SLACK:  # (NaN is not > slack: finite_vector refuses it)
+        raise ValueError(f"log-probabilities must be <= 0, got {read.max().item()}")
+    return finite_vector(read)
 
 
 INTERACTION_SCHEMA: tuple[FieldRule, ...] = (
@@ -153,7 +152,8 @@ INTERACTION_KEYS = {rule.name for rule in INTERACTION_SCHEMA}
 SESSION_KEYS = {"session_key", "group", "interactions", "ready"}
 
 
-_VALUE_RULES = tuple(rule for rule in INTERACTION_SCHEMA if rule.name not in ("id", "input_tokens", "output_tokens"))
+_VALUE_RULES = tuple((rule.name, rule.value, rule.absent) for rule in INTERACTION_SCHEMA
+                     if rule.name not in ("id", "input_tokens", "output_tokens"))
 
 
 def _struct_fields(schema: Sequence[FieldRule]) -> list[tuple[Any, ...]]:
@@ -163,16 +163,16 @@ def _struct_fields(schema: Sequence[FieldRule]) -> list[tuple[Any, ...]]:
 def _field_values(get: Callable[[str], Any], where: str) -> dict[str, Any]:
     """The value rules of every field but the token lists, on decoded values; ``FieldError`` names the field."""
     values = {}
-    for rule in _VALUE_RULES:
-        value = get(rule.name)
+    for name, check, absent in _VALUE_RULES:
+        value = get(name)
         if value is None:
-            value = rule.absent
-        elif rule.value is not None:
+            value = absent
+        elif check is not None:
             try:
-                value = rule.value(value)
+                value = check(value)
             except ValueError as err:
-                raise FieldError(f"{where}.{rule.name}", str(err)) from None
-        values[rule.name] = value
+                raise FieldError(f"{where}.{name}", str(err)) from None
+        values[name] = value
     return values
 
 
@@ -422,7 +422,7 @@ def _ancestor_span(turn: Any, leaf_raw: bytes) -> tuple[int, int]:
 def _fast_interaction(item: Any, input_tokens: np.ndarray, output_tokens: np.ndarray) -> Interaction:
     """The schema's value rules on a decoded interaction (types were checked while decoding)."""
     return _interaction_from(item.id, input_tokens, output_tokens,
-                             _field_values(functools.partial(getattr, item), "interaction"), "interaction")
+                             _field_values(item.__getattribute__, "interaction"), "interaction")
 
 
 def share_prefixes(cache: InteractionCache, leaves: Sequence[str]) -> None:

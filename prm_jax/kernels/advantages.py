@@ -57,7 +57,14 @@ from prm_jax.kernels.normalization import (
 )
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAEMethod, resolve_method
 from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_core, warn_gvpo_without_penalty
-from prm_jax.kernels.turns import turn_counts, turn_gae_core, turn_ids_check, turn_segments, turn_sums
+from prm_jax.kernels.turns import (
+    same_turn_next,
+    turn_counts,
+    turn_gae_core,
+    turn_ids_check,
+    turn_segments,
+    turn_sums,
+)
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
 OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids", "is_truncated",
@@ -224,10 +231,8 @@ def _fold_turn_rewards(process, active, turn_ids):
     A turn is a run of adjacent active timesteps (with equal turn ids when ``turn_ids`` is given).
     """
     zero = jnp.zeros((), process.dtype)
-    same_turn_next = active & shift_to_next_token(active, fill=False)
-    if turn_ids is not None:
-        same_turn_next = same_turn_next & (turn_ids == shift_to_next_token(turn_ids, fill=-1))
-    uneven = same_turn_next & (process != shift_to_next_token(process, fill=0))
+    same_turn = same_turn_next(active, turn_ids)
+    uneven = same_turn & (process != shift_to_next_token(process, fill=0))
     flat = jnp.argmax(uneven.ravel())
     row, step = flat // process.shape[1], flat % process.shape[1]
     check = _checks.ValueCheck(
@@ -235,8 +240,7 @@ def _fold_turn_rewards(process, active, turn_ids):
         lambda row, step: "token_rewards_as_adv=False folds one reward per turn into GAE, so token_rewards must "
                           f"be uniform over each turn's generated tokens; row {int(row)} changes value at timestep "
                           f"{int(step)}", row, step)
-    is_last = active & ~same_turn_next
-    return jnp.where(is_last, process, zero), check
+    return jnp.where(active & ~same_turn, process, zero), check
 
 
 class Timesteps(NamedTuple):

@@ -6,8 +6,10 @@ anchor-state id (the environment state the turn acted on):
 
   episode  A^E_i = R_i - mean_g(R)                       (``mean_norm``)
                  = (R_i - mean_g(R)) / (std_g(R) + eps)  (``mean_std_norm``; std unbiased)
-           statistics over the group's trajectories, or (``episode_stats="step"``) over its steps, each
-           trajectory weighted by its number of turns; a group of one has mean 0 and std 1.
+           statistics over the group's trajectories, or (``episode_stats="step"``, verl-agent's trainer)
+           over its steps, each trajectory's outcome counted once per turn; a group of one entry has mean 0
+           and std 1 (under ``step`` that is a single one-step trajectory: one trajectory of n >= 2 steps
+           has n equal entries, mean R, so its episode advantage is 0, as in verl-agent).
   returns  R_{i,k} = sum_{j >= k} gamma^(j - k) r_{i,j} over the row's active turns (a reverse scan; an
            inactive turn consumes no discount)
   step     turns of one group with the same anchor id form a step group;
@@ -228,8 +230,9 @@ def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.
     # Episode statistics: per trajectory, or per step (each trajectory weighted by its turns).
     weights = jnp.sum(active_f, axis=1) if config.episode_stats == "step" else real
     count, mean, std = weighted_moments(outcome, weights, row_group, num_groups)
-    single = count <= 1 if config.episode_stats == "trajectory" else (
-        jax.ops.segment_sum(real, row_group, num_segments=num_groups)[row_group] <= 1)
+    # A group of one entry (one trajectory; under step statistics one step, as verl-agent counts) has mean 0
+    # and std 1: the entry is its own outcome advantage.
+    single = count <= 1
     mean, std = jnp.where(single, 0.0, mean), jnp.where(single, 1.0, std)
     episode = outcome - mean
     if config.norm == "mean_std_norm":

@@ -167,6 +167,61 @@ def proxy_normalize(rewards: Sequence[float | None]) -> np.ndarray:
     return (r - r.mean()) / (std + 1e-8)
 
 
+def leave_one_out_mean(x: jax.Array, members: jax.Array, row_group: jax.Array,
+                       num_groups: int) -> tuple[jax.Array, jax.Array]:
+    """``[B]``: the mean of ``x`` over the other members of each row's group (RLOO's baseline), and ``[B]``
+    bool: the row is alone in its group (its mean of others is 0). Non-members count nowhere."""
+    zero = jnp.zeros((), x.dtype)
+    kept = jnp.where(members, x, zero)
+    total = segment_totals(kept, row_group, num_groups)
+    count = segment_totals(members.astype(x.dtype), row_group, num_groups)
+    alone = count <= 1
+    return jnp.where(alone, zero, (total - kept) / jnp.maximum(count - 1, 1)), alone
+
+
+def whiten(x: jax.Array, active: jax.Array, eps: float = 1e-8) -> jax.Array:
+    """verl's ``masked_whiten`` over the active entries of the whole batch: ``(x - mu) / sqrt(var + eps)``
+    with the mean and the unbiased variance taken over active entries (one entry: variance 0); inactive
+    entries come out as 0 (verl leaves them unmasked)."""
+    zero = jnp.zeros((), x.dtype)
+    count = jnp.sum(active, dtype=jnp.int32).astype(x.dtype)
+    mean = jnp.sum(jnp.where(active, x, zero)) / jnp.maximum(count, 1)
+    centred = jnp.where(active, x - mean, zero)
+    var = jnp.sum(centred * centred) / jnp.maximum(count - 1, 1)
+    return jnp.where(active, centred / jnp.sqrt(var + eps), zero)
+
+
+def decoupled_normalization_core(rewards: jax.Array, weights: jax.Array, real: jax.Array, row_group: jax.Array,
+                                 num_groups: int, eps: float) -> tuple[jax.Array, jax.Array]:
+    """GDPO's ``normalize_then_sum`` (TRL) on validated ``[B, K]`` rewards (NaN: missing); see
+    ``decoupled_normalization``. Returns the ``[B]`` advantages and ``[B]`` bool rows with every reward
+    missing."""
+    zero = jnp.zeros((), rewards.dtype)
+    present = real[:, None] & ~jnp.isnan(rewards)
+    kept = jnp.where(present, rewards, zero)
+
+    def per_group(v):  # [B, K] -> [B, K]: summed over each row's group
+        return jax.ops.segment_sum(v, row_group, num_segments=num_groups)[row_group]
+
+    count = per_group(present.astype(rewards.dtype))
+    mean = per_group(kept) / jnp.maximum(count, 1)
+    centred = jnp.where(present, rewards - mean, zero)
+    std = jnp.sqrt(per_group(centred * centred) / jnp.maximum(count - 1, 1))
+    rows = jax.ops.segment_sum(real.astype(rewards.dtype), row_group, num_segments=num_groups)[row_group][:, None]
+    # A group of one row has std 0 (TRL: G = 1); fewer than two present values in a larger group leave the
+    # entry out (nanstd is NaN there).
+    used = present & ((rows <= 1) | (count >= 2))
+    scaled = jnp.where(rows <= 1, zero, centred / (std + eps))
+    summed = jnp.sum(jnp.where(used, scaled * weights[None, :], zero), axis=1)
+    missing = real & ~jnp.any(present, axis=1)
+    counted = real & ~missing
+    n = jnp.sum(counted, dtype=jnp.int32).astype(rewards.dtype)
+    mean_p = jnp.sum(jnp.where(counted, summed, zero)) / jnp.maximum(n, 1)
+    centred_p = jnp.where(counted, summed - mean_p, zero)
+    std_p = jnp.sqrt(jnp.sum(centred_p * centred_p) / jnp.maximum(n - 1, 1))
+    return jnp.where(counted, centred_p / (std_p + eps), zero), missing
+
+
 def _level_sums(per_row: jax.Array, level: str, groups: GroupLayout | None) -> jax.Array:
     """Sum of per-row partial sums over each row's level, broadcast back to rows: ``[B]``."""
     if level == "batch":
@@ -274,3 +329,58 @@ def _normalize_jit(x, mask, group_sizes, member_counts, *, norm):
             checks.append(member_counts_check(member_counts))
     out = normalize_core(x, active, norm, groups)
     return (out[:, 0] if flat else out), checks
+
+
+def decoupled_normalization(rewards: ArrayLike, weights: ArrayLike | Sequence[float] | None = None,
+                            group_ids: ArrayLike | None = None, *, eps: float = 1e-4) -> jax.Array:
+    """GDPO's decoupled multi-reward normalization (TRL's ``normalize_then_sum``; CREDIT.md 6 and 7.5).
+
+    Per reward source ``k``: ``a_k = (r_k - mean_g) / (std_g + eps)`` within each group (unbiased std over
+    the group's present rewards; a missing reward, NaN, is left out of the statistics; a group of one row
+    gives 0; a group in which fewer than two rows have source ``k`` leaves that term out); ``p = sum_k w_k
+    a_k``; then ``(p - mean) / (std + eps)`` over the batch's rows (unbiased). A row with every reward
+    missing gets 0 and is left out of the batch statistics.
+
+    Args:
+      rewards: ``[B, K]`` float, ``K`` reward sources per row (e.g. the outcome and each trajectory scorer's
+        total), NaN where a source did not score the row.
+      weights: ``[K]`` source weights (default 1 each).
+      group_ids: ``[B]`` int, each row's group in ``[0, B)``, -1 for a padding row (default one group).
+      eps: added to both standard deviations (TRL: 1e-4).
+
+    Returns:
+      ``[B]`` float32 (float64 for float64 input) advantages.
+    """
+    _checks.check_rank("rewards", rewards, 2)
+    rows, sources = jnp.shape(rewards)
+    if weights is None:
+        weights = np.ones(sources, np.float32)
+    _checks.check_shape("weights", weights, (sources,), "the reward sources")
+    if group_ids is not None:
+        _checks.check_shape("group_ids", group_ids, (rows,), "the batch axis")
+    eps = finite_number("eps", eps, minimum=0.0)
+    out, checks = _decoupled_jit(rewards, jnp.asarray(weights), group_ids, eps=eps)
+    _checks.raise_value_checks(checks, callback=True)
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("eps",))
+def _decoupled_jit(rewards, weights, group_ids, *, eps):
+    dtype = _checks.accumulation_dtype(rewards, weights)
+    values = _checks.as_float("rewards", rewards, dtype)
+    rows = values.shape[0]
+    checks = [_checks.finite_check("weights", _checks.as_float("weights", weights, dtype))]
+    if group_ids is None:
+        layout = GroupLayout(jnp.zeros((rows,), jnp.int32), 1, jnp.full((1,), rows, jnp.int32))
+        real = jnp.ones((rows,), jnp.bool_)
+    else:
+        checks.append(group_ids_check(group_ids, rows))
+        layout = group_layout(rows, NormConfig("group", "group"), None, None, group_ids)
+        real = _checks.as_int("group_ids", group_ids) >= 0
+    # Infinite rewards are errors (NaN is "missing").
+    inf = jnp.isinf(values) & real[:, None]
+    checks.append(_checks.ValueCheck("rewards_infinite", _checks.violations(inf),
+                                     lambda: "rewards must be finite or NaN (missing)"))
+    out, _ = decoupled_normalization_core(values, _checks.as_float("weights", weights, dtype), real,
+                                          layout.row_group, layout.num_groups, eps)
+    return out, checks

@@ -158,3 +158,10 @@ def _blocked_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.Array, 
     _, carry_in = lax.scan(across_blocks, init, (products[:, :, 0].T, locals_[:, :, 0].T), reverse=True)
     xs = carry_correction(products, locals_, carry_in.T)
     return xs.reshape(batch, num_blocks * block_size)[:, :num_steps]
+
+
+def reverse_cumsum(x: jax.Array, active: jax.Array) -> jax.Array:
+    """``sum_{u >= t} x_u`` over the active entries of each row (the return-to-go with no discount), 0 at
+    inactive entries: the recurrence with every coefficient 1, as an exact cumulative sum."""
+    zero = jnp.zeros((), x.dtype)
+    return jnp.where(active, lax.cumsum(jnp.where(active, x, zero), axis=1, reverse=True), zero)

@@ -16,6 +16,7 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels.gae import GAEOutput, _prepare, check_discounts, gae_core, is_unit_discount
 from prm_jax.kernels.recurrence import resolve_method
 from prm_jax.validation import integer_dtype
@@ -127,6 +128,28 @@ def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn
                                    method=method)
     _checks.raise_value_checks(checks, callback=True)
     return output
+
+
+def same_turn_next(active: jax.Array, turn_ids: jax.Array | None) -> jax.Array:
+    """``[B, T]`` bool: the next timestep is active and in the same turn. A turn on timesteps is a run of
+    adjacent active timesteps (with equal turn ids when ``turn_ids`` is given)."""
+    same = active & shift_to_next_token(active, fill=False)
+    if turn_ids is not None:
+        same = same & (turn_ids == shift_to_next_token(turn_ids, fill=-1))
+    return same
+
+
+def turn_ends(active: jax.Array, turn_ids: jax.Array | None) -> jax.Array:
+    """``[B, T]`` bool: each turn's last active timestep (where a folded or min-form turn reward goes)."""
+    return active & ~same_turn_next(active, turn_ids)
+
+
+def turn_runs(active: jax.Array, turn_ids: jax.Array | None) -> jax.Array:
+    """``[B, T]`` int32: each active timestep's turn, numbered 0, 1, ... along its row; -1 elsewhere."""
+    ends = turn_ends(active, turn_ids)
+    index = lax.cumsum(ends.astype(jnp.int32), axis=1, reverse=True)
+    count = index[:, :1]
+    return jnp.where(active, count - index, -1)
 
 
 def turn_counts(active: jax.Array, turn_ids: jax.Array) -> jax.Array:

@@ -73,11 +73,12 @@ def finite_vector(value: Any) -> np.ndarray:
             array = np.asarray(value, np.float64)
     except OverflowError:  # an integer beyond a float's range
         raise ValueError("must be finite, got a number beyond float64's range") from None
-    if array.size and not np.isfinite(array).all():
-        raise ValueError(f"must be finite, got {short_repr(array[~np.isfinite(array)][0].item())}")
-    out = array.astype(np.float32)
-    if not np.isfinite(out).all():
-        raise ValueError("must be finite in float32")
+    with np.errstate(over="ignore"):
+        out = array.astype(np.float32)
+    if not np.isfinite(out).all():  # every non-finite input is non-finite here too: one check
+        bad = array[~np.isfinite(out)][0].item()
+        raise ValueError(f"must be finite, got {short_repr(bad)}" if not math.isfinite(bad)
+                         else f"must be finite in float32, got {short_repr(bad)}")
     return out
 
 

@@ -88,6 +88,25 @@ def test_a_group_of_one_has_mean_zero_and_std_one():
     np.testing.assert_allclose(out.episode_advantages, [0.7])
 
 
+@pytest.mark.parametrize("norm", ["mean_norm", "mean_std_norm"])
+def test_step_statistics_count_steps_as_verl_agent_does(norm):
+    # Issue 22.6, verl-agent's core_gigpo.py run side by side: one trajectory, step rewards [0, 1], outcome 1,
+    # omega = 0. Under episode_stats: step its two step entries have mean 1 (episode advantage 0, verl-agent
+    # [0, 0]); under trajectory statistics it is a group of one ([1, 1], prm-jax's default).
+    rewards, mask, outcome = np.array([[0.0, 1.0]], np.float32), np.ones((1, 2), bool), np.array([1.0], np.float32)
+    step = gigpo(rewards, mask, outcome, config=GiGPOConfig(step_weight=0.0, episode_stats="step", norm=norm))
+    np.testing.assert_allclose(step.advantages, [[0.0, 0.0]], atol=1e-7)
+    trajectory = gigpo(rewards, mask, outcome, config=GiGPOConfig(step_weight=0.0, norm=norm))
+    np.testing.assert_allclose(trajectory.advantages, [[1.0, 1.0]], rtol=1e-6)
+    # A single one-step trajectory is a group of one entry under both: mean 0, std 1.
+    one = gigpo(rewards[:, :1], mask[:, :1], outcome, config=GiGPOConfig(episode_stats="step", norm=norm, eps=0.0))
+    np.testing.assert_allclose(one.episode_advantages, [1.0])
+    for stats in ("step", "trajectory"):
+        want = reference.gigpo(rewards, mask, outcome, step_weight=0.0, norm=norm, episode_stats=stats)[0]
+        got = gigpo(rewards, mask, outcome, config=GiGPOConfig(step_weight=0.0, episode_stats=stats, norm=norm))
+        np.testing.assert_allclose(got.advantages, want, atol=1e-6)
+
+
 def test_jit_vmap_and_no_retrace():
     rng = np.random.default_rng(132)
     rewards, mask, anchors, outcome = random_batch(rng, rows=6)

@@ -123,3 +123,48 @@ def test_group_sizes_are_checked_under_jit_too():
     with pytest.raises(Exception, match="sum to the batch size 4"):
         jax.block_until_ready(step(x, jnp.array([2, 5])))
     step(x, jnp.array([2, 2]))
+
+
+# ---- GDPO's decoupled normalization (issue 22.5) ----
+
+def test_decoupled_normalization_matches_the_loop_with_missing_rewards():
+    from prm_jax.credit import decoupled_normalization
+    rng = np.random.default_rng(22)
+    for rows, sources, size in ((8, 3, 4), (12, 2, 3), (6, 1, 2), (5, 4, 5)):
+        rewards = rng.normal(size=(rows, sources)).astype(np.float32)
+        rewards[rng.random((rows, sources)) < 0.25] = np.nan
+        rewards[0] = np.nan  # a row with every reward missing
+        weights = rng.uniform(0.5, 2, sources).astype(np.float32)
+        groups = (np.arange(rows) // size).astype(np.int32)
+        got = np.asarray(decoupled_normalization(rewards, weights, groups))
+        want = reference.decoupled(rewards, weights, groups)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+        assert got[0] == 0
+
+
+def test_decoupled_normalization_edge_cases():
+    from prm_jax.credit import decoupled_normalization
+    # Groups of one: every per-source term is 0, so every advantage is 0.
+    np.testing.assert_array_equal(decoupled_normalization(np.array([[1.0, 2.0], [3.0, 0.0]], np.float32),
+                                                          group_ids=np.array([0, 1])), 0)
+    # Zero std within every group: 0.
+    np.testing.assert_allclose(decoupled_normalization(np.ones((4, 2), np.float32), group_ids=np.array([0, 0, 1, 1])),
+                               0, atol=1e-7)
+    # Padding rows (-1) change nothing and come out as 0; permuting groups permutes the output.
+    rng = np.random.default_rng(3)
+    rewards = rng.normal(size=(6, 2)).astype(np.float32)
+    groups = np.array([0, 0, 0, 1, 1, 1])
+    base = np.asarray(decoupled_normalization(rewards, group_ids=groups))
+    padded = np.asarray(decoupled_normalization(np.concatenate([rewards, np.full((2, 2), 7.0, np.float32)]),
+                                                group_ids=np.concatenate([groups, [-1, -1]])))
+    np.testing.assert_allclose(padded[:6], base, rtol=1e-6, atol=1e-7)
+    assert np.all(padded[6:] == 0)
+    order = np.array([3, 4, 5, 0, 1, 2])
+    np.testing.assert_allclose(decoupled_normalization(rewards[order], group_ids=groups), base[order], rtol=1e-6,
+                               atol=1e-7)
+    with pytest.raises(ValueError, match="finite or NaN"):
+        decoupled_normalization(np.array([[np.inf], [0.0]], np.float32))
+    # One source and no missing rewards: GRPO's group z-score, then a batch z-score.
+    one = rng.normal(size=(4, 1)).astype(np.float32)
+    np.testing.assert_allclose(decoupled_normalization(one, group_ids=np.array([0, 0, 1, 1])),
+                               reference.decoupled(one, [1.0], [0, 0, 1, 1]), rtol=1e-5, atol=1e-6)

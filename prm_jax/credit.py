@@ -1,0 +1,22 @@
+"""Credit assignment beyond GAE, as jitted pure functions (CREDIT.md; issue 22). Each is also reachable
+from configuration, so ``compute_advantages`` and ``prm-jax score`` run it:
+
+- ``tree_discount``: AReaL's turn reward discount per tree (PR #1666's rule), no leak across branches;
+- ``tree_advantages``: TreeRL's advantages over a group's session tree (``credit_assignment: {mode: tree}``);
+- ``min_form``: PURE's min-form transform of per-turn process scores (``process_reward_transform:
+  {mode: min_form}``), and the PURE recipe (``credit_assignment: {mode: pure}``);
+- ``implicit_process_rewards``: PRIME's implicit process rewards (``credit_assignment: {mode: prime}``);
+- ``decoupled_normalization``: GDPO's per-source group normalization (``reward_norm: {mode: decoupled}``);
+- ``gigpo``: GiGPO (``credit_assignment: {mode: gigpo}``).
+"""
+
+from prm_jax.kernels.gigpo import GiGPOConfig, gigpo
+from prm_jax.kernels.normalization import decoupled_normalization
+from prm_jax.kernels.prime import implicit_process_rewards
+from prm_jax.kernels.pure import min_form
+from prm_jax.kernels.tree import TreeAdvantages, tree_advantages, tree_discount
+
+__all__ = [
+    "GiGPOConfig", "TreeAdvantages", "decoupled_normalization", "gigpo", "implicit_process_rewards", "min_form",
+    "tree_advantages", "tree_discount",
+]

@@ -1,0 +1,141 @@
+"""PRIME: implicit process rewards from a PRM's log-probs (Cui et al., "Process Reinforcement through
+Implicit Rewards", 2025; verl's ``recipe/prime``; CREDIT.md 2 and 7.4).
+
+On timesteps, over each row's trained timesteps ``m`` (multi-turn rows have gaps; "next" means the next
+trained timestep):
+
+  q_t   = log pi_prm(y_t) - log pi_ref(y_t)
+  lam = 0 (default):  r_t = beta * q_t
+  lam != 0:           q'_t = beta * q_t (with ``outcome``: q' at the row's last trained timestep is
+                      replaced by ``R - sum of the row's other q'``, verl's ``prime_use_gt``);
+                      r_t = q'_t + lam * r_next   (the lambda-return)
+  s_t   = r_t, except 0 at the row's last trained timestep (verl drops the last token's reward)
+
+``prime_core``, the recipe end to end: with ``batch_norm``, ``s`` is divided by ``max |sum_{u >= t} s_u|``
+over the batch plus 1e-6 (so a row's reward depends on the batch it is in, as in verl); then RLOO per
+source over each group of ``n`` rows: the dense source ``s`` (times ``dpo_coef``) becomes
+``s_t * n / (n - 1) - sum_j mu_j / (n - 1)`` with ``mu_j`` row ``j``'s mean over its trained timesteps,
+and the outcome ``R`` at the row's last trained timestep (times ``gt_coef``) becomes ``R - mean of the
+others``; the returns are the reverse cumulative sums of their sum, and the advantages the returns
+whitened over the batch's trained timesteps. A group of one row has no leave-one-out baseline (verl
+divides by zero): it is refused (``ValueError`` eagerly, a count under ``jit``). A coefficient of 0 drops
+its source.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from prm_jax.kernels import _checks
+from prm_jax.kernels.normalization import leave_one_out_mean, segment_totals, whiten
+from prm_jax.kernels.recurrence import linear_recurrence, reverse_cumsum
+
+
+def last_active(active: jax.Array) -> jax.Array:
+    """``[B, T]`` bool: each row's last active timestep."""
+    later = reverse_cumsum(active.astype(jnp.int32), active)
+    return active & (later == 1)
+
+
+def implicit_rewards_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, active: jax.Array, beta: float,
+                          lam: float, outcome: jax.Array | None) -> jax.Array:
+    """``implicit_process_rewards`` on validated float arrays on timesteps."""
+    zero = jnp.zeros((), prm_logprobs.dtype)
+    q = jnp.where(active, beta * (prm_logprobs - ref_logprobs), zero)
+    last = last_active(active)
+    if lam == 0.0:
+        rewards = q
+    else:
+        if outcome is not None:
+            others = jnp.sum(jnp.where(last, zero, q), axis=1)
+            q = jnp.where(last, (outcome - others)[:, None], q)
+        coeffs = jnp.where(active, jnp.asarray(lam, q.dtype), jnp.ones((), q.dtype))
+        rewards = jnp.where(active, linear_recurrence(coeffs, q, jnp.zeros(q.shape[:1], q.dtype), "scan"), zero)
+    return jnp.where(last, zero, rewards)
+
+
+def implicit_process_rewards(prm_logprobs: ArrayLike, ref_logprobs: ArrayLike, mask: ArrayLike, *,
+                             beta: float = 0.05, lam: float = 0.0, outcome: ArrayLike | None = None) -> jax.Array:
+    """PRIME's implicit process rewards (module docstring).
+
+    Args:
+      prm_logprobs, ref_logprobs: ``[B, T]`` float, the implicit PRM's and the reference model's log-probs
+        of each timestep's token (on timesteps, as ``ref_logprobs`` in ``compute_advantages``).
+      mask: ``[B, T]``, the trained timesteps.
+      beta: the implicit reward's scale (verl's ``beta_train``, 0.05).
+      lam: the lambda of the lambda-return (0: none, verl's default).
+      outcome: ``[B]`` outcome rewards for ``prime_use_gt`` (with ``lam != 0`` only).
+
+    Returns:
+      ``[B, T]`` float32 (float64 for float64 input) process rewards, 0 at inactive timesteps and at each
+      row's last trained timestep.
+    """
+    _checks.check_rank("prm_logprobs", prm_logprobs, 2)
+    shape = jnp.shape(prm_logprobs)
+    _checks.check_shape("ref_logprobs", ref_logprobs, shape, "prm_logprobs")
+    _checks.check_shape("mask", mask, shape, "prm_logprobs")
+    if outcome is not None:
+        _checks.check_shape("outcome", outcome, shape[:1], "the batch axis")
+    beta, lam = _scalar("beta", beta), _scalar("lam", lam, minimum=0.0, maximum=1.0)
+    out, checks = _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, beta=beta, lam=lam)
+    _checks.raise_value_checks(checks, callback=True)
+    return out
+
+
+def _scalar(name: str, value: float, **bounds: float) -> float:
+    from prm_jax.validation import finite_number
+    return finite_number(name, value, **bounds)
+
+
+@functools.partial(jax.jit, static_argnames=("beta", "lam"))
+def _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, *, beta, lam):
+    dtype = _checks.accumulation_dtype(prm_logprobs, ref_logprobs, outcome)
+    active = _checks.as_mask("mask", mask)
+    prm = _checks.as_float("prm_logprobs", prm_logprobs, dtype)
+    ref = _checks.as_float("ref_logprobs", ref_logprobs, dtype)
+    checks = [*_checks.mask_check("mask", mask), _checks.finite_check("prm_logprobs", prm, active),
+              _checks.finite_check("ref_logprobs", ref, active)]
+    gt = None if outcome is None else _checks.as_float("outcome", outcome, dtype)
+    return implicit_rewards_core(prm, ref, active, beta, lam, gt), checks
+
+
+class PrimeOutput(NamedTuple):
+    advantages: jax.Array  # [B, T] whitened returns, 0 where inactive
+    returns: jax.Array     # [B, T]
+    rewards: jax.Array     # [B, T] the implicit process rewards s (after batch_norm)
+
+
+def prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.Array, active: jax.Array,
+               real: jax.Array, row_group: jax.Array, num_groups: int, *, beta: float, lam: float, use_gt: bool,
+               dpo_coef: float, gt_coef: float, batch_norm: bool) -> tuple[PrimeOutput, _checks.ValueCheck]:
+    """The PRIME recipe on validated arrays (module docstring), and the check that no group has one row."""
+    zero = jnp.zeros((), outcome.dtype)
+    rewards = implicit_rewards_core(prm_logprobs, ref_logprobs, active, beta, lam, outcome if use_gt else None)
+    if batch_norm:
+        rewards = rewards / (jnp.max(jnp.abs(reverse_cumsum(rewards, active))) + 1e-6)
+    last = last_active(active)
+    _, alone = leave_one_out_mean(outcome, real, row_group, num_groups)
+    alone = alone & real
+    final = jnp.zeros_like(rewards)
+    if dpo_coef != 0.0:
+        length = jnp.sum(active, axis=1, dtype=jnp.int32).astype(rewards.dtype)
+        row_mean = jnp.where(real, jnp.sum(rewards, axis=1) / jnp.maximum(length, 1), zero)
+        n = segment_totals(real.astype(rewards.dtype), row_group, num_groups)
+        others = segment_totals(row_mean, row_group, num_groups) / jnp.maximum(n - 1, 1)
+        dense = rewards * (n / jnp.maximum(n - 1, 1))[:, None] - others[:, None]
+        final = final + dpo_coef * jnp.where(active, dense, zero)
+    if gt_coef != 0.0:
+        baseline, _ = leave_one_out_mean(outcome, real, row_group, num_groups)
+        final = final + gt_coef * jnp.where(last, (outcome - baseline)[:, None], zero)
+    final = jnp.where(alone[:, None], zero, final)
+    returns = reverse_cumsum(final, active)
+    row = jnp.argmax(alone).astype(jnp.int32)
+    check = _checks.ValueCheck("prime_group_of_one", _checks.violations(alone),
+                               lambda row: f"credit_assignment 'prime' needs groups of at least two rows (RLOO has no "
+                                           f"baseline for one); row {int(row)} is alone in its group", row)
+    return PrimeOutput(whiten(returns, active & ~alone[:, None]), returns, rewards), check

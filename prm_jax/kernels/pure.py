@@ -1,0 +1,110 @@
+"""PURE: min-form credit assignment for process rewards (Cheng et al., "Stop Gamma Decay: Min-Form Credit
+Assignment Is All Process Reward Model Needs for Reasoning", 2025; CREDIT.md 1 and 7.3).
+
+``min_form`` transforms one row's step scores ``s_k`` (in prm-jax a row's turns) with temperature ``tau``::
+
+  w_k = exp(-s_k / tau) / sum over the row's steps of exp(-s_u / tau),   r_k = w_k * s_k
+
+so ``sum_k r_k`` tends to the row's minimum score as ``tau -> 0`` and to its mean as ``tau -> inf``. The
+weights are normalized over all steps of the row, as the authors' code does (not over future steps):
+scores -0.9, 0.5, 0.8 at ``tau = 0.1`` give ``r`` = -0.9, 4.2e-7, 3.3e-8, whose returns-to-go are -0.9,
+4.5e-7, 3.3e-8: after the minimizing step almost nothing is left, not the minimum of the remaining steps.
+Ties share the weight equally; a row without steps gives 0.
+
+The recipe end to end (``pure_core``, the authors' verl pipeline), on timesteps: ``q`` holds ``r_k`` at each
+turn's last trained timestep (the turn's score is its process reward there) plus ``verifier_coef * R`` (the
+outcome reward) at the outcome's timestep; ``G_t = sum_{u >= t} q_u`` over trained timesteps; a row's RLOO
+baseline is the mean, over the other rows of its group, of their per-token mean return ``sum_t G / L`` (the
+original divides by the padded width instead of ``L``: the two agree on rows without padding); returns are
+``(G - baseline) * m``; with ``whiten`` the advantages are the returns whitened over the batch's trained
+timesteps (``normalization.whiten``), else the returns. A group of one has no baseline: its returns are
+0. ``'strict min-form'`` is not offered: it zeroes every positive reward (a bug of the original).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from prm_jax.kernels import _checks
+from prm_jax.kernels.normalization import leave_one_out_mean, whiten
+from prm_jax.kernels.recurrence import reverse_cumsum
+from prm_jax.validation import finite_number
+
+
+def check_temperature(temperature: float) -> float:
+    """``temperature`` as a float; it must be finite and > 0."""
+    value = finite_number("temperature", temperature)
+    if value <= 0:
+        raise ValueError(f"temperature must be > 0, got {value!r}")
+    return value
+
+
+def min_form_core(scores: jax.Array, steps: jax.Array, temperature: float) -> jax.Array:
+    """``min_form`` along the last axis of validated float ``scores`` with bool ``steps``."""
+    zero = jnp.zeros((), scores.dtype)
+    logits = jnp.where(steps, -scores / temperature, -jnp.inf)
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    weights = jnp.where(steps, jnp.exp(logits - jnp.where(jnp.isfinite(top), top, zero)), zero)
+    weights = weights / jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), jnp.finfo(scores.dtype).tiny)
+    return jnp.where(steps, weights * scores, zero)
+
+
+def min_form(step_scores: ArrayLike, step_mask: ArrayLike | None = None, temperature: float = 0.1) -> jax.Array:
+    """PURE's min-form transform of each row's step scores (module docstring).
+
+    Args:
+      step_scores: ``[B, K]`` float, the steps' process scores (``K`` turns).
+      step_mask: ``[B, K]``, the steps that exist (default all).
+      temperature: ``tau > 0``; small values approach the row's minimum.
+
+    Returns:
+      ``[B, K]`` float32 (float64 for float64 input), 0 where ``step_mask`` is False.
+
+    Raises:
+      ValueError: a bad temperature or shape, or a non-finite score of an existing step.
+    """
+    temperature = check_temperature(temperature)
+    _checks.check_rank("step_scores", step_scores, 2)
+    if step_mask is not None:
+        _checks.check_shape("step_mask", step_mask, jnp.shape(step_scores), "step_scores")
+    out, checks = _min_form_jit(step_scores, step_mask, temperature=temperature)
+    _checks.raise_value_checks(checks, callback=True)
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("temperature",))
+def _min_form_jit(step_scores, step_mask, *, temperature):
+    dtype = _checks.accumulation_dtype(step_scores)
+    scores = _checks.as_float("step_scores", step_scores, dtype)
+    steps = jnp.ones(scores.shape, jnp.bool_) if step_mask is None else _checks.as_mask("step_mask", step_mask)
+    checks = [_checks.finite_check("step_scores", scores, steps, axis="step"),
+              *([] if step_mask is None else _checks.mask_check("step_mask", step_mask))]
+    return min_form_core(scores, steps, temperature), checks
+
+
+class PureOutput(NamedTuple):
+    advantages: jax.Array  # [B, T] on timesteps, 0 where inactive
+    returns: jax.Array     # [B, T] (G - baseline) * m
+    alone: jax.Array       # [B] bool: rows alone in their group (returns 0)
+
+
+def pure_core(process: jax.Array, outcome: jax.Array, active: jax.Array, ends: jax.Array, outcome_at: jax.Array,
+              real: jax.Array, row_group: jax.Array, num_groups: int, temperature: float, verifier_coef: float,
+              whitened: bool) -> PureOutput:
+    """The PURE recipe on validated arrays: ``process`` P and ``active`` on timesteps, ``ends`` each turn's
+    last active timestep, ``outcome_at`` [B, T] bool the outcome's timestep, ``real`` [B] the real rows."""
+    zero = jnp.zeros((), process.dtype)
+    steps = min_form_core(process, ends, temperature)
+    q = steps + jnp.where(outcome_at, verifier_coef * outcome[:, None], zero)
+    to_go = reverse_cumsum(q, active)
+    length = jnp.sum(active, axis=1, dtype=jnp.int32).astype(process.dtype)
+    per_token = jnp.sum(to_go, axis=1) / jnp.maximum(length, 1)
+    baseline, alone = leave_one_out_mean(per_token, real, row_group, num_groups)
+    scored = active & ~alone[:, None]
+    returns = jnp.where(scored, to_go - baseline[:, None], zero)
+    return PureOutput(whiten(returns, scored) if whitened else returns, returns, alone & real)

@@ -1,0 +1,240 @@
+"""Credit over a session tree: AReaL's tree reward discount and TreeRL's tree advantages.
+
+A tree (or a forest) is ``parent [N]``: each node's parent index, ``-1`` for a root; ``mask [N]`` marks the
+nodes in use (padding nodes are ignored and come out as 0). Parents need not come before children; a
+node whose parent chain does not end at a root (a cycle) or whose parent is out of range or masked out is
+an error (``ValueError`` eagerly, a count under ``jit``). Both passes are bottom-up or top-down sweeps
+repeated until nothing changes (tree height + 1 segment sums), so no Python loop runs over nodes.
+
+``tree_discount`` (CREDIT.md 4 and 7.1, AReaL PR #1666's rule): ``r(n) = raw(n) + gamma * mean_c r(c)``
+over ``n``'s own children (a leaf keeps ``raw``); separate roots are separate trees, and on a single
+chain it equals AReaL's linear discount. AReaL's own discount runs one value over the insertion order and
+leaks reward across branches (root -> A1 -> A2 (reward 1), root -> B1 (reward 0), gamma 0.9: AReaL gives
+B1 0.9; this rule gives B1 0, A1 0.9, root 0.405).
+
+``tree_advantages`` (TreeRL, Hou et al. 2025; CREDIT.md 3 and 7.2), per group of nodes (a group is one
+prompt's forest; leaves are the nodes without children):
+
+  centring   R~_l = R_l - (S - R_l) / (N_L - 1) over the group's N_L leaves (one leaf: every value 0)
+  subtree    A(n) = sum of R~ over the leaves below n, c(n) their number, k(n) the selected ones
+  weighting  A(n) / sqrt(k(n)) (``sqrt``), A(n) / k(n) (``uniform``), A(n) (``none``); k(n) = 0: A(n)
+  value      V(n) = A(n) / c(n); a root's parent is the group's synthetic root over all its leaves
+  local      l(n) = V(n) - V(parent(n)); below the first node of a path an |l(n)| < 1e-8 takes its
+             parent's (filled) local value (TreeRL's fill-in)
+  output     ``state_value`` l(n) + V(n) (TreeRL's released script), ``value_only`` V(n),
+             ``local_only`` l(n)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.typing import ArrayLike
+
+from prm_jax.kernels import _checks
+
+TreeWeighting = Literal["sqrt", "uniform", "none"]
+TreeValue = Literal["state_value", "value_only", "local_only"]
+TREE_WEIGHTINGS: tuple[TreeWeighting, ...] = ("sqrt", "uniform", "none")
+TREE_VALUES: tuple[TreeValue, ...] = ("state_value", "value_only", "local_only")
+FILL_IN_EPS = 1e-8
+
+
+class TreeAdvantages(NamedTuple):
+    values: jax.Array        # [N] the value each node's tokens get (``value`` mode), 0 at masked nodes
+    state_values: jax.Array  # [N] V(n)
+    local: jax.Array         # [N] l(n) after the fill-in
+    leaf_counts: jax.Array   # [N] int32 c(n)
+    centred: jax.Array       # [N] R~ at leaves, 0 elsewhere
+
+
+def _children_sum(x: jax.Array, parent: jax.Array, mask: jax.Array) -> jax.Array:
+    """``[N]``: the sum of ``x`` over each node's children in use."""
+    size = parent.shape[0]
+    index = jnp.where(mask & (parent >= 0), parent, size)
+    return jax.ops.segment_sum(jnp.where(mask, x, jnp.zeros((), x.dtype)), index, num_segments=size + 1)[:size]
+
+
+def _until_stable(step, x: jax.Array, bound: int) -> jax.Array:
+    """``x = step(x)`` until nothing changes (NaN equal to NaN), at most ``bound`` times."""
+    def same(a, b):
+        return jnp.all((a == b) | (jnp.isnan(a) & jnp.isnan(b))) if jnp.issubdtype(a.dtype, jnp.floating) else (
+            jnp.all(a == b))
+
+    def cond(state):
+        i, _, changed = state
+        return changed & (i < bound)
+
+    def body(state):
+        i, old, _ = state
+        new = step(old)
+        return i + 1, new, ~same(new, old)
+
+    return lax.while_loop(cond, body, (0, x, jnp.asarray(True)))[1]
+
+
+def subtree_sums(x: jax.Array, parent: jax.Array, mask: jax.Array) -> jax.Array:
+    """``[N]``: ``x`` summed over each node's subtree (itself included), on validated arrays."""
+    own = jnp.where(mask, x, jnp.zeros((), x.dtype))
+    return _until_stable(lambda s: own + _children_sum(s, parent, mask), own, parent.shape[0] + 1)
+
+
+def tree_check(parent: jax.Array, mask: jax.Array) -> _checks.ValueCheck:
+    """Every node in use has parent -1 or a node in use other than itself, and its chain reaches a root."""
+    size = parent.shape[0]
+    in_range = (parent >= -1) & (parent < size)
+    safe = jnp.where(in_range, parent, -1)
+    parent_used = jnp.where(safe >= 0, mask[jnp.maximum(safe, 0)], True)
+    bad = mask & (~in_range | (parent == jnp.arange(size)) | ~parent_used)
+    # Pointer jumping: after ceil(log2 N) + 1 doublings a chain that ends at a root has reached it.
+    up = safe
+    for _ in range(max(1, size.bit_length()) + 1):
+        up = jnp.where(up >= 0, up[jnp.maximum(up, 0)], up)
+    bad = bad | (mask & (up >= 0))
+    node = jnp.argmax(bad).astype(jnp.int32)
+    return _checks.ValueCheck(
+        "tree_parent_invalid", _checks.violations(bad),
+        lambda node, value: f"parent must give every node in use a parent -1 (a root) or another node in use, "
+                            f"on a chain that ends at a root; node {int(node)} has parent {int(value)}",
+        node, parent[node])
+
+
+def tree_discount_core(parent: jax.Array, raw: jax.Array, mask: jax.Array, gamma: jax.Array) -> jax.Array:
+    """``tree_discount`` on validated arrays."""
+    zero = jnp.zeros((), raw.dtype)
+    raw = jnp.where(mask, raw, zero)
+    children = _children_sum(jnp.ones_like(raw), parent, mask)
+
+    def step(r):
+        mean = _children_sum(r, parent, mask) / jnp.maximum(children, 1)
+        return raw + gamma * jnp.where(children > 0, mean, zero)
+
+    return jnp.where(mask, _until_stable(step, raw, parent.shape[0] + 1), zero)
+
+
+def tree_advantages_core(parent: jax.Array, leaf_reward: jax.Array, mask: jax.Array, selected: jax.Array,
+                         group: jax.Array, num_groups: int, weighting: TreeWeighting,
+                         value: TreeValue) -> TreeAdvantages:
+    """``tree_advantages`` on validated arrays; ``group [N]`` in ``[0, num_groups)``."""
+    dtype = leaf_reward.dtype
+    zero = jnp.zeros((), dtype)
+    leaf = mask & (_children_sum(jnp.ones_like(leaf_reward), parent, mask) == 0)
+    selected = leaf & selected
+
+    def per_group(x):
+        return jax.ops.segment_sum(jnp.where(leaf, x, zero), group, num_segments=num_groups)
+
+    total, leaves = per_group(leaf_reward), per_group(jnp.ones_like(leaf_reward))
+    peers = (leaves - 1)[group]
+    centred = jnp.where(leaf & (peers > 0), leaf_reward - (total[group] - leaf_reward) / jnp.maximum(peers, 1), zero)
+    subtree_a = subtree_sums(centred, parent, mask)
+    counts = subtree_sums(leaf.astype(dtype), parent, mask)
+    chosen = subtree_sums(selected.astype(dtype), parent, mask)
+    root_a = jax.ops.segment_sum(centred, group, num_segments=num_groups)
+    root_k = jax.ops.segment_sum(selected.astype(dtype), group, num_segments=num_groups)
+
+    def weighted(a, k):
+        if weighting == "sqrt":
+            return jnp.where(k > 0, a / jnp.sqrt(jnp.maximum(k, 1)), a)
+        if weighting == "uniform":
+            return jnp.where(k > 0, a / jnp.maximum(k, 1), a)
+        return a
+
+    state = jnp.where(mask, weighted(subtree_a, chosen) / jnp.maximum(counts, 1), zero)
+    root_state = weighted(root_a, root_k) / jnp.maximum(leaves, 1)
+    above = jnp.where(parent >= 0, state[jnp.maximum(parent, 0)], root_state[group])
+    local = jnp.where(mask, state - above, zero)
+    keep = (parent < 0) | (jnp.abs(local) >= FILL_IN_EPS)
+    filled = _until_stable(lambda f: jnp.where(keep, local, f[jnp.maximum(parent, 0)]), local, parent.shape[0] + 1)
+    filled = jnp.where(mask, filled, zero)
+    out = {"state_value": filled + state, "value_only": state, "local_only": filled}[value]
+    return TreeAdvantages(jnp.where(mask, out, zero), state, filled, counts.astype(jnp.int32), centred)
+
+
+def _tree_inputs(parent: ArrayLike, mask: ArrayLike | None, like: ArrayLike, like_name: str):
+    _checks.check_rank("parent", parent, 1)
+    _checks.check_shape(like_name, like, jnp.shape(parent), "parent")
+    if mask is not None:
+        _checks.check_shape("mask", mask, jnp.shape(parent), "parent")
+
+
+def tree_discount(parent: ArrayLike, raw_reward: ArrayLike, gamma: ArrayLike, *,
+                  mask: ArrayLike | None = None) -> jax.Array:
+    """AReaL's tree reward discount, per tree: ``r(n) = raw(n) + gamma * mean over n's children of r``.
+
+    Args:
+      parent: ``[N]`` int, each node's parent index, -1 for a root.
+      raw_reward: ``[N]`` float, each node's own reward (0 where none was set, as AReaL's None).
+      gamma: the turn discount in [0, 1].
+      mask: ``[N]`` bool, the nodes in use (default all); masked nodes come out as 0.
+
+    Returns:
+      ``[N]`` float32 (float64 for float64 input) discounted rewards.
+    """
+    _tree_inputs(parent, mask, raw_reward, "raw_reward")
+    out, check = _discount_jit(parent, raw_reward, gamma, mask)
+    _checks.raise_value_checks([check], callback=True)
+    return out
+
+
+@jax.jit
+def _discount_jit(parent, raw_reward, gamma, mask):
+    dtype = _checks.accumulation_dtype(raw_reward)
+    parent = _checks.as_int("parent", parent)
+    used = jnp.ones(parent.shape, jnp.bool_) if mask is None else _checks.as_mask("mask", mask)
+    raw = _checks.as_float("raw_reward", raw_reward, dtype)
+    return tree_discount_core(parent, raw, used, jnp.asarray(gamma, dtype)), tree_check(parent, used)
+
+
+def tree_advantages(parent: ArrayLike, leaf_reward: ArrayLike, *, mask: ArrayLike | None = None,
+                    selected: ArrayLike | None = None, group: ArrayLike | None = None,
+                    weighting: TreeWeighting = "sqrt", value: TreeValue = "state_value") -> TreeAdvantages:
+    """TreeRL's tree advantages per node (module docstring has the rules).
+
+    Args:
+      parent: ``[N]`` int, each node's parent, -1 for a root (a node is a maximal unbranched run of turns, or
+        a turn: an unbranched chain of turns gets its run's values either way).
+      leaf_reward: ``[N]`` float, the outcome reward at each leaf (read only at leaves).
+      mask: ``[N]`` bool, the nodes in use (default all).
+      selected: ``[N]`` bool, the selected leaves for the weighting (default every leaf).
+      group: ``[N]`` int in ``[0, N)``, each node's group (one prompt's forest; default one group): leaves are
+        centred within their group and a root's parent is its group's synthetic root.
+      weighting: ``sqrt | uniform | none``; value: ``state_value | value_only | local_only``.
+
+    Returns:
+      ``TreeAdvantages``: per-node ``values`` (what each node's tokens get), ``state_values``, ``local``,
+      ``leaf_counts`` and the ``centred`` leaf rewards.
+    """
+    if weighting not in TREE_WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {TREE_WEIGHTINGS}, got {weighting!r}")
+    if value not in TREE_VALUES:
+        raise ValueError(f"value must be one of {TREE_VALUES}, got {value!r}")
+    _tree_inputs(parent, mask, leaf_reward, "leaf_reward")
+    for name, x in (("selected", selected), ("group", group)):
+        if x is not None:
+            _checks.check_shape(name, x, jnp.shape(parent), "parent")
+    out, checks = _advantages_jit(parent, leaf_reward, mask, selected, group, weighting=weighting, value=value)
+    _checks.raise_value_checks(checks, callback=True)
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("weighting", "value"))
+def _advantages_jit(parent, leaf_reward, mask, selected, group, *, weighting, value):
+    dtype = _checks.accumulation_dtype(leaf_reward)
+    parent = _checks.as_int("parent", parent)
+    size = parent.shape[0]
+    used = jnp.ones(parent.shape, jnp.bool_) if mask is None else _checks.as_mask("mask", mask)
+    chosen = jnp.ones(parent.shape, jnp.bool_) if selected is None else _checks.as_mask("selected", selected)
+    groups = jnp.zeros(parent.shape, jnp.int32) if group is None else _checks.as_int("group", group)
+    checks = [tree_check(parent, used)]
+    bad_group = used & ((groups < 0) | (groups >= max(size, 1)))
+    checks.append(_checks.ValueCheck("tree_group_invalid", _checks.violations(bad_group),
+                                     lambda: f"group must be in [0, {size}) at every node in use"))
+    reward = _checks.as_float("leaf_reward", leaf_reward, dtype)
+    out = tree_advantages_core(parent, reward, used, chosen, jnp.clip(groups, 0, max(size, 1) - 1), max(size, 1),
+                               weighting, value)
+    return out, checks

@@ -3,8 +3,9 @@
 ``AdvantageConfig`` (``actor``) resolves into the kernels' ``AdvantagePlan``; ``ExperimentConfig`` is a
 whole file (``rollout``, ``rollout.agent.prm``, ``actor``), read by ``load_config`` (YAML with a bound on
 alias expansion). Errors are ``ConfigError``, naming the key path. The kernels' own parameter records
-(``NormConfig``, ``ShapingConfig``, ``GiGPOConfig``) are re-exported: they are the values of
-``reward_norm``/``adv_norm``, ``advantage_shaping`` and ``credit_assignment``.
+(``NormConfig``, ``DecoupledNorm``, ``ShapingConfig``, ``GiGPOConfig``, ``TreeCredit``, ``PureCredit``,
+``PrimeCredit``, ``MinFormTransform``) are re-exported: they are the values of ``reward_norm``/``adv_norm``,
+``advantage_shaping``, ``credit_assignment`` and ``process_reward_transform``.
 """
 
 from prm_jax.config.advantage import AdvantageConfig, resolve_lambda
@@ -19,23 +20,31 @@ from prm_jax.config.experiment import (
 )
 from prm_jax.config.loader import load_config, parse_yaml
 from prm_jax.kernels.gigpo import GiGPOConfig
-from prm_jax.kernels.normalization import NormConfig
+from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
+from prm_jax.kernels.prime import PrimeCredit
+from prm_jax.kernels.pure import MinFormTransform, PureCredit
 from prm_jax.kernels.shaping import ShapingConfig
+from prm_jax.kernels.tree import TreeCredit
 from prm_jax.validation import ConfigError
 
 __all__ = [
     "ERROR_POLICIES",
     "AdvantageConfig",
     "ConfigError",
+    "DecoupledNorm",
     "ErrorPolicy",
     "ExperimentConfig",
     "GiGPOConfig",
+    "MinFormTransform",
     "NormConfig",
     "PRMConfig",
     "PRMSection",
+    "PrimeCredit",
+    "PureCredit",
     "RolloutConfig",
     "ScorerSpec",
     "ShapingConfig",
+    "TreeCredit",
     "load_config",
     "parse_yaml",
     "resolve_lambda",

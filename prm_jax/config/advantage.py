@@ -35,11 +35,15 @@ from prm_jax.kernels.advantages import (
 )
 from prm_jax.kernels.gigpo import GiGPOConfig
 from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator
-from prm_jax.kernels.normalization import NormConfig
+from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
+from prm_jax.kernels.prime import PrimeCredit
+from prm_jax.kernels.pure import MinFormTransform, PureCredit
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod
 from prm_jax.kernels.shaping import ShapingConfig, ShapingMode
+from prm_jax.kernels.tree import TreeCredit
 from prm_jax.validation import ConfigError, finite_number, from_mapping, integer, short_repr
 
+Credit = GiGPOConfig | TreeCredit | PureCredit | PrimeCredit
 AREAL_LAMBDA_MODULE = "areal.trainer.ppo.lambda_fn"
 # Where the built-in λ functions may be named from: AReaL's module, ours, and ours before issue 21
 # renamed it (configs written then keep working).
@@ -104,7 +108,7 @@ class AdvantageConfig:
     mask_no_eos_with_zero: bool = False
     token_rewards_as_adv: bool = True
     gae_timestep_unit: TimestepUnit = "token"
-    reward_norm: NormConfig | None = None
+    reward_norm: NormConfig | DecoupledNorm | None = None
     adv_norm: NormConfig | None = None
     advantage_shaping: ShapingConfig = ShapingConfig()
     overlong_reward_penalty: bool = False
@@ -115,7 +119,8 @@ class AdvantageConfig:
     gae_block_size: int = DEFAULT_BLOCK_SIZE
     max_turns: int | None = None
     check_values: bool | Literal["callback"] = True
-    credit_assignment: GiGPOConfig | None = None
+    credit_assignment: Credit | None = None
+    process_reward_transform: MinFormTransform | None = None
     diagnostics: bool = False
 
     def __post_init__(self):
@@ -144,11 +149,13 @@ class AdvantageConfig:
         if self.gae_timestep_unit not in TIMESTEP_UNITS:
             raise ConfigError("gae_timestep_unit",
                               f"must be one of {TIMESTEP_UNITS}, got {short_repr(self.gae_timestep_unit)}")
-        set_("reward_norm", _norm(self.reward_norm, "reward_norm"))
+        set_("reward_norm", _reward_norm(self.reward_norm))
         set_("adv_norm", _norm(self.adv_norm, "adv_norm"))
         set_("advantage_shaping", shaping_config(self.advantage_shaping))
         set_("credit_assignment", _credit_assignment(self.credit_assignment))
+        set_("process_reward_transform", _transform(self.process_reward_transform))
         _check_shaping(self.advantage_shaping.mode, self.token_rewards_as_adv, self.mask_no_eos_with_zero)
+        _check_credit(self.credit_assignment, self.gae_timestep_unit, self.token_rewards_as_adv)
         if self.gae_method not in GAE_METHODS:
             raise ConfigError("gae_method", f"must be one of {GAE_METHODS}, got {short_repr(self.gae_method)}")
         if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
@@ -181,8 +188,10 @@ class AdvantageConfig:
             assert self.overlong_penalty_factor is not None
             overlong = OverlongPenalty(self.max_new_tokens, self.overlong_tokens, self.overlong_penalty_factor)
         estimator: Estimator
-        if self.credit_assignment is not None:
+        if isinstance(self.credit_assignment, GiGPOConfig):
             estimator = GiGPOStage(self.credit_assignment)
+        elif self.credit_assignment is not None:
+            estimator = self.credit_assignment
         elif self.gae_timestep_unit == "turn":
             estimator = TurnGAE()
         else:
@@ -190,7 +199,9 @@ class AdvantageConfig:
         return AdvantagePlan(
             outcome=OutcomeStage(self.reward_bias, self.reward_scaling, self.reward_clip, self.reward_norm, overlong),
             kl=KLStage(self.kl_ctl, self.kl_estimator),
-            task=TaskRewardStage(self.mask_no_eos_with_zero, fold_process=not self.token_rewards_as_adv),
+            task=TaskRewardStage(self.mask_no_eos_with_zero, fold_process=not self.token_rewards_as_adv
+                                 and not isinstance(self.credit_assignment, PureCredit)),
+            process_transform=self.process_reward_transform,
             discount=self.discount, lam=lam, estimator=estimator, adv_norm=self.adv_norm,
             shaping=self.advantage_shaping if self.token_rewards_as_adv else None,
             gae_method=self.gae_method, max_turns=self.max_turns,
@@ -229,16 +240,49 @@ def shaping_config(value: Any, where: str = "advantage_shaping") -> ShapingConfi
     return from_mapping(ShapingConfig, value, where)
 
 
-def _credit_assignment(value: Any) -> GiGPOConfig | None:
-    """``None``, a ``GiGPOConfig`` or AReaL-style ``{mode: gigpo, ...}``."""
-    if value is None or isinstance(value, GiGPOConfig):
+CREDIT_MODES: dict[str, type] = {"gigpo": GiGPOConfig, "tree": TreeCredit, "pure": PureCredit, "prime": PrimeCredit}
+
+
+def _by_mode(value: Any, key: str, modes: Mapping[str, type]) -> Any:
+    """``None``, an instance of one of ``modes``' classes, or ``{mode: name, **fields}``."""
+    if value is None or isinstance(value, tuple(modes.values())):
         return value
+    names = " | ".join(modes)
     if not isinstance(value, Mapping):
-        raise ConfigError("credit_assignment", f"must be a mapping with mode: gigpo, got {type(value).__name__}")
+        raise ConfigError(key, f"must be a mapping with mode: {names}, got {type(value).__name__}")
     fields = dict(value)
-    if fields.pop("mode", None) != "gigpo":
-        raise ConfigError("credit_assignment.mode", f"must be 'gigpo', got {short_repr(value.get('mode'))}")
-    return from_mapping(GiGPOConfig, fields, "credit_assignment")
+    mode = fields.pop("mode", None)
+    if mode not in modes:
+        raise ConfigError(f"{key}.mode", f"must be one of {names}, got {short_repr(mode)}")
+    return from_mapping(modes[mode], fields, key)
+
+
+def _credit_assignment(value: Any) -> Credit | None:
+    """``None``, a credit record or ``{mode: gigpo | tree | pure | prime, ...}`` (AReaL's ``{mode: gigpo}``)."""
+    return _by_mode(value, "credit_assignment", CREDIT_MODES)
+
+
+def _transform(value: Any) -> MinFormTransform | None:
+    return _by_mode(value, "process_reward_transform", {"min_form": MinFormTransform})
+
+
+def _reward_norm(value: Any) -> NormConfig | DecoupledNorm | None:
+    """AReaL's ``NormConfig`` fields, or ``{mode: decoupled, weights, eps}`` (GDPO)."""
+    if isinstance(value, Mapping) and "mode" in value:
+        return _by_mode(value, "reward_norm", {"decoupled": DecoupledNorm})
+    return value if isinstance(value, DecoupledNorm) else _norm(value, "reward_norm")
+
+
+def _check_credit(credit: Credit | None, unit: str, token_rewards_as_adv: bool) -> None:
+    """The combinations the pipeline refuses (README: the order of the stages)."""
+    if isinstance(credit, (PureCredit, PrimeCredit)) and unit == "turn":
+        raise ConfigError("gae_timestep_unit", f"must be 'token' with credit_assignment "
+                                               f"'{'pure' if isinstance(credit, PureCredit) else 'prime'}': it "
+                                               "replaces GAE, and the turn unit means nothing there")
+    if isinstance(credit, PureCredit) and token_rewards_as_adv:
+        raise ConfigError("token_rewards_as_adv", "must be false with credit_assignment 'pure': PURE puts the "
+                                                  "process rewards into the returns (shaping with them as well "
+                                                  "would count them twice)")
 
 
 def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:

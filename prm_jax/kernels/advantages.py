@@ -47,27 +47,35 @@ from prm_jax.kernels.gae_lambda import GAELambdaContext
 from prm_jax.kernels.gigpo import GiGPOConfig, gigpo_core, host_anchor_ids, step_group_counts
 from prm_jax.kernels.kl import KLEstimator, kl_rewards
 from prm_jax.kernels.normalization import (
+    DecoupledNorm,
     GroupLayout,
     NormConfig,
+    decoupled_normalization_core,
     group_ids_check,
     group_layout,
     group_sizes_check,
     member_counts_check,
     normalize_core,
 )
+from prm_jax.kernels.prime import PrimeCredit, prime_core
+from prm_jax.kernels.pure import MinFormTransform, PureCredit, min_form_core, pure_core
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAEMethod, resolve_method
 from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_core, warn_gvpo_without_penalty
+from prm_jax.kernels.tree import TreeCredit, tree_advantages_core, tree_check
 from prm_jax.kernels.turns import (
     same_turn_next,
     turn_counts,
+    turn_ends,
     turn_gae_core,
     turn_ids_check,
+    turn_runs,
     turn_segments,
     turn_sums,
 )
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
-OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids", "is_truncated",
+OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "prm_logprobs", "token_rewards", "turn_ids",
+                 "is_truncated", "reward_sources", "node_ids", "node_parents",
                  "gae_lambda", "group_sizes", "group_member_counts", "group_ids", "turn_rewards", "anchor_ids")
 TimestepUnit = Literal["token", "turn"]
 TIMESTEP_UNITS: tuple[TimestepUnit, ...] = ("token", "turn")
@@ -108,7 +116,7 @@ class OutcomeStage:
     bias: float = 0.0
     scaling: float = 1.0
     clip: float = 20.0
-    norm: NormConfig | None = None
+    norm: NormConfig | DecoupledNorm | None = None
     overlong: OverlongPenalty | None = None
 
 
@@ -160,7 +168,7 @@ class GiGPOStage:
     config: GiGPOConfig = GiGPOConfig()
 
 
-Estimator = TokenGAE | TurnGAE | GiGPOStage
+Estimator = TokenGAE | TurnGAE | GiGPOStage | TreeCredit | PureCredit | PrimeCredit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +184,7 @@ class AdvantagePlan:
     outcome: OutcomeStage = OutcomeStage()
     kl: KLStage = KLStage()
     task: TaskRewardStage = TaskRewardStage()
+    process_transform: MinFormTransform | None = None
     discount: float = 1.0
     lam: float | LambdaFunction = 1.0
     estimator: Estimator = TokenGAE()
@@ -189,7 +198,7 @@ class AdvantagePlan:
 
     @property
     def needs_turn_ids(self) -> bool:
-        return not isinstance(self.estimator, TokenGAE)
+        return isinstance(self.estimator, (TurnGAE, GiGPOStage, TreeCredit))
 
     def num_turns(self, width: int) -> int:
         return self.max_turns or width
@@ -210,7 +219,8 @@ def as_plan(config: AdvantagePlan | PlanSource) -> AdvantagePlan:
     return plan
 
 
-def _outcome_rewards(rewards, raw_active, real_rows, stage: OutcomeStage, groups_of):
+def _outcome_rewards(rewards, sources, raw_active, real_rows, stage: OutcomeStage, groups_of,
+                     checks) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = rewards.dtype
     if stage.overlong is not None:
         max_new, tokens, factor = stage.overlong.max_new_tokens, stage.overlong.overlong_tokens, stage.overlong.factor
@@ -218,11 +228,47 @@ def _outcome_rewards(rewards, raw_active, real_rows, stage: OutcomeStage, groups
         exceed = response_length - (max_new - tokens)
         rewards = rewards + jnp.minimum(-exceed / tokens * factor, 0.0)
     rewards = jnp.clip((rewards + stage.bias) * stage.scaling, -stage.clip, stage.clip)
+    if isinstance(stage.norm, DecoupledNorm):
+        return _decoupled_rewards(rewards, sources, real_rows, stage.norm, groups_of(GRPO_GROUPS), checks)
     if stage.norm is not None:
         # Every real row counts (one without generated tokens too, as in AReaL); padding rows (no
         # attention at all) do not, and come out as 0.
         rewards = normalize_core(rewards[:, None], real_rows[:, None], stage.norm, groups_of(stage.norm))[:, 0]
-    return rewards
+    return rewards, {}
+
+
+def _decoupled_rewards(rewards, sources, real_rows, norm: DecoupledNorm, groups: GroupLayout | None,
+                       checks) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """GDPO: the outcome reward and the batch's ``reward_sources [B, K]`` normalized source by source."""
+    columns = rewards[:, None] if sources is None else jnp.concatenate([rewards[:, None], sources], axis=1)
+    count = columns.shape[1]
+    if norm.weights is not None and len(norm.weights) != count:
+        raise ValueError(f"reward_norm.weights has {len(norm.weights)} entries but there are {count} reward sources "
+                         "(the outcome reward and batch['reward_sources'] [B, K])")
+    weights = jnp.asarray(norm.weights if norm.weights is not None else (1.0,) * count, rewards.dtype)
+    row_group, num_groups = (groups.row_group, groups.num_groups) if groups is not None else (
+        jnp.zeros(rewards.shape, jnp.int32), 1)
+    out, missing = decoupled_normalization_core(columns, weights, real_rows, row_group, num_groups, norm.eps)
+    checks.append(_checks.ValueCheck("reward_sources_infinite",
+                                     _checks.violations(jnp.isinf(columns) & real_rows[:, None]),
+                                     lambda: "batch['reward_sources'] must be finite or NaN (a missing score)"))
+    return out, {"decoupled/rows_without_rewards": jnp.sum(missing, dtype=jnp.int32),
+                 "decoupled/missing_share": jnp.sum(jnp.isnan(columns) & real_rows[:, None], dtype=jnp.int32).astype(
+                     rewards.dtype) / jnp.maximum(jnp.sum(real_rows, dtype=jnp.int32) * count, 1).astype(rewards.dtype)}
+
+
+def _min_form_turns(process: jax.Array, active: jax.Array, turn_ids: jax.Array | None,
+                    temperature: float) -> jax.Array:
+    """``process_reward_transform: min_form``: each turn's process score (its value at the turn's last
+    timestep) becomes its min-form reward over the row's turns, uniform over the turn's timesteps."""
+    rows, width = active.shape
+    ends = turn_ends(active, turn_ids)
+    rewards = min_form_core(process, ends, temperature)
+    runs = turn_runs(active, turn_ids)
+    segment = jnp.where(active, lax.broadcasted_iota(jnp.int32, active.shape, 0) * width + runs, rows * width)
+    per_turn = jax.ops.segment_sum(jnp.where(ends, rewards, jnp.zeros((), rewards.dtype)).ravel(), segment.ravel(),
+                                   num_segments=rows * width + 1)
+    return jnp.where(active, per_turn[segment], jnp.zeros((), rewards.dtype))
 
 
 def _fold_turn_rewards(process, active, turn_ids):
@@ -323,7 +369,8 @@ def _check_batch_shapes(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> 
     """Trace-time checks of every key's shape; returns ``(B, T)``."""
     _checks.check_rank("batch['attention_mask']", batch["attention_mask"], 2)
     shape = jnp.shape(batch["attention_mask"])
-    for key in ("loss_mask", "logprobs", "values", "ref_logprobs", "prox_logprobs", "token_rewards", "turn_ids"):
+    for key in ("loss_mask", "logprobs", "values", "ref_logprobs", "prox_logprobs", "prm_logprobs", "token_rewards",
+                "turn_ids"):
         if key in batch:
             _checks.check_shape(f"batch[{key!r}]", batch[key], shape, "attention_mask")
     for key in ("rewards", "is_truncated", "gae_lambda", "group_ids"):
@@ -333,8 +380,15 @@ def _check_batch_shapes(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> 
         if key in batch:
             _checks.check_rank(f"batch[{key!r}]", batch[key], 1)
     if plan.needs_turn_ids and "turn_ids" not in batch:
-        raise ValueError("gae_timestep_unit='turn' and credit_assignment need batch['turn_ids']")
-    for key in ("turn_rewards", "anchor_ids"):
+        raise ValueError("gae_timestep_unit='turn' and credit_assignment gigpo and tree need batch['turn_ids']")
+    if isinstance(plan.estimator, PrimeCredit) and not ("prm_logprobs" in batch and "ref_logprobs" in batch):
+        raise ValueError("credit_assignment 'prime' needs batch['prm_logprobs'] and batch['ref_logprobs'] [B, T]")
+    if isinstance(plan.estimator, TreeCredit) and not ("node_ids" in batch and "node_parents" in batch):
+        raise ValueError("credit_assignment 'tree' needs batch['node_ids'] [B, K] and batch['node_parents'] [N] "
+                         "(pack_branches(..., tree=True) builds them)")
+    if "node_parents" in batch:
+        _checks.check_rank("batch['node_parents']", batch["node_parents"], 1)
+    for key in ("turn_rewards", "anchor_ids", "reward_sources", "node_ids"):
         if key in batch:
             _checks.check_rank(f"batch[{key!r}]", batch[key], 2)
             if jnp.shape(batch[key])[0] != shape[0]:
@@ -383,7 +437,7 @@ def _sequence_lengths(attention_mask: jax.Array) -> jax.Array:
     return jnp.sum(attention, axis=1, dtype=jnp.int32)
 
 
-def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timesteps, seqlen: jax.Array,
+def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timesteps, outcome_at: jax.Array,
                   truncated: jax.Array, stage: TaskRewardStage, checks: list) -> tuple[jax.Array, jax.Array | None]:
     """Steps 4-5: the outcome reward at timestep ``max(seqlen - 2, 0)`` (0 for truncated rows under
     ``mask_no_eos_with_zero``, which also clears their process rewards), plus folded turn rewards."""
@@ -392,8 +446,7 @@ def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timestep
         outcome = jnp.where(truncated, zero, outcome)
         if process is not None:
             process = jnp.where(truncated[:, None], zero, process)
-    step = lax.broadcasted_iota(jnp.int32, steps.active.shape, 1)
-    task = jnp.where(step == jnp.maximum(seqlen - 2, 0)[:, None], outcome[:, None], zero)
+    task = jnp.where(outcome_at, outcome[:, None], zero)
     if process is not None and stage.fold_process:
         folded, uniform_check = _fold_turn_rewards(process, steps.active, steps.turn_ids)
         checks.append(uniform_check)
@@ -417,6 +470,7 @@ class EstimatorInputs(NamedTuple):
     gamma: jax.Array
     num_turns: int
     method: GAEMethod
+    outcome_at: jax.Array           # [B, T] bool, the timestep the outcome reward goes to
 
 
 def _token_gae(stage: TokenGAE, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
@@ -457,15 +511,109 @@ def _gigpo(stage: GiGPOStage, x: EstimatorInputs, checks: list) -> tuple[jax.Arr
                              else (jnp.zeros(x.outcome.shape, jnp.int32), 1))
     per_turn = gigpo_core(step_rewards, counts > 0, anchors, x.outcome, row_group, num_groups, stage.config,
                           x.real_rows)
-    safe = jnp.clip(steps.turn_ids, 0, num_turns - 1)
-    advantages = jnp.where(in_turn, jnp.take_along_axis(per_turn.advantages, safe, axis=1), jnp.zeros((), dtype))
-    advantages = advantages + x.kl
+    advantages = _on_turn_timesteps(per_turn.advantages, in_turn, steps.turn_ids) + x.kl
     return advantages, advantages + steps.values, step_group_counts(per_turn.step_group_sizes)
+
+
+def _on_turn_timesteps(per_turn: jax.Array, in_turn: jax.Array, turn_ids: jax.Array) -> jax.Array:
+    """``[B, K]`` per-turn values on each turn's active timesteps, 0 elsewhere."""
+    safe = jnp.clip(turn_ids, 0, per_turn.shape[1] - 1)
+    return jnp.where(in_turn, jnp.take_along_axis(per_turn, safe, axis=1), jnp.zeros((), per_turn.dtype))
+
+
+def _groups_or_one(x: EstimatorInputs) -> tuple[jax.Array, int]:
+    if x.groups is not None:
+        return x.groups.row_group, x.groups.num_groups
+    return jnp.zeros(x.outcome.shape, jnp.int32), 1
+
+
+def _tree(stage: TreeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
+    """TreeRL over each group's session tree: ``batch['node_ids'] [B, K]`` names the node of each row's
+    turn ``k`` (-1: none) in ``batch['node_parents'] [N]`` (-1: a root); a row's outcome reward is the reward
+    of its last node, which must be a leaf, and no two rows end at one node. Each turn's timesteps get its
+    node's value, plus the KL rewards."""
+    batch, steps, dtype = x.batch, x.steps, x.outcome.dtype
+    assert steps.turn_ids is not None
+    node_ids = _checks.as_int("batch['node_ids']", batch["node_ids"])
+    parents = _checks.as_int("batch['node_parents']", batch["node_parents"])
+    rows, turns = node_ids.shape
+    size = parents.shape[0]
+    row_group, _ = _groups_or_one(x)
+    has = (node_ids >= 0) & (node_ids < size) & x.real_rows[:, None]
+    flat = jnp.where(has, node_ids, size).ravel()
+    used = jax.ops.segment_max(jnp.ones(flat.shape, jnp.int32), flat, num_segments=size + 1)[:size] > 0
+    row_groups = jnp.broadcast_to(row_group[:, None], has.shape).ravel()
+    group = jax.ops.segment_max(row_groups, flat, num_segments=size + 1)[:size]
+    mixed = used & (jax.ops.segment_min(row_groups, flat, num_segments=size + 1)[:size] != group)
+    # Each row is a path from a root: its first node is a root, each next turn is the same node or a child.
+    safe_ids = jnp.clip(node_ids, 0, size - 1)
+    above = jnp.where(has, parents[safe_ids], -2)
+    before = jnp.concatenate([jnp.full((rows, 1), -1, jnp.int32), jnp.where(has, node_ids, -3)[:, :-1]], axis=1)
+    first = has & (jnp.cumsum(has, axis=1) == 1)
+    off_path = has & jnp.where(first, above != -1, (node_ids != before) & (above != before))
+    checks.append(_checks.ValueCheck(
+        "tree_paths_invalid", _checks.violations(off_path | mixed[jnp.clip(node_ids, 0, size - 1)] & has),
+        lambda: "credit_assignment 'tree': each row's batch['node_ids'] must run from a root down "
+                "batch['node_parents'] (each next turn the same node or a child of it), and a node belongs to "
+                "one group"))
+    last_turn = jnp.max(jnp.where(has, jnp.arange(turns, dtype=jnp.int32)[None, :], -1), axis=1)
+    last_node = jnp.where(last_turn >= 0, jnp.take_along_axis(node_ids, jnp.maximum(last_turn, 0)[:, None],
+                                                               axis=1)[:, 0], size)
+    ends = jax.ops.segment_sum(jnp.ones((rows,), jnp.int32), last_node, num_segments=size + 1)[:size]
+    reward = jax.ops.segment_sum(x.outcome, last_node, num_segments=size + 1)[:size]
+    checks.append(tree_check(parents, used))
+    children = jax.ops.segment_sum(used.astype(jnp.int32), jnp.where(used & (parents >= 0), parents, size),
+                                   num_segments=size + 1)[:size]
+    bad_end = used & (((ends > 0) & (children > 0)) | (ends > 1) | ((ends == 0) & (children == 0)))
+    node = jnp.argmax(bad_end).astype(jnp.int32)
+    checks.append(_checks.ValueCheck(
+        "tree_leaves_invalid", _checks.violations(bad_end),
+        lambda node: f"credit_assignment 'tree': every leaf of batch['node_parents'] must be the last node of exactly "
+                     f"one row, and no row may end at a node with children; node {int(node)} breaks this", node))
+    tree = tree_advantages_core(parents, reward, used, used, jnp.clip(group, 0, size - 1), max(size, 1),
+                                stage.weighting, stage.value)
+    per_turn = jnp.where(has, tree.values[jnp.clip(node_ids, 0, size - 1)], jnp.zeros((), dtype))
+    in_turn, _ = turn_segments(steps.active, steps.turn_ids, turns)
+    advantages = _on_turn_timesteps(per_turn, in_turn, steps.turn_ids) + x.kl
+    leaves = used & (children == 0)
+    diagnostics = {"tree/nodes": jnp.sum(used, dtype=jnp.int32), "tree/leaves": jnp.sum(leaves, dtype=jnp.int32)}
+    return advantages, advantages + steps.values, diagnostics
+
+
+def _pure(stage: PureCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
+    """The PURE recipe (``kernels.pure``): min-form turn rewards and the verifier score, sum returns, RLOO,
+    whitening; plus the KL rewards."""
+    steps, dtype = x.steps, x.outcome.dtype
+    process = x.process if x.process is not None else jnp.zeros(steps.active.shape, dtype)
+    row_group, num_groups = _groups_or_one(x)
+    out = pure_core(process, x.outcome, steps.active, turn_ends(steps.active, steps.turn_ids), x.outcome_at,
+                    x.real_rows, row_group, num_groups, stage.temperature, stage.verifier_coef, stage.whiten)
+    advantages = out.advantages + x.kl
+    return advantages, advantages + steps.values, {"pure/groups_of_one": jnp.sum(out.alone, dtype=jnp.int32)}
+
+
+def _prime(stage: PrimeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
+    """The PRIME recipe (``kernels.prime``) from ``batch['prm_logprobs']`` and the reference log-probs; plus
+    the KL rewards."""
+    steps, dtype = x.steps, x.outcome.dtype
+    assert steps.ref_logprobs is not None  # checked with the shapes
+    prm = jnp.where(steps.active, _checks.as_float("batch['prm_logprobs']", x.batch["prm_logprobs"], dtype),
+                    jnp.zeros((), dtype))
+    checks.append(_checks.finite_check("batch['prm_logprobs']", prm, steps.active))
+    row_group, num_groups = _groups_or_one(x)
+    out, alone = prime_core(prm, steps.ref_logprobs, x.outcome, steps.active, x.real_rows, row_group, num_groups,
+                            beta=stage.beta, lam=stage.lam, use_gt=stage.use_gt, dpo_coef=stage.dpo_coef,
+                            gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm")
+    checks.append(alone)
+    advantages = out.advantages + x.kl
+    count = jnp.maximum(jnp.sum(steps.active, dtype=jnp.int32), 1).astype(dtype)
+    return advantages, advantages + steps.values, {"prime/implicit_reward_mean": jnp.sum(out.rewards) / count}
 
 
 # Steps 6-7, one function per estimator type: the plan's estimator picks it once.
 _ESTIMATORS: dict[type, Callable[[Any, EstimatorInputs, list], tuple[jax.Array, jax.Array, dict]]] = {
-    TokenGAE: _token_gae, TurnGAE: _turn_gae, GiGPOStage: _gigpo}
+    TokenGAE: _token_gae, TurnGAE: _turn_gae, GiGPOStage: _gigpo, TreeCredit: _tree, PureCredit: _pure,
+    PrimeCredit: _prime}
 
 GRPO_GROUPS = NormConfig("group", "group")
 
@@ -488,7 +636,8 @@ class _Run(NamedTuple):
 def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMethod) -> _Run:
     num_rows, width = _check_batch_shapes(batch, plan)
     dtype = _checks.accumulation_dtype(*(batch[k] for k in ("logprobs", "rewards", "values", "ref_logprobs",
-                                                             "prox_logprobs", "token_rewards") if k in batch))
+                                                             "prox_logprobs", "prm_logprobs", "token_rewards",
+                                                             "reward_sources") if k in batch))
     checks = _batch_checks(batch, num_rows)
     seqlen = _sequence_lengths(batch["attention_mask"])
     # A position outside the attention mask is never trained, whatever its loss mask says (padding).
@@ -498,19 +647,26 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMe
     grpo_groups = groups_of(GRPO_GROUPS) if "group_sizes" in batch or "group_ids" in batch else None
     rewards = _checks.as_float("batch['rewards']", batch["rewards"], dtype)
     checks.append(_checks.finite_check("batch['rewards']", rewards))
-    outcome = _outcome_rewards(rewards, raw_active, seqlen > 0, plan.outcome, groups_of)     # 1
+    sources = (_checks.as_float("batch['reward_sources']", batch["reward_sources"], dtype)
+               if "reward_sources" in batch else None)
+    outcome, outcome_diagnostics = _outcome_rewards(rewards, sources, raw_active, seqlen > 0, plan.outcome,  # 1
+                                                    groups_of, checks)
     steps = _to_timesteps(batch, raw_active, dtype)                                          # 2
+    if plan.process_transform is not None and steps.process is not None:                     # (5, first)
+        steps = steps._replace(process=_min_form_turns(steps.process, steps.active, steps.turn_ids,
+                                                       plan.process_transform.temperature))
     if steps.turn_ids is not None and plan.check_turn_ids:
         checks.append(turn_ids_check(steps.turn_ids, steps.active, plan.num_turns(width)))
     kl = _kl(steps, seqlen, plan.kl)                                                         # 3
     truncated = _truncation(batch, seqlen, width)
-    task, process = _task_rewards(outcome, steps.process, steps, seqlen, truncated, plan.task, checks)  # 4-5
+    outcome_at = lax.broadcasted_iota(jnp.int32, steps.active.shape, 1) == jnp.maximum(seqlen - 2, 0)[:, None]
+    task, process = _task_rewards(outcome, steps.process, steps, outcome_at, truncated, plan.task, checks)  # 4-5
     last_value = jnp.take_along_axis(steps.values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
     bootstrap = jnp.where(truncated, last_value, jnp.zeros((), dtype))
     checks += _finite_inputs_checks(batch, steps, last_value, truncated, dtype)
     lam = _gae_lambda(batch, steps, plan.lam, dtype, checks)
     inputs = EstimatorInputs(batch, task, kl, outcome, process, steps, bootstrap, lam, seqlen > 0, grpo_groups,
-                             jnp.asarray(plan.discount, dtype), plan.num_turns(width), method)
+                             jnp.asarray(plan.discount, dtype), plan.num_turns(width), method, outcome_at)
     advantages, returns, step_groups = _ESTIMATORS[type(plan.estimator)](plan.estimator, inputs, checks)  # 6-7
     if plan.adv_norm is not None:                                                            # 8
         advantages = normalize_core(advantages, steps.active, plan.adv_norm, groups_of(plan.adv_norm))
@@ -522,7 +678,7 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMe
     output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=task + kl,
                              loss_mask=steps.active.astype(dtype), logprobs=steps.logprobs,
                              diagnostics={**_diagnostics(advantages, unshaped, process, steps.active, grpo_groups,
-                                                         plan), **step_groups})
+                                                         plan), **outcome_diagnostics, **step_groups})
     return _Run(output, checks if plan.check_values else [], unshaped, process, steps.active)
 
 

@@ -70,6 +70,24 @@ class NormConfig:
         return "group" in (self.mean_level, self.std_level)
 
 
+@dataclasses.dataclass(frozen=True)
+class DecoupledNorm:
+    """``actor.reward_norm: {mode: decoupled, weights, eps}``: GDPO's normalization of the outcome reward and
+    the batch's ``reward_sources [B, K]`` (``decoupled_normalization``); ``weights`` one per source, the
+    outcome first (default 1 each)."""
+
+    weights: tuple[float, ...] | None = None
+    eps: float = 1e-4
+
+    def __post_init__(self):
+        if self.weights is not None:
+            if isinstance(self.weights, (str, bytes)) or not hasattr(self.weights, "__iter__"):
+                raise ConfigError("weights", f"must be a list of numbers, got {short_repr(self.weights)}")
+            object.__setattr__(self, "weights", tuple(finite_number(f"weights[{i}]", w)
+                                                      for i, w in enumerate(self.weights)))
+        object.__setattr__(self, "eps", finite_number("eps", self.eps, minimum=0.0))
+
+
 class GroupLayout(NamedTuple):
     """Which group each row belongs to, and each group's member count (for the single-member rules)."""
 

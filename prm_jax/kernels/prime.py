@@ -24,8 +24,9 @@ its source.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +35,31 @@ from jax.typing import ArrayLike
 from prm_jax.kernels import _checks
 from prm_jax.kernels.normalization import leave_one_out_mean, segment_totals, whiten
 from prm_jax.kernels.recurrence import linear_recurrence, reverse_cumsum
+from prm_jax.validation import ConfigError, finite_number, short_repr
+
+
+@dataclasses.dataclass(frozen=True)
+class PrimeCredit:
+    """``actor.credit_assignment`` with ``mode: prime``: verl's ``beta_train``, ``lambda``,
+    ``prime_use_gt``, ``reward_dpo_coef``, ``reward_gt_coef`` and ``prime_norm`` (``batch_norm`` or
+    ``none``), with verl's defaults."""
+
+    beta: float = 0.05
+    lam: float = 0.0
+    use_gt: bool = False
+    dpo_coef: float = 5.0
+    gt_coef: float = 5.0
+    norm: Literal["batch_norm", "none"] = "batch_norm"
+
+    def __post_init__(self):
+        object.__setattr__(self, "beta", finite_number("beta", self.beta))
+        object.__setattr__(self, "lam", finite_number("lam", self.lam, minimum=0.0, maximum=1.0))
+        for key in ("dpo_coef", "gt_coef"):
+            object.__setattr__(self, key, finite_number(key, getattr(self, key)))
+        if not isinstance(self.use_gt, bool):
+            raise ConfigError("use_gt", f"must be a bool, got {short_repr(self.use_gt)}")
+        if self.norm not in ("batch_norm", "none"):
+            raise ConfigError("norm", f"must be 'batch_norm' or 'none', got {short_repr(self.norm)}")
 
 
 def last_active(active: jax.Array) -> jax.Array:
@@ -88,7 +114,6 @@ def implicit_process_rewards(prm_logprobs: ArrayLike, ref_logprobs: ArrayLike, m
 
 
 def _scalar(name: str, value: float, **bounds: float) -> float:
-    from prm_jax.validation import finite_number
     return finite_number(name, value, **bounds)
 
 

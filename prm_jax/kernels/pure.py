@@ -23,6 +23,7 @@ timesteps (``normalization.whiten``), else the returns. A group of one has no ba
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -33,15 +34,41 @@ from jax.typing import ArrayLike
 from prm_jax.kernels import _checks
 from prm_jax.kernels.normalization import leave_one_out_mean, whiten
 from prm_jax.kernels.recurrence import reverse_cumsum
-from prm_jax.validation import finite_number
+from prm_jax.validation import ConfigError, finite_number, short_repr
 
 
 def check_temperature(temperature: float) -> float:
     """``temperature`` as a float; it must be finite and > 0."""
     value = finite_number("temperature", temperature)
     if value <= 0:
-        raise ValueError(f"temperature must be > 0, got {value!r}")
+        raise ConfigError("temperature", f"must be > 0, got {value!r}")
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class MinFormTransform:
+    """``actor.process_reward_transform: {mode: min_form, temperature}``: each turn's process reward (its
+    value at the turn's last trained timestep) is replaced by its min-form reward, uniform over the turn."""
+
+    temperature: float = 0.1
+
+    def __post_init__(self):
+        object.__setattr__(self, "temperature", check_temperature(self.temperature))
+
+
+@dataclasses.dataclass(frozen=True)
+class PureCredit:
+    """``actor.credit_assignment`` with ``mode: pure`` (the recipe end to end; module docstring)."""
+
+    temperature: float = 0.1
+    verifier_coef: float = 1.0
+    whiten: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "temperature", check_temperature(self.temperature))
+        object.__setattr__(self, "verifier_coef", finite_number("verifier_coef", self.verifier_coef))
+        if not isinstance(self.whiten, bool):
+            raise ConfigError("whiten", f"must be a bool, got {short_repr(self.whiten)}")
 
 
 def min_form_core(scores: jax.Array, steps: jax.Array, temperature: float) -> jax.Array:

@@ -27,6 +27,7 @@ prompt's forest; leaves are the nodes without children):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Literal, NamedTuple
 
@@ -36,12 +37,27 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.validation import ConfigError, short_repr
 
 TreeWeighting = Literal["sqrt", "uniform", "none"]
 TreeValue = Literal["state_value", "value_only", "local_only"]
 TREE_WEIGHTINGS: tuple[TreeWeighting, ...] = ("sqrt", "uniform", "none")
 TREE_VALUES: tuple[TreeValue, ...] = ("state_value", "value_only", "local_only")
 FILL_IN_EPS = 1e-8
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeCredit:
+    """``actor.credit_assignment`` with ``mode: tree``; hashable, a static argument."""
+
+    weighting: TreeWeighting = "sqrt"
+    value: TreeValue = "state_value"
+
+    def __post_init__(self):
+        if self.weighting not in TREE_WEIGHTINGS:
+            raise ConfigError("weighting", f"must be one of {TREE_WEIGHTINGS}, got {short_repr(self.weighting)}")
+        if self.value not in TREE_VALUES:
+            raise ConfigError("value", f"must be one of {TREE_VALUES}, got {short_repr(self.value)}")
 
 
 class TreeAdvantages(NamedTuple):

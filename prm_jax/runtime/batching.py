@@ -38,7 +38,8 @@ def bucket_width(length: int, bucket: int | str = 128, min_width: int = 1) -> in
 
 def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 128, width: int | None = None,
                   rows: int | None = None, min_width: int = 1, group_sizes: Sequence[int] | None = None,
-                  token_rewards: bool = True, per_turn: bool = False, turns: int | None = None) -> dict[str, np.ndarray]:
+                  token_rewards: bool = True, per_turn: bool = False, turns: int | None = None,
+                  sessions: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """Right-pads branch sequences into ``[rows, width]`` numpy buffers.
 
     The keys depend only on the arguments, never on the content (a jitted step sees one structure):
@@ -50,7 +51,10 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     no token reward of the branches is used at all (GiGPO's derived step rewards included).
     ``per_turn`` adds GiGPO's ``anchor_ids [rows, K]`` int32 (``dense_anchor_ids``: -1 for no anchor)
     and ``turn_rewards [rows, K]`` (the turn's step reward, else the sum of its token rewards), ``K = turns``
-    or the most turns of a branch.
+    or the most turns of a branch. ``sessions`` (each sequence's session key) adds the session trees for
+    ``credit_assignment: {mode: tree}``: ``node_ids [rows, K]`` (the node of each row's turn ``k``, -1 for
+    none) and ``node_parents [rows * K]`` (each node's parent, -1 for a root or an unused slot), a node
+    being one interaction of one session (branches of a session share their common turns' nodes).
     Every branch needs an outcome reward.
     """
     if not sequences:
@@ -64,10 +68,13 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     if rows < len(sequences):
         raise ValueError(f"rows {rows} is fewer than the {len(sequences)} sequences")
     most = max(len(seq.interaction_ids) for seq in sequences)
-    if per_turn and turns is not None and turns < most:
+    if sessions is not None and len(sessions) != len(sequences):
+        raise ValueError(f"sessions must name one session per sequence: {len(sessions)} for {len(sequences)}")
+    if (per_turn or sessions is not None) and turns is not None and turns < most:
         raise ValueError(f"turns {turns} is fewer than the {most} turns of the longest branch")
-    batch = empty_batch(rows, width, token_rewards=token_rewards, turns=(most if turns is None else turns)
-                        if per_turn else None)
+    count = most if turns is None else turns
+    batch = empty_batch(rows, width, token_rewards=token_rewards, turns=count if per_turn else None,
+                        tree_turns=count if sessions is not None else None)
     batch["group_ids"] = _group_ids(group_sizes, len(sequences), rows)
     for b, seq in enumerate(sequences):
         if seq.reward is None:
@@ -84,18 +91,37 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
         batch["is_truncated"][b] = seq.is_truncated
     if per_turn:
         _per_turn(batch, sequences, token_rewards)
+    if sessions is not None:
+        _session_trees(batch, sequences, sessions)
     return batch
 
 
-def empty_batch(rows: int, width: int, *, token_rewards: bool = True, turns: int | None = None) -> dict[str, np.ndarray]:
+def _session_trees(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence], sessions: Sequence[str]) -> None:
+    """Numbers each ``(session, interaction)`` once, in first-seen order, with its parent's number."""
+    node_ids, parents = batch["node_ids"], batch["node_parents"]
+    number: dict[tuple[str, str], int] = {}
+    for b, (seq, session) in enumerate(zip(sequences, sessions)):
+        above = -1
+        for k, interaction_id in enumerate(seq.interaction_ids):
+            key = (session, interaction_id)
+            if key not in number:
+                number[key] = len(number)
+                parents[number[key]] = above
+            node_ids[b, k] = above = number[key]
+
+
+def empty_batch(rows: int, width: int, *, token_rewards: bool = True, turns: int | None = None,
+                tree_turns: int | None = None) -> dict[str, np.ndarray]:
     """``rows`` padding rows with ``pack_branches``' keys, dtypes and fill values (``turns``: with GiGPO's
-    per-turn arrays, ``[rows, turns]``): a fixed-shape template, e.g. to compile a step before any data."""
-    return {name: aligned_full(shape, fill, dtype)
-            for name, (shape, dtype, fill) in batch_spec(rows, width, token_rewards=token_rewards, turns=turns).items()}
+    per-turn arrays, ``[rows, turns]``; ``tree_turns``: with the session trees' ``node_ids [rows,
+    tree_turns]`` and ``node_parents [rows * tree_turns]``): a fixed-shape template, e.g. to compile a step
+    before any data."""
+    spec = batch_spec(rows, width, token_rewards=token_rewards, turns=turns, tree_turns=tree_turns)
+    return {name: aligned_full(shape, fill, dtype) for name, (shape, dtype, fill) in spec.items()}
 
 
-def batch_spec(rows: int, width: int, *, token_rewards: bool = True,
-               turns: int | None = None) -> dict[str, tuple[tuple[int, ...], type, float | int | bool]]:
+def batch_spec(rows: int, width: int, *, token_rewards: bool = True, turns: int | None = None,
+               tree_turns: int | None = None) -> dict[str, tuple[tuple[int, ...], type, float | int | bool]]:
     """``pack_branches``' keys with the shape, dtype and padding value of each (nothing allocated)."""
     spec: dict[str, tuple[tuple[int, ...], type, float | int | bool]] = {
         name: ((rows, width), dtype, fill) for name, (dtype, fill) in FIELDS.items()
@@ -104,6 +130,8 @@ def batch_spec(rows: int, width: int, *, token_rewards: bool = True,
                 group_ids=((rows,), np.int32, -1))
     if turns is not None:
         spec.update(anchor_ids=((rows, turns), np.int32, -1), turn_rewards=((rows, turns), np.float32, 0.0))
+    if tree_turns is not None:
+        spec.update(node_ids=((rows, tree_turns), np.int32, -1), node_parents=((rows * tree_turns,), np.int32, -1))
     return spec
 
 

@@ -1,0 +1,175 @@
+"""Issue 22 through ``compute_advantages``: each credit mode reached from configuration equals the float64
+loop of ``tests/reference.py`` on the timesteps the pipeline uses (KL off: ``kl_ctl=0``)."""
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+import reference
+from batches import make_batch
+
+from prm_jax import compute_advantages
+from prm_jax.config import AdvantageConfig, ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def on_timesteps(batch):
+    """The pipeline's own view: trained timesteps m, shifted turn ids and process rewards, the outcome step."""
+    active = reference.shift((batch["loss_mask"] > 0) & (batch["attention_mask"] > 0), fill=False)
+    turn_ids = reference.shift(batch["turn_ids"], fill=-1)
+    process = np.where(active, reference.shift(batch["token_rewards"]), 0.0)
+    seqlen = batch["attention_mask"].sum(axis=1)
+    return active, turn_ids, process, np.maximum(seqlen - 2, 0)
+
+
+def grouped(rng, rows=8, width=24, size=4, **kwargs):
+    batch = make_batch(rng, rows=rows, width=width, **kwargs)
+    batch["group_sizes"] = np.full(rows // size, size)
+    return batch, np.arange(rows) // size
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_pure_through_the_pipeline(whiten):
+    rng = np.random.default_rng(31)
+    batch, groups = grouped(rng, uniform=True)
+    config = AdvantageConfig(kl_ctl=0.0, token_rewards_as_adv=False,
+                             credit_assignment={"mode": "pure", "temperature": 0.2, "verifier_coef": 0.5,
+                                                "whiten": whiten})
+    out = compute_advantages(batch, config)
+    active, turn_ids, process, outcome_step = on_timesteps(batch)
+    want, _ = reference.pure(process, batch["rewards"], active, turn_ids, outcome_step, groups, 0.2, 0.5, whiten)
+    np.testing.assert_allclose(out.advantages, want, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(out.returns, np.asarray(out.advantages) + batch["values"], rtol=1e-6, atol=1e-6)
+    assert int(out.diagnostics["pure/groups_of_one"]) == 0
+
+
+def test_prime_through_the_pipeline():
+    rng = np.random.default_rng(32)
+    batch, groups = grouped(rng)
+    batch["prm_logprobs"] = (batch["ref_logprobs"] + rng.normal(0, 0.3, batch["ref_logprobs"].shape)).astype(np.float32)
+    config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "prime", "beta": 0.1, "lam": 0.5, "use_gt": True})
+    plain = {k: v for k, v in batch.items() if k != "token_rewards"}
+    out = compute_advantages(plain, config)
+    active, _, _, _ = on_timesteps(batch)
+    want, _, _ = reference.prime(batch["prm_logprobs"], batch["ref_logprobs"], batch["rewards"], active, groups,
+                                 beta=0.1, lam=0.5, use_gt=True)
+    np.testing.assert_allclose(out.advantages, want, rtol=2e-4, atol=2e-4)
+    with pytest.raises(ValueError, match=re.escape("needs batch['prm_logprobs']")):
+        compute_advantages({k: v for k, v in plain.items() if k != "prm_logprobs"}, config)
+    lonely = dict(plain, group_sizes=np.array([4, 3, 1]))
+    with pytest.raises(ValueError, match="groups of at least two rows"):
+        compute_advantages(lonely, config)
+
+
+def test_decoupled_reward_norm_through_the_pipeline():
+    rng = np.random.default_rng(33)
+    batch, groups = grouped(rng, with_process=False, with_values=False)
+    sources = rng.normal(size=(8, 2)).astype(np.float32)
+    sources[rng.random((8, 2)) < 0.3] = np.nan
+    batch["reward_sources"] = sources
+    config = AdvantageConfig(kl_ctl=0.0, reward_norm={"mode": "decoupled", "weights": [1.0, 0.5, 2.0]})
+    out = compute_advantages(batch, config)
+    want = reference.decoupled(np.concatenate([batch["rewards"][:, None], sources], axis=1), [1.0, 0.5, 2.0], groups)
+    _, _, _, outcome_step = on_timesteps(dict(batch, token_rewards=np.zeros_like(batch["logprobs"])))
+    got = np.asarray(out.tot_rewards)[np.arange(8), outcome_step]
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    with pytest.raises(ValueError, match=re.escape("reward_norm.weights has 2 entries but there are 3")):
+        compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, reward_norm={"mode": "decoupled", "weights": [1, 1]}))
+
+
+def test_min_form_process_reward_transform_through_the_pipeline():
+    rng = np.random.default_rng(34)
+    batch = make_batch(rng, rows=6, width=24, with_values=False)
+    batch["rewards"] = np.zeros(6, np.float32)  # no outcome, no values, no KL: advantages = the shaped P'
+    config = AdvantageConfig(kl_ctl=0.0, process_reward_transform={"mode": "min_form", "temperature": 0.3})
+    out = compute_advantages(batch, config)
+    active, turn_ids, process, _ = on_timesteps(batch)
+    ends = reference.turn_ends(active, turn_ids)
+    r = reference.min_form(np.where(ends, process, 0.0), ends, 0.3)
+    want = np.zeros_like(r)
+    for b in range(6):  # each turn's reward over its timesteps: from each turn end back to the turn's start
+        value = 0.0
+        for t in reversed(range(24)):
+            if ends[b, t]:
+                value = r[b, t]
+            if active[b, t]:
+                want[b, t] = value
+    np.testing.assert_allclose(out.advantages, want, rtol=2e-5, atol=1e-6)
+
+
+def tree_batch():
+    """Two groups of branching sessions: group 0 root 0 -> 1 -> {2, 3}, 0 -> 4; group 1 root 5 -> 6, 5 -> 7 -> 8."""
+    paths = [[0, 1, 2], [0, 1, 3], [0, 4], [5, 6], [5, 7, 8]]
+    parents = np.array([-1, 0, 1, 1, 0, -1, 5, 5, 7] + [-1] * 6, np.int32)
+    rows, width, turns = len(paths), 12, 3
+    node_ids = np.full((rows, turns), -1, np.int32)
+    attention = np.zeros((rows, width), np.int32)
+    loss = np.zeros((rows, width), np.int32)
+    turn_ids = np.full((rows, width), -1, np.int32)
+    for b, path in enumerate(paths):
+        node_ids[b, :len(path)] = path
+        pos = 1
+        for k in range(len(path)):
+            loss[b, pos:pos + 2], turn_ids[b, pos:pos + 2] = 1, k
+            pos += 3
+        attention[b, :pos] = 1
+    batch = dict(attention_mask=attention, loss_mask=loss, logprobs=np.zeros((rows, width), np.float32),
+                 rewards=np.array([1.0, 0.0, 1.0, 0.0, 1.0], np.float32), turn_ids=turn_ids, node_ids=node_ids,
+                 node_parents=parents, group_sizes=np.array([3, 2]), is_truncated=np.zeros(rows, bool))
+    return batch, paths
+
+
+@pytest.mark.parametrize("weighting", ["sqrt", "uniform", "none"])
+@pytest.mark.parametrize("value", ["state_value", "value_only", "local_only"])
+def test_tree_through_the_pipeline(weighting, value):
+    batch, paths = tree_batch()
+    out = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "tree",
+                                                                                   "weighting": weighting,
+                                                                                   "value": value}))
+    parents = batch["node_parents"][:9]
+    leaf_reward = np.zeros(9)
+    for b, path in enumerate(paths):
+        leaf_reward[path[-1]] = batch["rewards"][b]
+    group = np.array([0, 0, 0, 0, 0, 1, 1, 1, 1])
+    values = reference.tree_advantages(parents, leaf_reward, group=group, weighting=weighting, value=value)
+    active, turn_ids, _, _ = on_timesteps(dict(batch, token_rewards=np.zeros_like(batch["logprobs"])))
+    want = np.zeros(active.shape)
+    for b, path in enumerate(paths):
+        for t in range(active.shape[1]):
+            if active[b, t]:
+                want[b, t] = values[path[turn_ids[b, t]]]
+    np.testing.assert_allclose(out.advantages, want, rtol=1e-5, atol=1e-6)
+    assert int(out.diagnostics["tree/nodes"]) == 9 and int(out.diagnostics["tree/leaves"]) == 5
+
+
+def test_tree_refuses_rows_that_are_not_paths_of_the_tree():
+    batch, _ = tree_batch()
+    config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "tree"})
+    skipped = dict(batch, node_ids=batch["node_ids"].copy())
+    skipped["node_ids"][0] = [0, 2, -1]  # skips node 1
+    with pytest.raises(ValueError, match="must run from a root"):
+        compute_advantages(skipped, config)
+    inner = dict(batch, node_ids=batch["node_ids"].copy())
+    inner["node_ids"][2] = [0, 1, -1]  # ends at node 1, which has children
+    with pytest.raises(ValueError, match="no row may end at a node with children"):
+        compute_advantages(inner, config)
+
+
+def test_refused_combinations_name_the_key():
+    with pytest.raises(ConfigError, match="token_rewards_as_adv must be false with credit_assignment 'pure'"):
+        AdvantageConfig(credit_assignment={"mode": "pure"})
+    with pytest.raises(ConfigError, match="gae_timestep_unit must be 'token' with credit_assignment 'prime'"):
+        AdvantageConfig(credit_assignment={"mode": "prime"}, gae_timestep_unit="turn")
+    with pytest.raises(ConfigError, match=re.escape("credit_assignment.mode must be one of gigpo | tree | pure | prime")):
+        AdvantageConfig(credit_assignment={"mode": "mt_grpo"})
+    with pytest.raises(ConfigError, match=re.escape("process_reward_transform.temperature must be > 0")):
+        AdvantageConfig(process_reward_transform={"mode": "min_form", "temperature": 0})
+    with pytest.raises(ConfigError, match=re.escape("reward_norm.mode must be one of decoupled")):
+        AdvantageConfig(reward_norm={"mode": "gdpo"})

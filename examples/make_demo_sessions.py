@@ -3,7 +3,10 @@
 Synthetic multi-turn agent sessions (token ids are arbitrary integers): 4 groups of 4 sessions, each a
 chain of 2-4 turns with tool output between turns, some turns over the 128-token budget of the example
 config, some sessions cut at the length limit, outcome rewards 0 or 1. One session branches (a retry of
-its last turn), so the export clones a shared ancestor.
+its last turn), so the export clones a shared ancestor and group g1 is a tree (``credit_assignment: {mode:
+tree}``). Every turn carries an implicit PRM's and the reference model's log-probs of its output tokens
+(``output_prm_logprobs``, ``output_ref_logprobs``: PRIME), drawn from a second generator so that the rest
+of the data does not depend on them.
 """
 
 import json
@@ -11,6 +14,14 @@ import random
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "prm_jax" / "data" / "demo_sessions.jsonl"
+
+
+def model_logprobs(extra, interaction):
+    """The PRM scores a successful session's tokens a little higher than the reference does."""
+    tilt = 0.05 if interaction.get("reward", 0.5) else -0.05
+    ref = [round(lp - extra.expovariate(20.0), 4) for lp in interaction["output_logprobs"]]
+    interaction["output_ref_logprobs"] = ref
+    interaction["output_prm_logprobs"] = [round(min(r + tilt + extra.gauss(0, 0.02), 0.0), 4) for r in ref]
 
 
 def session(rng, key, group, branching=False):
@@ -39,6 +50,9 @@ def session(rng, key, group, branching=False):
         retry = dict(interactions[-1], id=f"{key}-retry", output_tokens=[1, 2, 3], output_logprobs=[-0.1] * 3,
                      stop_reason="stop", reward=1.0)
         interactions.append(retry)
+    extra = random.Random(key)
+    for interaction in interactions:
+        model_logprobs(extra, interaction)
     return {"session_key": key, "group": group, "interactions": interactions}
 
 

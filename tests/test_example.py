@@ -35,7 +35,11 @@ def test_the_example_trains_on_nonzero_advantages_where_the_scorer_scored(tmp_pa
 
 
 def test_every_mode_runs(tmp_path):
-    for mode in ("outcome", "gvpo", "process_weighted"):
+    for mode in ("outcome", "gvpo", "process_weighted", "tree", "pure", "decoupled"):
         out = run_example(tmp_path, "--mode", mode, "--steps", "2")
         assert all(math.isfinite(x) for x in out["loss"]), mode
-        assert (out["process_rewards_on_timesteps"] is None) == (mode == "outcome")
+        # The judge shapes (its token rewards are in the batch) except outcome-only and GDPO's source.
+        assert (out["process_rewards_on_timesteps"] is None) == (mode in ("outcome", "decoupled")), mode
+        credit = {"tree": "tree/nodes", "pure": "pure/groups_of_one", "decoupled": "decoupled/rows_without_rewards"}
+        if mode in credit:
+            assert credit[mode] in out["diagnostics"], mode

@@ -79,3 +79,22 @@ def test_session_example_is_valid_input(tmp_path):
     (record,) = read_sessions(path)
     sequence = record.cache.to_sequence(record.ready[0])
     assert sequence.is_truncated and sequence.loss_mask.tolist() == [0, 0, 1, 1, 0, 1]
+
+
+def test_credit_example_runs_and_its_numbers_are_the_loops(capsys):
+    import reference
+
+    namespace: dict = {}
+    exec(compile(readme_block("## Credit assignment beyond GAE"), "README.md", "exec"), namespace)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "[0.405, 0.9, 0.0, 1.0]"  # no leak: B1 gets 0 (AReaL's discount: 0.9)
+    assert reference.areal_linear_discount([0.0, 0.0, 0.0, 1.0], 0.9)[2] == 0.9
+    tree = namespace["tree"]
+    np.testing.assert_allclose(tree.values, reference.tree_advantages([-1, 0, 1, 1, 0], [0.0, 0.0, 1.0, 0.0, 1.0]),
+                               atol=1e-6)
+    to_go = np.cumsum(np.asarray(namespace["r"])[0, ::-1])[::-1]
+    np.testing.assert_allclose(to_go, [-0.9, 4.5e-7, 3.3e-8], rtol=0.03)
+    assert "[[-0.5 -1.   0. ]]" in printed[3]
+    got = np.array(printed[4].strip("[]").split(), float)
+    np.testing.assert_allclose(got, reference.decoupled(namespace["rewards"], [1.0, 0.5], [0, 0, 1, 1]), rtol=1e-4,
+                               atol=1e-4)

@@ -11,7 +11,8 @@ from examples.flax_grpo.train import MODES, compare, train
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.flax_grpo", description=__doc__)
-    parser.add_argument("--mode", choices=MODES, default="gvpo", help="shaping mode, or outcome-only")
+    parser.add_argument("--mode", choices=MODES, default="gvpo",
+                        help="shaping mode, outcome-only, or a credit mode (tree, pure, decoupled)")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare", action="store_true", help="every mode over --seeds seeds, with a plot")

@@ -18,22 +18,33 @@ from examples.flax_grpo.env import ANSWER0, ANSWER_POSITIONS, BOS, CHOICES, CUE0
 from examples.flax_grpo.model import Policy
 
 CONFIG = Path(__file__).with_name("config.yaml")
-MODES = ("outcome", "additive", "gvpo", "process_weighted")
+MODES = ("outcome", "additive", "gvpo", "process_weighted", "tree", "pure", "decoupled")
+SHAPING = ("additive", "gvpo", "process_weighted")
 SPANS = np.array([[[p, p + 1] for p in ANSWER_POSITIONS]], np.int32)  # one generated token per turn
 
 
 def load(mode: str) -> prm_jax.ExperimentConfig:
     """The YAML config with ``mode`` applied: ``outcome`` switches the scorers off; ``process_weighted``
-    needs scores in [0, 1], so its judge says 0 (not -1) for a wrong turn, at weight 1."""
+    needs scores in [0, 1], so its judge says 0 (not -1) for a wrong turn, at weight 1. The credit modes of
+    issue 22 keep the config's shaping (``gvpo``) and replace a stage: ``tree`` GAE by TreeRL's advantages
+    over each group's trees (here every rollout is its own chain); ``pure`` GAE and the group normalization
+    by PURE's recipe (min-form turn scores, RLOO, whitening); ``decoupled`` the group normalization by GDPO's
+    over the outcome and the judge's total (the judge then shapes nothing: its scores are a reward source)."""
     config = prm_jax.load_config(CONFIG)
-    prm = config.prm
+    prm, actor = config.prm, config.actor
     if mode == "outcome":
         prm = dataclasses.replace(prm, enabled=False)
     elif mode == "process_weighted":
         prm = dataclasses.replace(prm, scorers=tuple(dataclasses.replace(s, weight=1.0, kwargs={"wrong": 0.0})
                                                      for s in prm.scorers))
-    actor = config.actor if mode == "outcome" else dataclasses.replace(
-        config.actor, advantage_shaping=dataclasses.replace(config.actor.advantage_shaping, mode=mode))
+    if mode in SHAPING:
+        actor = dataclasses.replace(actor, advantage_shaping=dataclasses.replace(actor.advantage_shaping, mode=mode))
+    elif mode == "tree":
+        actor = dataclasses.replace(actor, credit_assignment={"mode": "tree"})
+    elif mode == "pure":
+        actor = dataclasses.replace(actor, credit_assignment={"mode": "pure"}, reward_norm=None)
+    elif mode == "decoupled":
+        actor = dataclasses.replace(actor, reward_norm={"mode": "decoupled"})
     return dataclasses.replace(config, prm=prm, actor=actor)
 
 
@@ -88,6 +99,10 @@ def train(mode: str = "gvpo", steps: int = 100, seed: int = 0, prompts: int = 16
                  turn_ids=np.tile(np.asarray(prm_jax.kernels.turn_ids_from_spans(SPANS, WIDTH)), (rows, 1)),
                  group_ids=np.repeat(np.arange(prompts, dtype=np.int32), group), is_truncated=np.zeros(rows, bool))
     fixed["loss_mask"] = (fixed["turn_ids"] >= 0).astype(np.int32)
+    if mode == "tree":  # each rollout is its own chain of TURNS nodes; the group's chains are one forest
+        fixed["node_ids"] = np.arange(rows * TURNS, dtype=np.int32).reshape(rows, TURNS)
+        fixed["node_parents"] = np.where(np.arange(rows * TURNS) % TURNS == 0, -1,
+                                         np.arange(rows * TURNS) - 1).astype(np.int32)
     history: dict = {"success": [], "loss": []}
     with prm_jax.BlockingRunner(config) as judge:
         for step in range(steps):
@@ -96,7 +111,11 @@ def train(mode: str = "gvpo", steps: int = 100, seed: int = 0, prompts: int = 16
             tokens = np.asarray(tokens)
             batch = dict(fixed, input_ids=tokens, logprobs=np.asarray(logprobs), rewards=outcome(tokens))
             if judge.runner.active:
-                batch["token_rewards"] = judge.score_arrays(tokens, fixed["turn_ids"], rewards=batch["rewards"])
+                scores = judge.score_arrays(tokens, fixed["turn_ids"], rewards=batch["rewards"])
+                if mode == "decoupled":  # the judge's total is GDPO's second reward source
+                    batch["reward_sources"] = scores.sum(axis=1, keepdims=True)
+                else:
+                    batch["token_rewards"] = scores
             loss, advantages, mask, diagnostics = update(policy, optimizer, batch, config.actor)
             history["success"].append(float(batch["rewards"].mean()))
             history["loss"].append(float(loss))

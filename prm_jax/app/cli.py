@@ -50,12 +50,23 @@ from prm_jax.app.outputs import (
     current_umask,
     in_folder,
 )
-from prm_jax.app.report import ScoreRun, advantage_stats, plot, print_summary, print_turn_table, step_group_stats
+from prm_jax.app.report import (
+    ScoreRun,
+    advantage_stats,
+    credit_stats,
+    plot,
+    print_summary,
+    print_turn_table,
+    step_group_stats,
+)
 from prm_jax.app.sessions import InputError, read_sessions
 from prm_jax.config.experiment import ExperimentConfig, ScorerSpec
 from prm_jax.config.loader import load_config
 from prm_jax.kernels.advantages import compute_advantage_variants, compute_advantages
+from prm_jax.kernels.gigpo import GiGPOConfig
+from prm_jax.kernels.normalization import DecoupledNorm
 from prm_jax.kernels.shaping import SHAPING_MODES
+from prm_jax.kernels.tree import TreeCredit
 from prm_jax.native.build import cache_dir
 from prm_jax.runtime.batching import bucket_width, pack_branches
 from prm_jax.runtime.export import ExportedTrajectory, ExportResult, ExportService
@@ -196,7 +207,7 @@ def _advantages(padded: dict[str, np.ndarray], config: ExperimentConfig, rows: i
         arrays[name] = arrays[name] > 0
     arrays = jax.device_put(arrays)
     outputs: dict[str, Any] = {}
-    if "token_rewards" in arrays and config.actor.token_rewards_as_adv:
+    if "token_rewards" in arrays and config.actor.plan.shaping is not None:
         # One GAE for every mode.
         shapings, refused = config.actor.shaping_variants(SHAPING_MODES)
         configured, variants = compute_advantage_variants(arrays, config.actor, shapings)
@@ -215,7 +226,7 @@ def _advantages(padded: dict[str, np.ndarray], config: ExperimentConfig, rows: i
 
 
 def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int,
-          process_rewards: bool) -> dict[str, np.ndarray]:
+          process_rewards: bool, sessions: list[str] | None = None) -> dict[str, np.ndarray]:
     """The batch for the device: widths bucketed to ``bucket``, rows to ``row_bucket``, so runs of similar
     size share one compiled program (and hit the persistent compilation cache). Without ``process_rewards``
     (PRM disabled or no scorer) no token reward of the input reaches the batch, nor GiGPO's step rewards."""
@@ -223,7 +234,9 @@ def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int,
     batch = pack_branches(sequences, bucket=bucket, rows=bucket_width(len(sequences), row_bucket),
                           group_sizes=group_sizes,
                           token_rewards=process_rewards and any(seq.token_rewards is not None for seq in sequences),
-                          per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards))
+                          per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards),
+                          sessions=sessions, model_logprobs=any(seq.prm_logprobs is not None
+                                                                or seq.ref_logprobs is not None for seq in sequences))
     if not anchored:
         batch.pop("anchor_ids", None)  # no anchors at all: one step group per group (not "every turn alone")
     return batch
@@ -276,6 +289,16 @@ def _release_freed_memory() -> None:
         pass
 
 
+def _reward_sources(trajectories: list[ExportedTrajectory], rows: int) -> np.ndarray:
+    """GDPO's sources beside the outcome: each scorer's total per trajectory, NaN where it did not score."""
+    names = sorted({name for t in trajectories for name in (t.scorer_totals or {})})
+    sources = np.full((rows, len(names)), np.nan, np.float32)
+    for b, t in enumerate(trajectories):
+        for s, name in enumerate(names):
+            sources[b, s] = (t.scorer_totals or {}).get(name, np.nan)
+    return sources
+
+
 def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig, group_filter: str | None,
                  buckets: tuple[int, int], lap: Callable[[str], None],
                  on_arrays: Callable[[dict[str, np.ndarray]], None] | None,
@@ -288,8 +311,14 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
         raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
                               + _shorten(listed, 1000))
     rows, group_sizes = len(trajectories), [len(group) for group in accepted]
-    padded = _pack([t.sequence for t in trajectories], group_sizes, *buckets, process_rewards=config.prm.active)
-    batch = {name: value[:rows] for name, value in padded.items()}  # views: the real rows
+    actor = config.actor
+    padded = _pack([t.sequence for t in trajectories], group_sizes, *buckets, process_rewards=config.prm.active,
+                   sessions=[t.session_key for t in trajectories] if isinstance(actor.credit_assignment, TreeCredit)
+                   else None)
+    if isinstance(actor.reward_norm, DecoupledNorm):
+        padded["reward_sources"] = _reward_sources(trajectories, len(padded["rewards"]))
+    # Views: the real rows (node_parents is per node, not per row: kept whole).
+    batch = {name: value if name == "node_parents" else value[:rows] for name, value in padded.items()}
     batch["original_rewards"] = np.array([t.reward if t.original_reward is None else t.original_reward
                                           for t in trajectories], np.float32)
     batch["group_sizes"] = np.array(group_sizes, np.int32)
@@ -315,7 +344,7 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
         "groups": {"total": len(groups), **{s: sum(v == s for v in statuses.values())
                                             for s in ("accepted", "rejected", "filtered")}},
         "trajectories": rows,
-        "shaping_mode": config.actor.advantage_shaping.mode,
+        "shaping_mode": config.actor.advantage_shaping.mode if config.actor.plan.shaping is not None else "none",
         "process_reward_per_scorer": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
                                       if "/prm_turn_reward/" in k},
         "advantages": stats,
@@ -326,8 +355,11 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
         summary["prm_fallbacks"] = exported.fallbacks
     if group_filter:
         summary["filter"] = {"name": group_filter, **exported.filter_counters}
-    if config.actor.credit_assignment is not None:
+    if isinstance(config.actor.credit_assignment, GiGPOConfig):
         summary["gigpo_step_groups"] = step_group_stats(configured.diagnostics)
+    credit = credit_stats(configured.diagnostics)
+    if credit:
+        summary["credit"] = credit
     lap("summary")
     return ScoreRun(batch, outputs, configured, metrics, summary)
 

@@ -53,6 +53,16 @@ def step_group_stats(diagnostics: Mapping[str, Any]) -> dict[str, float]:
             "share_with_more_than_one": more / count if count else 0.0}
 
 
+CREDIT_PREFIXES = ("tree/", "pure/", "prime/", "decoupled/", "min_form/")
+
+
+def credit_stats(diagnostics: Mapping[str, Any]) -> dict[str, float]:
+    """The diagnostics of the credit modes of issue 22 (``tree/``, ``pure/``, ``prime/``, ``decoupled/``,
+    ``min_form/``), as
+    plain numbers: what the summary prints for the configured mode."""
+    return {key: float(value) for key, value in sorted(diagnostics.items()) if key.startswith(CREDIT_PREFIXES)}
+
+
 def _process_rewards(run: ScoreRun) -> np.ndarray:
     """The process rewards on timesteps (0 where the shifted loss mask is 0, or without token rewards)."""
     mask = np.asarray(run.configured.loss_mask)
@@ -106,6 +116,8 @@ def print_summary(run: ScoreRun, stream=None) -> None:
         steps = s["gigpo_step_groups"]
         print(f"GiGPO step groups: {steps['count']}, mean size {steps['mean_size']:.2f}, "
               f"{steps['share_with_more_than_one']:.0%} with more than one turn", file=out)
+    if "credit" in s:
+        print("credit assignment: " + ", ".join(f"{key} {value:g}" for key, value in s["credit"].items()), file=out)
     if s["process_reward_per_scorer"]:
         print("mean process reward per turn (weighted), per scorer:", file=out)
         for scorer, value in s["process_reward_per_scorer"].items():

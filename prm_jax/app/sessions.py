@@ -13,7 +13,9 @@ One session per line::
       "stop_reason": "stop" | "length",                 # optional, default "stop"
       "reward": 1.0,                                    # the outcome reward, on each leaf
       "token_rewards": [..],                            # optional, pre-existing process rewards
-      "anchor_id": 17, "step_reward": 0.5}],            # optional, per turn, for GiGPO
+      "anchor_id": 17, "step_reward": 0.5,              # optional, per turn, for GiGPO
+      "output_prm_logprobs": [..],                      # optional, per output token: an implicit PRM's
+      "output_ref_logprobs": [..]}],                    #   and the reference model's log-probs (PRIME, KL)
    "ready": ["q17-s0-t3"]}             # optional: leaves to export; default every leaf
 
 ``group`` defaults to the session key (a group of one, with a warning: its group-normalized outcome
@@ -45,6 +47,7 @@ import numpy as np
 from prm_jax.runtime.trajectory import (
     MAX_TOKEN_ID,
     STOP_REASONS,
+    VECTOR_FIELDS,
     Interaction,
     InteractionCache,
     anchor_value,
@@ -147,6 +150,8 @@ INTERACTION_SCHEMA: tuple[FieldRule, ...] = (
     FieldRule("anchor_id", int | None, None, _optional(lambda v: isinstance(v, int) and not isinstance(v, bool)),
               "must be an integer or null", anchor_value),
     FieldRule("step_reward", float | None, None, _optional(_number), "must hold numbers", finite_value),
+    FieldRule("output_prm_logprobs", list[float] | None, None, _optional(_numbers), "must hold numbers", _logprobs),
+    FieldRule("output_ref_logprobs", list[float] | None, None, _optional(_numbers), "must hold numbers", _logprobs),
 )
 INTERACTION_KEYS = {rule.name for rule in INTERACTION_SCHEMA}
 SESSION_KEYS = {"session_key", "group", "interactions", "ready"}
@@ -188,7 +193,7 @@ def _interaction_from(interaction_id: str, input_tokens: np.ndarray, output_toke
     if values["parent_id"] == interaction_id:
         raise FieldError(where, f"interaction {interaction_id!r} is its own parent")
     try:
-        check_vector_lengths(interaction_id, output_tokens.shape[0], values["output_logprobs"], values["token_rewards"])
+        check_vector_lengths(interaction_id, output_tokens.shape[0], *(values[name] for name in VECTOR_FIELDS))
     except ValueError as err:
         raise FieldError(where, str(err)) from None
     return Interaction.prevalidated(interaction_id, input_tokens, output_tokens, **values)

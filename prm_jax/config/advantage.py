@@ -155,7 +155,7 @@ class AdvantageConfig:
         set_("credit_assignment", _credit_assignment(self.credit_assignment))
         set_("process_reward_transform", _transform(self.process_reward_transform))
         _check_shaping(self.advantage_shaping.mode, self.token_rewards_as_adv, self.mask_no_eos_with_zero)
-        _check_credit(self.credit_assignment, self.gae_timestep_unit, self.token_rewards_as_adv)
+        _check_credit(self.credit_assignment, self.gae_timestep_unit)
         if self.gae_method not in GAE_METHODS:
             raise ConfigError("gae_method", f"must be one of {GAE_METHODS}, got {short_repr(self.gae_method)}")
         if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
@@ -203,7 +203,9 @@ class AdvantageConfig:
                                  and not isinstance(self.credit_assignment, PureCredit)),
             process_transform=self.process_reward_transform,
             discount=self.discount, lam=lam, estimator=estimator, adv_norm=self.adv_norm,
-            shaping=self.advantage_shaping if self.token_rewards_as_adv else None,
+            # PURE puts the process rewards into its returns: shaping with them too would count them twice.
+            shaping=(self.advantage_shaping if self.token_rewards_as_adv
+                     and not isinstance(self.credit_assignment, PureCredit) else None),
             gae_method=self.gae_method, max_turns=self.max_turns,
             check_turn_ids=self.gae_timestep_unit == "turn" or isinstance(lam, LambdaFunction),
             check_values=self.check_values, diagnostics=self.diagnostics)
@@ -273,16 +275,12 @@ def _reward_norm(value: Any) -> NormConfig | DecoupledNorm | None:
     return value if isinstance(value, DecoupledNorm) else _norm(value, "reward_norm")
 
 
-def _check_credit(credit: Credit | None, unit: str, token_rewards_as_adv: bool) -> None:
+def _check_credit(credit: Credit | None, unit: str) -> None:
     """The combinations the pipeline refuses (README: the order of the stages)."""
     if isinstance(credit, (PureCredit, PrimeCredit)) and unit == "turn":
         raise ConfigError("gae_timestep_unit", f"must be 'token' with credit_assignment "
                                                f"'{'pure' if isinstance(credit, PureCredit) else 'prime'}': it "
                                                "replaces GAE, and the turn unit means nothing there")
-    if isinstance(credit, PureCredit) and token_rewards_as_adv:
-        raise ConfigError("token_rewards_as_adv", "must be false with credit_assignment 'pure': PURE puts the "
-                                                  "process rewards into the returns (shaping with them as well "
-                                                  "would count them twice)")
 
 
 def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:

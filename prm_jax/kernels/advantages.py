@@ -68,7 +68,6 @@ from prm_jax.kernels.turns import (
     turn_ends,
     turn_gae_core,
     turn_ids_check,
-    turn_runs,
     turn_segments,
     turn_sums,
 )
@@ -258,17 +257,20 @@ def _decoupled_rewards(rewards, sources, real_rows, norm: DecoupledNorm, groups:
 
 
 def _min_form_turns(process: jax.Array, active: jax.Array, turn_ids: jax.Array | None,
-                    temperature: float) -> jax.Array:
+                    temperature: float) -> tuple[jax.Array, dict[str, jax.Array]]:
     """``process_reward_transform: min_form``: each turn's process score (its value at the turn's last
-    timestep) becomes its min-form reward over the row's turns, uniform over the turn's timesteps."""
-    rows, width = active.shape
+    timestep) becomes its min-form reward over the row's turns, uniform over the turn's timesteps (each
+    active timestep takes the reward at the first turn end at or after it: its own turn's)."""
+    width = active.shape[1]
     ends = turn_ends(active, turn_ids)
     rewards = min_form_core(process, ends, temperature)
-    runs = turn_runs(active, turn_ids)
-    segment = jnp.where(active, lax.broadcasted_iota(jnp.int32, active.shape, 0) * width + runs, rows * width)
-    per_turn = jax.ops.segment_sum(jnp.where(ends, rewards, jnp.zeros((), rewards.dtype)).ravel(), segment.ravel(),
-                                   num_segments=rows * width + 1)
-    return jnp.where(active, per_turn[segment], jnp.zeros((), rewards.dtype))
+    step = lax.broadcasted_iota(jnp.int32, active.shape, 1)
+    own_end = lax.cummin(jnp.where(ends, step, width), axis=1, reverse=True)
+    spread = jnp.take_along_axis(rewards, jnp.minimum(own_end, width - 1), axis=1)
+    diagnostics = {"min_form/turns": jnp.sum(ends, dtype=jnp.int32),
+                   "min_form/row_sum_mean": jnp.sum(rewards) / jnp.maximum(
+                       jnp.sum(jnp.any(ends, axis=1), dtype=jnp.int32), 1).astype(rewards.dtype)}
+    return jnp.where(active, spread, jnp.zeros((), rewards.dtype)), diagnostics
 
 
 def _fold_turn_rewards(process, active, turn_ids):
@@ -603,7 +605,9 @@ def _prime(stage: PrimeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Ar
     row_group, num_groups = _groups_or_one(x)
     out, alone = prime_core(prm, steps.ref_logprobs, x.outcome, steps.active, x.real_rows, row_group, num_groups,
                             beta=stage.beta, lam=stage.lam, use_gt=stage.use_gt, dpo_coef=stage.dpo_coef,
-                            gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm")
+                            gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm",
+                            method=resolve_method("auto", unit_discount=stage.lam == 1.0,
+                                                  sharded=jax.device_count() > 1))
     checks.append(alone)
     advantages = out.advantages + x.kl
     count = jnp.maximum(jnp.sum(steps.active, dtype=jnp.int32), 1).astype(dtype)
@@ -653,8 +657,10 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMe
                                                     groups_of, checks)
     steps = _to_timesteps(batch, raw_active, dtype)                                          # 2
     if plan.process_transform is not None and steps.process is not None:                     # (5, first)
-        steps = steps._replace(process=_min_form_turns(steps.process, steps.active, steps.turn_ids,
-                                                       plan.process_transform.temperature))
+        transformed, transform_diagnostics = _min_form_turns(steps.process, steps.active, steps.turn_ids,
+                                                             plan.process_transform.temperature)
+        steps = steps._replace(process=transformed)
+        outcome_diagnostics = {**outcome_diagnostics, **transform_diagnostics}
     if steps.turn_ids is not None and plan.check_turn_ids:
         checks.append(turn_ids_check(steps.turn_ids, steps.active, plan.num_turns(width)))
     kl = _kl(steps, seqlen, plan.kl)                                                         # 3

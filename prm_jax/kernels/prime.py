@@ -33,8 +33,9 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.kernels.gae import gae_core
 from prm_jax.kernels.normalization import leave_one_out_mean, segment_totals, whiten
-from prm_jax.kernels.recurrence import linear_recurrence, reverse_cumsum
+from prm_jax.kernels.recurrence import resolve_method, reverse_cumsum
 from prm_jax.validation import ConfigError, finite_number, short_repr
 
 
@@ -69,7 +70,7 @@ def last_active(active: jax.Array) -> jax.Array:
 
 
 def implicit_rewards_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, active: jax.Array, beta: float,
-                          lam: float, outcome: jax.Array | None) -> jax.Array:
+                          lam: float, outcome: jax.Array | None, method: str = "scan") -> jax.Array:
     """``implicit_process_rewards`` on validated float arrays on timesteps."""
     zero = jnp.zeros((), prm_logprobs.dtype)
     q = jnp.where(active, beta * (prm_logprobs - ref_logprobs), zero)
@@ -80,8 +81,10 @@ def implicit_rewards_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, acti
         if outcome is not None:
             others = jnp.sum(jnp.where(last, zero, q), axis=1)
             q = jnp.where(last, (outcome - others)[:, None], q)
-        coeffs = jnp.where(active, jnp.asarray(lam, q.dtype), jnp.ones((), q.dtype))
-        rewards = jnp.where(active, linear_recurrence(coeffs, q, jnp.zeros(q.shape[:1], q.dtype), "scan"), zero)
+        # The lambda-return with masked carry is GAE with gamma 1 and no values: one scan of any method.
+        zeros = jnp.zeros(q.shape[:1], q.dtype)
+        rewards = jnp.where(active, gae_core(q, jnp.zeros_like(q), active, jnp.ones((), q.dtype),
+                                             jnp.asarray(lam, q.dtype), zeros, method).advantages, zero)
     return jnp.where(last, zero, rewards)
 
 
@@ -108,7 +111,8 @@ def implicit_process_rewards(prm_logprobs: ArrayLike, ref_logprobs: ArrayLike, m
     if outcome is not None:
         _checks.check_shape("outcome", outcome, shape[:1], "the batch axis")
     beta, lam = _scalar("beta", beta), _scalar("lam", lam, minimum=0.0, maximum=1.0)
-    out, checks = _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, beta=beta, lam=lam)
+    method = resolve_method("auto", unit_discount=lam == 1.0)
+    out, checks = _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, beta=beta, lam=lam, method=method)
     _checks.raise_value_checks(checks, callback=True)
     return out
 
@@ -117,8 +121,8 @@ def _scalar(name: str, value: float, **bounds: float) -> float:
     return finite_number(name, value, **bounds)
 
 
-@functools.partial(jax.jit, static_argnames=("beta", "lam"))
-def _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, *, beta, lam):
+@functools.partial(jax.jit, static_argnames=("beta", "lam", "method"))
+def _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, *, beta, lam, method):
     dtype = _checks.accumulation_dtype(prm_logprobs, ref_logprobs, outcome)
     active = _checks.as_mask("mask", mask)
     prm = _checks.as_float("prm_logprobs", prm_logprobs, dtype)
@@ -126,7 +130,7 @@ def _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, *, beta, lam):
     checks = [*_checks.mask_check("mask", mask), _checks.finite_check("prm_logprobs", prm, active),
               _checks.finite_check("ref_logprobs", ref, active)]
     gt = None if outcome is None else _checks.as_float("outcome", outcome, dtype)
-    return implicit_rewards_core(prm, ref, active, beta, lam, gt), checks
+    return implicit_rewards_core(prm, ref, active, beta, lam, gt, method), checks
 
 
 class PrimeOutput(NamedTuple):
@@ -137,10 +141,12 @@ class PrimeOutput(NamedTuple):
 
 def prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.Array, active: jax.Array,
                real: jax.Array, row_group: jax.Array, num_groups: int, *, beta: float, lam: float, use_gt: bool,
-               dpo_coef: float, gt_coef: float, batch_norm: bool) -> tuple[PrimeOutput, _checks.ValueCheck]:
+               dpo_coef: float, gt_coef: float, batch_norm: bool,
+               method: str = "scan") -> tuple[PrimeOutput, _checks.ValueCheck]:
     """The PRIME recipe on validated arrays (module docstring), and the check that no group has one row."""
     zero = jnp.zeros((), outcome.dtype)
-    rewards = implicit_rewards_core(prm_logprobs, ref_logprobs, active, beta, lam, outcome if use_gt else None)
+    rewards = implicit_rewards_core(prm_logprobs, ref_logprobs, active, beta, lam, outcome if use_gt else None,
+                                    method)
     if batch_norm:
         rewards = rewards / (jnp.max(jnp.abs(reverse_cumsum(rewards, active))) + 1e-6)
     last = last_active(active)

@@ -144,14 +144,6 @@ def turn_ends(active: jax.Array, turn_ids: jax.Array | None) -> jax.Array:
     return active & ~same_turn_next(active, turn_ids)
 
 
-def turn_runs(active: jax.Array, turn_ids: jax.Array | None) -> jax.Array:
-    """``[B, T]`` int32: each active timestep's turn, numbered 0, 1, ... along its row; -1 elsewhere."""
-    ends = turn_ends(active, turn_ids)
-    index = lax.cumsum(ends.astype(jnp.int32), axis=1, reverse=True)
-    count = index[:, :1]
-    return jnp.where(active, count - index, -1)
-
-
 def turn_counts(active: jax.Array, turn_ids: jax.Array) -> jax.Array:
     """``[B]`` int32: turns with at least one active timestep. Ids never decrease along a row (checked), so a
     new turn starts where an active id exceeds every earlier active id."""

@@ -39,7 +39,7 @@ def bucket_width(length: int, bucket: int | str = 128, min_width: int = 1) -> in
 def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 128, width: int | None = None,
                   rows: int | None = None, min_width: int = 1, group_sizes: Sequence[int] | None = None,
                   token_rewards: bool = True, per_turn: bool = False, turns: int | None = None,
-                  sessions: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+                  sessions: Sequence[str] | None = None, model_logprobs: bool = False) -> dict[str, np.ndarray]:
     """Right-pads branch sequences into ``[rows, width]`` numpy buffers.
 
     The keys depend only on the arguments, never on the content (a jitted step sees one structure):
@@ -55,6 +55,9 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     ``credit_assignment: {mode: tree}``: ``node_ids [rows, K]`` (the node of each row's turn ``k``, -1 for
     none) and ``node_parents [rows * K]`` (each node's parent, -1 for a root or an unused slot), a node
     being one interaction of one session (branches of a session share their common turns' nodes).
+    ``model_logprobs`` adds ``prm_logprobs`` and ``ref_logprobs`` ``[rows, width]`` on *timesteps* (model
+    outputs, as ``compute_advantages`` reads them: the log-prob of position ``t + 1``'s token at ``t``), from
+    the interactions' ``output_prm_logprobs``/``output_ref_logprobs``; 0 where a branch has none.
     Every branch needs an outcome reward.
     """
     if not sequences:
@@ -74,7 +77,7 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
         raise ValueError(f"turns {turns} is fewer than the {most} turns of the longest branch")
     count = most if turns is None else turns
     batch = empty_batch(rows, width, token_rewards=token_rewards, turns=count if per_turn else None,
-                        tree_turns=count if sessions is not None else None)
+                        tree_turns=count if sessions is not None else None, model_logprobs=model_logprobs)
     batch["group_ids"] = _group_ids(group_sizes, len(sequences), rows)
     for b, seq in enumerate(sequences):
         if seq.reward is None:
@@ -89,6 +92,10 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
             batch["token_rewards"][b, :n] = seq.token_rewards
         batch["rewards"][b] = seq.reward
         batch["is_truncated"][b] = seq.is_truncated
+        for key in ("prm_logprobs", "ref_logprobs") if model_logprobs else ():
+            on_positions = getattr(seq, key)
+            if on_positions is not None and n > 1:
+                batch[key][b, :n - 1] = on_positions[1:]  # position t + 1 -> timestep t
     if per_turn:
         _per_turn(batch, sequences, token_rewards)
     if sessions is not None:
@@ -111,17 +118,19 @@ def _session_trees(batch: dict[str, np.ndarray], sequences: Sequence[BranchSeque
 
 
 def empty_batch(rows: int, width: int, *, token_rewards: bool = True, turns: int | None = None,
-                tree_turns: int | None = None) -> dict[str, np.ndarray]:
+                tree_turns: int | None = None, model_logprobs: bool = False) -> dict[str, np.ndarray]:
     """``rows`` padding rows with ``pack_branches``' keys, dtypes and fill values (``turns``: with GiGPO's
     per-turn arrays, ``[rows, turns]``; ``tree_turns``: with the session trees' ``node_ids [rows,
     tree_turns]`` and ``node_parents [rows * tree_turns]``): a fixed-shape template, e.g. to compile a step
     before any data."""
-    spec = batch_spec(rows, width, token_rewards=token_rewards, turns=turns, tree_turns=tree_turns)
+    spec = batch_spec(rows, width, token_rewards=token_rewards, turns=turns, tree_turns=tree_turns,
+                      model_logprobs=model_logprobs)
     return {name: aligned_full(shape, fill, dtype) for name, (shape, dtype, fill) in spec.items()}
 
 
 def batch_spec(rows: int, width: int, *, token_rewards: bool = True, turns: int | None = None,
-               tree_turns: int | None = None) -> dict[str, tuple[tuple[int, ...], type, float | int | bool]]:
+               tree_turns: int | None = None,
+               model_logprobs: bool = False) -> dict[str, tuple[tuple[int, ...], type, float | int | bool]]:
     """``pack_branches``' keys with the shape, dtype and padding value of each (nothing allocated)."""
     spec: dict[str, tuple[tuple[int, ...], type, float | int | bool]] = {
         name: ((rows, width), dtype, fill) for name, (dtype, fill) in FIELDS.items()
@@ -130,6 +139,8 @@ def batch_spec(rows: int, width: int, *, token_rewards: bool = True, turns: int 
                 group_ids=((rows,), np.int32, -1))
     if turns is not None:
         spec.update(anchor_ids=((rows, turns), np.int32, -1), turn_rewards=((rows, turns), np.float32, 0.0))
+    if model_logprobs:
+        spec.update(prm_logprobs=((rows, width), np.float32, 0.0), ref_logprobs=((rows, width), np.float32, 0.0))
     if tree_turns is not None:
         spec.update(node_ids=((rows, tree_turns), np.int32, -1), node_parents=((rows * tree_turns,), np.int32, -1))
     return spec

@@ -143,6 +143,7 @@ class ExportedTrajectory:
     sequence: BranchSequence
     reward: float | None
     original_reward: float | None = None
+    scorer_totals: dict[str, float] | None = None  # per scorer, its turn rewards summed (PRM active)
 
 
 @dataclasses.dataclass
@@ -324,8 +325,10 @@ async def _score_sessions(store: TrajectoryStore, taken: dict[str, list[str]], r
 def _publish(result: ExportResult, scored: dict[str, _Scored], normalize_rewards: bool,
              group_filter: Callable[[Mapping[str, Any]], GroupFilterResult] | None) -> ExportResult:
     """Group outcome normalization, then the group filter, on a group whose sessions all scored."""
-    trajectories = [ExportedTrajectory(key, seq.leaf_id, seq, seq.reward)
-                    for key, session in scored.items() for seq in session.sequences]
+    trajectories = [ExportedTrajectory(key, seq.leaf_id, seq, seq.reward,
+                                       scorer_totals=trajectory_rewards(session.turn_results[i])
+                                       if i < len(session.turn_results) else None)
+                    for key, session in scored.items() for i, seq in enumerate(session.sequences)]
     if normalize_rewards:
         # One place holds the reward a batch is built from: the sequence carries the normalized one too.
         for t, value in zip(trajectories, proxy_normalize([t.reward for t in trajectories])):

@@ -30,9 +30,12 @@ STOP_REASONS = ("stop", "length")
 MAX_TOKEN_ID = 2**31 - 1  # batches hold token ids as int32
 
 
+VECTOR_FIELDS = ("output_logprobs", "token_rewards", "output_prm_logprobs", "output_ref_logprobs")
+
+
 def check_vector_lengths(interaction_id: str, output_len: int | None, *vectors: np.ndarray | None) -> None:
-    """``output_logprobs`` and ``token_rewards`` have one entry per output token."""
-    for name, vector in zip(("output_logprobs", "token_rewards"), vectors):
+    """Every per-token vector (``VECTOR_FIELDS``, in that order) has one entry per output token."""
+    for name, vector in zip(VECTOR_FIELDS, vectors):
         if vector is not None and (output_len is None or vector.shape != (output_len,)):
             raise ValueError(f"interaction {interaction_id!r}: {name} must have shape ({output_len or 0},), got "
                              f"{vector.shape}")
@@ -150,6 +153,8 @@ class Interaction:
     token_rewards: Any = None
     anchor_id: int | None = None     # the environment state this turn acted on (GiGPO step groups)
     step_reward: float | None = None  # the turn's step reward for GiGPO (else its process rewards' sum)
+    output_prm_logprobs: Any = None  # per output token: an implicit PRM's log-probs (PRIME)
+    output_ref_logprobs: Any = None  # per output token: the reference model's log-probs (PRIME, KL)
 
     def __post_init__(self):
         if not isinstance(self.interaction_id, str) or not self.interaction_id:
@@ -166,14 +171,15 @@ class Interaction:
         if self.stop_reason not in STOP_REASONS:
             raise ValueError(f"interaction {iid!r}: stop_reason must be one of {STOP_REASONS}, got {self.stop_reason!r}")
         for name, rule in (("reward", finite_value), ("step_reward", finite_value), ("anchor_id", anchor_value),
-                           ("output_logprobs", finite_vector), ("token_rewards", finite_vector)):
+                           ("output_logprobs", finite_vector), ("token_rewards", finite_vector),
+                           ("output_prm_logprobs", finite_vector), ("output_ref_logprobs", finite_vector)):
             if getattr(self, name) is not None:
                 try:
                     setattr(self, name, rule(getattr(self, name)))
                 except (ValueError, TypeError) as err:
                     raise ValueError(f"interaction {iid!r}: {name} {err}") from None
         check_vector_lengths(iid, self.output_len if self.output_tokens is not None else None,
-                             self.output_logprobs, self.token_rewards)
+                             *(getattr(self, name) for name in VECTOR_FIELDS))
         self.messages = tuple(self.messages)
         self.output_messages = tuple(self.output_messages)
 
@@ -230,7 +236,7 @@ class Interaction:
         return twin
 
 
-_ARRAY_FIELDS = ("input_tokens", "output_tokens", "output_logprobs", "token_rewards")
+_ARRAY_FIELDS = ("input_tokens", "output_tokens", *VECTOR_FIELDS)
 _MESSAGE_FIELDS = ("messages", "output_messages")
 
 
@@ -282,6 +288,8 @@ class BranchSequence:
     interaction_ids: tuple[str, ...]
     anchor_ids: tuple[int | None, ...] = ()      # per turn, root first
     step_rewards: tuple[float | None, ...] = ()  # per turn, root first
+    prm_logprobs: np.ndarray | None = None       # [L] float32 on positions, when every turn has them
+    ref_logprobs: np.ndarray | None = None       # [L] float32 on positions, when every turn has them
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(input_ids=self.input_ids, loss_mask=self.loss_mask, logprobs=self.logprobs,
@@ -361,7 +369,21 @@ def stitch(chain: Sequence[Interaction]) -> BranchSequence:
             token_rewards[span] = turn.token_rewards
     return BranchSequence(leaf.interaction_id, input_ids, loss_mask, logprobs, turn_ids, token_rewards, leaf.reward,
                           leaf.stop_reason == "length", tuple(turn.interaction_id for turn in chain),
-                          tuple(turn.anchor_id for turn in chain), tuple(turn.step_reward for turn in chain))
+                          tuple(turn.anchor_id for turn in chain), tuple(turn.step_reward for turn in chain),
+                          _on_positions(chain, spans, "output_prm_logprobs", length),
+                          _on_positions(chain, spans, "output_ref_logprobs", length))
+
+
+def _on_positions(chain: Sequence[Interaction], spans: list[tuple[int, int]], name: str,
+                  length: int) -> np.ndarray | None:
+    """A per-token model output of every turn on its output span (0 elsewhere); ``None`` unless every turn
+    has it (a model's log-probs for some turns only would train on zeros)."""
+    if any(getattr(turn, name) is None for turn in chain):
+        return None
+    out = np.zeros(length, np.float32)
+    for turn, (start, stop) in zip(chain, spans):
+        out[start:stop] = getattr(turn, name)
+    return out
 
 
 class InteractionCache:

@@ -42,7 +42,7 @@ def test_score_writes_a_consistent_batch_and_plot(tmp_path, capsys):
     assert 0 <= metrics["metrics"]["rollout/prm_turn_reward/length_budget"] <= 1
     # The saved advantages are what compute_advantages gives on the saved batch.
     batch = {k: saved[k] for k in ("attention_mask", "loss_mask", "logprobs", "rewards", "token_rewards", "turn_ids",
-                                   "is_truncated", "group_sizes")}
+                                   "is_truncated", "group_sizes", "ref_logprobs")}  # (the demo has reference log-probs)
     redo = compute_advantages(batch, load_config(CONFIG).actor)
     np.testing.assert_allclose(saved["timestep_advantages"], redo.advantages, rtol=1e-6)
     assert saved["input_ids"].shape[1] % 128 == 0 and saved["group_sizes"].sum() == saved["rewards"].shape[0]

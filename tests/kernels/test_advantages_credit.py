@@ -39,8 +39,7 @@ def grouped(rng, rows=8, width=24, size=4, **kwargs):
 def test_pure_through_the_pipeline(whiten):
     rng = np.random.default_rng(31)
     batch, groups = grouped(rng, uniform=True)
-    config = AdvantageConfig(kl_ctl=0.0, token_rewards_as_adv=False,
-                             credit_assignment={"mode": "pure", "temperature": 0.2, "verifier_coef": 0.5,
+    config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "pure", "temperature": 0.2, "verifier_coef": 0.5,
                                                 "whiten": whiten})
     out = compute_advantages(batch, config)
     active, turn_ids, process, outcome_step = on_timesteps(batch)
@@ -163,8 +162,7 @@ def test_tree_refuses_rows_that_are_not_paths_of_the_tree():
 
 
 def test_refused_combinations_name_the_key():
-    with pytest.raises(ConfigError, match="token_rewards_as_adv must be false with credit_assignment 'pure'"):
-        AdvantageConfig(credit_assignment={"mode": "pure"})
+    assert AdvantageConfig(credit_assignment={"mode": "pure"}).plan.shaping is None  # PURE's P goes into returns
     with pytest.raises(ConfigError, match="gae_timestep_unit must be 'token' with credit_assignment 'prime'"):
         AdvantageConfig(credit_assignment={"mode": "prime"}, gae_timestep_unit="turn")
     with pytest.raises(ConfigError, match=re.escape("credit_assignment.mode must be one of gigpo | tree | pure | prime")):

@@ -167,17 +167,13 @@ def _struct_fields(schema: Sequence[FieldRule]) -> list[tuple[Any, ...]]:
 
 def _field_values(get: Callable[[str], Any], where: str) -> dict[str, Any]:
     """The value rules of every field but the token lists, on decoded values; ``FieldError`` names the field."""
-    values = {}
-    for name, check, absent in _VALUE_RULES:
-        value = get(name)
-        if value is None:
-            value = absent
-        elif check is not None:
-            try:
-                value = check(value)
-            except ValueError as err:
-                raise FieldError(f"{where}.{name}", str(err)) from None
-        values[name] = value
+    values, name = {}, ""
+    try:
+        for name, check, absent in _VALUE_RULES:
+            value = get(name)
+            values[name] = absent if value is None else value if check is None else check(value)
+    except ValueError as err:
+        raise FieldError(f"{where}.{name}", str(err)) from None
     return values
 
 

@@ -157,8 +157,14 @@ class ExperimentConfig:
     rollout: RolloutConfig = RolloutConfig()
     prm: PRMConfig = PRMConfig(enabled=False)
     actor: AdvantageConfig = AdvantageConfig()
+    # AReaL's experiment-level ``turn_discount`` (its agent workflows pass it to ``apply_reward_discount``):
+    # when set, the export discounts each session's rewards per tree (``prm_jax.credit.tree_discount``).
+    turn_discount: float | None = None
 
     def __post_init__(self):
+        if self.turn_discount is not None:
+            object.__setattr__(self, "turn_discount", finite_number("turn_discount", self.turn_discount,
+                                                                    minimum=0.0, maximum=1.0))
         for key, kind in (("rollout", RolloutConfig), ("prm", PRMConfig), ("actor", AdvantageConfig)):
             if not isinstance(getattr(self, key), kind):
                 raise ConfigError(key, f"must be a {kind.__name__}, got {type(getattr(self, key)).__name__}")
@@ -171,7 +177,7 @@ class ExperimentConfig:
     @classmethod
     def from_mapping(cls, data: Any) -> ExperimentConfig:
         """From the YAML's mapping (AReaL's layout: ``rollout.agent.prm``, ``actor``)."""
-        top = _keys(_read_sections(data), "", {"rollout", "actor"})
+        top = _keys(_read_sections(data), "", {"rollout", "actor", "turn_discount"})
         rollout = _keys(top.get("rollout"), "rollout", {"_version", "api_url", "agent"})
         agent = _keys(rollout.get("agent"), "rollout.agent", {"chat_template_type", "export_style", "prm"})
         try:
@@ -187,7 +193,7 @@ class ExperimentConfig:
                       - {"advantage_shaping"})
         if prm.enabled:
             actor["advantage_shaping"] = shaping
-        return cls(rollout_config, prm, from_mapping(AdvantageConfig, actor, "actor"))
+        return cls(rollout_config, prm, from_mapping(AdvantageConfig, actor, "actor"), top.get("turn_discount"))
 
     def _check_active_scorers(self) -> None:
         """The cross-section rules of active scorers; each message names the offending key."""
@@ -216,10 +222,11 @@ def _read_sections(data: Any) -> Any:
     warning listing them. Unknown keys inside the sections prm-jax reads stay errors."""
     if not isinstance(data, Mapping):
         return data
-    ignored = sorted(map(str, set(data) - {"rollout", "actor"}))
+    read = ("rollout", "actor", "turn_discount")
+    ignored = sorted(map(str, set(data) - set(read)))
     if ignored:
         warnings.warn(f"config sections that prm-jax does not read are ignored: {short_repr(ignored)}", stacklevel=3)
-    return {key: value for key, value in data.items() if key in ("rollout", "actor")}
+    return {key: value for key, value in data.items() if key in read}
 
 
 def _keys(data: Any, where: str, allowed: set[str]) -> dict:

@@ -39,6 +39,7 @@ import numpy as np
 from prm_jax._compat import ExceptionGroup, add_note
 from prm_jax.config.experiment import ErrorPolicy, ExperimentConfig
 from prm_jax.kernels.normalization import proxy_normalize
+from prm_jax.kernels.tree import tree_discount
 from prm_jax.runtime.batching import pack_branches
 from prm_jax.runtime.filters import GroupFilterResult
 from prm_jax.runtime.lifecycle import rolled_back
@@ -171,6 +172,7 @@ class _Scored:
     turn_results: list[list[PRMTurnResult]] = dataclasses.field(default_factory=list)
     error: BaseException | None = None
     fallback: str | None = None  # error_policy keep_original: why the session is exported unscored
+    raw_rewards: list[float | None] | None = None  # before the turn discount, when one is applied
 
 
 async def _score_session(store: TrajectoryStore, key: str, leaves: list[str], runner: PRMRunner | None,
@@ -244,7 +246,8 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
                        is_eval: bool = False, remove_session: bool = True, discard: bool = False,
                        normalize_rewards: bool = True, select: Mapping[str, str] | None = None,
                        group_filter: Callable[[Mapping[str, Any]], GroupFilterResult] | None = None,
-                       persistent: Collection[str] = (), error_policy: ErrorPolicy = "reject") -> ExportResult:
+                       persistent: Collection[str] = (), error_policy: ErrorPolicy = "reject",
+                       turn_discount: float | None = None) -> ExportResult:
     """Exports one group of sessions (see the module docstring).
 
     Args:
@@ -263,6 +266,10 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
       error_policy: ``reject`` (a failing scorer rejects the group) or ``keep_original`` (AReaL PR #1747:
         that session is exported as it was before scoring, counted in ``prm_fallback`` and listed in
         ``prm_fallbacks`` with its reason; its sessions report no other stats).
+      turn_discount: AReaL's ``turn_discount``: each exported trajectory's reward becomes its last
+        interaction's reward discounted per tree, ``r(n) = raw(n) + turn_discount * mean over n's children
+        of r`` (``prm_jax.credit.tree_discount``; a leaf keeps its own reward, so it changes the reward of a
+        ready trajectory that ends at a turn with children); ``original_reward`` keeps the raw reward.
       persistent: keys of persistent sessions (AReaL's human-in-the-loop session: ``(HITL_SESSION,)``),
         never removed and exported one ready trajectory at a time. Default none: every key, ``__hitl__``
         included, is an ordinary session.
@@ -303,6 +310,8 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
         if result.rejected_sessions:
             result.status = "rejected"
             return result
+        if turn_discount is not None:
+            _discount(store, scored, turn_discount)
         return _publish(result, scored, normalize_rewards, group_filter)
     finally:
         _release(store, [key for key in keys if key not in persistent], owned, remove_session)
@@ -322,17 +331,36 @@ async def _score_sessions(store: TrajectoryStore, taken: dict[str, list[str]], r
     return {key: scored[key] for key in taken}
 
 
+def _discount(store: TrajectoryStore, scored: dict[str, _Scored], gamma: float) -> None:
+    """Each exported sequence's reward becomes its leaf's tree-discounted reward; the raw one is kept aside."""
+    for key, session in scored.items():
+        turns = list(store.session(key))
+        index = {turn.interaction_id: i for i, turn in enumerate(turns)}
+        size = max(8, 1 << (len(turns) - 1).bit_length())  # a few padded sizes: a few compiled programs
+        parent = np.full(size, -1, np.int32)
+        raw = np.zeros(size, np.float32)
+        for i, turn in enumerate(turns):
+            parent[i] = index[turn.parent_id] if turn.parent_id in index else -1
+            raw[i] = 0.0 if turn.reward is None else turn.reward  # an unset reward counts 0 (AReaL's None)
+        discounted = np.asarray(tree_discount(parent, raw, gamma, mask=np.arange(size) < len(turns)))
+        session.raw_rewards = [seq.reward for seq in session.sequences]
+        session.sequences = [dataclasses.replace(seq, reward=float(discounted[index[seq.leaf_id]]))
+                             for seq in session.sequences]
+
+
 def _publish(result: ExportResult, scored: dict[str, _Scored], normalize_rewards: bool,
              group_filter: Callable[[Mapping[str, Any]], GroupFilterResult] | None) -> ExportResult:
     """Group outcome normalization, then the group filter, on a group whose sessions all scored."""
     trajectories = [ExportedTrajectory(key, seq.leaf_id, seq, seq.reward,
+                                       None if session.raw_rewards is None else session.raw_rewards[i],
                                        scorer_totals=trajectory_rewards(session.turn_results[i])
                                        if i < len(session.turn_results) else None)
                     for key, session in scored.items() for i, seq in enumerate(session.sequences)]
     if normalize_rewards:
         # One place holds the reward a batch is built from: the sequence carries the normalized one too.
         for t, value in zip(trajectories, proxy_normalize([t.reward for t in trajectories])):
-            t.original_reward, t.reward = t.reward, float(value)
+            t.original_reward = t.reward if t.original_reward is None else t.original_reward
+            t.reward = float(value)
             t.sequence = dataclasses.replace(t.sequence, reward=float(value))
     if group_filter is not None:
         decision = group_filter(_filter_view(trajectories))
@@ -397,6 +425,7 @@ class ExportService:
     async def export(self, session_keys: Sequence[str], **kwargs: Any) -> ExportResult:
         """``export_group`` with this service's runner and the config's ``error_policy``."""
         kwargs.setdefault("error_policy", self.config.prm.error_policy)
+        kwargs.setdefault("turn_discount", self.config.turn_discount)
         return await export_group(self.store, session_keys, runner=self.runner, **kwargs)
 
     async def aclose(self) -> None:

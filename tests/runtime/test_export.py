@@ -375,3 +375,34 @@ def test_error_policy_config():
     ExperimentConfig.from_mapping(v2)
     with pytest.raises(ValueError, match="error_policy must be one of"):
         ExperimentConfig.from_mapping({"rollout": {"agent": {"prm": {"error_policy": "ignore"}}}})
+
+
+async def test_turn_discount_is_applied_per_tree_and_keeps_the_raw_rewards():
+    # Issue 22.1, CREDIT.md's two-branch example: root -> A1 -> A2 (reward 1), root -> B1 (reward 0), gamma 0.9,
+    # inserted root, A1, B1, A2. A ready trajectory at A1 (raw reward 0) gets 0 + 0.9 * 1; AReaL's running
+    # discount would also hand A2's reward to B1 (0.9), the tree rule keeps B1 at 0.
+    store = TrajectoryStore()
+    root = Interaction("root", [1], [2], reward=None)
+    a1 = Interaction("A1", [1, 2], [3], parent_id="root", reward=0.0)
+    b1 = Interaction("B1", [1, 2], [4], parent_id="root", reward=0.0)
+    a2 = Interaction("A2", [1, 2, 3], [5], parent_id="A1", reward=1.0)
+    for turn in (root, a1, b1, a2):
+        store.add("s", turn)
+    for leaf in ("A2", "B1", "A1"):
+        store.mark_ready("s", leaf)
+    result = await export_group(store, ["s"], normalize_rewards=False, turn_discount=0.9, remove_session=False)
+    got = {t.leaf_id: (t.reward, t.original_reward, t.sequence.reward) for t in result.trajectories}
+    assert got["A2"] == (1.0, 1.0, 1.0) and got["B1"] == (0.0, 0.0, 0.0)
+    np.testing.assert_allclose(got["A1"], (0.9, 0.0, 0.9), rtol=1e-6)
+    # Without the key nothing is discounted.
+    for leaf in ("A2", "B1", "A1"):
+        store.mark_ready("s", leaf)
+    plain = await export_group(store, ["s"], normalize_rewards=False)
+    assert {t.leaf_id: t.reward for t in plain.trajectories} == {"A2": 1.0, "B1": 0.0, "A1": 0.0}
+
+
+def test_turn_discount_is_read_from_the_top_of_an_areal_config():
+    from prm_jax.config import ConfigError, ExperimentConfig
+    assert ExperimentConfig.from_mapping({"turn_discount": 0.9}).turn_discount == 0.9
+    with pytest.raises(ConfigError, match="turn_discount"):
+        ExperimentConfig.from_mapping({"turn_discount": 1.5})

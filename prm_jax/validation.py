@@ -56,6 +56,16 @@ _SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxset 
 _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 80, 80, 40
 
 
+def deadline(name: str, value: Any) -> float | None:
+    """A scorer call's deadline in seconds: ``None`` (none) or a finite number > 0."""
+    if value is None:
+        return None
+    seconds = finite_number(name, value)
+    if seconds <= 0:
+        raise ConfigError(name, f"must be > 0 seconds (or null for no deadline), got {short_repr(seconds)}")
+    return seconds
+
+
 def integer_dtype(name: str, dtype: Any) -> None:
     """The one check that an array (numpy or JAX, host or traced) holds integers: ``TypeError`` naming it."""
     if not np.issubdtype(dtype, np.integer):

@@ -98,3 +98,14 @@ def test_credit_example_runs_and_its_numbers_are_the_loops(capsys):
     got = np.array(printed[4].strip("[]").split(), float)
     np.testing.assert_allclose(got, reference.decoupled(namespace["rewards"], [1.0, 0.5], [0, 0, 1, 1]), rtol=1e-4,
                                atol=1e-4)
+
+
+def test_on_error_mask_example_runs(capsys):
+    namespace: dict = {}
+    section = README.read_text()
+    start = section.index("When a scorer call fails")
+    block = re.search(r"```python\n(.*?)```", section[start:], re.S).group(1)
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert capsys.readouterr().out.strip() == "[False  True] {1: 'ConnectionError: judge unreachable'}"
+    assert namespace["keep"].tolist() == [True, False]
+    assert np.isfinite(namespace["token_rewards"]).all() and namespace["token_rewards"][0, 2:].tolist() == [1.0, 1.0]

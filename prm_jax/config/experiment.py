@@ -38,7 +38,7 @@ from typing import Any, Literal, NamedTuple
 
 from prm_jax.config.advantage import AdvantageConfig, shaping_config
 from prm_jax.kernels.shaping import ShapingConfig
-from prm_jax.validation import ConfigError, finite_number, from_mapping, scorer_weight, short_repr
+from prm_jax.validation import ConfigError, deadline, finite_number, from_mapping, scorer_weight, short_repr
 
 VERSIONS = ("v1", "v2")
 
@@ -63,11 +63,7 @@ class ScorerSpec:
         if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
             raise ConfigError("kwargs", f"must be a mapping of argument names, got {short_repr(kwargs)}")
         object.__setattr__(self, "kwargs", dict(kwargs))
-        if self.timeout is not None:
-            timeout = finite_number("timeout", self.timeout)
-            if timeout <= 0:
-                raise ConfigError("timeout", f"must be > 0 seconds (or null for no deadline), got {short_repr(timeout)}")
-            object.__setattr__(self, "timeout", timeout)
+        object.__setattr__(self, "timeout", deadline("timeout", self.timeout))
 
 
 def _scorer_list(value: Any, where: str) -> tuple[ScorerSpec, ...]:

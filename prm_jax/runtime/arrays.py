@@ -11,12 +11,12 @@ own arrays stay the batch.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
 
 from prm_jax.kernels.shaping import warn_gvpo_without_penalty
-from prm_jax.runtime.runner import PRMRunner
+from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner
 from prm_jax.runtime.trajectory import MAX_TOKEN_ID, Interaction, turn_spans
 from prm_jax.validation import integer_dtype
 
@@ -91,6 +91,21 @@ def _same_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {tuple(shape)} (input_ids' [B, T] or [B]), got {array.shape}")
 
 
+def _masked(token_rewards: np.ndarray, turn_ids: np.ndarray, scored: list[int], results: list[Any],
+            runner: PRMRunner) -> MaskedScores:
+    failed = np.zeros(token_rewards.shape[0], bool)
+    errors: dict[int, str] = {}
+    for row, result in zip(scored, results):
+        if isinstance(result, NOT_SCORER_FAILURES):
+            raise result
+        if isinstance(result, Exception):
+            failed[row], errors[row] = True, f"{type(result).__name__}: {result}"
+    token_rewards[failed[:, None] & (turn_ids >= 0)] = np.nan
+    if runner.shaping_mode == "gvpo" and (~failed).any() and not (token_rewards[~failed] < 0).any():
+        warn_gvpo_without_penalty(stacklevel=3)
+    return MaskedScores(token_rewards, failed, errors)
+
+
 def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], turn_ids: Any) -> np.ndarray:
     """``[B, T]`` float32: each turn's committed ``token_rewards`` on its positions, 0 elsewhere."""
     ids = np.asarray(turn_ids)
@@ -104,15 +119,49 @@ def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], tu
     return out
 
 
+class MaskedScores(NamedTuple):
+    """``score_arrays(..., on_error="mask")``: what scored, and which rows a scorer failed on."""
+
+    token_rewards: np.ndarray  # [B, T] float32; NaN on a failed row's turn positions (never a silent 0)
+    failed: np.ndarray         # [B] bool: rows a scorer failed on (drop them from the loss or the group)
+    errors: dict[int, str]     # failed row -> "ExceptionType: message"
+
+
+OnError = Literal["raise", "mask"]
+
+
+@overload
+async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = ...,
+                       logprobs: Any = ..., rewards: Any = ...,
+                       ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
+                       limit: int | None = ..., is_eval: bool = ..., on_error: Literal["raise"] = ...) -> np.ndarray: ...
+
+
+@overload
+async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = ...,
+                       logprobs: Any = ..., rewards: Any = ...,
+                       ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
+                       limit: int | None = ..., is_eval: bool = ..., on_error: Literal["mask"]) -> MaskedScores: ...
+
+
 async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = None,
                        logprobs: Any = None, rewards: Any = None,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
-                       limit: int | None = 64, is_eval: bool = False) -> np.ndarray:
+                       limit: int | None = 64, is_eval: bool = False,
+                       on_error: OnError = "raise") -> np.ndarray | MaskedScores:
     """Scores every real row with ``runner`` (a ``PRMRunner``) and returns ``token_rewards [B, T]`` float32.
 
     ``ctx`` is one mapping for every row or one per row (padding rows' entries are ignored). Rows are
-    scored concurrently, at most ``limit`` at a time; a failure is raised (see ``PRMRunner.run_many``).
+    scored concurrently, at most ``limit`` at a time. ``on_error="raise"`` (default): a failure is raised
+    (see ``PRMRunner.run_many``). ``on_error="mask"``: every row is scored, a row whose scoring failed
+    commits nothing (a row is all or nothing) and is returned as failed, and the result is a
+    ``MaskedScores(token_rewards, failed [B], errors)``; a failed row's turn positions hold NaN, so a
+    trainer that forgets the mask gets an error from ``compute_advantages``, not a silent 0. Errors that
+    are not a scorer's (the runner closed, a row that cannot be scored) are raised either way, as is a
+    cancellation.
     """
+    if on_error not in ("raise", "mask"):
+        raise ValueError(f"on_error must be 'raise' or 'mask', got {on_error!r}")
     chains = chains_from_arrays(input_ids, turn_ids, attention_mask=attention_mask, logprobs=logprobs,
                                 rewards=rewards)
     scored = [b for b, chain in enumerate(chains) if chain]
@@ -123,8 +172,11 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
             raise ValueError(f"ctx must be one mapping, or one entry per row of input_ids ({len(chains)}), got "
                              f"{len(per_row)} entries")
         ctx = [per_row[b] for b in scored]
-    await runner.run_many(branches, ctx, limit=limit, is_eval=is_eval)
+    results = await runner.run_many(branches, ctx, limit=limit, is_eval=is_eval,
+                                    return_exceptions=on_error == "mask")
     token_rewards = token_rewards_from_chains(chains, turn_ids)
+    if on_error == "mask":
+        return _masked(token_rewards, np.asarray(turn_ids), scored, results, runner)
     # A jitted trainer never sees compute_advantages' eager warning: the host side says it here.
     if runner.shaping_mode == "gvpo" and scored and not (token_rewards < 0).any():
         warn_gvpo_without_penalty(stacklevel=2)

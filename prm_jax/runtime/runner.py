@@ -151,10 +151,10 @@ class PRMRunner:
             self._owned.append(scorer)
             self._owned_stack.push_async_callback(self._close_one, scorer)
             self._scorers.append(scorer)
-            self._timeouts[id(scorer)] = entry.timeout
+            self._timeouts[id(scorer)] = entry.timeout if entry.timeout is not None else scorer.timeout
         for scorer in borrowed:
             self._scorers.append(scorer)
-            self._timeouts[id(scorer)] = None  # a borrowed instance keeps its own deadlines
+            self._timeouts[id(scorer)] = getattr(scorer, "timeout", None)  # BaseScorer(timeout=...)
 
     async def _close_one(self, scorer: BaseScorer) -> None:
         """One owned scorer's cleanup; after a cancellation the rest are kept for a later ``aclose``."""

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from prm_jax.runtime.trajectory import Interaction
-from prm_jax.validation import scorer_weight
+from prm_jax.validation import deadline, scorer_weight
 
 SCOPES = ("turn", "trajectory")
 VALUE_TYPES = ("float", "boolean")
@@ -105,7 +105,7 @@ class BaseScorer:
 
     name: ClassVar[str] = ""
 
-    def __init__(self, weight: float = 1.0, enabled: bool = True, **kwargs: Any):
+    def __init__(self, weight: float = 1.0, enabled: bool = True, timeout: float | None = None, **kwargs: Any):
         if not isinstance(type(self).name, str) or not type(self).name:
             raise ValueError(f"{type(self).__name__} must set a non-empty class-level name")
         if not isinstance(enabled, bool):
@@ -114,6 +114,9 @@ class BaseScorer:
             raise TypeError(f"scorer {self.name!r} got unexpected keyword arguments {sorted(kwargs)}")
         self.weight = scorer_weight(f"scorer {self.name!r}: weight", weight)
         self.enabled = enabled
+        # Seconds per evaluate / evaluate_trajectory call under a runner (None: no deadline); a config
+        # entry's ``timeout`` wins for the scorers a runner builds.
+        self.timeout = deadline(f"scorer {self.name!r}: timeout", timeout)
 
     @classmethod
     def validate_kwargs(cls, **kwargs: Any) -> None:

@@ -176,3 +176,36 @@ async def test_score_arrays_warns_once_when_gvpo_gets_no_negative_score(monkeypa
                            attention_mask=attention)
         await score_arrays(PRMRunner({"enabled": True, "scorers": []}, scorers=[st.ConstantScorer(1.0)]),
                            input_ids, turn_ids, attention_mask=attention)  # additive: no warning
+
+
+class FailsOnRow(BaseScorer):
+    """Scores like TokenSum, except on rows whose ctx asks it to fail."""
+
+    name = "fails_on_row"
+
+    async def evaluate(self, interaction, ctx):
+        if ctx.get("fail"):
+            raise RuntimeError(f"judge down for {interaction.interaction_id}")
+        return float(np.sum(interaction.output_tokens))
+
+
+async def test_on_error_mask_returns_the_failed_rows_instead_of_raising():
+    # Issue 23.1: one failing scorer call no longer throws away the whole batch's process rewards.
+    input_ids, turn_ids, attention = trainer_arrays()
+    runner = PRMRunner(scorers=[FailsOnRow()])
+    ctx = [{"fail": False}, {"fail": True}, {}]
+    with pytest.raises(ExceptionGroup):
+        await score_arrays(runner, input_ids, turn_ids, attention_mask=attention, ctx=ctx)
+    out = await score_arrays(runner, input_ids, turn_ids, attention_mask=attention, ctx=ctx, on_error="mask")
+    assert out.failed.tolist() == [False, True, False]
+    assert list(out.errors) == [1] and out.errors[1].startswith("RuntimeError: judge down for")
+    # The failed row's turns hold NaN (never a silent 0), its other positions 0; the others scored as usual.
+    np.testing.assert_array_equal(np.isnan(out.token_rewards[1]), turn_ids[1] >= 0)
+    alone = await score_arrays(runner, input_ids[:1], turn_ids[:1], attention_mask=attention[:1])
+    np.testing.assert_array_equal(out.token_rewards[0], alone[0])
+    np.testing.assert_array_equal(out.token_rewards[2], 0.0)
+    with BlockingRunner(scorers=[FailsOnRow()]) as blocking:
+        again = blocking.score_arrays(input_ids, turn_ids, attention_mask=attention, ctx=ctx, on_error="mask")
+    assert again.failed.tolist() == [False, True, False]
+    with pytest.raises(ValueError, match="on_error must be"):
+        await score_arrays(runner, input_ids, turn_ids, on_error="skip")

@@ -236,6 +236,20 @@ async def test_timeout_is_validated_in_config():
     assert spec.timeout == 2.5
 
 
+@pytest.mark.parametrize("kind", [Hang, HangTrajectory])
+async def test_a_borrowed_instance_carries_its_own_deadline(kind):
+    # Issue 23.2: a timeout given with an instance (it was a TypeError: only a config entry had one).
+    runner = PRMRunner(scorers=(kind(timeout=0.1),))
+    cache = branch()
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=f"scorer '{kind.name}' on .*timeout of 0.1 s"):
+        await runner.run(cache)
+    assert time.monotonic() - start < 2 and committed(cache) == [None, None]
+    for bad in (0, -1.0, float("nan"), "1s"):
+        with pytest.raises(ValueError, match="timeout"):
+            kind(timeout=bad)
+
+
 # --- 10.5 sums that overflow ----------------------------------------------------------------------------
 
 async def test_a_non_finite_sum_over_scorers_is_a_failure_and_commits_nothing():

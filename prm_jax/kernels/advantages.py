@@ -493,21 +493,25 @@ def _gigpo(stage: GiGPOStage, x: EstimatorInputs, checks: list) -> tuple[jax.Arr
     """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps (plus the KL
     rewards), returns ``advantages + values``, and the step groups' counts (``step_group_counts``).
 
-    Step rewards are ``batch['turn_rewards'] [B, K]`` when given, else the sum of each turn's process
-    rewards; anchors are ``batch['anchor_ids'] [B, K]`` (none: one step group per GRPO group).
+    Step rewards are ``batch['turn_rewards'] [B, K]`` where given (NaN: not given), else derived from each
+    turn's process rewards by ``step_reward`` (``mean``, ``sum`` or ``last``); anchors are
+    ``batch['anchor_ids'] [B, K]`` (none: one step group per GRPO group).
     """
     batch, steps, dtype = x.batch, x.steps, x.outcome.dtype
+    zero = jnp.zeros((), dtype)
     assert steps.turn_ids is not None
     num_turns = (jnp.shape(batch["turn_rewards"])[1] if "turn_rewards" in batch
                  else jnp.shape(batch["anchor_ids"])[1] if "anchor_ids" in batch else x.num_turns)
     in_turn, segment = turn_segments(steps.active, steps.turn_ids, num_turns)
     counts = turn_sums(steps.active.astype(dtype), in_turn, segment, num_turns)
+    derived = _derived_step_rewards(x.process, steps, in_turn, segment, counts, num_turns, stage.config.step_reward)
     if "turn_rewards" in batch:
-        step_rewards = _checks.as_float("batch['turn_rewards']", batch["turn_rewards"], dtype)
-        checks.append(_checks.finite_check("batch['turn_rewards']", step_rewards, counts > 0, axis="turn"))
+        given = _checks.as_float("batch['turn_rewards']", batch["turn_rewards"], dtype)
+        checks.append(_checks.finite_check("batch['turn_rewards']", jnp.where(jnp.isnan(given), zero, given),
+                                           counts > 0, axis="turn"))
+        step_rewards = jnp.where(jnp.isnan(given), derived, given)
     else:
-        step_rewards = (turn_sums(x.process, in_turn, segment, num_turns) if x.process is not None
-                        else jnp.zeros(counts.shape, dtype))
+        step_rewards = derived
     anchors = _checks.as_integer("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
     row_group, num_groups = ((x.groups.row_group, x.groups.num_groups) if x.groups is not None
                              else (jnp.zeros(x.outcome.shape, jnp.int32), 1))
@@ -515,6 +519,18 @@ def _gigpo(stage: GiGPOStage, x: EstimatorInputs, checks: list) -> tuple[jax.Arr
                           x.real_rows)
     advantages = _on_turn_timesteps(per_turn.advantages, in_turn, steps.turn_ids) + x.kl
     return advantages, advantages + steps.values, step_group_counts(per_turn.step_group_sizes)
+
+
+def _derived_step_rewards(process: jax.Array | None, steps: Timesteps, in_turn: jax.Array, segment: jax.Array,
+                          counts: jax.Array, num_turns: int, rule: str) -> jax.Array:
+    """GiGPO's step reward of each turn from its process rewards: their ``mean``, ``sum`` or ``last``."""
+    if process is None:
+        return jnp.zeros(counts.shape, counts.dtype)
+    if rule == "last":
+        return turn_sums(jnp.where(turn_ends(steps.active, steps.turn_ids), process, jnp.zeros((), process.dtype)),
+                         in_turn, segment, num_turns)
+    total = turn_sums(process, in_turn, segment, num_turns)
+    return total if rule == "sum" else total / jnp.maximum(counts, 1)
 
 
 def _on_turn_timesteps(per_turn: jax.Array, in_turn: jax.Array, turn_ids: jax.Array) -> jax.Array:

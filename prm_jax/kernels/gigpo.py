@@ -51,6 +51,8 @@ from prm_jax.validation import ConfigError, finite_number, short_repr
 
 GiGPONorm = Literal["mean_norm", "mean_std_norm"]
 EpisodeStats = Literal["trajectory", "step"]
+StepReward = Literal["mean", "sum", "last"]
+STEP_REWARDS: tuple[StepReward, ...] = ("mean", "sum", "last")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,9 @@ class GiGPOConfig:
     norm: GiGPONorm = "mean_norm"
     eps: float = 1e-6
     episode_stats: EpisodeStats = "trajectory"
+    # A turn's step reward when none is given: its process rewards' mean (a scalar scorer's own value,
+    # whatever the turn's length), sum, or value at its last trained timestep.
+    step_reward: StepReward = "mean"
 
     def __post_init__(self):
         object.__setattr__(self, "step_weight", finite_number("step_weight", self.step_weight))
@@ -72,6 +77,8 @@ class GiGPOConfig:
             raise ConfigError("norm", f"must be 'mean_norm' or 'mean_std_norm', got {short_repr(self.norm)}")
         if self.episode_stats not in ("trajectory", "step"):
             raise ConfigError("episode_stats", f"must be 'trajectory' or 'step', got {short_repr(self.episode_stats)}")
+        if self.step_reward not in STEP_REWARDS:
+            raise ConfigError("step_reward", f"must be one of {STEP_REWARDS}, got {short_repr(self.step_reward)}")
 
 
 class GiGPOOutput(NamedTuple):

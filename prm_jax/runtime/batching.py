@@ -50,7 +50,8 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     key is shaped, and under ``process_weighted`` a process reward of 0 zeroes a positive advantage; then
     no token reward of the branches is used at all (GiGPO's derived step rewards included).
     ``per_turn`` adds GiGPO's ``anchor_ids [rows, K]`` int32 (``dense_anchor_ids``: -1 for no anchor)
-    and ``turn_rewards [rows, K]`` (the turn's step reward, else the sum of its token rewards), ``K = turns``
+    and ``turn_rewards [rows, K]`` (the turn's step reward, NaN where it has none: ``compute_advantages``
+    derives those from the turn's process rewards by ``GiGPOConfig.step_reward``), ``K = turns``
     or the most turns of a branch. ``sessions`` (each sequence's session key) adds the session trees for
     ``credit_assignment: {mode: tree}``: ``node_ids [rows, K]`` (the node of each row's turn ``k``, -1 for
     none) and ``node_parents [rows * K]`` (each node's parent, -1 for a root or an unused slot), a node
@@ -97,7 +98,7 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
             if on_positions is not None and n > 1:
                 batch[key][b, :n - 1] = on_positions[1:]  # position t + 1 -> timestep t
     if per_turn:
-        _per_turn(batch, sequences, token_rewards)
+        _per_turn(batch, sequences)
     if sessions is not None:
         _session_trees(batch, sequences, sessions)
     return batch
@@ -174,19 +175,15 @@ def _group_ids(group_sizes: Sequence[int] | None, real: int, rows: int) -> np.nd
     return ids
 
 
-def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence], token_rewards: bool) -> None:
+def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence]) -> None:
     """Fills GiGPO's per-turn inputs: ``anchor_ids`` (dense int32 ids, equal exactly where the turns' anchors
     are: any 64-bit ids, signed or unsigned, compared whole; -1 where a turn has none) and ``turn_rewards``
-    (the step reward, else the sum of the turn's token rewards, 0 without ``token_rewards``: the value the
-    pipeline would derive)."""
+    (the step reward, NaN where a turn has none: ``compute_advantages`` derives it, with the configured
+    rule, from the process rewards it is given, one home for that rule)."""
     anchors, step_rewards = batch["anchor_ids"], batch["turn_rewards"]
-    turns = anchors.shape[1]
     given = np.full(anchors.shape, -1, dtype=object)  # Python ints: no numpy dtype holds -1 beside 2**63
     for b, seq in enumerate(sequences):
         given[b, :len(seq.anchor_ids)] = [-1 if a is None else a for a in seq.anchor_ids]
     anchors[...] = dense_anchor_ids(given)
     for b, seq in enumerate(sequences):
-        derived = (np.bincount(seq.turn_ids[seq.turn_ids >= 0], weights=seq.token_rewards[seq.turn_ids >= 0],
-                               minlength=turns) if token_rewards and seq.token_rewards is not None
-                   else np.zeros(turns))
-        step_rewards[b, :len(seq.step_rewards)] = [derived[k] if r is None else r for k, r in enumerate(seq.step_rewards)]
+        step_rewards[b, :len(seq.step_rewards)] = [np.nan if r is None else r for r in seq.step_rewards]

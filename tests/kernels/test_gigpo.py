@@ -139,8 +139,9 @@ def test_bad_inputs_name_the_argument():
         GiGPOConfig(norm="per_turn")
 
 
+@pytest.mark.parametrize("rule", ["mean", "sum", "last"])
 @pytest.mark.parametrize("anchors", [True, False])
-def test_gigpo_in_compute_advantages_then_shaping(anchors):
+def test_gigpo_in_compute_advantages_then_shaping(anchors, rule):
     # GiGPO replaces GAE (step 6); normalization and shaping apply on top as before.
     from batches import make_batch
 
@@ -151,17 +152,19 @@ def test_gigpo_in_compute_advantages_then_shaping(anchors):
     if anchors:
         batch["anchor_ids"] = rng.integers(-1, 3, size=(8, 5)).astype(np.int32)
     cfg = dict(kl_ctl=0.0, credit_assignment={"mode": "gigpo", "step_weight": 0.7, "step_discount": 0.9,
-                                              "norm": "mean_std_norm"})
+                                              "norm": "mean_std_norm", "step_reward": rule})
     out = compute_advantages(batch, AdvantageConfig(**cfg))
     m = reference.shift(batch["loss_mask"]).astype(bool)
     tids = reference.shift(batch["turn_ids"], -1)
     process = np.where(m, reference.shift(batch["token_rewards"]), 0.0)
-    turn_rewards, counts = np.zeros((8, 5)), np.zeros((8, 5))
+    sums, counts, last = np.zeros((8, 5)), np.zeros((8, 5)), np.zeros((8, 5))
     for b in range(8):
         for t in range(40):
             if m[b, t] and 0 <= tids[b, t] < 5:
-                turn_rewards[b, tids[b, t]] += process[b, t]
+                sums[b, tids[b, t]] += process[b, t]
                 counts[b, tids[b, t]] += 1
+                last[b, tids[b, t]] = process[b, t]  # the turn's last trained timestep wins
+    turn_rewards = {"sum": sums, "mean": sums / np.maximum(counts, 1), "last": last}[rule]
     per_turn, *_ = reference.gigpo(turn_rewards, counts > 0, batch["rewards"], batch.get("anchor_ids"), [4, 4],
                                    step_weight=0.7, step_discount=0.9, norm="mean_std_norm")
     want = np.zeros((8, 40))
@@ -172,11 +175,33 @@ def test_gigpo_in_compute_advantages_then_shaping(anchors):
     # The default shaping is additive: A' = A + P on active timesteps; returns are never shaped.
     np.testing.assert_allclose(out.advantages, want + process * m, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(out.returns, want + batch["values"], rtol=2e-5, atol=2e-5)
-    # Step rewards given per turn replace the process-reward sums; gvpo then only reads P's sign.
-    given = dict(batch, turn_rewards=turn_rewards.astype(np.float32))
+    # Step rewards given per turn replace the derived ones (NaN: derive that one); gvpo then only reads P's sign.
+    partly = turn_rewards.astype(np.float32)
+    partly[::2] = np.nan
+    given = dict(batch, turn_rewards=partly)
     gvpo = compute_advantages(given, AdvantageConfig(**cfg, advantage_shaping=ShapingConfig("gvpo")))
     want_gvpo = reference.shape(want, process, m, "gvpo")
     np.testing.assert_allclose(gvpo.advantages, want_gvpo, rtol=2e-5, atol=2e-5)
+
+
+def test_a_scalar_scorers_step_reward_is_its_value_whatever_the_turns_length():
+    # Issue 23.4: a 4-token turn scored 1 got step reward 4 against 2 for a 2-token turn (the sum): the
+    # opposite of a length penalty. The default (mean) gives each turn the scorer's own value.
+    from prm_jax import AdvantageConfig, compute_advantages
+    loss = np.array([[0, 1, 1, 1, 1, 0, 1, 1, 0]], np.int32)
+    turn_ids = np.array([[-1, 0, 0, 0, 0, -1, 1, 1, -1]], np.int32)
+    batch = dict(attention_mask=np.ones((1, 9), np.int32), loss_mask=loss, turn_ids=turn_ids,
+                 logprobs=np.zeros((1, 9), np.float32), rewards=np.zeros(1, np.float32),
+                 token_rewards=loss.astype(np.float32), is_truncated=np.zeros(1, bool))
+    for rule, first in (("mean", 1.0), ("sum", 4.0), ("last", 1.0)):
+        config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "gigpo", "step_discount": 0.0,
+                                                                "step_weight": 1.0, "step_reward": rule})
+        out = np.asarray(compute_advantages(batch, config).advantages)
+        # One trajectory: a group of one (episode 0); one step group without anchors: A^S = R_k - mean(R).
+        second = {"mean": 1.0, "sum": 2.0, "last": 1.0}[rule]
+        want = np.array([first, second]) - (first + second) / 2
+        # Timesteps 0 and 5 predict the turns' first tokens; + P = 1 there (additive shaping).
+        np.testing.assert_allclose(out[0, [0, 5]], want + 1.0, atol=1e-6, err_msg=rule)
 
 
 def test_cli_with_anchor_ids_and_step_rewards(tmp_path, capsys):

@@ -73,12 +73,13 @@ def test_group_ids_mark_groups_and_padding_rows():
         pack_branches(seqs, group_sizes=[2, 1])
 
 
-def test_per_turn_inputs_have_a_fixed_width_and_derive_missing_step_rewards():
+def test_per_turn_inputs_have_a_fixed_width_and_leave_missing_step_rewards_to_the_pipeline():
     cache = InteractionCache([Interaction("p", [1], [2, 3], token_rewards=[0.25, 0.5], reward=0.0, anchor_id=7),
                               Interaction("c", [1, 2, 3], [4], parent_id="p", reward=1.0, step_reward=2.0)])
     batch = pack_branches([cache.to_sequence("c")], rows=2, per_turn=True, turns=4)
     np.testing.assert_array_equal(batch["anchor_ids"], [[0, -1, -1, -1], [-1] * 4])  # dense ids (issue 20.6)
-    np.testing.assert_allclose(batch["turn_rewards"], [[0.75, 2.0, 0, 0], [0] * 4])
+    # A turn without a step reward is NaN: compute_advantages derives it (GiGPOConfig.step_reward).
+    np.testing.assert_allclose(batch["turn_rewards"], [[np.nan, 2.0, 0, 0], [0] * 4])
     with pytest.raises(ValueError, match="turns"):
         pack_branches([cache.to_sequence("c")], per_turn=True, turns=1)
 

@@ -683,6 +683,10 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMe
     truncated = _truncation(batch, seqlen, width)
     outcome_at = lax.broadcasted_iota(jnp.int32, steps.active.shape, 1) == jnp.maximum(seqlen - 2, 0)[:, None]
     task, process = _task_rewards(outcome, steps.process, steps, outcome_at, truncated, plan.task, checks)  # 4-5
+    # A row with attention after its last generated span (a trailing tool message) has its outcome on an
+    # untrained timestep, where GAE's masked carry drops it (AReaL's rule): said, not silent.
+    off = (seqlen > 0) & ~jnp.any(outcome_at & steps.active, axis=1)
+    outcome_diagnostics = {**outcome_diagnostics, "outcome/rows_off_trained_timesteps": jnp.sum(off, dtype=jnp.int32)}
     last_value = jnp.take_along_axis(steps.values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
     bootstrap = jnp.where(truncated, last_value, jnp.zeros((), dtype))
     checks += _finite_inputs_checks(batch, steps, last_value, truncated, dtype)

@@ -176,3 +176,14 @@ def test_every_public_kernel_compiles_one_program_per_shape():
         assert sum(m.startswith("Compiling jit(") for m in compiled) == 1, (name, compiled)
     want = np.where((turn_ids >= 0) & (turn_ids < 3), turn_rewards[np.arange(2)[:, None], np.clip(turn_ids, 0, 2)], 0)
     np.testing.assert_array_equal(prm_jax.kernels.broadcast_turn_rewards(turn_rewards, turn_ids), want)
+
+
+def test_an_outcome_on_an_untrained_timestep_is_counted():
+    # Issue 23.13: a row with attention after its last generated span drops its outcome under GAE.
+    loss = np.array([[0, 1, 1, 0, 0], [0, 1, 1, 0, 0]], np.int32)
+    attention = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)  # row 1: two tool tokens at the end
+    batch = dict(attention_mask=attention, loss_mask=loss, logprobs=np.zeros((2, 5), np.float32),
+                 rewards=np.ones(2, np.float32), is_truncated=np.zeros(2, bool))
+    out = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0))
+    assert int(out.diagnostics["outcome/rows_off_trained_timesteps"]) == 1
+    np.testing.assert_allclose(np.asarray(out.advantages)[:, :2], [[1.0, 1.0], [0.0, 0.0]])  # row 1: dropped

@@ -30,6 +30,9 @@ def measure(devices: int, rows: int, width: int, sp_width: int, repeats: int) ->
 
     import prm_jax
 
+    if len(jax.devices()) < devices:  # never measure fewer devices than the row says
+        raise SystemExit(f"bench_sharding: {devices} devices requested, {len(jax.devices())} present "
+                         f"({jax.default_backend()}); pass --devices with counts this machine has")
     mesh = Mesh(np.array(jax.devices()[:devices]), ("data",))
     batch, _, _, _ = make_inputs(rows, width)
     sharded = {k: jax.device_put(v, NamedSharding(mesh, P("data") if v.ndim == 1 else P("data", None)))

@@ -536,7 +536,8 @@ def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise CLIError("--plot needs matplotlib: pip install 'prm-jax[plot]'") from None
+        raise CLIError("--plot needs matplotlib: pip install matplotlib (from a checkout: "
+                       ".venv/bin/pip install -e '.[plot]')") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -620,8 +621,13 @@ def enable_compile_cache() -> None:
 
 def entry() -> None:
     """The ``prm-jax`` process: the one place that tunes the process (the persistent compilation cache, the
-    frozen garbage collector, the trimmed heap); ``main`` is the same command without them."""
+    frozen garbage collector, the trimmed heap, the current folder on the import path); ``main`` is the same
+    command without them."""
     enable_compile_cache()
+    # Scorer paths resolve against the current folder, as ``python -m`` makes it importable: a scorer in
+    # the user's own module next to the config works without PYTHONPATH.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     sys.exit(main(tune_process=True))
 
 

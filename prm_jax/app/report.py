@@ -132,15 +132,26 @@ def print_summary(run: ScoreRun, stream=None) -> None:
                   file=out)
 
 
+def shown_rows(original_rewards: np.ndarray, rows: int = 2) -> list[int]:
+    """The rows the turn table shows: the first success beside the first failure (outcome reward above or
+    at most 0) when the batch has both, then the next rows in order, ``rows`` in all."""
+    rewards = np.asarray(original_rewards)
+    picked = [int(np.flatnonzero(rewards > 0)[0])] if (rewards > 0).any() else []
+    picked += [int(np.flatnonzero(rewards <= 0)[0])] if (rewards <= 0).any() else []
+    picked += [b for b in range(rewards.shape[0]) if b not in picked]
+    return sorted(picked[:rows])
+
+
 def print_turn_table(run: ScoreRun, rows: int = 2, stream=None) -> None:
-    """Per turn of the first rows: the process reward next to the mean advantage under each mode."""
+    """Per turn of a success and a failure (``shown_rows``): the process reward next to the mean advantage
+    under each mode."""
     out = stream or sys.stdout
     modes = [m for m in ("none", *SHAPING_MODES) if m in run.outputs and not isinstance(run.outputs[m], str)]
     turn_ids = np.asarray(shift_to_next_token(run.batch["turn_ids"], fill=-1))
     mask = np.asarray(run.configured.loss_mask) > 0
     process = _process_rewards(run)
     print("per turn (timesteps predicting the turn's tokens): process reward and mean advantage per mode", file=out)
-    for b in range(min(rows, mask.shape[0])):
+    for b in shown_rows(run.batch["original_rewards"], rows):
         print(f"row {b}: outcome reward {run.batch['original_rewards'][b]:g} (group-normalized "
               f"{run.batch['rewards'][b]:.3f}), {'truncated' if run.batch['is_truncated'][b] else 'complete'}",
               file=out)

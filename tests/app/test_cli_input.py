@@ -243,3 +243,24 @@ def test_unsigned_64_bit_anchor_ids_work_end_to_end_and_larger_ones_are_refused_
     proc = score(tmp_path, write_jsonl(tmp_path / "too_big.jsonl", items), config=marker_config, out="big")
     assert_input_error(proc, "too_big.jsonl:2: interactions[0].anchor_id: must be a 64-bit integer", tmp_path / "big")
     assert not marker.exists()
+
+
+def test_a_scorer_in_the_users_own_module_needs_no_pythonpath(tmp_path):
+    # Issue 23.11: `path: mypkg.MyScorer` next to the config failed with "No module named ..." unless
+    # PYTHONPATH=. was set; the command now imports scorer paths with the current folder on the path.
+    import os
+    import subprocess
+
+    from test_cli_faults import DEMO, PRM_JAX
+    (tmp_path / "myscorers.py").write_text(
+        "from prm_jax import BaseScorer\n\n\nclass Brevity(BaseScorer):\n    name = 'brevity'\n\n"
+        "    async def evaluate(self, interaction, ctx):\n        return 1.0 if interaction.output_len < 50 else 0.0\n")
+    (tmp_path / "config.yaml").write_text(
+        "rollout:\n  agent:\n    prm:\n      enabled: true\n      scorers:\n        - path: myscorers.Brevity\n"
+        "actor:\n  kl_ctl: 0.0\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run([str(PRM_JAX), "score", "--config", "config.yaml", "--input", str(DEMO), "--output", "out"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "brevity" in proc.stdout

@@ -30,3 +30,12 @@ def test_advantage_stats_of_no_active_timestep_and_of_non_finite_advantages():
         "mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
     with pytest.raises(ValueError, match="the advantages are not finite"):
         advantage_stats(output(np.array([[1.0, np.inf]], np.float32), np.ones((1, 2), bool)))
+
+
+def test_the_turn_table_shows_a_success_beside_a_failure():
+    # Issue 23.11: the demo's table showed two failed rows only.
+    from prm_jax.app.report import shown_rows
+    assert shown_rows(np.array([0.0, 0.0, 0.0, 1.0])) == [0, 3]
+    assert shown_rows(np.array([1.0, 0.0, 1.0])) == [0, 1]
+    assert shown_rows(np.array([0.0, 0.0, 0.0])) == [0, 1]  # no success: the first rows
+    assert shown_rows(np.array([1.0]), rows=2) == [0]

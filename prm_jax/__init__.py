@@ -14,7 +14,7 @@ it), ``prm_jax.config``, ``prm_jax.runtime`` and ``prm_jax.app`` (the JSONL form
 ``import prm_jax`` loads no application code.
 """
 
-from prm_jax import config, credit, filters, kernels, runtime, scorers
+from prm_jax import config, credit, filters, kernels, losses, runtime, scorers
 from prm_jax.config import AdvantageConfig, ExperimentConfig, GiGPOConfig, NormConfig, ShapingConfig, load_config
 from prm_jax.kernels import AdvantageOutput, compute_advantages
 from prm_jax.runtime.arrays import score_arrays
@@ -29,5 +29,5 @@ __all__ = [
     "AdvantageConfig", "AdvantageOutput", "BaseScorer", "BaseTrajectoryScorer", "BlockingRunner", "ExperimentConfig",
     "GiGPOConfig", "Interaction", "InteractionCache", "NormConfig", "PRMMetricObservation", "PRMRunner",
     "PRMScorerResult", "ShapingConfig", "compute_advantages", "load_config", "pack_branches", "score_arrays",
-    "config", "credit", "filters", "kernels", "runtime", "scorers",
+    "config", "credit", "filters", "kernels", "losses", "runtime", "scorers",
 ]

@@ -613,3 +613,32 @@ def decoupled(rewards, weights, groups, eps=1e-4):
         if not math.isnan(p[b]):
             out[b] = (p[b] - mu) / (sd + eps)
     return out
+
+
+def ppo_clip_loss(logp, prox, adv, mask, *, old=None, eps_clip=0.2, eps_clip_higher=None, c_clip=None, cap=None,
+                  agg="token-mean"):
+    """AReaL's ppo_actor_loss_fn, one timestep at a time (float64)."""
+    rows, width = np.shape(logp)
+    per = np.zeros((rows, width))
+    high = eps_clip if eps_clip_higher is None else eps_clip_higher
+    for b in range(rows):
+        for t in range(width):
+            if not mask[b][t]:
+                continue
+            a = float(adv[b][t])
+            r = math.exp(float(logp[b][t]) - float(prox[b][t]))
+            pg = max(-a * r, -a * min(max(r, 1 - eps_clip), 1 + high))
+            if c_clip is not None:
+                pg = min(pg, math.copysign(1.0, a) * c_clip * a if a != 0 else 0.0)
+            if old is not None:
+                w = math.exp(float(prox[b][t]) - float(old[b][t]))
+                pg *= 0.0 if cap is not None and w > cap else w
+            per[b][t] = pg
+    n = sum(bool(mask[b][t]) for b in range(rows) for t in range(width))
+    if agg == "token-mean":
+        return math.fsum(per.ravel()) / max(n, 1)
+    counts = [sum(bool(m) for m in mask[b]) for b in range(rows)]
+    used = [b for b in range(rows) if counts[b]]
+    if agg == "seq-mean-token-mean":
+        return math.fsum(math.fsum(per[b]) / counts[b] for b in used) / max(len(used), 1)
+    return math.fsum(math.fsum(per[b]) for b in used) / max(len(used), 1)

@@ -65,10 +65,9 @@ def sample(policy: Policy, cues: jax.Array, key: jax.Array) -> tuple[jax.Array, 
 
 
 def policy_logprobs(policy: Policy, tokens: jax.Array) -> jax.Array:
-    """On timesteps: at ``t`` the log-prob of token ``t + 1`` (meaningful where the next token is an answer)."""
-    logp = jax.nn.log_softmax(policy(tokens), axis=-1)
-    answer = jnp.clip(jnp.roll(tokens, -1, axis=1) - ANSWER0, 0, CHOICES - 1)
-    return jnp.take_along_axis(logp, answer[..., None], axis=-1)[..., 0]
+    """On timesteps: at ``t`` the log-prob of token ``t + 1`` (meaningful where the next token is an answer;
+    the policy's logits are over the answers, so tokens become answer indices first)."""
+    return prm_jax.losses.logprobs_on_timesteps(policy(tokens), jnp.clip(tokens - ANSWER0, 0, CHOICES - 1))
 
 
 @nnx.jit(static_argnames="config")
@@ -77,9 +76,9 @@ def update(policy: Policy, optimizer: nnx.Optimizer, batch: dict, config: prm_ja
     adv = prm_jax.compute_advantages(batch, config)  # config is static: one compile
 
     def loss_fn(policy):
-        ratio = jnp.exp(policy_logprobs(policy, batch["input_ids"]) - adv.logprobs)
-        per_token = -jnp.minimum(ratio * adv.advantages, jnp.clip(ratio, 0.8, 1.2) * adv.advantages)
-        return jnp.sum(per_token * adv.loss_mask) / jnp.maximum(jnp.sum(adv.loss_mask), 1.0)
+        loss, _ = prm_jax.losses.ppo_clip_loss(policy_logprobs(policy, batch["input_ids"]), adv.logprobs,
+                                               adv.advantages, adv.loss_mask, eps_clip=0.2)
+        return loss
 
     loss, grads = nnx.value_and_grad(loss_fn)(policy)
     optimizer.update(policy, grads)

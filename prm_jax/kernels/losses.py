@@ -1,0 +1,165 @@
+"""The loss side of a PPO/GRPO step, on the timesteps the advantages live on (AReaL's ``ppo_actor_loss_fn``).
+
+``logprobs_on_timesteps(logits, input_ids)``: at timestep ``t`` the log-prob of token ``t + 1`` under
+``logits[:, t]`` (0 in the last column), the alignment ``compute_advantages`` uses.
+
+``ppo_clip_loss``, per trained timestep, with ``r = exp(logp - logp_prox)`` (0 where untrained):
+
+  l1 = -A r,   l2 = -A clip(r, 1 - eps_clip, 1 + eps_clip_higher),   pg = max(l1, l2)
+  dual clip (``c_clip > 1``):  pg = min(pg, sign(A) c_clip A)
+  decoupled PPO (``old_logprobs``, the behaviour policy's): pg *= w = exp(logp_prox - logp_old), with w = 0
+  where it exceeds ``behav_imp_weight_cap`` (those timesteps drop out)
+
+then aggregated (``loss_agg_mode``): ``token-mean`` (sum over trained timesteps / their count),
+``seq-mean-token-mean`` (each row's token mean, then the mean over rows with a trained timestep),
+``seq-mean-token-sum`` (each row's sum, then that mean over rows). Advantages and the proximal and
+behaviour log-probs are constants (stop-gradient); gradients flow through ``logprobs`` only.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.typing import ArrayLike
+
+from prm_jax.kernels import _checks
+from prm_jax.validation import finite_number
+
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+LOSS_AGG_MODES: tuple[LossAggMode, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+class PPOLossStats(NamedTuple):
+    """Means over trained timesteps (scalars)."""
+
+    clip_fraction: jax.Array       # share where the clipped term was taken (l1 < l2)
+    dual_clip_fraction: jax.Array  # share where the dual clip was taken
+    approx_kl: jax.Array           # mean of logp - logp_prox
+    importance_weight: jax.Array   # mean of r
+    behav_imp_weight: jax.Array    # mean of w over the timesteps kept (1 without old_logprobs)
+    behav_kept_fraction: jax.Array  # share of trained timesteps the cap kept
+
+
+def logprobs_on_timesteps(logits: ArrayLike, input_ids: ArrayLike) -> jax.Array:
+    """``[B, T]`` float32: ``log_softmax(logits[:, t])[input_ids[:, t + 1]]``, 0 in the last column.
+
+    Args:
+      logits: ``[B, T, V]``, the policy's logits at each position (predicting the next token).
+      input_ids: ``[B, T]`` int, the tokens.
+    """
+    _checks.check_rank("logits", logits, 3)
+    _checks.check_shape("input_ids", input_ids, jnp.shape(logits)[:2], "logits' first two axes")
+    return _logprobs_jit(logits, input_ids)
+
+
+@jax.jit
+def _logprobs_jit(logits, input_ids):
+    dtype = _checks.accumulation_dtype(logits)
+    logp = jax.nn.log_softmax(_checks.as_float("logits", logits, dtype), axis=-1)
+    ids = _checks.as_int("input_ids", input_ids)
+    following = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
+    picked = jnp.take_along_axis(logp, jnp.clip(following, 0, logp.shape[-1] - 1)[..., None], axis=-1)[..., 0]
+    last = lax.broadcasted_iota(jnp.int32, picked.shape, 1) == picked.shape[1] - 1
+    return jnp.where(last, jnp.zeros((), dtype), picked)
+
+
+def ppo_clip_loss_core(logprobs: jax.Array, proximal_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array,
+                       old_logprobs: jax.Array | None, eps_clip: float, eps_clip_higher: float | None,
+                       c_clip: float | None, behav_imp_weight_cap: float | None,
+                       loss_agg_mode: LossAggMode) -> tuple[jax.Array, PPOLossStats]:
+    """``ppo_clip_loss`` on validated float arrays and a bool mask."""
+    zero = jnp.zeros((), logprobs.dtype)
+    advantages = lax.stop_gradient(advantages)
+    proximal_logprobs = lax.stop_gradient(proximal_logprobs)
+    log_ratio = jnp.where(mask, logprobs - proximal_logprobs, zero)
+    ratio = jnp.where(mask, jnp.exp(log_ratio), zero)
+    clipped = jnp.clip(ratio, 1.0 - eps_clip, 1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher))
+    l1, l2 = -advantages * ratio, -advantages * clipped
+    clip_mask = mask & (l1 < l2)
+    pg = jnp.maximum(l1, l2)
+    dual_mask = jnp.zeros_like(mask)
+    if c_clip is not None:
+        l3 = jnp.sign(advantages) * c_clip * advantages
+        dual_mask = mask & (l3 < pg)
+        pg = jnp.minimum(pg, l3)
+    kept = mask
+    weight = jnp.where(mask, jnp.ones((), logprobs.dtype), zero)
+    if old_logprobs is not None:
+        behav = jnp.exp(jnp.where(mask, proximal_logprobs - lax.stop_gradient(old_logprobs), zero))
+        kept = mask & (behav <= behav_imp_weight_cap) if behav_imp_weight_cap is not None else mask
+        weight = jnp.where(kept, behav, zero)
+    pg = jnp.where(mask, pg * weight, zero)
+    count = jnp.maximum(jnp.sum(mask, dtype=jnp.int32), 1).astype(logprobs.dtype)
+    row_count = jnp.sum(mask, axis=1, dtype=jnp.int32).astype(logprobs.dtype)
+    rows = jnp.maximum(jnp.sum(row_count > 0, dtype=jnp.int32), 1).astype(logprobs.dtype)
+    if loss_agg_mode == "token-mean":
+        loss = jnp.sum(pg) / count
+    elif loss_agg_mode == "seq-mean-token-mean":
+        loss = jnp.sum(jnp.sum(pg, axis=1) / jnp.maximum(row_count, 1)) / rows
+    else:
+        loss = jnp.sum(pg) / rows
+
+    def share(flags):
+        return jnp.sum(flags, dtype=jnp.int32).astype(logprobs.dtype) / count
+
+    kept_count = jnp.maximum(jnp.sum(kept, dtype=jnp.int32), 1).astype(logprobs.dtype)
+    stats = PPOLossStats(share(clip_mask), share(dual_mask), jnp.sum(lax.stop_gradient(log_ratio)) / count,
+                         jnp.sum(lax.stop_gradient(ratio)) / count, jnp.sum(weight) / kept_count, share(kept))
+    return loss, stats
+
+
+def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+                  old_logprobs: ArrayLike | None = None, eps_clip: float = 0.2, eps_clip_higher: float | None = None,
+                  c_clip: float | None = None, behav_imp_weight_cap: float | None = None,
+                  loss_agg_mode: LossAggMode = "token-mean") -> tuple[jax.Array, PPOLossStats]:
+    """AReaL's PPO clipped actor loss (module docstring), differentiable in ``logprobs``.
+
+    Args:
+      logprobs: ``[B, T]`` the current policy's log-probs on timesteps (``logprobs_on_timesteps``).
+      proximal_logprobs: ``[B, T]`` the recomputed old log-probs (``AdvantageOutput.logprobs`` when
+        ``compute_advantages`` got ``prox_logprobs``, else the behaviour log-probs it shifted).
+      advantages, loss_mask: ``[B, T]`` from ``compute_advantages`` (``AdvantageOutput.advantages``,
+        ``.loss_mask``).
+      old_logprobs: ``[B, T]`` the behaviour policy's log-probs, for decoupled PPO (default: none).
+      eps_clip, eps_clip_higher: the clip range ``[1 - eps_clip, 1 + eps_clip_higher]`` (default symmetric).
+      c_clip: the dual clip (> 1), or None.
+      behav_imp_weight_cap: with ``old_logprobs``, timesteps whose behaviour weight exceeds it drop out.
+      loss_agg_mode: ``token-mean | seq-mean-token-mean | seq-mean-token-sum``.
+
+    Returns:
+      ``(loss, PPOLossStats)``, float32 scalars.
+    """
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}")
+    eps_clip = finite_number("eps_clip", eps_clip, minimum=0.0)
+    if eps_clip_higher is not None:
+        eps_clip_higher = finite_number("eps_clip_higher", eps_clip_higher, minimum=0.0)
+    if c_clip is not None and finite_number("c_clip", c_clip) <= 1.0:
+        raise ValueError(f"c_clip must be > 1, got {c_clip!r}")
+    if behav_imp_weight_cap is not None:
+        behav_imp_weight_cap = finite_number("behav_imp_weight_cap", behav_imp_weight_cap, minimum=0.0)
+    _checks.check_rank("logprobs", logprobs, 2)
+    shape = jnp.shape(logprobs)
+    for name, x in (("proximal_logprobs", proximal_logprobs), ("advantages", advantages), ("loss_mask", loss_mask),
+                    ("old_logprobs", old_logprobs)):
+        if x is not None:
+            _checks.check_shape(name, x, shape, "logprobs")
+    return _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs, eps_clip=eps_clip,
+                     eps_clip_higher=eps_clip_higher, c_clip=c_clip, behav_imp_weight_cap=behav_imp_weight_cap,
+                     loss_agg_mode=loss_agg_mode)
+
+
+@functools.partial(jax.jit, static_argnames=("eps_clip", "eps_clip_higher", "c_clip", "behav_imp_weight_cap",
+                                             "loss_agg_mode"))
+def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs, *, eps_clip, eps_clip_higher, c_clip,
+              behav_imp_weight_cap, loss_agg_mode):
+    dtype = _checks.accumulation_dtype(logprobs, proximal_logprobs, advantages)
+    old = None if old_logprobs is None else _checks.as_float("old_logprobs", old_logprobs, dtype)
+    return ppo_clip_loss_core(_checks.as_float("logprobs", logprobs, dtype),
+                              _checks.as_float("proximal_logprobs", proximal_logprobs, dtype),
+                              _checks.as_float("advantages", advantages, dtype), _checks.as_mask("loss_mask", loss_mask),
+                              old, eps_clip, eps_clip_higher, c_clip, behav_imp_weight_cap, loss_agg_mode)

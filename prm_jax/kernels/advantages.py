@@ -724,7 +724,15 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
         return out
     nonzero = active & (advantages != 0)
     out.update({"active_timesteps": count, "nonzero_advantage_share": share(advantages != 0),
-                "shaping_changed_share": share(advantages != unshaped)})
+                "shaping_changed_share": share(advantages != unshaped),
+                "shaping_sign_flip_share": share(jnp.sign(advantages) * jnp.sign(unshaped) < 0)})
+    # The advantages themselves over trained timesteps (0 for each statistic when none trains).
+    zero, anywhere = jnp.zeros((), advantages.dtype), count > 0
+    adv_mean = jnp.sum(jnp.where(active, advantages, zero)) / n
+    out.update({"advantages/mean": adv_mean,
+                "advantages/std": jnp.sqrt(jnp.sum(jnp.where(active, (advantages - adv_mean) ** 2, zero)) / n),
+                "advantages/min": jnp.where(anywhere, jnp.min(jnp.where(active, advantages, jnp.inf)), zero),
+                "advantages/max": jnp.where(anywhere, jnp.max(jnp.where(active, advantages, -jnp.inf)), zero)})
     row_group, num_groups = (groups.row_group, groups.num_groups) if groups is not None else (
         jnp.zeros(active.shape[:1], jnp.int32), 1)
     group_active = jax.ops.segment_sum(jnp.sum(active, axis=1, dtype=jnp.int32), row_group, num_segments=num_groups)

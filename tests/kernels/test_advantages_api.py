@@ -109,6 +109,14 @@ def test_diagnostics_against_a_numpy_count():
     assert int(d["groups"]) == len(groups)
     assert int(d["zero_advantage_groups"]) == len(zero)
     assert int(d["checks/process_reward_out_of_range"]) == 0
+    # Issue 23.6: the advantages' own statistics, and how often shaping flipped a sign.
+    np.testing.assert_allclose([d["advantages/mean"], d["advantages/std"], d["advantages/min"], d["advantages/max"]],
+                               [adv[active].mean(), adv[active].std(), adv[active].min(), adv[active].max()],
+                               rtol=1e-5, atol=1e-6)
+    before = np.asarray(unshaped.advantages)[active]
+    np.testing.assert_allclose(d["shaping_sign_flip_share"], np.mean(np.sign(adv[active]) * np.sign(before) < 0),
+                               rtol=1e-6)
+    assert 0 < d["shaping_sign_flip_share"] < 1  # process_weighted: a positive P replaces a negative A
 
 
 def test_zero_advantage_groups_counts_a_process_weighted_group_where_all_failed():

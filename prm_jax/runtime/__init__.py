@@ -4,7 +4,7 @@ device batches and metrics. It builds on ``prm_jax.kernels`` and knows nothing o
 The public names below are ``prm_jax.runtime.<name>``; the ones a user needs first are also ``prm_jax.<name>``.
 """
 
-from prm_jax.runtime.arrays import MaskedScores, chains_from_arrays, score_arrays, token_rewards_from_chains
+from prm_jax.runtime.arrays import ScoredArrays, chains_from_arrays, score_arrays, token_rewards_from_chains
 from prm_jax.runtime.authoring import RetryError, call_with_retry
 from prm_jax.runtime.batching import batch_spec, bucket_width, empty_batch, pack_branches
 from prm_jax.runtime.blocking import BlockingRunner
@@ -23,7 +23,7 @@ from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionC
 
 __all__ = [
     "BaseScorer", "BaseTrajectoryScorer", "BlockingRunner", "BranchSequence", "ExportResult", "ExportService",
-    "ExportedTrajectory", "HITL_SESSION", "InMemoryRecorder", "Interaction", "InteractionCache", "MaskedScores",
+    "ExportedTrajectory", "HITL_SESSION", "InMemoryRecorder", "Interaction", "InteractionCache", "ScoredArrays",
     "MetricRecorder", "MetricStats", "PRMMetricObservation", "PRMRunner", "PRMScorerResult", "PRMTurnResult",
     "RetryError", "TrajectoryStore", "batch_spec", "branch_stats", "bucket_width", "call_with_retry",
     "chains_from_arrays", "check_scorer_specs", "empty_batch", "export_group", "pack_branches",

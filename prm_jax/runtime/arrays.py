@@ -92,7 +92,7 @@ def _same_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
 
 
 def _masked(token_rewards: np.ndarray, turn_ids: np.ndarray, scored: list[int], results: list[Any],
-            runner: PRMRunner) -> MaskedScores:
+            runner: PRMRunner) -> ScoredArrays:
     failed = np.zeros(token_rewards.shape[0], bool)
     errors: dict[int, str] = {}
     for row, result in zip(scored, results):
@@ -103,7 +103,29 @@ def _masked(token_rewards: np.ndarray, turn_ids: np.ndarray, scored: list[int], 
     token_rewards[failed[:, None] & (turn_ids >= 0)] = np.nan
     if runner.shaping_mode == "gvpo" and (~failed).any() and not (token_rewards[~failed] < 0).any():
         warn_gvpo_without_penalty(stacklevel=3)
-    return MaskedScores(token_rewards, failed, errors)
+    return ScoredArrays(token_rewards, failed, errors)
+
+
+def _turn_scores(chains: list[list[Interaction] | None], scored: list[int], results: list[Any],
+                 failed: np.ndarray) -> dict[str, Any]:
+    """``turn_scores`` and ``per_scorer`` from what each row's run committed (``PRMTurnResult.reward``)."""
+    turns = max((len(chain) for chain in chains if chain), default=0)
+    per_scorer: dict[str, np.ndarray] = {}
+    for row, result in zip(scored, results):
+        if isinstance(result, Exception):
+            continue
+        chain = chains[row]
+        assert chain is not None
+        index = {turn.interaction_id: k for k, turn in enumerate(chain)}
+        for turn_result in result:
+            table = per_scorer.setdefault(turn_result.scorer, np.zeros((len(chains), turns), np.float32))
+            table[row, index[turn_result.interaction_id]] += turn_result.reward
+    total = np.zeros((len(chains), turns), np.float32)
+    for table in per_scorer.values():
+        total += table
+        table[failed] = np.nan
+    total[failed] = np.nan
+    return {"turn_scores": total, "per_scorer": per_scorer}
 
 
 def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], turn_ids: Any) -> np.ndarray:
@@ -119,12 +141,15 @@ def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], tu
     return out
 
 
-class MaskedScores(NamedTuple):
-    """``score_arrays(..., on_error="mask")``: what scored, and which rows a scorer failed on."""
+class ScoredArrays(NamedTuple):
+    """``score_arrays(..., on_error="mask")`` or ``per_turn=True``: what scored, which rows a scorer failed on,
+    and (``per_turn``) the per-turn scores. A failed row holds NaN (never a silent 0)."""
 
-    token_rewards: np.ndarray  # [B, T] float32; NaN on a failed row's turn positions (never a silent 0)
+    token_rewards: np.ndarray  # [B, T] float32; NaN on a failed row's turn positions
     failed: np.ndarray         # [B] bool: rows a scorer failed on (drop them from the loss or the group)
     errors: dict[int, str]     # failed row -> "ExceptionType: message"
+    turn_scores: np.ndarray | None = None  # [B, K] each turn's weighted reward, summed over scorers
+    per_scorer: dict[str, np.ndarray] | None = None  # scorer name -> [B, K] its weighted contribution
 
 
 OnError = Literal["raise", "mask"]
@@ -134,31 +159,44 @@ OnError = Literal["raise", "mask"]
 async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = ...,
                        logprobs: Any = ..., rewards: Any = ...,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
-                       limit: int | None = ..., is_eval: bool = ..., on_error: Literal["raise"] = ...) -> np.ndarray: ...
+                       limit: int | None = ..., is_eval: bool = ..., on_error: Literal["raise"] = ...,
+                       per_turn: Literal[False] = ...) -> np.ndarray: ...
 
 
 @overload
 async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = ...,
                        logprobs: Any = ..., rewards: Any = ...,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
-                       limit: int | None = ..., is_eval: bool = ..., on_error: Literal["mask"]) -> MaskedScores: ...
+                       limit: int | None = ..., is_eval: bool = ..., on_error: Literal["mask"],
+                       per_turn: bool = ...) -> ScoredArrays: ...
+
+
+@overload
+async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = ...,
+                       logprobs: Any = ..., rewards: Any = ...,
+                       ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
+                       limit: int | None = ..., is_eval: bool = ..., on_error: OnError = ...,
+                       per_turn: Literal[True]) -> ScoredArrays: ...
 
 
 async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = None,
                        logprobs: Any = None, rewards: Any = None,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
-                       limit: int | None = 64, is_eval: bool = False,
-                       on_error: OnError = "raise") -> np.ndarray | MaskedScores:
+                       limit: int | None = 64, is_eval: bool = False, on_error: OnError = "raise",
+                       per_turn: bool = False) -> np.ndarray | ScoredArrays:
     """Scores every real row with ``runner`` (a ``PRMRunner``) and returns ``token_rewards [B, T]`` float32.
 
     ``ctx`` is one mapping for every row or one per row (padding rows' entries are ignored). Rows are
     scored concurrently, at most ``limit`` at a time. ``on_error="raise"`` (default): a failure is raised
     (see ``PRMRunner.run_many``). ``on_error="mask"``: every row is scored, a row whose scoring failed
     commits nothing (a row is all or nothing) and is returned as failed, and the result is a
-    ``MaskedScores(token_rewards, failed [B], errors)``; a failed row's turn positions hold NaN, so a
+    ``ScoredArrays(token_rewards, failed [B], errors)``; a failed row's turn positions hold NaN, so a
     trainer that forgets the mask gets an error from ``compute_advantages``, not a silent 0. Errors that
     are not a scorer's (the runner closed, a row that cannot be scored) are raised either way, as is a
-    cancellation.
+    cancellation. ``per_turn=True`` returns a ``ScoredArrays`` with ``turn_scores [B, K]`` (each turn's
+    weighted reward, the mean over its tokens, summed over scorers: GiGPO's ``turn_rewards``) and
+    ``per_scorer`` (each scorer's weighted contribution ``[B, K]``, for logging); ``K`` is the most turns of
+    a row, turns a row does not have are 0, a failed row's are NaN.
     """
     if on_error not in ("raise", "mask"):
         raise ValueError(f"on_error must be 'raise' or 'mask', got {on_error!r}")
@@ -175,8 +213,9 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
     results = await runner.run_many(branches, ctx, limit=limit, is_eval=is_eval,
                                     return_exceptions=on_error == "mask")
     token_rewards = token_rewards_from_chains(chains, turn_ids)
-    if on_error == "mask":
-        return _masked(token_rewards, np.asarray(turn_ids), scored, results, runner)
+    if on_error == "mask" or per_turn:
+        out = _masked(token_rewards, np.asarray(turn_ids), scored, results, runner)
+        return out._replace(**_turn_scores(chains, scored, results, out.failed)) if per_turn else out
     # A jitted trainer never sees compute_advantages' eager warning: the host side says it here.
     if runner.shaping_mode == "gvpo" and scored and not (token_rewards < 0).any():
         warn_gvpo_without_penalty(stacklevel=2)

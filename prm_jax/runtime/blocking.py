@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from anyio.from_thread import start_blocking_portal
 
-from prm_jax.runtime.arrays import MaskedScores, score_arrays
+from prm_jax.runtime.arrays import ScoredArrays, score_arrays
 from prm_jax.runtime.runner import PRMRunner
 from prm_jax.runtime.scoring import BaseScorer
 from prm_jax.runtime.trajectory import Interaction, InteractionCache
@@ -48,9 +48,9 @@ class BlockingRunner:
         return self._call(self.runner.run_many, branches, ctx, limit=limit, is_eval=is_eval,
                           return_exceptions=return_exceptions)
 
-    def score_arrays(self, input_ids: Any, turn_ids: Any, **kwargs: Any) -> np.ndarray | MaskedScores:
+    def score_arrays(self, input_ids: Any, turn_ids: Any, **kwargs: Any) -> np.ndarray | ScoredArrays:
         """``prm_jax.runtime.arrays.score_arrays`` with this runner, blocking: ``token_rewards [B, T]``, or
-        with ``on_error="mask"`` a ``MaskedScores`` (the failed rows flagged instead of raising)."""
+        with ``on_error="mask"`` a ``ScoredArrays`` (the failed rows flagged instead of raising)."""
         return self._call(score_arrays, self.runner, input_ids, turn_ids, **kwargs)
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:

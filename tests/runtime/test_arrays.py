@@ -209,3 +209,30 @@ async def test_on_error_mask_returns_the_failed_rows_instead_of_raising():
     assert again.failed.tolist() == [False, True, False]
     with pytest.raises(ValueError, match="on_error must be"):
         await score_arrays(runner, input_ids, turn_ids, on_error="skip")
+
+
+class Halves(BaseScorer):
+    name = "halves"
+
+    async def evaluate(self, interaction, ctx):
+        return 0.5
+
+
+async def test_per_turn_scores_and_the_per_scorer_breakdown():
+    # Issue 23.3: [B, K] per-turn scores (GiGPO's turn_rewards) and each scorer's weighted contribution.
+    input_ids, turn_ids, attention = trainer_arrays()
+    runner = PRMRunner(scorers=[FailsOnRow(weight=0.5), Halves(weight=2.0)])
+    out = await score_arrays(runner, input_ids, turn_ids, attention_mask=attention, per_turn=True)
+    sums = 0.5 * np.array([[11 + 12, 13 + 14, 0], [21 + 22, 23, 24 + 25], [0, 0, 0]], np.float32)
+    halves = np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], np.float32)
+    np.testing.assert_allclose(out.per_scorer["fails_on_row"], sums)
+    np.testing.assert_allclose(out.per_scorer["halves"], halves)
+    np.testing.assert_allclose(out.turn_scores, sums + halves)
+    assert out.failed.tolist() == [False, False, False] and out.errors == {}
+    # The token rewards are the same as without per_turn; a failed row's turn scores are NaN.
+    plain = await score_arrays(runner, input_ids, turn_ids, attention_mask=attention)
+    np.testing.assert_array_equal(out.token_rewards, plain)
+    failing = await score_arrays(runner, input_ids, turn_ids, attention_mask=attention, per_turn=True,
+                                 on_error="mask", ctx=[{}, {"fail": True}, {}])
+    assert np.isnan(failing.turn_scores[1]).all() and np.isnan(failing.per_scorer["halves"][1]).all()
+    np.testing.assert_allclose(failing.turn_scores[0], (sums + halves)[0])

@@ -65,16 +65,18 @@ class PrimeCredit:
 
 def last_active(active: jax.Array) -> jax.Array:
     """``[B, T]`` bool: each row's last active timestep."""
-    later = reverse_cumsum(active.astype(jnp.int32), active)
+    later = reverse_cumsum(active.astype(jnp.float32), active)  # exact: integers far below 2**24
     return active & (later == 1)
 
 
 def implicit_rewards_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, active: jax.Array, beta: float,
-                          lam: float, outcome: jax.Array | None, method: str = "scan") -> jax.Array:
-    """``implicit_process_rewards`` on validated float arrays on timesteps."""
+                          lam: float, outcome: jax.Array | None, method: str = "scan",
+                          last: jax.Array | None = None) -> jax.Array:
+    """``implicit_process_rewards`` on validated float arrays on timesteps (``last``: each row's last
+    trained timestep, when the caller has it)."""
     zero = jnp.zeros((), prm_logprobs.dtype)
     q = jnp.where(active, beta * (prm_logprobs - ref_logprobs), zero)
-    last = last_active(active)
+    last = last_active(active) if last is None else last
     if lam == 0.0:
         rewards = q
     else:
@@ -145,26 +147,30 @@ def prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.Ar
                method: str = "scan") -> tuple[PrimeOutput, _checks.ValueCheck]:
     """The PRIME recipe on validated arrays (module docstring), and the check that no group has one row."""
     zero = jnp.zeros((), outcome.dtype)
+    steps_to_go = reverse_cumsum(active.astype(outcome.dtype), active)  # trained timesteps from t on
     rewards = implicit_rewards_core(prm_logprobs, ref_logprobs, active, beta, lam, outcome if use_gt else None,
-                                    method)
+                                    method, last=active & (steps_to_go == 1))
+    # One reverse cumulative sum of the rewards serves both batch_norm and the returns: the returns are
+    # linear in the rewards (RLOO's dense source is a per-row affine map of them, the outcome source sits
+    # at the last trained timestep, so every trained timestep's return-to-go holds all of it).
+    to_go = reverse_cumsum(rewards, active)
     if batch_norm:
-        rewards = rewards / (jnp.max(jnp.abs(reverse_cumsum(rewards, active))) + 1e-6)
-    last = last_active(active)
+        scale = jnp.max(jnp.abs(to_go)) + 1e-6
+        rewards, to_go = rewards / scale, to_go / scale
     _, alone = leave_one_out_mean(outcome, real, row_group, num_groups)
     alone = alone & real
-    final = jnp.zeros_like(rewards)
+    returns = jnp.zeros_like(rewards)
     if dpo_coef != 0.0:
         length = jnp.sum(active, axis=1, dtype=jnp.int32).astype(rewards.dtype)
         row_mean = jnp.where(real, jnp.sum(rewards, axis=1) / jnp.maximum(length, 1), zero)
         n = segment_totals(real.astype(rewards.dtype), row_group, num_groups)
         others = segment_totals(row_mean, row_group, num_groups) / jnp.maximum(n - 1, 1)
-        dense = rewards * (n / jnp.maximum(n - 1, 1))[:, None] - others[:, None]
-        final = final + dpo_coef * jnp.where(active, dense, zero)
+        # s_t n / (n - 1) - others per trained timestep, summed from t on: the same map of the sums.
+        returns = returns + dpo_coef * ((n / jnp.maximum(n - 1, 1))[:, None] * to_go - others[:, None] * steps_to_go)
     if gt_coef != 0.0:
         baseline, _ = leave_one_out_mean(outcome, real, row_group, num_groups)
-        final = final + gt_coef * jnp.where(last, (outcome - baseline)[:, None], zero)
-    final = jnp.where(alone[:, None], zero, final)
-    returns = reverse_cumsum(final, active)
+        returns = returns + gt_coef * (outcome - baseline)[:, None]
+    returns = jnp.where(active & ~alone[:, None], returns, zero)
     row = jnp.argmax(alone).astype(jnp.int32)
     check = _checks.ValueCheck("prime_group_of_one", _checks.violations(alone),
                                lambda row: f"credit_assignment 'prime' needs groups of at least two rows (RLOO has no "

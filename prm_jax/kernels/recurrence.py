@@ -160,8 +160,28 @@ def _blocked_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.Array, 
     return xs.reshape(batch, num_blocks * block_size)[:, :num_steps]
 
 
+CUMSUM_BLOCK = 64  # timesteps per block of the CPU's blocked reverse cumulative sum
+
+
 def reverse_cumsum(x: jax.Array, active: jax.Array) -> jax.Array:
-    """``sum_{u >= t} x_u`` over the active entries of each row (the return-to-go with no discount), 0 at
-    inactive entries: the recurrence with every coefficient 1, as an exact cumulative sum."""
+    """``sum_{u >= t} x_u`` over the active entries of each row of ``[B, T]`` ``x`` (the return-to-go with no
+    discount), 0 at inactive entries: the recurrence with every coefficient 1.
+
+    XLA:CPU computes ``lax.cumsum`` as a reduce-window, about ten times a copy of the array; there the sum
+    is blocked instead: within blocks of ``CUMSUM_BLOCK`` timesteps one small matrix product (an upper
+    triangle of ones, full precision), across blocks a cumulative sum of the block totals. Elsewhere
+    (and for short rows) it is ``lax.cumsum``. The two differ only in rounding.
+    """
     zero = jnp.zeros((), x.dtype)
-    return jnp.where(active, lax.cumsum(jnp.where(active, x, zero), axis=1, reverse=True), zero)
+    kept = jnp.where(active, x, zero)
+    rows, width = x.shape
+    if jax.default_backend() != "cpu" or width < 2 * CUMSUM_BLOCK:
+        return jnp.where(active, lax.cumsum(kept, axis=1, reverse=True), zero)
+    blocks = -(-width // CUMSUM_BLOCK)
+    padded = jnp.pad(kept, ((0, 0), (0, blocks * CUMSUM_BLOCK - width))).reshape(rows, blocks, CUMSUM_BLOCK)
+    upper = jnp.triu(jnp.ones((CUMSUM_BLOCK, CUMSUM_BLOCK), x.dtype))  # upper[i, j] = 1 for j >= i
+    inner = jnp.einsum("bnj,ij->bni", padded, upper, precision=lax.Precision.HIGHEST)
+    totals = inner[:, :, 0]
+    after = lax.cumsum(totals, axis=1, reverse=True) - totals       # the blocks to the right
+    out = (inner + after[:, :, None]).reshape(rows, blocks * CUMSUM_BLOCK)[:, :width]
+    return jnp.where(active, out, zero)

@@ -83,9 +83,10 @@ def test_decoupled_reward_norm_through_the_pipeline():
         compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, reward_norm={"mode": "decoupled", "weights": [1, 1]}))
 
 
-def test_min_form_process_reward_transform_through_the_pipeline():
+@pytest.mark.parametrize("uniform", [False, True])  # per-token rewards (spread from turn ends), or a scalar per turn
+def test_min_form_process_reward_transform_through_the_pipeline(uniform):
     rng = np.random.default_rng(34)
-    batch = make_batch(rng, rows=6, width=24, with_values=False)
+    batch = make_batch(rng, rows=6, width=24, with_values=False, uniform=uniform)
     batch["rewards"] = np.zeros(6, np.float32)  # no outcome, no values, no KL: advantages = the shaped P'
     config = AdvantageConfig(kl_ctl=0.0, process_reward_transform={"mode": "min_form", "temperature": 0.3})
     out = compute_advantages(batch, config)

@@ -168,3 +168,31 @@ def test_decoupled_normalization_edge_cases():
     one = rng.normal(size=(4, 1)).astype(np.float32)
     np.testing.assert_allclose(decoupled_normalization(one, group_ids=np.array([0, 0, 1, 1])),
                                reference.decoupled(one, [1.0], [0, 0, 1, 1]), rtol=1e-5, atol=1e-6)
+
+
+def test_decoupled_normalization_under_jit_and_vmap_without_retrace_and_in_bfloat16():
+    import chex
+
+    from prm_jax.credit import decoupled_normalization
+    from prm_jax.kernels.normalization import decoupled_normalization_core
+    rng = np.random.default_rng(9)
+    groups = jnp.asarray(np.arange(8) // 4, jnp.int32)
+    real = jnp.ones(8, bool)
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def batched(r):
+        return jax.vmap(lambda x: decoupled_normalization_core(x, jnp.ones(2), real, groups, 2, 1e-4)[0])(r)
+
+    for _ in range(2):  # new contents, one trace
+        rewards = rng.normal(size=(3, 8, 2)).astype(np.float32)
+        rewards[rng.random((3, 8, 2)) < 0.2] = np.nan
+        got = np.asarray(batched(rewards))
+        for i in range(3):
+            np.testing.assert_allclose(got[i], reference.decoupled(rewards[i], [1.0, 1.0], np.arange(8) // 4),
+                                       rtol=2e-5, atol=2e-5)
+    low = jnp.asarray(rng.normal(size=(8, 2)), jnp.bfloat16)
+    out = decoupled_normalization(low, group_ids=np.arange(8) // 4)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(out, reference.decoupled(np.asarray(low, np.float32), [1.0, 1.0], np.arange(8) // 4),
+                               rtol=1e-4, atol=1e-4)

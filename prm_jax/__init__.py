@@ -6,6 +6,8 @@ The names a user needs first are here; the rest live in namespaces, as optax's d
 - ``prm_jax.kernels``: the jitted pure functions over padded ``[B, T]`` batches (``gae``, ``turn_gae``,
   ``normalize``, ``shape_advantages``, ``kl_rewards``, ``gigpo``, the alignment helpers, ...);
 - ``prm_jax.runtime``: sessions, the runner's pieces, export, batches, metrics, retries;
+- ``prm_jax.credit``: credit assignment beyond GAE (tree, PURE, PRIME, GDPO, GiGPO);
+- ``prm_jax.losses``: the PPO loss side (``logprobs_on_timesteps``, ``ppo_clip_loss``);
 - ``prm_jax.filters``: AReaL's host-side group filters;
 - ``prm_jax.scorers``: the built-in scorers.
 

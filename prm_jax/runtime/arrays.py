@@ -125,7 +125,12 @@ def _turn_scores(chains: list[list[Interaction] | None], scored: list[int], resu
         total += table
         table[failed] = np.nan
     total[failed] = np.nan
-    return {"turn_scores": total, "per_scorer": per_scorer}
+    exists = np.zeros((len(chains), turns), bool)
+    for row in scored:
+        chain = chains[row]
+        assert chain is not None
+        exists[row, :len(chain)] = not failed[row]
+    return {"turn_scores": total, "per_scorer": per_scorer, "turn_mask": exists}
 
 
 def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], turn_ids: Any) -> np.ndarray:
@@ -150,6 +155,16 @@ class ScoredArrays(NamedTuple):
     errors: dict[int, str]     # failed row -> "ExceptionType: message"
     turn_scores: np.ndarray | None = None  # [B, K] each turn's weighted reward, summed over scorers
     per_scorer: dict[str, np.ndarray] | None = None  # scorer name -> [B, K] its weighted contribution
+    turn_mask: np.ndarray | None = None  # [B, K] bool: the turns that exist and were scored
+
+    def scorer_means(self) -> dict[str, float]:
+        """``{"process/<scorer>/mean": ...}``: each scorer's mean weighted turn reward over the scored turns
+        (``per_turn=True``), for a trainer's log beside ``compute_advantages``' diagnostics."""
+        if self.per_scorer is None or self.turn_mask is None:
+            raise ValueError("scorer_means needs score_arrays(..., per_turn=True)")
+        count = max(int(self.turn_mask.sum()), 1)
+        return {f"process/{name}/mean": float(np.where(self.turn_mask, table, 0.0).sum()) / count
+                for name, table in sorted(self.per_scorer.items())}
 
 
 OnError = Literal["raise", "mask"]

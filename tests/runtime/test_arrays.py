@@ -229,10 +229,16 @@ async def test_per_turn_scores_and_the_per_scorer_breakdown():
     np.testing.assert_allclose(out.per_scorer["halves"], halves)
     np.testing.assert_allclose(out.turn_scores, sums + halves)
     assert out.failed.tolist() == [False, False, False] and out.errors == {}
+    # Issue 23.6: each scorer's mean turn reward over the 5 turns that exist, for the trainer's log.
+    assert out.turn_mask.tolist() == [[True, True, False], [True, True, True], [False, False, False]]
+    means = out.scorer_means()
+    np.testing.assert_allclose(means["process/fails_on_row/mean"], sums[out.turn_mask].mean(), rtol=1e-6)
+    np.testing.assert_allclose(means["process/halves/mean"], 1.0, rtol=1e-6)
     # The token rewards are the same as without per_turn; a failed row's turn scores are NaN.
     plain = await score_arrays(runner, input_ids, turn_ids, attention_mask=attention)
     np.testing.assert_array_equal(out.token_rewards, plain)
     failing = await score_arrays(runner, input_ids, turn_ids, attention_mask=attention, per_turn=True,
                                  on_error="mask", ctx=[{}, {"fail": True}, {}])
     assert np.isnan(failing.turn_scores[1]).all() and np.isnan(failing.per_scorer["halves"][1]).all()
+    assert not failing.turn_mask[1].any() and np.isfinite(list(failing.scorer_means().values())).all()
     np.testing.assert_allclose(failing.turn_scores[0], (sums + halves)[0])

@@ -481,6 +481,19 @@ def whiten(x, mask, eps=1e-8):
     return out
 
 
+def returns_to_go(x, mask):
+    """sum_{u >= t} x_u over each row's trained timesteps, 0 elsewhere."""
+    rows, width = np.shape(mask)
+    out = np.zeros((rows, width))
+    for b in range(rows):
+        running = 0.0
+        for t in reversed(range(width)):
+            if mask[b][t]:
+                running += float(x[b][t])
+                out[b][t] = running
+    return out
+
+
 def turn_ends(mask, turn_ids):
     """Each turn's last trained timestep: the next timestep is untrained or in another turn."""
     rows, width = np.shape(mask)
@@ -502,13 +515,7 @@ def pure(process, outcome, mask, turn_ids, outcome_step, groups, temperature, ve
     q = np.array(r, np.float64)
     for b in range(rows):
         q[b][outcome_step[b]] += verifier_coef * float(outcome[b])
-    g = np.zeros((rows, width))
-    for b in range(rows):
-        running = 0.0
-        for t in reversed(range(width)):
-            if mask[b][t]:
-                running += q[b][t]
-                g[b][t] = running
+    g = returns_to_go(q, mask)
     per_token = [math.fsum(g[b]) / max(int(np.sum(mask[b])), 1) for b in range(rows)]
     returns = np.zeros((rows, width))
     scored = np.zeros((rows, width), bool)
@@ -551,13 +558,7 @@ def prime(prm, ref, outcome, mask, groups, *, beta, lam=0.0, use_gt=False, dpo_c
     rows, width = np.shape(mask)
     s = implicit_rewards(prm, ref, mask, beta, lam, outcome if use_gt else None)
     if batch_norm:
-        top = 0.0
-        for b in range(rows):
-            running = 0.0
-            for t in reversed(range(width)):
-                if mask[b][t]:
-                    running += s[b][t]
-                    top = max(top, abs(running))
+        top = float(np.abs(returns_to_go(s, mask)).max(initial=0.0))
         s = s / (top + 1e-6)
     final = np.zeros((rows, width))
     for b in range(rows):
@@ -571,13 +572,7 @@ def prime(prm, ref, outcome, mask, groups, *, beta, lam=0.0, use_gt=False, dpo_c
         if idx:
             others = [float(outcome[c]) for c in members if c != b]
             final[b][idx[-1]] += gt_coef * (float(outcome[b]) - math.fsum(others) / len(others))
-    returns = np.zeros((rows, width))
-    for b in range(rows):
-        running = 0.0
-        for t in reversed(range(width)):
-            if mask[b][t]:
-                running += final[b][t]
-                returns[b][t] = running
+    returns = returns_to_go(final, mask)
     return whiten(returns, mask), returns, s
 
 

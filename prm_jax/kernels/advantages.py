@@ -61,8 +61,9 @@ from prm_jax.kernels.prime import PrimeCredit, prime_core
 from prm_jax.kernels.pure import MinFormTransform, PureCredit, min_form_core, pure_core
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAEMethod, resolve_method
 from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_core, warn_gvpo_without_penalty
-from prm_jax.kernels.tree import TreeCredit, tree_advantages_core, tree_check
+from prm_jax.kernels.tree import TreeCredit, children_sum, tree_advantages_core, tree_check
 from prm_jax.kernels.turns import (
+    changes_within_turns,
     same_turn_next,
     turn_counts,
     turn_ends,
@@ -245,8 +246,7 @@ def _decoupled_rewards(rewards, sources, real_rows, norm: DecoupledNorm, groups:
         raise ValueError(f"reward_norm.weights has {len(norm.weights)} entries but there are {count} reward sources "
                          "(the outcome reward and batch['reward_sources'] [B, K])")
     weights = jnp.asarray(norm.weights if norm.weights is not None else (1.0,) * count, rewards.dtype)
-    row_group, num_groups = (groups.row_group, groups.num_groups) if groups is not None else (
-        jnp.zeros(rewards.shape, jnp.int32), 1)
+    row_group, num_groups = _row_groups(groups, rewards.shape[0])
     out, missing = decoupled_normalization_core(columns, weights, real_rows, row_group, num_groups, norm.eps)
     checks.append(_checks.ValueCheck("reward_sources_infinite",
                                      _checks.violations(jnp.isinf(columns) & real_rows[:, None]),
@@ -272,12 +272,7 @@ def _min_form_turns(process: jax.Array, active: jax.Array, turn_ids: jax.Array |
     ends = active & ~same
 
     def in_place(_: None) -> jax.Array:
-        logits = jnp.where(ends, -process / temperature, -jnp.inf)
-        top = jnp.max(logits, axis=1, keepdims=True)
-        shift = jnp.where(jnp.isfinite(top), top, zero)
-        total = jnp.sum(jnp.where(ends, jnp.exp(logits - shift), zero), axis=1, keepdims=True)
-        weights = jnp.exp(-process / temperature - shift) / jnp.maximum(total, jnp.finfo(process.dtype).tiny)
-        return jnp.where(active, weights * process, zero)
+        return min_form_core(process, ends, temperature, at=active)
 
     def spread(_: None) -> jax.Array:
         rewards = min_form_core(process, ends, temperature)  # the min-form reward at each turn end
@@ -285,8 +280,7 @@ def _min_form_turns(process: jax.Array, active: jax.Array, turn_ids: jax.Array |
         own_end = lax.cummin(jnp.where(ends, step, width), axis=1, reverse=True)
         return jnp.where(active, jnp.take_along_axis(rewards, jnp.minimum(own_end, width - 1), axis=1), zero)
 
-    uneven = jnp.any(same & (process != shift_to_next_token(process, fill=0)))
-    out = lax.cond(uneven, spread, in_place, None)
+    out = lax.cond(jnp.any(changes_within_turns(process, same)), spread, in_place, None)
     diagnostics = {"min_form/turns": jnp.sum(ends, dtype=jnp.int32),  # (each turn's reward once: at its end)
                    "min_form/row_sum_mean": jnp.sum(jnp.where(ends, out, zero)) / jnp.maximum(
                        jnp.sum(jnp.any(ends, axis=1), dtype=jnp.int32), 1).astype(out.dtype)}
@@ -300,7 +294,7 @@ def _fold_turn_rewards(process, active, turn_ids):
     """
     zero = jnp.zeros((), process.dtype)
     same_turn = same_turn_next(active, turn_ids)
-    uneven = same_turn & (process != shift_to_next_token(process, fill=0))
+    uneven = changes_within_turns(process, same_turn)
     flat = jnp.argmax(uneven.ravel())
     row, step = flat // process.shape[1], flat % process.shape[1]
     check = _checks.ValueCheck(
@@ -407,7 +401,7 @@ def _check_batch_shapes(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> 
         raise ValueError("credit_assignment 'prime' needs batch['prm_logprobs'] and batch['ref_logprobs'] [B, T]")
     if isinstance(plan.estimator, TreeCredit) and not ("node_ids" in batch and "node_parents" in batch):
         raise ValueError("credit_assignment 'tree' needs batch['node_ids'] [B, K] and batch['node_parents'] [N] "
-                         "(pack_branches(..., tree=True) builds them)")
+                         "(pack_branches(..., sessions=...) builds them)")
     if "node_parents" in batch:
         _checks.check_rank("batch['node_parents']", batch["node_parents"], 1)
     for key in ("turn_rewards", "anchor_ids", "reward_sources", "node_ids"):
@@ -533,8 +527,7 @@ def _gigpo(stage: GiGPOStage, x: EstimatorInputs, checks: list) -> tuple[jax.Arr
     else:
         step_rewards = derived
     anchors = _checks.as_integer("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
-    row_group, num_groups = ((x.groups.row_group, x.groups.num_groups) if x.groups is not None
-                             else (jnp.zeros(x.outcome.shape, jnp.int32), 1))
+    row_group, num_groups = _row_groups(x.groups, x.outcome.shape[0])
     per_turn = gigpo_core(step_rewards, counts > 0, anchors, x.outcome, row_group, num_groups, stage.config,
                           x.real_rows)
     advantages = _on_turn_timesteps(per_turn.advantages, in_turn, steps.turn_ids) + x.kl
@@ -559,10 +552,11 @@ def _on_turn_timesteps(per_turn: jax.Array, in_turn: jax.Array, turn_ids: jax.Ar
     return jnp.where(in_turn, jnp.take_along_axis(per_turn, safe, axis=1), jnp.zeros((), per_turn.dtype))
 
 
-def _groups_or_one(x: EstimatorInputs) -> tuple[jax.Array, int]:
-    if x.groups is not None:
-        return x.groups.row_group, x.groups.num_groups
-    return jnp.zeros(x.outcome.shape, jnp.int32), 1
+def _row_groups(groups: GroupLayout | None, rows: int) -> tuple[jax.Array, int]:
+    """``(row_group [B], num_groups)``: the batch's GRPO groups, else the whole batch as one group."""
+    if groups is not None:
+        return groups.row_group, groups.num_groups
+    return jnp.zeros((rows,), jnp.int32), 1
 
 
 def _tree(stage: TreeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
@@ -576,7 +570,7 @@ def _tree(stage: TreeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Arra
     parents = _checks.as_int("batch['node_parents']", batch["node_parents"])
     rows, turns = node_ids.shape
     size = parents.shape[0]
-    row_group, _ = _groups_or_one(x)
+    row_group, _ = _row_groups(x.groups, x.outcome.shape[0])
     has = (node_ids >= 0) & (node_ids < size) & x.real_rows[:, None]
     flat = jnp.where(has, node_ids, size).ravel()
     used = jax.ops.segment_max(jnp.ones(flat.shape, jnp.int32), flat, num_segments=size + 1)[:size] > 0
@@ -600,8 +594,7 @@ def _tree(stage: TreeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Arra
     ends = jax.ops.segment_sum(jnp.ones((rows,), jnp.int32), last_node, num_segments=size + 1)[:size]
     reward = jax.ops.segment_sum(x.outcome, last_node, num_segments=size + 1)[:size]
     checks.append(tree_check(parents, used))
-    children = jax.ops.segment_sum(used.astype(jnp.int32), jnp.where(used & (parents >= 0), parents, size),
-                                   num_segments=size + 1)[:size]
+    children = children_sum(jnp.ones(size, jnp.int32), parents, used)
     bad_end = used & (((ends > 0) & (children > 0)) | (ends > 1) | ((ends == 0) & (children == 0)))
     node = jnp.argmax(bad_end).astype(jnp.int32)
     checks.append(_checks.ValueCheck(
@@ -623,7 +616,7 @@ def _pure(stage: PureCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Arra
     whitening; plus the KL rewards."""
     steps, dtype = x.steps, x.outcome.dtype
     process = x.process if x.process is not None else jnp.zeros(steps.active.shape, dtype)
-    row_group, num_groups = _groups_or_one(x)
+    row_group, num_groups = _row_groups(x.groups, x.outcome.shape[0])
     out = pure_core(process, x.outcome, steps.active, turn_ends(steps.active, steps.turn_ids), x.outcome_at,
                     x.real_rows, row_group, num_groups, stage.temperature, stage.verifier_coef, stage.whiten)
     advantages = out.advantages + x.kl
@@ -638,7 +631,7 @@ def _prime(stage: PrimeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Ar
     prm = jnp.where(steps.active, _checks.as_float("batch['prm_logprobs']", x.batch["prm_logprobs"], dtype),
                     jnp.zeros((), dtype))
     checks.append(_checks.finite_check("batch['prm_logprobs']", prm, steps.active))
-    row_group, num_groups = _groups_or_one(x)
+    row_group, num_groups = _row_groups(x.groups, x.outcome.shape[0])
     out, alone = prime_core(prm, steps.ref_logprobs, x.outcome, steps.active, x.real_rows, row_group, num_groups,
                             beta=stage.beta, lam=stage.lam, use_gt=stage.use_gt, dpo_coef=stage.dpo_coef,
                             gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm",
@@ -746,27 +739,22 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
     out.update({"active_timesteps": count, "nonzero_advantage_share": share(advantages != 0),
                 "shaping_changed_share": share(advantages != unshaped),
                 "shaping_sign_flip_share": share(jnp.sign(advantages) * jnp.sign(unshaped) < 0)})
-    # The advantages themselves over trained timesteps (0 for each statistic when none trains).
-    zero, anywhere = jnp.zeros((), advantages.dtype), count > 0
-    adv_mean = jnp.sum(jnp.where(active, advantages, zero)) / n
-    out.update({"advantages/mean": adv_mean,
-                "advantages/std": jnp.sqrt(jnp.sum(jnp.where(active, (advantages - adv_mean) ** 2, zero)) / n),
-                "advantages/min": jnp.where(anywhere, jnp.min(jnp.where(active, advantages, jnp.inf)), zero),
-                "advantages/max": jnp.where(anywhere, jnp.max(jnp.where(active, advantages, -jnp.inf)), zero)})
-    row_group, num_groups = (groups.row_group, groups.num_groups) if groups is not None else (
-        jnp.zeros(active.shape[:1], jnp.int32), 1)
+    # Over trained timesteps (0 for each statistic when none trains): population std.
+    def stats(prefix: str, x: jax.Array) -> dict[str, jax.Array]:
+        zero = jnp.zeros((), x.dtype)
+        mean = jnp.sum(jnp.where(active, x, zero)) / n
+        return {f"{prefix}/mean": mean, f"{prefix}/std": jnp.sqrt(jnp.sum(jnp.where(active, (x - mean) ** 2, zero)) / n),
+                f"{prefix}/min": jnp.where(count > 0, jnp.min(jnp.where(active, x, jnp.inf)), zero),
+                f"{prefix}/max": jnp.where(count > 0, jnp.max(jnp.where(active, x, -jnp.inf)), zero)}
+
+    out.update(stats("advantages", advantages))
+    row_group, num_groups = _row_groups(groups, active.shape[0])
     group_active = jax.ops.segment_sum(jnp.sum(active, axis=1, dtype=jnp.int32), row_group, num_segments=num_groups)
     group_nonzero = jax.ops.segment_sum(jnp.sum(nonzero, axis=1, dtype=jnp.int32), row_group, num_segments=num_groups)
     out["groups"] = jnp.sum(group_active > 0, dtype=jnp.int32)
     out["zero_advantage_groups"] = jnp.sum((group_active > 0) & (group_nonzero == 0), dtype=jnp.int32)
     if process is not None:
-        safe = jnp.where(active, process, 0.0)
-        mean = jnp.sum(safe) / n
-        anywhere = count > 0
-        out.update({"process/mean": mean,
-                    "process/std": jnp.sqrt(jnp.sum(jnp.where(active, (process - mean) ** 2, 0.0)) / n),
-                    "process/min": jnp.where(anywhere, jnp.min(jnp.where(active, process, jnp.inf)), 0.0),
-                    "process/max": jnp.where(anywhere, jnp.max(jnp.where(active, process, -jnp.inf)), 0.0),
+        out.update({**stats("process", process),
                     "process/negative_share": share(process < 0), "process/zero_share": share(process == 0),
                     "process/positive_share": share(process > 0),
                     "process/outside_unit_share": share(~((process >= 0) & (process <= 1)))})

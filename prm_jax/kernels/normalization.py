@@ -158,7 +158,7 @@ def member_counts_check(member_counts: jax.Array) -> _checks.ValueCheck:
 
 
 def segment_totals(x: jax.Array, segment: jax.Array, num_segments: int, indices_are_sorted: bool = False) -> jax.Array:
-    """``[N]``: the sum of ``x`` over each entry's segment, broadcast back to the entries."""
+    """``[N, ...]``: the sum of ``x`` over each entry's segment (along the first axis), broadcast back."""
     return jax.ops.segment_sum(x, segment, num_segments=num_segments, indices_are_sorted=indices_are_sorted)[segment]
 
 
@@ -218,14 +218,11 @@ def decoupled_normalization_core(rewards: jax.Array, weights: jax.Array, real: j
     present = real[:, None] & ~jnp.isnan(rewards)
     kept = jnp.where(present, rewards, zero)
 
-    def per_group(v):  # [B, K] -> [B, K]: summed over each row's group
-        return jax.ops.segment_sum(v, row_group, num_segments=num_groups)[row_group]
-
-    count = per_group(present.astype(rewards.dtype))
-    mean = per_group(kept) / jnp.maximum(count, 1)
+    count = segment_totals(present.astype(rewards.dtype), row_group, num_groups)  # [B, K], per row's group
+    mean = segment_totals(kept, row_group, num_groups) / jnp.maximum(count, 1)
     centred = jnp.where(present, rewards - mean, zero)
-    std = jnp.sqrt(per_group(centred * centred) / jnp.maximum(count - 1, 1))
-    rows = jax.ops.segment_sum(real.astype(rewards.dtype), row_group, num_segments=num_groups)[row_group][:, None]
+    std = jnp.sqrt(segment_totals(centred * centred, row_group, num_groups) / jnp.maximum(count - 1, 1))
+    rows = segment_totals(real.astype(rewards.dtype), row_group, num_groups)[:, None]
     # A group of one row has std 0 (TRL: G = 1); fewer than two present values in a larger group leave the
     # entry out (nanstd is NaN there).
     used = present & ((rows <= 1) | (count >= 2))

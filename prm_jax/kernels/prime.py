@@ -112,15 +112,11 @@ def implicit_process_rewards(prm_logprobs: ArrayLike, ref_logprobs: ArrayLike, m
     _checks.check_shape("mask", mask, shape, "prm_logprobs")
     if outcome is not None:
         _checks.check_shape("outcome", outcome, shape[:1], "the batch axis")
-    beta, lam = _scalar("beta", beta), _scalar("lam", lam, minimum=0.0, maximum=1.0)
+    beta, lam = finite_number("beta", beta), finite_number("lam", lam, minimum=0.0, maximum=1.0)
     method = resolve_method("auto", unit_discount=lam == 1.0)
     out, checks = _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, beta=beta, lam=lam, method=method)
     _checks.raise_value_checks(checks, callback=True)
     return out
-
-
-def _scalar(name: str, value: float, **bounds: float) -> float:
-    return finite_number(name, value, **bounds)
 
 
 @functools.partial(jax.jit, static_argnames=("beta", "lam", "method"))
@@ -157,7 +153,7 @@ def prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.Ar
     if batch_norm:
         scale = jnp.max(jnp.abs(to_go)) + 1e-6
         rewards, to_go = rewards / scale, to_go / scale
-    _, alone = leave_one_out_mean(outcome, real, row_group, num_groups)
+    baseline, alone = leave_one_out_mean(outcome, real, row_group, num_groups)
     alone = alone & real
     returns = jnp.zeros_like(rewards)
     if dpo_coef != 0.0:
@@ -168,7 +164,6 @@ def prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.Ar
         # s_t n / (n - 1) - others per trained timestep, summed from t on: the same map of the sums.
         returns = returns + dpo_coef * ((n / jnp.maximum(n - 1, 1))[:, None] * to_go - others[:, None] * steps_to_go)
     if gt_coef != 0.0:
-        baseline, _ = leave_one_out_mean(outcome, real, row_group, num_groups)
         returns = returns + gt_coef * (outcome - baseline)[:, None]
     returns = jnp.where(active & ~alone[:, None], returns, zero)
     row = jnp.argmax(alone).astype(jnp.int32)

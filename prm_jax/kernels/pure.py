@@ -71,14 +71,20 @@ class PureCredit:
             raise ConfigError("whiten", f"must be a bool, got {short_repr(self.whiten)}")
 
 
-def min_form_core(scores: jax.Array, steps: jax.Array, temperature: float) -> jax.Array:
-    """``min_form`` along the last axis of validated float ``scores`` with bool ``steps``."""
+def min_form_core(scores: jax.Array, steps: jax.Array, temperature: float, at: jax.Array | None = None) -> jax.Array:
+    """``min_form`` along the last axis of validated float ``scores`` with bool ``steps``: the weights are
+    normalized over ``steps``; ``w * s`` is given where ``at`` (default ``steps``), 0 elsewhere. (A score
+    outside the steps weighed by the steps' normalizer: a turn's reward at every timestep of a turn whose
+    score is uniform.)"""
     zero = jnp.zeros((), scores.dtype)
+    at = steps if at is None else at
     logits = jnp.where(steps, -scores / temperature, -jnp.inf)
     top = jnp.max(logits, axis=-1, keepdims=True)
-    weights = jnp.where(steps, jnp.exp(logits - jnp.where(jnp.isfinite(top), top, zero)), zero)
-    weights = weights / jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), jnp.finfo(scores.dtype).tiny)
-    return jnp.where(steps, weights * scores, zero)
+    shift = jnp.where(jnp.isfinite(top), top, zero)
+    total = jnp.sum(jnp.exp(logits - shift), axis=-1, keepdims=True)
+    # exp(-inf) = 0 off `at`: no overflow there, in values or gradients.
+    weights = jnp.exp(jnp.where(at, -scores / temperature, -jnp.inf) - shift)
+    return jnp.where(at, weights / jnp.maximum(total, jnp.finfo(scores.dtype).tiny) * scores, zero)
 
 
 def min_form(step_scores: ArrayLike, step_mask: ArrayLike | None = None, temperature: float = 0.1) -> jax.Array:

@@ -68,7 +68,7 @@ class TreeAdvantages(NamedTuple):
     centred: jax.Array       # [N] R~ at leaves, 0 elsewhere
 
 
-def _children_sum(x: jax.Array, parent: jax.Array, mask: jax.Array) -> jax.Array:
+def children_sum(x: jax.Array, parent: jax.Array, mask: jax.Array) -> jax.Array:
     """``[N]``: the sum of ``x`` over each node's children in use."""
     size = parent.shape[0]
     index = jnp.where(mask & (parent >= 0), parent, size)
@@ -96,7 +96,7 @@ def _until_stable(step, x: jax.Array, bound: int) -> jax.Array:
 def subtree_sums(x: jax.Array, parent: jax.Array, mask: jax.Array) -> jax.Array:
     """``[N]``: ``x`` summed over each node's subtree (itself included), on validated arrays."""
     own = jnp.where(mask, x, jnp.zeros((), x.dtype))
-    return _until_stable(lambda s: own + _children_sum(s, parent, mask), own, parent.shape[0] + 1)
+    return _until_stable(lambda s: own + children_sum(s, parent, mask), own, parent.shape[0] + 1)
 
 
 def tree_check(parent: jax.Array, mask: jax.Array) -> _checks.ValueCheck:
@@ -123,10 +123,10 @@ def tree_discount_core(parent: jax.Array, raw: jax.Array, mask: jax.Array, gamma
     """``tree_discount`` on validated arrays."""
     zero = jnp.zeros((), raw.dtype)
     raw = jnp.where(mask, raw, zero)
-    children = _children_sum(jnp.ones_like(raw), parent, mask)
+    children = children_sum(jnp.ones_like(raw), parent, mask)
 
     def step(r):
-        mean = _children_sum(r, parent, mask) / jnp.maximum(children, 1)
+        mean = children_sum(r, parent, mask) / jnp.maximum(children, 1)
         return raw + gamma * jnp.where(children > 0, mean, zero)
 
     return jnp.where(mask, _until_stable(step, raw, parent.shape[0] + 1), zero)
@@ -138,7 +138,7 @@ def tree_advantages_core(parent: jax.Array, leaf_reward: jax.Array, mask: jax.Ar
     """``tree_advantages`` on validated arrays; ``group [N]`` in ``[0, num_groups)``."""
     dtype = leaf_reward.dtype
     zero = jnp.zeros((), dtype)
-    leaf = mask & (_children_sum(jnp.ones_like(leaf_reward), parent, mask) == 0)
+    leaf = mask & (children_sum(jnp.ones_like(leaf_reward), parent, mask) == 0)
     selected = leaf & selected
 
     def per_group(x):

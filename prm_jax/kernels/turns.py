@@ -139,6 +139,12 @@ def same_turn_next(active: jax.Array, turn_ids: jax.Array | None) -> jax.Array:
     return same
 
 
+def changes_within_turns(x: jax.Array, same_turn: jax.Array) -> jax.Array:
+    """``[B, T]`` bool: ``x`` changes between a timestep and the next one of the same turn (``same_turn``
+    from ``same_turn_next``): where a per-turn value is not uniform over its turn."""
+    return same_turn & (x != shift_to_next_token(x, fill=0))
+
+
 def turn_ends(active: jax.Array, turn_ids: jax.Array | None) -> jax.Array:
     """``[B, T]`` bool: each turn's last active timestep (where a folded or min-form turn reward goes)."""
     return active & ~same_turn_next(active, turn_ids)

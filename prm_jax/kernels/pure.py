@@ -77,14 +77,14 @@ def min_form_core(scores: jax.Array, steps: jax.Array, temperature: float, at: j
     outside the steps weighed by the steps' normalizer: a turn's reward at every timestep of a turn whose
     score is uniform.)"""
     zero = jnp.zeros((), scores.dtype)
-    at = steps if at is None else at
     logits = jnp.where(steps, -scores / temperature, -jnp.inf)
     top = jnp.max(logits, axis=-1, keepdims=True)
     shift = jnp.where(jnp.isfinite(top), top, zero)
-    total = jnp.sum(jnp.exp(logits - shift), axis=-1, keepdims=True)
-    # exp(-inf) = 0 off `at`: no overflow there, in values or gradients.
-    weights = jnp.exp(jnp.where(at, -scores / temperature, -jnp.inf) - shift)
-    return jnp.where(at, weights / jnp.maximum(total, jnp.finfo(scores.dtype).tiny) * scores, zero)
+    weights = jnp.where(steps, jnp.exp(logits - shift), zero)
+    total = jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), jnp.finfo(scores.dtype).tiny)
+    if at is None:
+        return jnp.where(steps, weights / total * scores, zero)
+    return jnp.where(at, jnp.exp(-scores / temperature - shift) / total * scores, zero)
 
 
 def min_form(step_scores: ArrayLike, step_mask: ArrayLike | None = None, temperature: float = 0.1) -> jax.Array:

@@ -10,6 +10,16 @@ from prm_jax import BaseScorer, BaseTrajectoryScorer, PRMMetricObservation, PRMS
 EVENTS: list[str] = []
 
 
+def scorer_of(fn, name="fn", cls=BaseScorer, **kwargs):
+    """An instance of a new ``cls`` subclass named ``name`` whose ``evaluate`` is ``fn``."""
+    return type(f"S_{name}", (cls,), {"name": name, "evaluate": fn})(**kwargs)
+
+
+def committed(cache):
+    """Each turn's committed token rewards as a list (``None`` where none was committed)."""
+    return [None if i.token_rewards is None else i.token_rewards.tolist() for i in cache]
+
+
 class ConstantScorer(BaseScorer):
     name = "constant"
 

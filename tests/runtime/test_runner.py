@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scorers_for_tests as st
+from scorers_for_tests import committed, scorer_of
 
 from prm_jax import (
     BaseScorer,
@@ -34,19 +35,11 @@ def branch(n_turns=3, out_len=2, rewards=None):
     return InteractionCache(turns)
 
 
-def scorer_of(fn, name="fn", cls=BaseScorer, **kwargs):
-    return type(f"S_{name}", (cls,), {"name": name, "evaluate": fn})(**kwargs)
-
-
-def rewards(cache):
-    return [None if i.token_rewards is None else i.token_rewards.tolist() for i in cache]
-
-
 async def test_scalar_broadcast_weight_and_commit():
     cache = branch()
     runner = PRMRunner(scorers=(st.ConstantScorer(0.5, weight=2.0),))
     results = await runner.run(cache)
-    assert rewards(cache) == [[1.0, 1.0]] * 3
+    assert committed(cache) == [[1.0, 1.0]] * 3
     assert [r.reward for r in results] == [1.0] * 3 and all(r.token_rewards.dtype == np.float32 for r in results)
 
 
@@ -54,7 +47,7 @@ async def test_arrays_keep_positions_and_scorers_add_up():
     cache = branch(rewards=[[0.25, 0.25], None, [1.0, -1.0]])
     runner = PRMRunner(scorers=(st.PositionScorer(weight=0.5), st.ConstantScorer(1.0)))
     await runner.run(cache)
-    assert rewards(cache) == [[1.25, 1.75], [1.0, 1.5], [2.0, 0.5]]
+    assert committed(cache) == [[1.25, 1.75], [1.0, 1.5], [2.0, 0.5]]
 
 
 @pytest.mark.parametrize("raw", [0.5, np.float32(0.5), np.array([0.5, 0.5]), jnp.array([0.5, 0.5]), [0.5, 0.5],
@@ -64,7 +57,7 @@ async def test_accepted_result_types(raw):
         return raw
     cache = branch(1)
     await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
-    assert rewards(cache) == [[float(np.asarray(raw).ravel()[0])] * 2]
+    assert committed(cache) == [[float(np.asarray(raw).ravel()[0])] * 2]
 
 
 @pytest.mark.parametrize("raw,want", [(True, [1.0, 1.0]), (np.bool_(False), [0.0, 0.0]), (np.True_, [1.0, 1.0])])
@@ -75,7 +68,7 @@ async def test_bool_verdicts_are_numbers(raw, want):
         return raw
     cache = branch(1)
     await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
-    assert rewards(cache) == [want]
+    assert committed(cache) == [want]
 
 
 @pytest.mark.parametrize("raw,error,match", [
@@ -96,7 +89,7 @@ async def test_invalid_results_commit_nothing(raw, error, match):
     runner = PRMRunner(scorers=(scorer_of(evaluate, weight=10.0),))
     with pytest.raises(error, match=match):
         await runner.run(cache)
-    assert rewards(cache) == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert committed(cache) == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
     assert sorted(calls) == ["t0", "t1", "t2"]
 
 
@@ -106,7 +99,7 @@ async def test_none_rejects_and_names_the_scorer():
     cache = branch()
     with pytest.raises(RuntimeError, match=r"'fn' returned None for 2 of 3 turns"):
         await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
-    assert rewards(cache) == [None] * 3
+    assert committed(cache) == [None] * 3
 
 
 async def test_exception_rejects_cancels_siblings_and_commits_nothing():
@@ -122,7 +115,7 @@ async def test_exception_rejects_cancels_siblings_and_commits_nothing():
     with anyio.fail_after(2):
         with pytest.raises(KeyError, match="judge exploded") as info:
             await PRMRunner(scorers=(scorer_of(evaluate),)).run(cache)
-    assert finished == [] and rewards(cache) == [None] * 3
+    assert finished == [] and committed(cache) == [None] * 3
     assert any("'fn'" in note and "'t0'" in note for note in info.value.__notes__)
 
 
@@ -133,7 +126,7 @@ async def test_a_later_scorer_failing_commits_nothing_of_the_earlier_ones():
     cache = branch(2)
     with pytest.raises(ValueError):
         await PRMRunner(scorers=(st.ConstantScorer(0.5), scorer_of(evaluate, "bad"))).run(cache)
-    assert rewards(cache) == [None, None]
+    assert committed(cache) == [None, None]
 
 
 async def test_non_result_from_evaluate_result():
@@ -188,7 +181,7 @@ async def test_trajectory_scorer_rules():
     cache = branch()
     await PRMRunner(scorers=(joint,)).run(cache)
     assert joint.seen == ["t0", "t1", "t2"]
-    assert rewards(cache) == [[1.0, 1.0], [0.0, 0.0], [0.5, 0.25]]
+    assert committed(cache) == [[1.0, 1.0], [0.0, 0.0], [0.5, 0.25]]
     with pytest.raises(ValueError, match="unknown interaction ids"):
         await PRMRunner(scorers=(st.JointScorer({"t9": 1.0}),)).run(branch())
     with pytest.raises(TypeError, match="mapping"):
@@ -216,7 +209,7 @@ async def test_observation_rules():
     cache = branch(2)
     with pytest.raises(ValueError, match="more than once"):
         await PRMRunner(scorers=(twice,)).run(cache)
-    assert rewards(cache) == [None, None]
+    assert committed(cache) == [None, None]
 
 
 async def test_metric_schema_is_stable_for_the_runner_life():
@@ -227,7 +220,7 @@ async def test_metric_schema_is_stable_for_the_runner_life():
     cache = branch(1)
     with pytest.raises(ValueError, match="changed schema"):
         await runner.run(cache)
-    assert rewards(cache) == [None]
+    assert committed(cache) == [None]
 
 
 def obs(**kwargs):
@@ -390,13 +383,13 @@ async def test_one_instance_serves_100_concurrent_sessions():
         for i, cache in enumerate(caches):
             tg.start_soon(runner.run, cache, {"session": i})
     for i, cache in enumerate(caches):
-        assert rewards(cache) == [[i + 2.0] * 2] * 2
+        assert committed(cache) == [[i + 2.0] * 2] * 2
 
 
 async def test_runner_disabled_scores_nothing():
     cache = branch(1)
     assert await PRMRunner(PRMConfig(enabled=False), scorers=(st.ConstantScorer(),)).run(cache) == []
-    assert rewards(cache) == [None]
+    assert committed(cache) == [None]
 
 
 async def test_session_with_several_branches_must_be_cloned_first():
@@ -420,7 +413,7 @@ class SharedTrajectoryScorer(BaseTrajectoryScorer):
 async def test_trajectory_scorer_missing_ids_get_zero():
     cache = branch(3)
     await PRMRunner(scorers=(SharedTrajectoryScorer(weight=0.5),)).run(cache)
-    assert rewards(cache) == [[0.0, 0.0], [0.0, 0.0], [0.5, 0.5]]
+    assert committed(cache) == [[0.0, 0.0], [0.0, 0.0], [0.5, 0.5]]
 
 
 async def test_one_scorer_commits_exactly_what_the_general_sum_gives():

@@ -15,6 +15,7 @@ import anyio
 import numpy as np
 import pytest
 import scorers_for_tests as st
+from scorers_for_tests import committed, scorer_of
 
 from prm_jax import BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMRunner
 from prm_jax.config import PRMConfig, ScorerSpec
@@ -32,14 +33,6 @@ def branch(n_turns=2, out_len=2, rewards=None):
                                  token_rewards=None if rewards is None else rewards[k]))
         tokens = tokens + out + [7]
     return InteractionCache(turns)
-
-
-def scorer_of(fn, name="fn", cls=BaseScorer, **kwargs):
-    return type(f"S_{name}", (cls,), {"name": name, "evaluate": fn})(**kwargs)
-
-
-def committed(cache):
-    return [None if i.token_rewards is None else i.token_rewards.tolist() for i in cache]
 
 
 # --- 10.1 concurrent or retried export of one group -----------------------------------------------------

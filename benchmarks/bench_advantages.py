@@ -120,6 +120,7 @@ def make_inputs(rows: int, width: int, seed: int = 0):
 def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float, loop: bool = True) -> dict:
     batch, rewards, values, mask = make_inputs(rows, width)
     r, v, m = (jax.device_put(x) for x in (rewards, values, mask))
+    m_float = jax.device_put(mask.astype(np.float32))  # how verl and tunix pass masks
     device_batch = jax.device_put(batch)
     out = {"shape": f"{rows}x{width}"}
     auto = resolve_method("auto", unit_discount=gamma * lam == 1.0)
@@ -141,6 +142,8 @@ def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float, l
     methods += ("native",) if native.available() else ()
     for method in methods:
         candidates[method] = lambda method=method: prm_jax.kernels.gae(r, v, m, gamma=gamma, lam=lam, method=method)
+    # The library's default method with a float32 mask (checked to hold only 0 and 1), beside "auto" (bool).
+    candidates["auto_float_mask"] = lambda: prm_jax.kernels.gae(r, v, m_float, gamma=gamma, lam=lam)
     out.update(interleaved_medians(candidates, repeats))
     out["bytes_copy"] = 2 * bytes_per_step((rewards, values, mask))
     out["elements"] = rows * width
@@ -177,7 +180,7 @@ def main() -> None:
     for rows, width in shapes:
         res = bench_shape(rows, width, args.repeats, args.gamma, args.lam, loop=not args.no_loop)
         results.append(res)
-        for name in ("copy", "roofline", "auto", "native", "scan", "associative", "blocked", "cumsum",
+        for name in ("copy", "roofline", "auto", "auto_float_mask", "native", "scan", "associative", "blocked", "cumsum",
                      "pipeline_roofline", "compute_advantages", "compute_advantages_checked", "numpy_loop"):
             if name in res:
                 speedup = f"{res['numpy_loop'] / res[name]:16.1f}" if "numpy_loop" in res else f"{'-':>16}"
@@ -186,6 +189,7 @@ def main() -> None:
                       f"{speedup} {fraction}")
         print(f"{res['shape']:>10} {'compile(auto) s':>26} {res['compile_auto']:10.3f}   "
               f"compute_advantages / auto = {res['compute_advantages'] / res['auto']:.2f}, "
+              f"float mask / bool mask = {res['auto_float_mask'] / res['auto']:.2f}, "
               f"checked / unchecked = {res['compute_advantages_checked'] / res['compute_advantages']:.2f}, "
               f"pipeline_roofline / auto = {res['pipeline_roofline'] / res['auto']:.2f}, "
               f"compute_advantages / pipeline_roofline = {res['compute_advantages'] / res['pipeline_roofline']:.2f}, "

@@ -136,19 +136,34 @@ def violations(flags: jax.Array) -> jax.Array:
     return jnp.sum(flags, dtype=jnp.int32)
 
 
+def located(count: jax.Array, locate: Callable[[], tuple[jax.Array, ...]]) -> tuple[jax.Array, ...]:
+    """A failed check's details (``locate()``: where, what) computed only when ``count`` is nonzero.
+
+    A check that passes then costs its count alone; the search for the first bad entry runs on failure
+    (under ``vmap`` both branches run: the details are still right).
+    """
+    zeros = lambda: tuple(jnp.zeros(s.shape, s.dtype) for s in jax.eval_shape(locate))
+    return lax.cond(count > 0, locate, zeros)
+
+
 def mask_check(name: str, x: Any) -> list[ValueCheck]:
-    """Masks are bool, or numbers that are exactly 0 or 1 (one rule for every mask); [] for bool masks."""
+    """Masks are bool, or numbers that are exactly 0 or 1 (one rule for every mask); [] for bool masks.
+
+    The native GAE kernel applies the same rule, with the same message, to the float32 masks it reads
+    (``prm_jax/native/gae_cpu.cc``); a test holds the two to each other.
+    """
     x = jnp.asarray(x)
     if x.dtype == jnp.bool_:
         return []
     bad = (x != 0) & (x != 1)  # NaN is bad too
+    count = violations(bad)
     flags = bad.reshape(bad.shape[0], -1) if bad.ndim else bad.reshape(1, 1)
-    row, step, value = first_flagged(flags, x.reshape(flags.shape).astype(jnp.float32))
+    row, step, value = located(count, lambda: first_flagged(flags, x.reshape(flags.shape).astype(jnp.float32)))
     where = (lambda row, step: f"row {int(row)}, position {int(step)}") if x.ndim > 1 else (
         lambda row, step: f"entry {int(row)}")
-    return [ValueCheck(f"{check_key(name)}_not_binary", violations(bad),
+    return [ValueCheck(f"{check_key(name)}_not_binary", count,
                        lambda row, step, value: f"{name} must be bool or hold only 0 and 1; "
-                       f"{where(row, step)} holds {float(value)!r}", row, step, value)]
+                       f"{where(row, step)} holds {float(value):.9g}", row, step, value)]
 
 
 def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key: str | None = None,

@@ -58,13 +58,16 @@ def _next_active_values(values: jax.Array, active: jax.Array, bootstrap: jax.Arr
 
 
 @jax.custom_vjp
-def _native_gae(rewards, values, active, gamma, gamma_lam, bootstrap):
-    """The native kernel, differentiable: its cotangents are those of the same recurrence as ``scan``."""
-    return ffi.gae_native(rewards, values, active, gamma, gamma_lam, bootstrap)
+def _native_gae(rewards, values, mask, gamma, gamma_lam, bootstrap):
+    """The native kernel, differentiable: its cotangents are those of the same recurrence as ``scan``.
+
+    ``mask`` is bool, or float32 checked by the kernel itself (see ``ffi.gae_native``).
+    """
+    return ffi.gae_native(rewards, values, mask, gamma, gamma_lam, bootstrap)
 
 
-def _native_gae_fwd(rewards, values, active, gamma, gamma_lam, bootstrap):
-    primals = (rewards, values, active, gamma, gamma_lam, bootstrap)
+def _native_gae_fwd(rewards, values, mask, gamma, gamma_lam, bootstrap):
+    primals = (rewards, values, mask, gamma, gamma_lam, bootstrap)
     return _native_gae(*primals), primals
 
 
@@ -74,12 +77,13 @@ def _scan_gae_pair(rewards, values, active, gamma, gamma_lam, bootstrap):
 
 
 def _native_gae_bwd(primals, cotangents):
-    rewards, values, active, gamma, gamma_lam, bootstrap = primals
+    rewards, values, mask, gamma, gamma_lam, bootstrap = primals
+    active = _checks.as_mask("mask", mask)
     differentiable = lambda r, v, g, gl, b: _scan_gae_pair(r, v, active, g, gl, b)
     _, vjp = jax.vjp(differentiable, rewards, values, gamma, gamma_lam, bootstrap)
     d_rewards, d_values, d_gamma, d_gamma_lam, d_bootstrap = vjp(cotangents)
-    d_active = np.zeros(active.shape, jax.dtypes.float0)
-    return d_rewards, d_values, d_active, d_gamma, d_gamma_lam, d_bootstrap
+    d_mask = np.zeros(mask.shape, jax.dtypes.float0) if mask.dtype == jnp.bool_ else jnp.zeros_like(mask)
+    return d_rewards, d_values, d_mask, d_gamma, d_gamma_lam, d_bootstrap
 
 
 _native_gae.defvjp(_native_gae_fwd, _native_gae_bwd)
@@ -166,8 +170,16 @@ def is_unit_discount(gamma, lam) -> bool:
 @functools.partial(jax.jit, static_argnames=("method", "block_size"))
 def _gae_jit(rewards, values, mask, gamma, lam, bootstrap, *, method, block_size):
     rewards, values, active, bootstrap, dtype = _prepare(rewards, values, mask, lam, bootstrap)
-    output = gae_core(rewards, values, active, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype), bootstrap, method,
-                      block_size)
+    gamma, lam = jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype)
+    if method == "native" and dtype == jnp.float32 and jnp.asarray(mask).dtype == jnp.float32:
+        # A float32 mask (verl's, tunix's) goes to the kernel as it is: the kernel reads it as active where
+        # nonzero and enforces the 0/1 rule as it reads it (a violation fails the computation with
+        # mask_check's message), so no conversion pass, no check pass and no host round trip.
+        gamma_lam = gamma * jnp.broadcast_to(lam, bootstrap.shape)
+        output = GAEOutput(*_native_gae(rewards, values, jnp.asarray(mask), jnp.broadcast_to(gamma, bootstrap.shape),
+                                        gamma_lam, bootstrap))
+        return output, []
+    output = gae_core(rewards, values, active, gamma, lam, bootstrap, method, block_size)
     return output, _checks.mask_check("mask", mask)
 
 

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from prm_jax.native.build import build_library, logger
 
 TARGET = "prm_jax_gae_f32"
+FLOAT_MASK_TARGET = "prm_jax_gae_f32_float_mask"
 STEP_GROUPS_TARGET = "prm_jax_step_groups"
 
 _lock = threading.Lock()
@@ -56,6 +57,8 @@ def _load() -> bool:
     try:
         library = ctypes.cdll.LoadLibrary(str(build_library(compiler)))
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32), platform="cpu")
+        jax.ffi.register_ffi_target(FLOAT_MASK_TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32FloatMask),
+                                    platform="cpu")
         jax.ffi.register_ffi_target(STEP_GROUPS_TARGET, jax.ffi.pycapsule(library.PrmJaxStepGroups), platform="cpu")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
         detail = getattr(err, "stderr", "") or err
@@ -64,20 +67,26 @@ def _load() -> bool:
     return True
 
 
-def gae_native(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: jax.Array, gamma_lam: jax.Array,
+def gae_native(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: jax.Array, gamma_lam: jax.Array,
                bootstrap: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(advantages, returns)`` from the native kernel.
 
-    float32 ``[..., T]`` inputs; ``gamma``, ``gamma_lam`` and ``bootstrap`` are ``[...]``.
+    float32 ``[..., T]`` inputs; ``mask`` is bool, or float32 (verl's and tunix's masks), read without a
+    conversion pass: active where nonzero, and the kernel enforces ``_checks.mask_check``'s 0/1 rule
+    itself: a violation fails the computation (a ``JaxRuntimeError`` carrying mask_check's message,
+    raised when the result is read). ``gamma``, ``gamma_lam`` and ``bootstrap`` are ``[...]``.
     """
     if not available():
         raise RuntimeError("the native CPU GAE kernel is not available (see prm_jax.native)")
     f32 = jnp.float32
     rows = rewards.shape[:-1]
+    if mask.dtype not in (jnp.bool_, f32):
+        raise TypeError(f"the native GAE kernel takes a bool or float32 mask, got {mask.dtype}")
     out = jax.ShapeDtypeStruct(rewards.shape, f32)
-    call = jax.ffi.ffi_call(TARGET, (out, out), vmap_method="broadcast_all")
-    advantages, returns = call(rewards.astype(f32), values.astype(f32), active,
-                               jnp.broadcast_to(gamma, rows).astype(f32), gamma_lam.astype(f32), bootstrap.astype(f32))
+    call = jax.ffi.ffi_call(TARGET if mask.dtype == jnp.bool_ else FLOAT_MASK_TARGET, (out, out),
+                            vmap_method="broadcast_all")
+    advantages, returns = call(rewards.astype(f32), values.astype(f32), mask, jnp.broadcast_to(gamma, rows).astype(f32),
+                               gamma_lam.astype(f32), bootstrap.astype(f32))
     return advantages, returns
 
 

@@ -228,3 +228,70 @@ def test_native_vector_and_scalar_paths_give_the_same_bits():
                             bootstrap=bootstrap[b:b + 1], method="native")
         np.testing.assert_array_equal(alone.advantages[0], together.advantages[b])
         np.testing.assert_array_equal(alone.returns[0], together.returns[b])
+
+
+# --- issue 23.12: a float32 mask costs what a bool mask does --------------------------------------------
+
+NOT_BINARY = [0.5, np.nan, np.inf, -np.inf, -1.0, 2.0, float(np.nextafter(np.float32(1), np.float32(2))),
+              float(np.nextafter(np.float32(0), np.float32(1)))]  # the last: a denormal, which XLA reads as 0
+
+
+def gae_outcome(*args, **kwargs):
+    """``("ok", output)`` or ``("error", first line of the message without XLA's status prefix)``."""
+    try:
+        return "ok", jax.block_until_ready(prm_jax.kernels.gae(*args, **kwargs))
+    except Exception as err:  # the native kernel fails the computation, mask_check raises ValueError
+        return "error", str(err).splitlines()[0].removeprefix("INVALID_ARGUMENT: ")
+
+
+@pytest.mark.usefixtures("needs_native")
+@pytest.mark.parametrize("rows,width", [(3, 7), (9, 13), (64, 2048)])  # the last runs on several pool tasks
+def test_native_kernel_reads_a_float_mask_with_mask_checks_rule_and_message(rows, width):
+    # Issue 23.12: verl and tunix pass float32 masks; the native kernel reads them as they are and applies
+    # _checks.mask_check's 0/1 rule itself. It must accept and refuse exactly what mask_check does, name
+    # the same (first, row-major) entry, and give the bool mask's bits on a valid mask.
+    rng = np.random.default_rng(rows)
+    rewards, values, mask, bootstrap = timestep_inputs(rng, rows, width, density=0.6)
+    as_bool = prm_jax.kernels.gae(rewards, values, mask, gamma=0.9, lam=0.8, bootstrap=bootstrap, method="native")
+    as_float = prm_jax.kernels.gae(rewards, values, mask.astype(np.float32), gamma=0.9, lam=0.8, bootstrap=bootstrap,
+                                   method="native")
+    np.testing.assert_array_equal(as_float.advantages, as_bool.advantages)
+    np.testing.assert_array_equal(as_float.returns, as_bool.returns)
+    for bad in [*NOT_BINARY, -0.0]:
+        floats = mask.astype(np.float32)
+        floats[rows - 1, width - 1] = bad
+        floats[rows // 2, width // 2] = bad  # the first in row-major order, whichever task reads it
+        native, checked = (gae_outcome(rewards, values, floats, gamma=0.9, lam=0.8, bootstrap=bootstrap, method=m)
+                           for m in ("native", "scan"))
+        assert native[0] == checked[0], (bad, native, checked)
+        if native[0] == "error":
+            assert native[1] == checked[1] == (f"mask must be bool or hold only 0 and 1; row {rows // 2}, "
+                                               f"position {width // 2} holds {np.float32(bad):.9g}")
+        else:
+            np.testing.assert_allclose(native[1].advantages, checked[1].advantages, rtol=2e-5, atol=2e-5)
+    assert sum(gae_outcome(rewards, values, np.where(mask, 1.0, bad).astype(np.float32), method="native")[0]
+               == "error" for bad in NOT_BINARY) == len(NOT_BINARY) - 1  # all but the denormal
+
+
+@pytest.mark.usefixtures("needs_native")
+def test_a_float_mask_under_jit_needs_no_host_callback_and_still_fails_loudly():
+    # Issue 23.12: no host round trip for the check, under jit as eagerly; a bad mask fails the step.
+    rewards, values, mask, _ = timestep_inputs(np.random.default_rng(3), 4, 9)
+    floats = mask.astype(np.float32)
+    step = lambda m: prm_jax.kernels.gae(rewards, values, m, gamma=0.9, lam=0.8, method="native").advantages
+    jaxpr = jax.make_jaxpr(step)(floats)
+    assert "debug_callback" not in str(jaxpr) and "prm_jax_gae_f32_float_mask" in str(jaxpr)
+    assert "debug_callback" in str(jax.make_jaxpr(step)(mask.astype(np.int32)))  # other masks keep the check
+    floats[2, 5] = 0.25
+    with pytest.raises(Exception, match=r"mask must be bool or hold only 0 and 1; row 2, position 5 holds 0.25"):
+        jax.block_until_ready(jax.jit(step)(floats))
+
+
+@pytest.mark.usefixtures("needs_native")
+def test_a_float_mask_through_the_native_kernel_has_the_scan_gradient():
+    rewards, values, mask, _ = timestep_inputs(np.random.default_rng(5), 5, 11)
+    loss = lambda r, v, m, method: jnp.sum(prm_jax.kernels.gae(r, v, m, gamma=0.9, lam=0.8, method=method).advantages ** 2)
+    native = jax.grad(loss, argnums=(0, 1))(rewards, values, mask.astype(np.float32), "native")
+    scan = jax.grad(loss, argnums=(0, 1))(rewards, values, mask, "scan")
+    for got, want in zip(native, scan):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

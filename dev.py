@@ -5,6 +5,7 @@
   python3 dev.py test    create .venv, install prm-jax with its test and example extras, run the test suite
   python3 dev.py lint    ruff and mypy over the package (in .venv)
   python3 dev.py floor   the kernel tests on the oldest supported jax, in .venv-floor
+  python3 dev.py tunix   the tunix integration's tests with tunix installed (~1.8 GB), in .venv-tunix
   python3 dev.py bench   create .venv, install, run the CPU benchmarks
 
 Extra arguments are passed on (to pytest for ``test``).
@@ -21,8 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 FLOOR_VENV = ROOT / ".venv-floor"
+TUNIX_VENV = ROOT / ".venv-tunix"  # tunix pulls ~1.8 GB: kept out of the main test environment
 JAX_FLOOR = "0.7.0"  # keep equal to the floor in pyproject.toml
 KERNEL_TESTS = ["tests/kernels"]  # the kernel floor, on the oldest supported jax too
+INTEGRATION_TESTS = ["tests/integrations"]  # run in the main suite too, where tunix's own are skipped
 
 
 def _python(env: Path = VENV) -> Path:
@@ -44,7 +47,7 @@ def _ensure_env(extras: str, env: Path = VENV, pins: tuple[str, ...] = ()) -> Pa
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "lint", "floor", "bench"):
+    if not argv or argv[0] not in ("demo", "test", "lint", "floor", "tunix", "bench"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -56,6 +59,9 @@ def main(argv: list[str]) -> int:
         env = dict(os.environ, PRM_JAX_CACHE=str(FLOOR_VENV / "prm_jax_cache"))
         return subprocess.run([str(python), "-m", "pytest", "-q", *KERNEL_TESTS, *rest], cwd=ROOT,
                               env=env).returncode
+    if command == "tunix":
+        python = _ensure_env("test,tunix", TUNIX_VENV)
+        return subprocess.run([str(python), "-m", "pytest", "-q", *INTEGRATION_TESTS, *rest], cwd=ROOT).returncode
     python = _ensure_env("test,example")
     if command == "test":
         return subprocess.run([str(python), "-m", "pytest", *rest], cwd=ROOT).returncode

@@ -1,5 +1,5 @@
-"""The floors import only downward (kernels, native <- config <- runtime, scorers <- app), and ``import prm_jax`` loads no
-application code (issue 21: ``__init__`` imported the YAML loader from ``prm_jax.app``)."""
+"""The floors import only downward (kernels, native <- config <- runtime, scorers <- app, integrations), and
+``import prm_jax`` loads no application code (issue 21: ``__init__`` imported the YAML loader from ``prm_jax.app``)."""
 
 import ast
 import subprocess
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "prm_jax"
-FLOORS = {"kernels": 0, "native": 0, "config": 1, "runtime": 2, "scorers": 2, "app": 3}
+FLOORS = {"kernels": 0, "native": 0, "config": 1, "runtime": 2, "scorers": 2, "app": 3, "integrations": 3}
 
 
 def floor_of(module: str) -> int | None:

@@ -1,0 +1,303 @@
+"""Process rewards in tunix's GRPO learner (``google-tunix``, tested with the version pinned by the
+``tunix`` extra).
+
+tunix's ``GRPOLearner`` gives each completion one reward and one advantage; its GRPO loss also takes a
+``[B, C]`` advantage per completion token. ``ProcessRewardGRPOLearner`` keeps everything of tunix's step
+(sampling, reference and old log-probs, its reward functions, metrics, the loss) and replaces the
+advantages: prm-jax's scorers score each completion, and ``compute_advantages`` turns tunix's outcome
+rewards plus the process rewards into ``[B, C]`` advantages, which tunix's own loss then uses.
+
+Where it hooks in, and why there: tunix's advantage-estimator registry is called with the ``[B]`` rewards
+and the group size only, so it cannot receive token rewards. The learner therefore overrides
+``GRPOLearner._generate_and_compute_advantage`` (it calls tunix's own, then swaps the advantages in the
+``TrainExample`` it returns) and ``_compute_rewards`` (to keep the outcome rewards tunix computed). Both
+are private methods of tunix: if a tunix release stops calling ``_compute_rewards`` exactly once per
+``_generate_and_compute_advantage``, or changes the example's layout, the step raises a ``RuntimeError``
+saying so instead of training on something else.
+
+The layout (tunix's rollout arrays -> prm-jax's batch, ``rollout_from_tunix``): tunix left-pads prompts
+(``prompt_ids [B, P]``) and right-pads completions (``completion_ids [B, C]``, EOS stripped); a pad token
+sampled inside a completion leaves a hole in ``completion_mask`` (not trained, still part of the
+sequence). prm-jax's batch puts each row's prompt first and its completion right after, right-padded
+(``[B, P + C]``), attends from the first prompt token to the completion's last real token, and trains
+the tokens of ``completion_mask``. Completion token ``j`` of row ``b`` sits at position ``p_b + j``
+(``p_b``: the prompt's length), and its advantage lives on the timestep before it, ``p_b + j - 1``: that
+is what ``Rollout.on_completion`` reads back into tunix's ``[B, C]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prm_jax.config import AdvantageConfig
+from prm_jax.kernels import compute_advantages
+from prm_jax.kernels.losses import LossAggMode
+from prm_jax.kernels.normalization import NormConfig
+from prm_jax.kernels.shaping import ShapingConfig
+from prm_jax.runtime.arrays import ScoredArrays
+from prm_jax.runtime.blocking import BlockingRunner
+
+TESTED_TUNIX = "0.1.7"  # keep equal to the pin of the `tunix` extra in pyproject.toml
+
+
+def grpo_config(shaping: ShapingConfig = ShapingConfig(), **overrides: Any) -> AdvantageConfig:
+    """An ``AdvantageConfig`` that gives tunix's ``grpo`` advantages when there are no process rewards.
+
+    tunix's estimator is ``(r - group mean) / (unbiased group std + 1e-6)`` of the outcome rewards, the same
+    for every token: here the outcome reward is normalized the same way within each group
+    (``reward_norm``), and GAE with ``discount = gae_lambda = 1`` and no values carries it to every trained
+    token, with no KL reward (tunix puts its KL term in the loss, ``beta``). ``shaping`` says how process
+    rewards reshape those advantages; ``overrides`` are other ``AdvantageConfig`` fields.
+    """
+    settings: dict[str, Any] = dict(kl_ctl=0.0, discount=1.0, gae_lambda=1.0, adv_norm=None,
+                                    reward_norm=NormConfig("group", "group", std_unbiased=True, eps=1e-6),
+                                    advantage_shaping=shaping)
+    settings.update(overrides)
+    return AdvantageConfig(**settings)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """A tunix rollout in prm-jax's layout: each row's prompt, then its completion, right-padded.
+
+    Attributes:
+      input_ids: ``[B, P + C]`` int32 tokens (0 after the completion, where nothing attends).
+      attention_mask: ``[B, P + C]`` bool, from the first prompt token to the completion's last real token.
+      loss_mask: ``[B, P + C]`` bool, tunix's ``completion_mask`` at the completion's positions.
+      turn_ids: ``[B, P + C]`` int32, 0 on the completion up to its last real token (one turn, holes
+        included, so a scorer sees the whole completion), -1 elsewhere.
+      prompt_lengths: ``[B]`` int32, ``p_b``.
+      completion_width: ``C``.
+    """
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    loss_mask: np.ndarray
+    turn_ids: np.ndarray
+    prompt_lengths: np.ndarray
+    completion_width: int
+
+    def batch(self, rewards: Any, *, group_size: int, token_rewards: Any = None) -> dict[str, np.ndarray]:
+        """``compute_advantages``' batch: these arrays, the outcome ``rewards [B]``, groups of ``group_size``
+        consecutive rows (tunix's ``num_generations``) and, when given, ``token_rewards [B, P + C]``."""
+        rows = self.input_ids.shape[0]
+        outcome = np.asarray(rewards, np.float32)
+        if outcome.shape != (rows,):
+            raise ValueError(f"rewards must have shape ({rows},) (one per completion), got {outcome.shape}")
+        if group_size < 1 or rows % group_size:
+            raise ValueError(f"group_size must divide the {rows} rows, got {group_size}")
+        batch = dict(input_ids=self.input_ids, attention_mask=self.attention_mask, loss_mask=self.loss_mask,
+                     logprobs=np.zeros(self.input_ids.shape, np.float32), rewards=outcome,
+                     is_truncated=np.zeros(rows, bool), group_ids=np.arange(rows, dtype=np.int32) // group_size)
+        if token_rewards is not None:
+            batch["token_rewards"] = np.asarray(token_rewards, np.float32)
+        return batch
+
+    def on_completion(self, timesteps: Any) -> jnp.ndarray:
+        """``[B, C]`` from a ``[B, P + C]`` array on timesteps (advantages): completion token ``j`` of row ``b``
+        gets timestep ``p_b + j - 1``, the one that predicts it."""
+        steps = jnp.asarray(timesteps)
+        index = self.prompt_lengths[:, None] - 1 + np.arange(self.completion_width)[None, :]
+        return jnp.take_along_axis(steps, jnp.asarray(index), axis=1)
+
+
+def rollout_from_tunix(prompt_ids: Any, prompt_mask: Any, completion_ids: Any, completion_mask: Any) -> Rollout:
+    """prm-jax's layout of tunix's rollout arrays (``TrainExample`` fields): see the module docstring.
+
+    Args:
+      prompt_ids: ``[B, P]`` int, left-padded prompts.
+      prompt_mask: ``[B, P]`` bool, the prompts' real tokens (each prompt needs at least one).
+      completion_ids: ``[B, C]`` int, right-padded completions.
+      completion_mask: ``[B, C]`` bool, the completion tokens tunix trains.
+    """
+    prompts, completions = np.asarray(prompt_ids), np.asarray(completion_ids)
+    prompt_real, trained = np.asarray(prompt_mask).astype(bool), np.asarray(completion_mask).astype(bool)
+    for name, array, like in (("prompt_ids", prompts, None), ("completion_ids", completions, None),
+                              ("prompt_mask", prompt_real, prompts), ("completion_mask", trained, completions)):
+        if array.ndim != 2 or (like is not None and array.shape != like.shape):
+            raise ValueError(f"{name} must be [B, {'P' if 'prompt' in name else 'C'}]"
+                             f"{'' if like is None else ' like its ids'}, got shape {array.shape}")
+    if prompts.shape[0] != completions.shape[0]:
+        raise ValueError(f"prompt_ids has {prompts.shape[0]} rows and completion_ids {completions.shape[0]}")
+    width_p = prompts.shape[1]
+    width_c = completions.shape[1]
+    # Left padding: a prompt starts at its first real token (a pad id inside a prompt stays a prompt token).
+    leading_pads = np.where(prompt_real.any(axis=1), np.argmax(prompt_real, axis=1), width_p)
+    lengths = (width_p - leading_pads).astype(np.int32)
+    if (lengths == 0).any():
+        raise ValueError(f"every prompt needs a token (its completion's first token is predicted from it); row "
+                         f"{int(np.argmin(lengths))} has none")
+    # The completion's extent: up to its last trained token (a trailing pad is padding, an inner one a hole).
+    extent = np.where(trained.any(axis=1), width_c - np.argmax(trained[:, ::-1], axis=1), 0)
+    # Shift each row left by its leading pads: position t reads column t + pads of [prompt | completion].
+    joined = np.concatenate([prompts, completions], axis=1)
+    trained_joined = np.concatenate([np.zeros_like(prompt_real), trained], axis=1)
+    positions = np.arange(width_p + width_c)[None, :]
+    source = np.minimum(positions + leading_pads[:, None], width_p + width_c - 1)
+    inside = positions < (lengths + width_c)[:, None]
+    input_ids = np.where(inside, np.take_along_axis(joined, source, axis=1), 0).astype(np.int32)
+    completion_part = (positions >= lengths[:, None]) & (positions < (lengths + extent)[:, None])
+    return Rollout(
+        input_ids=input_ids,
+        attention_mask=positions < (lengths + extent)[:, None],
+        loss_mask=inside & np.take_along_axis(trained_joined, source, axis=1),
+        turn_ids=np.where(completion_part, 0, -1).astype(np.int32),
+        prompt_lengths=lengths,
+        completion_width=width_c)
+
+
+def process_advantages(rollout: Rollout, rewards: Any, *, group_size: int, config: AdvantageConfig,
+                       token_rewards: Any = None) -> tuple[jnp.ndarray, dict[str, Any]]:
+    """tunix's ``[B, C]`` advantages from its outcome ``rewards [B]`` and prm-jax's ``token_rewards
+    [B, P + C]`` (``None``: outcome only), and ``compute_advantages``' diagnostics."""
+    output = compute_advantages(rollout.batch(rewards, group_size=group_size, token_rewards=token_rewards), config)
+    return rollout.on_completion(output.advantages), output.diagnostics
+
+
+def default_ctx(prompts: Sequence[str], completions: Sequence[str]) -> list[Mapping[str, Any]]:
+    """Each row's scorer context: ``{"prompt": text, "completion": text}`` (tunix's strings)."""
+    return [{"prompt": p, "completion": c} for p, c in zip(prompts, completions)]
+
+
+LOSS_NAME = "prm_jax_ppo"  # GRPOConfig(policy_loss_fn=LOSS_NAME) after register_loss()
+_AGG_MODES: dict[str, LossAggMode] = {"token-mean": "token-mean", "sequence-mean-token-mean": "seq-mean-token-mean",
+              "seq-mean-token-sum": "seq-mean-token-sum"}  # tunix's names -> prm_jax.losses' names
+
+
+def tunix_ppo_loss(model: Any, train_example: Any, algo_config: Any, pad_id: int, eos_id: int,
+                   **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    """tunix's policy-loss interface around ``prm_jax.losses.ppo_clip_loss`` (AReaL's clipped loss).
+
+    The per-token log-probs come from tunix (``common.compute_per_token_logps``, completion token ``j`` at
+    column ``j``, the advantages' layout); ``epsilon``, ``epsilon_high``, ``epsilon_c`` (the dual clip) and
+    ``loss_agg_mode`` are read from tunix's ``GRPOConfig``. tunix's KL term (``beta``) is not part of
+    AReaL's loss: ``beta`` must be 0 (a KL penalty goes into the rewards with ``kl_ctl`` instead).
+    """
+    from flax import nnx
+    from tunix.rl import common
+
+    from prm_jax import losses
+
+    if algo_config.beta != 0.0:
+        raise ValueError(f"{LOSS_NAME} has no KL term: set GRPOConfig(beta=0.0), got beta={algo_config.beta}")
+    if algo_config.loss_agg_mode not in _AGG_MODES:
+        raise ValueError(f"{LOSS_NAME} aggregates as {sorted(_AGG_MODES)}, got {algo_config.loss_agg_mode!r}")
+    graphdef, state = nnx.split(model)
+    logprobs = common.compute_per_token_logps(
+        graphdef, state, prompt_tokens=train_example.prompt_ids, completion_tokens=train_example.completion_ids,
+        pad_id=pad_id, eos_id=eos_id, stop_gradient=False, temperature=algo_config.temperature).astype(jnp.float32)
+    old = train_example.old_per_token_logps
+    proximal = jax.lax.stop_gradient(logprobs) if old is None else jnp.asarray(old, jnp.float32)
+    advantages = jnp.asarray(train_example.advantages, jnp.float32)
+    if advantages.ndim == 1:
+        advantages = jnp.broadcast_to(advantages[:, None], logprobs.shape)
+    loss, stats = losses.ppo_clip_loss(
+        logprobs, proximal, advantages, jnp.asarray(train_example.completion_mask, jnp.bool_),
+        eps_clip=algo_config.epsilon, eps_clip_higher=getattr(algo_config, "epsilon_high", None),
+        c_clip=getattr(algo_config, "epsilon_c", None), loss_agg_mode=_AGG_MODES[algo_config.loss_agg_mode])
+    return loss, {"kl": 0.0, "pg_loss": loss, "pg_clipfrac": stats.clip_fraction,
+                  "pg_clipfrac_lower": stats.dual_clip_fraction, "ppo_kl": stats.approx_kl,
+                  "is_ratio/mean": stats.importance_weight}
+
+
+def register_loss() -> str:
+    """Registers ``tunix_ppo_loss`` in tunix's policy-loss registry (once) and returns its name, for
+    ``GRPOConfig(policy_loss_fn=...)``."""
+    from tunix.rl import function_registry
+
+    try:
+        function_registry.get_policy_loss_fn(LOSS_NAME)
+    except LookupError:  # not registered yet
+        function_registry.register_policy_loss_fn(LOSS_NAME)(tunix_ppo_loss)
+    return LOSS_NAME
+
+
+def _learner_class() -> type:
+    """``ProcessRewardGRPOLearner``, built on first use so that importing this module needs no tunix."""
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.grpo import grpo_learner
+
+    class ProcessRewardGRPOLearner(grpo_learner.GRPOLearner):
+        """tunix's ``GRPOLearner`` whose advantages come from prm-jax: outcome plus process rewards.
+
+        Args (beyond ``GRPOLearner``'s):
+          scorers: a ``prm_jax.BlockingRunner`` (yours to open and close) whose scorers score each
+            completion as one turn; its input is the prompt's tokens.
+          advantage_config: how rewards become advantages; default ``grpo_config()`` (tunix's ``grpo``
+            advantages plus additive process rewards).
+          ctx: ``(prompts, completions) -> one mapping per row`` given to the scorers; default
+            ``default_ctx`` (the texts).
+          on_error: ``"mask"`` (default): a completion a scorer failed on is dropped from the loss (its
+            ``completion_mask`` row is cleared; its outcome reward still counts in its group's statistics)
+            and counted in the ``prm/failed_rows`` metric; ``"raise"``: the step raises.
+        """
+
+        def __init__(self, *args: Any, scorers: BlockingRunner, advantage_config: AdvantageConfig | None = None,
+                     ctx: Callable[[Sequence[str], Sequence[str]], Sequence[Mapping[str, Any]]] = default_ctx,
+                     on_error: str = "mask", **kwargs: Any):
+            if on_error not in ("mask", "raise"):
+                raise ValueError(f"on_error must be 'mask' or 'raise', got {on_error!r}")
+            super().__init__(*args, **kwargs)
+            self.scorers = scorers
+            self.advantage_config = advantage_config or grpo_config()
+            self.ctx = ctx
+            self.on_error = on_error
+            self._outcomes: list[tuple[list[str], list[str], np.ndarray]] = []
+
+        def _compute_rewards(self, prompts: Any, completions: Any, mode: Any, *args: Any, **kwargs: Any) -> Any:
+            rewards = super()._compute_rewards(prompts, completions, mode, *args, **kwargs)
+            self._outcomes.append((list(prompts), list(completions), np.asarray(rewards, np.float32)))
+            return rewards
+
+        def _generate_and_compute_advantage(self, training_input: Any,
+                                            mode: Any = rl_cluster_lib.Mode.TRAIN) -> Any:
+            self._outcomes = []
+            example = super()._generate_and_compute_advantage(training_input, mode)
+            if len(self._outcomes) != 1:
+                raise RuntimeError(
+                    f"tunix's GRPOLearner called _compute_rewards {len(self._outcomes)} times in one "
+                    f"_generate_and_compute_advantage (prm-jax's hook expects once; tested with tunix "
+                    f"{TESTED_TUNIX}): the process-reward advantages would not match this step")
+            prompts, completions, rewards = self._outcomes.pop()
+            rows = int(np.shape(example.completion_ids)[0])
+            if np.shape(example.advantages) != (rows,) or rewards.shape != (rows,):
+                raise RuntimeError(
+                    f"tunix's GRPOLearner returned advantages of shape {np.shape(example.advantages)} and "
+                    f"rewards of shape {rewards.shape} for {rows} completions (prm-jax's hook expects one "
+                    f"each; tested with tunix {TESTED_TUNIX})")
+            rollout = rollout_from_tunix(example.prompt_ids, example.prompt_mask, example.completion_ids,
+                                         example.completion_mask)
+            scored: ScoredArrays = self.scorers.score_arrays(  # type: ignore[assignment]  # on_error='mask'
+                rollout.input_ids, rollout.turn_ids, attention_mask=rollout.attention_mask,
+                ctx=list(self.ctx(prompts, completions)), on_error="mask")
+            failed = scored.failed
+            if self.on_error == "raise" and failed.any():
+                row = int(np.argmax(failed))
+                raise RuntimeError(f"scoring completion {row} failed: {scored.errors[row]}")
+            token_rewards = np.where(failed[:, None], 0.0, scored.token_rewards)  # a failed row trains on nothing
+            advantages, diagnostics = process_advantages(rollout, rewards, group_size=self.algo_config.num_generations,
+                                                         config=self.advantage_config, token_rewards=token_rewards)
+            self.rl_cluster.buffer_metrics({
+                "prm/failed_rows": (int(failed.sum()), np.sum),
+                "prm/process_reward_mean": (float(np.mean(token_rewards[rollout.loss_mask]))
+                                            if rollout.loss_mask.any() else 0.0, np.mean),
+                "prm/rows_off_trained_timesteps": (int(diagnostics["outcome/rows_off_trained_timesteps"]), np.sum),
+            }, mode=mode)
+            completion_mask = jnp.asarray(example.completion_mask) & jnp.asarray(~failed)[:, None]
+            return example.replace(advantages=advantages.astype(jnp.float32), completion_mask=completion_mask)
+
+    return ProcessRewardGRPOLearner
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ProcessRewardGRPOLearner":
+        learner = _learner_class()
+        globals()[name] = learner
+        return learner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

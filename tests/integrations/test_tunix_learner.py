@@ -1,0 +1,192 @@
+"""prm-jax's process rewards inside tunix's own GRPOLearner, end to end on CPU (issue 23.8).
+
+Needs the `tunix` extra (`python3 dev.py tunix` makes its environment and runs these); skipped without it.
+The model is tunix's own test transformer (randomly initialized, so it samples pad tokens mid-completion:
+holes in `completion_mask`), the rollout engine tunix's pure-JAX `vanilla`, the tokenizer tunix's MockVocab.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+tunix = pytest.importorskip("tunix")
+
+import optax  # noqa: E402 (after the skip: the tunix extra brings it)
+from flax import nnx  # noqa: E402
+from grain import python as grain  # noqa: E402
+from jax.interpreters import pxla  # noqa: E402
+from tunix.rl import algo_core, common  # noqa: E402
+from tunix.rl import rl_cluster as rl_cluster_lib  # noqa: E402
+from tunix.rl.grpo import grpo_learner  # noqa: E402
+from tunix.rl.rollout import base_rollout  # noqa: E402
+from tunix.tests import test_common as tc  # noqa: E402
+
+import prm_jax  # noqa: E402
+from prm_jax.integrations import tunix as adapter  # noqa: E402
+
+GROUP = 2
+PROMPTS = ["input string", "hello world", "My name", "hello there"]
+
+
+@pytest.fixture(autouse=True)
+def _tunix_promotion_rules():
+    # tunix's sampler relies on standard promotion, and runs in a thread: the suite's strict rules are
+    # relaxed globally (not only for this thread) while a tunix test runs, then restored.
+    saved = jax.config.jax_numpy_dtype_promotion, jax.config.jax_numpy_rank_promotion
+    jax.config.update("jax_numpy_dtype_promotion", "standard")
+    jax.config.update("jax_numpy_rank_promotion", "allow")
+    with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
+        yield
+    jax.config.update("jax_numpy_dtype_promotion", saved[0])
+    jax.config.update("jax_numpy_rank_promotion", saved[1])
+
+
+def cluster(steps=2):
+    vocab = tc.MockVocab()
+    model = tc.ToyTransformer(config=tc.ModelConfig(vocab_size=vocab.GetPieceSize()), rngs=nnx.Rngs(0))
+    reference = tc.ToyTransformer(config=tc.ModelConfig(vocab_size=vocab.GetPieceSize()), rngs=nnx.Rngs(0))
+    mesh = pxla.thread_resources.env.physical_mesh
+    roles = (rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE, rl_cluster_lib.Role.ROLLOUT)
+    config = rl_cluster_lib.ClusterConfig(
+        role_to_mesh=dict.fromkeys(roles, mesh), rollout_engine="vanilla", offload_to_cpu=False,
+        training_config=rl_cluster_lib.RLTrainingConfig(actor_optimizer=optax.sgd(1e-2), eval_every_n_steps=100,
+                                                        max_steps=steps),
+        rollout_config=base_rollout.RolloutConfig(max_tokens_to_generate=8, max_prompt_length=8, kv_cache_size=32,
+                                                  temperature=0.9, seed=0))
+    return rl_cluster_lib.RLCluster(actor=model, reference=reference, tokenizer=vocab, cluster_config=config), model
+
+
+def dataset():
+    return grain.MapDataset.source(PROMPTS).batch(2).map(lambda x: {"prompts": x})
+
+
+class PerTokenJudge(prm_jax.BaseScorer):
+    """A process reward that differs at every token (0.01 x the token id), failing on one prompt."""
+
+    name = "per_token"
+
+    async def evaluate(self, interaction, ctx):
+        if ctx["prompt"] == "My name":
+            raise ConnectionError("judge unreachable")
+        return np.asarray(interaction.output_tokens, np.float32) * 0.01
+
+
+class Silent(prm_jax.BaseScorer):
+    name = "silent"
+
+    async def evaluate(self, interaction, ctx):
+        return 0.0
+
+
+def run(scorer, **grpo):
+    """Two GRPO steps with prm-jax's learner; what each step fed tunix's loss, and the outcome rewards."""
+    rl_cluster, model = cluster()
+    before = jax.tree.map(np.array, nnx.state(model, nnx.Param))
+    outcomes, examples = [], []
+
+    def outcome(prompts, completions, **kwargs):
+        rewards = [float(len(c) % 5) for c in completions]
+        outcomes.append(np.asarray(rewards, np.float32))
+        return rewards
+
+    with prm_jax.BlockingRunner(scorers=[scorer]) as runner:
+        learner = adapter.ProcessRewardGRPOLearner(
+            rl_cluster=rl_cluster, algo_config=grpo_learner.GRPOConfig(num_generations=GROUP, beta=0.0, **grpo),
+            reward_fns=outcome, scorers=runner)
+        step = learner._generate_and_compute_advantage
+        learner._generate_and_compute_advantage = lambda *a, **k: examples.append(step(*a, **k)) or examples[-1]
+        learner.train(dataset())
+    after = nnx.state(model, nnx.Param)
+    changed = any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+    return examples, outcomes, changed, learner
+
+
+def test_process_rewards_reach_tunix_loss_on_the_right_tokens_and_failed_rows_are_dropped():
+    examples, outcomes, changed, _ = run(PerTokenJudge())
+    assert len(examples) == len(outcomes) == 2 and changed  # the hook ran once per step; the model trained
+    seen_failed = seen_hole = False
+    for example, rewards in zip(examples, outcomes):
+        completion_ids, trained = np.asarray(example.completion_ids), np.asarray(example.completion_mask)
+        advantages = np.asarray(example.advantages)
+        assert advantages.shape == completion_ids.shape  # [B, C]: tunix's loss takes them per token
+        failed = np.array([p == "My name" for p in example_prompts(example)])
+        assert not trained[failed].any()  # the judge failed there: dropped from the loss
+        seen_failed |= bool(failed.any())
+        seen_hole |= bool((np.cumsum(trained[:, ::-1], axis=1)[:, ::-1] > 0)[~trained].any())  # untrained before a trained
+        grpo = np.broadcast_to(grpo_reference(rewards)[:, None], trained.shape)
+        want = grpo + 0.01 * completion_ids  # completion token j's own process reward, no off-by-one
+        np.testing.assert_allclose(advantages[trained], want[trained], rtol=1e-5, atol=1e-5)
+    assert seen_failed and seen_hole  # both traps were exercised
+
+
+def test_without_process_rewards_tunix_gets_its_own_grpo_advantages():
+    examples, outcomes, _, _ = run(Silent())
+    for example, rewards in zip(examples, outcomes):
+        trained = np.asarray(example.completion_mask)
+        theirs = np.asarray(algo_core.compute_advantages(rewards, GROUP))  # tunix's registered `grpo`
+        ours = np.asarray(example.advantages)
+        np.testing.assert_allclose(ours[trained], np.broadcast_to(theirs[:, None], trained.shape)[trained],
+                                   rtol=0, atol=1e-6)
+
+
+def test_a_tunix_that_stops_calling_the_hooked_methods_fails_loudly(monkeypatch):
+    rl_cluster, _ = cluster(steps=1)
+    with prm_jax.BlockingRunner(scorers=[Silent()]) as runner:
+        learner = adapter.ProcessRewardGRPOLearner(
+            rl_cluster=rl_cluster, algo_config=grpo_learner.GRPOConfig(num_generations=GROUP, beta=0.0),
+            reward_fns=lambda prompts, completions, **kw: [0.0] * len(completions), scorers=runner)
+        monkeypatch.setattr(grpo_learner.GRPOLearner, "_generate_and_compute_advantage",
+                            lambda self, training_input, mode=None: None)
+        with pytest.raises(RuntimeError, match="called _compute_rewards 0 times"):
+            learner._generate_and_compute_advantage({"prompts": PROMPTS[:2]})
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "sequence-mean-token-mean"])
+def test_areal_loss_in_tunix_equals_tunix_grpo_loss_where_they_agree(agg):
+    # Issue 23.5/23.9: prm_jax.losses.ppo_clip_loss behind tunix's policy-loss interface. With beta = 0 and
+    # symmetric clipping it computes what tunix's grpo loss does, at old log-probs that clip some tokens.
+    examples, _, _, learner = run(Silent())
+    config = grpo_learner.GRPOConfig(num_generations=GROUP, beta=0.0, loss_agg_mode=agg)
+    config.temperature = learner.algo_config.temperature
+    model = learner.rl_cluster.actor_trainer.model
+    pad, eos = learner.rl_cluster.rollout.pad_id(), learner.rl_cluster.rollout.eos_id()
+    graphdef, state = nnx.split(model)
+    for example in examples:
+        every_row_trains = np.eye(*example.completion_mask.shape, dtype=bool)  # seq-mean: no empty row
+        example = example.replace(completion_mask=np.asarray(example.completion_mask) | every_row_trains)
+        logps = common.compute_per_token_logps(graphdef, state, prompt_tokens=example.prompt_ids,
+                                               completion_tokens=example.completion_ids, pad_id=pad, eos_id=eos,
+                                               temperature=config.temperature)
+        for shift in (0.0, 0.15, -0.4):
+            noise = np.random.default_rng(3).normal(size=logps.shape).astype(np.float32) * shift
+            shifted = example.replace(old_per_token_logps=logps + noise)
+            ours, _ = adapter.tunix_ppo_loss(model, shifted, config, pad, eos)
+            theirs, _ = algo_core.grpo_loss_fn(model, shifted, config, pad, eos)
+            np.testing.assert_allclose(float(ours), float(theirs), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"set GRPOConfig\(beta=0.0\)"):
+        adapter.tunix_ppo_loss(model, examples[0], grpo_learner.GRPOConfig(num_generations=GROUP), pad, eos)
+
+
+def test_a_learner_on_areal_loss_trains():
+    examples, _, changed, _ = run(PerTokenJudge(), policy_loss_fn=adapter.register_loss())
+    assert len(examples) == 2 and changed
+
+
+def example_prompts(example):
+    """The prompt text of each row, decoded from tunix's left-padded prompt ids."""
+    vocab = tc.MockVocab()
+    return [vocab.DecodeIds([int(t) for t, m in zip(ids, mask) if m][1:])  # drop BOS
+            for ids, mask in zip(np.asarray(example.prompt_ids), np.asarray(example.prompt_mask))]
+
+
+def grpo_reference(rewards):
+    r = np.asarray(rewards, np.float64).reshape(-1, GROUP)
+    return ((r - r.mean(axis=1, keepdims=True)) / (r.std(axis=1, ddof=1, keepdims=True) + 1e-6)).reshape(-1)
+
+
+def test_the_tunix_example_runs(capsys):
+    from examples.tunix_grpo.__main__ import main
+
+    seen = main(["--steps", "3"])
+    assert len(seen["outcome"]) == len(seen["tunix_tokens"]) == 3
+    assert all(0.0 <= v <= 1.0 for v in seen["outcome"]) and '"outcome"' in capsys.readouterr().out

@@ -11,17 +11,14 @@ import pytest
 
 tunix = pytest.importorskip("tunix")
 
-import optax  # noqa: E402 (after the skip: the tunix extra brings it)
-from flax import nnx  # noqa: E402
+from flax import nnx  # noqa: E402 (after the skip: the tunix extra brings it)
 from grain import python as grain  # noqa: E402
-from jax.interpreters import pxla  # noqa: E402
 from tunix.rl import algo_core, common  # noqa: E402
-from tunix.rl import rl_cluster as rl_cluster_lib  # noqa: E402
 from tunix.rl.grpo import grpo_learner  # noqa: E402
-from tunix.rl.rollout import base_rollout  # noqa: E402
 from tunix.tests import test_common as tc  # noqa: E402
 
 import prm_jax  # noqa: E402
+from examples.tunix_grpo.__main__ import make_cluster  # noqa: E402
 from prm_jax.integrations import tunix as adapter  # noqa: E402
 
 GROUP = 2
@@ -42,18 +39,9 @@ def _tunix_promotion_rules():
 
 
 def cluster(steps=2):
-    vocab = tc.MockVocab()
-    model = tc.ToyTransformer(config=tc.ModelConfig(vocab_size=vocab.GetPieceSize()), rngs=nnx.Rngs(0))
-    reference = tc.ToyTransformer(config=tc.ModelConfig(vocab_size=vocab.GetPieceSize()), rngs=nnx.Rngs(0))
-    mesh = pxla.thread_resources.env.physical_mesh
-    roles = (rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE, rl_cluster_lib.Role.ROLLOUT)
-    config = rl_cluster_lib.ClusterConfig(
-        role_to_mesh=dict.fromkeys(roles, mesh), rollout_engine="vanilla", offload_to_cpu=False,
-        training_config=rl_cluster_lib.RLTrainingConfig(actor_optimizer=optax.sgd(1e-2), eval_every_n_steps=100,
-                                                        max_steps=steps),
-        rollout_config=base_rollout.RolloutConfig(max_tokens_to_generate=8, max_prompt_length=8, kv_cache_size=32,
-                                                  temperature=0.9, seed=0))
-    return rl_cluster_lib.RLCluster(actor=model, reference=reference, tokenizer=vocab, cluster_config=config), model
+    """The example's cluster (tunix's toy transformer, vanilla rollout, MockVocab), and its policy model."""
+    rl_cluster = make_cluster(steps)
+    return rl_cluster, rl_cluster.actor_trainer.model
 
 
 def dataset():

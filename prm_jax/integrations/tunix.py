@@ -28,6 +28,7 @@ is what ``Rollout.on_completion`` reads back into tunix's ``[B, C]``.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -248,23 +249,29 @@ def _learner_class() -> type:
             self.advantage_config = advantage_config or grpo_config()
             self.ctx = ctx
             self.on_error = on_error
-            self._outcomes: list[tuple[list[str], list[str], np.ndarray]] = []
+            self._step = threading.local()  # per thread: what _compute_rewards saw during this step
 
         def _compute_rewards(self, prompts: Any, completions: Any, mode: Any, *args: Any, **kwargs: Any) -> Any:
             rewards = super()._compute_rewards(prompts, completions, mode, *args, **kwargs)
-            self._outcomes.append((list(prompts), list(completions), np.asarray(rewards, np.float32)))
+            outcomes = getattr(self._step, "outcomes", None)
+            if outcomes is not None:
+                outcomes.append((list(prompts), list(completions), np.asarray(rewards, np.float32)))
             return rewards
 
         def _generate_and_compute_advantage(self, training_input: Any,
                                             mode: Any = rl_cluster_lib.Mode.TRAIN) -> Any:
-            self._outcomes = []
-            example = super()._generate_and_compute_advantage(training_input, mode)
-            if len(self._outcomes) != 1:
+            outcomes: list[tuple[list[str], list[str], np.ndarray]] = []
+            self._step.outcomes = outcomes
+            try:
+                example = super()._generate_and_compute_advantage(training_input, mode)
+            finally:
+                self._step.outcomes = None
+            if len(outcomes) != 1:
                 raise RuntimeError(
-                    f"tunix's GRPOLearner called _compute_rewards {len(self._outcomes)} times in one "
+                    f"tunix's GRPOLearner called _compute_rewards {len(outcomes)} times in one "
                     f"_generate_and_compute_advantage (prm-jax's hook expects once; tested with tunix "
                     f"{TESTED_TUNIX}): the process-reward advantages would not match this step")
-            prompts, completions, rewards = self._outcomes.pop()
+            prompts, completions, rewards = outcomes[0]
             rows = int(np.shape(example.completion_ids)[0])
             if np.shape(example.advantages) != (rows,) or rewards.shape != (rows,):
                 raise RuntimeError(

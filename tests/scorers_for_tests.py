@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import numpy as np
 
-from prm_jax import BaseScorer, BaseTrajectoryScorer, PRMMetricObservation, PRMScorerResult
+from prm_jax import BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMMetricObservation, PRMScorerResult
 
 EVENTS: list[str] = []
 
@@ -13,6 +13,22 @@ EVENTS: list[str] = []
 def scorer_of(fn, name="fn", cls=BaseScorer, **kwargs):
     """An instance of a new ``cls`` subclass named ``name`` whose ``evaluate`` is ``fn``."""
     return type(f"S_{name}", (cls,), {"name": name, "evaluate": fn})(**kwargs)
+
+
+def chain(n_turns, out_len=2, rewards=None, *, messages=False, outcome=None):
+    """A branch of ``n_turns`` turns (turn k's outputs ``10k + 1, ...``, each input the previous tokens plus a
+    tool token 7), as an ``InteractionCache``; ``rewards[k]``: turn k's token rewards; ``messages``: a user and
+    an assistant message per turn; ``outcome``: the last turn's reward."""
+    turns, tokens = [], [100]
+    for k in range(n_turns):
+        out = list(range(10 * k + 1, 10 * k + 1 + out_len))
+        text = dict(messages=[{"role": "user", "content": f"q{k}"}],
+                    output_messages=[{"role": "assistant", "content": f"a{k}"}]) if messages else {}
+        turns.append(Interaction(f"t{k}", list(tokens), out, parent_id=f"t{k - 1}" if k else None,
+                                 reward=outcome if k == n_turns - 1 else None,
+                                 token_rewards=None if rewards is None else rewards[k], **text))
+        tokens = tokens + out + [7]
+    return InteractionCache(turns)
 
 
 def committed(cache):

@@ -85,8 +85,8 @@ class Rollout:
     completion_width: int
 
     def batch(self, rewards: Any, *, group_size: int, token_rewards: Any = None) -> dict[str, np.ndarray]:
-        """``compute_advantages``' batch: these arrays, the outcome ``rewards [B]``, groups of ``group_size``
-        consecutive rows (tunix's ``num_generations``) and, when given, ``token_rewards [B, P + C]``."""
+        """``compute_advantages``' batch: these arrays, the outcome ``rewards [B]``, ``group_sizes`` for groups of
+        ``group_size`` consecutive rows (tunix's ``num_generations``) and, when given, ``token_rewards [B, P + C]``."""
         rows = self.input_ids.shape[0]
         outcome = np.asarray(rewards, np.float32)
         if outcome.shape != (rows,):
@@ -95,7 +95,7 @@ class Rollout:
             raise ValueError(f"group_size must divide the {rows} rows, got {group_size}")
         batch = dict(input_ids=self.input_ids, attention_mask=self.attention_mask, loss_mask=self.loss_mask,
                      logprobs=np.zeros(self.input_ids.shape, np.float32), rewards=outcome,
-                     is_truncated=np.zeros(rows, bool), group_ids=np.arange(rows, dtype=np.int32) // group_size)
+                     is_truncated=np.zeros(rows, bool), group_sizes=np.full(rows // group_size, group_size, np.int32))
         if token_rewards is not None:
             batch["token_rewards"] = np.asarray(token_rewards, np.float32)
         return batch

@@ -105,7 +105,8 @@ def _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap):
 
 def gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: jax.Array, lam: jax.Array,
              bootstrap: jax.Array, method: str, block_size: int = DEFAULT_BLOCK_SIZE) -> GAEOutput:
-    """GAE of already-validated float arrays; ``method`` resolved; ``lam`` scalar or ``[B]``."""
+    """GAE of already-validated float arrays; ``method`` resolved; ``lam`` scalar or ``[B]``; ``active`` bool
+    (or, for ``native`` with float32 inputs, a float32 mask the kernel reads and checks itself)."""
     gamma_lam = gamma * jnp.broadcast_to(lam, bootstrap.shape)
     if method == "native":
         if rewards.dtype == jnp.float32:
@@ -170,17 +171,13 @@ def is_unit_discount(gamma, lam) -> bool:
 @functools.partial(jax.jit, static_argnames=("method", "block_size"))
 def _gae_jit(rewards, values, mask, gamma, lam, bootstrap, *, method, block_size):
     rewards, values, active, bootstrap, dtype = _prepare(rewards, values, mask, lam, bootstrap)
-    gamma, lam = jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype)
-    if method == "native" and dtype == jnp.float32 and jnp.asarray(mask).dtype == jnp.float32:
-        # A float32 mask (verl's, tunix's) goes to the kernel as it is: the kernel reads it as active where
-        # nonzero and enforces the 0/1 rule as it reads it (a violation fails the computation with
-        # mask_check's message), so no conversion pass, no check pass and no host round trip.
-        gamma_lam = gamma * jnp.broadcast_to(lam, bootstrap.shape)
-        output = GAEOutput(*_native_gae(rewards, values, jnp.asarray(mask), jnp.broadcast_to(gamma, bootstrap.shape),
-                                        gamma_lam, bootstrap))
-        return output, []
-    output = gae_core(rewards, values, active, gamma, lam, bootstrap, method, block_size)
-    return output, _checks.mask_check("mask", mask)
+    # A float32 mask (verl's, tunix's) goes to the native kernel as it is: the kernel reads it as active
+    # where nonzero and enforces the 0/1 rule as it reads it (a violation fails the computation with
+    # mask_check's message), so no conversion pass, no check pass and no host round trip.
+    kernel_checks = method == "native" and dtype == jnp.float32 and jnp.asarray(mask).dtype == jnp.float32
+    output = gae_core(rewards, values, jnp.asarray(mask) if kernel_checks else active, jnp.asarray(gamma, dtype),
+                      jnp.asarray(lam, dtype), bootstrap, method, block_size)
+    return output, [] if kernel_checks else _checks.mask_check("mask", mask)
 
 
 def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma: ArrayLike = 1.0,

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scorers_for_tests as st
-from scorers_for_tests import committed, scorer_of
+from scorers_for_tests import chain, committed, scorer_of
 
 from prm_jax import (
     BaseScorer,
@@ -24,15 +24,7 @@ pytestmark = pytest.mark.anyio
 
 
 def branch(n_turns=3, out_len=2, rewards=None):
-    turns, tokens = [], [100]
-    for k in range(n_turns):
-        out = list(range(10 * k + 1, 10 * k + 1 + out_len))
-        turns.append(Interaction(f"t{k}", list(tokens), out, parent_id=f"t{k - 1}" if k else None,
-                                 messages=[{"role": "user", "content": f"q{k}"}],
-                                 output_messages=[{"role": "assistant", "content": f"a{k}"}],
-                                 token_rewards=None if rewards is None else rewards[k]))
-        tokens = tokens + out + [7]
-    return InteractionCache(turns)
+    return chain(n_turns, out_len, rewards, messages=True)
 
 
 async def test_scalar_broadcast_weight_and_commit():

@@ -15,9 +15,9 @@ import anyio
 import numpy as np
 import pytest
 import scorers_for_tests as st
-from scorers_for_tests import committed, scorer_of
+from scorers_for_tests import chain, committed, scorer_of
 
-from prm_jax import BaseScorer, BaseTrajectoryScorer, Interaction, InteractionCache, PRMRunner
+from prm_jax import BaseScorer, BaseTrajectoryScorer, PRMRunner
 from prm_jax.config import PRMConfig, ScorerSpec
 from prm_jax.runtime.export import TrajectoryStore, export_group
 
@@ -25,14 +25,7 @@ pytestmark = pytest.mark.anyio
 
 
 def branch(n_turns=2, out_len=2, rewards=None):
-    turns, tokens = [], [100]
-    for k in range(n_turns):
-        out = list(range(10 * k + 1, 10 * k + 1 + out_len))
-        turns.append(Interaction(f"t{k}", list(tokens), out, parent_id=f"t{k - 1}" if k else None,
-                                 reward=1.0 if k == n_turns - 1 else None,
-                                 token_rewards=None if rewards is None else rewards[k]))
-        tokens = tokens + out + [7]
-    return InteractionCache(turns)
+    return chain(n_turns, out_len, rewards, outcome=1.0)
 
 
 # --- 10.1 concurrent or retried export of one group -----------------------------------------------------

@@ -15,10 +15,25 @@ import numpy as np
 T = TypeVar("T")
 
 
+# The kernels compute in float32: a setting is used there, so it must be a finite float32 and, unless it is
+# 0, a normal one (XLA on the CPU flushes subnormals to 0: a temperature of 1e-39 would divide by zero).
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+
+
 def finite_number(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None) -> float:
-    """A finite Python number (not a bool) within the given bounds, as float; else ``ValueError`` naming it."""
+    """A finite Python number (not a bool) within the given bounds, as float; else ``ValueError`` naming it.
+
+    Every setting is finite in float32 (``|value| <= 3.4e38``) and is 0 or at least float32's smallest
+    normal number (``1.2e-38``) in magnitude: the kernels read it in float32.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not _isfinite(value):
         raise ConfigError(name, f"must be a finite number, got {short_repr(value)}")
+    if abs(value) > FLOAT32_MAX:
+        raise ConfigError(name, f"must be finite in float32 (|value| <= {FLOAT32_MAX:.4g}), got {short_repr(value)}")
+    if value != 0 and abs(value) < FLOAT32_TINY:
+        raise ConfigError(name, f"must be 0 or at least {FLOAT32_TINY:.4g} in magnitude (a float32 subnormal is "
+                                f"flushed to 0 where the kernels read it), got {short_repr(value)}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
         raise ConfigError(name, f"must be {bound}, got {short_repr(value)}")

@@ -193,13 +193,34 @@ def gae_lambda_fn(name, row_mask, row_turn_ids, unit, **kwargs):
     raise ValueError(name)
 
 
+def _groups_of(batch, rows):
+    """Each row's GRPO group: from ``group_sizes``, or consecutive ``group_ids``, else one group."""
+    if batch.get("group_sizes") is not None:
+        return group_of_rows(rows, group_sizes=np.asarray(batch["group_sizes"]))
+    if batch.get("group_ids") is not None:
+        return [int(g) for g in np.asarray(batch["group_ids"])]
+    return [0] * rows
+
+
+def _sizes_of(batch, rows):
+    """``group_sizes`` for ``normalize`` (consecutive ``group_ids`` give the same groups)."""
+    if batch.get("group_sizes") is not None or batch.get("group_ids") is None:
+        return batch.get("group_sizes")
+    ids = [int(g) for g in np.asarray(batch["group_ids"])]
+    assert ids == sorted(ids), "reference: consecutive group_ids only"
+    return [ids.count(g) for g in sorted(set(ids))]
+
+
 def compute_advantages(batch, cfg):
-    """The advantage pipeline step by step. ``cfg`` is a plain dict of AdvantageConfig fields (norms as dicts)."""
+    """The advantage pipeline step by step. ``cfg`` is a plain dict of AdvantageConfig fields (norms as dicts;
+    ``credit_assignment``, ``process_reward_transform`` and a decoupled ``reward_norm`` as ``{mode: ...}``)."""
     c = dict(discount=1.0, gae_lambda=1.0, kl_ctl=0.1, kl_estimator="k1", reward_bias=0.0, reward_scaling=1.0,
              reward_clip=20.0, mask_no_eos_with_zero=False, token_rewards_as_adv=True, gae_timestep_unit="token",
              reward_norm=None, adv_norm=None, shaping=dict(mode="additive"), max_turns=None,
-             overlong_reward_penalty=False)
+             overlong_reward_penalty=False, credit_assignment=None, process_reward_transform=None)
     c.update(cfg)
+    credit = dict(c["credit_assignment"] or {})
+    mode = credit.pop("mode", None)
     attention = np.asarray(batch["attention_mask"]).astype(bool)
     loss_mask = np.asarray(batch["loss_mask"]).astype(bool)
     rows, width = attention.shape
@@ -207,7 +228,8 @@ def compute_advantages(batch, cfg):
     seqlen = attention.sum(1)
     rewards = f64("rewards").copy()
     values = f64("values") if "values" in batch else np.zeros((rows, width))
-    gs = batch.get("group_sizes")
+    gs = _sizes_of(batch, rows)
+    groups = _groups_of(batch, rows)
 
     # 1
     for b in range(rows):
@@ -217,8 +239,14 @@ def compute_advantages(batch, cfg):
         rewards[b] = min(max((rewards[b] + c["reward_bias"]) * c["reward_scaling"], -c["reward_clip"]),
                          c["reward_clip"])
     gmc = batch.get("group_member_counts")
-    if c["reward_norm"] is not None:
-        rewards = normalize(rewards, np.ones(rows, bool), group_sizes=gs, group_member_counts=gmc, **c["reward_norm"])
+    norm = c["reward_norm"]
+    if norm is not None and norm.get("mode") == "decoupled":
+        sources = [rewards[:, None]] + ([f64("reward_sources")] if "reward_sources" in batch else [])
+        columns = np.concatenate(sources, axis=1)
+        weights = norm.get("weights") or [1.0] * columns.shape[1]
+        rewards = decoupled(columns, weights, groups, norm.get("eps", 1e-4))
+    elif norm is not None:
+        rewards = normalize(rewards, np.ones(rows, bool), group_sizes=gs, group_member_counts=gmc, **norm)
 
     # 2
     m = shift(loss_mask, False).astype(bool)
@@ -228,33 +256,46 @@ def compute_advantages(batch, cfg):
     tids = shift(np.asarray(batch["turn_ids"]), -1) if "turn_ids" in batch else None
     has_p = "token_rewards" in batch
     process = np.where(m, shift(f64("token_rewards")), 0.0) if has_p else None
+    ends = turn_ends(m, tids)
+    transform = c["process_reward_transform"]
+    if has_p and transform is not None:  # min-form: each turn's reward at its end, over the turn's timesteps
+        r = min_form(np.where(ends, process, 0.0), ends, transform.get("temperature", 0.1))
+        spread = np.zeros((rows, width))
+        for b in range(rows):
+            for t in range(width):
+                if m[b, t]:
+                    spread[b, t] = r[b, next(u for u in range(t, width) if ends[b, u])]
+        process = spread
 
     # 3
     kl_rewards = np.zeros((rows, width))
     for b in range(rows):
         for t in range(width):
-            if m[b, t] and t != seqlen[b] - 1:
+            if c["kl_ctl"] != 0 and m[b, t] and t != seqlen[b] - 1:
                 kl_rewards[b, t] = -c["kl_ctl"] * kl(logp[b, t], ref[b, t], c["kl_estimator"])
 
     # 4
     truncated = (np.asarray(batch["is_truncated"]).astype(bool) if "is_truncated" in batch
                  else seqlen == width)
     tot = np.zeros((rows, width))
+    outcome = rewards.copy()  # what every estimator reads: 0 on truncated rows under mask_no_eos_with_zero
     for b in range(rows):
-        r = 0.0 if (c["mask_no_eos_with_zero"] and truncated[b]) else rewards[b]
-        tot[b, max(seqlen[b] - 2, 0)] += r
-        if has_p and c["mask_no_eos_with_zero"] and truncated[b]:
-            process[b] = 0.0
+        if c["mask_no_eos_with_zero"] and truncated[b]:
+            outcome[b] = 0.0
+            if has_p:
+                process[b] = 0.0
+        tot[b, max(seqlen[b] - 2, 0)] += outcome[b]
+    outcome_step = np.maximum(seqlen - 2, 0)
 
-    # 5 fold
-    if has_p and not c["token_rewards_as_adv"]:
+    # 5 fold (not under PURE, whose returns take the process rewards)
+    if has_p and not c["token_rewards_as_adv"] and mode != "pure":
         for b in range(rows):
             for t in range(width):
                 if not m[b, t]:
                     continue
-                same_next = t + 1 < width and m[b, t + 1] and (tids is None or tids[b, t] == tids[b, t + 1])
-                if same_next:
-                    assert process[b, t] == process[b, t + 1], "reference: non-uniform turn"
+                following = next_in_turn(m, tids, b, t)
+                if following is not None:
+                    assert process[b, t] == process[b, following], "reference: non-uniform turn"
                 else:
                     tot[b, t] += process[b, t]
 
@@ -268,13 +309,17 @@ def compute_advantages(batch, cfg):
                         for b in range(rows)])
     else:
         lam = c["gae_lambda"]
-    if c["gae_timestep_unit"] == "token":
+    if mode is not None:
+        advantages = _credit(mode, credit, batch, m, tids, ends, process, outcome, outcome_step, groups) + kl_rewards
+        returns = advantages + values
+    elif c["gae_timestep_unit"] == "token":
         tot = tot + kl_rewards
         advantages, returns = gae(tot, values, m, c["discount"], lam, bootstrap)
     else:
         advantages, returns = turn_gae(tot, values, m, tids, c["discount"], lam, bootstrap,
                                        c["max_turns"] or width)
         advantages = advantages + kl_rewards
+    if mode is not None or c["gae_timestep_unit"] != "token":
         tot = tot + kl_rewards
 
     # 8
@@ -282,10 +327,70 @@ def compute_advantages(batch, cfg):
         advantages = normalize(advantages, m, group_sizes=gs, group_member_counts=gmc, **c["adv_norm"])
 
     # 9
-    if has_p and c["token_rewards_as_adv"]:
+    if has_p and c["token_rewards_as_adv"] and mode != "pure":
         advantages = shape(advantages, process, m, **c["shaping"])
     return dict(advantages=advantages, returns=returns, kl_rewards=kl_rewards, tot_rewards=tot,
                 loss_mask=m.astype(np.float64), logprobs=logp)
+
+
+def _credit(mode, options, batch, m, tids, ends, process, outcome, outcome_step, groups):
+    """Steps 6-7 of a credit mode: per-timestep advantages, before the KL rewards (CREDIT.md's rules)."""
+    rows, width = m.shape
+    zeros = np.zeros((rows, width))
+    p = zeros if process is None else process
+    if mode == "pure":
+        advantages, _ = pure(p, outcome, m, tids, outcome_step, groups, options.get("temperature", 0.1),
+                             options.get("verifier_coef", 1.0), options.get("whiten", True))
+        return advantages
+    if mode == "prime":
+        prm = np.where(m, np.asarray(batch["prm_logprobs"], np.float64), 0.0)
+        ref = np.where(m, np.asarray(batch["ref_logprobs"], np.float64), 0.0)
+        advantages, _, _ = prime(prm, ref, outcome, m, groups, beta=options.get("beta", 0.05),
+                                 lam=options.get("lam", 0.0), use_gt=options.get("use_gt", False),
+                                 dpo_coef=options.get("dpo_coef", 5.0), gt_coef=options.get("gt_coef", 5.0),
+                                 batch_norm=options.get("norm", "batch_norm") == "batch_norm")
+        return advantages
+    if mode == "gigpo":
+        turns = next((np.shape(batch[k])[1] for k in ("turn_rewards", "anchor_ids") if k in batch), width)
+        counts, sums, last = np.zeros((rows, turns)), np.zeros((rows, turns)), np.zeros((rows, turns))
+        for b in range(rows):
+            for t in range(width):
+                if m[b, t] and 0 <= tids[b, t] < turns:
+                    k = tids[b, t]
+                    counts[b, k] += 1
+                    sums[b, k] += p[b, t]
+                    if ends[b, t]:
+                        last[b, k] = p[b, t]
+        rule = options.get("step_reward", "mean")
+        step = {"sum": sums, "mean": sums / np.maximum(counts, 1), "last": last}[rule]
+        if "turn_rewards" in batch:
+            given = np.asarray(batch["turn_rewards"], np.float64)
+            use = np.asarray(batch["turn_reward_mask"]).astype(bool) if "turn_reward_mask" in batch else True
+            step = np.where(use, given, step)
+        per_turn, *_ = gigpo(step, counts > 0, outcome, batch.get("anchor_ids"), groups=groups,
+                             step_weight=options.get("step_weight", 1.0), step_discount=options.get("step_discount", 0.95),
+                             norm=options.get("norm", "mean_norm"), eps=options.get("eps", 1e-6),
+                             episode_stats=options.get("episode_stats", "trajectory"))
+        return np.array([[per_turn[b, tids[b, t]] if m[b, t] and 0 <= tids[b, t] < turns else 0.0
+                          for t in range(width)] for b in range(rows)])
+    assert mode == "tree", mode
+    node_ids = np.asarray(batch["node_ids"])
+    parents = np.asarray(batch["node_parents"])
+    size = len(parents)
+    used = np.zeros(size, bool)
+    leaf_reward = np.zeros(size)
+    node_group = np.zeros(size, int)
+    for b in range(rows):
+        path = [int(n) for n in node_ids[b] if 0 <= n < size]
+        for node in path:
+            used[node] = True
+            node_group[node] = groups[b]
+        if path:
+            leaf_reward[path[-1]] = outcome[b]
+    values = tree_advantages(parents, leaf_reward, mask=used, group=node_group,
+                             weighting=options.get("weighting", "sqrt"), value=options.get("value", "state_value"))
+    return np.array([[values[node_ids[b, tids[b, t]]] if m[b, t] and 0 <= tids[b, t] < node_ids.shape[1] else 0.0
+                      for t in range(width)] for b in range(rows)])
 
 
 def group_filter(group, kind):
@@ -329,11 +434,13 @@ def group_filter(group, kind):
 
 
 def gigpo(turn_rewards, turn_mask, outcome, anchor_ids=None, group_sizes=None, *, step_weight=1.0,
-          step_discount=0.95, norm="mean_norm", eps=1e-6, episode_stats="trajectory"):
-    """GiGPO the way the reference implementation reads: dicts keyed by group and anchor, plain loops."""
+          step_discount=0.95, norm="mean_norm", eps=1e-6, episode_stats="trajectory", groups=None):
+    """GiGPO the way the reference implementation reads: dicts keyed by group and anchor, plain loops
+    (``groups``: each row's group, instead of ``group_sizes``)."""
     turn_rewards = np.asarray(turn_rewards, np.float64)
     rows, turns = turn_rewards.shape
-    groups = group_of_rows(rows, rows, group_sizes) if group_sizes is not None else [0] * rows
+    if groups is None:
+        groups = group_of_rows(rows, rows, group_sizes) if group_sizes is not None else [0] * rows
 
     def mean_std(values):
         if len(values) <= 1:
@@ -408,7 +515,9 @@ def areal_linear_discount(raw, gamma):
 def tree_advantages(parent, leaf_reward, *, mask=None, selected=None, group=None, weighting="sqrt",
                     value="state_value"):
     """TreeRL as its code reads (CREDIT.md 3 and 7.2): centred leaves, subtree sums, paths from the synthetic
-    root with the fill-in rule, node by node."""
+    root with the fill-in rule, node by node. The fill-in's tie is TreeRL's ``|l| < 1e-8`` where the group's
+    rewards are integers (exact in float32); for other rewards prm-jax's documented float32 rule, a local value
+    within ``8 * eps32`` of the rewards' scale (``kernels.tree``), restated here in float64."""
     n = len(parent)
     used = [True] * n if mask is None else [bool(m) for m in mask]
     grp = [0] * n if group is None else [int(g) for g in group]
@@ -434,6 +543,21 @@ def tree_advantages(parent, leaf_reward, *, mask=None, selected=None, group=None
         a = math.fsum(centred[leaf] for leaf in leafs)
         return weigh(a, sum(leaf in chosen for leaf in leafs)) / len(leafs)
 
+    def scale(leafs, root_leaves):
+        if len(root_leaves) < 2:
+            return 0.0
+        mean_abs = math.fsum(abs(float(leaf_reward[leaf])) for leaf in leafs) / len(leafs) + math.fsum(
+            abs(float(leaf_reward[leaf])) for leaf in root_leaves) / len(root_leaves)
+        k = sum(leaf in chosen for leaf in leafs)
+        return weigh(mean_abs, k) * len(root_leaves) / (len(root_leaves) - 1)
+
+    def tie_below(root_leaves, node, above):
+        rewards = [float(leaf_reward[leaf]) for leaf in root_leaves]
+        if all(r == round(r) for r in rewards):
+            return 1e-8
+        eps32 = float(np.finfo(np.float32).eps)
+        return max(1e-8, 8 * eps32 * (scale(below(node), root_leaves) + scale(below(above), root_leaves)))
+
     out = [0.0] * n
     for i in range(n):
         if not used[i]:
@@ -446,7 +570,7 @@ def tree_advantages(parent, leaf_reward, *, mask=None, selected=None, group=None
         states = [state(root_leaves)] + [state(below(node)) for node in path]
         local = [states[j + 1] - states[j] for j in range(len(path))]
         for j in range(1, len(local)):  # TreeRL's fill-in, along the path
-            if abs(local[j]) < 1e-8:
+            if abs(local[j]) < tie_below(root_leaves, path[j], path[j - 1]):
                 local[j] = local[j - 1]
         out[i] = {"state_value": local[-1] + states[-1], "value_only": states[-1], "local_only": local[-1]}[value]
     return out
@@ -494,15 +618,27 @@ def returns_to_go(x, mask):
     return out
 
 
+def next_in_turn(mask, turn_ids, b, t):
+    """The row's next trained timestep after ``t`` when it is in ``t``'s turn, else None: with turn ids a turn is
+    the trained timesteps of one id (untrained holes inside it do not split it), without them a run of
+    adjacent trained timesteps."""
+    width = len(mask[b])
+    if turn_ids is None:
+        return t + 1 if t + 1 < width and mask[b][t + 1] else None
+    for u in range(t + 1, width):
+        if mask[b][u]:
+            return u if turn_ids[b][u] == turn_ids[b][t] else None
+    return None
+
+
 def turn_ends(mask, turn_ids):
-    """Each turn's last trained timestep: the next timestep is untrained or in another turn."""
+    """Each turn's last trained timestep."""
     rows, width = np.shape(mask)
     ends = np.zeros((rows, width), bool)
     for b in range(rows):
         for t in range(width):
             if mask[b][t]:
-                nxt = t + 1 < width and mask[b][t + 1] and (turn_ids is None or turn_ids[b][t + 1] == turn_ids[b][t])
-                ends[b][t] = not nxt
+                ends[b][t] = next_in_turn(mask, turn_ids, b, t) is None
     return ends
 
 

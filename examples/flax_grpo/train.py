@@ -28,7 +28,8 @@ def load(mode: str) -> prm_jax.ExperimentConfig:
     needs scores in [0, 1], so its judge says 0 (not -1) for a wrong turn, at weight 1. The credit modes of
     issue 22 keep the config's shaping (``gvpo``) and replace a stage: ``tree`` GAE by TreeRL's advantages
     over each group's trees (here every rollout is its own chain); ``pure`` GAE and the group normalization
-    by PURE's recipe (min-form turn scores, RLOO, whitening); ``decoupled`` the group normalization by GDPO's
+    by PURE's recipe (min-form turn scores, RLOO, whitening; it shapes nothing, so its shaping is ``additive``,
+    the one mode allowed beside it); ``decoupled`` the group normalization by GDPO's
     over the outcome and the judge's total (the judge then shapes nothing: its scores are a reward source)."""
     config = prm_jax.load_config(CONFIG)
     prm, actor = config.prm, config.actor
@@ -41,8 +42,9 @@ def load(mode: str) -> prm_jax.ExperimentConfig:
         actor = dataclasses.replace(actor, advantage_shaping=dataclasses.replace(actor.advantage_shaping, mode=mode))
     elif mode == "tree":
         actor = dataclasses.replace(actor, credit_assignment={"mode": "tree"})
-    elif mode == "pure":
-        actor = dataclasses.replace(actor, credit_assignment={"mode": "pure"}, reward_norm=None)
+    elif mode == "pure":  # PURE shapes nothing: the config's gvpo is refused beside it, additive is its no-op
+        actor = dataclasses.replace(actor, credit_assignment={"mode": "pure"}, reward_norm=None,
+                                    advantage_shaping=dataclasses.replace(actor.advantage_shaping, mode="additive"))
     elif mode == "decoupled":
         actor = dataclasses.replace(actor, reward_norm={"mode": "decoupled"})
     return dataclasses.replace(config, prm=prm, actor=actor)

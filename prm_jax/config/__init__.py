@@ -8,7 +8,7 @@ alias expansion). Errors are ``ConfigError``, naming the key path. The kernels' 
 ``advantage_shaping``, ``credit_assignment`` and ``process_reward_transform``.
 """
 
-from prm_jax.config.advantage import AdvantageConfig, resolve_lambda
+from prm_jax.config.advantage import REFUSED_PAIRS, AdvantageConfig, Refusal, refusals_markdown, resolve_lambda
 from prm_jax.config.experiment import (
     ERROR_POLICIES,
     ErrorPolicy,
@@ -18,7 +18,7 @@ from prm_jax.config.experiment import (
     RolloutConfig,
     ScorerSpec,
 )
-from prm_jax.config.loader import load_config, parse_yaml
+from prm_jax.config.loader import ConfigFileError, load_config, parse_yaml
 from prm_jax.kernels.gigpo import GiGPOConfig
 from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
 from prm_jax.kernels.prime import PrimeCredit
@@ -31,6 +31,7 @@ __all__ = [
     "ERROR_POLICIES",
     "AdvantageConfig",
     "ConfigError",
+    "ConfigFileError",
     "DecoupledNorm",
     "ErrorPolicy",
     "ExperimentConfig",
@@ -41,11 +42,14 @@ __all__ = [
     "PRMSection",
     "PrimeCredit",
     "PureCredit",
+    "REFUSED_PAIRS",
+    "Refusal",
     "RolloutConfig",
     "ScorerSpec",
     "ShapingConfig",
     "TreeCredit",
     "load_config",
+    "refusals_markdown",
     "parse_yaml",
     "resolve_lambda",
 ]

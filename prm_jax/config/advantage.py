@@ -154,13 +154,14 @@ class AdvantageConfig:
         set_("advantage_shaping", shaping_config(self.advantage_shaping))
         set_("credit_assignment", _credit_assignment(self.credit_assignment))
         set_("process_reward_transform", _transform(self.process_reward_transform))
-        _check_shaping(self.advantage_shaping.mode, self.token_rewards_as_adv, self.mask_no_eos_with_zero)
-        _check_credit(self.credit_assignment, self.gae_timestep_unit)
         if self.gae_method not in GAE_METHODS:
             raise ConfigError("gae_method", f"must be one of {GAE_METHODS}, got {short_repr(self.gae_method)}")
         if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
                                             or self.discount * self.gae_lambda != 1.0):
             raise ConfigError("gae_method", "'cumsum' needs discount * gae_lambda == 1 (a float gae_lambda)")
+        for refusal in REFUSED_PAIRS:
+            if refusal.when(self):
+                raise refusal.error()
         integer("gae_block_size", self.gae_block_size, minimum=1)
         if self.max_turns is not None:
             integer("max_turns", self.max_turns, minimum=1)
@@ -212,24 +213,82 @@ class AdvantageConfig:
 
     def shaping_variants(self, modes: Sequence[ShapingMode]) -> tuple[list[ShapingConfig], dict[str, str]]:
         """This config's shaping under each of ``modes``, and ``{mode: "n/a: why"}`` for the modes it rules
-        out (for ``compute_advantage_variants``)."""
+        out (for ``compute_advantage_variants``): the refusals of ``REFUSED_PAIRS``."""
         shapings: list[ShapingConfig] = []
         refused: dict[str, str] = {}
         for mode in modes:
+            shaping = dataclasses.replace(self.advantage_shaping, mode=mode)
             try:
-                _check_shaping(mode, self.token_rewards_as_adv, self.mask_no_eos_with_zero)
-                shapings.append(dataclasses.replace(self.advantage_shaping, mode=mode))
-            except ValueError as err:
+                dataclasses.replace(self, advantage_shaping=shaping)
+                shapings.append(shaping)
+            except ConfigError as err:
                 refused[mode] = f"n/a: {err}"
         return shapings, refused
 
 
-def _check_shaping(mode: str, token_rewards_as_adv: bool, mask_no_eos_with_zero: bool) -> None:
-    if mode in ("gvpo", "process_weighted") and not token_rewards_as_adv:
-        raise ConfigError("token_rewards_as_adv", f"must be true: advantage_shaping.mode={mode!r} shapes with "
-                                                  "direct process rewards")
-    if mode == "process_weighted" and mask_no_eos_with_zero:
-        raise ConfigError("mask_no_eos_with_zero", "must be false with advantage_shaping.mode='process_weighted'")
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Two settings of the ``actor`` section that ``AdvantageConfig`` refuses together: ``first`` and ``second``
+    are ``(key, values)``, a key as written (``credit_assignment.mode``) and the values that clash."""
+
+    first: tuple[str, tuple[Any, ...]]
+    second: tuple[str, tuple[Any, ...]]
+    why: str
+
+    def when(self, config: AdvantageConfig) -> bool:
+        """Whether ``config`` holds the pair."""
+        return all(setting(config, key) in values for key, values in (self.first, self.second))
+
+    def error(self) -> ConfigError:
+        """The error naming both keys."""
+        (key, _), (other, _) = self.first, self.second
+        return ConfigError(key, f"{_shown(self.first[1])} cannot be combined with {other} {_shown(self.second[1])}: "
+                                f"{self.why}")
+
+
+def _shown(values: tuple[Any, ...]) -> str:
+    words = [str(v).lower() if isinstance(v, bool) else f"'{v}'" for v in values]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+_CREDIT_NAMES = {GiGPOConfig: "gigpo", TreeCredit: "tree", PureCredit: "pure", PrimeCredit: "prime"}
+
+
+def setting(config: AdvantageConfig, key: str) -> Any:
+    """The value of an ``actor`` key as written (``credit_assignment.mode``: the mode's name, or None)."""
+    if key == "credit_assignment.mode":
+        return None if config.credit_assignment is None else _CREDIT_NAMES[type(config.credit_assignment)]
+    if key == "process_reward_transform.mode":
+        return None if config.process_reward_transform is None else "min_form"
+    if key == "advantage_shaping.mode":
+        return config.advantage_shaping.mode
+    return getattr(config, key)
+
+
+# The pairs of settings the pipeline refuses, declared once: AdvantageConfig raises the first that applies,
+# shaping_variants reads them, tests/kernels/test_matrix.py generates every combination of estimator, process
+# transform, reward normalization and shaping mode against them, and the README's table is rendered from
+# them (refusals_markdown; a test holds the README to it). Every other pair is computed, and tested.
+REFUSED_PAIRS: tuple[Refusal, ...] = (
+    Refusal(("gae_timestep_unit", ("turn",)), ("credit_assignment.mode", ("tree", "pure", "prime")),
+            "these replace GAE, so the turn unit means nothing there (gigpo, AReaL's own key, accepts and ignores it)"),
+    Refusal(("credit_assignment.mode", ("pure",)), ("process_reward_transform.mode", ("min_form",)),
+            "PURE applies min-form to the process rewards itself: it would run twice"),
+    Refusal(("credit_assignment.mode", ("pure",)), ("advantage_shaping.mode", ("gvpo", "process_weighted")),
+            "PURE's returns already hold the process rewards, so it shapes nothing (shaping would count them twice)"),
+    Refusal(("token_rewards_as_adv", (False,)), ("advantage_shaping.mode", ("gvpo", "process_weighted")),
+            "these modes shape with direct process rewards, which folding puts into GAE instead"),
+    Refusal(("mask_no_eos_with_zero", (True,)), ("advantage_shaping.mode", ("process_weighted",)),
+            "AReaL refuses it: the zeroed process rewards of a truncated row would zero its positive advantages"),
+)
+
+
+def refusals_markdown() -> str:
+    """The README's table of ``REFUSED_PAIRS``."""
+    rows = ["| setting | refused with | why |", "| --- | --- | --- |"]
+    rows += [f"| `{r.first[0]}: {_shown(r.first[1])}` | `{r.second[0]}: {_shown(r.second[1])}` | {r.why} |"
+             for r in REFUSED_PAIRS]
+    return "\n".join(rows)
 
 
 def _norm(value: Any, where: str) -> NormConfig | None:
@@ -273,14 +332,6 @@ def _reward_norm(value: Any) -> NormConfig | DecoupledNorm | None:
     if isinstance(value, Mapping) and "mode" in value:
         return _by_mode(value, "reward_norm", {"decoupled": DecoupledNorm})
     return value if isinstance(value, DecoupledNorm) else _norm(value, "reward_norm")
-
-
-def _check_credit(credit: Credit | None, unit: str) -> None:
-    """The combinations the pipeline refuses (README: the order of the stages)."""
-    if isinstance(credit, (PureCredit, PrimeCredit)) and unit == "turn":
-        raise ConfigError("gae_timestep_unit", f"must be 'token' with credit_assignment "
-                                               f"'{'pure' if isinstance(credit, PureCredit) else 'prime'}': it "
-                                               "replaces GAE, and the turn unit means nothing there")
 
 
 def _frozen_kwargs(kwargs: Any) -> tuple[tuple[str, Any], ...]:

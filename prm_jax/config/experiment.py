@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
 from prm_jax.config.advantage import AdvantageConfig, shaping_config
+from prm_jax.kernels.normalization import DecoupledNorm
 from prm_jax.kernels.shaping import ShapingConfig
 from prm_jax.validation import ConfigError, deadline, finite_number, from_mapping, scorer_weight, short_repr
 
@@ -165,6 +166,20 @@ class ExperimentConfig:
             if not isinstance(getattr(self, key), kind):
                 raise ConfigError(key, f"must be a {kind.__name__}, got {type(getattr(self, key)).__name__}")
         self._check_active_scorers()
+        self._check_reward_sources()
+
+    @property
+    def reward_sources(self) -> int:
+        """GDPO's sources (``reward_norm: {mode: decoupled}``) as ``prm-jax score`` builds them: the outcome and
+        one per enabled scorer entry, in the config's order (a scorer that fails a session leaves NaN)."""
+        return 1 + (sum(spec.enabled for spec in self.prm.scorers) if self.prm.active else 0)
+
+    def _check_reward_sources(self) -> None:
+        norm = self.actor.reward_norm
+        if isinstance(norm, DecoupledNorm) and norm.weights is not None and len(norm.weights) != self.reward_sources:
+            raise ConfigError("actor.reward_norm.weights",
+                              f"has {len(norm.weights)} entries but there are {self.reward_sources} reward sources: the "
+                              "outcome reward and one per enabled entry of rollout.agent.prm.scorers, in that order")
 
     @property
     def prm_section(self) -> PRMSection:

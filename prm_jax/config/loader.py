@@ -15,6 +15,18 @@ from prm_jax.validation import short_repr
 MAX_YAML_NODES = 100_000
 
 
+def _distinct_nodes(node: yaml.Node, seen: set[int]) -> int:
+    """Nodes the document holds as written (a subtree an alias shares counted once)."""
+    if id(node) in seen:
+        return 0
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        return 1 + sum(_distinct_nodes(child, seen) for child in node.value)
+    if isinstance(node, yaml.MappingNode):
+        return 1 + sum(_distinct_nodes(k, seen) + _distinct_nodes(v, seen) for k, v in node.value)
+    return 1
+
+
 def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     """Nodes the document has once aliases are expanded (shared subtrees counted each time they appear)."""
     if id(node) in memo:
@@ -25,7 +37,7 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
         size += sum(_expanded_size(child, memo) for child in node.value)
     elif isinstance(node, yaml.MappingNode):
         size += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
-    memo[id(node)] = min(size, MAX_YAML_NODES + 1)
+    memo[id(node)] = size  # (a Python int: an alias bomb's astronomic count is cheap to add up)
     return memo[id(node)]
 
 
@@ -46,30 +58,40 @@ _Loader.yaml_implicit_resolvers = {key: sorted(resolvers, key=lambda r: r[0] != 
                                    for key, resolvers in _Loader.yaml_implicit_resolvers.items()}
 
 
+class ConfigFileError(ValueError):
+    """A config file that cannot be read or is not a valid config; the message starts with the file's name."""
+
+
 def parse_yaml(text: str, where: str) -> Any:
-    """``yaml.safe_load`` (numbers as AReaL reads them) that refuses documents expanding past
-    ``MAX_YAML_NODES`` (nested-alias bombs) or nested too deeply for the parser."""
+    """``yaml.safe_load`` (numbers as AReaL reads them) that refuses documents whose aliases expand them by
+    more than ``MAX_YAML_NODES`` nodes (nested-alias bombs; a long document as written is read as it is), or
+    nested too deeply for the parser. Errors are ``ConfigFileError`` naming ``where``."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             return None
-        if _expanded_size(node, {}) > MAX_YAML_NODES:
-            raise ValueError(f"{where}: the YAML expands to more than {MAX_YAML_NODES} nodes (nested aliases?); "
-                             "refused")
+        added = _expanded_size(node, {}) - _distinct_nodes(node, set())
+        if added > MAX_YAML_NODES:
+            raise ConfigFileError(f"{where}: the YAML's aliases expand it by more than {MAX_YAML_NODES} nodes "
+                                  "(nested aliases); refused")
         return loader.construct_document(node)
     except yaml.YAMLError as err:
-        raise ValueError(f"{where}: not valid YAML: {short_repr(str(err))}") from None
+        raise ConfigFileError(f"{where}: not valid YAML: {short_repr(str(err))}") from None
     except RecursionError:
-        raise ValueError(f"{where}: the YAML is nested too deeply") from None
+        raise ConfigFileError(f"{where}: the YAML is nested too deeply") from None
     finally:
         loader.dispose()
 
 
 def load_config(path: str | Path) -> ExperimentConfig:
-    """Loads and validates a YAML config file."""
+    """Loads and validates a YAML config file; every error names the file (``ConfigFileError``, a
+    ``ValueError``; ``OSError`` when it cannot be read)."""
     path = Path(path)
     data = parse_yaml(path.read_text(), str(path))
     if not isinstance(data, Mapping):
-        raise ValueError(f"{path}: the config must be a YAML mapping with 'rollout' and 'actor'")
-    return ExperimentConfig.from_mapping(data)
+        raise ConfigFileError(f"{path}: the config must be a YAML mapping with 'rollout' and 'actor'")
+    try:
+        return ExperimentConfig.from_mapping(data)
+    except (ValueError, TypeError) as err:
+        raise ConfigFileError(f"{path}: {err}") from None

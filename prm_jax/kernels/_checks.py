@@ -167,7 +167,7 @@ def mask_check(name: str, x: Any) -> list[ValueCheck]:
 
 
 def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key: str | None = None,
-                 axis: str = "timestep") -> ValueCheck:
+                 axis: str = "timestep", hint: str = "") -> ValueCheck:
     """``x`` is finite (where ``where`` is True, when given). ``[B]`` arrays: the count is the number of bad
     entries, and the message names the first. ``[B, K]`` arrays: the count is the number of rows holding a
     bad entry, and the message names the first such row and the index along ``axis``. ``key`` names the
@@ -183,7 +183,7 @@ def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key
         flags = bad.reshape(bad.shape[0], 1) if bad.ndim else bad.reshape(1, 1)
         row, _, value = first_flagged(flags, x.reshape(flags.shape))
         return ValueCheck(f"{key or check_key(name)}_not_finite", violations(bad),
-                          lambda row, value: f"{name} must be finite{scope}; entry {int(row)} is {float(value)!r}",
+                          lambda row, value: f"{name} must be finite{scope}; entry {int(row)} is {float(value)!r}{hint}",
                           row, value)
     zero = jnp.zeros((), x.dtype)
     used = jnp.ones(x.shape, jnp.bool_) if where is None else where
@@ -194,7 +194,7 @@ def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key
     step = jnp.argmax(bad).astype(jnp.int32)
     return ValueCheck(f"{key or check_key(name)}_not_finite", violations(bad_rows),
                       lambda row, step, value: f"{name} must be finite{scope}; row {int(row)}, {axis} {int(step)} "
-                                               f"is {float(value)!r}", row, step, in_row[step])
+                                               f"is {float(value)!r}{hint}", row, step, in_row[step])
 
 
 def raise_value_checks(checks: list[ValueCheck], *, callback: bool = False) -> None:

@@ -38,6 +38,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from prm_jax.kernels import _checks
@@ -59,24 +60,26 @@ from prm_jax.kernels.normalization import (
 )
 from prm_jax.kernels.prime import PrimeCredit, prime_core
 from prm_jax.kernels.pure import MinFormTransform, PureCredit, min_form_core, pure_core
-from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAEMethod, resolve_method
+from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAEMethod, ScanStrategy, resolve_strategy
 from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_core, warn_gvpo_without_penalty
 from prm_jax.kernels.tree import TreeCredit, children_sum, tree_advantages_core, tree_check
 from prm_jax.kernels.turns import (
+    TurnSteps,
     changes_within_turns,
-    same_turn_next,
+    first_at_or_after,
     turn_counts,
-    turn_ends,
     turn_gae_core,
     turn_ids_check,
     turn_segments,
+    turn_steps,
     turn_sums,
 )
 
 REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
 OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "prm_logprobs", "token_rewards", "turn_ids",
                  "is_truncated", "reward_sources", "node_ids", "node_parents",
-                 "gae_lambda", "group_sizes", "group_member_counts", "group_ids", "turn_rewards", "anchor_ids")
+                 "gae_lambda", "group_sizes", "group_member_counts", "group_ids", "turn_rewards", "turn_reward_mask",
+                 "anchor_ids")
 TimestepUnit = Literal["token", "turn"]
 TIMESTEP_UNITS: tuple[TimestepUnit, ...] = ("token", "turn")
 
@@ -200,6 +203,14 @@ class AdvantagePlan:
     def needs_turn_ids(self) -> bool:
         return isinstance(self.estimator, (TurnGAE, GiGPOStage, TreeCredit))
 
+    @property
+    def model_outputs_read(self) -> tuple[str, ...]:
+        """The per-token model outputs a stage reads (``ref_logprobs``: the KL reward when ``kl_ctl != 0``, and
+        PRIME; ``prm_logprobs``: PRIME). One that is read must be there on every trained timestep (finite);
+        one that is not read may hold anything (NaN where a session had none)."""
+        prime = isinstance(self.estimator, PrimeCredit)
+        return (("ref_logprobs",) if prime or self.kl.kl_ctl != 0 else ()) + (("prm_logprobs",) if prime else ())
+
     def num_turns(self, width: int) -> int:
         return self.max_turns or width
 
@@ -220,7 +231,7 @@ def as_plan(config: AdvantagePlan | PlanSource) -> AdvantagePlan:
 
 
 def _outcome_rewards(rewards, sources, raw_active, real_rows, stage: OutcomeStage, groups_of,
-                     checks) -> tuple[jax.Array, dict[str, jax.Array]]:
+                     grpo_groups: GroupLayout | None, checks) -> tuple[jax.Array, dict[str, jax.Array]]:
     dtype = rewards.dtype
     if stage.overlong is not None:
         max_new, tokens, factor = stage.overlong.max_new_tokens, stage.overlong.overlong_tokens, stage.overlong.factor
@@ -229,7 +240,8 @@ def _outcome_rewards(rewards, sources, raw_active, real_rows, stage: OutcomeStag
         rewards = rewards + jnp.minimum(-exceed / tokens * factor, 0.0)
     rewards = jnp.clip((rewards + stage.bias) * stage.scaling, -stage.clip, stage.clip)
     if isinstance(stage.norm, DecoupledNorm):
-        return _decoupled_rewards(rewards, sources, real_rows, stage.norm, groups_of(GRPO_GROUPS), checks)
+        # The batch's GRPO groups, else the whole batch: the rule of every group-wise credit mode.
+        return _decoupled_rewards(rewards, sources, real_rows, stage.norm, grpo_groups, checks)
     if stage.norm is not None:
         # Every real row counts (one without generated tokens too, as in AReaL); padding rows (no
         # attention at all) do not, and come out as 0.
@@ -256,53 +268,51 @@ def _decoupled_rewards(rewards, sources, real_rows, norm: DecoupledNorm, groups:
                      rewards.dtype) / jnp.maximum(jnp.sum(real_rows, dtype=jnp.int32) * count, 1).astype(rewards.dtype)}
 
 
-def _min_form_turns(process: jax.Array, active: jax.Array, turn_ids: jax.Array | None,
-                    temperature: float) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _min_form_turns(process: jax.Array, active: jax.Array, turns: TurnSteps, temperature: float,
+                    method: str) -> tuple[jax.Array, dict[str, jax.Array]]:
     """``process_reward_transform: min_form``: each turn's process score (its value at the turn's last
     timestep) becomes its min-form reward over the row's turns, uniform over the turn's timesteps.
 
-    When every turn's process reward is uniform (a scalar scorer's), each timestep already holds its turn's
-    score and takes its reward in place; otherwise each active timestep takes the reward at the first turn
-    end at or after it, its own turn's (a reverse running minimum: slower on the CPU). Both give the same
-    numbers on uniform turns; ``lax.cond`` runs only the one taken.
+    Where every turn's process reward is uniform (a scalar scorer's), each timestep already holds its turn's
+    score and takes its reward in place; otherwise each active timestep takes the reward at its own turn's
+    end (one masked fill). ``min_form_core`` computes both from the same per-row weights, so the two give
+    the same numbers on uniform turns, and a row's numbers do not depend on which one its batch takes
+    (``lax.cond`` runs only the one taken).
     """
-    width = active.shape[1]
     zero = jnp.zeros((), process.dtype)
-    same = same_turn_next(active, turn_ids)
-    ends = active & ~same
+    ends = turns.ends
 
     def in_place(_: None) -> jax.Array:
         return min_form_core(process, ends, temperature, at=active)
 
     def spread(_: None) -> jax.Array:
         rewards = min_form_core(process, ends, temperature)  # the min-form reward at each turn end
-        step = lax.broadcasted_iota(jnp.int32, active.shape, 1)
-        own_end = lax.cummin(jnp.where(ends, step, width), axis=1, reverse=True)
-        return jnp.where(active, jnp.take_along_axis(rewards, jnp.minimum(own_end, width - 1), axis=1), zero)
+        return jnp.where(active, first_at_or_after(rewards, ends, method), zero)
 
-    out = lax.cond(jnp.any(changes_within_turns(process, same)), spread, in_place, None)
+    out = lax.cond(jnp.any(changes_within_turns(process, turns, active, method)), spread, in_place, None)
     diagnostics = {"min_form/turns": jnp.sum(ends, dtype=jnp.int32),  # (each turn's reward once: at its end)
                    "min_form/row_sum_mean": jnp.sum(jnp.where(ends, out, zero)) / jnp.maximum(
                        jnp.sum(jnp.any(ends, axis=1), dtype=jnp.int32), 1).astype(out.dtype)}
     return out, diagnostics
 
 
-def _fold_turn_rewards(process, active, turn_ids):
+def _fold_turn_rewards(process: jax.Array, active: jax.Array, turns: TurnSteps,
+                       method: str) -> tuple[jax.Array, _checks.ValueCheck]:
     """Folds uniform per-turn rewards into one reward at each turn's last timestep, with a uniformity check.
 
-    A turn is a run of adjacent active timesteps (with equal turn ids when ``turn_ids`` is given).
+    A turn is what ``turn_steps`` says (the active timesteps of one turn id, holes of the loss mask
+    included; a run of adjacent active timesteps without ``turn_ids``).
     """
     zero = jnp.zeros((), process.dtype)
-    same_turn = same_turn_next(active, turn_ids)
-    uneven = changes_within_turns(process, same_turn)
-    flat = jnp.argmax(uneven.ravel())
-    row, step = flat // process.shape[1], flat % process.shape[1]
+    uneven = changes_within_turns(process, turns, active, method)
+    count = _checks.violations(uneven)
+    row, step = _checks.located(count, lambda: _checks.first_flagged(uneven))
     check = _checks.ValueCheck(
-        "turn_rewards_not_uniform", _checks.violations(uneven),
+        "turn_rewards_not_uniform", count,
         lambda row, step: "token_rewards_as_adv=False folds one reward per turn into GAE, so token_rewards must "
                           f"be uniform over each turn's generated tokens; row {int(row)} changes value at timestep "
                           f"{int(step)}", row, step)
-    return jnp.where(active & ~same_turn, process, zero), check
+    return jnp.where(turns.ends, process, zero), check
 
 
 class Timesteps(NamedTuple):
@@ -341,7 +351,10 @@ def _to_timesteps(batch: Mapping[str, jax.Array], raw_active: jax.Array, dtype) 
 
 
 def _kl(steps: Timesteps, seqlen: jax.Array, stage: KLStage) -> jax.Array:
-    """KL rewards; without reference log-probs the reference is 0 (AReaL), so k1 gives ``kl_ctl * logp``."""
+    """KL rewards; without reference log-probs the reference is 0 (AReaL), so k1 gives ``kl_ctl * logp``.
+    With ``kl_ctl = 0`` there is no KL term, and the reference log-probs are not read."""
+    if stage.kl_ctl == 0:
+        return jnp.zeros_like(steps.logprobs)
     ref = jnp.zeros_like(steps.logprobs) if steps.ref_logprobs is None else steps.ref_logprobs
     kl = kl_rewards(steps.logprobs, ref, steps.active, kl_ctl=stage.kl_ctl, estimator=stage.estimator)
     step = lax.broadcasted_iota(jnp.int32, kl.shape, 1)
@@ -354,20 +367,20 @@ def _truncation(batch: Mapping[str, jax.Array], seqlen: jax.Array, width: int) -
     return seqlen == width  # AReaL's fallback (compute_advantages warns)
 
 
-def _lambda_context(steps: Timesteps, unit: TimestepUnit) -> GAELambdaContext:
+def _lambda_context(steps: Timesteps, unit: TimestepUnit, turns: TurnSteps | None) -> GAELambdaContext:
     tokens = jnp.sum(steps.active, axis=1, dtype=jnp.int32)
-    turns = jnp.zeros_like(tokens) if steps.turn_ids is None else turn_counts(steps.active, steps.turn_ids)
-    return GAELambdaContext(effective_token_lengths=tokens, turn_counts=turns,
-                            timestep_lengths=tokens if unit == "token" else turns)
+    counts = jnp.zeros_like(tokens) if turns is None else turn_counts(turns)
+    return GAELambdaContext(effective_token_lengths=tokens, turn_counts=counts,
+                            timestep_lengths=tokens if unit == "token" else counts)
 
 
 def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, plan_lam: float | LambdaFunction, dtype,
-                checks: list) -> jax.Array:
+                turns: TurnSteps | None, checks: list) -> jax.Array:
     """λ: the batch's per-row ``gae_lambda [B]``, else the plan's function of lengths, else its float."""
     if "gae_lambda" in batch:
         lam = _checks.as_float("batch['gae_lambda']", batch["gae_lambda"], dtype)
     elif isinstance(plan_lam, LambdaFunction):
-        lam = plan_lam.fn(_lambda_context(steps, plan_lam.unit), **dict(plan_lam.kwargs))
+        lam = plan_lam.fn(_lambda_context(steps, plan_lam.unit, turns), **dict(plan_lam.kwargs))
         _checks.check_shape(f"the λ returned by {plan_lam.name}", lam, steps.active.shape[:1], "the batch axis")
         lam = _checks.as_float(f"the λ returned by {plan_lam.name}", lam, dtype)
     else:
@@ -404,11 +417,16 @@ def _check_batch_shapes(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> 
                          "(pack_branches(..., sessions=...) builds them)")
     if "node_parents" in batch:
         _checks.check_rank("batch['node_parents']", batch["node_parents"], 1)
-    for key in ("turn_rewards", "anchor_ids", "reward_sources", "node_ids"):
+    for key in ("turn_rewards", "turn_reward_mask", "anchor_ids", "reward_sources", "node_ids"):
         if key in batch:
             _checks.check_rank(f"batch[{key!r}]", batch[key], 2)
             if jnp.shape(batch[key])[0] != shape[0]:
                 raise ValueError(f"batch[{key!r}] must be [B, K] with B = {shape[0]}, got {jnp.shape(batch[key])}")
+    if "turn_reward_mask" in batch:
+        if "turn_rewards" not in batch:
+            raise ValueError("batch['turn_reward_mask'] says which batch['turn_rewards'] are given; it needs them")
+        _checks.check_shape("batch['turn_reward_mask']", batch["turn_reward_mask"], jnp.shape(batch["turn_rewards"]),
+                            "batch['turn_rewards']")
     return shape[0], shape[1]
 
 
@@ -428,9 +446,10 @@ def _batch_checks(batch: Mapping[str, jax.Array], num_rows: int) -> list[_checks
 
 
 def _finite_inputs_checks(batch: Mapping[str, jax.Array], steps: Timesteps, last_value: jax.Array,
-                          truncated: jax.Array, dtype) -> list[_checks.ValueCheck]:
+                          truncated: jax.Array, dtype, plan: AdvantagePlan) -> list[_checks.ValueCheck]:
     """Every float input is finite where it is used: on trained timesteps, and a truncated row's bootstrap
-    value ``V[seqlen - 1]`` (one NaN there would reach every advantage through batch normalization)."""
+    value ``V[seqlen - 1]`` (one NaN there would reach every advantage through batch normalization); a model
+    output no stage reads (``plan.model_outputs_read``) is not checked."""
     checks = [_checks.finite_check("batch['values']", steps.values, steps.active),
               _checks.finite_check("batch['values'] (the bootstrap value V[seqlen - 1] of a truncated row)",
                                    last_value, truncated, key="values_bootstrap")]
@@ -439,9 +458,42 @@ def _finite_inputs_checks(batch: Mapping[str, jax.Array], steps: Timesteps, last
     checks.append(_checks.finite_check("batch['logprobs']", behaviour, steps.active))
     for key, array in (("prox_logprobs", steps.logprobs), ("ref_logprobs", steps.ref_logprobs),
                        ("token_rewards", steps.process)):
-        if key in batch and array is not None:
-            checks.append(_checks.finite_check(f"batch[{key!r}]", array, steps.active))
+        if key in batch and array is not None and (key != "ref_logprobs" or key in plan.model_outputs_read):
+            checks.append(_checks.finite_check(f"batch[{key!r}]", array, steps.active,
+                                               hint=_MISSING_HINTS.get(key, "")))
     return checks
+
+
+# A NaN where a stage reads a per-token model output: a session without them on some turns (pack_branches
+# writes NaN there, never a silent 0).
+_MISSING_HINTS = {"ref_logprobs": " (NaN: a turn without reference log-probs; the KL reward and PRIME read them)",
+                  "prm_logprobs": " (NaN: a turn without PRM log-probs; PRIME reads them)"}
+
+
+def outputs_check(advantages: jax.Array, returns: jax.Array, active: jax.Array) -> _checks.ValueCheck:
+    """The last check: advantages and returns are finite on trained timesteps, read in one fused pass.
+
+    Every input passed its own checks by then, so a non-finite output is a float32 overflow inside a stage
+    (inputs or settings near float32's range, 3.4e38): counted like any check, never returned silently.
+    """
+    zero = jnp.zeros((), advantages.dtype)
+    bad_rows = jnp.isnan(jnp.sum(jnp.where(active, advantages * zero + returns * zero, zero), axis=1))
+    count = _checks.violations(bad_rows)
+
+    def locate() -> tuple[jax.Array, ...]:
+        bad_advantage = active & ~jnp.isfinite(advantages)
+        flags = bad_advantage | (active & ~jnp.isfinite(returns))
+        row, step, advantage, ret = _checks.first_flagged(flags, advantages, returns)
+        return row, step, jnp.any(bad_advantage), advantage, ret
+
+    row, step, which, advantage, ret = _checks.located(count, locate)
+    return _checks.ValueCheck(
+        "outputs_not_finite", count,
+        lambda row, step, which, advantage, ret: (
+            f"compute_advantages computed a non-finite {'advantage' if which else 'return'} "
+            f"({float(advantage if which else ret)!r}) at row {int(row)}, timestep {int(step)} from inputs that "
+            "passed their checks: a float32 overflow inside a stage (inputs or settings near float32's range, "
+            "|x| <= 3.4e38, or sums of them); scale them down"), row, step, which, advantage, ret)
 
 
 def _sequence_lengths(attention_mask: jax.Array) -> jax.Array:
@@ -454,9 +506,11 @@ def _sequence_lengths(attention_mask: jax.Array) -> jax.Array:
 
 
 def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timesteps, outcome_at: jax.Array,
-                  truncated: jax.Array, stage: TaskRewardStage, checks: list) -> tuple[jax.Array, jax.Array | None]:
+                  truncated: jax.Array, stage: TaskRewardStage, turns: TurnSteps | None, method: str,
+                  checks: list) -> tuple[jax.Array, jax.Array | None, jax.Array]:
     """Steps 4-5: the outcome reward at timestep ``max(seqlen - 2, 0)`` (0 for truncated rows under
-    ``mask_no_eos_with_zero``, which also clears their process rewards), plus folded turn rewards."""
+    ``mask_no_eos_with_zero``, which also clears their process rewards), plus folded turn rewards; and the
+    ``[B]`` outcome every estimator reads (the same zeros: GiGPO, tree, PURE and PRIME honour it too)."""
     zero = jnp.zeros((), outcome.dtype)
     if stage.mask_truncated:
         outcome = jnp.where(truncated, zero, outcome)
@@ -464,10 +518,11 @@ def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timestep
             process = jnp.where(truncated[:, None], zero, process)
     task = jnp.where(outcome_at, outcome[:, None], zero)
     if process is not None and stage.fold_process:
-        folded, uniform_check = _fold_turn_rewards(process, steps.active, steps.turn_ids)
+        assert turns is not None  # the plan reads turns when it folds
+        folded, uniform_check = _fold_turn_rewards(process, steps.active, turns, method)
         checks.append(uniform_check)
         task = task + folded
-    return task, process
+    return task, process, outcome
 
 
 class EstimatorInputs(NamedTuple):
@@ -476,7 +531,7 @@ class EstimatorInputs(NamedTuple):
     batch: Mapping[str, jax.Array]
     task: jax.Array                 # [B, T] outcome (+ folded turn) rewards on timesteps
     kl: jax.Array                   # [B, T] KL rewards
-    outcome: jax.Array              # [B] transformed outcome rewards
+    outcome: jax.Array              # [B] transformed outcome rewards (0 on truncated rows under mask_no_eos)
     process: jax.Array | None       # [B, T] process rewards P (None without token_rewards)
     steps: Timesteps
     bootstrap: jax.Array            # [B] V[seqlen - 1] on truncated rows, else 0
@@ -485,13 +540,14 @@ class EstimatorInputs(NamedTuple):
     groups: GroupLayout | None      # the batch's GRPO groups, when it has some
     gamma: jax.Array
     num_turns: int
-    method: GAEMethod
+    strategy: ScanStrategy          # the scan of the GAE and of every other recurrence
     outcome_at: jax.Array           # [B, T] bool, the timestep the outcome reward goes to
+    turns: TurnSteps | None         # where turns continue and end (when a stage reads turns)
 
 
 def _token_gae(stage: TokenGAE, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
     advantages, returns = gae_core(x.task + x.kl, x.steps.values, x.steps.active, x.gamma, x.lam, x.bootstrap,
-                                   x.method, stage.block_size)
+                                   x.strategy.gae, stage.block_size)
     return advantages, returns, {}
 
 
@@ -499,31 +555,42 @@ def _turn_gae(stage: TurnGAE, x: EstimatorInputs, checks: list) -> tuple[jax.Arr
     # KL stays token-local: added to the advantages, part of neither the recurrence nor the returns.
     assert x.steps.turn_ids is not None  # turn level needs turn_ids (checked with the shapes)
     advantages, returns = turn_gae_core(x.task, x.steps.values, x.steps.active, x.steps.turn_ids, x.gamma, x.lam,
-                                        x.bootstrap, x.num_turns, x.method)
+                                        x.bootstrap, x.num_turns, x.strategy.gae)
     return advantages + x.kl, returns, {}
+
+
+def _gigpo_turns(batch: Mapping[str, Any], default: int) -> int:
+    """``K``, GiGPO's turn slots: the width of its per-turn inputs, else ``default``."""
+    for key in ("turn_rewards", "anchor_ids"):
+        if key in batch:
+            return int(jnp.shape(batch[key])[1])
+    return default
 
 
 def _gigpo(stage: GiGPOStage, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
     """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps (plus the KL
     rewards), returns ``advantages + values``, and the step groups' counts (``step_group_counts``).
 
-    Step rewards are ``batch['turn_rewards'] [B, K]`` where given (NaN: not given), else derived from each
-    turn's process rewards by ``step_reward`` (``mean``, ``sum`` or ``last``); anchors are
-    ``batch['anchor_ids'] [B, K]`` (none: one step group per GRPO group).
+    Step rewards are ``batch['turn_rewards'] [B, K]`` where ``batch['turn_reward_mask'] [B, K]`` is True (all
+    of them without a mask; each must be finite on a turn that exists: a failed scorer row's NaN is refused,
+    never read as "derive"), else derived from each turn's process rewards by ``step_reward`` (``mean``,
+    ``sum`` or ``last``); anchors are ``batch['anchor_ids'] [B, K]`` (none: one step group per GRPO group).
     """
     batch, steps, dtype = x.batch, x.steps, x.outcome.dtype
-    zero = jnp.zeros((), dtype)
-    assert steps.turn_ids is not None
-    num_turns = (jnp.shape(batch["turn_rewards"])[1] if "turn_rewards" in batch
-                 else jnp.shape(batch["anchor_ids"])[1] if "anchor_ids" in batch else x.num_turns)
+    assert steps.turn_ids is not None and x.turns is not None
+    num_turns = _gigpo_turns(batch, x.num_turns)
     in_turn, segment = turn_segments(steps.active, steps.turn_ids, num_turns)
     counts = turn_sums(steps.active.astype(dtype), in_turn, segment, num_turns)
-    derived = _derived_step_rewards(x.process, steps, in_turn, segment, counts, num_turns, stage.config.step_reward)
+    derived = _derived_step_rewards(x.process, x.turns, in_turn, segment, counts, num_turns, stage.config.step_reward)
     if "turn_rewards" in batch:
         given = _checks.as_float("batch['turn_rewards']", batch["turn_rewards"], dtype)
-        checks.append(_checks.finite_check("batch['turn_rewards']", jnp.where(jnp.isnan(given), zero, given),
-                                           counts > 0, axis="turn"))
-        step_rewards = jnp.where(jnp.isnan(given), derived, given)
+        use = (_checks.as_mask("batch['turn_reward_mask']", batch["turn_reward_mask"])
+               if "turn_reward_mask" in batch else jnp.ones(given.shape, jnp.bool_))
+        checks.append(_checks.finite_check(
+            "batch['turn_rewards']", given, use & (counts > 0), axis="turn",
+            hint=" (NaN is no step reward: a failed scorer row's, which is dropped, not trained on; mark the turns "
+                 "whose step reward is to be derived False in batch['turn_reward_mask'])"))
+        step_rewards = jnp.where(use, given, derived)
     else:
         step_rewards = derived
     anchors = _checks.as_integer("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
@@ -534,14 +601,13 @@ def _gigpo(stage: GiGPOStage, x: EstimatorInputs, checks: list) -> tuple[jax.Arr
     return advantages, advantages + steps.values, step_group_counts(per_turn.step_group_sizes)
 
 
-def _derived_step_rewards(process: jax.Array | None, steps: Timesteps, in_turn: jax.Array, segment: jax.Array,
+def _derived_step_rewards(process: jax.Array | None, turns: TurnSteps, in_turn: jax.Array, segment: jax.Array,
                           counts: jax.Array, num_turns: int, rule: str) -> jax.Array:
     """GiGPO's step reward of each turn from its process rewards: their ``mean``, ``sum`` or ``last``."""
     if process is None:
         return jnp.zeros(counts.shape, counts.dtype)
     if rule == "last":
-        return turn_sums(jnp.where(turn_ends(steps.active, steps.turn_ids), process, jnp.zeros((), process.dtype)),
-                         in_turn, segment, num_turns)
+        return turn_sums(jnp.where(turns.ends, process, jnp.zeros((), process.dtype)), in_turn, segment, num_turns)
     total = turn_sums(process, in_turn, segment, num_turns)
     return total if rule == "sum" else total / jnp.maximum(counts, 1)
 
@@ -571,6 +637,19 @@ def _tree(stage: TreeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Arra
     rows, turns = node_ids.shape
     size = parents.shape[0]
     row_group, _ = _row_groups(x.groups, x.outcome.shape[0])
+    in_turn, segment = turn_segments(steps.active, steps.turn_ids, turns)
+    trained = turn_sums(steps.active.astype(jnp.int32), in_turn, segment, turns) > 0
+    # Every trained turn names a node, and every id names a node of node_parents (or is -1: none).
+    stray = x.real_rows[:, None] & ((node_ids < -1) | (node_ids >= size))
+    unnamed = trained & (node_ids == -1)
+    count = _checks.violations(stray | unnamed)
+    where_row, where_turn, bad_id = _checks.located(count, lambda: _checks.first_flagged(stray | unnamed, node_ids))
+    checks.append(_checks.ValueCheck(
+        "tree_node_ids_invalid", count,
+        lambda row, turn, node: f"credit_assignment 'tree': batch['node_ids'] row {int(row)}, turn {int(turn)} has "
+                                f"node id {int(node)}, " + (f"which is not a node of batch['node_parents'] ({size} nodes)"
+                                                           if int(node) != -1 else "but the turn is trained: every "
+                                                           "trained turn needs its node"), where_row, where_turn, bad_id))
     has = (node_ids >= 0) & (node_ids < size) & x.real_rows[:, None]
     flat = jnp.where(has, node_ids, size).ravel()
     used = jax.ops.segment_max(jnp.ones(flat.shape, jnp.int32), flat, num_segments=size + 1)[:size] > 0
@@ -604,7 +683,6 @@ def _tree(stage: TreeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Arra
     tree = tree_advantages_core(parents, reward, used, used, jnp.clip(group, 0, size - 1), max(size, 1),
                                 stage.weighting, stage.value)
     per_turn = jnp.where(has, tree.values[jnp.clip(node_ids, 0, size - 1)], jnp.zeros((), dtype))
-    in_turn, _ = turn_segments(steps.active, steps.turn_ids, turns)
     advantages = _on_turn_timesteps(per_turn, in_turn, steps.turn_ids) + x.kl
     leaves = used & (children == 0)
     diagnostics = {"tree/nodes": jnp.sum(used, dtype=jnp.int32), "tree/leaves": jnp.sum(leaves, dtype=jnp.int32)}
@@ -617,7 +695,8 @@ def _pure(stage: PureCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Arra
     steps, dtype = x.steps, x.outcome.dtype
     process = x.process if x.process is not None else jnp.zeros(steps.active.shape, dtype)
     row_group, num_groups = _row_groups(x.groups, x.outcome.shape[0])
-    out = pure_core(process, x.outcome, steps.active, turn_ends(steps.active, steps.turn_ids), x.outcome_at,
+    assert x.turns is not None
+    out = pure_core(process, x.outcome, steps.active, x.turns.ends, x.outcome_at,
                     x.real_rows, row_group, num_groups, stage.temperature, stage.verifier_coef, stage.whiten)
     advantages = out.advantages + x.kl
     return advantages, advantages + steps.values, {"pure/groups_of_one": jnp.sum(out.alone, dtype=jnp.int32)}
@@ -630,13 +709,12 @@ def _prime(stage: PrimeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Ar
     assert steps.ref_logprobs is not None  # checked with the shapes
     prm = jnp.where(steps.active, _checks.as_float("batch['prm_logprobs']", x.batch["prm_logprobs"], dtype),
                     jnp.zeros((), dtype))
-    checks.append(_checks.finite_check("batch['prm_logprobs']", prm, steps.active))
+    checks.append(_checks.finite_check("batch['prm_logprobs']", prm, steps.active, hint=_MISSING_HINTS["prm_logprobs"]))
     row_group, num_groups = _row_groups(x.groups, x.outcome.shape[0])
     out, alone = prime_core(prm, steps.ref_logprobs, x.outcome, steps.active, x.real_rows, row_group, num_groups,
                             beta=stage.beta, lam=stage.lam, use_gt=stage.use_gt, dpo_coef=stage.dpo_coef,
                             gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm",
-                            method=resolve_method("auto", unit_discount=stage.lam == 1.0,
-                                                  sharded=jax.device_count() > 1))
+                            method=x.strategy.general)
     checks.append(alone)
     advantages = out.advantages + x.kl
     count = jnp.maximum(jnp.sum(steps.active, dtype=jnp.int32), 1).astype(dtype)
@@ -666,7 +744,7 @@ class _Run(NamedTuple):
     active: jax.Array
 
 
-def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMethod) -> _Run:
+def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, strategy: ScanStrategy) -> _Run:
     num_rows, width = _check_batch_shapes(batch, plan)
     dtype = _checks.accumulation_dtype(*(batch[k] for k in ("logprobs", "rewards", "values", "ref_logprobs",
                                                              "prox_logprobs", "prm_logprobs", "token_rewards",
@@ -683,29 +761,34 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMe
     sources = (_checks.as_float("batch['reward_sources']", batch["reward_sources"], dtype)
                if "reward_sources" in batch else None)
     outcome, outcome_diagnostics = _outcome_rewards(rewards, sources, raw_active, seqlen > 0, plan.outcome,  # 1
-                                                    groups_of, checks)
+                                                    groups_of, grpo_groups, checks)
     steps = _to_timesteps(batch, raw_active, dtype)                                          # 2
+    turns = None
+    if _reads_turns(plan, batch):
+        turns = turn_steps(steps.active, steps.turn_ids, strategy.general)
+        if steps.turn_ids is not None:
+            checks.append(turn_ids_check(steps.turn_ids, steps.active, turns, _turn_slots(plan, batch, width)))
+    last_value = jnp.take_along_axis(steps.values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
+    truncated = _truncation(batch, seqlen, width)
+    checks += _finite_inputs_checks(batch, steps, last_value, truncated, dtype, plan)  # the inputs as given
     if plan.process_transform is not None and steps.process is not None:                     # (5, first)
-        transformed, transform_diagnostics = _min_form_turns(steps.process, steps.active, steps.turn_ids,
-                                                             plan.process_transform.temperature)
+        assert turns is not None
+        transformed, transform_diagnostics = _min_form_turns(steps.process, steps.active, turns,
+                                                             plan.process_transform.temperature, strategy.general)
         steps = steps._replace(process=transformed)
         outcome_diagnostics = {**outcome_diagnostics, **transform_diagnostics}
-    if steps.turn_ids is not None and plan.check_turn_ids:
-        checks.append(turn_ids_check(steps.turn_ids, steps.active, plan.num_turns(width)))
     kl = _kl(steps, seqlen, plan.kl)                                                         # 3
-    truncated = _truncation(batch, seqlen, width)
     outcome_at = lax.broadcasted_iota(jnp.int32, steps.active.shape, 1) == jnp.maximum(seqlen - 2, 0)[:, None]
-    task, process = _task_rewards(outcome, steps.process, steps, outcome_at, truncated, plan.task, checks)  # 4-5
+    task, process, outcome = _task_rewards(outcome, steps.process, steps, outcome_at, truncated, plan.task,  # 4-5
+                                           turns, strategy.general, checks)
     # A row with attention after its last generated span (a trailing tool message) has its outcome on an
     # untrained timestep, where GAE's masked carry drops it (AReaL's rule): said, not silent.
     off = (seqlen > 0) & ~jnp.any(outcome_at & steps.active, axis=1)
     outcome_diagnostics = {**outcome_diagnostics, "outcome/rows_off_trained_timesteps": jnp.sum(off, dtype=jnp.int32)}
-    last_value = jnp.take_along_axis(steps.values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
     bootstrap = jnp.where(truncated, last_value, jnp.zeros((), dtype))
-    checks += _finite_inputs_checks(batch, steps, last_value, truncated, dtype)
-    lam = _gae_lambda(batch, steps, plan.lam, dtype, checks)
+    lam = _gae_lambda(batch, steps, plan.lam, dtype, turns, checks)
     inputs = EstimatorInputs(batch, task, kl, outcome, process, steps, bootstrap, lam, seqlen > 0, grpo_groups,
-                             jnp.asarray(plan.discount, dtype), plan.num_turns(width), method, outcome_at)
+                             jnp.asarray(plan.discount, dtype), plan.num_turns(width), strategy, outcome_at, turns)
     advantages, returns, step_groups = _ESTIMATORS[type(plan.estimator)](plan.estimator, inputs, checks)  # 6-7
     if plan.adv_norm is not None:                                                            # 8
         advantages = normalize_core(advantages, steps.active, plan.adv_norm, groups_of(plan.adv_norm))
@@ -714,11 +797,29 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, method: GAEMe
         if plan.shaping.mode == "process_weighted":
             checks.append(process_range_check(process, steps.active))
         advantages = shape_core(advantages, process, steps.active, plan.shaping)
+    checks.append(outputs_check(advantages, returns, steps.active))
     output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=task + kl,
                              loss_mask=steps.active.astype(dtype), logprobs=steps.logprobs,
                              diagnostics={**_diagnostics(advantages, unshaped, process, steps.active, grpo_groups,
                                                          plan), **outcome_diagnostics, **step_groups})
     return _Run(output, checks if plan.check_values else [], unshaped, process, steps.active)
+
+
+def _reads_turns(plan: AdvantagePlan, batch: Mapping[str, Any]) -> bool:
+    """Whether a stage of ``plan`` reads the batch's turns (then their ids are checked)."""
+    with_process = "token_rewards" in batch and (plan.process_transform is not None or plan.task.fold_process)
+    return plan.check_turn_ids or with_process or isinstance(plan.estimator, (TurnGAE, GiGPOStage, TreeCredit,
+                                                                              PureCredit))
+
+
+def _turn_slots(plan: AdvantagePlan, batch: Mapping[str, Any], width: int) -> int | None:
+    """The bound on turn ids where turns index ``[B, K]`` slots: GiGPO's per-turn inputs, the tree's
+    ``node_ids``, turn-level GAE's ``max_turns``; ``None`` where turns are only counted in order."""
+    if isinstance(plan.estimator, GiGPOStage):
+        return _gigpo_turns(batch, plan.num_turns(width))
+    if isinstance(plan.estimator, TreeCredit):
+        return int(jnp.shape(batch["node_ids"])[1])
+    return plan.num_turns(width) if plan.check_turn_ids else None
 
 
 def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array | None, active: jax.Array,
@@ -761,17 +862,17 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
     return out
 
 
-@functools.partial(jax.jit, static_argnames=("plan", "method"))
-def _pipeline_jit(batch, plan, method):
-    run = _pipeline(batch, plan, method)
+@functools.partial(jax.jit, static_argnames=("plan", "strategy"))
+def _pipeline_jit(batch, plan, strategy):
+    run = _pipeline(batch, plan, strategy)
     return run.output, run.checks
 
 
-@functools.partial(jax.jit, static_argnames=("plan", "method", "shapings"))
-def _variants_jit(batch, plan, method, shapings):
+@functools.partial(jax.jit, static_argnames=("plan", "strategy", "shapings"))
+def _variants_jit(batch, plan, strategy, shapings):
     """The pipeline, and its normalized advantages under other shapings (one GAE for all), each with
     whether ``process_weighted`` found process rewards outside [0, 1]."""
-    run = _pipeline(batch, plan, method)
+    run = _pipeline(batch, plan, strategy)
     assert run.process is not None  # compute_advantage_variants needs token_rewards
     shaped = tuple((shape_core(run.unshaped, run.process, run.active, shaping),
                     process_range_check(run.process, run.active).count > 0 if shaping.mode == "process_weighted"
@@ -779,11 +880,11 @@ def _variants_jit(batch, plan, method, shapings):
     return run.output, run.checks, run.unshaped, shaped
 
 
-def _method(batch: Mapping[str, Any], plan: AdvantagePlan) -> GAEMethod:
-    """The scan, chosen before tracing; ``gamma * lam == 1`` is known then only for one float λ."""
+def _strategy(batch: Mapping[str, Any], plan: AdvantagePlan) -> ScanStrategy:
+    """The scans, chosen before tracing; ``gamma * lam == 1`` is known then only for one float λ."""
     unit_discount = ("gae_lambda" not in batch and not isinstance(plan.lam, LambdaFunction)
                      and plan.discount * plan.lam == 1.0)
-    return resolve_method(plan.gae_method, unit_discount=unit_discount, sharded=jax.device_count() > 1)
+    return resolve_strategy(plan.gae_method, unit_discount=unit_discount, sharded=jax.device_count() > 1)
 
 
 def _warn_about_fallbacks(batch: Mapping[str, Any], plan: AdvantagePlan) -> None:
@@ -796,12 +897,56 @@ def _warn_about_fallbacks(batch: Mapping[str, Any], plan: AdvantagePlan) -> None
                       stacklevel=3)
 
 
+# Each key's shape relation (B rows, T timesteps, K turn slots, G groups, N tree nodes) and the value of a
+# padding entry, for the one rule that pads an empty batch to a padding row or timestep.
+_KEY_LAYOUT: dict[str, tuple[str, float | int | bool]] = {
+    "attention_mask": ("BT", 0), "loss_mask": ("BT", 0), "logprobs": ("BT", 0.0), "values": ("BT", 0.0),
+    "ref_logprobs": ("BT", 0.0), "prox_logprobs": ("BT", 0.0), "prm_logprobs": ("BT", 0.0),
+    "token_rewards": ("BT", 0.0), "turn_ids": ("BT", -1),
+    "rewards": ("B", 0.0), "is_truncated": ("B", False), "gae_lambda": ("B", 1.0), "group_ids": ("B", -1),
+    "turn_rewards": ("BK", 0.0), "turn_reward_mask": ("BK", False), "anchor_ids": ("BK", -1),
+    "reward_sources": ("BK", 0.0), "node_ids": ("BK", -1),
+    "group_sizes": ("G", 1), "group_member_counts": ("G", 1), "node_parents": ("N", -1)}
+
+
 def _batch_arrays(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys the pipeline reads; host anchor ids wider than JAX's integers made dense (exact) first."""
-    arrays = {key: batch[key] for key in REQUIRED_KEYS + OPTIONAL_KEYS if batch.get(key) is not None}
+    """The keys the pipeline reads, lists and scalars as arrays (as everywhere else); host anchor ids wider
+    than JAX's integers made dense (exact) first."""
+    arrays = {key: batch[key] if isinstance(batch[key], (np.ndarray, jax.Array)) or _checks.is_traced(batch[key])
+              else np.asarray(batch[key]) for key in REQUIRED_KEYS + OPTIONAL_KEYS if batch.get(key) is not None}
     if "anchor_ids" in arrays:
         arrays["anchor_ids"] = host_anchor_ids(arrays["anchor_ids"])
     return arrays
+
+
+def _padded_if_empty(arrays: dict[str, Any]) -> tuple[dict[str, Any], tuple[int, int] | None]:
+    """A batch of no rows (every group filtered) or no timesteps, padded with one padding row (no attention,
+    group id -1, or a group of its own) or timestep, and the real ``(B, T)`` to cut the outputs back to;
+    ``None`` for a batch with both."""
+    shape = jnp.shape(arrays["attention_mask"])
+    if len(shape) != 2 or (shape[0] > 0 and shape[1] > 0):
+        return arrays, None
+    padded = {}
+    for key, value in arrays.items():
+        layout, fill = _KEY_LAYOUT[key]
+        xp = np if isinstance(value, np.ndarray) else jnp
+        value = xp.asarray(value)
+        if shape[0] == 0 and layout in ("BT", "B", "BK") and value.ndim >= 1:
+            value = xp.concatenate([value, xp.full((1, *value.shape[1:]), fill, value.dtype)], axis=0)
+        elif shape[0] == 0 and layout == "G" and not ("group_ids" in arrays and "group_sizes" not in arrays):
+            value = xp.concatenate([value, xp.full((1,), fill, value.dtype)])
+        if shape[1] == 0 and layout == "BT" and value.ndim == 2:
+            value = xp.concatenate([value, xp.full((value.shape[0], 1), fill, value.dtype)], axis=1)
+        padded[key] = value
+    return padded, (shape[0], shape[1])
+
+
+def _cut(output: AdvantageOutput, real: tuple[int, int] | None) -> AdvantageOutput:
+    if real is None:
+        return output
+    rows, width = real
+    return output._replace(**{field: getattr(output, field)[:rows, :width] for field in AdvantageOutput._fields
+                              if field != "diagnostics"})
 
 
 def compute_advantages(batch: Mapping[str, Any],
@@ -843,10 +988,10 @@ def compute_advantages(batch: Mapping[str, Any],
     missing = [key for key in REQUIRED_KEYS if batch.get(key) is None]
     if missing:
         raise ValueError(f"batch is missing required keys {missing}")
-    arrays = _batch_arrays(batch)
+    arrays, real = _padded_if_empty(_batch_arrays(batch))
     _warn_about_fallbacks(arrays, plan)
-    output, checks = _pipeline_jit(arrays, plan=plan, method=_method(arrays, plan))
-    return _settle_checks(output, checks, plan)
+    output, checks = _pipeline_jit(arrays, plan=plan, strategy=_strategy(arrays, plan))
+    return _cut(_settle_checks(output, checks, plan), real)
 
 
 def _settle_checks(output: AdvantageOutput, checks: list[_checks.ValueCheck], plan: AdvantagePlan) -> AdvantageOutput:
@@ -874,13 +1019,14 @@ def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantagePlan |
     plan = as_plan(config)
     if "token_rewards" not in batch or plan.shaping is None:
         raise ValueError("compute_advantage_variants needs batch['token_rewards'] and token_rewards_as_adv: true")
-    arrays = _batch_arrays(batch)
+    arrays, real = _padded_if_empty(_batch_arrays(batch))
     _warn_about_fallbacks(arrays, plan)
-    output, checks, unshaped, extras = _variants_jit(arrays, plan=plan, method=_method(arrays, plan),
+    output, checks, unshaped, extras = _variants_jit(arrays, plan=plan, strategy=_strategy(arrays, plan),
                                                      shapings=tuple(shapings))
-    output = _settle_checks(output, checks, plan)
-    shaped: dict[str, jax.Array | str] = {"none": unshaped}
+    output = _cut(_settle_checks(output, checks, plan), real)
+    cut = (lambda x: x) if real is None else (lambda x: x[:real[0], :real[1]])
+    shaped: dict[str, jax.Array | str] = {"none": cut(unshaped)}
     for shaping, (advantages, out_of_range) in zip(shapings, extras):
         shaped[shaping.mode] = ("n/a: process_weighted needs process rewards in [0, 1]" if bool(out_of_range)
-                                else advantages)
+                                else cut(advantages))
     return output, shaped

@@ -14,6 +14,13 @@ then aggregated (``loss_agg_mode``): ``token-mean`` (sum over trained timesteps 
 ``seq-mean-token-mean`` (each row's token mean, then the mean over rows with a trained timestep),
 ``seq-mean-token-sum`` (each row's sum, then that mean over rows). Advantages and the proximal and
 behaviour log-probs are constants (stop-gradient); gradients flow through ``logprobs`` only.
+
+The gradient is torch's, as AReaL computes it (``../shared/LOSSES.md`` 0.4): ``d pg / d logp = -A r k k_c``
+with ``k = 1`` inside the clip range and on the unclipped side, 0 on the clipped side and 1/2 at exactly a
+bound (``torch.clamp`` passes nothing there; the max's tie halves), and for the dual clip ``k_c = 1``, 1/2 at
+a tie, 0 where it cuts. Where a term is not taken its ratio is never differentiated, so a clipped timestep
+whose log-ratio overflows ``exp`` (above ~88.7) gives a finite gradient where the loss is finite (AReaL's
+own gives NaN there); where the loss itself is infinite no gradient flows through the overflowed ratio.
 """
 
 from __future__ import annotations
@@ -23,18 +30,19 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import finite_number
+from prm_jax.validation import FLOAT32_MAX, finite_number, integer_dtype
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 LOSS_AGG_MODES: tuple[LossAggMode, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
 class PPOLossStats(NamedTuple):
-    """Means over trained timesteps (scalars)."""
+    """Means over trained timesteps (scalars), and the value checks' violation counts."""
 
     clip_fraction: jax.Array       # share where the clipped term was taken (l1 < l2)
     dual_clip_fraction: jax.Array  # share where the dual clip was taken
@@ -42,6 +50,9 @@ class PPOLossStats(NamedTuple):
     importance_weight: jax.Array   # mean of r
     behav_imp_weight: jax.Array    # mean of w over the timesteps kept (1 without old_logprobs)
     behav_kept_fraction: jax.Array  # share of trained timesteps the cap kept
+    # "checks/loss_mask_not_binary": entries of a numeric loss_mask that are neither 0 nor 1 (an eager call
+    # raises instead; under jit the count comes back here, as compute_advantages' checks do).
+    checks: dict[str, jax.Array] = {}  # (replaced by ppo_clip_loss, never mutated)
 
 
 def logprobs_on_timesteps(logits: ArrayLike, input_ids: ArrayLike) -> jax.Array:
@@ -49,10 +60,21 @@ def logprobs_on_timesteps(logits: ArrayLike, input_ids: ArrayLike) -> jax.Array:
 
     Args:
       logits: ``[B, T, V]``, the policy's logits at each position (predicting the next token).
-      input_ids: ``[B, T]`` int, the tokens.
+      input_ids: ``[B, T]`` int, the tokens, each in ``[0, V)``: an eager call refuses one outside
+        (``ValueError`` naming the row and position); under ``jit`` its log-prob is NaN (JAX's fill rule for
+        an out-of-range gather), never the log-prob of a clipped id.
     """
     _checks.check_rank("logits", logits, 3)
     _checks.check_shape("input_ids", input_ids, jnp.shape(logits)[:2], "logits' first two axes")
+    if not _checks.is_traced(input_ids):
+        ids = np.asarray(input_ids)
+        integer_dtype("input_ids", ids.dtype)
+        vocab = jnp.shape(logits)[2]
+        bad = (ids[:, 1:] < 0) | (ids[:, 1:] >= vocab)  # the first column is never a predicted token
+        if bad.any():
+            row, position = np.argwhere(bad)[0]
+            raise ValueError(f"input_ids must hold token ids in [0, {vocab}) (the logits' vocabulary); row {row}, "
+                             f"position {position + 1} holds {int(ids[row, position + 1])}")
     return _logprobs_jit(logits, input_ids)
 
 
@@ -62,9 +84,38 @@ def _logprobs_jit(logits, input_ids):
     logp = jax.nn.log_softmax(_checks.as_float("logits", logits, dtype), axis=-1)
     ids = _checks.as_int("input_ids", input_ids)
     following = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
-    picked = jnp.take_along_axis(logp, jnp.clip(following, 0, logp.shape[-1] - 1)[..., None], axis=-1)[..., 0]
+    picked = jnp.take_along_axis(logp, following[..., None], axis=-1, mode="fill", fill_value=jnp.nan)[..., 0]
     last = lax.broadcasted_iota(jnp.int32, picked.shape, 1) == picked.shape[1] - 1
     return jnp.where(last, jnp.zeros((), dtype), picked)
+
+
+LOG_FLOAT32_MAX = float(np.log(FLOAT32_MAX))  # exp of more overflows float32
+
+
+def _clipped_objective(advantages: jax.Array, log_ratio: jax.Array, mask: jax.Array, low: float, high: float,
+                       c_clip: float | None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The per-timestep clipped objective ``pg`` (value and torch's gradient, module docstring), the ratio,
+    and where the clip and the dual clip were taken."""
+    zero = jnp.zeros((), log_ratio.dtype)
+    one, half = jnp.ones((), log_ratio.dtype), jnp.full((), 0.5, log_ratio.dtype)
+    fixed = lax.stop_gradient(log_ratio)
+    ratio = jnp.where(mask, jnp.exp(fixed), zero)
+    l1, l2 = -advantages * ratio, -advantages * jnp.clip(ratio, low, high)
+    value = jnp.maximum(l1, l2)
+    inside = (ratio > low) & (ratio < high)
+    factor = jnp.where(l1 > l2, one, jnp.where(l1 < l2, zero, jnp.where(inside, one, half)))
+    dual = jnp.zeros_like(mask)
+    if c_clip is not None:
+        l3 = jnp.sign(advantages) * c_clip * advantages
+        dual = mask & (l3 < value)
+        factor = factor * jnp.where(value < l3, one, jnp.where(value > l3, zero, half))
+        value = jnp.minimum(value, l3)
+    # Only where the ratio's term is taken is it differentiated, from a log-ratio that cannot overflow.
+    live = mask & (factor > 0) & (fixed < LOG_FLOAT32_MAX)
+    live_ratio = jnp.exp(jnp.where(live, log_ratio, zero))
+    slope = jnp.where(live, -advantages * factor, zero)
+    pg = value + slope * (live_ratio - lax.stop_gradient(live_ratio))
+    return jnp.where(mask, pg, zero), ratio, mask & (l1 < l2), dual
 
 
 def ppo_clip_loss_core(logprobs: jax.Array, proximal_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array,
@@ -76,16 +127,8 @@ def ppo_clip_loss_core(logprobs: jax.Array, proximal_logprobs: jax.Array, advant
     advantages = lax.stop_gradient(advantages)
     proximal_logprobs = lax.stop_gradient(proximal_logprobs)
     log_ratio = jnp.where(mask, logprobs - proximal_logprobs, zero)
-    ratio = jnp.where(mask, jnp.exp(log_ratio), zero)
-    clipped = jnp.clip(ratio, 1.0 - eps_clip, 1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher))
-    l1, l2 = -advantages * ratio, -advantages * clipped
-    clip_mask = mask & (l1 < l2)
-    pg = jnp.maximum(l1, l2)
-    dual_mask = jnp.zeros_like(mask)
-    if c_clip is not None:
-        l3 = jnp.sign(advantages) * c_clip * advantages
-        dual_mask = mask & (l3 < pg)
-        pg = jnp.minimum(pg, l3)
+    high = 1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher)
+    pg, ratio, clip_mask, dual_mask = _clipped_objective(advantages, log_ratio, mask, 1.0 - eps_clip, high, c_clip)
     kept = mask
     weight = jnp.where(mask, jnp.ones((), logprobs.dtype), zero)
     if old_logprobs is not None:
@@ -108,7 +151,7 @@ def ppo_clip_loss_core(logprobs: jax.Array, proximal_logprobs: jax.Array, advant
 
     kept_count = jnp.maximum(jnp.sum(kept, dtype=jnp.int32), 1).astype(logprobs.dtype)
     stats = PPOLossStats(share(clip_mask), share(dual_mask), jnp.sum(lax.stop_gradient(log_ratio)) / count,
-                         jnp.sum(lax.stop_gradient(ratio)) / count, jnp.sum(weight) / kept_count, share(kept))
+                         jnp.sum(ratio) / count, jnp.sum(weight) / kept_count, share(kept))
     return loss, stats
 
 
@@ -132,6 +175,10 @@ def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
 
     Returns:
       ``(loss, PPOLossStats)``, float32 scalars.
+
+    Raises:
+      ValueError: a ``loss_mask`` entry that is neither 0 nor 1 (bool masks are never checked), when called
+        eagerly; under ``jit`` the count is ``stats.checks["checks/loss_mask_not_binary"]``.
     """
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}")
@@ -148,9 +195,11 @@ def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
                     ("old_logprobs", old_logprobs)):
         if x is not None:
             _checks.check_shape(name, x, shape, "logprobs")
-    return _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs, eps_clip=eps_clip,
-                     eps_clip_higher=eps_clip_higher, c_clip=c_clip, behav_imp_weight_cap=behav_imp_weight_cap,
-                     loss_agg_mode=loss_agg_mode)
+    loss, stats, checks = _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs,
+                                    eps_clip=eps_clip, eps_clip_higher=eps_clip_higher, c_clip=c_clip,
+                                    behav_imp_weight_cap=behav_imp_weight_cap, loss_agg_mode=loss_agg_mode)
+    _checks.raise_value_checks(checks)  # eagerly; under jit the counts are in stats.checks
+    return loss, stats._replace(checks=_checks.check_counts(checks))
 
 
 @functools.partial(jax.jit, static_argnames=("eps_clip", "eps_clip_higher", "c_clip", "behav_imp_weight_cap",
@@ -159,7 +208,9 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs, 
               behav_imp_weight_cap, loss_agg_mode):
     dtype = _checks.accumulation_dtype(logprobs, proximal_logprobs, advantages)
     old = None if old_logprobs is None else _checks.as_float("old_logprobs", old_logprobs, dtype)
-    return ppo_clip_loss_core(_checks.as_float("logprobs", logprobs, dtype),
-                              _checks.as_float("proximal_logprobs", proximal_logprobs, dtype),
-                              _checks.as_float("advantages", advantages, dtype), _checks.as_mask("loss_mask", loss_mask),
-                              old, eps_clip, eps_clip_higher, c_clip, behav_imp_weight_cap, loss_agg_mode)
+    loss, stats = ppo_clip_loss_core(_checks.as_float("logprobs", logprobs, dtype),
+                                     _checks.as_float("proximal_logprobs", proximal_logprobs, dtype),
+                                     _checks.as_float("advantages", advantages, dtype),
+                                     _checks.as_mask("loss_mask", loss_mask), old, eps_clip, eps_clip_higher, c_clip,
+                                     behav_imp_weight_cap, loss_agg_mode)
+    return loss, stats, _checks.mask_check("loss_mask", loss_mask)

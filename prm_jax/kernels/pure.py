@@ -38,7 +38,8 @@ from prm_jax.validation import ConfigError, finite_number, short_repr
 
 
 def check_temperature(temperature: float) -> float:
-    """``temperature`` as a float; it must be finite and > 0."""
+    """``temperature`` as a float; it must be > 0 and a normal float32 (the kernels divide by it in float32:
+    a subnormal one is flushed to 0 there, which would zero every reward)."""
     value = finite_number("temperature", temperature)
     if value <= 0:
         raise ConfigError("temperature", f"must be > 0, got {value!r}")
@@ -73,18 +74,25 @@ class PureCredit:
 
 def min_form_core(scores: jax.Array, steps: jax.Array, temperature: float, at: jax.Array | None = None) -> jax.Array:
     """``min_form`` along the last axis of validated float ``scores`` with bool ``steps``: the weights are
-    normalized over ``steps``; ``w * s`` is given where ``at`` (default ``steps``), 0 elsewhere. (A score
+    normalized over ``steps``; ``w * s`` is given where ``at`` (default ``steps``), 0 elsewhere (a score
     outside the steps weighed by the steps' normalizer: a turn's reward at every timestep of a turn whose
-    score is uniform.)"""
+    score is uniform, the same number as at the turn's end).
+
+    Each weight is computed from the score's difference to the row's lowest step score,
+    ``exp(-(s - min) / tau)``: the difference is exact where scores are close (no cancellation of two large
+    logits at a small temperature), the exponent is never positive (no overflow, whatever the scores'
+    magnitude), the lowest step weighs 1, so the normalizer is at least 1.
+    """
     zero = jnp.zeros((), scores.dtype)
-    logits = jnp.where(steps, -scores / temperature, -jnp.inf)
-    top = jnp.max(logits, axis=-1, keepdims=True)
-    shift = jnp.where(jnp.isfinite(top), top, zero)
-    weights = jnp.where(steps, jnp.exp(logits - shift), zero)
-    total = jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), jnp.finfo(scores.dtype).tiny)
-    if at is None:
-        return jnp.where(steps, weights / total * scores, zero)
-    return jnp.where(at, jnp.exp(-scores / temperature - shift) / total * scores, zero)
+    low = jnp.min(jnp.where(steps, scores, jnp.inf), axis=-1, keepdims=True)
+    low = jnp.where(jnp.isfinite(low), low, zero)  # a row without steps
+
+    def weight(x: jax.Array) -> jax.Array:
+        return jnp.exp(-(x - low) / jnp.asarray(temperature, scores.dtype))
+
+    total = jnp.maximum(jnp.sum(jnp.where(steps, weight(scores), zero), axis=-1, keepdims=True),
+                        jnp.ones((), scores.dtype))
+    return jnp.where(steps if at is None else at, weight(scores) / total * scores, zero)
 
 
 def min_form(step_scores: ArrayLike, step_mask: ArrayLike | None = None, temperature: float = 0.1) -> jax.Array:

@@ -16,6 +16,7 @@ elsewhere; every method computes the same values:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Literal
 
@@ -55,6 +56,25 @@ def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: boo
     if jax.default_backend() == "cpu":
         return "native" if ffi.use_native(sharded=sharded) else "scan"
     return "cumsum" if unit_discount else "associative"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanStrategy:
+    """How each backward recurrence of a program is scanned, resolved once before tracing (a static
+    argument): ``gae`` for the configured GAE (its ``gamma * lam``), ``general`` for recurrences with other
+    coefficients (the turn rule's masked fills, PRIME's lambda-return): never ``cumsum``."""
+
+    gae: GAEMethod
+    general: GAEMethod
+
+
+def resolve_strategy(method: GAEMethod | str, *, unit_discount: bool, sharded: bool = False) -> ScanStrategy:
+    """``method`` for the GAE (``resolve_method``) and the method for every other recurrence: the same one,
+    unless it is ``cumsum`` (only exact for ``gamma * lam == 1``), where ``auto``'s choice for any
+    coefficients stands in. An explicit method (``scan``, ``native``, ...) is honoured everywhere."""
+    gae = resolve_method(method, unit_discount=unit_discount, sharded=sharded)
+    general = gae if gae != "cumsum" else resolve_method("auto", unit_discount=False, sharded=sharded)
+    return ScanStrategy(gae, general)
 
 
 def _affine_combine(later, earlier):

@@ -135,40 +135,77 @@ def tree_discount_core(parent: jax.Array, raw: jax.Array, mask: jax.Array, gamma
 def tree_advantages_core(parent: jax.Array, leaf_reward: jax.Array, mask: jax.Array, selected: jax.Array,
                          group: jax.Array, num_groups: int, weighting: TreeWeighting,
                          value: TreeValue) -> TreeAdvantages:
-    """``tree_advantages`` on validated arrays; ``group [N]`` in ``[0, num_groups)``."""
+    """``tree_advantages`` on validated arrays; ``group [N]`` in ``[0, num_groups)``.
+
+    The fill-in rule compares a local value with 0, so a local value that is 0 in exact arithmetic must come
+    out as exactly 0, not as float32 noise (which TreeRL's ``< 1e-8`` cannot tell from a real value). The
+    subtree sums are therefore taken of the raw leaf rewards, not of the centred ones: with ``R(n)`` the
+    sum of the rewards below ``n``, ``c(n)`` their number, ``S`` and ``N`` the group's, ``A(n) = (N R(n) -
+    c(n) S) / (N - 1)`` and ``V(n) = w((N R(n) - c(n) S) / c(n), k(n)) / (N - 1)``, in that order: where the
+    rewards' sums are exact in float32 (integer rewards, such as 0/1, with ``N * |R| < 2**24``) equal means
+    give bitwise-equal values, so a tie is an exact 0 and the ``1e-8`` rule is TreeRL's exactly. Other
+    rewards keep a float32 rounding in their sums; there a local value within ``8 * eps32`` of the scale
+    of the rewards involved (``TIE_ULPS``) counts as a tie: float32 cannot tell it from one.
+    """
     dtype = leaf_reward.dtype
     zero = jnp.zeros((), dtype)
     leaf = mask & (children_sum(jnp.ones_like(leaf_reward), parent, mask) == 0)
     selected = leaf & selected
+    reward = jnp.where(leaf, leaf_reward, zero)
 
     def per_group(x):
         return jax.ops.segment_sum(jnp.where(leaf, x, zero), group, num_segments=num_groups)
 
-    total, leaves = per_group(leaf_reward), per_group(jnp.ones_like(leaf_reward))
+    total, leaves = per_group(reward), per_group(jnp.ones_like(leaf_reward))
     peers = (leaves - 1)[group]
-    centred = jnp.where(leaf & (peers > 0), leaf_reward - (total[group] - leaf_reward) / jnp.maximum(peers, 1), zero)
-    subtree_a = subtree_sums(centred, parent, mask)
+    below_sum = subtree_sums(reward, parent, mask)
     counts = subtree_sums(leaf.astype(dtype), parent, mask)
     chosen = subtree_sums(selected.astype(dtype), parent, mask)
-    root_a = jax.ops.segment_sum(centred, group, num_segments=num_groups)
+    spread = leaves[group] * below_sum - counts * total[group]          # (N - 1) A(n), exact for exact sums
+    alone = peers <= 0                                                  # a group of one leaf: every value 0
+    scale = jnp.where(alone, zero, 1 / jnp.maximum(peers, 1))
+    centred = jnp.where(leaf, spread, zero) * scale
     root_k = jax.ops.segment_sum(selected.astype(dtype), group, num_segments=num_groups)
 
-    def weighted(a, k):
+    def weighted(mean, k):
         if weighting == "sqrt":
-            return jnp.where(k > 0, a / jnp.sqrt(jnp.maximum(k, 1)), a)
+            return jnp.where(k > 0, mean / jnp.sqrt(jnp.maximum(k, 1)), mean)
         if weighting == "uniform":
-            return jnp.where(k > 0, a / jnp.maximum(k, 1), a)
-        return a
+            return jnp.where(k > 0, mean / jnp.maximum(k, 1), mean)
+        return mean
 
-    state = jnp.where(mask, weighted(subtree_a, chosen) / jnp.maximum(counts, 1), zero)
-    root_state = weighted(root_a, root_k) / jnp.maximum(leaves, 1)
+    state = jnp.where(mask, weighted(spread / jnp.maximum(counts, 1), chosen) * scale, zero)
+    # The synthetic root holds every leaf of the group: N S - N S = 0 exactly, whatever the weighting.
+    root_state = weighted(jnp.zeros_like(root_k), root_k)
     above = jnp.where(parent >= 0, state[jnp.maximum(parent, 0)], root_state[group])
     local = jnp.where(mask, state - above, zero)
-    keep = (parent < 0) | (jnp.abs(local) >= FILL_IN_EPS)
+    exact = _exact_sums(reward, leaf, total, leaves, group, num_groups)[group]
+    magnitude = subtree_sums(jnp.abs(reward), parent, mask) / jnp.maximum(counts, 1) + (
+        per_group(jnp.abs(reward)) / jnp.maximum(leaves, 1))[group]
+    magnitude = weighted(magnitude, chosen) * jnp.where(alone, zero, leaves[group] * scale)
+    noise = TIE_ULPS * jnp.finfo(dtype).eps * (magnitude + jnp.where(parent >= 0, magnitude[jnp.maximum(parent, 0)],
+                                                                     magnitude))
+    tie = jnp.abs(local) < jnp.where(exact, FILL_IN_EPS, jnp.maximum(noise, FILL_IN_EPS))
+    keep = (parent < 0) | ~tie
     filled = _until_stable(lambda f: jnp.where(keep, local, f[jnp.maximum(parent, 0)]), local, parent.shape[0] + 1)
     filled = jnp.where(mask, filled, zero)
     out = {"state_value": filled + state, "value_only": state, "local_only": filled}[value]
     return TreeAdvantages(jnp.where(mask, out, zero), state, filled, counts.astype(jnp.int32), centred)
+
+
+TIE_ULPS = 8  # where the rewards' sums round: a local value this many float32 epsilons of the scale is a tie
+
+
+def _exact_sums(reward: jax.Array, leaf: jax.Array, total: jax.Array, leaves: jax.Array, group: jax.Array,
+                num_groups: int) -> jax.Array:
+    """``[G]`` bool: every leaf reward of the group is an integer and ``N * sum |R| < 2**24``, so every sum
+    and product of the tree's values is exact in float32 (float64: below ``2**53``)."""
+    integral = jax.ops.segment_min(jnp.where(leaf, (reward == jnp.round(reward)).astype(jnp.int32), 1), group,
+                                   num_segments=num_groups) > 0
+    absolute = jax.ops.segment_sum(jnp.where(leaf, jnp.abs(reward), jnp.zeros((), reward.dtype)), group,
+                                   num_segments=num_groups)
+    bound = 2.0 ** (jnp.finfo(reward.dtype).nmant + 1)
+    return integral & (leaves * absolute < bound) & jnp.isfinite(total)
 
 
 def _tree_inputs(parent: ArrayLike, mask: ArrayLike | None, like: ArrayLike, like_name: str):

@@ -8,6 +8,7 @@ spans on positions, as the session's concat export does on the host (``prm_jax.r
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,29 +19,32 @@ from jax.typing import ArrayLike
 from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels.gae import GAEOutput, _prepare, check_discounts, gae_core, is_unit_discount
-from prm_jax.kernels.recurrence import resolve_method
+from prm_jax.kernels.recurrence import resolve_strategy
 from prm_jax.validation import integer_dtype
 
 
-def turn_ids_check(turn_ids: jax.Array, active: jax.Array, num_turns: int) -> _checks.ValueCheck:
-    """AReaL's turn-id rules on timesteps: every active id in ``[0, num_turns)``, never decreasing along a row.
+def turn_ids_check(turn_ids: jax.Array, active: jax.Array, steps: TurnSteps,
+                   num_turns: int | None = None) -> _checks.ValueCheck:
+    """AReaL's turn-id rules on timesteps: every active id ``>= 0`` (and below ``num_turns`` where turns are
+    segments of ``[B, K]`` slots), never decreasing along a row's active timesteps (``steps.decreasing``).
 
-    Gaps (ids skipped) are allowed; inactive timesteps carry any id (``-1`` by convention).
+    Gaps (ids skipped) are allowed; inactive timesteps carry any id (``-1`` by convention). Where the rule
+    breaks is searched for only when it does (``_checks.located``).
     """
-    running_max = lax.cummax(jnp.where(active, turn_ids, -1), axis=1)
-    problem = jnp.where(active & (turn_ids < 0), 1,
-                        jnp.where(active & (turn_ids >= num_turns), 2,
-                                  jnp.where(active & (turn_ids < running_max), 3, 0)))
+    above = jnp.zeros(active.shape, jnp.bool_) if num_turns is None else active & (turn_ids >= num_turns)
+    problem = jnp.where(active & (turn_ids < 0), 1, jnp.where(above, 2, jnp.where(steps.decreasing, 3, 0)))
     kinds = {1: "an active timestep must carry a turn id >= 0",
-             2: f"an active turn id must be below the number of turn slots {num_turns} (max_turns, default T)",
-             3: "turn ids must not decrease along a row"}
+             2: f"an active turn id must be below the number of turn slots {num_turns} (max_turns, default T; "
+                "for GiGPO and tree credit the width K of its [B, K] inputs)",
+             3: "turn ids must not decrease along a row (the next trained timestep has a lower id)"}
+    count = _checks.violations(problem > 0)
+    row, step, kind, value = _checks.located(count, lambda: _checks.first_flagged(problem > 0, problem, turn_ids))
 
-    def message(kind, row, step, value):
+    def message(row, step, kind, value):
         return (f"invalid turn_ids: {kinds[int(kind)]}; row {int(row)}, timestep {int(step)} has id {int(value)} "
                 "(turn_ids on timesteps, i.e. shifted)")
 
-    row, step, kind, value = _checks.first_flagged(problem > 0, problem, turn_ids)
-    return _checks.ValueCheck("turn_ids_invalid", _checks.violations(problem > 0), message, kind, row, step, value)
+    return _checks.ValueCheck("turn_ids_invalid", count, message, row, step, kind, value)
 
 
 def turn_segments(active: jax.Array, turn_ids: jax.Array, num_turns: int) -> tuple[jax.Array, jax.Array]:
@@ -85,14 +89,15 @@ def turn_gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, turn
     return GAEOutput(jnp.where(in_turn, token_advantages, zero), jnp.where(in_turn, token_returns, values))
 
 
-@functools.partial(jax.jit, static_argnames=("num_turns", "method"))
-def _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, *, num_turns, method):
+@functools.partial(jax.jit, static_argnames=("num_turns", "method", "general"))
+def _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, *, num_turns, method, general):
     rewards, values, active, bootstrap, dtype = _prepare(rewards, values, mask, lam, bootstrap)
     _checks.check_shape("turn_ids", turn_ids, rewards.shape, "rewards")
     turn_ids = _checks.as_int("turn_ids", turn_ids)
     output = turn_gae_core(rewards, values, active, turn_ids, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype),
                            bootstrap, num_turns, method)
-    return output, [turn_ids_check(turn_ids, active, num_turns), *_checks.mask_check("mask", mask)]
+    steps = turn_steps(active, turn_ids, general)
+    return output, [turn_ids_check(turn_ids, active, steps, num_turns), *_checks.mask_check("mask", mask)]
 
 
 def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn_ids: ArrayLike, *,
@@ -123,39 +128,77 @@ def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn
     num_turns = jnp.shape(rewards)[-1] if num_turns is None else int(num_turns)
     if num_turns < 1:
         raise ValueError(f"num_turns must be >= 1, got {num_turns}")
-    method = resolve_method(method, unit_discount=is_unit_discount(gamma, lam))
+    strategy = resolve_strategy(method, unit_discount=is_unit_discount(gamma, lam))
     output, checks = _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, num_turns=num_turns,
-                                   method=method)
+                                   method=strategy.gae, general=strategy.general)
     _checks.raise_value_checks(checks, callback=True)
     return output
 
 
-def same_turn_next(active: jax.Array, turn_ids: jax.Array | None) -> jax.Array:
-    """``[B, T]`` bool: the next timestep is active and in the same turn. A turn on timesteps is a run of
-    adjacent active timesteps (with equal turn ids when ``turn_ids`` is given)."""
-    same = active & shift_to_next_token(active, fill=False)
-    if turn_ids is not None:
-        same = same & (turn_ids == shift_to_next_token(turn_ids, fill=-1))
-    return same
+def first_at_or_after(x: jax.Array, where: jax.Array, method: str) -> jax.Array:
+    """``[B, T]``: ``x`` at the first timestep at or after ``t`` where ``where`` holds, 0 where none follows.
+
+    The masked-carry recurrence with a zero discount (GAE with ``gamma = lam = 0`` and no values: a
+    marked timestep takes its own ``x``, an unmarked one carries the value from its right), so it is one
+    pass of whichever scan ``method`` names (``ScanStrategy.general``; exact: no arithmetic on ``x``).
+    """
+    zero = jnp.zeros((), x.dtype)
+    zeros = jnp.zeros(x.shape[:1], x.dtype)
+    return gae_core(jnp.where(where, x, zero), jnp.zeros_like(x), where, zero, zero, zeros, method).advantages
 
 
-def changes_within_turns(x: jax.Array, same_turn: jax.Array) -> jax.Array:
-    """``[B, T]`` bool: ``x`` changes between a timestep and the next one of the same turn (``same_turn``
-    from ``same_turn_next``): where a per-turn value is not uniform over its turn."""
-    return same_turn & (x != shift_to_next_token(x, fill=0))
+class TurnSteps(NamedTuple):
+    """Where each turn of a row continues and ends, by the turn-id rule (``turn_steps``)."""
+
+    same: jax.Array        # [B, T] bool: the row's next active timestep is in the same turn
+    ends: jax.Array        # [B, T] bool: each turn's last active timestep
+    holes: jax.Array       # [] bool: some turn has an inactive timestep between two of its active ones
+    decreasing: jax.Array  # [B, T] bool: an active turn id above the next active one (AReaL's rule broken)
 
 
-def turn_ends(active: jax.Array, turn_ids: jax.Array | None) -> jax.Array:
+def turn_steps(active: jax.Array, turn_ids: jax.Array | None, method: str) -> TurnSteps:
+    """The turns of each row on timesteps (module docstring), and where they end.
+
+    With ``turn_ids``, a turn is the set of active timesteps that carry one id, so an inactive timestep
+    inside a turn (a hole of the loss mask: tunix's pads inside a completion) does not split it: a turn
+    continues where the row's next *active* timestep carries the same id (found with one masked fill,
+    ``first_at_or_after``; ids are exact in float32 below 2**24). Without them a turn is a run of adjacent
+    active timesteps. ``decreasing`` flags AReaL's non-decreasing rule broken at no extra cost.
+    """
+    adjacent = active & shift_to_next_token(active, fill=False)
+    if turn_ids is None:
+        none = jnp.zeros(active.shape, jnp.bool_)
+        return TurnSteps(adjacent, active & ~adjacent, jnp.zeros((), jnp.bool_), none)
+    dtype = jnp.float32
+    # (id + 1) of the first active timestep at or after t, 0 where none: shifted, the next active id.
+    following = first_at_or_after((turn_ids + 1).astype(dtype), active, method)
+    next_id = shift_to_next_token(following, fill=0).astype(jnp.int32) - 1
+    same = active & (next_id == turn_ids)
+    return TurnSteps(same, active & ~same, jnp.any(same & ~adjacent),
+                     active & (next_id >= 0) & (next_id < turn_ids))
+
+
+def changes_within_turns(x: jax.Array, steps: TurnSteps, active: jax.Array, method: str) -> jax.Array:
+    """``[B, T]`` bool: ``x`` changes between an active timestep and the next active one of its turn: where a
+    per-turn value is not uniform over its turn (holes skipped; one more fill only when a batch has them)."""
+    def adjacent(_: None) -> jax.Array:
+        return shift_to_next_token(x, fill=0)
+
+    def across_holes(_: None) -> jax.Array:
+        return shift_to_next_token(first_at_or_after(x, active, method), fill=0)
+
+    following = lax.cond(steps.holes, across_holes, adjacent, None)
+    return steps.same & (x != following)
+
+
+def turn_ends(active: jax.Array, turn_ids: jax.Array | None, method: str) -> jax.Array:
     """``[B, T]`` bool: each turn's last active timestep (where a folded or min-form turn reward goes)."""
-    return active & ~same_turn_next(active, turn_ids)
+    return turn_steps(active, turn_ids, method).ends
 
 
-def turn_counts(active: jax.Array, turn_ids: jax.Array) -> jax.Array:
-    """``[B]`` int32: turns with at least one active timestep. Ids never decrease along a row (checked), so a
-    new turn starts where an active id exceeds every earlier active id."""
-    seen = lax.cummax(jnp.where(active, turn_ids, -1), axis=1)
-    before = jnp.concatenate([jnp.full_like(seen[:, :1], -1), seen[:, :-1]], axis=1)
-    return jnp.sum(active & (turn_ids > before), axis=1, dtype=jnp.int32)
+def turn_counts(steps: TurnSteps) -> jax.Array:
+    """``[B]`` int32: turns with at least one active timestep (each has exactly one end)."""
+    return jnp.sum(steps.ends, axis=1, dtype=jnp.int32)
 
 
 def turn_ids_from_spans(spans: ArrayLike, width: int) -> jax.Array:

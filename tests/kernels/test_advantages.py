@@ -198,9 +198,11 @@ def test_value_checks_under_jit_cost_no_host_callback_unless_asked():
     for cfg in (AdvantageConfig(advantage_shaping=ShapingConfig("process_weighted")),
                 AdvantageConfig(token_rewards_as_adv=False)):
         assert count_host_callbacks(cfg, batch) == 0
-        # the two integer masks' 0/1 rule, finite rewards, group sizes, the mode's own check, and (issue
-        # 20.4) finite values, bootstrap values, log-probs and token rewards where they are used
-        assert count_host_callbacks(dataclasses.replace(cfg, check_values="callback"), batch) == 9
+        # the two integer masks' 0/1 rule, finite rewards, group sizes, the mode's own check, (issue 20.4)
+        # finite values, bootstrap values, log-probs and token rewards where they are used, (issue 29.9) the
+        # outputs' finiteness, and (29.14) where folding reads turns, AReaL's turn-id rules
+        folds = not cfg.token_rewards_as_adv
+        assert count_host_callbacks(dataclasses.replace(cfg, check_values="callback"), batch) == 10 + folds
         assert count_host_callbacks(dataclasses.replace(cfg, check_values=False), batch) == 0
         out = jax.jit(lambda b, cfg=cfg: compute_advantages(b, cfg))(batch)
         # spec_example's process rewards are -0.2 on the three timesteps of turn 1: outside [0, 1].
@@ -209,7 +211,8 @@ def test_value_checks_under_jit_cost_no_host_callback_unless_asked():
         assert {k: int(v) for k, v in out.diagnostics.items() if k.startswith("checks/")} == {
             "checks/attention_mask_not_binary": 0, "checks/loss_mask_not_binary": 0, "checks/rewards_not_finite": 0,
             "checks/group_sizes_invalid": 0, "checks/values_not_finite": 0, "checks/values_bootstrap_not_finite": 0,
-            "checks/logprobs_not_finite": 0, "checks/token_rewards_not_finite": 0, **mode_check}
+            "checks/logprobs_not_finite": 0, "checks/token_rewards_not_finite": 0, "checks/outputs_not_finite": 0,
+            **({"checks/turn_ids_invalid": 0} if folds else {}), **mode_check}
         off = jax.jit(lambda b, cfg=cfg: compute_advantages(b, dataclasses.replace(cfg, check_values=False)))(batch)
         assert not any(k.startswith("checks/") for k in off.diagnostics)
 
@@ -377,5 +380,6 @@ def test_shaping_variants_share_one_gae_and_equal_separate_runs():
     masked = dataclasses.replace(config, mask_no_eos_with_zero=True)
     shapings, refused = masked.shaping_variants(["additive", "process_weighted"])
     assert [s.mode for s in shapings] == ["additive"]
-    assert refused == {"process_weighted": "n/a: mask_no_eos_with_zero must be false with "
-                                           "advantage_shaping.mode='process_weighted'"}
+    assert refused == {"process_weighted": "n/a: mask_no_eos_with_zero true cannot be combined with "
+                                           "advantage_shaping.mode 'process_weighted': AReaL refuses it: the zeroed "
+                                           "process rewards of a truncated row would zero its positive advantages"}

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference
 from batches import make_batch
 
 from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages
@@ -195,3 +196,57 @@ def test_an_outcome_on_an_untrained_timestep_is_counted():
     out = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0))
     assert int(out.diagnostics["outcome/rows_off_trained_timesteps"]) == 1
     np.testing.assert_allclose(np.asarray(out.advantages)[:, :2], [[1.0, 1.0], [0.0, 0.0]])  # row 1: dropped
+
+
+@pytest.mark.parametrize("config", [AdvantageConfig(kl_ctl=0.0), PLAIN,
+                                    AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "gigpo"}),
+                                    AdvantageConfig(kl_ctl=0.0, adv_norm=NormConfig("group", "group"))],
+                         ids=["gae", "reward_norm", "gigpo", "adv_norm"])
+def test_an_empty_batch_gives_an_empty_result(config):
+    # Issue 29.21: B = 0 (every group filtered) ended in ZeroDivisionError or argmax of an empty sequence deep
+    # in JAX; T = 0 too. The result has the batch's shape, its checks read 0.
+    rng = np.random.default_rng(21)
+    full = make_batch(rng, rows=3, width=6)
+    full["group_sizes"] = np.array([3], np.int32)
+    for rows, width in ((0, 6), (3, 0), (0, 0)):
+        empty = {k: (v[:rows, :width] if v.ndim == 2 else v[:rows]) for k, v in full.items() if k != "group_sizes"}
+        empty["group_sizes"] = np.array([rows], np.int32) if rows else np.zeros(0, np.int32)
+        out = compute_advantages(empty, config)
+        for field in ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs"):
+            assert getattr(out, field).shape == (rows, width), (field, rows, width)
+        assert all(int(v) == 0 for k, v in out.diagnostics.items() if k.startswith("checks/"))
+        jitted = jax.jit(lambda b, c=config: compute_advantages(b, c).advantages)(empty)
+        assert jitted.shape == (rows, width)
+
+
+def test_python_lists_are_converted_as_everywhere_else():
+    # Issue 29.21: rewards as a Python list ended in TracerArrayConversionError.
+    rng = np.random.default_rng(22)
+    batch = make_batch(rng, rows=3, width=6)
+    want = compute_advantages(batch, PLAIN)
+    lists = {k: v.tolist() for k, v in batch.items()}
+    got = compute_advantages(lists, PLAIN)
+    np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-6, atol=1e-6)
+
+
+def test_a_float32_overflow_inside_a_stage_is_counted_and_raised():
+    # Issue 29.9: PRIME (norm: none) with a reference log-prob of -3e38 and GiGPO with turn_rewards 3e38
+    # returned non-finite advantages with every checks/* at 0. The outputs are checked last: counted under
+    # jit, raised eagerly, named.
+    rng = np.random.default_rng(23)
+    batch = make_batch(rng, rows=4, width=12, with_process=False)
+    batch["group_sizes"] = np.array([2, 2], np.int32)
+    active = reference.shift((batch["loss_mask"] > 0) & (batch["attention_mask"] > 0), fill=False)
+    row = int(np.flatnonzero(active.sum(axis=1) >= 2)[0])  # (PRIME drops a row's last trained timestep)
+    step = int(np.flatnonzero(active[row])[0])
+    prime = dict(batch, prm_logprobs=np.zeros_like(batch["logprobs"]), ref_logprobs=np.zeros_like(batch["logprobs"]))
+    prime["ref_logprobs"][row, step] = -3e38
+    config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "prime", "norm": "none", "beta": 10.0})
+    with pytest.raises(ValueError, match=r"compute_advantages computed a non-finite (advantage|return)"):
+        compute_advantages(prime, config)
+    out = jax.jit(lambda b: compute_advantages(b, config))(prime)
+    assert int(out.diagnostics["checks/outputs_not_finite"]) >= 1
+    gigpo = dict(batch, turn_rewards=np.full((4, 4), 3e38, np.float32))
+    with pytest.raises(ValueError, match="non-finite"):
+        compute_advantages(gigpo, AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "gigpo",
+                                                                                 "step_discount": 1.0}))

@@ -153,7 +153,7 @@ def test_tree_refuses_rows_that_are_not_paths_of_the_tree():
     batch, _ = tree_batch()
     config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "tree"})
     skipped = dict(batch, node_ids=batch["node_ids"].copy())
-    skipped["node_ids"][0] = [0, 2, -1]  # skips node 1
+    skipped["node_ids"][0] = [0, 2, 2]  # skips node 1 (every trained turn still names a node)
     with pytest.raises(ValueError, match="must run from a root"):
         compute_advantages(skipped, config)
     inner = dict(batch, node_ids=batch["node_ids"].copy())
@@ -164,7 +164,7 @@ def test_tree_refuses_rows_that_are_not_paths_of_the_tree():
 
 def test_refused_combinations_name_the_key():
     assert AdvantageConfig(credit_assignment={"mode": "pure"}).plan.shaping is None  # PURE's P goes into returns
-    with pytest.raises(ConfigError, match="gae_timestep_unit must be 'token' with credit_assignment 'prime'"):
+    with pytest.raises(ConfigError, match=r"gae_timestep_unit 'turn' cannot be combined with credit_assignment\.mode"):
         AdvantageConfig(credit_assignment={"mode": "prime"}, gae_timestep_unit="turn")
     with pytest.raises(ConfigError, match=re.escape("credit_assignment.mode must be one of gigpo | tree | pure | prime")):
         AdvantageConfig(credit_assignment={"mode": "mt_grpo"})
@@ -172,3 +172,94 @@ def test_refused_combinations_name_the_key():
         AdvantageConfig(process_reward_transform={"mode": "min_form", "temperature": 0})
     with pytest.raises(ConfigError, match=re.escape("reward_norm.mode must be one of decoupled")):
         AdvantageConfig(reward_norm={"mode": "gdpo"})
+
+
+def test_tree_refuses_a_trained_turn_without_a_node_and_an_id_beyond_the_nodes():
+    # Issue 29.13: a trained turn without a node id got advantage 0 silently; an id beyond node_parents was
+    # ignored and the error then named a different node. Both are refused, naming the row, turn and id.
+    batch, _ = tree_batch()
+    config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "tree"})
+    unnamed = dict(batch, node_ids=batch["node_ids"].copy())
+    unnamed["node_ids"][1, 2] = -1  # row 1's third turn is trained
+    with pytest.raises(ValueError, match=re.escape("row 1, turn 2 has node id -1, but the turn is trained")):
+        compute_advantages(unnamed, config)
+    beyond = dict(batch, node_ids=batch["node_ids"].copy())
+    beyond["node_ids"][3, 1] = 15  # node_parents has 15 nodes
+    with pytest.raises(ValueError, match=re.escape("row 3, turn 1 has node id 15, which is not a node of "
+                                                   "batch['node_parents'] (15 nodes)")):
+        compute_advantages(beyond, config)
+    wide = dict(batch, turn_ids=batch["turn_ids"].copy())
+    wide["turn_ids"][4, 7:9] = 3  # a turn id beyond node_ids' 3 columns names no node slot
+    with pytest.raises(ValueError, match="below the number of turn slots 3"):
+        compute_advantages(wide, config)
+
+
+def holed_batch():
+    """Two rows; row 0's first turn (ids 0 on positions 1-5) has a hole in the loss mask at position 3, as
+    tunix's pads inside a completion leave; turn 1 is positions 7-8. Row 1 has no hole."""
+    width = 10
+    turn_ids = np.full((2, width), -1, np.int32)
+    turn_ids[:, 1:6], turn_ids[:, 7:9] = 0, 1
+    loss = (turn_ids >= 0).astype(np.int32)
+    loss[0, 3] = 0
+    token_rewards = np.where(turn_ids == 0, 0.4, np.where(turn_ids == 1, -0.6, 0.0)).astype(np.float32)
+    return dict(attention_mask=np.ones((2, width), np.int32), loss_mask=loss, turn_ids=turn_ids,
+                token_rewards=token_rewards, logprobs=np.zeros((2, width), np.float32),
+                rewards=np.array([1.0, 0.0], np.float32), is_truncated=np.zeros(2, bool),
+                group_sizes=np.array([2], np.int32))
+
+
+@pytest.mark.parametrize("config", [
+    {"process_reward_transform": {"mode": "min_form", "temperature": 0.3}},
+    {"credit_assignment": {"mode": "pure", "temperature": 0.3, "whiten": False}},
+    {"credit_assignment": {"mode": "gigpo", "step_reward": "last"}}], ids=["min_form", "pure", "gigpo_last"])
+def test_a_hole_in_the_loss_mask_does_not_split_a_turn(config):
+    # Issue 29.14: turns are what turn_ids say; one completion turn with a hole became two min-form steps
+    # (min_form/turns 3 where 2 exist). The loops find the turn's end past the hole.
+    batch = holed_batch()
+    out = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, **config))
+    active, turn_ids, process, outcome_step = on_timesteps(batch)
+    ends = reference.turn_ends(active, turn_ids)
+    assert ends.sum() == 4  # two turns a row
+    if "process_reward_transform" in config:
+        assert int(out.diagnostics["min_form/turns"]) == 4
+        r = reference.min_form(np.where(ends, process, 0.0), ends, 0.3)
+        want = np.zeros_like(r)
+        for b in range(2):
+            for t in range(batch["loss_mask"].shape[1]):
+                if active[b, t]:
+                    end = next(u for u in range(t, 10) if ends[b, u])
+                    want[b, t] = r[b, end]
+        want = reference.compute_advantages(dict(batch, token_rewards=np.zeros_like(batch["token_rewards"])),
+                                            dict(kl_ctl=0.0))["advantages"] + want
+        np.testing.assert_allclose(out.advantages, want, rtol=2e-5, atol=2e-6)
+    elif config["credit_assignment"]["mode"] == "pure":
+        _, want = reference.pure(process, batch["rewards"], active, turn_ids, outcome_step, [0, 0], 0.3, 1.0, False)
+        np.testing.assert_allclose(out.advantages, want, rtol=2e-5, atol=2e-6)
+    else:
+        # The turn's last trained timestep is past the hole: step rewards 0.4 and -0.6 on both rows.
+        turn_rewards = np.array([[0.4, -0.6], [0.4, -0.6]])
+        per_turn, *_ = reference.gigpo(turn_rewards, np.ones((2, 2), bool), batch["rewards"], None, [2])
+        want = np.where(active, np.take_along_axis(per_turn, np.maximum(turn_ids, 0), axis=1), 0.0) + process
+        np.testing.assert_allclose(out.advantages, want, rtol=2e-5, atol=2e-6)
+
+
+def test_folding_checks_uniformity_across_a_hole():
+    batch = holed_batch()
+    batch["token_rewards"][0, 4:6] = 0.5  # turn 0 of row 0 changes value after the hole
+    with pytest.raises(ValueError, match="row 0 changes value at timestep 1"):
+        compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, token_rewards_as_adv=False))
+    batch["token_rewards"][0, 4:6] = 0.4
+    out = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, token_rewards_as_adv=False))
+    np.testing.assert_allclose(out.advantages, reference.compute_advantages(batch, dict(
+        kl_ctl=0.0, token_rewards_as_adv=False))["advantages"], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("config", [{"credit_assignment": {"mode": "pure"}},
+                                    {"process_reward_transform": {"mode": "min_form"}}], ids=["pure", "min_form"])
+def test_turn_ids_that_decrease_are_refused_where_turns_are_read(config):
+    batch = holed_batch()
+    batch["turn_ids"][1, 7:9] = 0
+    batch["turn_ids"][1, 1:6] = 1
+    with pytest.raises(ValueError, match="turn ids must not decrease along a row"):
+        compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, **config))

@@ -216,8 +216,9 @@ def test_pack_branches_to_compute_advantages_keeps_64_bit_anchors_apart():
     batch = pack_branches(sequences, bucket=16, per_turn=True)
     assert batch["anchor_ids"].dtype == np.int32
     np.testing.assert_array_equal(batch["anchor_ids"], [[0, 1], [0, 1], [2, 0]])
-    assert np.isnan(batch["turn_rewards"]).all()  # no step rewards given: compute_advantages derives them
+    assert not batch["turn_reward_mask"].any()  # no step rewards given: compute_advantages derives them
     batch["turn_rewards"] = np.array([[1.0, 2.0], [0.5, 0.25], [3.0, 1.0]], np.float32)
+    batch["turn_reward_mask"] = np.ones((3, 2), bool)
     del batch["token_rewards"]  # the step rewards are in turn_rewards; no shaping on top
     config = AdvantageConfig(credit_assignment=GiGPOConfig(), kl_ctl=0.0)
     out = jax.jit(lambda b: compute_advantages(b, config))(batch)
@@ -241,10 +242,17 @@ def test_gigpo_step_rewards_are_checked_on_active_turns():
     batch["turn_rewards"] = np.zeros((4, 4), np.float32)
     config = AdvantageConfig(credit_assignment=GiGPOConfig(), kl_ctl=0.0)
     row = int(np.flatnonzero((batch["turn_ids"][:, 1:] >= 0).any(axis=1))[0])
-    batch["turn_rewards"][row, 0] = np.inf  # NaN means "not given: derive it" (issue 23.4); inf is an error
+    batch["turn_rewards"][row, 0] = np.inf
     with pytest.raises(ValueError, match=rf"batch\['turn_rewards'\] must be finite where it is used; row {row}, "
                                          r"turn 0 is inf"):
         compute_advantages(batch, config)
+    # Issue 29.10: NaN is refused too (a failed score_arrays row holds NaN); "derive" is turn_reward_mask False.
+    batch["turn_rewards"][row, 0] = np.nan
+    with pytest.raises(ValueError, match=rf"row {row}, turn 0 is nan \(NaN is no step reward"):
+        compute_advantages(batch, config)
+    derive = np.ones((4, 4), bool)
+    derive[row, 0] = False
+    compute_advantages(dict(batch, turn_reward_mask=derive), config)
     batch["turn_rewards"][row, 0] = 0.0
     batch["turn_rewards"][:, 3] = np.where(np.arange(4) == row, np.inf, 0.0)  # a turn the row does not have
     if not (batch["turn_ids"][row, 1:] == 3).any():

@@ -175,10 +175,13 @@ def test_gigpo_in_compute_advantages_then_shaping(anchors, rule):
     # The default shaping is additive: A' = A + P on active timesteps; returns are never shaped.
     np.testing.assert_allclose(out.advantages, want + process * m, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(out.returns, want + batch["values"], rtol=2e-5, atol=2e-5)
-    # Step rewards given per turn replace the derived ones (NaN: derive that one); gvpo then only reads P's sign.
+    # Step rewards given per turn replace the derived ones (turn_reward_mask False: derive that one, whatever
+    # turn_rewards holds there); gvpo then only reads P's sign.
     partly = turn_rewards.astype(np.float32)
-    partly[::2] = np.nan
-    given = dict(batch, turn_rewards=partly)
+    partly[::2] = 123.0
+    derive = np.ones(partly.shape, bool)
+    derive[::2] = False
+    given = dict(batch, turn_rewards=partly, turn_reward_mask=derive)
     gvpo = compute_advantages(given, AdvantageConfig(**cfg, advantage_shaping=ShapingConfig("gvpo")))
     want_gvpo = reference.shape(want, process, m, "gvpo")
     np.testing.assert_allclose(gvpo.advantages, want_gvpo, rtol=2e-5, atol=2e-5)

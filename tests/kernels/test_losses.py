@@ -80,3 +80,54 @@ def test_bad_arguments_are_named():
         ppo_clip_loss(x, x, x, x, loss_agg_mode="sum")
     with pytest.raises(ValueError, match="advantages"):
         ppo_clip_loss(x, x, np.zeros((2, 2)), x)
+
+
+def test_a_clipped_timestep_whose_ratio_overflows_has_a_finite_gradient():
+    # Issue 29.17: one clipped timestep with a log-ratio above ~88.7 gave a finite loss and a NaN gradient (the
+    # ratio overflowed to inf before the clip's zero multiplied it).
+    logp = jnp.array([[89.0, 0.1, -0.3]], jnp.float32)
+    prox = jnp.zeros((1, 3), jnp.float32)
+    adv = jnp.array([[1.0, 1.0, -1.0]], jnp.float32)   # A > 0 and r = exp(89): the clipped side
+    mask = jnp.ones((1, 3), bool)
+    for options in ({}, {"c_clip": 3.0}, {"loss_agg_mode": "seq-mean-token-mean"}):
+        loss, grad = jax.value_and_grad(lambda lp, o=options: ppo_clip_loss(lp, prox, adv, mask, **o)[0])(logp)
+        assert np.isfinite(float(loss)) and np.isfinite(np.asarray(grad)).all(), options
+        assert float(grad[0, 0]) == 0.0  # the clipped side passes nothing
+    # A < 0 with the dual clip: the loss is the constant c |A| there, finite, and its gradient 0.
+    loss, grad = jax.value_and_grad(lambda lp: ppo_clip_loss(lp, prox, -adv, mask, c_clip=3.0)[0])(logp)
+    assert np.isfinite(float(loss)) and np.isfinite(np.asarray(grad)).all() and float(grad[0, 0]) == 0.0
+
+
+def test_the_gradient_at_a_clip_bound_and_at_ties_is_torchs():
+    # LOSSES.md 0.4: torch.clamp passes nothing at exactly a bound and the max's tie halves, so d pg / d logp is
+    # -A r / 2 there (a naive jnp.clip passes 0.5 and gave 3/4); inside the range and on the unclipped side
+    # -A r; on the clipped side 0. The dual clip's tie halves too.
+    bound = np.float32(1.25)  # exact in float32: 1 + eps_clip with eps_clip 0.25
+    logp = jnp.log(jnp.array([[bound, 1.1, 1.6, 0.5]], jnp.float32))
+    prox = jnp.zeros((1, 4), jnp.float32)
+    adv = jnp.array([[1.0, 1.0, -1.0, -1.0]], jnp.float32)  # the last: A < 0, r below the range: clipped side
+    mask = jnp.ones((1, 4), bool)
+    loss_fn = lambda lp: ppo_clip_loss(lp, prox, adv, mask, eps_clip=0.25, loss_agg_mode="seq-mean-token-sum")[0]
+    ratio = np.exp(np.asarray(logp, np.float64))[0]
+    grad = np.asarray(jax.grad(loss_fn)(logp))[0]
+    np.testing.assert_allclose(grad, [-ratio[0] / 2, -ratio[1], ratio[2], 0.0], rtol=1e-6)
+    tie = jnp.log(jnp.array([[3.0]], jnp.float32))  # A = -1, r = 3: max(3, 1.25) = 3 = c |A|
+    grad = jax.grad(lambda lp: ppo_clip_loss(lp, jnp.zeros((1, 1)), -jnp.ones((1, 1)), jnp.ones((1, 1), bool),
+                                             eps_clip=0.25, c_clip=3.0)[0])(tie)
+    np.testing.assert_allclose(float(grad[0, 0]), 3.0 / 2, rtol=1e-6)
+
+
+def test_masks_and_token_ids_are_checked_as_everywhere_else():
+    # Issue 29.17: masks holding 0.5 or 2 were taken as 1; ids outside [0, V) were silently clipped.
+    x = jnp.zeros((1, 3), jnp.float32)
+    for bad in (0.5, 2.0):
+        with pytest.raises(ValueError, match=r"loss_mask must be bool or hold only 0 and 1; row 0, position 1 holds"):
+            ppo_clip_loss(x, x, x, jnp.array([[1.0, bad, 0.0]]))
+    _, stats = jax.jit(lambda m: ppo_clip_loss(x, x, x, m))(jnp.array([[1.0, 0.5, 2.0]]))
+    assert int(stats.checks["checks/loss_mask_not_binary"]) == 2
+    logits = jnp.zeros((1, 3, 4), jnp.float32)
+    for bad in (4, -1):
+        with pytest.raises(ValueError, match=rf"in \[0, 4\).*row 0, position 2 holds {bad}"):
+            logprobs_on_timesteps(logits, np.array([[0, 1, bad]]))
+    traced = jax.jit(logprobs_on_timesteps)(logits, jnp.array([[0, 1, 4]]))
+    assert np.isnan(float(traced[0, 1])) and float(traced[0, 0]) == float(np.log(np.float32(0.25)))

@@ -88,7 +88,7 @@ def test_the_recipe_matches_the_loop(whitened, group_size):
     process, outcome, mask, turn_ids, outcome_step, groups = recipe_batch(rng, 8, 24, group_size)
     active, ids = jnp.asarray(mask), jnp.asarray(turn_ids)
     outcome_at = jnp.asarray(np.arange(24)[None, :] == outcome_step[:, None])
-    got = pure_core(jnp.asarray(process), jnp.asarray(outcome), active, turn_ends(active, ids), outcome_at,
+    got = pure_core(jnp.asarray(process), jnp.asarray(outcome), active, turn_ends(active, ids, "scan"), outcome_at,
                     jnp.ones(8, bool), jnp.asarray(groups, jnp.int32), 8, 0.1, 1.0, whitened)
     want_adv, want_ret = reference.pure(process, outcome, mask, turn_ids, outcome_step, groups, 0.1, 1.0, whitened)
     np.testing.assert_allclose(got.returns, want_ret, rtol=2e-5, atol=2e-5)
@@ -96,3 +96,94 @@ def test_the_recipe_matches_the_loop(whitened, group_size):
     assert bool(np.all(np.asarray(got.alone) == (group_size == 1)))
     if group_size == 1:  # a group of one has no baseline: 0 everywhere
         assert np.all(np.asarray(got.advantages) == 0)
+
+
+def turn_score_batch(per_turn_scores, *, per_token_row=None):
+    """Rows of two-token turns whose process reward is uniform per turn (a scalar scorer's), no outcome, no
+    values, no KL: ``compute_advantages`` under min-form returns exactly the transformed process rewards.
+    ``per_token_row`` appends a row whose first turn's reward changes inside the turn."""
+    scores = [list(map(float, row)) for row in per_turn_scores]
+    if per_token_row is not None:
+        scores.append([0.0] * len(scores[0]))
+    rows, turns = len(scores), len(scores[0])
+    width = 1 + 3 * turns
+    loss = np.zeros((rows, width), np.int32)
+    turn_ids = np.full((rows, width), -1, np.int32)
+    token_rewards = np.zeros((rows, width), np.float32)
+    for b in range(rows):
+        for k in range(turns):
+            span = slice(1 + 3 * k, 3 + 3 * k)
+            loss[b, span], turn_ids[b, span], token_rewards[b, span] = 1, k, scores[b][k]
+    if per_token_row is not None:
+        token_rewards[-1, 1:3] = per_token_row
+    return dict(attention_mask=np.ones((rows, width), np.int32), loss_mask=loss, turn_ids=turn_ids,
+                token_rewards=token_rewards, logprobs=np.zeros((rows, width), np.float32),
+                rewards=np.zeros(rows, np.float32), is_truncated=np.zeros(rows, bool))
+
+
+def min_form_config(temperature):
+    from prm_jax.config import AdvantageConfig
+    return AdvantageConfig(kl_ctl=0.0, process_reward_transform={"mode": "min_form", "temperature": temperature})
+
+
+def per_turn(out, batch, b):
+    """Each turn's transformed reward: the advantage at its first trained timestep."""
+    ids = batch["turn_ids"][b]
+    return [float(np.asarray(out.advantages)[b, np.flatnonzero(ids == k)[0] - 1]) for k in range(ids.max() + 1)]
+
+
+@pytest.mark.parametrize("scores, temperature", [((50.0, 50.01), 1e-3), ((1e5, 99999.99), 0.1),
+                                                 ((7e29, -3e29), 0.1), ((1e38, -1e38), 0.1)])
+def test_min_form_in_the_pipeline_gives_the_kernel_numbers_for_any_scores(scores, temperature):
+    # Issue 29.8: (50, 50.01) at 0.001 gave (49.955, 0.00227), sum 49.957 (float64: 49.99773, 0.002274161,
+    # sum 50); (1e5, 99999.99) at 0.1 summed to 100,812; 7e29 gave inf; 29.9: +-1e38 were refused as not
+    # finite. Weights from differences to the row's minimum: float32 rounding of the float64 loop.
+    from prm_jax import compute_advantages
+    batch = turn_score_batch([scores])
+    out = compute_advantages(batch, min_form_config(temperature))
+    scores32 = np.asarray([scores], np.float32)
+    want = reference.min_form(scores32, np.ones((1, 2)), temperature)[0]
+    np.testing.assert_allclose(per_turn(out, batch, 0), want, rtol=1e-5, atol=1e-6 * np.abs(scores32).max() * 1e-6)
+    np.testing.assert_allclose(np.asarray(min_form(scores32, temperature=temperature))[0], want, rtol=1e-5)
+    assert np.isfinite(np.asarray(out.advantages)).all()
+    if scores == (50.0, 50.01):
+        np.testing.assert_allclose(per_turn(out, batch, 0), [49.99773, 0.002274161], rtol=1e-5)
+
+
+def test_a_rows_min_form_does_not_depend_on_its_neighbours():
+    # Issue 29.8: lax.cond picked one path for the whole batch, so a row's numbers changed when another row
+    # had per-token rewards. Both paths compute the same per-row weights: bit for bit the same row.
+    from prm_jax import compute_advantages
+    rows = [(0.3, -0.2, 0.9), (50.0, 50.01, 49.99)]
+    alone = compute_advantages(turn_score_batch(rows), min_form_config(1e-3))
+    beside = compute_advantages(turn_score_batch(rows, per_token_row=[0.5, -0.5]), min_form_config(1e-3))
+    np.testing.assert_array_equal(np.asarray(beside.advantages)[:2], np.asarray(alone.advantages))
+
+
+def test_the_pure_recipe_at_a_low_temperature_matches_its_authors_numbers():
+    # Issue 29.8: the recipe's own min-form (its turn ends) at temperature 0.001, close scores, against the
+    # authors' rule in float64 (the transform path is pinned above).
+    from prm_jax import compute_advantages
+    from prm_jax.config import AdvantageConfig
+    batch = turn_score_batch([(0.2, 0.2005, 0.3), (0.1, 0.4, 0.1002)])
+    batch["rewards"] = np.array([1.0, 0.0], np.float32)
+    out = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, credit_assignment={
+        "mode": "pure", "temperature": 1e-3, "whiten": False}))
+    active = reference.shift(batch["loss_mask"] > 0, fill=False)
+    ids = reference.shift(batch["turn_ids"], fill=-1)
+    process = np.where(active, reference.shift(batch["token_rewards"]), 0.0)
+    outcome_step = np.full(2, batch["attention_mask"].shape[1] - 2)
+    _, want = reference.pure(process, batch["rewards"], active, ids, outcome_step, [0, 0], 1e-3, 1.0, False)
+    np.testing.assert_allclose(out.advantages, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 0.0, -1.0, 3.5e38, float("inf")])
+def test_temperatures_that_make_min_form_meaningless_are_refused_at_configuration(temperature):
+    # Issue 29.9: 1e-39 passed validate-config, then zeroed every process reward (a float32 subnormal is
+    # flushed to 0 on the CPU); 3.5e38 is not a float32.
+    from prm_jax.config import AdvantageConfig, ConfigError
+    for key in ("process_reward_transform", "credit_assignment"):
+        mode = "min_form" if key == "process_reward_transform" else "pure"
+        with pytest.raises(ConfigError, match=f"{key}.temperature must"):
+            AdvantageConfig(**{key: {"mode": mode, "temperature": temperature}})
+    assert AdvantageConfig(process_reward_transform={"mode": "min_form", "temperature": 1.2e-38}).plan

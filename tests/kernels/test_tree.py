@@ -147,3 +147,37 @@ def test_jit_vmap_bfloat16_and_no_retrace():
     assert bf16.dtype == jnp.float32
     np.testing.assert_allclose(bf16, reference.tree_discount(parents[0], np.asarray(low, np.float32), 0.9),
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rewards", ["binary", "decimal"])
+def test_treerl_fill_in_decides_exact_ties_exactly(rewards):
+    # Issue 29.12: an exactly-zero local advantage came out as 1.49e-8, was not filled, and a node got -0.133
+    # instead of -0.267 (2 of 270 random trees; 47 of these 900). Integer rewards: every sum is exact and a tie
+    # an exact 0 (TreeRL's 1e-8 rule as it is); other rewards: the documented float32 tolerance (the loop
+    # restates it in float64).
+    rng = np.random.default_rng(29 + (rewards == "decimal"))
+    size = 40  # every tree padded to one size (masked nodes): one compiled program per weighting
+    for trial in range(100):
+        nodes = int(rng.integers(3, size))
+        parent = np.concatenate([random_forest(rng, nodes), np.full(size - nodes, -1)]).astype(np.int32)
+        mask = np.arange(size) < nodes
+        values = [0.0, 1.0] if rewards == "binary" else [0.3, 0.7, 0.1]
+        reward = rng.choice(values, size).astype(np.float32)
+        for weighting in ("sqrt", "uniform", "none"):
+            got = np.asarray(tree_advantages(parent, reward, mask=mask, weighting=weighting).values)[:nodes]
+            want = reference.tree_advantages(parent[:nodes], reward[:nodes], weighting=weighting)
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6, err_msg=f"tree {trial}, {weighting}")
+
+
+def test_the_local_value_of_a_tie_is_exactly_zero():
+    # Node 1's children 3 and 4 both have mean 1/3 over their leaves, as node 1 has: their local values are
+    # exactly 0 (not float32 noise), so the fill-in gives them node 1's, -4/21 under weighting none.
+    parent = np.array([-1, 0, 0, 1, 1, 3, 3, 3, 4, 4, 4, 2, 2], np.int32)
+    reward = np.array([0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 1, 1], np.float32)
+    out = tree_advantages(parent, reward, weighting="none", value="local_only")
+    state = np.asarray(out.state_values)
+    assert state[3] == state[4] == state[1]
+    np.testing.assert_allclose(state[1], -4 / 21, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(out.local)[[3, 4]], np.asarray(out.local)[1])
+    np.testing.assert_allclose(np.asarray(out.values), reference.tree_advantages(parent, reward, weighting="none",
+                                                                                  value="local_only"), rtol=1e-6)

@@ -191,3 +191,40 @@ class SlowScorer(BaseScorer):
             open(self.marker, "a").close()
         await anyio.sleep(self.seconds)
         return 0.5
+
+
+class Zeta(BaseScorer):
+    """A turn's score is its first output token mod 7 (GDPO's source order tests: listed before ``Alpha``)."""
+
+    name = "zeta"
+
+    async def evaluate(self, interaction, ctx):
+        return float(interaction.output_tokens[0] % 7)
+
+
+class Alpha(BaseScorer):
+    """A turn's score is its prompt's length mod 5 (sorts before ``zeta`` by name)."""
+
+    name = "alpha"
+
+    async def evaluate(self, interaction, ctx):
+        return float(len(interaction.input_tokens) % 5)
+
+
+class Asleep(BaseScorer):
+    """Its first call touches ``marker``, then sleeps synchronously (``time.sleep``) in ``async def
+    evaluate``: a signal lands in the middle of a scorer's synchronous code (later calls return at once)."""
+
+    name = "asleep"
+
+    def __init__(self, marker="", seconds=30.0, **kwargs):
+        super().__init__(**kwargs)
+        self.marker, self.seconds = marker, seconds
+
+    async def evaluate(self, interaction, ctx):
+        import os
+        import time
+        if self.marker and not os.path.exists(self.marker):
+            open(self.marker, "a").close()
+            time.sleep(self.seconds)
+        return 0.5

@@ -43,6 +43,8 @@ from prm_jax.kernels.normalization import NormConfig
 from prm_jax.kernels.shaping import ShapingConfig
 from prm_jax.runtime.arrays import ScoredArrays
 from prm_jax.runtime.blocking import BlockingRunner
+from prm_jax.runtime.trajectory import MAX_TOKEN_ID
+from prm_jax.validation import integer_dtype
 
 TESTED_TUNIX = "0.1.7"  # keep equal to the pin of the `tunix` extra in pyproject.toml
 
@@ -104,6 +106,9 @@ class Rollout:
         """``[B, C]`` from a ``[B, P + C]`` array on timesteps (advantages): completion token ``j`` of row ``b``
         gets timestep ``p_b + j - 1``, the one that predicts it."""
         steps = jnp.asarray(timesteps)
+        if steps.shape != self.input_ids.shape:
+            raise ValueError(f"timesteps must have the rollout's shape [B, P + C] = {self.input_ids.shape}, got "
+                             f"{steps.shape}")
         index = self.prompt_lengths[:, None] - 1 + np.arange(self.completion_width)[None, :]
         return jnp.take_along_axis(steps, jnp.asarray(index), axis=1)
 
@@ -126,14 +131,25 @@ def rollout_from_tunix(prompt_ids: Any, prompt_mask: Any, completion_ids: Any, c
                              f"{'' if like is None else ' like its ids'}, got shape {array.shape}")
     if prompts.shape[0] != completions.shape[0]:
         raise ValueError(f"prompt_ids has {prompts.shape[0]} rows and completion_ids {completions.shape[0]}")
+    for name, ids in (("prompt_ids", prompts), ("completion_ids", completions)):
+        integer_dtype(name, ids.dtype)
+        if ids.size and (ids.min() < 0 or ids.max() > MAX_TOKEN_ID):  # (int32 in the batch: never wrapped)
+            bad = ids.min() if ids.min() < 0 else ids.max()
+            row = int(np.argwhere(ids == bad)[0][0])
+            raise ValueError(f"{name} must hold token ids in [0, {MAX_TOKEN_ID}]; row {row} holds {int(bad)}")
     width_p = prompts.shape[1]
     width_c = completions.shape[1]
-    # Left padding: a prompt starts at its first real token (a pad id inside a prompt stays a prompt token).
+    # Left padding: a prompt starts at its first real token and runs to the last column (a pad id inside a
+    # prompt stays a prompt token); a prompt whose last column is a pad is right-padded, and refused.
     leading_pads = np.where(prompt_real.any(axis=1), np.argmax(prompt_real, axis=1), width_p)
     lengths = (width_p - leading_pads).astype(np.int32)
     if (lengths == 0).any():
         raise ValueError(f"every prompt needs a token (its completion's first token is predicted from it); row "
                          f"{int(np.argmin(lengths))} has none")
+    right_padded = ~prompt_real[:, -1]
+    if right_padded.any():
+        raise ValueError(f"prompt_mask must be left-padded (tunix's layout: pads first, then the prompt up to the last "
+                         f"column); row {int(np.argmax(right_padded))} ends with a pad (right-padded)")
     # The completion's extent: up to its last trained token (a trailing pad is padding, an inner one a hole).
     extent = np.where(trained.any(axis=1), width_c - np.argmax(trained[:, ::-1], axis=1), 0)
     # Shift each row left by its leading pads: position t reads column t + pads of [prompt | completion].

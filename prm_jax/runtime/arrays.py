@@ -21,6 +21,17 @@ from prm_jax.runtime.trajectory import MAX_TOKEN_ID, Interaction, turn_spans
 from prm_jax.validation import integer_dtype
 
 
+def scored_turn_ids(turn_ids: Any, attention_mask: Any = None) -> np.ndarray:
+    """The turn ids that scoring reads: ``turn_ids`` where ``attention_mask`` is set, -1 elsewhere (a token
+    without attention, padding, is never scored nor rewarded, whatever id it carries)."""
+    ids = _integers("turn_ids", turn_ids)
+    if attention_mask is None:
+        return ids
+    mask = np.asarray(attention_mask)
+    _same_shape("attention_mask", mask, ids.shape)
+    return np.where(mask.astype(bool), ids, -1)
+
+
 def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = None, logprobs: Any = None,
                        rewards: Any = None, row_ids: Sequence[str] | None = None) -> list[list[Interaction] | None]:
     """One chain of interactions per row (``None`` for a padding row or a row without turns).
@@ -28,17 +39,18 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
     Args:
       input_ids: ``[B, T]`` int token ids.
       turn_ids: ``[B, T]`` int, the turn of each generated token (0, 1, ... in order, each turn contiguous),
-        -1 elsewhere (``turn_ids_from_spans`` builds it from spans).
+        -1 elsewhere (``turn_ids_from_spans`` builds it from spans); ids where ``attention_mask`` is 0 are
+        not read (``scored_turn_ids``).
       attention_mask: ``[B, T]``; a row with none is padding. Default: every row is real.
       logprobs: ``[B, T]`` behaviour log-probs of the tokens, given to scorers as ``output_logprobs``.
       rewards: ``[B]`` outcome rewards, set on each row's last turn.
       row_ids: names of the rows (interaction ids are ``f"{row_id}/t{k}"``); default ``row{b}``.
     """
     tokens = _integers("input_ids", input_ids)
-    ids = _integers("turn_ids", turn_ids)
     if tokens.ndim != 2:
         raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
-    _same_shape("turn_ids", ids, tokens.shape)
+    _same_shape("turn_ids", _integers("turn_ids", turn_ids), tokens.shape)
+    ids = scored_turn_ids(turn_ids, attention_mask)
     if tokens.size and (tokens.min() < 0 or tokens.max() > MAX_TOKEN_ID):
         raise ValueError(f"input_ids must hold token ids in [0, {MAX_TOKEN_ID}], got "
                          f"{int(tokens.min()) if tokens.min() < 0 else int(tokens.max())}")
@@ -227,9 +239,10 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
         ctx = [per_row[b] for b in scored]
     results = await runner.run_many(branches, ctx, limit=limit, is_eval=is_eval,
                                     return_exceptions=on_error == "mask")
-    token_rewards = token_rewards_from_chains(chains, turn_ids)
+    ids = scored_turn_ids(turn_ids, attention_mask)
+    token_rewards = token_rewards_from_chains(chains, ids)
     if on_error == "mask" or per_turn:
-        out = _masked(token_rewards, np.asarray(turn_ids), scored, results, runner)
+        out = _masked(token_rewards, ids, scored, results, runner)
         return out._replace(**_turn_scores(chains, scored, results, out.failed)) if per_turn else out
     # A jitted trainer never sees compute_advantages' eager warning: the host side says it here.
     if runner.shaping_mode == "gvpo" and scored and not (token_rewards < 0).any():

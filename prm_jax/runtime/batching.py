@@ -49,16 +49,19 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     AReaL's value for an unscored turn). Pass ``token_rewards=False`` when no scorer runs: a batch with the
     key is shaped, and under ``process_weighted`` a process reward of 0 zeroes a positive advantage; then
     no token reward of the branches is used at all (GiGPO's derived step rewards included).
-    ``per_turn`` adds GiGPO's ``anchor_ids [rows, K]`` int32 (``dense_anchor_ids``: -1 for no anchor)
-    and ``turn_rewards [rows, K]`` (the turn's step reward, NaN where it has none: ``compute_advantages``
-    derives those from the turn's process rewards by ``GiGPOConfig.step_reward``), ``K = turns``
-    or the most turns of a branch. ``sessions`` (each sequence's session key) adds the session trees for
+    ``per_turn`` adds GiGPO's ``anchor_ids [rows, K]`` int32 (``dense_anchor_ids``: -1 for no anchor),
+    ``turn_rewards [rows, K]`` (the turn's step reward, 0 where it has none) and ``turn_reward_mask [rows, K]``
+    bool (True where a turn has one; where False ``compute_advantages`` derives it from the turn's process
+    rewards by ``GiGPOConfig.step_reward``), ``K = turns`` or the most turns of a branch. ``sessions`` (each
+    sequence's session key) adds the session trees for
     ``credit_assignment: {mode: tree}``: ``node_ids [rows, K]`` (the node of each row's turn ``k``, -1 for
     none) and ``node_parents [rows * K]`` (each node's parent, -1 for a root or an unused slot), a node
     being one interaction of one session (branches of a session share their common turns' nodes).
     ``model_logprobs`` adds ``prm_logprobs`` and ``ref_logprobs`` ``[rows, width]`` on *timesteps* (model
     outputs, as ``compute_advantages`` reads them: the log-prob of position ``t + 1``'s token at ``t``), from
-    the interactions' ``output_prm_logprobs``/``output_ref_logprobs``; 0 where a branch has none.
+    the interactions' ``output_prm_logprobs``/``output_ref_logprobs``; NaN on the tokens of a turn (or a
+    branch) without them, so a stage that reads them refuses the batch instead of training on 0
+    (``compute_advantages`` names the row and timestep).
     Every branch needs an outcome reward.
     """
     if not sequences:
@@ -95,7 +98,9 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
         batch["is_truncated"][b] = seq.is_truncated
         for key in ("prm_logprobs", "ref_logprobs") if model_logprobs else ():
             on_positions = getattr(seq, key)
-            if on_positions is not None and n > 1:
+            if on_positions is None:  # a branch without them: NaN where it is trained, never a silent 0
+                on_positions = np.where(seq.loss_mask > 0, np.float32(np.nan), np.float32(0))
+            if n > 1:
                 batch[key][b, :n - 1] = on_positions[1:]  # position t + 1 -> timestep t
     if per_turn:
         _per_turn(batch, sequences)
@@ -139,7 +144,8 @@ def batch_spec(rows: int, width: int, *, token_rewards: bool = True, turns: int 
     spec.update(rewards=((rows,), np.float32, 0.0), is_truncated=((rows,), np.bool_, False),
                 group_ids=((rows,), np.int32, -1))
     if turns is not None:
-        spec.update(anchor_ids=((rows, turns), np.int32, -1), turn_rewards=((rows, turns), np.float32, 0.0))
+        spec.update(anchor_ids=((rows, turns), np.int32, -1), turn_rewards=((rows, turns), np.float32, 0.0),
+                    turn_reward_mask=((rows, turns), np.bool_, False))
     if model_logprobs:
         spec.update(prm_logprobs=((rows, width), np.float32, 0.0), ref_logprobs=((rows, width), np.float32, 0.0))
     if tree_turns is not None:
@@ -177,13 +183,15 @@ def _group_ids(group_sizes: Sequence[int] | None, real: int, rows: int) -> np.nd
 
 def _per_turn(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence]) -> None:
     """Fills GiGPO's per-turn inputs: ``anchor_ids`` (dense int32 ids, equal exactly where the turns' anchors
-    are: any 64-bit ids, signed or unsigned, compared whole; -1 where a turn has none) and ``turn_rewards``
-    (the step reward, NaN where a turn has none: ``compute_advantages`` derives it, with the configured
-    rule, from the process rewards it is given, one home for that rule)."""
-    anchors, step_rewards = batch["anchor_ids"], batch["turn_rewards"]
+    are: any 64-bit ids, signed or unsigned, compared whole; -1 where a turn has none), ``turn_rewards`` (the
+    step reward, 0 where a turn has none) and ``turn_reward_mask`` (where a turn has one: elsewhere
+    ``compute_advantages`` derives it, with the configured rule, from the process rewards it is given, one
+    home for that rule; a NaN could be a failed score, so "derive" has its own mask)."""
+    anchors, step_rewards, given_mask = batch["anchor_ids"], batch["turn_rewards"], batch["turn_reward_mask"]
     given = np.full(anchors.shape, -1, dtype=object)  # Python ints: no numpy dtype holds -1 beside 2**63
     for b, seq in enumerate(sequences):
         given[b, :len(seq.anchor_ids)] = [-1 if a is None else a for a in seq.anchor_ids]
     anchors[...] = dense_anchor_ids(given)
     for b, seq in enumerate(sequences):
-        step_rewards[b, :len(seq.step_rewards)] = [np.nan if r is None else r for r in seq.step_rewards]
+        step_rewards[b, :len(seq.step_rewards)] = [0.0 if r is None else r for r in seq.step_rewards]
+        given_mask[b, :len(seq.step_rewards)] = [r is not None for r in seq.step_rewards]

@@ -4,38 +4,79 @@ A JAX training loop is usually plain synchronous Python. ``BlockingRunner`` keep
 worker thread (an anyio blocking portal) and runs the runner there, so the loop calls
 ``runner.score_arrays(...)`` like any function and never becomes ``async def main``. Scorers run, and are
 closed, on that loop; ``close()`` (or leaving the ``with`` block) closes them and stops the thread.
+
+A batch job must end: the worker thread is a daemon, so a script that ends, or dies of an exception,
+without ``close()`` still exits; at interpreter exit every runner still open is closed first (its owned
+scorers' ``aclose``, at most ``EXIT_CLOSE_S`` seconds for all of them), so clients are not left open.
 """
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import functools
+import logging
+import threading
+import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
 import numpy as np
-from anyio.from_thread import start_blocking_portal
+from anyio.from_thread import BlockingPortal
 
 from prm_jax.runtime.arrays import ScoredArrays, score_arrays
-from prm_jax.runtime.runner import PRMRunner
+from prm_jax.runtime.runner import PRMRunner, RunnerClosedError
 from prm_jax.runtime.scoring import BaseScorer
 from prm_jax.runtime.trajectory import Interaction, InteractionCache
+
+logger = logging.getLogger(__name__)
+EXIT_CLOSE_S = 10.0  # at interpreter exit, how long the runners still open get to close their scorers
+_OPEN: weakref.WeakSet[BlockingRunner] = weakref.WeakSet()
+
+
+def _start_portal(backend: str) -> tuple[BlockingPortal, threading.Thread, concurrent.futures.Future]:
+    """An anyio blocking portal whose event loop runs in a daemon thread (anyio's own portal runs in a pool
+    thread that the interpreter joins at exit, so an unclosed one kept the process alive)."""
+    ready: concurrent.futures.Future[BlockingPortal] = concurrent.futures.Future()
+    done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    async def serve() -> None:
+        async with BlockingPortal() as portal:
+            ready.set_result(portal)
+            await portal.sleep_until_stopped()
+
+    def main() -> None:
+        try:
+            anyio.run(serve, backend=backend)
+            done.set_result(None)
+        except BaseException as err:  # the loop's end, or a failed start: handed to the caller
+            if not ready.done():
+                ready.set_exception(err)
+            done.set_exception(err)
+
+    thread = threading.Thread(target=main, name="prm-jax BlockingRunner", daemon=True)
+    thread.start()
+    return ready.result(), thread, done
 
 
 class BlockingRunner:
     """``PRMRunner(config, scorers=...)`` behind synchronous methods; a context manager.
 
-    ``backend`` is anyio's (``"asyncio"`` or ``"trio"``). Build it outside any running event loop.
+    ``backend`` is anyio's (``"asyncio"`` or ``"trio"``). Build it outside any running event loop. Every call
+    after ``close()`` raises ``RunnerClosedError`` (the runner's own type for a closed runner).
     """
 
     def __init__(self, config: Any = None, *, scorers: Sequence[BaseScorer] = (), backend: str = "asyncio"):
-        self._portal_cm = start_blocking_portal(backend)
-        self._portal = self._portal_cm.__enter__()
+        self._portal, self._thread, self._done = _start_portal(backend)
+        self._closed = False
         try:
             self.runner: PRMRunner = self._portal.call(functools.partial(PRMRunner.create, config, scorers=scorers))
-        except BaseException as err:
-            self._portal_cm.__exit__(type(err), err, err.__traceback__)
+        except BaseException:
+            self._stop()
             raise
-        self._closed = False
+        _OPEN.add(self)
 
     def run(self, branch: InteractionCache | Sequence[Interaction], ctx: Mapping[str, Any] | None = None, *,
             is_eval: bool = False) -> list:
@@ -55,21 +96,43 @@ class BlockingRunner:
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if self._closed:
-            raise RuntimeError("BlockingRunner is closed")
+            raise RunnerClosedError("BlockingRunner is closed: calls are rejected once close() has started")
         return self._portal.call(functools.partial(fn, *args, **kwargs))
 
-    def close(self) -> None:
-        """Closes the runner (its owned scorers) on its loop, then stops the loop's thread. Idempotent."""
+    def close(self, timeout: float | None = None) -> None:
+        """Closes the runner (its owned scorers) on its loop, then stops the loop's thread. Idempotent.
+        ``timeout`` bounds the scorers' cleanup (the thread is stopped either way)."""
         if self._closed:
             return
         self._closed = True
+        _OPEN.discard(self)
         try:
-            self._portal.call(self.runner.aclose)
+            self._portal.start_task_soon(self.runner.aclose).result(timeout)
         finally:
-            self._portal_cm.__exit__(None, None, None)
+            self._stop()
+
+    def _stop(self) -> None:
+        self._closed = True
+        try:
+            self._portal.call(self._portal.stop, True)
+        except RuntimeError:  # the loop has already stopped
+            pass
+        self._thread.join()
 
     def __enter__(self) -> BlockingRunner:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Runners a script never closed: their scorers are closed before the interpreter goes (all of them within
+    ``EXIT_CLOSE_S``; what is left then goes with the daemon thread)."""
+    deadline = time.monotonic() + EXIT_CLOSE_S
+    for runner in list(_OPEN):
+        try:
+            runner.close(timeout=max(deadline - time.monotonic(), 0.0))
+        except Exception as err:  # the process is exiting: said, not raised
+            logger.warning("closing an unclosed BlockingRunner at exit failed: %r", err)

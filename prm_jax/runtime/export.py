@@ -176,7 +176,7 @@ class _Scored:
 
 
 async def _score_session(store: TrajectoryStore, key: str, leaves: list[str], runner: PRMRunner | None,
-                         is_eval: bool, error_policy: ErrorPolicy = "reject") -> _Scored:
+                         is_eval: bool, error_policy: ErrorPolicy = "reject", discounted: bool = False) -> _Scored:
     scored = _Scored(key)
     try:
         for leaf in leaves:
@@ -189,27 +189,29 @@ async def _score_session(store: TrajectoryStore, key: str, leaves: list[str], ru
                 except Exception as err:  # a scorer failed (cancellation is no Exception: never caught here)
                     if error_policy != "keep_original":
                         raise
-                    return _unscored(store, key, leaves, err)
-            scored.sequences.append(_exported(clone, key, leaf))
+                    return _unscored(store, key, leaves, err, discounted)
+            scored.sequences.append(_exported(clone, key, leaf, discounted))
     except Exception as err:
         add_note(err, f"while scoring session {key!r}")
         scored.error = err
     return scored
 
 
-def _exported(clone: InteractionCache, key: str, leaf: str) -> BranchSequence:
+def _exported(clone: InteractionCache, key: str, leaf: str, discounted: bool = False) -> BranchSequence:
+    """The branch's concat export; it needs an outcome reward unless the turn discount gives it one (an
+    unset reward counts 0 there, AReaL's rule)."""
     sequence = clone.to_sequence(leaf)
-    if sequence.reward is None:
+    if sequence.reward is None and not discounted:
         raise ValueError(f"trajectory {leaf!r} of session {key!r} has no outcome reward")
     return sequence
 
 
-def _unscored(store: TrajectoryStore, key: str, leaves: list[str], error: Exception) -> _Scored:
+def _unscored(store: TrajectoryStore, key: str, leaves: list[str], error: Exception, discounted: bool) -> _Scored:
     """AReaL's ``keep_original`` fallback: the session's whole pre-scoring export (fresh clones of every
     branch: the original outcome and token rewards, nothing of a partly scored branch)."""
     scored = _Scored(key, fallback=f"{type(error).__name__}: {error}")
     try:
-        scored.sequences = [_exported(store.session(key).clone_chain(leaf), key, leaf) for leaf in leaves]
+        scored.sequences = [_exported(store.session(key).clone_chain(leaf), key, leaf, discounted) for leaf in leaves]
     except Exception as err:
         add_note(err, f"while exporting session {key!r} unscored after a scorer failed: {error!r}")
         scored.error, scored.fallback = err, None
@@ -301,7 +303,8 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
             if with_prm:
                 result.prm_stats = _prm_stats([], is_eval)
             return result
-        scored = await _score_sessions(store, taken, runner if with_prm else None, is_eval, error_policy)
+        scored = await _score_sessions(store, taken, runner if with_prm else None, is_eval, error_policy,
+                                       turn_discount is not None)
         result.rejected_sessions = {key: f"failed: {s.error!r}" for key, s in scored.items() if s.error}
         if with_prm:
             result.prm_stats = _prm_stats(list(scored.values()), is_eval)
@@ -318,12 +321,12 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
 
 
 async def _score_sessions(store: TrajectoryStore, taken: dict[str, list[str]], runner: PRMRunner | None,
-                          is_eval: bool, error_policy: ErrorPolicy) -> dict[str, _Scored]:
+                          is_eval: bool, error_policy: ErrorPolicy, discounted: bool) -> dict[str, _Scored]:
     """Scores every session concurrently (the branches of one session in order), in the keys' order."""
     scored: dict[str, _Scored] = {}
 
     async def score(key: str) -> None:
-        scored[key] = await _score_session(store, key, taken[key], runner, is_eval, error_policy)
+        scored[key] = await _score_session(store, key, taken[key], runner, is_eval, error_policy, discounted)
 
     async with anyio.create_task_group() as tg:
         for key in taken:
@@ -343,7 +346,7 @@ def _discount(store: TrajectoryStore, scored: dict[str, _Scored], gamma: float) 
             parent[i] = index[turn.parent_id] if turn.parent_id in index else -1
             raw[i] = 0.0 if turn.reward is None else turn.reward  # an unset reward counts 0 (AReaL's None)
         discounted = np.asarray(tree_discount(parent, raw, gamma, mask=np.arange(size) < len(turns)))
-        session.raw_rewards = [seq.reward for seq in session.sequences]
+        session.raw_rewards = [0.0 if seq.reward is None else seq.reward for seq in session.sequences]
         session.sequences = [dataclasses.replace(seq, reward=float(discounted[index[seq.leaf_id]]))
                              for seq in session.sequences]
 

@@ -11,9 +11,7 @@ import numpy as np
 
 from prm_jax.runtime.scoring import BaseScorer
 from prm_jax.runtime.trajectory import Interaction
-from prm_jax.validation import short_repr
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
+from prm_jax.validation import FLOAT32_MAX, short_repr
 
 
 def where(scorer: BaseScorer, turn: Interaction) -> str:
@@ -23,9 +21,7 @@ def where(scorer: BaseScorer, turn: Interaction) -> str:
 def weighted_rewards(scorer: BaseScorer, turn: Interaction, raw: Any) -> tuple[np.ndarray, float]:
     """``weight * raw`` as float32 ``[output_len]`` and its mean, or a ``ValueError``/``TypeError`` naming
     scorer and turn."""
-    n = turn.output_len
-    if n <= 0:
-        raise ValueError(f"{where(scorer, turn)}: the turn has no output tokens to score (output_len must be > 0)")
+    n = turn.output_len  # > 0: the runner scores scorable turns only (trajectory.require_scorable)
     if isinstance(raw, (bool, np.bool_)):  # a judge's verdict, like any Python number: 1.0 or 0.0
         raw = float(raw)
     if type(raw) in (float, int):  # the common case, in plain Python and one numpy call

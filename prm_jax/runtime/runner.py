@@ -17,13 +17,15 @@ import contextlib
 import dataclasses
 import enum
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+import time
+import warnings
+from collections.abc import Awaitable, Generator, Mapping, Sequence
 from typing import Any
 
 import anyio
 import numpy as np
 
-from prm_jax._compat import ExceptionGroup, add_note
+from prm_jax._compat import ExceptionGroup, add_note, first_in_group
 from prm_jax.config.experiment import PRMSection
 from prm_jax.runtime.concurrency import cancellation_requested, concurrently
 from prm_jax.runtime.context import ScorerContext
@@ -37,7 +39,7 @@ from prm_jax.runtime.scoring import (
     PRMTurnResult,
 )
 from prm_jax.runtime.specs import as_section, check_scorer_specs
-from prm_jax.runtime.trajectory import Interaction, InteractionCache, require_token_backed
+from prm_jax.runtime.trajectory import Interaction, InteractionCache, require_scorable
 from prm_jax.validation import short_repr
 
 logger = logging.getLogger(__name__)
@@ -68,6 +70,20 @@ class NotScorableError(ValueError):
 NOT_SCORER_FAILURES: tuple[type[BaseException], ...] = (RunnerClosedError, NotScorableError)
 
 
+def _refuse_shared_turns(branches: Sequence[InteractionCache | Sequence[Interaction]]) -> None:
+    """Each branch of ``run_many`` has turns of its own: a turn object in two branches (the same branch twice)
+    would have its rewards committed twice."""
+    owner: dict[int, int] = {}
+    for i, branch in enumerate(branches):
+        turns = list(branch) if isinstance(branch, (InteractionCache, Sequence)) else ()  # (run() names a bad one)
+        for turn in turns:
+            first = owner.setdefault(id(turn), i)
+            if first != i:
+                raise ValueError(f"run_many got interaction {getattr(turn, 'interaction_id', turn)!r} in branches "
+                                 f"{first} and {i}: its rewards would be committed twice; give each branch its own "
+                                 "turns (InteractionCache.clone_chain)")
+
+
 def _scorer_error(scorer: BaseScorer, where: str, err: BaseException, timeout: float | None) -> BaseException:
     """What an exception out of one scorer call becomes: the deadline's ``TimeoutError`` names the scorer and
     its timeout; a ``CancelledError`` the scorer raised itself (no cancellation was asked for) is a scorer
@@ -77,6 +93,50 @@ def _scorer_error(scorer: BaseScorer, where: str, err: BaseException, timeout: f
     if isinstance(err, anyio.get_cancelled_exc_class()) and not cancellation_requested():
         return RuntimeError(f"scorer {scorer.name!r} on {where} raised CancelledError without being cancelled")
     return err
+
+
+# A scorer step (the synchronous code between two awaits) longer than this stalls every other scorer on the
+# event loop: the runner warns once per scorer, naming it.
+BLOCKING_STEP_S = 0.05
+
+
+class _OwnTime:
+    """An awaitable that runs ``call`` and measures the time spent inside its own steps (``busy``, and the
+    ``longest`` one): the time a scorer held the event loop, never the time it waited for others."""
+
+    __slots__ = ("_call", "busy", "longest")
+
+    def __init__(self, call: Awaitable[Any]):
+        self._call = call
+        self.busy = 0.0
+        self.longest = 0.0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        steps = self._call.__await__()
+        send, throw = steps.send, steps.throw
+        value: Any = None
+        error: BaseException | None = None
+        clock = time.perf_counter
+        while True:
+            start = clock()
+            try:
+                yielded = send(value) if error is None else throw(error)
+            except StopIteration as done:
+                self._add(clock() - start)
+                return done.value
+            except BaseException:
+                self._add(clock() - start)
+                raise
+            self._add(clock() - start)
+            try:
+                value, error = (yield yielded), None
+            except BaseException as thrown:  # a cancellation (or close) goes into the scorer's own step
+                value, error = None, thrown
+
+    def _add(self, seconds: float) -> None:
+        self.busy += seconds
+        if seconds > self.longest:
+            self.longest = seconds
 
 
 def _plain(scorer: BaseScorer) -> bool:
@@ -137,6 +197,7 @@ class PRMRunner:
         self._timeouts: dict[int, float | None] = {}
         self._in_flight: set[anyio.CancelScope] = set()
         self._idle: anyio.Event | None = None
+        self._warned_blocking: set[str] = set()
         self.config: PRMSection | None = None
 
     def _build(self, section: PRMSection, borrowed: Sequence[BaseScorer]) -> None:
@@ -212,7 +273,7 @@ class PRMRunner:
         if self._state is not RunnerState.OPEN:
             raise RunnerClosedError("PRMRunner is closed: run() is rejected once aclose() has started")
         chain = self._chain(branch)
-        require_token_backed(chain, NotScorableError)
+        require_scorable(chain, NotScorableError)
         assert self.config is not None  # set by _build
         if not self.config.enabled:
             return []
@@ -251,6 +312,7 @@ class PRMRunner:
         contexts = list(ctx) if isinstance(ctx, Sequence) else [ctx] * len(branches)
         if len(contexts) != len(branches):
             raise ValueError(f"ctx has {len(contexts)} entries for {len(branches)} branches")
+        _refuse_shared_turns(branches)
         results: list[Any] = [None] * len(branches)
         limiter = anyio.Semaphore(limit) if limit is not None and limit < len(branches) else None
 
@@ -266,7 +328,13 @@ class PRMRunner:
                     raise
                 results[i] = err
 
-        await concurrently([one(i) for i in range(len(branches))], group_one=True)
+        try:
+            await concurrently([one(i) for i in range(len(branches))], group_one=True)
+        except ExceptionGroup as group:
+            closed = first_in_group(group, RunnerClosedError)
+            if closed is not None:  # a lifecycle error is one type, whatever the path
+                raise closed from group
+            raise
         return results
 
     def _commit(self, chain: list[Interaction], staged: list[_Staged]) -> list[PRMTurnResult]:
@@ -319,17 +387,37 @@ class PRMRunner:
         failure like any other, not a cancellation of the run.
         """
         timeout = self._timeouts.get(id(scorer))
+        timed = _OwnTime(call)
         try:
             if timeout is None:  # no cancel scope per call where no deadline is set
-                return await call
-            with anyio.fail_after(timeout):
-                return await call
+                result = await timed
+            else:
+                with anyio.fail_after(timeout):
+                    result = await timed
         except (Exception, anyio.get_cancelled_exc_class()) as err:
             where = on if isinstance(on, str) else f"interaction {on.interaction_id!r}"
             reported = _scorer_error(scorer, where, err, timeout)
             if reported is err:
                 raise
             raise reported from None
+        if timed.longest > BLOCKING_STEP_S:
+            self._blocking(scorer, on, timed, timeout)
+        return result
+
+    def _blocking(self, scorer: BaseScorer, on: Interaction | str, timed: _OwnTime, timeout: float | None) -> None:
+        """A call that held the event loop: past its deadline it fails (nothing could interrupt it, but the
+        deadline holds); otherwise the runner warns once per scorer (its neighbours waited meanwhile)."""
+        where = on if isinstance(on, str) else f"interaction {on.interaction_id!r}"
+        if timeout is not None and timed.busy > timeout:
+            raise TimeoutError(f"scorer {scorer.name!r} on {where} ran synchronous code for {timed.busy:.3f} s, past "
+                               f"its timeout of {timeout} s (it blocked the event loop, so nothing could stop it "
+                               "earlier; move blocking work off the loop, e.g. anyio.to_thread.run_sync)")
+        if scorer.name not in self._warned_blocking:
+            self._warned_blocking.add(scorer.name)
+            warnings.warn(f"scorer {scorer.name!r} blocked the event loop for {timed.longest:.3f} s in one step on "
+                          f"{where}: synchronous work inside an async evaluate stalls every other scorer (and "
+                          "counts against their deadlines); move it off the loop, e.g. anyio.to_thread.run_sync",
+                          RuntimeWarning, stacklevel=2)
 
     async def _evaluate_all(self, scorer: BaseScorer, views: list[Interaction],
                             ctx: Mapping[str, Any]) -> list[Any]:

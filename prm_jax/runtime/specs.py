@@ -91,6 +91,12 @@ def check_scorer_specs(section: PRMSection | PRMConfig | ExperimentConfig,
     return classes
 
 
+def enabled_scorer_names(config: ExperimentConfig) -> list[str]:
+    """The ``name`` of each enabled scorer entry, in the config's order (GDPO's source columns)."""
+    classes = check_scorer_specs(config)
+    return [cls.name for entry, cls in zip(config.prm.scorers, classes) if entry.enabled]
+
+
 def _check_spec(entry: ScorerSpec, where: str, section: PRMSection) -> type[BaseScorer]:
     cls = resolve_scorer_class(entry.path)
     if not isinstance(cls.name, str) or not cls.name:

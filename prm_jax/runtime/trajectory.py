@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from prm_jax.kernels.gigpo import is_anchor_id
-from prm_jax.validation import short_repr
+from prm_jax.validation import FLOAT32_MAX, short_repr
 
 STOP_REASONS = ("stop", "length")
 MAX_TOKEN_ID = 2**31 - 1  # batches hold token ids as int32
@@ -56,7 +56,8 @@ def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
 
 
 def finite_value(value: Any) -> float:
-    """The rule of ``reward`` and ``step_reward``: a finite number (not a bool), as a float."""
+    """The rule of ``reward`` and ``step_reward``: a finite number (not a bool) that is finite in float32, the
+    dtype batches store it in (3.5e38 would be inf there), as a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise ValueError(f"must be a finite number or None, got {short_repr(value)}")
     try:
@@ -65,11 +66,14 @@ def finite_value(value: Any) -> float:
         ok = False
     if not ok:
         raise ValueError(f"must be finite, got {short_repr(value)}")
+    if abs(value) > FLOAT32_MAX:
+        raise ValueError(f"must be finite in float32 (|value| <= {FLOAT32_MAX:.4g}), got {short_repr(value)}")
     return float(value)
 
 
 def finite_vector(value: Any) -> np.ndarray:
-    """The rule of ``output_logprobs`` and ``token_rewards``: numbers, finite as given and as float32."""
+    """The rule of every per-token number (``output_logprobs``, ``token_rewards``, the PRM and reference
+    log-probs): numbers, finite as given and as float32, the dtype they are stored in."""
     try:
         array = np.asarray(value)
         if array.dtype.kind not in "iuf":
@@ -288,8 +292,8 @@ class BranchSequence:
     interaction_ids: tuple[str, ...]
     anchor_ids: tuple[int | None, ...] = ()      # per turn, root first
     step_rewards: tuple[float | None, ...] = ()  # per turn, root first
-    prm_logprobs: np.ndarray | None = None       # [L] float32 on positions, when every turn has them
-    ref_logprobs: np.ndarray | None = None       # [L] float32 on positions, when every turn has them
+    prm_logprobs: np.ndarray | None = None       # [L] float32 on positions (NaN on a turn without), or None
+    ref_logprobs: np.ndarray | None = None       # [L] float32 on positions (NaN on a turn without), or None
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(input_ids=self.input_ids, loss_mask=self.loss_mask, logprobs=self.logprobs,
@@ -307,6 +311,14 @@ def require_token_backed(chain: Sequence[Interaction], error: type[ValueError] =
         if not turn.token_backed:
             raise error(f"interaction {turn.interaction_id!r} is not token-backed (no token ids): "
                         "concat export and scoring need token-backed interactions")
+
+
+def require_scorable(chain: Sequence[Interaction], error: type[ValueError] = ValueError) -> None:
+    """Every turn can be scored: token-backed, with at least one output token (a score is per output token)."""
+    require_token_backed(chain, error)
+    for turn in chain:
+        if turn.output_len == 0:
+            raise error(f"interaction {turn.interaction_id!r} has no output tokens: there is nothing to score")
 
 
 def concat_spans(chain: Sequence[Interaction]) -> list[tuple[int, int]]:
@@ -376,13 +388,15 @@ def stitch(chain: Sequence[Interaction]) -> BranchSequence:
 
 def _on_positions(chain: Sequence[Interaction], spans: list[tuple[int, int]], name: str,
                   length: int) -> np.ndarray | None:
-    """A per-token model output of every turn on its output span (0 elsewhere); ``None`` unless every turn
-    has it (a model's log-probs for some turns only would train on zeros)."""
-    if any(getattr(turn, name) is None for turn in chain):
+    """A per-token model output of the turns on their output spans (0 elsewhere), NaN on the span of a turn
+    without it (never a silent 0: a stage that reads it refuses the NaN, one that does not ignores it);
+    ``None`` when no turn has it."""
+    if all(getattr(turn, name) is None for turn in chain):
         return None
     out = np.zeros(length, np.float32)
     for turn, (start, stop) in zip(chain, spans):
-        out[start:stop] = getattr(turn, name)
+        values = getattr(turn, name)
+        out[start:stop] = np.nan if values is None else values
     return out
 
 

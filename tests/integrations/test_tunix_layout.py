@@ -122,3 +122,29 @@ def test_a_position_dependent_process_reward_lands_on_its_own_completion_token(m
         want = np.where(a >= 0, a * p, np.where(p > 0, p, a))
     np.testing.assert_allclose(np.where(completion_mask, got, 0.0), np.where(completion_mask, want, 0.0),
                                rtol=1e-5, atol=2e-5)
+
+
+def test_rollout_checks_padding_side_token_ids_and_widths():
+    # Issue 29.16: right-padded prompts were taken as prompt tokens, token ids >= 2**31 wrapped into int32,
+    # and on_completion accepted an array of the wrong width.
+    rng = np.random.default_rng(16)
+    prompt_ids, prompt_mask, completion_ids, completion_mask, _ = tunix_rollout(rng)
+    right = prompt_mask[:, ::-1].copy()  # the same prompts, right-padded
+    right[0] = [True] * (right.shape[1] - 1) + [False]
+    with pytest.raises(ValueError, match=r"prompt_mask must be left-padded.*row 0 ends with a pad"):
+        adapter.rollout_from_tunix(prompt_ids, right, completion_ids, completion_mask)
+    wide = completion_ids.astype(np.int64)
+    wide[2, 0] = 2**31
+    with pytest.raises(ValueError, match=r"completion_ids must hold token ids in \[0, 2147483647\]; row 2 holds "
+                                         "2147483648"):
+        adapter.rollout_from_tunix(prompt_ids, prompt_mask, wide, completion_mask)
+    negative = prompt_ids.copy()
+    negative[3, -1] = -5
+    with pytest.raises(ValueError, match=r"prompt_ids must hold token ids.*row 3 holds -5"):
+        adapter.rollout_from_tunix(negative, prompt_mask, completion_ids, completion_mask)
+    rollout = adapter.rollout_from_tunix(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    with pytest.raises(ValueError, match=r"must have the rollout's shape \[B, P \+ C\]"):
+        rollout.on_completion(np.zeros((rollout.input_ids.shape[0], rollout.input_ids.shape[1] - 1), np.float32))
+    inner = prompt_mask.copy()  # a pad id inside a left-padded prompt stays a prompt token
+    inner[4, -2] = False
+    adapter.rollout_from_tunix(prompt_ids, inner, completion_ids, completion_mask)

@@ -242,3 +242,41 @@ async def test_per_turn_scores_and_the_per_scorer_breakdown():
     assert np.isnan(failing.turn_scores[1]).all() and np.isnan(failing.per_scorer["halves"][1]).all()
     assert not failing.turn_mask[1].any() and np.isfinite(list(failing.scorer_means().values())).all()
     np.testing.assert_allclose(failing.turn_scores[0], (sums + halves)[0])
+
+
+async def test_tokens_without_attention_are_never_scored_nor_rewarded():
+    # Issue 29.15: score_arrays scored pad tokens past attention_mask when turn ids covered them, and wrote
+    # rewards there. A turn is cut at the attention's end; a turn wholly past it is no turn.
+    runner = PRMRunner(scorers=(TokenSum(),))
+    tokens = np.array([[1, 2, 3, 4, 0, 0], [1, 5, 6, 7, 8, 9]])
+    turn_ids = np.array([[-1, 0, 0, 1, 1, 1], [-1, 0, 0, 1, 1, 1]])  # row 0's turn 1 runs into its padding
+    attention = np.array([[1, 1, 1, 1, 0, 0], [1] * 6])
+    got = await score_arrays(runner, tokens, turn_ids, attention_mask=attention)
+    # row 0: turn 0 = tokens (2, 3) after 1 token; turn 1 = token 4 alone after 3 tokens
+    np.testing.assert_array_equal(got[0], [0, 6.0, 6.0, 7.0, 0, 0])
+    np.testing.assert_array_equal(got[1], [0, 12.0, 12.0, 27.0, 27.0, 27.0])
+    scored = await score_arrays(runner, tokens, turn_ids, attention_mask=attention, per_turn=True)
+    np.testing.assert_array_equal(scored.turn_scores, [[6.0, 7.0], [12.0, 27.0]])
+    wholly_past = np.array([[-1, 0, 0, 0, 1, 1], [-1, 0, 0, 1, 1, 1]])  # row 0's turn 1 is all padding
+    scored = await score_arrays(runner, tokens, wholly_past, attention_mask=attention, on_error="mask")
+    np.testing.assert_array_equal(scored.token_rewards[0], [0, 10.0, 10.0, 10.0, 0, 0])
+
+
+async def test_a_failed_rows_turn_scores_are_never_read_as_derive_by_gigpo():
+    # Issue 29.10: score_arrays(per_turn=True, on_error="mask") marks a failed row with NaN, which GiGPO's
+    # turn_rewards read as "derive it": a kept failed row trained on derived rewards. NaN is refused now;
+    # a dropped row (its loss mask cleared) or turn_reward_mask False (derive) are the two ways on.
+    from prm_jax import AdvantageConfig, compute_advantages
+    input_ids, turn_ids, attention = trainer_arrays()
+    runner = PRMRunner(scorers=[FailsOnRow()])
+    out = await score_arrays(runner, input_ids, turn_ids, attention_mask=attention,
+                             ctx=[{"fail": False}, {"fail": True}, {}], on_error="mask", per_turn=True)
+    batch = dict(attention_mask=attention, loss_mask=turn_ids >= 0, logprobs=np.zeros(input_ids.shape, np.float32),
+                 rewards=np.array([1.0, 0.0, 0.0], np.float32), turn_ids=turn_ids, is_truncated=np.zeros(3, bool),
+                 turn_rewards=out.turn_scores)
+    config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "gigpo"})
+    with pytest.raises(ValueError, match=r"batch\['turn_rewards'\] must be finite where it is used; row 1, turn 0 "
+                                         r"is nan \(NaN is no step reward"):
+        compute_advantages(batch, config)
+    dropped = dict(batch, loss_mask=(turn_ids >= 0) & ~out.failed[:, None])
+    assert np.isfinite(np.asarray(compute_advantages(dropped, config).advantages)).all()

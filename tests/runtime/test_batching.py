@@ -78,8 +78,10 @@ def test_per_turn_inputs_have_a_fixed_width_and_leave_missing_step_rewards_to_th
                               Interaction("c", [1, 2, 3], [4], parent_id="p", reward=1.0, step_reward=2.0)])
     batch = pack_branches([cache.to_sequence("c")], rows=2, per_turn=True, turns=4)
     np.testing.assert_array_equal(batch["anchor_ids"], [[0, -1, -1, -1], [-1] * 4])  # dense ids (issue 20.6)
-    # A turn without a step reward is NaN: compute_advantages derives it (GiGPOConfig.step_reward).
-    np.testing.assert_allclose(batch["turn_rewards"], [[np.nan, 2.0, 0, 0], [0] * 4])
+    # A turn without a step reward is turn_reward_mask False (issue 29.10: not NaN, which a failed score could
+    # be): compute_advantages derives it (GiGPOConfig.step_reward).
+    np.testing.assert_allclose(batch["turn_rewards"], [[0.0, 2.0, 0, 0], [0] * 4])
+    np.testing.assert_array_equal(batch["turn_reward_mask"], [[False, True, False, False], [False] * 4])
     with pytest.raises(ValueError, match="turns"):
         pack_branches([cache.to_sequence("c")], per_turn=True, turns=1)
 

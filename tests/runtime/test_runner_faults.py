@@ -326,3 +326,113 @@ def test_the_native_build_key_does_not_depend_on_where_the_sources_are(tmp_path)
         native.build_key("c++", native.SOURCES)
     copies[1][0].write_text(copies[1][0].read_text() + "\n// changed\n")
     assert native.build_key("c++", copies[0]) != native.build_key("c++", copies[1])
+
+
+# --- issue 29: where options meet, where scorers block, where processes must exit -------------------------
+
+class BlocksTheLoop(BaseScorer):
+    """Sleeps synchronously inside ``async def evaluate``: nothing can interrupt it."""
+
+    name = "blocks_the_loop"
+
+    async def evaluate(self, interaction, ctx):
+        time.sleep(0.3)
+        return 1.0
+
+
+async def test_a_scorer_that_blocks_the_loop_past_its_deadline_fails_and_commits_nothing():
+    # Issue 29.4: a call that slept 0.3 s synchronously with timeout 0.05 was accepted and committed.
+    runner = PRMRunner(scorers=(BlocksTheLoop(timeout=0.05),))
+    cache = branch(n_turns=1)
+    with pytest.raises(TimeoutError, match=r"'blocks_the_loop' on interaction 't0' ran synchronous code for 0\.[3-9]"):
+        await runner.run(cache)
+    assert committed(cache) == [None]
+
+
+async def test_a_blocking_scorer_without_a_deadline_is_named_once():
+    runner = PRMRunner(scorers=(BlocksTheLoop(),))
+    with pytest.warns(RuntimeWarning, match="'blocks_the_loop' blocked the event loop"):
+        await runner.run(branch(n_turns=1))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per scorer, not per call
+        await runner.run(branch(n_turns=1))
+
+
+async def test_the_deadline_counts_the_scorers_own_time_not_its_waiting():
+    # An async scorer that awaits longer than its deadline still fails (anyio's deadline); one that is quick
+    # and awaits briefly passes: waiting is not blocking.
+    async def waits(self, interaction, ctx):
+        await anyio.sleep(0.01)
+        return 1.0
+    await PRMRunner(scorers=(scorer_of(waits, timeout=0.5),)).run(branch())
+
+
+async def test_run_many_refuses_the_same_branch_twice():
+    # Issue 29.18: the same branch object given twice committed twice (rewards doubled).
+    runner = PRMRunner(scorers=(st.ConstantScorer(0.5),))
+    cache = branch()
+    with pytest.raises(ValueError, match=r"interaction 't0' in branches 0 and 2: its rewards would be committed twice"):
+        await runner.run_many([cache, branch(), cache])
+    assert committed(cache) == [None, None]
+    chain_list = list(branch())
+    with pytest.raises(ValueError, match="in branches 0 and 1"):  # two lists holding the same turns
+        await runner.run_many([chain_list, list(chain_list)])
+
+
+async def test_a_closed_runner_is_one_error_type_whatever_the_path():
+    # Issue 29.25: "runner closed" came as an ExceptionGroup of RunnerClosedError, a bare RunnerClosedError,
+    # or RuntimeError('BlockingRunner is closed').
+    from prm_jax.runtime.arrays import score_arrays
+    from prm_jax.runtime.runner import RunnerClosedError
+    runner = PRMRunner(scorers=(st.ConstantScorer(0.5),))
+    await runner.aclose()
+    with pytest.raises(RunnerClosedError):
+        await runner.run(branch())
+    with pytest.raises(RunnerClosedError):
+        await runner.run_many([branch(), branch()])
+    with pytest.raises(RunnerClosedError):
+        await score_arrays(runner, np.array([[1, 2, 3]]), np.array([[-1, 0, 0]]))
+
+
+def test_a_closed_blocking_runner_raises_the_same_type():
+    from prm_jax import BlockingRunner
+    from prm_jax.runtime.runner import RunnerClosedError
+    runner = BlockingRunner(scorers=[st.ConstantScorer(0.5)])
+    runner.close()
+    with pytest.raises(RunnerClosedError):
+        runner.score_arrays(np.array([[1, 2, 3]]), np.array([[-1, 0, 0]]))
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+def test_a_script_that_never_closes_its_blocking_runner_still_exits_and_closes_it(tmp_path, ending):
+    # Issue 29.1: the portal's worker thread was not a daemon: a script that ended, or died of an exception,
+    # without close() never exited. Now it exits, and the runner's owned scorers are closed at exit.
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import numpy as np, prm_jax
+
+        class Judge(prm_jax.BaseScorer):
+            name = "judge"
+            async def evaluate(self, interaction, ctx):
+                return 1.0
+            async def aclose(self):
+                print("judge closed", flush=True)
+
+        config = prm_jax.ExperimentConfig.from_mapping({{"rollout": {{"agent": {{"prm": {{"enabled": True,
+            "scorers": [{{"path": "__main__.Judge"}}]}}}}}}}})
+        runner = prm_jax.BlockingRunner(config)
+        print(runner.score_arrays(np.array([[1, 2, 3]]), np.array([[-1, 0, 0]])).tolist(), flush=True)
+        if {ending == "raises"!r}:
+            raise RuntimeError("the training step failed")
+    """))
+    import prm_jax
+    package_root = os.path.dirname(os.path.dirname(prm_jax.__file__))  # the prm_jax these tests import
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.path.dirname(st.__file__)]),
+               JAX_PLATFORMS="cpu")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert time.monotonic() - start < 60
+    assert proc.returncode == (1 if ending == "raises" else 0), proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["[[0.0, 1.0, 1.0]]", "judge closed"]
+    assert "Exception ignored" not in proc.stderr

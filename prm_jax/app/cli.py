@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from importlib import resources
@@ -39,7 +40,7 @@ import anyio
 import jax
 import numpy as np
 
-from prm_jax._compat import add_note
+from prm_jax._compat import BaseExceptionGroup, add_note, first_in_group
 from prm_jax.app.outputs import (
     OUTPUT_SET,
     WRITE_ERRNOS,
@@ -59,12 +60,13 @@ from prm_jax.app.report import (
     print_turn_table,
     step_group_stats,
 )
-from prm_jax.app.sessions import InputError, read_sessions
+from prm_jax.app.sessions import InputError, SessionRecord, read_sessions
 from prm_jax.config.experiment import ExperimentConfig, ScorerSpec
-from prm_jax.config.loader import load_config
+from prm_jax.config.loader import ConfigFileError, load_config
 from prm_jax.kernels.advantages import compute_advantage_variants, compute_advantages
 from prm_jax.kernels.gigpo import GiGPOConfig
 from prm_jax.kernels.normalization import DecoupledNorm
+from prm_jax.kernels.prime import PrimeCredit
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.kernels.tree import TreeCredit
 from prm_jax.native.build import cache_dir
@@ -77,7 +79,7 @@ from prm_jax.runtime.filters import (
 )
 from prm_jax.runtime.metrics import InMemoryRecorder
 from prm_jax.runtime.runner import BUILDING_NOTE
-from prm_jax.runtime.specs import check_scorer_specs
+from prm_jax.runtime.specs import check_scorer_specs, enabled_scorer_names
 
 FILTERS: dict[str, Callable] = {
     "filter_function": filter_function,
@@ -105,6 +107,8 @@ def _load_config(path: str) -> ExperimentConfig:
         check_scorer_specs(config)
     except OSError as err:
         raise CLIError(f"{path}: {err.strerror or err}") from None
+    except ConfigFileError as err:  # names the file itself
+        raise CLIError(str(err)) from None
     except (ValueError, TypeError) as err:
         raise CLIError(f"{path}: {err}") from None
     return config
@@ -261,7 +265,8 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
         timings[phase], clock = now - clock, now
 
     try:
-        records = read_sessions(input_path)
+        records = read_sessions(input_path, discounted=config.turn_discount is not None)
+        check_model_outputs(records, config, input_path)
     except InputError as err:
         raise CLIError(str(err)) from None
     if tune_process:
@@ -289,14 +294,48 @@ def _release_freed_memory() -> None:
         pass
 
 
-def _reward_sources(trajectories: list[ExportedTrajectory], rows: int) -> np.ndarray:
-    """GDPO's sources beside the outcome: each scorer's total per trajectory, NaN where it did not score."""
-    names = sorted({name for t in trajectories for name in (t.scorer_totals or {})})
+def _reward_sources(trajectories: list[ExportedTrajectory], rows: int, names: list[str]) -> np.ndarray:
+    """GDPO's sources beside the outcome: each enabled scorer's total per trajectory, in the config's order
+    (the order ``reward_norm.weights`` follows), NaN where it did not score (a session exported unscored
+    under ``keep_original``): the columns are the config's, whatever scored."""
     sources = np.full((rows, len(names)), np.nan, np.float32)
     for b, t in enumerate(trajectories):
         for s, name in enumerate(names):
             sources[b, s] = (t.scorer_totals or {}).get(name, np.nan)
     return sources
+
+
+MODEL_OUTPUTS = {"ref_logprobs": "output_ref_logprobs", "prm_logprobs": "output_prm_logprobs"}
+
+
+def check_model_outputs(records: list[SessionRecord], config: ExperimentConfig, path: str) -> None:
+    """A per-token model output that a configured stage reads (``AdvantagePlan.model_outputs_read``) is on
+    every turn of every exported branch, or, for the KL reward's reference log-probs, on none of them (the
+    reference is then 0, AReaL's rule): some turns without them would train on 0. ``InputError`` at the
+    first turn without, before anything is scored."""
+    plan = config.actor.plan
+    for key in plan.model_outputs_read:
+        field = MODEL_OUTPUTS[key]
+        required = isinstance(plan.estimator, PrimeCredit)
+        lacking: tuple[SessionRecord, int] | None = None
+        carried = False
+        for record in records:
+            exported = {turn.interaction_id for leaf in record.ready for turn in record.cache.chain(leaf)}
+            for i, turn in enumerate(record.cache):
+                if turn.interaction_id not in exported:
+                    continue
+                if getattr(turn, field) is None:
+                    lacking = lacking or (record, i)
+                else:
+                    carried = True
+            if lacking is not None and (required or carried):
+                break
+        if lacking is not None and (required or carried):
+            record, i = lacking
+            reader = ("credit_assignment 'prime' reads them on every trained turn" if required else
+                      "the KL reward (actor.kl_ctl != 0) reads them, and other turns carry them: give them on every "
+                      "turn, or on none (the reference log-prob is then 0, AReaL's rule)")
+            raise InputError(path, record.line, f"interactions[{i}].{field}", f"missing: {reader}")
 
 
 def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig, group_filter: str | None,
@@ -315,12 +354,16 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
     padded = _pack([t.sequence for t in trajectories], group_sizes, *buckets, process_rewards=config.prm.active,
                    sessions=[t.session_key for t in trajectories] if isinstance(actor.credit_assignment, TreeCredit)
                    else None)
+    sources: list[str] = []
     if isinstance(actor.reward_norm, DecoupledNorm):
-        padded["reward_sources"] = _reward_sources(trajectories, len(padded["rewards"]))
+        sources = enabled_scorer_names(config) if config.prm.active else []
+        padded["reward_sources"] = _reward_sources(trajectories, len(padded["rewards"]), sources)
     # Views: the real rows (node_parents is per node, not per row: kept whole).
     batch = {name: value if name == "node_parents" else value[:rows] for name, value in padded.items()}
     batch["original_rewards"] = np.array([t.reward if t.original_reward is None else t.original_reward
                                           for t in trajectories], np.float32)
+    if isinstance(actor.reward_norm, DecoupledNorm):  # the columns of reward_sources, after the outcome
+        batch["reward_source_names"] = np.array(["outcome", *sources])
     batch["group_sizes"] = np.array(group_sizes, np.int32)
     del trajectories
     accepted.clear()  # packed: the branch sequences' memory is free for the advantages
@@ -357,6 +400,8 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
         summary["filter"] = {"name": group_filter, **exported.filter_counters}
     if isinstance(config.actor.credit_assignment, GiGPOConfig):
         summary["gigpo_step_groups"] = step_group_stats(configured.diagnostics)
+    if "reward_source_names" in batch:
+        summary["reward_sources"] = batch["reward_source_names"].tolist()
     credit = credit_stats(configured.diagnostics)
     if credit:
         summary["credit"] = credit
@@ -590,14 +635,27 @@ def main(argv: list[str] | None = None, *, tune_process: bool = False) -> int:
               file=sys.stderr)
         return EXIT_WRITE_FAILED
     except (KeyboardInterrupt, Interrupted) as err:
-        signum = err.signum if isinstance(err, Interrupted) else signal.SIGINT
-        written = ("after the new output set was published" if PUBLISHED_NOTE in getattr(err, "__notes__", ())
-                   else "nothing was written")
-        print(f"prm-jax: interrupted by {signal.Signals(signum).name} ({written})", file=sys.stderr)
-        return 128 + signum
+        return _interrupted(err, err)
+    except BaseExceptionGroup as group:  # a signal inside a task group (a scorer running synchronous code)
+        interruption = first_in_group(group, (KeyboardInterrupt, Interrupted))
+        if interruption is None:
+            raise
+        return _interrupted(interruption, group)
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def _interrupted(err: BaseException, raised: BaseException) -> int:
+    """The one line and the exit status of an interruption (128 + the signal's number). A signal can land
+    between making a scorer's coroutine and awaiting it: that coroutine is abandoned with the run, so the
+    interpreter's "never awaited" warning about it is noise after the one line, and is not shown."""
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+    signum = err.signum if isinstance(err, Interrupted) else signal.SIGINT
+    notes = (*getattr(raised, "__notes__", ()), *getattr(err, "__notes__", ()))
+    written = "after the new output set was published" if PUBLISHED_NOTE in notes else "nothing was written"
+    print(f"prm-jax: interrupted by {signal.Signals(signum).name} ({written})", file=sys.stderr)
+    return 128 + signum
 
 
 def enable_compile_cache() -> None:

@@ -11,7 +11,12 @@ the whole set is written is it published:
   (not Linux, or a file system without it) two renames do it, rolled back on failure; a crash between them
   leaves the old set whole in the staging folder's place;
 - an existing folder that holds sub-folders (or is the working directory) and no output set: the files are
-  renamed into it one by one, removed again on failure (there was no old set to keep).
+  renamed into it one by one, removed again on failure (there was no old set to keep);
+- a folder that is a mount point (a container volume, ``-v host:/out``): nothing can be renamed onto it or
+  across it, so the staging folder is made inside it (``OUT/.staging-*``) and each file is renamed into place
+  on its own: every file is replaced atomically (a reader sees each whole, old or new), but not the set as
+  one (for a moment ``batch.npz`` can be new beside an old ``metrics.json``); a failure before publishing
+  leaves an old set as it was.
 
 A folder that already holds an output set is replaced only with ``--overwrite`` (``check_output_folder``,
 before any input is read), and only when it can be exchanged whole. On any failure or signal the staging
@@ -35,8 +40,9 @@ from typing import Any
 import numpy as np
 
 OUTPUT_SET = ("batch.npz", "metrics.json")
-# Errors of a full disk or file-size limit: the environment's, not a bug (one line, no traceback).
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+# Errors of a full disk, a file-size limit, or a folder that refuses a rename (busy, on another device):
+# the environment's, not a bug (one line, no traceback).
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EBUSY, errno.EXDEV})
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 
 
@@ -54,6 +60,21 @@ def in_folder(path: Path, folder: Path) -> bool:
 
 class OutputFolderError(ValueError):
     """The output folder cannot take this run's outputs (said before any input is read)."""
+
+
+def is_mount_point(folder: Path) -> bool:
+    """Whether ``folder`` is a mount point (``os.path.ismount``, or, for a bind mount of a folder of the
+    same file system, listed in ``/proc/self/mountinfo``): rename cannot replace it or move into it."""
+    if not folder.is_dir():
+        return False
+    if os.path.ismount(folder):
+        return True
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as table:
+            points = {line.split()[4] for line in table if len(line.split()) > 4}
+    except OSError:
+        return False
+    return str(folder.resolve()) in {point.encode().decode("unicode_escape") for point in points}
 
 
 def _existing_set(folder: Path) -> list[str]:
@@ -87,7 +108,7 @@ def check_output_folder(flag: str, output: Path, overwrite: bool) -> None:
             raise OutputFolderError(f"{flag} {output}: already holds an output set ({', '.join(old)}); pass "
                                     "--overwrite to replace it (the old set stays whole until the new one is "
                                     "complete), or choose another folder")
-        if old and not _exchangeable(output):
+        if old and not _exchangeable(output) and not is_mount_point(output):
             raise OutputFolderError(f"{flag} {output}: --overwrite replaces an output set only in a folder that "
                                     "holds nothing but files (it is exchanged whole); this one holds folders or "
                                     "links, or is the working directory: choose another folder")
@@ -122,7 +143,10 @@ class StagedOutputs:
         self.target = output.resolve() if output.is_symlink() else output.absolute()
         self._created = [folder for folder in self.target.parents if not folder.exists()][::-1]
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.staging-", dir=self.target.parent))
+        # A mount point's contents cannot be exchanged by rename: stage inside it (module docstring).
+        self.inside = is_mount_point(self.target)
+        where = (self.target, ".staging-") if self.inside else (self.target.parent, f".{self.target.name}.staging-")
+        self.staging = Path(tempfile.mkdtemp(prefix=where[1], dir=where[0]))
         self.published = False  # the new set is in place (an interruption after this wrote it whole)
 
     def path(self, name: str) -> Path:
@@ -134,6 +158,9 @@ class StagedOutputs:
 
     def publish(self) -> None:
         os.chmod(self.staging, 0o777 & ~current_umask())  # mkdtemp's 0700 otherwise
+        if self.inside:
+            self._publish_file_by_file()
+            return
         if not self.target.exists():
             os.rename(self.staging, self.target)
             self.published = True
@@ -157,6 +184,15 @@ class StagedOutputs:
             for path in moved:
                 path.unlink(missing_ok=True)
             raise
+        self.published = True
+        self.staging.rmdir()
+
+    def _publish_file_by_file(self) -> None:
+        """Into a mount point: each file renamed over its old version (atomic per file), ``metrics.json``
+        last, then the staging folder removed."""
+        names = sorted(os.listdir(self.staging), key=lambda name: name == "metrics.json")
+        for name in names:
+            os.replace(self.staging / name, self.target / name)
         self.published = True
         self.staging.rmdir()
 

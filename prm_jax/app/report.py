@@ -112,6 +112,14 @@ def print_summary(run: ScoreRun, stream=None) -> None:
         print(f"  {why['status']} group {group} (sessions {', '.join(why['sessions'])}): {why['reason']}", file=out)
     if len(shown) > 10:
         print(f"  ... and {len(shown) - 10} more (metrics.json lists every one)", file=out)
+    fallbacks = s.get("prm_fallbacks") or {}
+    if fallbacks:  # error_policy: keep_original exported these unscored: said here, not only in metrics.json
+        print(f"{len(fallbacks)} session(s) exported unscored after a scorer failed (error_policy: keep_original):",
+              file=out)
+        for key, why in list(fallbacks.items())[:10]:
+            print(f"  {key}: {why}", file=out)
+        if len(fallbacks) > 10:
+            print(f"  ... and {len(fallbacks) - 10} more (metrics.json lists every one)", file=out)
     if "gigpo_step_groups" in s:
         steps = s["gigpo_step_groups"]
         print(f"GiGPO step groups: {steps['count']}, mean size {steps['mean_size']:.2f}, "

@@ -6,12 +6,14 @@ One session per line::
    "group": "q17",                     # sessions of one group are exported together (a GRPO group)
    "interactions": [                   # parent before child is not required; parent_id links them
      {"id": "q17-s0-t0", "parent_id": null,
-      "input_tokens": [..], "output_tokens": [..],      # token ids (required: scoring is token-backed)
+      "input_tokens": [..], "output_tokens": [..],      # token ids (required: scoring is token-backed;
+                                                        #   output_tokens holds at least one token)
       "output_logprobs": [..],                          # optional, one per output token
       "messages": [{"role": "user", "content": ".."}],  # optional: the chat so far
       "output_messages": [{"role": "assistant", ..}],   # optional
       "stop_reason": "stop" | "length",                 # optional, default "stop"
-      "reward": 1.0,                                    # the outcome reward, on each leaf
+      "reward": 1.0,                                    # the outcome reward, on each ready interaction
+                                                        #   (turn_discount: optional where it has children)
       "token_rewards": [..],                            # optional, pre-existing process rewards
       "anchor_id": 17, "step_reward": 0.5,              # optional, per turn, for GiGPO
       "output_prm_logprobs": [..],                      # optional, per output token: an implicit PRM's
@@ -19,9 +21,11 @@ One session per line::
    "ready": ["q17-s0-t3"]}             # optional: leaves to export; default every leaf
 
 ``group`` defaults to the session key (a group of one, with a warning: its group-normalized outcome
-reward is 0). Numbers must be finite (``NaN``/``Infinity`` are refused), token ids in ``[0, 2**31 - 1]``,
-log-probs ``<= 0``, anchor ids 64-bit integers, signed or unsigned (-1: none); ``ready`` names each leaf
-once; every child's inputs start with its parent's inputs and outputs, and no turn is on a parent cycle.
+reward is 0). Numbers must be finite, and finite in float32, the dtype batches store them in
+(``NaN``/``Infinity`` and 3.5e38 are refused; one rule for every numeric field), token ids in ``[0, 2**31 -
+1]``, log-probs ``<= 0``, anchor ids 64-bit integers, signed or unsigned (-1: none); ``ready`` names each
+interaction once; every child's inputs start with its parent's inputs and outputs, and no turn is on a
+parent cycle.
 Every error names the file, the line and the field. Lines are UTF-8 and end at ``\n`` only; the file may
 be gzip-compressed, or ``-`` (standard input). Both readers (the typed fast path and the field-by-field
 one) accept exactly the same lines.
@@ -122,11 +126,12 @@ def _objects(v: Any) -> bool:
 
 
 def _logprobs(values: list[float]) -> np.ndarray:
-    """The format's rule on log-probs (<= 0, with slack for rounding), then the turn's vector rule."""
-    read = np.asarray(values, np.float64)
-    if read.size and read.max() > LOGPROB_SLACK:  # (NaN is not > slack: finite_vector refuses it)
+    """The turn's vector rule (one number rule for every per-token field: finite, and finite in float32),
+    then the format's rule on log-probs (<= 0, with slack for rounding)."""
+    read = finite_vector(values)
+    if read.size and read.max() > LOGPROB_SLACK:
         raise ValueError(f"log-probabilities must be <= 0, got {read.max().item()}")
-    return finite_vector(read)
+    return read
 
 
 INTERACTION_SCHEMA: tuple[FieldRule, ...] = (
@@ -188,6 +193,9 @@ def _interaction_from(interaction_id: str, input_tokens: np.ndarray, output_toke
     """The cross-field rules, then the turn (every rule of ``Interaction`` holds by now)."""
     if values["parent_id"] == interaction_id:
         raise FieldError(where, f"interaction {interaction_id!r} is its own parent")
+    if output_tokens.shape[0] == 0:  # never a scorer's failure (nor error_policy's fallback): the input's
+        raise FieldError(f"{where}.output_tokens", "must hold at least one token: a turn that generated nothing "
+                                                    "can be neither scored nor trained on")
     try:
         check_vector_lengths(interaction_id, output_tokens.shape[0], *(values[name] for name in VECTOR_FIELDS))
     except ValueError as err:
@@ -222,20 +230,26 @@ def _interaction(item: Any, path: Path, line: int, where: str) -> Interaction:
         raise InputError(path, line, err.field, err.problem) from None
 
 
-def _ready_rule(ready: list[str], known: Any, reward_of: Callable[[str], float | None]) -> None:
-    """``ready`` names leaves of the session, each once, each with an outcome reward (both readers)."""
+def _ready_rule(ready: list[str], known: Any, reward_of: Callable[[str], float | None], parents: set[str],
+                discounted: bool) -> None:
+    """``ready`` names interactions of the session, each once (both readers); each needs an outcome reward,
+    except, with ``discounted`` (``turn_discount``), one with children: an unset reward counts 0 there, and
+    the discount gives it the discounted mean of its children's (AReaL's rule)."""
     if not ready:
         raise FieldError("ready", "must be a non-empty list of interaction ids")
     if len(set(ready)) != len(ready):
         raise FieldError("ready", f"names {next(r for r in ready if ready.count(r) > 1)!r} twice")
-    for leaf in ready:
-        if leaf not in known:
-            raise FieldError("ready", f"names {leaf!r}, which is not an interaction of the session")
-        if reward_of(leaf) is None:
-            raise FieldError("reward", f"the leaf {leaf!r} of a ready trajectory needs an outcome reward")
+    for end in ready:
+        if end not in known:
+            raise FieldError("ready", f"names {end!r}, which is not an interaction of the session")
+        if reward_of(end) is None and not (discounted and end in parents):
+            inner = end in parents
+            raise FieldError("reward", f"the ready trajectory ending at {end!r} needs an outcome reward on it"
+                             + (" (it has children: with turn_discount an unset reward counts 0 and it gets the "
+                                "discounted mean of its children's)" if inner else " (it is a leaf)"))
 
 
-def _session(data: Any, path: Path, line: int) -> SessionRecord:
+def _session(data: Any, path: Path, line: int, discounted: bool = False) -> SessionRecord:
     if not isinstance(data, dict):
         raise InputError(path, line, "session", f"must be a JSON object, got {type(data).__name__}")
     unknown = sorted(set(data) - SESSION_KEYS)
@@ -262,7 +276,8 @@ def _session(data: Any, path: Path, line: int) -> SessionRecord:
         ready = data.get("ready", leaves)
         if not isinstance(ready, list) or not all(isinstance(r, str) for r in ready):
             raise InputError(path, line, "ready", "must be a non-empty list of interaction ids")
-        _ready_rule(ready, cache, lambda leaf: cache.get(leaf).reward)
+        parents = {turn.parent_id for turn in cache if turn.parent_id is not None}
+        _ready_rule(ready, cache, lambda leaf: cache.get(leaf).reward, parents, discounted)
         for leaf in ready:
             cache.to_sequence(leaf)  # the concat rule along the branch
     except FieldError as err:
@@ -294,7 +309,7 @@ def decode_json(line: bytes) -> Any:
     return msgspec.json.decode(line)
 
 
-def _fast_session(line: bytes, path: Path, line_no: int) -> tuple[SessionRecord, bool]:
+def _fast_session(line: bytes, path: Path, line_no: int, discounted: bool = False) -> tuple[SessionRecord, bool]:
     """One line through the typed decoder, number lists to arrays with vectorized checks.
 
     Any problem raises ``ValueError`` (or ``msgspec.DecodeError``): the caller sends the line to the
@@ -308,7 +323,7 @@ def _fast_session(line: bytes, path: Path, line_no: int) -> tuple[SessionRecord,
     children = {item.parent_id for item in turns if item.parent_id is not None}
     leaves = [iid for iid in items if iid not in children]
     ready = leaves if data.ready is msgspec.UNSET else data.ready
-    _ready_rule(ready, items, lambda leaf: items[leaf].reward)
+    _ready_rule(ready, items, lambda leaf: items[leaf].reward, children, discounted)
     tokens = _branch_tokens(items, leaves)
     if len(tokens) != len(items):
         raise ValueError("turns on no branch (a parent cycle)")
@@ -443,7 +458,7 @@ def share_prefixes(cache: InteractionCache, leaves: Sequence[str]) -> None:
             turn.output_tokens = full[start:stop]
 
 
-def _slow_session(line: bytes, path: Path, line_no: int) -> tuple[SessionRecord, bool]:
+def _slow_session(line: bytes, path: Path, line_no: int, discounted: bool = False) -> tuple[SessionRecord, bool]:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -454,7 +469,7 @@ def _slow_session(line: bytes, path: Path, line_no: int) -> tuple[SessionRecord,
         raise InputError(path, line_no, "json", f"malformed JSON: {err.msg} at column {err.colno}") from None
     except RecursionError:
         raise InputError(path, line_no, "json", "nested too deeply") from None
-    record = _session(data, path, line_no)
+    record = _session(data, path, line_no, discounted)
     share_prefixes(record.cache, record.ready)
     return record, isinstance(data, dict) and "group" not in data
 
@@ -482,9 +497,10 @@ def _open(path: Path) -> Iterator[Any]:
             yield handle
 
 
-def iter_sessions(path: str | Path) -> Iterator[tuple[SessionRecord, bool]]:
+def iter_sessions(path: str | Path, *, discounted: bool = False) -> Iterator[tuple[SessionRecord, bool]]:
     """Streams ``(record, had_no_group)`` line by line; ``InputError`` at the first problem. ``path`` may
-    be ``-`` (standard input) or a gzip file."""
+    be ``-`` (standard input) or a gzip file; ``discounted``: the config sets ``turn_discount`` (a ready
+    interaction with children may then have no reward of its own)."""
     path = Path(path)
     shown = Path("<stdin>") if str(path) == "-" else path
     with _open(path) as handle:
@@ -494,21 +510,22 @@ def iter_sessions(path: str | Path) -> Iterator[tuple[SessionRecord, bool]]:
                 if line.isspace():  # (no copy of the line, unlike strip())
                     continue
                 try:
-                    yield _fast_session(line, shown, line_no)
-                except (msgspec.DecodeError, ValueError, TypeError, RecursionError):
+                    yield _fast_session(line, shown, line_no, discounted)
+                except (msgspec.DecodeError, ValueError, TypeError, RecursionError, OverflowError):
                     # Rare (bad input, or token lists formatted unlike each other): the field-by-field checks
                     # decide, and name the field when the line is bad.
-                    yield _slow_session(line, shown, line_no)
+                    yield _slow_session(line, shown, line_no, discounted)
         except (OSError, EOFError) as err:  # a corrupt gzip stream, a read error
             raise InputError(shown, 0, "file", f"could not be read: {err}") from None
 
 
-def read_sessions(path: str | Path) -> list[SessionRecord]:
-    """Reads and validates every line before anything is scored; raises ``InputError`` at the first problem."""
+def read_sessions(path: str | Path, *, discounted: bool = False) -> list[SessionRecord]:
+    """Reads and validates every line before anything is scored; raises ``InputError`` at the first problem.
+    ``discounted``: the config sets ``turn_discount`` (see ``iter_sessions``)."""
     records, keys = [], set()
     ungrouped = 0
     shown = "<stdin>" if str(path) == "-" else path
-    for record, had_no_group in iter_sessions(path):
+    for record, had_no_group in iter_sessions(path, discounted=discounted):
         ungrouped += had_no_group
         if record.key in keys:
             raise InputError(shown, record.line, "session_key", f"{record.key!r} appears twice")

@@ -23,6 +23,8 @@ TESTS = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "prm_jax" / "data" / "demo_sessions.jsonl"
 CONFIG = ROOT / "examples" / "prm_config.yaml"
 PRM_JAX = Path(sys.executable).with_name("prm-jax")
+# A subprocess imports the prm_jax these tests import (the checkout's, before an installed one) and the helpers.
+SUBPROCESS_PATH = os.pathsep.join([str(Path(cli.__file__).resolve().parents[2]), str(TESTS)])
 
 
 def sessions():
@@ -35,7 +37,7 @@ def write_jsonl(path, items, raw=None):
 
 
 def prm_jax(*args, umask=None):
-    env = dict(os.environ, PYTHONPATH=str(TESTS), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=SUBPROCESS_PATH, JAX_PLATFORMS="cpu")
     command = [str(PRM_JAX), *map(str, args)]
     if umask is not None:
         command = ["sh", "-c", f"umask {umask:03o} && exec \"$@\"", "sh", *command]
@@ -202,7 +204,7 @@ def test_a_yaml_alias_bomb_is_refused_quickly_with_a_short_message(tmp_path):
     assert elapsed < 30  # the whole process, start-up included; the refusal itself is milliseconds
     from prm_jax.config.loader import parse_yaml
     start = time.monotonic()
-    with pytest.raises(ValueError, match="expands to more than"):
+    with pytest.raises(ValueError, match="aliases expand it by more than"):
         parse_yaml(path.read_text(), "bomb.yaml")
     assert time.monotonic() - start < 0.5
 
@@ -351,3 +353,174 @@ def test_the_batch_writer_writes_numpys_npy_bytes(array):
     outputs.write_npy(ours, np.asanyarray(array))
     np.lib.format.write_array(numpys, np.asanyarray(array), allow_pickle=False)
     assert ours.getvalue() == numpys.getvalue()
+
+
+# --- issue 29: where options meet, where numbers get big -------------------------------------------------
+
+def in_process(capsys, *args):
+    """``prm-jax`` in this process (no import or compile per call): exit status, stdout, stderr."""
+    code = cli.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def yaml_config(tmp_path, *, actor=None, scorers=None, prm=None, top=None, name="config.yaml"):
+    import yaml
+    config = yaml.safe_load(CONFIG.read_text())
+    config["actor"].update(actor or {})
+    if scorers is not None:
+        config["rollout"]["agent"]["prm"]["scorers"] = scorers
+    config["rollout"]["agent"]["prm"].update(prm or {})
+    config.update(top or {})
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("field", ["output_ref_logprobs", "output_prm_logprobs"])
+def test_a_model_output_a_stage_reads_must_be_on_every_trained_turn(tmp_path, capsys, field):
+    # Issue 29.5: sessions carrying them on some turns only got 0 on the others, silently (the KL reward
+    # flipped sign, PRIME trained on 0 - 0). Refused before scoring: file, line, field.
+    items = sessions()
+    del items[5]["interactions"][1][field]
+    path = write_jsonl(tmp_path / "partial.jsonl", items)
+    readers = {"output_ref_logprobs": {"kl_ctl": 0.1}, "output_prm_logprobs": {"credit_assignment": {"mode": "prime"}}}
+    config = yaml_config(tmp_path, actor=readers[field], prm={"advantage_shaping": {"mode": "additive"}})
+    code, _, err = in_process(capsys, "score", "--config", config, "--input", path, "--output", tmp_path / "out")
+    assert code == 2 and f"partial.jsonl:6: interactions[1].{field}: missing" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unread_model_output_may_be_partial_and_is_nan_where_missing(tmp_path, capsys):
+    items = sessions()
+    del items[5]["interactions"][1]["output_ref_logprobs"]
+    path = write_jsonl(tmp_path / "partial.jsonl", items)
+    code, _, err = in_process(capsys, "score", "--config", ROOT / "prm_jax" / "data" / "demo_config.yaml",
+                              "--input", path, "--output", tmp_path / "out")  # kl_ctl 0: no stage reads them
+    assert code == 0, err
+    batch = np.load(tmp_path / "out" / "batch.npz")
+    n = len(items[5]["interactions"][1]["output_tokens"])
+    assert int(np.isnan(batch["ref_logprobs"]).sum()) == n  # the turn's tokens, on timesteps: NaN, never 0
+    assert np.isfinite(batch["timestep_advantages"]).all()
+
+
+def test_gdpo_sources_follow_the_configs_order_and_are_named(tmp_path, capsys):
+    # Issue 29.6: the weights went to the scorers in sorted-name order: with zeta (weight 1) then alpha (0)
+    # the rows were ranked by alpha. 29.7: the columns are the config's (NaN where unscored), named.
+    config = yaml_config(tmp_path, scorers=[{"path": "scorers_for_tests.Zeta"}, {"path": "scorers_for_tests.Alpha"}],
+                         actor={"kl_ctl": 0.0, "reward_norm": {"mode": "decoupled", "weights": [0.0, 1.0, 0.0]}},
+                         prm={"advantage_shaping": {"mode": "additive"}})
+    code, _, err = in_process(capsys, "score", "--config", config, "--input", DEMO, "--output", tmp_path / "out")
+    assert code == 0, err
+    batch = np.load(tmp_path / "out" / "batch.npz")
+    assert batch["reward_source_names"].tolist() == ["outcome", "zeta", "alpha"]
+    summary = json.loads((tmp_path / "out" / "metrics.json").read_text())["summary"]
+    assert summary["reward_sources"] == ["outcome", "zeta", "alpha"]
+    ids, turns = batch["input_ids"], batch["turn_ids"]
+    zeta = [sum(float(ids[b][np.flatnonzero(turns[b] == k)[0]] % 7) for k in range(turns[b].max() + 1))
+            for b in range(ids.shape[0])]
+    np.testing.assert_allclose(batch["reward_sources"][:, 0], zeta, rtol=1e-6)
+    import reference
+    columns = np.concatenate([batch["original_rewards"][:, None], batch["reward_sources"]], axis=1)
+    outcome_step = np.maximum(batch["attention_mask"].sum(axis=1) - 2, 0)
+    got = batch["timestep_tot_rewards"][np.arange(ids.shape[0]), outcome_step]
+    want = reference.decoupled(columns, [0.0, 1.0, 0.0], batch["group_ids"])
+    assert not np.allclose(want, reference.decoupled(columns, [0.0, 0.0, 1.0], batch["group_ids"]))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_gdpo_weights_of_the_wrong_length_are_refused_at_configuration(tmp_path, capsys):
+    # Issue 29.7: validate-config accepted reward_norm.weights of any length; score refused them only after
+    # scoring everything.
+    config = yaml_config(tmp_path, actor={"reward_norm": {"mode": "decoupled", "weights": [1.0, 1.0, 1.0]}})
+    for command in (("validate-config", config), ("score", "--config", config, "--input", DEMO, "--output",
+                                                  tmp_path / "out")):
+        code, _, err = in_process(capsys, *command)
+        assert code == 2 and "actor.reward_norm.weights has 3 entries but there are 2 reward sources" in err, err
+        assert err.count(str(config)) == 1  # issue 29.26: the file is named once
+    assert not (tmp_path / "out").exists()
+
+
+def test_keep_original_with_the_judge_down_everywhere_keeps_every_source_and_says_so(tmp_path, capsys):
+    # Issue 29.7: with keep_original and the judge down on every session the batch lost a source column, so a
+    # valid config failed after scoring; 29.22: the fallbacks showed only in metrics.json.
+    config = yaml_config(tmp_path, scorers=[{"path": "scorers_for_tests.FailOnGroup", "kwargs": {"prefix": "g"}}],
+                         actor={"kl_ctl": 0.0, "reward_norm": {"mode": "decoupled", "weights": [1.0, 1.0]}},
+                         prm={"error_policy": "keep_original", "advantage_shaping": {"mode": "additive"}})
+    code, out, err = in_process(capsys, "score", "--config", config, "--input", DEMO, "--output", tmp_path / "out")
+    assert code == 0, err
+    assert "16 session(s) exported unscored after a scorer failed (error_policy: keep_original):" in out
+    assert "g0-s0: RuntimeError: judge unavailable" in out
+    batch = np.load(tmp_path / "out" / "batch.npz")
+    assert batch["reward_sources"].shape[1] == 1 and np.isnan(batch["reward_sources"]).all()
+
+
+@pytest.mark.parametrize("field", ["output_logprobs", "output_prm_logprobs", "output_ref_logprobs", "reward",
+                                   "step_reward", "token_rewards"])
+def test_one_number_rule_for_every_numeric_field(tmp_path, capsys, field):
+    # Issue 29.19: a 333-digit integer in the log-prob fields ended in an OverflowError traceback; 29.20:
+    # 3.5e38 passed as reward and reached batch.npz as inf. Finite, and finite in float32: located, exit 2.
+    for value, needle in (("-" + "9" * 333, "must be finite"), ("-3.5e38", "must be finite in float32")):
+        items = sessions()
+        turn = items[2]["interactions"][-1]
+        n = len(turn["output_tokens"])
+        turn[field] = "@@"
+        raw = "".join(json.dumps(s) + "\n" for s in items).replace(
+            '"@@"', value if field in ("reward", "step_reward") else "[" + ", ".join([value] + ["-0.5"] * (n - 1)) + "]")
+        path = write_jsonl(tmp_path / "big.jsonl", None, raw)
+        code, _, err = in_process(capsys, "score", "--config", CONFIG, "--input", path, "--output", tmp_path / "out")
+        index = len(items[2]["interactions"]) - 1
+        assert code == 2 and f"big.jsonl:3: interactions[{index}].{field}: {needle}" in err, err
+        assert "Traceback" not in err
+
+
+def test_a_turn_without_output_tokens_is_refused_when_read(tmp_path, capsys):
+    # Issue 29.23: it passed the reader, then every scorer failed on it, and under keep_original the session
+    # silently fell back; unscorable input is never a fallback.
+    items = sessions()
+    leaf = items[4]["interactions"][-1]
+    leaf["output_tokens"], leaf["output_logprobs"] = [], []
+    for key in ("output_ref_logprobs", "output_prm_logprobs", "token_rewards"):
+        leaf.pop(key, None)
+    path = write_jsonl(tmp_path / "empty.jsonl", items)
+    config = yaml_config(tmp_path, prm={"error_policy": "keep_original"})
+    code, _, err = in_process(capsys, "score", "--config", config, "--input", path, "--output", tmp_path / "out")
+    index = len(items[4]["interactions"]) - 1
+    assert code == 2 and f"empty.jsonl:5: interactions[{index}].output_tokens: must hold at least one token" in err
+
+
+def test_a_ready_inner_node_without_a_reward_under_turn_discount(tmp_path, capsys):
+    # Issue 29.24: it was refused, and the message called it a leaf; README: an unset reward counts 0, so the
+    # node gets the discounted mean of its children's. Without turn_discount it needs a reward of its own.
+    items = sessions()
+    session = items[6]  # g1-s2: t2 has two children (t3 and retry), both rewarded 1.0
+    session["ready"] = ["g1-s2-t2", "g1-s2-t3"]
+    path = write_jsonl(tmp_path / "inner.jsonl", items)
+    code, _, err = in_process(capsys, "score", "--config", CONFIG, "--input", path, "--output", tmp_path / "a")
+    assert code == 2 and "inner.jsonl:7: reward: the ready trajectory ending at 'g1-s2-t2' needs an outcome reward" \
+        in err and "it has children" in err and "leaf" not in err.split("reward:")[1], err
+    config = yaml_config(tmp_path, top={"turn_discount": 0.5})
+    code, _, err = in_process(capsys, "score", "--config", config, "--input", path, "--output", tmp_path / "b")
+    assert code == 0, err
+    batch = np.load(tmp_path / "b" / "batch.npz")
+    group = batch["group_ids"] == 1  # g1-s0, g1-s1, g1-s2 (t2, t3), g1-s3: t2's reward 0 + 0.5 * mean(1, 1)
+    raw = np.array([0.0, 0.0, 0.5, 1.0, 1.0])
+    np.testing.assert_allclose(batch["rewards"][group], (raw - raw.mean()) / (raw.std() + 1e-8), rtol=1e-5)
+    np.testing.assert_array_equal(batch["original_rewards"][group], [0.0, 0.0, 0.0, 1.0, 1.0])  # as given
+
+
+def test_validate_config_refuses_tree_credit_with_turn_level_gae_naming_both_keys(tmp_path, capsys):
+    # Issue 29.26: the pair was accepted for tree (and refused for pure and prime).
+    config = yaml_config(tmp_path, actor={"credit_assignment": {"mode": "tree"}, "gae_timestep_unit": "turn"})
+    code, _, err = in_process(capsys, "validate-config", config)
+    assert code == 2 and "gae_timestep_unit 'turn' cannot be combined with credit_assignment.mode" in err, err
+
+
+def test_a_long_flat_list_is_not_an_alias_bomb(tmp_path, capsys):
+    # Issue 29.26: a flat list of 100,000 numbers was refused as "nested aliases?".
+    import yaml
+    config = yaml.safe_load(CONFIG.read_text())
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(config) + "extra: [" + ", ".join(["1"] * 100_000) + "]\n")
+    code, _, err = in_process(capsys, "validate-config", path)
+    assert code == 0 and "aliases" not in err, err

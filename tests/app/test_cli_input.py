@@ -142,12 +142,12 @@ def test_gzip_and_standard_input_read_like_the_plain_file(tmp_path):
     import os
     import subprocess
 
-    from test_cli_faults import DEMO, PRM_JAX, TESTS
+    from test_cli_faults import DEMO, PRM_JAX, SUBPROCESS_PATH
     assert score(tmp_path, DEMO, out="plain").returncode == 0
     packed = tmp_path / "sessions.jsonl.gz"
     packed.write_bytes(gzip.compress(DEMO.read_bytes()))
     assert score(tmp_path, packed, out="gz").returncode == 0
-    env = dict(os.environ, PYTHONPATH=str(TESTS), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=SUBPROCESS_PATH, JAX_PLATFORMS="cpu")
     proc = subprocess.run([str(PRM_JAX), "score", "--config", str(CONFIG), "--input", "-", "--output",
                            str(tmp_path / "stdin")], input=DEMO.read_bytes(), capture_output=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -105,7 +105,7 @@ def _session_line(rng: np.random.Generator, spacing: str) -> tuple[bytes, bool]:
     line and whether it is unflawed and in one style."""
     turns, items, prefix, parent = int(rng.integers(1, 5)), [], [], None
     for k in range(turns):
-        outputs = [int(t) for t in rng.integers(0, 200, int(rng.integers(0, 4)))]
+        outputs = [int(t) for t in rng.integers(0, 200, int(rng.integers(1, 4)))]
         items.append({"id": f"t{k}", "parent_id": parent, "input_tokens": list(prefix), "output_tokens": outputs,
                       "output_logprobs": [-0.25] * len(outputs)})
         prefix = prefix + outputs + [int(t) for t in rng.integers(0, 200, int(rng.integers(0, 3)))]
@@ -129,13 +129,16 @@ def _session_line(rng: np.random.Generator, spacing: str) -> tuple[bytes, bool]:
             if item["input_tokens"]:
                 item["input_tokens"][-1] = item["input_tokens"][-1] * 10 + 3
                 break
+    elif flaw == 5:  # a turn that generated nothing (issue 29.23: refused by both readers)
+        victim = items[int(rng.integers(0, len(items)))]
+        victim["output_tokens"], victim["output_logprobs"] = [], []
     restyled = None
     if flaw == 4:  # valid, but the leaf's inputs are written in another style than its ancestors'
         restyled, items[-1]["input_tokens"] = items[-1]["input_tokens"], "@"
     text = json.dumps({"session_key": "s", "group": "g", "interactions": items}, separators=("," + spacing, ":"))
     if restyled is not None:
         text = text.replace('"@"', "[ " + " ,".join(map(str, restyled)) + "]")
-    return text.encode(), flaw in (0, 5, 6, 7)
+    return text.encode(), flaw in (0, 6, 7)
 
 
 def test_the_fast_reader_agrees_with_the_checked_path_on_valid_and_flawed_lines(tmp_path):

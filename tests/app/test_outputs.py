@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli_faults import CONFIG, DEMO, PRM_JAX, TESTS, config_with, prm_jax, score
+from test_cli_faults import CONFIG, DEMO, PRM_JAX, SUBPROCESS_PATH, config_with, prm_jax, score
 
 from prm_jax.app import cli, outputs
 
@@ -109,7 +109,7 @@ def test_a_folder_with_subfolders_and_no_set_takes_the_files(tmp_path):
 
 def run_limited(tmp_path, *args, size=20_000):
     """The command under a file-size limit (set in the child before it execs: no fork from this process)."""
-    env = dict(os.environ, PYTHONPATH=str(TESTS), JAX_PLATFORMS="cpu", PRM_JAX_COMPILE_CACHE="0")
+    env = dict(os.environ, PYTHONPATH=SUBPROCESS_PATH, JAX_PLATFORMS="cpu", PRM_JAX_COMPILE_CACHE="0")
     command = [str(PRM_JAX), "score", "--config", str(CONFIG), "--input", str(DEMO), "--output",
                str(tmp_path / "out"), *args]
     limit = (f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, ({size}, {size})); "
@@ -145,7 +145,7 @@ def test_a_signal_mid_run_removes_everything_the_run_created(tmp_path, signum, w
     before = listing(out) if with_old_set else None
     marker = tmp_path / "scoring-started"
     config = config_with(tmp_path, f"        - {{path: scorers_for_tests.SlowScorer, kwargs: {{marker: '{marker}'}}}}")
-    env = dict(os.environ, PYTHONPATH=str(TESTS), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=SUBPROCESS_PATH, JAX_PLATFORMS="cpu")
     command = [str(PRM_JAX), "score", "--config", str(config), "--input", str(DEMO), "--output", str(out),
                *(["--overwrite"] if with_old_set else [])]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -204,3 +204,62 @@ def test_a_plot_inside_a_new_output_folder_is_published_with_the_set(tmp_path, c
     assert sorted(os.listdir(out)) == ["batch.npz", "metrics.json", "rows.png"] and leftovers(out.parent) == []
     assert cli.main([*argv, "--overwrite", "--plot", str(out / "metrics.json")]) == 2
     assert "would replace the output set's own metrics.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_a_scorer_runs_synchronous_code_exits_with_128_plus_its_number(tmp_path, signum):
+    # Issue 29.3: SIGTERM or SIGHUP while a scorer ran synchronous code came out as a BaseExceptionGroup
+    # traceback with exit 1 (the interruption lands inside the task group of the branch's turns).
+    out = tmp_path / "out"
+    marker = tmp_path / "scoring-started"
+    config = config_with(tmp_path, f"        - {{path: scorers_for_tests.Asleep, kwargs: {{marker: '{marker}'}}}}")
+    env = dict(os.environ, PYTHONPATH=SUBPROCESS_PATH, JAX_PLATFORMS="cpu")
+    command = [str(PRM_JAX), "score", "--config", str(config), "--input", str(DEMO), "--output", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), process.communicate()[1][-2000:]
+    time.sleep(0.2)  # inside time.sleep, in the turns' task group
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == f"prm-jax: interrupted by {signal.Signals(signum).name} (nothing was written)"
+    assert "Traceback" not in stderr and leftovers(tmp_path) == [] and not out.exists()
+
+
+def test_a_mount_point_is_staged_inside_and_published_file_by_file(tmp_path, monkeypatch, capsys):
+    # Issue 29.2: an output folder that is a mount point (a container volume) was scored in full, then
+    # publishing failed with a traceback (EBUSY empty, EXDEV holding a file) and exit 1. Here the mount is
+    # simulated (is_mount_point says so); the next test mounts a real tmpfs where the system allows it.
+    out = tmp_path / "volume"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    monkeypatch.setattr(outputs, "is_mount_point", lambda folder: Path(folder) == out)
+    staged = outputs.StagedOutputs(out)
+    assert staged.staging.parent == out  # staged inside: nothing is renamed across the mount
+    staged.abort()
+    assert sorted(os.listdir(out)) == ["keep.txt"]
+    argv = ["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out)]
+    assert cli.main(argv) == 0
+    assert sorted(os.listdir(out)) == ["batch.npz", "keep.txt", "metrics.json"]
+    first = listing(out)
+    assert cli.main(argv) == 2 and "already holds an output set" in capsys.readouterr().err
+    assert cli.main([*argv, "--overwrite", "--bucket", "64"]) == 0
+    after = listing(out)
+    assert after["batch.npz"] != first["batch.npz"] and after["keep.txt"] == b"mine" and leftovers(out) == []
+
+
+def test_a_real_mount_point_as_the_output_folder(tmp_path):
+    # The same on a tmpfs mounted at the output folder, in a user and mount namespace of its own (unshare).
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("this system allows no user and mount namespace (unshare -rm)")
+    out = tmp_path / "volume"
+    out.mkdir()
+    script = (f'mount -t tmpfs none "{out}" && touch "{out}/keep.txt" && '
+              f'"{PRM_JAX}" score --config "{CONFIG}" --input "{DEMO}" --output "{out}" && ls -A "{out}"')
+    env = dict(os.environ, PYTHONPATH=SUBPROCESS_PATH, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-3:] == ["batch.npz", "keep.txt", "metrics.json"] and "Traceback" not in proc.stderr

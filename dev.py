@@ -25,6 +25,9 @@ FLOOR_VENV = ROOT / ".venv-floor"
 TUNIX_VENV = ROOT / ".venv-tunix"  # tunix pulls ~1.8 GB: kept out of the main test environment
 JAX_FLOOR = "0.7.0"  # keep equal to the floor in pyproject.toml
 KERNEL_TESTS = ["tests/kernels"]  # the kernel floor, on the oldest supported jax too
+# The suite runs on every core (pytest-xdist; CI has two), a test file on one worker (its tests share
+# their compiled programs and warm-ups).
+PARALLEL = ["-n", "auto", "--dist", "loadfile"]
 INTEGRATION_TESTS = ["tests/integrations"]  # run in the main suite too, where tunix's own are skipped
 
 
@@ -57,14 +60,14 @@ def main(argv: list[str]) -> int:
     if command == "floor":
         python = _ensure_env("test", FLOOR_VENV, (f"jax=={JAX_FLOOR}", f"jaxlib=={JAX_FLOOR}"))
         env = dict(os.environ, PRM_JAX_CACHE=str(FLOOR_VENV / "prm_jax_cache"))
-        return subprocess.run([str(python), "-m", "pytest", "-q", *KERNEL_TESTS, *rest], cwd=ROOT,
+        return subprocess.run([str(python), "-m", "pytest", "-q", *PARALLEL, *KERNEL_TESTS, *rest], cwd=ROOT,
                               env=env).returncode
     if command == "tunix":
         python = _ensure_env("test,tunix", TUNIX_VENV)
         return subprocess.run([str(python), "-m", "pytest", "-q", *INTEGRATION_TESTS, *rest], cwd=ROOT).returncode
     python = _ensure_env("test,example")
     if command == "test":
-        return subprocess.run([str(python), "-m", "pytest", *rest], cwd=ROOT).returncode
+        return subprocess.run([str(python), "-m", "pytest", *PARALLEL, *rest], cwd=ROOT).returncode
     if command == "lint":
         for tool in (["ruff", "check", "prm_jax", "tests", "benchmarks", "examples", "dev.py"], ["mypy"]):
             code = subprocess.run([str(python), "-m", *tool], cwd=ROOT).returncode

@@ -65,6 +65,7 @@ from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_co
 from prm_jax.kernels.tree import TreeCredit, children_sum, tree_advantages_core, tree_check
 from prm_jax.kernels.turns import (
     TurnSteps,
+    any_change_within_turns,
     changes_within_turns,
     first_at_or_after,
     turn_counts,
@@ -289,7 +290,7 @@ def _min_form_turns(process: jax.Array, active: jax.Array, turns: TurnSteps, tem
         rewards = min_form_core(process, ends, temperature)  # the min-form reward at each turn end
         return jnp.where(active, first_at_or_after(rewards, ends, method), zero)
 
-    out = lax.cond(jnp.any(changes_within_turns(process, turns, active, method)), spread, in_place, None)
+    out = lax.cond(any_change_within_turns(process, turns, active, method), spread, in_place, None)
     diagnostics = {"min_form/turns": jnp.sum(ends, dtype=jnp.int32),  # (each turn's reward once: at its end)
                    "min_form/row_sum_mean": jnp.sum(jnp.where(ends, out, zero)) / jnp.maximum(
                        jnp.sum(jnp.any(ends, axis=1), dtype=jnp.int32), 1).astype(out.dtype)}

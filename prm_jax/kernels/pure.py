@@ -87,12 +87,13 @@ def min_form_core(scores: jax.Array, steps: jax.Array, temperature: float, at: j
     low = jnp.min(jnp.where(steps, scores, jnp.inf), axis=-1, keepdims=True)
     low = jnp.where(jnp.isfinite(low), low, zero)  # a row without steps
 
-    def weight(x: jax.Array) -> jax.Array:
-        return jnp.exp(-(x - low) / jnp.asarray(temperature, scores.dtype))
-
-    total = jnp.maximum(jnp.sum(jnp.where(steps, weight(scores), zero), axis=-1, keepdims=True),
-                        jnp.ones((), scores.dtype))
-    return jnp.where(steps if at is None else at, weight(scores) / total * scores, zero)
+    inverse = jnp.asarray(1.0 / temperature, scores.dtype)  # (a product per element, not a division)
+    # The normalizer's exponent is masked before the exp and the output's is not: two expressions, so XLA
+    # recomputes the exp inside each consumer instead of sharing one [B, T] array of weights (a round
+    # trip through memory, ~15% of the whole pipeline on the CPU).
+    total = jnp.maximum(jnp.sum(jnp.exp(jnp.where(steps, (low - scores) * inverse, -jnp.inf)), axis=-1,
+                                keepdims=True), jnp.ones((), scores.dtype))
+    return jnp.where(steps if at is None else at, jnp.exp((low - scores) * inverse) / total * scores, zero)
 
 
 def min_form(step_scores: ArrayLike, step_mask: ArrayLike | None = None, temperature: float = 0.1) -> jax.Array:

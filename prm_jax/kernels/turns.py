@@ -8,6 +8,7 @@ spans on positions, as the session's concat export does on the host (``prm_jax.r
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -20,6 +21,7 @@ from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels.gae import GAEOutput, _prepare, check_discounts, gae_core, is_unit_discount
 from prm_jax.kernels.recurrence import resolve_strategy
+from prm_jax.native import ffi
 from prm_jax.validation import integer_dtype
 
 
@@ -169,26 +171,40 @@ def turn_steps(active: jax.Array, turn_ids: jax.Array | None, method: str) -> Tu
     if turn_ids is None:
         none = jnp.zeros(active.shape, jnp.bool_)
         return TurnSteps(adjacent, active & ~adjacent, jnp.zeros((), jnp.bool_), none)
-    dtype = jnp.float32
-    # (id + 1) of the first active timestep at or after t, 0 where none: shifted, the next active id.
-    following = first_at_or_after((turn_ids + 1).astype(dtype), active, method)
-    next_id = shift_to_next_token(following, fill=0).astype(jnp.int32) - 1
+    if method == "native":  # one reverse pass (prm_jax/native/turns_cpu.cc)
+        next_id = ffi.next_active_ids(turn_ids, active)
+    else:  # (id + 1) of the first active timestep at or after t, 0 where none: shifted, the next active id
+        following = first_at_or_after((turn_ids + 1).astype(jnp.float32), active, method)
+        next_id = shift_to_next_token(following, fill=0).astype(jnp.int32) - 1
     same = active & (next_id == turn_ids)
-    return TurnSteps(same, active & ~same, jnp.any(same & ~adjacent),
-                     active & (next_id >= 0) & (next_id < turn_ids))
+    return TurnSteps(same, active & ~same, jnp.any(same & ~adjacent), active & (next_id >= 0) & (next_id < turn_ids))
+
+
+def _changes(x: jax.Array, steps: TurnSteps, active: jax.Array, method: str) -> tuple[jax.Array, Callable[[], jax.Array]]:
+    """Where ``x`` changes to the next timestep of its turn: the adjacent pairs (fused into their consumer),
+    and a function giving the pairs across a hole (one more fill: call it only under ``steps.holes``)."""
+    adjacent = shift_to_next_token(active, fill=False)
+    flags = steps.same & adjacent & (x != shift_to_next_token(x, fill=0))
+
+    def across_holes() -> jax.Array:
+        following = shift_to_next_token(first_at_or_after(x, active, method), fill=0)
+        return steps.same & ~adjacent & (x != following)
+
+    return flags, across_holes
 
 
 def changes_within_turns(x: jax.Array, steps: TurnSteps, active: jax.Array, method: str) -> jax.Array:
     """``[B, T]`` bool: ``x`` changes between an active timestep and the next active one of its turn: where a
     per-turn value is not uniform over its turn (holes skipped; one more fill only when a batch has them)."""
-    def adjacent(_: None) -> jax.Array:
-        return shift_to_next_token(x, fill=0)
+    flags, across_holes = _changes(x, steps, active, method)
+    return flags | lax.cond(steps.holes, lambda _: across_holes(), lambda _: jnp.zeros(x.shape, jnp.bool_), None)
 
-    def across_holes(_: None) -> jax.Array:
-        return shift_to_next_token(first_at_or_after(x, active, method), fill=0)
 
-    following = lax.cond(steps.holes, across_holes, adjacent, None)
-    return steps.same & (x != following)
+def any_change_within_turns(x: jax.Array, steps: TurnSteps, active: jax.Array, method: str) -> jax.Array:
+    """``changes_within_turns(...).any()``, with nothing of ``[B, T]`` materialized when the batch has no hole."""
+    flags, across_holes = _changes(x, steps, active, method)
+    return jnp.any(flags) | lax.cond(steps.holes, lambda _: jnp.any(across_holes()), lambda _: jnp.zeros((), jnp.bool_),
+                                     None)
 
 
 def turn_ends(active: jax.Array, turn_ids: jax.Array | None, method: str) -> jax.Array:

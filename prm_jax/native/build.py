@@ -1,6 +1,6 @@
 """Building the native CPU kernels: compile, cache, lock, verify (the only code that runs a compiler).
 
-The C++ sources beside this file (``gae_cpu.cc``, ``step_groups_cpu.cc``) are compiled into one library
+The C++ sources beside this file (``gae_cpu.cc``, ``step_groups_cpu.cc``, ``turns_cpu.cc``) are compiled into one library
 once per machine with the system C++ compiler into a cache directory (``$PRM_JAX_CACHE``, default
 ``~/.cache/prm_jax``). The build is keyed on the sources' text, the flags, the compiler and JAX (not on the
 folder the sources are in), synced to disk with its size and SHA-256 recorded beside it, and verified before
@@ -23,7 +23,7 @@ from pathlib import Path
 import jax
 
 logger = logging.getLogger("prm_jax.native")
-SOURCES = tuple(Path(__file__).parent / name for name in ("gae_cpu.cc", "step_groups_cpu.cc"))
+SOURCES = tuple(Path(__file__).parent / name for name in ("gae_cpu.cc", "step_groups_cpu.cc", "turns_cpu.cc"))
 LIBRARY_PREFIX = "prm_jax_cpu_"
 
 

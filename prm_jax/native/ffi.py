@@ -5,7 +5,8 @@ and GiGPO's step groups.
 XLA:CPU runs a ``lax.scan`` step in tens of nanoseconds and transposes ``[B, T]`` slowly, so a sequential
 recurrence is far from memory speed there: ``gae_cpu.cc`` runs the same recurrence as the ``scan`` method
 directly over the row-major buffers. XLA:CPU also sorts slowly (~1 ms for 32k keys), so
-``step_groups_cpu.cc`` finds GiGPO's step groups with one hash-table pass instead of a sort.
+``step_groups_cpu.cc`` finds GiGPO's step groups with one hash-table pass instead of a sort, and
+``turns_cpu.cc`` finds where each turn continues (the next trained timestep's turn id) in one reverse pass.
 
 Availability is checked, never assumed: with no compiler, a failed build, another backend than CPU, or
 ``PRM_JAX_NATIVE=0``, ``available()`` is False and callers fall back (GAE's ``auto`` to ``scan``, GiGPO to
@@ -28,6 +29,7 @@ from prm_jax.native.build import build_library, logger
 TARGET = "prm_jax_gae_f32"
 FLOAT_MASK_TARGET = "prm_jax_gae_f32_float_mask"
 STEP_GROUPS_TARGET = "prm_jax_step_groups"
+NEXT_ACTIVE_IDS_TARGET = "prm_jax_next_active_ids"
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -60,6 +62,8 @@ def _load() -> bool:
         jax.ffi.register_ffi_target(FLOAT_MASK_TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32FloatMask),
                                     platform="cpu")
         jax.ffi.register_ffi_target(STEP_GROUPS_TARGET, jax.ffi.pycapsule(library.PrmJaxStepGroups), platform="cpu")
+        jax.ffi.register_ffi_target(NEXT_ACTIVE_IDS_TARGET, jax.ffi.pycapsule(library.PrmJaxNextActiveIds),
+                                    platform="cpu")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
         detail = getattr(err, "stderr", "") or err
         logger.warning("building the native CPU kernels failed: GAE's 'auto' uses 'scan', GiGPO sorts: %s", detail)
@@ -98,6 +102,16 @@ def step_groups(group: jax.Array, anchor: jax.Array) -> jax.Array:
     call = jax.ffi.ffi_call(STEP_GROUPS_TARGET, jax.ShapeDtypeStruct(group.shape, jnp.int32),
                             vmap_method="broadcast_all")
     return call(group.astype(jnp.int32), anchor.astype(jnp.int32))
+
+
+def next_active_ids(turn_ids: jax.Array, active: jax.Array) -> jax.Array:
+    """``[..., T]`` int32: the turn id of each timestep's next active timestep in its row, -1 where none
+    follows (``turns_cpu.cc``). int32 ids and a bool mask."""
+    if not available():
+        raise RuntimeError("the native CPU kernels are not available (see prm_jax.native)")
+    call = jax.ffi.ffi_call(NEXT_ACTIVE_IDS_TARGET, jax.ShapeDtypeStruct(turn_ids.shape, jnp.int32),
+                            vmap_method="broadcast_all")
+    return call(turn_ids.astype(jnp.int32), active.astype(jnp.bool_))
 
 
 def use_native(*, sharded: bool) -> bool:

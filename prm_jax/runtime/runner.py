@@ -27,7 +27,7 @@ import numpy as np
 
 from prm_jax._compat import ExceptionGroup, add_note, first_in_group
 from prm_jax.config.experiment import PRMSection
-from prm_jax.runtime.concurrency import cancellation_requested, concurrently
+from prm_jax.runtime.concurrency import COLLECTOR, cancellation_requested, concurrently
 from prm_jax.runtime.context import ScorerContext
 from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.rewards import weighted_rewards
@@ -102,7 +102,8 @@ BLOCKING_STEP_S = 0.05
 
 class _OwnTime:
     """An awaitable that runs ``call`` and measures the time spent inside its own steps (``busy``, and the
-    ``longest`` one): the time a scorer held the event loop, never the time it waited for others."""
+    ``longest`` one): the time a scorer held the event loop, never the time it waited for others, nor a
+    pause of the garbage collector that landed in its step (``COLLECTOR``)."""
 
     __slots__ = ("_call", "busy", "longest")
 
@@ -116,27 +117,26 @@ class _OwnTime:
         send, throw = steps.send, steps.throw
         value: Any = None
         error: BaseException | None = None
-        clock = time.perf_counter
-        while True:
-            start = clock()
-            try:
-                yielded = send(value) if error is None else throw(error)
-            except StopIteration as done:
-                self._add(clock() - start)
-                return done.value
-            except BaseException:
-                self._add(clock() - start)
-                raise
-            self._add(clock() - start)
-            try:
-                value, error = (yield yielded), None
-            except BaseException as thrown:  # a cancellation (or close) goes into the scorer's own step
-                value, error = None, thrown
-
-    def _add(self, seconds: float) -> None:
-        self.busy += seconds
-        if seconds > self.longest:
-            self.longest = seconds
+        clock, collector = time.perf_counter, COLLECTOR
+        busy = longest = 0.0
+        try:
+            while True:
+                start, collected = clock(), collector.total
+                try:
+                    yielded = send(value) if error is None else throw(error)
+                finally:
+                    spent = clock() - start - (collector.total - collected)
+                    busy += spent
+                    if spent > longest:
+                        longest = spent
+                try:
+                    value, error = (yield yielded), None
+                except BaseException as thrown:  # a cancellation (or close) goes into the scorer's own step
+                    value, error = None, thrown
+        except StopIteration as done:
+            return done.value
+        finally:
+            self.busy, self.longest = busy, longest
 
 
 def _plain(scorer: BaseScorer) -> bool:

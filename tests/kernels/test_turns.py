@@ -50,3 +50,33 @@ def test_turn_gae_rejects_invalid_turn_ids(ids, mask, problem):
         prm_jax.kernels.turn_gae(z, z, np.asarray(mask, bool), np.asarray(ids, np.int32))
     # Gaps in the ids and any id on inactive timesteps are fine.
     prm_jax.kernels.turn_gae(z, z, np.array([[0, 1, 0, 1]], bool), np.array([[7, 0, -5, 2]], np.int32))
+
+
+@pytest.mark.parametrize("method", ["native", "scan", "associative", "blocked"])
+def test_turn_steps_follow_the_turn_ids_across_holes_on_every_method(method):
+    # Issue 29.14: a turn is what turn_ids say; a hole in the loss mask inside a turn does not split it. The
+    # native reverse pass and every scan's masked fill give a loop's answer, ragged widths and decreasing
+    # ids included (the rows' tails without a next active timestep too).
+    import jax
+    import jax.numpy as jnp
+
+    from prm_jax.kernels.turns import turn_steps
+    rng = np.random.default_rng(14)
+    for rows, width in ((5, 37), (8, 1), (3, 130)):
+        active = rng.random((rows, width)) < 0.6
+        ids = np.cumsum(rng.random((rows, width)) < 0.2, axis=1).astype(np.int32)
+        ids[0, ::7] -= 3  # some decreasing ids
+        steps = jax.jit(lambda a, i: turn_steps(a, i, method))(jnp.asarray(active), jnp.asarray(ids))
+        same = np.zeros((rows, width), bool)
+        decreasing = np.zeros((rows, width), bool)
+        for b in range(rows):
+            for t in range(width):
+                later = [u for u in range(t + 1, width) if active[b, u]]
+                if active[b, t] and later:
+                    same[b, t] = ids[b, later[0]] == ids[b, t]
+                    decreasing[b, t] = ids[b, later[0]] < ids[b, t]
+        np.testing.assert_array_equal(steps.same, same)
+        np.testing.assert_array_equal(steps.ends, active & ~same)
+        np.testing.assert_array_equal(steps.decreasing, decreasing)
+        adjacent = active & np.concatenate([active[:, 1:], np.zeros((rows, 1), bool)], axis=1)
+        assert bool(steps.holes) == bool((same & ~adjacent).any())

@@ -436,3 +436,22 @@ def test_a_script_that_never_closes_its_blocking_runner_still_exits_and_closes_i
     assert proc.returncode == (1 if ending == "raises" else 0), proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["[[0.0, 1.0, 1.0]]", "judge closed"]
     assert "Exception ignored" not in proc.stderr
+
+
+async def test_a_collector_pause_inside_a_step_is_not_the_scorers_time(monkeypatch):
+    # A full collection of 8,000 live coroutines takes ~0.1 s and can land inside any scorer's step: it is
+    # not the scorer's own time (bench_runner's asynchronous scorer was warned about as blocking).
+    from prm_jax.runtime.concurrency import COLLECTOR
+
+    class PausedByTheCollector(BaseScorer):
+        name = "paused"
+
+        async def evaluate(self, interaction, ctx):
+            time.sleep(0.2)
+            COLLECTOR.total += 0.2  # as the collector's callbacks count a pause of its own
+            return 1.0
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        await PRMRunner(scorers=(PausedByTheCollector(timeout=0.05),)).run(branch(n_turns=1))

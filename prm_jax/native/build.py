@@ -1,11 +1,11 @@
 """Building the native CPU kernels: compile, cache, lock, verify (the only code that runs a compiler).
 
-The C++ sources beside this file (``gae_cpu.cc``, ``step_groups_cpu.cc``, ``turns_cpu.cc``) are compiled into one library
-once per machine with the system C++ compiler into a cache directory (``$PRM_JAX_CACHE``, default
-``~/.cache/prm_jax``). The build is keyed on the sources' text, the flags, the compiler and JAX (not on the
-folder the sources are in), synced to disk with its size and SHA-256 recorded beside it, and verified before
-every load: a damaged file (a crash or a full disk while it was written) is rebuilt. Concurrent processes
-wait on a file lock, then find the finished library.
+The C++ sources beside this file (``gae_cpu.cc``, ``step_groups_cpu.cc``, ``turns_cpu.cc``, sharing
+``row_tasks.h``) are compiled into one library once per machine with the system C++ compiler into a cache
+directory (``$PRM_JAX_CACHE``, default ``~/.cache/prm_jax``). The build is keyed on the sources' and headers'
+text, the flags, the compiler and JAX (not on the folder the sources are in), synced to disk with its size and
+SHA-256 recorded beside it, and verified before every load: a damaged file (a crash or a full disk while it
+was written) is rebuilt. Concurrent processes wait on a file lock, then find the finished library.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import jax
 
 logger = logging.getLogger("prm_jax.native")
 SOURCES = tuple(Path(__file__).parent / name for name in ("gae_cpu.cc", "step_groups_cpu.cc", "turns_cpu.cc"))
+HEADERS = (Path(__file__).parent / "row_tasks.h",)  # included by the sources: part of the build key
+INPUTS = SOURCES + HEADERS
 LIBRARY_PREFIX = "prm_jax_cpu_"
 
 
@@ -112,7 +114,7 @@ def build_library(compiler: str) -> Path:
     if cache is None:
         raise OSError("no cache directory for the native kernel: set PRM_JAX_CACHE")
     command = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES)]
-    library = cache / f"{LIBRARY_PREFIX}{build_key(compiler, SOURCES)}.so"
+    library = cache / f"{LIBRARY_PREFIX}{build_key(compiler, INPUTS)}.so"
     if verified(library):
         return library
     cache.mkdir(parents=True, exist_ok=True)

@@ -28,11 +28,14 @@
 #include <emmintrin.h>
 #endif
 
+#include "row_tasks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
+
+using prm_jax::Completed;
 
 constexpr int64_t kLanes = 4;
 
@@ -208,26 +211,6 @@ ffi::Error NotBinaryError(const Mask* mask, int64_t first, int64_t width) {
   return ffi::Error::InvalidArgument(message);
 }
 
-ffi::Future Completed(ffi::Error error) {
-  ffi::Promise promise;
-  if (error.success()) {
-    promise.SetAvailable();
-  } else {
-    promise.SetError(std::move(error));
-  }
-  return ffi::Future(promise);
-}
-
-// What the tasks of one call share: how many are still running, and the smallest flat index of a bad
-// mask entry any of them found (so the error names the first one in row-major order, whichever task
-// found it, and the last task to finish completes the future).
-struct Pending {
-  Pending(int64_t tasks, ffi::Promise done) : remaining(tasks), promise(std::move(done)) {}
-  std::atomic<int64_t> remaining;
-  std::atomic<int64_t> first_bad{std::numeric_limits<int64_t>::max()};
-  ffi::Promise promise;
-};
-
 // Returns a future instead of blocking an executor thread: large batches are split into tasks on XLA's
 // intra-op pool, and the last task to finish completes the future.
 template <ffi::DataType MaskType>
@@ -252,43 +235,21 @@ ffi::Future GaeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> rewards, ffi::Bu
   float* a = advantages->typed_data();
   float* ret = returns->typed_data();
 
-  // Tasks pay off only for large batches: each gets whole blocks of rows, the caller runs the first.
-  const int64_t blocks = (rows + kLanes - 1) / kLanes;
-  const int64_t workers = std::max<int64_t>(1, pool.num_threads());
-  const int64_t tasks = std::min<int64_t>({workers, blocks, rows * width / (1 << 16) + 1});
-  const int64_t per_task = (blocks + std::max<int64_t>(tasks, 1) - 1) / std::max<int64_t>(tasks, 1) * kLanes;
-  if (tasks <= 1) {
-    if (GaeRows(r, v, m, g, gl, b, a, ret, 0, rows, width) == 0) return Completed(ffi::Error::Success());
-    return Completed(NotBinaryError(m, FirstNotBinary(m, 0, rows, width), width));
-  }
-  // The caller runs the first block of rows itself. Buffers stay alive until the future completes, and
-  // the tasks capture only pointers, sizes and the shared state.
-  const int64_t num_tasks = (rows + per_task - 1) / per_task;
-  ffi::Promise promise;
-  ffi::Future done(promise);
-  auto pending = std::make_shared<Pending>(num_tasks, std::move(promise));
-  auto run = [=](int64_t begin, int64_t end) {
-    if (GaeRows(r, v, m, g, gl, b, a, ret, begin, end, width) != 0) {
-      const int64_t first = FirstNotBinary(m, begin, end, width);
-      int64_t seen = pending->first_bad.load();
-      while (first < seen && !pending->first_bad.compare_exchange_weak(seen, first)) {
-      }
-    }
-    if (pending->remaining.fetch_sub(1) == 1) {
-      const int64_t first = pending->first_bad.load();
-      if (first == std::numeric_limits<int64_t>::max()) {
-        pending->promise.SetAvailable();
-      } else {
-        pending->promise.SetError(NotBinaryError(m, first, width));
-      }
+  // Each task records the smallest flat index of a bad mask entry it found, so the error names the first
+  // one in row-major order whichever task found it.
+  auto first_bad = std::make_shared<std::atomic<int64_t>>(std::numeric_limits<int64_t>::max());
+  auto work = [=](int64_t begin, int64_t end) {
+    if (GaeRows(r, v, m, g, gl, b, a, ret, begin, end, width) == 0) return;
+    const int64_t first = FirstNotBinary(m, begin, end, width);
+    int64_t seen = first_bad->load();
+    while (first < seen && !first_bad->compare_exchange_weak(seen, first)) {
     }
   };
-  for (int64_t begin = per_task; begin < rows; begin += per_task) {
-    const int64_t end = std::min(rows, begin + per_task);
-    pool.Schedule([=]() { run(begin, end); });
-  }
-  run(0, std::min(rows, per_task));
-  return done;
+  auto finish = [=]() {
+    const int64_t first = first_bad->load();
+    return first == std::numeric_limits<int64_t>::max() ? ffi::Error::Success() : NotBinaryError(m, first, width);
+  };
+  return prm_jax::ForRowTasks(pool, rows, width, kLanes, work, finish);
 }
 
 }  // namespace

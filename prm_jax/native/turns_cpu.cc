@@ -9,17 +9,16 @@
 // branch-free select (holes alternate unpredictably), and large batches are split into blocks of rows on
 // XLA's intra-op thread pool, the last block completing the returned future.
 
-#include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <memory>
-#include <utility>
 
+#include "row_tasks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
+
+using prm_jax::Completed;
 
 inline int32_t Select(bool take_first, int32_t first, int32_t second) {
   const int32_t keep = -static_cast<int32_t>(take_first);
@@ -54,23 +53,6 @@ void NextActiveRows(const int32_t* __restrict__ id, const bool* __restrict__ act
   }
 }
 
-ffi::Future Completed(ffi::Error error) {
-  ffi::Promise promise;
-  ffi::Future future(promise);
-  if (error.success()) {
-    promise.SetAvailable();
-  } else {
-    promise.SetError(std::move(error));
-  }
-  return future;
-}
-
-struct Pending {
-  Pending(int64_t tasks, ffi::Promise done) : remaining(tasks), promise(std::move(done)) {}
-  std::atomic<int64_t> remaining;
-  ffi::Promise promise;
-};
-
 ffi::Future NextActiveIdsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> ids, ffi::Buffer<ffi::PRED> mask,
                               ffi::ResultBuffer<ffi::S32> next) {
   const auto dims = ids.dimensions();
@@ -83,27 +65,10 @@ ffi::Future NextActiveIdsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> ids, f
   const int32_t* id = ids.typed_data();
   const bool* active = mask.typed_data();
   int32_t* out = next->typed_data();
-  const int64_t workers = std::max<int64_t>(1, pool.num_threads());
-  const int64_t tasks = std::min<int64_t>({workers, (rows + 3) / 4, rows * width / (1 << 16) + 1});
-  if (tasks <= 1) {
-    NextActiveRows(id, active, out, 0, rows, width);
-    return Completed(ffi::Error::Success());
-  }
-  const int64_t per_task = ((rows + 3) / 4 + tasks - 1) / tasks * 4;
-  const int64_t num_tasks = (rows + per_task - 1) / per_task;
-  ffi::Promise promise;
-  ffi::Future done(promise);
-  auto pending = std::make_shared<Pending>(num_tasks, std::move(promise));
-  auto run = [=](int64_t begin, int64_t end) {
-    NextActiveRows(id, active, out, begin, end, width);
-    if (pending->remaining.fetch_sub(1) == 1) pending->promise.SetAvailable();
-  };
-  for (int64_t begin = per_task; begin < rows; begin += per_task) {
-    const int64_t end = std::min(rows, begin + per_task);
-    pool.Schedule([=]() { run(begin, end); });
-  }
-  run(0, std::min(rows, per_task));
-  return done;
+  return prm_jax::ForRowTasks(
+      pool, rows, width, /*lanes=*/4,
+      [=](int64_t begin, int64_t end) { NextActiveRows(id, active, out, begin, end, width); },
+      [] { return ffi::Error::Success(); });
 }
 
 }  // namespace

@@ -319,13 +319,17 @@ def test_the_native_build_key_does_not_depend_on_where_the_sources_are(tmp_path)
     for folder in ("a", "b/deeper"):
         target = tmp_path / folder
         target.mkdir(parents=True)
-        for source in native.SOURCES:
+        for source in native.INPUTS:
             shutil.copy(source, target / source.name)
-        copies.append([target / source.name for source in native.SOURCES])
+        copies.append([target / source.name for source in native.INPUTS])
     assert native.build_key("c++", copies[0]) == native.build_key("c++", copies[1]) == \
-        native.build_key("c++", native.SOURCES)
+        native.build_key("c++", native.INPUTS)
     copies[1][0].write_text(copies[1][0].read_text() + "\n// changed\n")
     assert native.build_key("c++", copies[0]) != native.build_key("c++", copies[1])
+    # The shared header is part of the key: a change to it alone rebuilds.
+    assert copies[1][-1].name == "row_tasks.h"
+    copies[0][-1].write_text(copies[0][-1].read_text() + "\n// changed\n")
+    assert native.build_key("c++", copies[0]) != native.build_key("c++", native.INPUTS)
 
 
 # --- issue 29: where options meet, where scorers block, where processes must exit -------------------------

@@ -23,12 +23,22 @@ from prm_jax.runtime.arrays import score_arrays
 from prm_jax.runtime.batching import pack_branches
 from prm_jax.runtime.blocking import BlockingRunner
 from prm_jax.runtime.runner import PRMRunner
-from prm_jax.runtime.scoring import BaseScorer, BaseTrajectoryScorer, PRMMetricObservation, PRMScorerResult
+from prm_jax.runtime.scoring import (
+    BaseScorer,
+    BaseTrajectoryScorer,
+    BatchScorer,
+    BatchTrajectoryScorer,
+    PRMMetricObservation,
+    PRMScorerResult,
+    SyncScorer,
+    SyncTrajectoryScorer,
+)
 from prm_jax.runtime.trajectory import Interaction, InteractionCache
 
 __version__ = "0.1.0"
 __all__ = [
-    "AdvantageConfig", "AdvantageOutput", "BaseScorer", "BaseTrajectoryScorer", "BlockingRunner", "ExperimentConfig",
+    "AdvantageConfig", "AdvantageOutput", "BaseScorer", "BaseTrajectoryScorer", "BatchScorer",
+    "BatchTrajectoryScorer", "BlockingRunner", "ExperimentConfig", "SyncScorer", "SyncTrajectoryScorer",
     "GiGPOConfig", "Interaction", "InteractionCache", "NormConfig", "PRMMetricObservation", "PRMRunner",
     "PRMScorerResult", "ShapingConfig", "compute_advantages", "load_config", "pack_branches", "score_arrays",
     "config", "credit", "filters", "kernels", "losses", "runtime", "scorers",

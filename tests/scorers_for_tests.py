@@ -228,3 +228,63 @@ class Asleep(BaseScorer):
             open(self.marker, "a").close()
             time.sleep(self.seconds)
         return 0.5
+
+
+# Synchronous scorers for the process executor (importable, so their worker processes can unpickle them).
+from prm_jax.runtime.scoring import SyncScorer  # noqa: E402
+
+
+def busy_score(interaction, work):
+    """A deterministic CPU-bound score in pure Python (holds the GIL): ``work`` rounds over the tokens."""
+    total = 0
+    tokens = [int(t) for t in interaction.output_tokens]
+    for i in range(work):
+        total = (total * 31 + tokens[i % len(tokens)]) % 1_000_003
+    return total / 1_000_003
+
+
+class BusyVerifier(SyncScorer):
+    name = "busy_verifier"
+    executor = "process"
+
+    def __init__(self, work=2000, **kwargs):
+        super().__init__(**kwargs)
+        self.work = work
+
+    def evaluate(self, interaction, ctx):
+        return busy_score(interaction, self.work)
+
+
+class WorkerPid(SyncScorer):
+    """Scores each turn with the id of the process that ran it (and echoes a ctx entry, if given)."""
+
+    name = "worker_pid"
+    executor = "process"
+
+    def evaluate(self, interaction, ctx):
+        import os
+
+        return float(os.getpid()) + float(ctx.get("offset", 0.0))
+
+
+class Misbehaves(SyncScorer):
+    """Sleeps on turns whose id ends in ``slow``, exits its process on ``crash``, raises on ``raise``."""
+
+    name = "misbehaves"
+    executor = "process"
+
+    def __init__(self, slow=(), crash=(), fail=(), **kwargs):
+        super().__init__(**kwargs)
+        self.slow, self.crash, self.fail = tuple(slow), tuple(crash), tuple(fail)
+
+    def evaluate(self, interaction, ctx):
+        import os
+        import time
+
+        if interaction.interaction_id in self.slow:
+            time.sleep(30)
+        if interaction.interaction_id in self.crash:
+            os._exit(3)
+        if interaction.interaction_id in self.fail:
+            raise KeyError(f"no answer for {interaction.interaction_id}")
+        return 1.0

@@ -14,18 +14,23 @@ from prm_jax.runtime.runner import PRMRunner
 from prm_jax.runtime.scoring import (
     BaseScorer,
     BaseTrajectoryScorer,
+    BatchScorer,
+    BatchTrajectoryScorer,
     PRMMetricObservation,
     PRMScorerResult,
     PRMTurnResult,
+    SyncScorer,
+    SyncTrajectoryScorer,
 )
 from prm_jax.runtime.specs import check_scorer_specs, resolve_scorer_class
 from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache, stitch
 
 __all__ = [
-    "BaseScorer", "BaseTrajectoryScorer", "BlockingRunner", "BranchSequence", "ExportResult", "ExportService",
-    "ExportedTrajectory", "HITL_SESSION", "InMemoryRecorder", "Interaction", "InteractionCache", "ScoredArrays",
-    "MetricRecorder", "MetricStats", "PRMMetricObservation", "PRMRunner", "PRMScorerResult", "PRMTurnResult",
-    "RetryError", "TrajectoryStore", "batch_spec", "branch_stats", "bucket_width", "call_with_retry",
-    "chains_from_arrays", "check_scorer_specs", "empty_batch", "export_group", "pack_branches",
-    "reduce_workers", "resolve_scorer_class", "score_arrays", "stitch", "token_rewards_from_chains",
+    "BaseScorer", "BaseTrajectoryScorer", "BatchScorer", "BatchTrajectoryScorer", "BlockingRunner",
+    "BranchSequence", "ExportResult", "ExportService", "ExportedTrajectory", "HITL_SESSION", "InMemoryRecorder",
+    "Interaction", "InteractionCache", "MetricRecorder", "MetricStats", "PRMMetricObservation", "PRMRunner",
+    "PRMScorerResult", "PRMTurnResult", "RetryError", "ScoredArrays", "SyncScorer", "SyncTrajectoryScorer",
+    "TrajectoryStore", "batch_spec", "branch_stats", "bucket_width", "call_with_retry", "chains_from_arrays",
+    "check_scorer_specs", "empty_batch", "export_group", "pack_branches", "reduce_workers", "resolve_scorer_class",
+    "score_arrays", "stitch", "token_rewards_from_chains",
 ]

@@ -103,6 +103,32 @@ def _same_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {tuple(shape)} (input_ids' [B, T] or [B]), got {array.shape}")
 
 
+ROW_KEY = "row"  # the context entry score_arrays adds: the row of the arrays a branch was built from
+
+
+def _row_contexts(ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None, rows: int,
+                  scored: list[int]) -> list[dict[str, Any]]:
+    """Each scored row's context: the caller's (one mapping for all rows, or one per row) plus
+    ``ctx["row"]``, the row's index in the arrays (what a scorer reads the caller's per-row entries by)."""
+    if ctx is None or isinstance(ctx, Mapping):
+        shared = dict(ctx or {})
+        if ROW_KEY in shared:
+            raise ValueError(f"ctx[{ROW_KEY!r}] is set by score_arrays (each row's index); use another key")
+        return [{**shared, ROW_KEY: b} for b in scored]
+    per_row = list(ctx)
+    if len(per_row) != rows:
+        raise ValueError(f"ctx must be one mapping, or one entry per row of input_ids ({rows}), got "
+                         f"{len(per_row)} entries")
+    out = []
+    for b in scored:
+        entry = dict(per_row[b] or {})
+        if ROW_KEY in entry:
+            raise ValueError(f"ctx[{b}][{ROW_KEY!r}] is set by score_arrays (each row's index); use another key")
+        entry[ROW_KEY] = b
+        out.append(entry)
+    return out
+
+
 def _masked(token_rewards: np.ndarray, turn_ids: np.ndarray, scored: list[int], results: list[Any],
             runner: PRMRunner) -> ScoredArrays:
     failed = np.zeros(token_rewards.shape[0], bool)
@@ -213,7 +239,8 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
                        per_turn: bool = False) -> np.ndarray | ScoredArrays:
     """Scores every real row with ``runner`` (a ``PRMRunner``) and returns ``token_rewards [B, T]`` float32.
 
-    ``ctx`` is one mapping for every row or one per row (padding rows' entries are ignored). Rows are
+    ``ctx`` is one mapping for every row or one per row (padding rows' entries are ignored); each row's
+    scorers also find ``ctx["row"]``, its index in the arrays, and its turns are named ``row{b}/t{k}``. Rows are
     scored concurrently, at most ``limit`` at a time. ``on_error="raise"`` (default): a failure is raised
     (see ``PRMRunner.run_many``). ``on_error="mask"``: every row is scored, a row whose scoring failed
     commits nothing (a row is all or nothing) and is returned as failed, and the result is a
@@ -231,12 +258,7 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
                                 rewards=rewards)
     scored = [b for b, chain in enumerate(chains) if chain]
     branches = [chain for chain in chains if chain]
-    if ctx is not None and not isinstance(ctx, Mapping):
-        per_row = list(ctx)
-        if len(per_row) != len(chains):
-            raise ValueError(f"ctx must be one mapping, or one entry per row of input_ids ({len(chains)}), got "
-                             f"{len(per_row)} entries")
-        ctx = [per_row[b] for b in scored]
+    ctx = _row_contexts(ctx, len(chains), scored)
     results = await runner.run_many(branches, ctx, limit=limit, is_eval=is_eval,
                                     return_exceptions=on_error == "mask")
     ids = scored_turn_ids(turn_ids, attention_mask)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prm_jax.runtime.trajectory import Interaction, freeze
+from prm_jax.runtime.trajectory import Interaction, freeze, thaw
 
 
 class ScorerContext(Mapping):
@@ -33,6 +33,11 @@ class ScorerContext(Mapping):
 
     def __len__(self) -> int:
         return len(self._items) + ("messages" not in self._items)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled (for a scorer's worker process) as the caller's entries thawed, the leaf and ``is_eval``."""
+        items = {k: thaw(v) for k, v in self._items.items() if k not in ("is_eval", "messages")}
+        return ScorerContext, (items, self._leaf, self._items["is_eval"])
 
     def __repr__(self) -> str:
         return f"ctx({dict(self)!r})"

@@ -17,9 +17,8 @@ import contextlib
 import dataclasses
 import enum
 import logging
-import time
 import warnings
-from collections.abc import Awaitable, Generator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -27,13 +26,13 @@ import numpy as np
 
 from prm_jax._compat import ExceptionGroup, add_note, first_in_group
 from prm_jax.config.experiment import PRMSection
-from prm_jax.runtime.concurrency import COLLECTOR, cancellation_requested, concurrently
+from prm_jax.runtime.concurrency import concurrently
 from prm_jax.runtime.context import ScorerContext
+from prm_jax.runtime.executors import AsyncExecutor, Executor, make_executor, watch_loop
 from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.rewards import weighted_rewards
 from prm_jax.runtime.scoring import (
     BaseScorer,
-    BaseTrajectoryScorer,
     PRMMetricObservation,
     PRMScorerResult,
     PRMTurnResult,
@@ -84,65 +83,16 @@ def _refuse_shared_turns(branches: Sequence[InteractionCache | Sequence[Interact
                                  "turns (InteractionCache.clone_chain)")
 
 
-def _scorer_error(scorer: BaseScorer, where: str, err: BaseException, timeout: float | None) -> BaseException:
-    """What an exception out of one scorer call becomes: the deadline's ``TimeoutError`` names the scorer and
-    its timeout; a ``CancelledError`` the scorer raised itself (no cancellation was asked for) is a scorer
-    failure, not a cancellation of the run; anything else stays as it is."""
-    if isinstance(err, TimeoutError) and timeout is not None:
-        return TimeoutError(f"scorer {scorer.name!r} on {where} took longer than its timeout of {timeout} s")
-    if isinstance(err, anyio.get_cancelled_exc_class()) and not cancellation_requested():
-        return RuntimeError(f"scorer {scorer.name!r} on {where} raised CancelledError without being cancelled")
-    return err
-
-
-# A scorer step (the synchronous code between two awaits) longer than this stalls every other scorer on the
-# event loop: the runner warns once per scorer, naming it.
-BLOCKING_STEP_S = 0.05
-
-
-class _OwnTime:
-    """An awaitable that runs ``call`` and measures the time spent inside its own steps (``busy``, and the
-    ``longest`` one): the time a scorer held the event loop, never the time it waited for others, nor a
-    pause of the garbage collector that landed in its step (``COLLECTOR``)."""
-
-    __slots__ = ("_call", "busy", "longest")
-
-    def __init__(self, call: Awaitable[Any]):
-        self._call = call
-        self.busy = 0.0
-        self.longest = 0.0
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        steps = self._call.__await__()
-        send, throw = steps.send, steps.throw
-        value: Any = None
-        error: BaseException | None = None
-        clock, collector = time.perf_counter, COLLECTOR
-        busy = longest = 0.0
-        try:
-            while True:
-                start, collected = clock(), collector.total
-                try:
-                    yielded = send(value) if error is None else throw(error)
-                finally:
-                    spent = clock() - start - (collector.total - collected)
-                    busy += spent
-                    if spent > longest:
-                        longest = spent
-                try:
-                    value, error = (yield yielded), None
-                except BaseException as thrown:  # a cancellation (or close) goes into the scorer's own step
-                    value, error = None, thrown
-        except StopIteration as done:
-            return done.value
-        finally:
-            self.busy, self.longest = busy, longest
-
-
 def _plain(scorer: BaseScorer) -> bool:
     """The scorer keeps BaseScorer's ``evaluate_result``/``prepare_result``: its raw results need no wrapper."""
     return (type(scorer).evaluate_result is BaseScorer.evaluate_result
             and type(scorer).prepare_result is BaseScorer.prepare_result)
+
+
+def _prepares(scorer: BaseScorer) -> bool:
+    """The scorer overrides ``prepare_result``: the runner applies it to what a synchronous or batched
+    ``evaluate`` returned (an async scorer's ``evaluate_result`` applies it itself)."""
+    return type(scorer).prepare_result is not BaseScorer.prepare_result
 
 
 @dataclasses.dataclass
@@ -194,10 +144,10 @@ class PRMRunner:
         self._schemas: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {}
         self._state = RunnerState.OPEN
         self._close_event: anyio.Event | None = None
-        self._timeouts: dict[int, float | None] = {}
+        self._executors: dict[int, Executor] = {}
         self._in_flight: set[anyio.CancelScope] = set()
         self._idle: anyio.Event | None = None
-        self._warned_blocking: set[str] = set()
+        self._warned_lag = False
         self.config: PRMSection | None = None
 
     def _build(self, section: PRMSection, borrowed: Sequence[BaseScorer]) -> None:
@@ -212,10 +162,31 @@ class PRMRunner:
             self._owned.append(scorer)
             self._owned_stack.push_async_callback(self._close_one, scorer)
             self._scorers.append(scorer)
-            self._timeouts[id(scorer)] = entry.timeout if entry.timeout is not None else scorer.timeout
+            self._executors[id(scorer)] = self._executor(scorer, entry.timeout if entry.timeout is not None
+                                                         else scorer.timeout)
         for scorer in borrowed:
+            type(scorer).check_kind()
             self._scorers.append(scorer)
-            self._timeouts[id(scorer)] = getattr(scorer, "timeout", None)  # BaseScorer(timeout=...)
+            self._executors[id(scorer)] = self._executor(scorer, getattr(scorer, "timeout", None))
+
+    def _executor(self, scorer: BaseScorer, timeout: float | None) -> Executor:
+        """The scorer's executor, owned by the runner (closed by ``aclose``, borrowed scorers' too)."""
+        executor = make_executor(scorer, timeout)
+        self._owned_stack.push_async_callback(executor.aclose)
+        return executor
+
+    def scorer_stats(self) -> dict[str, dict[str, float]]:
+        """Per scorer: calls (batch calls for a batched scorer), failures, timeouts, latency p50 / p95 in
+        seconds, and what the scorer reports itself (``client_stats()``: a judge's requests, retries and
+        rate-limit waits)."""
+        out = {}
+        for scorer in self._scorers:
+            stats = self._executors[id(scorer)].stats()
+            client_stats = getattr(scorer, "client_stats", None)
+            if callable(client_stats):
+                stats.update(client_stats())
+            out[scorer.name] = stats
+        return out
 
     async def _close_one(self, scorer: BaseScorer) -> None:
         """One owned scorer's cleanup; after a cancellation the rest are kept for a later ``aclose``."""
@@ -328,14 +299,37 @@ class PRMRunner:
                     raise
                 results[i] = err
 
+        stop = anyio.Event()
+
+        async def branches_then_stop() -> None:
+            try:
+                await concurrently([one(i) for i in range(len(branches))], group_one=True)
+            finally:
+                stop.set()
+
         try:
-            await concurrently([one(i) for i in range(len(branches))], group_one=True)
-        except ExceptionGroup as group:
+            if self._warned_lag:
+                await branches_then_stop()
+            else:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(watch_loop, self._warn_lag, stop)
+                    await branches_then_stop()
+        except ExceptionGroup as outer:
+            group = outer
+            while len(group.exceptions) == 1 and isinstance(group.exceptions[0], ExceptionGroup):
+                group = group.exceptions[0]  # the watchdog's task group around the branches' own
             closed = first_in_group(group, RunnerClosedError)
             if closed is not None:  # a lifecycle error is one type, whatever the path
                 raise closed from group
-            raise
+            if group is outer:
+                raise
+            raise group from None
         return results
+
+    def _warn_lag(self, message: str) -> None:
+        if not self._warned_lag:
+            self._warned_lag = True
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     def _commit(self, chain: list[Interaction], staged: list[_Staged]) -> list[PRMTurnResult]:
         """Adds every scorer's weighted rewards to the turns, all at once or (non-finite sums) not at all."""
@@ -379,57 +373,21 @@ class PRMRunner:
                 raise ValueError(f"branch is not a parent-before-child chain at {child.interaction_id!r}")
         return chain
 
-    async def _call(self, scorer: BaseScorer, on: Interaction | str, call: Awaitable[Any]) -> Any:
-        """One scorer call (an awaitable not yet awaited) under the scorer's deadline; ``on`` is the turn
-        or what the call covers, for messages (formatted only on failure: this is the hot path).
-
-        A ``CancelledError`` that the scorer raises itself (no cancellation was requested) is a scorer
-        failure like any other, not a cancellation of the run.
-        """
-        timeout = self._timeouts.get(id(scorer))
-        timed = _OwnTime(call)
-        try:
-            if timeout is None:  # no cancel scope per call where no deadline is set
-                result = await timed
-            else:
-                with anyio.fail_after(timeout):
-                    result = await timed
-        except (Exception, anyio.get_cancelled_exc_class()) as err:
-            where = on if isinstance(on, str) else f"interaction {on.interaction_id!r}"
-            reported = _scorer_error(scorer, where, err, timeout)
-            if reported is err:
-                raise
-            raise reported from None
-        if timed.longest > BLOCKING_STEP_S:
-            self._blocking(scorer, on, timed, timeout)
-        return result
-
-    def _blocking(self, scorer: BaseScorer, on: Interaction | str, timed: _OwnTime, timeout: float | None) -> None:
-        """A call that held the event loop: past its deadline it fails (nothing could interrupt it, but the
-        deadline holds); otherwise the runner warns once per scorer (its neighbours waited meanwhile)."""
-        where = on if isinstance(on, str) else f"interaction {on.interaction_id!r}"
-        if timeout is not None and timed.busy > timeout:
-            raise TimeoutError(f"scorer {scorer.name!r} on {where} ran synchronous code for {timed.busy:.3f} s, past "
-                               f"its timeout of {timeout} s (it blocked the event loop, so nothing could stop it "
-                               "earlier; move blocking work off the loop, e.g. anyio.to_thread.run_sync)")
-        if scorer.name not in self._warned_blocking:
-            self._warned_blocking.add(scorer.name)
-            warnings.warn(f"scorer {scorer.name!r} blocked the event loop for {timed.longest:.3f} s in one step on "
-                          f"{where}: synchronous work inside an async evaluate stalls every other scorer (and "
-                          "counts against their deadlines); move it off the loop, e.g. anyio.to_thread.run_sync",
-                          RuntimeWarning, stacklevel=2)
-
     async def _evaluate_all(self, scorer: BaseScorer, views: list[Interaction],
                             ctx: Mapping[str, Any]) -> list[Any]:
-        if isinstance(scorer, BaseTrajectoryScorer):
+        if scorer.unit == "trajectory":
             return await self._evaluate_trajectory(scorer, views, ctx)
         return await self._evaluate_turns(scorer, views, ctx)
 
-    async def _evaluate_trajectory(self, scorer: BaseTrajectoryScorer, views: list[Interaction],
+    async def _evaluate_trajectory(self, scorer: BaseScorer, views: list[Interaction],
                                    ctx: Mapping[str, Any]) -> list[Any]:
         """The whole branch in one call: a mapping of interaction id to reward (missing ids get 0.0)."""
         where = f"the branch ending at {views[-1].interaction_id!r}"
-        mapping = await self._call(scorer, where, scorer.evaluate_trajectory(tuple(views), ctx))
+        try:
+            mapping = await self._executors[id(scorer)].run((tuple(views), ctx), where)
+        except Exception as err:
+            add_note(err, f"raised by scorer {scorer.name!r} on {where}")
+            raise
         if mapping is None:
             return [None] * len(views)
         if not isinstance(mapping, Mapping):
@@ -447,14 +405,20 @@ class PRMRunner:
         outcomes: list[Any] = [None] * len(views)
         done = [False] * len(views)
         failure: list[BaseException] = []
-        # A scorer that keeps BaseScorer's evaluate_result/prepare_result is awaited directly: its raw
+        executor = self._executors[id(scorer)]
+        # An async scorer that keeps BaseScorer's evaluate_result/prepare_result is awaited directly: its raw
         # result is wrapped later only if needed (two allocations fewer per turn on the hot path).
-        evaluate = scorer.evaluate if _plain(scorer) else scorer.evaluate_result
+        if scorer.executor == "async" and not _plain(scorer):
+            run = self._async_results(scorer, executor)
+        else:
+            run = executor.run
+        prepare = scorer.prepare_result if scorer.executor != "async" and _prepares(scorer) else None
 
         async def score(i: int) -> None:
             view = views[i]
             try:
-                outcomes[i] = await self._call(scorer, view, evaluate(view, ctx))
+                outcome = await run((view, ctx), view)
+                outcomes[i] = outcome if prepare is None else prepare(view, outcome, ctx)
                 done[i] = True
             except Exception as err:  # (a cancellation that was asked for passes through)
                 add_note(err, f"raised by scorer {scorer.name!r} on interaction {view.interaction_id!r}")
@@ -474,6 +438,15 @@ class PRMRunner:
                                "before returning")
         return outcomes
 
+    @staticmethod
+    def _async_results(scorer: BaseScorer, executor: Executor) -> Any:
+        """An async scorer's ``evaluate_result`` under its executor (its deadline, its slots)."""
+        assert isinstance(executor, AsyncExecutor)
+
+        async def run(args: tuple[Any, ...], on: Any) -> Any:
+            return await executor.run_call(scorer.evaluate_result(*args), on)
+        return run
+
     async def _score(self, scorer: BaseScorer, chain: list[Interaction], views: list[Interaction],
                      ctx: Mapping[str, Any]) -> _Staged:
         """Evaluates and validates one scorer's results; nothing is committed here."""
@@ -485,7 +458,7 @@ class PRMRunner:
                                "rejects the trajectory (return 0.0 for a real zero)")
         stage = _Staged(scorer)
         seen: set = set()
-        raw_allowed = _plain(scorer) and not isinstance(scorer, BaseTrajectoryScorer)
+        raw_allowed = _plain(scorer) and scorer.unit == "turn"
         for turn, outcome in zip(chain, outcomes):
             if isinstance(outcome, PRMScorerResult):
                 reward, observations = outcome.reward, outcome.observations

@@ -7,19 +7,47 @@ scorer's ``weight`` and adds the contributions of all scorers into the turn's ``
 
 Scorers receive read-only inputs (``Interaction.readonly()``, an immutable ``ctx``) and one instance serves
 concurrent sessions: keep request state inside the coroutine.
+
+Each scorer class declares its *kind*: its ``unit`` (a call scores one ``turn`` or a whole ``trajectory``)
+and its ``executor`` (how a call runs; ``prm_jax.runtime.executors`` holds one executor per kind):
+
+==========================  ==============  ===========  =====================================================
+base class                  unit            executor     for
+==========================  ==============  ===========  =====================================================
+``BaseScorer``              turn            async        I/O on the event loop (``async def evaluate``)
+``BaseTrajectoryScorer``    trajectory      async        the same, one call per branch
+``SyncScorer``              turn            thread or    plain ``def evaluate``: blocking I/O (``thread``) or
+                                            process      CPU-bound Python that holds the GIL (``process``)
+``SyncTrajectoryScorer``    trajectory      thread or    the same, one call per branch
+                                            process
+``BatchScorer``             turn            batch        ``async def evaluate_batch(items)``: the turns of
+                                                         concurrent branches in one call (a GPU model, a
+                                                         server that takes batches)
+``BatchTrajectoryScorer``   trajectory      batch        the same, whole branches (a causal PRM scores every
+                                                         turn of a branch from its leaf)
+==========================  ==============  ===========  =====================================================
+
+A plain ``def evaluate`` on an async base (or ``async def`` on a synchronous one) is refused when the
+scorer is built, naming the base to use.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import os
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from prm_jax.runtime.trajectory import Interaction
-from prm_jax.validation import deadline, scorer_weight
+from prm_jax.validation import deadline, finite_number, integer, scorer_weight
+
+Unit = Literal["turn", "trajectory"]
+ExecutorKind = Literal["async", "thread", "process", "batch"]
+SYNC_EXECUTORS = ("thread", "process")
 
 SCOPES = ("turn", "trajectory")
 VALUE_TYPES = ("float", "boolean")
@@ -104,10 +132,14 @@ class BaseScorer:
     """
 
     name: ClassVar[str] = ""
+    unit: ClassVar[Unit] = "turn"
+    executor: ExecutorKind = "async"  # a class attribute (SyncScorer's instances may set their own)
 
-    def __init__(self, weight: float = 1.0, enabled: bool = True, timeout: float | None = None, **kwargs: Any):
+    def __init__(self, weight: float = 1.0, enabled: bool = True, timeout: float | None = None,
+                 max_concurrency: int | None = None, **kwargs: Any):
         if not isinstance(type(self).name, str) or not type(self).name:
             raise ValueError(f"{type(self).__name__} must set a non-empty class-level name")
+        type(self).check_kind()
         if not isinstance(enabled, bool):
             raise ValueError(f"scorer {self.name!r}: enabled must be a bool, got {enabled!r}")
         if kwargs:
@@ -117,6 +149,17 @@ class BaseScorer:
         # Seconds per evaluate / evaluate_trajectory call under a runner (None: no deadline); a config
         # entry's ``timeout`` wins for the scorers a runner builds.
         self.timeout = deadline(f"scorer {self.name!r}: timeout", timeout)
+        # Calls of this scorer in flight at once, across every run of a runner (None: unbounded for async
+        # scorers; a synchronous scorer is bounded by its workers).
+        self.max_concurrency = None if max_concurrency is None else integer(
+            f"scorer {self.name!r}: max_concurrency", max_concurrency, minimum=1)
+
+    @classmethod
+    def check_kind(cls) -> None:
+        """The class's methods match its kind: ``TypeError`` naming the base class to use otherwise (called
+        when a scorer is built and by ``check_scorer_specs``)."""
+        _require_async(cls, "evaluate_trajectory" if cls.unit == "trajectory" else "evaluate",
+                       "SyncTrajectoryScorer" if cls.unit == "trajectory" else "SyncScorer")
 
     @classmethod
     def validate_kwargs(cls, **kwargs: Any) -> None:
@@ -147,6 +190,8 @@ class BaseTrajectoryScorer(BaseScorer):
     Ids it leaves out get 0.0; an unknown id is a ``ValueError``; a non-mapping is a ``TypeError``.
     """
 
+    unit: ClassVar[Unit] = "trajectory"
+
     async def evaluate_trajectory(self, interactions: Sequence[Interaction],
                                   ctx: Mapping[str, Any]) -> Mapping[str, Any] | None:
         raise NotImplementedError(f"scorer {self.name!r} must implement evaluate_trajectory(interactions, ctx)")
@@ -154,3 +199,143 @@ class BaseTrajectoryScorer(BaseScorer):
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
         raise RuntimeError(f"trajectory scorer {self.name!r} scores whole branches: the runner calls "
                            "evaluate_trajectory, not evaluate")
+
+
+def _require_async(cls: type, method: str, sync_base: str) -> None:
+    function = getattr(cls, method, None)
+    if function is not None and not inspect.iscoroutinefunction(function):
+        raise TypeError(f"scorer class {cls.__name__}: {method} is a plain function, but {cls.__name__} derives "
+                        f"from an async base class, whose {method} the runner awaits; derive from "
+                        f"prm_jax.runtime.{sync_base} (executor 'thread' or 'process') for synchronous code, or "
+                        f"make it 'async def'")
+
+
+def _require_sync(cls: type, method: str, async_base: str) -> None:
+    function = getattr(cls, method, None)
+    if function is not None and inspect.iscoroutinefunction(function):
+        raise TypeError(f"scorer class {cls.__name__}: {method} is 'async def', but {cls.__name__} derives from a "
+                        f"synchronous base class, whose {method} runs in a worker thread or process; derive from "
+                        f"prm_jax.runtime.{async_base} for async code, or make it a plain 'def'")
+
+
+def default_workers(executor: str) -> int:
+    """Workers of a synchronous scorer by default: the cores this process may use for ``process``
+    (CPU-bound work), and as many threads as Python's ``ThreadPoolExecutor`` would start for ``thread``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores if executor == "process" else min(32, cores + 4)
+
+
+class SyncScorer(BaseScorer):
+    """A scorer whose ``evaluate(interaction, ctx)`` is a plain function, run off the event loop.
+
+    ``executor`` (a class attribute, or the constructor's / a config entry's ``kwargs.executor``):
+    ``"thread"`` (default; blocking I/O, or code that releases the GIL) runs calls in worker threads;
+    ``"process"`` (CPU-bound Python that holds the GIL) in worker processes, each holding a pickled copy of
+    the scorer (its class must be importable and its state picklable). ``max_workers`` defaults to the
+    cores for ``process`` and ``min(32, cores + 4)`` threads.
+
+    Deadlines (``timeout``) start when a worker starts the call, never while it waits for a worker. Past its
+    deadline a ``process`` call's worker is ended (and replaced); a ``thread`` call is reported as timed out
+    and its result, when the thread finishes, is discarded (a thread cannot be stopped).
+    """
+
+    executor: ExecutorKind = "thread"
+
+    def __init__(self, executor: ExecutorKind | None = None, max_workers: int | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        type(self).validate_executor(executor=executor, max_workers=max_workers)
+        self.executor = executor or type(self).executor
+        self.max_workers = default_workers(self.executor) if max_workers is None else max_workers
+
+    @classmethod
+    def validate_executor(cls, executor: Any = None, max_workers: Any = None) -> None:
+        if executor is not None and executor not in SYNC_EXECUTORS:
+            raise ValueError(f"executor must be one of {SYNC_EXECUTORS}, got {executor!r}")
+        if max_workers is not None:
+            integer("max_workers", max_workers, minimum=1)
+
+    @classmethod
+    def check_kind(cls) -> None:
+        if cls.executor not in SYNC_EXECUTORS:
+            raise TypeError(f"scorer class {cls.__name__}: executor must be one of {SYNC_EXECUTORS}, got "
+                            f"{cls.executor!r}")
+        if cls.unit == "turn":
+            _require_sync(cls, "evaluate", "BaseScorer")
+
+    def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
+        raise NotImplementedError(f"scorer {self.name!r} must implement evaluate(interaction, ctx)")
+
+
+class SyncTrajectoryScorer(SyncScorer):
+    """``SyncScorer`` for whole branches: a plain ``evaluate_trajectory(interactions, ctx)`` returns a
+    mapping of interaction id to unweighted reward (as ``BaseTrajectoryScorer``'s)."""
+
+    unit: ClassVar[Unit] = "trajectory"
+
+    @classmethod
+    def check_kind(cls) -> None:
+        super().check_kind()
+        _require_sync(cls, "evaluate_trajectory", "BaseTrajectoryScorer")
+
+    def evaluate_trajectory(self, interactions: Sequence[Interaction],
+                            ctx: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        raise NotImplementedError(f"scorer {self.name!r} must implement evaluate_trajectory(interactions, ctx)")
+
+
+DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_MAX_WAIT_S = 0.005
+
+
+class BatchScorer(BaseScorer):
+    """Scores the turns of concurrent branches together: ``async evaluate_batch(items)`` gets a list of
+    ``(interaction, ctx)`` pairs and returns one score per item, in order (each as ``evaluate`` would).
+
+    The runner gathers turns from every branch in flight (``run_many``, ``score_arrays``, a group's export,
+    ``prm-jax score``) into batches of at most ``max_batch_size`` items, waiting at most ``max_wait``
+    seconds for a batch to fill, and calls once per batch; ``timeout`` bounds one batch call. A failed
+    call fails exactly the branches with an item in it. ``pads = True`` (a class attribute) says the scorer
+    pads its items to the longest: the runner then sorts a batch's items by length (results come back in
+    the original order). ``max_concurrency`` bounds the batch calls in flight.
+    """
+
+    executor: ExecutorKind = "batch"
+    pads: ClassVar[bool] = False
+
+    def __init__(self, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, max_wait: float = DEFAULT_MAX_WAIT_S,
+                 **kwargs: Any):
+        super().__init__(**kwargs)
+        type(self).validate_batching(max_batch_size=max_batch_size, max_wait=max_wait)
+        self.max_batch_size, self.max_wait = max_batch_size, float(max_wait)
+
+    @classmethod
+    def validate_batching(cls, max_batch_size: Any = DEFAULT_MAX_BATCH_SIZE, max_wait: Any = DEFAULT_MAX_WAIT_S) -> None:
+        integer("max_batch_size", max_batch_size, minimum=1)
+        finite_number("max_wait", max_wait, minimum=0.0, maximum=60.0)
+
+    @classmethod
+    def check_kind(cls) -> None:
+        if not inspect.iscoroutinefunction(getattr(cls, "evaluate_batch", None)):
+            raise TypeError(f"scorer class {cls.__name__}: evaluate_batch must be 'async def' (a batched "
+                            "scorer's calls run on the event loop; put blocking work in a thread)")
+
+    async def evaluate_batch(self, items: Sequence[tuple[Interaction, Mapping[str, Any]]]) -> Sequence[Any]:
+        raise NotImplementedError(f"scorer {self.name!r} must implement evaluate_batch(items)")
+
+    async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
+        """One turn alone: a batch of one."""
+        return (await self.evaluate_batch([(interaction, ctx)]))[0]
+
+
+class BatchTrajectoryScorer(BatchScorer):
+    """``BatchScorer`` for whole branches: ``evaluate_batch(items)`` gets ``(interactions, ctx)`` pairs, one
+    per branch (root first), and returns one mapping of interaction id to unweighted reward per item."""
+
+    unit: ClassVar[Unit] = "trajectory"
+
+    async def evaluate_batch(self, items: Sequence[tuple[Sequence[Interaction], Mapping[str, Any]]]  # type: ignore[override]
+                             ) -> Sequence[Mapping[str, Any] | None]:
+        raise NotImplementedError(f"scorer {self.name!r} must implement evaluate_batch(items)")
+
+    async def evaluate_trajectory(self, interactions: Sequence[Interaction],
+                                  ctx: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        return (await self.evaluate_batch([(tuple(interactions), ctx)]))[0]

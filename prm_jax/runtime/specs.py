@@ -101,6 +101,10 @@ def _check_spec(entry: ScorerSpec, where: str, section: PRMSection) -> type[Base
     cls = resolve_scorer_class(entry.path)
     if not isinstance(cls.name, str) or not cls.name:
         raise ValueError(f"{where}: scorer class {entry.path} has no class-level name")
+    try:
+        cls.check_kind()
+    except TypeError as err:
+        raise TypeError(f"{where}: {entry.path}: {err}") from None
     reserved = [k for k in RESERVED_KWARGS if k in entry.kwargs]
     if reserved:
         raise ValueError(f"{where}.kwargs: {reserved} belong to the entry itself, not to kwargs")

@@ -136,6 +136,16 @@ def freeze(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+def thaw(value: Any) -> Any:
+    """``freeze``'s inverse for pickling (to a scorer's worker process): ``MappingProxyType`` becomes a dict,
+    recursively; everything else stays as it is."""
+    if isinstance(value, types.MappingProxyType):
+        return {k: thaw(v) for k, v in value.items()}
+    if type(value) is tuple:
+        return tuple(thaw(v) for v in value)
+    return value
+
+
 @dataclasses.dataclass(eq=False)
 class Interaction:
     """One model call (a turn).
@@ -219,6 +229,14 @@ class Interaction:
         state["_source"] = self
         return view
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (for a scorer's worker process) without the frozen-message cache, messages thawed."""
+        state = {k: v for k, v in self.__dict__.items() if k != "_frozen_cache"}
+        for name in _MESSAGE_FIELDS:
+            if name in state:
+                state[name] = thaw(state[name])
+        return state
+
     def _frozen(self, name: str) -> Any:
         """The frozen messages, built once per interaction (scorers of every branch share them); rebuilt
         when the field was assigned a new value."""
@@ -270,11 +288,19 @@ class ReadOnlyInteraction(Interaction):
     def output_messages(self) -> Any:  # type: ignore[override]
         return self.__dict__["_source"]._frozen("output_messages")
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """A view pickles as its source and is rebuilt read-only on the other side (a worker process)."""
+        return _readonly_of, (self.__dict__["_source"],)
+
     def __setattr__(self, name, value):
         raise AttributeError(f"interaction {self.interaction_id!r} is read-only for scorers (tried to set {name!r})")
 
     def __delattr__(self, name):
         raise AttributeError(f"interaction {self.interaction_id!r} is read-only for scorers")
+
+
+def _readonly_of(source: Interaction) -> Interaction:
+    return source.readonly()
 
 
 @dataclasses.dataclass(frozen=True)

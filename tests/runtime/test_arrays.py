@@ -280,3 +280,30 @@ async def test_a_failed_rows_turn_scores_are_never_read_as_derive_by_gigpo():
         compute_advantages(batch, config)
     dropped = dict(batch, loss_mask=(turn_ids >= 0) & ~out.failed[:, None])
     assert np.isfinite(np.asarray(compute_advantages(dropped, config).advantages)).all()
+
+
+class ReadsItsRow(BaseScorer):
+    name = "reads_its_row"
+
+    async def evaluate(self, interaction, ctx):
+        assert interaction.interaction_id.startswith(f"row{ctx['row']}/t")
+        return float(ctx.get("values", [10.0, 20.0, 30.0])[ctx["row"]])
+
+
+@pytest.mark.parametrize("ctx", [None, {"values": [1.0, 2.0, 3.0]},
+                                 [{"values": [1.0, 2.0, 3.0]}, None, {"values": [1.0, 2.0, 3.0]}]])
+async def test_score_arrays_tells_each_rows_scorers_their_row(ctx):
+    # Issue 30: a scorer found its row in a per-row ctx only by parsing "row{b}/t{k}" from a docstring.
+    tokens = np.array([[1, 2, 3, 4], [0, 0, 0, 0], [5, 6, 7, 8]])
+    turn_ids = np.array([[-1, 0, 0, 1], [-1, -1, -1, -1], [-1, 0, -1, 1]])
+    out = await score_arrays(PRMRunner(scorers=(ReadsItsRow(),)), tokens, turn_ids, ctx=ctx)
+    values = [10.0, 20.0, 30.0] if ctx is None else [1.0, 2.0, 3.0]
+    expected = np.where(turn_ids >= 0, np.array(values, np.float32)[:, None], np.float32(0))
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("ctx", [{"row": 1}, [None, {"row": 0}]])
+async def test_score_arrays_refuses_a_ctx_that_sets_row_itself(ctx):
+    tokens = np.array([[1, 2], [3, 4]])
+    with pytest.raises(ValueError, match=r"\['row'\] is set by score_arrays"):
+        await score_arrays(PRMRunner(scorers=(ReadsItsRow(),)), tokens, np.array([[-1, 0], [-1, 0]]), ctx=ctx)

@@ -1,0 +1,601 @@
+"""How a scorer's calls run: one executor per scorer kind (``BaseScorer.executor``), chosen from
+``EXECUTORS``, never by ``isinstance`` checks in the runner.
+
+- ``async``: the call is awaited on the event loop under the scorer's deadline; the time inside its own
+  steps is measured, so a step that blocks the loop is named (and past its deadline fails).
+- ``thread``: a plain function in a worker thread; the deadline starts when the thread starts the call; a
+  late result is discarded (a thread cannot be stopped).
+- ``process``: a plain function in worker processes, each holding a pickled copy of the scorer; calls go to
+  a worker several at a time (one message per call costs the event loop ~1 ms a turn) and come back one by
+  one; a worker past a call's deadline is ended and replaced, the rest of its calls resent.
+- ``batch``: the items of concurrent calls (turns or branches of any branch in flight) are gathered into
+  one ``evaluate_batch`` call of at most ``max_batch_size`` items within ``max_wait`` seconds.
+
+Every executor bounds the scorer's calls in flight (``max_concurrency``) and keeps its latency, call and
+failure counts (``stats``). The runner owns its executors and closes them with itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import copy
+import math
+import multiprocessing
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+
+from prm_jax._compat import add_note
+from prm_jax.runtime.concurrency import COLLECTOR, cancellation_requested
+from prm_jax.runtime.scoring import BaseScorer
+
+# A scorer step (the synchronous code between two awaits) longer than this stalls every other scorer on the
+# event loop: the runner warns once per scorer, naming it.
+BLOCKING_STEP_S = 0.05
+PROCESS_CHUNK = 8  # calls sent to a worker process in one message (1.0-1.1x of the cores' ideal, issue 30)
+LATENCY_SAMPLES = 4096  # the most recent call latencies kept per scorer for p50 / p95
+# The last scorer step that held the loop past BLOCKING_STEP_S: (scorer name, seconds, when it ended), read
+# by the loop-lag watchdog to name who was running.
+LAST_LONG_STEP: list[Any] = ["", 0.0, -math.inf]
+
+
+def scorer_error(scorer: BaseScorer, where: str, err: BaseException, timeout: float | None) -> BaseException:
+    """What an exception out of one scorer call becomes: the deadline's ``TimeoutError`` names the scorer and
+    its timeout; a ``CancelledError`` the scorer raised itself (no cancellation was asked for) is a scorer
+    failure, not a cancellation of the run; anything else stays as it is."""
+    if isinstance(err, TimeoutError) and timeout is not None and not str(err):
+        return TimeoutError(f"scorer {scorer.name!r} on {where} took longer than its timeout of {timeout} s")
+    if isinstance(err, anyio.get_cancelled_exc_class()) and not cancellation_requested():
+        return RuntimeError(f"scorer {scorer.name!r} on {where} raised CancelledError without being cancelled")
+    return err
+
+
+def describe(on: Any) -> str:
+    """``on`` (an interaction, or a string saying what a call covers) for messages."""
+    return on if isinstance(on, str) else f"interaction {on.interaction_id!r}"
+
+
+class OwnTime:
+    """An awaitable that runs ``call`` and measures the time spent inside its own steps (``busy``, and the
+    ``longest`` one): the time a scorer held the event loop, never the time it waited for others, nor a
+    pause of the garbage collector that landed in its step (``COLLECTOR``)."""
+
+    __slots__ = ("_call", "busy", "longest")
+
+    def __init__(self, call: Awaitable[Any]):
+        self._call = call
+        self.busy = 0.0
+        self.longest = 0.0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        steps = self._call.__await__()
+        send, throw = steps.send, steps.throw
+        value: Any = None
+        error: BaseException | None = None
+        clock, collector = time.perf_counter, COLLECTOR
+        busy = longest = 0.0
+        try:
+            while True:
+                start, collected = clock(), collector.total
+                try:
+                    yielded = send(value) if error is None else throw(error)
+                finally:
+                    spent = clock() - start - (collector.total - collected)
+                    busy += spent
+                    if spent > longest:
+                        longest = spent
+                try:
+                    value, error = (yield yielded), None
+                except BaseException as thrown:  # a cancellation (or close) goes into the scorer's own step
+                    value, error = None, thrown
+        except StopIteration as done:
+            return done.value
+        finally:
+            self.busy, self.longest = busy, longest
+
+
+class _LoopLocal:
+    """A synchronization primitive per event loop (a runner may serve several loops in turn, e.g. one
+    ``anyio.run`` after another): rebuilt when the current loop changes."""
+
+    def __init__(self, factory: Callable[[], Any]):
+        self._factory = factory
+        self._token: Any = None
+        self._value: Any = None
+
+    def get(self) -> Any:
+        token = anyio.lowlevel.current_token().native_token  # (the token object is new on every call)
+        if token is not self._token:
+            self._token, self._value = token, self._factory()
+        return self._value
+
+
+class Executor:
+    """One scorer's calls: ``await run(args, on)`` runs ``method(*args)`` of the scorer (``on``: the turn,
+    or what the call covers, for messages) and returns what it returned."""
+
+    def __init__(self, scorer: BaseScorer, method: str, timeout: float | None):
+        self.scorer, self.method, self.timeout = scorer, method, timeout
+        limit = scorer.max_concurrency
+        self._slots = _LoopLocal(lambda: anyio.Semaphore(limit)) if limit is not None else None
+        self.calls = self.failures = self.timeouts = 0
+        self._latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_SAMPLES)
+        self._warned_blocking = False
+
+    async def run(self, args: tuple[Any, ...], on: Any) -> Any:
+        if self._slots is None:
+            return await self._measured(self._run(args, on))
+        async with self._slots.get():
+            return await self._measured(self._run(args, on))
+
+    async def _measured(self, call: Awaitable[Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return await call
+        except TimeoutError:
+            self.failures += 1
+            self.timeouts += 1
+            raise
+        except Exception:
+            self.failures += 1
+            raise
+        finally:
+            self.calls += 1
+            self._latencies.append(time.perf_counter() - start)
+
+    async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, float]:
+        """Calls, failures, timeouts and latency percentiles (seconds, over the most recent calls)."""
+        latencies = np.asarray(self._latencies, np.float64)
+        p50, p95 = (np.percentile(latencies, [50, 95]) if latencies.size else (math.nan, math.nan))
+        return {"calls": self.calls, "failures": self.failures, "timeouts": self.timeouts,
+                "latency_p50_s": float(p50), "latency_p95_s": float(p95)}
+
+    async def aclose(self) -> None:
+        """Releases the executor's workers (a no-op for those without)."""
+
+    def _timeout_error(self, on: Any) -> TimeoutError:
+        return TimeoutError(f"scorer {self.scorer.name!r} on {describe(on)} took longer than its timeout of "
+                            f"{self.timeout} s")
+
+
+class AsyncExecutor(Executor):
+    """Awaits the scorer's coroutine on the loop, under its deadline, timing its own steps."""
+
+    async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
+        return await self._timed(getattr(self.scorer, self.method)(*args), on)
+
+    async def run_call(self, call: Awaitable[Any], on: Any) -> Any:
+        """``run`` for a coroutine already made (an async scorer's ``evaluate_result``)."""
+        if self._slots is None:
+            return await self._measured(self._timed(call, on))
+        async with self._slots.get():
+            return await self._measured(self._timed(call, on))
+
+    async def _timed(self, call: Awaitable[Any], on: Any) -> Any:
+        timeout = self.timeout
+        timed = OwnTime(call)
+        try:
+            if timeout is None:  # no cancel scope per call where no deadline is set
+                result = await timed
+            else:
+                with anyio.fail_after(timeout):
+                    result = await timed
+        except (Exception, anyio.get_cancelled_exc_class()) as err:
+            reported = scorer_error(self.scorer, describe(on), err, timeout)
+            if reported is err:
+                raise
+            raise reported from None
+        if timed.longest > BLOCKING_STEP_S:
+            self._blocking(on, timed)
+        return result
+
+    def _blocking(self, on: Any, timed: OwnTime) -> None:
+        """A call that held the event loop: past its deadline it fails (nothing could interrupt it, but the
+        deadline holds); otherwise the runner warns once per scorer (its neighbours waited meanwhile)."""
+        LAST_LONG_STEP[:] = [self.scorer.name, timed.longest, time.perf_counter()]
+        name, timeout = self.scorer.name, self.timeout
+        if timeout is not None and timed.busy > timeout:
+            raise TimeoutError(f"scorer {name!r} on {describe(on)} ran synchronous code for {timed.busy:.3f} s, past "
+                               f"its timeout of {timeout} s (it blocked the event loop, so nothing could stop it "
+                               "earlier; derive from SyncScorer with executor 'thread' or 'process')")
+        if not self._warned_blocking:
+            self._warned_blocking = True
+            warnings.warn(f"scorer {name!r} blocked the event loop for {timed.longest:.3f} s in one step on "
+                          f"{describe(on)}: synchronous work inside an async evaluate stalls every other scorer; "
+                          "derive from SyncScorer (executor 'thread' for blocking I/O, 'process' for CPU-bound "
+                          "Python)", RuntimeWarning, stacklevel=2)
+
+
+class ThreadExecutor(Executor):
+    """A plain function in a worker thread, at most ``max_workers`` at a time. The deadline runs from the
+    thread's start; past it the call fails and the thread's eventual result is discarded."""
+
+    def __init__(self, scorer: BaseScorer, method: str, timeout: float | None):
+        super().__init__(scorer, method, timeout)
+        workers = int(getattr(scorer, "max_workers", 1))
+        self._admitted = _LoopLocal(lambda: anyio.Semaphore(workers))
+        # Admission is ours; anyio's limiter must never make an admitted call wait (an abandoned thread
+        # may still hold a token of a bounded one).
+        self._unbounded = _LoopLocal(lambda: anyio.CapacityLimiter(math.inf))
+
+    async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
+        fn = getattr(self.scorer, self.method)
+        async with self._admitted.get():
+            try:
+                if self.timeout is None:
+                    return await anyio.to_thread.run_sync(fn, *args, limiter=self._unbounded.get())
+                with anyio.fail_after(self.timeout):
+                    return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True,
+                                                          limiter=self._unbounded.get())
+            except TimeoutError as err:
+                if str(err):  # the scorer's own TimeoutError
+                    raise
+                raise TimeoutError(f"scorer {self.scorer.name!r} on {describe(on)} took longer than its timeout "
+                                   f"of {self.timeout} s in its worker thread (the thread runs on; its result "
+                                   "will be discarded)") from None
+
+
+class _Call:
+    __slots__ = ("args", "future", "on")
+
+    def __init__(self, args: tuple[Any, ...], on: Any):
+        self.args, self.on = args, on
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, context: Any, blob: bytes):
+        self.conn, child = context.Pipe(duplex=True)
+        self.process = context.Process(target=_worker_main, args=(child, blob), daemon=True,
+                                       name="prm-jax scorer worker")
+        self.process.start()
+        child.close()  # so that the worker's death is an EOF here
+
+    def end(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+
+def _worker_main(conn: Any, blob: bytes) -> None:
+    """A worker process: unpickles the scorer once, then runs the calls of each message in order, sending
+    each result (or error) back as soon as it is done."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
+    scorer = pickle.loads(blob)
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        method, calls = job
+        fn = getattr(scorer, method)
+        for args in calls:
+            try:
+                conn.send((True, fn(*args)))
+            except BaseException as err:  # (an unpicklable result lands here too)
+                conn.send((False, _portable(err)))
+
+
+def _portable(err: BaseException) -> BaseException:
+    """The error as it can cross to the parent: itself if it pickles, else a RuntimeError with its repr; the
+    worker's traceback in a note either way."""
+    note = "in the scorer's worker process:\n" + "".join(traceback.format_exception(err)).rstrip()
+    try:
+        pickle.loads(pickle.dumps(err))
+        out = err
+    except Exception:
+        out = RuntimeError(repr(err))
+    add_note(out, note)
+    return out
+
+
+def _process_context() -> Any:
+    """Workers start from a fresh interpreter (never ``fork``: the parent runs JAX's threads): Linux's
+    forkserver, which imports prm-jax once and forks each worker from it, else spawn."""
+    if sys.platform.startswith("linux"):
+        return multiprocessing.get_context("forkserver")
+    return multiprocessing.get_context("spawn")
+
+
+class ProcessExecutor(Executor):
+    """A plain function in ``max_workers`` worker processes; see the module docstring. One dispatcher thread
+    per worker feeds it calls ``PROCESS_CHUNK`` at a time (fewer when few are waiting) and enforces each
+    call's deadline from the moment the worker starts it."""
+
+    def __init__(self, scorer: BaseScorer, method: str, timeout: float | None):
+        super().__init__(scorer, method, timeout)
+        self.workers = int(getattr(scorer, "max_workers", 1))
+        self._queue: collections.deque[_Call] = collections.deque()
+        self._ready = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._live: set[_Worker] = set()
+        self._closed = False
+        self._blob: bytes | None = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        try:
+            self._blob = pickle.dumps(self.scorer)
+        except Exception as err:
+            raise TypeError(f"scorer {self.scorer.name!r} runs with executor 'process', so it is pickled into its "
+                            f"workers, but it does not pickle: {err!r} (keep clients and locks out of its "
+                            "state, or open them lazily in the worker)") from None
+        context = _process_context()
+        if context.get_start_method() == "forkserver":
+            context.set_forkserver_preload(["prm_jax.runtime.executors", type(self.scorer).__module__])
+        self._context = context
+        for i in range(self.workers):
+            thread = threading.Thread(target=self._serve, name=f"prm-jax {self.scorer.name} dispatcher {i}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
+        if self._closed:
+            raise RuntimeError(f"scorer {self.scorer.name!r}: its worker processes were closed")
+        if self._blob is None:
+            self._start()
+        call = _Call(args, on)
+        with self._ready:
+            self._queue.append(call)
+            self._ready.notify()
+        return await _result(call.future)
+
+    def _take(self) -> list[_Call] | None:
+        with self._ready:
+            while not self._queue and not self._closed:
+                self._ready.wait()
+            if self._closed:
+                return None
+            count = max(1, min(PROCESS_CHUNK, len(self._queue) // self.workers))
+            return [self._queue.popleft() for _ in range(min(count, len(self._queue)))]
+
+    def _serve(self) -> None:
+        worker: _Worker | None = None
+        try:
+            while (chunk := self._take()) is not None:
+                calls = [call for call in chunk if call.future.set_running_or_notify_cancel()]
+                while calls:
+                    if worker is None:
+                        try:
+                            worker = _Worker(self._context, self._blob or b"")
+                        except Exception as err:
+                            for call in calls:
+                                call.future.set_exception(RuntimeError(
+                                    f"scorer {self.scorer.name!r}: could not start a worker process: {err!r}"))
+                            break
+                        self._live.add(worker)
+                    calls, alive = self._chunk(worker, calls)
+                    if not alive:
+                        self._live.discard(worker)
+                        worker.end()
+                        worker, self.restarts = None, self.restarts + 1
+        finally:
+            if worker is not None:
+                self._live.discard(worker)
+                try:
+                    worker.conn.send(None)
+                    worker.process.join(1)
+                except OSError:
+                    pass
+                worker.end()
+
+    def _chunk(self, worker: _Worker, calls: list[_Call]) -> tuple[list[_Call], bool]:
+        """Runs ``calls`` on ``worker``; returns the calls not run (their worker was ended) and whether the
+        worker lives on."""
+        try:
+            worker.conn.send((self.method, [call.args for call in calls]))
+        except Exception as err:  # an argument that does not pickle fails this chunk's calls
+            alive = not isinstance(err, OSError)
+            for call in calls:
+                call.future.set_exception(TypeError(
+                    f"scorer {self.scorer.name!r} on {describe(call.on)}: its arguments could not be sent to its "
+                    f"worker process: {err!r}"))
+            return [], alive
+        for k, call in enumerate(calls):
+            started = time.monotonic()
+            if self.timeout is not None and not worker.conn.poll(self.timeout):
+                call.future.set_exception(TimeoutError(
+                    f"scorer {self.scorer.name!r} on {describe(call.on)} took longer than its timeout of "
+                    f"{self.timeout} s in its worker process (the worker was ended and replaced)"))
+                return calls[k + 1:], False
+            try:
+                ok, value = worker.conn.recv()
+            except (EOFError, OSError):
+                worker.process.join(1)
+                call.future.set_exception(RuntimeError(
+                    f"scorer {self.scorer.name!r} on {describe(call.on)}: its worker process died (exit code "
+                    f"{worker.process.exitcode}) after {time.monotonic() - started:.3f} s"))
+                return calls[k + 1:], False
+            if ok:
+                call.future.set_result(value)
+            else:
+                call.future.set_exception(value)
+        return [], True
+
+    async def aclose(self) -> None:
+        with self._ready:
+            self._closed = True
+            waiting = list(self._queue)
+            self._queue.clear()
+            self._ready.notify_all()
+        for call in waiting:
+            call.future.cancel()
+        threads = self._threads
+
+        def join() -> None:
+            for thread in threads:
+                thread.join(10)
+
+        await anyio.to_thread.run_sync(join)
+        for worker in list(self._live):
+            worker.end()
+
+
+async def _result(future: concurrent.futures.Future[Any]) -> Any:
+    """Awaits a thread's future: natively on asyncio (cancelling the wait cancels a call not yet started),
+    through a waiting thread elsewhere."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+    return await asyncio.wrap_future(future)
+
+
+class _Batch:
+    __slots__ = ("done", "error", "full", "items", "results")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[tuple[Any, ...], Any]] = []
+        self.full = anyio.Event()
+        self.done = anyio.Event()
+        self.results: Sequence[Any] = ()
+        self.error: BaseException | None = None
+
+
+class BatchExecutor(AsyncExecutor):
+    """Gathers concurrent calls' items into ``evaluate_batch`` calls (see ``BatchScorer``). The call that
+    opens a batch leads it: it waits up to ``max_wait`` for the batch to fill, then makes the call for every
+    item in it, shielded from its own branch's cancellation (the others' items ride on it): a batch call
+    always runs to its end or its deadline (set a ``timeout``: ``aclose`` waits for batches in flight), and
+    the results of branches that have gone are dropped."""
+
+    def __init__(self, scorer: BaseScorer, method: str, timeout: float | None):
+        super().__init__(scorer, method, timeout)
+        self.max_batch_size: int = scorer.max_batch_size  # type: ignore[attr-defined]
+        self.max_wait: float = scorer.max_wait  # type: ignore[attr-defined]
+        self.pads = bool(getattr(scorer, "pads", False))
+        self._open: _Batch | None = None
+        self.batches = 0
+        self._batch_slots = self._slots
+        self._slots = None  # max_concurrency bounds batch calls, not items
+
+    async def run(self, args: tuple[Any, ...], on: Any) -> Any:
+        batch = self._open
+        lead = batch is None
+        if batch is None:
+            batch = self._open = _Batch()
+        index = len(batch.items)
+        batch.items.append((args, on))
+        if len(batch.items) >= self.max_batch_size:
+            self._open = None
+            batch.full.set()
+        if lead:
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(self.max_wait):
+                    await batch.full.wait()
+                if self._open is batch:
+                    self._open = None
+                await self._flush(batch)
+        else:
+            await batch.done.wait()
+        if batch.error is not None:  # each branch raises its own copy (its notes name its own turn)
+            error = copy.copy(batch.error)
+            error.__notes__ = list(getattr(batch.error, "__notes__", ()))  # type: ignore[attr-defined]
+            raise error.with_traceback(batch.error.__traceback__)
+        return batch.results[index]
+
+    async def _flush(self, batch: _Batch) -> None:
+        items = batch.items
+        order = list(range(len(items)))
+        if self.pads:
+            order.sort(key=lambda i: _length(items[i][0]))
+        start = time.perf_counter()
+        try:
+            if self._batch_slots is None:
+                results = await self._call([items[i][0] for i in order], items)
+            else:
+                async with self._batch_slots.get():
+                    results = await self._call([items[i][0] for i in order], items)
+            out: list[Any] = [None] * len(items)
+            for position, i in enumerate(order):
+                out[i] = results[position]
+            batch.results = out
+        except Exception as err:
+            self.failures += 1
+            if isinstance(err, TimeoutError):
+                self.timeouts += 1
+            batch.error = err
+        finally:
+            self.calls += 1
+            self.batches += 1
+            self._latencies.append(time.perf_counter() - start)
+            batch.done.set()
+
+    async def _call(self, argument_lists: list[tuple[Any, ...]], items: list[tuple[tuple[Any, ...], Any]]) -> list[Any]:
+        first, last = describe(items[0][1]), describe(items[-1][1])
+        on = f"a batch of {len(items)} items ({first} ... {last})" if len(items) > 1 else first
+        results = await self._timed(self.scorer.evaluate_batch(argument_lists), on)  # type: ignore[attr-defined]
+        if isinstance(results, np.ndarray):
+            results = list(results)
+        if not isinstance(results, Sequence) or isinstance(results, (str, bytes)) or len(results) != len(items):
+            got = f"{len(results)} results" if isinstance(results, Sequence) else type(results).__name__
+            raise TypeError(f"scorer {self.scorer.name!r}: evaluate_batch must return one result per item, in order "
+                            f"({len(items)}), got {got}")
+        return list(results)
+
+
+def _length(args: tuple[Any, ...]) -> int:
+    """An item's length for sorting a padded batch: its tokens (a turn's input and output, or a branch's
+    leaf)."""
+    turn = args[0]
+    if isinstance(turn, tuple):  # a branch: its leaf holds every token
+        turn = turn[-1]
+    return len(turn.input_tokens) + int(turn.output_len)
+
+
+EXECUTORS: dict[str, type[Executor]] = {
+    "async": AsyncExecutor, "thread": ThreadExecutor, "process": ProcessExecutor, "batch": BatchExecutor,
+}
+
+
+def make_executor(scorer: BaseScorer, timeout: float | None) -> Executor:
+    """The executor of ``scorer``'s kind, calling the method of its unit."""
+    kind = scorer.executor
+    if kind not in EXECUTORS:
+        raise TypeError(f"scorer {scorer.name!r}: executor {kind!r} is not one of {sorted(EXECUTORS)}")
+    method = "evaluate_batch" if kind == "batch" else (
+        "evaluate_trajectory" if scorer.unit == "trajectory" else "evaluate")
+    return EXECUTORS[kind](scorer, method, timeout)
+
+
+LAG_CHECK_S = 0.01
+
+
+async def watch_loop(warn: Callable[[str], None], stop: anyio.Event) -> None:
+    """A watchdog task: wakes every ``LAG_CHECK_S``; a wake-up late by more than ``BLOCKING_STEP_S`` means the
+    loop was blocked. A scorer step that held it has been named by its executor already (once per scorer,
+    with its own time); otherwise ``warn`` is told that code outside every scorer's evaluate held it."""
+    clock = time.perf_counter
+    while not stop.is_set():
+        before = clock()
+        with anyio.move_on_after(LAG_CHECK_S):
+            await stop.wait()
+        now = clock()
+        lag = now - before - LAG_CHECK_S
+        if lag > BLOCKING_STEP_S:
+            ended = LAST_LONG_STEP[2]
+            if before <= ended <= now:
+                continue  # the scorer named in LAST_LONG_STEP held it: its executor warned (or failed the call)
+            warn(f"the event loop was blocked for {lag:.3f} s while scoring, outside every scorer's evaluate (the "
+                 "caller's own code on this loop, or result validation): scorers' deadlines kept running")

@@ -1,0 +1,453 @@
+"""Issue 30, section 1-2: executors by scorer kind (async, thread, process, batch), their deadlines, bounded
+fan-out, the loop-lag watchdog, and batching across branches."""
+
+import os
+import pickle
+import re
+import threading
+import time
+import warnings
+
+import anyio
+import numpy as np
+import pytest
+import scorers_for_tests as st
+from scorers_for_tests import chain, committed
+
+from prm_jax import (
+    BaseScorer,
+    BaseTrajectoryScorer,
+    BatchScorer,
+    BatchTrajectoryScorer,
+    PRMRunner,
+    PRMScorerResult,
+    SyncScorer,
+    SyncTrajectoryScorer,
+)
+from prm_jax.config import PRMConfig, ScorerSpec
+from prm_jax.runtime.context import ScorerContext
+from prm_jax.runtime.specs import check_scorer_specs
+
+pytestmark = pytest.mark.anyio
+
+
+def branches(n, turns=4, out_len=3):
+    """``n`` branches of ``turns`` turns, interaction ids ``b{i}t{k}``, with messages."""
+    out = []
+    for i in range(n):
+        cache = chain(turns, out_len, messages=True)
+        out.append([turn.clone() for turn in cache])
+        for k, turn in enumerate(out[-1]):
+            turn.interaction_id = f"b{i}t{k}"
+            turn.parent_id = f"b{i}t{k - 1}" if k else None
+    return out
+
+
+def rewards_of(chains):
+    return [[None if t.token_rewards is None else t.token_rewards.tolist() for t in c] for c in chains]
+
+
+# --- kinds are checked when the scorer is built -------------------------------------------------------------
+
+class PlainOnAsyncBase(BaseScorer):
+    name = "plain_on_async"
+
+    def evaluate(self, interaction, ctx):  # a plain function on an async base
+        return 1.0
+
+
+class AsyncOnSyncBase(SyncScorer):
+    name = "async_on_sync"
+
+    async def evaluate(self, interaction, ctx):
+        return 1.0
+
+
+class PlainTrajectoryOnAsyncBase(BaseTrajectoryScorer):
+    name = "plain_trajectory_on_async"
+
+    def evaluate_trajectory(self, interactions, ctx):
+        return {}
+
+
+def test_a_plain_evaluate_on_an_async_base_is_refused_when_built_naming_the_base_to_use():
+    # Issue 30: it failed only at scoring time (TypeError: object float can't be used in 'await' expression).
+    with pytest.raises(TypeError, match=r"evaluate is a plain function.*prm_jax.runtime.SyncScorer"):
+        PlainOnAsyncBase()
+    with pytest.raises(TypeError, match=r"evaluate_trajectory is a plain function.*SyncTrajectoryScorer"):
+        PlainTrajectoryOnAsyncBase()
+    with pytest.raises(TypeError, match=r"evaluate is 'async def'.*prm_jax.runtime.BaseScorer"):
+        AsyncOnSyncBase()
+    # ... and by the config check, before anything is built (validate-config, prm-jax score's preflight).
+    with pytest.raises(TypeError, match="SyncScorer"):
+        check_scorer_specs(PRMConfig(scorers=(ScorerSpec(f"{__name__}.PlainOnAsyncBase"),)))
+
+
+def test_sync_scorer_settings_are_checked_naming_the_argument():
+    with pytest.raises(ValueError, match="executor must be one of"):
+        st.BusyVerifier(executor="gpu")
+    with pytest.raises(ValueError, match="max_workers"):
+        st.BusyVerifier(max_workers=0)
+    with pytest.raises(ValueError, match="max_concurrency"):
+        st.ConstantScorer(max_concurrency=0)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        type("B", (BatchScorer,), {"name": "b", "evaluate_batch": _echo_batch})(max_batch_size=0)
+
+
+async def _echo_batch(self, items):
+    return [float(turn.output_len) for turn, _ in items]
+
+
+# --- thread executor ----------------------------------------------------------------------------------------
+
+class SleepsInAThread(SyncScorer):
+    name = "sleeps_in_a_thread"
+
+    def __init__(self, seconds=0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds = seconds
+        self.threads = set()
+
+    def evaluate(self, interaction, ctx):
+        self.threads.add(threading.get_ident())
+        time.sleep(self.seconds)
+        return float(interaction.output_tokens[0])
+
+
+async def test_thread_executor_runs_off_the_loop_and_its_deadline_starts_with_the_thread():
+    # One worker, four turns of 0.1 s, timeout 0.15: each waits for the worker up to 0.3 s, which is not
+    # its own time; a deadline counted from the call would fail three of them.
+    scorer = SleepsInAThread(0.1, max_workers=1, timeout=0.15)
+    cache = chain(4)
+    await PRMRunner(scorers=(scorer,)).run(cache)
+    assert committed(cache) == [[1.0, 1.0], [11.0, 11.0], [21.0, 21.0], [31.0, 31.0]]
+    assert threading.get_ident() not in scorer.threads
+
+
+async def test_thread_executor_past_its_deadline_fails_and_discards_the_late_result():
+    scorer = SleepsInAThread(0.5, timeout=0.1)
+    cache = chain(1)
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError, match=r"'sleeps_in_a_thread'.*timeout of 0.1 s in its worker thread.*discarded"):
+        await PRMRunner(scorers=(scorer,)).run(cache)
+    assert time.perf_counter() - started < 0.45  # the run did not wait for the thread
+    assert committed(cache) == [None]
+
+
+class ThreadTrajectory(SyncTrajectoryScorer):
+    name = "thread_trajectory"
+
+    def evaluate_trajectory(self, interactions, ctx):
+        return {turn.interaction_id: float(k) for k, turn in enumerate(interactions)}
+
+
+async def test_sync_trajectory_scorer_scores_the_branch_in_one_thread_call():
+    cache = chain(3)
+    runner = PRMRunner(scorers=(ThreadTrajectory(),))
+    await runner.run(cache)
+    assert committed(cache) == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+    assert runner.scorer_stats()["thread_trajectory"]["calls"] == 1
+
+
+class PreparesInAThread(SyncScorer):
+    name = "prepares_in_a_thread"
+
+    def evaluate(self, interaction, ctx):
+        return 2.0
+
+    def prepare_result(self, interaction, raw, ctx):
+        return PRMScorerResult(raw * 3)
+
+
+async def test_a_sync_scorers_prepare_result_is_applied_to_what_evaluate_returned():
+    cache = chain(2)
+    await PRMRunner(scorers=(PreparesInAThread(),)).run(cache)
+    assert committed(cache) == [[6.0, 6.0], [6.0, 6.0]]
+
+
+# --- process executor ---------------------------------------------------------------------------------------
+
+def test_what_a_worker_process_receives_pickles_and_stays_read_only():
+    cache = chain(2, messages=True)
+    leaf = cache.branches()[0][-1]
+    view = leaf.readonly()
+    view.messages  # noqa: B018 (builds the frozen cache, which must not travel)
+    ctx = ScorerContext({"offset": 1.5, "nested": {"a": [1, 2]}}, leaf, True)
+    assert ctx["messages"]
+    view2, ctx2 = pickle.loads(pickle.dumps((view, ctx)))
+    assert view2.interaction_id == view.interaction_id and view2.messages == view.messages
+    np.testing.assert_array_equal(view2.input_tokens, view.input_tokens)
+    with pytest.raises(AttributeError, match="read-only"):
+        view2.reward = 1.0
+    assert ctx2["offset"] == 1.5 and ctx2["nested"]["a"] == (1, 2) and ctx2["is_eval"] is True
+    assert ctx2["messages"] == ctx["messages"]
+    with pytest.raises(TypeError):
+        ctx2["nested"]["b"] = 1  # still frozen on the other side
+
+
+async def test_process_executor_scores_in_worker_processes_with_the_same_numbers():
+    work = 300
+    scorer = st.BusyVerifier(work=work, max_workers=2)
+    chains = branches(6)
+    runner = PRMRunner(scorers=(scorer, st.WorkerPid(max_workers=2)))
+    try:
+        results = await runner.run_many(chains)
+    finally:
+        await runner.aclose()
+    # The verifier's numbers equal the same function run here (float64, committed as float32); the other
+    # scorer's show that the work ran in (at most two) other processes.
+    turns = {turn.interaction_id: turn for c in chains for turn in c}
+    pids = set()
+    for result in results:
+        for r in result:
+            if r.scorer == "busy_verifier":
+                expected = np.float32(st.busy_score(turns[r.interaction_id], work))
+                assert r.token_rewards.tolist() == [expected] * 3
+            else:
+                pids.add(int(r.token_rewards[0]))
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
+    stats = runner.scorer_stats()
+    assert stats["busy_verifier"]["calls"] == 24 and stats["busy_verifier"]["failures"] == 0
+
+
+async def test_process_executor_ends_a_worker_past_its_deadline_and_replaces_it():
+    chains = branches(3, turns=2)
+    scorer = st.Misbehaves(slow=("b1t0",), max_workers=1, timeout=0.5)
+    runner = PRMRunner(scorers=(scorer,))
+    started = time.perf_counter()
+    try:
+        results = await runner.run_many(chains, return_exceptions=True)
+        executor = runner._executors[id(scorer)]
+        assert executor.restarts == 1
+    finally:
+        await runner.aclose()
+    assert time.perf_counter() - started < 25  # the 30 s sleep was cut short
+    assert isinstance(results[1], TimeoutError)
+    assert "took longer than its timeout of 0.5 s in its worker process (the worker was ended and replaced)" in \
+        str(results[1])
+    assert rewards_of([chains[0], chains[2]]) == [[[1.0] * 3] * 2] * 2  # the others scored
+    assert rewards_of([chains[1]]) == [[None, None]]
+
+
+async def test_process_executor_reports_a_dead_worker_and_a_raised_error_with_the_workers_traceback():
+    chains = branches(3, turns=2)
+    runner = PRMRunner(scorers=(st.Misbehaves(crash=("b0t1",), fail=("b2t0",), max_workers=1),))
+    try:
+        results = await runner.run_many(chains, return_exceptions=True)
+    finally:
+        await runner.aclose()
+    assert isinstance(results[0], RuntimeError) and "worker process died (exit code 3)" in str(results[0])
+    assert isinstance(results[2], KeyError) and "no answer for b2t0" in str(results[2])
+    assert any("in the scorer's worker process" in note for note in results[2].__notes__)
+    assert rewards_of([chains[1]]) == [[[1.0] * 3] * 2]
+
+
+class NotPicklable(SyncScorer):
+    name = "not_picklable"
+    executor = "process"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.lock = threading.Lock()
+
+    def evaluate(self, interaction, ctx):
+        return 0.0
+
+
+async def test_process_executor_says_when_a_scorer_does_not_pickle():
+    runner = PRMRunner(scorers=(NotPicklable(),))
+    with pytest.raises(TypeError, match=r"'not_picklable' runs with executor 'process'.*does not pickle"):
+        await runner.run(chain(1))
+    await runner.aclose()
+
+
+class SlowAsync(BaseScorer):
+    name = "slow_async"
+
+    async def evaluate(self, interaction, ctx):
+        await anyio.sleep(0.02)
+        return 1.0
+
+
+async def test_an_async_scorer_beside_a_cpu_bound_one_in_processes_never_times_out():
+    # Issue 30: inside an async evaluate, an ~8 ms CPU-bound verifier failed 57-106 of 256 rows of a 20 ms
+    # async scorer with timeout=0.5 beside it. Through the process executor the loop stays free.
+    chains = branches(32)
+    runner = PRMRunner(scorers=(st.BusyVerifier(work=20000, max_workers=2), SlowAsync(timeout=0.5)))
+    try:
+        results = await runner.run_many(chains, return_exceptions=True)
+    finally:
+        await runner.aclose()
+    assert not [r for r in results if isinstance(r, Exception)]
+
+
+# --- bounded fan-out ------------------------------------------------------------------------------------------
+
+class CountsInFlight(BaseScorer):
+    name = "counts_in_flight"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.now = self.most = 0
+
+    async def evaluate(self, interaction, ctx):
+        self.now += 1
+        self.most = max(self.most, self.now)
+        await anyio.sleep(0.005)
+        self.now -= 1
+        return 1.0
+
+
+@pytest.mark.parametrize("max_concurrency", [None, 1, 5])
+async def test_max_concurrency_bounds_a_scorers_calls_across_every_branch(max_concurrency):
+    scorer = CountsInFlight(max_concurrency=max_concurrency)
+    chains = branches(8)
+    await PRMRunner(scorers=(scorer,)).run_many(chains)
+    assert scorer.most == (32 if max_concurrency is None else max_concurrency)
+    assert rewards_of(chains) == [[[1.0] * 3] * 4] * 8
+
+
+# --- the loop-lag watchdog ------------------------------------------------------------------------------------
+
+class BlocksInPrepare(BaseScorer):
+    name = "blocks_in_prepare"
+
+    async def evaluate(self, interaction, ctx):
+        return 1.0
+
+    def prepare_result(self, interaction, raw, ctx):
+        time.sleep(0.12)
+        return PRMScorerResult(raw)
+
+
+async def test_a_scorer_that_blocks_the_loop_is_named_once_by_its_own_time_not_twice():
+    runner = PRMRunner(scorers=(BlocksInPrepare(),))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await runner.run_many(branches(2, turns=1))
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "scorer 'blocks_in_prepare' blocked the event loop for 0.1" in messages[0]
+
+
+async def test_the_watchdog_warns_once_when_code_outside_the_scorers_blocks_the_loop():
+    runner = PRMRunner(scorers=(SlowAsync(),))
+
+    async def blocks_the_loop():
+        await anyio.sleep(0.005)
+        time.sleep(0.12)  # the caller's own code on the scoring loop
+
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            async with anyio.create_task_group() as group:
+                group.start_soon(blocks_the_loop)
+                await runner.run_many(branches(2, turns=1))
+        if _ == 0:
+            assert len(caught) == 1
+            assert re.match(r"the event loop was blocked for 0\.1\d\d s while scoring, outside every scorer's "
+                            "evaluate", str(caught[0].message))
+        else:
+            assert caught == []  # once per runner
+
+
+# --- batched scorers ------------------------------------------------------------------------------------------
+
+class RecordsBatches(BatchScorer):
+    name = "records_batches"
+    pads = True
+
+    def __init__(self, fail_on=(), **kwargs):
+        super().__init__(**kwargs)
+        self.batches, self.fail_on = [], set(fail_on)
+
+    async def evaluate_batch(self, items):
+        ids = [turn.interaction_id for turn, _ in items]
+        self.batches.append([(i, len(turn.input_tokens) + turn.output_len) for i, (turn, _) in zip(ids, items)])
+        await anyio.sleep(0.001)
+        if self.fail_on & set(ids):
+            raise ValueError(f"batch with {sorted(self.fail_on & set(ids))}")
+        return [float(len(turn.input_tokens)) for turn, _ in items]
+
+
+async def test_batch_scorer_gathers_turns_across_branches_into_full_batches():
+    # Issue 30's target in small: 64 turns (16 branches) with max_batch_size=16 make 4 calls.
+    scorer = RecordsBatches(max_batch_size=16, max_wait=1.0)
+    chains = branches(16)
+    runner = PRMRunner(scorers=(scorer,))
+    await runner.run_many(chains, limit=None)
+    assert [len(b) for b in scorer.batches] == [16, 16, 16, 16]
+    assert runner.scorer_stats()["records_batches"]["calls"] == 4
+    # pads = True: each batch sorted by length; every turn got its own result (its input length).
+    for batch in scorer.batches:
+        assert [n for _, n in batch] == sorted(n for _, n in batch)
+    for c in chains:
+        for turn in c:
+            assert turn.token_rewards.tolist() == [float(len(turn.input_tokens))] * turn.output_len
+
+
+async def test_a_batch_waits_at_most_max_wait_then_goes_with_what_it_has():
+    scorer = RecordsBatches(max_batch_size=64, max_wait=0.05)
+    started = time.perf_counter()
+    await PRMRunner(scorers=(scorer,)).run(chain(3))
+    assert [len(b) for b in scorer.batches] == [3]
+    assert time.perf_counter() - started < 1.0
+
+
+async def test_a_failed_batch_call_fails_exactly_the_branches_with_an_item_in_it():
+    scorer = RecordsBatches(fail_on={"b5t2"}, max_batch_size=8, max_wait=1.0)
+    chains = branches(12)
+    results = await PRMRunner(scorers=(scorer,)).run_many(chains, limit=None, return_exceptions=True)
+    failed_ids = next(b for b in scorer.batches if "b5t2" in [i for i, _ in b])
+    expected = {int(i[1:i.index("t")]) for i, _ in failed_ids}
+    assert {i for i, r in enumerate(results) if isinstance(r, Exception)} == expected
+    for i, result in enumerate(results):
+        if i in expected:
+            assert isinstance(result, ValueError) and "b5t2" in str(result)
+            assert committed(chains[i]) == [None] * 4  # all or nothing per branch
+        else:
+            assert all(t.token_rewards is not None for t in chains[i])
+
+
+class BranchBatches(BatchTrajectoryScorer):
+    name = "branch_batches"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.sizes = []
+
+    async def evaluate_batch(self, items):
+        self.sizes.append(len(items))
+        return [{turn.interaction_id: float(k) for k, turn in enumerate(turns)} for turns, _ in items]
+
+
+async def test_batch_trajectory_scorer_gets_whole_branches():
+    scorer = BranchBatches(max_batch_size=8, max_wait=1.0)
+    chains = branches(32, turns=3)
+    await PRMRunner(scorers=(scorer,)).run_many(chains, limit=None)
+    assert scorer.sizes == [8, 8, 8, 8]
+    assert rewards_of(chains) == [[[0.0] * 3, [1.0] * 3, [2.0] * 3]] * 32
+
+
+class WrongCount(BatchScorer):
+    name = "wrong_count"
+
+    async def evaluate_batch(self, items):
+        return [1.0]
+
+
+async def test_a_batch_result_of_the_wrong_length_is_refused():
+    with pytest.raises(TypeError, match=r"'wrong_count': evaluate_batch must return one result per item, in order \(3\)"):
+        await PRMRunner(scorers=(WrongCount(max_wait=0.01),)).run(chain(3))
+
+
+async def test_batched_results_equal_per_turn_async_results():
+    class PerTurn(BaseScorer):
+        name = "per_turn"
+
+        async def evaluate(self, interaction, ctx):
+            return float(len(interaction.input_tokens))
+
+    a, b = branches(5), branches(5)
+    await PRMRunner(scorers=(PerTurn(),)).run_many(a)
+    await PRMRunner(scorers=(RecordsBatches(max_batch_size=7, max_wait=0.01),)).run_many(b)
+    assert rewards_of(a) == rewards_of(b)

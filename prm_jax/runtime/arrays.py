@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
 
+from prm_jax._compat import BaseExceptionGroup, ExceptionGroup, add_note
 from prm_jax.kernels.shaping import warn_gvpo_without_penalty
 from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner
 from prm_jax.runtime.trajectory import MAX_TOKEN_ID, Interaction, turn_spans
@@ -101,6 +102,25 @@ def _same_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
     """Exactly ``shape``: a transposed ``[T, B]`` array was reshaped into ``[B, T]`` (scrambled, silently)."""
     if array.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} (input_ids' [B, T] or [B]), got {array.shape}")
+
+
+def _first_failure(group: BaseExceptionGroup, scored: list[int]) -> BaseException:
+    """``on_error="raise"``: the failure that stopped the batch, the scorer's own error (its notes name the
+    scorer and the turn, ``row{b}/t{k}``), with a note naming its row; not the group of the cancelled rest."""
+    leaves = [e for e in _leaves(group) if isinstance(e, Exception)]
+    first = next((e for e in leaves if hasattr(e, "prm_branch")), leaves[0] if leaves else group)
+    branch = getattr(first, "prm_branch", None)
+    if branch is not None:
+        add_note(first, f"score_arrays: row {scored[branch]} of input_ids failed; the batch was stopped (pass "
+                        "on_error='mask' to keep the other rows)")
+    return first
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for error in group.exceptions:
+        out.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return out
 
 
 ROW_KEY = "row"  # the context entry score_arrays adds: the row of the arrays a branch was built from
@@ -241,8 +261,9 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
 
     ``ctx`` is one mapping for every row or one per row (padding rows' entries are ignored); each row's
     scorers also find ``ctx["row"]``, its index in the arrays, and its turns are named ``row{b}/t{k}``. Rows are
-    scored concurrently, at most ``limit`` at a time. ``on_error="raise"`` (default): a failure is raised
-    (see ``PRMRunner.run_many``). ``on_error="mask"``: every row is scored, a row whose scoring failed
+    scored concurrently, at most ``limit`` at a time. ``on_error="raise"`` (default): the first failure
+    stops the batch and is raised as the scorer raised it, its notes naming the scorer, the turn
+    (``row{b}/t{k}``) and the row. ``on_error="mask"``: every row is scored, a row whose scoring failed
     commits nothing (a row is all or nothing) and is returned as failed, and the result is a
     ``ScoredArrays(token_rewards, failed [B], errors)``; a failed row's turn positions hold NaN, so a
     trainer that forgets the mask gets an error from ``compute_advantages``, not a silent 0. Errors that
@@ -259,8 +280,11 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
     scored = [b for b, chain in enumerate(chains) if chain]
     branches = [chain for chain in chains if chain]
     ctx = _row_contexts(ctx, len(chains), scored)
-    results = await runner.run_many(branches, ctx, limit=limit, is_eval=is_eval,
-                                    return_exceptions=on_error == "mask")
+    try:
+        results = await runner.run_many(branches, ctx, limit=limit, is_eval=is_eval,
+                                        return_exceptions=on_error == "mask")
+    except ExceptionGroup as group:
+        raise _first_failure(group, scored) from None
     ids = scored_turn_ids(turn_ids, attention_mask)
     token_rewards = token_rewards_from_chains(chains, ids)
     if on_error == "mask" or per_turn:

@@ -7,10 +7,11 @@ import asyncio
 import gc
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 
 async def concurrently(jobs: list[Coroutine[Any, Any, None]], *, group_one: bool = False) -> None:
@@ -74,3 +75,19 @@ class _CollectorClock:
 
 
 COLLECTOR = _CollectorClock()
+
+
+class LoopLocal:
+    """A synchronization primitive per event loop (a runner may serve several loops in turn, e.g. one
+    ``anyio.run`` after another): rebuilt when the current loop changes."""
+
+    def __init__(self, factory: Callable[[], Any]):
+        self._factory = factory
+        self._token: Any = None
+        self._value: Any = None
+
+    def get(self) -> Any:
+        token = anyio.lowlevel.current_token().native_token  # (the token object is new on every call)
+        if token is not self._token:
+            self._token, self._value = token, self._factory()
+        return self._value

@@ -34,11 +34,10 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import numpy as np
 
 from prm_jax._compat import add_note
-from prm_jax.runtime.concurrency import COLLECTOR, cancellation_requested
+from prm_jax.runtime.concurrency import COLLECTOR, LoopLocal, cancellation_requested
 from prm_jax.runtime.scoring import BaseScorer
 
 # A scorer step (the synchronous code between two awaits) longer than this stalls every other scorer on the
@@ -106,22 +105,6 @@ class OwnTime:
             self.busy, self.longest = busy, longest
 
 
-class _LoopLocal:
-    """A synchronization primitive per event loop (a runner may serve several loops in turn, e.g. one
-    ``anyio.run`` after another): rebuilt when the current loop changes."""
-
-    def __init__(self, factory: Callable[[], Any]):
-        self._factory = factory
-        self._token: Any = None
-        self._value: Any = None
-
-    def get(self) -> Any:
-        token = anyio.lowlevel.current_token().native_token  # (the token object is new on every call)
-        if token is not self._token:
-            self._token, self._value = token, self._factory()
-        return self._value
-
-
 class Executor:
     """One scorer's calls: ``await run(args, on)`` runs ``method(*args)`` of the scorer (``on``: the turn,
     or what the call covers, for messages) and returns what it returned."""
@@ -129,7 +112,7 @@ class Executor:
     def __init__(self, scorer: BaseScorer, method: str, timeout: float | None):
         self.scorer, self.method, self.timeout = scorer, method, timeout
         limit = scorer.max_concurrency
-        self._slots = _LoopLocal(lambda: anyio.Semaphore(limit)) if limit is not None else None
+        self._slots = LoopLocal(lambda: anyio.Semaphore(limit)) if limit is not None else None
         self.calls = self.failures = self.timeouts = 0
         self._latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_SAMPLES)
         self._warned_blocking = False
@@ -228,10 +211,10 @@ class ThreadExecutor(Executor):
     def __init__(self, scorer: BaseScorer, method: str, timeout: float | None):
         super().__init__(scorer, method, timeout)
         workers = int(getattr(scorer, "max_workers", 1))
-        self._admitted = _LoopLocal(lambda: anyio.Semaphore(workers))
+        self._admitted = LoopLocal(lambda: anyio.Semaphore(workers))
         # Admission is ours; anyio's limiter must never make an admitted call wait (an abandoned thread
         # may still hold a token of a bounded one).
-        self._unbounded = _LoopLocal(lambda: anyio.CapacityLimiter(math.inf))
+        self._unbounded = LoopLocal(lambda: anyio.CapacityLimiter(math.inf))
 
     async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
         fn = getattr(self.scorer, self.method)

@@ -296,6 +296,7 @@ class PRMRunner:
                         results[i] = await self.run(branches[i], contexts[i], is_eval=is_eval)
             except Exception as err:
                 if not return_exceptions:
+                    err.prm_branch = i  # type: ignore[attr-defined]  # (score_arrays names the row from it)
                     raise
                 results[i] = err
 

@@ -1,36 +1,35 @@
-"""An example scorer that asks a judge service over HTTP, with a deadline, retries and a bounded answer.
+"""``HTTPJudgeScorer``: a judge service that speaks prm-jax's own small JSON protocol (for a judge you write
+yourself; for an LLM behind an OpenAI-compatible server use ``OpenAIJudgeScorer``).
 
 The judge receives ``POST {url}`` with JSON ``{"interaction_id", "messages", "output_messages",
 "output_len"}`` and answers ``200`` with ``{"score": float}`` (broadcast over the turn) or
-``{"scores": [float, ...]}`` (one per output token). A non-200 answer, malformed JSON, an answer larger
-than ``max_body_bytes``, a connection closed mid-answer, or no answer within ``request_timeout`` seconds
-is an error of that attempt, retried up to ``attempts`` times (``prm_jax.call_with_retry``).
+``{"scores": [float, ...]}`` (one per output token). It runs on the built-in judges' transport
+(``prm_jax.scorers._http.JSONService``): one ``httpx`` client per scorer (keep-alive connections reused
+across turns, chunked answers, ``100 Continue``), an answer bounded by ``max_body_bytes``, at most
+``max_concurrency`` requests in flight and ``max_requests_per_second``, and retries (up to ``attempts``)
+only of 429 / 408 / 5xx answers, connection errors and timeouts, after the server's ``Retry-After`` or a
+fully jittered backoff; any other answer (a 422, malformed JSON) fails the turn at once.
 
-The client is ``httpx`` (the ``judge`` extra: ``pip install -e '.[judge]'``): HTTP/1.1 with keep-alive
-connections reused across turns, chunked answers, ``100 Continue``. One client per scorer, opened on the
-first call and closed by ``aclose`` (the runner closes the scorers it owns).
+A turn without output messages (an array-built turn carries tokens only) is an error naming it: the judge
+would receive empty messages (it once scored every such turn a silent 0.5).
 
-In a config entry, ``timeout`` (the entry's own key) bounds the whole ``evaluate`` call, retries included;
-``kwargs.request_timeout`` bounds one attempt.
+In a config entry, ``timeout`` (the entry's own key) bounds the whole ``evaluate`` call, retries and waits
+for the limiter included; ``kwargs.request_timeout`` bounds one attempt.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
-from prm_jax.runtime.authoring import call_with_retry
+from prm_jax.runtime.limits import ServiceError
 from prm_jax.runtime.scoring import BaseScorer
 from prm_jax.runtime.trajectory import Interaction
-from prm_jax.validation import finite_number, integer, short_repr
+from prm_jax.scorers._http import DEFAULT_MAX_BODY_BYTES, JSONService, check_transport, check_url, httpx_module
+from prm_jax.scorers.openai_judge import NoTextError
+from prm_jax.validation import short_repr
 
-DEFAULT_MAX_BODY_BYTES = 1 << 20  # a score answer is a few bytes; 1 MB leaves room for per-token scores
-
-
-class JudgeError(RuntimeError):
-    """The judge answered, but not with a usable score."""
+JudgeError = ServiceError  # the judge answered, but not with a usable score (the name of earlier versions)
 
 
 def _plain(value: Any) -> Any:
@@ -41,88 +40,50 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _httpx() -> Any:
-    try:
-        import httpx
-    except ImportError:
-        raise ImportError("HTTPJudgeScorer needs httpx: pip install -e '.[judge]' (from a checkout) or "
-                          "pip install httpx") from None
-    return httpx
-
-
 class HTTPJudgeScorer(BaseScorer):
     """Scores each turn by asking an HTTP judge (see the module docstring)."""
 
     name = "http_judge"
 
     def __init__(self, url: str, request_timeout: float = 10.0, attempts: int = 3, backoff: float = 0.05,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, **kwargs: Any):
-        super().__init__(**kwargs)
+                 max_backoff: float = 2.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 max_concurrency: int | None = 16, max_requests_per_second: float | None = None, **kwargs: Any):
         type(self).validate_kwargs(url=url, request_timeout=request_timeout, attempts=attempts, backoff=backoff,
-                                   max_body_bytes=max_body_bytes)
+                                   max_backoff=max_backoff, max_body_bytes=max_body_bytes,
+                                   max_concurrency=max_concurrency, max_requests_per_second=max_requests_per_second)
+        super().__init__(**kwargs)
         self.url = url
-        self.request_timeout, self.attempts, self.backoff = float(request_timeout), attempts, float(backoff)
-        self.max_body_bytes = max_body_bytes
-        self._client: Any = None
+        self.service = JSONService(check_url("url", url), who=f"scorer {self.name!r}", request_timeout=request_timeout,
+                                   attempts=attempts, backoff=backoff, max_backoff=max_backoff,
+                                   max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
+                                   max_requests_per_second=max_requests_per_second)
 
     @classmethod
     def validate_kwargs(cls, url: Any = None, request_timeout: Any = 10.0, attempts: Any = 3, backoff: Any = 0.05,
-                        max_body_bytes: Any = DEFAULT_MAX_BODY_BYTES, **kwargs: Any) -> None:
+                        max_backoff: Any = 2.0, max_body_bytes: Any = DEFAULT_MAX_BODY_BYTES,
+                        max_concurrency: Any = 16, max_requests_per_second: Any = None, **kwargs: Any) -> None:
         """The constructor's arguments, checked without opening anything (``validate-config`` calls this)."""
-        _httpx()
-        if not isinstance(url, str):
-            raise ValueError(f"url must be an http:// or https:// URL, got {short_repr(url)}")
-        if "${" in url or url.startswith("$"):
-            raise ValueError(f"url {url!r} holds an unexpanded variable: set it in the config (prm-jax does not "
-                             "expand environment variables)")
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"url must be an http:// or https:// URL, got {url!r}")
-        try:
-            parts.port  # noqa: B018 (a port that is not a number raises here)
-        except ValueError as err:
-            raise ValueError(f"url {url!r}: {err}") from None
-        timeout = finite_number("request_timeout", request_timeout)
-        if not timeout > 0:
-            raise ValueError(f"request_timeout must be > 0 seconds, got {short_repr(request_timeout)}")
-        integer("attempts", attempts, minimum=1)
-        finite_number("backoff", backoff, minimum=0.0)
-        integer("max_body_bytes", max_body_bytes, minimum=1)
+        httpx_module("HTTPJudgeScorer")
+        check_url("url", url)
+        check_transport(request_timeout, attempts, backoff, max_backoff, max_body_bytes, max_concurrency,
+                        max_requests_per_second)
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
+        if not interaction.output_messages:
+            raise NoTextError(f"scorer {self.name!r}: interaction {interaction.interaction_id!r} has no output "
+                              "messages for the judge (turns built from token arrays carry tokens only: score "
+                              "sessions with messages); it was not scored")
         payload = {"interaction_id": interaction.interaction_id, "messages": _plain(interaction.messages),
                    "output_messages": _plain(interaction.output_messages), "output_len": interaction.output_len}
-        return await call_with_retry(self._ask, payload, timeout=self.request_timeout, attempts=self.attempts,
-                                     backoff=self.backoff)
-
-    async def _ask(self, payload: Mapping[str, Any]) -> Any:
-        answer = await self._post(payload)
+        answer = await self.service.post("", payload)
         if isinstance(answer, Mapping) and "score" in answer:
             return float(answer["score"])
         if isinstance(answer, Mapping) and isinstance(answer.get("scores"), list):
             return [float(s) for s in answer["scores"]]
-        raise JudgeError(f"judge answer needs 'score' or 'scores', got {short_repr(answer)}")
+        raise ServiceError(f"judge answer needs 'score' or 'scores', got {short_repr(answer)}", status=200)
 
-    async def _post(self, payload: Mapping[str, Any]) -> Any:
-        """One ``POST``; the decoded JSON of a 200 answer of at most ``max_body_bytes``, else ``JudgeError``
-        (transport failures are httpx's errors: retried too)."""
-        httpx = _httpx()
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout))
-        async with self._client.stream("POST", self.url, json=payload) as response:
-            body = bytearray()
-            async for chunk in response.aiter_bytes():
-                body += chunk
-                if len(body) > self.max_body_bytes:
-                    raise JudgeError(f"judge answer is larger than max_body_bytes={self.max_body_bytes}")
-        if response.status_code != 200:
-            raise JudgeError(f"judge answered {response.status_code} {response.reason_phrase}: {bytes(body[:200])!r}")
-        try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise JudgeError(f"judge answered invalid JSON: {err}") from None
+    def client_stats(self) -> dict[str, float]:
+        return self.service.stats()
 
     async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        await self.service.aclose()

@@ -194,8 +194,13 @@ async def test_on_error_mask_returns_the_failed_rows_instead_of_raising():
     input_ids, turn_ids, attention = trainer_arrays()
     runner = PRMRunner(scorers=[FailsOnRow()])
     ctx = [{"fail": False}, {"fail": True}, {}]
-    with pytest.raises(ExceptionGroup):
+    # Issue 30: on_error="raise" raises the scorer's own error, row and turn named (it was a bare group).
+    with pytest.raises(RuntimeError, match=r"judge down for row1/t\d") as info:
         await score_arrays(runner, input_ids, turn_ids, attention_mask=attention, ctx=ctx)
+    assert not isinstance(info.value, ExceptionGroup)
+    notes = "\n".join(info.value.__notes__)
+    assert "raised by scorer 'fails_on_row' on interaction 'row1/t" in notes
+    assert "score_arrays: row 1 of input_ids failed" in notes
     out = await score_arrays(runner, input_ids, turn_ids, attention_mask=attention, ctx=ctx, on_error="mask")
     assert out.failed.tolist() == [False, True, False]
     assert list(out.errors) == [1] and out.errors[1].startswith("RuntimeError: judge down for")

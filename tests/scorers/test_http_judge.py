@@ -11,6 +11,7 @@ import pytest
 from prm_jax import Interaction, InteractionCache, PRMRunner
 from prm_jax.runtime import RetryError, call_with_retry
 from prm_jax.scorers import HTTPJudgeScorer
+from prm_jax.scorers.http_judge import JudgeError
 
 
 class Judge:
@@ -165,9 +166,11 @@ def test_hanging_judge_hits_the_deadline(judge_url):
     assert all(isinstance(e, TimeoutError) for e in info.value.errors)
 
 
-def test_garbage_answer_is_an_error(judge_url):
-    with pytest.raises(RetryError, match="invalid JSON"):
-        run_judge(judge_url, "/garbage", session("good"), attempts=1)
+def test_garbage_answer_is_an_error_at_once_not_retried(judge):
+    # Issue 30: a malformed answer does not get better by asking again (the judge was asked 3 times).
+    with pytest.raises(JudgeError, match="not valid JSON"):
+        run_judge(judge.url, "/garbage", session("good"), attempts=3, backoff=0.01)
+    assert judge.calls["/garbage"] == 1
 
 
 def test_call_with_retry_arguments_and_cancellation():
@@ -234,8 +237,9 @@ def test_kept_alive_connections_are_reused_across_turns(judge):
 def test_a_huge_answer_is_refused_at_the_bound(judge):
     # 400 MB announced (the old client read it all: 2.27 GB, accepted); the bound stops at 1 MB by default.
     cache = session("good")
-    with pytest.raises(RetryError, match="larger than max_body_bytes=65536"):
-        run_judge(judge.url, "/huge", cache, attempts=1, max_body_bytes=65536)
+    with pytest.raises(JudgeError, match="larger than max_body_bytes=65536"):
+        run_judge(judge.url, "/huge", cache, attempts=3, max_body_bytes=65536)
+    assert judge.calls["/huge"] == 1  # not retried
     assert cache.get("t0").token_rewards is None
 
 

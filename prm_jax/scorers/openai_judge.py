@@ -1,0 +1,224 @@
+"""``OpenAIJudgeScorer``: an LLM judge behind an OpenAI-compatible ``POST {base_url}/chat/completions``
+(vLLM, SGLang, OpenAI, any compatible server), one request per turn.
+
+The request: ``{"model", "messages": [system?, {"role": "user", "content": prompt}], "max_tokens", ...}``
+plus ``extra_body`` passed through (``temperature``, ``seed``, a vLLM ``guided_regex``, ...). ``prompt`` is a
+``str.format`` template over these fields:
+
+- ``{prompt}``: the turn's input messages, one ``role: content`` line each;
+- ``{response}``: the turn's output text (its output messages' content);
+- ``{conversation}``: the branch's whole conversation up to and including the turn, as ``{prompt}`` is;
+- ``{ctx[...]}``: the caller's context (``{ctx[task]}``; ``score_arrays`` sets ``{ctx[row]}``).
+
+The score comes from the answer (``score: regex``, the first group of ``pattern`` in the content, or
+``score: json``, the number at ``json_field`` of the content parsed as JSON) or from its log-probs
+(``score: logprobs``: the summed probability of ``logprob_tokens`` among the first answer token's
+``top_logprobs``, e.g. P("Yes")). ``score_range: [lo, hi]`` maps a parsed number to [0, 1] and refuses one
+outside it. A turn without output text (an array-built turn carries tokens only) is an error naming it,
+never a silent score: override ``turn_text`` to supply text (e.g. detokenize).
+
+Limits: ``max_concurrency`` requests in flight and ``max_requests_per_second`` (set them from the server's
+published limits), shared by every run of the runner; retries only on 429 / 408 / 5xx / connection
+errors, after ``Retry-After`` or full jitter, ``attempts`` per turn; ``request_timeout`` per request (the
+entry's ``timeout``, if set, bounds the whole call, waits for the limiter included: leave it unset for a
+judge). ``api_key_env`` names the environment variable holding the key (a key never goes in a config).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import string
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from prm_jax.runtime.limits import ServiceError
+from prm_jax.runtime.scoring import BaseScorer
+from prm_jax.runtime.trajectory import Interaction
+from prm_jax.scorers._http import DEFAULT_MAX_BODY_BYTES, JSONService, check_transport, check_url, httpx_module
+from prm_jax.validation import finite_number, integer, short_repr
+
+ScoreFrom = Literal["regex", "json", "logprobs"]
+SCORE_FROM = ("regex", "json", "logprobs")
+TEMPLATE_FIELDS = ("prompt", "response", "conversation", "ctx")
+DEFAULT_PROMPT = ("Rate how good the assistant's last reply is, from 0 (useless or wrong) to 10 (excellent).\n\n"
+                  "Conversation so far:\n{prompt}\n\nReply:\n{response}\n\nAnswer with the number only.")
+DEFAULT_PATTERN = r"(-?\d+(?:\.\d+)?)"
+
+
+class NoTextError(ValueError):
+    """A judge got a turn without the text it reads."""
+
+
+def _text(content: Any) -> str:
+    """A message's content as text: a string, or OpenAI content parts' text joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    return "" if content is None else str(content)
+
+
+def render_messages(messages: Sequence[Mapping[str, Any]]) -> str:
+    return "\n".join(f"{m.get('role', 'user')}: {_text(m.get('content'))}" for m in messages)
+
+
+class OpenAIJudgeScorer(BaseScorer):
+    """Scores each turn with an LLM judge on an OpenAI-compatible server (see the module docstring)."""
+
+    name = "openai_judge"
+
+    def __init__(self, base_url: str, model: str, prompt: str = DEFAULT_PROMPT, system: str | None = None,
+                 score: ScoreFrom = "regex", pattern: str = DEFAULT_PATTERN, json_field: str = "score",
+                 logprob_tokens: Sequence[str] = ("Yes",), top_logprobs: int = 5,
+                 score_range: Sequence[float] | None = (0.0, 10.0), max_tokens: int = 16,
+                 extra_body: Mapping[str, Any] | None = None, api_key_env: str | None = None,
+                 request_timeout: float = 30.0, attempts: int = 4, backoff: float = 0.25, max_backoff: float = 8.0,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_concurrency: int | None = 16,
+                 max_requests_per_second: float | None = None, **kwargs: Any):
+        settings = dict(base_url=base_url, model=model, prompt=prompt, system=system, score=score, pattern=pattern,
+                        json_field=json_field, logprob_tokens=logprob_tokens, top_logprobs=top_logprobs,
+                        score_range=score_range, max_tokens=max_tokens, extra_body=extra_body,
+                        api_key_env=api_key_env, request_timeout=request_timeout, attempts=attempts,
+                        backoff=backoff, max_backoff=max_backoff, max_body_bytes=max_body_bytes,
+                        max_concurrency=max_concurrency, max_requests_per_second=max_requests_per_second)
+        type(self).validate_kwargs(**settings)
+        super().__init__(**kwargs)  # (max_concurrency bounds requests in the limiter, not calls)
+        self.model, self.prompt, self.system, self.score_from = model, prompt, system, score
+        self.pattern = re.compile(pattern)
+        self.json_field, self.logprob_tokens = json_field, tuple(logprob_tokens)
+        self.top_logprobs, self.max_tokens = top_logprobs, max_tokens
+        self.score_range = None if score_range is None else (float(score_range[0]), float(score_range[1]))
+        self.extra_body = dict(extra_body or {})
+        self.service = JSONService(check_url("base_url", base_url), who=f"scorer {self.name!r}",
+                                   request_timeout=request_timeout, attempts=attempts, backoff=backoff,
+                                   max_backoff=max_backoff, max_body_bytes=max_body_bytes,
+                                   max_concurrency=max_concurrency, max_requests_per_second=max_requests_per_second,
+                                   api_key_env=api_key_env)
+
+    @classmethod
+    def validate_kwargs(cls, base_url: Any = None, model: Any = None, prompt: Any = DEFAULT_PROMPT,
+                        system: Any = None, score: Any = "regex", pattern: Any = DEFAULT_PATTERN,
+                        json_field: Any = "score", logprob_tokens: Any = ("Yes",), top_logprobs: Any = 5,
+                        score_range: Any = (0.0, 10.0), max_tokens: Any = 16, extra_body: Any = None,
+                        api_key_env: Any = None, request_timeout: Any = 30.0, attempts: Any = 4,
+                        backoff: Any = 0.25, max_backoff: Any = 8.0, max_body_bytes: Any = DEFAULT_MAX_BODY_BYTES,
+                        max_concurrency: Any = 16, max_requests_per_second: Any = None, **kwargs: Any) -> None:
+        httpx_module("OpenAIJudgeScorer")
+        check_url("base_url", base_url)
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be the served model's name, got {short_repr(model)}")
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a str.format template, got {short_repr(prompt)}")
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(prompt) if f is not None]
+        except ValueError as err:
+            raise ValueError(f"prompt is not a valid str.format template: {err}") from None
+        unknown = sorted({re.split(r"[.\[]", f, maxsplit=1)[0] for f in fields} - set(TEMPLATE_FIELDS))
+        if unknown:
+            raise ValueError(f"prompt uses unknown fields {unknown}; it may use {list(TEMPLATE_FIELDS)}")
+        if system is not None and not isinstance(system, str):
+            raise ValueError(f"system must be a string or None, got {short_repr(system)}")
+        if score not in SCORE_FROM:
+            raise ValueError(f"score must be one of {SCORE_FROM}, got {short_repr(score)}")
+        try:
+            if re.compile(pattern).groups < 1:
+                raise ValueError("it needs one group: the number")
+        except (re.error, TypeError) as err:
+            raise ValueError(f"pattern {short_repr(pattern)} is not a usable regular expression: {err}") from None
+        if not isinstance(json_field, str) or not json_field:
+            raise ValueError(f"json_field must be a non-empty string, got {short_repr(json_field)}")
+        if isinstance(logprob_tokens, str) or not isinstance(logprob_tokens, Sequence) or not logprob_tokens \
+                or not all(isinstance(t, str) and t for t in logprob_tokens):
+            raise ValueError(f"logprob_tokens must be a list of token strings, got {short_repr(logprob_tokens)}")
+        integer("top_logprobs", top_logprobs, minimum=1)
+        if score_range is not None:
+            if isinstance(score_range, str) or not isinstance(score_range, Sequence) or len(score_range) != 2:
+                raise ValueError(f"score_range must be [lo, hi] or null, got {short_repr(score_range)}")
+            lo, hi = (finite_number("score_range", v) for v in score_range)
+            if not lo < hi:
+                raise ValueError(f"score_range must have lo < hi, got {short_repr(score_range)}")
+        integer("max_tokens", max_tokens, minimum=1)
+        if extra_body is not None and not isinstance(extra_body, Mapping):
+            raise ValueError(f"extra_body must be a mapping, got {short_repr(extra_body)}")
+        reserved = sorted({"model", "messages"} & set(extra_body or {}))
+        if reserved:
+            raise ValueError(f"extra_body must not set {reserved}: the scorer sends them")
+        check_transport(request_timeout, attempts, backoff, max_backoff, max_body_bytes, max_concurrency,
+                        max_requests_per_second, api_key_env)
+
+    def turn_text(self, interaction: Interaction, ctx: Mapping[str, Any]) -> dict[str, str]:
+        """The template's text fields for a turn; override to supply text for turns without messages."""
+        response = "".join(_text(m.get("content")) for m in interaction.output_messages)
+        if not response:
+            raise NoTextError(f"scorer {self.name!r}: interaction {interaction.interaction_id!r} has no output text "
+                              "to judge (turns built from token arrays carry tokens only: score sessions with "
+                              "messages, or override turn_text to detokenize); it was not scored")
+        prompt = render_messages(interaction.messages)
+        conversation = render_messages(tuple(interaction.messages) + tuple(interaction.output_messages))
+        return {"prompt": prompt, "response": response, "conversation": conversation}
+
+    def request(self, interaction: Interaction, ctx: Mapping[str, Any]) -> dict[str, Any]:
+        """The chat completion request for a turn."""
+        content = self.prompt.format(ctx=ctx, **self.turn_text(interaction, ctx))
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
+            {"role": "user", "content": content}]
+        body: dict[str, Any] = {**self.extra_body, "model": self.model, "messages": messages,
+                                "max_tokens": self.max_tokens}
+        if self.score_from == "logprobs":
+            body.update(logprobs=True, top_logprobs=self.top_logprobs)
+        return body
+
+    async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> float:
+        answer = await self.service.post("/chat/completions", self.request(interaction, ctx))
+        return self.parse(answer, interaction)
+
+    def parse(self, answer: Any, interaction: Interaction) -> float:
+        """The score in a chat completion."""
+        where = f"scorer {self.name!r} on interaction {interaction.interaction_id!r}"
+        try:
+            choice = answer["choices"][0]
+            content = _text(choice["message"].get("content"))
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise ServiceError(f"{where}: not a chat completion: {short_repr(answer)}", status=200) from None
+        if self.score_from == "logprobs":
+            try:
+                top = choice["logprobs"]["content"][0]["top_logprobs"]
+                probability = sum(math.exp(float(t["logprob"])) for t in top
+                                  if str(t["token"]).strip() in self.logprob_tokens)
+            except (KeyError, IndexError, TypeError, ValueError):
+                raise ServiceError(f"{where}: the answer has no top_logprobs for its first token (does the server "
+                                   f"return logprobs?): {short_repr(choice)}", status=200) from None
+            return min(probability, 1.0)
+        if self.score_from == "json":
+            try:
+                value = json.loads(content)[self.json_field]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ServiceError(f"{where}: the answer is not JSON with field {self.json_field!r}: "
+                                   f"{short_repr(content)}", status=200) from None
+        else:
+            match = self.pattern.search(content)
+            if match is None:
+                raise ServiceError(f"{where}: no score in the answer {short_repr(content)} (pattern "
+                                   f"{self.pattern.pattern!r}; finish_reason {choice.get('finish_reason')!r})",
+                                   status=200)
+            value = match.group(1)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ServiceError(f"{where}: the score {short_repr(value)} is not a number", status=200) from None
+        if not math.isfinite(number):
+            raise ServiceError(f"{where}: the score {value!r} is not finite", status=200)
+        if self.score_range is None:
+            return number
+        lo, hi = self.score_range
+        if not lo <= number <= hi:
+            raise ServiceError(f"{where}: the score {number} is outside score_range [{lo}, {hi}]", status=200)
+        return (number - lo) / (hi - lo)
+
+    def client_stats(self) -> dict[str, float]:
+        return self.service.stats()
+
+    async def aclose(self) -> None:
+        await self.service.aclose()

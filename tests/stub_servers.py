@@ -1,0 +1,228 @@
+"""Stub servers that speak the serving stacks' protocols, for tests and benchmarks/bench_scorers.py.
+
+Each listens on 127.0.0.1 only (port 0: the system picks), serves in daemon threads, and stops by itself
+after ``lifetime`` seconds if nobody stops it first. They follow the published request and response
+schemas:
+
+- ``ChatServer``: OpenAI's ``POST /v1/chat/completions`` (what vLLM, SGLang and OpenAI serve) with the
+  published limits of a real deployment: ``capacity`` requests in flight and ``rate`` requests per second;
+  beyond either it answers ``429`` with ``Retry-After`` (and ``retry-after-ms``), as OpenAI does. The answer
+  is a chat completion whose content is a score (``answer(messages)``), with ``logprobs`` when asked.
+  ``service_s`` is the time one request takes.
+- ``PoolingServer``: vLLM's ``POST /pooling`` for a process reward model with ``STEP`` pooling
+  (``token_classify`` in vLLM >= 0.11, the default ``encode`` before): one ``[p_bad, p_good]`` row per
+  step-tag token of each input. ``engine_s(tokens)`` is the engine's time for a request of that many tokens
+  (one forward for the batch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    request_queue_size = 1024  # a real server's listen backlog (socketserver's default is 5)
+    daemon_threads = True
+
+
+class _Server:
+    def __init__(self, lifetime: float):
+        handler = self._handler()
+        self.httpd = _HTTPServer(("127.0.0.1", 0), handler)
+        self.requests: list[dict[str, Any]] = []
+        self.statuses: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
+        self.thread.start()
+        self._timer = threading.Timer(lifetime, self.close)
+        self._timer.daemon = True
+        self._timer.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self._timer.cancel()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> _Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def count(self, status: int) -> None:
+        with self.lock:
+            self.statuses[status] = self.statuses.get(status, 0) + 1
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as real servers
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                try:
+                    payload = json.loads(body)
+                except json.JSONDecodeError:
+                    self.reply(400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}})
+                    return
+                server.handle(self, self.path, payload)
+
+            def reply(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+                server.count(status)
+
+        return Handler
+
+    def handle(self, request: Any, path: str, payload: Any) -> None:
+        raise NotImplementedError
+
+
+def _error(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+class ChatServer(_Server):
+    """OpenAI-compatible chat completions with a capacity and a rate limit (see the module docstring)."""
+
+    def __init__(self, answer: Callable[[list[dict[str, Any]]], str], *, capacity: int = 16, rate: float = 250.0,
+                 service_s: float = 0.0, model: str = "judge", api_key: str | None = None,
+                 lifetime: float = 120.0, fail: Callable[[dict[str, Any]], int | None] | None = None,
+                 burst: float = 4.0):
+        self.answer, self.capacity, self.rate, self.service_s = answer, capacity, rate, service_s
+        self.burst = burst
+        self.model, self.api_key, self.fail = model, api_key, fail
+        self.in_flight = self.most_in_flight = 0
+        self._bucket, self._bucket_at = burst, time.monotonic()
+        super().__init__(lifetime)
+
+    def _admit(self) -> float | None:
+        """None when the request may run, else the seconds the client should wait (a 429)."""
+        with self.lock:
+            now = time.monotonic()
+            # A token bucket: `rate` tokens a second, at most `burst` saved up (a gateway's few requests
+            # of slack); beyond it, or beyond `capacity` requests in flight, a 429.
+            self._bucket = min(self.burst, self._bucket + (now - self._bucket_at) * self.rate)
+            self._bucket_at = now
+            if self.in_flight >= self.capacity:
+                return max(self.service_s, 1.0 / self.rate)
+            if self._bucket < 1.0 - 1e-9:
+                return (1.0 - self._bucket) / self.rate
+            self._bucket -= 1.0
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            return None
+
+    def handle(self, request: Any, path: str, payload: Any) -> None:
+        with self.lock:
+            self.requests.append(payload)
+        if path != "/v1/chat/completions":
+            request.reply(404, _error(f"no route {path}", "not_found_error"))
+            return
+        if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            request.reply(401, _error("invalid api key", "authentication_error"))
+            return
+        if not isinstance(payload.get("model"), str) or not isinstance(payload.get("messages"), list):
+            request.reply(400, _error("'model' and 'messages' are required"))
+            return
+        if payload["model"] != self.model:
+            request.reply(404, _error(f"the model {payload['model']!r} does not exist", "not_found_error"))
+            return
+        status = self.fail(payload) if self.fail is not None else None
+        if status is not None:
+            request.reply(status, _error(f"stub failure {status}", "server_error"))
+            return
+        wait = self._admit()
+        if wait is not None:
+            request.reply(429, _error("rate limit reached", "rate_limit_exceeded"),
+                          {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(int(wait * 1000) + 1)})
+            return
+        try:
+            if self.service_s:
+                time.sleep(self.service_s)
+            content = self.answer(payload["messages"])
+        finally:
+            with self.lock:  # the engine is done: the slot is free before the bytes are sent (as vLLM's is)
+                self.in_flight -= 1
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": content}, "logprobs": None}
+        if payload.get("logprobs"):
+            top = int(payload.get("top_logprobs") or 1)
+            first = content.split()[0] if content.split() else content
+            alternatives = [(first, -0.105), ("No" if first == "Yes" else "Yes", -2.303), ("Maybe", -4.6)]
+            choice["logprobs"] = {"content": [{"token": first, "logprob": -0.105, "bytes": list(first.encode()),
+                                               "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())}
+                                                                for t, lp in alternatives[:top]]}]}
+        words = sum(len(str(m.get("content", "")).split()) for m in payload["messages"])
+        request.reply(200, {"id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion",
+                            "created": int(time.time()), "model": self.model, "choices": [choice],
+                            "usage": {"prompt_tokens": words, "completion_tokens": 1, "total_tokens": words + 1}})
+
+
+class PoolingServer(_Server):
+    """vLLM's /pooling for a step-tag PRM (see the module docstring): each input's rows come from
+    ``step_score(tokens_before_tag)``, the probability that the step is good."""
+
+    def __init__(self, step_score: Callable[[list[int]], float], *, step_tag_id: int, model: str = "prm",
+                 engine_s: Callable[[int], float] = lambda tokens: 0.0, task: str | None = "token_classify",
+                 lifetime: float = 120.0):
+        self.step_score, self.step_tag_id, self.model = step_score, step_tag_id, model
+        self.engine_s, self.task = engine_s, task
+        self.tokens_received = 0
+        self.busy = threading.Lock()  # one engine: requests run one after another
+        super().__init__(lifetime)
+
+    def handle(self, request: Any, path: str, payload: Any) -> None:
+        with self.lock:
+            self.requests.append(payload)
+        if path != "/pooling":
+            request.reply(404, _error(f"no route {path}", "not_found_error"))
+            return
+        inputs = payload.get("input")
+        if payload.get("model") != self.model or not isinstance(inputs, list):
+            request.reply(400, _error("'model' and a list 'input' are required"))
+            return
+        if payload.get("task", "encode") not in ("encode", "token_classify", self.task):
+            request.reply(400, _error(f"task {payload.get('task')!r} is not supported by this model"))
+            return
+        if inputs and isinstance(inputs[0], int):
+            inputs = [inputs]
+        data, tokens = [], 0
+        for index, ids in enumerate(inputs):
+            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                request.reply(400, _error("input must hold lists of token ids"))
+                return
+            tokens += len(ids)
+            rows = []
+            for position, token in enumerate(ids):
+                if token == self.step_tag_id:
+                    good = self.step_score(ids[:position])
+                    rows.append([1.0 - good, good])
+            data.append({"index": index, "object": "pooling", "data": rows})
+        with self.busy:
+            time.sleep(self.engine_s(tokens))
+            self.tokens_received += tokens
+        request.reply(200, {"id": f"pool-{len(self.requests)}", "object": "list", "created": int(time.time()),
+                            "model": self.model, "data": data,
+                            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}})

@@ -10,6 +10,7 @@ from prm_jax.runtime.batching import batch_spec, bucket_width, empty_batch, pack
 from prm_jax.runtime.blocking import BlockingRunner
 from prm_jax.runtime.export import HITL_SESSION, ExportedTrajectory, ExportResult, ExportService, TrajectoryStore, export_group
 from prm_jax.runtime.metrics import InMemoryRecorder, MetricRecorder, MetricStats, branch_stats, reduce_workers
+from prm_jax.runtime.model_scorer import ModelScorer
 from prm_jax.runtime.runner import PRMRunner
 from prm_jax.runtime.scoring import (
     BaseScorer,
@@ -28,9 +29,9 @@ from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionC
 __all__ = [
     "BaseScorer", "BaseTrajectoryScorer", "BatchScorer", "BatchTrajectoryScorer", "BlockingRunner",
     "BranchSequence", "ExportResult", "ExportService", "ExportedTrajectory", "HITL_SESSION", "InMemoryRecorder",
-    "Interaction", "InteractionCache", "MetricRecorder", "MetricStats", "PRMMetricObservation", "PRMRunner",
-    "PRMScorerResult", "PRMTurnResult", "RetryError", "ScoredArrays", "SyncScorer", "SyncTrajectoryScorer",
-    "TrajectoryStore", "batch_spec", "branch_stats", "bucket_width", "call_with_retry", "chains_from_arrays",
-    "check_scorer_specs", "empty_batch", "export_group", "pack_branches", "reduce_workers", "resolve_scorer_class",
-    "score_arrays", "stitch", "token_rewards_from_chains",
+    "Interaction", "InteractionCache", "MetricRecorder", "MetricStats", "ModelScorer", "PRMMetricObservation",
+    "PRMRunner", "PRMScorerResult", "PRMTurnResult", "RetryError", "ScoredArrays", "SyncScorer",
+    "SyncTrajectoryScorer", "TrajectoryStore", "batch_spec", "branch_stats", "bucket_width", "call_with_retry",
+    "chains_from_arrays", "check_scorer_specs", "empty_batch", "export_group", "pack_branches", "reduce_workers",
+    "resolve_scorer_class", "score_arrays", "stitch", "token_rewards_from_chains",
 ]

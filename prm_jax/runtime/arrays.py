@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple, overload
 
+import anyio
 import numpy as np
 
 from prm_jax._compat import BaseExceptionGroup, ExceptionGroup, add_note
 from prm_jax.kernels.shaping import warn_gvpo_without_penalty
-from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner
+from prm_jax.runtime.model_scorer import weighted_rows
+from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner, RunnerClosedError
 from prm_jax.runtime.trajectory import MAX_TOKEN_ID, Interaction, turn_spans
 from prm_jax.validation import integer_dtype
 
@@ -121,6 +123,91 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     for error in group.exceptions:
         out.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
     return out
+
+
+def _row_models(runner: PRMRunner) -> list[Any] | None:
+    """The runner's enabled scorers when every one scores whole rows of arrays (``ModelScorer.score_rows``):
+    then ``score_arrays`` hands them the arrays, chunk by chunk, and builds no interactions."""
+    enabled = [scorer for scorer in runner.scorers if scorer.enabled]
+    if runner.active and enabled and all(callable(getattr(scorer, "score_rows", None)) for scorer in enabled):
+        return enabled
+    return None
+
+
+async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn_ids: Any, attention_mask: Any,
+                on_error: OnError, per_turn: bool) -> np.ndarray | ScoredArrays:
+    """``score_arrays`` for a runner of ``ModelScorer``s: the same numbers as the interactions' path
+    (``weight * raw`` in float32 per scorer, summed in config order), a failed chunk failing its rows."""
+    if runner.closed:
+        raise RunnerClosedError("PRMRunner is closed: score_arrays is rejected once aclose() has started")
+    tokens = _integers("input_ids", input_ids)
+    if tokens.ndim != 2:
+        raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
+    _same_shape("turn_ids", _integers("turn_ids", turn_ids), tokens.shape)
+    ids = scored_turn_ids(turn_ids, attention_mask).astype(np.int32)
+    mask = (np.ones(tokens.shape, np.int32) if attention_mask is None
+            else np.asarray(attention_mask).astype(bool).astype(np.int32))
+    rows = tokens.shape[0]
+    scored = [b for b in range(rows) if turn_spans(ids[b], b)]  # (checks each row's turns, as chains do)
+    failed = np.zeros(rows, bool)
+    errors: dict[int, str] = {}
+    turns = int(ids.max()) + 1 if ids.size and ids.max() >= 0 else 0
+    total = np.zeros(tokens.shape, np.float32)
+    per_scorer: dict[str, np.ndarray] = {}
+    index = np.asarray(scored, np.int64)
+    for scorer in models:
+        weighted = np.zeros(tokens.shape, np.float32)
+        means = np.zeros((rows, turns), np.float64)
+        for begin in range(0, len(scored), scorer.max_batch_size):
+            chunk = index[begin:begin + scorer.max_batch_size]
+            try:
+                raw = await anyio.to_thread.run_sync(scorer.score_rows, tokens[chunk], mask[chunk], ids[chunk])
+                weighted[chunk] = weighted_rows(scorer, raw)
+            except Exception as err:
+                if on_error == "raise":
+                    add_note(err, f"score_arrays: rows {chunk.tolist()} of input_ids (one call of scorer "
+                                  f"{scorer.name!r}) failed")
+                    raise
+                failed[chunk] = True
+                for row in chunk.tolist():
+                    errors.setdefault(row, f"{type(err).__name__}: {err}")
+                continue
+            if per_turn:
+                product = raw * scorer.weight
+                for k in range(turns):
+                    on_turn = ids[chunk] == k
+                    count = on_turn.sum(axis=1)
+                    means[chunk, k] = np.where(count > 0, (product * on_turn).sum(axis=1) / np.maximum(count, 1), 0.0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = (total + weighted).astype(np.float32)
+        per_scorer[scorer.name] = means.astype(np.float32)
+    overflow = [row for row in scored if not failed[row] and not np.isfinite(total[row]).all()]
+    for row in overflow:
+        message = (f"the committed token rewards of row {row} would be non-finite (the float32 sum over scorers "
+                   f"{[scorer.name for scorer in models]} overflows); nothing was committed")
+        if on_error == "raise":
+            raise ValueError(message)
+        failed[row], errors[row] = True, f"ValueError: {message}"
+    total[failed[:, None] & (ids >= 0)] = np.nan
+    total[~failed[:, None] & (ids < 0)] = 0.0
+    if on_error == "raise" and not per_turn:
+        if runner.shaping_mode == "gvpo" and scored and not (total < 0).any():
+            warn_gvpo_without_penalty(stacklevel=3)
+        return total
+    if runner.shaping_mode == "gvpo" and (~failed).any() and not (total[~failed] < 0).any():
+        warn_gvpo_without_penalty(stacklevel=3)
+    out = ScoredArrays(total, failed, errors)
+    if not per_turn:
+        return out
+    exists = np.zeros((rows, turns), bool)
+    for row in scored:
+        exists[row, :int(ids[row].max()) + 1] = not failed[row]
+    turn_total = np.zeros((rows, turns), np.float32)
+    for table in per_scorer.values():
+        turn_total += table
+        table[failed] = np.nan
+    turn_total[failed] = np.nan
+    return out._replace(turn_scores=turn_total, per_scorer=per_scorer, turn_mask=exists)
 
 
 ROW_KEY = "row"  # the context entry score_arrays adds: the row of the arrays a branch was built from
@@ -275,6 +362,9 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
     """
     if on_error not in ("raise", "mask"):
         raise ValueError(f"on_error must be 'raise' or 'mask', got {on_error!r}")
+    models = _row_models(runner)
+    if models is not None:
+        return await _score_rows(runner, models, input_ids, turn_ids, attention_mask, on_error, per_turn)
     chains = chains_from_arrays(input_ids, turn_ids, attention_mask=attention_mask, logprobs=logprobs,
                                 rewards=rewards)
     scored = [b for b, chain in enumerate(chains) if chain]

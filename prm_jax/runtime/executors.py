@@ -581,4 +581,5 @@ async def watch_loop(warn: Callable[[str], None], stop: anyio.Event) -> None:
             if before <= ended <= now:
                 continue  # the scorer named in LAST_LONG_STEP held it: its executor warned (or failed the call)
             warn(f"the event loop was blocked for {lag:.3f} s while scoring, outside every scorer's evaluate (the "
-                 "caller's own code on this loop, or result validation): scorers' deadlines kept running")
+                 "caller's own code on this loop, result validation, or another thread holding the GIL: a "
+                 "thread scorer's Python code, JAX tracing); scorers' deadlines kept running")

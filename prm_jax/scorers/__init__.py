@@ -1,9 +1,10 @@
 """Built-in scorers: judges on the protocols serving stacks speak (the ``judge`` extra, httpx) and a
 length budget."""
 
+from prm_jax.runtime.model_scorer import ModelScorer  # (a runtime class: score_arrays has its own path for it)
 from prm_jax.scorers.http_judge import HTTPJudgeScorer
 from prm_jax.scorers.length_budget import LengthBudgetScorer
 from prm_jax.scorers.openai_judge import OpenAIJudgeScorer
 from prm_jax.scorers.pooling_prm import PoolingPRMScorer
 
-__all__ = ["HTTPJudgeScorer", "LengthBudgetScorer", "OpenAIJudgeScorer", "PoolingPRMScorer"]
+__all__ = ["HTTPJudgeScorer", "LengthBudgetScorer", "ModelScorer", "OpenAIJudgeScorer", "PoolingPRMScorer"]

@@ -29,7 +29,7 @@ import numpy as np
 
 from prm_jax.runtime.limits import ServiceError
 from prm_jax.runtime.scoring import BatchTrajectoryScorer
-from prm_jax.runtime.trajectory import Interaction
+from prm_jax.runtime.trajectory import Interaction, concat_spans
 from prm_jax.scorers._http import DEFAULT_MAX_BODY_BYTES, JSONService, check_transport, check_url, httpx_module
 from prm_jax.validation import integer, short_repr
 
@@ -38,21 +38,17 @@ Spread = Literal["turn", "tokens"]
 
 
 def branch_tokens(turns: Sequence[Interaction], step_tag_id: int) -> list[int]:
-    """A branch's token ids with ``step_tag_id`` after each turn's output (each turn's input must extend
-    the previous turn's input and output, as a causal conversation does)."""
+    """A branch's token ids (its leaf's input and output) with ``step_tag_id`` after each turn's output; the
+    branch must follow the concat rule (``concat_spans``: each input extends its parent's input and output)."""
+    spans = concat_spans(turns)
+    leaf = turns[-1]
+    tokens = np.concatenate([leaf.input_tokens, leaf.output_tokens]).tolist()
     out: list[int] = []
-    seen = 0
-    previous: np.ndarray | None = None
-    for turn in turns:
-        inputs = np.asarray(turn.input_tokens)
-        if previous is not None and (inputs.shape[0] < seen or not np.array_equal(inputs[:seen], previous)):
-            raise ValueError(f"interaction {turn.interaction_id!r}: its input does not extend its parent's input "
-                             "and output, so one forward over the leaf cannot score the branch's turns")
-        out.extend(inputs[seen:].tolist())
-        out.extend(np.asarray(turn.output_tokens).tolist())
+    position = 0
+    for _, stop in spans:
+        out.extend(tokens[position:stop])
         out.append(step_tag_id)
-        previous = np.concatenate([inputs, np.asarray(turn.output_tokens)])
-        seen = previous.shape[0]
+        position = stop
     return out
 
 

@@ -321,7 +321,7 @@ def test_the_pooling_request_is_the_leaf_with_a_tag_after_each_turn():
     chain = tree_branches(1, turns=2)[0]
     assert branch_tokens(chain, TAG) == [1, 2, 10, 20, 30, TAG, 3, 4, 10, 21, 31, TAG]
     broken = [chain[0], Interaction("x", [1, 2, 10, 20, 31, 3, 4], [5], parent_id=chain[0].interaction_id)]
-    with pytest.raises(ValueError, match="does not extend its parent's input"):
+    with pytest.raises(ValueError, match="input_tokens must start with its parent"):
         branch_tokens(broken, TAG)
 
 

@@ -1,0 +1,179 @@
+"""``ModelScorer``: a JAX model as a scorer (a PRM, a value head, a classifier on the trainer's device).
+
+The model is a function of whole rows, ``fn(input_ids [B, L] int32, attention_mask [B, L] int32,
+turn_ids [B, L] int32) -> [B, L]`` token scores (``output="tokens"``: each turn's tokens get the scores on
+its positions) or ``[B, max_turns]`` turn scores (``output="turns"``: turn ``k`` gets column ``k``,
+broadcast over its tokens). A causal model scores every turn of a row in one forward, so a call covers
+whole rows: the turns of up to ``max_batch_size`` rows, padded with zeros to ``max_batch_size`` rows and
+to a width rounded up to ``bucket`` (``bucket_width``), so it compiles once per width bucket, never per
+batch. ``turn_ids`` is -1 off the turns (the prompt, tool output, padding).
+
+Two paths:
+
+- ``score_arrays`` (a trainer's arrays), when every enabled scorer of the runner is a ``ModelScorer``: the
+  arrays go to ``fn`` chunk by chunk as they are (no per-turn interactions built); trailing columns without
+  attention are cut before bucketing. A failed call fails the rows in it.
+
+Forwards run in a worker thread (JAX releases the GIL while the device computes), so the event loop
+serves other scorers meanwhile.
+- Sessions and every other caller (``run``, ``run_many``, ``prm-jax score``, or ``score_arrays`` beside
+  other scorers): a ``BatchTrajectoryScorer``; each branch becomes one row (its leaf's tokens, turn ids on
+  its turns' outputs, by the concat rule) and the branches in flight share calls.
+
+A config entry cannot hold a model: pass the scorer in (``PRMRunner(config, scorers=[ModelScorer(fn)])``,
+``BlockingRunner(config, scorers=[...])``, the caller keeps it and its parameters; close over them in
+``fn``, or pass ``fn=functools.partial(apply, params)``), or name a factory in the config
+(``kwargs: {factory: mypkg.prm.make_scorer_fn}``, a dotted path to a function without arguments that loads
+the model and returns ``fn``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import anyio
+import jax
+import numpy as np
+
+from prm_jax.runtime.batching import bucket_width
+from prm_jax.runtime.scoring import BatchTrajectoryScorer
+from prm_jax.runtime.trajectory import Interaction, concat_spans
+from prm_jax.validation import FLOAT32_MAX, integer, short_repr
+
+ModelOutput = Literal["tokens", "turns"]
+ModelFn = Callable[[Any, Any, Any], Any]
+
+
+def resolve_factory(path: Any) -> Callable[[], ModelFn]:
+    """``package.module.function`` (a factory without arguments that returns the model function)."""
+    if not isinstance(path, str) or "." not in path:
+        raise ValueError(f"factory must be a dotted path 'package.module.function', got {short_repr(path)}")
+    module_name, _, attr = path.rpartition(".")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"factory {path!r} cannot be imported: {err}") from None
+    if not callable(factory):
+        raise ValueError(f"factory {path!r} is not callable")
+    return factory
+
+
+class ModelScorer(BatchTrajectoryScorer):
+    """Scores turns with a JAX model over whole rows (see the module docstring). Subclass it (with another
+    class-level ``name``) for a second model in one runner."""
+
+    name = "model"
+    pads = True  # rows are padded to the longest: batches sorted by length
+
+    def __init__(self, fn: ModelFn | None = None, factory: str | None = None, output: ModelOutput = "tokens",
+                 max_turns: int | None = None, bucket: int = 128, jit: bool = True, max_batch_size: int = 32,
+                 **kwargs: Any):
+        type(self).validate_kwargs(fn=fn, factory=factory, output=output, max_turns=max_turns, bucket=bucket,
+                                   jit=jit)
+        super().__init__(max_batch_size=max_batch_size, **kwargs)
+        model = fn if fn is not None else resolve_factory(factory)()
+        if not callable(model):
+            raise TypeError(f"scorer {self.name!r}: factory {factory!r} returned {type(model).__name__}, not a "
+                            "function of (input_ids, attention_mask, turn_ids)")
+        self.fn: ModelFn = jax.jit(model) if jit else model
+        self.output, self.max_turns, self.bucket = output, max_turns, bucket
+        self.forwards = 0
+
+    @classmethod
+    def validate_kwargs(cls, fn: Any = None, factory: Any = None, output: Any = "tokens", max_turns: Any = None,
+                        bucket: Any = 128, jit: Any = True, **kwargs: Any) -> None:
+        if (fn is None) == (factory is None):
+            raise ValueError("give exactly one of fn (a function, in code) and factory (a dotted path, in a "
+                             "config)")
+        if factory is not None:
+            resolve_factory(factory)
+        if output not in ("tokens", "turns"):
+            raise ValueError(f"output must be 'tokens' or 'turns', got {short_repr(output)}")
+        if output == "turns":
+            if max_turns is None:
+                raise ValueError("output 'turns' needs max_turns (the width of the model's [B, max_turns] output)")
+            integer("max_turns", max_turns, minimum=1)
+        integer("bucket", bucket, minimum=1)
+        if not isinstance(jit, bool):
+            raise ValueError(f"jit must be a bool, got {short_repr(jit)}")
+
+    # -- the rows path ---------------------------------------------------------------------------------------
+
+    def score_rows(self, input_ids: np.ndarray, attention_mask: np.ndarray, turn_ids: np.ndarray) -> np.ndarray:
+        """Raw (unweighted) float64 token scores ``[B, T]`` of rows ``[B, T]`` (``turn_ids`` -1 off the turns,
+        where the result is 0), ``max_batch_size`` rows per model call. ``ValueError`` naming the row for a
+        non-finite score or a row with more than ``max_turns`` turns."""
+        rows, width = turn_ids.shape
+        out = np.zeros((rows, width), np.float64)
+        live = attention_mask.astype(bool) | (turn_ids >= 0)
+        for begin in range(0, rows, self.max_batch_size):
+            end = min(rows, begin + self.max_batch_size)
+            used = live[begin:end].any(axis=0)
+            length = int(np.flatnonzero(used)[-1]) + 1 if used.any() else 0
+            if length == 0:
+                continue
+            padded = bucket_width(length, self.bucket)
+            shape = (self.max_batch_size, padded)
+            ids, mask, turns = np.zeros(shape, np.int32), np.zeros(shape, np.int32), np.full(shape, -1, np.int32)
+            cut = min(padded, width)
+            ids[:end - begin, :cut] = input_ids[begin:end, :cut]
+            mask[:end - begin, :cut] = attention_mask[begin:end, :cut]
+            turns[:end - begin, :cut] = turn_ids[begin:end, :cut]
+            chunk = turn_ids[begin:end, :cut]
+            if self.output == "turns":
+                assert self.max_turns is not None
+                too_many = np.flatnonzero(chunk.max(axis=1) >= self.max_turns)
+                if too_many.size:
+                    raise ValueError(f"scorer {self.name!r}: row {begin + int(too_many[0])} has more turns than "
+                                     f"max_turns={self.max_turns}")
+            scores = self._forward(ids, mask, turns)[:end - begin]
+            if self.output == "turns":
+                gathered = np.take_along_axis(scores, np.clip(chunk, 0, self.max_turns - 1), axis=1)
+                out[begin:end, :cut] = np.where(chunk >= 0, gathered, 0.0)
+            else:
+                out[begin:end, :cut] = np.where(turn_ids[begin:end, :cut] >= 0, scores[:, :cut], 0.0)
+        bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
+        if bad.size:
+            raise ValueError(f"scorer {self.name!r}: the model returned non-finite scores on row {int(bad[0])}")
+        return out
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, turns: np.ndarray) -> np.ndarray:
+        result = np.asarray(jax.device_get(self.fn(ids, mask, turns)), np.float64)
+        self.forwards += 1
+        expected = (ids.shape[0], self.max_turns) if self.output == "turns" else ids.shape
+        if result.shape != expected:
+            raise ValueError(f"scorer {self.name!r}: the model returned shape {result.shape} for rows of shape "
+                             f"{ids.shape}, expected {expected} (output={self.output!r})")
+        return result
+
+    # -- the branches path -----------------------------------------------------------------------------------
+
+    async def evaluate_batch(self, items: Sequence[tuple[Sequence[Interaction], Mapping[str, Any]]]  # type: ignore[override]
+                             ) -> list[dict[str, Any]]:
+        layouts = [(turns, concat_spans(turns)) for turns, _ in items]
+        width = max(spans[-1][1] for _, spans in layouts)
+        ids = np.zeros((len(items), width), np.int64)
+        mask = np.zeros((len(items), width), np.int32)
+        turn_ids = np.full((len(items), width), -1, np.int32)
+        for row, (turns, spans) in enumerate(layouts):
+            leaf = turns[-1]
+            length = spans[-1][1]
+            ids[row, :length] = np.concatenate([leaf.input_tokens, leaf.output_tokens])
+            mask[row, :length] = 1
+            for k, (start, stop) in enumerate(spans):
+                turn_ids[row, start:stop] = k
+        scores = await anyio.to_thread.run_sync(self.score_rows, ids, mask, turn_ids)  # the loop stays free
+        return [{turn.interaction_id: scores[row, start:stop] for turn, (start, stop) in zip(turns, spans)}
+                for row, (turns, spans) in enumerate(layouts)]
+
+
+def weighted_rows(scorer: ModelScorer, raw: np.ndarray) -> np.ndarray:
+    """``weight * raw`` as float32, as ``weighted_rewards`` gives each turn; ``ValueError`` naming the scorer
+    and the row where it is not finite in float32."""
+    product = raw * scorer.weight
+    bad = np.flatnonzero(~(np.abs(product) <= FLOAT32_MAX).all(axis=1))
+    if bad.size:
+        raise ValueError(f"scorer {scorer.name!r} on row {int(bad[0])}: reward * weight ({scorer.weight}) is non-finite")
+    return product.astype(np.float32)

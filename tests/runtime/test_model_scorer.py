@@ -1,0 +1,186 @@
+"""Issue 30, section 4: a JAX model as a scorer (ModelScorer): whole rows per forward, chunked and bucketed
+(one compile per bucket), the array path without interactions, the same numbers as per-turn calls."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prm_jax import BaseScorer, PRMRunner, SyncScorer, score_arrays
+from prm_jax.config import PRMConfig, ScorerSpec
+from prm_jax.runtime import ModelScorer, chains_from_arrays
+from prm_jax.runtime import arrays as arrays_module
+
+pytestmark = pytest.mark.anyio
+
+VOCAB = 64
+TABLE = np.random.default_rng(0).normal(size=(VOCAB, 4)).astype(np.float32)
+HEAD = np.array([0.3, -0.2, 0.5, 0.1], np.float32)
+
+
+def causal_prm(input_ids, attention_mask, turn_ids):
+    """A tiny causal 'PRM': each token's score depends on the tokens up to it (a running sum)."""
+    embedded = jnp.asarray(TABLE)[input_ids] * attention_mask[..., None].astype(jnp.float32)
+    state = jnp.cumsum(embedded, axis=1)
+    return jax.nn.sigmoid(state @ jnp.asarray(HEAD))
+
+
+def per_turn_reference(prefix):
+    """The model called on one turn alone: its prefix as one row, unpadded."""
+    ids = np.asarray(prefix, np.int32)[None]
+    return np.asarray(causal_prm(ids, np.ones_like(ids), np.zeros_like(ids)), np.float64)[0]
+
+
+class PerTurnModel(SyncScorer):
+    """The same model, one call per turn (what the issue measured: 1,024 forwards), in a worker thread."""
+
+    name = "per_turn_model"
+
+    def evaluate(self, interaction, ctx):
+        prefix = np.concatenate([interaction.input_tokens, interaction.output_tokens])
+        return per_turn_reference(prefix)[-interaction.output_len:]
+
+
+def trainer_rows(rows=10, seed=1):
+    """Right-padded rows of lengths 9..40 with 2-3 turns (prompt, turn, tool, turn, ...)."""
+    rng = np.random.default_rng(seed)
+    width = 48
+    tokens = np.zeros((rows, width), np.int64)
+    turn_ids = np.full((rows, width), -1, np.int64)
+    attention = np.zeros((rows, width), np.int64)
+    for b in range(rows):
+        position = 2
+        for k in range(2 + b % 2):
+            length = int(rng.integers(2, 8))
+            turn_ids[b, position:position + length] = k
+            position += length + 2  # a 2-token tool answer
+        length = min(position, width)
+        tokens[b, :length] = rng.integers(1, VOCAB, length)
+        attention[b, :length] = 1
+        turn_ids[b, length:] = -1
+    return tokens, turn_ids, attention
+
+
+async def test_the_array_path_scores_whole_rows_once_per_chunk_and_equals_per_turn_calls(monkeypatch):
+    tokens, turn_ids, attention = trainer_rows(10)
+    traced = chex.assert_max_traces(causal_prm, n=1)  # every chunk fits one bucket: one compile
+    model = ModelScorer(fn=traced, max_batch_size=4, bucket=64, weight=0.5)
+
+    def no_chains(*args, **kwargs):
+        raise AssertionError("the array path built interactions")
+
+    monkeypatch.setattr(arrays_module, "chains_from_arrays", no_chains)
+    out = await score_arrays(PRMRunner(scorers=(model,)), tokens, turn_ids, attention_mask=attention)
+    assert model.forwards == 3  # 10 rows, 4 per forward
+    monkeypatch.undo()
+    reference = await score_arrays(PRMRunner(scorers=(PerTurnModel(weight=0.5),)), tokens, turn_ids,
+                                   attention_mask=attention)
+    np.testing.assert_allclose(out, reference, rtol=0, atol=1e-6)
+    assert (out[turn_ids < 0] == 0).all() and (out[turn_ids >= 0] > 0).all()
+    chex.clear_trace_counter()
+
+
+async def test_compiles_are_the_width_buckets_used():
+    tokens, turn_ids, attention = trainer_rows(12)
+    order = np.argsort(attention.sum(axis=1), kind="stable")  # by length: chunks of similar rows
+    tokens, turn_ids, attention = tokens[order], turn_ids[order], attention[order]
+    lengths = attention.sum(axis=1)
+    buckets = {-(-int(lengths[b:b + 3].max()) // 8) * 8 for b in range(0, 12, 3)}
+    assert len(buckets) >= 2  # the test needs several widths
+    model = ModelScorer(fn=chex.assert_max_traces(causal_prm, n=len(buckets)), max_batch_size=3, bucket=8)
+    await score_arrays(PRMRunner(scorers=(model,)), tokens, turn_ids, attention_mask=attention)
+    assert model.forwards == 4  # four chunks, compiled once per width bucket (chex counts the traces)
+    again = ModelScorer(fn=chex.assert_max_traces(causal_prm, n=len(buckets) - 1), max_batch_size=3, bucket=8)
+    with pytest.raises(AssertionError, match="traced"):  # the bound is tight: one compile fewer fails
+        await score_arrays(PRMRunner(scorers=(again,)), tokens, turn_ids, attention_mask=attention)
+    chex.clear_trace_counter()
+
+
+async def test_sessions_batch_their_branches_into_forwards_with_the_same_numbers():
+    tokens, turn_ids, attention = trainer_rows(10)
+    chains = [c for c in chains_from_arrays(tokens, turn_ids, attention_mask=attention) if c]
+    model = ModelScorer(fn=causal_prm, max_batch_size=4, max_wait=1.0)
+    await PRMRunner(scorers=(model,)).run_many(chains, limit=None)
+    assert model.forwards == 3
+    by_arrays = await score_arrays(PRMRunner(scorers=(ModelScorer(fn=causal_prm),)), tokens, turn_ids,
+                                   attention_mask=attention)
+    for b, chain in enumerate(chains):
+        positions = turn_ids[b] >= 0
+        np.testing.assert_allclose(np.concatenate([t.token_rewards for t in chain]), by_arrays[b, positions],
+                                   rtol=0, atol=1e-6)
+
+
+def turn_model(input_ids, attention_mask, turn_ids):
+    """Per-turn output [B, 4]: turn k scores k / 10 + the row's first token / 100."""
+    return jnp.arange(4, dtype=jnp.float32)[None, :] / 10 + input_ids[:, :1].astype(jnp.float32) / 100
+
+
+async def test_turn_output_is_broadcast_over_each_turns_tokens_and_per_turn_scores_are_the_means():
+    tokens, turn_ids, attention = trainer_rows(5)
+    model = ModelScorer(fn=turn_model, output="turns", max_turns=4, weight=2.0)
+    out = await score_arrays(PRMRunner(scorers=(model,)), tokens, turn_ids, attention_mask=attention, per_turn=True)
+    for b in range(5):
+        for k in range(int(turn_ids[b].max()) + 1):
+            expected = np.float32(2.0 * (np.float32(k / 10 + tokens[b, 0] / 100)))
+            np.testing.assert_allclose(out.token_rewards[b, turn_ids[b] == k], expected, rtol=1e-6)
+            np.testing.assert_allclose(out.turn_scores[b, k], expected, rtol=1e-6)
+    assert out.turn_mask.sum() == sum(int(turn_ids[b].max()) + 1 for b in range(5))
+    with pytest.raises(ValueError, match="more turns than max_turns=2"):
+        await score_arrays(PRMRunner(scorers=(ModelScorer(fn=turn_model, output="turns", max_turns=2),)),
+                           tokens, turn_ids, attention_mask=attention)
+
+
+async def test_a_failed_forward_fails_exactly_its_rows_on_mask_and_names_them_on_raise():
+    tokens, turn_ids, attention = trainer_rows(8)
+
+    def poisoned(input_ids, attention_mask, turn_ids):
+        scores = causal_prm(input_ids, attention_mask, turn_ids)
+        return jnp.where(input_ids[:, :1] == int(tokens[5, 0]), jnp.nan, scores)
+
+    model = ModelScorer(fn=poisoned, max_batch_size=4)
+    out = await score_arrays(PRMRunner(scorers=(model,)), tokens, turn_ids, attention_mask=attention,
+                             on_error="mask")
+    assert out.failed.tolist() == [False] * 4 + [True] * 4  # the second forward held row 5
+    assert np.isnan(out.token_rewards[4:][turn_ids[4:] >= 0]).all()
+    assert "non-finite scores" in out.errors[5]
+    with pytest.raises(ValueError, match="non-finite scores") as info:
+        await score_arrays(PRMRunner(scorers=(model,)), tokens, turn_ids, attention_mask=attention)
+    assert "rows [4, 5, 6, 7] of input_ids" in "\n".join(info.value.__notes__)
+
+
+async def test_beside_another_scorer_the_model_runs_on_branches_with_the_same_numbers():
+    tokens, turn_ids, attention = trainer_rows(6)
+
+    class Half(BaseScorer):
+        name = "half"
+
+        async def evaluate(self, interaction, ctx):
+            return 0.5
+
+    alone = await score_arrays(PRMRunner(scorers=(ModelScorer(fn=causal_prm),)), tokens, turn_ids,
+                               attention_mask=attention)
+    mixed = await score_arrays(PRMRunner(scorers=(ModelScorer(fn=causal_prm), Half())), tokens, turn_ids,
+                               attention_mask=attention)
+    np.testing.assert_allclose(mixed, np.where(turn_ids >= 0, alone + np.float32(0.5), 0), rtol=0, atol=1e-6)
+
+
+def make_causal_prm():
+    """A factory, as a config names one: loads the model (here: returns it)."""
+    return causal_prm
+
+
+async def test_a_config_entry_names_a_factory_and_bad_settings_are_refused():
+    config = PRMConfig(scorers=(ScorerSpec("prm_jax.scorers.ModelScorer",
+                                           kwargs={"factory": f"{__name__}.make_causal_prm", "bucket": 32}),))
+    runner = PRMRunner(config)
+    tokens, turn_ids, attention = trainer_rows(3)
+    out = await score_arrays(runner, tokens, turn_ids, attention_mask=attention)
+    reference = await score_arrays(PRMRunner(scorers=(ModelScorer(fn=causal_prm),)), tokens, turn_ids,
+                                   attention_mask=attention)
+    np.testing.assert_array_equal(out, reference)
+    for kwargs, needle in [({}, "exactly one of fn"), ({"factory": "nowhere.at_all"}, "cannot be imported"),
+                           ({"fn": causal_prm, "output": "turns"}, "needs max_turns"),
+                           ({"fn": causal_prm, "bucket": 0}, "bucket")]:
+        with pytest.raises(ValueError, match=needle):
+            ModelScorer(**kwargs)

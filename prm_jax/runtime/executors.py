@@ -571,11 +571,11 @@ async def watch_loop(warn: Callable[[str], None], stop: anyio.Event) -> None:
     with its own time); otherwise ``warn`` is told that code outside every scorer's evaluate held it."""
     clock = time.perf_counter
     while not stop.is_set():
-        before = clock()
+        before, collected = clock(), COLLECTOR.total
         with anyio.move_on_after(LAG_CHECK_S):
             await stop.wait()
         now = clock()
-        lag = now - before - LAG_CHECK_S
+        lag = now - before - LAG_CHECK_S - (COLLECTOR.total - collected)  # a collector's pause is no one's
         if lag > BLOCKING_STEP_S:
             ended = LAST_LONG_STEP[2]
             if before <= ended <= now:

@@ -130,7 +130,8 @@ class ModelScorer(BatchTrajectoryScorer):
                                      f"max_turns={self.max_turns}")
             scores = self._forward(ids, mask, turns)[:end - begin]
             if self.output == "turns":
-                gathered = np.take_along_axis(scores, np.clip(chunk, 0, self.max_turns - 1), axis=1)
+                last = (self.max_turns or 1) - 1
+                gathered = np.take_along_axis(scores, np.clip(chunk, 0, last), axis=1)
                 out[begin:end, :cut] = np.where(chunk >= 0, gathered, 0.0)
             else:
                 out[begin:end, :cut] = np.where(turn_ids[begin:end, :cut] >= 0, scores[:, :cut], 0.0)

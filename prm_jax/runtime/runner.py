@@ -14,6 +14,7 @@ the synchronous ``PRMRunner(config)`` is kept for compatibility without that rol
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import enum
 import logging
@@ -45,6 +46,43 @@ logger = logging.getLogger(__name__)
 
 
 BUILDING_NOTE = "while building the scorer of"
+
+
+# Within one run_many: the outcomes of prefix-determined scorers on turns shared by clones of one session,
+# keyed by (session key, interaction id, scorer), so each such turn is scored once.
+_SHARED: contextvars.ContextVar[dict[tuple[str, str, int], _SharedCall] | None] = contextvars.ContextVar(
+    "prm_jax_shared_turns", default=None)
+
+
+class _SharedCall:
+    __slots__ = ("done", "ok", "value")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.ok = False
+        self.value: Any = None
+
+
+async def _once(shared: dict[tuple[str, str, int], _SharedCall], key: tuple[str, str, int],
+                call: Any) -> Any:
+    """``await call()`` once per key: the first branch to reach a shared turn scores it, the others wait for
+    its outcome; if that call failed or was cancelled, each waiting branch scores the turn itself (a failure
+    stays its own branch's)."""
+    entry = shared.get(key)
+    if entry is None:
+        entry = shared[key] = _SharedCall()
+        try:
+            entry.value = await call()
+            entry.ok = True
+            return entry.value
+        finally:
+            if not entry.ok:
+                del shared[key]
+            entry.done.set()
+    await entry.done.wait()
+    if entry.ok:
+        return entry.value
+    return await call()
 
 
 class RunnerState(enum.Enum):
@@ -301,6 +339,7 @@ class PRMRunner:
                 results[i] = err
 
         stop = anyio.Event()
+        token = _SHARED.set({})  # the branches' tasks inherit it
 
         async def branches_then_stop() -> None:
             try:
@@ -325,6 +364,8 @@ class PRMRunner:
             if group is outer:
                 raise
             raise group from None
+        finally:
+            _SHARED.reset(token)
         return results
 
     def _warn_lag(self, message: str) -> None:
@@ -415,10 +456,17 @@ class PRMRunner:
             run = executor.run
         prepare = scorer.prepare_result if scorer.executor != "async" and _prepares(scorer) else None
 
+        shared = _SHARED.get() if scorer.prefix_determined else None
+
         async def score(i: int) -> None:
             view = views[i]
             try:
-                outcome = await run((view, ctx), view)
+                origin = view.__dict__.get("_origin") if shared is not None else None
+                if origin is None or shared is None:
+                    outcome = await run((view, ctx), view)
+                else:
+                    outcome = await _once(shared, (origin, view.interaction_id, id(scorer)),
+                                          lambda: run((view, ctx), view))
                 outcomes[i] = outcome if prepare is None else prepare(view, outcome, ctx)
                 done[i] = True
             except Exception as err:  # (a cancellation that was asked for passes through)

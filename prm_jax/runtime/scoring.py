@@ -133,6 +133,10 @@ class BaseScorer:
 
     name: ClassVar[str] = ""
     unit: ClassVar[Unit] = "turn"
+    # True when a turn's score depends only on the turn and what came before it (its input and output, the
+    # read-only ctx the caller gives every branch alike), never on the branch's later turns: the runner then
+    # scores a turn shared by several clones of one session once per run_many and gives each the same score.
+    prefix_determined: ClassVar[bool] = False
     executor: ExecutorKind = "async"  # a class attribute (SyncScorer's instances may set their own)
 
     def __init__(self, weight: float = 1.0, enabled: bool = True, timeout: float | None = None,

@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import math
 import types
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -498,8 +499,21 @@ class InteractionCache:
         Scoring replaces ``token_rewards`` (never writes into arrays), so each clone gets its own
         ``token_rewards`` copy and its own containers, while token ids and log-probs are shared as read-only
         views, and messages as their frozen form (no deep copy of a branch's whole conversation per clone).
+        The clones remember their session (``session_key``): within one ``run_many``, a scorer that declares
+        ``prefix_determined`` scores a turn shared by several of the session's clones once.
         """
-        return InteractionCache([turn.clone() for turn in self.chain(leaf_id)])
+        clones = [turn.clone() for turn in self.chain(leaf_id)]
+        for turn in clones:  # the session the clone came from: a prefix-determined scorer shares its score
+            turn.__dict__["_origin"] = self.session_key  # (with the session's other clones, never beyond)
+        return InteractionCache(clones)
+
+    @property
+    def session_key(self) -> str:
+        """A key unique to this session (to this cache object), given to its clones."""
+        key = self.__dict__.get("_session_key")
+        if key is None:
+            key = self.__dict__["_session_key"] = uuid.uuid4().hex
+        return key
 
     def to_sequence(self, leaf_id: str) -> BranchSequence:
         return stitch(self.chain(leaf_id))

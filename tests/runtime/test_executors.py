@@ -451,3 +451,87 @@ async def test_batched_results_equal_per_turn_async_results():
     await PRMRunner(scorers=(PerTurn(),)).run_many(a)
     await PRMRunner(scorers=(RecordsBatches(max_batch_size=7, max_wait=0.01),)).run_many(b)
     assert rewards_of(a) == rewards_of(b)
+
+
+# --- a shared turn scored once (issue 30.6) -------------------------------------------------------------------
+
+class CountsCalls(BaseScorer):
+    name = "counts_calls"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    async def evaluate(self, interaction, ctx):
+        self.calls += 1
+        await anyio.sleep(0)
+        return float(interaction.output_tokens.sum()) / 100.0
+
+
+class CountsCallsOnce(CountsCalls):
+    name = "counts_calls_once"
+    prefix_determined = True
+
+
+def session_tree(depth_shared=2, levels=6):
+    """A session: ``depth_shared`` turns every branch shares, then a binary tree of ``levels`` levels
+    (64 leaves and depth 8 by default: 2 + 126 distinct turns, 512 turns over the branches)."""
+    from prm_jax import Interaction, InteractionCache
+
+    turns, frontier = [], [("r", None, [1])]
+    for k in range(depth_shared):
+        name, parent, tokens = frontier[0]
+        out = [10 + k, 11 + k]
+        turns.append(Interaction(f"s{k}", list(tokens), out, parent_id=parent))
+        frontier = [(f"s{k + 1}", f"s{k}", tokens + out)]
+    for level in range(levels):
+        nxt = []
+        for i, (_, parent, tokens) in enumerate(frontier):
+            for child in range(2):
+                iid = f"n{level}.{2 * i + child}"
+                out = [20 + level, 30 + 2 * i + child]
+                turns.append(Interaction(iid, list(tokens), out, parent_id=parent))
+                nxt.append((None, iid, tokens + out))
+        frontier = nxt
+    return InteractionCache(turns)
+
+
+@pytest.mark.parametrize("limit", [None, 8])
+async def test_a_prefix_determined_scorer_scores_each_shared_turn_once_per_session(limit):
+    # Issue 30.6's target: 64 leaves, depth 8: 512 calls become the 128 distinct turns, numbers unchanged.
+    session = session_tree()
+    leaves = session.leaves()
+    once, every = CountsCallsOnce(), CountsCalls()
+    a = [session.clone_chain(leaf) for leaf in leaves]
+    b = [session.clone_chain(leaf) for leaf in leaves]
+    await PRMRunner(scorers=(once,)).run_many(a, limit=limit)
+    await PRMRunner(scorers=(every,)).run_many(b, limit=limit)
+    assert len(leaves) == 64 and every.calls == 512 and once.calls == 128
+    assert [committed(c) for c in a] == [committed(c) for c in b]
+    # Two sessions never share: the same turns in another session are scored again.
+    other = session_tree()
+    more = [session.clone_chain(leaf) for leaf in leaves[:2]] + [other.clone_chain(leaf) for leaf in leaves[:2]]
+    once.calls = 0
+    await PRMRunner(scorers=(once,)).run_many(more)
+    assert once.calls == 2 * (8 + 1)  # each session: the 8 turns of its first branch, 1 more for the second
+
+
+class FailsFirstTime(CountsCallsOnce):
+    name = "fails_first_time"
+
+    async def evaluate(self, interaction, ctx):
+        self.calls += 1
+        if self.calls == 1:
+            await anyio.sleep(0.01)
+            raise ConnectionError("the first try fails")
+        return 1.0
+
+
+async def test_a_failed_shared_call_fails_its_own_branch_only_and_the_others_score_it():
+    session = session_tree(depth_shared=1, levels=1)
+    branches = [session.clone_chain(leaf) for leaf in session.leaves()]
+    results = await PRMRunner(scorers=(FailsFirstTime(),)).run_many(branches, return_exceptions=True)
+    failed = [r for r in results if isinstance(r, Exception)]
+    assert len(failed) == 1 and isinstance(failed[0], ConnectionError)
+    scored = [c for c, r in zip(branches, results) if not isinstance(r, Exception)]
+    assert [committed(c) for c in scored] == [[[1.0, 1.0], [1.0, 1.0]]]

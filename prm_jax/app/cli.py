@@ -115,20 +115,29 @@ def _load_config(path: str) -> ExperimentConfig:
 
 
 class Progress:
-    """A one-line progress bar on stderr (only when enabled)."""
+    """Sessions scored of the total, their rate and the time left, on one line of stderr (only when
+    enabled: a terminal, unless ``--no-progress`` or ``--quiet``)."""
 
     def __init__(self, total: int, enabled: bool, stream=None):
         self.total, self.enabled, self.done = total, enabled, 0
         self.stream = stream or sys.stderr
+        self.started = time.perf_counter()
 
-    def step(self) -> None:
-        self.done += 1
+    def step(self, sessions: int = 1) -> None:
+        self.done += sessions
         if self.enabled:
+            elapsed = max(time.perf_counter() - self.started, 1e-9)
+            rate = self.done / elapsed
+            left = (self.total - self.done) / rate if rate > 0 else float("inf")
             filled = int(30 * self.done / max(self.total, 1))
-            self.stream.write(f"\rscoring groups [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
-            if self.done == self.total:
+            self.stream.write(f"\rscoring [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} sessions, "
+                              f"{rate:.1f}/s, ETA {left:.0f} s ")
+            if self.done >= self.total:
                 self.stream.write("\n")
             self.stream.flush()
+
+
+GROUPS_IN_FLIGHT = 8  # groups exported at once: their branches share batched scorers' calls and judges' slots
 
 
 async def _export_all(config: ExperimentConfig, records, group_filter, progress: Progress):
@@ -149,22 +158,36 @@ async def _export_all(config: ExperimentConfig, records, group_filter, progress:
             service.store.mark_ready(record.key, leaf)
         groups.setdefault(record.group, []).append(record.key)
     out = Exported()
+    results: dict[str, Any] = {}
+    slots = anyio.Semaphore(GROUPS_IN_FLIGHT)
+
+    async def export(group: str, keys: list[str]) -> None:
+        async with slots:
+            results[group] = await service.export(keys, group_filter=group_filter)
+        progress.step(len(keys))
+
     async with service:
-        for group, keys in groups.items():
-            result = await service.export(keys, group_filter=group_filter)
-            out.statuses[group] = result.status
-            if result.status != "accepted":
-                out.reasons[group] = {"status": result.status, "sessions": keys,
-                                      "reason": _rejection_reason(result)}
-            for name, value in (result.filter or {}).items():
-                if name != "accepted":
-                    out.filter_counters[name] = out.filter_counters.get(name, 0) + int(value)
-            if result.prm_stats is not None:
-                recorder.record(result.prm_stats["metrics"])
-            out.fallbacks.update({key: _shorten(why) for key, why in (result.prm_fallbacks or {}).items()})
-            if result.status == "accepted":
-                out.accepted.append(result.trajectories)
-            progress.step()
+        try:
+            async with anyio.create_task_group() as task_group:  # a failure cancels the rest
+                for group, keys in groups.items():
+                    task_group.start_soon(export, group, keys)
+        except BaseExceptionGroup as failed:
+            if len(failed.exceptions) == 1 and isinstance(failed.exceptions[0], Exception):
+                raise failed.exceptions[0] from None  # one group's failure, as exporting one by one raised it
+            raise
+    for group, keys in groups.items():  # in the input's order, whatever finished first
+        result = results[group]
+        out.statuses[group] = result.status
+        if result.status != "accepted":
+            out.reasons[group] = {"status": result.status, "sessions": keys, "reason": _rejection_reason(result)}
+        for name, value in (result.filter or {}).items():
+            if name != "accepted":
+                out.filter_counters[name] = out.filter_counters.get(name, 0) + int(value)
+        if result.prm_stats is not None:
+            recorder.record(result.prm_stats["metrics"])
+        out.fallbacks.update({key: _shorten(why) for key, why in (result.prm_fallbacks or {}).items()})
+        if result.status == "accepted":
+            out.accepted.append(result.trajectories)
     out.metrics = recorder.flush()
     return out
 
@@ -274,7 +297,7 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     lap("read")
     groups = list(OrderedDict.fromkeys(r.group for r in records))
     exported = anyio.run(_export_all, config, records, FILTERS[group_filter] if group_filter else None,
-                         Progress(len(groups), progress))
+                         Progress(len(records), progress))
     del records  # exported: the sessions' memory is free for the batch and the advantages
     lap("score+export")
     run = _score_batch(exported, groups, config, group_filter, (bucket, row_bucket), lap, on_arrays,
@@ -517,6 +540,13 @@ def _staged(output: Path):
         raise
 
 
+def _progress_wanted(args) -> bool:
+    """``--progress`` / ``--no-progress`` / ``--quiet``, else whether stderr is a terminal."""
+    if getattr(args, "quiet", False):
+        return False
+    return args.progress if args.progress is not None else sys.stderr.isatty()
+
+
 def cmd_score(args) -> int:
     _check_arguments(args)
     config = _load_config(args.config)
@@ -532,7 +562,7 @@ def cmd_score(args) -> int:
             run = run_score(config, args.input, group_filter=args.filter, bucket=args.bucket,
                             row_bucket=args.row_bucket, tune_process=args.tune_process,
                             on_arrays=None if args.compress else write_early,
-                            progress=args.progress if args.progress is not None else sys.stderr.isatty())
+                            progress=_progress_wanted(args))
             start = time.perf_counter()
             write_outputs(run, staged, Path(args.plot) if args.plot else None, compress=args.compress,
                           early=writers[0] if writers else None)
@@ -602,7 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--compress", action="store_true", help="write batch.npz compressed (default: uncompressed)")
     score.add_argument("--timings", action="store_true", help="print the time of each phase")
     score.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                       help="progress bar on stderr (default: when stderr is a terminal)")
+                       help="sessions scored, rate and ETA on stderr (default: when stderr is a terminal)")
+    score.add_argument("--quiet", action="store_true", help="no progress line (as --no-progress)")
     score.set_defaults(func=cmd_score)
     demo = sub.add_parser("demo", help="score the bundled example sessions with the seed's example config")
     demo.add_argument("--output", help="output directory (default: a new temporary directory)")

@@ -10,7 +10,7 @@ own arrays stay the batch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, overload
 
 import anyio
@@ -135,7 +135,8 @@ def _row_models(runner: PRMRunner) -> list[Any] | None:
 
 
 async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn_ids: Any, attention_mask: Any,
-                on_error: OnError, per_turn: bool) -> np.ndarray | ScoredArrays:
+                      on_error: OnError, per_turn: bool,
+                      progress: Callable[[int, int], None] | None) -> np.ndarray | ScoredArrays:
     """``score_arrays`` for a runner of ``ModelScorer``s: the same numbers as the interactions' path
     (``weight * raw`` in float32 per scorer, summed in config order), a failed chunk failing its rows."""
     if runner.closed:
@@ -171,6 +172,8 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
                 failed[chunk] = True
                 for row in chunk.tolist():
                     errors.setdefault(row, f"{type(err).__name__}: {err}")
+                if progress is not None and scorer is models[-1]:
+                    progress(min(begin + scorer.max_batch_size, len(scored)), len(scored))
                 continue
             if per_turn:
                 product = raw * scorer.weight
@@ -178,6 +181,8 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
                     on_turn = ids[chunk] == k
                     count = on_turn.sum(axis=1)
                     means[chunk, k] = np.where(count > 0, (product * on_turn).sum(axis=1) / np.maximum(count, 1), 0.0)
+            if progress is not None and scorer is models[-1]:
+                progress(min(begin + scorer.max_batch_size, len(scored)), len(scored))
         with np.errstate(over="ignore", invalid="ignore"):
             total = (total + weighted).astype(np.float32)
         per_scorer[scorer.name] = means.astype(np.float32)
@@ -320,7 +325,7 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
                        logprobs: Any = ..., rewards: Any = ...,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
                        limit: int | None = ..., is_eval: bool = ..., on_error: Literal["raise"] = ...,
-                       per_turn: Literal[False] = ...) -> np.ndarray: ...
+                       per_turn: Literal[False] = ..., progress: Callable[[int, int], None] | None = ...) -> np.ndarray: ...
 
 
 @overload
@@ -328,7 +333,7 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
                        logprobs: Any = ..., rewards: Any = ...,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
                        limit: int | None = ..., is_eval: bool = ..., on_error: Literal["mask"],
-                       per_turn: bool = ...) -> ScoredArrays: ...
+                       per_turn: bool = ..., progress: Callable[[int, int], None] | None = ...) -> ScoredArrays: ...
 
 
 @overload
@@ -336,14 +341,15 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
                        logprobs: Any = ..., rewards: Any = ...,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
                        limit: int | None = ..., is_eval: bool = ..., on_error: OnError = ...,
-                       per_turn: Literal[True]) -> ScoredArrays: ...
+                       per_turn: Literal[True], progress: Callable[[int, int], None] | None = ...) -> ScoredArrays: ...
 
 
 async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = None,
                        logprobs: Any = None, rewards: Any = None,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
                        limit: int | None = 64, is_eval: bool = False, on_error: OnError = "raise",
-                       per_turn: bool = False) -> np.ndarray | ScoredArrays:
+                       per_turn: bool = False,
+                       progress: Callable[[int, int], None] | None = None) -> np.ndarray | ScoredArrays:
     """Scores every real row with ``runner`` (a ``PRMRunner``) and returns ``token_rewards [B, T]`` float32.
 
     ``ctx`` is one mapping for every row or one per row (padding rows' entries are ignored); each row's
@@ -358,13 +364,14 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
     cancellation. ``per_turn=True`` returns a ``ScoredArrays`` with ``turn_scores [B, K]`` (each turn's
     weighted reward, the mean over its tokens, summed over scorers: GiGPO's ``turn_rewards``) and
     ``per_scorer`` (each scorer's weighted contribution ``[B, K]``, for logging); ``K`` is the most turns of
-    a row, turns a row does not have are 0, a failed row's are NaN.
+    a row, turns a row does not have are 0, a failed row's are NaN. ``progress(done, total)`` is called as
+    rows finish.
     """
     if on_error not in ("raise", "mask"):
         raise ValueError(f"on_error must be 'raise' or 'mask', got {on_error!r}")
     models = _row_models(runner)
     if models is not None:
-        return await _score_rows(runner, models, input_ids, turn_ids, attention_mask, on_error, per_turn)
+        return await _score_rows(runner, models, input_ids, turn_ids, attention_mask, on_error, per_turn, progress)
     chains = chains_from_arrays(input_ids, turn_ids, attention_mask=attention_mask, logprobs=logprobs,
                                 rewards=rewards)
     scored = [b for b, chain in enumerate(chains) if chain]
@@ -372,7 +379,7 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
     ctx = _row_contexts(ctx, len(chains), scored)
     try:
         results = await runner.run_many(branches, ctx, limit=limit, is_eval=is_eval,
-                                        return_exceptions=on_error == "mask")
+                                        return_exceptions=on_error == "mask", progress=progress)
     except ExceptionGroup as group:
         raise _first_failure(group, scored) from None
     ids = scored_turn_ids(turn_ids, attention_mask)

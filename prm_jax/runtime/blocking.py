@@ -66,11 +66,17 @@ class BlockingRunner:
 
     ``backend`` is anyio's (``"asyncio"`` or ``"trio"``). Build it outside any running event loop. Every call
     after ``close()`` raises ``RunnerClosedError`` (the runner's own type for a closed runner).
+
+    ``scorers`` stay the caller's, as with ``PRMRunner``; but their clients live on this runner's loop,
+    which the caller cannot reach: ``own_scorers=True`` hands them over (``close()`` closes them there,
+    after the runner's own), or ``close_scorer(scorer)`` closes one on the loop at any time.
     """
 
-    def __init__(self, config: Any = None, *, scorers: Sequence[BaseScorer] = (), backend: str = "asyncio"):
+    def __init__(self, config: Any = None, *, scorers: Sequence[BaseScorer] = (), backend: str = "asyncio",
+                 own_scorers: bool = False):
         self._portal, self._thread, self._done = _start_portal(backend)
         self._closed = False
+        self._handed_over = list(scorers) if own_scorers else []
         try:
             self.runner: PRMRunner = self._portal.call(functools.partial(PRMRunner.create, config, scorers=scorers))
         except BaseException:
@@ -94,6 +100,10 @@ class BlockingRunner:
         with ``on_error="mask"`` a ``ScoredArrays`` (the failed rows flagged instead of raising)."""
         return self._call(score_arrays, self.runner, input_ids, turn_ids, **kwargs)
 
+    def close_scorer(self, scorer: BaseScorer) -> None:
+        """``await scorer.aclose()`` on this runner's loop (where its client lives), blocking."""
+        self._call(scorer.aclose)
+
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if self._closed:
             raise RunnerClosedError("BlockingRunner is closed: calls are rejected once close() has started")
@@ -107,9 +117,26 @@ class BlockingRunner:
         self._closed = True
         _OPEN.discard(self)
         try:
-            self._portal.start_task_soon(self.runner.aclose).result(timeout)
+            self._portal.start_task_soon(self._aclose_all).result(timeout)
         finally:
             self._stop()
+
+    async def _aclose_all(self) -> None:
+        """The runner (its owned scorers), then the scorers handed over, each tried once; the first failure
+        is raised after all were tried."""
+        errors: list[BaseException] = []
+        try:
+            await self.runner.aclose()
+        except Exception as err:
+            errors.append(err)
+        for scorer in reversed(self._handed_over):
+            try:
+                await scorer.aclose()
+            except Exception as err:
+                logger.exception("aclose() of handed-over scorer %r failed", scorer.name)
+                errors.append(err)
+        if errors:
+            raise errors[0]
 
     def _stop(self) -> None:
         self._closed = True

@@ -19,7 +19,7 @@ import dataclasses
 import enum
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -186,6 +186,7 @@ class PRMRunner:
         self._in_flight: set[anyio.CancelScope] = set()
         self._idle: anyio.Event | None = None
         self._warned_lag = False
+        self.branches_scored = self.branches_failed = 0  # runs that committed, runs a scorer failed
         self.config: PRMSection | None = None
 
     def _build(self, section: PRMSection, borrowed: Sequence[BaseScorer]) -> None:
@@ -295,25 +296,34 @@ class PRMRunner:
                 for scorer in self._scorers:
                     if scorer.enabled:
                         staged.append(await self._score(scorer, chain, views, frozen_ctx))
+            except Exception:
+                self.branches_failed += 1
+                raise
             finally:
                 self._in_flight.discard(scope)
                 if not self._in_flight and self._idle is not None:
                     self._idle.set()
         if scope.cancelled_caught or self._state is not RunnerState.OPEN:
             raise RunnerClosedError("PRMRunner was closed while this run was in flight; nothing was committed")
-        return self._commit(chain, staged)
+        results = self._commit(chain, staged)
+        self.branches_scored += 1
+        return results
 
     async def run_many(self, branches: Sequence[InteractionCache | Sequence[Interaction]],
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None, *,
                        limit: int | None = 64, is_eval: bool = False,
-                       return_exceptions: bool = False) -> list[Any]:
+                       return_exceptions: bool = False,
+                       progress: Callable[[int, int], None] | None = None) -> list[Any]:
         """Scores many branches concurrently, at most ``limit`` at a time; results in the branches' order.
 
         Each branch follows ``run``'s rules: it commits all of its scores or none. ``ctx`` is one mapping for
         every branch or one per branch. By default the first failure cancels the branches still running
         (they commit nothing; branches already finished keep their scores) and is raised in an
         ``ExceptionGroup``; with ``return_exceptions`` every branch runs and a failed one's slot holds its
-        exception.
+        exception. ``limit`` counts branches; each scorer's calls in flight are bounded by its own
+        ``max_concurrency`` (its workers, a judge's limiter). ``progress(done, total)`` is called as each
+        branch finishes (scored or failed). The runner's counters ``branches_scored`` and
+        ``branches_failed`` count every run.
         """
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
@@ -324,6 +334,8 @@ class PRMRunner:
         _refuse_shared_turns(branches)
         results: list[Any] = [None] * len(branches)
         limiter = anyio.Semaphore(limit) if limit is not None and limit < len(branches) else None
+
+        finished = [0]
 
         async def one(i: int) -> None:
             try:
@@ -337,6 +349,10 @@ class PRMRunner:
                     err.prm_branch = i  # type: ignore[attr-defined]  # (score_arrays names the row from it)
                     raise
                 results[i] = err
+            finally:
+                finished[0] += 1
+                if progress is not None:
+                    progress(finished[0], len(branches))
 
         stop = anyio.Event()
         token = _SHARED.set({})  # the branches' tasks inherit it

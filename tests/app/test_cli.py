@@ -28,13 +28,21 @@ def test_demo(tmp_path, capsys):
     assert (tmp_path / "out" / "batch.npz").exists() and (tmp_path / "out" / "metrics.json").exists()
 
 
+def test_quiet_and_no_terminal_mean_no_progress_line(tmp_path, capsys):
+    for extra in (["--quiet"], ["--progress", "--quiet"], []):  # (stderr is not a terminal under pytest)
+        code = main(["score", "--config", str(CONFIG), "--input", str(DATA / "demo_sessions.jsonl"),
+                     "--output", str(tmp_path / "out"), "--overwrite", *extra])
+        assert code == 0 and "scoring [" not in capsys.readouterr().err
+
+
 def test_score_writes_a_consistent_batch_and_plot(tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["score", "--config", str(CONFIG), "--input", str(DATA / "demo_sessions.jsonl"), "--output", str(out),
                  "--plot", str(tmp_path / "rows.png"), "--progress"])
     assert code == 0
     captured = capsys.readouterr()
-    assert "scoring groups [" in captured.err and "4/4" in captured.err
+    # Issue 30: sessions scored of the total, the rate and the time left (it counted groups only).
+    assert "scoring [" in captured.err and "16/16 sessions" in captured.err and "/s, ETA" in captured.err
     assert (tmp_path / "rows.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = dict(np.load(out / "batch.npz"))
     metrics = json.loads((out / "metrics.json").read_text())

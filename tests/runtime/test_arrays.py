@@ -312,3 +312,49 @@ async def test_score_arrays_refuses_a_ctx_that_sets_row_itself(ctx):
     tokens = np.array([[1, 2], [3, 4]])
     with pytest.raises(ValueError, match=r"\['row'\] is set by score_arrays"):
         await score_arrays(PRMRunner(scorers=(ReadsItsRow(),)), tokens, np.array([[-1, 0], [-1, 0]]), ctx=ctx)
+
+
+class ClientScorer(BaseScorer):
+    """Holds a 'client' bound to the loop it was first used on; records where it was closed."""
+
+    name = "client_scorer"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.loop_thread = self.closed_on = None
+
+    async def evaluate(self, interaction, ctx):
+        import threading
+
+        self.loop_thread = threading.get_ident()
+        return 1.0
+
+    async def aclose(self):
+        import threading
+
+        self.closed_on = threading.get_ident()
+
+
+def test_a_blocking_runner_closes_lent_scorers_on_its_loop_when_asked():
+    # Issue 30: a judge instance passed to a runner was never closed (its client lives on the runner's loop).
+    tokens, turn_ids = np.array([[1, 2, 3]]), np.array([[-1, 0, 0]])
+    kept, handed = ClientScorer(), type("Handed", (ClientScorer,), {"name": "handed"})()
+    with BlockingRunner(scorers=[kept]) as runner:
+        runner.score_arrays(tokens, turn_ids)
+        runner.close_scorer(kept)  # on the loop, at the caller's word
+    assert kept.closed_on == kept.loop_thread is not None
+    with BlockingRunner(scorers=[handed], own_scorers=True) as runner:
+        runner.score_arrays(tokens, turn_ids)
+        assert handed.closed_on is None
+    assert handed.closed_on == handed.loop_thread is not None  # closed by close(), on the loop
+
+
+async def test_progress_is_reported_as_rows_finish_and_the_runner_counts_runs():
+    input_ids, turn_ids, attention = trainer_arrays()
+    seen = []
+    runner = PRMRunner(scorers=[FailsOnRow()])
+    out = await score_arrays(runner, input_ids, turn_ids, attention_mask=attention, on_error="mask",
+                             ctx=[{}, {"fail": True}, {}], progress=lambda done, total: seen.append((done, total)))
+    assert out.failed.tolist() == [False, True, False]  # (the third row is padding: never scored)
+    assert seen == [(1, 2), (2, 2)]
+    assert (runner.branches_scored, runner.branches_failed) == (1, 1)

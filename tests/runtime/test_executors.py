@@ -480,7 +480,7 @@ def session_tree(depth_shared=2, levels=6):
 
     turns, frontier = [], [("r", None, [1])]
     for k in range(depth_shared):
-        name, parent, tokens = frontier[0]
+        _, parent, tokens = frontier[0]
         out = [10 + k, 11 + k]
         turns.append(Interaction(f"s{k}", list(tokens), out, parent_id=parent))
         frontier = [(f"s{k + 1}", f"s{k}", tokens + out)]

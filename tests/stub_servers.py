@@ -17,11 +17,13 @@ schemas:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import multiprocessing
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -190,6 +192,7 @@ class PoolingServer(_Server):
         self.step_score, self.step_tag_id, self.model = step_score, step_tag_id, model
         self.engine_s, self.task = engine_s, task
         self.tokens_received = 0
+        self.engine_total_s = 0.0
         self.busy = threading.Lock()  # one engine: requests run one after another
         super().__init__(lifetime)
 
@@ -221,8 +224,64 @@ class PoolingServer(_Server):
                     rows.append([1.0 - good, good])
             data.append({"index": index, "object": "pooling", "data": rows})
         with self.busy:
-            time.sleep(self.engine_s(tokens))
+            spent = self.engine_s(tokens)
+            time.sleep(spent)
             self.tokens_received += tokens
+            self.engine_total_s += spent
         request.reply(200, {"id": f"pool-{len(self.requests)}", "object": "list", "created": int(time.time()),
                             "model": self.model, "data": data,
                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}})
+
+
+def answer_seven(messages: list[dict[str, Any]]) -> str:
+    """A judge that always answers 7 (picklable: for a server in another process)."""
+    return "7"
+
+
+def step_by_last_token(prefix: list[int]) -> float:
+    """A PRM whose step is good in proportion to the step's last token (picklable)."""
+    return (prefix[-1] % 10) / 10
+
+
+def engine_time(tokens: int) -> float:
+    """A pooling engine's time for a request of ``tokens`` tokens: 10 ms plus 4 us a token (picklable)."""
+    return 0.01 + 4e-6 * tokens
+
+
+def _summary(server: _Server) -> dict[str, Any]:
+    return {"statuses": dict(server.statuses), "requests": len(server.requests),
+            "most_in_flight": getattr(server, "most_in_flight", None),
+            "tokens_received": getattr(server, "tokens_received", None),
+            "engine_total_s": getattr(server, "engine_total_s", None)}
+
+
+def _serve(kind: str, kwargs: dict[str, Any], conn: Any) -> None:
+    server = (ChatServer if kind == "chat" else PoolingServer)(**kwargs)
+    conn.send(server.url)
+    if conn.poll(kwargs.get("lifetime", 120.0)):
+        conn.recv()
+    conn.send(_summary(server))
+    server.close()
+
+
+@contextlib.contextmanager
+def server_process(kind: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """A stub server (``kind``: ``chat`` or ``pooling``) in a process of its own, so that it never competes
+    with the client for the GIL: yields ``{"url": ...}``, which gets ``"summary"`` (statuses, requests,
+    most in flight, tokens, engine time) once the block ends."""
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=_serve, args=(kind, kwargs, child), daemon=True)
+    process.start()
+    if not parent.poll(60):
+        process.kill()
+        raise RuntimeError("the stub server did not start within 60 s")
+    holder: dict[str, Any] = {"url": parent.recv()}
+    try:
+        yield holder
+    finally:
+        parent.send("stop")
+        holder["summary"] = parent.recv() if parent.poll(10) else None
+        process.join(5)
+        if process.is_alive():
+            process.kill()

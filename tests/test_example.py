@@ -59,3 +59,27 @@ def test_every_mode_runs():
         assert run["scored"] == (mode not in ("outcome", "decoupled")), mode
         if mode in credit:
             assert credit[mode] in run["diagnostics"], mode
+
+
+@pytest.mark.parametrize("mode", ["gvpo", "process_weighted"])
+def test_the_model_judge_from_its_config_scores_as_the_python_judge(mode):
+    # Issue 30.4: the example's judge as a JAX ModelScorer named in a config (a factory) gives CueJudge's
+    # numbers, from one forward per batch.
+    import prm_jax
+    from examples.flax_grpo.env import ANSWER0, CUE0, WIDTH
+    from examples.flax_grpo.train import SPANS, load
+
+    rng = np.random.default_rng(0)
+    rows = 32
+    tokens = np.zeros((rows, WIDTH), np.int32)
+    tokens[:, 0] = 1
+    tokens[:, [1, 3, 5]] = CUE0 + rng.integers(0, 4, (rows, 3))
+    tokens[:, [2, 4, 6]] = ANSWER0 + rng.integers(0, 4, (rows, 3))
+    turn_ids = np.tile(np.asarray(prm_jax.kernels.turn_ids_from_spans(SPANS, WIDTH)), (rows, 1))
+    scores = {}
+    for judge in ("python", "model"):
+        with prm_jax.BlockingRunner(load(mode, judge)) as runner:
+            scores[judge] = runner.score_arrays(tokens, turn_ids)
+            model = runner.runner.scorers[0]
+    np.testing.assert_array_equal(scores["model"], scores["python"])
+    assert model.forwards == 1 and len({*scores["python"][turn_ids >= 0].tolist()}) == 2

@@ -1,4 +1,5 @@
-"""``python -m examples.flax_grpo [--mode gvpo] [--steps 100] [--seed 0]``, or ``--compare`` for every mode."""
+"""``python -m examples.flax_grpo [--mode gvpo] [--steps 100] [--seed 0] [--judge python|model]``, or
+``--compare`` for every mode."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--plot", default="learning_curves.png", help="where --compare writes its figure")
     parser.add_argument("--summary", help="write the run's figures as JSON here")
+    parser.add_argument("--judge", choices=("python", "model"), default="python",
+                        help="the judge: CueJudge (config.yaml) or the same as a JAX ModelScorer (config_model.yaml)")
     args = parser.parse_args(argv)
     if args.compare:
         print(compare(args.steps, args.seeds, Path(args.plot)))
         print(f"wrote {args.plot}")
         return 0
-    history = train(args.mode, args.steps, args.seed)
+    history = train(args.mode, args.steps, args.seed, judge=args.judge)
     print(f"{args.mode}: success over the last 10 steps {sum(history['success'][-10:]) / 10:.2f}")
     if args.summary:
         scored = history["batch"].get("token_rewards")

@@ -46,3 +46,17 @@ class CueJudge(BaseScorer):
         turn = (len(interaction.input_tokens) - 2) // 2
         expected = right_answer(interaction.input_tokens[-1], turn)
         return self.correct if interaction.output_tokens[0] == expected else self.wrong
+
+
+def cue_model(correct: float = 1.0, wrong: float = 0.0):
+    """``CueJudge`` as a JAX function of whole rows, for ``prm_jax.scorers.ModelScorer`` (the factory a
+    config names: ``config_model.yaml``): each turn's token scores ``correct`` where it answers the cue
+    before it right, ``wrong`` elsewhere; the same numbers as ``CueJudge``, one forward per batch."""
+    import jax.numpy as jnp
+
+    def score(input_ids, attention_mask, turn_ids):
+        cue = jnp.roll(input_ids, 1, axis=1)  # the token before each position
+        right = input_ids == ANSWER0 + (cue - CUE0 + jnp.maximum(turn_ids, 0)) % CHOICES
+        return jnp.where(right, jnp.float32(correct), jnp.float32(wrong))
+
+    return score

@@ -18,12 +18,13 @@ from examples.flax_grpo.env import ANSWER0, ANSWER_POSITIONS, BOS, CHOICES, CUE0
 from examples.flax_grpo.model import Policy
 
 CONFIG = Path(__file__).with_name("config.yaml")
+CONFIGS = {"python": CONFIG, "model": Path(__file__).with_name("config_model.yaml")}  # --judge
 MODES = ("outcome", "additive", "gvpo", "process_weighted", "tree", "pure", "decoupled")
 SHAPING = ("additive", "gvpo", "process_weighted")
 SPANS = np.array([[[p, p + 1] for p in ANSWER_POSITIONS]], np.int32)  # one generated token per turn
 
 
-def load(mode: str) -> prm_jax.ExperimentConfig:
+def load(mode: str, judge: str = "python") -> prm_jax.ExperimentConfig:
     """The YAML config with ``mode`` applied: ``outcome`` switches the scorers off; ``process_weighted``
     needs scores in [0, 1], so its judge says 0 (not -1) for a wrong turn, at weight 1. The credit modes of
     issue 22 keep the config's shaping (``gvpo``) and replace a stage: ``tree`` GAE by TreeRL's advantages
@@ -31,12 +32,13 @@ def load(mode: str) -> prm_jax.ExperimentConfig:
     by PURE's recipe (min-form turn scores, RLOO, whitening; it shapes nothing, so its shaping is ``additive``,
     the one mode allowed beside it); ``decoupled`` the group normalization by GDPO's
     over the outcome and the judge's total (the judge then shapes nothing: its scores are a reward source)."""
-    config = prm_jax.load_config(CONFIG)
+    config = prm_jax.load_config(CONFIGS[judge])
     prm, actor = config.prm, config.actor
     if mode == "outcome":
         prm = dataclasses.replace(prm, enabled=False)
     elif mode == "process_weighted":
-        prm = dataclasses.replace(prm, scorers=tuple(dataclasses.replace(s, weight=1.0, kwargs={"wrong": 0.0})
+        wrong = {"factory_kwargs": {"wrong": 0.0}} if judge == "model" else {"wrong": 0.0}
+        prm = dataclasses.replace(prm, scorers=tuple(dataclasses.replace(s, weight=1.0, kwargs={**s.kwargs, **wrong})
                                                      for s in prm.scorers))
     if mode in SHAPING:
         actor = dataclasses.replace(actor, advantage_shaping=dataclasses.replace(actor.advantage_shaping, mode=mode))
@@ -88,9 +90,10 @@ def update(policy: Policy, optimizer: nnx.Optimizer, batch: dict, config: prm_ja
 
 
 def train(mode: str = "gvpo", steps: int = 100, seed: int = 0, prompts: int = 16, group: int = 8,
-          progress: bool = True) -> dict:
-    """Trains one policy; returns the per-step success, losses and the last step's arrays."""
-    config = load(mode)
+          progress: bool = True, judge: str = "python") -> dict:
+    """Trains one policy; returns the per-step success, losses and the last step's arrays. ``judge``:
+    ``python`` (``CueJudge``, one call per turn) or ``model`` (the same judge as a JAX model scorer)."""
+    config = load(mode, judge)
     policy = Policy(rngs=nnx.Rngs(seed))
     optimizer = nnx.Optimizer(policy, optax.adam(3e-3), wrt=nnx.Param)
     rng = np.random.default_rng(seed)

@@ -157,34 +157,52 @@ class Executor:
 
 
 class AsyncExecutor(Executor):
-    """Awaits the scorer's coroutine on the loop, under its deadline, timing its own steps."""
+    """Awaits the scorer's coroutine on the loop, under its deadline, timing its own steps. The hot path
+    of every async scorer: one coroutine frame per call (``_guarded``) around the scorer's own."""
 
-    async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
-        return await self._timed(getattr(self.scorer, self.method)(*args), on)
+    def __init__(self, scorer: BaseScorer, method: str, timeout: float | None):
+        super().__init__(scorer, method, timeout)
+        self._method = getattr(scorer, method)
+
+    async def run(self, args: tuple[Any, ...], on: Any) -> Any:
+        if self._slots is None:
+            return await self._guarded(self._method(*args), on)
+        async with self._slots.get():
+            return await self._guarded(self._method(*args), on)
 
     async def run_call(self, call: Awaitable[Any], on: Any) -> Any:
         """``run`` for a coroutine already made (an async scorer's ``evaluate_result``)."""
         if self._slots is None:
-            return await self._measured(self._timed(call, on))
+            return await self._guarded(call, on)
         async with self._slots.get():
-            return await self._measured(self._timed(call, on))
+            return await self._guarded(call, on)
 
-    async def _timed(self, call: Awaitable[Any], on: Any) -> Any:
+    async def _guarded(self, call: Awaitable[Any], on: Any, counted: bool = True) -> Any:
+        """The call under the deadline, its own steps timed, counted in the stats (unless not ``counted``:
+        a batch's call, which its executor counts)."""
         timeout = self.timeout
         timed = OwnTime(call)
+        start = time.perf_counter()
         try:
             if timeout is None:  # no cancel scope per call where no deadline is set
                 result = await timed
             else:
                 with anyio.fail_after(timeout):
                     result = await timed
+            if timed.longest > BLOCKING_STEP_S:
+                self._blocking(on, timed)
         except (Exception, anyio.get_cancelled_exc_class()) as err:
             reported = scorer_error(self.scorer, describe(on), err, timeout)
+            if counted and isinstance(err, Exception):
+                self.failures += 1
+                self.timeouts += isinstance(reported, TimeoutError)
             if reported is err:
                 raise
             raise reported from None
-        if timed.longest > BLOCKING_STEP_S:
-            self._blocking(on, timed)
+        finally:
+            if counted:
+                self.calls += 1
+                self._latencies.append(time.perf_counter() - start)
         return result
 
     def _blocking(self, on: Any, timed: OwnTime) -> None:
@@ -528,7 +546,8 @@ class BatchExecutor(AsyncExecutor):
     async def _call(self, argument_lists: list[tuple[Any, ...]], items: list[tuple[tuple[Any, ...], Any]]) -> list[Any]:
         first, last = describe(items[0][1]), describe(items[-1][1])
         on = f"a batch of {len(items)} items ({first} ... {last})" if len(items) > 1 else first
-        results = await self._timed(self.scorer.evaluate_batch(argument_lists), on)  # type: ignore[attr-defined]
+        results = await self._guarded(self.scorer.evaluate_batch(argument_lists), on,  # type: ignore[attr-defined]
+                                      counted=False)
         if isinstance(results, np.ndarray):
             results = list(results)
         if not isinstance(results, Sequence) or isinstance(results, (str, bytes)) or len(results) != len(items):

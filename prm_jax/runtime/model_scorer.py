@@ -23,8 +23,8 @@ serves other scorers meanwhile.
 A config entry cannot hold a model: pass the scorer in (``PRMRunner(config, scorers=[ModelScorer(fn)])``,
 ``BlockingRunner(config, scorers=[...])``, the caller keeps it and its parameters; close over them in
 ``fn``, or pass ``fn=functools.partial(apply, params)``), or name a factory in the config
-(``kwargs: {factory: mypkg.prm.make_scorer_fn}``, a dotted path to a function without arguments that loads
-the model and returns ``fn``).
+(``kwargs: {factory: mypkg.prm.make_scorer_fn, factory_kwargs: {...}}``, a dotted path to a function that
+loads the model, called with ``factory_kwargs``, and returns ``fn``).
 """
 
 from __future__ import annotations
@@ -67,13 +67,14 @@ class ModelScorer(BatchTrajectoryScorer):
     name = "model"
     pads = True  # rows are padded to the longest: batches sorted by length
 
-    def __init__(self, fn: ModelFn | None = None, factory: str | None = None, output: ModelOutput = "tokens",
+    def __init__(self, fn: ModelFn | None = None, factory: str | None = None,
+                 factory_kwargs: Mapping[str, Any] | None = None, output: ModelOutput = "tokens",
                  max_turns: int | None = None, bucket: int = 128, jit: bool = True, max_batch_size: int = 32,
                  **kwargs: Any):
-        type(self).validate_kwargs(fn=fn, factory=factory, output=output, max_turns=max_turns, bucket=bucket,
-                                   jit=jit)
+        type(self).validate_kwargs(fn=fn, factory=factory, factory_kwargs=factory_kwargs, output=output,
+                                   max_turns=max_turns, bucket=bucket, jit=jit)
         super().__init__(max_batch_size=max_batch_size, **kwargs)
-        model = fn if fn is not None else resolve_factory(factory)()
+        model = fn if fn is not None else resolve_factory(factory)(**dict(factory_kwargs or {}))
         if not callable(model):
             raise TypeError(f"scorer {self.name!r}: factory {factory!r} returned {type(model).__name__}, not a "
                             "function of (input_ids, attention_mask, turn_ids)")
@@ -82,11 +83,13 @@ class ModelScorer(BatchTrajectoryScorer):
         self.forwards = 0
 
     @classmethod
-    def validate_kwargs(cls, fn: Any = None, factory: Any = None, output: Any = "tokens", max_turns: Any = None,
-                        bucket: Any = 128, jit: Any = True, **kwargs: Any) -> None:
+    def validate_kwargs(cls, fn: Any = None, factory: Any = None, factory_kwargs: Any = None, output: Any = "tokens",
+                        max_turns: Any = None, bucket: Any = 128, jit: Any = True, **kwargs: Any) -> None:
         if (fn is None) == (factory is None):
             raise ValueError("give exactly one of fn (a function, in code) and factory (a dotted path, in a "
                              "config)")
+        if factory_kwargs is not None and (factory is None or not isinstance(factory_kwargs, Mapping)):
+            raise ValueError("factory_kwargs must be a mapping, given with factory")
         if factory is not None:
             resolve_factory(factory)
         if output not in ("tokens", "turns"):

@@ -321,13 +321,16 @@ class PRMRunner:
         (they commit nothing; branches already finished keep their scores) and is raised in an
         ``ExceptionGroup``; with ``return_exceptions`` every branch runs and a failed one's slot holds its
         exception. ``limit`` counts branches; each scorer's calls in flight are bounded by its own
-        ``max_concurrency`` (its workers, a judge's limiter). ``progress(done, total)`` is called as each
+        ``max_concurrency`` (its workers, a judge's limiter). A batched scorer is never starved by it: the
+        limit is raised to twice the largest ``max_batch_size`` of the enabled batched scorers, so the next
+        batch fills while one is in flight. ``progress(done, total)`` is called as each
         branch finishes (scored or failed). The runner's counters ``branches_scored`` and
         ``branches_failed`` count every run.
         """
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
         branches = list(branches)
+        limit = self._branch_limit(limit)
         contexts = list(ctx) if isinstance(ctx, Sequence) else [ctx] * len(branches)
         if len(contexts) != len(branches):
             raise ValueError(f"ctx has {len(contexts)} entries for {len(branches)} branches")
@@ -383,6 +386,13 @@ class PRMRunner:
         finally:
             _SHARED.reset(token)
         return results
+
+    def _branch_limit(self, limit: int | None) -> int | None:
+        """``limit``, raised to two batches of the largest enabled batched scorer (see ``run_many``)."""
+        sizes = [int(getattr(s, "max_batch_size", 0)) for s in self._scorers if s.enabled and s.executor == "batch"]
+        if limit is None or not sizes:
+            return limit
+        return max(limit, 2 * max(sizes))
 
     def _warn_lag(self, message: str) -> None:
         if not self._warned_lag:

@@ -1,0 +1,392 @@
+"""Scorers on real serving stacks (issue 30): the four workloads of a real agent-RL run, 256 sessions x 4
+turns each, against the ideal their resources allow, in one run.
+
+  python benchmarks/bench_scorers.py [--sessions 256] [--repeats 3]
+
+1. verifier: a CPU-bound verifier in pure Python (~8 ms a turn, holds the GIL) through the process
+   executor, with an async 20 ms scorer beside it (``timeout=0.5``). Ideal: the verifier's total CPU time
+   (measured serially on a sample, in this run) / the cores. Also the same verifier inside ``async def
+   evaluate`` (the old way): its wall and the neighbour's failures.
+2. judge: ``OpenAIJudgeScorer`` against an OpenAI-compatible stub (its own process) with a deployment's
+   limits: 250 requests/s, 16 in flight, 429 + ``Retry-After`` beyond, 20 ms a request. Settings: the
+   defaults plus ``max_concurrency=16`` and ``max_requests_per_second=250`` (the published limits). Ideal:
+   1,024 requests / 250 per second. Rows dropped and requests made (ideal 1,024).
+3. pooling PRM: ``PoolingPRMScorer`` against vLLM's /pooling (a stub, its own process: one engine, 10 ms +
+   4 us a token per request). Ideal: 4 requests (``max_batch_size=64``), the engine's time for them;
+   tokens sent against one leaf per branch.
+4. JAX PRM: ``ModelScorer`` over a trainer's arrays (``score_arrays``) against the best hand-batched loop
+   (the same jitted model on chunks of 64 rows padded to the same bucket). Compiles against buckets used;
+   numbers against per-turn calls.
+5. batching: a ``BatchScorer`` and a ``BatchTrajectoryScorer`` whose call takes 20 ms: calls made (ideal 16
+   and 4) and wall against the same calls in a hand-written loop.
+6. shared turns: a prefix-determined scorer on a session tree of 64 leaves and depth 8: calls against
+   distinct turns.
+
+Medians over ``--repeats`` runs; every ratio within this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the workloads' scorers, importable by the verifier's worker processes
+sys.path.insert(0, str(HERE.parent / "tests"))  # the stub servers
+
+import scorer_workloads as work  # noqa: E402
+from stub_servers import answer_seven, engine_time, server_process, step_by_last_token  # noqa: E402
+
+from prm_jax import BaseScorer, BatchScorer, BatchTrajectoryScorer, Interaction, InteractionCache, PRMRunner  # noqa: E402
+from prm_jax.runtime import ModelScorer, score_arrays  # noqa: E402
+from prm_jax.scorers import OpenAIJudgeScorer, PoolingPRMScorer  # noqa: E402
+
+TURNS = 4
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def sessions(n: int, prompt: int = 200, output: int = 30, tool: int = 10, seed: int = 0) -> list[list[Interaction]]:
+    """``n`` branches of ``TURNS`` turns (~370 tokens at the leaf), with messages; token ids < 30,000."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for b in range(n):
+        tokens = rng.integers(1, 30_000, prompt).tolist()
+        chain: list[Interaction] = []
+        for k in range(TURNS):
+            generated = rng.integers(1, 30_000, output).tolist()
+            chain.append(Interaction(f"b{b}t{k}", list(tokens), generated,
+                                     parent_id=chain[-1].interaction_id if chain else None,
+                                     messages=[{"role": "user", "content": f"question {b}.{k}"}],
+                                     output_messages=[{"role": "assistant", "content": f"answer {b}.{k}"}]))
+            tokens = tokens + generated + rng.integers(1, 30_000, tool).tolist()
+        out.append(chain)
+    return out
+
+
+def fresh(branches: list[list[Interaction]]) -> list[list[Interaction]]:
+    return [[turn.clone() for turn in chain] for chain in branches]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+# --- 1. the CPU-bound verifier ----------------------------------------------------------------------------
+
+def calibrate(target_s: float = 0.008) -> int:
+    tokens = list(range(1, 31))
+    rounds = 20_000
+    start = time.perf_counter()
+    work.verify(tokens, rounds)
+    spent = time.perf_counter() - start
+    return max(1000, int(rounds * target_s / spent))
+
+
+def bench_verifier(n: int, repeats: int) -> None:
+    rounds = calibrate()
+    branches = sessions(n)
+    turns = [turn for chain in branches for turn in chain]
+    sample = turns[:128]
+    for turn in sample[:16]:  # warm (the first calls run slower)
+        work.verify(turn.output_tokens.tolist(), rounds)
+    start = time.perf_counter()
+    for turn in sample:
+        work.verify(turn.output_tokens.tolist(), rounds)
+    per_turn = (time.perf_counter() - start) / len(sample)
+    ideal = per_turn * len(turns) / CORES
+
+    async def process_executor() -> tuple[list[float], list[int], float]:
+        runner = PRMRunner(scorers=(work.Verifier(rounds=rounds, max_workers=CORES), work.Neighbour(timeout=0.5)))
+        started = time.perf_counter()
+        await runner.run_many(fresh(branches[:2]))  # the workers start (forkserver, imports)
+        startup = time.perf_counter() - started
+        walls, failures = [], []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            results = await runner.run_many(fresh(branches), return_exceptions=True)
+            walls.append(time.perf_counter() - started)
+            failures.append(sum(isinstance(r, Exception) for r in results))
+        await runner.aclose()
+        return walls, failures, startup
+
+    walls, failures, startup = anyio.run(process_executor)
+
+    async def on_the_loop() -> tuple[float, int]:
+        import warnings
+
+        runner = PRMRunner(scorers=(work.VerifierOnTheLoop(rounds=rounds), work.Neighbour(timeout=0.5)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            started = time.perf_counter()
+            results = await runner.run_many(fresh(branches), return_exceptions=True)
+        return time.perf_counter() - started, sum(isinstance(r, Exception) for r in results)
+
+    old_wall, old_failures = anyio.run(on_the_loop)
+    print(f"\n1. verifier: {len(turns)} turns x {per_turn * 1e3:.1f} ms CPU, {CORES} cores; ideal (CPU / cores) "
+          f"{ideal:.2f} s")
+    print(f"   process executor: wall {median(walls):.2f} s = {median(walls) / ideal:.2f}x ideal (runs: "
+          f"{', '.join(f'{w / ideal:.2f}' for w in walls)}); neighbour (timeout 0.5 s) failed on "
+          f"{max(failures)} of {n} rows; worker start-up {startup:.2f} s (once)")
+    print(f"   inside async evaluate (the old way): wall {old_wall:.2f} s = {old_wall / ideal:.2f}x ideal; "
+          f"neighbour failed on {old_failures} of {n} rows")
+
+
+# --- 2. the LLM judge -------------------------------------------------------------------------------------
+
+def bench_judge(n: int, repeats: int) -> None:
+    rate, capacity, service = 250.0, 16, 0.02
+    branches = sessions(n)
+    turns = n * TURNS
+    ideal = turns / min(rate, capacity / service)
+    walls, dropped, sent, statuses = [], [], [], []
+    for _ in range(repeats):
+        with server_process("chat", answer=answer_seven, capacity=capacity, rate=rate, service_s=service) as server:
+            async def run(server=server) -> tuple[float, int, int]:
+                scorer = OpenAIJudgeScorer(server["url"] + "/v1", "judge", max_concurrency=capacity,
+                                           max_requests_per_second=rate)
+                runner = PRMRunner(scorers=(scorer,))
+                started = time.perf_counter()
+                results = await runner.run_many(fresh(branches), return_exceptions=True)
+                wall = time.perf_counter() - started
+                stats = runner.scorer_stats()["openai_judge"]
+                await scorer.aclose()
+                return wall, sum(isinstance(r, Exception) for r in results), int(stats["requests_sent"])
+
+            wall, failed, requests = anyio.run(run)
+        walls.append(wall)
+        dropped.append(failed)
+        sent.append(requests)
+        statuses.append(server["summary"]["statuses"])
+    print(f"\n2. judge: {turns} turns, server {rate:.0f} req/s, {capacity} in flight, {service * 1e3:.0f} ms a "
+          f"request; ideal {ideal:.2f} s")
+    print(f"   wall {median(walls):.2f} s = {median(walls) / ideal:.2f}x ideal (runs: "
+          f"{', '.join(f'{w / ideal:.2f}' for w in walls)}); rows dropped {max(dropped)}; requests "
+          f"{max(sent)} = {max(sent) / turns:.3f} x {turns}; server statuses {statuses[-1]}")
+
+
+# --- 3. the pooling PRM -----------------------------------------------------------------------------------
+
+def bench_pooling(n: int, repeats: int) -> None:
+    from prm_jax.scorers.pooling_prm import branch_tokens
+
+    tag = 30_001
+    branches = sessions(n)
+    leaf_tokens = [len(branch_tokens(chain, tag)) for chain in branches]
+    per_turn_tokens = sum(len(t.input_tokens) + t.output_len + 1 for chain in branches for t in chain)
+    batches = [leaf_tokens[i:i + 64] for i in range(0, n, 64)]
+    ideal = sum(engine_time(sum(batch)) for batch in batches)
+    for limit in (64, None):
+        walls, requests, tokens = [], [], []
+        for _ in range(repeats):
+            with server_process("pooling", step_score=step_by_last_token, step_tag_id=tag,
+                                engine_s=engine_time) as server:
+                async def run(server=server, limit=limit) -> float:
+                    scorer = PoolingPRMScorer(server["url"], "prm", step_tag_id=tag, max_batch_size=64)
+                    runner = PRMRunner(scorers=(scorer,))
+                    started = time.perf_counter()
+                    await runner.run_many(fresh(branches), limit=limit)
+                    wall = time.perf_counter() - started
+                    await scorer.aclose()
+                    return wall
+
+                walls.append(anyio.run(run))
+            requests.append(server["summary"]["requests"])
+            tokens.append(server["summary"]["tokens_received"])
+        print(f"\n3. pooling PRM (run_many limit={limit}): {n} branches; ideal {len(batches)} requests, engine "
+              f"{ideal:.2f} s" if limit == 64 else f"   limit={limit}:")
+        print(f"   wall {median(walls):.2f} s = {median(walls) / ideal:.2f}x the engine time (runs: "
+              f"{', '.join(f'{w / ideal:.2f}' for w in walls)}); requests {max(requests)}; tokens sent "
+              f"{max(tokens)} (one leaf per branch: {sum(leaf_tokens)}; a request per turn: {per_turn_tokens})")
+
+
+# --- 4. the JAX PRM ---------------------------------------------------------------------------------------
+
+VOCAB, DIM, HIDDEN = 30_002, 64, 256
+KEYS = jax.random.split(jax.random.key(0), 3)
+PARAMS = {"embed": jax.random.normal(KEYS[0], (VOCAB, DIM)) * 0.1,
+          "w1": jax.random.normal(KEYS[1], (DIM, HIDDEN)) / DIM ** 0.5,
+          "w2": jax.random.normal(KEYS[2], (HIDDEN,)) / HIDDEN ** 0.5}
+TRACES = [0]
+
+
+def jax_prm(input_ids, attention_mask, turn_ids):
+    """A causal PRM: embeddings, a causal running mean, a two-layer head, a sigmoid per token."""
+    TRACES[0] += 1
+    mask = attention_mask.astype(jnp.float32)[..., None]
+    state = jnp.cumsum(PARAMS["embed"][input_ids] * mask, axis=1)
+    state = state / jnp.maximum(jnp.cumsum(mask, axis=1), 1.0)
+    hidden = jax.nn.gelu(state @ PARAMS["w1"])
+    return jax.nn.sigmoid(hidden @ PARAMS["w2"])
+
+
+def bench_model(n: int, repeats: int) -> None:
+    branches = sessions(n)
+    width = 512
+    tokens = np.zeros((n, width), np.int64)
+    turn_ids = np.full((n, width), -1, np.int64)
+    attention = np.zeros((n, width), np.int64)
+    for b, chain in enumerate(branches):
+        leaf = chain[-1]
+        row = np.concatenate([leaf.input_tokens, leaf.output_tokens])
+        tokens[b, :row.size] = row
+        attention[b, :row.size] = 1
+        for k, turn in enumerate(chain):
+            turn_ids[b, len(turn.input_tokens):len(turn.input_tokens) + turn.output_len] = k
+    scorer = ModelScorer(fn=jax_prm, max_batch_size=64, bucket=128)
+    runner = PRMRunner(scorers=(scorer,))
+    TRACES[0] = 0
+    score = functools.partial(score_arrays, runner, tokens, turn_ids, attention_mask=attention)
+    out = anyio.run(score)  # compiles
+    compiles = TRACES[0]
+    used = {-(-int(attention[b:b + 64].sum(axis=1).max()) // 128) * 128 for b in range(0, n, 64)}
+    walls = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        anyio.run(score)
+        walls.append(time.perf_counter() - started)
+    jitted = jax.jit(jax_prm)
+    padded = max(used)
+
+    def hand_loop() -> np.ndarray:
+        result = np.zeros((n, width), np.float32)
+        for b in range(0, n, 64):
+            ids = np.zeros((64, padded), np.int32)
+            mask = np.zeros((64, padded), np.int32)
+            turns = np.full((64, padded), -1, np.int32)
+            ids[:, :] = tokens[b:b + 64, :padded]
+            mask[:, :] = attention[b:b + 64, :padded]
+            turns[:, :] = turn_ids[b:b + 64, :padded]
+            scores = np.asarray(jax.device_get(jitted(ids, mask, turns)))
+            result[b:b + 64, :padded] = np.where(turns >= 0, scores, 0.0)
+        return result
+
+    hand_loop()  # compiles
+    hand = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        hand_loop()
+        hand.append(time.perf_counter() - started)
+    # The numbers against per-turn calls (each turn's prefix alone, unpadded) on a few rows.
+    worst = 0.0
+    for b in range(4):
+        for k, turn in enumerate(branches[b]):
+            prefix = np.concatenate([turn.input_tokens, turn.output_tokens]).astype(np.int32)[None]
+            alone = np.asarray(jax_prm(prefix, np.ones_like(prefix), np.zeros_like(prefix)))[0, -turn.output_len:]
+            worst = max(worst, float(np.abs(out[b, turn_ids[b] == k] - alone).max()))
+    print(f"\n4. JAX PRM: {n} rows x {TURNS} turns, {int(attention.sum())} tokens; ModelScorer through score_arrays")
+    print(f"   wall {median(walls) * 1e3:.1f} ms = {median(walls) / median(hand):.2f}x the hand-batched loop "
+          f"({median(hand) * 1e3:.1f} ms; runs: {', '.join(f'{w / median(hand):.2f}' for w in walls)}); compiles "
+          f"{compiles} for {len(used)} bucket(s) used; {scorer.forwards // (repeats + 1)} forwards a batch; max |diff| "
+          f"against per-turn calls {worst:.2e}")
+
+
+# --- 5. batched scorers -----------------------------------------------------------------------------------
+
+class TurnBatches(BatchScorer):
+    name = "turn_batches"
+
+    async def evaluate_batch(self, items):
+        await anyio.sleep(0.02)
+        return [1.0] * len(items)
+
+
+class BranchBatches(BatchTrajectoryScorer):
+    name = "branch_batches"
+
+    async def evaluate_batch(self, items):
+        await anyio.sleep(0.02)
+        return [{} for _ in items]
+
+
+def bench_batching(n: int, repeats: int) -> None:
+    branches = sessions(n)
+    for cls, ideal_calls in ((TurnBatches, n * TURNS // 64), (BranchBatches, n // 64)):
+        walls, calls = [], []
+        for _ in range(repeats):
+            scorer = cls(max_batch_size=64)
+            runner = PRMRunner(scorers=(scorer,))
+            started = time.perf_counter()
+            anyio.run(functools.partial(runner.run_many, fresh(branches), limit=None))
+            walls.append(time.perf_counter() - started)
+            calls.append(int(runner.scorer_stats()[scorer.name]["calls"]))
+
+        async def by_hand(count: int = ideal_calls) -> None:
+            for _ in range(count):
+                await anyio.sleep(0.02)
+
+        hand = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            anyio.run(by_hand)
+            hand.append(time.perf_counter() - started)
+        print(f"{'' if cls is BranchBatches else chr(10) + '5. batching: '}{cls.__name__}: calls {max(calls)} (ideal "
+              f"{ideal_calls}); wall {median(walls) * 1e3:.0f} ms = {median(walls) / median(hand):.2f}x the same "
+              f"calls one after another by hand ({median(hand) * 1e3:.0f} ms)")
+
+
+# --- 6. shared turns ----------------------------------------------------------------------------------------
+
+class Counts(BaseScorer):
+    name = "counts"
+    prefix_determined = True
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    async def evaluate(self, interaction, ctx):
+        self.calls += 1
+        await asyncio.sleep(0)
+        return 1.0
+
+
+def bench_shared() -> None:
+    turns, frontier = [], [(None, [1])]
+    for k in range(2):
+        parent, tokens = frontier[0]
+        turns.append(Interaction(f"s{k}", tokens, [10 + k], parent_id=parent))
+        frontier = [(f"s{k}", tokens + [10 + k])]
+    for level in range(6):
+        nxt = []
+        for i, (parent, tokens) in enumerate(frontier):
+            for child in range(2):
+                iid = f"n{level}.{2 * i + child}"
+                turns.append(Interaction(iid, tokens, [20 + child], parent_id=parent))
+                nxt.append((iid, tokens + [20 + child]))
+        frontier = nxt
+    session = InteractionCache(turns)
+    scorer = Counts()
+    anyio.run(PRMRunner(scorers=(scorer,)).run_many, [session.clone_chain(leaf) for leaf in session.leaves()])
+    print(f"\n6. shared turns: {len(session.leaves())} leaves, depth 8: {scorer.calls} calls for {len(turns)} distinct "
+          f"turns (one call per branch and turn: {len(session.leaves()) * 8})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", nargs="*", default=None, help="workload numbers to run (default: all)")
+    args = parser.parse_args()
+    print(f"bench_scorers: {args.sessions} sessions x {TURNS} turns, {CORES} cores, jax {jax.__version__}, "
+          f"Python {sys.version.split()[0]}; medians of {args.repeats}")
+    runs = {"1": bench_verifier, "2": bench_judge, "3": bench_pooling, "4": bench_model, "5": bench_batching}
+    for key, fn in runs.items():
+        if args.only is None or key in args.only:
+            fn(args.sessions, args.repeats)
+    if args.only is None or "6" in args.only:
+        bench_shared()
+
+
+if __name__ == "__main__":
+    main()

@@ -44,7 +44,7 @@ from prm_jax.runtime.batching import pack_branches
 from prm_jax.runtime.filters import GroupFilterResult
 from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.metrics import MetricStats, branch_stats, namespace, trajectory_rewards
-from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner
+from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner, shared_turns
 from prm_jax.runtime.scoring import PRMTurnResult
 from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache
 
@@ -328,9 +328,10 @@ async def _score_sessions(store: TrajectoryStore, taken: dict[str, list[str]], r
     async def score(key: str) -> None:
         scored[key] = await _score_session(store, key, taken[key], runner, is_eval, error_policy, discounted)
 
-    async with anyio.create_task_group() as tg:
-        for key in taken:
-            tg.start_soon(score, key)
+    with shared_turns():  # a prefix-determined scorer scores a turn its session's branches share once
+        async with anyio.create_task_group() as tg:
+            for key in taken:
+                tg.start_soon(score, key)
     return {key: scored[key] for key in taken}
 
 

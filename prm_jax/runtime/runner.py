@@ -19,7 +19,7 @@ import dataclasses
 import enum
 import logging
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -52,6 +52,18 @@ BUILDING_NOTE = "while building the scorer of"
 # keyed by (session key, interaction id, scorer), so each such turn is scored once.
 _SHARED: contextvars.ContextVar[dict[tuple[str, str, int], _SharedCall] | None] = contextvars.ContextVar(
     "prm_jax_shared_turns", default=None)
+
+
+@contextlib.contextmanager
+def shared_turns() -> Generator[None, None, None]:
+    """Within the block (and the tasks started in it), prefix-determined scorers score a turn shared by
+    clones of one session once: ``run_many`` and a group's export open one."""
+    token = _SHARED.set({}) if _SHARED.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _SHARED.reset(token)
 
 
 class _SharedCall:
@@ -358,7 +370,6 @@ class PRMRunner:
                     progress(finished[0], len(branches))
 
         stop = anyio.Event()
-        token = _SHARED.set({})  # the branches' tasks inherit it
 
         async def branches_then_stop() -> None:
             try:
@@ -367,12 +378,13 @@ class PRMRunner:
                 stop.set()
 
         try:
-            if self._warned_lag:
-                await branches_then_stop()
-            else:
-                async with anyio.create_task_group() as group:
-                    group.start_soon(watch_loop, self._warn_lag, stop)
+            with shared_turns():  # the branches' tasks inherit it
+                if self._warned_lag:
                     await branches_then_stop()
+                else:
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(watch_loop, self._warn_lag, stop)
+                        await branches_then_stop()
         except ExceptionGroup as outer:
             group = outer
             while len(group.exceptions) == 1 and isinstance(group.exceptions[0], ExceptionGroup):
@@ -383,8 +395,6 @@ class PRMRunner:
             if group is outer:
                 raise
             raise group from None
-        finally:
-            _SHARED.reset(token)
         return results
 
     def _branch_limit(self, limit: int | None) -> int | None:

@@ -406,3 +406,32 @@ def test_turn_discount_is_read_from_the_top_of_an_areal_config():
     assert ExperimentConfig.from_mapping({"turn_discount": 0.9}).turn_discount == 0.9
     with pytest.raises(ConfigError, match="turn_discount"):
         ExperimentConfig.from_mapping({"turn_discount": 1.5})
+
+
+class OncePerTurn(BaseScorer):
+    """A prefix-determined scorer: its score of a turn depends on the turn alone."""
+
+    name = "once_per_turn"
+    prefix_determined = True
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = []
+
+    async def evaluate(self, interaction, ctx):
+        self.calls.append(interaction.interaction_id)
+        return float(interaction.output_tokens[0]) / 100
+
+
+async def test_a_groups_export_scores_a_shared_turn_once_for_a_prefix_determined_scorer():
+    # Issue 30.6: in a session tree, the export scored each shared turn once per branch.
+    store = TrajectoryStore()
+    add_chain(store, "s", ("first", "second"), branch_answers=("x", "y", "z"))
+    add_chain(store, "t", ("first", "second"), branch_answers=("x",))
+    scorer = OncePerTurn()
+    result = await export_group(store, ["s", "t"], runner=runner_of(scorer), normalize_rewards=False)
+    assert result.status == "accepted"
+    assert sorted(scorer.calls) == sorted(["s-t0", "s-t1", "s-b0", "s-b1", "s-b2", "t-t0", "t-t1", "t-b0"])
+    by_leaf = {t.leaf_id: t.sequence for t in result.trajectories}
+    for leaf in ("s-b0", "s-b1", "s-b2"):  # every branch carries the shared turns' scores
+        assert by_leaf[leaf].token_rewards[2:4].tolist() == [np.float32(0.1)] * 2

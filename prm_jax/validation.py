@@ -5,6 +5,7 @@ with the key path)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import reprlib
 from collections.abc import Callable, Mapping
@@ -85,6 +86,21 @@ def integer_dtype(name: str, dtype: Any) -> None:
     """The one check that an array (numpy or JAX, host or traced) holds integers: ``TypeError`` naming it."""
     if not np.issubdtype(dtype, np.integer):
         raise TypeError(f"{name} must be an integer array, got dtype {dtype}")
+
+
+def imported_callable(name: str, path: str) -> Callable[..., Any]:
+    """The callable a dotted path ``package.module.attr`` names (a config's function: a lambda schedule, a
+    model factory); ``ValueError`` naming ``name`` and the path otherwise."""
+    module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"{name} {path!r} must be a dotted path 'module.function'")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"{name} {path!r} cannot be imported: {err}") from None
+    if not callable(fn):
+        raise ValueError(f"{name} {path!r} names {type(fn).__name__}, not a function")
+    return fn
 
 
 def short_repr(value: Any) -> str:

@@ -288,3 +288,19 @@ class Misbehaves(SyncScorer):
         if interaction.interaction_id in self.fail:
             raise KeyError(f"no answer for {interaction.interaction_id}")
         return 1.0
+
+
+from prm_jax.runtime.scoring import SyncTrajectoryScorer  # noqa: E402
+
+
+class BranchInAProcess(SyncTrajectoryScorer):
+    """Scores a whole branch in a worker process: turn k gets k + the process id's parity (0 or 1)."""
+
+    name = "branch_in_a_process"
+    executor = "process"
+
+    def evaluate_trajectory(self, interactions, ctx):
+        import os
+
+        return {turn.interaction_id: float(k) + float(os.getpid() != ctx["parent_pid"])
+                for k, turn in enumerate(interactions)}

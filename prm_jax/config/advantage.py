@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -41,7 +40,7 @@ from prm_jax.kernels.pure import MinFormTransform, PureCredit
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod
 from prm_jax.kernels.shaping import ShapingConfig, ShapingMode
 from prm_jax.kernels.tree import TreeCredit
-from prm_jax.validation import ConfigError, finite_number, from_mapping, integer, short_repr
+from prm_jax.validation import ConfigError, finite_number, from_mapping, imported_callable, integer, short_repr
 
 Credit = GiGPOConfig | TreeCredit | PureCredit | PrimeCredit
 AREAL_LAMBDA_MODULE = "areal.trainer.ppo.lambda_fn"
@@ -57,15 +56,7 @@ def resolve_lambda(path: str) -> Callable[..., jax.Array]:
     module_name, _, name = path.rpartition(".")
     if module_name in BUILTIN_LAMBDA_MODULES and name in gae_lambda.BUILTIN:
         return gae_lambda.BUILTIN[name]
-    if not module_name:
-        raise ValueError(f"gae_lambda path {path!r} must be a dotted path 'module.function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"gae_lambda path {path!r} cannot be imported: {err}") from None
-    if not callable(fn):
-        raise ValueError(f"gae_lambda path {path!r} names {type(fn).__name__}, not a function")
-    return fn
+    return imported_callable("gae_lambda path", path)
 
 
 def _checked_lambda(path: str, kwargs: Mapping[str, Any]) -> Callable[..., jax.Array]:

@@ -129,20 +129,22 @@ class RequestLimiter:
             yield
 
     async def _pace(self) -> None:
+        """Waits until this request conforms (GCRA: a start at ``t`` conforms when ``t >= next - (burst - 1)
+        / rate``; each start moves ``next`` to ``max(next, t) + 1 / rate``), counting from actual starts, so
+        no window of ``w`` seconds holds more than ``burst + w * rate`` starts however late a waiter wakes.
+        Waiters that wake together re-check: the first one starts, the others wait again."""
         waited = 0.0
         while True:
             now = time.monotonic()
             start = max(now, self._held_until)
-            if self.rate is not None:  # reserve the start before sleeping: waiters never start together
-                interval = 1.0 / self.rate
-                start = max(start, self._next - (self.burst - 1) * interval)
-                self._next = max(self._next, start) + interval
+            if self.rate is not None:
+                start = max(start, self._next - (self.burst - 1) / self.rate)
             if start <= now:
                 break
             waited += start - now
             await anyio.sleep(start - now)
-            if self._held_until <= time.monotonic():
-                break  # (a server's hold set meanwhile: reserve again after it)
+        if self.rate is not None:
+            self._next = max(self._next, now) + 1.0 / self.rate
         self.requests += 1
         if waited > 0:
             self.waits += 1

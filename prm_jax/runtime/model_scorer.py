@@ -29,7 +29,6 @@ loads the model, called with ``factory_kwargs``, and returns ``fn``).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -40,24 +39,17 @@ import numpy as np
 from prm_jax.runtime.batching import bucket_width
 from prm_jax.runtime.scoring import BatchTrajectoryScorer
 from prm_jax.runtime.trajectory import Interaction, concat_spans
-from prm_jax.validation import FLOAT32_MAX, integer, short_repr
+from prm_jax.validation import FLOAT32_MAX, imported_callable, integer, short_repr
 
 ModelOutput = Literal["tokens", "turns"]
 ModelFn = Callable[[Any, Any, Any], Any]
 
 
-def resolve_factory(path: Any) -> Callable[[], ModelFn]:
-    """``package.module.function`` (a factory without arguments that returns the model function)."""
+def resolve_factory(path: Any) -> Callable[..., ModelFn]:
+    """``package.module.function``: a factory that loads the model and returns the model function."""
     if not isinstance(path, str) or "." not in path:
         raise ValueError(f"factory must be a dotted path 'package.module.function', got {short_repr(path)}")
-    module_name, _, attr = path.rpartition(".")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"factory {path!r} cannot be imported: {err}") from None
-    if not callable(factory):
-        raise ValueError(f"factory {path!r} is not callable")
-    return factory
+    return imported_callable("factory", path)
 
 
 class ModelScorer(BatchTrajectoryScorer):

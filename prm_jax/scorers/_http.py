@@ -14,6 +14,7 @@ from prm_jax.runtime.limits import RETRYABLE_STATUS, RequestLimiter, ServiceErro
 from prm_jax.validation import finite_number, integer, short_repr
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # a score answer is a few hundred bytes; 1 MiB leaves room for logprobs
+BURST_S = 0.01  # the limiter's burst, in seconds of the request rate
 
 
 def httpx_module(who: str) -> Any:
@@ -61,6 +62,15 @@ def check_transport(request_timeout: Any, attempts: Any, backoff: Any, max_backo
                          f"{short_repr(api_key_env)}: a key never belongs in a config file")
 
 
+TRANSPORT_KEYS = ("request_timeout", "attempts", "backoff", "max_backoff", "max_body_bytes", "max_concurrency",
+                  "max_requests_per_second", "api_key_env")
+
+
+def transport(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The transport settings among a judge's constructor arguments (``JSONService``'s keywords)."""
+    return {key: settings[key] for key in TRANSPORT_KEYS if key in settings}
+
+
 class JSONService:
     """POSTs JSON to one server and returns its decoded JSON answer, under the limiter and the retry rules.
 
@@ -77,7 +87,10 @@ class JSONService:
         self.base_url, self.who = base_url, who
         self.request_timeout, self.attempts = float(request_timeout), attempts
         self.backoff, self.max_backoff, self.max_body_bytes = float(backoff), float(max_backoff), max_body_bytes
-        self.limiter = RequestLimiter(max_concurrency, max_requests_per_second)
+        # A burst of 10 ms worth of requests (2 at 250/s), far inside any gateway's bucket: a start that woke
+        # late can be made up, where a burst of 1 lost ~10% of the rate to the event loop's wake-up lag.
+        burst = 1 if max_requests_per_second is None else max(1, int(max_requests_per_second * BURST_S))
+        self.limiter = RequestLimiter(max_concurrency, max_requests_per_second, burst)
         headers = {}
         if api_key_env is not None:
             key = os.environ.get(api_key_env)

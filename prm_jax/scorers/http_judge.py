@@ -25,7 +25,14 @@ from typing import Any
 from prm_jax.runtime.limits import ServiceError
 from prm_jax.runtime.scoring import BaseScorer
 from prm_jax.runtime.trajectory import Interaction
-from prm_jax.scorers._http import DEFAULT_MAX_BODY_BYTES, JSONService, check_transport, check_url, httpx_module
+from prm_jax.scorers._http import (
+    DEFAULT_MAX_BODY_BYTES,
+    JSONService,
+    check_transport,
+    check_url,
+    httpx_module,
+    transport,
+)
 from prm_jax.scorers.openai_judge import NoTextError
 from prm_jax.validation import short_repr
 
@@ -48,15 +55,13 @@ class HTTPJudgeScorer(BaseScorer):
     def __init__(self, url: str, request_timeout: float = 10.0, attempts: int = 3, backoff: float = 0.05,
                  max_backoff: float = 2.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  max_concurrency: int | None = 16, max_requests_per_second: float | None = None, **kwargs: Any):
-        type(self).validate_kwargs(url=url, request_timeout=request_timeout, attempts=attempts, backoff=backoff,
-                                   max_backoff=max_backoff, max_body_bytes=max_body_bytes,
-                                   max_concurrency=max_concurrency, max_requests_per_second=max_requests_per_second)
+        settings = dict(request_timeout=request_timeout, attempts=attempts, backoff=backoff, max_backoff=max_backoff,
+                        max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
+                        max_requests_per_second=max_requests_per_second)
+        type(self).validate_kwargs(url=url, **settings)
         super().__init__(**kwargs)
         self.url = url
-        self.service = JSONService(check_url("url", url), who=f"scorer {self.name!r}", request_timeout=request_timeout,
-                                   attempts=attempts, backoff=backoff, max_backoff=max_backoff,
-                                   max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
-                                   max_requests_per_second=max_requests_per_second)
+        self.service = JSONService(check_url("url", url), who=f"scorer {self.name!r}", **transport(settings))
 
     @classmethod
     def validate_kwargs(cls, url: Any = None, request_timeout: Any = 10.0, attempts: Any = 3, backoff: Any = 0.05,

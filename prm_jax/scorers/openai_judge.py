@@ -36,7 +36,14 @@ from typing import Any, Literal
 from prm_jax.runtime.limits import ServiceError
 from prm_jax.runtime.scoring import BaseScorer
 from prm_jax.runtime.trajectory import Interaction
-from prm_jax.scorers._http import DEFAULT_MAX_BODY_BYTES, JSONService, check_transport, check_url, httpx_module
+from prm_jax.scorers._http import (
+    DEFAULT_MAX_BODY_BYTES,
+    JSONService,
+    check_transport,
+    check_url,
+    httpx_module,
+    transport,
+)
 from prm_jax.validation import finite_number, integer, short_repr
 
 ScoreFrom = Literal["regex", "json", "logprobs"]
@@ -92,10 +99,7 @@ class OpenAIJudgeScorer(BaseScorer):
         self.score_range = None if score_range is None else (float(score_range[0]), float(score_range[1]))
         self.extra_body = dict(extra_body or {})
         self.service = JSONService(check_url("base_url", base_url), who=f"scorer {self.name!r}",
-                                   request_timeout=request_timeout, attempts=attempts, backoff=backoff,
-                                   max_backoff=max_backoff, max_body_bytes=max_body_bytes,
-                                   max_concurrency=max_concurrency, max_requests_per_second=max_requests_per_second,
-                                   api_key_env=api_key_env)
+                                   **transport(settings))
 
     @classmethod
     def validate_kwargs(cls, base_url: Any = None, model: Any = None, prompt: Any = DEFAULT_PROMPT,

@@ -30,7 +30,14 @@ import numpy as np
 from prm_jax.runtime.limits import ServiceError
 from prm_jax.runtime.scoring import BatchTrajectoryScorer
 from prm_jax.runtime.trajectory import Interaction, concat_spans
-from prm_jax.scorers._http import DEFAULT_MAX_BODY_BYTES, JSONService, check_transport, check_url, httpx_module
+from prm_jax.scorers._http import (
+    DEFAULT_MAX_BODY_BYTES,
+    JSONService,
+    check_transport,
+    check_url,
+    httpx_module,
+    transport,
+)
 from prm_jax.validation import integer, short_repr
 
 QWEN_PRM_STEP_TAG_ID = 151651  # "<extra_0>" in Qwen2.5-Math-PRM's tokenizer
@@ -72,10 +79,7 @@ class PoolingPRMScorer(BatchTrajectoryScorer):
         self.model, self.step_tag_id, self.good_index, self.task, self.spread = (
             model, step_tag_id, good_index, task, spread)
         self.service = JSONService(check_url("base_url", base_url), who=f"scorer {self.name!r}",
-                                   request_timeout=request_timeout, attempts=attempts, backoff=backoff,
-                                   max_backoff=max_backoff, max_body_bytes=max_body_bytes,
-                                   max_concurrency=max_concurrency, max_requests_per_second=max_requests_per_second,
-                                   api_key_env=api_key_env)
+                                   **transport(settings))
 
     @classmethod
     def validate_kwargs(cls, base_url: Any = None, model: Any = None, step_tag_id: Any = QWEN_PRM_STEP_TAG_ID,

@@ -547,3 +547,13 @@ async def test_the_branch_limit_never_starves_a_batched_scorer():
     plain = CountsInFlight()
     await PRMRunner(scorers=(plain,)).run_many(branches(8, turns=1), limit=3)
     assert plain.most == 3  # without a batched scorer, limit is what it says
+
+
+async def test_a_sync_trajectory_scorer_runs_in_worker_processes_too():
+    chains = branches(4, turns=3)
+    runner = PRMRunner(scorers=(st.BranchInAProcess(max_workers=1),))
+    try:
+        await runner.run_many(chains, {"parent_pid": os.getpid()})
+    finally:
+        await runner.aclose()
+    assert rewards_of(chains) == [[[1.0] * 3, [2.0] * 3, [3.0] * 3]] * 4  # +1: not this process

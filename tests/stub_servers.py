@@ -9,6 +9,8 @@ schemas:
   beyond either it answers ``429`` with ``Retry-After`` (and ``retry-after-ms``), as OpenAI does. The answer
   is a chat completion whose content is a score (``answer(messages)``), with ``logprobs`` when asked.
   ``service_s`` is the time one request takes.
+- ``ChatServer(classify=...)`` also answers SGLang's ``POST /v1/classify`` (the vLLM 0.7 classification
+  API): ``{"model", "input": text}`` -> one ``probs`` distribution for the text.
 - ``PoolingServer``: vLLM's ``POST /pooling`` for a process reward model with ``STEP`` pooling
   (``token_classify`` in vLLM >= 0.11, the default ``encode`` before): one ``[p_bad, p_good]`` row per
   step-tag token of each input. ``engine_s(tokens)`` is the engine's time for a request of that many tokens
@@ -111,7 +113,8 @@ class ChatServer(_Server):
     def __init__(self, answer: Callable[[list[dict[str, Any]]], str], *, capacity: int = 16, rate: float = 250.0,
                  service_s: float = 0.0, model: str = "judge", api_key: str | None = None,
                  lifetime: float = 120.0, fail: Callable[[dict[str, Any]], int | None] | None = None,
-                 burst: float = 4.0):
+                 burst: float = 4.0, classify: Callable[[str], float] | None = None):
+        self.classify = classify  # SGLang's /v1/classify: P(label 1) of an input text
         self.answer, self.capacity, self.rate, self.service_s = answer, capacity, rate, service_s
         self.burst = burst
         self.model, self.api_key, self.fail = model, api_key, fail
@@ -139,6 +142,18 @@ class ChatServer(_Server):
     def handle(self, request: Any, path: str, payload: Any) -> None:
         with self.lock:
             self.requests.append(payload)
+        if path == "/v1/classify" and self.classify is not None:
+            if payload.get("model") != self.model or not isinstance(payload.get("input"), str):
+                request.reply(400, _error("'model' and a string 'input' are required"))
+                return
+            good = self.classify(payload["input"])
+            request.reply(200, {"id": f"classify-{len(self.requests)}", "object": "list", "created": int(time.time()),
+                                "model": self.model, "data": [{"index": 0, "label": "Default",
+                                                               "probs": [1.0 - good, good], "num_classes": 2}],
+                                "usage": {"prompt_tokens": len(payload["input"].split()), "completion_tokens": 0,
+                                          "total_tokens": len(payload["input"].split()),
+                                          "prompt_tokens_details": None}})
+            return
         if path != "/v1/chat/completions":
             request.reply(404, _error(f"no route {path}", "not_found_error"))
             return

@@ -48,6 +48,8 @@ LATENCY_SAMPLES = 4096  # the most recent call latencies kept per scorer for p50
 # The last scorer step that held the loop past BLOCKING_STEP_S: (scorer name, seconds, when it ended), read
 # by the loop-lag watchdog to name who was running.
 LAST_LONG_STEP: list[Any] = ["", 0.0, -math.inf]
+# The thread scorers with a call in a worker thread now (their Python code takes the GIL from the loop).
+RUNNING_THREADS: collections.Counter[str] = collections.Counter()
 
 
 def scorer_error(scorer: BaseScorer, where: str, err: BaseException, timeout: float | None) -> BaseException:
@@ -237,6 +239,7 @@ class ThreadExecutor(Executor):
     async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
         fn = getattr(self.scorer, self.method)
         async with self._admitted.get():
+            RUNNING_THREADS[self.scorer.name] += 1
             try:
                 if self.timeout is None:
                     return await anyio.to_thread.run_sync(fn, *args, limiter=self._unbounded.get())
@@ -249,6 +252,8 @@ class ThreadExecutor(Executor):
                 raise TimeoutError(f"scorer {self.scorer.name!r} on {describe(on)} took longer than its timeout "
                                    f"of {self.timeout} s in its worker thread (the thread runs on; its result "
                                    "will be discarded)") from None
+            finally:
+                RUNNING_THREADS[self.scorer.name] -= 1
 
 
 class _Call:
@@ -599,6 +604,10 @@ async def watch_loop(warn: Callable[[str], None], stop: anyio.Event) -> None:
             ended = LAST_LONG_STEP[2]
             if before <= ended <= now:
                 continue  # the scorer named in LAST_LONG_STEP held it: its executor warned (or failed the call)
-            warn(f"the event loop was blocked for {lag:.3f} s while scoring, outside every scorer's evaluate (the "
-                 "caller's own code on this loop, result validation, or another thread holding the GIL: a "
-                 "thread scorer's Python code, JAX tracing); scorers' deadlines kept running")
+            threads = sorted(name for name, count in RUNNING_THREADS.items() if count > 0)
+            who = (f"thread scorer(s) {threads} were running: their Python code holds the GIL (the process "
+                   "executor does not)" if threads else
+                   "no scorer was running: the caller's own code on this loop, result validation, or another "
+                   "thread holding the GIL (JAX tracing)")
+            warn(f"the event loop was blocked for {lag:.3f} s while scoring, outside every scorer's evaluate; "
+                 f"{who}; scorers' deadlines kept running")

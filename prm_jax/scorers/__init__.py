@@ -2,9 +2,10 @@
 length budget."""
 
 from prm_jax.runtime.model_scorer import ModelScorer  # (a runtime class: score_arrays has its own path for it)
+from prm_jax.scorers.classify_prm import ClassifyPRMScorer
 from prm_jax.scorers.http_judge import HTTPJudgeScorer
 from prm_jax.scorers.length_budget import LengthBudgetScorer
 from prm_jax.scorers.openai_judge import OpenAIJudgeScorer
 from prm_jax.scorers.pooling_prm import PoolingPRMScorer
 
-__all__ = ["HTTPJudgeScorer", "LengthBudgetScorer", "ModelScorer", "OpenAIJudgeScorer", "PoolingPRMScorer"]
+__all__ = ["ClassifyPRMScorer", "HTTPJudgeScorer", "LengthBudgetScorer", "ModelScorer", "OpenAIJudgeScorer", "PoolingPRMScorer"]

@@ -345,7 +345,7 @@ async def test_the_watchdog_warns_once_when_code_outside_the_scorers_blocks_the_
         if _ == 0:
             assert len(caught) == 1
             assert re.match(r"the event loop was blocked for 0\.1\d\d s while scoring, outside every scorer's "
-                            "evaluate", str(caught[0].message))
+                            "evaluate; no scorer was running", str(caught[0].message))
         else:
             assert caught == []  # once per runner
 
@@ -557,3 +557,32 @@ async def test_a_sync_trajectory_scorer_runs_in_worker_processes_too():
     finally:
         await runner.aclose()
     assert rewards_of(chains) == [[[1.0] * 3, [2.0] * 3, [3.0] * 3]] * 4  # +1: not this process
+
+
+
+class HoldsTheGIL(SyncScorer):
+    """Pure Python in a worker thread: it holds the GIL for most of its call."""
+
+    name = "holds_the_gil"
+
+    def evaluate(self, interaction, ctx):
+        deadline = time.perf_counter() + 0.3
+        total = 0
+        while time.perf_counter() < deadline:
+            total += 1
+        return 1.0
+
+
+async def test_the_watchdog_names_the_thread_scorers_running_when_the_loop_stalls():
+    import sys
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.2)  # the thread keeps the GIL for 0.2 s at a time: the loop stalls
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            await PRMRunner(scorers=(HoldsTheGIL(),)).run_many(branches(1, turns=1))
+    finally:
+        sys.setswitchinterval(old)
+    messages = [str(w.message) for w in caught]
+    assert any("thread scorer(s) ['holds_the_gil'] were running" in m for m in messages), messages

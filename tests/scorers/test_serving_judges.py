@@ -339,3 +339,24 @@ async def test_pooling_prm_task_for_older_vllm_and_located_errors():
         with pytest.raises(ServiceError, match=r"expected one row per step tag \(4\), got 0"):
             await PRMRunner(scorers=(scorer,)).run(tree_branches(1)[0])
         await scorer.aclose()
+
+
+# --- ClassifyPRMScorer (SGLang's /v1/classify) ------------------------------------------------------------
+
+async def test_classify_prm_scores_each_turn_by_classifying_the_conversation_through_it():
+    def good_if_correct(text):
+        return 0.9 if text.rstrip().endswith("correct") else 0.2
+
+    with ChatServer(grade, classify=good_if_correct, model="rm") as server:
+        from prm_jax.scorers import ClassifyPRMScorer
+
+        scorer = ClassifyPRMScorer(server.url, "rm", max_concurrency=2)
+        branch = session(["correct", "wrong", "correct"])
+        await PRMRunner(scorers=(scorer,)).run(branch)
+        await scorer.aclose()
+    assert [t.token_rewards.tolist() for t in branch] == [[np.float32(0.9)] * 3, [np.float32(0.2)] * 3,
+                                                          [np.float32(0.9)] * 3]
+    inputs = sorted(r["input"] for r in server.requests)
+    assert inputs[0] == "user: q0\nassistant: correct" and len(inputs) == 3  # the conversation through the turn
+    with pytest.raises(ValueError, match=r"\['score'\] set how a chat answer is read"):
+        ClassifyPRMScorer("http://127.0.0.1:1", "rm", score="logprobs")

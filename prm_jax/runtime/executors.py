@@ -447,15 +447,19 @@ class ProcessExecutor(Executor):
             self._ready.notify_all()
         for call in waiting:
             call.future.cancel()
-        threads = self._threads
+        threads, live = self._threads, self._live
 
         def join() -> None:
+            # Idle workers are told to stop by their dispatcher; a worker still in a call (its run was
+            # cancelled before the executor closes) is ended, which ends its dispatcher's wait too.
             for thread in threads:
-                thread.join(10)
+                thread.join(1.0)
+            for worker in list(live):
+                worker.end()
+            for thread in threads:
+                thread.join(5.0)
 
         await anyio.to_thread.run_sync(join)
-        for worker in list(self._live):
-            worker.end()
 
 
 async def _result(future: concurrent.futures.Future[Any]) -> Any:

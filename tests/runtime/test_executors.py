@@ -26,6 +26,7 @@ from prm_jax import (
 )
 from prm_jax.config import PRMConfig, ScorerSpec
 from prm_jax.runtime.context import ScorerContext
+from prm_jax.runtime.runner import RunnerClosedError
 from prm_jax.runtime.specs import check_scorer_specs
 
 pytestmark = pytest.mark.anyio
@@ -586,3 +587,23 @@ async def test_the_watchdog_names_the_thread_scorers_running_when_the_loop_stall
         sys.setswitchinterval(old)
     messages = [str(w.message) for w in caught]
     assert any("thread scorer(s) ['holds_the_gil'] were running" in m for m in messages), messages
+
+
+async def test_closing_a_runner_ends_a_worker_process_stuck_in_a_call_at_once():
+    scorer = st.Misbehaves(slow=("b0t0",), max_workers=1)  # sleeps 30 s, no timeout
+    runner = PRMRunner(scorers=(scorer,))
+    closed = []
+
+    async def scores():
+        try:
+            await runner.run_many(branches(1, turns=1))
+        except RunnerClosedError as err:
+            closed.append(err)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(scores)
+        await anyio.sleep(1.0)  # the call is in the worker
+        started = time.perf_counter()
+        await runner.aclose()
+    assert time.perf_counter() - started < 4.0 and len(closed) == 1  # the run: closed, nothing committed
+    assert not [w for w in runner._executors[id(scorer)]._live if w.process.is_alive()]

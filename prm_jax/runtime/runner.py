@@ -179,6 +179,9 @@ class PRMRunner:
         return runner
 
     async def __aenter__(self) -> PRMRunner:
+        """Entering a runner that is closing or closed is refused (as httpx refuses a closed client)."""
+        if self._state is not RunnerState.OPEN:
+            raise RunnerClosedError(f"PRMRunner is {self._state.value}: it cannot be entered again")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -186,7 +189,6 @@ class PRMRunner:
 
     def _init_state(self) -> None:
         self._scorers: list[BaseScorer] = []
-        self._owned: list[BaseScorer] = []
         # Each owned scorer's aclose is pushed as it is built: start-up rollback and aclose() both unwind it.
         self._owned_stack = contextlib.AsyncExitStack()
         self._close_errors: list[tuple[BaseScorer, Exception]] = []
@@ -210,7 +212,6 @@ class PRMRunner:
             except Exception as err:  # re-raised as it is (SPEC 3), with the entry named
                 add_note(err, f"{BUILDING_NOTE} rollout.agent.prm.scorers[{i}] ({entry.path})")
                 raise
-            self._owned.append(scorer)
             self._owned_stack.push_async_callback(self._close_one, scorer)
             self._scorers.append(scorer)
             self._executors[id(scorer)] = self._executor(scorer, entry.timeout if entry.timeout is not None

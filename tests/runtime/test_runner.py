@@ -478,3 +478,14 @@ def test_both_fan_outs_cancel_the_siblings_of_a_failed_turn(monkeypatch, path):
     assert "boom" in repr(caught.value) or any("boom" in repr(e) for e in getattr(caught.value, "exceptions", ()))
     assert time.monotonic() - start < 2.0 and finished == []  # the siblings were cancelled, not awaited
     assert all(t.token_rewards is None for t in bad)
+
+
+async def test_entering_a_closed_runner_is_refused():
+    # Issue 31.8: as httpx refuses a closed client, a closed runner cannot be entered again.
+    from prm_jax.runtime.runner import RunnerClosedError
+
+    async with PRMRunner(scorers=(st.ConstantScorer(),)) as runner:
+        await runner.run(branch())
+    with pytest.raises(RunnerClosedError, match="PRMRunner is closed: it cannot be entered again"):
+        async with runner:
+            pass

@@ -1,0 +1,56 @@
+"""Issue 31.3 (its first drift): every estimator honours the configured ``gae_method``. PRIME once re-resolved
+``"auto"`` itself, and its compiled program held the native call under ``gae_method="scan"``. Checked
+here from the lowered program of ``compute_advantages``: the native GAE call is in it exactly when the
+method is ``native`` (or ``auto`` resolves to it) and the estimator runs GAE."""
+
+import jax
+import numpy as np
+import pytest
+
+from prm_jax import compute_advantages
+from prm_jax.config import AdvantageConfig
+from prm_jax.native.ffi import FLOAT_MASK_TARGET, TARGET
+
+ROWS, WIDTH = 4, 16
+ESTIMATORS = {
+    "token_gae": {},
+    "turn_gae": {"gae_timestep_unit": "turn"},
+    "gigpo": {"credit_assignment": {"mode": "gigpo"}},
+    "tree": {"credit_assignment": {"mode": "tree"}},
+    "pure": {"credit_assignment": {"mode": "pure"}},
+    "prime": {"credit_assignment": {"mode": "prime"}},  # lam 0: its implicit rewards need no recursion
+    "prime_lam": {"credit_assignment": {"mode": "prime", "lam": 0.5}},  # its lambda-return is a GAE scan
+}
+RUNS_GAE = {"token_gae", "turn_gae", "prime_lam"}  # the configurations that run a GAE scan
+
+
+def batch() -> dict:
+    rng = np.random.default_rng(0)
+    turn_ids = np.full((ROWS, WIDTH), -1, np.int32)
+    turn_ids[:, 2:5], turn_ids[:, 7:10] = 0, 1
+    loss = (turn_ids >= 0).astype(np.int32)
+    node_ids = np.arange(ROWS * 2, dtype=np.int32).reshape(ROWS, 2)
+    ref = (-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32)
+    return dict(attention_mask=np.ones((ROWS, WIDTH), np.int32), loss_mask=loss, turn_ids=turn_ids,
+                logprobs=(-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32), ref_logprobs=ref,
+                prm_logprobs=(ref + rng.normal(0, 0.2, ref.shape)).astype(np.float32),
+                rewards=rng.choice([0.0, 1.0], ROWS).astype(np.float32),
+                values=rng.normal(0, 0.5, (ROWS, WIDTH)).astype(np.float32),
+                token_rewards=(0.5 * loss).astype(np.float32), group_sizes=np.array([2, 2], np.int32),
+                is_truncated=np.zeros(ROWS, bool),
+                anchor_ids=np.zeros((ROWS, 2), np.int32), node_ids=node_ids,
+                node_parents=np.where(np.arange(ROWS * 2) % 2 == 0, -1, np.arange(ROWS * 2) - 1).astype(np.int32))
+
+
+def lowered(config: AdvantageConfig) -> str:
+    return jax.jit(lambda b: compute_advantages(b, config)).lower(batch()).as_text()
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
+@pytest.mark.parametrize("method", ["scan", "associative", "blocked", "native"])
+def test_every_estimator_runs_the_configured_gae_method(estimator, method):
+    config = AdvantageConfig(gae_method=method, **ESTIMATORS[estimator])
+    text = lowered(config)
+    native = TARGET in text or FLOAT_MASK_TARGET in text
+    assert native == (method == "native" and estimator in RUNS_GAE), (estimator, method)
+    # (That every method computes the same numbers: tests/kernels/test_gae.py and test_matrix.py.)

@@ -88,6 +88,17 @@ def integer_dtype(name: str, dtype: Any) -> None:
         raise TypeError(f"{name} must be an integer array, got dtype {dtype}")
 
 
+def one_of(name: str, value: Any, choices: tuple[Any, ...], *, config: bool = False) -> Any:
+    """``value`` when it is one of ``choices`` (a setting's values, usually ``typing.get_args`` of its
+    ``Literal``); else a ``ConfigError`` for the key ``name`` (``config``) or a ``ValueError`` naming it."""
+    if isinstance(value, (str, type(None))) and value in choices:
+        return value
+    problem = f"must be one of {choices}, got {short_repr(value)}"
+    if config:
+        raise ConfigError(name, problem)
+    raise ValueError(f"{name} {problem}")
+
+
 def imported_callable(name: str, path: str) -> Callable[..., Any]:
     """The callable a dotted path ``package.module.attr`` names (a config's function: a lambda schedule, a
     model factory); ``ValueError`` naming ``name`` and the path otherwise."""

@@ -40,7 +40,7 @@ from prm_jax.kernels.pure import MinFormTransform, PureCredit
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod
 from prm_jax.kernels.shaping import ShapingConfig, ShapingMode
 from prm_jax.kernels.tree import TreeCredit
-from prm_jax.validation import ConfigError, finite_number, from_mapping, imported_callable, integer, short_repr
+from prm_jax.validation import ConfigError, finite_number, from_mapping, imported_callable, integer, one_of, short_repr
 
 Credit = GiGPOConfig | TreeCredit | PureCredit | PrimeCredit
 AREAL_LAMBDA_MODULE = "areal.trainer.ppo.lambda_fn"
@@ -130,8 +130,7 @@ class AdvantageConfig:
         set_("reward_bias", finite_number("reward_bias", self.reward_bias))
         set_("reward_scaling", finite_number("reward_scaling", self.reward_scaling))
         set_("reward_clip", finite_number("reward_clip", self.reward_clip, minimum=0.0))
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ConfigError("kl_estimator", f"must be one of {KL_ESTIMATORS}, got {short_repr(self.kl_estimator)}")
+        one_of("kl_estimator", self.kl_estimator, KL_ESTIMATORS, config=True)
         if not (self.check_values is True or self.check_values is False or self.check_values == "callback"):
             raise ConfigError("check_values", f"must be true, false or 'callback', got {short_repr(self.check_values)}")
         for key in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty", "diagnostics"):
@@ -145,8 +144,7 @@ class AdvantageConfig:
         set_("advantage_shaping", shaping_config(self.advantage_shaping))
         set_("credit_assignment", _credit_assignment(self.credit_assignment))
         set_("process_reward_transform", _transform(self.process_reward_transform))
-        if self.gae_method not in GAE_METHODS:
-            raise ConfigError("gae_method", f"must be one of {GAE_METHODS}, got {short_repr(self.gae_method)}")
+        one_of("gae_method", self.gae_method, GAE_METHODS, config=True)
         if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
                                             or self.discount * self.gae_lambda != 1.0):
             raise ConfigError("gae_method", "'cumsum' needs discount * gae_lambda == 1 (a float gae_lambda)")

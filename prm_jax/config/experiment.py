@@ -34,12 +34,12 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from prm_jax.config.advantage import AdvantageConfig, shaping_config
 from prm_jax.kernels.normalization import DecoupledNorm
 from prm_jax.kernels.shaping import ShapingConfig
-from prm_jax.validation import ConfigError, deadline, finite_number, from_mapping, scorer_weight, short_repr
+from prm_jax.validation import ConfigError, deadline, finite_number, from_mapping, one_of, scorer_weight, short_repr
 
 VERSIONS = ("v1", "v2")
 
@@ -83,7 +83,7 @@ def _scorer_list(value: Any, where: str) -> tuple[ScorerSpec, ...]:
 
 
 ErrorPolicy = Literal["reject", "keep_original"]
-ERROR_POLICIES: tuple[ErrorPolicy, ...] = ("reject", "keep_original")
+ERROR_POLICIES: tuple[ErrorPolicy, ...] = get_args(ErrorPolicy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +104,7 @@ class PRMConfig:
         if not isinstance(self.enabled, bool):
             raise ConfigError("enabled", f"must be a bool, got {short_repr(self.enabled)}")
         object.__setattr__(self, "scorers", _scorer_list(self.scorers, "scorers"))
-        if self.error_policy not in ERROR_POLICIES:
-            raise ConfigError("error_policy", f"must be one of {ERROR_POLICIES}, got {short_repr(self.error_policy)}")
+        one_of("error_policy", self.error_policy, ERROR_POLICIES, config=True)
 
     @property
     def active(self) -> bool:
@@ -138,8 +137,7 @@ class RolloutConfig:
     export_style: str = "concat"
 
     def __post_init__(self):
-        if self.version not in VERSIONS:
-            raise ConfigError("_version", f"must be one of {VERSIONS}, got {short_repr(self.version)}")
+        one_of("_version", self.version, VERSIONS, config=True)
         if self.api_url is not None and not isinstance(self.api_url, str):
             raise ConfigError("api_url", f"must be a string or null, got {short_repr(self.api_url)}")
         for key in ("chat_template_type", "export_style"):

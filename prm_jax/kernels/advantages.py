@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, get_args
 
 import jax
 import jax.numpy as jnp
@@ -82,7 +82,7 @@ OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "prm_logprobs", "tok
                  "gae_lambda", "group_sizes", "group_member_counts", "group_ids", "turn_rewards", "turn_reward_mask",
                  "anchor_ids")
 TimestepUnit = Literal["token", "turn"]
-TIMESTEP_UNITS: tuple[TimestepUnit, ...] = ("token", "turn")
+TIMESTEP_UNITS: tuple[TimestepUnit, ...] = get_args(TimestepUnit)
 
 
 class AdvantageOutput(NamedTuple):

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -47,12 +47,12 @@ from jax.typing import ArrayLike
 from prm_jax.kernels import _checks
 from prm_jax.kernels.normalization import NormConfig, group_layout, group_sizes_check, weighted_moments
 from prm_jax.native import ffi
-from prm_jax.validation import ConfigError, finite_number, short_repr
+from prm_jax.validation import ConfigError, finite_number, one_of, short_repr
 
 GiGPONorm = Literal["mean_norm", "mean_std_norm"]
 EpisodeStats = Literal["trajectory", "step"]
 StepReward = Literal["mean", "sum", "last"]
-STEP_REWARDS: tuple[StepReward, ...] = ("mean", "sum", "last")
+STEP_REWARDS: tuple[StepReward, ...] = get_args(StepReward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +77,7 @@ class GiGPOConfig:
             raise ConfigError("norm", f"must be 'mean_norm' or 'mean_std_norm', got {short_repr(self.norm)}")
         if self.episode_stats not in ("trajectory", "step"):
             raise ConfigError("episode_stats", f"must be 'trajectory' or 'step', got {short_repr(self.episode_stats)}")
-        if self.step_reward not in STEP_REWARDS:
-            raise ConfigError("step_reward", f"must be one of {STEP_REWARDS}, got {short_repr(self.step_reward)}")
+        one_of("step_reward", self.step_reward, STEP_REWARDS, config=True)
 
 
 class GiGPOOutput(NamedTuple):

@@ -13,16 +13,17 @@ The estimate is clamped to [-10, 10] and the reward is ``-kl_ctl * kl`` on activ
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.validation import one_of
 
 KLEstimator = Literal["k1", "k2", "k3"]
-KL_ESTIMATORS: tuple[KLEstimator, ...] = ("k1", "k2", "k3")
+KL_ESTIMATORS: tuple[KLEstimator, ...] = get_args(KLEstimator)
 KL_CLAMP = 10.0
 
 
@@ -34,8 +35,7 @@ def kl_estimate(logprobs: ArrayLike, ref_logprobs: ArrayLike, estimator: str = "
       ref_logprobs: ``[B, T]`` reference log-probs on timesteps.
       estimator: ``"k1" | "k2" | "k3"``.
     """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    one_of("estimator", estimator, KL_ESTIMATORS)
     _checks.check_shape("ref_logprobs", ref_logprobs, jnp.shape(logprobs), "logprobs")
     return _kl_estimate_jit(logprobs, ref_logprobs, estimator=estimator)
 
@@ -65,8 +65,7 @@ def kl_rewards(logprobs: ArrayLike, ref_logprobs: ArrayLike, mask: ArrayLike, *,
       kl_ctl: KL coefficient.
       estimator: ``"k1" | "k2" | "k3"``.
     """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    one_of("estimator", estimator, KL_ESTIMATORS)
     _checks.check_shape("ref_logprobs", ref_logprobs, jnp.shape(logprobs), "logprobs")
     _checks.check_shape("mask", mask, jnp.shape(logprobs), "logprobs")
     rewards, checks = _kl_rewards_jit(logprobs, ref_logprobs, mask, kl_ctl, estimator=estimator)

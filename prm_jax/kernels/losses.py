@@ -26,7 +26,7 @@ own gives NaN there); where the loss itself is infinite no gradient flows throug
 from __future__ import annotations
 
 import functools
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -35,10 +35,10 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import FLOAT32_MAX, finite_number, integer_dtype
+from prm_jax.validation import FLOAT32_MAX, finite_number, integer_dtype, one_of
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-LOSS_AGG_MODES: tuple[LossAggMode, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSS_AGG_MODES: tuple[LossAggMode, ...] = get_args(LossAggMode)
 
 
 class PPOLossStats(NamedTuple):
@@ -180,8 +180,7 @@ def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
       ValueError: a ``loss_mask`` entry that is neither 0 nor 1 (bool masks are never checked), when called
         eagerly; under ``jit`` the count is ``stats.checks["checks/loss_mask_not_binary"]``.
     """
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}")
+    one_of("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
     eps_clip = finite_number("eps_clip", eps_clip, minimum=0.0)
     if eps_clip_higher is not None:
         eps_clip_higher = finite_number("eps_clip_higher", eps_clip_higher, minimum=0.0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal
+from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
@@ -27,9 +27,10 @@ from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
 from prm_jax.native import ffi
+from prm_jax.validation import one_of
 
 GAEMethod = Literal["auto", "scan", "associative", "blocked", "cumsum", "native"]
-GAE_METHODS: tuple[GAEMethod, ...] = ("auto", "scan", "associative", "blocked", "cumsum", "native")
+GAE_METHODS: tuple[GAEMethod, ...] = get_args(GAEMethod)
 DEFAULT_BLOCK_SIZE = 64
 
 
@@ -40,19 +41,18 @@ def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: boo
     False and one device; a custom call has no partitioning rule), else ``scan``; on GPU/TPU ``cumsum``
     when ``gamma * lam == 1`` is known statically (``unit_discount``), else ``associative``.
     """
-    if method not in GAE_METHODS:
-        raise ValueError(f"method must be one of {GAE_METHODS}, got {method!r}")
-    if method == "cumsum" and not unit_discount:
+    checked: GAEMethod = one_of("method", method, GAE_METHODS)
+    if checked == "cumsum" and not unit_discount:
         raise ValueError("method='cumsum' needs gamma * lam == 1 known before tracing (Python floats); "
                          "use 'auto', 'scan', 'associative' or 'blocked' otherwise")
-    if method == "native" and not ffi.available():
+    if checked == "native" and not ffi.available():
         raise ValueError("method='native' needs the CPU backend and a C++ compiler to build the kernel "
                          "(see prm_jax.native); use 'auto' to fall back to 'scan'")
-    if method == "native" and sharded:
+    if checked == "native" and sharded:
         raise ValueError("method='native' cannot run in a sharded program (a custom call has no partitioning "
                          "rule); use 'auto' or 'scan'")
-    if method != "auto":
-        return method
+    if checked != "auto":
+        return checked
     if jax.default_backend() == "cpu":
         return "native" if ffi.use_native(sharded=sharded) else "scan"
     return "cumsum" if unit_discount else "associative"

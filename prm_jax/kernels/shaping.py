@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Literal
+from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import ConfigError, finite_number, short_repr
+from prm_jax.validation import finite_number, one_of
 
 ShapingMode = Literal["additive", "gvpo", "process_weighted"]
-SHAPING_MODES: tuple[ShapingMode, ...] = ("additive", "gvpo", "process_weighted")
+SHAPING_MODES: tuple[ShapingMode, ...] = get_args(ShapingMode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +42,7 @@ class ShapingConfig:
     zero_eps: float = 1e-6
 
     def __post_init__(self):
-        if self.mode not in SHAPING_MODES:
-            raise ConfigError("mode", f"must be one of {SHAPING_MODES}, got {short_repr(self.mode)}")
+        one_of("mode", self.mode, SHAPING_MODES, config=True)
         for key in ("negative_scale", "zero_penalty", "zero_eps"):
             object.__setattr__(self, key, finite_number(key, getattr(self, key), minimum=0.0))
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -37,12 +37,12 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import ConfigError, short_repr
+from prm_jax.validation import one_of
 
 TreeWeighting = Literal["sqrt", "uniform", "none"]
 TreeValue = Literal["state_value", "value_only", "local_only"]
-TREE_WEIGHTINGS: tuple[TreeWeighting, ...] = ("sqrt", "uniform", "none")
-TREE_VALUES: tuple[TreeValue, ...] = ("state_value", "value_only", "local_only")
+TREE_WEIGHTINGS: tuple[TreeWeighting, ...] = get_args(TreeWeighting)
+TREE_VALUES: tuple[TreeValue, ...] = get_args(TreeValue)
 FILL_IN_EPS = 1e-8
 
 
@@ -54,10 +54,8 @@ class TreeCredit:
     value: TreeValue = "state_value"
 
     def __post_init__(self):
-        if self.weighting not in TREE_WEIGHTINGS:
-            raise ConfigError("weighting", f"must be one of {TREE_WEIGHTINGS}, got {short_repr(self.weighting)}")
-        if self.value not in TREE_VALUES:
-            raise ConfigError("value", f"must be one of {TREE_VALUES}, got {short_repr(self.value)}")
+        one_of("weighting", self.weighting, TREE_WEIGHTINGS, config=True)
+        one_of("value", self.value, TREE_VALUES, config=True)
 
 
 class TreeAdvantages(NamedTuple):
@@ -262,10 +260,8 @@ def tree_advantages(parent: ArrayLike, leaf_reward: ArrayLike, *, mask: ArrayLik
       ``TreeAdvantages``: per-node ``values`` (what each node's tokens get), ``state_values``, ``local``,
       ``leaf_counts`` and the ``centred`` leaf rewards.
     """
-    if weighting not in TREE_WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {TREE_WEIGHTINGS}, got {weighting!r}")
-    if value not in TREE_VALUES:
-        raise ValueError(f"value must be one of {TREE_VALUES}, got {value!r}")
+    one_of("weighting", weighting, TREE_WEIGHTINGS)
+    one_of("value", value, TREE_VALUES)
     _tree_inputs(parent, mask, leaf_reward, "leaf_reward")
     for name, x in (("selected", selected), ("group", group)):
         if x is not None:

@@ -6,55 +6,25 @@ These run the installed ``prm-jax`` in a subprocess, as a user would.
 import json
 import os
 import stat
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from app_helpers import (
+    CONFIG,
+    DEMO,
+    ROOT,
+    assert_input_error,
+    config_with,
+    prm_jax,
+    score,
+    sessions,
+    write_jsonl,
+)
 
 from prm_jax import AdvantageConfig, NormConfig, compute_advantages
 from prm_jax.app import cli, outputs
 from prm_jax.kernels import normalize
-
-ROOT = Path(__file__).resolve().parents[2]
-TESTS = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "prm_jax" / "data" / "demo_sessions.jsonl"
-CONFIG = ROOT / "examples" / "prm_config.yaml"
-PRM_JAX = Path(sys.executable).with_name("prm-jax")
-# A subprocess imports the prm_jax these tests import (the checkout's, before an installed one) and the helpers.
-SUBPROCESS_PATH = os.pathsep.join([str(Path(cli.__file__).resolve().parents[2]), str(TESTS)])
-
-
-def sessions():
-    return [json.loads(line) for line in DEMO.read_text().splitlines()]
-
-
-def write_jsonl(path, items, raw=None):
-    path.write_text(raw if raw is not None else "".join(json.dumps(s) + "\n" for s in items))
-    return path
-
-
-def prm_jax(*args, umask=None):
-    env = dict(os.environ, PYTHONPATH=SUBPROCESS_PATH, JAX_PLATFORMS="cpu")
-    command = [str(PRM_JAX), *map(str, args)]
-    if umask is not None:
-        command = ["sh", "-c", f"umask {umask:03o} && exec \"$@\"", "sh", *command]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-
-
-def score(tmp_path, input_path, *extra, config=CONFIG, out="out"):
-    return prm_jax("score", "--config", config, "--input", input_path, "--output", tmp_path / out, *extra)
-
-
-def assert_input_error(proc, needle, out):
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    err = proc.stderr.strip()
-    assert needle in err, err
-    assert "Traceback" not in err and len(err) < 2000
-    assert not out.exists()
-
 
 # --- 10.6 non-finite numbers ------------------------------------------------------------------------------
 
@@ -139,21 +109,6 @@ def test_nan_rewards_and_a_per_row_lambda_outside_the_unit_interval_are_refused(
 
 
 # --- 10.10 validate-config rejects what start-up rejects --------------------------------------------------
-
-def config_with(tmp_path, scorers_yaml, shaping="process_weighted"):
-    path = tmp_path / "config.yaml"
-    path.write_text(f"""
-rollout:
-  agent:
-    prm:
-      advantage_shaping: {{mode: {shaping}}}
-      scorers:
-{scorers_yaml}
-actor:
-  token_rewards_as_adv: true
-""")
-    return path
-
 
 @pytest.mark.parametrize("scorers,needle", [
     ("        - {path: scorers_for_tests.StrictKwargs, kwargs: {threshold: 3, colour: red}}",

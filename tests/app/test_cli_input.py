@@ -5,7 +5,7 @@
 import json
 
 import numpy as np
-from test_cli_faults import CONFIG, assert_input_error, score, sessions, write_jsonl
+from app_helpers import CONFIG, assert_input_error, score, sessions, write_jsonl
 
 
 def batch_of(out):
@@ -76,7 +76,7 @@ def test_with_prm_disabled_no_input_token_reward_reaches_the_advantages(tmp_path
 
 def slow_config(tmp_path):
     """A scorer that marks when it is first called: a refused input must cost no scorer call."""
-    from test_cli_faults import config_with
+    from app_helpers import config_with
     marker = tmp_path / "scored"
     path = config_with(tmp_path, f"        - {{path: scorers_for_tests.SlowScorer, kwargs: {{marker: '{marker}', "
                                  "seconds: 0.0}}", shaping="additive")
@@ -142,7 +142,7 @@ def test_gzip_and_standard_input_read_like_the_plain_file(tmp_path):
     import os
     import subprocess
 
-    from test_cli_faults import DEMO, PRM_JAX, SUBPROCESS_PATH
+    from app_helpers import DEMO, PRM_JAX, SUBPROCESS_PATH
     assert score(tmp_path, DEMO, out="plain").returncode == 0
     packed = tmp_path / "sessions.jsonl.gz"
     packed.write_bytes(gzip.compress(DEMO.read_bytes()))
@@ -186,7 +186,7 @@ BAD_SCORERS = {
 
 
 def test_validate_config_and_score_run_the_scorers_own_checks(tmp_path):
-    from test_cli_faults import prm_jax
+    from app_helpers import prm_jax
     for name, (entry, needle) in BAD_SCORERS.items():
         config = scorer_config(tmp_path, entry)
         checked = prm_jax("validate-config", config)
@@ -196,7 +196,7 @@ def test_validate_config_and_score_run_the_scorers_own_checks(tmp_path):
 
 
 def test_a_scorer_whose_constructor_raises_is_exit_2_naming_it(tmp_path):
-    from test_cli_faults import DEMO
+    from app_helpers import DEMO
     config = scorer_config(tmp_path, "        - {path: prm_jax.scorers.LengthBudgetScorer}\n"
                                      "        - {path: scorers_for_tests.BrokenConstructor}\n")
     proc = score(tmp_path, DEMO, config=config)
@@ -207,7 +207,7 @@ def test_a_scorer_whose_constructor_raises_is_exit_2_naming_it(tmp_path):
 # --- 20.15: error_policy in prm-jax score -----------------------------------------------------------------
 
 def test_score_honours_keep_original(tmp_path):
-    from test_cli_faults import DEMO, config_with
+    from app_helpers import DEMO, config_with
     path = config_with(tmp_path, "        - {path: scorers_for_tests.FailOnGroup, kwargs: {prefix: g1}}",
                        shaping="additive")
     path.write_text(path.read_text().replace("      scorers:", "      error_policy: keep_original\n      scorers:"))
@@ -227,7 +227,7 @@ def test_score_honours_keep_original(tmp_path):
 # --- 20.6 at the command line ------------------------------------------------------------------------------
 
 def test_unsigned_64_bit_anchor_ids_work_end_to_end_and_larger_ones_are_refused_first(tmp_path):
-    from test_cli_faults import ROOT
+    from app_helpers import ROOT
     items = sessions()
     for s in items:
         for k, turn in enumerate(s["interactions"]):
@@ -251,7 +251,7 @@ def test_a_scorer_in_the_users_own_module_needs_no_pythonpath(tmp_path):
     import os
     import subprocess
 
-    from test_cli_faults import DEMO, PRM_JAX
+    from app_helpers import DEMO, PRM_JAX
     (tmp_path / "myscorers.py").write_text(
         "from prm_jax import BaseScorer\n\n\nclass Brevity(BaseScorer):\n    name = 'brevity'\n\n"
         "    async def evaluate(self, interaction, ctx):\n        return 1.0 if interaction.output_len < 50 else 0.0\n")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from app_helpers import equal_records
 
 from examples.rollout_dump import generate
 from prm_jax.app.sessions import read_sessions
@@ -67,22 +68,6 @@ def test_lines_the_fast_path_cannot_take_are_read_by_the_checked_path(tmp_path):
     np.testing.assert_array_equal(record.cache.get("a").output_tokens, [3])
 
 
-def _equal_records(a, b) -> None:
-    """Every field of every interaction equal, of the same type (arrays: same dtype and values)."""
-    assert (a.key, a.group, a.ready) == (b.key, b.group, b.ready)
-    for x, y in zip(a.cache, b.cache, strict=True):
-        for name in ("interaction_id", "parent_id", "stop_reason", "reward", "anchor_id", "step_reward",
-                     "messages", "output_messages"):
-            assert getattr(x, name) == getattr(y, name), name
-            assert type(getattr(x, name)) is type(getattr(y, name)), name
-        for name in ("input_tokens", "output_tokens", "output_logprobs", "token_rewards"):
-            u, v = getattr(x, name), getattr(y, name)
-            assert (u is None) == (v is None), name
-            if u is not None:
-                assert u.dtype == v.dtype, name
-                np.testing.assert_array_equal(u, v, err_msg=name)
-
-
 def test_the_fast_path_builds_the_same_interactions_as_the_checked_path():
     # Issue 12: the fast path validates once per branch and builds interactions without per-turn re-checks
     # (Interaction.prevalidated); every field must equal what the field-by-field path builds.
@@ -96,7 +81,7 @@ def test_the_fast_path_builds_the_same_interactions_as_the_checked_path():
     for number, line in enumerate(lines, start=1):
         fast, _ = _fast_session(line, path, number)
         slow, _ = _slow_session(line, path, number)
-        _equal_records(fast, slow)
+        equal_records(fast, slow)
 
 
 def _session_line(rng: np.random.Generator, spacing: str) -> tuple[bytes, bool]:
@@ -162,11 +147,11 @@ def test_the_fast_reader_agrees_with_the_checked_path_on_valid_and_flawed_lines(
             outcomes["refused"] += 1
             continue
         (record,) = read_sessions(path)
-        _equal_records(record, slow)
+        equal_records(record, slow)
         try:
             fast, _ = _fast_session(line, path, 1)
             outcomes["fast"] += 1
-            _equal_records(fast, slow)
+            equal_records(fast, slow)
         except ValueError:
             outcomes["checked"] += 1
             assert not clean, line  # a well-formed line in one style takes the fast path

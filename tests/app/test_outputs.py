@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli_faults import CONFIG, DEMO, PRM_JAX, SUBPROCESS_PATH, config_with, prm_jax, score
+from app_helpers import CONFIG, DEMO, PRM_JAX, SUBPROCESS_PATH, config_with, prm_jax, score
 
 from prm_jax.app import cli, outputs
 

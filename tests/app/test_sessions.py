@@ -6,7 +6,7 @@ cycles, duplicate and unknown ready leaves) and hostile values (huge integers, N
 import json
 
 import numpy as np
-from test_host_path import _equal_records
+from app_helpers import equal_records
 
 from prm_jax.app.sessions import INTERACTION_KEYS, SESSION_KEYS, InputError, _fast_session, _slow_session
 
@@ -107,7 +107,7 @@ def test_the_two_readers_accept_exactly_the_same_lines_over_every_field(tmp_path
             fast = None
         if fast is not None:
             assert slow is not None, f"only the fast reader accepts: {line[:500]!r}"
-            _equal_records(fast, slow)
+            equal_records(fast, slow)
             outcomes["fast"] += 1
         else:
             outcomes["refused" if slow is None else "checked_only"] += 1

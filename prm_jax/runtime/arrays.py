@@ -172,15 +172,14 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
                 failed[chunk] = True
                 for row in chunk.tolist():
                     errors.setdefault(row, f"{type(err).__name__}: {err}")
-                if progress is not None and scorer is models[-1]:
-                    progress(min(begin + scorer.max_batch_size, len(scored)), len(scored))
-                continue
-            if per_turn:
-                product = raw * scorer.weight
-                for k in range(turns):
-                    on_turn = ids[chunk] == k
-                    count = on_turn.sum(axis=1)
-                    means[chunk, k] = np.where(count > 0, (product * on_turn).sum(axis=1) / np.maximum(count, 1), 0.0)
+            else:
+                if per_turn:
+                    product = raw * scorer.weight
+                    for k in range(turns):
+                        on_turn = ids[chunk] == k
+                        count = on_turn.sum(axis=1)
+                        means[chunk, k] = np.where(count > 0, (product * on_turn).sum(axis=1) / np.maximum(count, 1),
+                                                   0.0)
             if progress is not None and scorer is models[-1]:
                 progress(min(begin + scorer.max_batch_size, len(scored)), len(scored))
         with np.errstate(over="ignore", invalid="ignore"):

@@ -126,19 +126,23 @@ class Executor:
             return await self._measured(self._run(args, on))
 
     async def _measured(self, call: Awaitable[Any]) -> Any:
-        start = time.perf_counter()
+        start, failed = time.perf_counter(), None
         try:
             return await call
-        except TimeoutError:
-            self.failures += 1
-            self.timeouts += 1
-            raise
-        except Exception:
-            self.failures += 1
+        except BaseException as err:
+            failed = err
             raise
         finally:
-            self.calls += 1
-            self._latencies.append(time.perf_counter() - start)
+            self._record(start, failed)
+
+    def _record(self, start: float, failed: BaseException | None) -> None:
+        """One call in the stats: its latency since ``start``, and ``failed`` (an ordinary exception; a
+        cancellation is not the scorer's failure) as a failure, a ``TimeoutError`` as a timeout too."""
+        self.calls += 1
+        self._latencies.append(time.perf_counter() - start)
+        if isinstance(failed, Exception):
+            self.failures += 1
+            self.timeouts += isinstance(failed, TimeoutError)
 
     async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
         raise NotImplementedError
@@ -184,7 +188,7 @@ class AsyncExecutor(Executor):
         a batch's call, which its executor counts)."""
         timeout = self.timeout
         timed = OwnTime(call)
-        start = time.perf_counter()
+        start, failed = time.perf_counter(), None
         try:
             if timeout is None:  # no cancel scope per call where no deadline is set
                 result = await timed
@@ -195,16 +199,13 @@ class AsyncExecutor(Executor):
                 self._blocking(on, timed)
         except (Exception, anyio.get_cancelled_exc_class()) as err:
             reported = scorer_error(self.scorer, describe(on), err, timeout)
-            if counted and isinstance(err, Exception):
-                self.failures += 1
-                self.timeouts += isinstance(reported, TimeoutError)
+            failed = reported if isinstance(err, Exception) else None
             if reported is err:
                 raise
             raise reported from None
         finally:
             if counted:
-                self.calls += 1
-                self._latencies.append(time.perf_counter() - start)
+                self._record(start, failed)
         return result
 
     def _blocking(self, on: Any, timed: OwnTime) -> None:
@@ -542,14 +543,10 @@ class BatchExecutor(AsyncExecutor):
                 out[i] = results[position]
             batch.results = out
         except Exception as err:
-            self.failures += 1
-            if isinstance(err, TimeoutError):
-                self.timeouts += 1
             batch.error = err
         finally:
-            self.calls += 1
+            self._record(start, batch.error)
             self.batches += 1
-            self._latencies.append(time.perf_counter() - start)
             batch.done.set()
 
     async def _call(self, argument_lists: list[tuple[Any, ...]], items: list[tuple[tuple[Any, ...], Any]]) -> list[Any]:

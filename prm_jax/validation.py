@@ -67,6 +67,17 @@ def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
     return value
 
 
+def boolean(name: str, value: Any, *, config: bool = True) -> bool:
+    """``value`` when it is a bool (YAML's ``true``/``false``, not ``1`` or ``"yes"``); else a ``ConfigError``
+    for the key ``name`` (``config``) or a ``ValueError`` naming it."""
+    if isinstance(value, bool):
+        return value
+    problem = f"must be a bool, got {short_repr(value)}"
+    if config:
+        raise ConfigError(name, problem)
+    raise ValueError(f"{name} {problem}")
+
+
 _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxset = 3, 6, 6, 6, 6
 _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 80, 80, 40

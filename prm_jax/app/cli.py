@@ -58,17 +58,12 @@ from prm_jax.app.report import (
     plot,
     print_summary,
     print_turn_table,
-    step_group_stats,
 )
 from prm_jax.app.sessions import InputError, SessionRecord, read_sessions
 from prm_jax.config.experiment import ExperimentConfig, ScorerSpec
 from prm_jax.config.loader import ConfigFileError, load_config
 from prm_jax.kernels.advantages import compute_advantage_variants, compute_advantages
-from prm_jax.kernels.gigpo import GiGPOConfig
-from prm_jax.kernels.normalization import DecoupledNorm
-from prm_jax.kernels.prime import PrimeCredit
 from prm_jax.kernels.shaping import SHAPING_MODES
-from prm_jax.kernels.tree import TreeCredit
 from prm_jax.native.build import cache_dir
 from prm_jax.runtime.batching import bucket_width, pack_branches
 from prm_jax.runtime.export import ExportedTrajectory, ExportResult, ExportService
@@ -339,7 +334,7 @@ def check_model_outputs(records: list[SessionRecord], config: ExperimentConfig, 
     plan = config.actor.plan
     for key in plan.model_outputs_read:
         field = MODEL_OUTPUTS[key]
-        required = isinstance(plan.estimator, PrimeCredit)
+        required = key in plan.estimator_spec.reads
         lacking: tuple[SessionRecord, int] | None = None
         carried = False
         for record in records:
@@ -373,19 +368,19 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
         raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
                               + _shorten(listed, 1000))
     rows, group_sizes = len(trajectories), [len(group) for group in accepted]
-    actor = config.actor
+    plan = config.actor.plan
+    # What the plan's stages read decides what is packed beyond the rollout (BATCH_SCHEMA's "packed").
     padded = _pack([t.sequence for t in trajectories], group_sizes, *buckets, process_rewards=config.prm.active,
-                   sessions=[t.session_key for t in trajectories] if isinstance(actor.credit_assignment, TreeCredit)
-                   else None)
+                   sessions=[t.session_key for t in trajectories] if "node_ids" in plan.reads else None)
     sources: list[str] = []
-    if isinstance(actor.reward_norm, DecoupledNorm):
+    if "reward_sources" in plan.reads:
         sources = enabled_scorer_names(config) if config.prm.active else []
         padded["reward_sources"] = _reward_sources(trajectories, len(padded["rewards"]), sources)
     # Views: the real rows (node_parents is per node, not per row: kept whole).
     batch = {name: value if name == "node_parents" else value[:rows] for name, value in padded.items()}
     batch["original_rewards"] = np.array([t.reward if t.original_reward is None else t.original_reward
                                           for t in trajectories], np.float32)
-    if isinstance(actor.reward_norm, DecoupledNorm):  # the columns of reward_sources, after the outcome
+    if "reward_sources" in plan.reads:  # the columns of reward_sources, after the outcome
         batch["reward_source_names"] = np.array(["outcome", *sources])
     batch["group_sizes"] = np.array(group_sizes, np.int32)
     del trajectories
@@ -421,8 +416,9 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
         summary["prm_fallbacks"] = exported.fallbacks
     if group_filter:
         summary["filter"] = {"name": group_filter, **exported.filter_counters}
-    if isinstance(config.actor.credit_assignment, GiGPOConfig):
-        summary["gigpo_step_groups"] = step_group_stats(configured.diagnostics)
+    hook = plan.estimator_spec.summary
+    if hook is not None:
+        summary[hook.key] = hook.stats(configured.diagnostics)
     if "reward_source_names" in batch:
         summary["reward_sources"] = batch["reward_source_names"].tolist()
     credit = credit_stats(configured.diagnostics)

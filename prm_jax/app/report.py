@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from prm_jax.kernels.advantages import STAGE_DIAGNOSTICS
 from prm_jax.kernels.alignment import shift_to_next_token
+from prm_jax.kernels.estimators import registered
 from prm_jax.kernels.shaping import SHAPING_MODES
 
 
@@ -42,25 +44,18 @@ def advantage_stats(output) -> dict[str, float]:
             "min": low, "max": high}
 
 
-def step_group_stats(diagnostics: Mapping[str, Any]) -> dict[str, float]:
-    """GiGPO's step groups, from the counts ``compute_advantages`` returns with GiGPO (the kernel's own step
-    groups: the turns of one GRPO group with the same anchor id, without anchors all of the group's turns,
-    only turns with trained timesteps): how many, their mean size, the share with more than one turn."""
-    count = int(diagnostics["gigpo/step_groups"])
-    turns = int(diagnostics["gigpo/step_group_turns"])
-    more = int(diagnostics["gigpo/step_groups_with_more_than_one"])
-    return {"count": count, "mean_size": turns / count if count else 0.0,
-            "share_with_more_than_one": more / count if count else 0.0}
-
-
-CREDIT_PREFIXES = ("tree/", "pure/", "prime/", "decoupled/", "min_form/")
+def credit_prefixes() -> tuple[str, ...]:
+    """The prefixes of the diagnostics the summary lists under ``credit``: each registered estimator's (but
+    those shown their own way, ``EstimatorSpec.summary``) and the stages' (``STAGE_DIAGNOSTICS``)."""
+    return tuple(spec.diagnostics for spec in registered()
+                 if spec.diagnostics is not None and spec.summary is None) + STAGE_DIAGNOSTICS
 
 
 def credit_stats(diagnostics: Mapping[str, Any]) -> dict[str, float]:
-    """The diagnostics of the credit modes of issue 22 (``tree/``, ``pure/``, ``prime/``, ``decoupled/``,
-    ``min_form/``), as
-    plain numbers: what the summary prints for the configured mode."""
-    return {key: float(value) for key, value in sorted(diagnostics.items()) if key.startswith(CREDIT_PREFIXES)}
+    """The credit modes' diagnostics (``credit_prefixes``) as plain numbers: what the summary prints for the
+    configured mode."""
+    prefixes = credit_prefixes()
+    return {key: float(value) for key, value in sorted(diagnostics.items()) if key.startswith(prefixes)}
 
 
 def _process_rewards(run: ScoreRun) -> np.ndarray:
@@ -120,10 +115,9 @@ def print_summary(run: ScoreRun, stream=None) -> None:
             print(f"  {key}: {why}", file=out)
         if len(fallbacks) > 10:
             print(f"  ... and {len(fallbacks) - 10} more (metrics.json lists every one)", file=out)
-    if "gigpo_step_groups" in s:
-        steps = s["gigpo_step_groups"]
-        print(f"GiGPO step groups: {steps['count']}, mean size {steps['mean_size']:.2f}, "
-              f"{steps['share_with_more_than_one']:.0%} with more than one turn", file=out)
+    for spec in registered():
+        if spec.summary is not None and spec.summary.key in s:
+            print(spec.summary.line(s[spec.summary.key]), file=out)
     if "credit" in s:
         print("credit assignment: " + ", ".join(f"{key} {value:g}" for key, value in s["credit"].items()), file=out)
     if s["process_reward_per_scorer"]:

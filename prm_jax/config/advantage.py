@@ -22,16 +22,15 @@ from prm_jax.kernels.advantages import (
     TIMESTEP_UNITS,
     AdvantagePlan,
     Estimator,
-    GiGPOStage,
     KLStage,
     LambdaFunction,
     OutcomeStage,
     OverlongPenalty,
     TaskRewardStage,
     TimestepUnit,
-    TokenGAE,
-    TurnGAE,
 )
+from prm_jax.kernels.estimators import credit_modes, estimator_for
+from prm_jax.kernels.gae import TokenGAE
 from prm_jax.kernels.gigpo import GiGPOConfig
 from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator
 from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
@@ -40,9 +39,11 @@ from prm_jax.kernels.pure import MinFormTransform, PureCredit
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod
 from prm_jax.kernels.shaping import ShapingConfig, ShapingMode
 from prm_jax.kernels.tree import TreeCredit
-from prm_jax.validation import ConfigError, finite_number, from_mapping, imported_callable, integer, one_of, short_repr
+from prm_jax.kernels.turns import TurnGAE
+from prm_jax.validation import ConfigError, boolean, finite_number, from_mapping, imported_callable, integer, one_of, short_repr
 
-Credit = GiGPOConfig | TreeCredit | PureCredit | PrimeCredit
+# A credit_assignment record: one of these, or any registered estimator's (prm_jax.kernels.estimators).
+Credit = GiGPOConfig | TreeCredit | PureCredit | PrimeCredit | Any
 AREAL_LAMBDA_MODULE = "areal.trainer.ppo.lambda_fn"
 # Where the built-in λ functions may be named from: AReaL's module, ours, and ours before issue 21
 # renamed it (configs written then keep working).
@@ -134,11 +135,8 @@ class AdvantageConfig:
         if not (self.check_values is True or self.check_values is False or self.check_values == "callback"):
             raise ConfigError("check_values", f"must be true, false or 'callback', got {short_repr(self.check_values)}")
         for key in ("mask_no_eos_with_zero", "token_rewards_as_adv", "overlong_reward_penalty", "diagnostics"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(key, f"must be a bool, got {short_repr(getattr(self, key))}")
-        if self.gae_timestep_unit not in TIMESTEP_UNITS:
-            raise ConfigError("gae_timestep_unit",
-                              f"must be one of {TIMESTEP_UNITS}, got {short_repr(self.gae_timestep_unit)}")
+            boolean(key, getattr(self, key))
+        one_of("gae_timestep_unit", self.gae_timestep_unit, TIMESTEP_UNITS, config=True)
         set_("reward_norm", _reward_norm(self.reward_norm))
         set_("adv_norm", _norm(self.adv_norm, "adv_norm"))
         set_("advantage_shaping", shaping_config(self.advantage_shaping))
@@ -178,24 +176,23 @@ class AdvantageConfig:
             assert self.overlong_penalty_factor is not None
             overlong = OverlongPenalty(self.max_new_tokens, self.overlong_tokens, self.overlong_penalty_factor)
         estimator: Estimator
-        if isinstance(self.credit_assignment, GiGPOConfig):
-            estimator = GiGPOStage(self.credit_assignment)
-        elif self.credit_assignment is not None:
+        if self.credit_assignment is not None:
             estimator = self.credit_assignment
         elif self.gae_timestep_unit == "turn":
             estimator = TurnGAE()
         else:
             estimator = TokenGAE(self.gae_block_size)
+        owns_process = estimator_for(estimator).owns_process_rewards
         return AdvantagePlan(
             outcome=OutcomeStage(self.reward_bias, self.reward_scaling, self.reward_clip, self.reward_norm, overlong),
             kl=KLStage(self.kl_ctl, self.kl_estimator),
             task=TaskRewardStage(self.mask_no_eos_with_zero, fold_process=not self.token_rewards_as_adv
-                                 and not isinstance(self.credit_assignment, PureCredit)),
+                                 and not owns_process),
             process_transform=self.process_reward_transform,
             discount=self.discount, lam=lam, estimator=estimator, adv_norm=self.adv_norm,
-            # PURE puts the process rewards into its returns: shaping with them too would count them twice.
-            shaping=(self.advantage_shaping if self.token_rewards_as_adv
-                     and not isinstance(self.credit_assignment, PureCredit) else None),
+            # An estimator that owns the process rewards (PURE puts them into its returns) is not shaped with
+            # them too: that would count them twice.
+            shaping=self.advantage_shaping if self.token_rewards_as_adv and not owns_process else None,
             gae_method=self.gae_method, max_turns=self.max_turns,
             check_turn_ids=self.gae_timestep_unit == "turn" or isinstance(lam, LambdaFunction),
             check_values=self.check_values, diagnostics=self.diagnostics)
@@ -240,13 +237,10 @@ def _shown(values: tuple[Any, ...]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
-_CREDIT_NAMES = {GiGPOConfig: "gigpo", TreeCredit: "tree", PureCredit: "pure", PrimeCredit: "prime"}
-
-
 def setting(config: AdvantageConfig, key: str) -> Any:
     """The value of an ``actor`` key as written (``credit_assignment.mode``: the mode's name, or None)."""
     if key == "credit_assignment.mode":
-        return None if config.credit_assignment is None else _CREDIT_NAMES[type(config.credit_assignment)]
+        return None if config.credit_assignment is None else estimator_for(config.credit_assignment).mode
     if key == "process_reward_transform.mode":
         return None if config.process_reward_transform is None else "min_form"
     if key == "advantage_shaping.mode":
@@ -290,9 +284,6 @@ def shaping_config(value: Any, where: str = "advantage_shaping") -> ShapingConfi
     return from_mapping(ShapingConfig, value, where)
 
 
-CREDIT_MODES: dict[str, type] = {"gigpo": GiGPOConfig, "tree": TreeCredit, "pure": PureCredit, "prime": PrimeCredit}
-
-
 def _by_mode(value: Any, key: str, modes: Mapping[str, type]) -> Any:
     """``None``, an instance of one of ``modes``' classes, or ``{mode: name, **fields}``."""
     if value is None or isinstance(value, tuple(modes.values())):
@@ -309,7 +300,7 @@ def _by_mode(value: Any, key: str, modes: Mapping[str, type]) -> Any:
 
 def _credit_assignment(value: Any) -> Credit | None:
     """``None``, a credit record or ``{mode: gigpo | tree | pure | prime, ...}`` (AReaL's ``{mode: gigpo}``)."""
-    return _by_mode(value, "credit_assignment", CREDIT_MODES)
+    return _by_mode(value, "credit_assignment", credit_modes())
 
 
 def _transform(value: Any) -> MinFormTransform | None:

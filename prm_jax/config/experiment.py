@@ -39,7 +39,7 @@ from typing import Any, Literal, NamedTuple, get_args
 from prm_jax.config.advantage import AdvantageConfig, shaping_config
 from prm_jax.kernels.normalization import DecoupledNorm
 from prm_jax.kernels.shaping import ShapingConfig
-from prm_jax.validation import ConfigError, deadline, finite_number, from_mapping, one_of, scorer_weight, short_repr
+from prm_jax.validation import ConfigError, boolean, deadline, finite_number, from_mapping, one_of, scorer_weight, short_repr
 
 VERSIONS = ("v1", "v2")
 
@@ -58,8 +58,7 @@ class ScorerSpec:
         if not isinstance(self.path, str) or not self.path:
             raise ConfigError("path", f"must be a non-empty dotted import path, got {short_repr(self.path)}")
         object.__setattr__(self, "weight", scorer_weight("weight", self.weight))
-        if not isinstance(self.enabled, bool):
-            raise ConfigError("enabled", f"must be a bool, got {short_repr(self.enabled)}")
+        boolean("enabled", self.enabled)
         kwargs = {} if self.kwargs is None else self.kwargs
         if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
             raise ConfigError("kwargs", f"must be a mapping of argument names, got {short_repr(kwargs)}")
@@ -101,8 +100,7 @@ class PRMConfig:
     error_policy: ErrorPolicy = "reject"
 
     def __post_init__(self):
-        if not isinstance(self.enabled, bool):
-            raise ConfigError("enabled", f"must be a bool, got {short_repr(self.enabled)}")
+        boolean("enabled", self.enabled)
         object.__setattr__(self, "scorers", _scorer_list(self.scorers, "scorers"))
         one_of("error_policy", self.error_policy, ERROR_POLICIES, config=True)
 

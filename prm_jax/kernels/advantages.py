@@ -43,9 +43,11 @@ from jax import lax
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
-from prm_jax.kernels.gae import gae_core
+from prm_jax.kernels.estimator import EstimatorSpec, finish, row_groups
+from prm_jax.kernels.estimators import estimator_for
+from prm_jax.kernels.gae import TokenGAE
 from prm_jax.kernels.gae_lambda import GAELambdaContext
-from prm_jax.kernels.gigpo import GiGPOConfig, gigpo_core, host_anchor_ids, step_group_counts
+from prm_jax.kernels.gigpo import host_anchor_ids
 from prm_jax.kernels.kl import KLEstimator, kl_rewards
 from prm_jax.kernels.normalization import (
     DecoupledNorm,
@@ -58,29 +60,20 @@ from prm_jax.kernels.normalization import (
     member_counts_check,
     normalize_core,
 )
-from prm_jax.kernels.prime import PrimeCredit, prime_core
-from prm_jax.kernels.pure import MinFormTransform, PureCredit, min_form_core, pure_core
-from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAEMethod, ScanStrategy, resolve_strategy
+from prm_jax.kernels.pure import MinFormTransform, min_form_core
+from prm_jax.kernels.recurrence import GAEMethod, ScanStrategy, resolve_strategy
+from prm_jax.kernels.schema import BATCH_SCHEMA, READ_KEYS, REQUIRED_KEYS, described
 from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_core, warn_gvpo_without_penalty
-from prm_jax.kernels.tree import TreeCredit, children_sum, tree_advantages_core, tree_check
 from prm_jax.kernels.turns import (
     TurnSteps,
     any_change_within_turns,
     changes_within_turns,
     first_at_or_after,
     turn_counts,
-    turn_gae_core,
     turn_ids_check,
-    turn_segments,
     turn_steps,
-    turn_sums,
 )
 
-REQUIRED_KEYS = ("attention_mask", "loss_mask", "logprobs", "rewards")
-OPTIONAL_KEYS = ("values", "ref_logprobs", "prox_logprobs", "prm_logprobs", "token_rewards", "turn_ids",
-                 "is_truncated", "reward_sources", "node_ids", "node_parents",
-                 "gae_lambda", "group_sizes", "group_member_counts", "group_ids", "turn_rewards", "turn_reward_mask",
-                 "anchor_ids")
 TimestepUnit = Literal["token", "turn"]
 TIMESTEP_UNITS: tuple[TimestepUnit, ...] = get_args(TimestepUnit)
 
@@ -153,26 +146,9 @@ class LambdaFunction:
     unit: TimestepUnit = "token"
 
 
-@dataclasses.dataclass(frozen=True)
-class TokenGAE:
-    """Steps 6-7: GAE over token timesteps, the KL rewards inside the recurrence."""
-
-    block_size: int = DEFAULT_BLOCK_SIZE
-
-
-@dataclasses.dataclass(frozen=True)
-class TurnGAE:
-    """Steps 6-7: GAE over turns; the KL rewards are added to the advantages afterwards."""
-
-
-@dataclasses.dataclass(frozen=True)
-class GiGPOStage:
-    """Steps 6-7: GiGPO's per-turn advantages in place of GAE (``credit_assignment: {mode: gigpo}``)."""
-
-    config: GiGPOConfig = GiGPOConfig()
-
-
-Estimator = TokenGAE | TurnGAE | GiGPOStage | TreeCredit | PureCredit | PrimeCredit
+# The estimator record of steps 6-7: ``TokenGAE``, ``TurnGAE``, ``GiGPOConfig``, ``TreeCredit``, ``PureCredit``,
+# ``PrimeCredit`` or any registered one (``prm_jax.kernels.estimators``).
+Estimator = Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,16 +177,27 @@ class AdvantagePlan:
     diagnostics: bool = False
 
     @property
-    def needs_turn_ids(self) -> bool:
-        return isinstance(self.estimator, (TurnGAE, GiGPOStage, TreeCredit))
+    def estimator_spec(self) -> EstimatorSpec:
+        """The declaration of ``estimator`` (``prm_jax.kernels.estimators``)."""
+        return estimator_for(self.estimator)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The batch keys a stage of this plan needs or reads when present, beyond the required ones and the
+        rollout's (``prm_jax.kernels.schema``): what a caller packs. The estimator's own; GDPO's
+        ``reward_sources``; the reference log-probs for a KL reward."""
+        spec = self.estimator_spec
+        stages = (("reward_sources",) if isinstance(self.outcome.norm, DecoupledNorm) else ()) + (
+            ("ref_logprobs",) if self.kl.kl_ctl != 0 else ())
+        return tuple(dict.fromkeys((*spec.batch_keys, *stages)))
 
     @property
     def model_outputs_read(self) -> tuple[str, ...]:
         """The per-token model outputs a stage reads (``ref_logprobs``: the KL reward when ``kl_ctl != 0``, and
-        PRIME; ``prm_logprobs``: PRIME). One that is read must be there on every trained timestep (finite);
-        one that is not read may hold anything (NaN where a session had none)."""
-        prime = isinstance(self.estimator, PrimeCredit)
-        return (("ref_logprobs",) if prime or self.kl.kl_ctl != 0 else ()) + (("prm_logprobs",) if prime else ())
+        the estimators that declare them, as PRIME; ``prm_logprobs``: PRIME). One that is read must be there
+        on every trained timestep (finite); one that is not read may hold anything (NaN where a session had
+        none)."""
+        return tuple(key for key in ("ref_logprobs", "prm_logprobs") if key in self.reads)
 
     def num_turns(self, width: int) -> int:
         return self.max_turns or width
@@ -259,7 +246,7 @@ def _decoupled_rewards(rewards, sources, real_rows, norm: DecoupledNorm, groups:
         raise ValueError(f"reward_norm.weights has {len(norm.weights)} entries but there are {count} reward sources "
                          "(the outcome reward and batch['reward_sources'] [B, K])")
     weights = jnp.asarray(norm.weights if norm.weights is not None else (1.0,) * count, rewards.dtype)
-    row_group, num_groups = _row_groups(groups, rewards.shape[0])
+    row_group, num_groups = row_groups(groups, rewards.shape[0])
     out, missing = decoupled_normalization_core(columns, weights, real_rows, row_group, num_groups, norm.eps)
     checks.append(_checks.ValueCheck("reward_sources_infinite",
                                      _checks.violations(jnp.isinf(columns) & real_rows[:, None]),
@@ -396,38 +383,32 @@ def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, plan_lam: floa
 
 
 def _check_batch_shapes(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> tuple[int, int]:
-    """Trace-time checks of every key's shape; returns ``(B, T)``."""
+    """Trace-time checks of every key's shape (``BATCH_SCHEMA``) and of the keys the estimator needs;
+    returns ``(B, T)``."""
     _checks.check_rank("batch['attention_mask']", batch["attention_mask"], 2)
     shape = jnp.shape(batch["attention_mask"])
-    for key in ("loss_mask", "logprobs", "values", "ref_logprobs", "prox_logprobs", "prm_logprobs", "token_rewards",
-                "turn_ids"):
-        if key in batch:
-            _checks.check_shape(f"batch[{key!r}]", batch[key], shape, "attention_mask")
-    for key in ("rewards", "is_truncated", "gae_lambda", "group_ids"):
-        if key in batch:
-            _checks.check_shape(f"batch[{key!r}]", batch[key], shape[:1], "the batch axis")
-    for key in ("group_sizes", "group_member_counts"):
-        if key in batch:
-            _checks.check_rank(f"batch[{key!r}]", batch[key], 1)
-    if plan.needs_turn_ids and "turn_ids" not in batch:
-        raise ValueError("gae_timestep_unit='turn' and credit_assignment gigpo and tree need batch['turn_ids']")
-    if isinstance(plan.estimator, PrimeCredit) and not ("prm_logprobs" in batch and "ref_logprobs" in batch):
-        raise ValueError("credit_assignment 'prime' needs batch['prm_logprobs'] and batch['ref_logprobs'] [B, T]")
-    if isinstance(plan.estimator, TreeCredit) and not ("node_ids" in batch and "node_parents" in batch):
-        raise ValueError("credit_assignment 'tree' needs batch['node_ids'] [B, K] and batch['node_parents'] [N] "
-                         "(pack_branches(..., sessions=...) builds them)")
-    if "node_parents" in batch:
-        _checks.check_rank("batch['node_parents']", batch["node_parents"], 1)
-    for key in ("turn_rewards", "turn_reward_mask", "anchor_ids", "reward_sources", "node_ids"):
-        if key in batch:
-            _checks.check_rank(f"batch[{key!r}]", batch[key], 2)
-            if jnp.shape(batch[key])[0] != shape[0]:
-                raise ValueError(f"batch[{key!r}] must be [B, K] with B = {shape[0]}, got {jnp.shape(batch[key])}")
-    if "turn_reward_mask" in batch:
-        if "turn_rewards" not in batch:
-            raise ValueError("batch['turn_reward_mask'] says which batch['turn_rewards'] are given; it needs them")
-        _checks.check_shape("batch['turn_reward_mask']", batch["turn_reward_mask"], jnp.shape(batch["turn_rewards"]),
-                            "batch['turn_rewards']")
+    for name, key in BATCH_SCHEMA.items():
+        if name not in batch or name == "attention_mask":
+            continue
+        where = f"batch[{name!r}]"
+        if key.shape == "BT":
+            _checks.check_shape(where, batch[name], shape, "attention_mask")
+        elif key.shape == "B":
+            _checks.check_shape(where, batch[name], shape[:1], "the batch axis")
+        elif key.shape in ("G", "N"):
+            _checks.check_rank(where, batch[name], 1)
+        else:
+            _checks.check_rank(where, batch[name], 2)
+            if jnp.shape(batch[name])[0] != shape[0]:
+                raise ValueError(f"{where} must be [B, K] with B = {shape[0]}, got {jnp.shape(batch[name])}")
+        if key.like is not None:
+            if key.like not in batch:
+                raise ValueError(f"{where} goes with batch[{key.like!r}]; it needs them")
+            _checks.check_shape(where, batch[name], jnp.shape(batch[key.like]), f"batch[{key.like!r}]")
+    spec = plan.estimator_spec
+    missing = tuple(name for name in spec.reads if name not in batch)
+    if missing:
+        raise ValueError(f"{spec.label} needs {described(spec.reads)}{spec.missing_hint}")
     return shape[0], shape[1]
 
 
@@ -461,14 +442,8 @@ def _finite_inputs_checks(batch: Mapping[str, jax.Array], steps: Timesteps, last
                        ("token_rewards", steps.process)):
         if key in batch and array is not None and (key != "ref_logprobs" or key in plan.model_outputs_read):
             checks.append(_checks.finite_check(f"batch[{key!r}]", array, steps.active,
-                                               hint=_MISSING_HINTS.get(key, "")))
+                                               hint=BATCH_SCHEMA[key].hint))
     return checks
-
-
-# A NaN where a stage reads a per-token model output: a session without them on some turns (pack_branches
-# writes NaN there, never a silent 0).
-_MISSING_HINTS = {"ref_logprobs": " (NaN: a turn without reference log-probs; the KL reward and PRIME read them)",
-                  "prm_logprobs": " (NaN: a turn without PRM log-probs; PRIME reads them)"}
 
 
 def outputs_check(advantages: jax.Array, returns: jax.Array, active: jax.Array) -> _checks.ValueCheck:
@@ -526,208 +501,10 @@ def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timestep
     return task, process, outcome
 
 
-class EstimatorInputs(NamedTuple):
-    """What every estimator of steps 6-7 may read."""
-
-    batch: Mapping[str, jax.Array]
-    task: jax.Array                 # [B, T] outcome (+ folded turn) rewards on timesteps
-    kl: jax.Array                   # [B, T] KL rewards
-    outcome: jax.Array              # [B] transformed outcome rewards (0 on truncated rows under mask_no_eos)
-    process: jax.Array | None       # [B, T] process rewards P (None without token_rewards)
-    steps: Timesteps
-    bootstrap: jax.Array            # [B] V[seqlen - 1] on truncated rows, else 0
-    lam: jax.Array                  # scalar or [B]
-    real_rows: jax.Array            # [B] bool, rows with any attention
-    groups: GroupLayout | None      # the batch's GRPO groups, when it has some
-    gamma: jax.Array
-    num_turns: int
-    strategy: ScanStrategy          # the scan of the GAE and of every other recurrence
-    outcome_at: jax.Array           # [B, T] bool, the timestep the outcome reward goes to
-    turns: TurnSteps | None         # where turns continue and end (when a stage reads turns)
-
-
-def _token_gae(stage: TokenGAE, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
-    advantages, returns = gae_core(x.task + x.kl, x.steps.values, x.steps.active, x.gamma, x.lam, x.bootstrap,
-                                   x.strategy.gae, stage.block_size)
-    return advantages, returns, {}
-
-
-def _turn_gae(stage: TurnGAE, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
-    # KL stays token-local: added to the advantages, part of neither the recurrence nor the returns.
-    assert x.steps.turn_ids is not None  # turn level needs turn_ids (checked with the shapes)
-    advantages, returns = turn_gae_core(x.task, x.steps.values, x.steps.active, x.steps.turn_ids, x.gamma, x.lam,
-                                        x.bootstrap, x.num_turns, x.strategy.gae)
-    return advantages + x.kl, returns, {}
-
-
-def _gigpo_turns(batch: Mapping[str, Any], default: int) -> int:
-    """``K``, GiGPO's turn slots: the width of its per-turn inputs, else ``default``."""
-    for key in ("turn_rewards", "anchor_ids"):
-        if key in batch:
-            return int(jnp.shape(batch[key])[1])
-    return default
-
-
-def _gigpo(stage: GiGPOStage, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
-    """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps (plus the KL
-    rewards), returns ``advantages + values``, and the step groups' counts (``step_group_counts``).
-
-    Step rewards are ``batch['turn_rewards'] [B, K]`` where ``batch['turn_reward_mask'] [B, K]`` is True (all
-    of them without a mask; each must be finite on a turn that exists: a failed scorer row's NaN is refused,
-    never read as "derive"), else derived from each turn's process rewards by ``step_reward`` (``mean``,
-    ``sum`` or ``last``); anchors are ``batch['anchor_ids'] [B, K]`` (none: one step group per GRPO group).
-    """
-    batch, steps, dtype = x.batch, x.steps, x.outcome.dtype
-    assert steps.turn_ids is not None and x.turns is not None
-    num_turns = _gigpo_turns(batch, x.num_turns)
-    in_turn, segment = turn_segments(steps.active, steps.turn_ids, num_turns)
-    counts = turn_sums(steps.active.astype(dtype), in_turn, segment, num_turns)
-    derived = _derived_step_rewards(x.process, x.turns, in_turn, segment, counts, num_turns, stage.config.step_reward)
-    if "turn_rewards" in batch:
-        given = _checks.as_float("batch['turn_rewards']", batch["turn_rewards"], dtype)
-        use = (_checks.as_mask("batch['turn_reward_mask']", batch["turn_reward_mask"])
-               if "turn_reward_mask" in batch else jnp.ones(given.shape, jnp.bool_))
-        checks.append(_checks.finite_check(
-            "batch['turn_rewards']", given, use & (counts > 0), axis="turn",
-            hint=" (NaN is no step reward: a failed scorer row's, which is dropped, not trained on; mark the turns "
-                 "whose step reward is to be derived False in batch['turn_reward_mask'])"))
-        step_rewards = jnp.where(use, given, derived)
-    else:
-        step_rewards = derived
-    anchors = _checks.as_integer("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
-    row_group, num_groups = _row_groups(x.groups, x.outcome.shape[0])
-    per_turn = gigpo_core(step_rewards, counts > 0, anchors, x.outcome, row_group, num_groups, stage.config,
-                          x.real_rows)
-    advantages = _on_turn_timesteps(per_turn.advantages, in_turn, steps.turn_ids) + x.kl
-    return advantages, advantages + steps.values, step_group_counts(per_turn.step_group_sizes)
-
-
-def _derived_step_rewards(process: jax.Array | None, turns: TurnSteps, in_turn: jax.Array, segment: jax.Array,
-                          counts: jax.Array, num_turns: int, rule: str) -> jax.Array:
-    """GiGPO's step reward of each turn from its process rewards: their ``mean``, ``sum`` or ``last``."""
-    if process is None:
-        return jnp.zeros(counts.shape, counts.dtype)
-    if rule == "last":
-        return turn_sums(jnp.where(turns.ends, process, jnp.zeros((), process.dtype)), in_turn, segment, num_turns)
-    total = turn_sums(process, in_turn, segment, num_turns)
-    return total if rule == "sum" else total / jnp.maximum(counts, 1)
-
-
-def _on_turn_timesteps(per_turn: jax.Array, in_turn: jax.Array, turn_ids: jax.Array) -> jax.Array:
-    """``[B, K]`` per-turn values on each turn's active timesteps, 0 elsewhere."""
-    safe = jnp.clip(turn_ids, 0, per_turn.shape[1] - 1)
-    return jnp.where(in_turn, jnp.take_along_axis(per_turn, safe, axis=1), jnp.zeros((), per_turn.dtype))
-
-
-def _row_groups(groups: GroupLayout | None, rows: int) -> tuple[jax.Array, int]:
-    """``(row_group [B], num_groups)``: the batch's GRPO groups, else the whole batch as one group."""
-    if groups is not None:
-        return groups.row_group, groups.num_groups
-    return jnp.zeros((rows,), jnp.int32), 1
-
-
-def _tree(stage: TreeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
-    """TreeRL over each group's session tree: ``batch['node_ids'] [B, K]`` names the node of each row's
-    turn ``k`` (-1: none) in ``batch['node_parents'] [N]`` (-1: a root); a row's outcome reward is the reward
-    of its last node, which must be a leaf, and no two rows end at one node. Each turn's timesteps get its
-    node's value, plus the KL rewards."""
-    batch, steps, dtype = x.batch, x.steps, x.outcome.dtype
-    assert steps.turn_ids is not None
-    node_ids = _checks.as_int("batch['node_ids']", batch["node_ids"])
-    parents = _checks.as_int("batch['node_parents']", batch["node_parents"])
-    rows, turns = node_ids.shape
-    size = parents.shape[0]
-    row_group, _ = _row_groups(x.groups, x.outcome.shape[0])
-    in_turn, segment = turn_segments(steps.active, steps.turn_ids, turns)
-    trained = turn_sums(steps.active.astype(jnp.int32), in_turn, segment, turns) > 0
-    # Every trained turn names a node, and every id names a node of node_parents (or is -1: none).
-    stray = x.real_rows[:, None] & ((node_ids < -1) | (node_ids >= size))
-    unnamed = trained & (node_ids == -1)
-    count = _checks.violations(stray | unnamed)
-    where_row, where_turn, bad_id = _checks.located(count, lambda: _checks.first_flagged(stray | unnamed, node_ids))
-    checks.append(_checks.ValueCheck(
-        "tree_node_ids_invalid", count,
-        lambda row, turn, node: f"credit_assignment 'tree': batch['node_ids'] row {int(row)}, turn {int(turn)} has "
-                                f"node id {int(node)}, " + (f"which is not a node of batch['node_parents'] ({size} nodes)"
-                                                           if int(node) != -1 else "but the turn is trained: every "
-                                                           "trained turn needs its node"), where_row, where_turn, bad_id))
-    has = (node_ids >= 0) & (node_ids < size) & x.real_rows[:, None]
-    flat = jnp.where(has, node_ids, size).ravel()
-    used = jax.ops.segment_max(jnp.ones(flat.shape, jnp.int32), flat, num_segments=size + 1)[:size] > 0
-    row_groups = jnp.broadcast_to(row_group[:, None], has.shape).ravel()
-    group = jax.ops.segment_max(row_groups, flat, num_segments=size + 1)[:size]
-    mixed = used & (jax.ops.segment_min(row_groups, flat, num_segments=size + 1)[:size] != group)
-    # Each row is a path from a root: its first node is a root, each next turn is the same node or a child.
-    safe_ids = jnp.clip(node_ids, 0, size - 1)
-    above = jnp.where(has, parents[safe_ids], -2)
-    before = jnp.concatenate([jnp.full((rows, 1), -1, jnp.int32), jnp.where(has, node_ids, -3)[:, :-1]], axis=1)
-    first = has & (jnp.cumsum(has, axis=1) == 1)
-    off_path = has & jnp.where(first, above != -1, (node_ids != before) & (above != before))
-    checks.append(_checks.ValueCheck(
-        "tree_paths_invalid", _checks.violations(off_path | mixed[jnp.clip(node_ids, 0, size - 1)] & has),
-        lambda: "credit_assignment 'tree': each row's batch['node_ids'] must run from a root down "
-                "batch['node_parents'] (each next turn the same node or a child of it), and a node belongs to "
-                "one group"))
-    last_turn = jnp.max(jnp.where(has, jnp.arange(turns, dtype=jnp.int32)[None, :], -1), axis=1)
-    last_node = jnp.where(last_turn >= 0, jnp.take_along_axis(node_ids, jnp.maximum(last_turn, 0)[:, None],
-                                                               axis=1)[:, 0], size)
-    ends = jax.ops.segment_sum(jnp.ones((rows,), jnp.int32), last_node, num_segments=size + 1)[:size]
-    reward = jax.ops.segment_sum(x.outcome, last_node, num_segments=size + 1)[:size]
-    checks.append(tree_check(parents, used))
-    children = children_sum(jnp.ones(size, jnp.int32), parents, used)
-    bad_end = used & (((ends > 0) & (children > 0)) | (ends > 1) | ((ends == 0) & (children == 0)))
-    node = jnp.argmax(bad_end).astype(jnp.int32)
-    checks.append(_checks.ValueCheck(
-        "tree_leaves_invalid", _checks.violations(bad_end),
-        lambda node: f"credit_assignment 'tree': every leaf of batch['node_parents'] must be the last node of exactly "
-                     f"one row, and no row may end at a node with children; node {int(node)} breaks this", node))
-    tree = tree_advantages_core(parents, reward, used, used, jnp.clip(group, 0, size - 1), max(size, 1),
-                                stage.weighting, stage.value)
-    per_turn = jnp.where(has, tree.values[jnp.clip(node_ids, 0, size - 1)], jnp.zeros((), dtype))
-    advantages = _on_turn_timesteps(per_turn, in_turn, steps.turn_ids) + x.kl
-    leaves = used & (children == 0)
-    diagnostics = {"tree/nodes": jnp.sum(used, dtype=jnp.int32), "tree/leaves": jnp.sum(leaves, dtype=jnp.int32)}
-    return advantages, advantages + steps.values, diagnostics
-
-
-def _pure(stage: PureCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
-    """The PURE recipe (``kernels.pure``): min-form turn rewards and the verifier score, sum returns, RLOO,
-    whitening; plus the KL rewards."""
-    steps, dtype = x.steps, x.outcome.dtype
-    process = x.process if x.process is not None else jnp.zeros(steps.active.shape, dtype)
-    row_group, num_groups = _row_groups(x.groups, x.outcome.shape[0])
-    assert x.turns is not None
-    out = pure_core(process, x.outcome, steps.active, x.turns.ends, x.outcome_at,
-                    x.real_rows, row_group, num_groups, stage.temperature, stage.verifier_coef, stage.whiten)
-    advantages = out.advantages + x.kl
-    return advantages, advantages + steps.values, {"pure/groups_of_one": jnp.sum(out.alone, dtype=jnp.int32)}
-
-
-def _prime(stage: PrimeCredit, x: EstimatorInputs, checks: list) -> tuple[jax.Array, jax.Array, dict]:
-    """The PRIME recipe (``kernels.prime``) from ``batch['prm_logprobs']`` and the reference log-probs; plus
-    the KL rewards."""
-    steps, dtype = x.steps, x.outcome.dtype
-    assert steps.ref_logprobs is not None  # checked with the shapes
-    prm = jnp.where(steps.active, _checks.as_float("batch['prm_logprobs']", x.batch["prm_logprobs"], dtype),
-                    jnp.zeros((), dtype))
-    checks.append(_checks.finite_check("batch['prm_logprobs']", prm, steps.active, hint=_MISSING_HINTS["prm_logprobs"]))
-    row_group, num_groups = _row_groups(x.groups, x.outcome.shape[0])
-    out, alone = prime_core(prm, steps.ref_logprobs, x.outcome, steps.active, x.real_rows, row_group, num_groups,
-                            beta=stage.beta, lam=stage.lam, use_gt=stage.use_gt, dpo_coef=stage.dpo_coef,
-                            gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm",
-                            method=x.strategy.general)
-    checks.append(alone)
-    advantages = out.advantages + x.kl
-    count = jnp.maximum(jnp.sum(steps.active, dtype=jnp.int32), 1).astype(dtype)
-    return advantages, advantages + steps.values, {"prime/implicit_reward_mean": jnp.sum(out.rewards) / count}
-
-
-# Steps 6-7, one function per estimator type: the plan's estimator picks it once.
-_ESTIMATORS: dict[type, Callable[[Any, EstimatorInputs, list], tuple[jax.Array, jax.Array, dict]]] = {
-    TokenGAE: _token_gae, TurnGAE: _turn_gae, GiGPOStage: _gigpo, TreeCredit: _tree, PureCredit: _pure,
-    PrimeCredit: _prime}
-
 GRPO_GROUPS = NormConfig("group", "group")
+# The prefixes of the diagnostics of stages other than the estimator: GDPO's (reward_norm: {mode: decoupled})
+# and min-form's (process_reward_transform); each estimator declares its own (EstimatorSpec.diagnostics).
+STAGE_DIAGNOSTICS = ("decoupled/", "min_form/")
 
 
 def _groups_of(batch: Mapping[str, jax.Array], num_rows: int, norm: NormConfig) -> GroupLayout | None:
@@ -735,6 +512,27 @@ def _groups_of(batch: Mapping[str, jax.Array], num_rows: int, norm: NormConfig) 
         return None
     return group_layout(num_rows, norm, batch.get("group_sizes"), batch.get("group_member_counts"),
                         batch.get("group_ids"))
+
+
+def _estimator_inputs(spec: EstimatorSpec, batch: Mapping[str, jax.Array], rewards: jax.Array, outcome: jax.Array,
+                      process: jax.Array | None, steps: Timesteps, bootstrap: jax.Array, lam: jax.Array,
+                      real_rows: jax.Array, groups: GroupLayout | None, gamma: jax.Array, num_turns: int,
+                      strategy: ScanStrategy, outcome_at: jax.Array, turns: TurnSteps | None,
+                      dtype: Any) -> dict[str, Any]:
+    """The inputs ``spec.run`` names (``prm_jax.kernels.estimator.INPUTS``), and only those; its batch holds
+    only the keys it declared."""
+    declared = spec.batch_keys
+    available: dict[str, Callable[[], Any]] = {
+        "batch": lambda: {key: batch[key] for key in declared if key in batch},
+        "rewards": lambda: rewards, "outcome": lambda: outcome, "process": lambda: process,
+        "active": lambda: steps.active, "values": lambda: steps.values, "turn_ids": lambda: steps.turn_ids,
+        "ref_logprobs": lambda: steps.ref_logprobs, "bootstrap": lambda: bootstrap, "lam": lambda: lam,
+        "gamma": lambda: gamma, "real_rows": lambda: real_rows,
+        "row_group": lambda: row_groups(groups, outcome.shape[0])[0],
+        "num_groups": lambda: row_groups(groups, outcome.shape[0])[1], "num_turns": lambda: num_turns,
+        "strategy": lambda: strategy, "outcome_at": lambda: outcome_at, "turns": lambda: turns,
+        "dtype": lambda: dtype}
+    return {name: available[name]() for name in spec.inputs}
 
 
 class _Run(NamedTuple):
@@ -788,9 +586,11 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, strategy: Sca
     outcome_diagnostics = {**outcome_diagnostics, "outcome/rows_off_trained_timesteps": jnp.sum(off, dtype=jnp.int32)}
     bootstrap = jnp.where(truncated, last_value, jnp.zeros((), dtype))
     lam = _gae_lambda(batch, steps, plan.lam, dtype, turns, checks)
-    inputs = EstimatorInputs(batch, task, kl, outcome, process, steps, bootstrap, lam, seqlen > 0, grpo_groups,
-                             jnp.asarray(plan.discount, dtype), plan.num_turns(width), strategy, outcome_at, turns)
-    advantages, returns, step_groups = _ESTIMATORS[type(plan.estimator)](plan.estimator, inputs, checks)  # 6-7
+    spec = plan.estimator_spec
+    advantages, returns, step_groups = finish(spec, spec.run(plan.estimator, checks, **_estimator_inputs(  # 6-7
+        spec, batch, task + kl if spec.kl == "rewards" else task, outcome, process, steps, bootstrap, lam,
+        seqlen > 0, grpo_groups, jnp.asarray(plan.discount, dtype), plan.num_turns(width), strategy, outcome_at,
+        turns, dtype)), kl, steps.values)
     if plan.adv_norm is not None:                                                            # 8
         advantages = normalize_core(advantages, steps.active, plan.adv_norm, groups_of(plan.adv_norm))
     unshaped = advantages
@@ -809,17 +609,16 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, strategy: Sca
 def _reads_turns(plan: AdvantagePlan, batch: Mapping[str, Any]) -> bool:
     """Whether a stage of ``plan`` reads the batch's turns (then their ids are checked)."""
     with_process = "token_rewards" in batch and (plan.process_transform is not None or plan.task.fold_process)
-    return plan.check_turn_ids or with_process or isinstance(plan.estimator, (TurnGAE, GiGPOStage, TreeCredit,
-                                                                              PureCredit))
+    return plan.check_turn_ids or with_process or plan.estimator_spec.reads_turns
 
 
 def _turn_slots(plan: AdvantagePlan, batch: Mapping[str, Any], width: int) -> int | None:
-    """The bound on turn ids where turns index ``[B, K]`` slots: GiGPO's per-turn inputs, the tree's
-    ``node_ids``, turn-level GAE's ``max_turns``; ``None`` where turns are only counted in order."""
-    if isinstance(plan.estimator, GiGPOStage):
-        return _gigpo_turns(batch, plan.num_turns(width))
-    if isinstance(plan.estimator, TreeCredit):
-        return int(jnp.shape(batch["node_ids"])[1])
+    """The bound on turn ids where turns index ``[B, K]`` slots (the estimator's ``turn_slots``: GiGPO's
+    per-turn inputs, the tree's ``node_ids``), turn-level GAE's ``max_turns``; ``None`` where turns are only
+    counted in order."""
+    spec = plan.estimator_spec
+    if spec.turn_slots is not None:
+        return spec.turn_slots(batch, plan.num_turns(width))
     return plan.num_turns(width) if plan.check_turn_ids else None
 
 
@@ -850,7 +649,7 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
                 f"{prefix}/max": jnp.where(count > 0, jnp.max(jnp.where(active, x, -jnp.inf)), zero)}
 
     out.update(stats("advantages", advantages))
-    row_group, num_groups = _row_groups(groups, active.shape[0])
+    row_group, num_groups = row_groups(groups, active.shape[0])
     group_active = jax.ops.segment_sum(jnp.sum(active, axis=1, dtype=jnp.int32), row_group, num_segments=num_groups)
     group_nonzero = jax.ops.segment_sum(jnp.sum(nonzero, axis=1, dtype=jnp.int32), row_group, num_segments=num_groups)
     out["groups"] = jnp.sum(group_active > 0, dtype=jnp.int32)
@@ -898,23 +697,11 @@ def _warn_about_fallbacks(batch: Mapping[str, Any], plan: AdvantagePlan) -> None
                       stacklevel=3)
 
 
-# Each key's shape relation (B rows, T timesteps, K turn slots, G groups, N tree nodes) and the value of a
-# padding entry, for the one rule that pads an empty batch to a padding row or timestep.
-_KEY_LAYOUT: dict[str, tuple[str, float | int | bool]] = {
-    "attention_mask": ("BT", 0), "loss_mask": ("BT", 0), "logprobs": ("BT", 0.0), "values": ("BT", 0.0),
-    "ref_logprobs": ("BT", 0.0), "prox_logprobs": ("BT", 0.0), "prm_logprobs": ("BT", 0.0),
-    "token_rewards": ("BT", 0.0), "turn_ids": ("BT", -1),
-    "rewards": ("B", 0.0), "is_truncated": ("B", False), "gae_lambda": ("B", 1.0), "group_ids": ("B", -1),
-    "turn_rewards": ("BK", 0.0), "turn_reward_mask": ("BK", False), "anchor_ids": ("BK", -1),
-    "reward_sources": ("BK", 0.0), "node_ids": ("BK", -1),
-    "group_sizes": ("G", 1), "group_member_counts": ("G", 1), "node_parents": ("N", -1)}
-
-
 def _batch_arrays(batch: Mapping[str, Any]) -> dict[str, Any]:
     """The keys the pipeline reads, lists and scalars as arrays (as everywhere else); host anchor ids wider
     than JAX's integers made dense (exact) first."""
     arrays = {key: batch[key] if isinstance(batch[key], (np.ndarray, jax.Array)) or _checks.is_traced(batch[key])
-              else np.asarray(batch[key]) for key in REQUIRED_KEYS + OPTIONAL_KEYS if batch.get(key) is not None}
+              else np.asarray(batch[key]) for key in READ_KEYS if batch.get(key) is not None}
     if "anchor_ids" in arrays:
         arrays["anchor_ids"] = host_anchor_ids(arrays["anchor_ids"])
     return arrays
@@ -929,7 +716,7 @@ def _padded_if_empty(arrays: dict[str, Any]) -> tuple[dict[str, Any], tuple[int,
         return arrays, None
     padded = {}
     for key, value in arrays.items():
-        layout, fill = _KEY_LAYOUT[key]
+        layout, fill = BATCH_SCHEMA[key].shape, BATCH_SCHEMA[key].fill
         xp = np if isinstance(value, np.ndarray) else jnp
         value = xp.asarray(value)
         if shape[0] == 0 and layout in ("BT", "B", "BK") and value.ndim >= 1:

@@ -26,6 +26,7 @@ All methods accumulate in float32 (float64 for float64 inputs) whatever the inpu
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -37,7 +38,8 @@ from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
-from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, linear_recurrence, resolve_method
+from prm_jax.kernels.estimator import Estimate, EstimatorSpec
+from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, ScanStrategy, linear_recurrence, resolve_method
 from prm_jax.native import ffi
 
 
@@ -206,3 +208,18 @@ def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma:
     output, checks = _gae_jit(rewards, values, mask, gamma, lam, bootstrap, method=method, block_size=block_size)
     _checks.raise_value_checks(checks, callback=True)
     return output
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenGAE:
+    """The default estimator: GAE over token timesteps, the KL rewards inside the recurrence."""
+
+    block_size: int = DEFAULT_BLOCK_SIZE
+
+
+def _token_gae(stage: TokenGAE, checks: list, rewards: jax.Array, values: jax.Array, active: jax.Array,
+               gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, strategy: ScanStrategy) -> Estimate:
+    return Estimate(*gae_core(rewards, values, active, gamma, lam, bootstrap, strategy.gae, stage.block_size))
+
+
+TOKEN_GAE = EstimatorSpec(TokenGAE, _token_gae, "gae_timestep_unit 'token'", kl="rewards")

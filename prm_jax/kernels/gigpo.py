@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal, NamedTuple, get_args
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +46,9 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.kernels.estimator import Estimate, EstimatorSpec, SummaryHook, on_turn_timesteps
 from prm_jax.kernels.normalization import NormConfig, group_layout, group_sizes_check, weighted_moments
+from prm_jax.kernels.turns import TurnSteps, turn_segments, turn_sums
 from prm_jax.native import ffi
 from prm_jax.validation import ConfigError, finite_number, one_of, short_repr
 
@@ -319,3 +322,77 @@ def _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes
         layout = group_layout(rows, NormConfig("group", "group"), group_sizes)
         row_group, num_groups = layout.row_group, layout.num_groups
     return gigpo_core(rewards, active, anchors, outcome, row_group, num_groups, config), checks
+
+
+def _gigpo_turns(batch: Mapping[str, Any], default: int) -> int:
+    """``K``, GiGPO's turn slots: the width of its per-turn inputs, else ``default``."""
+    for key in ("turn_rewards", "anchor_ids"):
+        if key in batch:
+            return int(jnp.shape(batch[key])[1])
+    return default
+
+
+def _estimate(stage: GiGPOConfig, checks: list, batch: Mapping[str, jax.Array], outcome: jax.Array,
+              process: jax.Array | None, active: jax.Array, turn_ids: jax.Array, turns: TurnSteps,
+              row_group: jax.Array, num_groups: int, real_rows: jax.Array, num_turns: int,
+              dtype: Any) -> Estimate:
+    """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps, and the step
+    groups' counts (``step_group_counts``).
+
+    Step rewards are ``batch['turn_rewards'] [B, K]`` where ``batch['turn_reward_mask'] [B, K]`` is True (all
+    of them without a mask; each must be finite on a turn that exists: a failed scorer row's NaN is refused,
+    never read as "derive"), else derived from each turn's process rewards by ``step_reward`` (``mean``,
+    ``sum`` or ``last``); anchors are ``batch['anchor_ids'] [B, K]`` (none: one step group per GRPO group).
+    """
+    num_turns = _gigpo_turns(batch, num_turns)
+    in_turn, segment = turn_segments(active, turn_ids, num_turns)
+    counts = turn_sums(active.astype(dtype), in_turn, segment, num_turns)
+    derived = _derived_step_rewards(process, turns, in_turn, segment, counts, num_turns, stage.step_reward)
+    if "turn_rewards" in batch:
+        given = _checks.as_float("batch['turn_rewards']", batch["turn_rewards"], dtype)
+        use = (_checks.as_mask("batch['turn_reward_mask']", batch["turn_reward_mask"])
+               if "turn_reward_mask" in batch else jnp.ones(given.shape, jnp.bool_))
+        checks.append(_checks.finite_check(
+            "batch['turn_rewards']", given, use & (counts > 0), axis="turn",
+            hint=" (NaN is no step reward: a failed scorer row's, which is dropped, not trained on; mark the turns "
+                 "whose step reward is to be derived False in batch['turn_reward_mask'])"))
+        step_rewards = jnp.where(use, given, derived)
+    else:
+        step_rewards = derived
+    anchors = _checks.as_integer("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
+    per_turn = gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups, stage, real_rows)
+    return Estimate(on_turn_timesteps(per_turn.advantages, in_turn, turn_ids),
+                    diagnostics=step_group_counts(per_turn.step_group_sizes))
+
+
+def _derived_step_rewards(process: jax.Array | None, turns: TurnSteps, in_turn: jax.Array, segment: jax.Array,
+                          counts: jax.Array, num_turns: int, rule: str) -> jax.Array:
+    """GiGPO's step reward of each turn from its process rewards: their ``mean``, ``sum`` or ``last``."""
+    if process is None:
+        return jnp.zeros(counts.shape, counts.dtype)
+    if rule == "last":
+        return turn_sums(jnp.where(turns.ends, process, jnp.zeros((), process.dtype)), in_turn, segment, num_turns)
+    total = turn_sums(process, in_turn, segment, num_turns)
+    return total if rule == "sum" else total / jnp.maximum(counts, 1)
+
+
+def step_group_stats(diagnostics: Mapping[str, Any]) -> dict[str, float]:
+    """GiGPO's step groups, from the counts ``compute_advantages`` returns with GiGPO (the kernel's own step
+    groups: the turns of one GRPO group with the same anchor id, without anchors all of the group's turns,
+    only turns with trained timesteps): how many, their mean size, the share with more than one turn."""
+    count = int(diagnostics["gigpo/step_groups"])
+    turns = int(diagnostics["gigpo/step_group_turns"])
+    more = int(diagnostics["gigpo/step_groups_with_more_than_one"])
+    return {"count": count, "mean_size": turns / count if count else 0.0,
+            "share_with_more_than_one": more / count if count else 0.0}
+
+
+def _step_groups_line(stats: Mapping[str, float]) -> str:
+    return (f"GiGPO step groups: {stats['count']}, mean size {stats['mean_size']:.2f}, "
+            f"{stats['share_with_more_than_one']:.0%} with more than one turn")
+
+
+GIGPO = EstimatorSpec(GiGPOConfig, _estimate, "credit_assignment 'gigpo'", mode="gigpo", reads=("turn_ids",),
+                      may_read=("turn_rewards", "turn_reward_mask", "anchor_ids"), needs_turn_ids=True,
+                      diagnostics="gigpo/", turn_slots=_gigpo_turns,
+                      summary=SummaryHook("gigpo_step_groups", step_group_stats, _step_groups_line))

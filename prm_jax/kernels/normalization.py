@@ -38,7 +38,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import ConfigError, finite_number, integer, short_repr
+from prm_jax.validation import ConfigError, boolean, finite_number, integer, short_repr
 
 NormLevel = Literal["batch", "group"] | None
 NORM_LEVELS: tuple[NormLevel, ...] = ("batch", "group", None)
@@ -61,8 +61,7 @@ class NormConfig:
                 raise ConfigError(key, f"must be one of 'batch', 'group' or None, got {short_repr(getattr(self, key))}")
         object.__setattr__(self, "eps", finite_number("eps", self.eps, minimum=0.0))
         for key in ("mean_leave1out", "std_unbiased"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(key, f"must be a bool, got {short_repr(getattr(self, key))}")
+            boolean(key, getattr(self, key))
         integer("group_size", self.group_size, minimum=1)
 
     @property

@@ -26,17 +26,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal, NamedTuple
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.kernels.estimator import Estimate, EstimatorSpec
 from prm_jax.kernels.gae import gae_core
 from prm_jax.kernels.normalization import leave_one_out_mean, segment_totals, whiten
-from prm_jax.kernels.recurrence import resolve_method, reverse_cumsum
-from prm_jax.validation import ConfigError, finite_number, short_repr
+from prm_jax.kernels.recurrence import ScanStrategy, resolve_method, reverse_cumsum
+from prm_jax.kernels.schema import BATCH_SCHEMA
+from prm_jax.validation import boolean, finite_number, one_of
+
+PrimeNorm = Literal["batch_norm", "none"]
+PRIME_NORMS: tuple[PrimeNorm, ...] = get_args(PrimeNorm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,17 +56,15 @@ class PrimeCredit:
     use_gt: bool = False
     dpo_coef: float = 5.0
     gt_coef: float = 5.0
-    norm: Literal["batch_norm", "none"] = "batch_norm"
+    norm: PrimeNorm = "batch_norm"
 
     def __post_init__(self):
         object.__setattr__(self, "beta", finite_number("beta", self.beta))
         object.__setattr__(self, "lam", finite_number("lam", self.lam, minimum=0.0, maximum=1.0))
         for key in ("dpo_coef", "gt_coef"):
             object.__setattr__(self, key, finite_number(key, getattr(self, key)))
-        if not isinstance(self.use_gt, bool):
-            raise ConfigError("use_gt", f"must be a bool, got {short_repr(self.use_gt)}")
-        if self.norm not in ("batch_norm", "none"):
-            raise ConfigError("norm", f"must be 'batch_norm' or 'none', got {short_repr(self.norm)}")
+        boolean("use_gt", self.use_gt)
+        one_of("norm", self.norm, PRIME_NORMS, config=True)
 
 
 def last_active(active: jax.Array) -> jax.Array:
@@ -171,3 +175,21 @@ def prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.Ar
                                lambda row: f"credit_assignment 'prime' needs groups of at least two rows (RLOO has no "
                                            f"baseline for one); row {int(row)} is alone in its group", row)
     return PrimeOutput(whiten(returns, active & ~alone[:, None]), returns, rewards), check
+
+
+def _estimate(stage: PrimeCredit, checks: list, batch: Mapping[str, jax.Array], ref_logprobs: jax.Array,
+              outcome: jax.Array, active: jax.Array, real_rows: jax.Array, row_group: jax.Array, num_groups: int,
+              strategy: ScanStrategy, dtype: Any) -> Estimate:
+    """The PRIME recipe (``prime_core``) from ``batch['prm_logprobs']`` and the reference log-probs."""
+    prm = jnp.where(active, _checks.as_float("batch['prm_logprobs']", batch["prm_logprobs"], dtype), jnp.zeros((), dtype))
+    checks.append(_checks.finite_check("batch['prm_logprobs']", prm, active, hint=BATCH_SCHEMA["prm_logprobs"].hint))
+    out, alone = prime_core(prm, ref_logprobs, outcome, active, real_rows, row_group, num_groups,
+                            beta=stage.beta, lam=stage.lam, use_gt=stage.use_gt, dpo_coef=stage.dpo_coef,
+                            gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm", method=strategy.general)
+    checks.append(alone)
+    count = jnp.maximum(jnp.sum(active, dtype=jnp.int32), 1).astype(dtype)
+    return Estimate(out.advantages, diagnostics={"prime/implicit_reward_mean": jnp.sum(out.rewards) / count})
+
+
+PRIME = EstimatorSpec(PrimeCredit, _estimate, "credit_assignment 'prime'", mode="prime",
+                      reads=("prm_logprobs", "ref_logprobs"), diagnostics="prime/")

@@ -25,16 +25,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.kernels.estimator import Estimate, EstimatorSpec
 from prm_jax.kernels.normalization import leave_one_out_mean, whiten
 from prm_jax.kernels.recurrence import reverse_cumsum
-from prm_jax.validation import ConfigError, finite_number, short_repr
+from prm_jax.kernels.turns import TurnSteps
+from prm_jax.validation import ConfigError, boolean, finite_number
 
 
 def check_temperature(temperature: float) -> float:
@@ -68,8 +70,7 @@ class PureCredit:
     def __post_init__(self):
         object.__setattr__(self, "temperature", check_temperature(self.temperature))
         object.__setattr__(self, "verifier_coef", finite_number("verifier_coef", self.verifier_coef))
-        if not isinstance(self.whiten, bool):
-            raise ConfigError("whiten", f"must be a bool, got {short_repr(self.whiten)}")
+        boolean("whiten", self.whiten)
 
 
 def min_form_core(scores: jax.Array, steps: jax.Array, temperature: float, at: jax.Array | None = None) -> jax.Array:
@@ -150,3 +151,18 @@ def pure_core(process: jax.Array, outcome: jax.Array, active: jax.Array, ends: j
     scored = active & ~alone[:, None]
     returns = jnp.where(scored, to_go - baseline[:, None], zero)
     return PureOutput(whiten(returns, scored) if whitened else returns, returns, alone & real)
+
+
+def _estimate(stage: PureCredit, checks: list, process: jax.Array | None, outcome: jax.Array, active: jax.Array,
+              turns: TurnSteps, outcome_at: jax.Array, real_rows: jax.Array, row_group: jax.Array, num_groups: int,
+              dtype: Any) -> Estimate:
+    """The PURE recipe (``pure_core``): min-form turn rewards and the verifier score, sum returns, RLOO,
+    whitening."""
+    process = process if process is not None else jnp.zeros(active.shape, dtype)
+    out = pure_core(process, outcome, active, turns.ends, outcome_at, real_rows, row_group, num_groups,
+                    stage.temperature, stage.verifier_coef, stage.whiten)
+    return Estimate(out.advantages, diagnostics={"pure/groups_of_one": jnp.sum(out.alone, dtype=jnp.int32)})
+
+
+PURE = EstimatorSpec(PureCredit, _estimate, "credit_assignment 'pure'", mode="pure", may_read=("token_rewards",),
+                     diagnostics="pure/", owns_process_rewards=True)

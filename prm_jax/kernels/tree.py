@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal, NamedTuple, get_args
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +38,8 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.kernels.estimator import Estimate, EstimatorSpec, on_turn_timesteps
+from prm_jax.kernels.turns import turn_segments, turn_sums
 from prm_jax.validation import one_of
 
 TreeWeighting = Literal["sqrt", "uniform", "none"]
@@ -287,3 +290,70 @@ def _advantages_jit(parent, leaf_reward, mask, selected, group, *, weighting, va
     out = tree_advantages_core(parent, reward, used, chosen, jnp.clip(groups, 0, max(size, 1) - 1), max(size, 1),
                                weighting, value)
     return out, checks
+
+
+def _estimate(stage: TreeCredit, checks: list, batch: Mapping[str, jax.Array], outcome: jax.Array,
+              active: jax.Array, turn_ids: jax.Array, real_rows: jax.Array, row_group: jax.Array, dtype: Any) -> Estimate:
+    """TreeRL over each group's session tree: ``batch['node_ids'] [B, K]`` names the node of each row's
+    turn ``k`` (-1: none) in ``batch['node_parents'] [N]`` (-1: a root); a row's outcome reward is the reward
+    of its last node, which must be a leaf, and no two rows end at one node. Each turn's timesteps get its
+    node's value."""
+    node_ids = _checks.as_int("batch['node_ids']", batch["node_ids"])
+    parents = _checks.as_int("batch['node_parents']", batch["node_parents"])
+    rows, turns = node_ids.shape
+    size = parents.shape[0]
+    in_turn, segment = turn_segments(active, turn_ids, turns)
+    trained = turn_sums(active.astype(jnp.int32), in_turn, segment, turns) > 0
+    # Every trained turn names a node, and every id names a node of node_parents (or is -1: none).
+    stray = real_rows[:, None] & ((node_ids < -1) | (node_ids >= size))
+    unnamed = trained & (node_ids == -1)
+    count = _checks.violations(stray | unnamed)
+    where_row, where_turn, bad_id = _checks.located(count, lambda: _checks.first_flagged(stray | unnamed, node_ids))
+    checks.append(_checks.ValueCheck(
+        "tree_node_ids_invalid", count,
+        lambda row, turn, node: f"credit_assignment 'tree': batch['node_ids'] row {int(row)}, turn {int(turn)} has "
+                                f"node id {int(node)}, " + (f"which is not a node of batch['node_parents'] ({size} nodes)"
+                                                           if int(node) != -1 else "but the turn is trained: every "
+                                                           "trained turn needs its node"), where_row, where_turn, bad_id))
+    has = (node_ids >= 0) & (node_ids < size) & real_rows[:, None]
+    flat = jnp.where(has, node_ids, size).ravel()
+    used = jax.ops.segment_max(jnp.ones(flat.shape, jnp.int32), flat, num_segments=size + 1)[:size] > 0
+    row_groups = jnp.broadcast_to(row_group[:, None], has.shape).ravel()
+    group = jax.ops.segment_max(row_groups, flat, num_segments=size + 1)[:size]
+    mixed = used & (jax.ops.segment_min(row_groups, flat, num_segments=size + 1)[:size] != group)
+    # Each row is a path from a root: its first node is a root, each next turn is the same node or a child.
+    safe_ids = jnp.clip(node_ids, 0, size - 1)
+    above = jnp.where(has, parents[safe_ids], -2)
+    before = jnp.concatenate([jnp.full((rows, 1), -1, jnp.int32), jnp.where(has, node_ids, -3)[:, :-1]], axis=1)
+    first = has & (jnp.cumsum(has, axis=1) == 1)
+    off_path = has & jnp.where(first, above != -1, (node_ids != before) & (above != before))
+    checks.append(_checks.ValueCheck(
+        "tree_paths_invalid", _checks.violations(off_path | mixed[jnp.clip(node_ids, 0, size - 1)] & has),
+        lambda: "credit_assignment 'tree': each row's batch['node_ids'] must run from a root down "
+                "batch['node_parents'] (each next turn the same node or a child of it), and a node belongs to "
+                "one group"))
+    last_turn = jnp.max(jnp.where(has, jnp.arange(turns, dtype=jnp.int32)[None, :], -1), axis=1)
+    last_node = jnp.where(last_turn >= 0, jnp.take_along_axis(node_ids, jnp.maximum(last_turn, 0)[:, None],
+                                                               axis=1)[:, 0], size)
+    ends = jax.ops.segment_sum(jnp.ones((rows,), jnp.int32), last_node, num_segments=size + 1)[:size]
+    reward = jax.ops.segment_sum(outcome, last_node, num_segments=size + 1)[:size]
+    checks.append(tree_check(parents, used))
+    children = children_sum(jnp.ones(size, jnp.int32), parents, used)
+    bad_end = used & (((ends > 0) & (children > 0)) | (ends > 1) | ((ends == 0) & (children == 0)))
+    node = jnp.argmax(bad_end).astype(jnp.int32)
+    checks.append(_checks.ValueCheck(
+        "tree_leaves_invalid", _checks.violations(bad_end),
+        lambda node: f"credit_assignment 'tree': every leaf of batch['node_parents'] must be the last node of exactly "
+                     f"one row, and no row may end at a node with children; node {int(node)} breaks this", node))
+    tree = tree_advantages_core(parents, reward, used, used, jnp.clip(group, 0, size - 1), max(size, 1),
+                                stage.weighting, stage.value)
+    per_turn = jnp.where(has, tree.values[jnp.clip(node_ids, 0, size - 1)], jnp.zeros((), dtype))
+    leaves = used & (children == 0)
+    diagnostics = {"tree/nodes": jnp.sum(used, dtype=jnp.int32), "tree/leaves": jnp.sum(leaves, dtype=jnp.int32)}
+    return Estimate(on_turn_timesteps(per_turn, in_turn, turn_ids), diagnostics=diagnostics)
+
+
+TREE = EstimatorSpec(TreeCredit, _estimate, "credit_assignment 'tree'", mode="tree",
+                     reads=("turn_ids", "node_ids", "node_parents"), needs_turn_ids=True, diagnostics="tree/",
+                     turn_slots=lambda batch, num_turns: int(jnp.shape(batch["node_ids"])[1]),
+                     missing_hint=" (pack_branches(..., sessions=...) builds them)")

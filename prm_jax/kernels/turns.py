@@ -7,6 +7,7 @@ spans on positions, as the session's concat export does on the host (``prm_jax.r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import NamedTuple
@@ -19,10 +20,11 @@ from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
+from prm_jax.kernels.estimator import Estimate, EstimatorSpec
 from prm_jax.kernels.gae import GAEOutput, _prepare, check_discounts, gae_core, is_unit_discount
-from prm_jax.kernels.recurrence import resolve_strategy
+from prm_jax.kernels.recurrence import ScanStrategy, resolve_strategy
 from prm_jax.native import ffi
-from prm_jax.validation import integer_dtype
+from prm_jax.validation import integer, integer_dtype
 
 
 def turn_ids_check(turn_ids: jax.Array, active: jax.Array, steps: TurnSteps,
@@ -232,8 +234,7 @@ def turn_ids_from_spans(spans: ArrayLike, width: int) -> jax.Array:
     _checks.check_rank("spans", spans, 3)
     if jnp.shape(spans)[2] != 2:
         raise ValueError(f"spans must be [B, K, 2] (start, end), got shape {jnp.shape(spans)}")
-    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ValueError(f"width must be a positive integer, got {width!r}")
+    integer("width", width, minimum=1)
     if not _checks.is_traced(spans) and not isinstance(spans, jax.Array):
         # Host spans: clipped to [0, width] (exact: no position lies outside) before JAX narrows them to
         # int32, which would wrap a 64-bit span beyond 2**31 onto real positions.
@@ -250,3 +251,18 @@ def _spans_jit(spans, *, width):
     inside = (position >= spans[..., :1]) & (position < spans[..., 1:])               # [B, K, T]
     turn = jnp.arange(spans.shape[1], dtype=jnp.int32)[None, :, None]
     return jnp.max(jnp.where(inside, turn, -1), axis=1, initial=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnGAE:
+    """GAE over turns (``gae_timestep_unit: turn``); the KL rewards are added to the advantages afterwards
+    and stay out of the returns (each turn's ``A_k + V_k``, AReaL's rule)."""
+
+
+def _turn_gae(stage: TurnGAE, checks: list, rewards: jax.Array, values: jax.Array, active: jax.Array,
+              turn_ids: jax.Array, gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, num_turns: int,
+              strategy: ScanStrategy) -> Estimate:
+    return Estimate(*turn_gae_core(rewards, values, active, turn_ids, gamma, lam, bootstrap, num_turns, strategy.gae))
+
+
+TURN_GAE = EstimatorSpec(TurnGAE, _turn_gae, "gae_timestep_unit 'turn'", reads=("turn_ids",), needs_turn_ids=True)

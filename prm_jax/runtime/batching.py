@@ -14,16 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from prm_jax.kernels.gigpo import dense_anchor_ids
+from prm_jax.kernels.schema import BATCH_SCHEMA
 from prm_jax.runtime.trajectory import BranchSequence
-
-FIELDS = {
-    "input_ids": (np.int32, 0),
-    "attention_mask": (np.int32, 0),
-    "loss_mask": (np.int32, 0),
-    "logprobs": (np.float32, 0.0),
-    "turn_ids": (np.int32, -1),
-    "token_rewards": (np.float32, 0.0),
-}
 
 
 def bucket_width(length: int, bucket: int | str = 128, min_width: int = 1) -> int:
@@ -137,19 +129,18 @@ def empty_batch(rows: int, width: int, *, token_rewards: bool = True, turns: int
 def batch_spec(rows: int, width: int, *, token_rewards: bool = True, turns: int | None = None,
                tree_turns: int | None = None,
                model_logprobs: bool = False) -> dict[str, tuple[tuple[int, ...], type, float | int | bool]]:
-    """``pack_branches``' keys with the shape, dtype and padding value of each (nothing allocated)."""
-    spec: dict[str, tuple[tuple[int, ...], type, float | int | bool]] = {
-        name: ((rows, width), dtype, fill) for name, (dtype, fill) in FIELDS.items()
-        if name != "token_rewards" or token_rewards}
-    spec.update(rewards=((rows,), np.float32, 0.0), is_truncated=((rows,), np.bool_, False),
-                group_ids=((rows,), np.int32, -1))
-    if turns is not None:
-        spec.update(anchor_ids=((rows, turns), np.int32, -1), turn_rewards=((rows, turns), np.float32, 0.0),
-                    turn_reward_mask=((rows, turns), np.bool_, False))
-    if model_logprobs:
-        spec.update(prm_logprobs=((rows, width), np.float32, 0.0), ref_logprobs=((rows, width), np.float32, 0.0))
-    if tree_turns is not None:
-        spec.update(node_ids=((rows, tree_turns), np.int32, -1), node_parents=((rows * tree_turns,), np.int32, -1))
+    """``pack_branches``' keys with the shape, dtype and padding value of each (nothing allocated), from
+    ``BATCH_SCHEMA``: its ``packed`` argument says which of them adds a key."""
+    added = {"always": True, "token_rewards": token_rewards, "per_turn": turns is not None,
+             "model_logprobs": model_logprobs, "sessions": tree_turns is not None, "never": False}
+    slots = {"per_turn": turns, "sessions": tree_turns}
+    spec: dict[str, tuple[tuple[int, ...], type, float | int | bool]] = {}
+    for name, key in BATCH_SCHEMA.items():
+        if not added[key.packed]:
+            continue
+        shape = {"BT": (rows, width), "B": (rows,), "BK": (rows, slots.get(key.packed) or 0),
+                 "N": (rows * (tree_turns or 0),), "G": (rows,)}[key.shape]
+        spec[name] = (shape, key.numpy_dtype, key.fill)
     return spec
 
 

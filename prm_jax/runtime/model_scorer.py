@@ -39,7 +39,7 @@ import numpy as np
 from prm_jax.runtime.batching import bucket_width
 from prm_jax.runtime.scoring import BatchTrajectoryScorer
 from prm_jax.runtime.trajectory import Interaction, concat_spans
-from prm_jax.validation import FLOAT32_MAX, imported_callable, integer, short_repr
+from prm_jax.validation import FLOAT32_MAX, boolean, imported_callable, integer, short_repr
 
 ModelOutput = Literal["tokens", "turns"]
 ModelFn = Callable[[Any, Any, Any], Any]
@@ -91,8 +91,7 @@ class ModelScorer(BatchTrajectoryScorer):
                 raise ValueError("output 'turns' needs max_turns (the width of the model's [B, max_turns] output)")
             integer("max_turns", max_turns, minimum=1)
         integer("bucket", bucket, minimum=1)
-        if not isinstance(jit, bool):
-            raise ValueError(f"jit must be a bool, got {short_repr(jit)}")
+        boolean("jit", jit, config=False)
 
     # -- the rows path ---------------------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ from prm_jax.runtime.scoring import (
 )
 from prm_jax.runtime.specs import as_section, check_scorer_specs
 from prm_jax.runtime.trajectory import Interaction, InteractionCache, require_scorable
-from prm_jax.validation import short_repr
+from prm_jax.validation import integer, short_repr
 
 logger = logging.getLogger(__name__)
 
@@ -340,8 +340,8 @@ class PRMRunner:
         branch finishes (scored or failed). The runner's counters ``branches_scored`` and
         ``branches_failed`` count every run.
         """
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+        if limit is not None:
+            integer("limit", limit, minimum=1)
         branches = list(branches)
         limit = self._branch_limit(limit)
         contexts = list(ctx) if isinstance(ctx, Sequence) else [ctx] * len(branches)

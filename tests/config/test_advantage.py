@@ -12,7 +12,9 @@ from batches import make_batch
 from prm_jax.config import AdvantageConfig, GiGPOConfig, NormConfig, ShapingConfig
 from prm_jax.kernels import AdvantagePlan, compute_advantages
 from prm_jax.kernels import advantages as kernel_advantages
+from prm_jax.kernels.gae import TokenGAE
 from prm_jax.kernels.gae_lambda import relative_position_gae_lambda
+from prm_jax.kernels.turns import TurnGAE
 
 
 def test_the_default_config_is_the_default_plan():
@@ -20,12 +22,11 @@ def test_the_default_config_is_the_default_plan():
 
 
 @pytest.mark.parametrize("keys,estimator", [
-    ({}, kernel_advantages.TokenGAE()),
-    ({"gae_block_size": 8}, kernel_advantages.TokenGAE(8)),
-    ({"gae_timestep_unit": "turn"}, kernel_advantages.TurnGAE()),
-    ({"credit_assignment": {"mode": "gigpo", "step_weight": 0.5}},
-     kernel_advantages.GiGPOStage(GiGPOConfig(step_weight=0.5))),
-    ({"credit_assignment": {"mode": "gigpo"}, "gae_timestep_unit": "turn"}, kernel_advantages.GiGPOStage()),
+    ({}, TokenGAE()),
+    ({"gae_block_size": 8}, TokenGAE(8)),
+    ({"gae_timestep_unit": "turn"}, TurnGAE()),
+    ({"credit_assignment": {"mode": "gigpo", "step_weight": 0.5}}, GiGPOConfig(step_weight=0.5)),
+    ({"credit_assignment": {"mode": "gigpo"}, "gae_timestep_unit": "turn"}, GiGPOConfig()),
 ])
 def test_the_estimator_is_chosen_once_from_the_keys(keys, estimator):
     assert AdvantageConfig(**keys).plan.estimator == estimator

@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import ctypes
 import ctypes.util
-import dataclasses
 import gc
 import json
 import os
@@ -30,13 +29,11 @@ import tempfile
 import threading
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import anyio
 import jax
 import numpy as np
 
@@ -51,37 +48,20 @@ from prm_jax.app.outputs import (
     current_umask,
     in_folder,
 )
-from prm_jax.app.report import (
+from prm_jax.app.report import plot, print_summary, print_turn_table
+from prm_jax.app.score import (
+    FILTERS,
+    NoGroupAccepted,
+    ScoreError,
     ScoreRun,
-    advantage_stats,
-    credit_stats,
-    plot,
-    print_summary,
-    print_turn_table,
+    score,
+    shorten,
+    timestep_arrays,
 )
-from prm_jax.app.sessions import InputError, SessionRecord, read_sessions
 from prm_jax.config.experiment import ExperimentConfig, ScorerSpec
 from prm_jax.config.loader import ConfigFileError, load_config
-from prm_jax.kernels.advantages import compute_advantage_variants, compute_advantages
-from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.native.build import cache_dir
-from prm_jax.runtime.batching import bucket_width, pack_branches
-from prm_jax.runtime.export import ExportedTrajectory, ExportResult, ExportService
-from prm_jax.runtime.filters import (
-    filter_function,
-    filter_mixed_or_penalized_all_wrong,
-    filter_mixed_or_penalized_all_wrong_mask_no_eos,
-)
-from prm_jax.runtime.metrics import InMemoryRecorder
-from prm_jax.runtime.runner import BUILDING_NOTE
-from prm_jax.runtime.specs import check_scorer_specs, enabled_scorer_names
-
-FILTERS: dict[str, Callable] = {
-    "filter_function": filter_function,
-    "mixed_or_penalized_all_wrong": filter_mixed_or_penalized_all_wrong,
-    "mixed_or_penalized_all_wrong_mask_no_eos": filter_mixed_or_penalized_all_wrong_mask_no_eos,
-}
-
+from prm_jax.runtime.specs import check_scorer_specs
 
 PUBLISHED_NOTE = "the new output set was published before the interruption"
 EXIT_WRITE_FAILED = 74  # sysexits' EX_IOERR: the disk is full or a file-size limit was hit
@@ -89,10 +69,6 @@ EXIT_WRITE_FAILED = 74  # sysexits' EX_IOERR: the disk is full or a file-size li
 
 class CLIError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
-
-
-class NoGroupAccepted(Exception):
-    """Every group was rejected or filtered: nothing to train on (exit status 1)."""
 
 
 def _load_config(path: str) -> ExperimentConfig:
@@ -111,194 +87,40 @@ def _load_config(path: str) -> ExperimentConfig:
 
 class Progress:
     """Sessions scored of the total, their rate and the time left, on one line of stderr (only when
-    enabled: a terminal, unless ``--no-progress`` or ``--quiet``)."""
+    enabled: a terminal, unless ``--no-progress`` or ``--quiet``); ``score``'s ``progress`` callback."""
 
-    def __init__(self, total: int, enabled: bool, stream=None):
-        self.total, self.enabled, self.done = total, enabled, 0
+    def __init__(self, enabled: bool, stream=None):
+        self.enabled = enabled
         self.stream = stream or sys.stderr
         self.started = time.perf_counter()
 
-    def step(self, sessions: int = 1) -> None:
-        self.done += sessions
+    def __call__(self, done: int, total: int) -> None:
         if self.enabled:
             elapsed = max(time.perf_counter() - self.started, 1e-9)
-            rate = self.done / elapsed
-            left = (self.total - self.done) / rate if rate > 0 else float("inf")
-            filled = int(30 * self.done / max(self.total, 1))
-            self.stream.write(f"\rscoring [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} sessions, "
+            rate = done / elapsed
+            left = (total - done) / rate if rate > 0 else float("inf")
+            filled = int(30 * done / max(total, 1))
+            self.stream.write(f"\rscoring [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} sessions, "
                               f"{rate:.1f}/s, ETA {left:.0f} s ")
-            if self.done >= self.total:
+            if done >= total:
                 self.stream.write("\n")
             self.stream.flush()
-
-
-GROUPS_IN_FLIGHT = 8  # groups exported at once: their branches share batched scorers' calls and judges' slots
-
-
-async def _export_all(config: ExperimentConfig, records, group_filter, progress: Progress):
-    try:
-        service = await ExportService.start(config)
-    except Exception as err:  # a scorer's constructor: the config's fault, named (exit 2)
-        where = [note for note in getattr(err, "__notes__", ()) if note.startswith(BUILDING_NOTE)]
-        if not where:
-            raise
-        raise CLIError(f"{where[0][len(BUILDING_NOTE):].strip()} could not be built: "
-                       f"{type(err).__name__}: {err}") from None
-    recorder = InMemoryRecorder()
-    groups: OrderedDict[str, list[str]] = OrderedDict()
-    for record in records:
-        for interaction in record.cache:
-            service.store.add(record.key, interaction)
-        for leaf in record.ready:
-            service.store.mark_ready(record.key, leaf)
-        groups.setdefault(record.group, []).append(record.key)
-    out = Exported()
-    results: dict[str, Any] = {}
-    slots = anyio.Semaphore(GROUPS_IN_FLIGHT)
-
-    async def export(group: str, keys: list[str]) -> None:
-        async with slots:
-            results[group] = await service.export(keys, group_filter=group_filter)
-        progress.step(len(keys))
-
-    async with service:
-        try:
-            async with anyio.create_task_group() as task_group:  # a failure cancels the rest
-                for group, keys in groups.items():
-                    task_group.start_soon(export, group, keys)
-        except BaseExceptionGroup as failed:
-            if len(failed.exceptions) == 1 and isinstance(failed.exceptions[0], Exception):
-                raise failed.exceptions[0] from None  # one group's failure, as exporting one by one raised it
-            raise
-    for group, keys in groups.items():  # in the input's order, whatever finished first
-        result = results[group]
-        out.statuses[group] = result.status
-        if result.status != "accepted":
-            out.reasons[group] = {"status": result.status, "sessions": keys, "reason": _rejection_reason(result)}
-        for name, value in (result.filter or {}).items():
-            if name != "accepted":
-                out.filter_counters[name] = out.filter_counters.get(name, 0) + int(value)
-        if result.prm_stats is not None:
-            recorder.record(result.prm_stats["metrics"])
-        out.fallbacks.update({key: _shorten(why) for key, why in (result.prm_fallbacks or {}).items()})
-        if result.status == "accepted":
-            out.accepted.append(result.trajectories)
-    out.metrics = recorder.flush()
-    return out
-
-
-@dataclasses.dataclass
-class Exported:
-    """What the export of every group gave: each group's status, the accepted groups' trajectories, the
-    metrics, the filter's counters, why groups were not accepted, and the sessions exported unscored
-    (``error_policy: keep_original``) with why."""
-
-    statuses: dict[str, str] = dataclasses.field(default_factory=dict)
-    accepted: list[list[ExportedTrajectory]] = dataclasses.field(default_factory=list)
-    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    filter_counters: dict[str, int] = dataclasses.field(default_factory=dict)
-    reasons: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    fallbacks: dict[str, str] = dataclasses.field(default_factory=dict)
-
-
-def _rejection_reason(result: ExportResult) -> Any:
-    if result.status == "rejected":
-        return {key: _shorten(reason) for key, reason in result.rejected_sessions.items()}
-    decision = result.filter or {}
-    why = ("all correct" if decision.get("rejected_by_all_correct") else "all wrong without a process penalty"
-           if decision.get("rejected_by_all_wrong") else "rejected")
-    return f"filtered: {why}"
-
-
-def _shorten(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-TIMESTEP_FIELDS = ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs")
-
-
-def _advantages(padded: dict[str, np.ndarray], config: ExperimentConfig, rows: int) -> tuple[Any, dict[str, Any]]:
-    """The configured run, and for the report the unshaped advantages and each shaping mode's, on a batch
-    whose rows are bucketed (padding rows: no attention, ``group_ids`` -1; they change no real row's
-    numbers); returns the first ``rows`` rows, as numpy views."""
-    arrays = dict(padded)  # groups by group_ids [B], whose shape does not change with the number of groups
-    # The masks as bool: pack_branches writes only 0 and 1, so the program needs no 0/1 check of them
-    # (0.1 s less to compile). The other buffers are 64-byte aligned: on the CPU the device arrays alias
-    # them (no copy of the batch; nothing writes into it from here on).
-    for name in ("attention_mask", "loss_mask"):
-        arrays[name] = arrays[name] > 0
-    arrays = jax.device_put(arrays)
-    outputs: dict[str, Any] = {}
-    if "token_rewards" in arrays and config.actor.plan.shaping is not None:
-        # One GAE for every mode.
-        shapings, refused = config.actor.shaping_variants(SHAPING_MODES)
-        configured, variants = compute_advantage_variants(arrays, config.actor, shapings)
-        for mode, advantages in {**variants, **refused}.items():
-            outputs[mode] = advantages if isinstance(advantages, str) else configured._replace(advantages=advantages)
-    else:
-        configured = compute_advantages(arrays, config.actor)
-        outputs["none"] = compute_advantages({k: v for k, v in arrays.items() if k != "token_rewards"},
-                                             config.actor)
-    jax.block_until_ready(configured)
-
-    def real_rows(output: Any) -> Any:
-        return output if isinstance(output, str) else output._replace(
-            **{field: np.asarray(getattr(output, field))[:rows] for field in TIMESTEP_FIELDS})
-    return real_rows(configured), {mode: real_rows(output) for mode, output in outputs.items()}
-
-
-def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int,
-          process_rewards: bool, sessions: list[str] | None = None) -> dict[str, np.ndarray]:
-    """The batch for the device: widths bucketed to ``bucket``, rows to ``row_bucket``, so runs of similar
-    size share one compiled program (and hit the persistent compilation cache). Without ``process_rewards``
-    (PRM disabled or no scorer) no token reward of the input reaches the batch, nor GiGPO's step rewards."""
-    anchored = any(a is not None for seq in sequences for a in seq.anchor_ids)
-    batch = pack_branches(sequences, bucket=bucket, rows=bucket_width(len(sequences), row_bucket),
-                          group_sizes=group_sizes,
-                          token_rewards=process_rewards and any(seq.token_rewards is not None for seq in sequences),
-                          per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards),
-                          sessions=sessions, model_logprobs=any(seq.prm_logprobs is not None
-                                                                or seq.ref_logprobs is not None for seq in sequences))
-    if not anchored:
-        batch.pop("anchor_ids", None)  # no anchors at all: one step group per group (not "every turn alone")
-    return batch
 
 
 def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | None = None, bucket: int = 128,
               row_bucket: int = 64, progress: bool = False, tune_process: bool = False,
               on_arrays: Callable[[dict[str, np.ndarray]], None] | None = None) -> ScoreRun:
-    """Reads, scores, exports, packs and computes advantages. ``tune_process`` (the ``prm-jax`` process's
-    choice, made in ``entry``: it owns its process; in-process callers keep theirs untouched) moves
-    everything read into CPython's permanent generation, so the cyclic collector stops re-walking the
-    sessions on every full collection while they are scored, and hands the freed sessions' pages back to
-    the system once the batch is packed (``malloc_trim``). ``on_arrays`` gets the
-    output arrays as they are ready: the packed batch before the advantages are computed, then the
-    timestep arrays before the summary is (the command writes them into ``batch.npz`` meanwhile)."""
-    clock = time.perf_counter()
-    timings: dict[str, float] = {}
-
-    def lap(phase: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        timings[phase], clock = now - clock, now
-
+    """``prm_jax.app.score.score`` with the command's progress line and, with ``tune_process`` (the
+    ``prm-jax`` process's choice, made in ``entry``: it owns its process; in-process callers keep theirs
+    untouched), its process tuning: everything read moves into CPython's permanent generation, so the cyclic
+    collector stops re-walking the sessions on every full collection while they are scored, and the freed
+    sessions' pages go back to the system once the batch is packed (``malloc_trim``)."""
     try:
-        records = read_sessions(input_path, discounted=config.turn_discount is not None)
-        check_model_outputs(records, config, input_path)
-    except InputError as err:
+        return score(config, input_path, group_filter=group_filter, bucket=bucket, row_bucket=row_bucket,
+                     progress=Progress(progress), on_arrays=on_arrays, after_read=gc.freeze if tune_process else None,
+                     release_memory=_release_freed_memory if tune_process else None)
+    except ScoreError as err:
         raise CLIError(str(err)) from None
-    if tune_process:
-        gc.freeze()
-    lap("read")
-    groups = list(OrderedDict.fromkeys(r.group for r in records))
-    exported = anyio.run(_export_all, config, records, FILTERS[group_filter] if group_filter else None,
-                         Progress(len(records), progress))
-    del records  # exported: the sessions' memory is free for the batch and the advantages
-    lap("score+export")
-    run = _score_batch(exported, groups, config, group_filter, (bucket, row_bucket), lap, on_arrays,
-                       _release_freed_memory if tune_process else None)
-    run.summary["timings_s"] = timings
-    return run
 
 
 def _release_freed_memory() -> None:
@@ -312,133 +134,11 @@ def _release_freed_memory() -> None:
         pass
 
 
-def _reward_sources(trajectories: list[ExportedTrajectory], rows: int, names: list[str]) -> np.ndarray:
-    """GDPO's sources beside the outcome: each enabled scorer's total per trajectory, in the config's order
-    (the order ``reward_norm.weights`` follows), NaN where it did not score (a session exported unscored
-    under ``keep_original``): the columns are the config's, whatever scored."""
-    sources = np.full((rows, len(names)), np.nan, np.float32)
-    for b, t in enumerate(trajectories):
-        for s, name in enumerate(names):
-            sources[b, s] = (t.scorer_totals or {}).get(name, np.nan)
-    return sources
-
-
-MODEL_OUTPUTS = {"ref_logprobs": "output_ref_logprobs", "prm_logprobs": "output_prm_logprobs"}
-
-
-def check_model_outputs(records: list[SessionRecord], config: ExperimentConfig, path: str) -> None:
-    """A per-token model output that a configured stage reads (``AdvantagePlan.model_outputs_read``) is on
-    every turn of every exported branch, or, for the KL reward's reference log-probs, on none of them (the
-    reference is then 0, AReaL's rule): some turns without them would train on 0. ``InputError`` at the
-    first turn without, before anything is scored."""
-    plan = config.actor.plan
-    for key in plan.model_outputs_read:
-        field = MODEL_OUTPUTS[key]
-        required = key in plan.estimator_spec.reads
-        lacking: tuple[SessionRecord, int] | None = None
-        carried = False
-        for record in records:
-            exported = {turn.interaction_id for leaf in record.ready for turn in record.cache.chain(leaf)}
-            for i, turn in enumerate(record.cache):
-                if turn.interaction_id not in exported:
-                    continue
-                if getattr(turn, field) is None:
-                    lacking = lacking or (record, i)
-                else:
-                    carried = True
-            if lacking is not None and (required or carried):
-                break
-        if lacking is not None and (required or carried):
-            record, i = lacking
-            reader = ("credit_assignment 'prime' reads them on every trained turn" if required else
-                      "the KL reward (actor.kl_ctl != 0) reads them, and other turns carry them: give them on every "
-                      "turn, or on none (the reference log-prob is then 0, AReaL's rule)")
-            raise InputError(path, record.line, f"interactions[{i}].{field}", f"missing: {reader}")
-
-
-def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig, group_filter: str | None,
-                 buckets: tuple[int, int], lap: Callable[[str], None],
-                 on_arrays: Callable[[dict[str, np.ndarray]], None] | None,
-                 release_memory: Callable[[], None] | None = None) -> ScoreRun:
-    """Packs the accepted groups (and drops their trajectories), computes the advantages, summarizes."""
-    statuses, accepted, metrics, reasons = exported.statuses, exported.accepted, exported.metrics, exported.reasons
-    trajectories = [t for group in accepted for t in group]
-    if not trajectories:
-        listed = "; ".join(f"{g}: {r['status']} {r['reason']}" for g, r in list(reasons.items())[:5])
-        raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
-                              + _shorten(listed, 1000))
-    rows, group_sizes = len(trajectories), [len(group) for group in accepted]
-    plan = config.actor.plan
-    # What the plan's stages read decides what is packed beyond the rollout (BATCH_SCHEMA's "packed").
-    padded = _pack([t.sequence for t in trajectories], group_sizes, *buckets, process_rewards=config.prm.active,
-                   sessions=[t.session_key for t in trajectories] if "node_ids" in plan.reads else None)
-    sources: list[str] = []
-    if "reward_sources" in plan.reads:
-        sources = enabled_scorer_names(config) if config.prm.active else []
-        padded["reward_sources"] = _reward_sources(trajectories, len(padded["rewards"]), sources)
-    # Views: the real rows (node_parents is per node, not per row: kept whole).
-    batch = {name: value if name == "node_parents" else value[:rows] for name, value in padded.items()}
-    batch["original_rewards"] = np.array([t.reward if t.original_reward is None else t.original_reward
-                                          for t in trajectories], np.float32)
-    if "reward_sources" in plan.reads:  # the columns of reward_sources, after the outcome
-        batch["reward_source_names"] = np.array(["outcome", *sources])
-    batch["group_sizes"] = np.array(group_sizes, np.int32)
-    del trajectories
-    accepted.clear()  # packed: the branch sequences' memory is free for the advantages
-    if release_memory is not None:
-        release_memory()
-    if on_arrays is not None:
-        on_arrays(batch)
-    lap("pack")
-    try:
-        configured, outputs = _advantages(padded, config, rows)
-    except ValueError as err:  # a value check of the scored batch (e.g. process_weighted's [0, 1] range)
-        raise CLIError(f"the advantages could not be computed: {err}") from None
-    if on_arrays is not None:
-        on_arrays(timestep_arrays(configured, outputs))
-    lap("advantages")
-    try:
-        stats = {mode: (advantage_stats(out) if not isinstance(out, str) else out) for mode, out in outputs.items()}
-    except ValueError as err:  # non-finite advantages: what the scores or inputs hold, said in one line
-        raise CLIError(str(err)) from None
-    summary = {
-        "groups": {"total": len(groups), **{s: sum(v == s for v in statuses.values())
-                                            for s in ("accepted", "rejected", "filtered")}},
-        "trajectories": rows,
-        "shaping_mode": config.actor.advantage_shaping.mode if config.actor.plan.shaping is not None else "none",
-        "process_reward_per_scorer": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
-                                      if "/prm_turn_reward/" in k},
-        "advantages": stats,
-        "group_status": statuses,
-        "rejected_groups": reasons,
-    }
-    if config.prm.error_policy == "keep_original" and config.prm.active:
-        summary["prm_fallbacks"] = exported.fallbacks
-    if group_filter:
-        summary["filter"] = {"name": group_filter, **exported.filter_counters}
-    hook = plan.estimator_spec.summary
-    if hook is not None:
-        summary[hook.key] = hook.stats(configured.diagnostics)
-    if "reward_source_names" in batch:
-        summary["reward_sources"] = batch["reward_source_names"].tolist()
-    credit = credit_stats(configured.diagnostics)
-    if credit:
-        summary["credit"] = credit
-    lap("summary")
-    return ScoreRun(batch, outputs, configured, metrics, summary)
-
-
-def timestep_arrays(configured: Any, outputs: dict[str, Any]) -> dict[str, np.ndarray]:
-    arrays = {f"timestep_{field}": np.asarray(getattr(configured, field)) for field in TIMESTEP_FIELDS}
-    arrays["timestep_advantages_unshaped"] = np.asarray(outputs["none"].advantages)
-    return arrays
-
-
 def write_outputs(run: ScoreRun, staged: StagedOutputs, plot_path: Path | None = None, compress: bool = False,
                   early: BatchWriter | None = None) -> None:
     """Writes the output set into the staging folder and publishes it (see ``prm_jax.app.outputs``); a plot
     outside the output folder is written beside itself under a temporary name and renamed after."""
-    payload = json.dumps({"metrics": run.metrics, "summary": run.summary}, indent=2, sort_keys=True,
+    payload = json.dumps({"metrics": run.metrics, "summary": run.summary.as_json()}, indent=2, sort_keys=True,
                          allow_nan=False).encode()
     if early is not None:  # every array was handed to its writer thread: wait for it
         early.finish()
@@ -566,10 +266,10 @@ def cmd_score(args) -> int:
             for writer in writers:
                 writer.abort()
             raise
-    run.summary["timings_s"]["write"] = time.perf_counter() - start
+    run.summary.timings_s["write"] = time.perf_counter() - start
     print_summary(run)
     if args.timings:
-        for phase, seconds in run.summary["timings_s"].items():
+        for phase, seconds in run.summary.timings_s.items():
             print(f"timing: {phase:<14} {seconds:8.3f} s")
     print(f"wrote {Path(args.output) / 'batch.npz'} and {Path(args.output) / 'metrics.json'}"
           + (f" and {args.plot}" if args.plot else ""))
@@ -650,10 +350,10 @@ def main(argv: list[str] | None = None, *, tune_process: bool = False) -> int:
     try:
         return args.func(args)
     except CLIError as err:
-        print(f"prm-jax: error: {_shorten(str(err), 2000)}", file=sys.stderr)
+        print(f"prm-jax: error: {shorten(str(err), 2000)}", file=sys.stderr)
         return 2
     except NoGroupAccepted as err:
-        print(f"prm-jax: {_shorten(str(err), 2000)}", file=sys.stderr)
+        print(f"prm-jax: {shorten(str(err), 2000)}", file=sys.stderr)
         return 1
     except OSError as err:
         if err.errno not in WRITE_ERRNOS:

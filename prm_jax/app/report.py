@@ -2,60 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import sys
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
-from prm_jax.kernels.advantages import STAGE_DIAGNOSTICS
+from prm_jax.app.score import ScoreRun
 from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels.estimators import registered
 from prm_jax.kernels.shaping import SHAPING_MODES
-
-
-@dataclasses.dataclass
-class ScoreRun:
-    batch: dict[str, np.ndarray]
-    outputs: dict[str, Any]          # per shaping mode (and "none"): AdvantageOutput or an error string
-    configured: Any                  # the configured mode's AdvantageOutput
-    metrics: dict[str, float]
-    summary: dict[str, Any]
-
-
-def advantage_stats(output) -> dict[str, float]:
-    active = np.asarray(output.loss_mask) > 0
-    values = np.asarray(output.advantages)[active]
-    if values.size == 0:
-        return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
-    # Taken on values scaled into [-1, 1]: float32 sums of huge advantages (or of their squares) overflow,
-    # and a float64 copy of every active advantage costs more than the statistics.
-    low, high = float(values.min()), float(values.max())
-    scale = max(abs(low), abs(high))
-    if not np.isfinite(scale):
-        raise ValueError(f"the advantages are not finite (min {low}, max {high}): the scores or the inputs "
-                         "overflow float32")
-    unit = values / np.float32(scale) if scale > 0 else values
-    mean = float(unit.mean(dtype=np.float64))
-    centred = unit - np.float32(mean)
-    return {"mean": mean * scale, "std": float(np.sqrt(np.dot(centred, centred) / centred.size)) * scale,
-            "min": low, "max": high}
-
-
-def credit_prefixes() -> tuple[str, ...]:
-    """The prefixes of the diagnostics the summary lists under ``credit``: each registered estimator's (but
-    those shown their own way, ``EstimatorSpec.summary``) and the stages' (``STAGE_DIAGNOSTICS``)."""
-    return tuple(spec.diagnostics for spec in registered()
-                 if spec.diagnostics is not None and spec.summary is None) + STAGE_DIAGNOSTICS
-
-
-def credit_stats(diagnostics: Mapping[str, Any]) -> dict[str, float]:
-    """The credit modes' diagnostics (``credit_prefixes``) as plain numbers: what the summary prints for the
-    configured mode."""
-    prefixes = credit_prefixes()
-    return {key: float(value) for key, value in sorted(diagnostics.items()) if key.startswith(prefixes)}
 
 
 def _process_rewards(run: ScoreRun) -> np.ndarray:
@@ -82,7 +37,7 @@ def plot(run: ScoreRun, handle: io.BufferedWriter, rows: int = 4) -> None:
         ax.plot(steps, np.asarray(run.outputs["none"].advantages)[b, steps], label="advantage, unshaped",
                 color="tab:gray")
         ax.plot(steps, np.asarray(run.configured.advantages)[b, steps],
-                label=f"advantage, {run.summary['shaping_mode']}", color="tab:blue")
+                label=f"advantage, {run.summary.shaping_mode}", color="tab:blue")
         ax.fill_between(steps, 0, 1, where=mask[b, steps] > 0, color="tab:blue", alpha=0.06,
                         transform=ax.get_xaxis_transform(), label="trained timesteps")
         ax.set_ylabel(f"row {b}")
@@ -99,15 +54,16 @@ def plot(run: ScoreRun, handle: io.BufferedWriter, rows: int = 4) -> None:
 def print_summary(run: ScoreRun, stream=None) -> None:
     out = stream or sys.stdout
     s = run.summary
-    g = s["groups"]
-    print(f"groups: {g['total']} total, {g['accepted']} accepted, {g['rejected']} rejected, {g['filtered']} filtered;"
-          f" {s['trajectories']} trajectories in the batch", file=out)
-    shown = list(s["rejected_groups"].items())
-    for group, why in shown[:10]:
-        print(f"  {why['status']} group {group} (sessions {', '.join(why['sessions'])}): {why['reason']}", file=out)
+    g = s.groups
+    print(f"groups: {g.total} total, {g.accepted} accepted, {g.rejected} rejected, {g.filtered} filtered;"
+          f" {s.trajectories} trajectories in the batch", file=out)
+    shown = list(s.rejected_groups.items())
+    for group, rejection in shown[:10]:
+        print(f"  {rejection.status} group {group} (sessions {', '.join(rejection.sessions)}): {rejection.reason}",
+              file=out)
     if len(shown) > 10:
         print(f"  ... and {len(shown) - 10} more (metrics.json lists every one)", file=out)
-    fallbacks = s.get("prm_fallbacks") or {}
+    fallbacks = s.prm_fallbacks or {}
     if fallbacks:  # error_policy: keep_original exported these unscored: said here, not only in metrics.json
         print(f"{len(fallbacks)} session(s) exported unscored after a scorer failed (error_policy: keep_original):",
               file=out)
@@ -116,22 +72,21 @@ def print_summary(run: ScoreRun, stream=None) -> None:
         if len(fallbacks) > 10:
             print(f"  ... and {len(fallbacks) - 10} more (metrics.json lists every one)", file=out)
     for spec in registered():
-        if spec.summary is not None and spec.summary.key in s:
-            print(spec.summary.line(s[spec.summary.key]), file=out)
-    if "credit" in s:
-        print("credit assignment: " + ", ".join(f"{key} {value:g}" for key, value in s["credit"].items()), file=out)
-    if s["process_reward_per_scorer"]:
+        if spec.summary is not None and spec.summary.key in s.estimator:
+            print(spec.summary.line(s.estimator[spec.summary.key]), file=out)
+    if s.credit:
+        print("credit assignment: " + ", ".join(f"{key} {value:g}" for key, value in s.credit.items()), file=out)
+    if s.process_reward_per_scorer:
         print("mean process reward per turn (weighted), per scorer:", file=out)
-        for scorer, value in s["process_reward_per_scorer"].items():
+        for scorer, value in s.process_reward_per_scorer.items():
             print(f"  {scorer:<24} {value:10.4f}", file=out)
-    print(f"advantages on trained timesteps, per shaping mode (configured: {s['shaping_mode']}):", file=out)
+    print(f"advantages on trained timesteps, per shaping mode (configured: {s.shaping_mode}):", file=out)
     print(f"  {'mode':<18} {'mean':>9} {'std':>9} {'min':>9} {'max':>9}", file=out)
-    for mode, stats in s["advantages"].items():
+    for mode, stats in s.advantages.items():
         if isinstance(stats, str):
             print(f"  {mode:<18} {stats}", file=out)
         else:
-            print(f"  {mode:<18} {stats['mean']:9.4f} {stats['std']:9.4f} {stats['min']:9.4f} {stats['max']:9.4f}",
-                  file=out)
+            print(f"  {mode:<18} {stats.mean:9.4f} {stats.std:9.4f} {stats.min:9.4f} {stats.max:9.4f}", file=out)
 
 
 def shown_rows(original_rewards: np.ndarray, rows: int = 2) -> list[int]:

@@ -31,7 +31,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import anyio
 import numpy as np
@@ -147,22 +147,31 @@ class ExportedTrajectory:
     scorer_totals: dict[str, float] | None = None  # per scorer, its turn rewards summed (PRM active)
 
 
+class PRMStats(NamedTuple):
+    """A group's process-reward results: each scored session's per-turn results (every branch's, in order),
+    each branch's totals per scorer (``{session: {leaf: {scorer: total}}}``) and the metrics."""
+
+    turn_results: dict[str, list[PRMTurnResult]]
+    branch_totals: dict[str, dict[str, dict[str, float]]]
+    metrics: MetricStats
+
+
 @dataclasses.dataclass
 class ExportResult:
     """What ``export_group`` did with a group.
 
     ``rejected_sessions`` maps a session key to why it was rejected; ``prm_stats`` (PRM active only) holds
-    the ``MetricStats`` under ``"metrics"`` and the per-turn results and totals; ``prm_fallbacks``
+    the ``MetricStats``, the per-turn results and the branch totals (``PRMStats``); ``prm_fallbacks``
     (``error_policy: keep_original`` only) maps a session key to why it was exported unscored; ``filter`` is
-    the group filter's decision and AReaL's counters (with a ``group_filter`` only).
+    the group filter's decision with AReaL's counters (a ``GroupFilterResult``, with a ``group_filter`` only).
     """
 
     status: ExportStatus = "accepted"
     trajectories: list[ExportedTrajectory] = dataclasses.field(default_factory=list)
     rejected_sessions: dict[str, str] = dataclasses.field(default_factory=dict)
-    prm_stats: dict[str, Any] | None = None
+    prm_stats: PRMStats | None = None
     prm_fallbacks: dict[str, str] | None = None
-    filter: dict[str, Any] | None = None
+    filter: GroupFilterResult | None = None
 
 
 @dataclasses.dataclass
@@ -218,7 +227,7 @@ def _unscored(store: TrajectoryStore, key: str, leaves: list[str], error: Except
     return scored
 
 
-def _prm_stats(scored: list[_Scored], is_eval: bool) -> dict[str, Any]:
+def _prm_stats(scored: list[_Scored], is_eval: bool) -> PRMStats:
     stats = MetricStats()
     turns: dict[str, list[PRMTurnResult]] = {}
     totals: dict[str, dict[str, dict[str, float]]] = {}
@@ -232,7 +241,7 @@ def _prm_stats(scored: list[_Scored], is_eval: bool) -> dict[str, Any]:
         for seq, branch in zip(session.sequences, session.turn_results):
             totals[session.key][seq.leaf_id] = trajectory_rewards(branch)
             stats.merge(branch_stats(branch, is_eval=is_eval))
-    return {"turn_results": turns, "branch_totals": totals, "metrics": stats}
+    return PRMStats(turns, totals, stats)
 
 
 def _filter_view(trajectories: list[ExportedTrajectory]) -> dict[str, Any]:
@@ -368,7 +377,7 @@ def _publish(result: ExportResult, scored: dict[str, _Scored], normalize_rewards
             t.sequence = dataclasses.replace(t.sequence, reward=float(value))
     if group_filter is not None:
         decision = group_filter(_filter_view(trajectories))
-        result.filter = decision._asdict()
+        result.filter = decision
         if not decision.accepted:
             result.status = "filtered"
             return result

@@ -24,6 +24,7 @@ from app_helpers import (
 
 from prm_jax import AdvantageConfig, NormConfig, compute_advantages
 from prm_jax.app import cli, outputs
+from prm_jax.app import score as score_module
 from prm_jax.kernels import normalize
 
 # --- 10.6 non-finite numbers ------------------------------------------------------------------------------
@@ -230,8 +231,8 @@ def test_exit_status_1_when_no_group_is_accepted(tmp_path):
 def test_a_library_bug_is_a_traceback_not_no_group_accepted(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the library")
-    monkeypatch.setattr(cli, "compute_advantages", broken)
-    monkeypatch.setattr(cli, "compute_advantage_variants", broken)
+    monkeypatch.setattr(score_module, "compute_advantages", broken)
+    monkeypatch.setattr(score_module, "compute_advantage_variants", broken)
     with pytest.raises(RuntimeError, match="a bug in the library"):
         cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
@@ -265,8 +266,8 @@ def test_a_failure_after_the_batch_began_keeps_an_earlier_output_set_whole(tmp_p
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the library")
-    monkeypatch.setattr(cli, "compute_advantage_variants", broken)
-    monkeypatch.setattr(cli, "compute_advantages", broken)
+    monkeypatch.setattr(score_module, "compute_advantage_variants", broken)
+    monkeypatch.setattr(score_module, "compute_advantages", broken)
     with pytest.raises(RuntimeError, match="a bug in the library"):
         cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out), "--overwrite"])
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before

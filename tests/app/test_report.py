@@ -1,12 +1,13 @@
 """The command's summary statistics (issue 20.10: a huge scorer weight overflowed them to inf, and writing
 metrics.json then raised)."""
 
+import dataclasses
 import types
 
 import numpy as np
 import pytest
 
-from prm_jax.app.report import advantage_stats
+from prm_jax.app.score import AdvantageStats, advantage_stats
 
 
 def output(advantages, mask):
@@ -18,7 +19,7 @@ def test_advantage_stats_match_a_float64_reference_at_any_magnitude(scale):
     rng = np.random.default_rng(3)
     advantages = (rng.normal(size=(40, 300)) * scale).astype(np.float32)
     mask = rng.random((40, 300)) < 0.6
-    got = advantage_stats(output(advantages, mask))
+    got = dataclasses.asdict(advantage_stats(output(advantages, mask)))
     active = advantages[mask].astype(np.float64)
     want = {"mean": active.mean(), "std": active.std(), "min": active.min(), "max": active.max()}
     for key in want:
@@ -26,8 +27,8 @@ def test_advantage_stats_match_a_float64_reference_at_any_magnitude(scale):
 
 
 def test_advantage_stats_of_no_active_timestep_and_of_non_finite_advantages():
-    assert advantage_stats(output(np.ones((2, 3), np.float32), np.zeros((2, 3), bool))) == {
-        "mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
+    assert advantage_stats(output(np.ones((2, 3), np.float32), np.zeros((2, 3), bool))) == AdvantageStats(
+        mean=0.0, std=0.0, min=0.0, max=0.0)
     with pytest.raises(ValueError, match="the advantages are not finite"):
         advantage_stats(output(np.array([[1.0, np.inf]], np.float32), np.ones((1, 2), bool)))
 

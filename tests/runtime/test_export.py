@@ -87,7 +87,7 @@ async def test_branches_are_cloned_and_shared_ancestors_score_per_branch():
     assert by_leaf["s-t1"].token_rewards[2:4].tolist() == [1.0, 1.0]
     assert by_leaf["s-b0"].token_rewards[2:4].tolist() == [-1.0, -1.0]
     assert all(i.token_rewards is None for i in store.session("s"))
-    assert result.prm_stats["branch_totals"]["s"] == {"s-t1": {"leaf_aware": 2.0}, "s-b0": {"leaf_aware": -2.0}}
+    assert result.prm_stats.branch_totals["s"] == {"s-t1": {"leaf_aware": 2.0}, "s-b0": {"leaf_aware": -2.0}}
 
 
 async def test_failed_branch_rejects_its_session_and_the_group_but_others_report_stats():
@@ -97,8 +97,8 @@ async def test_failed_branch_rejects_its_session_and_the_group_but_others_report
     result = await export_group(store, ["ok", "bad"], runner=runner_of(LeafAware()))
     assert result.status == "rejected" and result.trajectories == []
     assert set(result.rejected_sessions) == {"bad"} and "judge failed" in result.rejected_sessions["bad"]
-    assert set(result.prm_stats["turn_results"]) == {"ok"}
-    assert result.prm_stats["metrics"].values()["rollout/prm_turn_reward/leaf_aware"] == 1.0
+    assert set(result.prm_stats.turn_results) == {"ok"}
+    assert result.prm_stats.metrics.values()["rollout/prm_turn_reward/leaf_aware"] == 1.0
     assert not store.has_session("ok") and not store.has_session("bad")
 
 
@@ -335,9 +335,9 @@ async def test_keep_original_exports_the_whole_session_unscored_when_a_scorer_fa
     scored_b = next(t.sequence for t in result.trajectories if t.session_key == "b")
     assert scored_b.token_rewards is not None and scored_b.token_rewards.max() == 1.0  # b was scored
     assert list(result.prm_fallbacks) == ["a"] and "judge failed" in result.prm_fallbacks["a"]
-    metrics = result.prm_stats["metrics"].values()
+    metrics = result.prm_stats.metrics.values()
     assert metrics["rollout/prm_fallback"] == 1.0
-    assert "a" not in result.prm_stats["turn_results"] and "b" in result.prm_stats["turn_results"]
+    assert "a" not in result.prm_stats.turn_results and "b" in result.prm_stats.turn_results
     assert not store.has_session("a") and not store.has_session("b")  # cleanup unchanged
 
 

@@ -49,16 +49,17 @@ import msgspec
 import numpy as np
 
 from prm_jax.runtime.trajectory import (
-    MAX_TOKEN_ID,
     STOP_REASONS,
+    TOKEN_ID_RANGE,
+    TURN_FIELDS,
     VECTOR_FIELDS,
     Interaction,
     InteractionCache,
-    anchor_value,
     check_vector_lengths,
     concat_spans,
-    finite_value,
     finite_vector,
+    root_first,
+    stray_token_id,
 )
 from prm_jax.validation import short_repr
 
@@ -101,6 +102,18 @@ class FieldRule(NamedTuple):
     absent: Any = None                    # the turn's value when the field is absent or null
 
 
+class JSONType(NamedTuple):
+    """A turn field's JSON type in this format: the fast path's msgspec type, the field-by-field check of
+    the same type and what to say when it fails; ``value``: the format's own value rule where it is stricter
+    than the turn's (log-probs <= 0)."""
+
+    json_type: Any
+    is_type: Callable[[Any], bool]
+    type_problem: str
+    value: Callable[[Any], Any] | None = None
+    default: Any = None  # the fast path's value when absent (None: the turn's own absent value follows)
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -134,32 +147,34 @@ def _logprobs(values: list[float]) -> np.ndarray:
     return read
 
 
+_NUMBERS = JSONType(list[float] | None, _optional(_numbers), "must hold numbers")
+_LOGPROBS = _NUMBERS._replace(value=_logprobs)
+_NUMBER = JSONType(float | None, _optional(_number), "must hold numbers")
+_MESSAGES = JSONType(list[dict[str, Any]] | None, _optional(_objects), "must be a list of JSON objects")
+# Each turn field's JSON type (the fields, their value rules and their absent values are the turn's own:
+# prm_jax.runtime.trajectory.TURN_FIELDS; a field there without a type here fails at import).
+JSON_TYPES: dict[str, JSONType] = {
+    "parent_id": JSONType(NonEmpty | None, _optional(_nonempty_str), "must be a non-empty string or null"),
+    "output_logprobs": _LOGPROBS, "messages": _MESSAGES, "output_messages": _MESSAGES,
+    "stop_reason": JSONType(Literal["stop", "length"], lambda v: v in STOP_REASONS, f"must be one of {STOP_REASONS}",
+                            default="stop"),
+    "reward": _NUMBER, "token_rewards": _NUMBERS,
+    # (msgspec bounds no int beyond int64: the value rule checks the range)
+    "anchor_id": JSONType(int | None, _optional(lambda v: isinstance(v, int) and not isinstance(v, bool)),
+                          "must be an integer or null"),
+    "step_reward": _NUMBER, "output_prm_logprobs": _LOGPROBS, "output_ref_logprobs": _LOGPROBS,
+}
+_TOKENS_REQUIRED = "token ids are required (a list of integers); message-only interactions cannot be scored"
 INTERACTION_SCHEMA: tuple[FieldRule, ...] = (
     FieldRule("id", NonEmpty, REQUIRED, _nonempty_str, "must be a non-empty string", None),
-    FieldRule("input_tokens", msgspec.Raw, REQUIRED, _token_list,
-              "token ids are required (a list of integers); message-only interactions cannot be scored"),
-    FieldRule("output_tokens", msgspec.Raw, REQUIRED, _token_list,
-              "token ids are required (a list of integers); message-only interactions cannot be scored"),
-    FieldRule("parent_id", NonEmpty | None, None, _optional(_nonempty_str), "must be a non-empty string or null"),
-    FieldRule("output_logprobs", list[float] | None, None, _optional(_numbers), "must hold numbers",
-              _logprobs),
-    FieldRule("messages", list[dict[str, Any]] | None, None, _optional(_objects), "must be a list of JSON objects",
-              tuple, ()),
-    FieldRule("output_messages", list[dict[str, Any]] | None, None, _optional(_objects),
-              "must be a list of JSON objects", tuple, ()),
-    FieldRule("stop_reason", Literal["stop", "length"], "stop", lambda v: v in STOP_REASONS,
-              f"must be one of {STOP_REASONS}", None, "stop"),
-    FieldRule("reward", float | None, None, _optional(_number), "must hold numbers", finite_value),
-    FieldRule("token_rewards", list[float] | None, None, _optional(_numbers), "must hold numbers", finite_vector),
-    # (msgspec bounds no int beyond int64: the value rule checks the range)
-    FieldRule("anchor_id", int | None, None, _optional(lambda v: isinstance(v, int) and not isinstance(v, bool)),
-              "must be an integer or null", anchor_value),
-    FieldRule("step_reward", float | None, None, _optional(_number), "must hold numbers", finite_value),
-    FieldRule("output_prm_logprobs", list[float] | None, None, _optional(_numbers), "must hold numbers", _logprobs),
-    FieldRule("output_ref_logprobs", list[float] | None, None, _optional(_numbers), "must hold numbers", _logprobs),
+    FieldRule("input_tokens", msgspec.Raw, REQUIRED, _token_list, _TOKENS_REQUIRED),
+    FieldRule("output_tokens", msgspec.Raw, REQUIRED, _token_list, _TOKENS_REQUIRED),
+    *(FieldRule(field.name, kind.json_type, kind.default, kind.is_type, kind.type_problem, kind.value or field.rule,
+                field.absent) for field, kind in ((field, JSON_TYPES[field.name]) for field in TURN_FIELDS)),
 )
+if set(JSON_TYPES) != {field.name for field in TURN_FIELDS}:
+    raise RuntimeError(f"JSON_TYPES and TURN_FIELDS disagree: {sorted(set(JSON_TYPES) ^ {f.name for f in TURN_FIELDS})}")
 INTERACTION_KEYS = {rule.name for rule in INTERACTION_SCHEMA}
-SESSION_KEYS = {"session_key", "group", "interactions", "ready"}
 
 
 _VALUE_RULES = tuple((rule.name, rule.value, rule.absent) for rule in INTERACTION_SCHEMA
@@ -219,10 +234,10 @@ def _interaction(item: Any, path: Path, line: int, where: str) -> Interaction:
             raise InputError(path, line, f"{where}.{rule.name}", rule.type_problem + shown)
     tokens = []
     for name in ("input_tokens", "output_tokens"):
-        bad = [t for t in item[name] if not 0 <= t <= MAX_TOKEN_ID]
-        if bad:
-            raise InputError(path, line, f"{where}.{name}", f"token ids must be in [0, {MAX_TOKEN_ID}] (int32), "
-                                                            f"got {bad[0]}")
+        stray = stray_token_id(item[name])
+        if stray is not None:
+            raise InputError(path, line, f"{where}.{name}", f"token ids must be in {TOKEN_ID_RANGE} (int32), "
+                                                            f"got {stray}")
         tokens.append(np.asarray(item[name], np.int64) if item[name] else np.zeros(0, np.int64))
     try:
         return _interaction_from(item["id"], tokens[0], tokens[1], _field_values(item.get, where), where)
@@ -294,10 +309,16 @@ _InteractionIn = msgspec.defstruct("_InteractionIn", _struct_fields(INTERACTION_
 
 
 class _SessionIn(msgspec.Struct, forbid_unknown_fields=True):
+    """A session's keys, declared once: the fast path decodes with it, the field-by-field path allows its
+    fields (``SESSION_KEYS``)."""
+
     session_key: NonEmpty
     interactions: list[_InteractionIn]  # type: ignore[valid-type]
     group: NonEmpty | msgspec.UnsetType = msgspec.UNSET  # absent: the session key; null is refused (as field by field)
     ready: list[str] | msgspec.UnsetType = msgspec.UNSET
+
+
+SESSION_KEYS = set(_SessionIn.__struct_fields__)
 
 
 _DECODER = msgspec.json.Decoder(_SessionIn)
@@ -364,7 +385,7 @@ def _parse_ids(raw: bytes) -> np.ndarray:
     if not body:
         return np.zeros(0, np.int64)
     ids = np.fromstring(body, dtype=np.int64, sep=",")
-    if ids.size != _count(body) or ids.max() > MAX_TOKEN_ID:
+    if ids.size != _count(body) or stray_token_id(ids) is not None:
         raise ValueError("token ids")
     return ids
 
@@ -397,17 +418,7 @@ def _branch_tokens(items: dict[str, Any], leaves: list[str]) -> dict[str, tuple[
 def _chain(items: dict[str, Any], leaf: str) -> list[Any]:
     """Root-first turns of the branch ending at ``leaf`` (``ValueError`` on a cycle or a missing parent:
     the checked path words the error)."""
-    chain, node, seen = [], items[leaf], set()
-    while True:
-        if node.id in seen:
-            raise ValueError("cycle")
-        seen.add(node.id)
-        chain.append(node)
-        if node.parent_id is None:
-            return chain[::-1]
-        if node.parent_id not in items:
-            raise ValueError("missing parent")
-        node = items[node.parent_id]
+    return [items[i] for i in root_first(leaf, lambda iid: items[iid].parent_id)]
 
 
 def _ancestor_span(turn: Any, leaf_raw: bytes) -> tuple[int, int]:

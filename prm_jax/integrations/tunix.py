@@ -43,7 +43,7 @@ from prm_jax.kernels.normalization import NormConfig
 from prm_jax.kernels.shaping import ShapingConfig
 from prm_jax.runtime.arrays import ScoredArrays
 from prm_jax.runtime.blocking import BlockingRunner
-from prm_jax.runtime.trajectory import MAX_TOKEN_ID
+from prm_jax.runtime.trajectory import TOKEN_ID_RANGE, stray_token_id
 from prm_jax.validation import integer_dtype
 
 TESTED_TUNIX = "0.1.7"  # keep equal to the pin of the `tunix` extra in pyproject.toml
@@ -133,10 +133,10 @@ def rollout_from_tunix(prompt_ids: Any, prompt_mask: Any, completion_ids: Any, c
         raise ValueError(f"prompt_ids has {prompts.shape[0]} rows and completion_ids {completions.shape[0]}")
     for name, ids in (("prompt_ids", prompts), ("completion_ids", completions)):
         integer_dtype(name, ids.dtype)
-        if ids.size and (ids.min() < 0 or ids.max() > MAX_TOKEN_ID):  # (int32 in the batch: never wrapped)
-            bad = ids.min() if ids.min() < 0 else ids.max()
+        bad = stray_token_id(ids)  # (int32 in the batch: never wrapped)
+        if bad is not None:
             row = int(np.argwhere(ids == bad)[0][0])
-            raise ValueError(f"{name} must hold token ids in [0, {MAX_TOKEN_ID}]; row {row} holds {int(bad)}")
+            raise ValueError(f"{name} must hold token ids in {TOKEN_ID_RANGE}; row {row} holds {bad}")
     width_p = prompts.shape[1]
     width_c = completions.shape[1]
     # Left padding: a prompt starts at its first real token and runs to the last column (a pad id inside a

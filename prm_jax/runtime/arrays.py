@@ -20,7 +20,7 @@ from prm_jax._compat import BaseExceptionGroup, ExceptionGroup, add_note
 from prm_jax.kernels.shaping import warn_gvpo_without_penalty
 from prm_jax.runtime.model_scorer import weighted_rows
 from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner, RunnerClosedError
-from prm_jax.runtime.trajectory import MAX_TOKEN_ID, Interaction, turn_spans
+from prm_jax.runtime.trajectory import TOKEN_ID_RANGE, Interaction, stray_token_id, turn_spans
 from prm_jax.validation import integer_dtype
 
 
@@ -54,9 +54,9 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
         raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
     _same_shape("turn_ids", _integers("turn_ids", turn_ids), tokens.shape)
     ids = scored_turn_ids(turn_ids, attention_mask)
-    if tokens.size and (tokens.min() < 0 or tokens.max() > MAX_TOKEN_ID):
-        raise ValueError(f"input_ids must hold token ids in [0, {MAX_TOKEN_ID}], got "
-                         f"{int(tokens.min()) if tokens.min() < 0 else int(tokens.max())}")
+    stray = stray_token_id(tokens)
+    if stray is not None:
+        raise ValueError(f"input_ids must hold token ids in {TOKEN_ID_RANGE}, got {stray}")
     rows = tokens.shape[0]
     real: np.ndarray = np.ones(rows, bool)
     if attention_mask is not None:

@@ -29,17 +29,21 @@ from prm_jax.validation import FLOAT32_MAX, short_repr
 
 STOP_REASONS = ("stop", "length")
 MAX_TOKEN_ID = 2**31 - 1  # batches hold token ids as int32
+TOKEN_ID_RANGE = f"[0, {MAX_TOKEN_ID}]"
 
 
-VECTOR_FIELDS = ("output_logprobs", "token_rewards", "output_prm_logprobs", "output_ref_logprobs")
-
-
-def check_vector_lengths(interaction_id: str, output_len: int | None, *vectors: np.ndarray | None) -> None:
-    """Every per-token vector (``VECTOR_FIELDS``, in that order) has one entry per output token."""
-    for name, vector in zip(VECTOR_FIELDS, vectors):
-        if vector is not None and (output_len is None or vector.shape != (output_len,)):
-            raise ValueError(f"interaction {interaction_id!r}: {name} must have shape ({output_len or 0},), got "
-                             f"{vector.shape}")
+def stray_token_id(ids: Sequence[int] | np.ndarray) -> int | None:
+    """The one token-id rule (ids in ``TOKEN_ID_RANGE``: batches hold them as int32): ``None`` when every id
+    of ``ids`` keeps it, else the offending id (the lowest when one is negative, else the highest)."""
+    if isinstance(ids, np.ndarray):
+        if not ids.size:
+            return None
+        low, high = int(ids.min()), int(ids.max())
+    else:
+        if not len(ids):
+            return None
+        low, high = min(ids), max(ids)
+    return low if low < 0 else high if high > MAX_TOKEN_ID else None
 
 
 def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
@@ -50,9 +54,10 @@ def _tokens(name: str, value: Any, interaction_id: str) -> np.ndarray | None:
         raise ValueError(f"interaction {interaction_id!r}: {name} must be a 1-D sequence of token ids, got "
                          f"dtype {array.dtype} shape {array.shape}")
     array = array.astype(np.int64, copy=False)  # keeps views (shared branch buffers) as they are
-    if array.size and (array.min() < 0 or array.max() > MAX_TOKEN_ID):
-        raise ValueError(f"interaction {interaction_id!r}: {name} must hold token ids in [0, {MAX_TOKEN_ID}] "
-                         f"(int32), got {int(array.min()) if array.min() < 0 else int(array.max())}")
+    stray = stray_token_id(array)
+    if stray is not None:
+        raise ValueError(f"interaction {interaction_id!r}: {name} must hold token ids in {TOKEN_ID_RANGE} "
+                         f"(int32), got {stray}")
     return array
 
 
@@ -96,6 +101,75 @@ def anchor_value(value: Any) -> int:
         raise ValueError("must be a 64-bit integer (signed or unsigned, in [-2**63, 2**64 - 1]; -1: none) "
                          f"or None, got {short_repr(value)}")
     return int(value)
+
+
+def _parent_id(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("must be a non-empty string or None")
+    return value
+
+
+def _stop_reason(value: Any) -> str:
+    if value not in STOP_REASONS:
+        raise ValueError(f"must be one of {STOP_REASONS}, got {short_repr(value)}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnField:
+    """One optional field of a turn, declared once: its value rule (raises ``ValueError``; the value as
+    stored) and its value when absent. ``Interaction`` runs the rules on construction; the JSONL readers
+    (``prm_jax.app.sessions``) run the same rules on the decoded values, adding only the format's types.
+    ``vector``: a per-token field, one entry per output token."""
+
+    name: str
+    rule: Any          # Callable[[Any], Any] | None: None keeps the value as given
+    absent: Any = None
+    vector: bool = False
+
+
+# Every optional field of a turn (the token lists and the id are the turn's identity, checked apart).
+TURN_FIELDS: tuple[TurnField, ...] = (
+    TurnField("parent_id", _parent_id),
+    TurnField("output_logprobs", finite_vector, vector=True),
+    TurnField("messages", tuple, ()),
+    TurnField("output_messages", tuple, ()),
+    TurnField("stop_reason", _stop_reason, "stop"),
+    TurnField("reward", finite_value),
+    TurnField("token_rewards", finite_vector, vector=True),
+    TurnField("anchor_id", anchor_value),
+    TurnField("step_reward", finite_value),
+    TurnField("output_prm_logprobs", finite_vector, vector=True),
+    TurnField("output_ref_logprobs", finite_vector, vector=True),
+)
+VECTOR_FIELDS: tuple[str, ...] = tuple(field.name for field in TURN_FIELDS if field.vector)
+
+
+def check_vector_lengths(interaction_id: str, output_len: int | None, *vectors: np.ndarray | None) -> None:
+    """Every per-token vector (``VECTOR_FIELDS``, in that order) has one entry per output token."""
+    for name, vector in zip(VECTOR_FIELDS, vectors):
+        if vector is not None and (output_len is None or vector.shape != (output_len,)):
+            raise ValueError(f"interaction {interaction_id!r}: {name} must have shape ({output_len or 0},), got "
+                             f"{vector.shape}")
+
+
+def root_first(leaf_id: str, parent_of: Any) -> list[str]:
+    """The ids of the chain ending at ``leaf_id``, root first, walking ``parent_of(id)`` (``None`` at a root;
+    ``KeyError`` for an id not in the session): the one chain walk. ``ValueError`` on a parent cycle or a
+    missing parent."""
+    chain, seen, node = [], set(), leaf_id
+    while True:
+        if node in seen:
+            raise ValueError(f"interaction {node!r} is on a parent cycle")
+        seen.add(node)
+        chain.append(node)
+        try:
+            parent = parent_of(node)
+        except KeyError:
+            raise ValueError(f"interaction {chain[-2]!r} has parent {node!r}, which is not in the session") from None
+        if parent is None:
+            return chain[::-1]
+        node = parent
 
 
 _IMMUTABLE = (str, bytes, int, float, bool, complex, type(None))
@@ -175,28 +249,21 @@ class Interaction:
         if not isinstance(self.interaction_id, str) or not self.interaction_id:
             raise ValueError(f"interaction_id must be a non-empty string, got {self.interaction_id!r}")
         iid = self.interaction_id
-        if self.parent_id is not None and (not isinstance(self.parent_id, str) or not self.parent_id):
-            raise ValueError(f"interaction {iid!r}: parent_id must be a non-empty string or None")
+        for field in TURN_FIELDS:  # the table's rules, as the JSONL readers run them
+            value = getattr(self, field.name)
+            if value is not None and field.rule is not None:
+                try:
+                    setattr(self, field.name, field.rule(value))
+                except (ValueError, TypeError) as err:
+                    raise ValueError(f"interaction {iid!r}: {field.name} {err}") from None
         if self.parent_id == iid:
             raise ValueError(f"interaction {iid!r} is its own parent")
         self.input_tokens = _tokens("input_tokens", self.input_tokens, iid)
         self.output_tokens = _tokens("output_tokens", self.output_tokens, iid)
         if (self.input_tokens is None) != (self.output_tokens is None):
             raise ValueError(f"interaction {iid!r}: input_tokens and output_tokens must both be given or both be None")
-        if self.stop_reason not in STOP_REASONS:
-            raise ValueError(f"interaction {iid!r}: stop_reason must be one of {STOP_REASONS}, got {self.stop_reason!r}")
-        for name, rule in (("reward", finite_value), ("step_reward", finite_value), ("anchor_id", anchor_value),
-                           ("output_logprobs", finite_vector), ("token_rewards", finite_vector),
-                           ("output_prm_logprobs", finite_vector), ("output_ref_logprobs", finite_vector)):
-            if getattr(self, name) is not None:
-                try:
-                    setattr(self, name, rule(getattr(self, name)))
-                except (ValueError, TypeError) as err:
-                    raise ValueError(f"interaction {iid!r}: {name} {err}") from None
         check_vector_lengths(iid, self.output_len if self.output_tokens is not None else None,
                              *(getattr(self, name) for name in VECTOR_FIELDS))
-        self.messages = tuple(self.messages)
-        self.output_messages = tuple(self.output_messages)
 
     @classmethod
     def prevalidated(cls, interaction_id: str, input_tokens: np.ndarray, output_tokens: np.ndarray,
@@ -462,20 +529,9 @@ class InteractionCache:
 
     def chain(self, leaf_id: str) -> list[Interaction]:
         """Root-to-leaf interactions ending at ``leaf_id``; a cycle or a missing parent is a ``ValueError``."""
-        chain, seen = [], set()
-        node = self.get(leaf_id)
-        while True:
-            if node.interaction_id in seen:
-                raise ValueError(f"interaction {node.interaction_id!r} is on a parent cycle")
-            seen.add(node.interaction_id)
-            chain.append(node)
-            if node.parent_id is None:
-                break
-            if node.parent_id not in self._items:
-                raise ValueError(f"interaction {node.interaction_id!r} has parent {node.parent_id!r}, which is "
-                                 "not in the cache")
-            node = self._items[node.parent_id]
-        return chain[::-1]
+        self.get(leaf_id)  # KeyError for an unknown leaf
+        items = self._items
+        return [items[i] for i in root_first(leaf_id, lambda iid: items[iid].parent_id)]
 
     def leaves(self) -> list[str]:
         parents = {i.parent_id for i in self._items.values() if i.parent_id is not None}

@@ -66,7 +66,7 @@ def test_cycles_and_missing_parents():
     with pytest.raises(ValueError, match="cycle"):
         cache.chain("a")
     orphan = InteractionCache([Interaction("a", [1], [2], parent_id="ghost")])
-    with pytest.raises(ValueError, match="not in the cache"):
+    with pytest.raises(ValueError, match="not in the session"):
         orphan.branches()
     with pytest.raises(ValueError, match="already"):
         InteractionCache([Interaction("a", [1], [2]), Interaction("a", [1], [2])])

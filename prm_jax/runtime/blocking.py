@@ -27,7 +27,7 @@ import numpy as np
 from anyio.from_thread import BlockingPortal
 
 from prm_jax.runtime.arrays import ScoredArrays, score_arrays
-from prm_jax.runtime.runner import PRMRunner, RunnerClosedError
+from prm_jax.runtime.runner import PRMRunner, RunnerClosedError, RunnerState
 from prm_jax.runtime.scoring import BaseScorer
 from prm_jax.runtime.trajectory import Interaction, InteractionCache
 
@@ -75,7 +75,7 @@ class BlockingRunner:
     def __init__(self, config: Any = None, *, scorers: Sequence[BaseScorer] = (), backend: str = "asyncio",
                  own_scorers: bool = False):
         self._portal, self._thread, self._done = _start_portal(backend)
-        self._closed = False
+        self._state = RunnerState.OPEN
         self._handed_over = list(scorers) if own_scorers else []
         try:
             self.runner: PRMRunner = self._portal.call(functools.partial(PRMRunner.create, config, scorers=scorers))
@@ -104,17 +104,23 @@ class BlockingRunner:
         """``await scorer.aclose()`` on this runner's loop (where its client lives), blocking."""
         self._call(scorer.aclose)
 
+    @property
+    def state(self) -> RunnerState:
+        """``OPEN``, ``CLOSING`` (``close()`` is running) or ``CLOSED`` (its loop's thread stopped), as a
+        ``PRMRunner``'s."""
+        return self._state
+
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        if self._closed:
+        if self._state is not RunnerState.OPEN:
             raise RunnerClosedError("BlockingRunner is closed: calls are rejected once close() has started")
         return self._portal.call(functools.partial(fn, *args, **kwargs))
 
     def close(self, timeout: float | None = None) -> None:
         """Closes the runner (its owned scorers) on its loop, then stops the loop's thread. Idempotent.
         ``timeout`` bounds the scorers' cleanup (the thread is stopped either way)."""
-        if self._closed:
+        if self._state is not RunnerState.OPEN:
             return
-        self._closed = True
+        self._state = RunnerState.CLOSING
         _OPEN.discard(self)
         try:
             self._portal.start_task_soon(self._aclose_all).result(timeout)
@@ -139,7 +145,7 @@ class BlockingRunner:
             raise errors[0]
 
     def _stop(self) -> None:
-        self._closed = True
+        self._state = RunnerState.CLOSED
         try:
             self._portal.call(self._portal.stop, True)
         except RuntimeError:  # the loop has already stopped

@@ -8,7 +8,9 @@ schemas) before any is committed; committing adds ``weight * raw`` to each turn'
 Lifecycle: scorers built from config are *owned* (disabled ones too) and closed by ``aclose`` in reverse
 creation order, each at most once; instances passed in are *borrowed* and never closed here.
 ``await PRMRunner.create(config)`` rolls back (closes the owned scorers built so far) when start-up fails;
-the synchronous ``PRMRunner(config)`` is kept for compatibility without that rollback.
+the synchronous ``PRMRunner(config)`` is kept for compatibility without that rollback (SPEC 3, AReaL's v1
+start-up; with borrowed scorers only there is nothing to roll back). The lifecycle is ``RunnerState``:
+``OPEN``, ``CLOSING``, ``INTERRUPTED`` (a cancelled close; the next one resumes), ``CLOSED``.
 """
 
 from __future__ import annotations
@@ -98,12 +100,15 @@ async def _once(shared: dict[tuple[str, str, int], _SharedCall], key: tuple[str,
 
 
 class RunnerState(enum.Enum):
-    """A runner's lifecycle: ``OPEN`` (runs accepted), ``CLOSING`` (``aclose`` started: runs rejected, runs in
-    flight cancelled, owned scorers being closed; a cancelled ``aclose`` stays here and a later one resumes),
-    ``CLOSED`` (every owned scorer was tried)."""
+    """A runner's lifecycle (``PRMRunner`` and ``BlockingRunner`` alike): ``OPEN`` (runs accepted),
+    ``CLOSING`` (a close started: runs rejected, runs in flight cancelled, owned scorers being closed),
+    ``INTERRUPTED`` (a cancelled close left owned scorers never tried: runs stay rejected, and the next close
+    resumes with them), ``CLOSED`` (every owned scorer was tried). Entering a runner that is not ``OPEN`` is
+    refused."""
 
     OPEN = "open"
     CLOSING = "closing"
+    INTERRUPTED = "interrupted"
     CLOSED = "closed"
 
 
@@ -192,7 +197,7 @@ class PRMRunner:
         # Each owned scorer's aclose is pushed as it is built: start-up rollback and aclose() both unwind it.
         self._owned_stack = contextlib.AsyncExitStack()
         self._close_errors: list[tuple[BaseScorer, Exception]] = []
-        self._interrupted: list[BaseScorer] | None = None
+        self._untried: list[BaseScorer] = []  # INTERRUPTED: the owned scorers the cancelled close never tried
         self._schemas: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {}
         self._state = RunnerState.OPEN
         self._close_event: anyio.Event | None = None
@@ -241,14 +246,15 @@ class PRMRunner:
         return out
 
     async def _close_one(self, scorer: BaseScorer) -> None:
-        """One owned scorer's cleanup; after a cancellation the rest are kept for a later ``aclose``."""
-        if self._interrupted is not None:
-            self._interrupted.append(scorer)
+        """One owned scorer's cleanup; after a cancellation (``INTERRUPTED``) the rest are kept for a later
+        ``aclose``."""
+        if self._state is RunnerState.INTERRUPTED:
+            self._untried.append(scorer)
             return
         try:
             await scorer.aclose()
         except anyio.get_cancelled_exc_class():
-            self._interrupted = []
+            self._state = RunnerState.INTERRUPTED
             raise
         except Exception as err:
             logger.exception("aclose() of scorer %r failed", scorer.name)
@@ -587,7 +593,7 @@ class PRMRunner:
         every owned scorer was tried; concurrent callers wait for that cleanup and return. Cancellation
         propagates; the interrupted hook is not retried, and a later call closes the scorers never tried.
         """
-        if self._state is RunnerState.OPEN:
+        if self._state in (RunnerState.OPEN, RunnerState.INTERRUPTED):
             self._state = RunnerState.CLOSING
         # Runs in flight are cancelled, and waited for, before any scorer is closed; they commit nothing.
         while self._in_flight:
@@ -599,23 +605,26 @@ class PRMRunner:
             if self._close_event is not None:
                 await self._close_event.wait()
                 continue
+            if self._state is RunnerState.INTERRUPTED:  # a concurrent close was cancelled: resume it
+                self._state = RunnerState.CLOSING
             event = self._close_event = anyio.Event()
             errors = self._close_errors = []
             try:
                 await self._owned_stack.aclose()
             finally:
-                self._resume_after_interruption()
+                self._after_close()
                 self._close_event = None
                 event.set()
             if errors:
                 raise ExceptionGroup(f"{len(errors)} scorer cleanup hook(s) failed", [e for _, e in errors])
 
-    def _resume_after_interruption(self) -> None:
-        """Closed, unless a cancellation left scorers never tried: a new stack holds them, in order."""
-        if self._interrupted is None:
+    def _after_close(self) -> None:
+        """``CLOSED``, unless a cancellation left scorers never tried (``INTERRUPTED``): a new stack holds them,
+        in order, for the next ``aclose``."""
+        if self._state is not RunnerState.INTERRUPTED:
             self._state = RunnerState.CLOSED
             return
+        untried, self._untried = self._untried, []
         self._owned_stack = contextlib.AsyncExitStack()
-        for scorer in reversed(self._interrupted):
+        for scorer in reversed(untried):
             self._owned_stack.push_async_callback(self._close_one, scorer)
-        self._interrupted = None

@@ -7,7 +7,7 @@ import scorers_for_tests as st
 from scorers_for_tests import chain, committed
 
 from prm_jax import BlockingRunner
-from prm_jax.runtime.runner import RunnerClosedError
+from prm_jax.runtime.runner import RunnerClosedError, RunnerState
 
 
 def test_synchronous_calls_score_on_the_runners_own_loop_thread():
@@ -22,7 +22,9 @@ def test_synchronous_calls_score_on_the_runners_own_loop_thread():
 
 def test_a_closed_blocking_runner_refuses_every_call_and_closes_once():
     runner = BlockingRunner(scorers=[st.ConstantScorer()])
+    assert runner.state is RunnerState.OPEN
     runner.close()
+    assert runner.state is RunnerState.CLOSED  # the same states as PRMRunner's (issue 31.8)
     runner.close()  # idempotent
     assert not runner._thread.is_alive()
     for call in (lambda: runner.run(chain(1)), lambda: runner.run_many([chain(1)]),

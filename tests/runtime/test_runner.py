@@ -18,7 +18,7 @@ from prm_jax import (
 )
 from prm_jax._compat import ExceptionGroup
 from prm_jax.config import PRMConfig, ScorerSpec
-from prm_jax.runtime.runner import RunnerState
+from prm_jax.runtime.runner import RunnerClosedError, RunnerState
 
 pytestmark = pytest.mark.anyio
 
@@ -316,7 +316,9 @@ async def test_run_is_rejected_once_closing_starts():
         with pytest.raises(RuntimeError, match="closed"):
             await runner.run(branch(1))
         tg.cancel_scope.cancel()
-    assert runner.state is RunnerState.CLOSING  # the cancelled aclose left the hanging scorer to a later one
+    assert runner.state is RunnerState.INTERRUPTED  # the cancelled aclose left the hanging scorer to a later one
+    with pytest.raises(RunnerClosedError):
+        await runner.run(branch(1))
 
 
 async def test_cancellation_propagates_and_interrupted_hook_is_not_retried():
@@ -324,9 +326,12 @@ async def test_cancellation_propagates_and_interrupted_hook_is_not_retried():
     with anyio.move_on_after(0.05) as scope:
         await runner.aclose()
     assert scope.cancelled_caught
-    assert st.EVENTS == ["close:b"]
+    assert st.EVENTS == ["close:b"] and runner.state is RunnerState.INTERRUPTED
+    with pytest.raises(RunnerClosedError, match="interrupted"):  # (issue 31.8: a state, not a field beside it)
+        async with runner:
+            pass
     await runner.aclose()  # resumes with the scorers never tried; b is not retried
-    assert st.EVENTS == ["close:b", "close:a"]
+    assert st.EVENTS == ["close:b", "close:a"] and runner.state is RunnerState.CLOSED
 
 
 async def test_create_rolls_back_owned_scorers_with_notes():

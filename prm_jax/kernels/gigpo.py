@@ -47,7 +47,7 @@ from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels.estimator import Estimate, EstimatorSpec, SummaryHook, on_turn_timesteps
-from prm_jax.kernels.normalization import NormConfig, group_layout, group_sizes_check, weighted_moments
+from prm_jax.kernels.normalization import NormConfig, group_layout, group_sizes_check, weighted_moments, z_score
 from prm_jax.kernels.turns import TurnSteps, turn_segments, turn_sums
 from prm_jax.native import ffi
 from prm_jax.validation import ConfigError, finite_number, one_of, short_repr
@@ -220,11 +220,9 @@ def _step_stats(values: jax.Array, free: jax.Array, segment: jax.Array, config: 
     """``[N]`` step advantages and step-group sizes (0 for an entry without an anchor) from segment ids."""
     count, mean, std = weighted_moments(values, (~free).astype(values.dtype), segment, values.shape[0],
                                     indices_are_sorted=sorted_segments)
-    step = values - mean
-    if config.norm == "mean_std_norm":
-        step = step / (std + config.eps)
     sizes = jnp.where(free, 0.0, count)
-    return jnp.where(sizes > 1, step, 0.0), sizes
+    step = z_score(values, mean, std, config.eps, sizes <= 1, alone_rule="zero", scale=config.norm == "mean_std_norm")
+    return step, sizes
 
 
 def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.Array | None,
@@ -241,11 +239,8 @@ def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.
     count, mean, std = weighted_moments(outcome, weights, row_group, num_groups)
     # A group of one entry (one trajectory; under step statistics one step, as verl-agent counts) has mean 0
     # and std 1: the entry is its own outcome advantage.
-    single = count <= 1
-    mean, std = jnp.where(single, 0.0, mean), jnp.where(single, 1.0, std)
-    episode = outcome - mean
-    if config.norm == "mean_std_norm":
-        episode = episode / (std + config.eps)
+    episode = z_score(outcome, mean, std, config.eps, count <= 1, alone_rule="itself",
+                      scale=config.norm == "mean_std_norm")
     returns = _step_returns(turn_rewards, turn_active, config.step_discount)
     anchors = jnp.zeros((rows, turns), jnp.int32) if anchor_ids is None else anchor_ids
     anchored = turn_active & (anchors != -1)

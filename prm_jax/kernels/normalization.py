@@ -161,6 +161,48 @@ def segment_totals(x: jax.Array, segment: jax.Array, num_segments: int, indices_
     return jax.ops.segment_sum(x, segment, num_segments=num_segments, indices_are_sorted=indices_are_sorted)[segment]
 
 
+class Moments(NamedTuple):
+    """Masked moments, broadcast back to the entries: ``n`` the count of present entries, their mean, each
+    entry's deviation from it (0 where not present) and the variance ``sum(centred**2) / max(n - ddof, 1)``."""
+
+    n: jax.Array
+    mean: jax.Array
+    centred: jax.Array
+    var: jax.Array
+
+
+def segment_moments(x: jax.Array, present: jax.Array, segment: jax.Array | None = None, num_segments: int = 1, *,
+                    ddof: int) -> Moments:
+    """The one masked mean and variance: over every present entry of ``x`` (``segment`` None: scalars), or
+    per segment of the first axis (``segment [N]`` ids in ``[0, num_segments)``: each entry gets its
+    segment's). ``ddof`` 1 is the unbiased variance (verl's whitening, TRL's GDPO), 0 the population one."""
+    zero = jnp.zeros((), x.dtype)
+    if segment is None:
+        def total(v: jax.Array) -> jax.Array:
+            return jnp.sum(v)
+        count = jnp.sum(present, dtype=jnp.int32).astype(x.dtype)
+    else:
+        def total(v: jax.Array) -> jax.Array:
+            return segment_totals(v, segment, num_segments)
+        count = total(present.astype(x.dtype))
+    mean = total(jnp.where(present, x, zero)) / jnp.maximum(count, 1)
+    centred = jnp.where(present, x - mean, zero)
+    return Moments(count, mean, centred, total(centred * centred) / jnp.maximum(count - ddof, 1))
+
+
+def z_score(x: jax.Array, mean: jax.Array, std: jax.Array, eps: float, alone: jax.Array, *,
+            alone_rule: Literal["zero", "itself"], scale: bool = True) -> jax.Array:
+    """``(x - mean) / (std + eps)`` (``scale=False``: ``x - mean``), with the rule for an entry alone in its
+    group said explicitly: ``"zero"`` gives it 0 (GiGPO's step groups, GDPO's groups of one); ``"itself"``
+    scores it against mean 0 and std 1, i.e. ``x / (1 + eps)`` (GiGPO's episode groups of one, verl-agent's
+    rule)."""
+    scored = (x - mean) / (std + eps) if scale else x - mean
+    if alone_rule == "zero":
+        return jnp.where(alone, jnp.zeros((), x.dtype), scored)
+    mine = (x - jnp.zeros((), x.dtype)) / (jnp.ones((), x.dtype) + eps) if scale else x - jnp.zeros((), x.dtype)
+    return jnp.where(alone, mine, scored)
+
+
 def weighted_moments(values: jax.Array, weights: jax.Array, segment: jax.Array, num_segments: int,
                      indices_are_sorted: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per-segment weighted count, mean and unbiased std (two passes; std 1 for a count <= 1), broadcast back
@@ -200,12 +242,8 @@ def whiten(x: jax.Array, active: jax.Array, eps: float = 1e-8) -> jax.Array:
     """verl's ``masked_whiten`` over the active entries of the whole batch: ``(x - mu) / sqrt(var + eps)``
     with the mean and the unbiased variance taken over active entries (one entry: variance 0); inactive
     entries come out as 0 (verl leaves them unmasked)."""
-    zero = jnp.zeros((), x.dtype)
-    count = jnp.sum(active, dtype=jnp.int32).astype(x.dtype)
-    mean = jnp.sum(jnp.where(active, x, zero)) / jnp.maximum(count, 1)
-    centred = jnp.where(active, x - mean, zero)
-    var = jnp.sum(centred * centred) / jnp.maximum(count - 1, 1)
-    return jnp.where(active, centred / jnp.sqrt(var + eps), zero)
+    moments = segment_moments(x, active, ddof=1)
+    return jnp.where(active, moments.centred / jnp.sqrt(moments.var + eps), jnp.zeros((), x.dtype))
 
 
 def decoupled_normalization_core(rewards: jax.Array, weights: jax.Array, real: jax.Array, row_group: jax.Array,
@@ -215,25 +253,18 @@ def decoupled_normalization_core(rewards: jax.Array, weights: jax.Array, real: j
     missing."""
     zero = jnp.zeros((), rewards.dtype)
     present = real[:, None] & ~jnp.isnan(rewards)
-    kept = jnp.where(present, rewards, zero)
-
-    count = segment_totals(present.astype(rewards.dtype), row_group, num_groups)  # [B, K], per row's group
-    mean = segment_totals(kept, row_group, num_groups) / jnp.maximum(count, 1)
-    centred = jnp.where(present, rewards - mean, zero)
-    std = jnp.sqrt(segment_totals(centred * centred, row_group, num_groups) / jnp.maximum(count - 1, 1))
+    per_source = segment_moments(rewards, present, row_group, num_groups, ddof=1)  # [B, K], per row's group
     rows = segment_totals(real.astype(rewards.dtype), row_group, num_groups)[:, None]
     # A group of one row has std 0 (TRL: G = 1); fewer than two present values in a larger group leave the
     # entry out (nanstd is NaN there).
-    used = present & ((rows <= 1) | (count >= 2))
-    scaled = jnp.where(rows <= 1, zero, centred / (std + eps))
+    used = present & ((rows <= 1) | (per_source.n >= 2))
+    scaled = z_score(per_source.centred, zero, jnp.sqrt(per_source.var), eps, jnp.broadcast_to(rows <= 1, used.shape),
+                     alone_rule="zero")
     summed = jnp.sum(jnp.where(used, scaled * weights[None, :], zero), axis=1)
     missing = real & ~jnp.any(present, axis=1)
     counted = real & ~missing
-    n = jnp.sum(counted, dtype=jnp.int32).astype(rewards.dtype)
-    mean_p = jnp.sum(jnp.where(counted, summed, zero)) / jnp.maximum(n, 1)
-    centred_p = jnp.where(counted, summed - mean_p, zero)
-    std_p = jnp.sqrt(jnp.sum(centred_p * centred_p) / jnp.maximum(n - 1, 1))
-    return jnp.where(counted, centred_p / (std_p + eps), zero), missing
+    total = segment_moments(summed, counted, ddof=1)
+    return jnp.where(counted, total.centred / (jnp.sqrt(total.var) + eps), zero), missing
 
 
 def _level_sums(per_row: jax.Array, level: str, groups: GroupLayout | None) -> jax.Array:

@@ -23,11 +23,11 @@ import numpy as np
 
 import prm_jax
 from prm_jax.config import AdvantageConfig
-from prm_jax.kernels.normalization import decoupled_normalization_core
-from prm_jax.kernels.prime import implicit_rewards_core
-from prm_jax.kernels.pure import min_form_core
+from prm_jax.kernels.normalization import _decoupled_normalization_core
+from prm_jax.kernels.prime import _implicit_rewards_core
+from prm_jax.kernels.pure import _min_form_core
 from prm_jax.kernels.recurrence import resolve_method
-from prm_jax.kernels.tree import tree_advantages_core, tree_discount_core
+from prm_jax.kernels.tree import _tree_advantages_core, _tree_discount_core
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import reference  # the float64 loops of the tests
@@ -92,18 +92,18 @@ def main() -> None:
           f"trees: {size} nodes, {rows} leaves, depth {args.turns}")
 
     used = jnp.ones(size, bool)
-    discount = jax.jit(lambda p, r: tree_discount_core(p, r, used, jnp.float32(0.9)))
-    tree = jax.jit(lambda p, r, g: tree_advantages_core(p, r, used, used, g, size, "sqrt", "state_value").values)
+    discount = jax.jit(lambda p, r: _tree_discount_core(p, r, used, jnp.float32(0.9)))
+    tree = jax.jit(lambda p, r, g: _tree_advantages_core(p, r, used, used, g, size, "sqrt", "state_value").values)
     steps = jnp.asarray(np.ones((rows, args.turns), bool))
     scores = jnp.asarray(rng.uniform(-1, 1, (rows, args.turns)).astype(np.float32))
-    min_form = jax.jit(lambda s: min_form_core(s, steps, 0.1))
+    min_form = jax.jit(lambda s: _min_form_core(s, steps, 0.1))
     active = jnp.asarray(reference.shift(batch["loss_mask"] > 0, fill=False))
     method = resolve_method("auto", unit_discount=False)
-    implicit = jax.jit(lambda a, b, m: implicit_rewards_core(a, b, m, 0.05, 0.9, None, method))
+    implicit = jax.jit(lambda a, b, m: _implicit_rewards_core(a, b, m, 0.05, 0.9, None, method))
     floor = jax.jit(lambda s: s + 0)
     sources = np.concatenate([batch["rewards"][:, None], batch["reward_sources"]], axis=1)
     row_group = jnp.asarray(np.arange(rows) // args.group, jnp.int32)
-    decoupled = jax.jit(lambda r: decoupled_normalization_core(r, jnp.ones(3), jnp.ones(rows, bool), row_group,
+    decoupled = jax.jit(lambda r: _decoupled_normalization_core(r, jnp.ones(3), jnp.ones(rows, bool), row_group,
                                                                rows // args.group, 1e-4)[0])
     p, r, g = jax.device_put((parents, node_reward, node_group))
     prm, ref = jax.device_put((batch["prm_logprobs"], batch["ref_logprobs"]))

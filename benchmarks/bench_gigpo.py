@@ -55,7 +55,7 @@ def main() -> None:
     mask = np.ones((args.rows, args.turns), bool)
     kernel_inputs = jax.device_put((batch["turn_rewards"], mask, batch["rewards"]))
     anchors, sizes = jax.device_put((batch["anchor_ids"], batch["group_sizes"]))
-    kernel = median_seconds(lambda: prm_jax.kernels.gigpo(*kernel_inputs, anchor_ids=anchors, group_sizes=sizes).advantages,
+    kernel = median_seconds(lambda: prm_jax.credit.gigpo(*kernel_inputs, anchor_ids=anchors, group_sizes=sizes).advantages,
                     args.repeats)
     loop = median_seconds(lambda: reference.gigpo(batch["turn_rewards"], mask, batch["rewards"], batch["anchor_ids"],
                                                   batch["group_sizes"].tolist()), args.loop_repeats)

@@ -49,8 +49,8 @@ import scorer_workloads as work  # noqa: E402
 from stub_servers import answer_seven, engine_time, server_process, step_by_last_token  # noqa: E402
 
 from prm_jax import BaseScorer, BatchScorer, BatchTrajectoryScorer, Interaction, InteractionCache, PRMRunner  # noqa: E402
-from prm_jax.runtime import ModelScorer, score_arrays  # noqa: E402
-from prm_jax.scorers import OpenAIJudgeScorer, PoolingPRMScorer  # noqa: E402
+from prm_jax.runtime import score_arrays  # noqa: E402
+from prm_jax.scorers import ModelScorer, OpenAIJudgeScorer, PoolingPRMScorer  # noqa: E402
 
 TURNS = 4
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

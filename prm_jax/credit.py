@@ -7,16 +7,16 @@ from configuration, so ``compute_advantages`` and ``prm-jax score`` run it:
   {mode: min_form}``), and the PURE recipe (``credit_assignment: {mode: pure}``);
 - ``implicit_process_rewards``: PRIME's implicit process rewards (``credit_assignment: {mode: prime}``);
 - ``decoupled_normalization``: GDPO's per-source group normalization (``reward_norm: {mode: decoupled}``);
-- ``gigpo``: GiGPO (``credit_assignment: {mode: gigpo}``).
+- ``gigpo``: GiGPO (``credit_assignment: {mode: gigpo}``; its settings are ``prm_jax.config.GiGPOConfig``).
 """
 
-from prm_jax.kernels.gigpo import GiGPOConfig, gigpo
+from prm_jax.kernels.gigpo import GiGPOOutput, gigpo
 from prm_jax.kernels.normalization import decoupled_normalization
 from prm_jax.kernels.prime import implicit_process_rewards
 from prm_jax.kernels.pure import min_form
 from prm_jax.kernels.tree import TreeAdvantages, tree_advantages, tree_discount
 
 __all__ = [
-    "GiGPOConfig", "TreeAdvantages", "decoupled_normalization", "gigpo", "implicit_process_rewards", "min_form",
+    "GiGPOOutput", "TreeAdvantages", "decoupled_normalization", "gigpo", "implicit_process_rewards", "min_form",
     "tree_advantages", "tree_discount",
 ]

@@ -23,7 +23,7 @@ from prm_jax.kernels.estimators import registered
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.runtime.batching import bucket_width, pack_branches
 from prm_jax.runtime.export import ExportedTrajectory, ExportResult, ExportService
-from prm_jax.runtime.filters import (
+from prm_jax.runtime.group_filters import (
     filter_function,
     filter_mixed_or_penalized_all_wrong,
     filter_mixed_or_penalized_all_wrong_mask_no_eos,

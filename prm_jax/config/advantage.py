@@ -30,7 +30,6 @@ from prm_jax.kernels.advantages import (
     TimestepUnit,
 )
 from prm_jax.kernels.estimators import credit_modes, estimator_for
-from prm_jax.kernels.gae import TokenGAE
 from prm_jax.kernels.gigpo import GiGPOConfig
 from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator
 from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
@@ -38,6 +37,7 @@ from prm_jax.kernels.prime import PrimeCredit
 from prm_jax.kernels.pure import MinFormTransform, PureCredit
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod
 from prm_jax.kernels.shaping import ShapingConfig, ShapingMode
+from prm_jax.kernels.token_gae import TokenGAE
 from prm_jax.kernels.tree import TreeCredit
 from prm_jax.kernels.turns import TurnGAE
 from prm_jax.validation import ConfigError, boolean, finite_number, from_mapping, imported_callable, integer, one_of, short_repr

@@ -38,8 +38,8 @@ import numpy as np
 
 from prm_jax.config import AdvantageConfig
 from prm_jax.kernels import compute_advantages
-from prm_jax.kernels.losses import LossAggMode
 from prm_jax.kernels.normalization import NormConfig
+from prm_jax.kernels.policy_loss import LossAggMode
 from prm_jax.kernels.shaping import ShapingConfig
 from prm_jax.runtime.arrays import ScoredArrays
 from prm_jax.runtime.blocking import BlockingRunner

@@ -45,7 +45,6 @@ from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels.estimator import EstimatorSpec, finish, row_groups
 from prm_jax.kernels.estimators import estimator_for
-from prm_jax.kernels.gae import TokenGAE
 from prm_jax.kernels.gae_lambda import GAELambdaContext
 from prm_jax.kernels.gigpo import host_anchor_ids
 from prm_jax.kernels.kl import KLEstimator, kl_rewards
@@ -53,17 +52,18 @@ from prm_jax.kernels.normalization import (
     DecoupledNorm,
     GroupLayout,
     NormConfig,
-    decoupled_normalization_core,
+    _decoupled_normalization_core,
+    _normalize_core,
     group_ids_check,
     group_layout,
     group_sizes_check,
     member_counts_check,
-    normalize_core,
 )
-from prm_jax.kernels.pure import MinFormTransform, min_form_core
+from prm_jax.kernels.pure import MinFormTransform, _min_form_core
 from prm_jax.kernels.recurrence import GAEMethod, ScanStrategy, resolve_strategy
 from prm_jax.kernels.schema import BATCH_SCHEMA, READ_KEYS, REQUIRED_KEYS, described
-from prm_jax.kernels.shaping import ShapingConfig, process_range_check, shape_core, warn_gvpo_without_penalty
+from prm_jax.kernels.shaping import ShapingConfig, _shape_core, process_range_check, warn_gvpo_without_penalty
+from prm_jax.kernels.token_gae import TokenGAE
 from prm_jax.kernels.turns import (
     TurnSteps,
     any_change_within_turns,
@@ -233,7 +233,7 @@ def _outcome_rewards(rewards, sources, raw_active, real_rows, stage: OutcomeStag
     if stage.norm is not None:
         # Every real row counts (one without generated tokens too, as in AReaL); padding rows (no
         # attention at all) do not, and come out as 0.
-        rewards = normalize_core(rewards[:, None], real_rows[:, None], stage.norm, groups_of(stage.norm))[:, 0]
+        rewards = _normalize_core(rewards[:, None], real_rows[:, None], stage.norm, groups_of(stage.norm))[:, 0]
     return rewards, {}
 
 
@@ -247,7 +247,7 @@ def _decoupled_rewards(rewards, sources, real_rows, norm: DecoupledNorm, groups:
                          "(the outcome reward and batch['reward_sources'] [B, K])")
     weights = jnp.asarray(norm.weights if norm.weights is not None else (1.0,) * count, rewards.dtype)
     row_group, num_groups = row_groups(groups, rewards.shape[0])
-    out, missing = decoupled_normalization_core(columns, weights, real_rows, row_group, num_groups, norm.eps)
+    out, missing = _decoupled_normalization_core(columns, weights, real_rows, row_group, num_groups, norm.eps)
     checks.append(_checks.ValueCheck("reward_sources_infinite",
                                      _checks.violations(jnp.isinf(columns) & real_rows[:, None]),
                                      lambda: "batch['reward_sources'] must be finite or NaN (a missing score)"))
@@ -263,7 +263,7 @@ def _min_form_turns(process: jax.Array, active: jax.Array, turns: TurnSteps, tem
 
     Where every turn's process reward is uniform (a scalar scorer's), each timestep already holds its turn's
     score and takes its reward in place; otherwise each active timestep takes the reward at its own turn's
-    end (one masked fill). ``min_form_core`` computes both from the same per-row weights, so the two give
+    end (one masked fill). ``_min_form_core`` computes both from the same per-row weights, so the two give
     the same numbers on uniform turns, and a row's numbers do not depend on which one its batch takes
     (``lax.cond`` runs only the one taken).
     """
@@ -271,10 +271,10 @@ def _min_form_turns(process: jax.Array, active: jax.Array, turns: TurnSteps, tem
     ends = turns.ends
 
     def in_place(_: None) -> jax.Array:
-        return min_form_core(process, ends, temperature, at=active)
+        return _min_form_core(process, ends, temperature, at=active)
 
     def spread(_: None) -> jax.Array:
-        rewards = min_form_core(process, ends, temperature)  # the min-form reward at each turn end
+        rewards = _min_form_core(process, ends, temperature)  # the min-form reward at each turn end
         return jnp.where(active, first_at_or_after(rewards, ends, method), zero)
 
     out = lax.cond(any_change_within_turns(process, turns, active, method), spread, in_place, None)
@@ -592,12 +592,12 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, strategy: Sca
         seqlen > 0, grpo_groups, jnp.asarray(plan.discount, dtype), plan.num_turns(width), strategy, outcome_at,
         turns, dtype)), kl, steps.values)
     if plan.adv_norm is not None:                                                            # 8
-        advantages = normalize_core(advantages, steps.active, plan.adv_norm, groups_of(plan.adv_norm))
+        advantages = _normalize_core(advantages, steps.active, plan.adv_norm, groups_of(plan.adv_norm))
     unshaped = advantages
     if process is not None and plan.shaping is not None:                                     # 9
         if plan.shaping.mode == "process_weighted":
             checks.append(process_range_check(process, steps.active))
-        advantages = shape_core(advantages, process, steps.active, plan.shaping)
+        advantages = _shape_core(advantages, process, steps.active, plan.shaping)
     checks.append(outputs_check(advantages, returns, steps.active))
     output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=task + kl,
                              loss_mask=steps.active.astype(dtype), logprobs=steps.logprobs,
@@ -674,7 +674,7 @@ def _variants_jit(batch, plan, strategy, shapings):
     whether ``process_weighted`` found process rewards outside [0, 1]."""
     run = _pipeline(batch, plan, strategy)
     assert run.process is not None  # compute_advantage_variants needs token_rewards
-    shaped = tuple((shape_core(run.unshaped, run.process, run.active, shaping),
+    shaped = tuple((_shape_core(run.unshaped, run.process, run.active, shaping),
                     process_range_check(run.process, run.active).count > 0 if shaping.mode == "process_weighted"
                     else jnp.zeros((), jnp.bool_)) for shaping in shapings)
     return run.output, run.checks, run.unshaped, shaped

@@ -8,10 +8,10 @@ and its report of diagnostics all read this registry.
 from __future__ import annotations
 
 from prm_jax.kernels.estimator import EstimatorSpec
-from prm_jax.kernels.gae import TOKEN_GAE
 from prm_jax.kernels.gigpo import GIGPO
 from prm_jax.kernels.prime import PRIME
 from prm_jax.kernels.pure import PURE
+from prm_jax.kernels.token_gae import TOKEN_GAE
 from prm_jax.kernels.tree import TREE
 from prm_jax.kernels.turns import TURN_GAE
 

@@ -225,7 +225,7 @@ def _step_stats(values: jax.Array, free: jax.Array, segment: jax.Array, config: 
     return step, sizes
 
 
-def gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.Array | None,
+def _gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.Array | None,
                outcome: jax.Array, row_group: jax.Array, num_groups: int, config: GiGPOConfig,
                real_rows: jax.Array | None = None) -> GiGPOOutput:
     """GiGPO on validated arrays (module docstring has the rules); ``real_rows [B]`` bool leaves padding
@@ -316,7 +316,7 @@ def _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes
         checks.append(group_sizes_check(group_sizes, rows))
         layout = group_layout(rows, NormConfig("group", "group"), group_sizes)
         row_group, num_groups = layout.row_group, layout.num_groups
-    return gigpo_core(rewards, active, anchors, outcome, row_group, num_groups, config), checks
+    return _gigpo_core(rewards, active, anchors, outcome, row_group, num_groups, config), checks
 
 
 def _gigpo_turns(batch: Mapping[str, Any], default: int) -> int:
@@ -355,7 +355,7 @@ def _estimate(stage: GiGPOConfig, checks: list, batch: Mapping[str, jax.Array], 
     else:
         step_rewards = derived
     anchors = _checks.as_integer("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
-    per_turn = gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups, stage, real_rows)
+    per_turn = _gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups, stage, real_rows)
     return Estimate(on_turn_timesteps(per_turn.advantages, in_turn, turn_ids),
                     diagnostics=step_group_counts(per_turn.step_group_sizes))
 

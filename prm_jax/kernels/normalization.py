@@ -246,7 +246,7 @@ def whiten(x: jax.Array, active: jax.Array, eps: float = 1e-8) -> jax.Array:
     return jnp.where(active, moments.centred / jnp.sqrt(moments.var + eps), jnp.zeros((), x.dtype))
 
 
-def decoupled_normalization_core(rewards: jax.Array, weights: jax.Array, real: jax.Array, row_group: jax.Array,
+def _decoupled_normalization_core(rewards: jax.Array, weights: jax.Array, real: jax.Array, row_group: jax.Array,
                                  num_groups: int, eps: float) -> tuple[jax.Array, jax.Array]:
     """GDPO's ``normalize_then_sum`` (TRL) on validated ``[B, K]`` rewards (NaN: missing); see
     ``decoupled_normalization``. Returns the ``[B]`` advantages and ``[B]`` bool rows with every reward
@@ -283,7 +283,7 @@ def _single_member(level: str, groups: GroupLayout | None) -> jax.Array | bool:
     return (groups.members == 1)[groups.row_group][:, None]
 
 
-def normalize_core(x: jax.Array, active: jax.Array, norm: NormConfig, groups: GroupLayout | None) -> jax.Array:
+def _normalize_core(x: jax.Array, active: jax.Array, norm: NormConfig, groups: GroupLayout | None) -> jax.Array:
     """Normalization of validated ``[B, N]`` float ``x`` with bool ``active`` (module docstring)."""
     zero, one = jnp.zeros((), x.dtype), jnp.ones((), x.dtype)
     safe_x = jnp.where(active, x, zero)
@@ -372,7 +372,7 @@ def _normalize_jit(x, mask, group_sizes, member_counts, *, norm):
         groups = group_layout(x.shape[0], norm, group_sizes, member_counts)
         if member_counts is not None:
             checks.append(member_counts_check(member_counts))
-    out = normalize_core(x, active, norm, groups)
+    out = _normalize_core(x, active, norm, groups)
     return (out[:, 0] if flat else out), checks
 
 
@@ -426,6 +426,6 @@ def _decoupled_jit(rewards, weights, group_ids, *, eps):
     inf = jnp.isinf(values) & real[:, None]
     checks.append(_checks.ValueCheck("rewards_infinite", _checks.violations(inf),
                                      lambda: "rewards must be finite or NaN (missing)"))
-    out, _ = decoupled_normalization_core(values, _checks.as_float("weights", weights, dtype), real,
+    out, _ = _decoupled_normalization_core(values, _checks.as_float("weights", weights, dtype), real,
                                           layout.row_group, layout.num_groups, eps)
     return out, checks

@@ -11,7 +11,7 @@ trained timestep):
                       r_t = q'_t + lam * r_next   (the lambda-return)
   s_t   = r_t, except 0 at the row's last trained timestep (verl drops the last token's reward)
 
-``prime_core``, the recipe end to end: with ``batch_norm``, ``s`` is divided by ``max |sum_{u >= t} s_u|``
+``_prime_core``, the recipe end to end: with ``batch_norm``, ``s`` is divided by ``max |sum_{u >= t} s_u|``
 over the batch plus 1e-6 (so a row's reward depends on the batch it is in, as in verl); then RLOO per
 source over each group of ``n`` rows: the dense source ``s`` (times ``dpo_coef``) becomes
 ``s_t * n / (n - 1) - sum_j mu_j / (n - 1)`` with ``mu_j`` row ``j``'s mean over its trained timesteps,
@@ -35,10 +35,10 @@ from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels.estimator import Estimate, EstimatorSpec
-from prm_jax.kernels.gae import gae_core
 from prm_jax.kernels.normalization import leave_one_out_mean, segment_totals, whiten
 from prm_jax.kernels.recurrence import ScanStrategy, resolve_method, reverse_cumsum
 from prm_jax.kernels.schema import BATCH_SCHEMA
+from prm_jax.kernels.token_gae import _gae_core
 from prm_jax.validation import boolean, finite_number, one_of
 
 PrimeNorm = Literal["batch_norm", "none"]
@@ -73,7 +73,7 @@ def last_active(active: jax.Array) -> jax.Array:
     return active & (later == 1)
 
 
-def implicit_rewards_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, active: jax.Array, beta: float,
+def _implicit_rewards_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, active: jax.Array, beta: float,
                           lam: float, outcome: jax.Array | None, method: str = "scan",
                           last: jax.Array | None = None) -> jax.Array:
     """``implicit_process_rewards`` on validated float arrays on timesteps (``last``: each row's last
@@ -89,7 +89,7 @@ def implicit_rewards_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, acti
             q = jnp.where(last, (outcome - others)[:, None], q)
         # The lambda-return with masked carry is GAE with gamma 1 and no values: one scan of any method.
         zeros = jnp.zeros(q.shape[:1], q.dtype)
-        rewards = jnp.where(active, gae_core(q, jnp.zeros_like(q), active, jnp.ones((), q.dtype),
+        rewards = jnp.where(active, _gae_core(q, jnp.zeros_like(q), active, jnp.ones((), q.dtype),
                                              jnp.asarray(lam, q.dtype), zeros, method).advantages, zero)
     return jnp.where(last, zero, rewards)
 
@@ -132,7 +132,7 @@ def _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, *, beta, lam, metho
     checks = [*_checks.mask_check("mask", mask), _checks.finite_check("prm_logprobs", prm, active),
               _checks.finite_check("ref_logprobs", ref, active)]
     gt = None if outcome is None else _checks.as_float("outcome", outcome, dtype)
-    return implicit_rewards_core(prm, ref, active, beta, lam, gt, method), checks
+    return _implicit_rewards_core(prm, ref, active, beta, lam, gt, method), checks
 
 
 class PrimeOutput(NamedTuple):
@@ -141,14 +141,14 @@ class PrimeOutput(NamedTuple):
     rewards: jax.Array     # [B, T] the implicit process rewards s (after batch_norm)
 
 
-def prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.Array, active: jax.Array,
+def _prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.Array, active: jax.Array,
                real: jax.Array, row_group: jax.Array, num_groups: int, *, beta: float, lam: float, use_gt: bool,
                dpo_coef: float, gt_coef: float, batch_norm: bool,
                method: str = "scan") -> tuple[PrimeOutput, _checks.ValueCheck]:
     """The PRIME recipe on validated arrays (module docstring), and the check that no group has one row."""
     zero = jnp.zeros((), outcome.dtype)
     steps_to_go = reverse_cumsum(active.astype(outcome.dtype), active)  # trained timesteps from t on
-    rewards = implicit_rewards_core(prm_logprobs, ref_logprobs, active, beta, lam, outcome if use_gt else None,
+    rewards = _implicit_rewards_core(prm_logprobs, ref_logprobs, active, beta, lam, outcome if use_gt else None,
                                     method, last=active & (steps_to_go == 1))
     # One reverse cumulative sum of the rewards serves both batch_norm and the returns: the returns are
     # linear in the rewards (RLOO's dense source is a per-row affine map of them, the outcome source sits
@@ -180,10 +180,10 @@ def prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.Ar
 def _estimate(stage: PrimeCredit, checks: list, batch: Mapping[str, jax.Array], ref_logprobs: jax.Array,
               outcome: jax.Array, active: jax.Array, real_rows: jax.Array, row_group: jax.Array, num_groups: int,
               strategy: ScanStrategy, dtype: Any) -> Estimate:
-    """The PRIME recipe (``prime_core``) from ``batch['prm_logprobs']`` and the reference log-probs."""
+    """The PRIME recipe (``_prime_core``) from ``batch['prm_logprobs']`` and the reference log-probs."""
     prm = jnp.where(active, _checks.as_float("batch['prm_logprobs']", batch["prm_logprobs"], dtype), jnp.zeros((), dtype))
     checks.append(_checks.finite_check("batch['prm_logprobs']", prm, active, hint=BATCH_SCHEMA["prm_logprobs"].hint))
-    out, alone = prime_core(prm, ref_logprobs, outcome, active, real_rows, row_group, num_groups,
+    out, alone = _prime_core(prm, ref_logprobs, outcome, active, real_rows, row_group, num_groups,
                             beta=stage.beta, lam=stage.lam, use_gt=stage.use_gt, dpo_coef=stage.dpo_coef,
                             gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm", method=strategy.general)
     checks.append(alone)

@@ -11,7 +11,7 @@ scores -0.9, 0.5, 0.8 at ``tau = 0.1`` give ``r`` = -0.9, 4.2e-7, 3.3e-8, whose 
 4.5e-7, 3.3e-8: after the minimizing step almost nothing is left, not the minimum of the remaining steps.
 Ties share the weight equally; a row without steps gives 0.
 
-The recipe end to end (``pure_core``, the authors' verl pipeline), on timesteps: ``q`` holds ``r_k`` at each
+The recipe end to end (``_pure_core``, the authors' verl pipeline), on timesteps: ``q`` holds ``r_k`` at each
 turn's last trained timestep (the turn's score is its process reward there) plus ``verifier_coef * R`` (the
 outcome reward) at the outcome's timestep; ``G_t = sum_{u >= t} q_u`` over trained timesteps; a row's RLOO
 baseline is the mean, over the other rows of its group, of their per-token mean return ``sum_t G / L`` (the
@@ -73,7 +73,7 @@ class PureCredit:
         boolean("whiten", self.whiten)
 
 
-def min_form_core(scores: jax.Array, steps: jax.Array, temperature: float, at: jax.Array | None = None) -> jax.Array:
+def _min_form_core(scores: jax.Array, steps: jax.Array, temperature: float, at: jax.Array | None = None) -> jax.Array:
     """``min_form`` along the last axis of validated float ``scores`` with bool ``steps``: the weights are
     normalized over ``steps``; ``w * s`` is given where ``at`` (default ``steps``), 0 elsewhere (a score
     outside the steps weighed by the steps' normalizer: a turn's reward at every timestep of a turn whose
@@ -127,7 +127,7 @@ def _min_form_jit(step_scores, step_mask, *, temperature):
     steps = jnp.ones(scores.shape, jnp.bool_) if step_mask is None else _checks.as_mask("step_mask", step_mask)
     checks = [_checks.finite_check("step_scores", scores, steps, axis="step"),
               *([] if step_mask is None else _checks.mask_check("step_mask", step_mask))]
-    return min_form_core(scores, steps, temperature), checks
+    return _min_form_core(scores, steps, temperature), checks
 
 
 class PureOutput(NamedTuple):
@@ -136,13 +136,13 @@ class PureOutput(NamedTuple):
     alone: jax.Array       # [B] bool: rows alone in their group (returns 0)
 
 
-def pure_core(process: jax.Array, outcome: jax.Array, active: jax.Array, ends: jax.Array, outcome_at: jax.Array,
+def _pure_core(process: jax.Array, outcome: jax.Array, active: jax.Array, ends: jax.Array, outcome_at: jax.Array,
               real: jax.Array, row_group: jax.Array, num_groups: int, temperature: float, verifier_coef: float,
               whitened: bool) -> PureOutput:
     """The PURE recipe on validated arrays: ``process`` P and ``active`` on timesteps, ``ends`` each turn's
     last active timestep, ``outcome_at`` [B, T] bool the outcome's timestep, ``real`` [B] the real rows."""
     zero = jnp.zeros((), process.dtype)
-    steps = min_form_core(process, ends, temperature)
+    steps = _min_form_core(process, ends, temperature)
     q = steps + jnp.where(outcome_at, verifier_coef * outcome[:, None], zero)
     to_go = reverse_cumsum(q, active)
     length = jnp.sum(active, axis=1, dtype=jnp.int32).astype(process.dtype)
@@ -156,10 +156,10 @@ def pure_core(process: jax.Array, outcome: jax.Array, active: jax.Array, ends: j
 def _estimate(stage: PureCredit, checks: list, process: jax.Array | None, outcome: jax.Array, active: jax.Array,
               turns: TurnSteps, outcome_at: jax.Array, real_rows: jax.Array, row_group: jax.Array, num_groups: int,
               dtype: Any) -> Estimate:
-    """The PURE recipe (``pure_core``): min-form turn rewards and the verifier score, sum returns, RLOO,
+    """The PURE recipe (``_pure_core``): min-form turn rewards and the verifier score, sum returns, RLOO,
     whitening."""
     process = process if process is not None else jnp.zeros(active.shape, dtype)
-    out = pure_core(process, outcome, active, turns.ends, outcome_at, real_rows, row_group, num_groups,
+    out = _pure_core(process, outcome, active, turns.ends, outcome_at, real_rows, row_group, num_groups,
                     stage.temperature, stage.verifier_coef, stage.whiten)
     return Estimate(out.advantages, diagnostics={"pure/groups_of_one": jnp.sum(out.alone, dtype=jnp.int32)})
 

@@ -28,8 +28,8 @@ from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.kernels.gae import GAEOutput, _prepare, check_discounts, linear_form
 from prm_jax.kernels.recurrence import affine_scan, carry_correction, resolve_method
+from prm_jax.kernels.token_gae import GAEOutput, _prepare, check_discounts, linear_form
 
 
 def _chunk_gae(rewards, values, mask, gamma, lam, bootstrap, *, axis_name, num_chunks, method):

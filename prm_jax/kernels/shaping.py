@@ -47,7 +47,7 @@ class ShapingConfig:
             object.__setattr__(self, key, finite_number(key, getattr(self, key), minimum=0.0))
 
 
-def shape_core(advantages: jax.Array, process_rewards: jax.Array, active: jax.Array,
+def _shape_core(advantages: jax.Array, process_rewards: jax.Array, active: jax.Array,
                shaping: ShapingConfig) -> jax.Array:
     """Shaping of validated float arrays (same dtype) with a bool mask."""
     a, p = advantages, process_rewards
@@ -123,7 +123,7 @@ def _shape_impl(advantages, process_rewards, mask, *, shaping):
     active = _checks.as_mask("mask", mask)
     checks = [process_range_check(p, active)] if shaping.mode == "process_weighted" else []
     checks += _checks.mask_check("mask", mask)
-    return shape_core(a, p, active, shaping), checks
+    return _shape_core(a, p, active, shaping), checks
 
 
 _shape_jit = jax.jit(_shape_impl, static_argnames=("shaping",))

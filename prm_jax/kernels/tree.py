@@ -120,7 +120,7 @@ def tree_check(parent: jax.Array, mask: jax.Array) -> _checks.ValueCheck:
         node, parent[node])
 
 
-def tree_discount_core(parent: jax.Array, raw: jax.Array, mask: jax.Array, gamma: jax.Array) -> jax.Array:
+def _tree_discount_core(parent: jax.Array, raw: jax.Array, mask: jax.Array, gamma: jax.Array) -> jax.Array:
     """``tree_discount`` on validated arrays."""
     zero = jnp.zeros((), raw.dtype)
     raw = jnp.where(mask, raw, zero)
@@ -133,7 +133,7 @@ def tree_discount_core(parent: jax.Array, raw: jax.Array, mask: jax.Array, gamma
     return jnp.where(mask, _until_stable(step, raw, parent.shape[0] + 1), zero)
 
 
-def tree_advantages_core(parent: jax.Array, leaf_reward: jax.Array, mask: jax.Array, selected: jax.Array,
+def _tree_advantages_core(parent: jax.Array, leaf_reward: jax.Array, mask: jax.Array, selected: jax.Array,
                          group: jax.Array, num_groups: int, weighting: TreeWeighting,
                          value: TreeValue) -> TreeAdvantages:
     """``tree_advantages`` on validated arrays; ``group [N]`` in ``[0, num_groups)``.
@@ -241,7 +241,7 @@ def _discount_jit(parent, raw_reward, gamma, mask):
     parent = _checks.as_int("parent", parent)
     used = jnp.ones(parent.shape, jnp.bool_) if mask is None else _checks.as_mask("mask", mask)
     raw = _checks.as_float("raw_reward", raw_reward, dtype)
-    return tree_discount_core(parent, raw, used, jnp.asarray(gamma, dtype)), tree_check(parent, used)
+    return _tree_discount_core(parent, raw, used, jnp.asarray(gamma, dtype)), tree_check(parent, used)
 
 
 def tree_advantages(parent: ArrayLike, leaf_reward: ArrayLike, *, mask: ArrayLike | None = None,
@@ -287,7 +287,7 @@ def _advantages_jit(parent, leaf_reward, mask, selected, group, *, weighting, va
     checks.append(_checks.ValueCheck("tree_group_invalid", _checks.violations(bad_group),
                                      lambda: f"group must be in [0, {size}) at every node in use"))
     reward = _checks.as_float("leaf_reward", leaf_reward, dtype)
-    out = tree_advantages_core(parent, reward, used, chosen, jnp.clip(groups, 0, max(size, 1) - 1), max(size, 1),
+    out = _tree_advantages_core(parent, reward, used, chosen, jnp.clip(groups, 0, max(size, 1) - 1), max(size, 1),
                                weighting, value)
     return out, checks
 
@@ -345,7 +345,7 @@ def _estimate(stage: TreeCredit, checks: list, batch: Mapping[str, jax.Array], o
         "tree_leaves_invalid", _checks.violations(bad_end),
         lambda node: f"credit_assignment 'tree': every leaf of batch['node_parents'] must be the last node of exactly "
                      f"one row, and no row may end at a node with children; node {int(node)} breaks this", node))
-    tree = tree_advantages_core(parents, reward, used, used, jnp.clip(group, 0, size - 1), max(size, 1),
+    tree = _tree_advantages_core(parents, reward, used, used, jnp.clip(group, 0, size - 1), max(size, 1),
                                 stage.weighting, stage.value)
     per_turn = jnp.where(has, tree.values[jnp.clip(node_ids, 0, size - 1)], jnp.zeros((), dtype))
     leaves = used & (children == 0)

@@ -21,8 +21,8 @@ from jax.typing import ArrayLike
 from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels.estimator import Estimate, EstimatorSpec
-from prm_jax.kernels.gae import GAEOutput, _prepare, check_discounts, gae_core, is_unit_discount
 from prm_jax.kernels.recurrence import ScanStrategy, resolve_strategy
+from prm_jax.kernels.token_gae import GAEOutput, _gae_core, _prepare, check_discounts, is_unit_discount
 from prm_jax.native import ffi
 from prm_jax.validation import integer, integer_dtype
 
@@ -69,7 +69,7 @@ def turn_sums(x: jax.Array, in_turn: jax.Array, segment: jax.Array, num_turns: i
                                num_segments=batch * num_turns).reshape(batch, num_turns)
 
 
-def turn_gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, turn_ids: jax.Array,
+def _turn_gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, turn_ids: jax.Array,
                   gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, num_turns: int,
                   method: str) -> GAEOutput:
     """Turn-level GAE on validated arrays (ids checked by ``turn_ids_check``); see ``turn_gae``."""
@@ -84,7 +84,7 @@ def turn_gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, turn
     turn_active = first_step < num_steps
     turn_values = jnp.take_along_axis(values, jnp.clip(first_step, 0, num_steps - 1), axis=1)
     turn_values = jnp.where(turn_active, turn_values, zero)
-    turn_advantages = gae_core(turn_rewards, turn_values, turn_active, gamma, lam, bootstrap, method).advantages
+    turn_advantages = _gae_core(turn_rewards, turn_values, turn_active, gamma, lam, bootstrap, method).advantages
 
     safe_ids = jnp.clip(turn_ids, 0, num_turns - 1)
     token_advantages = jnp.take_along_axis(turn_advantages, safe_ids, axis=1)
@@ -98,7 +98,7 @@ def _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, *, num
     rewards, values, active, bootstrap, dtype = _prepare(rewards, values, mask, lam, bootstrap)
     _checks.check_shape("turn_ids", turn_ids, rewards.shape, "rewards")
     turn_ids = _checks.as_int("turn_ids", turn_ids)
-    output = turn_gae_core(rewards, values, active, turn_ids, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype),
+    output = _turn_gae_core(rewards, values, active, turn_ids, jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype),
                            bootstrap, num_turns, method)
     steps = turn_steps(active, turn_ids, general)
     return output, [turn_ids_check(turn_ids, active, steps, num_turns), *_checks.mask_check("mask", mask)]
@@ -148,7 +148,7 @@ def first_at_or_after(x: jax.Array, where: jax.Array, method: str) -> jax.Array:
     """
     zero = jnp.zeros((), x.dtype)
     zeros = jnp.zeros(x.shape[:1], x.dtype)
-    return gae_core(jnp.where(where, x, zero), jnp.zeros_like(x), where, zero, zero, zeros, method).advantages
+    return _gae_core(jnp.where(where, x, zero), jnp.zeros_like(x), where, zero, zero, zeros, method).advantages
 
 
 class TurnSteps(NamedTuple):
@@ -262,7 +262,7 @@ class TurnGAE:
 def _turn_gae(stage: TurnGAE, checks: list, rewards: jax.Array, values: jax.Array, active: jax.Array,
               turn_ids: jax.Array, gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, num_turns: int,
               strategy: ScanStrategy) -> Estimate:
-    return Estimate(*turn_gae_core(rewards, values, active, turn_ids, gamma, lam, bootstrap, num_turns, strategy.gae))
+    return Estimate(*_turn_gae_core(rewards, values, active, turn_ids, gamma, lam, bootstrap, num_turns, strategy.gae))
 
 
 TURN_GAE = EstimatorSpec(TurnGAE, _turn_gae, "gae_timestep_unit 'turn'", reads=("turn_ids",), needs_turn_ids=True)

@@ -10,7 +10,7 @@ directly over the row-major buffers. XLA:CPU also sorts slowly (~1 ms for 32k ke
 
 Availability is checked, never assumed: with no compiler, a failed build, another backend than CPU, or
 ``PRM_JAX_NATIVE=0``, ``available()`` is False and callers fall back (GAE's ``auto`` to ``scan``, GiGPO to
-its sort). The GAE kernel takes float32 only; ``prm_jax.kernels.gae`` gives it a derivative.
+its sort). The GAE kernel takes float32 only; ``prm_jax.kernels.token_gae`` gives it a derivative.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from prm_jax.config.experiment import ErrorPolicy, ExperimentConfig
 from prm_jax.kernels.normalization import proxy_normalize
 from prm_jax.kernels.tree import tree_discount
 from prm_jax.runtime.batching import pack_branches
-from prm_jax.runtime.filters import GroupFilterResult
+from prm_jax.runtime.group_filters import GroupFilterResult
 from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.metrics import MetricStats, branch_stats, namespace, trajectory_rewards
 from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner, shared_turns

@@ -1,7 +1,7 @@
 """Built-in scorers: judges on the protocols serving stacks speak (the ``judge`` extra, httpx) and a
 length budget."""
 
-from prm_jax.runtime.model_scorer import ModelScorer  # (a runtime class: score_arrays has its own path for it)
+from prm_jax.runtime.model_scorer import ModelScorer  # (its code is the runtime's: score_arrays has a path for it)
 from prm_jax.scorers.classify_prm import ClassifyPRMScorer
 from prm_jax.scorers.http_judge import HTTPJudgeScorer
 from prm_jax.scorers.length_budget import LengthBudgetScorer

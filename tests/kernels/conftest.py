@@ -1,5 +1,5 @@
 """Kernel tests: the native CPU kernel joins every comparison wherever it builds (decided when a test runs,
-not while the suite is collected: collecting builds nothing); tests/kernels/test_gae.py checks that it
+not while the suite is collected: collecting builds nothing); tests/kernels/test_token_gae.py checks that it
 builds wherever a C++ compiler exists, so it cannot drop out of the suite unnoticed."""
 
 import pytest

@@ -174,7 +174,7 @@ def test_decoupled_normalization_under_jit_and_vmap_without_retrace_and_in_bfloa
     import chex
 
     from prm_jax.credit import decoupled_normalization
-    from prm_jax.kernels.normalization import decoupled_normalization_core
+    from prm_jax.kernels.normalization import _decoupled_normalization_core
     rng = np.random.default_rng(9)
     groups = jnp.asarray(np.arange(8) // 4, jnp.int32)
     real = jnp.ones(8, bool)
@@ -182,7 +182,7 @@ def test_decoupled_normalization_under_jit_and_vmap_without_retrace_and_in_bfloa
     @jax.jit
     @chex.assert_max_traces(n=1)
     def batched(r):
-        return jax.vmap(lambda x: decoupled_normalization_core(x, jnp.ones(2), real, groups, 2, 1e-4)[0])(r)
+        return jax.vmap(lambda x: _decoupled_normalization_core(x, jnp.ones(2), real, groups, 2, 1e-4)[0])(r)
 
     for _ in range(2):  # new contents, one trace
         rewards = rng.normal(size=(3, 8, 2)).astype(np.float32)

@@ -8,7 +8,7 @@ import pytest
 import reference
 
 from prm_jax.credit import implicit_process_rewards
-from prm_jax.kernels.prime import prime_core
+from prm_jax.kernels.prime import _prime_core
 
 
 def batch(rng, rows=6, width=20):
@@ -54,7 +54,7 @@ def test_the_recipe_matches_the_loop(batch_norm, lam, use_gt, dpo, gt):
     prm, ref, mask, outcome = batch(rng, rows=8)
     mask[:, 1] = True  # every row trains on something
     groups = np.arange(8) // 4
-    out, check = prime_core(jnp.asarray(prm), jnp.asarray(ref), jnp.asarray(outcome), jnp.asarray(mask),
+    out, check = _prime_core(jnp.asarray(prm), jnp.asarray(ref), jnp.asarray(outcome), jnp.asarray(mask),
                             jnp.ones(8, bool), jnp.asarray(groups, jnp.int32), 8, beta=0.05, lam=lam, use_gt=use_gt,
                             dpo_coef=dpo, gt_coef=gt, batch_norm=batch_norm)
     want_adv, want_ret, want_s = reference.prime(prm, ref, outcome, mask, groups, beta=0.05, lam=lam, use_gt=use_gt,
@@ -68,7 +68,7 @@ def test_the_recipe_matches_the_loop(batch_norm, lam, use_gt, dpo, gt):
 def test_all_equal_outcomes_and_zero_implicit_rewards_give_zero():
     mask = np.ones((4, 5), bool)
     same = np.zeros((4, 5), np.float32)
-    out, _ = prime_core(jnp.asarray(same), jnp.asarray(same), jnp.ones(4, jnp.float32), jnp.asarray(mask),
+    out, _ = _prime_core(jnp.asarray(same), jnp.asarray(same), jnp.ones(4, jnp.float32), jnp.asarray(mask),
                         jnp.ones(4, bool), jnp.zeros(4, jnp.int32), 1, beta=0.05, lam=0.0, use_gt=False,
                         dpo_coef=5.0, gt_coef=5.0, batch_norm=True)
     np.testing.assert_array_equal(out.advantages, 0)
@@ -77,7 +77,7 @@ def test_all_equal_outcomes_and_zero_implicit_rewards_give_zero():
 def test_a_group_of_one_is_refused():
     mask = np.ones((3, 4), bool)
     x = jnp.zeros((3, 4), jnp.float32)
-    out, check = prime_core(x, x, jnp.asarray([1.0, 0.0, 1.0]), jnp.asarray(mask), jnp.ones(3, bool),
+    out, check = _prime_core(x, x, jnp.asarray([1.0, 0.0, 1.0]), jnp.asarray(mask), jnp.ones(3, bool),
                             jnp.asarray([0, 0, 1], jnp.int32), 3, beta=0.05, lam=0.0, use_gt=False, dpo_coef=5.0,
                             gt_coef=5.0, batch_norm=True)
     assert int(check.count) == 1 and "row 2 is alone" in check.message(*[np.asarray(d) for d in check.details])
@@ -85,10 +85,10 @@ def test_a_group_of_one_is_refused():
 
 
 def test_jit_vmap_bfloat16_no_retrace():
-    from prm_jax.kernels.prime import implicit_rewards_core
+    from prm_jax.kernels.prime import _implicit_rewards_core
     rng = np.random.default_rng(5)
     fn = jax.jit(chex.assert_max_traces(
-        lambda p, r, m: jax.vmap(lambda a, b, c: implicit_rewards_core(a[None], b[None], c[None], 0.05, 0.9,
+        lambda p, r, m: jax.vmap(lambda a, b, c: _implicit_rewards_core(a[None], b[None], c[None], 0.05, 0.9,
                                                                        None)[0])(p, r, m), n=1))
     for _ in range(2):
         prm, ref, mask, _ = batch(rng)

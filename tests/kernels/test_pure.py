@@ -8,7 +8,7 @@ import pytest
 import reference
 
 from prm_jax.credit import min_form
-from prm_jax.kernels.pure import pure_core
+from prm_jax.kernels.pure import _pure_core
 from prm_jax.kernels.turns import turn_ends
 
 
@@ -48,8 +48,8 @@ def test_bad_arguments_are_named():
 
 
 def test_jit_vmap_bfloat16_no_retrace():
-    from prm_jax.kernels.pure import min_form_core
-    fn = jax.jit(chex.assert_max_traces(lambda s, m: jax.vmap(lambda a, b: min_form_core(a, b, 0.1))(s, m), n=1))
+    from prm_jax.kernels.pure import _min_form_core
+    fn = jax.jit(chex.assert_max_traces(lambda s, m: jax.vmap(lambda a, b: _min_form_core(a, b, 0.1))(s, m), n=1))
     rng = np.random.default_rng(3)
     for _ in range(2):
         scores = rng.normal(size=(4, 5)).astype(np.float32)
@@ -88,7 +88,7 @@ def test_the_recipe_matches_the_loop(whitened, group_size):
     process, outcome, mask, turn_ids, outcome_step, groups = recipe_batch(rng, 8, 24, group_size)
     active, ids = jnp.asarray(mask), jnp.asarray(turn_ids)
     outcome_at = jnp.asarray(np.arange(24)[None, :] == outcome_step[:, None])
-    got = pure_core(jnp.asarray(process), jnp.asarray(outcome), active, turn_ends(active, ids, "scan"), outcome_at,
+    got = _pure_core(jnp.asarray(process), jnp.asarray(outcome), active, turn_ends(active, ids, "scan"), outcome_at,
                     jnp.ones(8, bool), jnp.asarray(groups, jnp.int32), 8, 0.1, 1.0, whitened)
     want_adv, want_ret = reference.pure(process, outcome, mask, turn_ids, outcome_step, groups, 0.1, 1.0, whitened)
     np.testing.assert_allclose(got.returns, want_ret, rtol=2e-5, atol=2e-5)

@@ -53,4 +53,4 @@ def test_every_estimator_runs_the_configured_gae_method(estimator, method):
     text = lowered(config)
     native = TARGET in text or FLOAT_MASK_TARGET in text
     assert native == (method == "native" and estimator in RUNS_GAE), (estimator, method)
-    # (That every method computes the same numbers: tests/kernels/test_gae.py and test_matrix.py.)
+    # (That every method computes the same numbers: tests/kernels/test_token_gae.py and test_matrix.py.)

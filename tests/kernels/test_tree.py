@@ -122,16 +122,16 @@ def test_edge_cases_one_leaf_equal_rewards_deep_chain_wide_tree():
 def test_jit_vmap_bfloat16_and_no_retrace():
     rng = np.random.default_rng(7)
     parents = np.stack([random_forest(rng, 16, 2) for _ in range(3)])
-    from prm_jax.kernels.tree import tree_advantages_core, tree_discount_core
+    from prm_jax.kernels.tree import _tree_advantages_core, _tree_discount_core
 
     @jax.jit
     @chex.assert_max_traces(n=1)
     def batched(parent, reward):
         mask = jnp.ones(parent.shape, bool)
         zeros = jnp.zeros(parent.shape, jnp.int32)
-        values = jax.vmap(lambda p, r, m, g: tree_advantages_core(p, r, m, m, g, 16, "sqrt", "state_value").values)(
+        values = jax.vmap(lambda p, r, m, g: _tree_advantages_core(p, r, m, m, g, 16, "sqrt", "state_value").values)(
             parent, reward, mask, zeros)
-        discounted = jax.vmap(lambda p, r, m: tree_discount_core(p, r, m, jnp.float32(0.9)))(parent, reward, mask)
+        discounted = jax.vmap(lambda p, r, m: _tree_discount_core(p, r, m, jnp.float32(0.9)))(parent, reward, mask)
         return values, discounted
 
     for _ in range(2):  # new contents, one trace

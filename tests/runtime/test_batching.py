@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from prm_jax import AdvantageConfig, Interaction, InteractionCache, compute_advantages, pack_branches
-from prm_jax.runtime import bucket_width
+from prm_jax.runtime.batching import bucket_width
 
 
 def sequences():

@@ -146,7 +146,7 @@ def test_stitch_matches_a_plain_loop_on_random_chains(shared):
     # The concat export against a position-by-position loop, for turns holding their own arrays and for turns
     # that are views of one buffer (as the session reader builds them); a child that does not extend its
     # parent (other values, or the same buffer at another offset) is refused.
-    from prm_jax.runtime import stitch
+    from prm_jax.runtime.trajectory import stitch
 
     rng = np.random.default_rng(0)
     for _ in range(200):

@@ -1,4 +1,3 @@
-import importlib
 import os
 import shutil
 import subprocess
@@ -15,11 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prm_jax
+from prm_jax.kernels import recurrence
 from prm_jax.native import ffi as native
-
-# The module, not the function that prm_jax.kernels re-exports under the same name.
-gae_module = importlib.import_module("prm_jax.kernels.gae")
-recurrence = importlib.import_module("prm_jax.kernels.recurrence")
 
 # ``native`` is skipped where the kernel does not build (tests/kernels/conftest.py).
 METHODS = ("scan", "associative", "blocked", "native")
@@ -177,7 +173,7 @@ def test_native_kernel_builds_where_a_compiler_exists():
 
 def test_without_the_native_kernel_auto_falls_back_to_scan():
     code = ("import importlib, prm_jax, numpy as np; from prm_jax.native import ffi as native; "
-            "gae = importlib.import_module('prm_jax.kernels.gae'); "
+            "gae = importlib.import_module('prm_jax.kernels.token_gae'); "
             "assert not native.available(); assert gae.resolve_method('auto', unit_discount=False) == 'scan'; "
             "out = prm_jax.kernels.gae(np.ones((2, 5), np.float32), None, np.ones((2, 5)), method='auto'); "
             "assert float(out.advantages[0, 0]) == 5.0")

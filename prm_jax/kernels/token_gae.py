@@ -105,7 +105,7 @@ def _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap):
     return advantages.T
 
 
-def gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: jax.Array, lam: jax.Array,
+def _gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: jax.Array, lam: jax.Array,
              bootstrap: jax.Array, method: str, block_size: int = DEFAULT_BLOCK_SIZE) -> GAEOutput:
     """GAE of already-validated float arrays; ``method`` resolved; ``lam`` scalar or ``[B]``; ``active`` bool
     (or, for ``native`` with float32 inputs, a float32 mask the kernel reads and checks itself)."""
@@ -177,7 +177,7 @@ def _gae_jit(rewards, values, mask, gamma, lam, bootstrap, *, method, block_size
     # where nonzero and enforces the 0/1 rule as it reads it (a violation fails the computation with
     # mask_check's message), so no conversion pass, no check pass and no host round trip.
     kernel_checks = method == "native" and dtype == jnp.float32 and jnp.asarray(mask).dtype == jnp.float32
-    output = gae_core(rewards, values, jnp.asarray(mask) if kernel_checks else active, jnp.asarray(gamma, dtype),
+    output = _gae_core(rewards, values, jnp.asarray(mask) if kernel_checks else active, jnp.asarray(gamma, dtype),
                       jnp.asarray(lam, dtype), bootstrap, method, block_size)
     return output, [] if kernel_checks else _checks.mask_check("mask", mask)
 
@@ -219,7 +219,7 @@ class TokenGAE:
 
 def _token_gae(stage: TokenGAE, checks: list, rewards: jax.Array, values: jax.Array, active: jax.Array,
                gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, strategy: ScanStrategy) -> Estimate:
-    return Estimate(*gae_core(rewards, values, active, gamma, lam, bootstrap, strategy.gae, stage.block_size))
+    return Estimate(*_gae_core(rewards, values, active, gamma, lam, bootstrap, strategy.gae, stage.block_size))
 
 
 TOKEN_GAE = EstimatorSpec(TokenGAE, _token_gae, "gae_timestep_unit 'token'", kl="rewards")

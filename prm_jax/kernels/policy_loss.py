@@ -118,7 +118,7 @@ def _clipped_objective(advantages: jax.Array, log_ratio: jax.Array, mask: jax.Ar
     return jnp.where(mask, pg, zero), ratio, mask & (l1 < l2), dual
 
 
-def ppo_clip_loss_core(logprobs: jax.Array, proximal_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array,
+def _ppo_clip_loss_core(logprobs: jax.Array, proximal_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array,
                        old_logprobs: jax.Array | None, eps_clip: float, eps_clip_higher: float | None,
                        c_clip: float | None, behav_imp_weight_cap: float | None,
                        loss_agg_mode: LossAggMode) -> tuple[jax.Array, PPOLossStats]:
@@ -207,7 +207,7 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs, 
               behav_imp_weight_cap, loss_agg_mode):
     dtype = _checks.accumulation_dtype(logprobs, proximal_logprobs, advantages)
     old = None if old_logprobs is None else _checks.as_float("old_logprobs", old_logprobs, dtype)
-    loss, stats = ppo_clip_loss_core(_checks.as_float("logprobs", logprobs, dtype),
+    loss, stats = _ppo_clip_loss_core(_checks.as_float("logprobs", logprobs, dtype),
                                      _checks.as_float("proximal_logprobs", proximal_logprobs, dtype),
                                      _checks.as_float("advantages", advantages, dtype),
                                      _checks.as_mask("loss_mask", loss_mask), old, eps_clip, eps_clip_higher, c_clip,

@@ -1,0 +1,61 @@
+"""Issue 31.7: a boundary below the public surface. Each public name has one namespace; the top level
+re-exports the first names (the same objects); no function shadows a module of its package; the README's
+namespace table lists every public name of each namespace."""
+
+import importlib
+import pkgutil
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+import prm_jax
+
+NAMESPACES = ("config", "kernels", "runtime", "credit", "losses", "filters", "scorers")
+PACKAGES = ("prm_jax", "prm_jax.kernels", "prm_jax.runtime", "prm_jax.config", "prm_jax.scorers", "prm_jax.app",
+            "prm_jax.native", "prm_jax.integrations")
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def public(namespace: str) -> list[str]:
+    return list(importlib.import_module(f"prm_jax.{namespace}").__all__)
+
+
+def test_each_public_name_has_one_namespace():
+    homes: dict[str, list[str]] = {}
+    for namespace in NAMESPACES:
+        for name in public(namespace):
+            homes.setdefault(name, []).append(namespace)
+    assert {name: where for name, where in homes.items() if len(where) > 1} == {}
+
+
+def test_the_top_level_names_are_their_namespaces_objects():
+    for name in prm_jax.__all__:
+        value = getattr(prm_jax, name)
+        if isinstance(value, types.ModuleType):
+            assert value.__name__ == f"prm_jax.{name}"
+            continue
+        homes = [ns for ns in NAMESPACES if name in public(ns)]
+        assert len(homes) == 1, (name, homes)
+        assert getattr(importlib.import_module(f"prm_jax.{homes[0]}"), name) is value, name
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_function_shadows_a_module(package):
+    # (`import prm_jax.kernels.gae` once gave the function: the module is prm_jax.kernels.token_gae now.)
+    module = importlib.import_module(package)
+    for info in pkgutil.iter_modules(module.__path__):
+        attr = getattr(module, info.name, None)
+        assert attr is None or isinstance(attr, types.ModuleType), f"{package}.{info.name} is a {type(attr).__name__}"
+
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_the_readme_table_lists_every_public_name(namespace):
+    row = re.search(rf"^\| `prm_jax\.{namespace}` \|(.*)\|$", README, re.M)
+    assert row is not None, namespace
+    listed = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)", row.group(1)))
+    listed |= {name.split("(")[0] for name in listed}
+    first = {name for name in prm_jax.__all__ if not isinstance(getattr(prm_jax, name), types.ModuleType)}
+    missing = [name for name in public(namespace) if name not in listed and name not in first]
+    assert missing == []

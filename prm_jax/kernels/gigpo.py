@@ -48,6 +48,7 @@ from jax.typing import ArrayLike
 from prm_jax.kernels import _checks
 from prm_jax.kernels.estimator import Estimate, EstimatorSpec, SummaryHook, on_turn_timesteps
 from prm_jax.kernels.normalization import NormConfig, group_layout, group_sizes_check, weighted_moments, z_score
+from prm_jax.kernels.recurrence import ScanStrategy, StepGroupMethod, resolve_step_groups
 from prm_jax.kernels.turns import TurnSteps, turn_segments, turn_sums
 from prm_jax.native import ffi
 from prm_jax.validation import ConfigError, finite_number, one_of, short_repr
@@ -190,19 +191,20 @@ def _pair_order(group: jax.Array, anchor: jax.Array) -> jax.Array:
 
 
 def _step_advantages(returns: jax.Array, anchored: jax.Array, anchors: jax.Array, row_group: jax.Array,
-                     config: GiGPOConfig) -> tuple[jax.Array, jax.Array]:
+                     config: GiGPOConfig, method: StepGroupMethod) -> tuple[jax.Array, jax.Array]:
     """Step advantages and step-group sizes, ``[B, K]`` each.
 
-    On the CPU the native kernel names each step group by its first entry in one hash-table pass. Elsewhere
-    the entries are sorted by ``(group, anchor)``: every step group is then a contiguous run, its statistics
-    are sorted segment sums, and one scatter puts the results back in place.
+    With ``method="native"`` (the CPU's, ``resolve_step_groups``) the native kernel names each step group by
+    its first entry in one hash-table pass. With ``sort`` the entries are sorted by ``(group, anchor)``: every
+    step group is then a contiguous run, its statistics are sorted segment sums, and one scatter puts the
+    results back in place.
     """
     rows, turns = returns.shape
     size = rows * turns
     flat_group = jnp.broadcast_to(row_group[:, None], anchors.shape).ravel()
     flat_anchor = jnp.where(anchored, anchors, -1).ravel()
     values = returns.ravel()
-    if ffi.use_native(sharded=False):  # the policy GAE's auto follows too (one device, the CPU, a build)
+    if method == "native":
         step, sizes = _step_stats(values, flat_anchor < 0, ffi.step_groups(flat_group, flat_anchor), config)
     else:
         order = _pair_order(flat_group, flat_anchor)
@@ -227,7 +229,7 @@ def _step_stats(values: jax.Array, free: jax.Array, segment: jax.Array, config: 
 
 def _gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax.Array | None,
                outcome: jax.Array, row_group: jax.Array, num_groups: int, config: GiGPOConfig,
-               real_rows: jax.Array | None = None) -> GiGPOOutput:
+               real_rows: jax.Array | None = None, step_groups: StepGroupMethod = "sort") -> GiGPOOutput:
     """GiGPO on validated arrays (module docstring has the rules); ``real_rows [B]`` bool leaves padding
     rows out of the episode statistics (default: every row is real)."""
     dtype = turn_rewards.dtype
@@ -245,7 +247,7 @@ def _gigpo_core(turn_rewards: jax.Array, turn_active: jax.Array, anchor_ids: jax
     anchors = jnp.zeros((rows, turns), jnp.int32) if anchor_ids is None else anchor_ids
     anchored = turn_active & (anchors != -1)
     anchors = _dense_anchors(anchors, anchored)
-    step, sizes = _step_advantages(returns, anchored, anchors, row_group, config)
+    step, sizes = _step_advantages(returns, anchored, anchors, row_group, config, step_groups)
     advantages = jnp.where(turn_active, episode[:, None] + config.step_weight * step, 0.0)
     return GiGPOOutput(advantages, episode, step, returns, sizes)
 
@@ -269,7 +271,8 @@ def step_group_counts(step_group_sizes: jax.Array) -> dict[str, jax.Array]:
 
 def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayLike, *,
           anchor_ids: ArrayLike | None = None, group_sizes: ArrayLike | None = None,
-          config: GiGPOConfig = GiGPOConfig()) -> GiGPOOutput:
+          config: GiGPOConfig = GiGPOConfig(),
+          step_groups: StepGroupMethod | Literal["auto"] = "auto") -> GiGPOOutput:
     """GiGPO advantages per turn.
 
     Args:
@@ -280,6 +283,8 @@ def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayL
         step group per GRPO group.
       group_sizes: ``[G]`` int, consecutive GRPO groups; ``None``: the batch is one group.
       config: ``GiGPOConfig`` (static).
+      step_groups: how the step groups are found: ``native`` (the CPU's hash pass), ``sort`` (every
+        backend), or ``auto`` (native where it runs); the same numbers.
 
     Returns:
       ``GiGPOOutput``; ``broadcast_turn_rewards(output.advantages, turn_ids)`` puts them on tokens.
@@ -296,13 +301,14 @@ def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayL
     if group_sizes is not None:
         group_sizes = jnp.asarray(group_sizes)
         _checks.check_rank("group_sizes", group_sizes, 1)
-    output, checks = _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes, config=config)
+    output, checks = _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes, config=config,
+                                step_groups=resolve_step_groups(step_groups))
     _checks.raise_value_checks(checks, callback=True)
     return output
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes, *, config):
+@functools.partial(jax.jit, static_argnames=("config", "step_groups"))
+def _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes, *, config, step_groups):
     dtype = _checks.accumulation_dtype(turn_rewards, outcome_rewards)
     rewards = _checks.as_float("turn_rewards", turn_rewards, dtype)
     outcome = _checks.as_float("outcome_rewards", outcome_rewards, dtype)
@@ -316,7 +322,7 @@ def _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes
         checks.append(group_sizes_check(group_sizes, rows))
         layout = group_layout(rows, NormConfig("group", "group"), group_sizes)
         row_group, num_groups = layout.row_group, layout.num_groups
-    return _gigpo_core(rewards, active, anchors, outcome, row_group, num_groups, config), checks
+    return _gigpo_core(rewards, active, anchors, outcome, row_group, num_groups, config, step_groups=step_groups), checks
 
 
 def _gigpo_turns(batch: Mapping[str, Any], default: int) -> int:
@@ -330,7 +336,7 @@ def _gigpo_turns(batch: Mapping[str, Any], default: int) -> int:
 def _estimate(stage: GiGPOConfig, checks: list, batch: Mapping[str, jax.Array], outcome: jax.Array,
               process: jax.Array | None, active: jax.Array, turn_ids: jax.Array, turns: TurnSteps,
               row_group: jax.Array, num_groups: int, real_rows: jax.Array, num_turns: int,
-              dtype: Any) -> Estimate:
+              strategy: ScanStrategy, dtype: Any) -> Estimate:
     """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps, and the step
     groups' counts (``step_group_counts``).
 
@@ -355,7 +361,8 @@ def _estimate(stage: GiGPOConfig, checks: list, batch: Mapping[str, jax.Array], 
     else:
         step_rewards = derived
     anchors = _checks.as_integer("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
-    per_turn = _gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups, stage, real_rows)
+    per_turn = _gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups, stage, real_rows,
+                           strategy.step_groups)
     return Estimate(on_turn_timesteps(per_turn.advantages, in_turn, turn_ids),
                     diagnostics=step_group_counts(per_turn.step_group_sizes))
 

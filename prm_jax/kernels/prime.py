@@ -36,7 +36,7 @@ from jax.typing import ArrayLike
 from prm_jax.kernels import _checks
 from prm_jax.kernels.estimator import Estimate, EstimatorSpec
 from prm_jax.kernels.normalization import leave_one_out_mean, segment_totals, whiten
-from prm_jax.kernels.recurrence import ScanStrategy, resolve_method, reverse_cumsum
+from prm_jax.kernels.recurrence import CumsumMethod, ScanStrategy, resolve_strategy, reverse_cumsum
 from prm_jax.kernels.schema import BATCH_SCHEMA
 from prm_jax.kernels.token_gae import _gae_core
 from prm_jax.validation import boolean, finite_number, one_of
@@ -67,20 +67,20 @@ class PrimeCredit:
         one_of("norm", self.norm, PRIME_NORMS, config=True)
 
 
-def last_active(active: jax.Array) -> jax.Array:
+def last_active(active: jax.Array, cumsum: CumsumMethod) -> jax.Array:
     """``[B, T]`` bool: each row's last active timestep."""
-    later = reverse_cumsum(active.astype(jnp.float32), active)  # exact: integers far below 2**24
+    later = reverse_cumsum(active.astype(jnp.float32), active, cumsum)  # exact: integers far below 2**24
     return active & (later == 1)
 
 
 def _implicit_rewards_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, active: jax.Array, beta: float,
-                          lam: float, outcome: jax.Array | None, method: str = "scan",
+                          lam: float, outcome: jax.Array | None, strategy: ScanStrategy,
                           last: jax.Array | None = None) -> jax.Array:
     """``implicit_process_rewards`` on validated float arrays on timesteps (``last``: each row's last
     trained timestep, when the caller has it)."""
     zero = jnp.zeros((), prm_logprobs.dtype)
     q = jnp.where(active, beta * (prm_logprobs - ref_logprobs), zero)
-    last = last_active(active) if last is None else last
+    last = last_active(active, strategy.cumsum) if last is None else last
     if lam == 0.0:
         rewards = q
     else:
@@ -90,7 +90,7 @@ def _implicit_rewards_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, act
         # The lambda-return with masked carry is GAE with gamma 1 and no values: one scan of any method.
         zeros = jnp.zeros(q.shape[:1], q.dtype)
         rewards = jnp.where(active, _gae_core(q, jnp.zeros_like(q), active, jnp.ones((), q.dtype),
-                                             jnp.asarray(lam, q.dtype), zeros, method).advantages, zero)
+                                             jnp.asarray(lam, q.dtype), zeros, strategy.general).advantages, zero)
     return jnp.where(last, zero, rewards)
 
 
@@ -117,14 +117,14 @@ def implicit_process_rewards(prm_logprobs: ArrayLike, ref_logprobs: ArrayLike, m
     if outcome is not None:
         _checks.check_shape("outcome", outcome, shape[:1], "the batch axis")
     beta, lam = finite_number("beta", beta), finite_number("lam", lam, minimum=0.0, maximum=1.0)
-    method = resolve_method("auto", unit_discount=lam == 1.0)
-    out, checks = _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, beta=beta, lam=lam, method=method)
+    strategy = resolve_strategy("auto", unit_discount=lam == 1.0)
+    out, checks = _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, beta=beta, lam=lam, strategy=strategy)
     _checks.raise_value_checks(checks, callback=True)
     return out
 
 
-@functools.partial(jax.jit, static_argnames=("beta", "lam", "method"))
-def _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, *, beta, lam, method):
+@functools.partial(jax.jit, static_argnames=("beta", "lam", "strategy"))
+def _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, *, beta, lam, strategy):
     dtype = _checks.accumulation_dtype(prm_logprobs, ref_logprobs, outcome)
     active = _checks.as_mask("mask", mask)
     prm = _checks.as_float("prm_logprobs", prm_logprobs, dtype)
@@ -132,7 +132,7 @@ def _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, *, beta, lam, metho
     checks = [*_checks.mask_check("mask", mask), _checks.finite_check("prm_logprobs", prm, active),
               _checks.finite_check("ref_logprobs", ref, active)]
     gt = None if outcome is None else _checks.as_float("outcome", outcome, dtype)
-    return _implicit_rewards_core(prm, ref, active, beta, lam, gt, method), checks
+    return _implicit_rewards_core(prm, ref, active, beta, lam, gt, strategy), checks
 
 
 class PrimeOutput(NamedTuple):
@@ -144,16 +144,16 @@ class PrimeOutput(NamedTuple):
 def _prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.Array, active: jax.Array,
                real: jax.Array, row_group: jax.Array, num_groups: int, *, beta: float, lam: float, use_gt: bool,
                dpo_coef: float, gt_coef: float, batch_norm: bool,
-               method: str = "scan") -> tuple[PrimeOutput, _checks.ValueCheck]:
+               strategy: ScanStrategy) -> tuple[PrimeOutput, _checks.ValueCheck]:
     """The PRIME recipe on validated arrays (module docstring), and the check that no group has one row."""
     zero = jnp.zeros((), outcome.dtype)
-    steps_to_go = reverse_cumsum(active.astype(outcome.dtype), active)  # trained timesteps from t on
+    steps_to_go = reverse_cumsum(active.astype(outcome.dtype), active, strategy.cumsum)  # trained timesteps from t on
     rewards = _implicit_rewards_core(prm_logprobs, ref_logprobs, active, beta, lam, outcome if use_gt else None,
-                                    method, last=active & (steps_to_go == 1))
+                                    strategy, last=active & (steps_to_go == 1))
     # One reverse cumulative sum of the rewards serves both batch_norm and the returns: the returns are
     # linear in the rewards (RLOO's dense source is a per-row affine map of them, the outcome source sits
     # at the last trained timestep, so every trained timestep's return-to-go holds all of it).
-    to_go = reverse_cumsum(rewards, active)
+    to_go = reverse_cumsum(rewards, active, strategy.cumsum)
     if batch_norm:
         scale = jnp.max(jnp.abs(to_go)) + 1e-6
         rewards, to_go = rewards / scale, to_go / scale
@@ -185,7 +185,7 @@ def _estimate(stage: PrimeCredit, checks: list, batch: Mapping[str, jax.Array], 
     checks.append(_checks.finite_check("batch['prm_logprobs']", prm, active, hint=BATCH_SCHEMA["prm_logprobs"].hint))
     out, alone = _prime_core(prm, ref_logprobs, outcome, active, real_rows, row_group, num_groups,
                             beta=stage.beta, lam=stage.lam, use_gt=stage.use_gt, dpo_coef=stage.dpo_coef,
-                            gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm", method=strategy.general)
+                            gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm", strategy=strategy)
     checks.append(alone)
     count = jnp.maximum(jnp.sum(active, dtype=jnp.int32), 1).astype(dtype)
     return Estimate(out.advantages, diagnostics={"prime/implicit_reward_mean": jnp.sum(out.rewards) / count})

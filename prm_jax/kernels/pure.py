@@ -34,7 +34,7 @@ from jax.typing import ArrayLike
 from prm_jax.kernels import _checks
 from prm_jax.kernels.estimator import Estimate, EstimatorSpec
 from prm_jax.kernels.normalization import leave_one_out_mean, whiten
-from prm_jax.kernels.recurrence import reverse_cumsum
+from prm_jax.kernels.recurrence import CumsumMethod, ScanStrategy, reverse_cumsum
 from prm_jax.kernels.turns import TurnSteps
 from prm_jax.validation import ConfigError, boolean, finite_number
 
@@ -138,13 +138,13 @@ class PureOutput(NamedTuple):
 
 def _pure_core(process: jax.Array, outcome: jax.Array, active: jax.Array, ends: jax.Array, outcome_at: jax.Array,
               real: jax.Array, row_group: jax.Array, num_groups: int, temperature: float, verifier_coef: float,
-              whitened: bool) -> PureOutput:
+              whitened: bool, cumsum: CumsumMethod) -> PureOutput:
     """The PURE recipe on validated arrays: ``process`` P and ``active`` on timesteps, ``ends`` each turn's
     last active timestep, ``outcome_at`` [B, T] bool the outcome's timestep, ``real`` [B] the real rows."""
     zero = jnp.zeros((), process.dtype)
     steps = _min_form_core(process, ends, temperature)
     q = steps + jnp.where(outcome_at, verifier_coef * outcome[:, None], zero)
-    to_go = reverse_cumsum(q, active)
+    to_go = reverse_cumsum(q, active, cumsum)
     length = jnp.sum(active, axis=1, dtype=jnp.int32).astype(process.dtype)
     per_token = jnp.sum(to_go, axis=1) / jnp.maximum(length, 1)
     baseline, alone = leave_one_out_mean(per_token, real, row_group, num_groups)
@@ -155,12 +155,12 @@ def _pure_core(process: jax.Array, outcome: jax.Array, active: jax.Array, ends: 
 
 def _estimate(stage: PureCredit, checks: list, process: jax.Array | None, outcome: jax.Array, active: jax.Array,
               turns: TurnSteps, outcome_at: jax.Array, real_rows: jax.Array, row_group: jax.Array, num_groups: int,
-              dtype: Any) -> Estimate:
+              strategy: ScanStrategy, dtype: Any) -> Estimate:
     """The PURE recipe (``_pure_core``): min-form turn rewards and the verifier score, sum returns, RLOO,
     whitening."""
     process = process if process is not None else jnp.zeros(active.shape, dtype)
     out = _pure_core(process, outcome, active, turns.ends, outcome_at, real_rows, row_group, num_groups,
-                    stage.temperature, stage.verifier_coef, stage.whiten)
+                    stage.temperature, stage.verifier_coef, stage.whiten, strategy.cumsum)
     return Estimate(out.advantages, diagnostics={"pure/groups_of_one": jnp.sum(out.alone, dtype=jnp.int32)})
 
 

@@ -58,23 +58,55 @@ def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: boo
     return "cumsum" if unit_discount else "associative"
 
 
+StepGroupMethod = Literal["native", "sort"]
+STEP_GROUP_METHODS: tuple[StepGroupMethod, ...] = get_args(StepGroupMethod)
+CumsumMethod = Literal["blocked", "lax"]
+
+
 @dataclasses.dataclass(frozen=True)
 class ScanStrategy:
-    """How each backward recurrence of a program is scanned, resolved once before tracing (a static
-    argument): ``gae`` for the configured GAE (its ``gamma * lam``), ``general`` for recurrences with other
-    coefficients (the turn rule's masked fills, PRIME's lambda-return): never ``cumsum``."""
+    """Every backend choice of a program, resolved once before tracing and passed as a static argument, so
+    no kernel reads the backend, the device count or the environment while it is traced (and the native
+    library is built, if at all, before the first trace): ``gae`` for the configured GAE (its ``gamma *
+    lam``); ``general`` for recurrences with other coefficients (the turn rule's masked fills, PRIME's
+    lambda-return), never ``cumsum``; ``step_groups`` how GiGPO finds its step groups (the CPU's ``native``
+    hash pass or the ``sort`` every backend has); ``cumsum`` how a reverse cumulative sum runs (``blocked``
+    matrix products on the CPU, where XLA's ``lax.cumsum`` is slow, else ``lax``)."""
 
     gae: GAEMethod
     general: GAEMethod
+    step_groups: StepGroupMethod = "sort"
+    cumsum: CumsumMethod = "lax"
 
 
-def resolve_strategy(method: GAEMethod | str, *, unit_discount: bool, sharded: bool = False) -> ScanStrategy:
+def resolve_strategy(method: GAEMethod | str, *, unit_discount: bool, sharded: bool = False,
+                     step_groups: StepGroupMethod | Literal["auto"] = "auto") -> ScanStrategy:
     """``method`` for the GAE (``resolve_method``) and the method for every other recurrence: the same one,
     unless it is ``cumsum`` (only exact for ``gamma * lam == 1``), where ``auto``'s choice for any
-    coefficients stands in. An explicit method (``scan``, ``native``, ...) is honoured everywhere."""
+    coefficients stands in. An explicit method (``scan``, ``native``, ...) is honoured everywhere. The step
+    groups and the cumulative sums follow the backend (``resolve_step_groups``, ``resolve_cumsum``)."""
     gae = resolve_method(method, unit_discount=unit_discount, sharded=sharded)
     general = gae if gae != "cumsum" else resolve_method("auto", unit_discount=False, sharded=sharded)
-    return ScanStrategy(gae, general)
+    return ScanStrategy(gae, general, resolve_step_groups(step_groups, sharded=sharded), resolve_cumsum())
+
+
+def resolve_step_groups(method: StepGroupMethod | Literal["auto"] | str = "auto", *,
+                        sharded: bool = False) -> StepGroupMethod:
+    """GiGPO's step-group method, outside any trace: ``auto`` is ``native`` where the native kernels run
+    (``ffi.use_native``: the CPU, one device, a build), else ``sort``; ``native`` is refused where they
+    cannot."""
+    checked = one_of("step_groups", method, ("auto", *STEP_GROUP_METHODS))
+    if checked == "auto":
+        return "native" if ffi.use_native(sharded=sharded) else "sort"
+    if checked == "native" and not (ffi.available() and not sharded):
+        raise ValueError("step_groups='native' needs the native CPU kernels on one device (see prm_jax.native); "
+                         "use 'auto' or 'sort'")
+    return checked
+
+
+def resolve_cumsum() -> CumsumMethod:
+    """``blocked`` on the CPU backend, else ``lax`` (``reverse_cumsum``), outside any trace."""
+    return "blocked" if jax.default_backend() == "cpu" else "lax"
 
 
 def _affine_combine(later, earlier):
@@ -183,19 +215,20 @@ def _blocked_recurrence(coeffs: jax.Array, offsets: jax.Array, init: jax.Array, 
 CUMSUM_BLOCK = 64  # timesteps per block of the CPU's blocked reverse cumulative sum
 
 
-def reverse_cumsum(x: jax.Array, active: jax.Array) -> jax.Array:
+def reverse_cumsum(x: jax.Array, active: jax.Array, method: CumsumMethod) -> jax.Array:
     """``sum_{u >= t} x_u`` over the active entries of each row of ``[B, T]`` ``x`` (the return-to-go with no
     discount), 0 at inactive entries: the recurrence with every coefficient 1.
 
-    XLA:CPU computes ``lax.cumsum`` as a reduce-window, about ten times a copy of the array; there the sum
-    is blocked instead: within blocks of ``CUMSUM_BLOCK`` timesteps one small matrix product (an upper
-    triangle of ones, full precision), across blocks a cumulative sum of the block totals. Elsewhere
-    (and for short rows) it is ``lax.cumsum``. The two differ only in rounding.
+    XLA:CPU computes ``lax.cumsum`` as a reduce-window, about ten times a copy of the array; there
+    (``method="blocked"``, ``resolve_cumsum``) the sum is blocked instead: within blocks of ``CUMSUM_BLOCK``
+    timesteps one small matrix product (an upper triangle of ones, full precision), across blocks a
+    cumulative sum of the block totals. Otherwise (and for short rows) it is ``lax.cumsum``. The two differ
+    only in rounding.
     """
     zero = jnp.zeros((), x.dtype)
     kept = jnp.where(active, x, zero)
     rows, width = x.shape
-    if jax.default_backend() != "cpu" or width < 2 * CUMSUM_BLOCK:
+    if method == "lax" or width < 2 * CUMSUM_BLOCK:
         return jnp.where(active, lax.cumsum(kept, axis=1, reverse=True), zero)
     blocks = -(-width // CUMSUM_BLOCK)
     padded = jnp.pad(kept, ((0, 0), (0, blocks * CUMSUM_BLOCK - width))).reshape(rows, blocks, CUMSUM_BLOCK)

@@ -71,6 +71,15 @@ def _load() -> bool:
     return True
 
 
+def _require_loaded() -> None:
+    """The guard of every native call. A native call is traced only after a strategy chose it, so after
+    ``available()`` said yes: this reads that answer, and builds nothing and reads no environment inside a
+    trace."""
+    if not _state.get("ok"):
+        raise RuntimeError("the native CPU kernels are not available (see prm_jax.native), or were not loaded "
+                           "before tracing: resolve the method first (resolve_method / resolve_strategy)")
+
+
 def gae_native(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: jax.Array, gamma_lam: jax.Array,
                bootstrap: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(advantages, returns)`` from the native kernel.
@@ -80,8 +89,7 @@ def gae_native(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: ja
     itself: a violation fails the computation (a ``JaxRuntimeError`` carrying mask_check's message,
     raised when the result is read). ``gamma``, ``gamma_lam`` and ``bootstrap`` are ``[...]``.
     """
-    if not available():
-        raise RuntimeError("the native CPU GAE kernel is not available (see prm_jax.native)")
+    _require_loaded()
     f32 = jnp.float32
     rows = rewards.shape[:-1]
     if mask.dtype not in (jnp.bool_, f32):
@@ -97,8 +105,7 @@ def gae_native(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: ja
 def step_groups(group: jax.Array, anchor: jax.Array) -> jax.Array:
     """Step-group ids ``[..., N]`` int32: the index of the first entry with the same ``(group, anchor)``; an
     entry with ``anchor < 0`` is its own group. int32 ``[..., N]`` inputs."""
-    if not available():
-        raise RuntimeError("the native CPU kernels are not available (see prm_jax.native)")
+    _require_loaded()
     call = jax.ffi.ffi_call(STEP_GROUPS_TARGET, jax.ShapeDtypeStruct(group.shape, jnp.int32),
                             vmap_method="broadcast_all")
     return call(group.astype(jnp.int32), anchor.astype(jnp.int32))
@@ -107,8 +114,7 @@ def step_groups(group: jax.Array, anchor: jax.Array) -> jax.Array:
 def next_active_ids(turn_ids: jax.Array, active: jax.Array) -> jax.Array:
     """``[..., T]`` int32: the turn id of each timestep's next active timestep in its row, -1 where none
     follows (``turns_cpu.cc``). int32 ids and a bool mask."""
-    if not available():
-        raise RuntimeError("the native CPU kernels are not available (see prm_jax.native)")
+    _require_loaded()
     call = jax.ffi.ffi_call(NEXT_ACTIVE_IDS_TARGET, jax.ShapeDtypeStruct(turn_ids.shape, jnp.int32),
                             vmap_method="broadcast_all")
     return call(turn_ids.astype(jnp.int32), active.astype(jnp.bool_))

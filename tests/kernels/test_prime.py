@@ -9,6 +9,9 @@ import reference
 
 from prm_jax.credit import implicit_process_rewards
 from prm_jax.kernels.prime import _prime_core
+from prm_jax.kernels.recurrence import ScanStrategy
+
+SCAN = ScanStrategy("scan", "scan")  # the path chosen by argument (issue 31.3)
 
 
 def batch(rng, rows=6, width=20):
@@ -56,7 +59,7 @@ def test_the_recipe_matches_the_loop(batch_norm, lam, use_gt, dpo, gt):
     groups = np.arange(8) // 4
     out, check = _prime_core(jnp.asarray(prm), jnp.asarray(ref), jnp.asarray(outcome), jnp.asarray(mask),
                             jnp.ones(8, bool), jnp.asarray(groups, jnp.int32), 8, beta=0.05, lam=lam, use_gt=use_gt,
-                            dpo_coef=dpo, gt_coef=gt, batch_norm=batch_norm)
+                            dpo_coef=dpo, gt_coef=gt, batch_norm=batch_norm, strategy=SCAN)
     want_adv, want_ret, want_s = reference.prime(prm, ref, outcome, mask, groups, beta=0.05, lam=lam, use_gt=use_gt,
                                                  dpo_coef=dpo, gt_coef=gt, batch_norm=batch_norm)
     np.testing.assert_allclose(out.rewards, want_s, rtol=2e-5, atol=1e-6)
@@ -70,7 +73,7 @@ def test_all_equal_outcomes_and_zero_implicit_rewards_give_zero():
     same = np.zeros((4, 5), np.float32)
     out, _ = _prime_core(jnp.asarray(same), jnp.asarray(same), jnp.ones(4, jnp.float32), jnp.asarray(mask),
                         jnp.ones(4, bool), jnp.zeros(4, jnp.int32), 1, beta=0.05, lam=0.0, use_gt=False,
-                        dpo_coef=5.0, gt_coef=5.0, batch_norm=True)
+                        dpo_coef=5.0, gt_coef=5.0, batch_norm=True, strategy=SCAN)
     np.testing.assert_array_equal(out.advantages, 0)
 
 
@@ -79,7 +82,7 @@ def test_a_group_of_one_is_refused():
     x = jnp.zeros((3, 4), jnp.float32)
     out, check = _prime_core(x, x, jnp.asarray([1.0, 0.0, 1.0]), jnp.asarray(mask), jnp.ones(3, bool),
                             jnp.asarray([0, 0, 1], jnp.int32), 3, beta=0.05, lam=0.0, use_gt=False, dpo_coef=5.0,
-                            gt_coef=5.0, batch_norm=True)
+                            gt_coef=5.0, batch_norm=True, strategy=SCAN)
     assert int(check.count) == 1 and "row 2 is alone" in check.message(*[np.asarray(d) for d in check.details])
     np.testing.assert_array_equal(np.asarray(out.advantages)[2], 0)
 
@@ -89,7 +92,7 @@ def test_jit_vmap_bfloat16_no_retrace():
     rng = np.random.default_rng(5)
     fn = jax.jit(chex.assert_max_traces(
         lambda p, r, m: jax.vmap(lambda a, b, c: _implicit_rewards_core(a[None], b[None], c[None], 0.05, 0.9,
-                                                                       None)[0])(p, r, m), n=1))
+                                                                       None, SCAN)[0])(p, r, m), n=1))
     for _ in range(2):
         prm, ref, mask, _ = batch(rng)
         np.testing.assert_allclose(fn(prm, ref, mask), reference.implicit_rewards(prm, ref, mask, 0.05, 0.9),

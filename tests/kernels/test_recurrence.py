@@ -23,14 +23,16 @@ def test_linear_recurrence_methods_agree_on_general_coefficients():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("method", ["blocked", "lax"])
 @pytest.mark.parametrize("width", [1, 127, 128, 200, 1000])
-def test_reverse_cumsum_blocked_equals_the_loop(width):
-    # The CPU's blocked form (a block matrix product, then block carries) against a plain loop.
+def test_reverse_cumsum_blocked_equals_the_loop(width, method):
+    # The CPU's blocked form (a block matrix product, then block carries) and lax.cumsum, chosen by
+    # argument (issue 31.3), against a plain loop.
     from prm_jax.kernels.recurrence import reverse_cumsum
     rng = np.random.default_rng(width)
     x = rng.normal(size=(3, width)).astype(np.float32)
     active = rng.random((3, width)) < 0.7
-    got = np.asarray(reverse_cumsum(jnp.asarray(x), jnp.asarray(active)))
+    got = np.asarray(reverse_cumsum(jnp.asarray(x), jnp.asarray(active), method))
     want = np.zeros((3, width))
     for b in range(3):
         running = 0.0

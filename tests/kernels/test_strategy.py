@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 
 from prm_jax import compute_advantages
-from prm_jax.config import AdvantageConfig
+from prm_jax.config import AdvantageConfig, GiGPOConfig
+from prm_jax.kernels import advantages
+from prm_jax.kernels import gigpo as gigpo_module
+from prm_jax.kernels.recurrence import resolve_step_groups
+from prm_jax.native import ffi
 from prm_jax.native.ffi import FLOAT_MASK_TARGET, TARGET
 
 ROWS, WIDTH = 4, 16
@@ -54,3 +58,36 @@ def test_every_estimator_runs_the_configured_gae_method(estimator, method):
     native = TARGET in text or FLOAT_MASK_TARGET in text
     assert native == (method == "native" and estimator in RUNS_GAE), (estimator, method)
     # (That every method computes the same numbers: tests/kernels/test_token_gae.py and test_matrix.py.)
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
+@pytest.mark.parametrize("method", ["auto", "scan", "associative"])
+def test_nothing_reads_the_backend_the_devices_or_the_native_policy_while_tracing(estimator, method, monkeypatch):
+    # Issue 31.3: the strategy (scans, step groups, cumulative sums, sharding) is resolved once before the
+    # trace; tracing itself must not ask. Every such read raises here, during the trace only.
+    config = AdvantageConfig(gae_method=method, **ESTIMATORS[estimator])
+    arrays = advantages._batch_arrays(batch())
+    strategy = advantages._strategy(arrays, config.plan)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("read while tracing")
+
+    for module, name in ((ffi, "use_native"), (ffi, "available"), (jax, "default_backend"),
+                         (jax, "device_count")):
+        monkeypatch.setattr(module, name, refuse)
+    text = advantages._pipeline_jit.lower(arrays, plan=config.plan, strategy=strategy).as_text()
+    assert text
+
+
+@pytest.mark.parametrize("step_groups", ["native", "sort"])
+def test_gigpo_runs_the_chosen_step_group_method(step_groups):
+    if step_groups == "native" and not ffi.available():
+        pytest.skip("no C++ compiler: the native kernels are not built")
+    rewards = np.zeros((4, 3), np.float32)
+    text = gigpo_module._gigpo_jit.lower(rewards, np.ones((4, 3), bool), np.zeros(4, np.float32),
+                                         np.zeros((4, 3), np.int32), None, config=GiGPOConfig(),
+                                         step_groups=step_groups).as_text()
+    assert (ffi.STEP_GROUPS_TARGET in text) == (step_groups == "native")
+    # compute_advantages' GiGPO follows the strategy it resolved (native where the kernels run).
+    pipeline = lowered(AdvantageConfig(**ESTIMATORS["gigpo"]))
+    assert (ffi.STEP_GROUPS_TARGET in pipeline) == (resolve_step_groups("auto") == "native")

@@ -43,7 +43,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -55,6 +55,7 @@ from prm_jax.runtime.trajectory import (
     VECTOR_FIELDS,
     Interaction,
     InteractionCache,
+    StopReason,
     check_vector_lengths,
     concat_spans,
     finite_vector,
@@ -156,7 +157,7 @@ _MESSAGES = JSONType(list[dict[str, Any]] | None, _optional(_objects), "must be 
 JSON_TYPES: dict[str, JSONType] = {
     "parent_id": JSONType(NonEmpty | None, _optional(_nonempty_str), "must be a non-empty string or null"),
     "output_logprobs": _LOGPROBS, "messages": _MESSAGES, "output_messages": _MESSAGES,
-    "stop_reason": JSONType(Literal["stop", "length"], lambda v: v in STOP_REASONS, f"must be one of {STOP_REASONS}",
+    "stop_reason": JSONType(StopReason, lambda v: v in STOP_REASONS, f"must be one of {STOP_REASONS}",
                             default="stop"),
     "reward": _NUMBER, "token_rewards": _NUMBERS,
     # (msgspec bounds no int beyond int64: the value rule checks the range)

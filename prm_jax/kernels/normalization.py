@@ -38,7 +38,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import ConfigError, boolean, finite_number, integer, short_repr
+from prm_jax.validation import ConfigError, boolean, finite_number, integer, one_of, short_repr
 
 NormLevel = Literal["batch", "group"] | None
 NORM_LEVELS: tuple[NormLevel, ...] = ("batch", "group", None)
@@ -57,8 +57,7 @@ class NormConfig:
 
     def __post_init__(self):
         for key in ("mean_level", "std_level"):
-            if getattr(self, key) not in NORM_LEVELS:
-                raise ConfigError(key, f"must be one of 'batch', 'group' or None, got {short_repr(getattr(self, key))}")
+            one_of(key, getattr(self, key), NORM_LEVELS, config=True)
         object.__setattr__(self, "eps", finite_number("eps", self.eps, minimum=0.0))
         for key in ("mean_leave1out", "std_unbiased"):
             boolean(key, getattr(self, key))

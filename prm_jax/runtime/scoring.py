@@ -38,19 +38,22 @@ import inspect
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 
 from prm_jax.runtime.trajectory import Interaction
-from prm_jax.validation import deadline, finite_number, integer, scorer_weight
+from prm_jax.validation import boolean, deadline, finite_number, integer, one_of, scorer_weight
 
 Unit = Literal["turn", "trajectory"]
 ExecutorKind = Literal["async", "thread", "process", "batch"]
-SYNC_EXECUTORS = ("thread", "process")
+SyncExecutor = Literal["thread", "process"]
+SYNC_EXECUTORS: tuple[SyncExecutor, ...] = get_args(SyncExecutor)
 
-SCOPES = ("turn", "trajectory")
-VALUE_TYPES = ("float", "boolean")
+Scope = Literal["turn", "trajectory"]
+SCOPES: tuple[Scope, ...] = get_args(Scope)
+ValueType = Literal["float", "boolean"]
+VALUE_TYPES: tuple[ValueType, ...] = get_args(ValueType)
 AGGREGATIONS = {"boolean": ("count", "rate"), "float": ("sum", "mean")}
 
 
@@ -69,10 +72,8 @@ class PRMMetricObservation:
         for key in ("metric_id", "target_id"):
             if not isinstance(getattr(self, key), str) or not getattr(self, key):
                 raise ValueError(f"PRMMetricObservation.{key} must be a non-empty string, got {getattr(self, key)!r}")
-        if self.scope not in SCOPES:
-            raise ValueError(f"PRMMetricObservation.scope must be one of {SCOPES}, got {self.scope!r}")
-        if self.value_type not in VALUE_TYPES:
-            raise ValueError(f"PRMMetricObservation.value_type must be one of {VALUE_TYPES}, got {self.value_type!r}")
+        one_of("PRMMetricObservation.scope", self.scope, SCOPES)
+        one_of("PRMMetricObservation.value_type", self.value_type, VALUE_TYPES)
         aggregations = (self.aggregations,) if isinstance(self.aggregations, str) else tuple(self.aggregations)
         object.__setattr__(self, "aggregations", aggregations)
         if not aggregations:
@@ -144,8 +145,7 @@ class BaseScorer:
         if not isinstance(type(self).name, str) or not type(self).name:
             raise ValueError(f"{type(self).__name__} must set a non-empty class-level name")
         type(self).check_kind()
-        if not isinstance(enabled, bool):
-            raise ValueError(f"scorer {self.name!r}: enabled must be a bool, got {enabled!r}")
+        boolean(f"scorer {self.name!r}: enabled", enabled, config=False)
         if kwargs:
             raise TypeError(f"scorer {self.name!r} got unexpected keyword arguments {sorted(kwargs)}")
         self.weight = scorer_weight(f"scorer {self.name!r}: weight", weight)
@@ -253,8 +253,8 @@ class SyncScorer(BaseScorer):
 
     @classmethod
     def validate_executor(cls, executor: Any = None, max_workers: Any = None) -> None:
-        if executor is not None and executor not in SYNC_EXECUTORS:
-            raise ValueError(f"executor must be one of {SYNC_EXECUTORS}, got {executor!r}")
+        if executor is not None:
+            one_of("executor", executor, SYNC_EXECUTORS)
         if max_workers is not None:
             integer("max_workers", max_workers, minimum=1)
 

@@ -20,14 +20,15 @@ import math
 import types
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from prm_jax.kernels.gigpo import is_anchor_id
 from prm_jax.validation import FLOAT32_MAX, short_repr
 
-STOP_REASONS = ("stop", "length")
+StopReason = Literal["stop", "length"]
+STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
 MAX_TOKEN_ID = 2**31 - 1  # batches hold token ids as int32
 TOKEN_ID_RANGE = f"[0, {MAX_TOKEN_ID}]"
 
@@ -110,7 +111,7 @@ def _parent_id(value: Any) -> str:
 
 
 def _stop_reason(value: Any) -> str:
-    if value not in STOP_REASONS:
+    if value not in STOP_REASONS:  # (worded without the key: the caller names the turn and the field)
         raise ValueError(f"must be one of {STOP_REASONS}, got {short_repr(value)}")
     return value
 

@@ -31,7 +31,7 @@ import math
 import re
 import string
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from prm_jax.runtime.limits import ServiceError
 from prm_jax.runtime.scoring import BaseScorer
@@ -44,10 +44,10 @@ from prm_jax.scorers._http import (
     httpx_module,
     transport,
 )
-from prm_jax.validation import finite_number, integer, short_repr
+from prm_jax.validation import finite_number, integer, one_of, short_repr
 
 ScoreFrom = Literal["regex", "json", "logprobs"]
-SCORE_FROM = ("regex", "json", "logprobs")
+SCORE_FROM: tuple[ScoreFrom, ...] = get_args(ScoreFrom)
 TEMPLATE_FIELDS = ("prompt", "response", "conversation", "ctx")
 DEFAULT_PROMPT = ("Rate how good the assistant's last reply is, from 0 (useless or wrong) to 10 (excellent).\n\n"
                   "Conversation so far:\n{prompt}\n\nReply:\n{response}\n\nAnswer with the number only.")
@@ -124,8 +124,7 @@ class OpenAIJudgeScorer(BaseScorer):
             raise ValueError(f"prompt uses unknown fields {unknown}; it may use {list(TEMPLATE_FIELDS)}")
         if system is not None and not isinstance(system, str):
             raise ValueError(f"system must be a string or None, got {short_repr(system)}")
-        if score not in SCORE_FROM:
-            raise ValueError(f"score must be one of {SCORE_FROM}, got {short_repr(score)}")
+        one_of("score", score, SCORE_FROM)
         try:
             if re.compile(pattern).groups < 1:
                 raise ValueError("it needs one group: the number")

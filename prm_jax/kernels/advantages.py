@@ -429,20 +429,30 @@ def _batch_checks(batch: Mapping[str, jax.Array], num_rows: int) -> list[_checks
 
 def _finite_inputs_checks(batch: Mapping[str, jax.Array], steps: Timesteps, last_value: jax.Array,
                           truncated: jax.Array, dtype, plan: AdvantagePlan) -> list[_checks.ValueCheck]:
-    """Every float input is finite where it is used: on trained timesteps, and a truncated row's bootstrap
-    value ``V[seqlen - 1]`` (one NaN there would reach every advantage through batch normalization); a model
-    output no stage reads (``plan.model_outputs_read``) is not checked."""
-    checks = [_checks.finite_check("batch['values']", steps.values, steps.active),
-              _checks.finite_check("batch['values'] (the bootstrap value V[seqlen - 1] of a truncated row)",
-                                   last_value, truncated, key="values_bootstrap")]
-    behaviour = (shift_to_next_token(_checks.as_float("batch['logprobs']", batch["logprobs"], dtype))
-                 if "prox_logprobs" in batch else steps.logprobs)  # prox_logprobs replaced them in steps
-    checks.append(_checks.finite_check("batch['logprobs']", behaviour, steps.active))
-    for key, array in (("prox_logprobs", steps.logprobs), ("ref_logprobs", steps.ref_logprobs),
-                       ("token_rewards", steps.process)):
-        if key in batch and array is not None and (key != "ref_logprobs" or key in plan.model_outputs_read):
-            checks.append(_checks.finite_check(f"batch[{key!r}]", array, steps.active,
-                                               hint=BATCH_SCHEMA[key].hint))
+    """Every float input on timesteps is finite where it is used, by ``BATCH_SCHEMA``'s ``finite`` rule: a
+    ``trained`` key on the trained timesteps, a ``reader`` model output where a stage reads it
+    (``plan.model_outputs_read``; one no stage reads may hold anything), and a truncated row's bootstrap
+    value ``V[seqlen - 1]`` (one NaN there would reach every advantage through batch normalization). The
+    other ``reader`` keys are checked by the stage that reads them (GiGPO's ``turn_rewards``, the λ)."""
+    zero = jnp.zeros((), dtype)
+
+    def timesteps(key: str) -> jax.Array:
+        return jnp.where(steps.active, _checks.as_float(f"batch[{key!r}]", batch[key], dtype), zero)
+
+    on_timesteps = {  # each key as the stages read it (prox_logprobs replaced the behaviour log-probs in steps)
+        "logprobs": (shift_to_next_token(_checks.as_float("batch['logprobs']", batch["logprobs"], dtype))
+                     if "prox_logprobs" in batch else steps.logprobs),
+        "prox_logprobs": steps.logprobs if "prox_logprobs" in batch else None, "ref_logprobs": steps.ref_logprobs,
+        "token_rewards": steps.process, "values": steps.values,  # (0 without a critic: checked all the same)
+        "prm_logprobs": timesteps("prm_logprobs") if "prm_logprobs" in batch else None}
+    checks = []
+    for name, key in BATCH_SCHEMA.items():
+        array = on_timesteps.get(name)  # None: not in the batch
+        read = key.finite == "trained" or (key.finite == "reader" and name in plan.model_outputs_read)
+        if array is not None and read:
+            checks.append(_checks.finite_check(f"batch[{name!r}]", array, steps.active, hint=key.hint))
+    checks.append(_checks.finite_check("batch['values'] (the bootstrap value V[seqlen - 1] of a truncated row)",
+                                       last_value, truncated, key="values_bootstrap"))
     return checks
 
 

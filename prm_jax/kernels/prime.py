@@ -37,7 +37,6 @@ from prm_jax.kernels import _checks
 from prm_jax.kernels.estimator import Estimate, EstimatorSpec
 from prm_jax.kernels.normalization import leave_one_out_mean, segment_totals, whiten
 from prm_jax.kernels.recurrence import CumsumMethod, ScanStrategy, resolve_strategy, reverse_cumsum
-from prm_jax.kernels.schema import BATCH_SCHEMA
 from prm_jax.kernels.token_gae import _gae_core
 from prm_jax.validation import boolean, finite_number, one_of
 
@@ -181,8 +180,8 @@ def _estimate(stage: PrimeCredit, checks: list, batch: Mapping[str, jax.Array], 
               outcome: jax.Array, active: jax.Array, real_rows: jax.Array, row_group: jax.Array, num_groups: int,
               strategy: ScanStrategy, dtype: Any) -> Estimate:
     """The PRIME recipe (``_prime_core``) from ``batch['prm_logprobs']`` and the reference log-probs."""
+    # (Finite on trained timesteps: the pipeline checks every model output a stage reads, BATCH_SCHEMA's rule.)
     prm = jnp.where(active, _checks.as_float("batch['prm_logprobs']", batch["prm_logprobs"], dtype), jnp.zeros((), dtype))
-    checks.append(_checks.finite_check("batch['prm_logprobs']", prm, active, hint=BATCH_SCHEMA["prm_logprobs"].hint))
     out, alone = _prime_core(prm, ref_logprobs, outcome, active, real_rows, row_group, num_groups,
                             beta=stage.beta, lam=stage.lam, use_gt=stage.use_gt, dpo_coef=stage.dpo_coef,
                             gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm", strategy=strategy)

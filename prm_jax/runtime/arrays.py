@@ -49,20 +49,9 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
       rewards: ``[B]`` outcome rewards, set on each row's last turn.
       row_ids: names of the rows (interaction ids are ``f"{row_id}/t{k}"``); default ``row{b}``.
     """
-    tokens = _integers("input_ids", input_ids)
-    if tokens.ndim != 2:
-        raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
-    _same_shape("turn_ids", _integers("turn_ids", turn_ids), tokens.shape)
-    ids = scored_turn_ids(turn_ids, attention_mask)
-    stray = stray_token_id(tokens)
-    if stray is not None:
-        raise ValueError(f"input_ids must hold token ids in {TOKEN_ID_RANGE}, got {stray}")
+    tokens, ids, mask = _row_arrays(input_ids, turn_ids, attention_mask)
     rows = tokens.shape[0]
-    real: np.ndarray = np.ones(rows, bool)
-    if attention_mask is not None:
-        mask = np.asarray(attention_mask)
-        _same_shape("attention_mask", mask, tokens.shape)
-        real = np.asarray(mask.astype(bool).any(axis=1))
+    real: np.ndarray = np.asarray(mask.any(axis=1))
     logp = None
     if logprobs is not None:
         logp = np.asarray(logprobs)
@@ -91,6 +80,21 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
                 reward=float(outcome[b]) if outcome is not None and k == len(spans) - 1 else None))
         chains.append(chain)
     return chains
+
+
+def _row_arrays(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The checks of a trainer's arrays, once for both paths: ``(tokens [B, T], the scored turn ids [B, T]
+    (-1 outside attention), the attention mask [B, T] bool)``."""
+    tokens = _integers("input_ids", input_ids)
+    if tokens.ndim != 2:
+        raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
+    _same_shape("turn_ids", _integers("turn_ids", turn_ids), tokens.shape)
+    ids = scored_turn_ids(turn_ids, attention_mask)
+    stray = stray_token_id(tokens)
+    if stray is not None:
+        raise ValueError(f"input_ids must hold token ids in {TOKEN_ID_RANGE}, got {stray}")
+    mask = np.ones(tokens.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
+    return tokens, ids, mask
 
 
 def _integers(name: str, value: Any) -> np.ndarray:
@@ -141,13 +145,9 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
     (``weight * raw`` in float32 per scorer, summed in config order), a failed chunk failing its rows."""
     if runner.closed:
         raise RunnerClosedError("PRMRunner is closed: score_arrays is rejected once aclose() has started")
-    tokens = _integers("input_ids", input_ids)
-    if tokens.ndim != 2:
-        raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
-    _same_shape("turn_ids", _integers("turn_ids", turn_ids), tokens.shape)
-    ids = scored_turn_ids(turn_ids, attention_mask).astype(np.int32)
-    mask = (np.ones(tokens.shape, np.int32) if attention_mask is None
-            else np.asarray(attention_mask).astype(bool).astype(np.int32))
+    tokens, ids, attention = _row_arrays(input_ids, turn_ids, attention_mask)
+    ids = ids.astype(np.int32)
+    mask = attention.astype(np.int32)
     rows = tokens.shape[0]
     scored = [b for b in range(rows) if turn_spans(ids[b], b)]  # (checks each row's turns, as chains do)
     failed = np.zeros(rows, bool)
@@ -203,15 +203,23 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
     out = ScoredArrays(total, failed, errors)
     if not per_turn:
         return out
-    exists = np.zeros((rows, turns), bool)
-    for row in scored:
-        exists[row, :int(ids[row].max()) + 1] = not failed[row]
-    turn_total = np.zeros((rows, turns), np.float32)
+    return out._replace(**_turn_tables(per_scorer, failed, {row: int(ids[row].max()) + 1 for row in scored},
+                                       (rows, turns)))
+
+
+def _turn_tables(per_scorer: dict[str, np.ndarray], failed: np.ndarray, turns_of: Mapping[int, int],
+                 shape: tuple[int, int]) -> dict[str, Any]:
+    """``ScoredArrays``' per-turn fields from each scorer's ``[B, K]`` table: their sum, NaN on failed rows
+    (in each table too), and which turns exist (``turns_of``: a scored row's number of turns)."""
+    total = np.zeros(shape, np.float32)
     for table in per_scorer.values():
-        turn_total += table
+        total += table
         table[failed] = np.nan
-    turn_total[failed] = np.nan
-    return out._replace(turn_scores=turn_total, per_scorer=per_scorer, turn_mask=exists)
+    total[failed] = np.nan
+    exists = np.zeros(shape, bool)
+    for row, count in turns_of.items():
+        exists[row, :count] = not failed[row]
+    return {"turn_scores": total, "per_scorer": per_scorer, "turn_mask": exists}
 
 
 ROW_KEY = "row"  # the context entry score_arrays adds: the row of the arrays a branch was built from
@@ -269,17 +277,7 @@ def _turn_scores(chains: list[list[Interaction] | None], scored: list[int], resu
         for turn_result in result:
             table = per_scorer.setdefault(turn_result.scorer, np.zeros((len(chains), turns), np.float32))
             table[row, index[turn_result.interaction_id]] += turn_result.reward
-    total = np.zeros((len(chains), turns), np.float32)
-    for table in per_scorer.values():
-        total += table
-        table[failed] = np.nan
-    total[failed] = np.nan
-    exists = np.zeros((len(chains), turns), bool)
-    for row in scored:
-        chain = chains[row]
-        assert chain is not None
-        exists[row, :len(chain)] = not failed[row]
-    return {"turn_scores": total, "per_scorer": per_scorer, "turn_mask": exists}
+    return _turn_tables(per_scorer, failed, {row: len(chains[row] or ()) for row in scored}, (len(chains), turns))
 
 
 def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], turn_ids: Any) -> np.ndarray:

@@ -37,9 +37,10 @@ import jax
 import numpy as np
 
 from prm_jax.runtime.batching import bucket_width
+from prm_jax.runtime.rewards import weighted_float32
 from prm_jax.runtime.scoring import BatchTrajectoryScorer
 from prm_jax.runtime.trajectory import Interaction, concat_spans
-from prm_jax.validation import FLOAT32_MAX, boolean, imported_callable, integer, short_repr
+from prm_jax.validation import boolean, imported_callable, integer, short_repr
 
 ModelOutput = Literal["tokens", "turns"]
 ModelFn = Callable[[Any, Any, Any], Any]
@@ -167,8 +168,8 @@ class ModelScorer(BatchTrajectoryScorer):
 def weighted_rows(scorer: ModelScorer, raw: np.ndarray) -> np.ndarray:
     """``weight * raw`` as float32, as ``weighted_rewards`` gives each turn; ``ValueError`` naming the scorer
     and the row where it is not finite in float32."""
-    product = raw * scorer.weight
-    bad = np.flatnonzero(~(np.abs(product) <= FLOAT32_MAX).all(axis=1))
+    _, weighted = weighted_float32(raw, scorer.weight)
+    bad = np.flatnonzero(~np.isfinite(weighted).all(axis=1))
     if bad.size:
         raise ValueError(f"scorer {scorer.name!r} on row {int(bad[0])}: reward * weight ({scorer.weight}) is non-finite")
-    return product.astype(np.float32)
+    return weighted

@@ -31,13 +31,18 @@ def weighted_rewards(scorer: BaseScorer, turn: Interaction, raw: Any) -> tuple[n
         if not abs(weighted) <= FLOAT32_MAX:
             raise ValueError(f"{where(scorer, turn)}: reward * weight ({scorer.weight}) is non-finite")
         return np.full(n, weighted, np.float32), float(weighted)
-    array = _reward_array(scorer, turn, raw, n)
-    with np.errstate(over="ignore"):
-        product = array * scorer.weight
-        weighted = product.astype(np.float32)
+    product, weighted = weighted_float32(_reward_array(scorer, turn, raw, n), scorer.weight)
     if not np.isfinite(weighted).all():
         raise ValueError(f"{where(scorer, turn)}: reward * weight ({scorer.weight}) is non-finite")
     return weighted, float(np.mean(product))
+
+
+def weighted_float32(raw: np.ndarray, weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(weight * raw, the same in float32)``: what is committed, by one rule for turns and for a model's
+    rows (the caller refuses where the float32 one is not finite, naming scorer and turn or row)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        product = raw * weight
+        return product, product.astype(np.float32)
 
 
 def _reward_array(scorer: BaseScorer, turn: Interaction, raw: Any, n: int) -> np.ndarray:

@@ -4,6 +4,7 @@ of ``prm_jax.runtime.limits`` and a bounded answer (``JSONService``)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -69,6 +70,18 @@ TRANSPORT_KEYS = ("request_timeout", "attempts", "backoff", "max_backoff", "max_
 def transport(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The transport settings among a judge's constructor arguments (``JSONService``'s keywords)."""
     return {key: settings[key] for key in TRANSPORT_KEYS if key in settings}
+
+
+def probability(value: Any, where: str, what: str) -> float:
+    """A classifier's probability from an answer: a float in [0, 1], else a ``ServiceError`` (status 200: the
+    server answered, with something that is not one) saying ``where`` and ``what`` was looked for."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ServiceError(f"{where}: {what}", status=200) from None
+    if not (math.isfinite(out) and 0.0 <= out <= 1.0):
+        raise ServiceError(f"{where}: {out} is not a probability", status=200)
+    return out
 
 
 class JSONService:

@@ -14,12 +14,11 @@ step-tag PRM that scores every step of a branch in one forward, serve it with vL
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from prm_jax.runtime.limits import ServiceError
 from prm_jax.runtime.trajectory import Interaction
+from prm_jax.scorers._http import probability
 from prm_jax.scorers.openai_judge import OpenAIJudgeScorer
 from prm_jax.validation import integer, short_repr
 
@@ -60,11 +59,8 @@ class ClassifyPRMScorer(OpenAIJudgeScorer):
         answer = await self.service.post("/v1/classify", {"model": self.model, "input": text})
         where = f"scorer {self.name!r} on interaction {interaction.interaction_id!r}"
         try:
-            probability = float(answer["data"][0]["probs"][self.good_index])
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise ServiceError(f"{where}: not a classification with probs[{self.good_index}]: "
-                               f"{short_repr(answer)}", status=200) from None
-        if not (math.isfinite(probability) and 0.0 <= probability <= 1.0):
-            raise ServiceError(f"{where}: {probability} is not a probability", status=200)
-        return probability
+            value = answer["data"][0]["probs"][self.good_index]
+        except (KeyError, IndexError, TypeError):
+            value = None
+        return probability(value, where, f"not a classification with probs[{self.good_index}]: {short_repr(answer)}")
 

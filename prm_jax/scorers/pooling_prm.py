@@ -21,7 +21,6 @@ step): not supported here.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -36,6 +35,7 @@ from prm_jax.scorers._http import (
     check_transport,
     check_url,
     httpx_module,
+    probability,
     transport,
 )
 from prm_jax.validation import integer, short_repr
@@ -138,14 +138,11 @@ class PoolingPRMScorer(BatchTrajectoryScorer):
         out: dict[str, Any] = {}
         for turn, row in zip(turns, rows):
             try:
-                probability = float(row[self.good_index])
-            except (IndexError, TypeError, ValueError):
-                raise ServiceError(f"{where}: row {short_repr(row)} has no probability at good_index "
-                                   f"{self.good_index}", status=200) from None
-            if not (math.isfinite(probability) and 0.0 <= probability <= 1.0):
-                raise ServiceError(f"{where}: {probability} is not a probability", status=200)
-            out[turn.interaction_id] = (probability if self.spread == "turn"
-                                        else np.full(turn.output_len, probability / turn.output_len))
+                value = row[self.good_index]
+            except (IndexError, TypeError):
+                value = None
+            score = probability(value, where, f"row {short_repr(row)} has no probability at good_index {self.good_index}")
+            out[turn.interaction_id] = (score if self.spread == "turn" else np.full(turn.output_len, score / turn.output_len))
         return out
 
     def client_stats(self) -> dict[str, float]:

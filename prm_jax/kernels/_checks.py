@@ -31,12 +31,28 @@ def accumulation_dtype(*arrays: Any) -> jnp.dtype:
     return jnp.dtype(jnp.float32)
 
 
-def as_float(name: str, x: Any, dtype: jnp.dtype) -> jax.Array:
-    x = jnp.asarray(x)
+def check_real_dtype(name: str, x: jax.Array) -> None:
     if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)
             or x.dtype == jnp.bool_):
         raise TypeError(f"{name} must be a real numeric array, got dtype {x.dtype}")
+
+
+def as_float(name: str, x: Any, dtype: jnp.dtype) -> jax.Array:
+    x = jnp.asarray(x)
+    check_real_dtype(name, x)
     return x.astype(dtype)
+
+
+def check_dtype_class(name: str, x: Any, dtype_class: str) -> None:
+    """The rule of a batch key's dtype class (``prm_jax.kernels.schema``): ``float`` any real numbers,
+    ``int`` integers, ``mask`` bool, integer or float (0/1 checked with the values)."""
+    x = jnp.asarray(x) if not hasattr(x, "dtype") else x
+    if dtype_class == "float":
+        check_real_dtype(name, x)
+    elif dtype_class == "int":
+        integer_dtype(name, x.dtype)
+    else:
+        check_mask_dtype(name, x)
 
 
 def check_mask_dtype(name: str, x: jax.Array) -> None:

@@ -383,14 +383,15 @@ def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, plan_lam: floa
 
 
 def _check_batch_shapes(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> tuple[int, int]:
-    """Trace-time checks of every key's shape (``BATCH_SCHEMA``) and of the keys the estimator needs;
-    returns ``(B, T)``."""
+    """Trace-time checks of every key's dtype class and shape (``BATCH_SCHEMA``) and of the keys the
+    estimator needs; returns ``(B, T)``."""
     _checks.check_rank("batch['attention_mask']", batch["attention_mask"], 2)
     shape = jnp.shape(batch["attention_mask"])
     for name, key in BATCH_SCHEMA.items():
         if name not in batch or name == "attention_mask":
             continue
         where = f"batch[{name!r}]"
+        _checks.check_dtype_class(where, batch[name], key.dtype)
         if key.shape == "BT":
             _checks.check_shape(where, batch[name], shape, "attention_mask")
         elif key.shape == "B":

@@ -26,7 +26,7 @@ from prm_jax.config import AdvantageConfig
 from prm_jax.kernels.normalization import _decoupled_normalization_core
 from prm_jax.kernels.prime import _implicit_rewards_core
 from prm_jax.kernels.pure import _min_form_core
-from prm_jax.kernels.recurrence import resolve_method
+from prm_jax.kernels.recurrence import resolve_strategy
 from prm_jax.kernels.tree import _tree_advantages_core, _tree_discount_core
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -98,8 +98,8 @@ def main() -> None:
     scores = jnp.asarray(rng.uniform(-1, 1, (rows, args.turns)).astype(np.float32))
     min_form = jax.jit(lambda s: _min_form_core(s, steps, 0.1))
     active = jnp.asarray(reference.shift(batch["loss_mask"] > 0, fill=False))
-    method = resolve_method("auto", unit_discount=False)
-    implicit = jax.jit(lambda a, b, m: _implicit_rewards_core(a, b, m, 0.05, 0.9, None, method))
+    strategy = resolve_strategy("auto", unit_discount=False)
+    implicit = jax.jit(lambda a, b, m: _implicit_rewards_core(a, b, m, 0.05, 0.9, None, strategy))
     floor = jax.jit(lambda s: s + 0)
     sources = np.concatenate([batch["rewards"][:, None], batch["reward_sources"]], axis=1)
     row_group = jnp.asarray(np.arange(rows) // args.group, jnp.int32)

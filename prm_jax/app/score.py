@@ -20,6 +20,7 @@ from prm_jax.app.sessions import InputError, SessionRecord, read_sessions
 from prm_jax.config.experiment import ExperimentConfig
 from prm_jax.kernels.advantages import STAGE_DIAGNOSTICS, compute_advantage_variants, compute_advantages
 from prm_jax.kernels.estimators import registered
+from prm_jax.kernels.schema import BATCH_SCHEMA, MODEL_OUTPUT_KEYS
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.runtime.batching import bucket_width, pack_branches
 from prm_jax.runtime.export import ExportedTrajectory, ExportResult, ExportService
@@ -193,8 +194,8 @@ def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int,
                           group_sizes=group_sizes,
                           token_rewards=process_rewards and any(seq.token_rewards is not None for seq in sequences),
                           per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards),
-                          sessions=sessions, model_logprobs=any(seq.prm_logprobs is not None
-                                                                or seq.ref_logprobs is not None for seq in sequences))
+                          sessions=sessions, model_logprobs=any(getattr(seq, key) is not None for seq in sequences
+                                                                for key in MODEL_OUTPUT_KEYS))
     if not anchored:
         batch.pop("anchor_ids", None)  # no anchors at all: one step group per group (not "every turn alone")
     return batch
@@ -261,9 +262,6 @@ def _reward_sources(trajectories: list[ExportedTrajectory], rows: int, names: li
     return sources
 
 
-MODEL_OUTPUTS = {"ref_logprobs": "output_ref_logprobs", "prm_logprobs": "output_prm_logprobs"}
-
-
 def check_model_outputs(records: list[SessionRecord], config: ExperimentConfig, path: str) -> None:
     """A per-token model output that a configured stage reads (``AdvantagePlan.model_outputs_read``) is on
     every turn of every exported branch, or, for the KL reward's reference log-probs, on none of them (the
@@ -271,7 +269,8 @@ def check_model_outputs(records: list[SessionRecord], config: ExperimentConfig, 
     first turn without, before anything is scored."""
     plan = config.actor.plan
     for key in plan.model_outputs_read:
-        field = MODEL_OUTPUTS[key]
+        field = BATCH_SCHEMA[key].turn_field
+        assert field is not None  # (every model output is one turn's vector)
         required = key in plan.estimator_spec.reads
         lacking: tuple[SessionRecord, int] | None = None
         carried = False
@@ -288,7 +287,7 @@ def check_model_outputs(records: list[SessionRecord], config: ExperimentConfig, 
                 break
         if lacking is not None and (required or carried):
             record, i = lacking
-            reader = ("credit_assignment 'prime' reads them on every trained turn" if required else
+            reader = (f"{plan.estimator_spec.label} reads them on every trained turn" if required else
                       "the KL reward (actor.kl_ctl != 0) reads them, and other turns carry them: give them on every "
                       "turn, or on none (the reference log-prob is then 0, AReaL's rule)")
             raise InputError(path, record.line, f"interactions[{i}].{field}", f"missing: {reader}")

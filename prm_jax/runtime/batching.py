@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from prm_jax.kernels.gigpo import dense_anchor_ids
-from prm_jax.kernels.schema import BATCH_SCHEMA
+from prm_jax.kernels.schema import BATCH_SCHEMA, MODEL_OUTPUT_KEYS
 from prm_jax.runtime.trajectory import BranchSequence
 
 
@@ -88,7 +88,7 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
             batch["token_rewards"][b, :n] = seq.token_rewards
         batch["rewards"][b] = seq.reward
         batch["is_truncated"][b] = seq.is_truncated
-        for key in ("prm_logprobs", "ref_logprobs") if model_logprobs else ():
+        for key in MODEL_OUTPUT_KEYS if model_logprobs else ():
             on_positions = getattr(seq, key)
             if on_positions is None:  # a branch without them: NaN where it is trained, never a silent 0
                 on_positions = np.where(seq.loss_mask > 0, np.float32(np.nan), np.float32(0))

@@ -1,0 +1,24 @@
+"""The benchmark scripts run (at toy sizes): a refactor that breaks one fails here, not in the next timing
+run (issue 31: bench_credit called a kernel helper whose signature had changed)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = {
+    "bench_advantages.py": ["--shapes", "4x64", "--repeats", "1", "--no-loop"],
+    "bench_credit.py": ["--rows", "8", "--turns", "2", "--tokens", "16", "--group", "4", "--repeats", "1"],
+    "bench_gigpo.py": ["--rows", "8", "--turns", "2", "--width", "32", "--group", "4", "--repeats", "1",
+                       "--loop-repeats", "1"],
+}
+
+
+@pytest.mark.parametrize("script", sorted(TOY))
+def test_the_benchmark_runs_at_a_toy_size(script):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *TOY[script]], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ms" in proc.stdout

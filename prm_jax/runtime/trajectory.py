@@ -25,6 +25,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from prm_jax.kernels.gigpo import is_anchor_id
+from prm_jax.kernels.schema import BATCH_SCHEMA, MODEL_OUTPUT_KEYS
 from prm_jax.validation import FLOAT32_MAX, short_repr
 
 StopReason = Literal["stop", "length"]
@@ -477,15 +478,16 @@ def stitch(chain: Sequence[Interaction]) -> BranchSequence:
     return BranchSequence(leaf.interaction_id, input_ids, loss_mask, logprobs, turn_ids, token_rewards, leaf.reward,
                           leaf.stop_reason == "length", tuple(turn.interaction_id for turn in chain),
                           tuple(turn.anchor_id for turn in chain), tuple(turn.step_reward for turn in chain),
-                          _on_positions(chain, spans, "output_prm_logprobs", length),
-                          _on_positions(chain, spans, "output_ref_logprobs", length))
+                          **{key: _on_positions(chain, spans, BATCH_SCHEMA[key].turn_field, length)
+                             for key in MODEL_OUTPUT_KEYS})  # (each model output the schema declares)
 
 
-def _on_positions(chain: Sequence[Interaction], spans: list[tuple[int, int]], name: str,
+def _on_positions(chain: Sequence[Interaction], spans: list[tuple[int, int]], name: str | None,
                   length: int) -> np.ndarray | None:
     """A per-token model output of the turns on their output spans (0 elsewhere), NaN on the span of a turn
     without it (never a silent 0: a stage that reads it refuses the NaN, one that does not ignores it);
     ``None`` when no turn has it."""
+    assert name is not None  # (a model output is one turn's vector)
     if all(getattr(turn, name) is None for turn in chain):
         return None
     out = np.zeros(length, np.float32)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple
 
 import jax
@@ -161,32 +161,39 @@ def segment_totals(x: jax.Array, segment: jax.Array, num_segments: int, indices_
 
 
 class Moments(NamedTuple):
-    """Masked moments, broadcast back to the entries: ``n`` the count of present entries, their mean, each
-    entry's deviation from it (0 where not present) and the variance ``sum(centred**2) / max(n - ddof, 1)``."""
+    """Masked moments, broadcast back to the entries: ``n`` the count of present entries, ``total`` their
+    sum, their ``mean``, each entry's deviation from the center (the mean, unless one was given; 0 where not
+    present) and the variance ``sum(centred**2) / max(n - ddof, 1)``."""
 
     n: jax.Array
+    total: jax.Array
     mean: jax.Array
     centred: jax.Array
     var: jax.Array
 
 
 def segment_moments(x: jax.Array, present: jax.Array, segment: jax.Array | None = None, num_segments: int = 1, *,
-                    ddof: int) -> Moments:
+                    ddof: int, center: jax.Array | None = None) -> Moments:
     """The one masked mean and variance: over every present entry of ``x`` (``segment`` None: scalars), or
     per segment of the first axis (``segment [N]`` ids in ``[0, num_segments)``: each entry gets its
-    segment's). ``ddof`` 1 is the unbiased variance (verl's whitening, TRL's GDPO), 0 the population one."""
-    zero = jnp.zeros((), x.dtype)
+    segment's). ``ddof`` 1 is the unbiased variance (verl's whitening, TRL's GDPO), 0 the population one;
+    ``center`` replaces the mean the deviations are taken from (a leave-one-out mean)."""
     if segment is None:
-        def total(v: jax.Array) -> jax.Array:
-            return jnp.sum(v)
-        count = jnp.sum(present, dtype=jnp.int32).astype(x.dtype)
-    else:
-        def total(v: jax.Array) -> jax.Array:
-            return segment_totals(v, segment, num_segments)
-        count = total(present.astype(x.dtype))
-    mean = total(jnp.where(present, x, zero)) / jnp.maximum(count, 1)
-    centred = jnp.where(present, x - mean, zero)
-    return Moments(count, mean, centred, total(centred * centred) / jnp.maximum(count - ddof, 1))
+        return moments_over(x, present, jnp.sum, ddof=ddof, center=center,
+                            count=jnp.sum(present, dtype=jnp.int32).astype(x.dtype))
+    return moments_over(x, present, lambda v: segment_totals(v, segment, num_segments), ddof=ddof, center=center)
+
+
+def moments_over(x: jax.Array, present: jax.Array, total: Callable[[jax.Array], jax.Array], *, ddof: int,
+                 center: jax.Array | None = None, count: jax.Array | None = None) -> Moments:
+    """``segment_moments`` with the reduction given: ``total(v)`` sums ``v`` over each entry's set and
+    broadcasts it back (AReaL's normalization levels sum each row first: ``normalize_core``)."""
+    zero = jnp.zeros((), x.dtype)
+    n = total(present.astype(x.dtype)) if count is None else count
+    summed = total(jnp.where(present, x, zero))
+    mean = summed / jnp.maximum(n, 1)
+    centred = jnp.where(present, x - (mean if center is None else center), zero)
+    return Moments(n, summed, mean, centred, total(centred * centred) / jnp.maximum(n - ddof, 1))
 
 
 def z_score(x: jax.Array, mean: jax.Array, std: jax.Array, eps: float, alone: jax.Array, *,
@@ -266,6 +273,12 @@ def _decoupled_normalization_core(rewards: jax.Array, weights: jax.Array, real: 
     return jnp.where(counted, total.centred / (jnp.sqrt(total.var) + eps), zero), missing
 
 
+def _level_totals(level: str, groups: GroupLayout | None) -> Callable[[jax.Array], jax.Array]:
+    """The reduction of a normalization level for ``moments_over``: ``[B, N]`` summed over each row, then
+    over the row's level, broadcast back as ``[B, 1]``."""
+    return lambda v: _level_sums(jnp.sum(v, axis=1), level, groups)[:, None]
+
+
 def _level_sums(per_row: jax.Array, level: str, groups: GroupLayout | None) -> jax.Array:
     """Sum of per-row partial sums over each row's level, broadcast back to rows: ``[B]``."""
     if level == "batch":
@@ -285,30 +298,25 @@ def _single_member(level: str, groups: GroupLayout | None) -> jax.Array | bool:
 def _normalize_core(x: jax.Array, active: jax.Array, norm: NormConfig, groups: GroupLayout | None) -> jax.Array:
     """Normalization of validated ``[B, N]`` float ``x`` with bool ``active`` (module docstring)."""
     zero, one = jnp.zeros((), x.dtype), jnp.ones((), x.dtype)
-    safe_x = jnp.where(active, x, zero)
-    row_sum = jnp.sum(safe_x, axis=1)
-    row_count = jnp.sum(active.astype(x.dtype), axis=1)
 
     if norm.mean_level is None:
         mean = zero
     else:
-        total = _level_sums(row_sum, norm.mean_level, groups)[:, None]
-        count = _level_sums(row_count, norm.mean_level, groups)[:, None]
-        mean = total / jnp.maximum(count, 1)
+        level = moments_over(x, active, _level_totals(norm.mean_level, groups), ddof=0)
+        mean = level.mean
         if norm.mean_leave1out:
-            left_out = jnp.where(active, (total - safe_x) / jnp.maximum(count - 1, 1), mean)
-            mean = jnp.where(count > 1, left_out, zero)
+            left_out = jnp.where(active, (level.total - jnp.where(active, x, zero)) / jnp.maximum(level.n - 1, 1),
+                                 mean)
+            mean = jnp.where(level.n > 1, left_out, zero)
             # A single member has no peer to leave out: it is its own baseline.
             mean = jnp.where(_single_member(norm.mean_level, groups), x, mean)
 
     if norm.std_level is None:
         std, eps = one, 0.0
     else:
-        centred = jnp.where(active, x - mean, zero)
-        sq_sum = _level_sums(jnp.sum(centred * centred, axis=1), norm.std_level, groups)[:, None]
-        count = _level_sums(row_count, norm.std_level, groups)[:, None]
-        divisor = count - 1 if norm.std_unbiased else count
-        std = jnp.where(divisor > 0, jnp.sqrt(sq_sum / jnp.maximum(divisor, 1)), one)
+        ddof = 1 if norm.std_unbiased else 0
+        spread = moments_over(x, active, _level_totals(norm.std_level, groups), ddof=ddof, center=mean)
+        std = jnp.where(spread.n - ddof > 0, jnp.sqrt(spread.var), one)
         if norm.std_unbiased:
             std = jnp.where(_single_member(norm.std_level, groups), one, std)
         eps = norm.eps

@@ -12,7 +12,7 @@ from prm_jax.kernels.normalization import segment_moments, z_score
 def loop_moments(x, present, segment, num_segments, ddof):
     x, present = np.asarray(x, np.float64), np.asarray(present, bool)
     segment = np.zeros(x.shape[0], int) if segment is None else np.asarray(segment)
-    n, mean, var = (np.zeros(x.shape) for _ in range(3))
+    n, total, mean, var = (np.zeros(x.shape) for _ in range(4))
     for g in range(num_segments):
         rows = segment == g
         for idx in np.ndindex(x.shape[1:]):
@@ -21,8 +21,8 @@ def loop_moments(x, present, segment, num_segments, ddof):
             count = values.size
             m = values.sum() / max(count, 1)
             v = ((values - m) ** 2).sum() / max(count - ddof, 1)
-            n[cols], mean[cols], var[cols] = count, m, v
-    return n, mean, np.where(present, x - mean, 0.0), var
+            n[cols], total[cols], mean[cols], var[cols] = count, values.sum(), m, v
+    return n, total, mean, np.where(present, x - mean, 0.0), var
 
 
 @pytest.mark.parametrize("ddof", [0, 1])
@@ -38,10 +38,21 @@ def test_segment_moments_match_a_float64_loop(ddof, grouped):
     if grouped:
         want = loop_moments(x, present, segment, 4, ddof)
     else:  # one set of scalars over every present entry
-        n, mean, _, var = loop_moments(x.reshape(-1, 1), present.reshape(-1, 1), None, 1, ddof)
-        want = (n[0, 0], mean[0, 0], np.where(present, x - mean[0, 0], 0.0), var[0, 0])
-    for name, g, w in zip(("n", "mean", "centred", "var"), got, want):
+        n, total, mean, _, var = loop_moments(x.reshape(-1, 1), present.reshape(-1, 1), None, 1, ddof)
+        want = (n[0, 0], total[0, 0], mean[0, 0], np.where(present, x - mean[0, 0], 0.0), var[0, 0])
+    for name, g, w in zip(("n", "total", "mean", "centred", "var"), got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_given_center_takes_the_deviations():
+    # (AReaL's leave-one-out mean is such a center: normalize_core's std is taken around it.)
+    x = jnp.asarray([1.0, 2.0, 4.0, 9.0], jnp.float32)
+    present = jnp.asarray([True, True, True, False])
+    center = jnp.asarray([0.5, 1.0, 2.0, 3.0], jnp.float32)
+    got = segment_moments(x, present, ddof=1, center=center)
+    np.testing.assert_allclose(np.asarray(got.centred), [0.5, 1.0, 2.0, 0.0])
+    np.testing.assert_allclose(float(got.var), (0.25 + 1.0 + 4.0) / 2, rtol=1e-6)
+    assert float(got.mean) == pytest.approx(7 / 3)
 
 
 def test_masked_values_change_no_moment():

@@ -35,7 +35,7 @@ from prm_jax.runtime.scoring import (
 )
 from prm_jax.runtime.trajectory import Interaction, InteractionCache
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 __all__ = [
     "AdvantageConfig", "AdvantageOutput", "BaseScorer", "BaseTrajectoryScorer", "BatchScorer",
     "BatchTrajectoryScorer", "BlockingRunner", "ExperimentConfig", "SyncScorer", "SyncTrajectoryScorer",

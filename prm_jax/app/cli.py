@@ -4,6 +4,7 @@
                 [--filter NAME]
   prm-jax demo [--output OUT] [--overwrite]
   prm-jax validate-config CONFIG.yaml
+  prm-jax doctor
 
 ``score`` reads sessions (format: ``prm_jax.app.sessions``), scores them with the configured scorers, exports
 them group by group, computes advantages with the configured actor settings, and writes ``OUT/batch.npz``
@@ -303,6 +304,11 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    from prm_jax.app.doctor import main as doctor
+    return doctor()
+
+
 def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
@@ -339,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate-config", help="check a config and import its scorers")
     validate.add_argument("config")
     validate.set_defaults(func=cmd_validate)
+    doctor = sub.add_parser("doctor", help="versions, backend, native kernels, caches and extras (for a bug report)")
+    doctor.set_defaults(func=cmd_doctor)
     return parser
 
 

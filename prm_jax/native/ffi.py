@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -49,15 +50,36 @@ def available() -> bool:
         return bool(_state["ok"])
 
 
+# Said once per process when the kernels cannot be built: slower is not silent (issue 32.1). The figures
+# are benchmarks/RESULTS.md's (GAE, native against XLA's scan, the same 2-core machine).
+NO_COMPILER_WARNING = (
+    "prm-jax: no C++ compiler found to build its native CPU kernels: GAE and GiGPO fall back to XLA's scan "
+    "and sort, about 4.6x slower at 64x8192 and 11x at 1024x2048; install a C++ compiler (g++ or clang++, "
+    "or set CXX) and they are built on first use, or set PRM_JAX_NATIVE=0 to choose the fallback silently")
+
+
+def status() -> tuple[bool, str]:
+    """``(available, why)``: whether the native kernels are loaded and, in words, the library or the reason
+    they are not (``prm-jax doctor`` prints it). Builds them on the first call, as ``available`` does."""
+    ok = available()
+    return ok, str(_state.get("why", ""))
+
+
 def _load() -> bool:
-    if os.environ.get("PRM_JAX_NATIVE", "1") == "0" or jax.default_backend() != "cpu":
+    if os.environ.get("PRM_JAX_NATIVE", "1") == "0":
+        _state["why"] = "turned off (PRM_JAX_NATIVE=0)"
+        return False
+    if jax.default_backend() != "cpu":
+        _state["why"] = f"the default backend is {jax.default_backend()}, not the CPU (they are CPU kernels)"
         return False
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not compiler:
-        logger.info("no C++ compiler found: the native CPU kernels are off: GAE's 'auto' uses 'scan', GiGPO sorts")
+        _state["why"] = "no C++ compiler on PATH (nor $CXX) to build them"
+        warnings.warn(NO_COMPILER_WARNING, RuntimeWarning, stacklevel=2)  # once: the answer is cached
         return False
     try:
-        library = ctypes.cdll.LoadLibrary(str(build_library(compiler)))
+        path = build_library(compiler)
+        library = ctypes.cdll.LoadLibrary(str(path))
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32), platform="cpu")
         jax.ffi.register_ffi_target(FLOAT_MASK_TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32FloatMask),
                                     platform="cpu")
@@ -67,7 +89,9 @@ def _load() -> bool:
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
         detail = getattr(err, "stderr", "") or err
         logger.warning("building the native CPU kernels failed: GAE's 'auto' uses 'scan', GiGPO sorts: %s", detail)
+        _state["why"] = f"the build failed: {str(detail).strip()[:300]}"
         return False
+    _state["why"] = f"loaded from {path} (built with {compiler})"
     return True
 
 

@@ -16,6 +16,8 @@ from prm_jax.validation import finite_number, integer, short_repr
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # a score answer is a few hundred bytes; 1 MiB leaves room for logprobs
 BURST_S = 0.01  # the limiter's burst, in seconds of the request rate
+MAX_BURST = 2  # and never more than two requests back to back: inside any gateway's slack (a 500/s server
+# with a bucket of 4 refused the 5 that 10 ms of its rate would allow, when a late wake-up made them up)
 
 
 def httpx_module(who: str) -> Any:
@@ -102,7 +104,8 @@ class JSONService:
         self.backoff, self.max_backoff, self.max_body_bytes = float(backoff), float(max_backoff), max_body_bytes
         # A burst of 10 ms worth of requests (2 at 250/s), far inside any gateway's bucket: a start that woke
         # late can be made up, where a burst of 1 lost ~10% of the rate to the event loop's wake-up lag.
-        burst = 1 if max_requests_per_second is None else max(1, int(max_requests_per_second * BURST_S))
+        burst = 1 if max_requests_per_second is None else max(1, min(int(max_requests_per_second * BURST_S),
+                                                                     MAX_BURST))
         self.limiter = RequestLimiter(max_concurrency, max_requests_per_second, burst)
         headers = {}
         if api_key_env is not None:

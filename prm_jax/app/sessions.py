@@ -56,6 +56,7 @@ from prm_jax.runtime.trajectory import (
     Interaction,
     InteractionCache,
     StopReason,
+    TurnField,
     check_vector_lengths,
     concat_spans,
     finite_vector,
@@ -165,16 +166,25 @@ JSON_TYPES: dict[str, JSONType] = {
                           "must be an integer or null"),
     "step_reward": _NUMBER, "output_prm_logprobs": _LOGPROBS, "output_ref_logprobs": _LOGPROBS,
 }
+if set(JSON_TYPES) != {field.name for field in TURN_FIELDS}:
+    raise RuntimeError(f"JSON_TYPES and TURN_FIELDS disagree: {sorted(set(JSON_TYPES) ^ {f.name for f in TURN_FIELDS})}")
+
+
+def _field_rule(field: TurnField) -> FieldRule:
+    """A turn field's rule in this format: its JSON type here, its value rule (the format's stricter one,
+    else the turn's) and its absent value from ``TURN_FIELDS``."""
+    kind = JSON_TYPES[field.name]
+    return FieldRule(field.name, kind.json_type, kind.default, kind.is_type, kind.type_problem,
+                     kind.value or field.rule, field.absent)
+
+
 _TOKENS_REQUIRED = "token ids are required (a list of integers); message-only interactions cannot be scored"
 INTERACTION_SCHEMA: tuple[FieldRule, ...] = (
     FieldRule("id", NonEmpty, REQUIRED, _nonempty_str, "must be a non-empty string", None),
     FieldRule("input_tokens", msgspec.Raw, REQUIRED, _token_list, _TOKENS_REQUIRED),
     FieldRule("output_tokens", msgspec.Raw, REQUIRED, _token_list, _TOKENS_REQUIRED),
-    *(FieldRule(field.name, kind.json_type, kind.default, kind.is_type, kind.type_problem, kind.value or field.rule,
-                field.absent) for field, kind in ((field, JSON_TYPES[field.name]) for field in TURN_FIELDS)),
+    *map(_field_rule, TURN_FIELDS),
 )
-if set(JSON_TYPES) != {field.name for field in TURN_FIELDS}:
-    raise RuntimeError(f"JSON_TYPES and TURN_FIELDS disagree: {sorted(set(JSON_TYPES) ^ {f.name for f in TURN_FIELDS})}")
 INTERACTION_KEYS = {rule.name for rule in INTERACTION_SCHEMA}
 
 

@@ -205,8 +205,7 @@ def z_score(x: jax.Array, mean: jax.Array, std: jax.Array, eps: float, alone: ja
     scored = (x - mean) / (std + eps) if scale else x - mean
     if alone_rule == "zero":
         return jnp.where(alone, jnp.zeros((), x.dtype), scored)
-    mine = (x - jnp.zeros((), x.dtype)) / (jnp.ones((), x.dtype) + eps) if scale else x - jnp.zeros((), x.dtype)
-    return jnp.where(alone, mine, scored)
+    return jnp.where(alone, x / (jnp.ones((), x.dtype) + eps) if scale else x, scored)
 
 
 def weighted_moments(values: jax.Array, weights: jax.Array, segment: jax.Array, num_segments: int,

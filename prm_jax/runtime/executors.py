@@ -274,12 +274,17 @@ class _Worker:
                                        name="prm-jax scorer worker")
         self.process.start()
         child.close()  # so that the worker's death is an EOF here
+        self._ending = threading.Lock()
 
     def end(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(5)
-        self.conn.close()
+        """Kills the process and closes the pipe, once: closing a runner ends a worker stuck in a call while
+        its dispatcher, woken by the EOF, ends it too (two threads closing one pipe raised EBADF)."""
+        with self._ending:
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(5)
+            if not self.conn.closed:
+                self.conn.close()
 
 
 def _worker_main(conn: Any, blob: bytes) -> None:

@@ -13,7 +13,7 @@ from prm_jax.app.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "prm_jax" / "data"
 sys.path.insert(0, str(ROOT / "tests"))
-from stub_servers import ChatServer  # noqa: E402
+from stub_servers import answer_seven, server_process  # noqa: E402
 
 
 def config(tmp_path, scorer):
@@ -33,18 +33,20 @@ actor:
 
 
 def test_prm_jax_score_with_an_openai_compatible_judge_from_the_config(tmp_path, capsys):
-    with ChatServer(lambda messages: "8", capacity=4, rate=500.0) as server:
+    # The server in a process of its own, as a real one (in this process its threads wait for the GIL).
+    with server_process("chat", answer=answer_seven, capacity=4, rate=500.0) as server:
         path = config(tmp_path, "{path: prm_jax.scorers.OpenAIJudgeScorer, weight: 0.5, kwargs: "
-                                f"{{base_url: '{server.url}/v1', model: judge, max_concurrency: 4, "
+                                f"{{base_url: '{server['url']}/v1', model: judge, max_concurrency: 4, "
                                 "max_requests_per_second: 500}}")
         code = main(["score", "--config", str(path), "--input", str(DATA / "demo_sessions.jsonl"),
                      "--output", str(tmp_path / "out"), "--quiet"])
         assert code == 0, capsys.readouterr().err
     turns = sum(len(json.loads(line)["interactions"]) for line in (DATA / "demo_sessions.jsonl").open())
-    assert server.statuses == {200: len(server.requests)} and len(server.requests) >= turns
+    summary = server["summary"]
+    assert summary["statuses"] == {200: summary["requests"]} and summary["requests"] >= turns
     saved = np.load(tmp_path / "out" / "batch.npz")
     scored = saved["token_rewards"][saved["turn_ids"] >= 0]
-    assert np.allclose(scored, np.float32(0.5 * 0.8))  # weight 0.5 x (8 - 0) / 10 on every generated token
+    assert np.allclose(scored, np.float32(0.5 * 0.7))  # weight 0.5 x (7 - 0) / 10 on every generated token
 
 
 def token_score(input_ids, attention_mask, turn_ids):

@@ -61,7 +61,7 @@ from prm_jax.kernels.normalization import (
 )
 from prm_jax.kernels.pure import MinFormTransform, _min_form_core
 from prm_jax.kernels.recurrence import GAEMethod, ScanStrategy, resolve_strategy
-from prm_jax.kernels.schema import BATCH_SCHEMA, READ_KEYS, REQUIRED_KEYS, described
+from prm_jax.kernels.schema import BATCH_SCHEMA, MODEL_OUTPUT_KEYS, READ_KEYS, REQUIRED_KEYS, described
 from prm_jax.kernels.shaping import ShapingConfig, _shape_core, process_range_check, warn_gvpo_without_penalty
 from prm_jax.kernels.token_gae import TokenGAE
 from prm_jax.kernels.turns import (
@@ -175,6 +175,23 @@ class AdvantagePlan:
     check_turn_ids: bool = False
     check_values: bool | Literal["callback"] = True
     diagnostics: bool = False
+    # The backend choices (``ScanStrategy``): ``None`` until ``compute_advantages`` resolves them from
+    # ``gae_method``, the batch (a per-row λ) and the devices, before tracing; a plan that holds one is run
+    # with it as it is (``with_strategy``).
+    strategy: ScanStrategy | None = None
+
+    def with_strategy(self, batch: Mapping[str, Any]) -> AdvantagePlan:
+        """This plan with its strategy resolved for ``batch`` (kept when it holds one already): the static
+        record the jitted pipeline runs. ``gamma * lam == 1`` is known before tracing only for one float λ."""
+        unit_discount = ("gae_lambda" not in batch and not isinstance(self.lam, LambdaFunction)
+                         and self.discount * self.lam == 1.0)
+        if self.strategy is not None:
+            if self.strategy.gae == "cumsum" and not unit_discount:
+                raise ValueError("the plan's strategy runs the GAE as a cumulative sum (ScanStrategy.gae='cumsum'),"
+                                 " which is exact only for gamma * lam == 1: not for this plan and batch")
+            return self
+        return dataclasses.replace(self, strategy=resolve_strategy(self.gae_method, unit_discount=unit_discount,
+                                                                   sharded=jax.device_count() > 1))
 
     @property
     def estimator_spec(self) -> EstimatorSpec:
@@ -196,8 +213,8 @@ class AdvantagePlan:
         """The per-token model outputs a stage reads (``ref_logprobs``: the KL reward when ``kl_ctl != 0``, and
         the estimators that declare them, as PRIME; ``prm_logprobs``: PRIME). One that is read must be there
         on every trained timestep (finite); one that is not read may hold anything (NaN where a session had
-        none)."""
-        return tuple(key for key in ("ref_logprobs", "prm_logprobs") if key in self.reads)
+        none): the schema's model outputs (``MODEL_OUTPUT_KEYS``) in the order this plan reads them."""
+        return tuple(key for key in self.reads if key in MODEL_OUTPUT_KEYS)
 
     def num_turns(self, width: int) -> int:
         return self.max_turns or width
@@ -554,7 +571,9 @@ class _Run(NamedTuple):
     active: jax.Array
 
 
-def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan, strategy: ScanStrategy) -> _Run:
+def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> _Run:
+    strategy = plan.strategy
+    assert strategy is not None, "the plan's strategy is resolved before tracing (AdvantagePlan.with_strategy)"
     num_rows, width = _check_batch_shapes(batch, plan)
     dtype = _checks.accumulation_dtype(*(batch[k] for k in ("logprobs", "rewards", "values", "ref_logprobs",
                                                              "prox_logprobs", "prm_logprobs", "token_rewards",
@@ -673,29 +692,22 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
     return out
 
 
-@functools.partial(jax.jit, static_argnames=("plan", "strategy"))
-def _pipeline_jit(batch, plan, strategy):
-    run = _pipeline(batch, plan, strategy)
+@functools.partial(jax.jit, static_argnames=("plan",))
+def _pipeline_jit(batch, plan):
+    run = _pipeline(batch, plan)
     return run.output, run.checks
 
 
-@functools.partial(jax.jit, static_argnames=("plan", "strategy", "shapings"))
-def _variants_jit(batch, plan, strategy, shapings):
+@functools.partial(jax.jit, static_argnames=("plan", "shapings"))
+def _variants_jit(batch, plan, shapings):
     """The pipeline, and its normalized advantages under other shapings (one GAE for all), each with
     whether ``process_weighted`` found process rewards outside [0, 1]."""
-    run = _pipeline(batch, plan, strategy)
+    run = _pipeline(batch, plan)
     assert run.process is not None  # compute_advantage_variants needs token_rewards
     shaped = tuple((_shape_core(run.unshaped, run.process, run.active, shaping),
                     process_range_check(run.process, run.active).count > 0 if shaping.mode == "process_weighted"
                     else jnp.zeros((), jnp.bool_)) for shaping in shapings)
     return run.output, run.checks, run.unshaped, shaped
-
-
-def _strategy(batch: Mapping[str, Any], plan: AdvantagePlan) -> ScanStrategy:
-    """The scans, chosen before tracing; ``gamma * lam == 1`` is known then only for one float λ."""
-    unit_discount = ("gae_lambda" not in batch and not isinstance(plan.lam, LambdaFunction)
-                     and plan.discount * plan.lam == 1.0)
-    return resolve_strategy(plan.gae_method, unit_discount=unit_discount, sharded=jax.device_count() > 1)
 
 
 def _warn_about_fallbacks(batch: Mapping[str, Any], plan: AdvantagePlan) -> None:
@@ -789,7 +801,7 @@ def compute_advantages(batch: Mapping[str, Any],
         raise ValueError(f"batch is missing required keys {missing}")
     arrays, real = _padded_if_empty(_batch_arrays(batch))
     _warn_about_fallbacks(arrays, plan)
-    output, checks = _pipeline_jit(arrays, plan=plan, strategy=_strategy(arrays, plan))
+    output, checks = _pipeline_jit(arrays, plan=plan.with_strategy(arrays))
     return _cut(_settle_checks(output, checks, plan), real)
 
 
@@ -820,7 +832,7 @@ def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantagePlan |
         raise ValueError("compute_advantage_variants needs batch['token_rewards'] and token_rewards_as_adv: true")
     arrays, real = _padded_if_empty(_batch_arrays(batch))
     _warn_about_fallbacks(arrays, plan)
-    output, checks, unshaped, extras = _variants_jit(arrays, plan=plan, strategy=_strategy(arrays, plan),
+    output, checks, unshaped, extras = _variants_jit(arrays, plan=plan.with_strategy(arrays),
                                                      shapings=tuple(shapings))
     output = _cut(_settle_checks(output, checks, plan), real)
     cut = (lambda x: x) if real is None else (lambda x: x[:real[0], :real[1]])

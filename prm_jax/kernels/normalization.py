@@ -243,6 +243,17 @@ def leave_one_out_mean(x: jax.Array, members: jax.Array, row_group: jax.Array,
     return jnp.where(alone, zero, (total - kept) / jnp.maximum(count - 1, 1)), alone
 
 
+def leave_one_out_affine(x: jax.Array, members: jax.Array, row_group: jax.Array,
+                         num_groups: int) -> tuple[jax.Array, jax.Array]:
+    """verl's form of the leave-one-out difference (PRIME's RLOO), ``x_i - mean_{j != i} x_j = x_i n / (n - 1)
+    - sum_j x_j / (n - 1)``: ``[B]`` each row's ``n / (n - 1)`` and ``sum_j x_j / (n - 1)`` over the members
+    of its group (``n - 1`` floored at 1, so a group of one gives ``(1, x_i)``: callers mask it), to apply
+    to any linear image of ``x`` (PRIME: its sums over timesteps). Non-members count nowhere."""
+    n = segment_totals(members.astype(x.dtype), row_group, num_groups)
+    others = jnp.maximum(n - 1, 1)
+    return n / others, segment_totals(jnp.where(members, x, jnp.zeros((), x.dtype)), row_group, num_groups) / others
+
+
 def whiten(x: jax.Array, active: jax.Array, eps: float = 1e-8) -> jax.Array:
     """verl's ``masked_whiten`` over the active entries of the whole batch: ``(x - mu) / sqrt(var + eps)``
     with the mean and the unbiased variance taken over active entries (one entry: variance 0); inactive

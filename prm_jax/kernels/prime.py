@@ -35,7 +35,7 @@ from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels.estimator import Estimate, EstimatorSpec
-from prm_jax.kernels.normalization import leave_one_out_mean, segment_totals, whiten
+from prm_jax.kernels.normalization import leave_one_out_affine, leave_one_out_mean, whiten
 from prm_jax.kernels.recurrence import CumsumMethod, ScanStrategy, resolve_strategy, reverse_cumsum
 from prm_jax.kernels.token_gae import _gae_core
 from prm_jax.validation import boolean, finite_number, one_of
@@ -162,10 +162,9 @@ def _prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.A
     if dpo_coef != 0.0:
         length = jnp.sum(active, axis=1, dtype=jnp.int32).astype(rewards.dtype)
         row_mean = jnp.where(real, jnp.sum(rewards, axis=1) / jnp.maximum(length, 1), zero)
-        n = segment_totals(real.astype(rewards.dtype), row_group, num_groups)
-        others = segment_totals(row_mean, row_group, num_groups) / jnp.maximum(n - 1, 1)
+        scale, others = leave_one_out_affine(row_mean, real, row_group, num_groups)
         # s_t n / (n - 1) - others per trained timestep, summed from t on: the same map of the sums.
-        returns = returns + dpo_coef * ((n / jnp.maximum(n - 1, 1))[:, None] * to_go - others[:, None] * steps_to_go)
+        returns = returns + dpo_coef * (scale[:, None] * to_go - others[:, None] * steps_to_go)
     if gt_coef != 0.0:
         returns = returns + gt_coef * (outcome - baseline)[:, None]
     returns = jnp.where(active & ~alone[:, None], returns, zero)

@@ -9,7 +9,8 @@ Lifecycle: scorers built from config are *owned* (disabled ones too) and closed 
 creation order, each at most once; instances passed in are *borrowed* and never closed here.
 ``await PRMRunner.create(config)`` rolls back (closes the owned scorers built so far) when start-up fails;
 the synchronous ``PRMRunner(config)`` is kept for compatibility without that rollback (SPEC 3, AReaL's v1
-start-up; with borrowed scorers only there is nothing to roll back). The lifecycle is ``RunnerState``:
+start-up; with borrowed scorers only there is nothing to roll back), and warns (``ResourceWarning``, naming
+them) when a failed start-up leaves owned scorers unclosed. The lifecycle is ``RunnerState``:
 ``OPEN``, ``CLOSING``, ``INTERRUPTED`` (a cancelled close; the next one resumes), ``CLOSED``.
 """
 
@@ -170,7 +171,16 @@ class PRMRunner:
 
     def __init__(self, config: Any = None, *, scorers: Sequence[BaseScorer] = ()):
         self._init_state()
-        self._build(as_section(config, scorers), scorers)
+        try:
+            self._build(as_section(config, scorers), scorers)
+        except Exception:
+            # SPEC 3: no rollback here (it would have to await); but never a silent leak.
+            built = [s.name for s in self._scorers if not any(s is b for b in scorers)]
+            if built:
+                warnings.warn(f"PRMRunner(config) failed at start-up and leaves the {len(built)} scorer(s) it "
+                              f"built unclosed: {built}; `await PRMRunner.create(config)` closes them",
+                              ResourceWarning, stacklevel=2)
+            raise
 
     @classmethod
     async def create(cls, config: Any = None, *, scorers: Sequence[BaseScorer] = ()) -> PRMRunner:

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prm_jax.kernels.normalization import segment_moments, z_score
+from prm_jax.kernels.normalization import leave_one_out_affine, leave_one_out_mean, segment_moments, z_score
 
 
 def loop_moments(x, present, segment, num_segments, ddof):
@@ -77,3 +77,23 @@ def test_z_score_states_its_rule_for_a_group_of_one(scale):
     itself = z_score(x, mean, std, eps, alone, alone_rule="itself", scale=scale)
     np.testing.assert_allclose(np.asarray(zero), scored + [0.0], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(itself), scored + [7 / (1 + eps) if scale else 7.0], rtol=1e-6)
+
+
+def test_leave_one_out_mean_and_verls_affine_form_match_a_float64_loop():
+    # PRIME's RLOO (verl): x_i - mean of the others = x_i n / (n - 1) - sum_j x_j / (n - 1); the affine form
+    # applies to any linear image of x (PRIME's sums over timesteps). Group 3 has one member, row 7 none.
+    x = np.array([1.0, 2.0, 4.0, -3.0, 0.5, 7.0, 2.5, 9.0], np.float32)
+    group = np.array([0, 0, 0, 1, 1, 3, 2, 2], np.int32)
+    members = np.array([True, True, True, True, True, True, True, False])
+    mean, alone = jax.jit(lambda *a: leave_one_out_mean(*a, 4))(x, members, group)
+    scale, others = jax.jit(lambda *a: leave_one_out_affine(*a, 4))(x, members, group)
+    for i in range(8):
+        peers = [float(x[j]) for j in range(8) if j != i and members[j] and group[j] == group[i]]
+        n = sum(1 for j in range(8) if members[j] and group[j] == group[i])
+        total = sum(float(x[j]) for j in range(8) if members[j] and group[j] == group[i])
+        assert bool(alone[i]) == (n <= 1)
+        np.testing.assert_allclose(float(mean[i]), np.mean(peers) if n > 1 else 0.0, rtol=1e-6)
+        np.testing.assert_allclose((float(scale[i]), float(others[i])), (n / max(n - 1, 1), total / max(n - 1, 1)),
+                                   rtol=1e-6)
+        if n > 1 and members[i]:  # the affine form is the leave-one-out difference
+            np.testing.assert_allclose(float(x[i] * scale[i] - others[i]), float(x[i]) - np.mean(peers), rtol=1e-5)

@@ -3,6 +3,8 @@
 here from the lowered program of ``compute_advantages``: the native GAE call is in it exactly when the
 method is ``native`` (or ``auto`` resolves to it) and the estimator runs GAE."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from prm_jax import compute_advantages
 from prm_jax.config import AdvantageConfig, GiGPOConfig
 from prm_jax.kernels import advantages
 from prm_jax.kernels import gigpo as gigpo_module
-from prm_jax.kernels.recurrence import resolve_step_groups
+from prm_jax.kernels.recurrence import resolve_step_groups, resolve_strategy
 from prm_jax.native import ffi
 from prm_jax.native.ffi import FLOAT_MASK_TARGET, TARGET
 
@@ -67,7 +69,7 @@ def test_nothing_reads_the_backend_the_devices_or_the_native_policy_while_tracin
     # trace; tracing itself must not ask. Every such read raises here, during the trace only.
     config = AdvantageConfig(gae_method=method, **ESTIMATORS[estimator])
     arrays = advantages._batch_arrays(batch())
-    strategy = advantages._strategy(arrays, config.plan)
+    plan = config.plan.with_strategy(arrays)
 
     def refuse(*args, **kwargs):
         raise AssertionError("read while tracing")
@@ -75,7 +77,7 @@ def test_nothing_reads_the_backend_the_devices_or_the_native_policy_while_tracin
     for module, name in ((ffi, "use_native"), (ffi, "available"), (jax, "default_backend"),
                          (jax, "device_count")):
         monkeypatch.setattr(module, name, refuse)
-    text = advantages._pipeline_jit.lower(arrays, plan=config.plan, strategy=strategy).as_text()
+    text = advantages._pipeline_jit.lower(arrays, plan=plan).as_text()
     assert text
 
 
@@ -91,3 +93,24 @@ def test_gigpo_runs_the_chosen_step_group_method(step_groups):
     # compute_advantages' GiGPO follows the strategy it resolved (native where the kernels run).
     pipeline = lowered(AdvantageConfig(**ESTIMATORS["gigpo"]))
     assert (ffi.STEP_GROUPS_TARGET in pipeline) == (resolve_step_groups("auto") == "native")
+
+
+def test_the_strategy_is_a_record_of_the_plan_resolved_once_and_honoured_when_given():
+    # Issue 31.3: one hashable record in the plan. compute_advantages resolves it before tracing; a plan
+    # that already holds one runs with it (here the scan, under gae_method "auto", which resolves to the
+    # native call where the kernels are built), and a cumulative-sum GAE is refused where it is not exact.
+    arrays = advantages._batch_arrays(batch())
+    resolved = AdvantageConfig().plan.with_strategy(arrays)
+    assert resolved.strategy is not None and resolved == AdvantageConfig().plan.with_strategy(arrays)
+    assert hash(resolved) == hash(AdvantageConfig().plan.with_strategy(arrays))  # one static argument: no retrace
+    scan = resolve_strategy("scan", unit_discount=True)
+    plan = dataclasses.replace(AdvantageConfig().plan, strategy=scan)
+    assert plan.with_strategy(arrays) is plan
+    text = jax.jit(lambda b: compute_advantages(b, plan)).lower(batch()).as_text()
+    assert TARGET not in text and FLOAT_MASK_TARGET not in text
+    np.testing.assert_allclose(compute_advantages(batch(), plan).advantages,
+                               compute_advantages(batch(), AdvantageConfig()).advantages, rtol=1e-6, atol=1e-6)
+    cumsum = dataclasses.replace(AdvantageConfig(discount=0.9).plan,
+                                 strategy=resolve_strategy("cumsum", unit_discount=True))
+    with pytest.raises(ValueError, match=r"cumulative sum.*gamma \* lam == 1"):
+        compute_advantages(batch(), cumsum)

@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import anyio
 import jax.numpy as jnp
@@ -359,12 +360,19 @@ async def test_cancellation_during_rollback_propagates():
     assert scope.cancelled_caught and st.EVENTS == ["close:a"]
 
 
-def test_sync_constructor_has_no_rollback():
+def test_sync_constructor_has_no_rollback_but_names_what_it_leaves_unclosed():
+    # SPEC 3: PRMRunner(config) stays without the rollback; issue 31.8: not silently (a ResourceWarning
+    # names the owned scorers left open and the constructor that closes them).
     config = owned(("ClosingA", {"label": "a"}))
     config["scorers"].append({"path": "scorers_for_tests.BrokenConstructor"})
-    with pytest.raises(RuntimeError, match="constructor failed"):
+    with pytest.raises(RuntimeError, match="constructor failed"), \
+            pytest.warns(ResourceWarning, match=r"1 scorer\(s\) it built unclosed: \['closing_a'\].*PRMRunner.create"):
         PRMRunner(config)
     assert st.EVENTS == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing built before the failure: nothing to warn about
+        with pytest.raises(RuntimeError, match="constructor failed"):
+            PRMRunner({"scorers": [{"path": "scorers_for_tests.BrokenConstructor"}]})
 
 
 async def test_one_instance_serves_100_concurrent_sessions():

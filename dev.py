@@ -6,6 +6,8 @@
   python3 dev.py lint    ruff and mypy over the package (in .venv)
   python3 dev.py floor   the kernel tests on the oldest supported jax, in .venv-floor
   python3 dev.py tunix   the tunix integration's tests with tunix installed (~1.8 GB), in .venv-tunix
+  python3 dev.py wheel   build the wheel, install it into a fresh venv without a compiler, check its kernels
+                         (speed against the source install; the ABI under jax 0.7.0 needs .venv-floor: floor)
   python3 dev.py bench   create .venv, install, run the CPU benchmarks
 
 Extra arguments are passed on (to pytest for ``test``).
@@ -50,7 +52,7 @@ def _ensure_env(extras: str, env: Path = VENV, pins: tuple[str, ...] = ()) -> Pa
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "lint", "floor", "tunix", "bench"):
+    if not argv or argv[0] not in ("demo", "test", "lint", "floor", "tunix", "wheel", "bench"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -68,8 +70,12 @@ def main(argv: list[str]) -> int:
     python = _ensure_env("test,example")
     if command == "test":
         return subprocess.run([str(python), "-m", "pytest", *PARALLEL, *rest], cwd=ROOT).returncode
+    if command == "wheel":
+        env = dict(os.environ, PRM_JAX_WHEEL_TEST="1")
+        return subprocess.run([str(python), "-m", "pytest", "-q", "-s", "tests/wheel", *rest], cwd=ROOT,
+                              env=env).returncode
     if command == "lint":
-        for tool in (["ruff", "check", "prm_jax", "tests", "benchmarks", "examples", "dev.py"], ["mypy"]):
+        for tool in (["ruff", "check", "prm_jax", "tests", "benchmarks", "examples", "dev.py", "setup.py"], ["mypy"]):
             code = subprocess.run([str(python), "-m", *tool], cwd=ROOT).returncode
             if code:
                 return code

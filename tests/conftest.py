@@ -5,6 +5,9 @@ import pytest
 
 # The multi-device tests run in their own processes (tests/test_multidevice.py starts them).
 collect_ignore = [] if os.environ.get("PRM_JAX_MULTIDEVICE") else ["multidevice"]
+# The wheel's test builds a wheel and a virtual environment (minutes): its own CI step, python3 dev.py wheel.
+if not os.environ.get("PRM_JAX_WHEEL_TEST"):
+    collect_ignore.append("wheel")
 
 # Every test runs with the strictest promotion rules, so implicit rank or dtype promotion is a bug.
 jax.config.update("jax_numpy_rank_promotion", "raise")

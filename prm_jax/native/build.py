@@ -27,6 +27,8 @@ SOURCES = tuple(Path(__file__).parent / name for name in ("gae_cpu.cc", "step_gr
 HEADERS = (Path(__file__).parent / "row_tasks.h",)  # included by the sources: part of the build key
 INPUTS = SOURCES + HEADERS
 LIBRARY_PREFIX = "prm_jax_cpu_"
+# What a wheel carries: the library setup.py builds from SOURCES with FLAGS, loaded without a compiler.
+PACKAGED_LIBRARY = Path(__file__).parent / "_prm_jax_cpu.so"
 
 
 def cache_dir() -> Path | None:

@@ -8,9 +8,17 @@ directly over the row-major buffers. XLA:CPU also sorts slowly (~1 ms for 32k ke
 ``step_groups_cpu.cc`` finds GiGPO's step groups with one hash-table pass instead of a sort, and
 ``turns_cpu.cc`` finds where each turn continues (the next trained timestep's turn id) in one reverse pass.
 
-Availability is checked, never assumed: with no compiler, a failed build, another backend than CPU, or
-``PRM_JAX_NATIVE=0``, ``available()`` is False and callers fall back (GAE's ``auto`` to ``scan``, GiGPO to
-its sort). The GAE kernel takes float32 only; ``prm_jax.kernels.token_gae`` gives it a derivative.
+Where the library comes from: a wheel carries it built (``prm_jax/native/_prm_jax_cpu.so``, setup.py), and it
+is loaded as it is, no compiler needed; XLA refuses it at registration if it was built against a newer XLA
+FFI than this jaxlib's (it is built against the oldest supported, so that one serves them all), and a
+source install has none: then the sources are compiled on first use into ``$PRM_JAX_CACHE``
+(``prm_jax.native.build``). ``PRM_JAX_NATIVE=build`` skips the packaged library and builds from the sources;
+``PRM_JAX_NATIVE=0`` turns the kernels off.
+
+Availability is checked, never assumed: with neither a usable packaged library nor a compiler, a failed
+build, another backend than CPU, or ``PRM_JAX_NATIVE=0``, ``available()`` is False and callers fall back
+(GAE's ``auto`` to ``scan``, GiGPO to its sort). The GAE kernel takes float32 only;
+``prm_jax.kernels.token_gae`` gives it a derivative.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from prm_jax.native.build import build_library, logger
+from prm_jax.native.build import PACKAGED_LIBRARY, build_library, logger
 
 TARGET = "prm_jax_gae_f32"
 FLOAT_MASK_TARGET = "prm_jax_gae_f32_float_mask"
@@ -50,12 +58,14 @@ def available() -> bool:
         return bool(_state["ok"])
 
 
-# Said once per process when the kernels cannot be built: slower is not silent (issue 32.1). The figures
+# Said once per process when there is neither a usable packaged library nor a compiler: slower is not silent
+# (issue 32.1). The figures
 # are benchmarks/RESULTS.md's (GAE, native against XLA's scan, the same 2-core machine).
 NO_COMPILER_WARNING = (
     "prm-jax: no C++ compiler found to build its native CPU kernels: GAE and GiGPO fall back to XLA's scan "
-    "and sort, about 4.6x slower at 64x8192 and 11x at 1024x2048; install a C++ compiler (g++ or clang++, "
-    "or set CXX) and they are built on first use, or set PRM_JAX_NATIVE=0 to choose the fallback silently")
+    "and sort, about 4.6x slower at 64x8192 and 11x at 1024x2048; install prm-jax from its wheel (it carries "
+    "them built), or a C++ compiler (g++ or clang++, or set CXX) and they are built on first use, or set "
+    "PRM_JAX_NATIVE=0 to choose the fallback silently")
 
 
 def status() -> tuple[bool, str]:
@@ -66,33 +76,57 @@ def status() -> tuple[bool, str]:
 
 
 def _load() -> bool:
-    if os.environ.get("PRM_JAX_NATIVE", "1") == "0":
+    mode = os.environ.get("PRM_JAX_NATIVE", "1")
+    if mode == "0":
         _state["why"] = "turned off (PRM_JAX_NATIVE=0)"
         return False
     if jax.default_backend() != "cpu":
         _state["why"] = f"the default backend is {jax.default_backend()}, not the CPU (they are CPU kernels)"
         return False
+    refused = ""
+    if mode != "build" and PACKAGED_LIBRARY.exists():
+        # The wheel's library (setup.py built it): no compiler needed. XLA refuses one built against newer
+        # FFI headers than this jaxlib's at registration; the sources are built instead.
+        try:
+            api = _register(PACKAGED_LIBRARY)
+        except (OSError, RuntimeError, AttributeError) as err:
+            refused = f"the packaged library cannot be used with jaxlib {jaxlib_version()} ({err}); "
+            logger.warning("%sbuilding the kernels from their sources instead", refused)
+        else:
+            _state["why"] = f"loaded from the package's library {PACKAGED_LIBRARY} (XLA FFI API {api})"
+            return True
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not compiler:
-        _state["why"] = "no C++ compiler on PATH (nor $CXX) to build them"
+        _state["why"] = refused + "no C++ compiler on PATH (nor $CXX) to build them"
         warnings.warn(NO_COMPILER_WARNING, RuntimeWarning, stacklevel=2)  # once: the answer is cached
         return False
     try:
         path = build_library(compiler)
-        library = ctypes.cdll.LoadLibrary(str(path))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32), platform="cpu")
-        jax.ffi.register_ffi_target(FLOAT_MASK_TARGET, jax.ffi.pycapsule(library.PrmJaxGaeF32FloatMask),
-                                    platform="cpu")
-        jax.ffi.register_ffi_target(STEP_GROUPS_TARGET, jax.ffi.pycapsule(library.PrmJaxStepGroups), platform="cpu")
-        jax.ffi.register_ffi_target(NEXT_ACTIVE_IDS_TARGET, jax.ffi.pycapsule(library.PrmJaxNextActiveIds),
-                                    platform="cpu")
+        api = _register(path)
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
         detail = getattr(err, "stderr", "") or err
         logger.warning("building the native CPU kernels failed: GAE's 'auto' uses 'scan', GiGPO sorts: %s", detail)
-        _state["why"] = f"the build failed: {str(detail).strip()[:300]}"
+        _state["why"] = refused + f"the build failed: {str(detail).strip()[:300]}"
         return False
-    _state["why"] = f"loaded from {path} (built with {compiler})"
+    _state["why"] = refused + f"loaded from {path} (built with {compiler}, XLA FFI API {api})"
     return True
+
+
+def _register(path: os.PathLike[str] | str) -> str:
+    """Loads the library at ``path`` and registers its four handlers with XLA (which checks their FFI API
+    version against its own); returns that version, ``"major.minor"``."""
+    library = ctypes.cdll.LoadLibrary(str(path))
+    for target, symbol in ((TARGET, "PrmJaxGaeF32"), (FLOAT_MASK_TARGET, "PrmJaxGaeF32FloatMask"),
+                           (STEP_GROUPS_TARGET, "PrmJaxStepGroups"), (NEXT_ACTIVE_IDS_TARGET, "PrmJaxNextActiveIds")):
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    version = int(library.PrmJaxFfiApiVersion())
+    return f"{version // 1000}.{version % 1000}"
+
+
+def jaxlib_version() -> str:
+    import jaxlib
+
+    return str(getattr(jaxlib, "__version__", None) or jax.__version__)
 
 
 def _require_loaded() -> None:

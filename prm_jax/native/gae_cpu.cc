@@ -269,3 +269,7 @@ ffi::Future GaeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> rewards, ffi::Bu
 
 PRM_JAX_GAE_HANDLER(PrmJaxGaeF32, ffi::PRED)
 PRM_JAX_GAE_HANDLER(PrmJaxGaeF32FloatMask, ffi::F32)
+
+// The XLA FFI API version of the headers this library was compiled against (major * 1000 + minor): XLA
+// refuses, at registration, a handler of a newer API than its own; prm-jax doctor prints it.
+extern "C" int PrmJaxFfiApiVersion() { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,7 @@ def test_a_damaged_library_that_cannot_be_rebuilt_is_skipped_with_a_warning(dama
         return real_run(command, *args, **kwargs)
     monkeypatch.setattr(build.subprocess, "run", failing_compile)
     monkeypatch.setenv("CXX", COMPILER)
+    monkeypatch.setenv("PRM_JAX_NATIVE", "build")  # the source build's path, not a wheel's library
     with caplog.at_level("INFO", logger="prm_jax.native"):
         assert ffi._load() is False  # before: the truncated file was loaded (SIGBUS, exit 135)
     assert "does not match its recorded size and hash" in caplog.text
@@ -86,3 +88,34 @@ def test_collecting_the_suite_builds_nothing(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert " tests collected" in proc.stdout or "tests collected" in proc.stdout
     assert not list((tmp_path / "cache").glob(f"{build.LIBRARY_PREFIX}*"))
+
+
+def test_a_packaged_library_that_cannot_be_loaded_gives_way_to_the_source_build(cache, tmp_path):
+    # Issue 32.1: a wheel's library that this jaxlib refuses (or that does not load) is said, and the
+    # sources are built instead (here found in the cache: the same build key). A damaged file stands in for
+    # a refused one; tests/wheel (python3 dev.py wheel) checks a real refusal under jax 0.7.0.
+    damaged = tmp_path / "_prm_jax_cpu.so"
+    damaged.write_bytes(b"not a shared library")
+    code = (f"from pathlib import Path; from prm_jax.native import ffi; ffi.PACKAGED_LIBRARY = Path({str(damaged)!r}); "
+            "print(ffi.status())")
+    env = {k: v for k, v in os.environ.items() if k != "PRM_JAX_NATIVE"}
+    proc = subprocess.run([sys.executable, "-c", code], env=dict(env, PRM_JAX_CACHE=str(cache), CXX=COMPILER,
+                                                                  JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("(True, ") and "the packaged library cannot be used with jaxlib" in proc.stdout
+    assert f"loaded from {cache}" in proc.stdout and "XLA FFI API 0." in proc.stdout
+    assert "building the kernels from their sources instead" in proc.stderr
+
+
+def test_the_packaged_library_is_loaded_first_where_the_install_built_it():
+    if not ffi.PACKAGED_LIBRARY.exists():
+        pytest.skip("this install has no packaged library (installed without a compiler)")
+    env = {k: v for k, v in os.environ.items() if k not in ("PRM_JAX_NATIVE", "CXX")}
+    with tempfile.TemporaryDirectory() as empty:
+        proc = subprocess.run([sys.executable, "-c", "from prm_jax.native import ffi; print(ffi.status())"],
+                              env=dict(env, PATH=empty, PRM_JAX_CACHE=empty, JAX_PLATFORMS="cpu"),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.startswith(f"(True, \"loaded from the package's library {ffi.PACKAGED_LIBRARY}")
+        assert not list(Path(empty).iterdir())  # nothing built, no compiler needed

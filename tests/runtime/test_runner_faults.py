@@ -298,7 +298,7 @@ def test_the_native_build_is_published_only_when_finished_and_built_once(tmp_pat
         print(answers)
         sys.exit(0 if answers == [True] * 4 else 1)
     """)
-    env = dict(os.environ, PRM_JAX_CACHE=str(tmp_path), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PRM_JAX_CACHE=str(tmp_path), JAX_PLATFORMS="cpu", PRM_JAX_NATIVE="build")  # (no wheel's)
     (tmp_path / "prm_jax_cpu_00stale00key0000.so").write_bytes(b"an older build")  # issue 11.3: removed
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]

@@ -1,0 +1,84 @@
+"""GAE's CPU time as this interpreter's prm-jax install gives it: which native library it loads (a wheel's,
+or one built from the sources), and the median time of ``gae(..., method="auto")``.
+
+Run by ``tests/wheel/test_wheel.py`` in a fresh virtual environment holding the wheel (no compiler on
+``PATH``) and in the source install, interleaved, to compare the two in one run; standalone it prints one
+JSON line:
+
+    python benchmarks/bench_native_install.py [--rows 64 --width 8192 --repeats 60] [--numbers FILE.npy]
+
+``--numbers`` also saves the advantages of GAE (native) and of GiGPO's native step groups on a fixed batch,
+so that two installs (or two jaxlib versions) can be compared number for number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from prm_jax import compute_advantages
+from prm_jax.config import AdvantageConfig
+from prm_jax.kernels import gae
+from prm_jax.native import ffi
+
+
+def median_ms(rows: int, width: int, repeats: int) -> float:
+    rng = np.random.default_rng(0)
+    rewards = jax.device_put(rng.normal(size=(rows, width)).astype(np.float32))
+    values = jax.device_put(rng.normal(size=(rows, width)).astype(np.float32))
+    mask = jax.device_put(rng.random((rows, width)) < 0.9)
+    step = jax.jit(lambda r, v, m: gae(r, v, m, gamma=0.99, lam=0.95, method="auto").advantages)
+    step(rewards, values, mask).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step(rewards, values, mask).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1e3)
+
+
+def numbers() -> np.ndarray:
+    """The advantages of the native GAE and of GiGPO (native step groups) on one fixed batch: ``[2, B, T]``."""
+    rng = np.random.default_rng(1)
+    rows, width = 8, 64
+    turn_ids = np.full((rows, width), -1, np.int32)
+    turn_ids[:, 4:20], turn_ids[:, 30:50] = 0, 1
+    loss = (turn_ids >= 0).astype(np.int32)
+    batch = dict(attention_mask=np.ones((rows, width), np.int32), loss_mask=loss, turn_ids=turn_ids,
+                 logprobs=(-rng.exponential(0.5, (rows, width))).astype(np.float32),
+                 rewards=rng.normal(size=rows).astype(np.float32),
+                 values=rng.normal(size=(rows, width)).astype(np.float32),
+                 token_rewards=(0.3 * loss).astype(np.float32), group_sizes=np.array([4, 4], np.int32),
+                 is_truncated=np.zeros(rows, bool), anchor_ids=rng.integers(0, 3, (rows, 2)).astype(np.int32))
+    out = [compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, gae_method="native", discount=0.99,
+                                                     gae_lambda=0.95)).advantages,
+           compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "gigpo"})).advantages]
+    return np.stack([np.asarray(x) for x in out])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--width", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--numbers", default=None, help="save the fixed batch's advantages here (.npy)")
+    parser.add_argument("--library", default=None,
+                        help="load this built library as the packaged one (one library under two jaxlib versions)")
+    args = parser.parse_args()
+    if args.library:
+        ffi.PACKAGED_LIBRARY = Path(args.library)  # read by the first load, below
+    native, why = ffi.status()
+    result = {"native": native, "why": why, "jax": jax.__version__, "packaged": str(ffi.PACKAGED_LIBRARY),
+              "median_ms": median_ms(args.rows, args.width, args.repeats) if native else None}
+    if args.numbers and native:
+        np.save(args.numbers, numbers())
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,8 @@
   python3 dev.py tunix   the tunix integration's tests with tunix installed (~1.8 GB), in .venv-tunix
   python3 dev.py wheel   build the wheel, install it into a fresh venv without a compiler, check its kernels
                          (speed against the source install; the ABI under jax 0.7.0 needs .venv-floor: floor)
+  python3 dev.py docs    build the documentation site into docs/_build/html (in .venv-docs; any warning, a
+                         broken link or an undocumented public name fails it) and run its doctests
   python3 dev.py bench   create .venv, install, run the CPU benchmarks
 
 Extra arguments are passed on (to pytest for ``test``).
@@ -25,6 +27,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 FLOOR_VENV = ROOT / ".venv-floor"
 TUNIX_VENV = ROOT / ".venv-tunix"  # tunix pulls ~1.8 GB: kept out of the main test environment
+DOCS_VENV = ROOT / ".venv-docs"  # sphinx and myst-parser, kept out of the test environment
 JAX_FLOOR = "0.7.0"  # keep equal to the floor in pyproject.toml
 KERNEL_TESTS = ["tests/kernels"]  # the kernel floor, on the oldest supported jax too
 # The suite runs on every core (pytest-xdist; CI has two), a test file on one worker (its tests share
@@ -52,7 +55,7 @@ def _ensure_env(extras: str, env: Path = VENV, pins: tuple[str, ...] = ()) -> Pa
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "lint", "floor", "tunix", "wheel", "bench"):
+    if not argv or argv[0] not in ("demo", "test", "lint", "floor", "tunix", "wheel", "docs", "bench"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -64,6 +67,15 @@ def main(argv: list[str]) -> int:
         env = dict(os.environ, PRM_JAX_CACHE=str(FLOOR_VENV / "prm_jax_cache"))
         return subprocess.run([str(python), "-m", "pytest", "-q", *PARALLEL, *KERNEL_TESTS, *rest], cwd=ROOT,
                               env=env).returncode
+    if command == "docs":
+        python = _ensure_env("docs", DOCS_VENV)
+        for builder, out in (("html", "html"), ("doctest", "doctest")):
+            code = subprocess.run([str(python), "-m", "sphinx", "-W", "--keep-going", "-q", "-b", builder, "docs",
+                                   str(ROOT / "docs" / "_build" / out), *rest], cwd=ROOT).returncode
+            if code:
+                return code
+        print(f"docs: {ROOT / 'docs' / '_build' / 'html' / 'index.html'}")
+        return 0
     if command == "tunix":
         python = _ensure_env("test,tunix", TUNIX_VENV)
         return subprocess.run([str(python), "-m", "pytest", "-q", *INTEGRATION_TESTS, *rest], cwd=ROOT).returncode

@@ -6,8 +6,8 @@ import importlib
 import pkgutil
 import re
 import types
-from pathlib import Path
 
+import documentation
 import pytest
 
 import prm_jax
@@ -15,7 +15,7 @@ import prm_jax
 NAMESPACES = ("config", "kernels", "runtime", "credit", "losses", "filters", "scorers")
 PACKAGES = ("prm_jax", "prm_jax.kernels", "prm_jax.runtime", "prm_jax.config", "prm_jax.scorers", "prm_jax.app",
             "prm_jax.native", "prm_jax.integrations")
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+README = documentation.text()  # the namespace table is in the guides' Public API page
 
 
 def public(namespace: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""The README's blocks run as written: every one as a user would run it, and some checked in detail."""
+"""The documentation's blocks run as written (the README's and the guides', ``tests/documentation.py``): every
+one as a user would run it, and some checked in detail."""
 
 import os
 import re
@@ -6,24 +7,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import documentation
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from prm_jax import BaseScorer, Interaction, InteractionCache, pack_branches
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-
 
 def readme_block(heading: str) -> str:
-    text = README.read_text()
+    """The first Python block after ``heading`` in the documentation."""
+    text = documentation.text()
     section = text[text.index(heading):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def test_train_step_example_runs_and_learns():
     namespace: dict = {}
-    exec(compile(readme_block("## Calling it from a jitted train step"), "README.md", "exec"), namespace)
+    exec(compile(readme_block("# Calling it from a jitted train step"), "train-step.md", "exec"), namespace)
     vocab = 16
     cache = InteractionCache([
         Interaction("a", [1, 2], [3, 4, 5], output_logprobs=[-2.8] * 3, token_rewards=[1.0, 1.0, 1.0]),
@@ -45,7 +46,7 @@ def test_runtime_example_runs():
     import anyio
 
     namespace: dict = {}
-    exec(compile(readme_block("## The runtime in code"), "README.md", "exec"), namespace)
+    exec(compile(readme_block("# The runtime in code"), "runtime.md", "exec"), namespace)
     sessions = []
     for k, out_len in enumerate((4, 300)):
         cache = InteractionCache([Interaction(f"s{k}", [1, 2], [3] * out_len, reward=float(k))])
@@ -76,7 +77,7 @@ def test_session_example_is_valid_input(tmp_path):
 
     from prm_jax.app.sessions import read_sessions
 
-    text = README.read_text()
+    text = documentation.text()
     example = json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps(example) + "\n")
@@ -89,7 +90,7 @@ def test_credit_example_runs_and_its_numbers_are_the_loops(capsys):
     import reference
 
     namespace: dict = {}
-    exec(compile(readme_block("## Credit assignment beyond GAE"), "README.md", "exec"), namespace)
+    exec(compile(readme_block("# Credit assignment beyond GAE"), "credit-assignment.md", "exec"), namespace)
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "[0.405, 0.9, 0.0, 1.0]"  # no leak: B1 gets 0 (AReaL's discount: 0.9)
     assert reference.areal_linear_discount([0.0, 0.0, 0.0, 1.0], 0.9)[2] == 0.9
@@ -106,10 +107,8 @@ def test_credit_example_runs_and_its_numbers_are_the_loops(capsys):
 
 def test_on_error_mask_example_runs(capsys):
     namespace: dict = {}
-    section = README.read_text()
-    start = section.index("When a scorer call fails")
-    block = re.search(r"```python\n(.*?)```", section[start:], re.S).group(1)
-    exec(compile(block, "README.md", "exec"), namespace)
+    block = readme_block("When a scorer call fails")
+    exec(compile(block, "trainers.md", "exec"), namespace)
     assert capsys.readouterr().out.strip() == "[False  True] {1: 'ConnectionError: judge unreachable'}"
     assert namespace["keep"].tolist() == [True, False]
     assert np.isfinite(namespace["token_rewards"]).all() and namespace["token_rewards"][0, 2:].tolist() == [1.0, 1.0]
@@ -121,11 +120,13 @@ BLOCK = re.compile(r"(?:<!-- not run: (?P<why>[^>]*) -->\n)?```(?P<lang>python|b
 
 
 def readme_blocks():
-    return [(m.group("lang"), m.group("body"), m.group("why")) for m in BLOCK.finditer(README.read_text())]
+    """``(lang, body, why, id)`` of every block of every page."""
+    return [(m.group("lang"), m.group("body"), m.group("why"), f"{page.stem}-{m.group('lang')}-{i}")
+            for page in documentation.PAGES for i, m in enumerate(BLOCK.finditer(page.read_text()))]
 
 
-@pytest.mark.parametrize("lang,body,why", readme_blocks(),
-                         ids=[f"{lang}-{i}" for i, (lang, _, _) in enumerate(readme_blocks())])
+@pytest.mark.parametrize("lang,body,why", [block[:3] for block in readme_blocks()],
+                         ids=[block[3] for block in readme_blocks()])
 def test_every_readme_block_runs_as_written(lang, body, why, tmp_path):
     if why:
         pytest.skip(why)

@@ -250,8 +250,10 @@ def setting(config: AdvantageConfig, key: str) -> Any:
 
 # The pairs of settings the pipeline refuses, declared once: AdvantageConfig raises the first that applies,
 # shaping_variants reads them, tests/kernels/test_matrix.py generates every combination of estimator, process
-# transform, reward normalization and shaping mode against them, and the README's table is rendered from
-# them (refusals_markdown; a test holds the README to it). Every other pair is computed, and tested.
+# transform, reward normalization and shaping mode against them, and the guides' table is rendered from
+# them (refusals_markdown; a test holds the guide to it). Every other pair is computed, and tested.
+#: The pairs of options refused at configuration (each names both keys and why); the guides' table of
+#: refused pairs is generated from it.
 REFUSED_PAIRS: tuple[Refusal, ...] = (
     Refusal(("gae_timestep_unit", ("turn",)), ("credit_assignment.mode", ("tree", "pure", "prime")),
             "these replace GAE, so the turn unit means nothing there (gigpo, AReaL's own key, accepts and ignores it)"),
@@ -267,7 +269,7 @@ REFUSED_PAIRS: tuple[Refusal, ...] = (
 
 
 def refusals_markdown() -> str:
-    """The README's table of ``REFUSED_PAIRS``."""
+    """The guides' table of ``REFUSED_PAIRS`` (Markdown)."""
     rows = ["| setting | refused with | why |", "| --- | --- | --- |"]
     rows += [f"| `{r.first[0]}: {_shown(r.first[1])}` | `{r.second[0]}: {_shown(r.second[1])}` | {r.why} |"
              for r in REFUSED_PAIRS]

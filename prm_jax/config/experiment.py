@@ -81,7 +81,10 @@ def _scorer_list(value: Any, where: str) -> tuple[ScorerSpec, ...]:
     return tuple(specs)
 
 
+#: ``rollout.agent.prm.error_policy``: what a failed scorer does to its group (``reject``: the whole group
+#: is rejected, as AReaL; ``keep_original``: the group is kept without process rewards).
 ErrorPolicy = Literal["reject", "keep_original"]
+#: The values of ``ErrorPolicy``, in order (derived from the ``Literal``).
 ERROR_POLICIES: tuple[ErrorPolicy, ...] = get_args(ErrorPolicy)
 
 

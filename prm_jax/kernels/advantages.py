@@ -782,7 +782,7 @@ def compute_advantages(batch: Mapping[str, Any],
     Returns:
       ``AdvantageOutput``; see the module docstring for each step. ``output.diagnostics`` holds the
       value checks' violation counts (``"checks/<name>"``, unless ``check_values`` is False) and, with
-      ``diagnostics`` on, the statistics listed in the README.
+      ``diagnostics`` on, the statistics listed in the guide 'Calling it from a jitted train step'.
 
     Raises:
       ValueError: on bad shapes (at trace time), and, when called eagerly with ``check_values`` on, on

@@ -23,6 +23,7 @@ from prm_jax.kernels import _checks
 from prm_jax.validation import one_of
 
 KLEstimator = Literal["k1", "k2", "k3"]
+#: The KL estimators ``kl_estimator`` may name (derived from ``KLEstimator``).
 KL_ESTIMATORS: tuple[KLEstimator, ...] = get_args(KLEstimator)
 KL_CLAMP = 10.0
 

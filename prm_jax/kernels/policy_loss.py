@@ -38,6 +38,7 @@ from prm_jax.kernels import _checks
 from prm_jax.validation import FLOAT32_MAX, finite_number, integer_dtype, one_of
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+#: verl's ``loss_agg_mode`` names ``ppo_clip_loss`` takes (derived from ``LossAggMode``).
 LOSS_AGG_MODES: tuple[LossAggMode, ...] = get_args(LossAggMode)
 
 

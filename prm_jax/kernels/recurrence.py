@@ -30,6 +30,7 @@ from prm_jax.native import ffi
 from prm_jax.validation import one_of
 
 GAEMethod = Literal["auto", "scan", "associative", "blocked", "cumsum", "native"]
+#: The ``gae_method`` values (derived from ``GAEMethod``).
 GAE_METHODS: tuple[GAEMethod, ...] = get_args(GAEMethod)
 DEFAULT_BLOCK_SIZE = 64
 

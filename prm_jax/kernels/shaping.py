@@ -29,6 +29,7 @@ from prm_jax.kernels import _checks
 from prm_jax.validation import finite_number, one_of
 
 ShapingMode = Literal["additive", "gvpo", "process_weighted"]
+#: The ``advantage_shaping.mode`` values (derived from ``ShapingMode``).
 SHAPING_MODES: tuple[ShapingMode, ...] = get_args(ShapingMode)
 
 
@@ -77,7 +78,8 @@ def warn_gvpo_without_penalty(stacklevel: int) -> None:
     _warned.add("gvpo")
     warnings.warn("advantage_shaping.mode='gvpo' reads only the sign of the process reward, and no active "
                   "process reward in this batch is negative: gvpo changes nothing here (a 1/0 judge is a "
-                  "no-op under gvpo; see the README's table of what each mode expects)", stacklevel=stacklevel + 1)
+                  "no-op under gvpo; see the table of what each mode expects in the guide 'Calling it from a "
+                  "jitted train step')", stacklevel=stacklevel + 1)
 
 
 def process_range_check(process_rewards: jax.Array, active: jax.Array) -> _checks.ValueCheck:

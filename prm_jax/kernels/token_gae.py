@@ -185,7 +185,11 @@ def _gae_jit(rewards, values, mask, gamma, lam, bootstrap, *, method, block_size
 def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma: ArrayLike = 1.0,
         lam: ArrayLike = 1.0, bootstrap: ArrayLike | None = None, method: str = "auto",
         block_size: int = DEFAULT_BLOCK_SIZE) -> GAEOutput:
-    """Generalized advantage estimation with masked carry (module docstring has the recurrence).
+    r"""Generalized advantage estimation with masked carry (the module docstring has the recurrence).
+
+    On a trained timestep :math:`t`, with :math:`t'` the next trained one (its value, or ``bootstrap``
+    after the last), :math:`\delta_t = r_t + \gamma V_{t'} - V_t` and
+    :math:`\hat A_t = \delta_t + \gamma\lambda\,\hat A_{t'}`; an untrained timestep carries both unchanged.
 
     Args:
       rewards: ``[B, T]`` float, reward of timestep t (the action token t + 1).
@@ -200,6 +204,15 @@ def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma:
 
     Returns:
       ``GAEOutput(advantages [B, T], returns [B, T])``, float32 (float64 for float64 inputs).
+
+    Example:
+      One row of three trained timesteps, a reward of 1 on the last, no values, :math:`\gamma = 0.5`:
+
+      >>> import numpy as np
+      >>> from prm_jax.kernels import gae
+      >>> out = gae(np.array([[0.0, 0.0, 1.0]], np.float32), None, np.ones((1, 3), bool), gamma=0.5)
+      >>> np.asarray(out.advantages).tolist()
+      [[0.25, 0.5, 1.0]]
     """
     check_discounts(gamma, lam)
     if block_size < 1:

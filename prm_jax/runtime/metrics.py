@@ -106,6 +106,8 @@ def reduce_workers(per_worker: Iterable[MetricStats]) -> MetricStats:
 
 
 class MetricRecorder(Protocol):
+    """Where a trainer's PRM metrics go: anything with ``record(stats)`` (``InMemoryRecorder`` keeps them)."""
+
     def record(self, stats: MetricStats) -> None: ...
 
 

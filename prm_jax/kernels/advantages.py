@@ -670,13 +670,20 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
     out.update({"active_timesteps": count, "nonzero_advantage_share": share(advantages != 0),
                 "shaping_changed_share": share(advantages != unshaped),
                 "shaping_sign_flip_share": share(jnp.sign(advantages) * jnp.sign(unshaped) < 0)})
-    # Over trained timesteps (0 for each statistic when none trains): population std.
+    # Over trained timesteps (0 for each statistic when none trains): population std. Taken on the values
+    # scaled by a power of two into [-1, 1] (exact: the same bits where nothing overflows), so that float32
+    # sums of huge values, or of their squares, stay finite for finite inputs.
     def stats(prefix: str, x: jax.Array) -> dict[str, jax.Array]:
         zero = jnp.zeros((), x.dtype)
-        mean = jnp.sum(jnp.where(active, x, zero)) / n
-        return {f"{prefix}/mean": mean, f"{prefix}/std": jnp.sqrt(jnp.sum(jnp.where(active, (x - mean) ** 2, zero)) / n),
-                f"{prefix}/min": jnp.where(count > 0, jnp.min(jnp.where(active, x, jnp.inf)), zero),
-                f"{prefix}/max": jnp.where(count > 0, jnp.max(jnp.where(active, x, -jnp.inf)), zero)}
+        low = jnp.where(count > 0, jnp.min(jnp.where(active, x, jnp.inf)), zero)
+        high = jnp.where(count > 0, jnp.max(jnp.where(active, x, -jnp.inf)), zero)
+        _, exponent = jnp.frexp(jnp.maximum(jnp.abs(low), jnp.abs(high)))
+        scale = jnp.ldexp(jnp.ones((), x.dtype), exponent)
+        unit = jnp.where(active, x / scale, zero)
+        mean = jnp.sum(unit) / n
+        std = jnp.sqrt(jnp.sum(jnp.where(active, (unit - mean) ** 2, zero)) / n)
+        return {f"{prefix}/mean": mean * scale, f"{prefix}/std": std * scale, f"{prefix}/min": low,
+                f"{prefix}/max": high}
 
     out.update(stats("advantages", advantages))
     row_group, num_groups = row_groups(groups, active.shape[0])

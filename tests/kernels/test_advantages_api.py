@@ -120,6 +120,22 @@ def test_diagnostics_against_a_numpy_count():
     assert 0 < d["shaping_sign_flip_share"] < 1  # process_weighted: a positive P replaces a negative A
 
 
+def test_diagnostic_statistics_of_huge_finite_advantages_are_finite():
+    # The float32 range: advantages of 1e29 are finite, their squares are not; the statistics are taken on
+    # values scaled by a power of two (they were inf: std summed squares of 1e58 in float32).
+    rng = np.random.default_rng(3)
+    rows, width = 4, 8
+    batch = dict(attention_mask=np.ones((rows, width), np.int32), loss_mask=np.ones((rows, width), np.int32),
+                 logprobs=np.zeros((rows, width), np.float32), rewards=(rng.normal(size=rows) * 1e30).astype(np.float32),
+                 is_truncated=np.zeros(rows, bool))
+    out = compute_advantages(batch, AdvantageConfig(kl_ctl=0.0, reward_clip=3e38, diagnostics=True))
+    adv = np.asarray(out.advantages, np.float64)[np.asarray(out.loss_mask) > 0]
+    d = {k: float(v) for k, v in out.diagnostics.items()}
+    assert np.isfinite([d["advantages/mean"], d["advantages/std"]]).all()
+    np.testing.assert_allclose([d["advantages/mean"], d["advantages/std"], d["advantages/min"], d["advantages/max"]],
+                               [adv.mean(), adv.std(), adv.min(), adv.max()], rtol=1e-5)
+
+
 def test_zero_advantage_groups_counts_a_process_weighted_group_where_all_failed():
     # process_weighted gives no signal to a group whose rollouts all failed (A = 0): AReaL's semantics.
     batch = {**rows_with_padding([0, 0, 1, 0], real=4), "group_ids": np.array([0, 0, 1, 1], np.int32),

@@ -9,7 +9,8 @@
   python3 dev.py wheel   build the wheel, install it into a fresh venv without a compiler, check its kernels
                          (speed against the source install; the ABI under jax 0.7.0 needs .venv-floor: floor)
   python3 dev.py docs    build the documentation site into docs/_build/html (in .venv-docs; any warning, a
-                         broken link or an undocumented public name fails it) and run its doctests
+                         broken link or an undocumented public name fails it), run its doctests, and open
+                         two pages in a headless browser
   python3 dev.py bench   create .venv, install, run the CPU benchmarks
 
 Extra arguments are passed on (to pytest for ``test``).
@@ -74,6 +75,11 @@ def main(argv: list[str]) -> int:
                                    str(ROOT / "docs" / "_build" / out), *rest], cwd=ROOT).returncode
             if code:
                 return code
+        # The built site in a real headless browser (Chromium as Qt WebEngine embeds it): tests/docs.
+        code = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/docs"], cwd=ROOT,
+                              env=dict(os.environ, PRM_JAX_DOCS_TEST="1")).returncode
+        if code:
+            return code
         print(f"docs: {ROOT / 'docs' / '_build' / 'html' / 'index.html'}")
         return 0
     if command == "tunix":

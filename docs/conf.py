@@ -15,6 +15,8 @@ import inspect
 import pkgutil
 from pathlib import Path
 
+import jupyter_server_mathjax
+
 import prm_jax
 
 HERE = Path(__file__).resolve().parent
@@ -30,7 +32,9 @@ myst_enable_extensions = ["dollarmath"]
 myst_heading_anchors = 3
 autosummary_generate = True
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
-autodoc_typehints = "signature"
+# Signatures without annotations: the docstrings give each argument's shape and dtype in words, and Sphinx
+# spells ``ArrayLike`` out a dozen types long (or as a TypeAliasForwardRef in a union).
+autodoc_typehints = "none"
 autodoc_member_order = "bysource"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
@@ -38,6 +42,16 @@ html_theme = "alabaster"
 html_title = f"prm-jax {release}"
 html_theme_options = {"description": "Process rewards to shaped PPO/GRPO advantages, in JAX"}
 doctest_global_setup = "import numpy as np\nimport prm_jax"
+# MathJax from the docs extra (jupyter-server-mathjax ships MathJax 2), copied into _static: the maths render
+# without a network (and the browser check runs offline).
+html_static_path = [str(Path(jupyter_server_mathjax.__file__).parent / "static")]
+mathjax_path = "MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"  # (the config the package ships)
+# It ships the STIX-Web fonts only (no TeX fonts, no image fonts): HTML-CSS output with those.
+# MyST marks the text tex2jax_ignore and the maths "math" (MathJax 3's option); MathJax 2's is tex2jax's.
+mathjax2_config = {"HTML-CSS": {"availableFonts": ["STIX-Web"], "preferredFont": "STIX-Web", "webFont": "STIX-Web",
+                                "imageFont": None},
+                   "tex2jax": {"processClass": "tex2jax_process|mathjax_process|math|output_area",
+                               "ignoreClass": "tex2jax_ignore|mathjax_ignore"}}
 
 
 def public_names() -> dict[str, list[str]]:

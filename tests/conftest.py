@@ -8,6 +8,9 @@ collect_ignore = [] if os.environ.get("PRM_JAX_MULTIDEVICE") else ["multidevice"
 # The wheel's test builds a wheel and a virtual environment (minutes): its own CI step, python3 dev.py wheel.
 if not os.environ.get("PRM_JAX_WHEEL_TEST"):
     collect_ignore.append("wheel")
+# The site's browser check needs the built site and the docs extra: python3 dev.py docs runs it.
+if not os.environ.get("PRM_JAX_DOCS_TEST"):
+    collect_ignore.append("docs")
 
 # Every test runs with the strictest promotion rules, so implicit rank or dtype promotion is a bug.
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -1,0 +1,139 @@
+"""Issue 32.2: the built site renders in a real headless browser. Run by ``python3 dev.py docs`` after the
+build (in ``.venv-docs``), not by the main suite.
+
+The browser is Chromium as Qt WebEngine embeds it (``PyQt6-WebEngine`` from PyPI, the docs extra; no system
+Chromium is needed), offscreen. For the index and one API page (``gae``): the title, the navigation (the
+sidebar's links to every guide), a formula rendered by MathJax (served from ``_static``: no network), and
+no error on the JavaScript console. Screenshots go to ``docs/_build/screenshots`` (ignored by git).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = ROOT / "docs" / "_build" / "html"
+SHOTS = ROOT / "docs" / "_build" / "screenshots"
+GUIDES = sorted(p.stem for p in (ROOT / "docs" / "guides").glob("*.md"))
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("QTWEBENGINE_CHROMIUM_FLAGS", "--no-sandbox --disable-gpu")
+qt_core = pytest.importorskip("PyQt6.QtCore", reason="needs the docs extra (PyQt6-WebEngine): python3 dev.py docs")
+from PyQt6.QtWebEngineCore import QWebEnginePage  # noqa: E402
+from PyQt6.QtWebEngineWidgets import QWebEngineView  # noqa: E402
+from PyQt6.QtWidgets import QApplication  # noqa: E402
+
+# What the page reports once MathJax has typeset it (or after 20 s): JSON read back from the page.
+PROBE = r"""
+(function () {
+  // MathJax 2 keeps each formula's TeX in a math/tex script beside its output (HTML-CSS, or MathML where the
+  // browser has it); a formula left as raw text still shows its \\( delimiter.
+  var typeset = document.querySelectorAll('script[type^="math/tex"]').length;
+  var raw = Array.prototype.filter.call(document.querySelectorAll('.math.notranslate'), function (e) {
+    return e.innerText.indexOf('\\(') >= 0 || e.innerText.indexOf('\\[') >= 0; }).length;
+  var output = document.querySelectorAll('.MathJax, .MathJax_Display, .MathJax_MathML, math').length;
+  var links = Array.prototype.map.call(document.querySelectorAll('.sphinxsidebar a'), function (a) {
+    return a.getAttribute('href'); });
+  return JSON.stringify({title: document.title, typeset: typeset, raw: raw, output: output, links: links});
+})()
+"""
+
+
+# Polled: 1 once MathJax's start-up (its first typesetting) has ended (hooked the first time MathJax.Hub exists).
+WAIT = r"""
+(function () {
+  if (window.__typeset) { return 1; }
+  if (window.MathJax && MathJax.Hub && !window.__queued) {
+    window.__queued = 1;
+    MathJax.Hub.Register.StartupHook("End", function () { window.__typeset = 1; });
+  }
+  return 0;
+})()
+"""
+
+
+class Page(QWebEnginePage):
+    def __init__(self, errors):
+        super().__init__()
+        self.errors = errors
+
+    def javaScriptConsoleMessage(self, level, message, line, source):  # (Qt's name)
+        if level == QWebEnginePage.JavaScriptConsoleMessageLevel.ErrorMessageLevel:
+            self.errors.append(f"{source}:{line}: {message}")
+
+
+def render(path: Path) -> tuple[dict, list[str]]:
+    """Loads ``path``, waits for MathJax's queue to drain, and returns the probe's answer and the console's
+    errors; saves a screenshot."""
+    import json
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    errors: list[str] = []
+    view = QWebEngineView()
+    view.setPage(Page(errors))
+    view.resize(1200, 900)
+    result: dict = {}
+    timer = qt_core.QTimer()
+
+    def probe():
+        def answer(text):
+            result.update(json.loads(text))
+            view.grab().save(str(SHOTS / f"{path.stem}.png"))
+            app.quit()
+
+        view.page().runJavaScript(PROBE, answer)
+
+    def loaded(ok):
+        assert ok, path
+        # MathJax 2 (deferred): once it has started, queue a marker behind its typesetting; probe when that ran.
+        timer.timeout.connect(lambda: view.page().runJavaScript(WAIT, lambda v: v and (timer.stop(), probe())))
+        timer.start(100)
+
+    view.loadFinished.connect(loaded)
+    view.load(qt_core.QUrl.fromLocalFile(str(path)))
+    qt_core.QTimer.singleShot(30000, app.quit)
+    view.show()
+    app.exec()
+    timer.stop()
+    return result, errors
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built_site():
+    if not (SITE / "index.html").exists():
+        pytest.fail("build the site first: python3 dev.py docs")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+
+
+def render_in_a_process(page: str) -> tuple[dict, list[str]]:
+    """``render`` in a fresh process: Qt WebEngine keeps one application per process (a second page in the
+    same process crashed it)."""
+    import json
+    import subprocess
+
+    proc = subprocess.run([sys.executable, __file__, page], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    return answer["result"], answer["errors"]
+
+
+@pytest.mark.parametrize("page", ["index.html", "api/_generated/prm_jax.kernels.gae.html"])
+def test_the_page_renders_with_navigation_a_typeset_formula_and_no_console_error(page):
+    result, errors = render_in_a_process(page)
+    assert result, f"{page} did not answer within 30 s"
+    assert "prm-jax" in result["title"], result["title"]
+    linked = {Path(link.split("#")[0]).stem for link in result["links"] if link and "guides/" in link}
+    assert set(GUIDES) <= linked, sorted(set(GUIDES) - linked)
+    # MathJax turned every formula's TeX into rendered maths
+    assert result["typeset"] > 0 and result["output"] >= result["typeset"] and result["raw"] == 0, result
+    assert errors == []
+
+
+if __name__ == "__main__":  # one page, rendered in this process (render_in_a_process)
+    import json
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    found, console = render(SITE / sys.argv[1])
+    print(json.dumps({"result": found, "errors": console}))

@@ -84,3 +84,8 @@ def compile_log():
             yield messages
     finally:
         logging.getLogger("jax").removeHandler(handler)
+
+
+def enable_x64():
+    """A context in which JAX computes in float64 (``jax.enable_x64`` where the jax has it: 0.7 does not)."""
+    return jax.enable_x64(True) if hasattr(jax, "enable_x64") else jax.experimental.enable_x64()

@@ -773,3 +773,66 @@ def ppo_clip_loss(logp, prox, adv, mask, *, old=None, eps_clip=0.2, eps_clip_hig
     if agg == "seq-mean-token-mean":
         return math.fsum(math.fsum(per[b]) / counts[b] for b in used) / max(len(used), 1)
     return math.fsum(math.fsum(per[b]) for b in used) / max(len(used), 1)
+
+
+def verl_agg(per, mask, mode, scale=None):
+    """verl's agg_loss of per-token losses (LOSSES.md 0.2), float64, with prm-jax's empty-batch rule (0)."""
+    rows, width = np.shape(per)
+    counts = [sum(bool(m) for m in mask[b]) for b in range(rows)]
+    n = sum(counts)
+    kept = [[float(per[b][t]) if mask[b][t] else 0.0 for t in range(width)] for b in range(rows)]
+    used = [b for b in range(rows) if counts[b]]
+    if mode == "token-mean":
+        return math.fsum(map(math.fsum, kept)) / n if n else 0.0
+    if mode == "token-sum":
+        return math.fsum(map(math.fsum, kept))
+    if not used:
+        return 0.0
+    if mode == "seq-mean-token-mean":
+        return math.fsum(math.fsum(kept[b]) / (counts[b] + 1e-8) for b in used) / len(used)
+    loss = math.fsum(math.fsum(kept[b]) for b in used) / len(used)
+    return loss / (width if scale is None else scale) if mode == "seq-mean-token-sum-norm" else loss
+
+
+def verl_token_loss(kind, logp, old, adv, *, low=0.2, high=0.2, beta=None, tau_pos=1.0, tau_neg=1.05):
+    """One token's loss and its derivative in logp, as verl computes them (LOSSES.md 4, 8, 10), float64."""
+    d = float(logp) - float(old)
+    a = float(adv)
+    if kind == "gpg":
+        return -float(logp) * a, -a
+    if kind == "dro":
+        return -(float(logp) * a - 0.5 * beta * d * d), -a + beta * d
+    x = min(max(d, -20.0), 20.0)
+    inside = -20.0 < d < 20.0  # torch.clamp passes the gradient strictly inside only
+    r = math.exp(x)
+    if kind == "cispo":
+        w = min(max(r, 1.0 - low), 1.0 + high)
+        return -w * a * float(logp), -w * a
+    tau = tau_pos if a > 0 else tau_neg  # sapo
+    s = 1.0 / (1.0 + math.exp(-tau * (r - 1.0)))
+    return -s * 4.0 / tau * a, (-a * 4.0 * s * (1.0 - s) * r if inside else 0.0)
+
+
+def verl_loss(kind, logp, old, adv, mask, mode, *, weights=None, scale=None, **params):
+    """``(loss, d loss / d logp [B, T])`` of a verl loss over a batch, float64 loops."""
+    rows, width = np.shape(logp)
+    per, local = np.zeros((rows, width)), np.zeros((rows, width))
+    for b in range(rows):
+        for t in range(width):
+            if mask[b][t]:
+                w = 1.0 if weights is None else float(weights[b][t])
+                value, slope = verl_token_loss(kind, logp[b][t], old[b][t], adv[b][t], **params)
+                per[b][t], local[b][t] = w * value, w * slope
+    counts = [sum(bool(m) for m in mask[b]) for b in range(rows)]
+    n, used = sum(counts), sum(1 for c in counts if c)
+    grad = np.zeros((rows, width))
+    for b in range(rows):
+        for t in range(width):
+            if not mask[b][t]:
+                continue
+            u = {"token-mean": 1.0 / n if n else 0.0, "token-sum": 1.0,
+                 "seq-mean-token-sum": 1.0 / used if used else 0.0,
+                 "seq-mean-token-sum-norm": 1.0 / used / (width if scale is None else scale) if used else 0.0,
+                 "seq-mean-token-mean": 1.0 / ((counts[b] + 1e-8) * used) if used else 0.0}[mode]
+            grad[b][t] = u * local[b][t]
+    return verl_agg(per, mask, mode, scale), grad

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from batches import make_batch
+from batches import enable_x64, make_batch
 
 from prm_jax import AdvantageConfig, NormConfig, compute_advantages
 from prm_jax.kernels.gigpo import GiGPOConfig, gigpo
@@ -16,10 +16,6 @@ from prm_jax.runtime.batching import pack_branches
 from prm_jax.runtime.trajectory import Interaction, InteractionCache
 
 BATCH_NORM = NormConfig("batch", "batch")
-
-
-def enable_x64():
-    return jax.enable_x64(True) if hasattr(jax, "enable_x64") else jax.experimental.enable_x64()
 
 
 def batch_with(rng, **kw):

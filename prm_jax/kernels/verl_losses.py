@@ -1,0 +1,209 @@
+"""verl's policy losses beside AReaL's PPO clip (``../shared/LOSSES.md``), as verl computes them, values and
+gradients: a first part of them (issue 33.2): ``gpg_loss``, ``dro_loss``, ``cispo_loss`` and ``sapo_loss``,
+and verl's ``agg_loss`` with its five ``loss_agg_mode``s (``aggregate``).
+
+Every loss takes ``ppo_clip_loss``'s argument names (``logprobs``, ``proximal_logprobs``: the old log-probs
+the ratio is taken against, ``advantages``, ``loss_mask``, ``loss_agg_mode``) and verl's hyper-parameter
+names and defaults, on ``[B, T]`` timesteps; gradients flow through ``logprobs`` only. ``rollout_is_weights``
+(verl's optional constant per-token weights) multiply the per-token loss before aggregation.
+
+Conventions kept from verl, to the gradient (LOSSES.md 0.4): the log ratio ``d = logprobs -
+proximal_logprobs`` is clamped to ``[-20, 20]`` as ``torch.clamp`` does it, passing the gradient only strictly
+inside (``_torch_clamp``); a row's token mean divides by ``n_b + 1e-8`` (seq-mean-token-mean); metrics are
+``masked_mean`` with ``N + 1e-8``. One rule of prm-jax's own, for every loss: an empty batch (no trained
+timestep, or no non-empty row in a sequence mode) gives a loss of 0 with a zero gradient, where verl's
+token-mean and sequence modes give NaN.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal, NamedTuple, get_args
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.typing import ArrayLike
+
+from prm_jax.kernels import _checks
+from prm_jax.validation import finite_number, one_of
+
+VerlAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                      "seq-mean-token-mean"]
+#: verl's five ``loss_agg_mode`` names (``core_algos.agg_loss``), derived from ``VerlAggMode``.
+VERL_AGG_MODES: tuple[VerlAggMode, ...] = get_args(VerlAggMode)
+LOG_RATIO_CLAMP = 20.0  # verl's clamp of the token log ratio (vanilla, sapo, cispo, dppo)
+
+
+class PolicyLossStats(NamedTuple):
+    """verl's metrics of a policy loss (``masked_mean``: over trained timesteps, ``N + 1e-8``), and the value
+    checks' violation counts."""
+
+    pg_clipfrac: jax.Array        # the share of tokens the loss clipped (0 where it clips nothing)
+    ppo_kl: jax.Array             # mean of -(clamped) log ratio
+    pg_clipfrac_lower: jax.Array  # the share clipped on the lower side (0 where the loss has none)
+    checks: dict[str, jax.Array] = {}  # (replaced by each loss, never mutated)
+
+
+def _torch_clamp(x: jax.Array, low: float, high: float) -> jax.Array:
+    """``clip(x, low, high)`` with ``torch.clamp``'s gradient: 1 strictly inside, 0 at a bound and beyond
+    (``jnp.clip`` passes 1/2 at a bound)."""
+    return jnp.where((x > low) & (x < high), x, lax.stop_gradient(jnp.clip(x, low, high)))
+
+
+def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """verl's ``masked_mean``: ``sum(M x) / (N + 1e-8)``, NaN-safe where ``M = 0``."""
+    zero = jnp.zeros((), x.dtype)
+    return jnp.sum(jnp.where(mask, x, zero)) / (jnp.sum(mask, dtype=jnp.int32).astype(x.dtype) + 1e-8)
+
+
+def aggregate(losses: jax.Array, mask: jax.Array, mode: VerlAggMode, loss_scale_factor: float | None = None
+              ) -> jax.Array:
+    """verl's ``agg_loss`` of per-token ``losses [B, T]`` over the trained timesteps (``mask``), NaN-safe at
+    padding (a ``where``, so nothing flows there), with prm-jax's empty-batch rule (0, module docstring):
+
+    - ``token-mean``: ``sum(M L) / N``; ``token-sum``: ``sum(M L)``;
+    - ``seq-mean-token-sum``: the mean over non-empty rows of each row's sum;
+    - ``seq-mean-token-sum-norm``: that divided by ``loss_scale_factor``, or by the padded width ``T``;
+    - ``seq-mean-token-mean``: the mean over non-empty rows of ``row sum / (n_b + 1e-8)``.
+    """
+    zero = jnp.zeros((), losses.dtype)
+    kept = jnp.where(mask, losses, zero)
+    count = jnp.sum(mask, dtype=jnp.int32).astype(losses.dtype)
+    if mode == "token-mean":
+        return jnp.sum(kept) / jnp.maximum(count, 1)
+    if mode == "token-sum":
+        return jnp.sum(kept)
+    per_row = jnp.sum(mask, axis=1, dtype=jnp.int32).astype(losses.dtype)
+    present = per_row > 0
+    rows = jnp.maximum(jnp.sum(present, dtype=jnp.int32), 1).astype(losses.dtype)
+    sums = jnp.sum(kept, axis=1)
+    if mode == "seq-mean-token-mean":
+        return jnp.sum(jnp.where(present, sums / (per_row + 1e-8), zero)) / rows
+    loss = jnp.sum(jnp.where(present, sums, zero)) / rows
+    if mode == "seq-mean-token-sum-norm":
+        loss = loss / (losses.shape[1] if loss_scale_factor is None else loss_scale_factor)
+    return loss
+
+
+def _prepared(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights):
+    dtype = _checks.accumulation_dtype(logprobs, proximal_logprobs, advantages)
+    mask = _checks.as_mask("loss_mask", loss_mask)
+    zero = jnp.zeros((), dtype)
+    logp = jnp.where(mask, _checks.as_float("logprobs", logprobs, dtype), zero)
+    old = lax.stop_gradient(jnp.where(mask, _checks.as_float("proximal_logprobs", proximal_logprobs, dtype), zero))
+    adv = lax.stop_gradient(jnp.where(mask, _checks.as_float("advantages", advantages, dtype), zero))
+    weights = (None if rollout_is_weights is None else
+               lax.stop_gradient(_checks.as_float("rollout_is_weights", rollout_is_weights, dtype)))
+    return logp, old, adv, mask, weights
+
+
+def _weighted(losses: jax.Array, weights: jax.Array | None) -> jax.Array:
+    return losses if weights is None else losses * weights
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "loss_agg_mode", "params", "loss_scale_factor"))
+def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, *, kind, loss_agg_mode, params,
+              loss_scale_factor):
+    logp, old, adv, mask, weights = _prepared(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights)
+    zero = jnp.zeros((), logp.dtype)
+    d = logp - old
+    clipped = jnp.zeros_like(mask)
+    lower = jnp.zeros_like(mask)
+    if kind == "gpg":
+        losses, kl_mean = -logp * adv, zero  # (verl reports no metrics for gpg)
+    elif kind == "dro":
+        (beta,) = params
+        losses = -(logp * adv - 0.5 * beta * d * d)
+        kl_mean = _masked_mean(-lax.stop_gradient(d), mask)
+    else:
+        x = _torch_clamp(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        kl_mean = _masked_mean(-lax.stop_gradient(x), mask)
+        ratio = jnp.exp(x)
+        if kind == "cispo":
+            low, high = params
+            fixed = lax.stop_gradient(ratio)
+            weight = jnp.clip(fixed, 1.0 - low, 1.0 + high)
+            clipped = mask & (fixed != weight)
+            losses = -weight * adv * logp
+        else:  # sapo
+            tau_pos, tau_neg = params
+            tau = jnp.where(adv > 0, jnp.asarray(tau_pos, logp.dtype), jnp.asarray(tau_neg, logp.dtype))
+            losses = -jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv
+    losses = jnp.where(mask, _weighted(losses, weights), zero)
+    loss = aggregate(losses, mask, loss_agg_mode, loss_scale_factor)
+    stats = PolicyLossStats(_masked_mean(clipped.astype(logp.dtype), mask), kl_mean,
+                            _masked_mean(lower.astype(logp.dtype), mask))
+    return loss, stats, _checks.mask_check("loss_mask", loss_mask)
+
+
+def _run(kind: str, logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
+         params: tuple[float, ...], loss_scale_factor: float | None) -> tuple[jax.Array, PolicyLossStats]:
+    one_of("loss_agg_mode", loss_agg_mode, VERL_AGG_MODES)
+    if loss_scale_factor is not None:
+        loss_scale_factor = finite_number("loss_scale_factor", loss_scale_factor, minimum=0.0)
+        if loss_scale_factor == 0:
+            raise ValueError("loss_scale_factor must be > 0")
+    _checks.check_rank("logprobs", logprobs, 2)
+    shape = jnp.shape(logprobs)
+    for name, x in (("proximal_logprobs", proximal_logprobs), ("advantages", advantages), ("loss_mask", loss_mask),
+                    ("rollout_is_weights", rollout_is_weights)):
+        if x is not None:
+            _checks.check_shape(name, x, shape, "logprobs")
+    loss, stats, checks = _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, kind=kind,
+                                    loss_agg_mode=loss_agg_mode, params=params, loss_scale_factor=loss_scale_factor)
+    _checks.raise_value_checks(checks)  # eagerly; under jit the counts are in stats.checks
+    return loss, stats._replace(checks=_checks.check_counts(checks))
+
+
+def gpg_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+             rollout_is_weights: ArrayLike | None = None, loss_agg_mode: VerlAggMode = "token-mean",
+             loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+    """verl's ``gpg``: ``L = -logprobs * A`` (no ratio; gradient ``-A``), aggregated by ``loss_agg_mode``.
+    ``proximal_logprobs`` is not read (kept for one signature). Returns ``(loss, PolicyLossStats)``."""
+    return _run("gpg", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode, (),
+                loss_scale_factor)
+
+
+def dro_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+             dro_beta: float, rollout_is_weights: ArrayLike | None = None, loss_agg_mode: VerlAggMode = "token-mean",
+             loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+    """verl's ``dro``: ``L = -(logprobs * A - beta d^2 / 2)`` with ``d = logprobs - proximal_logprobs``
+    (gradient ``-A + beta d``); ``dro_beta`` is required and ``> 0`` (verl's ``policy_loss.dro_beta``).
+    Returns ``(loss, PolicyLossStats)``; ``ppo_kl`` is the mean of ``-d``."""
+    beta = finite_number("dro_beta", dro_beta)
+    if beta <= 0:
+        raise ValueError(f"dro_beta must be > 0, got {dro_beta!r}")
+    return _run("dro", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode, (beta,),
+                loss_scale_factor)
+
+
+def cispo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+               clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, rollout_is_weights: ArrayLike | None = None,
+               loss_agg_mode: VerlAggMode = "token-mean",
+               loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+    """verl's ``cispo`` (MiniMax-M1): ``L = -sg(clip(r, 1 - low, 1 + high)) * A * logprobs`` with ``r =
+    exp(clamp(d, -20, 20))``: every token keeps a gradient, ``-weight * A``, clipped or not. The CISPO paper
+    (and verl's example) drop the lower clip: ``clip_ratio_low=10``. ``pg_clipfrac`` is the share whose weight
+    was clipped, either side. Returns ``(loss, PolicyLossStats)``."""
+    low = finite_number("clip_ratio_low", clip_ratio_low, minimum=0.0)
+    high = finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0)
+    return _run("cispo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
+                (low, high), loss_scale_factor)
+
+
+def sapo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+              tau_pos: float = 1.0, tau_neg: float = 1.05, rollout_is_weights: ArrayLike | None = None,
+              loss_agg_mode: VerlAggMode = "seq-mean-token-mean",
+              loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+    """verl's ``sapo``: a soft gate instead of a clip, ``L = -sigmoid(tau (r - 1)) * 4 / tau * A`` with ``r =
+    exp(clamp(d, -20, 20))`` and ``tau = tau_pos`` where ``A > 0``, else ``tau_neg`` (zero advantages take
+    ``tau_neg``); gradient ``-A * 4 s (1 - s) r`` (slope 1 at ``r = 1``). verl always aggregates it with
+    ``seq-mean-token-mean`` (its default here; another mode is honoured). Returns ``(loss,
+    PolicyLossStats)``."""
+    pos = finite_number("tau_pos", tau_pos)
+    neg = finite_number("tau_neg", tau_neg)
+    if pos <= 0 or neg <= 0:
+        raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos!r} and {tau_neg!r}")
+    return _run("sapo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
+                (pos, neg), loss_scale_factor)

@@ -1,0 +1,130 @@
+"""Issue 33.2 (a first part): verl's gpg, dro, cispo and sapo losses and its five loss_agg_modes, values and
+gradients against float64 loops written from ../shared/LOSSES.md (tests/reference.py), with verl's
+conventions at the edges: the ±20 clamp of the log ratio passes no gradient at exactly ±20 (torch.clamp),
+CISPO keeps the gradient of clipped tokens, seq-mean-token-mean's n + 1e-8, and prm-jax's own empty-batch
+rule (loss 0, gradient 0; verl: NaN)."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reference
+from batches import enable_x64
+
+from prm_jax.kernels.verl_losses import VERL_AGG_MODES, cispo_loss, dro_loss, gpg_loss, sapo_loss
+
+LOSSES = {"gpg": (gpg_loss, {}), "dro": (dro_loss, {"dro_beta": 0.3}),
+          "cispo": (cispo_loss, {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}),
+          "sapo": (sapo_loss, {"tau_pos": 1.0, "tau_neg": 1.05})}
+REFERENCE_PARAMS = {"gpg": {}, "dro": {"beta": 0.3}, "cispo": {"low": 0.2, "high": 0.28},
+                    "sapo": {"tau_pos": 1.0, "tau_neg": 1.05}}
+
+
+def batch(rng, rows=4, width=9):
+    logp = (-rng.exponential(1.0, (rows, width))).astype(np.float32)
+    old = (logp + rng.normal(0, 0.4, (rows, width))).astype(np.float32)
+    adv = rng.normal(0, 1, (rows, width)).astype(np.float32)
+    mask = rng.random((rows, width)) < 0.7
+    mask[2] = False  # an empty row
+    return logp, old, adv, mask
+
+
+def value_and_grad(fn, params, mode, logp, old, adv, mask, weights=None):
+    def loss(lp):
+        return fn(lp, old, adv, mask, loss_agg_mode=mode, rollout_is_weights=weights, **params)[0]
+    return jax.value_and_grad(loss)(jnp.asarray(logp))
+
+
+@pytest.mark.parametrize("mode", VERL_AGG_MODES)
+@pytest.mark.parametrize("kind", sorted(LOSSES))
+def test_each_loss_and_its_gradient_equal_the_float64_loop(kind, mode):
+    rng = np.random.default_rng(len(kind) + VERL_AGG_MODES.index(mode))
+    logp, old, adv, mask = batch(rng)
+    weights = rng.uniform(0.5, 1.5, logp.shape).astype(np.float32)
+    fn, params = LOSSES[kind]
+    for w in (None, weights):
+        value, grad = value_and_grad(fn, params, mode, logp, old, adv, mask, w)
+        want, want_grad = reference.verl_loss(kind, logp, old, adv, mask, mode, weights=w, **REFERENCE_PARAMS[kind])
+        np.testing.assert_allclose(float(value), want, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=2e-5, atol=1e-7)
+
+
+def test_the_log_ratio_clamp_passes_no_gradient_at_exactly_twenty():
+    # LOSSES.md 0.4: torch.clamp gives 0 at a bound; jnp.clip would give 1/2. SAPO's gradient there is 0.
+    logp = np.array([[0.0, 0.0, 0.0]], np.float32)
+    old = np.array([[-20.0, -19.5, 20.0]], np.float32)  # d = 20 (a bound), 19.5 (inside), -20 (a bound)
+    adv = np.array([[1.0, 1.0, -1.0]], np.float32)
+    mask = np.ones((1, 3), bool)
+    _, grad = value_and_grad(sapo_loss, {}, "token-sum", logp, old, adv, mask)
+    _, want = reference.verl_loss("sapo", logp, old, adv, mask, "token-sum")
+    assert np.asarray(grad)[0, 0] == 0.0 and np.asarray(grad)[0, 2] == 0.0 and want[0, 0] == 0.0
+    np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-5, atol=1e-30)
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens():
+    # LOSSES.md 8: the point of CISPO: a token whose ratio is clipped still trains, with the clipped weight.
+    logp = np.array([[0.0, 0.0, 0.0]], np.float32)
+    old = np.array([[-1.0, 0.0, 1.0]], np.float32)  # r = e, 1, 1/e: clipped above, inside, clipped below
+    adv = np.ones((1, 3), np.float32)
+    mask = np.ones((1, 3), bool)
+    _, grad = value_and_grad(cispo_loss, {}, "token-sum", logp, old, adv, mask)
+    np.testing.assert_allclose(np.asarray(grad)[0], [-1.2, -1.0, -0.8], rtol=1e-6)
+    _, stats = cispo_loss(logp, old, adv, mask, loss_agg_mode="token-sum")
+    np.testing.assert_allclose(float(stats.pg_clipfrac), 2 / (3 + 1e-8), rtol=1e-6)
+
+
+def test_seq_mean_token_mean_divides_rows_by_n_plus_1e_8():
+    # LOSSES.md 0.2: verl's row mean is S_b / (n_b + 1e-8): one token of loss 1 gives 1 / (1 + 1e-8).
+    logp = np.array([[-1.0, 0.0]], np.float64)
+    with enable_x64():
+        value, _ = gpg_loss(logp, logp, np.array([[1.0, 0.0]]), np.array([[True, False]]),
+                            loss_agg_mode="seq-mean-token-mean")
+        assert float(value) == 1.0 / (1.0 + 1e-8) != 1.0
+
+
+@pytest.mark.parametrize("kind", sorted(LOSSES))
+@pytest.mark.parametrize("mode", VERL_AGG_MODES)
+def test_an_empty_batch_gives_zero_loss_and_zero_gradient(kind, mode):
+    # prm-jax's rule, for every loss (verl: NaN for token-mean and the sequence modes).
+    rng = np.random.default_rng(0)
+    logp, old, adv, _ = batch(rng)
+    fn, params = LOSSES[kind]
+    value, grad = value_and_grad(fn, params, mode, logp, old, adv, np.zeros(logp.shape, bool))
+    assert float(value) == 0.0 and not np.asarray(grad).any()
+
+
+@pytest.mark.parametrize("kind", sorted(LOSSES))
+def test_finite_inputs_give_a_finite_gradient_bf16_included(kind):
+    # The float32 range: huge log ratios (the clamp at ±20 holds exp finite), huge advantages; bf16 inputs
+    # are taken in float32.
+    logp = np.array([[-1e4, 0.0, -3.0, -0.5]], np.float32)
+    old = np.array([[0.0, -1e4, -3.0, -0.5]], np.float32)
+    adv = np.array([[1e30, -1e30, 0.0, 2.0]], np.float32)
+    mask = np.ones((1, 4), bool)
+    fn, params = LOSSES[kind]
+    for dtype in (jnp.float32, jnp.bfloat16):
+        value, grad = value_and_grad(fn, params, "token-mean", jnp.asarray(logp, dtype), jnp.asarray(old, dtype),
+                                     jnp.asarray(adv, dtype), mask)
+        assert np.isfinite(float(value)) and np.isfinite(np.asarray(grad, np.float32)).all(), (kind, dtype)
+
+
+def test_jit_does_not_retrace_and_bad_arguments_are_named():
+    rng = np.random.default_rng(1)
+    logp, old, adv, mask = batch(rng)
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def step(lp, o, a, m):
+        return cispo_loss(lp, o, a, m)[0]
+
+    for _ in range(3):
+        step(logp, old, adv, mask)
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        gpg_loss(logp, old, adv, mask, loss_agg_mode="token-max")
+    with pytest.raises(ValueError, match="dro_beta"):
+        dro_loss(logp, old, adv, mask, dro_beta=0.0)
+    with pytest.raises(ValueError, match="advantages"):
+        sapo_loss(logp, old, adv[:, :3], mask)
+    with pytest.raises(ValueError, match="loss_mask"):
+        gpg_loss(logp, old, adv, mask.astype(np.float32) * 2)

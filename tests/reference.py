@@ -813,16 +813,30 @@ def verl_token_loss(kind, logp, old, adv, *, low=0.2, high=0.2, beta=None, tau_p
     return -s * 4.0 / tau * a, (-a * 4.0 * s * (1.0 - s) * r if inside else 0.0)
 
 
+def gspo_token(mean, a, low, high):
+    """verl's gspo at one token of a row whose mean log ratio is ``mean``: ``(loss, d loss / d logp)``; the
+    max's tie and the clamp's bound as torch's (LOSSES.md 0.4)."""
+    rho = math.exp(min(mean, 10.0))
+    lo, hi = 1.0 - low, 1.0 + high
+    p1, p2 = -a * rho, -a * min(max(rho, lo), hi)
+    kappa = 1.0 if p1 > p2 else 0.0 if p1 < p2 else (1.0 if lo < rho < hi else 0.5)
+    return max(p1, p2), (-a * rho * kappa if mean < 10.0 else 0.0)
+
+
 def verl_loss(kind, logp, old, adv, mask, mode, *, weights=None, scale=None, **params):
     """``(loss, d loss / d logp [B, T])`` of a verl loss over a batch, float64 loops."""
     rows, width = np.shape(logp)
     per, local = np.zeros((rows, width)), np.zeros((rows, width))
     for b in range(rows):
-        for t in range(width):
-            if mask[b][t]:
-                w = 1.0 if weights is None else float(weights[b][t])
+        trained = [t for t in range(width) if mask[b][t]]
+        mean = math.fsum(float(logp[b][t]) - float(old[b][t]) for t in trained) / max(len(trained), 1)
+        for t in trained:
+            w = 1.0 if weights is None else float(weights[b][t])
+            if kind == "gspo":  # LOSSES.md 2: the row's mean log ratio, capped at 10 (no gradient at or past it)
+                value, slope = gspo_token(mean, float(adv[b][t]), params.get("low", 0.2), params.get("high", 0.2))
+            else:
                 value, slope = verl_token_loss(kind, logp[b][t], old[b][t], adv[b][t], **params)
-                per[b][t], local[b][t] = w * value, w * slope
+            per[b][t], local[b][t] = w * value, w * slope
     counts = [sum(bool(m) for m in mask[b]) for b in range(rows)]
     n, used = sum(counts), sum(1 for c in counts if c)
     grad = np.zeros((rows, width))

@@ -1,6 +1,6 @@
 """verl's policy losses beside AReaL's PPO clip (``../shared/LOSSES.md``), as verl computes them, values and
-gradients: a first part of them (issue 33.2): ``gpg_loss``, ``dro_loss``, ``cispo_loss`` and ``sapo_loss``,
-and verl's ``agg_loss`` with its five ``loss_agg_mode``s (``aggregate``).
+gradients: a first part of them (issue 33.2): ``gspo_loss``, ``gpg_loss``, ``dro_loss``, ``cispo_loss`` and
+``sapo_loss``, and verl's ``agg_loss`` with its five ``loss_agg_mode``s (``aggregate``).
 
 Every loss takes ``ppo_clip_loss``'s argument names (``logprobs``, ``proximal_logprobs``: the old log-probs
 the ratio is taken against, ``advantages``, ``loss_mask``, ``loss_agg_mode``) and verl's hyper-parameter
@@ -26,6 +26,7 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.kernels.policy_loss import _clipped_objective
 from prm_jax.validation import finite_number, one_of
 
 VerlAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm",
@@ -33,6 +34,7 @@ VerlAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean
 #: verl's five ``loss_agg_mode`` names (``core_algos.agg_loss``), derived from ``VerlAggMode``.
 VERL_AGG_MODES: tuple[VerlAggMode, ...] = get_args(VerlAggMode)
 LOG_RATIO_CLAMP = 20.0  # verl's clamp of the token log ratio (vanilla, sapo, cispo, dppo)
+GSPO_LOG_RATIO_CAP = 10.0  # verl's gspo caps the sequence log ratio from above
 
 
 class PolicyLossStats(NamedTuple):
@@ -110,7 +112,17 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
     d = logp - old
     clipped = jnp.zeros_like(mask)
     lower = jnp.zeros_like(mask)
-    if kind == "gpg":
+    if kind == "gspo":
+        low, high = params
+        # The row's mean log ratio s_b, attached to each token with derivative 1 in that token's own logprob
+        # (and none through s_b), capped at 10 from above with torch's gradient (none at exactly 10).
+        per_row = jnp.sum(mask, axis=1, dtype=jnp.int32).astype(logp.dtype)
+        mean = lax.stop_gradient(jnp.sum(jnp.where(mask, d, zero), axis=1) / jnp.maximum(per_row, 1))
+        token = logp - lax.stop_gradient(logp) + mean[:, None]
+        capped = jnp.where(token < GSPO_LOG_RATIO_CAP, token, lax.stop_gradient(jnp.minimum(token, GSPO_LOG_RATIO_CAP)))
+        losses, _, clipped, _ = _clipped_objective(adv, capped, mask, 1.0 - low, 1.0 + high, None)
+        kl_mean = _masked_mean(-lax.stop_gradient(d), mask)
+    elif kind == "gpg":
         losses, kl_mean = -logp * adv, zero  # (verl reports no metrics for gpg)
     elif kind == "dro":
         (beta,) = params
@@ -154,6 +166,25 @@ def _run(kind: str, logprobs, proximal_logprobs, advantages, loss_mask, rollout_
                                     loss_agg_mode=loss_agg_mode, params=params, loss_scale_factor=loss_scale_factor)
     _checks.raise_value_checks(checks)  # eagerly; under jit the counts are in stats.checks
     return loss, stats._replace(checks=_checks.check_counts(checks))
+
+
+def gspo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+              clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, rollout_is_weights: ArrayLike | None = None,
+              loss_agg_mode: VerlAggMode = "seq-mean-token-mean",
+              loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+    """verl's ``gspo`` (GSPO-token, Zheng et al. 2025): PPO's clip on the *sequence* ratio. Each token's log
+    ratio is its row's mean ``s_b = sum_t M d / max(n_b, 1)`` (a value shared by the row, a derivative of 1 in
+    the token's own ``logprobs``, none through the mean), capped at 10 from above (no gradient at or past
+    it), ``rho = exp``; ``L = max(-A rho, -A clip(rho, 1 - low, 1 + high))`` with torch's gradient (half at
+    exactly a bound, LOSSES.md 0.4). Per-token advantages are allowed (GSPO-token); row-constant ones give
+    the paper's sequence-level gradient. verl always aggregates it with ``seq-mean-token-mean`` (the default
+    here; another mode is honoured). The GSPO paper's clip ranges are far smaller (3e-4 / 4e-4). Returns
+    ``(loss, PolicyLossStats)``: ``pg_clipfrac`` where the clipped term was taken, ``ppo_kl`` the mean of
+    ``-d`` (unclamped)."""
+    low = finite_number("clip_ratio_low", clip_ratio_low, minimum=0.0)
+    high = finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0)
+    return _run("gspo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
+                (low, high), loss_scale_factor)
 
 
 def gpg_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,

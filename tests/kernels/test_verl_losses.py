@@ -12,13 +12,14 @@ import pytest
 import reference
 from batches import enable_x64
 
-from prm_jax.kernels.verl_losses import VERL_AGG_MODES, cispo_loss, dro_loss, gpg_loss, sapo_loss
+from prm_jax.kernels.verl_losses import VERL_AGG_MODES, cispo_loss, dro_loss, gpg_loss, gspo_loss, sapo_loss
 
 LOSSES = {"gpg": (gpg_loss, {}), "dro": (dro_loss, {"dro_beta": 0.3}),
           "cispo": (cispo_loss, {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}),
-          "sapo": (sapo_loss, {"tau_pos": 1.0, "tau_neg": 1.05})}
+          "sapo": (sapo_loss, {"tau_pos": 1.0, "tau_neg": 1.05}),
+          "gspo": (gspo_loss, {"clip_ratio_low": 0.05, "clip_ratio_high": 0.08})}
 REFERENCE_PARAMS = {"gpg": {}, "dro": {"beta": 0.3}, "cispo": {"low": 0.2, "high": 0.28},
-                    "sapo": {"tau_pos": 1.0, "tau_neg": 1.05}}
+                    "sapo": {"tau_pos": 1.0, "tau_neg": 1.05}, "gspo": {"low": 0.05, "high": 0.08}}
 
 
 def batch(rng, rows=4, width=9):
@@ -128,3 +129,31 @@ def test_jit_does_not_retrace_and_bad_arguments_are_named():
         sapo_loss(logp, old, adv[:, :3], mask)
     with pytest.raises(ValueError, match="loss_mask"):
         gpg_loss(logp, old, adv, mask.astype(np.float32) * 2)
+
+
+def test_gspo_at_an_exact_bound_halves_and_past_the_cap_of_ten_stops_the_gradient():
+    # LOSSES.md 2 and 0.4: rho exactly on a clip bound (eps 0: an on-policy step) gives half the gradient;
+    # a row whose mean log ratio is 10 or more gives none. Row 0 on-policy, row 1 at s = 12.
+    logp = np.array([[-1.0, -2.0], [0.0, 0.0]], np.float32)
+    old = np.array([[-1.0, -2.0], [-12.0, -12.0]], np.float32)
+    adv = np.array([[1.0, -1.0], [1.0, 1.0]], np.float32)
+    mask = np.ones((2, 2), bool)
+    _, grad = value_and_grad(gspo_loss, {"clip_ratio_low": 0.0, "clip_ratio_high": 0.0}, "token-sum",
+                             logp, old, adv, mask)
+    _, want = reference.verl_loss("gspo", logp, old, adv, mask, "token-sum", low=0.0, high=0.0)
+    np.testing.assert_allclose(np.asarray(grad), [[-0.5, 0.5], [0.0, 0.0]], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-6)
+
+
+def test_gspo_with_row_constant_advantages_is_the_sequence_ratios_clip():
+    # One ratio per row: every token of a row is clipped or not together.
+    rng = np.random.default_rng(5)
+    logp, old, _, mask = batch(rng)
+    adv = np.repeat(rng.normal(size=(logp.shape[0], 1)), logp.shape[1], axis=1).astype(np.float32)
+    _, stats = gspo_loss(logp, old, adv, mask, clip_ratio_low=0.01, clip_ratio_high=0.01)
+    _, grad = value_and_grad(gspo_loss, {"clip_ratio_low": 0.01, "clip_ratio_high": 0.01}, "seq-mean-token-mean",
+                             logp, old, adv, mask)
+    for b in range(logp.shape[0]):
+        live = np.asarray(grad)[b][mask[b]] != 0
+        assert live.all() or not live.any(), b
+    assert 0 <= float(stats.pg_clipfrac) <= 1

@@ -850,3 +850,33 @@ def verl_loss(kind, logp, old, adv, mask, mode, *, weights=None, scale=None, **p
                  "seq-mean-token-mean": 1.0 / ((counts[b] + 1e-8) * used) if used else 0.0}[mode]
             grad[b][t] = u * local[b][t]
     return verl_agg(per, mask, mode, scale), grad
+
+
+def geo_mean_loss(logp, old, adv, mask, *, low=0.2, high=0.2, weights=None):
+    """verl's geo_mean (GMPO, LOSSES.md 5): ``(loss, d loss / d logp [B, T])``, float64 loops."""
+    rows, width = np.shape(logp)
+    grad = np.zeros((rows, width))
+    total = 0.0
+    for b in range(rows):
+        trained = [t for t in range(width) if mask[b][t]]
+        n = len(trained) + 1e-8
+        m, kappa = {}, {}
+        for t in trained:
+            d, a = float(logp[b][t]) - float(old[b][t]), float(adv[b][t])
+            capped = min(max(d, -low), high)
+            if a > 0:
+                m[t] = min(d, capped)
+            elif a < 0:
+                m[t] = max(d, capped)
+            else:
+                m[t] = 0.0
+            on_bound = d in (-low, high)
+            uncapped = (a > 0 and d < high) or (a < 0 and d > -low)
+            kappa[t] = 0.0 if a == 0 else 0.5 if on_bound else 1.0 if uncapped else 0.0
+        ratio = math.exp(math.fsum(m.values()) / n)
+        mean_adv = math.fsum(float(adv[b][t]) for t in trained) / n
+        w = 1.0 if weights is None else math.exp(math.fsum(math.log(float(weights[b][t]) + 1e-10) for t in trained) / n)
+        total += -mean_adv * ratio * w
+        for t in trained:
+            grad[b][t] = w * (-mean_adv) * ratio / n * kappa[t] / rows
+    return total / rows, grad

@@ -1,6 +1,6 @@
 """verl's policy losses beside AReaL's PPO clip (``../shared/LOSSES.md``), as verl computes them, values and
-gradients: a first part of them (issue 33.2): ``gspo_loss``, ``gpg_loss``, ``dro_loss``, ``cispo_loss`` and
-``sapo_loss``, and verl's ``agg_loss`` with its five ``loss_agg_mode``s (``aggregate``).
+gradients: a first part of them (issue 33.2): ``gspo_loss``, ``geo_mean_loss``, ``gpg_loss``, ``dro_loss``,
+``cispo_loss`` and ``sapo_loss``, and verl's ``agg_loss`` with its five ``loss_agg_mode``s (``aggregate``).
 
 Every loss takes ``ppo_clip_loss``'s argument names (``logprobs``, ``proximal_logprobs``: the old log-probs
 the ratio is taken against, ``advantages``, ``loss_mask``, ``loss_agg_mode``) and verl's hyper-parameter
@@ -112,6 +112,9 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
     d = logp - old
     clipped = jnp.zeros_like(mask)
     lower = jnp.zeros_like(mask)
+    if kind == "geo_mean":
+        low, high = params
+        return _geo_mean(logp, adv, mask, weights, d, low, high) + (_checks.mask_check("loss_mask", loss_mask),)
     if kind == "gspo":
         low, high = params
         # The row's mean log ratio s_b, attached to each token with derivative 1 in that token's own logprob
@@ -149,6 +152,34 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
     return loss, stats, _checks.mask_check("loss_mask", loss_mask)
 
 
+def _geo_mean(logp, adv, mask, weights, d, low, high):
+    """GMPO (LOSSES.md 5): the row's geometric mean of token-capped ratios times its mean advantage."""
+    zero = jnp.zeros((), logp.dtype)
+    sign = jnp.sign(adv)
+    capped = _torch_clamp(d, -low, high)
+    # A > 0 caps the log ratio from above only, A < 0 from below only, A = 0 gives 0; jnp.minimum halves a
+    # tie as torch.min does (the 1/2 at exactly a bound).
+    m = jnp.where(mask, sign * jnp.minimum(sign * d, sign * capped), zero)
+    per_row = jnp.sum(mask, axis=1, dtype=jnp.int32).astype(logp.dtype)
+    log_ratio = jnp.sum(m, axis=1) / (per_row + 1e-8)
+    ratio = jnp.exp(log_ratio)
+    mean_adv = jnp.sum(jnp.where(mask, adv, zero), axis=1) / (per_row + 1e-8)
+    rows = -mean_adv * ratio
+    if weights is not None:
+        rows = rows * jnp.exp(jnp.sum(jnp.where(mask, jnp.log(weights + 1e-10), zero), axis=1) / (per_row + 1e-8))
+    loss = jnp.sum(rows) / max(logp.shape[0], 1)  # verl's torch.mean: empty rows count (they add 0)
+    fixed = lax.stop_gradient(d)
+    clipped = mask & (fixed != lax.stop_gradient(capped))
+    stats = PolicyLossStats(_masked_mean((clipped & (adv > 0)).astype(logp.dtype), mask),
+                            _masked_mean(-fixed, mask), _masked_mean((clipped & (adv < 0)).astype(logp.dtype), mask))
+    overflow = ~jnp.isfinite(lax.stop_gradient(ratio)) & (per_row > 0)
+    check = _checks.ValueCheck("geo_mean_ratio_overflow", _checks.violations(overflow),
+                               lambda row: f"geo_mean_loss: row {int(row)}'s geometric-mean ratio overflows float32 "
+                                           "(its mean capped log ratio is above ~88: a negative advantage, whose log "
+                                           "ratio GMPO does not cap from above)", jnp.argmax(overflow))
+    return loss, stats, check
+
+
 def _run(kind: str, logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
          params: tuple[float, ...], loss_scale_factor: float | None) -> tuple[jax.Array, PolicyLossStats]:
     one_of("loss_agg_mode", loss_agg_mode, VERL_AGG_MODES)
@@ -162,8 +193,9 @@ def _run(kind: str, logprobs, proximal_logprobs, advantages, loss_mask, rollout_
                     ("rollout_is_weights", rollout_is_weights)):
         if x is not None:
             _checks.check_shape(name, x, shape, "logprobs")
-    loss, stats, checks = _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, kind=kind,
-                                    loss_agg_mode=loss_agg_mode, params=params, loss_scale_factor=loss_scale_factor)
+    out = _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, kind=kind,
+                    loss_agg_mode=loss_agg_mode, params=params, loss_scale_factor=loss_scale_factor)
+    loss, stats, checks = out if len(out) == 3 else (out[0], out[1], [*out[3], out[2]])
     _checks.raise_value_checks(checks)  # eagerly; under jit the counts are in stats.checks
     return loss, stats._replace(checks=_checks.check_counts(checks))
 
@@ -185,6 +217,24 @@ def gspo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arr
     high = finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0)
     return _run("gspo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
                 (low, high), loss_scale_factor)
+
+
+def geo_mean_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+                  clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                  rollout_is_weights: ArrayLike | None = None) -> tuple[jax.Array, PolicyLossStats]:
+    """verl's ``geo_mean`` (GMPO, Zhao et al. 2025): the row's *geometric* mean ratio. Each token's log ratio
+    ``d`` is capped to ``[-low, high]`` on the side its advantage's sign makes risky (from above for ``A >
+    0``, from below for ``A < 0``; 0 for ``A = 0``), ``R_b = exp(sum_t M m / (n_b + 1e-8))``, and the loss is
+    the mean over all rows (empty ones count, adding 0) of ``-mean_t(A) R_b``, times the rows' geometric-mean
+    ``rollout_is_weights``. No ±20 clamp, and, as in verl, no ``loss_agg_mode``: the row mean is the
+    aggregation. The gradient is torch's (half at exactly a bound). A row whose ``R_b`` overflows float32 is
+    counted (``stats.checks["checks/geo_mean_ratio_overflow"]``) and refused eagerly. The GMPO authors use a
+    range of 0.4. Returns ``(loss, PolicyLossStats)``: ``pg_clipfrac`` / ``pg_clipfrac_lower`` the shares
+    capped with ``A > 0`` / ``A < 0``."""
+    low = finite_number("clip_ratio_low", clip_ratio_low, minimum=0.0)
+    high = finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0)
+    return _run("geo_mean", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, "token-mean",
+                (low, high), None)
 
 
 def gpg_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,

@@ -12,7 +12,7 @@ import pytest
 import reference
 from batches import enable_x64
 
-from prm_jax.kernels.verl_losses import VERL_AGG_MODES, cispo_loss, dro_loss, gpg_loss, gspo_loss, sapo_loss
+from prm_jax.kernels.verl_losses import VERL_AGG_MODES, cispo_loss, dro_loss, geo_mean_loss, gpg_loss, gspo_loss, sapo_loss
 
 LOSSES = {"gpg": (gpg_loss, {}), "dro": (dro_loss, {"dro_beta": 0.3}),
           "cispo": (cispo_loss, {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}),
@@ -157,3 +157,35 @@ def test_gspo_with_row_constant_advantages_is_the_sequence_ratios_clip():
         live = np.asarray(grad)[b][mask[b]] != 0
         assert live.all() or not live.any(), b
     assert 0 <= float(stats.pg_clipfrac) <= 1
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_geo_mean_and_its_gradient_equal_the_float64_loop(weighted):
+    rng = np.random.default_rng(11)
+    logp, old, adv, mask = batch(rng)
+    adv[0, :3] = 0.0  # zero advantages: m = 0, no gradient
+    logp[1, :2], old[1, :2] = -1.0, -1.25  # d exactly the upper bound 0.25 (a tie: half the gradient)
+    adv[1, :2] = 1.0
+    mask[1, :2] = True
+    assert (logp[1, :2] - old[1, :2] == np.float32(0.25)).all()
+    weights = rng.uniform(0.5, 1.5, logp.shape).astype(np.float32) if weighted else None
+
+    def loss(lp):
+        return geo_mean_loss(lp, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.25, rollout_is_weights=weights)[0]
+
+    value, grad = jax.value_and_grad(loss)(jnp.asarray(logp))
+    want, want_grad = reference.geo_mean_loss(logp, old, adv, mask, low=0.2, high=0.25, weights=weights)
+    np.testing.assert_allclose(float(value), want, rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=2e-5, atol=1e-8)
+
+
+def test_geo_mean_counts_a_ratio_that_overflows_and_refuses_it_eagerly():
+    # LOSSES.md 5: a negative advantage with a large positive log ratio is not capped: R = exp(mean d).
+    logp, old = np.zeros((2, 2), np.float32), np.array([[-100.0, -100.0], [0.0, 0.0]], np.float32)
+    adv, mask = -np.ones((2, 2), np.float32), np.ones((2, 2), bool)
+    with pytest.raises(ValueError, match="row 0's geometric-mean ratio overflows"):
+        geo_mean_loss(logp, old, adv, mask)
+    _, stats = jax.jit(lambda *a: geo_mean_loss(*a))(logp, old, adv, mask)
+    assert int(stats.checks["checks/geo_mean_ratio_overflow"]) == 1
+    value, grad = jax.value_and_grad(lambda lp: geo_mean_loss(lp, old, adv, mask[::-1] & False)[0])(jnp.asarray(logp))
+    assert float(value) == 0.0 and not np.asarray(grad).any()  # the empty batch: 0

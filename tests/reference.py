@@ -794,7 +794,7 @@ def verl_agg(per, mask, mode, scale=None):
     return loss / (width if scale is None else scale) if mode == "seq-mean-token-sum-norm" else loss
 
 
-def verl_token_loss(kind, logp, old, adv, *, low=0.2, high=0.2, beta=None, tau_pos=1.0, tau_neg=1.05):
+def verl_token_loss(kind, logp, old, adv, *, low=0.2, high=0.2, beta=None, tau_pos=1.0, tau_neg=1.05, cap=3.0):
     """One token's loss and its derivative in logp, as verl computes them (LOSSES.md 4, 8, 10), float64."""
     d = float(logp) - float(old)
     a = float(adv)
@@ -805,6 +805,16 @@ def verl_token_loss(kind, logp, old, adv, *, low=0.2, high=0.2, beta=None, tau_p
     x = min(max(d, -20.0), 20.0)
     inside = -20.0 < d < 20.0  # torch.clamp passes the gradient strictly inside only
     r = math.exp(x)
+    if kind in ("dppo_tv", "dppo_kl"):  # LOSSES.md 9
+        tau = min(r, cap)
+        p, p_old = math.exp(float(logp)), math.exp(float(old))
+        if kind == "dppo_tv":
+            valid = (p - p_old <= high) if a > 0 else (p - p_old >= -low)
+        else:
+            arg = (1.0 - p_old + 1e-8) / (1.0 - p + 1e-8)
+            div = p_old * (float(old) - float(logp)) + (1.0 - p_old) * math.log(arg) if arg > 0 else math.nan
+            valid = (div <= high or p <= p_old) if a > 0 else (div <= low or p >= p_old)
+        return (-a * tau * float(logp) if valid else 0.0), (-a * tau if valid else 0.0)
     if kind == "cispo":
         w = min(max(r, 1.0 - low), 1.0 + high)
         return -w * a * float(logp), -w * a

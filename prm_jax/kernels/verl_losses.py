@@ -1,6 +1,7 @@
 """verl's policy losses beside AReaL's PPO clip (``../shared/LOSSES.md``), as verl computes them, values and
-gradients: a first part of them (issue 33.2): ``gspo_loss``, ``geo_mean_loss``, ``gpg_loss``, ``dro_loss``,
-``cispo_loss`` and ``sapo_loss``, and verl's ``agg_loss`` with its five ``loss_agg_mode``s (``aggregate``).
+gradients: a first part of them (issue 33.2): ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``,
+``dppo_kl_loss``, ``gpg_loss``, ``dro_loss``, ``cispo_loss`` and ``sapo_loss``, and verl's ``agg_loss`` with its
+five ``loss_agg_mode``s (``aggregate``).
 
 Every loss takes ``ppo_clip_loss``'s argument names (``logprobs``, ``proximal_logprobs``: the old log-probs
 the ratio is taken against, ``advantages``, ``loss_mask``, ``loss_agg_mode``) and verl's hyper-parameter
@@ -135,7 +136,23 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
         x = _torch_clamp(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         kl_mean = _masked_mean(-lax.stop_gradient(x), mask)
         ratio = jnp.exp(x)
-        if kind == "cispo":
+        if kind in ("dppo_tv", "dppo_kl"):
+            low, high, cap = params
+            truncated = lax.stop_gradient(jnp.minimum(ratio, cap))
+            p_new, p_old = jnp.exp(lax.stop_gradient(logp)), jnp.exp(old)
+            positive = adv > 0  # (zero advantages take the negative branch)
+            if kind == "dppo_tv":
+                valid = jnp.where(positive, p_new - p_old <= high, p_new - p_old >= -low)
+            else:
+                divergence = p_old * (old - lax.stop_gradient(logp)) + (1.0 - p_old) * jnp.log(
+                    (1.0 - p_old + 1e-8) / (1.0 - p_new + 1e-8))  # NaN for p > 1: compares False
+                valid = jnp.where(positive, (divergence <= high) | (p_new <= p_old),
+                                  (divergence <= low) | (p_new >= p_old))
+            valid = valid & mask
+            losses = -adv * truncated * logp * valid.astype(logp.dtype)
+            clipped = mask & ~valid
+            lower = valid & (lax.stop_gradient(ratio) > cap)
+        elif kind == "cispo":
             low, high = params
             fixed = lax.stop_gradient(ratio)
             weight = jnp.clip(fixed, 1.0 - low, 1.0 + high)
@@ -235,6 +252,41 @@ def geo_mean_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
     high = finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0)
     return _run("geo_mean", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, "token-mean",
                 (low, high), None)
+
+
+def dppo_tv_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+                 clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
+                 rollout_is_weights: ArrayLike | None = None, loss_agg_mode: VerlAggMode = "token-mean",
+                 loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+    """verl's ``dppo_tv`` (DPPO, binary total-variation trust region): ``L = -A sg(min(r, C)) logprobs *
+    valid`` with ``r = exp(clamp(d, -20, 20))``, a REINFORCE gradient ``-A min(r, C)`` where the token stays
+    within the region: ``p - p_old <= clip_ratio_high`` for ``A > 0``, ``>= -clip_ratio_low`` otherwise
+    (``p = exp(logprobs)``; here the clip ratios are divergence bounds, not ratio bounds). ``clip_ratio_c``
+    is verl's shipped 3.0 (its code's own fallback, 20, is never reached with its config; its example uses
+    10000). Returns ``(loss, PolicyLossStats)``: ``pg_clipfrac`` the share masked out, ``pg_clipfrac_lower``
+    the share truncated (``r > C``)."""
+    return _run("dppo_tv", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
+                _dppo_params(clip_ratio_low, clip_ratio_high, clip_ratio_c), loss_scale_factor)
+
+
+def dppo_kl_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+                 clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
+                 rollout_is_weights: ArrayLike | None = None, loss_agg_mode: VerlAggMode = "token-mean",
+                 loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+    """verl's ``dppo_kl``: ``dppo_tv_loss`` with the binary KL region: ``D = p_old (logp_old - logp) + (1 -
+    p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))``; a token is kept where ``D <= clip_ratio_high or p <=
+    p_old`` (``A > 0``), ``D <= clip_ratio_low or p >= p_old`` otherwise (a log-prob above 0 makes ``D`` NaN:
+    the comparison is False and the second part decides, as in verl). Returns ``(loss, PolicyLossStats)``."""
+    return _run("dppo_kl", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
+                _dppo_params(clip_ratio_low, clip_ratio_high, clip_ratio_c), loss_scale_factor)
+
+
+def _dppo_params(low: float, high: float, cap: float) -> tuple[float, float, float]:
+    cap = finite_number("clip_ratio_c", cap)
+    if cap <= 0:
+        raise ValueError(f"clip_ratio_c must be > 0, got {cap!r}")
+    return (finite_number("clip_ratio_low", low, minimum=0.0), finite_number("clip_ratio_high", high, minimum=0.0),
+            cap)
 
 
 def gpg_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,

@@ -12,14 +12,27 @@ import pytest
 import reference
 from batches import enable_x64
 
-from prm_jax.kernels.verl_losses import VERL_AGG_MODES, cispo_loss, dro_loss, geo_mean_loss, gpg_loss, gspo_loss, sapo_loss
+from prm_jax.kernels.verl_losses import (
+    VERL_AGG_MODES,
+    cispo_loss,
+    dppo_kl_loss,
+    dppo_tv_loss,
+    dro_loss,
+    geo_mean_loss,
+    gpg_loss,
+    gspo_loss,
+    sapo_loss,
+)
 
 LOSSES = {"gpg": (gpg_loss, {}), "dro": (dro_loss, {"dro_beta": 0.3}),
           "cispo": (cispo_loss, {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}),
           "sapo": (sapo_loss, {"tau_pos": 1.0, "tau_neg": 1.05}),
-          "gspo": (gspo_loss, {"clip_ratio_low": 0.05, "clip_ratio_high": 0.08})}
+          "gspo": (gspo_loss, {"clip_ratio_low": 0.05, "clip_ratio_high": 0.08}),
+          "dppo_tv": (dppo_tv_loss, {"clip_ratio_low": 0.05, "clip_ratio_high": 0.04, "clip_ratio_c": 1.5}),
+          "dppo_kl": (dppo_kl_loss, {"clip_ratio_low": 0.02, "clip_ratio_high": 0.01, "clip_ratio_c": 1.5})}
 REFERENCE_PARAMS = {"gpg": {}, "dro": {"beta": 0.3}, "cispo": {"low": 0.2, "high": 0.28},
-                    "sapo": {"tau_pos": 1.0, "tau_neg": 1.05}, "gspo": {"low": 0.05, "high": 0.08}}
+                    "sapo": {"tau_pos": 1.0, "tau_neg": 1.05}, "gspo": {"low": 0.05, "high": 0.08},
+                    "dppo_tv": {"low": 0.05, "high": 0.04, "cap": 1.5}, "dppo_kl": {"low": 0.02, "high": 0.01, "cap": 1.5}}
 
 
 def batch(rng, rows=4, width=9):
@@ -189,3 +202,21 @@ def test_geo_mean_counts_a_ratio_that_overflows_and_refuses_it_eagerly():
     assert int(stats.checks["checks/geo_mean_ratio_overflow"]) == 1
     value, grad = jax.value_and_grad(lambda lp: geo_mean_loss(lp, old, adv, mask[::-1] & False)[0])(jnp.asarray(logp))
     assert float(value) == 0.0 and not np.asarray(grad).any()  # the empty batch: 0
+
+
+def test_dppo_masks_tokens_outside_the_region_truncates_the_weight_and_reads_p_above_one_as_verl():
+    # LOSSES.md 9: REINFORCE with a truncated weight min(r, C), masked by the trust region; a log-prob above 0
+    # (not a probability) makes the KL's log NaN: the comparison is False and p <= p_old decides.
+    logp = np.array([[-0.1, -3.0, -0.2, 0.5]], np.float32)
+    old = np.array([[-2.0, -3.0, -0.25, -0.25]], np.float32)  # token 3: p = 1.65 > 1 > p_old: the KL is NaN
+    adv = np.array([[1.0, 1.0, -1.0, -1.0]], np.float32)
+    mask = np.ones((1, 4), bool)
+    for fn, kind in ((dppo_tv_loss, "dppo_tv"), (dppo_kl_loss, "dppo_kl")):
+        value, grad = value_and_grad(fn, {"clip_ratio_c": 1.5}, "token-sum", logp, old, adv, mask)
+        want, want_grad = reference.verl_loss(kind, logp, old, adv, mask, "token-sum", cap=1.5)
+        np.testing.assert_allclose(float(value), want, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-5, atol=1e-8)
+        assert np.asarray(grad)[0, 0] == 0.0  # p - p_old = 0.77 > 0.2: outside the region, masked out
+        assert np.asarray(grad)[0, 3] != 0.0  # kept: p >= p_old for A < 0 (the KL's NaN compares False)
+    _, stats = dppo_tv_loss(logp, old, adv, mask, clip_ratio_c=1.5)
+    assert float(stats.pg_clipfrac) == pytest.approx(1 / (4 + 1e-8))

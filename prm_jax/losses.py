@@ -1,23 +1,26 @@
 """The loss side of a PPO/GRPO step (``prm_jax.kernels.policy_loss``, ``prm_jax.kernels.verl_losses``):
 ``logprobs_on_timesteps`` gathers a policy's log-probs onto the timesteps ``compute_advantages`` works on;
 ``ppo_clip_loss`` is AReaL's clipped actor loss (dual clip, asymmetric clip, decoupled PPO, token- or
-sequence-mean aggregation); ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``, ``dppo_kl_loss``, ``gpg_loss``,
-``dro_loss``, ``cispo_loss`` and ``sapo_loss`` are verl's, with its five ``loss_agg_mode``s (``VERL_AGG_MODES``)."""
+sequence-mean aggregation); ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``, ``dppo_kl_loss``,
+``clip_cov_loss``, ``kl_cov_loss``, ``gpg_loss``, ``dro_loss``, ``cispo_loss`` and ``sapo_loss`` are verl's, with
+its five ``loss_agg_mode``s (``VERL_AGG_MODES``)."""
 
 from prm_jax.kernels.policy_loss import LOSS_AGG_MODES, PPOLossStats, logprobs_on_timesteps, ppo_clip_loss
 from prm_jax.kernels.verl_losses import (
     VERL_AGG_MODES,
     PolicyLossStats,
     cispo_loss,
+    clip_cov_loss,
     dppo_kl_loss,
     dppo_tv_loss,
     dro_loss,
     geo_mean_loss,
     gpg_loss,
     gspo_loss,
+    kl_cov_loss,
     sapo_loss,
 )
 
 __all__ = ["LOSS_AGG_MODES", "PPOLossStats", "logprobs_on_timesteps", "ppo_clip_loss", "VERL_AGG_MODES",
-           "PolicyLossStats", "gspo_loss", "geo_mean_loss", "dppo_tv_loss", "dppo_kl_loss", "gpg_loss", "dro_loss",
-           "cispo_loss", "sapo_loss"]
+           "PolicyLossStats", "gspo_loss", "geo_mean_loss", "dppo_tv_loss", "dppo_kl_loss", "clip_cov_loss",
+           "kl_cov_loss", "gpg_loss", "dro_loss", "cispo_loss", "sapo_loss"]

@@ -890,3 +890,58 @@ def geo_mean_loss(logp, old, adv, mask, *, low=0.2, high=0.2, weights=None):
         for t in trained:
             grad[b][t] = w * (-mean_adv) * ratio / n * kappa[t] / rows
     return total / rows, grad
+
+
+def kl_cov_loss(logp, old, adv, mask, mode, *, ratio=0.0002, coef=0.1):
+    """verl's kl_cov (LOSSES.md 7): ``(loss, d loss / d logp)``, float64; the k largest covariances by a
+    stable sort (ties: the earlier position)."""
+    rows, width = np.shape(logp)
+    trained = [(b, t) for b in range(rows) for t in range(width) if mask[b][t]]
+    per, local = np.zeros((rows, width)), np.zeros((rows, width))
+    if trained:
+        mean_a = math.fsum(float(adv[b][t]) for b, t in trained) / len(trained)
+        mean_l = math.fsum(float(logp[b][t]) for b, t in trained) / len(trained)
+        cov = {bt: (float(adv[bt]) - mean_a) * (float(logp[bt]) - mean_l) for bt in trained}
+        k = max(1, math.floor(len(trained) * ratio))
+        chosen = set(sorted(trained, key=lambda bt: -cov[bt])[:k])
+        for b, t in trained:
+            d, a = float(logp[b][t]) - float(old[b][t]), float(adv[b][t])
+            r = math.exp(d)
+            sign = (d > 0) - (d < 0)
+            per[b][t] = -a * r + (coef * abs(d) if (b, t) in chosen else 0.0)
+            local[b][t] = -a * r + (coef * sign if (b, t) in chosen else 0.0)
+    return verl_agg(per, mask, mode), verl_agg_grad(local, mask, mode)
+
+
+def clip_cov_loss(logp, old, adv, mask, chosen, mode, *, low=0.2, high=0.2):
+    """verl's clip_cov with the chosen tokens fixed (LOSSES.md 6): ``(loss, d loss / d logp)``, float64."""
+    rows, width = np.shape(logp)
+    per, local = np.zeros((rows, width)), np.zeros((rows, width))
+    lo, hi = 1.0 - low, 1.0 + high
+    for b in range(rows):
+        for t in range(width):
+            if not mask[b][t] or chosen[b][t]:
+                continue
+            a = float(adv[b][t])
+            r = math.exp(float(logp[b][t]) - float(old[b][t]))
+            p1, p2 = -a * r, -a * min(max(r, lo), hi)
+            kappa = 1.0 if p1 > p2 else 0.0 if p1 < p2 else (1.0 if lo < r < hi else 0.5)
+            per[b][t], local[b][t] = max(p1, p2), -a * r * kappa
+    return verl_agg(per, mask, mode), verl_agg_grad(local, mask, mode)
+
+
+def verl_agg_grad(local, mask, mode, scale=None):
+    """d agg_loss / d logp from each token's local derivative (LOSSES.md 0.2's u)."""
+    rows, width = np.shape(local)
+    counts = [sum(bool(m) for m in mask[b]) for b in range(rows)]
+    n, used = sum(counts), sum(1 for c in counts if c)
+    grad = np.zeros((rows, width))
+    for b in range(rows):
+        for t in range(width):
+            if mask[b][t]:
+                u = {"token-mean": 1.0 / n if n else 0.0, "token-sum": 1.0,
+                     "seq-mean-token-sum": 1.0 / used if used else 0.0,
+                     "seq-mean-token-sum-norm": 1.0 / used / (width if scale is None else scale) if used else 0.0,
+                     "seq-mean-token-mean": 1.0 / ((counts[b] + 1e-8) * used) if used else 0.0}[mode]
+                grad[b][t] = u * local[b][t]
+    return grad

@@ -1,7 +1,7 @@
 """verl's policy losses beside AReaL's PPO clip (``../shared/LOSSES.md``), as verl computes them, values and
-gradients: a first part of them (issue 33.2): ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``,
-``dppo_kl_loss``, ``gpg_loss``, ``dro_loss``, ``cispo_loss`` and ``sapo_loss``, and verl's ``agg_loss`` with its
-five ``loss_agg_mode``s (``aggregate``).
+gradients (issue 33.2): ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``, ``dppo_kl_loss``,
+``clip_cov_loss``, ``kl_cov_loss``, ``gpg_loss``, ``dro_loss``, ``cispo_loss`` and ``sapo_loss``, and verl's
+``agg_loss`` with its five ``loss_agg_mode``s (``aggregate``).
 
 Every loss takes ``ppo_clip_loss``'s argument names (``logprobs``, ``proximal_logprobs``: the old log-probs
 the ratio is taken against, ``advantages``, ``loss_mask``, ``loss_agg_mode``) and verl's hyper-parameter
@@ -106,13 +106,17 @@ def _weighted(losses: jax.Array, weights: jax.Array | None) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "loss_agg_mode", "params", "loss_scale_factor"))
-def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, *, kind, loss_agg_mode, params,
-              loss_scale_factor):
+def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, extra=None, *, kind, loss_agg_mode,
+              params, loss_scale_factor):
     logp, old, adv, mask, weights = _prepared(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights)
     zero = jnp.zeros((), logp.dtype)
     d = logp - old
     clipped = jnp.zeros_like(mask)
     lower = jnp.zeros_like(mask)
+    if kind in ("kl_cov", "clip_cov"):
+        loss, stats, check = (_kl_cov if kind == "kl_cov" else _clip_cov)(logp, adv, mask, weights, d, extra, params,
+                                                                        loss_agg_mode, loss_scale_factor)
+        return loss, stats, check, _checks.mask_check("loss_mask", loss_mask)
     if kind == "geo_mean":
         low, high = params
         return _geo_mean(logp, adv, mask, weights, d, low, high) + (_checks.mask_check("loss_mask", loss_mask),)
@@ -197,8 +201,69 @@ def _geo_mean(logp, adv, mask, weights, d, low, high):
     return loss, stats, check
 
 
+def _ranks(keys: jax.Array, eligible: jax.Array) -> jax.Array:
+    """``[B, T]`` int32: each eligible entry's rank among the eligible ones by ascending ``keys`` (ties by
+    row-major position); ineligible entries rank after them all."""
+    flat = jnp.where(eligible, keys, jnp.inf).ravel()
+    order = jnp.argsort(flat, stable=True)
+    return jnp.zeros(flat.shape, jnp.int32).at[order].set(jnp.arange(flat.size, dtype=jnp.int32)).reshape(keys.shape)
+
+
+def _overflow_check(name: str, losses: jax.Array, mask: jax.Array, who: str) -> _checks.ValueCheck:
+    """Trained tokens whose loss is not finite for finite inputs: an unclamped ratio that overflowed."""
+    flags = mask & ~jnp.isfinite(lax.stop_gradient(losses))
+    return _checks.ValueCheck(name, _checks.violations(flags),
+                              lambda at: f"{who}: the loss at flat position {int(at)} is not finite: its ratio "
+                                         f"exp(logprobs - proximal_logprobs) overflows float32 (a log ratio above "
+                                         f"~88.7; {who} does not clamp it)", jnp.argmax(flags.ravel()))
+
+
+def _kl_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_scale_factor):
+    """KL-Cov (LOSSES.md 7): the tokens of the largest covariance get a |log ratio| penalty, no clip anywhere."""
+    ratio_kl, coef = params
+    zero = jnp.zeros((), logp.dtype)
+    ratio = jnp.where(mask, jnp.exp(d), zero)
+    n = jnp.sum(mask, dtype=jnp.int32)
+    count = jnp.maximum(n, 1).astype(logp.dtype)
+    fixed_logp = lax.stop_gradient(logp)
+    cov = ((adv - jnp.sum(jnp.where(mask, adv, zero)) / count) *
+           (fixed_logp - jnp.sum(jnp.where(mask, fixed_logp, zero)) / count))
+    k = jnp.maximum(jnp.floor(n.astype(jnp.float32) * ratio_kl).astype(jnp.int32), 1)
+    selected = mask & (_ranks(-cov, mask) < k)  # the k largest (ties: the earlier position)
+    absolute = d * lax.stop_gradient(jnp.sign(d))  # |d| with sign(0) = 0 as its gradient (torch's abs)
+    losses = jnp.where(selected, -adv * ratio + coef * absolute, -adv * ratio)
+    losses = jnp.where(mask, _weighted(losses, weights), zero)
+    loss = aggregate(losses, mask, loss_agg_mode, loss_scale_factor)
+    stats = PolicyLossStats(jnp.zeros((), logp.dtype), _masked_mean(jnp.abs(lax.stop_gradient(d)), mask),
+                            jnp.zeros((), logp.dtype))
+    return loss, stats, _overflow_check("kl_cov_ratio_overflow", losses, mask, "kl_cov_loss")
+
+
+def _clip_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_scale_factor):
+    """Clip-Cov (LOSSES.md 6): PPO's clip, and a random few high-covariance tokens dropped from the loss."""
+    low, high, ratio_cov, lb, ub, given = params
+    zero = jnp.zeros((), logp.dtype)
+    pg, _, clip_taken, _ = _clipped_objective(adv, d, mask, 1.0 - low, 1.0 + high, None)
+    fixed_logp = lax.stop_gradient(logp)
+    cov = (adv - _masked_mean(adv, mask)) * (fixed_logp - _masked_mean(fixed_logp, mask))
+    cov = jnp.where(mask & ~clip_taken, cov, -jnp.inf)
+    candidates = mask & (cov > lb) & (cov < ub)
+    n = jnp.sum(mask, dtype=jnp.int32)
+    clip_num = jnp.maximum(jnp.floor(n.astype(jnp.float32) * ratio_cov).astype(jnp.int32), 1)
+    if given:  # the chosen tokens, as the caller fixed them
+        chosen = mask & extra
+    else:  # a uniform random subset of min(clip_num, #candidates) candidates (verl's randperm)
+        priority = jax.random.uniform(extra, logp.shape)
+        chosen = candidates & (_ranks(priority, candidates) < clip_num)
+    losses = jnp.where(mask & ~chosen, _weighted(pg, weights), zero)
+    loss = aggregate(losses, mask, loss_agg_mode, loss_scale_factor)
+    stats = PolicyLossStats(_masked_mean(chosen.astype(logp.dtype), mask), _masked_mean(-lax.stop_gradient(d), mask),
+                            jnp.zeros((), logp.dtype))
+    return loss, stats, _overflow_check("clip_cov_ratio_overflow", losses, mask, "clip_cov_loss")
+
+
 def _run(kind: str, logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
-         params: tuple[float, ...], loss_scale_factor: float | None) -> tuple[jax.Array, PolicyLossStats]:
+         params: tuple[float, ...], loss_scale_factor: float | None, extra=None) -> tuple[jax.Array, PolicyLossStats]:
     one_of("loss_agg_mode", loss_agg_mode, VERL_AGG_MODES)
     if loss_scale_factor is not None:
         loss_scale_factor = finite_number("loss_scale_factor", loss_scale_factor, minimum=0.0)
@@ -210,7 +275,7 @@ def _run(kind: str, logprobs, proximal_logprobs, advantages, loss_mask, rollout_
                     ("rollout_is_weights", rollout_is_weights)):
         if x is not None:
             _checks.check_shape(name, x, shape, "logprobs")
-    out = _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, kind=kind,
+    out = _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, extra, kind=kind,
                     loss_agg_mode=loss_agg_mode, params=params, loss_scale_factor=loss_scale_factor)
     loss, stats, checks = out if len(out) == 3 else (out[0], out[1], [*out[3], out[2]])
     _checks.raise_value_checks(checks)  # eagerly; under jit the counts are in stats.checks
@@ -287,6 +352,56 @@ def _dppo_params(low: float, high: float, cap: float) -> tuple[float, float, flo
         raise ValueError(f"clip_ratio_c must be > 0, got {cap!r}")
     return (finite_number("clip_ratio_low", low, minimum=0.0), finite_number("clip_ratio_high", high, minimum=0.0),
             cap)
+
+
+def kl_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+                kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 0.1, rollout_is_weights: ArrayLike | None = None,
+                loss_agg_mode: VerlAggMode = "token-mean",
+                loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+    """verl's ``kl_cov`` (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs"): no clip; the
+    ``k = max(1, floor(N kl_cov_ratio))`` trained tokens of the largest covariance ``(A - mean A)(logprobs -
+    mean logprobs)`` (plain means over the trained tokens; ties: the earlier row-major position, where torch's
+    top-k leaves them unspecified) get ``-A r + ppo_kl_coef |d|``, the others ``-A r``, ``r = exp(d)``
+    unclamped. The penalty's gradient is ``ppo_kl_coef sign(d)`` with ``sign(0) = 0`` (on-policy, ``d = 0``, it
+    adds none, as torch's ``abs``). A token whose loss overflows (its ratio above float32) is counted
+    (``checks/kl_cov_ratio_overflow``) and refused eagerly. ``ppo_kl`` is the mean ``|d|`` (verl's name).
+    Returns ``(loss, PolicyLossStats)``."""
+    ratio_kl = finite_number("kl_cov_ratio", kl_cov_ratio)
+    if not 0 < ratio_kl <= 1:
+        raise ValueError(f"kl_cov_ratio must be in (0, 1], got {kl_cov_ratio!r}")
+    return _run("kl_cov", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
+                (ratio_kl, finite_number("ppo_kl_coef", ppo_kl_coef)), loss_scale_factor)
+
+
+def clip_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+                  key: jax.Array | None = None, chosen: ArrayLike | None = None, clip_ratio_low: float = 0.2,
+                  clip_ratio_high: float = 0.2, clip_cov_ratio: float = 0.0002, clip_cov_lb: float = 1.0,
+                  clip_cov_ub: float = 5.0, rollout_is_weights: ArrayLike | None = None,
+                  loss_agg_mode: VerlAggMode = "token-mean",
+                  loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+    """verl's ``clip_cov`` (Cui et al. 2025): PPO's clip (no dual clip, ``r = exp(d)`` unclamped, torch's
+    gradient at a bound), and ``min(max(floor(N clip_cov_ratio), 1), #candidates)`` tokens chosen uniformly
+    at random (``key``, a ``jax.random`` key: verl draws from torch's global generator) among the candidates,
+    trained tokens the clip did not take whose covariance ``(A - mean A)(logprobs - mean logprobs)`` (verl's
+    ``masked_mean``) lies strictly between ``clip_cov_lb`` and ``clip_cov_ub``; the chosen contribute neither
+    loss nor gradient. ``chosen`` ``[B, T]`` bool fixes the choice instead of ``key`` (one of the two is
+    required). ``pg_clipfrac`` is the share chosen; a token whose loss overflows (an unclamped ratio on the
+    unclipped side) is counted (``checks/clip_cov_ratio_overflow``) and refused eagerly. Returns ``(loss,
+    PolicyLossStats)``."""
+    if (key is None) == (chosen is None):
+        raise ValueError("clip_cov_loss needs exactly one of key (a jax.random key: a random choice of tokens) "
+                         "and chosen ([B, T] bool: the tokens to drop)")
+    ratio_cov = finite_number("clip_cov_ratio", clip_cov_ratio)
+    if ratio_cov <= 0:
+        raise ValueError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio!r}")
+    if chosen is not None:
+        _checks.check_shape("chosen", chosen, jnp.shape(logprobs), "logprobs")
+        chosen = jnp.asarray(chosen, bool)
+    params = (finite_number("clip_ratio_low", clip_ratio_low, minimum=0.0),
+              finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0), ratio_cov,
+              finite_number("clip_cov_lb", clip_cov_lb), finite_number("clip_cov_ub", clip_cov_ub), chosen is not None)
+    return _run("clip_cov", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
+                params, loss_scale_factor, key if chosen is None else chosen)
 
 
 def gpg_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,

@@ -15,12 +15,14 @@ from batches import enable_x64
 from prm_jax.kernels.verl_losses import (
     VERL_AGG_MODES,
     cispo_loss,
+    clip_cov_loss,
     dppo_kl_loss,
     dppo_tv_loss,
     dro_loss,
     geo_mean_loss,
     gpg_loss,
     gspo_loss,
+    kl_cov_loss,
     sapo_loss,
 )
 
@@ -220,3 +222,67 @@ def test_dppo_masks_tokens_outside_the_region_truncates_the_weight_and_reads_p_a
         assert np.asarray(grad)[0, 3] != 0.0  # kept: p >= p_old for A < 0 (the KL's NaN compares False)
     _, stats = dppo_tv_loss(logp, old, adv, mask, clip_ratio_c=1.5)
     assert float(stats.pg_clipfrac) == pytest.approx(1 / (4 + 1e-8))
+
+
+@pytest.mark.parametrize("mode", VERL_AGG_MODES)
+def test_kl_cov_equals_the_float64_loop_and_adds_no_penalty_gradient_on_policy(mode):
+    rng = np.random.default_rng(21)
+    logp, old, adv, mask = batch(rng)
+    old[0, :] = logp[0, :]  # on-policy tokens: d = 0 exactly, sign(0) = 0
+    params = {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.7}
+    value, grad = value_and_grad(kl_cov_loss, params, mode, logp, old, adv, mask)
+    want, want_grad = reference.kl_cov_loss(logp, old, adv, mask, mode, ratio=0.2, coef=0.7)
+    np.testing.assert_allclose(float(value), want, rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=2e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("mode", VERL_AGG_MODES)
+def test_clip_cov_with_a_fixed_choice_equals_the_float64_loop(mode):
+    rng = np.random.default_rng(22)
+    logp, old, adv, mask = batch(rng)
+    chosen = np.zeros(logp.shape, bool)
+    chosen[0, 1], chosen[3, 4] = True, True
+    params = {"chosen": chosen, "clip_ratio_low": 0.1, "clip_ratio_high": 0.15}
+    value, grad = value_and_grad(clip_cov_loss, params, mode, logp, old, adv, mask)
+    want, want_grad = reference.clip_cov_loss(logp, old, adv, mask, chosen & mask, mode, low=0.1, high=0.15)
+    np.testing.assert_allclose(float(value), want, rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=2e-5, atol=1e-8)
+
+
+def test_clip_cov_draws_its_tokens_among_the_candidates_from_the_key():
+    # LOSSES.md 6: min(max(floor(N ratio), 1), #candidates) tokens, uniformly among the candidates (trained,
+    # not clipped, covariance strictly inside (lb, ub)); the same key, the same choice.
+    rng = np.random.default_rng(23)
+    logp, old, adv, mask = batch(rng, rows=6, width=16)
+    adv = (adv * 3).astype(np.float32)
+    kw = {"clip_cov_ratio": 0.1, "clip_cov_lb": 0.05, "clip_cov_ub": 50.0, "clip_ratio_low": 0.5,
+          "clip_ratio_high": 0.5}
+    key = jax.random.key(0)
+    _, stats = clip_cov_loss(logp, old, adv, mask, key=key, **kw)
+    n = int(mask.sum())
+    frac = float(stats.pg_clipfrac) * (n + 1e-8)
+    a, lp = adv.astype(np.float64), logp.astype(np.float64)
+    cov = (a - a[mask].sum() / (n + 1e-8)) * (lp - lp[mask].sum() / (n + 1e-8))
+    r = np.exp(lp - old.astype(np.float64))
+    clipped = -a * np.clip(r, 0.5, 1.5) > -a * r
+    candidates = mask & ~clipped & (cov > 0.05) & (cov < 50.0)
+    assert round(frac) == min(max(int(n * 0.1), 1), int(candidates.sum())) and candidates.sum() > 1
+    # The chosen ones, read from the gradient (a dropped token has none; every other trained token here is on
+    # the unclipped side with a nonzero advantage), are candidates, and dropping them reproduces the loss.
+    value, grad = value_and_grad(clip_cov_loss, {"key": key, **kw}, "token-mean", logp, old, adv, mask)
+    live = mask & ~clipped & (a != 0)
+    chosen = live & (np.asarray(grad) == 0)
+    assert chosen.sum() == round(frac) and not (chosen & ~candidates).any()
+    assert float(value) == pytest.approx(float(clip_cov_loss(logp, old, adv, mask, chosen=chosen, **kw)[0]), rel=1e-6)
+    assert float(clip_cov_loss(logp, old, adv, mask, key=jax.random.key(0), **kw)[0]) == float(value)
+    with pytest.raises(ValueError, match="exactly one of key"):
+        clip_cov_loss(logp, old, adv, mask, **kw)
+
+
+def test_kl_cov_on_policy_penalty_adds_no_gradient():
+    # LOSSES.md 7: d = 0 exactly (the common first step): torch's abs has gradient 0 there (jnp.abs: 1).
+    logp = np.array([[-1.0, -2.0, -0.5]], np.float32)
+    adv = np.array([[1.0, -2.0, 0.5]], np.float32)
+    _, grad = value_and_grad(kl_cov_loss, {"kl_cov_ratio": 1.0, "ppo_kl_coef": 5.0}, "token-sum", logp, logp, adv,
+                             np.ones((1, 3), bool))
+    np.testing.assert_array_equal(np.asarray(grad), -adv)  # every token selected, r = 1, no penalty slope

@@ -13,6 +13,7 @@ import functools
 import importlib
 import inspect
 import pkgutil
+import shutil
 from pathlib import Path
 
 import jupyter_server_mathjax
@@ -59,7 +60,9 @@ def public_names() -> dict[str, list[str]]:
 
 
 def write_api_pages() -> None:
-    """``api/<namespace>.rst``: an autosummary of the namespace's ``__all__`` (generated, not kept by hand)."""
+    """``api/<namespace>.rst``: an autosummary of the namespace's ``__all__`` (generated, not kept by hand);
+    the pages autosummary wrote for names that are gone are removed first."""
+    shutil.rmtree(HERE / "api" / "_generated", ignore_errors=True)
     for ns, names in public_names().items():
         module = importlib.import_module(f"prm_jax.{ns}")
         summary = (inspect.getdoc(module) or "").split("\n\n")[0]

@@ -2,11 +2,13 @@
 ``logprobs_on_timesteps`` gathers a policy's log-probs onto the timesteps ``compute_advantages`` works on;
 ``ppo_clip_loss`` is AReaL's clipped actor loss (dual clip, asymmetric clip, decoupled PPO, token- or
 sequence-mean aggregation); ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``, ``dppo_kl_loss``,
-``clip_cov_loss``, ``kl_cov_loss``, ``gpg_loss``, ``dro_loss``, ``cispo_loss`` and ``sapo_loss`` are verl's, with
-its five ``loss_agg_mode``s (``VERL_AGG_MODES``)."""
+``clip_cov_loss``, ``kl_cov_loss``, ``gpg_loss``, ``dro_loss``, ``cispo_loss``, ``sapo_loss`` and
+``vanilla_ppo_loss`` are verl's, with its five ``loss_agg_mode``s (``VERL_AGG_MODES``); ``policy_loss(...,
+mode=)`` picks one by verl's ``policy_loss.loss_mode`` name (``POLICY_LOSS_MODES``)."""
 
 from prm_jax.kernels.policy_loss import LOSS_AGG_MODES, PPOLossStats, logprobs_on_timesteps, ppo_clip_loss
 from prm_jax.kernels.verl_losses import (
+    POLICY_LOSS_MODES,
     VERL_AGG_MODES,
     PolicyLossStats,
     cispo_loss,
@@ -18,9 +20,12 @@ from prm_jax.kernels.verl_losses import (
     gpg_loss,
     gspo_loss,
     kl_cov_loss,
+    policy_loss,
     sapo_loss,
+    vanilla_ppo_loss,
 )
 
 __all__ = ["LOSS_AGG_MODES", "PPOLossStats", "logprobs_on_timesteps", "ppo_clip_loss", "VERL_AGG_MODES",
            "PolicyLossStats", "gspo_loss", "geo_mean_loss", "dppo_tv_loss", "dppo_kl_loss", "clip_cov_loss",
-           "kl_cov_loss", "gpg_loss", "dro_loss", "cispo_loss", "sapo_loss"]
+           "kl_cov_loss", "gpg_loss", "dro_loss", "cispo_loss", "sapo_loss", "vanilla_ppo_loss", "policy_loss",
+           "POLICY_LOSS_MODES"]

@@ -805,6 +805,16 @@ def verl_token_loss(kind, logp, old, adv, *, low=0.2, high=0.2, beta=None, tau_p
     x = min(max(d, -20.0), 20.0)
     inside = -20.0 < d < 20.0  # torch.clamp passes the gradient strictly inside only
     r = math.exp(x)
+    if kind == "vanilla":  # LOSSES.md 1: the clip, the dual clip for A < 0, torch's ties and bounds
+        lo, hi = 1.0 - low, 1.0 + high
+        p1, p2 = -a * r, -a * min(max(r, lo), hi)
+        c1 = max(p1, p2)
+        kappa = 1.0 if p1 > p2 else 0.0 if p1 < p2 else (1.0 if lo < r < hi else 0.5)
+        if a < 0:
+            p3 = -a * cap
+            kappa_c = 1.0 if c1 < p3 else 0.0 if c1 > p3 else 0.5
+            return min(p3, c1), (-a * r * kappa * kappa_c if inside else 0.0)
+        return c1, (-a * r * kappa if inside else 0.0)
     if kind in ("dppo_tv", "dppo_kl"):  # LOSSES.md 9
         tau = min(r, cap)
         p, p_old = math.exp(float(logp)), math.exp(float(old))

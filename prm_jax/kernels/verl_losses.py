@@ -1,7 +1,8 @@
 """verl's policy losses beside AReaL's PPO clip (``../shared/LOSSES.md``), as verl computes them, values and
-gradients (issue 33.2): ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``, ``dppo_kl_loss``,
+gradients (issue 33.2): ``vanilla_ppo_loss``, ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``, ``dppo_kl_loss``,
 ``clip_cov_loss``, ``kl_cov_loss``, ``gpg_loss``, ``dro_loss``, ``cispo_loss`` and ``sapo_loss``, and verl's
-``agg_loss`` with its five ``loss_agg_mode``s (``aggregate``).
+``agg_loss`` with its five ``loss_agg_mode``s (``aggregate``); ``policy_loss(..., mode=)`` selects one by
+verl's ``policy_loss.loss_mode`` name.
 
 Every loss takes ``ppo_clip_loss``'s argument names (``logprobs``, ``proximal_logprobs``: the old log-probs
 the ratio is taken against, ``advantages``, ``loss_mask``, ``loss_agg_mode``) and verl's hyper-parameter
@@ -19,7 +20,9 @@ token-mean and sequence modes give NaN.
 from __future__ import annotations
 
 import functools
-from typing import Literal, NamedTuple, get_args
+import inspect
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -120,7 +123,13 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
     if kind == "geo_mean":
         low, high = params
         return _geo_mean(logp, adv, mask, weights, d, low, high) + (_checks.mask_check("loss_mask", loss_mask),)
-    if kind == "gspo":
+    if kind == "vanilla":
+        low, high, cap = params
+        x = _torch_clamp(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        losses, _, clipped, lower = _clipped_objective(adv, x, mask, 1.0 - low, 1.0 + high, cap)
+        lower = lower & (adv < 0)
+        kl_mean = _masked_mean(-lax.stop_gradient(x), mask)
+    elif kind == "gspo":
         low, high = params
         # The row's mean log ratio s_b, attached to each token with derivative 1 in that token's own logprob
         # (and none through s_b), capped at 10 from above with torch's gradient (none at exactly 10).
@@ -280,6 +289,24 @@ def _run(kind: str, logprobs, proximal_logprobs, advantages, loss_mask, rollout_
     loss, stats, checks = out if len(out) == 3 else (out[0], out[1], [*out[3], out[2]])
     _checks.raise_value_checks(checks)  # eagerly; under jit the counts are in stats.checks
     return loss, stats._replace(checks=_checks.check_counts(checks))
+
+
+def vanilla_ppo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike,
+                     *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
+                     rollout_is_weights: ArrayLike | None = None, loss_agg_mode: VerlAggMode = "token-mean",
+                     loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+    """verl's ``vanilla`` PPO loss (LOSSES.md 1): ``ppo_clip_loss``'s clip with verl's differences: the log
+    ratio clamped to ``[-20, 20]`` (no gradient at or past a bound), the dual clip always on (``clip_ratio_c
+    > 1``, 3.0), rollout weights instead of AReaL's behaviour cap, verl's five aggregations. The gradient at
+    exactly a clip bound or at a dual-clip tie is half, as torch's. Returns ``(loss, PolicyLossStats)``:
+    ``pg_clipfrac`` where the clip was taken, ``pg_clipfrac_lower`` where the dual clip cut (``A < 0``),
+    ``ppo_kl`` the mean of the clamped ``-d``."""
+    cap = finite_number("clip_ratio_c", clip_ratio_c)
+    if cap <= 1:
+        raise ValueError(f"clip_ratio_c must be > 1 (the dual clip), got {clip_ratio_c!r}")
+    return _run("vanilla", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
+                (finite_number("clip_ratio_low", clip_ratio_low, minimum=0.0),
+                 finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0), cap), loss_scale_factor)
 
 
 def gspo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
@@ -455,3 +482,27 @@ def sapo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arr
         raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos!r} and {tau_neg!r}")
     return _run("sapo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
                 (pos, neg), loss_scale_factor)
+
+
+_POLICY_LOSSES: dict[str, Callable[..., tuple[jax.Array, PolicyLossStats]]] = {"vanilla": vanilla_ppo_loss,
+    "gspo": gspo_loss, "sapo": sapo_loss, "gpg": gpg_loss, "clip_cov": clip_cov_loss, "kl_cov": kl_cov_loss,
+    "geo_mean": geo_mean_loss, "dro": dro_loss, "cispo": cispo_loss, "dppo_tv": dppo_tv_loss, "dppo_kl": dppo_kl_loss}
+PolicyLossMode = Literal["vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo", "dppo_tv",
+                         "dppo_kl"]
+#: verl's ``policy_loss.loss_mode`` names ``policy_loss`` takes (derived from ``PolicyLossMode``).
+POLICY_LOSS_MODES: tuple[PolicyLossMode, ...] = get_args(PolicyLossMode)
+assert set(POLICY_LOSS_MODES) == set(_POLICY_LOSSES), "PolicyLossMode names each loss of _POLICY_LOSSES"
+
+
+def policy_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+                mode: PolicyLossMode = "vanilla", **options: Any) -> tuple[jax.Array, PolicyLossStats]:
+    """The loss verl's ``actor.policy_loss.loss_mode`` names (``POLICY_LOSS_MODES``), with its keyword
+    ``options`` (that loss's own names: ``clip_ratio_low``, ``loss_agg_mode``, ``dro_beta``, ...; an option
+    the loss does not take is refused, naming it). Returns ``(loss, PolicyLossStats)``."""
+    one_of("mode", mode, POLICY_LOSS_MODES)
+    fn = _POLICY_LOSSES[mode]
+    accepted = set(inspect.signature(fn).parameters) - {"logprobs", "proximal_logprobs", "advantages", "loss_mask"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise TypeError(f"policy_loss(mode={mode!r}) takes no option {unknown}; it takes {sorted(accepted)}")
+    return fn(logprobs, proximal_logprobs, advantages, loss_mask, **options)

@@ -23,7 +23,9 @@ from prm_jax.kernels.verl_losses import (
     gpg_loss,
     gspo_loss,
     kl_cov_loss,
+    policy_loss,
     sapo_loss,
+    vanilla_ppo_loss,
 )
 
 LOSSES = {"gpg": (gpg_loss, {}), "dro": (dro_loss, {"dro_beta": 0.3}),
@@ -31,10 +33,12 @@ LOSSES = {"gpg": (gpg_loss, {}), "dro": (dro_loss, {"dro_beta": 0.3}),
           "sapo": (sapo_loss, {"tau_pos": 1.0, "tau_neg": 1.05}),
           "gspo": (gspo_loss, {"clip_ratio_low": 0.05, "clip_ratio_high": 0.08}),
           "dppo_tv": (dppo_tv_loss, {"clip_ratio_low": 0.05, "clip_ratio_high": 0.04, "clip_ratio_c": 1.5}),
-          "dppo_kl": (dppo_kl_loss, {"clip_ratio_low": 0.02, "clip_ratio_high": 0.01, "clip_ratio_c": 1.5})}
+          "dppo_kl": (dppo_kl_loss, {"clip_ratio_low": 0.02, "clip_ratio_high": 0.01, "clip_ratio_c": 1.5}),
+          "vanilla": (vanilla_ppo_loss, {"clip_ratio_low": 0.1, "clip_ratio_high": 0.15, "clip_ratio_c": 1.3})}
 REFERENCE_PARAMS = {"gpg": {}, "dro": {"beta": 0.3}, "cispo": {"low": 0.2, "high": 0.28},
                     "sapo": {"tau_pos": 1.0, "tau_neg": 1.05}, "gspo": {"low": 0.05, "high": 0.08},
-                    "dppo_tv": {"low": 0.05, "high": 0.04, "cap": 1.5}, "dppo_kl": {"low": 0.02, "high": 0.01, "cap": 1.5}}
+                    "dppo_tv": {"low": 0.05, "high": 0.04, "cap": 1.5}, "dppo_kl": {"low": 0.02, "high": 0.01, "cap": 1.5},
+                    "vanilla": {"low": 0.1, "high": 0.15, "cap": 1.3}}
 
 
 def batch(rng, rows=4, width=9):
@@ -286,3 +290,29 @@ def test_kl_cov_on_policy_penalty_adds_no_gradient():
     _, grad = value_and_grad(kl_cov_loss, {"kl_cov_ratio": 1.0, "ppo_kl_coef": 5.0}, "token-sum", logp, logp, adv,
                              np.ones((1, 3), bool))
     np.testing.assert_array_equal(np.asarray(grad), -adv)  # every token selected, r = 1, no penalty slope
+
+
+def test_vanilla_cuts_at_the_dual_clip_and_passes_nothing_at_the_clamp_of_twenty():
+    # LOSSES.md 1: with A < 0 and r beyond clip_ratio_c the loss is the constant -A c (no gradient); a log
+    # ratio at exactly ±20 has none either; inside, the unclipped side trains.
+    logp = np.array([[float(np.log(np.float32(3.0))), 0.0, 0.0, -0.5]], np.float32)
+    old = np.array([[0.0, -20.0, -19.0, -0.5]], np.float32)
+    adv = np.array([[-1.0, -1.0, 1.0, 2.0]], np.float32)
+    mask = np.ones((1, 4), bool)
+    _, grad = value_and_grad(vanilla_ppo_loss, {"clip_ratio_c": 2.5}, "token-sum", logp, old, adv, mask)
+    _, want = reference.verl_loss("vanilla", logp, old, adv, mask, "token-sum", cap=2.5)
+    np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-6, atol=1e-30)
+    assert np.asarray(grad)[0, 0] == 0.0 and np.asarray(grad)[0, 1] == 0.0 and np.asarray(grad)[0, 3] == -2.0
+
+
+def test_policy_loss_selects_by_verls_loss_mode_and_names_a_bad_option():
+    rng = np.random.default_rng(30)
+    logp, old, adv, mask = batch(rng)
+    for mode, (fn, params) in LOSSES.items():
+        got = policy_loss(logp, old, adv, mask, mode=mode, **params)[0]
+        assert float(got) == float(fn(logp, old, adv, mask, **params)[0]), mode
+    assert float(policy_loss(logp, old, adv, mask, mode="geo_mean")[0]) == float(geo_mean_loss(logp, old, adv, mask)[0])
+    with pytest.raises(ValueError, match="mode"):
+        policy_loss(logp, old, adv, mask, mode="ppo")
+    with pytest.raises(TypeError, match=r"takes no option \['dro_beta'\]"):
+        policy_loss(logp, old, adv, mask, mode="gpg", dro_beta=1.0)

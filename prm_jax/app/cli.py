@@ -17,6 +17,7 @@ accepted), 2 (bad arguments, config or input), 74 (the output could not be writt
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import contextlib
 import ctypes
@@ -216,10 +217,29 @@ def _signals_unwind():
             signal.signal(number, signal.SIG_IGN)
         raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted(signum)
 
+    def lost(unraisable: Any) -> None:
+        # A handler that runs inside a gc callback (JAX registers one) or a destructor raises where Python
+        # prints "Exception ignored" and drops the exception: the run went on with the signals ignored, and
+        # hung (CI). The signal is delivered again a moment later, from another thread, so that the main
+        # thread takes it outside that callback (were it lost again, this runs again).
+        error = unraisable.exc_value
+        if isinstance(error, (KeyboardInterrupt, Interrupted)):
+            signum = signal.Signals(error.signum if isinstance(error, Interrupted) else signal.SIGINT)
+            signal.signal(signum, unwind)
+            kill = getattr(signal, "pthread_kill", None)  # (POSIX: it wakes a main thread that sleeps)
+            again = (threading.Timer(0.01, kill, args=(threading.main_thread().ident, signum)) if kill is not None
+                     else threading.Timer(0.01, _thread.interrupt_main, args=(signum,)))
+            again.daemon = True
+            again.start()
+            return
+        hook(unraisable)
+
     previous = {number: signal.signal(number, unwind) for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    hook, sys.unraisablehook = sys.unraisablehook, lost
     try:
         yield
     finally:
+        sys.unraisablehook = hook
         for number, handler in previous.items():
             signal.signal(number, handler)
 

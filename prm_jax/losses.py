@@ -3,14 +3,17 @@
 ``ppo_clip_loss`` is AReaL's clipped actor loss (dual clip, asymmetric clip, decoupled PPO, token- or
 sequence-mean aggregation); ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``, ``dppo_kl_loss``,
 ``clip_cov_loss``, ``kl_cov_loss``, ``gpg_loss``, ``dro_loss``, ``cispo_loss``, ``sapo_loss`` and
-``vanilla_ppo_loss`` are verl's, with its five ``loss_agg_mode``s (``VERL_AGG_MODES``); ``policy_loss(...,
+``vanilla_ppo_loss`` are verl's, with its five ``loss_agg_mode``s (``VERL_AGG_MODES``); ``gspo_sequence_loss``
+is TRL's sequence-level GSPO (``TRL_LOSS_TYPES``); ``policy_loss(...,
 mode=)`` picks one by verl's ``policy_loss.loss_mode`` name (``POLICY_LOSS_MODES``)."""
 
 from prm_jax.kernels.policy_loss import LOSS_AGG_MODES, PPOLossStats, logprobs_on_timesteps, ppo_clip_loss
 from prm_jax.kernels.verl_losses import (
     POLICY_LOSS_MODES,
+    TRL_LOSS_TYPES,
     VERL_AGG_MODES,
     PolicyLossStats,
+    SequenceClipStats,
     cispo_loss,
     clip_cov_loss,
     dppo_kl_loss,
@@ -19,6 +22,7 @@ from prm_jax.kernels.verl_losses import (
     geo_mean_loss,
     gpg_loss,
     gspo_loss,
+    gspo_sequence_loss,
     kl_cov_loss,
     policy_loss,
     sapo_loss,
@@ -28,4 +32,4 @@ from prm_jax.kernels.verl_losses import (
 __all__ = ["LOSS_AGG_MODES", "PPOLossStats", "logprobs_on_timesteps", "ppo_clip_loss", "VERL_AGG_MODES",
            "PolicyLossStats", "gspo_loss", "geo_mean_loss", "dppo_tv_loss", "dppo_kl_loss", "clip_cov_loss",
            "kl_cov_loss", "gpg_loss", "dro_loss", "cispo_loss", "sapo_loss", "vanilla_ppo_loss", "policy_loss",
-           "POLICY_LOSS_MODES"]
+           "POLICY_LOSS_MODES", "gspo_sequence_loss", "TRL_LOSS_TYPES", "SequenceClipStats"]

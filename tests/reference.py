@@ -955,3 +955,36 @@ def verl_agg_grad(local, mask, mode, scale=None):
                      "seq-mean-token-mean": 1.0 / ((counts[b] + 1e-8) * used) if used else 0.0}[mode]
                 grad[b][t] = u * local[b][t]
     return grad
+
+
+def gspo_sequence_loss(logp, old, adv, mask, *, eps=0.2, eps_high=None, delta=None, loss_type="grpo", max_len=512):
+    """TRL's sequence-level GSPO (LOSSES.md 3): ``(loss, d loss / d logp)``, float64; advantages ``[B]``."""
+    rows, width = np.shape(logp)
+    hi, lo = 1.0 + (eps if eps_high is None else eps_high), 1.0 - eps
+    counts = [sum(bool(m) for m in mask[b]) for b in range(rows)]
+    n_total = sum(counts)
+    per, slope = np.zeros(rows), np.zeros(rows)
+    for b in range(rows):
+        trained = [t for t in range(width) if mask[b][t]]
+        lam = math.fsum(float(logp[b][t]) - float(old[b][t]) for t in trained) / max(len(trained), 1)
+        c = math.exp(lam)
+        a = float(adv[b])
+        c2 = min(max(c, lo), hi)
+        c1 = c if delta is None else min(c, delta)
+        first, second = c1 * a, c2 * a
+        per[b] = -min(first, second)
+        k1 = 1.0 if delta is None or c < delta else 0.0
+        k2 = 1.0 if lo < c < hi else 0.0
+        kappa = k1 if first < second else k2 if second < first else 0.5 * (k1 + k2)
+        slope[b] = -a * kappa * c  # d row loss / d lam
+    weight = {"grpo": [counts[b] / max(counts[b], 1) / rows for b in range(rows)],
+              "bnpo": [counts[b] / max(n_total, 1) for b in range(rows)],
+              "dapo": [counts[b] / max(n_total, 1) for b in range(rows)],
+              "dr_grpo": [counts[b] / (rows * max_len) for b in range(rows)],
+              "luspo": [counts[b] / rows for b in range(rows)]}[loss_type]
+    grad = np.zeros((rows, width))
+    for b in range(rows):
+        for t in range(width):
+            if mask[b][t]:
+                grad[b][t] = weight[b] * slope[b] / max(counts[b], 1)
+    return math.fsum(weight[b] * per[b] for b in range(rows)), grad

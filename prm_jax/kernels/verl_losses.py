@@ -1,8 +1,8 @@
 """verl's policy losses beside AReaL's PPO clip (``../shared/LOSSES.md``), as verl computes them, values and
-gradients (issue 33.2): ``vanilla_ppo_loss``, ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``, ``dppo_kl_loss``,
-``clip_cov_loss``, ``kl_cov_loss``, ``gpg_loss``, ``dro_loss``, ``cispo_loss`` and ``sapo_loss``, and verl's
-``agg_loss`` with its five ``loss_agg_mode``s (``aggregate``); ``policy_loss(..., mode=)`` selects one by
-verl's ``policy_loss.loss_mode`` name.
+gradients (issue 33.2): ``vanilla_ppo_loss``, ``gspo_loss`` (and TRL's ``gspo_sequence_loss``),
+``geo_mean_loss``, ``dppo_tv_loss``, ``dppo_kl_loss``, ``clip_cov_loss``, ``kl_cov_loss``, ``gpg_loss``,
+``dro_loss``, ``cispo_loss`` and ``sapo_loss``, and verl's ``agg_loss`` with its five ``loss_agg_mode``s
+(``aggregate``); ``policy_loss(..., mode=)`` selects one by verl's ``policy_loss.loss_mode`` name.
 
 Every loss takes ``ppo_clip_loss``'s argument names (``logprobs``, ``proximal_logprobs``: the old log-probs
 the ratio is taken against, ``advantages``, ``loss_mask``, ``loss_agg_mode``) and verl's hyper-parameter
@@ -31,7 +31,7 @@ from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels.policy_loss import _clipped_objective
-from prm_jax.validation import finite_number, one_of
+from prm_jax.validation import finite_number, integer, one_of
 
 VerlAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm",
                       "seq-mean-token-mean"]
@@ -482,6 +482,92 @@ def sapo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arr
         raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos!r} and {tau_neg!r}")
     return _run("sapo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
                 (pos, neg), loss_scale_factor)
+
+
+TrlLossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]
+#: TRL's ``loss_type`` values ``gspo_sequence_loss`` aggregates by (derived from ``TrlLossType``).
+TRL_LOSS_TYPES: tuple[TrlLossType, ...] = get_args(TrlLossType)
+
+
+class SequenceClipStats(NamedTuple):
+    """TRL's clip metrics of a sequence-level loss, over the ``B`` sequences (empty ones included)."""
+
+    low_mean: jax.Array     # share of rows with ratio < 1 - epsilon and A < 0
+    high_mean: jax.Array    # share of rows with ratio > 1 + epsilon_high and A > 0
+    region_mean: jax.Array  # either
+    low_min: jax.Array      # min of the low flags
+    high_max: jax.Array     # max of the high flags
+    checks: dict[str, jax.Array] = {}
+
+
+@functools.partial(jax.jit, static_argnames=("low", "high", "delta", "loss_type", "max_completion_length",
+                                             "num_items_in_batch"))
+def _sequence_jit(logprobs, proximal_logprobs, advantages, loss_mask, *, low, high, delta, loss_type,
+                  max_completion_length, num_items_in_batch):
+    dtype = _checks.accumulation_dtype(logprobs, proximal_logprobs, advantages)
+    mask = _checks.as_mask("loss_mask", loss_mask)
+    zero = jnp.zeros((), dtype)
+    logp = jnp.where(mask, _checks.as_float("logprobs", logprobs, dtype), zero)
+    old = lax.stop_gradient(jnp.where(mask, _checks.as_float("proximal_logprobs", proximal_logprobs, dtype), zero))
+    adv = lax.stop_gradient(_checks.as_float("advantages", advantages, dtype))
+    per_row = jnp.sum(mask, axis=1, dtype=jnp.int32).astype(dtype)
+    ratio = jnp.exp(jnp.sum(logp - old, axis=1) / jnp.maximum(per_row, 1))  # the gradient flows through the mean
+    clipped = _torch_clamp(ratio, 1.0 - low, 1.0 + high)
+    capped = ratio if delta is None else jnp.where(ratio < delta, ratio, lax.stop_gradient(jnp.minimum(ratio, delta)))
+    rows = -jnp.minimum(capped * adv, clipped * adv)  # jnp.minimum halves a tie, as torch.min
+    count = jnp.sum(per_row)
+    size = logprobs.shape[0]
+    if loss_type == "grpo":
+        loss = jnp.sum(per_row / jnp.maximum(per_row, 1) * rows) / max(size, 1)
+    elif loss_type in ("bnpo", "dapo"):
+        total = jnp.maximum(count, 1) if loss_type == "bnpo" or num_items_in_batch is None else max(num_items_in_batch, 1)
+        loss = jnp.sum(per_row * rows) / total
+    elif loss_type == "dr_grpo":
+        loss = jnp.sum(per_row * rows) / (max(size, 1) * max_completion_length)
+    else:  # luspo
+        loss = jnp.sum(per_row * rows) / max(size, 1)
+    fixed = lax.stop_gradient(capped)
+    low_flags = ((fixed < 1.0 - low) & (adv < 0)).astype(dtype)
+    high_flags = ((fixed > 1.0 + high) & (adv > 0)).astype(dtype)
+    region = jnp.maximum(low_flags, high_flags)
+    n = max(size, 1)
+    stats = SequenceClipStats(jnp.sum(low_flags) / n, jnp.sum(high_flags) / n, jnp.sum(region) / n,
+                              jnp.min(low_flags) if size else zero, jnp.max(high_flags) if size else zero)
+    return loss, stats, _checks.mask_check("loss_mask", loss_mask)
+
+
+def gspo_sequence_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike,
+                       *, epsilon: float = 0.2, epsilon_high: float | None = None, delta: float | None = None,
+                       loss_type: TrlLossType = "grpo", max_completion_length: int = 512,
+                       num_items_in_batch: int | None = None) -> tuple[jax.Array, SequenceClipStats]:
+    """TRL's sequence-level GSPO (``GRPOTrainer`` with ``importance_sampling_level="sequence"``, LOSSES.md 3):
+    one ratio per row, ``c_b = exp(sum_t M d / max(n_b, 1))`` (the gradient flows through the mean), ``c2 =
+    clip(c_b, 1 - epsilon, 1 + epsilon_high)`` with torch's gradient, ``delta`` an optional cap of ``c_b``
+    (``min(c_b, delta)``), and the row loss ``-min(c_b' A_b, c2 A_b)`` (a tie halves). ``advantages`` is
+    ``[B]``, one per row (TRL's). Aggregated by TRL's ``loss_type``: ``grpo`` (the mean over the ``B`` rows of
+    each row's token mean: empty rows count, adding 0), ``bnpo`` (``sum n_b l_b / N``), ``dr_grpo`` (``/ (B
+    max_completion_length)``), ``dapo`` (``/ num_items_in_batch``, one process; default ``N``), ``luspo`` (``sum
+    n_b l_b / B``). TRL's names and defaults (``epsilon_high`` defaults to ``epsilon``). Returns ``(loss,
+    SequenceClipStats)``."""
+    one_of("loss_type", loss_type, TRL_LOSS_TYPES)
+    low = finite_number("epsilon", epsilon, minimum=0.0)
+    high = low if epsilon_high is None else finite_number("epsilon_high", epsilon_high, minimum=0.0)
+    if delta is not None and finite_number("delta", delta) <= 0:
+        raise ValueError(f"delta must be > 0, got {delta!r}")
+    max_completion_length = integer("max_completion_length", max_completion_length, minimum=1)
+    if num_items_in_batch is not None:
+        num_items_in_batch = integer("num_items_in_batch", num_items_in_batch, minimum=0)
+    _checks.check_rank("logprobs", logprobs, 2)
+    shape = jnp.shape(logprobs)
+    for name, x in (("proximal_logprobs", proximal_logprobs), ("loss_mask", loss_mask)):
+        _checks.check_shape(name, x, shape, "logprobs")
+    _checks.check_shape("advantages", advantages, shape[:1], "logprobs' rows (one advantage per row)")
+    loss, stats, checks = _sequence_jit(logprobs, proximal_logprobs, advantages, loss_mask, low=low, high=high,
+                                        delta=None if delta is None else float(delta), loss_type=loss_type,
+                                        max_completion_length=max_completion_length,
+                                        num_items_in_batch=num_items_in_batch)
+    _checks.raise_value_checks(checks)
+    return loss, stats._replace(checks=_checks.check_counts(checks))
 
 
 _POLICY_LOSSES: dict[str, Callable[..., tuple[jax.Array, PolicyLossStats]]] = {"vanilla": vanilla_ppo_loss,

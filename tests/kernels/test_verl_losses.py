@@ -13,6 +13,7 @@ import reference
 from batches import enable_x64
 
 from prm_jax.kernels.verl_losses import (
+    TRL_LOSS_TYPES,
     VERL_AGG_MODES,
     cispo_loss,
     clip_cov_loss,
@@ -22,6 +23,7 @@ from prm_jax.kernels.verl_losses import (
     geo_mean_loss,
     gpg_loss,
     gspo_loss,
+    gspo_sequence_loss,
     kl_cov_loss,
     policy_loss,
     sapo_loss,
@@ -316,3 +318,36 @@ def test_policy_loss_selects_by_verls_loss_mode_and_names_a_bad_option():
         policy_loss(logp, old, adv, mask, mode="ppo")
     with pytest.raises(TypeError, match=r"takes no option \['dro_beta'\]"):
         policy_loss(logp, old, adv, mask, mode="gpg", dro_beta=1.0)
+
+
+@pytest.mark.parametrize("loss_type", TRL_LOSS_TYPES)
+@pytest.mark.parametrize("delta", [None, 1.05])
+def test_gspo_sequence_and_its_gradient_equal_the_float64_loop(loss_type, delta):
+    # LOSSES.md 3: TRL's sequence-level GSPO: one ratio per row, the gradient through the row's mean log
+    # ratio; empty rows count in B (grpo, dr_grpo, luspo).
+    rng = np.random.default_rng(40 + TRL_LOSS_TYPES.index(loss_type))
+    logp, old, _, mask = batch(rng)
+    old = (logp + rng.normal(0, 0.05, logp.shape)).astype(np.float32)
+    adv = rng.normal(0, 1, logp.shape[0]).astype(np.float32)
+
+    def loss(lp):
+        return gspo_sequence_loss(lp, old, adv, mask, epsilon=0.02, epsilon_high=0.03, delta=delta,
+                                  loss_type=loss_type, max_completion_length=16)[0]
+
+    value, grad = jax.value_and_grad(loss)(jnp.asarray(logp))
+    want, want_grad = reference.gspo_sequence_loss(logp, old, adv, mask, eps=0.02, eps_high=0.03, delta=delta,
+                                                   loss_type=loss_type, max_len=16)
+    np.testing.assert_allclose(float(value), want, rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=2e-5, atol=1e-8)
+
+
+def test_gspo_sequence_on_policy_with_no_clip_range_halves_the_gradient():
+    # eps 0 and an on-policy step: c = 1 sits on both bounds: the min's tie halves, the clamp passes nothing.
+    logp = np.array([[-1.0, -2.0, 0.0]], np.float32)
+    mask = np.array([[True, True, False]])
+    _, grad = jax.value_and_grad(lambda lp: gspo_sequence_loss(lp, logp, np.array([2.0], np.float32), mask,
+                                                               epsilon=0.0, loss_type="luspo")[0])(jnp.asarray(logp))
+    # luspo: n_b * row loss / B; d row loss / d mean = -A / 2; d mean / d logp_t = 1 / n_b: -2 / 2 * 2 / 2
+    np.testing.assert_allclose(np.asarray(grad), [[-1.0, -1.0, 0.0]], rtol=1e-6)
+    _, stats = gspo_sequence_loss(logp, logp, np.array([2.0], np.float32), mask, epsilon=0.0)
+    assert float(stats.region_mean) == 0.0

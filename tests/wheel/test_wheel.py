@@ -1,13 +1,13 @@
 """Issue 32.1: the wheel carries the native kernels. Run by ``python3 dev.py wheel`` (its own CI step: it
 builds the wheel and makes a virtual environment, minutes), not by the main suite.
 
-One run: build the wheel (``pip wheel .``: setup.py compiles the kernels against the oldest supported
-jaxlib's XLA FFI headers), install it into a fresh virtual environment, hide every compiler (``PATH`` holds
-that environment's ``bin`` only), and check that the native kernels are the wheel's and that GAE there is
-within 10% of the source install's (the same sources built on first use), interleaved in this run. Then the
-ABI: the wheel's one library gives the same numbers under the newest jax (that environment) and the oldest
-supported (``.venv-floor``, jax 0.7.0); a library built against the newest jaxlib's headers is refused by
-jax 0.7.0, which then builds the sources itself.
+One run: build the sdist and from it the wheel (``python -m build``: setup.py compiles the kernels against the
+oldest supported jaxlib's XLA FFI headers), ``twine check`` both, install the wheel into a fresh virtual
+environment, hide every compiler (``PATH`` holds that environment's ``bin`` only), and check that the native
+kernels are the wheel's and that GAE there is within 10% of the source install's (the same sources built on
+first use), interleaved in this run. Then the ABI: the wheel's one library gives the same numbers under the
+newest jax (that environment) and the oldest supported (``.venv-floor``, jax 0.7.0); a library built
+against the newest jaxlib's headers is refused by jax 0.7.0, which then builds the sources itself.
 """
 
 import json
@@ -33,9 +33,15 @@ ROUNDS = 5  # interleaved runs of each install; medians of their medians compare
 def wheel_env(tmp_path_factory):
     """A fresh virtual environment with the wheel installed: ``(python, site-packages library)``."""
     work = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(work / "dist"), str(ROOT)],
-                   check=True, timeout=900)
+    # python -m build: the sdist, then the wheel built from that sdist (the build reproducible from it);
+    # twine check: the metadata PyPI would take.
+    subprocess.run([sys.executable, "-m", "build", "--outdir", str(work / "dist"), str(ROOT)], check=True, timeout=900,
+                   stdout=subprocess.DEVNULL)
     (wheel,) = (work / "dist").glob("prm_jax-*.whl")
+    (sdist,) = (work / "dist").glob("prm_jax-*.tar.gz")
+    subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(wheel), str(sdist)], check=True,
+                   timeout=300)
+    print(f"wheel {wheel.name}: {wheel.stat().st_size} bytes; sdist {sdist.stat().st_size} bytes")
     assert "-py3-none-" in wheel.name  # native code, no Python extension: one wheel per platform
     venv.EnvBuilder(with_pip=True).create(work / "venv")
     python = work / "venv" / "bin" / "python"

@@ -857,19 +857,7 @@ def verl_loss(kind, logp, old, adv, mask, mode, *, weights=None, scale=None, **p
             else:
                 value, slope = verl_token_loss(kind, logp[b][t], old[b][t], adv[b][t], **params)
             per[b][t], local[b][t] = w * value, w * slope
-    counts = [sum(bool(m) for m in mask[b]) for b in range(rows)]
-    n, used = sum(counts), sum(1 for c in counts if c)
-    grad = np.zeros((rows, width))
-    for b in range(rows):
-        for t in range(width):
-            if not mask[b][t]:
-                continue
-            u = {"token-mean": 1.0 / n if n else 0.0, "token-sum": 1.0,
-                 "seq-mean-token-sum": 1.0 / used if used else 0.0,
-                 "seq-mean-token-sum-norm": 1.0 / used / (width if scale is None else scale) if used else 0.0,
-                 "seq-mean-token-mean": 1.0 / ((counts[b] + 1e-8) * used) if used else 0.0}[mode]
-            grad[b][t] = u * local[b][t]
-    return verl_agg(per, mask, mode, scale), grad
+    return verl_agg(per, mask, mode, scale), verl_agg_grad(local, mask, mode, scale)
 
 
 def geo_mean_loss(logp, old, adv, mask, *, low=0.2, high=0.2, weights=None):

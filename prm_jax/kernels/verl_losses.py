@@ -305,8 +305,7 @@ def vanilla_ppo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantag
     if cap <= 1:
         raise ValueError(f"clip_ratio_c must be > 1 (the dual clip), got {clip_ratio_c!r}")
     return _run("vanilla", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
-                (finite_number("clip_ratio_low", clip_ratio_low, minimum=0.0),
-                 finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0), cap), loss_scale_factor)
+                (*_clip_ratios(clip_ratio_low, clip_ratio_high), cap), loss_scale_factor)
 
 
 def gspo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
@@ -322,8 +321,7 @@ def gspo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arr
     here; another mode is honoured). The GSPO paper's clip ranges are far smaller (3e-4 / 4e-4). Returns
     ``(loss, PolicyLossStats)``: ``pg_clipfrac`` where the clipped term was taken, ``ppo_kl`` the mean of
     ``-d`` (unclamped)."""
-    low = finite_number("clip_ratio_low", clip_ratio_low, minimum=0.0)
-    high = finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0)
+    low, high = _clip_ratios(clip_ratio_low, clip_ratio_high)
     return _run("gspo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
                 (low, high), loss_scale_factor)
 
@@ -340,8 +338,7 @@ def geo_mean_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
     counted (``stats.checks["checks/geo_mean_ratio_overflow"]``) and refused eagerly. The GMPO authors use a
     range of 0.4. Returns ``(loss, PolicyLossStats)``: ``pg_clipfrac`` / ``pg_clipfrac_lower`` the shares
     capped with ``A > 0`` / ``A < 0``."""
-    low = finite_number("clip_ratio_low", clip_ratio_low, minimum=0.0)
-    high = finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0)
+    low, high = _clip_ratios(clip_ratio_low, clip_ratio_high)
     return _run("geo_mean", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, "token-mean",
                 (low, high), None)
 
@@ -373,12 +370,16 @@ def dppo_kl_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: 
                 _dppo_params(clip_ratio_low, clip_ratio_high, clip_ratio_c), loss_scale_factor)
 
 
+def _clip_ratios(low: float, high: float) -> tuple[float, float]:
+    """verl's ``clip_ratio_low`` and ``clip_ratio_high``, checked (finite, >= 0)."""
+    return (finite_number("clip_ratio_low", low, minimum=0.0), finite_number("clip_ratio_high", high, minimum=0.0))
+
+
 def _dppo_params(low: float, high: float, cap: float) -> tuple[float, float, float]:
     cap = finite_number("clip_ratio_c", cap)
     if cap <= 0:
         raise ValueError(f"clip_ratio_c must be > 0, got {cap!r}")
-    return (finite_number("clip_ratio_low", low, minimum=0.0), finite_number("clip_ratio_high", high, minimum=0.0),
-            cap)
+    return (*_clip_ratios(low, high), cap)
 
 
 def kl_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
@@ -424,8 +425,7 @@ def clip_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
     if chosen is not None:
         _checks.check_shape("chosen", chosen, jnp.shape(logprobs), "logprobs")
         chosen = jnp.asarray(chosen, bool)
-    params = (finite_number("clip_ratio_low", clip_ratio_low, minimum=0.0),
-              finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0), ratio_cov,
+    params = (*_clip_ratios(clip_ratio_low, clip_ratio_high), ratio_cov,
               finite_number("clip_cov_lb", clip_cov_lb), finite_number("clip_cov_ub", clip_cov_ub), chosen is not None)
     return _run("clip_cov", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
                 params, loss_scale_factor, key if chosen is None else chosen)
@@ -461,8 +461,7 @@ def cispo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Ar
     exp(clamp(d, -20, 20))``: every token keeps a gradient, ``-weight * A``, clipped or not. The CISPO paper
     (and verl's example) drop the lower clip: ``clip_ratio_low=10``. ``pg_clipfrac`` is the share whose weight
     was clipped, either side. Returns ``(loss, PolicyLossStats)``."""
-    low = finite_number("clip_ratio_low", clip_ratio_low, minimum=0.0)
-    high = finite_number("clip_ratio_high", clip_ratio_high, minimum=0.0)
+    low, high = _clip_ratios(clip_ratio_low, clip_ratio_high)
     return _run("cispo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
                 (low, high), loss_scale_factor)
 

@@ -92,13 +92,16 @@ def aggregate(losses: jax.Array, mask: jax.Array, mode: VerlAggMode, loss_scale_
     return loss
 
 
-def _prepared(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights):
+def _prepared(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, per_row_advantages=False):
+    """The inputs as float arrays (the accumulation dtype) and a bool mask, zero where untrained; gradients
+    flow through ``logprobs`` only. ``per_row_advantages``: ``[B]`` advantages, one per row (TRL's)."""
     dtype = _checks.accumulation_dtype(logprobs, proximal_logprobs, advantages)
     mask = _checks.as_mask("loss_mask", loss_mask)
     zero = jnp.zeros((), dtype)
     logp = jnp.where(mask, _checks.as_float("logprobs", logprobs, dtype), zero)
     old = lax.stop_gradient(jnp.where(mask, _checks.as_float("proximal_logprobs", proximal_logprobs, dtype), zero))
-    adv = lax.stop_gradient(jnp.where(mask, _checks.as_float("advantages", advantages, dtype), zero))
+    adv = _checks.as_float("advantages", advantages, dtype)
+    adv = lax.stop_gradient(adv if per_row_advantages else jnp.where(mask, adv, zero))
     weights = (None if rollout_is_weights is None else
                lax.stop_gradient(_checks.as_float("rollout_is_weights", rollout_is_weights, dtype)))
     return logp, old, adv, mask, weights
@@ -503,12 +506,10 @@ class SequenceClipStats(NamedTuple):
                                              "num_items_in_batch"))
 def _sequence_jit(logprobs, proximal_logprobs, advantages, loss_mask, *, low, high, delta, loss_type,
                   max_completion_length, num_items_in_batch):
-    dtype = _checks.accumulation_dtype(logprobs, proximal_logprobs, advantages)
-    mask = _checks.as_mask("loss_mask", loss_mask)
+    logp, old, adv, mask, _ = _prepared(logprobs, proximal_logprobs, advantages, loss_mask, None,
+                                        per_row_advantages=True)
+    dtype = logp.dtype
     zero = jnp.zeros((), dtype)
-    logp = jnp.where(mask, _checks.as_float("logprobs", logprobs, dtype), zero)
-    old = lax.stop_gradient(jnp.where(mask, _checks.as_float("proximal_logprobs", proximal_logprobs, dtype), zero))
-    adv = lax.stop_gradient(_checks.as_float("advantages", advantages, dtype))
     per_row = jnp.sum(mask, axis=1, dtype=jnp.int32).astype(dtype)
     ratio = jnp.exp(jnp.sum(logp - old, axis=1) / jnp.maximum(per_row, 1))  # the gradient flows through the mean
     clipped = _torch_clamp(ratio, 1.0 - low, 1.0 + high)

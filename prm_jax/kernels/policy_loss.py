@@ -156,6 +156,16 @@ def _ppo_clip_loss_core(logprobs: jax.Array, proximal_logprobs: jax.Array, advan
     return loss, stats
 
 
+def check_token_arrays(logprobs: ArrayLike, **others: ArrayLike | None) -> None:
+    """A loss's ``[B, T]`` inputs: ``logprobs`` of rank 2, and each of ``others`` given (not None) of its shape;
+    the errors name the argument."""
+    _checks.check_rank("logprobs", logprobs, 2)
+    shape = jnp.shape(logprobs)
+    for name, x in others.items():
+        if x is not None:
+            _checks.check_shape(name, x, shape, "logprobs")
+
+
 def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
                   old_logprobs: ArrayLike | None = None, eps_clip: float = 0.2, eps_clip_higher: float | None = None,
                   c_clip: float | None = None, behav_imp_weight_cap: float | None = None,
@@ -189,12 +199,8 @@ def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
         raise ValueError(f"c_clip must be > 1, got {c_clip!r}")
     if behav_imp_weight_cap is not None:
         behav_imp_weight_cap = finite_number("behav_imp_weight_cap", behav_imp_weight_cap, minimum=0.0)
-    _checks.check_rank("logprobs", logprobs, 2)
-    shape = jnp.shape(logprobs)
-    for name, x in (("proximal_logprobs", proximal_logprobs), ("advantages", advantages), ("loss_mask", loss_mask),
-                    ("old_logprobs", old_logprobs)):
-        if x is not None:
-            _checks.check_shape(name, x, shape, "logprobs")
+    check_token_arrays(logprobs, proximal_logprobs=proximal_logprobs, advantages=advantages, loss_mask=loss_mask,
+                       old_logprobs=old_logprobs)
     loss, stats, checks = _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs,
                                     eps_clip=eps_clip, eps_clip_higher=eps_clip_higher, c_clip=c_clip,
                                     behav_imp_weight_cap=behav_imp_weight_cap, loss_agg_mode=loss_agg_mode)

@@ -30,7 +30,7 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.kernels.policy_loss import _clipped_objective
+from prm_jax.kernels.policy_loss import _clipped_objective, check_token_arrays
 from prm_jax.validation import finite_number, integer, one_of
 
 VerlAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm",
@@ -122,10 +122,11 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
     if kind in ("kl_cov", "clip_cov"):
         loss, stats, check = (_kl_cov if kind == "kl_cov" else _clip_cov)(logp, adv, mask, weights, d, extra, params,
                                                                         loss_agg_mode, loss_scale_factor)
-        return loss, stats, check, _checks.mask_check("loss_mask", loss_mask)
+        return loss, stats, [*_checks.mask_check("loss_mask", loss_mask), check]
     if kind == "geo_mean":
         low, high = params
-        return _geo_mean(logp, adv, mask, weights, d, low, high) + (_checks.mask_check("loss_mask", loss_mask),)
+        loss, stats, check = _geo_mean(logp, adv, mask, weights, d, low, high)
+        return loss, stats, [*_checks.mask_check("loss_mask", loss_mask), check]
     if kind == "vanilla":
         low, high, cap = params
         x = _torch_clamp(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -281,15 +282,11 @@ def _run(kind: str, logprobs, proximal_logprobs, advantages, loss_mask, rollout_
         loss_scale_factor = finite_number("loss_scale_factor", loss_scale_factor, minimum=0.0)
         if loss_scale_factor == 0:
             raise ValueError("loss_scale_factor must be > 0")
-    _checks.check_rank("logprobs", logprobs, 2)
-    shape = jnp.shape(logprobs)
-    for name, x in (("proximal_logprobs", proximal_logprobs), ("advantages", advantages), ("loss_mask", loss_mask),
-                    ("rollout_is_weights", rollout_is_weights)):
-        if x is not None:
-            _checks.check_shape(name, x, shape, "logprobs")
-    out = _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, extra, kind=kind,
-                    loss_agg_mode=loss_agg_mode, params=params, loss_scale_factor=loss_scale_factor)
-    loss, stats, checks = out if len(out) == 3 else (out[0], out[1], [*out[3], out[2]])
+    check_token_arrays(logprobs, proximal_logprobs=proximal_logprobs, advantages=advantages, loss_mask=loss_mask,
+                       rollout_is_weights=rollout_is_weights)
+    loss, stats, checks = _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, extra,
+                                    kind=kind, loss_agg_mode=loss_agg_mode, params=params,
+                                    loss_scale_factor=loss_scale_factor)
     _checks.raise_value_checks(checks)  # eagerly; under jit the counts are in stats.checks
     return loss, stats._replace(checks=_checks.check_counts(checks))
 
@@ -557,11 +554,8 @@ def gspo_sequence_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advant
     max_completion_length = integer("max_completion_length", max_completion_length, minimum=1)
     if num_items_in_batch is not None:
         num_items_in_batch = integer("num_items_in_batch", num_items_in_batch, minimum=0)
-    _checks.check_rank("logprobs", logprobs, 2)
-    shape = jnp.shape(logprobs)
-    for name, x in (("proximal_logprobs", proximal_logprobs), ("loss_mask", loss_mask)):
-        _checks.check_shape(name, x, shape, "logprobs")
-    _checks.check_shape("advantages", advantages, shape[:1], "logprobs' rows (one advantage per row)")
+    check_token_arrays(logprobs, proximal_logprobs=proximal_logprobs, loss_mask=loss_mask)
+    _checks.check_shape("advantages", advantages, jnp.shape(logprobs)[:1], "logprobs' rows (one advantage per row)")
     loss, stats, checks = _sequence_jit(logprobs, proximal_logprobs, advantages, loss_mask, low=low, high=high,
                                         delta=None if delta is None else float(delta), loss_type=loss_type,
                                         max_completion_length=max_completion_length,

@@ -14,10 +14,11 @@ import hashlib
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jax
@@ -42,6 +43,22 @@ def cache_dir() -> Path | None:
         return Path.home() / ".cache" / "prm_jax"
     except RuntimeError:
         return None
+
+
+COMPILERS = ("c++", "g++", "clang++")  # looked for on PATH in this order, after $CXX
+
+
+def find_compiler(environ: Mapping[str, str] | None = None) -> str | None:
+    """The C++ compiler to build the kernels with: ``$CXX``, else the first of ``COMPILERS`` on ``$PATH``
+    (of ``environ``, default this process's); None without one."""
+    environ = os.environ if environ is None else environ
+    if environ.get("CXX"):
+        return environ["CXX"]
+    for name in COMPILERS:
+        found = shutil.which(name, path=environ.get("PATH"))
+        if found:
+            return found
+    return None
 
 
 def _compiler_version(compiler: str) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import subprocess
 import threading
 import warnings
@@ -33,7 +32,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from prm_jax.native.build import PACKAGED_LIBRARY, build_library, logger
+from prm_jax.native.build import PACKAGED_LIBRARY, build_library, find_compiler, logger
 
 TARGET = "prm_jax_gae_f32"
 FLOAT_MASK_TARGET = "prm_jax_gae_f32_float_mask"
@@ -59,8 +58,7 @@ def available() -> bool:
 
 
 # Said once per process when there is neither a usable packaged library nor a compiler: slower is not silent
-# (issue 32.1). The figures
-# are benchmarks/RESULTS.md's (GAE, native against XLA's scan, the same 2-core machine).
+# (issue 32.1). The figures are benchmarks/RESULTS.md's (GAE, native against XLA's scan, the same 2-core machine).
 NO_COMPILER_WARNING = (
     "prm-jax: no C++ compiler found to build its native CPU kernels: GAE and GiGPO fall back to XLA's scan "
     "and sort, about 4.6x slower at 64x8192 and 11x at 1024x2048; install prm-jax from its wheel (it carries "
@@ -95,7 +93,7 @@ def _load() -> bool:
         else:
             _state["why"] = f"loaded from the package's library {PACKAGED_LIBRARY} (XLA FFI API {api})"
             return True
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    compiler = find_compiler()
     if not compiler:
         _state["why"] = refused + "no C++ compiler on PATH (nor $CXX) to build them"
         warnings.warn(NO_COMPILER_WARNING, RuntimeWarning, stacklevel=2)  # once: the answer is cached

@@ -1,5 +1,4 @@
 import os
-import shutil
 import subprocess
 import sys
 
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 import prm_jax
 from prm_jax.kernels import recurrence
 from prm_jax.native import ffi as native
+from prm_jax.native.build import find_compiler
 
 # ``native`` is skipped where the kernel does not build (tests/kernels/conftest.py).
 METHODS = ("scan", "associative", "blocked", "native")
@@ -160,7 +160,7 @@ def test_gae_argument_errors_name_the_argument():
         prm_jax.kernels.gae(r, None, np.ones((2, 3)), method="fast")
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu" or not shutil.which("c++")
+@pytest.mark.skipif(jax.default_backend() != "cpu" or not find_compiler()
                     or os.environ.get("PRM_JAX_NATIVE", "1") == "0", reason="needs the CPU backend and a C++ compiler")
 def test_native_kernel_builds_where_a_compiler_exists():
     assert native.available()

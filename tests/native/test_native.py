@@ -12,7 +12,7 @@ import pytest
 
 from prm_jax.native import build, ffi
 
-COMPILER = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+COMPILER = build.find_compiler()
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler: the native kernels are not built")
 
 

@@ -19,6 +19,7 @@ from scorers_for_tests import chain, committed, scorer_of
 
 from prm_jax import BaseScorer, BaseTrajectoryScorer, PRMRunner
 from prm_jax.config import PRMConfig, ScorerSpec
+from prm_jax.native.build import find_compiler
 from prm_jax.runtime.export import TrajectoryStore, export_group
 
 pytestmark = pytest.mark.anyio
@@ -286,7 +287,7 @@ async def test_an_outer_cancellation_still_cancels():
 
 # --- 10.15 the native kernel's first build --------------------------------------------------------------
 
-@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+@pytest.mark.skipif(find_compiler() is None, reason="no C++ compiler")
 def test_the_native_build_is_published_only_when_finished_and_built_once(tmp_path):
     script = textwrap.dedent("""
         import sys, threading

@@ -12,7 +12,6 @@ against the newest jaxlib's headers is refused by jax 0.7.0, which then builds t
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import venv
@@ -21,10 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from prm_jax.native import build
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_native_install.py"
 FLOOR_PYTHON = ROOT / ".venv-floor" / "bin" / "python"
-COMPILER = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+COMPILER = build.find_compiler()
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="building the wheel's kernels needs a C++ compiler")
 ROUNDS = 5  # interleaved runs of each install; medians of their medians compared
 
@@ -70,7 +71,7 @@ def bench(python: Path, env: dict[str, str], cwd: Path, *args: str) -> dict:
 def test_the_wheel_loads_its_kernels_without_a_compiler_and_is_as_fast_as_the_source_install(wheel_env):
     python, library, work = wheel_env
     hidden = without_compiler(python, work)
-    assert shutil.which("c++", path=hidden["PATH"]) is None and shutil.which("g++", path=hidden["PATH"]) is None
+    assert build.find_compiler(hidden) is None
     source = dict(os.environ, PRM_JAX_NATIVE="build", PRM_JAX_CACHE=str(work / "source-cache"), JAX_PLATFORMS="cpu")
     wheel_ms, source_ms = [], []
     for _ in range(ROUNDS):  # interleaved: the machine's drift falls on both

@@ -351,3 +351,17 @@ def test_gspo_sequence_on_policy_with_no_clip_range_halves_the_gradient():
     np.testing.assert_allclose(np.asarray(grad), [[-1.0, -1.0, 0.0]], rtol=1e-6)
     _, stats = gspo_sequence_loss(logp, logp, np.array([2.0], np.float32), mask, epsilon=0.0)
     assert float(stats.region_mean) == 0.0
+
+
+def test_gspo_sequence_dapo_divides_by_num_items_in_batch_when_given():
+    # TRL's dapo: sum n_b l_b / max(num_items_in_batch, 1) (one process); absent, the batch's N (= bnpo).
+    rng = np.random.default_rng(44)
+    logp, old, _, mask = batch(rng)
+    adv = rng.normal(0, 1, logp.shape[0]).astype(np.float32)
+    n = int(mask.sum())
+    bnpo = float(gspo_sequence_loss(logp, old, adv, mask, loss_type="bnpo")[0])
+    assert float(gspo_sequence_loss(logp, old, adv, mask, loss_type="dapo")[0]) == pytest.approx(bnpo, rel=1e-6)
+    assert float(gspo_sequence_loss(logp, old, adv, mask, loss_type="dapo", num_items_in_batch=n)[0]) == pytest.approx(
+        bnpo, rel=1e-6)
+    assert float(gspo_sequence_loss(logp, old, adv, mask, loss_type="dapo", num_items_in_batch=2 * n)[0]) == pytest.approx(
+        bnpo / 2, rel=1e-6)

@@ -2,10 +2,15 @@
 or one built from the sources), and the median time of ``gae(..., method="auto")``.
 
 Run by ``tests/wheel/test_wheel.py`` in a fresh virtual environment holding the wheel (no compiler on
-``PATH``) and in the source install, interleaved, to compare the two in one run; standalone it prints one
-JSON line:
+``PATH``) and in the source install; standalone it prints one JSON line:
 
     python benchmarks/bench_native_install.py [--rows 64 --width 8192 --repeats 60] [--numbers FILE.npy]
+        [--against LIBRARY]
+
+``--against`` times this install's GAE and the same GAE calling another built library (the one a source
+install built on first use), call for call alternately in this one process on the same arrays, so that the
+machine's drift (large on a shared 2-core VM: one process's median differs from the next by up to 40%)
+falls on both alike; it adds ``against_ms`` and ``ratio`` (the median of the per-pair time ratios).
 
 ``--numbers`` also saves the advantages of GAE (native) and of GiGPO's native step groups on a fixed batch,
 so that two installs (or two jaxlib versions) can be compared number for number.
@@ -14,6 +19,7 @@ so that two installs (or two jaxlib versions) can be compared number for number.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import time
 from pathlib import Path
@@ -42,6 +48,33 @@ def median_ms(rows: int, width: int, repeats: int) -> float:
     return float(np.median(times) * 1e3)
 
 
+def against_ms(library: str, rows: int, width: int, repeats: int) -> dict[str, float]:
+    """This install's GAE against the same jitted GAE whose native call goes to ``library``: alternating calls."""
+    target = f"{ffi.TARGET}_against"
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(ctypes.cdll.LoadLibrary(library).PrmJaxGaeF32),
+                                platform="cpu")
+    rng = np.random.default_rng(0)
+    rewards, values = (jax.device_put(rng.normal(size=(rows, width)).astype(np.float32)) for _ in range(2))
+    mask = jax.device_put(rng.random((rows, width)) < 0.9)
+    ours = jax.jit(lambda r, v, m: gae(r, v, m, gamma=0.99, lam=0.95, method="auto").advantages)
+    theirs = jax.jit(lambda r, v, m: gae(r, v, m, gamma=0.99, lam=0.95, method="auto").advantages)
+    ours(rewards, values, mask).block_until_ready()
+    packaged, ffi.TARGET = ffi.TARGET, target  # read when tracing: `theirs` calls the other library
+    try:
+        np.testing.assert_array_equal(np.asarray(theirs(rewards, values, mask)), np.asarray(ours(rewards, values, mask)))
+    finally:
+        ffi.TARGET = packaged
+    times = np.empty((repeats, 2))  # [:, 0] this install's, [:, 1] the other library's
+    steps = (ours, theirs)
+    for i in range(repeats):
+        for j in ((0, 1) if i % 2 else (1, 0)):  # each goes first half the time
+            start = time.perf_counter()
+            steps[j](rewards, values, mask).block_until_ready()
+            times[i, j] = time.perf_counter() - start
+    return {"median_ms": float(np.median(times[:, 0]) * 1e3), "against_ms": float(np.median(times[:, 1]) * 1e3),
+            "ratio": float(np.median(times[:, 0] / times[:, 1]))}
+
+
 def numbers() -> np.ndarray:
     """The advantages of the native GAE and of GiGPO (native step groups) on one fixed batch: ``[2, B, T]``."""
     rng = np.random.default_rng(1)
@@ -67,6 +100,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--numbers", default=None, help="save the fixed batch's advantages here (.npy)")
+    parser.add_argument("--against", default=None, help="time this install's GAE against this built library's")
     parser.add_argument("--library", default=None,
                         help="load this built library as the packaged one (one library under two jaxlib versions)")
     args = parser.parse_args()
@@ -75,6 +109,8 @@ def main() -> None:
     native, why = ffi.status()
     result = {"native": native, "why": why, "jax": jax.__version__, "packaged": str(ffi.PACKAGED_LIBRARY),
               "median_ms": median_ms(args.rows, args.width, args.repeats) if native else None}
+    if args.against and native:
+        result.update(against_ms(args.against, args.rows, args.width, args.repeats))
     if args.numbers and native:
         np.save(args.numbers, numbers())
     print(json.dumps(result))

@@ -258,7 +258,11 @@ def compute_advantages(batch, cfg):
     process = np.where(m, shift(f64("token_rewards")), 0.0) if has_p else None
     ends = turn_ends(m, tids)
     transform = c["process_reward_transform"]
-    if has_p and transform is not None:  # min-form: each turn's reward at its end, over the turn's timesteps
+    if has_p and transform is not None and transform.get("mode") == "progress":
+        scored = shift(np.asarray(batch["token_reward_mask"]).astype(bool), False) if "token_reward_mask" in batch \
+            else np.ones((rows, width), bool)
+        process = progress(process, m, tids, scored & m, rewards, **{k: v for k, v in transform.items() if k != "mode"})
+    elif has_p and transform is not None:  # min-form: each turn's reward at its end, over the turn's timesteps
         r = min_form(np.where(ends, process, 0.0), ends, transform.get("temperature", 0.1))
         spread = np.zeros((rows, width))
         for b in range(rows):
@@ -573,6 +577,30 @@ def tree_advantages(parent, leaf_reward, *, mask=None, selected=None, group=None
             if abs(local[j]) < tie_below(root_leaves, path[j], path[j - 1]):
                 local[j] = local[j - 1]
         out[i] = {"state_value": local[-1] + states[-1], "value_only": states[-1], "local_only": local[-1]}[value]
+    return out
+
+
+def progress(process, mask, turn_ids, scored, outcome, gamma=1.0, initial=0.0, terminal="zero", level="turn"):
+    """Potential-based shaping, step by step along each row: a step (a turn, read at its last trained
+    timestep, or a trained timestep) leaves the potential phi (its score where scored, else the one before;
+    ``initial`` before the first step), the last step leaves the terminal potential (0 or the outcome), and
+    earns gamma * (potential after) - (potential before), given on each of its timesteps."""
+    rows, width = np.shape(mask)
+    ends = turn_ends(mask, turn_ids) if level == "turn" else np.asarray(mask, bool)
+    out = np.zeros((rows, width))
+    for b in range(rows):
+        marks = [t for t in range(width) if ends[b][t]]
+        phi, earned = float(initial), {}
+        for i, t in enumerate(marks):
+            after = phi if not scored[b][t] else float(process[b][t])
+            if i == len(marks) - 1:
+                after = 0.0 if terminal == "zero" else float(outcome[b])
+            earned[t] = gamma * after - phi
+            phi = after
+        for t in range(width):
+            if mask[b][t]:
+                end = t if level == "token" else next(u for u in range(t, width) if ends[b][u])
+                out[b][t] = earned[end]
     return out
 
 

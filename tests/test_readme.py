@@ -105,6 +105,25 @@ def test_credit_example_runs_and_its_numbers_are_the_loops(capsys):
                                atol=1e-4)
 
 
+def test_progress_example_runs_and_its_numbers_are_the_loops(capsys):
+    # Issue 33.3: the guide's worked row (turns scored 0.2, unscored, 0.9; initial 0.1; outcome 1).
+    import reference
+
+    namespace: dict = {}
+    exec(compile(readme_block("## Progress shaping"), "credit-assignment.md", "exec"), namespace)
+    printed = capsys.readouterr().out.splitlines()
+    batch = namespace["batch"]
+    m = reference.shift(batch["loss_mask"], False).astype(bool)
+    tids = reference.shift(batch["turn_ids"], -1)
+    process = np.where(m, reference.shift(batch["token_rewards"].astype(np.float64)), 0.0)
+    scored = reference.shift(batch["token_reward_mask"], False) & m
+    shaped = reference.progress(process, m, tids, scored, batch["rewards"], initial=0.1)
+    want = shaped[0, [1, 4, 7]] + np.array([0.0, 0.0, 1.0])  # the outcome on the last turn's end
+    np.testing.assert_allclose(np.array(printed[0].strip("[]").split(), float), want, atol=1e-4)
+    np.testing.assert_allclose(want, [0.1, 0.0, 0.8], atol=1e-12)
+    assert printed[1] == "0.9"  # 1 - initial: the telescoping sum
+
+
 def test_on_error_mask_example_runs(capsys):
     namespace: dict = {}
     block = readme_block("When a scorer call fails")

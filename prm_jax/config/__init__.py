@@ -4,8 +4,8 @@
 whole file (``rollout``, ``rollout.agent.prm``, ``actor``), read by ``load_config`` (YAML with a bound on
 alias expansion). Errors are ``ConfigError``, naming the key path. The kernels' own parameter records
 (``NormConfig``, ``DecoupledNorm``, ``ShapingConfig``, ``GiGPOConfig``, ``TreeCredit``, ``PureCredit``,
-``PrimeCredit``, ``MinFormTransform``) are re-exported: they are the values of ``reward_norm``/``adv_norm``,
-``advantage_shaping``, ``credit_assignment`` and ``process_reward_transform``.
+``PrimeCredit``, ``MinFormTransform``, ``ProgressTransform``) are re-exported: they are the values of
+``reward_norm``/``adv_norm``, ``advantage_shaping``, ``credit_assignment`` and ``process_reward_transform``.
 """
 
 from prm_jax.config.advantage import REFUSED_PAIRS, AdvantageConfig, Refusal, refusals_markdown, resolve_lambda
@@ -22,6 +22,7 @@ from prm_jax.config.loader import ConfigFileError, load_config, parse_yaml
 from prm_jax.kernels.gigpo import GiGPOConfig
 from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
 from prm_jax.kernels.prime import PrimeCredit
+from prm_jax.kernels.progress import ProgressTransform
 from prm_jax.kernels.pure import MinFormTransform, PureCredit
 from prm_jax.kernels.shaping import ShapingConfig
 from prm_jax.kernels.tree import TreeCredit
@@ -37,6 +38,7 @@ __all__ = [
     "ExperimentConfig",
     "GiGPOConfig",
     "MinFormTransform",
+    "ProgressTransform",
     "NormConfig",
     "PRMConfig",
     "PRMSection",

@@ -19,6 +19,7 @@ import jax
 
 from prm_jax.kernels import gae_lambda
 from prm_jax.kernels.advantages import (
+    PROCESS_TRANSFORMS,
     TIMESTEP_UNITS,
     AdvantagePlan,
     Estimator,
@@ -26,15 +27,17 @@ from prm_jax.kernels.advantages import (
     LambdaFunction,
     OutcomeStage,
     OverlongPenalty,
+    ProcessTransform,
     TaskRewardStage,
     TimestepUnit,
+    transform_mode,
 )
 from prm_jax.kernels.estimators import credit_modes, estimator_for
 from prm_jax.kernels.gigpo import GiGPOConfig
 from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator
 from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
 from prm_jax.kernels.prime import PrimeCredit
-from prm_jax.kernels.pure import MinFormTransform, PureCredit
+from prm_jax.kernels.pure import PureCredit
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod
 from prm_jax.kernels.shaping import ShapingConfig, ShapingMode
 from prm_jax.kernels.token_gae import TokenGAE
@@ -112,7 +115,7 @@ class AdvantageConfig:
     max_turns: int | None = None
     check_values: bool | Literal["callback"] = True
     credit_assignment: Credit | None = None
-    process_reward_transform: MinFormTransform | None = None
+    process_reward_transform: ProcessTransform | None = None
     diagnostics: bool = False
 
     def __post_init__(self):
@@ -242,7 +245,9 @@ def setting(config: AdvantageConfig, key: str) -> Any:
     if key == "credit_assignment.mode":
         return None if config.credit_assignment is None else estimator_for(config.credit_assignment).mode
     if key == "process_reward_transform.mode":
-        return None if config.process_reward_transform is None else "min_form"
+        return transform_mode(config.process_reward_transform)
+    if key == "process_reward_transform.level":
+        return getattr(config.process_reward_transform, "level", None)
     if key == "advantage_shaping.mode":
         return config.advantage_shaping.mode
     return getattr(config, key)
@@ -259,6 +264,12 @@ REFUSED_PAIRS: tuple[Refusal, ...] = (
             "these replace GAE, so the turn unit means nothing there (gigpo, AReaL's own key, accepts and ignores it)"),
     Refusal(("credit_assignment.mode", ("pure",)), ("process_reward_transform.mode", ("min_form",)),
             "PURE applies min-form to the process rewards itself: it would run twice"),
+    Refusal(("credit_assignment.mode", ("pure",)), ("process_reward_transform.mode", ("progress",)),
+            "PURE's min-form reads the process rewards as step scores; progress would hand it their differences"),
+    Refusal(("process_reward_transform.mode", ("progress",)), ("advantage_shaping.mode", ("process_weighted",)),
+            "progress rewards are signed differences, and process_weighted weighs advantages by a score in [0, 1]"),
+    Refusal(("process_reward_transform.level", ("token",)), ("token_rewards_as_adv", (False,)),
+            "folding takes one reward per turn (uniform over it), and token-level progress differs per timestep"),
     Refusal(("credit_assignment.mode", ("pure",)), ("advantage_shaping.mode", ("gvpo", "process_weighted")),
             "PURE's returns already hold the process rewards, so it shapes nothing (shaping would count them twice)"),
     Refusal(("token_rewards_as_adv", (False,)), ("advantage_shaping.mode", ("gvpo", "process_weighted")),
@@ -305,8 +316,8 @@ def _credit_assignment(value: Any) -> Credit | None:
     return _by_mode(value, "credit_assignment", credit_modes())
 
 
-def _transform(value: Any) -> MinFormTransform | None:
-    return _by_mode(value, "process_reward_transform", {"min_form": MinFormTransform})
+def _transform(value: Any) -> ProcessTransform | None:
+    return _by_mode(value, "process_reward_transform", PROCESS_TRANSFORMS)
 
 
 def _reward_norm(value: Any) -> NormConfig | DecoupledNorm | None:

@@ -59,6 +59,7 @@ from prm_jax.kernels.normalization import (
     group_sizes_check,
     member_counts_check,
 )
+from prm_jax.kernels.progress import ProgressTransform, progress_process
 from prm_jax.kernels.pure import MinFormTransform, _min_form_core
 from prm_jax.kernels.recurrence import GAEMethod, ScanStrategy, resolve_strategy
 from prm_jax.kernels.schema import BATCH_SCHEMA, MODEL_OUTPUT_KEYS, READ_KEYS, REQUIRED_KEYS, described
@@ -151,6 +152,19 @@ class LambdaFunction:
 Estimator = Any
 
 
+# The process transforms of step 5, by their ``process_reward_transform.mode``: declared once (the config's
+# parser, its ``setting``, the plan).
+ProcessTransform = MinFormTransform | ProgressTransform
+PROCESS_TRANSFORMS: dict[str, type[MinFormTransform] | type[ProgressTransform]] = {
+    "min_form": MinFormTransform, "progress": ProgressTransform}
+
+
+def transform_mode(transform: ProcessTransform | None) -> str | None:
+    """The ``process_reward_transform.mode`` of a transform record (``None`` for none)."""
+    return None if transform is None else next(name for name, cls in PROCESS_TRANSFORMS.items()
+                                               if isinstance(transform, cls))
+
+
 @dataclasses.dataclass(frozen=True)
 class AdvantagePlan:
     """A resolved, validated configuration: the stages ``compute_advantages`` runs, in order.
@@ -164,7 +178,7 @@ class AdvantagePlan:
     outcome: OutcomeStage = OutcomeStage()
     kl: KLStage = KLStage()
     task: TaskRewardStage = TaskRewardStage()
-    process_transform: MinFormTransform | None = None
+    process_transform: ProcessTransform | None = None
     discount: float = 1.0
     lam: float | LambdaFunction = 1.0
     estimator: Estimator = TokenGAE()
@@ -434,8 +448,9 @@ def _batch_checks(batch: Mapping[str, jax.Array], num_rows: int) -> list[_checks
     """Value checks of the inputs themselves: masks are bool or 0/1, groups add up."""
     checks = [*_checks.mask_check("batch['attention_mask']", batch["attention_mask"]),
               *_checks.mask_check("batch['loss_mask']", batch["loss_mask"])]
-    if "is_truncated" in batch:
-        checks += _checks.mask_check("batch['is_truncated']", batch["is_truncated"])
+    for key in ("is_truncated", "token_reward_mask"):
+        if key in batch:
+            checks += _checks.mask_check(f"batch[{key!r}]", batch[key])
     if "group_sizes" in batch:
         checks.append(group_sizes_check(batch["group_sizes"], num_rows))
     elif "group_ids" in batch:
@@ -532,7 +547,7 @@ def _task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timestep
 GRPO_GROUPS = NormConfig("group", "group")
 # The prefixes of the diagnostics of stages other than the estimator: GDPO's (reward_norm: {mode: decoupled})
 # and min-form's (process_reward_transform); each estimator declares its own (EstimatorSpec.diagnostics).
-STAGE_DIAGNOSTICS = ("decoupled/", "min_form/")
+STAGE_DIAGNOSTICS = ("decoupled/", "min_form/", "progress/")
 
 
 def _groups_of(batch: Mapping[str, jax.Array], num_rows: int, norm: NormConfig) -> GroupLayout | None:
@@ -601,9 +616,16 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> _Run:
     truncated = _truncation(batch, seqlen, width)
     checks += _finite_inputs_checks(batch, steps, last_value, truncated, dtype, plan)  # the inputs as given
     if plan.process_transform is not None and steps.process is not None:                     # (5, first)
-        assert turns is not None
-        transformed, transform_diagnostics = _min_form_turns(steps.process, steps.active, turns,
-                                                             plan.process_transform.temperature, strategy.general)
+        transform = plan.process_transform
+        if isinstance(transform, ProgressTransform):
+            scored = (shift_to_next_token(_checks.as_mask("batch['token_reward_mask']", batch["token_reward_mask"]),
+                                          fill=False) if "token_reward_mask" in batch else None)
+            transformed, transform_diagnostics = progress_process(steps.process, steps.active, turns, scored, outcome,
+                                                                  transform, strategy.general)
+        else:
+            assert turns is not None
+            transformed, transform_diagnostics = _min_form_turns(steps.process, steps.active, turns,
+                                                                 transform.temperature, strategy.general)
         steps = steps._replace(process=transformed)
         outcome_diagnostics = {**outcome_diagnostics, **transform_diagnostics}
     kl = _kl(steps, seqlen, plan.kl)                                                         # 3
@@ -638,7 +660,9 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> _Run:
 
 def _reads_turns(plan: AdvantagePlan, batch: Mapping[str, Any]) -> bool:
     """Whether a stage of ``plan`` reads the batch's turns (then their ids are checked)."""
-    with_process = "token_rewards" in batch and (plan.process_transform is not None or plan.task.fold_process)
+    transform = plan.process_transform
+    turn_transform = transform is not None and getattr(transform, "level", "turn") == "turn"
+    with_process = "token_rewards" in batch and (turn_transform or plan.task.fold_process)
     return plan.check_turn_ids or with_process or plan.estimator_spec.reads_turns
 
 

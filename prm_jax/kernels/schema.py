@@ -66,6 +66,7 @@ BATCH_SCHEMA: Mapping[str, BatchKey] = {key.name: key for key in (
     BatchKey("turn_ids", "BT", "positions", "int", "none", -1, packed="always"),
     BatchKey("token_rewards", "BT", "positions", "float", "trained", 0.0, packed="token_rewards",
              turn_field="token_rewards"),
+    BatchKey("token_reward_mask", "BT", "positions", "mask", "none", False, like="token_rewards"),
     BatchKey("rewards", "B", "rows", "float", "rows", 0.0, packed="always", required=True),
     BatchKey("is_truncated", "B", "rows", "mask", "none", False, packed="always"),
     BatchKey("group_ids", "B", "rows", "int", "none", -1, packed="always"),

@@ -186,11 +186,18 @@ def _changes(x: jax.Array, steps: TurnSteps, active: jax.Array, method: str) -> 
     """Where ``x`` changes to the next timestep of its turn: the adjacent pairs (fused into their consumer),
     and a function giving the pairs across a hole (one more fill: call it only under ``steps.holes``)."""
     adjacent = shift_to_next_token(active, fill=False)
-    flags = steps.same & adjacent & (x != shift_to_next_token(x, fill=0))
+
+    def differ(a: jax.Array, b: jax.Array) -> jax.Array:
+        # NaN next to NaN is no change: a NaN here comes from an overflow upstream (an outcome reward that
+        # overflowed in a normalization, read by progress' terminal potential), counted by the outputs'
+        # check; calling it a non-uniform turn would blame the wrong input.
+        return (a != b) & ~(jnp.isnan(a) & jnp.isnan(b))
+
+    flags = steps.same & adjacent & differ(x, shift_to_next_token(x, fill=0))
 
     def across_holes() -> jax.Array:
         following = shift_to_next_token(first_at_or_after(x, active, method), fill=0)
-        return steps.same & ~adjacent & (x != following)
+        return steps.same & ~adjacent & differ(x, following)
 
     return flags, across_holes
 

@@ -7,10 +7,10 @@ Every cell is either refused at configuration, with a message naming both keys (
 (a ``ValueError`` naming it: ``READERS`` below says which stages read what) or changes nothing where none
 does; the cell's numbers are then checked with the input made whole, in the same program.
 
-The 144 configurations are crossed in full; the optional inputs and the other settings that meet them
+The 216 configurations are crossed in full; the optional inputs and the other settings that meet them
 (``kl_ctl``, ``mask_no_eos_with_zero``, ``adv_norm``, the groups) are assigned to the cells by a greedy
 pairwise design, so every pair of values of any two dimensions meets in some cell (asserted). The cells run
-op by op (``jax.disable_jit``): 144 programs would cost 144 compiles of about a second on the CI machine, op
+op by op (``jax.disable_jit``): 216 programs would cost 216 compiles of about a second on the CI machine, op
 by op they cost about 0.1 s each; the compiled path of every estimator is tested in its own module.
 """
 
@@ -38,7 +38,10 @@ ESTIMATORS = {
     "pure": {"credit_assignment": {"mode": "pure", "temperature": 0.3, "verifier_coef": 0.5}},
     "prime": {"credit_assignment": {"mode": "prime", "beta": 0.1, "lam": 0.5, "use_gt": True}},
 }
-TRANSFORMS = {"none": {}, "min_form": {"process_reward_transform": {"mode": "min_form", "temperature": 0.3}}}
+TRANSFORMS = {"none": {}, "min_form": {"process_reward_transform": {"mode": "min_form", "temperature": 0.3}},
+              # (level: token meets the estimators and shapings in tests/kernels/test_progress.py)
+              "progress": {"process_reward_transform": {"mode": "progress", "gamma": 0.9, "initial": 0.2,
+                                                        "terminal": "outcome"}}}
 NORMS = {"none": {}, "group": {"reward_norm": {"mean_level": "group", "std_level": "group"}},
          "decoupled": {"reward_norm": {"mode": "decoupled", "eps": 1e-4}}}
 SHAPINGS = {"additive": {}, "gvpo": {"advantage_shaping": {"mode": "gvpo"}},
@@ -49,10 +52,11 @@ CONFIG_DIMS = {"estimator": ESTIMATORS, "transform": TRANSFORMS, "norm": NORMS, 
 # The optional inputs and their states, and the other settings that meet them.
 STATES = ("absent", "present", "partial")
 INPUTS = ("values", "ref_logprobs", "prox_logprobs", "prm_logprobs", "token_rewards", "turn_ids", "gae_lambda",
-          "turn_rewards", "anchor_ids", "reward_sources", "node_ids", "is_truncated")
+          "turn_rewards", "anchor_ids", "reward_sources", "node_ids", "is_truncated", "token_reward_mask")
 FREE_DIMS = {**{key: STATES for key in INPUTS}, "groups": ("none", "sizes", "ids", "sizes+members"),
              "kl_ctl": (0.0, 0.1), "mask_no_eos_with_zero": (False, True), "adv_norm": ("none", "batch")}
 FREE_DIMS["is_truncated"] = ("absent", "present")  # a bool per row has no "some rows only"
+FREE_DIMS["token_reward_mask"] = ("absent", "present")  # present: False on some turns (unscored), True elsewhere
 
 
 def settings(cell: dict) -> dict:
@@ -62,6 +66,8 @@ def settings(cell: dict) -> dict:
     return {"credit_assignment.mode": credit, "process_reward_transform.mode": None if transform == "none" else transform,
             "advantage_shaping.mode": "additive" if cell["shaping"] == "fold" else cell["shaping"],
             "token_rewards_as_adv": cell["shaping"] != "fold",
+            "process_reward_transform.level": TRANSFORMS[transform].get("process_reward_transform", {}).get(
+                "level", "turn" if transform == "progress" else None),
             "gae_timestep_unit": ESTIMATORS[estimator].get("gae_timestep_unit", "token"),
             "mask_no_eos_with_zero": cell["mask_no_eos_with_zero"]}
 
@@ -178,7 +184,9 @@ def make_batch(rng: np.random.Generator) -> dict:
                 anchor_ids=rng.integers(0, 2, (ROWS, 4)).astype(np.int32),
                 reward_sources=rng.normal(0, 1, (ROWS, 2)).astype(np.float32),
                 node_ids=node_ids, node_parents=np.array(parents + [-1] * (ROWS * 4 + 2 - len(parents)), np.int32),
-                is_truncated=rng.random(ROWS) < 0.4)
+                is_truncated=rng.random(ROWS) < 0.4,
+                token_reward_mask=np.where(turn_ids >= 0, rng.random((ROWS, 4))[np.arange(ROWS)[:, None],
+                                                                              np.maximum(turn_ids, 0)] < 0.7, True))
 
 
 def first_trained(batch: dict, row: int) -> int:
@@ -192,7 +200,8 @@ def with_states(full: dict, cell: dict) -> tuple[dict, dict]:
     batch, whole = dict(full), dict(full)
     for key in INPUTS:
         state = cell[key]
-        companions = {"node_ids": ("node_parents",), "turn_rewards": ("turn_reward_mask",)}.get(key, ())
+        companions = {"node_ids": ("node_parents",), "turn_rewards": ("turn_reward_mask",),
+                      "token_rewards": ("token_reward_mask",)}.get(key, ())
         if state == "absent":
             for name in (key, *companions):
                 batch.pop(name, None)
@@ -241,7 +250,7 @@ def reads(cell: dict, key: str) -> bool:
     estimator = cell["estimator"]
     with_process = cell["token_rewards"] != "absent"
     turns_read = (estimator in ("turn_gae", "gigpo", "tree", "pure")
-                  or (with_process and (cell["transform"] == "min_form" or cell["shaping"] == "fold")))
+                  or (with_process and (cell["transform"] in ("min_form", "progress") or cell["shaping"] == "fold")))
     return {"values": True, "prox_logprobs": True, "token_rewards": True, "gae_lambda": True,
             "ref_logprobs": cell["kl_ctl"] != 0 or estimator == "prime",
             "prm_logprobs": estimator == "prime",
@@ -344,11 +353,19 @@ def test_the_readme_table_of_refused_pairs_is_the_declared_one():
 
 def float_settings():
     """Every float setting of the actor section and its nested records, as ``(fields, name)``."""
-    from prm_jax.config import DecoupledNorm, GiGPOConfig, MinFormTransform, NormConfig, PrimeCredit, PureCredit
+    from prm_jax.config import (
+        DecoupledNorm,
+        GiGPOConfig,
+        MinFormTransform,
+        NormConfig,
+        PrimeCredit,
+        ProgressTransform,
+        PureCredit,
+    )
     from prm_jax.kernels.shaping import ShapingConfig
     top = ["discount", "gae_lambda", "kl_ctl", "reward_bias", "reward_scaling", "reward_clip"]
     nested = {"credit_assignment": (("gigpo", GiGPOConfig), ("pure", PureCredit), ("prime", PrimeCredit)),
-              "process_reward_transform": (("min_form", MinFormTransform),),
+              "process_reward_transform": (("min_form", MinFormTransform), ("progress", ProgressTransform)),
               "reward_norm": (("decoupled", DecoupledNorm),), "adv_norm": ((None, NormConfig),),
               "advantage_shaping": ((None, ShapingConfig),)}
     out = [({name: None}, name) for name in top]

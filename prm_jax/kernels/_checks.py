@@ -11,8 +11,10 @@ output to carry counts in, so under a trace they raise from a host callback when
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -152,13 +154,33 @@ def violations(flags: jax.Array) -> jax.Array:
     return jnp.sum(flags, dtype=jnp.int32)
 
 
+# Whether the program being traced computes its failed checks' details (``located``); read at trace time.
+_LOCATING: contextvars.ContextVar[bool] = contextvars.ContextVar("prm_jax_locating", default=True)
+
+
+@contextlib.contextmanager
+def locating(on: bool) -> Iterator[None]:
+    """Within: ``located`` computes a failed check's details (``on``), or leaves them out of the program
+    (zeros): counts only. The caller that leaves them out traces again with them when a count is nonzero
+    (``compute_advantages``): each check's search is a conditional branch of its own, and together they
+    were about half of the pipeline's compile time on the CPU, paid by every program for an error path."""
+    token = _LOCATING.set(on)
+    try:
+        yield
+    finally:
+        _LOCATING.reset(token)
+
+
 def located(count: jax.Array, locate: Callable[[], tuple[jax.Array, ...]]) -> tuple[jax.Array, ...]:
     """A failed check's details (``locate()``: where, what) computed only when ``count`` is nonzero.
 
     A check that passes then costs its count alone; the search for the first bad entry runs on failure
-    (under ``vmap`` both branches run: the details are still right).
+    (under ``vmap`` both branches run: the details are still right). Under ``locating(False)`` the details
+    are zeros, and the program holds no search at all.
     """
     zeros = lambda: tuple(jnp.zeros(s.shape, s.dtype) for s in jax.eval_shape(locate))
+    if not _LOCATING.get():
+        return zeros()
     return lax.cond(count > 0, locate, zeros)
 
 

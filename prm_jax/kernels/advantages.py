@@ -723,17 +723,20 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
     return out
 
 
-@functools.partial(jax.jit, static_argnames=("plan",))
-def _pipeline_jit(batch, plan):
-    run = _pipeline(batch, plan)
+@functools.partial(jax.jit, static_argnames=("plan", "locate"))
+def _pipeline_jit(batch, plan, locate=True):
+    """The pipeline; ``locate``: with the failed checks' details (``_checks.locating``)."""
+    with _checks.locating(locate):
+        run = _pipeline(batch, plan)
     return run.output, run.checks
 
 
-@functools.partial(jax.jit, static_argnames=("plan", "shapings"))
-def _variants_jit(batch, plan, shapings):
+@functools.partial(jax.jit, static_argnames=("plan", "shapings", "locate"))
+def _variants_jit(batch, plan, shapings, locate=True):
     """The pipeline, and its normalized advantages under other shapings (one GAE for all), each with
     whether ``process_weighted`` found process rewards outside [0, 1]."""
-    run = _pipeline(batch, plan)
+    with _checks.locating(locate):
+        run = _pipeline(batch, plan)
     assert run.process is not None  # compute_advantage_variants needs token_rewards
     shaped = tuple((_shape_core(run.unshaped, run.process, run.active, shaping),
                     process_range_check(run.process, run.active).count > 0 if shaping.mode == "process_weighted"
@@ -832,15 +835,29 @@ def compute_advantages(batch: Mapping[str, Any],
         raise ValueError(f"batch is missing required keys {missing}")
     arrays, real = _padded_if_empty(_batch_arrays(batch))
     _warn_about_fallbacks(arrays, plan)
-    output, checks = _pipeline_jit(arrays, plan=plan.with_strategy(arrays))
-    return _cut(_settle_checks(output, checks, plan), real)
+    resolved = plan.with_strategy(arrays)
+    output, checks = _pipeline_jit(arrays, plan=resolved, locate=_locate_first(plan))
+    located = lambda: _pipeline_jit(arrays, plan=resolved, locate=True)[1]
+    return _cut(_settle_checks(output, checks, plan, located), real)
 
 
-def _settle_checks(output: AdvantageOutput, checks: list[_checks.ValueCheck], plan: AdvantagePlan) -> AdvantageOutput:
-    """Eagerly: raise on a failed check, and warn once when gvpo sees no negative process reward. Under a
-    trace: the counts go into the diagnostics (a host callback raises only with ``check_values='callback'``)."""
+def _locate_first(plan: AdvantagePlan) -> bool:
+    """Whether the first program computes its failed checks' details: only for a host callback, which
+    raises from inside it. Otherwise the counts alone (a shorter compile), and a failed check is traced
+    again with its details (``_settle_checks``): an error's cost, paid on the error path only."""
+    return plan.check_values == "callback"
+
+
+def _settle_checks(output: AdvantageOutput, checks: list[_checks.ValueCheck], plan: AdvantagePlan,
+                   located: Callable[[], list[_checks.ValueCheck]]) -> AdvantageOutput:
+    """Eagerly: raise on a failed check (its details from ``located()``, the same program with them), and
+    warn once when gvpo sees no negative process reward. Under a trace: the counts go into the diagnostics
+    (a host callback raises only with ``check_values='callback'``)."""
     if not plan.check_values:
         return output
+    eager = not any(_checks.is_traced(check.count) for check in checks)
+    if eager and not _locate_first(plan) and any(bool(check.count) for check in checks):
+        checks = located()
     _checks.raise_value_checks(checks, callback=plan.check_values == "callback")
     negative = output.diagnostics.get("process/negative_share")
     if negative is not None and not _checks.is_traced(negative) and float(negative) == 0:
@@ -863,9 +880,11 @@ def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantagePlan |
         raise ValueError("compute_advantage_variants needs batch['token_rewards'] and token_rewards_as_adv: true")
     arrays, real = _padded_if_empty(_batch_arrays(batch))
     _warn_about_fallbacks(arrays, plan)
-    output, checks, unshaped, extras = _variants_jit(arrays, plan=plan.with_strategy(arrays),
-                                                     shapings=tuple(shapings))
-    output = _cut(_settle_checks(output, checks, plan), real)
+    resolved, shapings = plan.with_strategy(arrays), tuple(shapings)
+    output, checks, unshaped, extras = _variants_jit(arrays, plan=resolved, shapings=shapings,
+                                                     locate=_locate_first(plan))
+    located = lambda: _variants_jit(arrays, plan=resolved, shapings=shapings, locate=True)[1]
+    output = _cut(_settle_checks(output, checks, plan, located), real)
     cut = (lambda x: x) if real is None else (lambda x: x[:real[0], :real[1]])
     shaped: dict[str, jax.Array | str] = {"none": cut(unshaped)}
     for shaping, (advantages, out_of_range) in zip(shapings, extras):

@@ -43,13 +43,11 @@ ProgressLevel = Literal["turn", "token"]
 @dataclasses.dataclass(frozen=True)
 class ProgressTransform:
     """``actor.process_reward_transform: {mode: progress, gamma, initial, terminal, level}`` (module
-    docstring): each step's process score becomes ``gamma * Phi(next) - Phi(this)``.
-
-    Attributes:
-      gamma: the shaping's discount, in ``[0, 1]`` (Ng's invariance holds for the discount the returns use).
-      initial: ``Phi(s_0)``, the potential before a row's first step (and carried into leading unscored ones).
-      terminal: the potential after the last step: ``"zero"`` or ``"outcome"`` (the row's outcome reward).
-      level: ``"turn"`` (a step is a turn) or ``"token"`` (a step is a trained timestep).
+    docstring): each step's process score becomes ``gamma * Phi(next) - Phi(this)``. ``gamma`` is the
+    shaping's discount, in ``[0, 1]`` (Ng's invariance holds for the discount the returns use); ``initial``
+    is ``Phi(s_0)``, the potential before a row's first step (and carried into leading unscored ones);
+    ``terminal`` the potential after the last step, ``"zero"`` or ``"outcome"`` (the row's outcome reward);
+    ``level`` says what a step is, ``"turn"`` or ``"token"`` (a trained timestep).
     """
 
     gamma: float = 1.0

@@ -3,6 +3,9 @@
 
   python3 dev.py demo    create .venv, install prm-jax, run `prm-jax demo` (the main job)
   python3 dev.py test    create .venv, install prm-jax with its test and example extras, run the test suite
+                         (all but the end-to-end tests)
+  python3 dev.py e2e     the end-to-end tests (the command line in processes, the examples, multi-device,
+                         the native source build, the benchmark scripts), in .venv
   python3 dev.py lint    ruff and mypy over the package (in .venv)
   python3 dev.py floor   the kernel tests on the oldest supported jax, in .venv-floor
   python3 dev.py tunix   the tunix integration's tests with tunix installed (~1.8 GB), in .venv-tunix
@@ -56,7 +59,7 @@ def _ensure_env(extras: str, env: Path = VENV, pins: tuple[str, ...] = ()) -> Pa
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "lint", "floor", "tunix", "wheel", "docs", "bench"):
+    if not argv or argv[0] not in ("demo", "test", "e2e", "lint", "floor", "tunix", "wheel", "docs", "bench"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -75,7 +78,7 @@ def main(argv: list[str]) -> int:
                                    str(ROOT / "docs" / "_build" / out), *rest], cwd=ROOT).returncode
             if code:
                 return code
-        # The built site in a real headless browser (Chromium as Qt WebEngine embeds it): tests/docs.
+        # The built site in real headless browsers (Debian's chromium; Chromium as Qt WebEngine embeds it).
         code = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/docs"], cwd=ROOT,
                               env=dict(os.environ, PRM_JAX_DOCS_TEST="1")).returncode
         if code:
@@ -86,8 +89,9 @@ def main(argv: list[str]) -> int:
         python = _ensure_env("test,tunix", TUNIX_VENV)
         return subprocess.run([str(python), "-m", "pytest", "-q", *INTEGRATION_TESTS, *rest], cwd=ROOT).returncode
     python = _ensure_env("test,example")
-    if command == "test":
-        return subprocess.run([str(python), "-m", "pytest", *PARALLEL, *rest], cwd=ROOT).returncode
+    if command in ("test", "e2e"):
+        marks = "not e2e" if command == "test" else "e2e"  # tests/conftest.py's E2E_FILES
+        return subprocess.run([str(python), "-m", "pytest", *PARALLEL, "-m", marks, *rest], cwd=ROOT).returncode
     if command == "wheel":
         env = dict(os.environ, PRM_JAX_WHEEL_TEST="1")
         return subprocess.run([str(python), "-m", "pytest", "-q", "-s", "tests/wheel", *rest], cwd=ROOT,

@@ -49,8 +49,12 @@ html_static_path = [str(Path(jupyter_server_mathjax.__file__).parent / "static")
 mathjax_path = "MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"  # (the config the package ships)
 # It ships the STIX-Web fonts only (no TeX fonts, no image fonts): HTML-CSS output with those.
 # MyST marks the text tex2jax_ignore and the maths "math" (MathJax 3's option); MathJax 2's is tex2jax's.
+# Its font-loading test declares a blank font at url('about:blank'), which Chromium refuses with a console
+# error (a CORS error for every page); local() names a font that never exists: the same blank, no request.
 mathjax2_config = {"HTML-CSS": {"availableFonts": ["STIX-Web"], "preferredFont": "STIX-Web", "webFont": "STIX-Web",
-                                "imageFont": None},
+                                "imageFont": None,
+                                "styles": {"@font-face": {"font-family": "MathJax_Blank",
+                                                          "src": "local('MathJax_Blank')"}}},
                    "tex2jax": {"processClass": "tex2jax_process|mathjax_process|math|output_area",
                                "ignoreClass": "tex2jax_ignore|mathjax_ignore"}}
 

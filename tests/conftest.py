@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import jax
 import pytest
@@ -11,6 +12,22 @@ if not os.environ.get("PRM_JAX_WHEEL_TEST"):
 # The site's browser check needs the built site and the docs extra: python3 dev.py docs runs it.
 if not os.environ.get("PRM_JAX_DOCS_TEST"):
     collect_ignore.append("docs")
+
+# The end-to-end tests: the command line run as a user runs it (most in processes of their own: signals,
+# exits, outputs), the examples, the multi-device processes, the native library built from the sources, the
+# benchmark scripts. Marked ``e2e``: ``python3 dev.py e2e`` runs them, a CI step of their own;
+# ``python3 dev.py test`` runs the rest (``-m "not e2e"``); plain ``pytest`` runs both.
+E2E_FILES = ("app/test_cli.py", "app/test_cli_credit.py", "app/test_cli_faults.py", "app/test_cli_input.py",
+             "app/test_doctor.py", "app/test_host_path.py", "app/test_outputs.py", "app/test_serving_cli.py",
+             "native/test_native.py", "test_benchmarks.py", "test_example.py", "test_multidevice.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(root).as_posix() in E2E_FILES:
+            item.add_marker(pytest.mark.e2e)
+
 
 # Every test runs with the strictest promotion rules, so implicit rank or dtype promotion is a bug.
 jax.config.update("jax_numpy_rank_promotion", "raise")

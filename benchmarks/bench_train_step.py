@@ -2,13 +2,19 @@
 """The README's jitted train step, with and without `compute_advantages` inside, and its host callbacks.
 
   python benchmarks/bench_train_step.py [--rows 64] [--width 2048] [--vocab 256] [--repeats 20]
-                                        [--check-values off|counts|callback]
+                                        [--check-values off|counts|callback] [--losses]
 
 Prints the median step time with the call, without it (the same step on advantages computed once outside),
 the call's share, and the number of host callbacks in the compiled step (each is a device-to-host round
 trip per step). `--check-values`: `off` compiles the value checks out (`check_values=False`, the default
 here), `counts` returns them as counts (`check_values=True`, the library's default: no callback),
 `callback` raises from a host callback (`check_values="callback"`).
+
+`--losses` times instead each policy loss of `prm_jax.losses` (every `policy_loss` mode, verl's names, and
+TRL's `gspo_sequence_loss`) beside `ppo_clip_loss`: the jitted loss and its gradient with respect to the
+log-probs, on the same `[rows, width]` arrays, interleaved in one run; the median of each and its ratio to
+`ppo_clip_loss`'s; and the floors of the two losses that select tokens (a uniform draw per token, a top-k of
+all tokens), measured alike.
 """
 
 from __future__ import annotations
@@ -24,6 +30,39 @@ from bench_advantages import interleaved_medians
 import prm_jax
 
 CHECKS = {"off": False, "counts": True, "callback": "callback"}
+# The options a loss needs beyond the four arrays (dro has no default for its beta, clip_cov draws its
+# tokens with a key).
+LOSS_OPTIONS = {"dro": {"dro_beta": 1e-3}, "clip_cov": {"key": jax.random.key(0)}}
+
+
+def time_losses(rows: int, width: int, repeats: int) -> None:
+    """Each loss with its gradient, beside ``ppo_clip_loss``'s (``--losses``)."""
+    from prm_jax import losses
+    rng = np.random.default_rng(1)
+    mask = jnp.asarray((np.arange(width)[None] < rng.integers(width // 2, width + 1, size=rows)[:, None]), jnp.float32)
+    proximal = jnp.asarray(-rng.exponential(size=(rows, width)), jnp.float32)
+    logprobs = proximal + jnp.asarray(rng.normal(0.0, 0.1, (rows, width)), jnp.float32)
+    advantages = jnp.asarray(rng.normal(size=(rows, width)), jnp.float32)
+
+    def with_gradient(loss):
+        return jax.jit(jax.value_and_grad(lambda lp: loss(lp)[0]))
+
+    steps = {"ppo_clip_loss": with_gradient(lambda lp: losses.ppo_clip_loss(lp, proximal, advantages, mask))}
+    for mode in losses.POLICY_LOSS_MODES:
+        steps[f"policy_loss({mode})"] = with_gradient(lambda lp, mode=mode: losses.policy_loss(
+            lp, proximal, advantages, mask, mode=mode, **LOSS_OPTIONS.get(mode, {})))
+    steps["gspo_sequence_loss"] = with_gradient(  # (TRL's: one advantage per sequence)
+        lambda lp: losses.gspo_sequence_loss(lp, proximal, advantages[:, 0], mask))
+    # The floors of the two selecting losses, in the same run: clip_cov draws a uniform number per token (verl
+    # draws a random permutation), and both take a top-k of the tokens (k = 0.02% of them, verl's default).
+    key = jax.random.key(0)
+    steps["floor: random.uniform [B, T]"] = jax.jit(lambda lp: jax.random.uniform(key, lp.shape))
+    steps["floor: top_k of B*T"] = jax.jit(lambda lp: jax.lax.top_k(-lp.ravel(), int(lp.size * 2e-4) + 1))
+    timed = interleaved_medians({name: (lambda step=step: step(logprobs)) for name, step in steps.items()}, repeats)
+    base = timed["ppo_clip_loss"]
+    print(f"backend={jax.default_backend()} loss and gradient, {rows}x{width} (medians of {repeats} interleaved rounds)")
+    for name, seconds in timed.items():
+        print(f"{name:<28} {seconds * 1e3:9.3f} ms  {seconds / base:5.2f}x ppo_clip_loss")
 
 
 def main() -> None:
@@ -33,7 +72,11 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--check-values", choices=sorted(CHECKS), default="off", help="the value checks' form")
+    parser.add_argument("--losses", action="store_true", help="time each policy loss beside ppo_clip_loss")
     args = parser.parse_args()
+    if args.losses:
+        time_losses(args.rows, args.width, args.repeats)
+        return
     rng = np.random.default_rng(0)
     rows, width = args.rows, args.width
     lengths = rng.integers(width // 2, width + 1, size=rows)

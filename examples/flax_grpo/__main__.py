@@ -1,5 +1,5 @@
-"""``python -m examples.flax_grpo [--mode gvpo] [--steps 100] [--seed 0] [--judge python|model]``, or
-``--compare`` for every mode."""
+"""``python -m examples.flax_grpo [--mode gvpo] [--steps 100] [--seed 0] [--judge python|model]
+[--loss ppo_clip]``, or ``--compare`` for every mode."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from examples.flax_grpo.train import MODES, compare, train
+from examples.flax_grpo.train import LOSSES, MODES, compare, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,12 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", help="write the run's figures as JSON here")
     parser.add_argument("--judge", choices=("python", "model"), default="python",
                         help="the judge: CueJudge (config.yaml) or the same as a JAX ModelScorer (config_model.yaml)")
+    parser.add_argument("--loss", choices=LOSSES, default="ppo_clip",
+                        help="the policy loss: AReaL's PPO clip, verl's by loss_mode, or TRL's sequence GSPO")
     args = parser.parse_args(argv)
     if args.compare:
         print(compare(args.steps, args.seeds, Path(args.plot)))
         print(f"wrote {args.plot}")
         return 0
-    history = train(args.mode, args.steps, args.seed, judge=args.judge)
+    history = train(args.mode, args.steps, args.seed, judge=args.judge, loss=args.loss)
     print(f"{args.mode}: success over the last 10 steps {sum(history['success'][-10:]) / 10:.2f}")
     if args.summary:
         scored = history["batch"].get("token_rewards")

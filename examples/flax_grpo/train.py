@@ -74,15 +74,36 @@ def policy_logprobs(policy: Policy, tokens: jax.Array) -> jax.Array:
     return prm_jax.losses.logprobs_on_timesteps(policy(tokens), jnp.clip(tokens - ANSWER0, 0, CHOICES - 1))
 
 
-@nnx.jit(static_argnames="config")
-def update(policy: Policy, optimizer: nnx.Optimizer, batch: dict, config: prm_jax.AdvantageConfig):
-    """One PPO-clip step on the batch's advantages (GRPO: no critic, group-normalized outcome rewards)."""
+# The policy losses the example can train with (``--loss``): AReaL's PPO clip (the default), verl's by their
+# ``policy_loss.loss_mode`` names, and TRL's sequence-level GSPO; with the options a loss needs (clip_cov's
+# random choice of tokens drawn with one fixed key: the example's steps are deterministic).
+LOSSES = ("ppo_clip", *prm_jax.losses.POLICY_LOSS_MODES, "gspo_sequence")
+LOSS_OPTIONS = {"dro": {"dro_beta": 1e-3}, "clip_cov": {"key": jax.random.key(0)}}
+
+
+def policy_loss(name: str, logprobs: jax.Array, old: jax.Array, advantages: jax.Array, mask: jax.Array) -> jax.Array:
+    """The loss ``name`` (``LOSSES``) of the policy's log-probs against the rollout's."""
+    if name == "ppo_clip":
+        loss, _ = prm_jax.losses.ppo_clip_loss(logprobs, old, advantages, mask, eps_clip=0.2)
+    elif name == "gspo_sequence":  # TRL's loss takes one advantage per sequence: the row's mean over its tokens
+        per_row = jnp.sum(advantages * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+        loss, _ = prm_jax.losses.gspo_sequence_loss(logprobs, old, per_row, mask)
+    else:
+        loss, _ = prm_jax.losses.policy_loss(logprobs, old, advantages, mask, mode=name, **LOSS_OPTIONS.get(name, {}))
+    return loss
+
+
+@nnx.jit(static_argnames=("config", "loss"))
+def update(policy: Policy, optimizer: nnx.Optimizer, batch: dict, config: prm_jax.AdvantageConfig,
+           loss: str = "ppo_clip"):
+    """One policy-gradient step on the batch's advantages (GRPO: no critic, group-normalized outcome
+    rewards), with the loss ``loss`` (``LOSSES``; PPO clip by default)."""
     adv = prm_jax.compute_advantages(batch, config)  # config is static: one compile
+    name = loss
 
     def loss_fn(policy):
-        loss, _ = prm_jax.losses.ppo_clip_loss(policy_logprobs(policy, batch["input_ids"]), adv.logprobs,
-                                               adv.advantages, adv.loss_mask, eps_clip=0.2)
-        return loss
+        return policy_loss(name, policy_logprobs(policy, batch["input_ids"]), adv.logprobs, adv.advantages,
+                           adv.loss_mask)
 
     loss, grads = nnx.value_and_grad(loss_fn)(policy)
     optimizer.update(policy, grads)
@@ -90,9 +111,12 @@ def update(policy: Policy, optimizer: nnx.Optimizer, batch: dict, config: prm_ja
 
 
 def train(mode: str = "gvpo", steps: int = 100, seed: int = 0, prompts: int = 16, group: int = 8,
-          progress: bool = True, judge: str = "python") -> dict:
+          progress: bool = True, judge: str = "python", loss: str = "ppo_clip") -> dict:
     """Trains one policy; returns the per-step success, losses and the last step's arrays. ``judge``:
-    ``python`` (``CueJudge``, one call per turn) or ``model`` (the same judge as a JAX model scorer)."""
+    ``python`` (``CueJudge``, one call per turn) or ``model`` (the same judge as a JAX model scorer);
+    ``loss``: one of ``LOSSES``."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     config = load(mode, judge)
     policy = Policy(rngs=nnx.Rngs(seed))
     optimizer = nnx.Optimizer(policy, optax.adam(3e-3), wrt=nnx.Param)
@@ -120,9 +144,9 @@ def train(mode: str = "gvpo", steps: int = 100, seed: int = 0, prompts: int = 16
                     batch["reward_sources"] = scores.sum(axis=1, keepdims=True)
                 else:
                     batch["token_rewards"] = scores
-            loss, advantages, mask, diagnostics = update(policy, optimizer, batch, config.actor)
+            value, advantages, mask, diagnostics = update(policy, optimizer, batch, config.actor, loss)
             history["success"].append(float(batch["rewards"].mean()))
-            history["loss"].append(float(loss))
+            history["loss"].append(float(value))
             if progress:
                 _bar(step + 1, steps, history)
     history.update(batch=batch, advantages=np.asarray(advantages), loss_mask=np.asarray(mask),

@@ -196,26 +196,15 @@ def tunix_ppo_loss(model: Any, train_example: Any, algo_config: Any, pad_id: int
     ``loss_agg_mode`` are read from tunix's ``GRPOConfig``. tunix's KL term (``beta``) is not part of
     AReaL's loss: ``beta`` must be 0 (a KL penalty goes into the rewards with ``kl_ctl`` instead).
     """
-    from flax import nnx
-    from tunix.rl import common
-
     from prm_jax import losses
 
     if algo_config.beta != 0.0:
         raise ValueError(f"{LOSS_NAME} has no KL term: set GRPOConfig(beta=0.0), got beta={algo_config.beta}")
     if algo_config.loss_agg_mode not in _AGG_MODES:
         raise ValueError(f"{LOSS_NAME} aggregates as {sorted(_AGG_MODES)}, got {algo_config.loss_agg_mode!r}")
-    graphdef, state = nnx.split(model)
-    logprobs = common.compute_per_token_logps(
-        graphdef, state, prompt_tokens=train_example.prompt_ids, completion_tokens=train_example.completion_ids,
-        pad_id=pad_id, eos_id=eos_id, stop_gradient=False, temperature=algo_config.temperature).astype(jnp.float32)
-    old = train_example.old_per_token_logps
-    proximal = jax.lax.stop_gradient(logprobs) if old is None else jnp.asarray(old, jnp.float32)
-    advantages = jnp.asarray(train_example.advantages, jnp.float32)
-    if advantages.ndim == 1:
-        advantages = jnp.broadcast_to(advantages[:, None], logprobs.shape)
+    logprobs, proximal, advantages, mask = _tunix_loss_inputs(model, train_example, algo_config, pad_id, eos_id)
     loss, stats = losses.ppo_clip_loss(
-        logprobs, proximal, advantages, jnp.asarray(train_example.completion_mask, jnp.bool_),
+        logprobs, proximal, advantages, mask,
         eps_clip=algo_config.epsilon, eps_clip_higher=getattr(algo_config, "epsilon_high", None),
         c_clip=getattr(algo_config, "epsilon_c", None), loss_agg_mode=_AGG_MODES[algo_config.loss_agg_mode])
     return loss, {"kl": 0.0, "pg_loss": loss, "pg_clipfrac": stats.clip_fraction,
@@ -233,6 +222,108 @@ def register_loss() -> str:
     except LookupError:  # not registered yet
         function_registry.register_policy_loss_fn(LOSS_NAME)(tunix_ppo_loss)
     return LOSS_NAME
+
+
+# Every policy loss of prm_jax.losses under verl's mode names, and prm-jax's outcome normalization, by name in
+# tunix's FunctionRegistry (register_losses, register_estimators): GRPOConfig(policy_loss_fn="prm_jax_cispo",
+# advantage_estimator="prm_jax_group_norm").
+LOSS_PREFIX = "prm_jax_"
+ESTIMATOR_NAME = "prm_jax_group_norm"
+_VERL_AGG: dict[str, str] = {"token-mean": "token-mean", "sequence-mean-token-mean": "seq-mean-token-mean",
+                             "seq-mean-token-sum": "seq-mean-token-sum"}  # tunix's names -> verl's
+
+
+def tunix_policy_loss(mode: str, **options: Any) -> Callable[..., tuple[Any, dict[str, Any]]]:
+    """tunix's policy-loss interface around ``prm_jax.losses.policy_loss(..., mode=mode, **options)`` (verl's
+    loss of that ``loss_mode``, its options with verl's names: ``clip_ratio_low``, ``dro_beta``, a
+    ``key`` for ``clip_cov``, ...; an option the loss does not take is refused when the loss first runs).
+
+    As ``tunix_ppo_loss``: tunix's per-token log-probs, ``old_per_token_logps`` (or the log-probs,
+    stopped: on-policy) as the proximal ones, a ``[B]`` advantage broadcast over the completion, tunix's
+    ``loss_agg_mode`` (its three names mapped to verl's), and ``beta`` must be 0.
+    """
+    from prm_jax import losses
+
+    if mode not in losses.POLICY_LOSS_MODES:
+        raise ValueError(f"mode must be one of {losses.POLICY_LOSS_MODES}, got {mode!r}")
+
+    def loss_fn(model: Any, train_example: Any, algo_config: Any, pad_id: int, eos_id: int,
+                **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        if algo_config.beta != 0.0:
+            raise ValueError(f"{LOSS_PREFIX}{mode} has no KL term: set GRPOConfig(beta=0.0), got beta={algo_config.beta}")
+        if algo_config.loss_agg_mode not in _VERL_AGG:
+            raise ValueError(f"{LOSS_PREFIX}{mode} aggregates as {sorted(_VERL_AGG)}, got {algo_config.loss_agg_mode!r}")
+        logprobs, proximal, advantages, mask = _tunix_loss_inputs(model, train_example, algo_config, pad_id, eos_id)
+        loss, stats = losses.policy_loss(logprobs, proximal, advantages, mask, mode=mode,
+                                         loss_agg_mode=_VERL_AGG[algo_config.loss_agg_mode], **options)
+        return loss, {"kl": 0.0, "pg_loss": loss, "pg_clipfrac": stats.pg_clipfrac,
+                      "pg_clipfrac_lower": stats.pg_clipfrac_lower, "ppo_kl": stats.ppo_kl}
+
+    loss_fn.__name__ = f"{LOSS_PREFIX}{mode}"
+    return loss_fn
+
+
+def _tunix_loss_inputs(model: Any, train_example: Any, algo_config: Any, pad_id: int,
+                       eos_id: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(logprobs, proximal, advantages [B, C], mask)`` of a tunix ``TrainExample`` (see ``tunix_ppo_loss``)."""
+    from flax import nnx
+    from tunix.rl import common
+
+    graphdef, state = nnx.split(model)
+    logprobs = common.compute_per_token_logps(
+        graphdef, state, prompt_tokens=train_example.prompt_ids, completion_tokens=train_example.completion_ids,
+        pad_id=pad_id, eos_id=eos_id, stop_gradient=False, temperature=algo_config.temperature).astype(jnp.float32)
+    old = train_example.old_per_token_logps
+    proximal = jax.lax.stop_gradient(logprobs) if old is None else jnp.asarray(old, jnp.float32)
+    advantages = jnp.asarray(train_example.advantages, jnp.float32)
+    if advantages.ndim == 1:
+        advantages = jnp.broadcast_to(advantages[:, None], logprobs.shape)
+    return logprobs, proximal, advantages, jnp.asarray(train_example.completion_mask, jnp.bool_)
+
+
+def register_losses(**options: Mapping[str, Any]) -> dict[str, str]:
+    """Registers every loss of ``prm_jax.losses.POLICY_LOSS_MODES`` in tunix's policy-loss registry as
+    ``prm_jax_<mode>`` (``tunix_policy_loss``), and AReaL's PPO clip as ``prm_jax_ppo`` (``register_loss``);
+    ``options``: a mode's options, by mode (``dro={"dro_beta": 1e-3}``; ``clip_cov`` defaults to a fixed
+    key). Registering again replaces them (tunix logs that). Returns ``{mode: registered name}``."""
+    import jax.random
+    from tunix.rl import function_registry
+
+    from prm_jax import losses
+
+    unknown = sorted(set(options) - set(losses.POLICY_LOSS_MODES))
+    if unknown:
+        raise ValueError(f"no policy loss named {unknown}; the modes are {losses.POLICY_LOSS_MODES}")
+    defaults: dict[str, dict[str, Any]] = {"clip_cov": {"key": jax.random.key(0)}, "dro": {"dro_beta": 1e-3}}
+    names = {"ppo_clip": register_loss()}
+    for mode in losses.POLICY_LOSS_MODES:
+        names[mode] = f"{LOSS_PREFIX}{mode}"
+        function_registry.register_policy_loss_fn(names[mode])(
+            tunix_policy_loss(mode, **{**defaults.get(mode, {}), **dict(options.get(mode, {}))}))
+    return names
+
+
+def group_norm_advantages(rewards: Any, num_generations: int) -> np.ndarray:
+    """tunix's advantage-estimator interface (``rewards [B]``, consecutive groups of ``num_generations``)
+    around AReaL's group normalization (``NormConfig("group", "group")``: the group's mean, its unbiased
+    std, ``eps`` 1e-5; a group of one gives 0): what ``compute_advantages`` does to outcome rewards."""
+    from prm_jax.kernels.normalization import normalize
+
+    rewards = np.asarray(rewards, np.float32)
+    if num_generations < 1 or rewards.shape[0] % num_generations:
+        raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of num_generations={num_generations}")
+    sizes = np.full(rewards.shape[0] // num_generations, num_generations, np.int32)
+    return np.asarray(normalize(rewards, norm=NormConfig("group", "group"), group_sizes=sizes))
+
+
+def register_estimators() -> str:
+    """Registers ``group_norm_advantages`` in tunix's advantage-estimator registry as ``prm_jax_group_norm``
+    and returns the name. (prm-jax's per-token estimators need the rollout's tokens, which tunix's
+    estimator interface does not pass: they run through ``ProcessRewardGRPOLearner``.)"""
+    from tunix.rl import function_registry
+
+    function_registry.register_advantage_estimator(ESTIMATOR_NAME)(group_norm_advantages)
+    return ESTIMATOR_NAME
 
 
 def _learner_class() -> type:

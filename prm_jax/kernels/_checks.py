@@ -163,7 +163,8 @@ def locating(on: bool) -> Iterator[None]:
     """Within: ``located`` computes a failed check's details (``on``), or leaves them out of the program
     (zeros): counts only. The caller that leaves them out traces again with them when a count is nonzero
     (``compute_advantages``): each check's search is a conditional branch of its own, and together they
-    were about half of the pipeline's compile time on the CPU, paid by every program for an error path."""
+    were a fifth of the pipeline's trace-and-compile time on the CPU, paid by every program for an error
+    path."""
     token = _LOCATING.set(on)
     try:
         yield

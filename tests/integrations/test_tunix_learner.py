@@ -160,6 +160,56 @@ def test_a_learner_on_areal_loss_trains():
     assert len(examples) == 2 and changed
 
 
+def test_every_loss_is_registered_in_tunix_by_name_and_computes_prm_jax_losses():
+    # Issue 33.1/33.2: a tunix config names prm-jax's losses (GRPOConfig(policy_loss_fn="prm_jax_<mode>")).
+    from tunix.rl import function_registry
+
+    from prm_jax import losses
+    names = adapter.register_losses(dro={"dro_beta": 2e-3})
+    assert set(names) == {"ppo_clip", *losses.POLICY_LOSS_MODES}
+    examples, _, _, learner = run(Silent())
+    config = grpo_learner.GRPOConfig(num_generations=GROUP, beta=0.0)
+    config.temperature = learner.algo_config.temperature
+    model = learner.rl_cluster.actor_trainer.model
+    pad, eos = learner.rl_cluster.rollout.pad_id(), learner.rl_cluster.rollout.eos_id()
+    graphdef, state = nnx.split(model)
+    example = examples[0]
+    logps = common.compute_per_token_logps(graphdef, state, prompt_tokens=example.prompt_ids,
+                                           completion_tokens=example.completion_ids, pad_id=pad, eos_id=eos,
+                                           temperature=config.temperature)
+    old = logps + np.random.default_rng(4).normal(size=logps.shape).astype(np.float32) * 0.2
+    shifted = example.replace(old_per_token_logps=old)
+    advantages = np.broadcast_to(np.asarray(example.advantages, np.float32)[:, None], logps.shape) \
+        if np.ndim(example.advantages) == 1 else np.asarray(example.advantages, np.float32)
+    options = {"dro": {"dro_beta": 2e-3}, "clip_cov": {"key": jax.random.key(0)}}
+    for mode in losses.POLICY_LOSS_MODES:
+        ours, aux = function_registry.get_policy_loss_fn(names[mode])(model, shifted, config, pad, eos)
+        want, _ = losses.policy_loss(logps, old, advantages, np.asarray(example.completion_mask, bool), mode=mode,
+                                     **options.get(mode, {}))
+        np.testing.assert_allclose(float(ours), float(want), rtol=1e-5, atol=1e-6, err_msg=mode)
+        assert set(aux) >= {"pg_loss", "pg_clipfrac", "ppo_kl"}, mode
+    with pytest.raises(ValueError, match="no policy loss named"):
+        adapter.register_losses(ppo={})
+
+
+def test_a_learner_trains_on_a_registered_verl_loss():
+    adapter.register_losses()
+    examples, _, changed, _ = run(PerTokenJudge(), policy_loss_fn="prm_jax_cispo")
+    assert len(examples) == 2 and changed
+
+
+def test_the_group_norm_estimator_is_registered_and_equals_areals_loop():
+    from tunix.rl import function_registry
+    name = adapter.register_estimators()
+    rewards = np.array([1.0, 0.0, 3.0, 3.0, 0.5, 2.0], np.float32)
+    got = function_registry.get_advantage_estimator(name)(rewards=rewards, num_generations=2)
+    r = rewards.astype(np.float64).reshape(-1, 2)
+    want = (r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + 1e-5)  # AReaL: unbiased, eps 1e-5
+    np.testing.assert_allclose(got, want.reshape(-1), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="num_generations"):
+        function_registry.get_advantage_estimator(name)(rewards=rewards, num_generations=4)
+
+
 def example_prompts(example):
     """The prompt text of each row, decoded from tunix's left-padded prompt ids."""
     vocab = tc.MockVocab()

@@ -287,8 +287,8 @@ def test_config_validation_names_the_key(kwargs, key):
 
 
 def test_the_pipeline_compiles_check_counts_only_and_a_failed_check_is_located_by_a_second_trace():
-    # The searches for a failed check's first bad entry were about half of the program's compile time
-    # (2.5 -> 1.2 s for the default plan): the first program holds the counts only, and an eager call whose
+    # The searches for a failed check's first bad entry were a fifth of the program's trace-and-compile time
+    # (benchmarks/bench_compile.py): the first program holds the counts only, and an eager call whose
     # check fails traces the plan again with the searches, so the message still names the entry.
     from prm_jax.kernels import advantages as pipeline
     rng = np.random.default_rng(21)

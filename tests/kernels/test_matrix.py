@@ -7,10 +7,10 @@ Every cell is either refused at configuration, with a message naming both keys (
 (a ``ValueError`` naming it: ``READERS`` below says which stages read what) or changes nothing where none
 does; the cell's numbers are then checked with the input made whole, in the same program.
 
-The 216 configurations are crossed in full; the optional inputs and the other settings that meet them
+The 288 configurations are crossed in full; the optional inputs and the other settings that meet them
 (``kl_ctl``, ``mask_no_eos_with_zero``, ``adv_norm``, the groups) are assigned to the cells by a greedy
 pairwise design, so every pair of values of any two dimensions meets in some cell (asserted). The cells run
-op by op (``jax.disable_jit``): 216 programs would cost 216 compiles of about a second on the CI machine, op
+op by op (``jax.disable_jit``): 288 programs would cost 288 compiles of about a second on the CI machine, op
 by op they cost about 0.1 s each; the compiled path of every estimator is tested in its own module.
 """
 
@@ -24,29 +24,17 @@ import jax
 import numpy as np
 import pytest
 import reference
+from matrix_cases import ESTIMATORS, GROUP, ROWS, SHAPINGS, make_batch
 
 from prm_jax.config import REFUSED_PAIRS, AdvantageConfig, ConfigError, refusals_markdown
 
-ESTIMATORS = {
-    "token_gae": {"gae_lambda": 0.9, "discount": 0.95},
-    "turn_gae": {"gae_timestep_unit": "turn", "gae_lambda": 0.9},
-    # (mean_norm: after decoupled's z-scores an all-equal group's outcomes are float32 noise, which a std
-    # normalization with eps 1e-6 would amplify a millionfold; test_gigpo covers mean_std_norm)
-    "gigpo": {"credit_assignment": {"mode": "gigpo", "step_weight": 0.7, "step_discount": 0.9,
-                                    "norm": "mean_norm", "step_reward": "last"}},
-    "tree": {"credit_assignment": {"mode": "tree", "weighting": "sqrt"}},
-    "pure": {"credit_assignment": {"mode": "pure", "temperature": 0.3, "verifier_coef": 0.5}},
-    "prime": {"credit_assignment": {"mode": "prime", "beta": 0.1, "lam": 0.5, "use_gt": True}},
-}
 TRANSFORMS = {"none": {}, "min_form": {"process_reward_transform": {"mode": "min_form", "temperature": 0.3}},
-              # (level: token meets the estimators and shapings in tests/kernels/test_progress.py)
               "progress": {"process_reward_transform": {"mode": "progress", "gamma": 0.9, "initial": 0.2,
-                                                        "terminal": "outcome"}}}
+                                                        "terminal": "outcome"}},
+              "progress_token": {"process_reward_transform": {"mode": "progress", "gamma": 0.8, "initial": -0.1,
+                                                              "level": "token"}}}
 NORMS = {"none": {}, "group": {"reward_norm": {"mean_level": "group", "std_level": "group"}},
          "decoupled": {"reward_norm": {"mode": "decoupled", "eps": 1e-4}}}
-SHAPINGS = {"additive": {}, "gvpo": {"advantage_shaping": {"mode": "gvpo"}},
-            "process_weighted": {"advantage_shaping": {"mode": "process_weighted"}},
-            "fold": {"token_rewards_as_adv": False}}
 CONFIG_DIMS = {"estimator": ESTIMATORS, "transform": TRANSFORMS, "norm": NORMS, "shaping": SHAPINGS}
 
 # The optional inputs and their states, and the other settings that meet them.
@@ -63,11 +51,12 @@ def settings(cell: dict) -> dict:
     """The cell's setting of each key that REFUSED_PAIRS names, as written in the actor section."""
     estimator, transform = cell["estimator"], cell["transform"]
     credit = ESTIMATORS[estimator].get("credit_assignment", {}).get("mode")
-    return {"credit_assignment.mode": credit, "process_reward_transform.mode": None if transform == "none" else transform,
+    written = TRANSFORMS[transform].get("process_reward_transform", {})
+    return {"credit_assignment.mode": credit, "process_reward_transform.mode": written.get("mode"),
             "advantage_shaping.mode": "additive" if cell["shaping"] == "fold" else cell["shaping"],
             "token_rewards_as_adv": cell["shaping"] != "fold",
-            "process_reward_transform.level": TRANSFORMS[transform].get("process_reward_transform", {}).get(
-                "level", "turn" if transform == "progress" else None),
+            "process_reward_transform.level": written.get("level", "turn" if written.get("mode") == "progress"
+                                                          else None),
             "gae_timestep_unit": ESTIMATORS[estimator].get("gae_timestep_unit", "token"),
             "mask_no_eos_with_zero": cell["mask_no_eos_with_zero"]}
 
@@ -132,62 +121,7 @@ def test_the_design_covers_every_pair():
     assert {tuple(cell[d] for d in CONFIG_DIMS) for cell in CELLS} == set(itertools.product(*CONFIG_DIMS.values()))
 
 
-# --- the batch: rows of groups whose turns are paths of each group's session tree --------------------------
-
-ROWS, WIDTH, GROUP = 6, 24, 3
-
-
-def make_batch(rng: np.random.Generator) -> dict:
-    """Two groups of three rows; each row a prompt then 2-3 turns separated by tool tokens, one turn with a hole
-    in its loss mask (tunix's pad inside a completion); each group's rows are root-to-leaf paths of one tree
-    (they share their first turns); every optional input filled (``with_states`` removes or breaks them).
-    Every batch has the same shapes (``node_parents`` padded): op by op, each primitive compiles once."""
-    attention = np.zeros((ROWS, WIDTH), np.int32)
-    loss = np.zeros((ROWS, WIDTH), np.int32)
-    turn_ids = np.full((ROWS, WIDTH), -1, np.int32)
-    turns_of = []
-    for b in range(ROWS):
-        pos, turns = 1 + int(rng.integers(0, 2)), int(rng.integers(2, 4))
-        for k in range(turns):
-            n = int(rng.integers(2, 5))
-            loss[b, pos:pos + n], turn_ids[b, pos:pos + n] = 1, k
-            pos += n + int(rng.integers(1, 3))
-        attention[b, :min(pos - 1, WIDTH)] = 1
-        turns_of.append(turns)
-    hole = np.flatnonzero(turn_ids[2] == 0)
-    loss[2, hole[1]] = 0  # a hole inside row 2's first turn
-    uniform = rng.uniform(0.05, 0.95, (ROWS, 4))  # per-turn process rewards in [0, 1] (process_weighted)
-    token_rewards = np.where(turn_ids >= 0, np.take_along_axis(uniform, np.maximum(turn_ids, 0), axis=1), 0.0)
-    # Trees: row b's turn k is node (group, shared prefix, k) while it shares row b-1's first s turns.
-    node_ids = np.full((ROWS, 4), -1, np.int32)
-    parents: list[int] = []
-    for g in range(ROWS // GROUP):
-        previous: list[int] = []
-        for b in range(g * GROUP, (g + 1) * GROUP):
-            shared = 0 if not previous else int(rng.integers(0, min(len(previous), turns_of[b]) ))
-            path = previous[:shared]
-            for _ in range(shared, turns_of[b]):
-                parents.append(path[-1] if path else -1)
-                path.append(len(parents) - 1)
-            node_ids[b, :len(path)] = path
-            previous = path
-    ref = (-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32)
-    return dict(attention_mask=attention, loss_mask=loss, turn_ids=turn_ids,
-                logprobs=(-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32),
-                rewards=rng.choice([0.0, 1.0], ROWS).astype(np.float32),
-                values=rng.normal(0, 0.5, (ROWS, WIDTH)).astype(np.float32), ref_logprobs=ref,
-                prox_logprobs=(-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32),
-                prm_logprobs=(ref + rng.normal(0, 0.2, ref.shape)).astype(np.float32),
-                token_rewards=token_rewards.astype(np.float32),
-                gae_lambda=rng.uniform(0.5, 1.0, ROWS).astype(np.float32),
-                turn_rewards=rng.normal(0, 1, (ROWS, 4)).astype(np.float32),
-                anchor_ids=rng.integers(0, 2, (ROWS, 4)).astype(np.int32),
-                reward_sources=rng.normal(0, 1, (ROWS, 2)).astype(np.float32),
-                node_ids=node_ids, node_parents=np.array(parents + [-1] * (ROWS * 4 + 2 - len(parents)), np.int32),
-                is_truncated=rng.random(ROWS) < 0.4,
-                token_reward_mask=np.where(turn_ids >= 0, rng.random((ROWS, 4))[np.arange(ROWS)[:, None],
-                                                                              np.maximum(turn_ids, 0)] < 0.7, True))
-
+# --- the batch: tests/matrix_cases.py's make_batch -----------------------------------------------------
 
 def first_trained(batch: dict, row: int) -> int:
     """A trained timestep of ``row`` (a timestep t predicts position t + 1)."""
@@ -251,6 +185,7 @@ def reads(cell: dict, key: str) -> bool:
     with_process = cell["token_rewards"] != "absent"
     turns_read = (estimator in ("turn_gae", "gigpo", "tree", "pure")
                   or (with_process and (cell["transform"] in ("min_form", "progress") or cell["shaping"] == "fold")))
+    # (progress_token reads no turns: its steps are the trained timesteps)
     return {"values": True, "prox_logprobs": True, "token_rewards": True, "gae_lambda": True,
             "ref_logprobs": cell["kl_ctl"] != 0 or estimator == "prime",
             "prm_logprobs": estimator == "prime",

@@ -25,6 +25,7 @@ from prm_jax.kernels.verl_losses import (
     gspo_sequence_loss,
     kl_cov_loss,
     policy_loss,
+    policy_loss_options,
     sapo_loss,
     vanilla_ppo_loss,
 )
@@ -32,4 +33,4 @@ from prm_jax.kernels.verl_losses import (
 __all__ = ["LOSS_AGG_MODES", "PPOLossStats", "logprobs_on_timesteps", "ppo_clip_loss", "VERL_AGG_MODES",
            "PolicyLossStats", "gspo_loss", "geo_mean_loss", "dppo_tv_loss", "dppo_kl_loss", "clip_cov_loss",
            "kl_cov_loss", "gpg_loss", "dro_loss", "cispo_loss", "sapo_loss", "vanilla_ppo_loss", "policy_loss",
-           "POLICY_LOSS_MODES", "gspo_sequence_loss", "TRL_LOSS_TYPES", "SequenceClipStats"]
+           "policy_loss_options", "POLICY_LOSS_MODES", "gspo_sequence_loss", "TRL_LOSS_TYPES", "SequenceClipStats"]

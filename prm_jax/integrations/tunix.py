@@ -240,22 +240,24 @@ def tunix_policy_loss(mode: str, **options: Any) -> Callable[..., tuple[Any, dic
 
     As ``tunix_ppo_loss``: tunix's per-token log-probs, ``old_per_token_logps`` (or the log-probs,
     stopped: on-policy) as the proximal ones, a ``[B]`` advantage broadcast over the completion, tunix's
-    ``loss_agg_mode`` (its three names mapped to verl's), and ``beta`` must be 0.
+    ``loss_agg_mode`` (its three names mapped to verl's; ``geo_mean``, GMPO, aggregates each sequence itself
+    and ignores it), and ``beta`` must be 0.
     """
     from prm_jax import losses
 
     if mode not in losses.POLICY_LOSS_MODES:
         raise ValueError(f"mode must be one of {losses.POLICY_LOSS_MODES}, got {mode!r}")
+    aggregates = "loss_agg_mode" in losses.policy_loss_options(mode)  # (geo_mean aggregates per sequence itself)
 
     def loss_fn(model: Any, train_example: Any, algo_config: Any, pad_id: int, eos_id: int,
                 **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         if algo_config.beta != 0.0:
             raise ValueError(f"{LOSS_PREFIX}{mode} has no KL term: set GRPOConfig(beta=0.0), got beta={algo_config.beta}")
-        if algo_config.loss_agg_mode not in _VERL_AGG:
+        if aggregates and algo_config.loss_agg_mode not in _VERL_AGG:
             raise ValueError(f"{LOSS_PREFIX}{mode} aggregates as {sorted(_VERL_AGG)}, got {algo_config.loss_agg_mode!r}")
         logprobs, proximal, advantages, mask = _tunix_loss_inputs(model, train_example, algo_config, pad_id, eos_id)
-        loss, stats = losses.policy_loss(logprobs, proximal, advantages, mask, mode=mode,
-                                         loss_agg_mode=_VERL_AGG[algo_config.loss_agg_mode], **options)
+        aggregation = {"loss_agg_mode": _VERL_AGG[algo_config.loss_agg_mode]} if aggregates else {}
+        loss, stats = losses.policy_loss(logprobs, proximal, advantages, mask, mode=mode, **aggregation, **options)
         return loss, {"kl": 0.0, "pg_loss": loss, "pg_clipfrac": stats.pg_clipfrac,
                       "pg_clipfrac_lower": stats.pg_clipfrac_lower, "ppo_kl": stats.ppo_kl}
 

@@ -583,10 +583,16 @@ def policy_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: A
     """The loss verl's ``actor.policy_loss.loss_mode`` names (``POLICY_LOSS_MODES``), with its keyword
     ``options`` (that loss's own names: ``clip_ratio_low``, ``loss_agg_mode``, ``dro_beta``, ...; an option
     the loss does not take is refused, naming it). Returns ``(loss, PolicyLossStats)``."""
-    one_of("mode", mode, POLICY_LOSS_MODES)
-    fn = _POLICY_LOSSES[mode]
-    accepted = set(inspect.signature(fn).parameters) - {"logprobs", "proximal_logprobs", "advantages", "loss_mask"}
+    accepted = policy_loss_options(mode)
     unknown = sorted(set(options) - accepted)
     if unknown:
         raise TypeError(f"policy_loss(mode={mode!r}) takes no option {unknown}; it takes {sorted(accepted)}")
-    return fn(logprobs, proximal_logprobs, advantages, loss_mask, **options)
+    return _POLICY_LOSSES[mode](logprobs, proximal_logprobs, advantages, loss_mask, **options)
+
+
+def policy_loss_options(mode: PolicyLossMode) -> frozenset[str]:
+    """The keyword options ``policy_loss(..., mode=mode)`` takes (its loss's own: ``geo_mean`` has no
+    ``loss_agg_mode``, GMPO aggregating each sequence itself)."""
+    one_of("mode", mode, POLICY_LOSS_MODES)
+    arrays = {"logprobs", "proximal_logprobs", "advantages", "loss_mask"}
+    return frozenset(inspect.signature(_POLICY_LOSSES[mode]).parameters) - arrays

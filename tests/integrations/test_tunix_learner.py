@@ -168,7 +168,8 @@ def test_every_loss_is_registered_in_tunix_by_name_and_computes_prm_jax_losses()
     names = adapter.register_losses(dro={"dro_beta": 2e-3})
     assert set(names) == {"ppo_clip", *losses.POLICY_LOSS_MODES}
     examples, _, _, learner = run(Silent())
-    config = grpo_learner.GRPOConfig(num_generations=GROUP, beta=0.0)
+    # tunix's "sequence-mean-token-mean" is verl's "seq-mean-token-mean" (the mapping is part of what is tested)
+    config = grpo_learner.GRPOConfig(num_generations=GROUP, beta=0.0, loss_agg_mode="sequence-mean-token-mean")
     config.temperature = learner.algo_config.temperature
     model = learner.rl_cluster.actor_trainer.model
     pad, eos = learner.rl_cluster.rollout.pad_id(), learner.rl_cluster.rollout.eos_id()
@@ -184,8 +185,9 @@ def test_every_loss_is_registered_in_tunix_by_name_and_computes_prm_jax_losses()
     options = {"dro": {"dro_beta": 2e-3}, "clip_cov": {"key": jax.random.key(0)}}
     for mode in losses.POLICY_LOSS_MODES:
         ours, aux = function_registry.get_policy_loss_fn(names[mode])(model, shifted, config, pad, eos)
+        aggregation = {"loss_agg_mode": "seq-mean-token-mean"} if mode != "geo_mean" else {}  # (GMPO's own)
         want, _ = losses.policy_loss(logps, old, advantages, np.asarray(example.completion_mask, bool), mode=mode,
-                                     **options.get(mode, {}))
+                                     **aggregation, **options.get(mode, {}))
         np.testing.assert_allclose(float(ours), float(want), rtol=1e-5, atol=1e-6, err_msg=mode)
         assert set(aux) >= {"pg_loss", "pg_clipfrac", "ppo_kl"}, mode
     with pytest.raises(ValueError, match="no policy loss named"):

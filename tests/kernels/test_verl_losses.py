@@ -365,3 +365,19 @@ def test_gspo_sequence_dapo_divides_by_num_items_in_batch_when_given():
         bnpo, rel=1e-6)
     assert float(gspo_sequence_loss(logp, old, adv, mask, loss_type="dapo", num_items_in_batch=2 * n)[0]) == pytest.approx(
         bnpo / 2, rel=1e-6)
+
+
+def test_policy_loss_options_are_what_each_mode_takes():
+    # One declaration: policy_loss refuses exactly the options policy_loss_options does not list (the tunix
+    # adapter reads it: geo_mean, GMPO, aggregates each sequence itself and takes no loss_agg_mode).
+    from prm_jax.losses import POLICY_LOSS_MODES, policy_loss, policy_loss_options
+    for mode in POLICY_LOSS_MODES:
+        options = policy_loss_options(mode)
+        assert ("loss_agg_mode" in options) == (mode != "geo_mean"), mode
+        assert "rollout_is_weights" in options, mode
+    assert "dro_beta" in policy_loss_options("dro") and "key" in policy_loss_options("clip_cov")
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(TypeError, match="takes no option"):
+        policy_loss(x, x, x, np.ones((2, 3), bool), mode="geo_mean", loss_agg_mode="token-mean")
+    with pytest.raises(ValueError, match="mode"):
+        policy_loss_options("ppo")

@@ -15,7 +15,8 @@ if not os.environ.get("PRM_JAX_DOCS_TEST"):
 
 # The end-to-end tests: the command line run as a user runs it (most in processes of their own: signals,
 # exits, outputs), the examples, the multi-device processes, the native library built from the sources, the
-# benchmark scripts. Marked ``e2e``: ``python3 dev.py e2e`` runs them, a CI step of their own;
+# benchmark scripts (and a test elsewhere marked ``e2e`` itself). Marked ``e2e``: ``python3 dev.py e2e`` runs
+# them, a CI step of their own;
 # ``python3 dev.py test`` runs the rest (``-m "not e2e"``); plain ``pytest`` runs both.
 E2E_FILES = ("app/test_cli.py", "app/test_cli_credit.py", "app/test_cli_faults.py", "app/test_cli_input.py",
              "app/test_doctor.py", "app/test_host_path.py", "app/test_outputs.py", "app/test_serving_cli.py",

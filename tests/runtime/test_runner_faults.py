@@ -287,6 +287,7 @@ async def test_an_outer_cancellation_still_cancels():
 
 # --- 10.15 the native kernel's first build --------------------------------------------------------------
 
+@pytest.mark.e2e  # (a source build of the native library in a process of its own: python3 dev.py e2e)
 @pytest.mark.skipif(find_compiler() is None, reason="no C++ compiler")
 def test_the_native_build_is_published_only_when_finished_and_built_once(tmp_path):
     script = textwrap.dedent("""

@@ -22,6 +22,7 @@ import argparse
 import ctypes
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -33,17 +34,26 @@ from prm_jax.kernels import gae
 from prm_jax.native import ffi
 
 
-def median_ms(rows: int, width: int, repeats: int) -> float:
+def gae_inputs(rows: int, width: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The timed GAE's ``(rewards, values, mask)``: the same arrays for every measurement."""
     rng = np.random.default_rng(0)
-    rewards = jax.device_put(rng.normal(size=(rows, width)).astype(np.float32))
-    values = jax.device_put(rng.normal(size=(rows, width)).astype(np.float32))
-    mask = jax.device_put(rng.random((rows, width)) < 0.9)
-    step = jax.jit(lambda r, v, m: gae(r, v, m, gamma=0.99, lam=0.95, method="auto").advantages)
-    step(rewards, values, mask).block_until_ready()
+    rewards, values = (jax.device_put(rng.normal(size=(rows, width)).astype(np.float32)) for _ in range(2))
+    return rewards, values, jax.device_put(rng.random((rows, width)) < 0.9)
+
+
+def gae_step() -> Callable[..., jax.Array]:
+    """A fresh jitted ``gae(..., method="auto")`` (its own trace: the native target is read when tracing)."""
+    return jax.jit(lambda r, v, m: gae(r, v, m, gamma=0.99, lam=0.95, method="auto").advantages)
+
+
+def median_ms(rows: int, width: int, repeats: int) -> float:
+    inputs = gae_inputs(rows, width)
+    step = gae_step()
+    step(*inputs).block_until_ready()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        step(rewards, values, mask).block_until_ready()
+        step(*inputs).block_until_ready()
         times.append(time.perf_counter() - start)
     return float(np.median(times) * 1e3)
 
@@ -53,15 +63,12 @@ def against_ms(library: str, rows: int, width: int, repeats: int) -> dict[str, f
     target = f"{ffi.TARGET}_against"
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(ctypes.cdll.LoadLibrary(library).PrmJaxGaeF32),
                                 platform="cpu")
-    rng = np.random.default_rng(0)
-    rewards, values = (jax.device_put(rng.normal(size=(rows, width)).astype(np.float32)) for _ in range(2))
-    mask = jax.device_put(rng.random((rows, width)) < 0.9)
-    ours = jax.jit(lambda r, v, m: gae(r, v, m, gamma=0.99, lam=0.95, method="auto").advantages)
-    theirs = jax.jit(lambda r, v, m: gae(r, v, m, gamma=0.99, lam=0.95, method="auto").advantages)
-    ours(rewards, values, mask).block_until_ready()
+    inputs = gae_inputs(rows, width)
+    ours, theirs = gae_step(), gae_step()
+    ours(*inputs).block_until_ready()
     packaged, ffi.TARGET = ffi.TARGET, target  # read when tracing: `theirs` calls the other library
     try:
-        np.testing.assert_array_equal(np.asarray(theirs(rewards, values, mask)), np.asarray(ours(rewards, values, mask)))
+        np.testing.assert_array_equal(np.asarray(theirs(*inputs)), np.asarray(ours(*inputs)))
     finally:
         ffi.TARGET = packaged
     times = np.empty((repeats, 2))  # [:, 0] this install's, [:, 1] the other library's
@@ -69,7 +76,7 @@ def against_ms(library: str, rows: int, width: int, repeats: int) -> dict[str, f
     for i in range(repeats):
         for j in ((0, 1) if i % 2 else (1, 0)):  # each goes first half the time
             start = time.perf_counter()
-            steps[j](rewards, values, mask).block_until_ready()
+            steps[j](*inputs).block_until_ready()
             times[i, j] = time.perf_counter() - start
     return {"median_ms": float(np.median(times[:, 0]) * 1e3), "against_ms": float(np.median(times[:, 1]) * 1e3),
             "ratio": float(np.median(times[:, 0] / times[:, 1]))}

@@ -213,12 +213,15 @@ def _sizes_of(batch, rows):
 
 def compute_advantages(batch, cfg):
     """The advantage pipeline step by step. ``cfg`` is a plain dict of AdvantageConfig fields (norms as dicts;
-    ``credit_assignment``, ``process_reward_transform`` and a decoupled ``reward_norm`` as ``{mode: ...}``)."""
+    ``credit_assignment``, ``process_reward_transform`` and a decoupled ``reward_norm`` as ``{mode: ...}``;
+    the shaping as ``shaping`` or, as AdvantageConfig names it, ``advantage_shaping``)."""
     c = dict(discount=1.0, gae_lambda=1.0, kl_ctl=0.1, kl_estimator="k1", reward_bias=0.0, reward_scaling=1.0,
              reward_clip=20.0, mask_no_eos_with_zero=False, token_rewards_as_adv=True, gae_timestep_unit="token",
              reward_norm=None, adv_norm=None, shaping=dict(mode="additive"), max_turns=None,
              overlong_reward_penalty=False, credit_assignment=None, process_reward_transform=None)
     c.update(cfg)
+    if "advantage_shaping" in c:
+        c["shaping"] = dict(c.pop("advantage_shaping"))
     credit = dict(c["credit_assignment"] or {})
     mode = credit.pop("mode", None)
     attention = np.asarray(batch["attention_mask"]).astype(bool)

@@ -99,15 +99,14 @@ def update(policy: Policy, optimizer: nnx.Optimizer, batch: dict, config: prm_ja
     """One policy-gradient step on the batch's advantages (GRPO: no critic, group-normalized outcome
     rewards), with the loss ``loss`` (``LOSSES``; PPO clip by default)."""
     adv = prm_jax.compute_advantages(batch, config)  # config is static: one compile
-    name = loss
 
     def loss_fn(policy):
-        return policy_loss(name, policy_logprobs(policy, batch["input_ids"]), adv.logprobs, adv.advantages,
+        return policy_loss(loss, policy_logprobs(policy, batch["input_ids"]), adv.logprobs, adv.advantages,
                            adv.loss_mask)
 
-    loss, grads = nnx.value_and_grad(loss_fn)(policy)
+    value, grads = nnx.value_and_grad(loss_fn)(policy)
     optimizer.update(policy, grads)
-    return loss, adv.advantages, adv.loss_mask, adv.diagnostics
+    return value, adv.advantages, adv.loss_mask, adv.diagnostics
 
 
 def train(mode: str = "gvpo", steps: int = 100, seed: int = 0, prompts: int = 16, group: int = 8,

@@ -41,6 +41,7 @@ from prm_jax.kernels import compute_advantages
 from prm_jax.kernels.normalization import NormConfig
 from prm_jax.kernels.policy_loss import LossAggMode
 from prm_jax.kernels.shaping import ShapingConfig
+from prm_jax.kernels.verl_losses import PolicyLossMode
 from prm_jax.runtime.arrays import ScoredArrays
 from prm_jax.runtime.blocking import BlockingRunner
 from prm_jax.runtime.trajectory import TOKEN_ID_RANGE, stray_token_id
@@ -184,7 +185,7 @@ def default_ctx(prompts: Sequence[str], completions: Sequence[str]) -> list[Mapp
 
 LOSS_NAME = "prm_jax_ppo"  # GRPOConfig(policy_loss_fn=LOSS_NAME) after register_loss()
 _AGG_MODES: dict[str, LossAggMode] = {"token-mean": "token-mean", "sequence-mean-token-mean": "seq-mean-token-mean",
-              "seq-mean-token-sum": "seq-mean-token-sum"}  # tunix's names -> prm_jax.losses' names
+              "seq-mean-token-sum": "seq-mean-token-sum"}  # tunix's names -> prm_jax.losses' (and verl's)
 
 
 def tunix_ppo_loss(model: Any, train_example: Any, algo_config: Any, pad_id: int, eos_id: int,
@@ -198,11 +199,8 @@ def tunix_ppo_loss(model: Any, train_example: Any, algo_config: Any, pad_id: int
     """
     from prm_jax import losses
 
-    if algo_config.beta != 0.0:
-        raise ValueError(f"{LOSS_NAME} has no KL term: set GRPOConfig(beta=0.0), got beta={algo_config.beta}")
-    if algo_config.loss_agg_mode not in _AGG_MODES:
-        raise ValueError(f"{LOSS_NAME} aggregates as {sorted(_AGG_MODES)}, got {algo_config.loss_agg_mode!r}")
-    logprobs, proximal, advantages, mask = _tunix_loss_inputs(model, train_example, algo_config, pad_id, eos_id)
+    logprobs, proximal, advantages, mask = _tunix_loss_inputs(LOSS_NAME, model, train_example, algo_config, pad_id,
+                                                              eos_id)
     loss, stats = losses.ppo_clip_loss(
         logprobs, proximal, advantages, mask,
         eps_clip=algo_config.epsilon, eps_clip_higher=getattr(algo_config, "epsilon_high", None),
@@ -229,11 +227,9 @@ def register_loss() -> str:
 # advantage_estimator="prm_jax_group_norm").
 LOSS_PREFIX = "prm_jax_"
 ESTIMATOR_NAME = "prm_jax_group_norm"
-_VERL_AGG: dict[str, str] = {"token-mean": "token-mean", "sequence-mean-token-mean": "seq-mean-token-mean",
-                             "seq-mean-token-sum": "seq-mean-token-sum"}  # tunix's names -> verl's
 
 
-def tunix_policy_loss(mode: str, **options: Any) -> Callable[..., tuple[Any, dict[str, Any]]]:
+def tunix_policy_loss(mode: PolicyLossMode, **options: Any) -> Callable[..., tuple[Any, dict[str, Any]]]:
     """tunix's policy-loss interface around ``prm_jax.losses.policy_loss(..., mode=mode, **options)`` (verl's
     loss of that ``loss_mode``, its options with verl's names: ``clip_ratio_low``, ``dro_beta``, a
     ``key`` for ``clip_cov``, ...; an option the loss does not take is refused when the loss first runs).
@@ -245,31 +241,34 @@ def tunix_policy_loss(mode: str, **options: Any) -> Callable[..., tuple[Any, dic
     """
     from prm_jax import losses
 
-    if mode not in losses.POLICY_LOSS_MODES:
-        raise ValueError(f"mode must be one of {losses.POLICY_LOSS_MODES}, got {mode!r}")
     aggregates = "loss_agg_mode" in losses.policy_loss_options(mode)  # (geo_mean aggregates per sequence itself)
+    name = f"{LOSS_PREFIX}{mode}"
 
     def loss_fn(model: Any, train_example: Any, algo_config: Any, pad_id: int, eos_id: int,
                 **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        if algo_config.beta != 0.0:
-            raise ValueError(f"{LOSS_PREFIX}{mode} has no KL term: set GRPOConfig(beta=0.0), got beta={algo_config.beta}")
-        if aggregates and algo_config.loss_agg_mode not in _VERL_AGG:
-            raise ValueError(f"{LOSS_PREFIX}{mode} aggregates as {sorted(_VERL_AGG)}, got {algo_config.loss_agg_mode!r}")
-        logprobs, proximal, advantages, mask = _tunix_loss_inputs(model, train_example, algo_config, pad_id, eos_id)
-        aggregation = {"loss_agg_mode": _VERL_AGG[algo_config.loss_agg_mode]} if aggregates else {}
+        logprobs, proximal, advantages, mask = _tunix_loss_inputs(name, model, train_example, algo_config, pad_id,
+                                                                  eos_id, aggregates=aggregates)
+        aggregation = {"loss_agg_mode": _AGG_MODES[algo_config.loss_agg_mode]} if aggregates else {}
         loss, stats = losses.policy_loss(logprobs, proximal, advantages, mask, mode=mode, **aggregation, **options)
         return loss, {"kl": 0.0, "pg_loss": loss, "pg_clipfrac": stats.pg_clipfrac,
                       "pg_clipfrac_lower": stats.pg_clipfrac_lower, "ppo_kl": stats.ppo_kl}
 
-    loss_fn.__name__ = f"{LOSS_PREFIX}{mode}"
+    loss_fn.__name__ = name
     return loss_fn
 
 
-def _tunix_loss_inputs(model: Any, train_example: Any, algo_config: Any, pad_id: int,
-                       eos_id: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """``(logprobs, proximal, advantages [B, C], mask)`` of a tunix ``TrainExample`` (see ``tunix_ppo_loss``)."""
+def _tunix_loss_inputs(name: str, model: Any, train_example: Any, algo_config: Any, pad_id: int, eos_id: int, *,
+                       aggregates: bool = True) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(logprobs, proximal, advantages [B, C], mask)`` of a tunix ``TrainExample`` (see ``tunix_ppo_loss``),
+    after the checks of tunix's config every loss ``name`` makes: no KL term, and (where it ``aggregates``
+    by ``loss_agg_mode``) one of the three aggregations both sides name."""
     from flax import nnx
     from tunix.rl import common
+
+    if algo_config.beta != 0.0:
+        raise ValueError(f"{name} has no KL term: set GRPOConfig(beta=0.0), got beta={algo_config.beta}")
+    if aggregates and algo_config.loss_agg_mode not in _AGG_MODES:
+        raise ValueError(f"{name} aggregates as {sorted(_AGG_MODES)}, got {algo_config.loss_agg_mode!r}")
 
     graphdef, state = nnx.split(model)
     logprobs = common.compute_per_token_logps(

@@ -32,6 +32,7 @@ from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from prm_jax.kernels.turns import TurnSteps, first_at_or_after
 from prm_jax.validation import ConfigError, finite_number, one_of
@@ -70,11 +71,6 @@ def _shift_right(x: jax.Array, fill: jax.Array) -> jax.Array:
     return jnp.concatenate([jnp.broadcast_to(fill, x.shape[:-1] + (1,)).astype(x.dtype), x[..., :-1]], axis=-1)
 
 
-def _shift_left(x: jax.Array, fill: jax.Array) -> jax.Array:
-    """``x`` at ``t + 1`` along the last axis, ``fill`` at the last ``t``."""
-    return jnp.concatenate([x[..., 1:], jnp.broadcast_to(fill, x.shape[:-1] + (1,)).astype(x.dtype)], axis=-1)
-
-
 def _last_at_or_before(x: jax.Array, where: jax.Array, method: str) -> jax.Array:
     """``[B, T]``: ``x`` at the last timestep at or before ``t`` where ``where`` holds, 0 where none does
     (``first_at_or_after`` on the reversed rows: exact, one scan)."""
@@ -89,20 +85,22 @@ def progress_rewards(process: jax.Array, steps: jax.Array, scored: jax.Array, ou
     ``process`` holds each step's score at its marked timestep; ``scored`` says which marked timesteps hold
     one; ``outcome`` is ``[B]``. The carried potential is a forward fill over the row (exact: no
     arithmetic on the scores), so each marked timestep reads ``Phi`` after its step (``carried``) and
-    before it (the carry at the previous timestep).
+    before it (the carry at the previous timestep); where the fill has found nothing yet, and which step is
+    a row's last, are positions against a row's first scored step and its last step (reductions).
     """
     dtype = process.dtype
-    zero, one = jnp.zeros((), dtype), jnp.ones((), dtype)
+    zero = jnp.zeros((), dtype)
     initial = jnp.asarray(transform.initial, dtype)
     given = steps & scored
+    position = lax.broadcasted_iota(jnp.int32, steps.shape, steps.ndim - 1)
+    width = steps.shape[-1]
+    first_scored = jnp.min(jnp.where(given, position, width), axis=-1, keepdims=True)
+    last_step = jnp.max(jnp.where(steps, position, -1), axis=-1, keepdims=True)
     value = _last_at_or_before(jnp.where(given, process, zero), given, method)
-    found = _last_at_or_before(jnp.where(given, one, zero), given, method) > zero
-    carried = jnp.where(found, value, initial)                        # Phi after the last step at or before t
+    carried = jnp.where(position >= first_scored, value, initial)    # Phi after the last step at or before t
     before = _shift_right(carried, initial)                           # Phi before the step that ends at t
-    # A step is the row's last where no step follows it (one at or after t + 1).
-    follows = _shift_left(first_at_or_after(jnp.where(steps, one, zero), steps, method), zero) > zero
     terminal = zero if transform.terminal == "zero" else outcome[:, None].astype(dtype)
-    after = jnp.where(follows, carried, terminal)
+    after = jnp.where(position < last_step, carried, terminal)        # a row's last step leaves the terminal
     return jnp.where(steps, jnp.asarray(transform.gamma, dtype) * after - before, zero)
 
 

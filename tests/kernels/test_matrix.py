@@ -203,12 +203,6 @@ def expected_refusals(cell: dict) -> set[str]:
     return refused
 
 
-def reference_config(cell: dict) -> dict:
-    fields = config_fields(cell)
-    shaping = fields.pop("advantage_shaping", {"mode": "additive"})
-    return {**fields, "shaping": dict(shaping)}
-
-
 @pytest.mark.parametrize("chunk", range(4))
 def test_every_cell_is_refused_or_equals_the_float64_loop(chunk):
     rng = np.random.default_rng(2900 + chunk)
@@ -240,7 +234,7 @@ def test_every_cell_is_refused_or_equals_the_float64_loop(chunk):
                     continue  # a required input is missing: there are no numbers to check
             from prm_jax import compute_advantages
             out = compute_advantages(batch, config)
-        want = reference.compute_advantages(batch, reference_config(cell))
+        want = reference.compute_advantages(batch, config_fields(cell))
         for field in ("advantages", "returns", "tot_rewards", "kl_rewards"):
             np.testing.assert_allclose(np.asarray(getattr(out, field)), want[field], rtol=3e-4, atol=3e-4,
                                        err_msg=f"{field} of {cell}")

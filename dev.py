@@ -38,6 +38,14 @@ KERNEL_TESTS = ["tests/kernels"]  # the kernel floor, on the oldest supported ja
 # their compiled programs and warm-ups).
 PARALLEL = ["-n", "auto", "--dist", "loadfile"]
 INTEGRATION_TESTS = ["tests/integrations"]  # run in the main suite too, where tunix's own are skipped
+# The main suite compiles with XLA:CPU's code generation made cheap (LLVM's optimizations off, XLA's
+# elemental emitters): its ~2,800 small programs compile in half the time (the suite 578 -> 271 s in a
+# clean clone on two cores), and it tests the same computations, each still checked against its float64
+# loop (results may differ from a default build in the last bits: no fused multiply-add). Every other step
+# compiles as users do: the end-to-end tests, the floor (the kernel tests again, at the default settings),
+# the wheel, tunix, the docs and the benchmarks.
+SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true",
+                   "--xla_cpu_use_fusion_emitters=false")
 
 
 def _python(env: Path = VENV) -> Path:
@@ -91,7 +99,11 @@ def main(argv: list[str]) -> int:
     python = _ensure_env("test,example")
     if command in ("test", "e2e"):
         marks = "not e2e" if command == "test" else "e2e"  # tests/conftest.py's E2E_FILES
-        return subprocess.run([str(python), "-m", "pytest", *PARALLEL, "-m", marks, *rest], cwd=ROOT).returncode
+        env = dict(os.environ)
+        if command == "test":
+            env["XLA_FLAGS"] = " ".join([*SUITE_XLA_FLAGS, os.environ.get("XLA_FLAGS", "")]).strip()
+        return subprocess.run([str(python), "-m", "pytest", *PARALLEL, "-m", marks, *rest], cwd=ROOT,
+                              env=env).returncode
     if command == "wheel":
         env = dict(os.environ, PRM_JAX_WHEEL_TEST="1")
         return subprocess.run([str(python), "-m", "pytest", "-q", "-s", "tests/wheel", *rest], cwd=ROOT,

@@ -204,8 +204,8 @@ class AdvantagePlan:
                 raise ValueError("the plan's strategy runs the GAE as a cumulative sum (ScanStrategy.gae='cumsum'),"
                                  " which is exact only for gamma * lam == 1: not for this plan and batch")
             return self
-        return dataclasses.replace(self, strategy=resolve_strategy(self.gae_method, unit_discount=unit_discount,
-                                                                   sharded=jax.device_count() > 1))
+        return _with_strategy(self, resolve_strategy(self.gae_method, unit_discount=unit_discount,
+                                                     sharded=jax.device_count() > 1))
 
     @property
     def estimator_spec(self) -> EstimatorSpec:
@@ -721,6 +721,13 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
                     "process/positive_share": share(process > 0),
                     "process/outside_unit_share": share(~((process >= 0) & (process <= 1)))})
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _with_strategy(plan: AdvantagePlan, strategy: ScanStrategy) -> AdvantagePlan:
+    """``plan`` holding ``strategy``: one object per pair, so a call that resolves to the plan of the call
+    before finds its program by identity (a new copy cost ``jit`` a field-by-field comparison, ~20 us)."""
+    return dataclasses.replace(plan, strategy=strategy)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "locate"))

@@ -218,6 +218,8 @@ def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma:
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     method = resolve_method(method, unit_discount=is_unit_discount(gamma, lam))
+    if method != "blocked":
+        block_size = DEFAULT_BLOCK_SIZE  # read by ``blocked`` only: another value would only compile again
     output, checks = _gae_jit(rewards, values, mask, gamma, lam, bootstrap, method=method, block_size=block_size)
     _checks.raise_value_checks(checks, callback=True)
     return output

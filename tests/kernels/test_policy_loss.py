@@ -51,7 +51,7 @@ def test_gradients_flow_through_logprobs_only_and_vanish_where_clipped():
     prox = jnp.zeros((1, 3), jnp.float32)
     adv = jnp.array([[1.0, 1.0, -1.0]], jnp.float32)
     mask = jnp.ones((1, 3), bool)
-    grad = jax.grad(lambda lp, pr, a: ppo_clip_loss(lp, pr, a, mask)[0], argnums=(0, 1, 2))(logp, prox, adv)
+    grad = jax.jit(jax.grad(lambda lp, pr, a: ppo_clip_loss(lp, pr, a, mask)[0], argnums=(0, 1, 2)))(logp, prox, adv)
     np.testing.assert_allclose(grad[0], [[0.0, -1 / 3, np.exp(-0.05) / 3]], rtol=1e-5)  # d/dlogp of -A r / 3
     assert not np.any(grad[1]) and not np.any(grad[2])
 
@@ -90,11 +90,11 @@ def test_a_clipped_timestep_whose_ratio_overflows_has_a_finite_gradient():
     adv = jnp.array([[1.0, 1.0, -1.0]], jnp.float32)   # A > 0 and r = exp(89): the clipped side
     mask = jnp.ones((1, 3), bool)
     for options in ({}, {"c_clip": 3.0}, {"loss_agg_mode": "seq-mean-token-mean"}):
-        loss, grad = jax.value_and_grad(lambda lp, o=options: ppo_clip_loss(lp, prox, adv, mask, **o)[0])(logp)
+        loss, grad = jax.jit(jax.value_and_grad(lambda lp, o=options: ppo_clip_loss(lp, prox, adv, mask, **o)[0]))(logp)
         assert np.isfinite(float(loss)) and np.isfinite(np.asarray(grad)).all(), options
         assert float(grad[0, 0]) == 0.0  # the clipped side passes nothing
     # A < 0 with the dual clip: the loss is the constant c |A| there, finite, and its gradient 0.
-    loss, grad = jax.value_and_grad(lambda lp: ppo_clip_loss(lp, prox, -adv, mask, c_clip=3.0)[0])(logp)
+    loss, grad = jax.jit(jax.value_and_grad(lambda lp: ppo_clip_loss(lp, prox, -adv, mask, c_clip=3.0)[0]))(logp)
     assert np.isfinite(float(loss)) and np.isfinite(np.asarray(grad)).all() and float(grad[0, 0]) == 0.0
 
 
@@ -109,11 +109,11 @@ def test_the_gradient_at_a_clip_bound_and_at_ties_is_torchs():
     mask = jnp.ones((1, 4), bool)
     loss_fn = lambda lp: ppo_clip_loss(lp, prox, adv, mask, eps_clip=0.25, loss_agg_mode="seq-mean-token-sum")[0]
     ratio = np.exp(np.asarray(logp, np.float64))[0]
-    grad = np.asarray(jax.grad(loss_fn)(logp))[0]
+    grad = np.asarray(jax.jit(jax.grad(loss_fn))(logp))[0]
     np.testing.assert_allclose(grad, [-ratio[0] / 2, -ratio[1], ratio[2], 0.0], rtol=1e-6)
     tie = jnp.log(jnp.array([[3.0]], jnp.float32))  # A = -1, r = 3: max(3, 1.25) = 3 = c |A|
-    grad = jax.grad(lambda lp: ppo_clip_loss(lp, jnp.zeros((1, 1)), -jnp.ones((1, 1)), jnp.ones((1, 1), bool),
-                                             eps_clip=0.25, c_clip=3.0)[0])(tie)
+    grad = jax.jit(jax.grad(lambda lp: ppo_clip_loss(lp, jnp.zeros((1, 1)), -jnp.ones((1, 1)), jnp.ones((1, 1), bool),
+                                             eps_clip=0.25, c_clip=3.0)[0]))(tie)
     np.testing.assert_allclose(float(grad[0, 0]), 3.0 / 2, rtol=1e-6)
 
 

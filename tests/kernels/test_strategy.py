@@ -103,6 +103,8 @@ def test_the_strategy_is_a_record_of_the_plan_resolved_once_and_honoured_when_gi
     resolved = AdvantageConfig().plan.with_strategy(arrays)
     assert resolved.strategy is not None and resolved == AdvantageConfig().plan.with_strategy(arrays)
     assert hash(resolved) == hash(AdvantageConfig().plan.with_strategy(arrays))  # one static argument: no retrace
+    # Resolved once: an equal plan and strategy give the same object, which jit finds by identity.
+    assert AdvantageConfig().plan.with_strategy(arrays) is resolved
     scan = resolve_strategy("scan", unit_discount=True)
     plan = dataclasses.replace(AdvantageConfig().plan, strategy=scan)
     assert plan.with_strategy(arrays) is plan

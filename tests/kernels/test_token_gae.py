@@ -130,6 +130,18 @@ def test_gae_no_retrace_for_new_python_scalars():
         step(gamma)
 
 
+def test_block_size_compiles_again_only_where_it_is_read():
+    # Only ``blocked`` reads block_size: under the other methods a new block size reuses the program.
+    rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(3), 2, 11)
+    for method, most in (("scan", 1), ("associative", 1), ("blocked", 3)):
+        with compile_log() as compiled:
+            outs = [prm_jax.kernels.gae(rewards, values, mask, gamma=0.9, lam=0.8, bootstrap=bootstrap, method=method,
+                                        block_size=block).advantages for block in (1, 4, 7)]
+        assert sum("Compiling jit(_gae_jit)" in m for m in compiled) <= most, method
+        for other in outs[1:]:
+            np.testing.assert_allclose(other, outs[0], rtol=3e-6, atol=3e-6)
+
+
 def test_gae_under_jit_and_vmap():
     rewards, values, mask, bootstrap = timestep_inputs(np.random.default_rng(1), 4, 12)
     want = prm_jax.kernels.gae(rewards, values, mask, gamma=0.9, lam=0.9, bootstrap=bootstrap, method="associative")
@@ -294,7 +306,8 @@ def test_a_float_mask_under_jit_needs_no_host_callback_and_still_fails_loudly():
 def test_a_float_mask_through_the_native_kernel_has_the_scan_gradient():
     rewards, values, mask, _ = timestep_inputs(np.random.default_rng(5), 5, 11)
     loss = lambda r, v, m, method: jnp.sum(prm_jax.kernels.gae(r, v, m, gamma=0.9, lam=0.8, method=method).advantages ** 2)
-    native = jax.grad(loss, argnums=(0, 1))(rewards, values, mask.astype(np.float32), "native")
-    scan = jax.grad(loss, argnums=(0, 1))(rewards, values, mask, "scan")
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=3)
+    native = grad(rewards, values, mask.astype(np.float32), "native")
+    scan = grad(rewards, values, mask, "scan")
     for got, want in zip(native, scan):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

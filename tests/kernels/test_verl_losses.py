@@ -55,7 +55,7 @@ def batch(rng, rows=4, width=9):
 def value_and_grad(fn, params, mode, logp, old, adv, mask, weights=None):
     def loss(lp):
         return fn(lp, old, adv, mask, loss_agg_mode=mode, rollout_is_weights=weights, **params)[0]
-    return jax.value_and_grad(loss)(jnp.asarray(logp))
+    return jax.jit(jax.value_and_grad(loss))(jnp.asarray(logp))  # one program (eagerly: six)
 
 
 @pytest.mark.parametrize("mode", VERL_AGG_MODES)
@@ -194,7 +194,7 @@ def test_geo_mean_and_its_gradient_equal_the_float64_loop(weighted):
     def loss(lp):
         return geo_mean_loss(lp, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.25, rollout_is_weights=weights)[0]
 
-    value, grad = jax.value_and_grad(loss)(jnp.asarray(logp))
+    value, grad = jax.jit(jax.value_and_grad(loss))(jnp.asarray(logp))
     want, want_grad = reference.geo_mean_loss(logp, old, adv, mask, low=0.2, high=0.25, weights=weights)
     np.testing.assert_allclose(float(value), want, rtol=2e-5, atol=1e-7)
     np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=2e-5, atol=1e-8)
@@ -208,7 +208,7 @@ def test_geo_mean_counts_a_ratio_that_overflows_and_refuses_it_eagerly():
         geo_mean_loss(logp, old, adv, mask)
     _, stats = jax.jit(lambda *a: geo_mean_loss(*a))(logp, old, adv, mask)
     assert int(stats.checks["checks/geo_mean_ratio_overflow"]) == 1
-    value, grad = jax.value_and_grad(lambda lp: geo_mean_loss(lp, old, adv, mask[::-1] & False)[0])(jnp.asarray(logp))
+    value, grad = jax.jit(jax.value_and_grad(lambda lp: geo_mean_loss(lp, old, adv, mask[::-1] & False)[0]))(jnp.asarray(logp))
     assert float(value) == 0.0 and not np.asarray(grad).any()  # the empty batch: 0
 
 
@@ -334,7 +334,7 @@ def test_gspo_sequence_and_its_gradient_equal_the_float64_loop(loss_type, delta)
         return gspo_sequence_loss(lp, old, adv, mask, epsilon=0.02, epsilon_high=0.03, delta=delta,
                                   loss_type=loss_type, max_completion_length=16)[0]
 
-    value, grad = jax.value_and_grad(loss)(jnp.asarray(logp))
+    value, grad = jax.jit(jax.value_and_grad(loss))(jnp.asarray(logp))
     want, want_grad = reference.gspo_sequence_loss(logp, old, adv, mask, eps=0.02, eps_high=0.03, delta=delta,
                                                    loss_type=loss_type, max_len=16)
     np.testing.assert_allclose(float(value), want, rtol=2e-5, atol=1e-7)
@@ -345,8 +345,8 @@ def test_gspo_sequence_on_policy_with_no_clip_range_halves_the_gradient():
     # eps 0 and an on-policy step: c = 1 sits on both bounds: the min's tie halves, the clamp passes nothing.
     logp = np.array([[-1.0, -2.0, 0.0]], np.float32)
     mask = np.array([[True, True, False]])
-    _, grad = jax.value_and_grad(lambda lp: gspo_sequence_loss(lp, logp, np.array([2.0], np.float32), mask,
-                                                               epsilon=0.0, loss_type="luspo")[0])(jnp.asarray(logp))
+    _, grad = jax.jit(jax.value_and_grad(lambda lp: gspo_sequence_loss(lp, logp, np.array([2.0], np.float32), mask,
+                                                               epsilon=0.0, loss_type="luspo")[0]))(jnp.asarray(logp))
     # luspo: n_b * row loss / B; d row loss / d mean = -A / 2; d mean / d logp_t = 1 / n_b: -2 / 2 * 2 / 2
     np.testing.assert_allclose(np.asarray(grad), [[-1.0, -1.0, 0.0]], rtol=1e-6)
     _, stats = gspo_sequence_loss(logp, logp, np.array([2.0], np.float32), mask, epsilon=0.0)

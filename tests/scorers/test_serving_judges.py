@@ -163,8 +163,12 @@ async def test_the_judge_within_the_servers_limits_drops_nothing_and_asks_once_p
     # published limits set, no request is refused and none is repeated. The server runs in a process of its
     # own, as a real one does: in this process its threads waited for the GIL behind the client's event
     # loop, and a request that arrived 10 ms late made a burst the server's bucket refused (CI, stop 37).
+    # Its bucket holds 50 ms of its rate (10 requests): the stub counts a request when its process gets to
+    # it, and on two cores a compile in the other test worker delays it by tens of milliseconds, so requests
+    # the client spaced arrive together (a bucket of 4 refused one there, stop 38). A client at twice the
+    # rate still overflows it within 0.1 s.
     branches = [session(["good", "bad", "good", "bad"], prefix=f"b{i}") for i in range(24)]
-    with server_process("chat", answer=answer_seven, capacity=4, rate=200.0, service_s=0.002) as server:
+    with server_process("chat", answer=answer_seven, capacity=4, rate=200.0, service_s=0.002, burst=10.0) as server:
         scorer = OpenAIJudgeScorer(server["url"] + "/v1", "judge", max_concurrency=4, max_requests_per_second=200)
         runner = PRMRunner(scorers=(scorer,))
         started = time.perf_counter()

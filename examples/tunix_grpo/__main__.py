@@ -41,7 +41,7 @@ def outcome(prompts, completions, **kwargs):
     return [float(text.split().count("Tunix") >= 4) for text in completions]
 
 
-def make_cluster(steps: int) -> rl_cluster_lib.RLCluster:
+def make_cluster(steps: int, *, generate: int = 8, prompt: int = 8, cache: int = 32) -> rl_cluster_lib.RLCluster:
     vocab = toy.MockVocab()
     policy, reference = (toy.ToyTransformer(config=toy.ModelConfig(vocab_size=vocab.GetPieceSize()), rngs=nnx.Rngs(0))
                          for _ in range(2))
@@ -51,8 +51,8 @@ def make_cluster(steps: int) -> rl_cluster_lib.RLCluster:
         role_to_mesh=dict.fromkeys(roles, mesh), rollout_engine="vanilla", offload_to_cpu=False,
         training_config=rl_cluster_lib.RLTrainingConfig(actor_optimizer=optax.adam(3e-3), eval_every_n_steps=1000,
                                                         max_steps=steps),
-        rollout_config=base_rollout.RolloutConfig(max_tokens_to_generate=8, max_prompt_length=8, kv_cache_size=32,
-                                                  temperature=1.0, seed=0))
+        rollout_config=base_rollout.RolloutConfig(max_tokens_to_generate=generate, max_prompt_length=prompt,
+                                                  kv_cache_size=cache, temperature=1.0, seed=0))
     return rl_cluster_lib.RLCluster(actor=policy, reference=reference, tokenizer=vocab, cluster_config=config)
 
 

@@ -2,7 +2,8 @@
 ``tunix`` extra).
 
 tunix's ``GRPOLearner`` gives each completion one reward and one advantage; its GRPO loss also takes a
-``[B, C]`` advantage per completion token. ``ProcessRewardGRPOLearner`` keeps everything of tunix's step
+``[B, C]`` advantage per completion token. (``ProcessRewardAgenticGRPOLearner`` does the same for tunix's
+multi-turn agentic learner: see its docstring.) ``ProcessRewardGRPOLearner`` keeps everything of tunix's step
 (sampling, reference and old log-probs, its reward functions, metrics, the loss) and replaces the
 advantages: prm-jax's scorers score each completion, and ``compute_advantages`` turns tunix's outcome
 rewards plus the process rewards into ``[B, C]`` advantages, which tunix's own loss then uses.
@@ -30,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,7 @@ import numpy as np
 
 from prm_jax.config import AdvantageConfig
 from prm_jax.kernels import compute_advantages
+from prm_jax.kernels.gigpo import GiGPOConfig
 from prm_jax.kernels.normalization import NormConfig
 from prm_jax.kernels.policy_loss import LossAggMode
 from prm_jax.kernels.shaping import ShapingConfig
@@ -45,7 +47,7 @@ from prm_jax.kernels.verl_losses import PolicyLossMode
 from prm_jax.runtime.arrays import ScoredArrays
 from prm_jax.runtime.blocking import BlockingRunner
 from prm_jax.runtime.trajectory import TOKEN_ID_RANGE, stray_token_id
-from prm_jax.validation import integer_dtype
+from prm_jax.validation import integer_dtype, one_of
 
 TESTED_TUNIX = "0.1.7"  # keep equal to the pin of the `tunix` extra in pyproject.toml
 
@@ -75,7 +77,8 @@ class Rollout:
       attention_mask: ``[B, P + C]`` bool, from the first prompt token to the completion's last real token.
       loss_mask: ``[B, P + C]`` bool, tunix's ``completion_mask`` at the completion's positions.
       turn_ids: ``[B, P + C]`` int32, 0 on the completion up to its last real token (one turn, holes
-        included, so a scorer sees the whole completion), -1 elsewhere.
+        included, so a scorer sees the whole completion), -1 elsewhere; or, with ``turns="runs"``, ``k``
+        on the ``k``-th run of trained tokens and -1 elsewhere.
       prompt_lengths: ``[B]`` int32, ``p_b``.
       completion_width: ``C``.
     """
@@ -114,7 +117,11 @@ class Rollout:
         return jnp.take_along_axis(steps, jnp.asarray(index), axis=1)
 
 
-def rollout_from_tunix(prompt_ids: Any, prompt_mask: Any, completion_ids: Any, completion_mask: Any) -> Rollout:
+TurnLayout = Literal["completion", "runs"]
+
+
+def rollout_from_tunix(prompt_ids: Any, prompt_mask: Any, completion_ids: Any, completion_mask: Any, *,
+                       turns: TurnLayout = "completion") -> Rollout:
     """prm-jax's layout of tunix's rollout arrays (``TrainExample`` fields): see the module docstring.
 
     Args:
@@ -122,6 +129,9 @@ def rollout_from_tunix(prompt_ids: Any, prompt_mask: Any, completion_ids: Any, c
       prompt_mask: ``[B, P]`` bool, the prompts' real tokens (each prompt needs at least one).
       completion_ids: ``[B, C]`` int, right-padded completions.
       completion_mask: ``[B, C]`` bool, the completion tokens tunix trains.
+      turns: ``"completion"``: the whole completion is turn 0 (``GRPOLearner``'s one completion);
+        ``"runs"``: turn ``k`` is the ``k``-th run of trained tokens (the agentic learner's assistant
+        turns, between the environment's tokens, which get -1).
     """
     prompts, completions = np.asarray(prompt_ids), np.asarray(completion_ids)
     prompt_real, trained = np.asarray(prompt_mask).astype(bool), np.asarray(completion_mask).astype(bool)
@@ -161,11 +171,18 @@ def rollout_from_tunix(prompt_ids: Any, prompt_mask: Any, completion_ids: Any, c
     inside = positions < (lengths + width_c)[:, None]
     input_ids = np.where(inside, np.take_along_axis(joined, source, axis=1), 0).astype(np.int32)
     completion_part = (positions >= lengths[:, None]) & (positions < (lengths + extent)[:, None])
+    loss_mask = inside & np.take_along_axis(trained_joined, source, axis=1)
+    if turns == "runs":
+        starts = loss_mask & ~np.pad(loss_mask, ((0, 0), (1, 0)))[:, :-1]
+        turn_ids = np.where(loss_mask, np.cumsum(starts, axis=1) - 1, -1)
+    else:
+        one_of("turns", turns, get_args(TurnLayout))
+        turn_ids = np.where(completion_part, 0, -1)
     return Rollout(
         input_ids=input_ids,
         attention_mask=positions < (lengths + extent)[:, None],
-        loss_mask=inside & np.take_along_axis(trained_joined, source, axis=1),
-        turn_ids=np.where(completion_part, 0, -1).astype(np.int32),
+        loss_mask=loss_mask,
+        turn_ids=turn_ids.astype(np.int32),
         prompt_lengths=lengths,
         completion_width=width_c)
 
@@ -410,9 +427,192 @@ def _learner_class() -> type:
     return ProcessRewardGRPOLearner
 
 
+# tunix's agentic learner: the environment's per-step rewards, which its "Token" trajectories leave out, are
+# recorded by the trajectory engine below under these keys (one entry per step with assistant tokens).
+STEP_REWARDS_KEY = "prm_jax_step_rewards"
+STEP_STATES_KEY = "prm_jax_step_states"  # the observation each step answered ("" for the first: the task's)
+EnvRewards = Literal["none", "process", "gigpo"]
+
+
+def default_agentic_ctx(trajectory: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A trajectory's scorer context: ``{"conversation": its messages}`` (tunix's ``conversation_text``;
+    ``ctx["messages"]`` is the runner's own, the turn's messages)."""
+    return {"conversation": list(trajectory.get("conversation_text") or [])}
+
+
+def _step_engine_class(base: type) -> type:
+    """tunix's trajectory engine ``base`` whose ``"Token"`` trajectories also carry each step's environment
+    reward (``STEP_REWARDS_KEY``) and the observation it answered (``STEP_STATES_KEY``)."""
+
+    class StepRewardEngine(base):
+        async def collect(self, mode: str = "Conversation") -> Any:
+            result = await super().collect(mode)
+            if mode == "Token" and isinstance(result, dict):
+                steps = list(self.agent.trajectory.steps)
+                taken = [k for k, step in enumerate(steps) if len(getattr(step, "assistant_tokens", None) or []) > 0]
+                result[STEP_REWARDS_KEY] = [float(steps[k].reward or 0.0) for k in taken]
+                result[STEP_STATES_KEY] = ["" if k == 0 else repr(steps[k - 1].observation) for k in taken]
+            return result
+
+    StepRewardEngine.__name__ = f"StepReward{base.__name__}"
+    return StepRewardEngine
+
+
+def _state_ids(states: Sequence[Sequence[str]], turns: int) -> np.ndarray:
+    """``[B, turns]`` int64 anchor ids: equal observations get equal ids (-1 past a row's steps)."""
+    index: dict[str, int] = {}
+    out = np.full((len(states), turns), -1, np.int64)
+    for row, row_states in enumerate(states):
+        for k, state in enumerate(row_states[:turns]):
+            out[row, k] = index.setdefault(state, len(index))
+    return out
+
+
+def _agentic_learner_class() -> type:
+    """``ProcessRewardAgenticGRPOLearner``, built on first use (importing this module needs no tunix)."""
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.agentic import agentic_grpo_learner
+    from tunix.rl.agentic import utils as agentic_utils
+
+    class ProcessRewardAgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
+        """tunix's agentic ``GRPOLearner`` whose advantages come from prm-jax: ``[B, C]`` per token.
+
+        The turns are the runs of each trajectory's ``conversation_masks`` (its assistant tokens; the
+        environment's tokens are not trained and get no reward); the outcome is the reward tunix computed
+        for the trajectory (its ``_compute_rewards``); process rewards come from ``scorers`` (each row's turns,
+        ``ctx(trajectory)`` as its context) and, with ``env_rewards``, from the environment's own reward of each
+        step: ``"process"`` adds it to the turn's process reward (on every token of the turn), ``"gigpo"``
+        gives it to GiGPO as the turn's step reward, with the observation the step answered as its anchor
+        state (``advantage_config`` must then name ``credit_assignment: gigpo``).
+
+        Args (beyond tunix's ``GRPOLearner``'s):
+          scorers: a ``prm_jax.BlockingRunner`` (yours to open and close), or None (no scorer).
+          advantage_config: how rewards become advantages; default ``grpo_config()`` (tunix's ``grpo``
+            advantages when no process reward is given, plus additive process rewards).
+          env_rewards: ``"none"`` (default), ``"process"`` or ``"gigpo"`` (above).
+          ctx: ``trajectory dict -> mapping`` given to the scorers; default ``default_agentic_ctx``.
+          on_error: ``"mask"`` (default): a trajectory a scorer failed on is dropped from the loss (its
+            outcome still counts in its group's statistics) and counted in ``prm/failed_rows``; ``"raise"``.
+
+        Hooks: ``_process_results`` (tunix's own runs first; its ``[G]`` advantages are replaced) and
+        ``_compute_rewards`` (to keep the outcome it computed); with ``env_rewards``, the orchestrator's
+        trajectory engine. All private to tunix: where a release stops calling them as 0.1.7 does, the step
+        raises a ``RuntimeError`` saying so instead of training on something else.
+        """
+
+        def __init__(self, *args: Any, scorers: BlockingRunner | None = None,
+                     advantage_config: AdvantageConfig | None = None, env_rewards: EnvRewards = "none",
+                     ctx: Callable[[Mapping[str, Any]], Mapping[str, Any]] = default_agentic_ctx,
+                     on_error: str = "mask", **kwargs: Any):
+            one_of("on_error", on_error, ("mask", "raise"))
+            one_of("env_rewards", env_rewards, get_args(EnvRewards))
+            config = advantage_config or grpo_config()
+            if (env_rewards == "gigpo") != isinstance(config.plan.estimator, GiGPOConfig):
+                raise ValueError("env_rewards='gigpo' and advantage_config's credit_assignment: gigpo go together "
+                                 f"(got env_rewards={env_rewards!r} and estimator "
+                                 f"{type(config.plan.estimator).__name__})")
+            super().__init__(*args, **kwargs)
+            self.scorers, self.advantage_config, self.env_rewards = scorers, config, env_rewards
+            self.ctx, self.on_error = ctx, on_error
+            self._step = threading.local()
+
+        def _build_orchestrator(self) -> Any:
+            orchestrator = super()._build_orchestrator()
+            if self.env_rewards != "none":
+                if not isinstance(getattr(orchestrator, "engine_cls", None), type):
+                    raise RuntimeError(f"tunix's RolloutOrchestrator has no engine_cls (prm-jax records the "
+                                       f"environment's step rewards there; tested with tunix {TESTED_TUNIX})")
+                orchestrator.engine_cls = _step_engine_class(orchestrator.engine_cls)
+            return orchestrator
+
+        def _compute_rewards(self, prompts: Any, completions: Any, mode: Any, *args: Any, **kwargs: Any) -> Any:
+            rewards = super()._compute_rewards(prompts, completions, mode, *args, **kwargs)
+            outcomes = getattr(self._step, "outcomes", None)
+            if outcomes is not None:
+                outcomes.append(np.asarray(rewards, np.float32))
+            return rewards
+
+        def _process_results(self, trajectories: list[Any], mode: Any = rl_cluster_lib.Mode.TRAIN,
+                             expected_step: int | None = None) -> list[Any]:
+            outcomes: list[np.ndarray] = []
+            self._step.outcomes = outcomes
+            try:
+                examples = super()._process_results(trajectories, mode=mode, expected_step=expected_step)
+            finally:
+                self._step.outcomes = None
+            rows = len(trajectories)
+            if len(outcomes) != 1 or len(examples) != 1 or outcomes[0].shape != (rows,) \
+                    or np.shape(examples[0].advantages) != (rows,):
+                raise RuntimeError(
+                    f"tunix's agentic GRPOLearner computed rewards {len(outcomes)} times and returned "
+                    f"{len(examples)} examples for a group of {rows} (prm-jax's hook expects one each, one "
+                    f"reward and one advantage per trajectory; tested with tunix {TESTED_TUNIX})")
+            example = examples[0]
+            width = int(np.shape(example.completion_ids)[1])
+            trained = np.stack([agentic_utils.right_pad(item.traj.get("conversation_masks"), width, 0)[:width]
+                                for item in trajectories]).astype(bool)  # (before tunix's degenerate masking)
+            rollout = rollout_from_tunix(example.prompt_ids, example.prompt_mask, example.completion_ids, trained,
+                                         turns="runs")
+            advantages, failed, metrics = self._advantages(rollout, outcomes[0], [item.traj for item in trajectories])
+            completion_mask = trained & ~failed[:, None]
+            if self.algo_config.degenerate_group_masking and np.allclose(np.asarray(advantages)[trained], 0.0):
+                completion_mask = np.zeros_like(completion_mask)
+            self.rl_cluster.buffer_metrics_async(metrics, mode=mode, step=expected_step)
+            return [example.replace(advantages=advantages.astype(jnp.float32),
+                                    completion_mask=jnp.asarray(completion_mask, jnp.asarray(example.completion_mask).dtype))]
+
+        def _advantages(self, rollout: Rollout, outcome: np.ndarray,
+                        trajectories: Sequence[Mapping[str, Any]]) -> tuple[jnp.ndarray, np.ndarray, dict[str, Any]]:
+            rows, turns = rollout.input_ids.shape[0], int(rollout.turn_ids.max(initial=-1)) + 1
+            token_rewards = np.zeros(rollout.input_ids.shape, np.float32)
+            failed = np.zeros(rows, bool)
+            if self.scorers is not None:
+                scored: ScoredArrays = self.scorers.score_arrays(  # type: ignore[assignment]  # on_error='mask'
+                    rollout.input_ids, rollout.turn_ids, attention_mask=rollout.attention_mask,
+                    ctx=[self.ctx(t) for t in trajectories], on_error="mask")
+                failed = np.asarray(scored.failed, bool)
+                if self.on_error == "raise" and failed.any():
+                    row = int(np.argmax(failed))
+                    raise RuntimeError(f"scoring trajectory {row} failed: {scored.errors[row]}")
+                token_rewards = np.where(failed[:, None], 0.0, scored.token_rewards).astype(np.float32)
+            extra: dict[str, np.ndarray] = {}
+            if self.env_rewards != "none":
+                steps = np.zeros((rows, max(turns, 1)), np.float32)
+                for row, trajectory in enumerate(trajectories):
+                    recorded = trajectory.get(STEP_REWARDS_KEY)
+                    row_turns = int(rollout.turn_ids[row].max(initial=-1)) + 1
+                    if recorded is None or len(recorded) != row_turns:
+                        raise RuntimeError(
+                            f"trajectory {row} has {row_turns} assistant turns in its conversation_masks and "
+                            f"{'no' if recorded is None else len(recorded)} recorded step rewards (env_rewards="
+                            f"{self.env_rewards!r} records them in the learner's trajectory engine; tested with "
+                            f"tunix {TESTED_TUNIX})")
+                    steps[row, :row_turns] = recorded
+                if self.env_rewards == "process":
+                    on_turn = np.take_along_axis(steps, np.maximum(rollout.turn_ids, 0), axis=1)
+                    token_rewards = token_rewards + np.where(rollout.turn_ids >= 0, on_turn, 0.0).astype(np.float32)
+                else:
+                    width = steps.shape[1]
+                    extra = {"turn_ids": rollout.turn_ids, "turn_rewards": steps,
+                             "turn_reward_mask": np.arange(width)[None, :] < (rollout.turn_ids.max(axis=1) + 1)[:, None],
+                             "anchor_ids": _state_ids([t.get(STEP_STATES_KEY, []) for t in trajectories], width)}
+            batch = rollout.batch(outcome, group_size=rows, token_rewards=token_rewards if (
+                self.scorers is not None or self.env_rewards == "process") else None)
+            batch.update(extra)
+            output = compute_advantages(batch, self.advantage_config)
+            active = rollout.loss_mask & ~failed[:, None]
+            metrics = {"prm/failed_rows": (int(failed.sum()), np.sum),
+                       "prm/process_reward_mean": (float(token_rewards[active].mean()) if active.any() else 0.0, np.mean),
+                       "prm/turns_mean": (float(np.mean(rollout.turn_ids.max(axis=1) + 1)), np.mean)}
+            return rollout.on_completion(output.advantages), failed, metrics
+
+    return ProcessRewardAgenticGRPOLearner
+
+
 def __getattr__(name: str) -> Any:
-    if name == "ProcessRewardGRPOLearner":
-        learner = _learner_class()
+    builders = {"ProcessRewardGRPOLearner": _learner_class, "ProcessRewardAgenticGRPOLearner": _agentic_learner_class}
+    if name in builders:
+        learner = builders[name]()
         globals()[name] = learner
         return learner
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -68,6 +68,31 @@ def test_rollout_layout_matches_a_loop_over_tokens():
     np.testing.assert_array_equal(rollout.on_completion(steps), lengths[:, None] - 1 + np.arange(completion_ids.shape[1]))
 
 
+def test_agentic_turns_are_the_runs_of_trained_tokens():
+    # Issue 33.1: the agentic learner's turns are the runs of conversation_masks (assistant tokens between
+    # the environment's); the rest of the layout is the same as for one completion.
+    rng = np.random.default_rng(3)
+    prompt_ids, prompt_mask, completion_ids, completion_mask, _ = tunix_rollout(rng)
+    runs = adapter.rollout_from_tunix(prompt_ids, prompt_mask, completion_ids, completion_mask, turns="runs")
+    one = adapter.rollout_from_tunix(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    for field in ("input_ids", "attention_mask", "loss_mask", "prompt_lengths"):
+        np.testing.assert_array_equal(getattr(runs, field), getattr(one, field))
+    want = np.full(runs.turn_ids.shape, -1)
+    for b in range(want.shape[0]):
+        turn, previous = -1, False
+        for t in range(want.shape[1]):
+            trained = bool(runs.loss_mask[b, t])
+            if trained and not previous:
+                turn += 1
+            if trained:
+                want[b, t] = turn
+            previous = trained
+    np.testing.assert_array_equal(runs.turn_ids, want)
+    assert (want.max(axis=1) >= 1).any()  # some row has two turns or more
+    with pytest.raises(ValueError, match="turns must be one of"):
+        adapter.rollout_from_tunix(prompt_ids, prompt_mask, completion_ids, completion_mask, turns="steps")
+
+
 def test_rollout_refuses_what_it_cannot_place():
     ids = np.ones((2, 3), np.int32)
     with pytest.raises(ValueError, match=r"every prompt needs a token.*row 1"):

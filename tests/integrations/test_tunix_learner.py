@@ -16,6 +16,7 @@ from grain import python as grain  # noqa: E402
 from tunix.rl import algo_core, common  # noqa: E402
 from tunix.rl.grpo import grpo_learner  # noqa: E402
 from tunix.tests import test_common as tc  # noqa: E402
+from tunix_rules import tunix_promotion_rules  # noqa: E402, F401 (an autouse fixture)
 
 import prm_jax  # noqa: E402
 from examples.tunix_grpo.__main__ import make_cluster  # noqa: E402
@@ -23,19 +24,6 @@ from prm_jax.integrations import tunix as adapter  # noqa: E402
 
 GROUP = 2
 PROMPTS = ["input string", "hello world", "My name", "hello there"]
-
-
-@pytest.fixture(autouse=True)
-def _tunix_promotion_rules():
-    # tunix's sampler relies on standard promotion, and runs in a thread: the suite's strict rules are
-    # relaxed globally (not only for this thread) while a tunix test runs, then restored.
-    saved = jax.config.jax_numpy_dtype_promotion, jax.config.jax_numpy_rank_promotion
-    jax.config.update("jax_numpy_dtype_promotion", "standard")
-    jax.config.update("jax_numpy_rank_promotion", "allow")
-    with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
-        yield
-    jax.config.update("jax_numpy_dtype_promotion", saved[0])
-    jax.config.update("jax_numpy_rank_promotion", saved[1])
 
 
 def cluster(steps=2):

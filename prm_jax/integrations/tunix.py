@@ -28,9 +28,10 @@ is what ``Rollout.on_completion`` reads back into tunix's ``[B, C]``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import jax
@@ -344,12 +345,37 @@ def register_estimators() -> str:
     return ESTIMATOR_NAME
 
 
+class _RecordsOutcomes:
+    """What both learners hook in tunix's ``_compute_rewards``: each call's prompts, completions and rewards,
+    recorded while ``_recording()`` is open (per thread: tunix's producer may run in one of its own)."""
+
+    _step: threading.local
+
+    def _compute_rewards(self, prompts: Any, completions: Any, mode: Any, *args: Any, **kwargs: Any) -> Any:
+        rewards = super()._compute_rewards(prompts, completions, mode, *args, **kwargs)  # type: ignore[misc]
+        outcomes = getattr(self._step, "outcomes", None)
+        if outcomes is not None:
+            outcomes.append((list(prompts), list(completions), np.asarray(rewards, np.float32)))
+        return rewards
+
+    @contextlib.contextmanager
+    def _recording(self) -> Iterator[list[tuple[list[str], list[str], np.ndarray]]]:
+        if not hasattr(self, "_step"):
+            self._step = threading.local()
+        outcomes: list[tuple[list[str], list[str], np.ndarray]] = []
+        self._step.outcomes = outcomes
+        try:
+            yield outcomes
+        finally:
+            self._step.outcomes = None
+
+
 def _learner_class() -> type:
     """``ProcessRewardGRPOLearner``, built on first use so that importing this module needs no tunix."""
     from tunix.rl import rl_cluster as rl_cluster_lib
     from tunix.rl.grpo import grpo_learner
 
-    class ProcessRewardGRPOLearner(grpo_learner.GRPOLearner):
+    class ProcessRewardGRPOLearner(_RecordsOutcomes, grpo_learner.GRPOLearner):
         """tunix's ``GRPOLearner`` whose advantages come from prm-jax: outcome plus process rewards.
 
         Args (beyond ``GRPOLearner``'s):
@@ -374,23 +400,11 @@ def _learner_class() -> type:
             self.advantage_config = advantage_config or grpo_config()
             self.ctx = ctx
             self.on_error = on_error
-            self._step = threading.local()  # per thread: what _compute_rewards saw during this step
-
-        def _compute_rewards(self, prompts: Any, completions: Any, mode: Any, *args: Any, **kwargs: Any) -> Any:
-            rewards = super()._compute_rewards(prompts, completions, mode, *args, **kwargs)
-            outcomes = getattr(self._step, "outcomes", None)
-            if outcomes is not None:
-                outcomes.append((list(prompts), list(completions), np.asarray(rewards, np.float32)))
-            return rewards
 
         def _generate_and_compute_advantage(self, training_input: Any,
                                             mode: Any = rl_cluster_lib.Mode.TRAIN) -> Any:
-            outcomes: list[tuple[list[str], list[str], np.ndarray]] = []
-            self._step.outcomes = outcomes
-            try:
+            with self._recording() as outcomes:
                 example = super()._generate_and_compute_advantage(training_input, mode)
-            finally:
-                self._step.outcomes = None
             if len(outcomes) != 1:
                 raise RuntimeError(
                     f"tunix's GRPOLearner called _compute_rewards {len(outcomes)} times in one "
@@ -474,7 +488,7 @@ def _agentic_learner_class() -> type:
     from tunix.rl.agentic import agentic_grpo_learner
     from tunix.rl.agentic import utils as agentic_utils
 
-    class ProcessRewardAgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
+    class ProcessRewardAgenticGRPOLearner(_RecordsOutcomes, agentic_grpo_learner.GRPOLearner):
         """tunix's agentic ``GRPOLearner`` whose advantages come from prm-jax: ``[B, C]`` per token.
 
         The turns are the runs of each trajectory's ``conversation_masks`` (its assistant tokens; the
@@ -514,7 +528,6 @@ def _agentic_learner_class() -> type:
             super().__init__(*args, **kwargs)
             self.scorers, self.advantage_config, self.env_rewards = scorers, config, env_rewards
             self.ctx, self.on_error = ctx, on_error
-            self._step = threading.local()
 
         def _build_orchestrator(self) -> Any:
             orchestrator = super()._build_orchestrator()
@@ -525,23 +538,12 @@ def _agentic_learner_class() -> type:
                 orchestrator.engine_cls = _step_engine_class(orchestrator.engine_cls)
             return orchestrator
 
-        def _compute_rewards(self, prompts: Any, completions: Any, mode: Any, *args: Any, **kwargs: Any) -> Any:
-            rewards = super()._compute_rewards(prompts, completions, mode, *args, **kwargs)
-            outcomes = getattr(self._step, "outcomes", None)
-            if outcomes is not None:
-                outcomes.append(np.asarray(rewards, np.float32))
-            return rewards
-
         def _process_results(self, trajectories: list[Any], mode: Any = rl_cluster_lib.Mode.TRAIN,
                              expected_step: int | None = None) -> list[Any]:
-            outcomes: list[np.ndarray] = []
-            self._step.outcomes = outcomes
-            try:
+            with self._recording() as outcomes:
                 examples = super()._process_results(trajectories, mode=mode, expected_step=expected_step)
-            finally:
-                self._step.outcomes = None
             rows = len(trajectories)
-            if len(outcomes) != 1 or len(examples) != 1 or outcomes[0].shape != (rows,) \
+            if len(outcomes) != 1 or len(examples) != 1 or outcomes[0][2].shape != (rows,) \
                     or np.shape(examples[0].advantages) != (rows,):
                 raise RuntimeError(
                     f"tunix's agentic GRPOLearner computed rewards {len(outcomes)} times and returned "
@@ -553,7 +555,7 @@ def _agentic_learner_class() -> type:
                                 for item in trajectories]).astype(bool)  # (before tunix's degenerate masking)
             rollout = rollout_from_tunix(example.prompt_ids, example.prompt_mask, example.completion_ids, trained,
                                          turns="runs")
-            advantages, failed, metrics = self._advantages(rollout, outcomes[0], [item.traj for item in trajectories])
+            advantages, failed, metrics = self._advantages(rollout, outcomes[0][2], [item.traj for item in trajectories])
             completion_mask = trained & ~failed[:, None]
             if self.algo_config.degenerate_group_masking and np.allclose(np.asarray(advantages)[trained], 0.0):
                 completion_mask = np.zeros_like(completion_mask)

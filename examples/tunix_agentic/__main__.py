@@ -4,7 +4,7 @@
 ``python -m examples.tunix_agentic [--steps 4] [--no-process]``: a tiny randomly initialized transformer
 (tunix's own test model and vocabulary) plays a two-turn environment: it answers the task, the
 environment replies, it answers again. The outcome (the environment's reward, tunix's trajectory reward)
-is 1 only when *both* answers are at least half "Tunix": a sparse signal. A prm-jax scorer gives each
+is 1 only when *both* answers are all "Tunix": a signal too sparse to be met by chance. A prm-jax scorer gives each
 assistant turn 0.5 per "Tunix" token, on that turn's tokens (``--no-process``: outcome only). The same
 script with your model, tokenizer, environment and scorers is a real run.
 """
@@ -29,7 +29,7 @@ RESPONSE = 12  # the whole conversation after the prompt: two turns and the envi
 
 
 class TwoTurnEnv(BaseTaskEnv):
-    """Two turns; the reward (at the end) is 1 when both answers are at least half "Tunix"."""
+    """Two turns; the reward (at the end) is 1 when both answers are all "Tunix"."""
 
     def __init__(self, task: dict[str, Any] | None = None, **kwargs: Any):
         super().__init__(task, max_steps=2, **kwargs)
@@ -43,7 +43,7 @@ class TwoTurnEnv(BaseTaskEnv):
         text = getattr(action, "action", action)
         self.answers.append(str(text))
         done = self.step_count >= 2
-        reward = float(done and all(a.split().count("Tunix") * 2 >= TURN_TOKENS for a in self.answers))
+        reward = float(done and all(a.split().count("Tunix") == TURN_TOKENS for a in self.answers))
         return EnvStepResult(observation="hello there", reward=reward, done=done, info={})
 
 

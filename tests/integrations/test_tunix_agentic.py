@@ -172,10 +172,11 @@ def test_environment_step_rewards_as_gigpo_step_rewards_equal_the_pipeline_on_th
     assert not np.allclose(np.asarray(example.advantages)[trained], plain[trained])
 
 
-def test_the_example_runs_tunixs_agentic_learner_and_rewards_each_turns_own_tokens(monkeypatch):
-    # Tunix's own agentic learner end to end on the CPU: its trajectory engine, the vanilla rollout of its toy
-    # transformer, a two-turn environment; every group it trains on gets grpo(outcome) plus 0.5 on each
-    # "Tunix" token of an assistant turn, and nothing on the environment's tokens (they are not trained).
+def test_the_example_rewards_each_turns_own_tokens_and_two_steps_teach_what_the_outcome_alone_does_not(
+        monkeypatch):
+    # Issue 33.1: tunix's own agentic learner end to end on the CPU: its trajectory engine, the vanilla rollout
+    # of its toy transformer, a two-turn environment; every group it trains on gets grpo(outcome) plus 0.5 on
+    # each "Tunix" token of an assistant turn, and nothing on the environment's tokens (they are not trained).
     from examples.tunix_agentic import __main__ as example
 
     seen = []
@@ -202,3 +203,9 @@ def test_the_example_runs_tunixs_agentic_learner_and_rewards_each_turns_own_toke
         want = outcome[:, None] + 0.5 * (ids == example.TARGET)
         np.testing.assert_allclose(np.asarray(trained_on.advantages)[mask], want[mask], rtol=1e-5, atol=1e-6)
     assert two_turns > 0
+    # The outcome (both answers all "Tunix") is never met in two steps: alone it trains nothing, while the
+    # per-turn reward raises the share of "Tunix" in the second step's samples (the guide's run: 0.49 vs 0.26).
+    monkeypatch.setattr(example.Learner, "_process_results", process)
+    alone = example.main(["--steps", "2", "--no-process"])
+    assert not any(result["outcome"]) and not any(alone["outcome"])
+    assert np.mean(result["tunix_share"][2:]) > np.mean(alone["tunix_share"][2:]) + 0.15

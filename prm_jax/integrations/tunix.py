@@ -463,7 +463,8 @@ def _step_engine_class(base: type) -> type:
             result = await super().collect(mode)
             if mode == "Token" and isinstance(result, dict):
                 steps = list(self.agent.trajectory.steps)
-                taken = [k for k, step in enumerate(steps) if len(getattr(step, "assistant_tokens", None) or []) > 0]
+                taken = [k for k, step in enumerate(steps)
+                         if getattr(step, "assistant_tokens", None) is not None and len(step.assistant_tokens) > 0]
                 result[STEP_REWARDS_KEY] = [float(steps[k].reward or 0.0) for k in taken]
                 result[STEP_STATES_KEY] = ["" if k == 0 else repr(steps[k - 1].observation) for k in taken]
             return result
@@ -583,6 +584,8 @@ def _agentic_learner_class() -> type:
                 for row, trajectory in enumerate(trajectories):
                     recorded = trajectory.get(STEP_REWARDS_KEY)
                     row_turns = int(rollout.turn_ids[row].max(initial=-1)) + 1
+                    if row_turns == 0:
+                        continue  # nothing trained (tunix masked the trajectory out): nothing to place
                     if recorded is None or len(recorded) != row_turns:
                         raise RuntimeError(
                             f"trajectory {row} has {row_turns} assistant turns in its conversation_masks and "

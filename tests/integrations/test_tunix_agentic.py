@@ -13,7 +13,8 @@ import pytest
 
 tunix = pytest.importorskip("tunix")
 
-from tunix.rl import algo_core  # noqa: E402 (after the skip: the tunix extra brings it)
+from grain import python as grain  # noqa: E402 (after the skip: the tunix extra brings it)
+from tunix.rl import algo_core  # noqa: E402
 from tunix.rl.agentic import agentic_grpo_learner  # noqa: E402
 from tunix_rules import tunix_promotion_rules  # noqa: E402, F401 (an autouse fixture)
 
@@ -144,6 +145,10 @@ def test_environment_step_rewards_as_process_rewards_reach_every_token_of_their_
 def test_missing_step_rewards_and_a_changed_tunix_fail_loudly(monkeypatch):
     with pytest.raises(RuntimeError, match=r"trajectory 0 has 2 assistant turns .* no recorded step rewards"):
         learner(env_rewards="process")._process_results(items(recorded=False))
+    masked_out = items()
+    masked_out[0].traj["conversation_masks"] = np.zeros(7, int)  # tunix's overlong filter: nothing trained
+    [example] = learner(env_rewards="process")._process_results(masked_out)
+    assert not np.asarray(example.completion_mask)[0].any()
     with pytest.raises(ValueError, match="env_rewards='gigpo' and advantage_config's credit_assignment: gigpo"):
         learner(env_rewards="gigpo")
     hooked = learner()
@@ -209,3 +214,45 @@ def test_the_example_rewards_each_turns_own_tokens_and_two_steps_teach_what_the_
     alone = example.main(["--steps", "2", "--no-process"])
     assert not any(result["outcome"]) and not any(alone["outcome"])
     assert np.mean(result["tunix_share"][2:]) > np.mean(alone["tunix_share"][2:]) + 0.15
+
+
+def test_the_environments_step_rewards_are_recorded_in_a_real_rollout_and_reach_their_turns():
+    # env_rewards="process" through tunix's own trajectory engine: the learner's engine records each step's
+    # reward (here 0.25 per "Tunix" token of the step's answer), and each assistant turn's tokens get it.
+    from examples.tunix_agentic import __main__ as example
+
+    class StepRewardEnv(example.TwoTurnEnv):
+        def _step_impl(self, action):
+            result = super()._step_impl(action)
+            result.reward += 0.25 * str(getattr(action, "action", action)).split().count("Tunix")
+            return result
+
+    seen = []
+    process = example.Learner._process_results
+
+    def recorded(self, trajectories, *args, **kwargs):
+        seen.append((trajectories, process(self, trajectories, *args, **kwargs)[0]))
+        return [seen[-1][1]]
+
+    config = agentic_grpo_learner.GRPOConfig(num_generations=4, beta=0.0, max_response_length=example.RESPONSE,
+                                             use_rollout_logps=False, max_concurrency=1)
+    learner = example.Learner(rl_cluster=example.make_cluster(1, generate=example.RESPONSE, prompt=24, cache=64),
+                              chat_parser=example.ChatParser(), env_class=StepRewardEnv, algo_config=config,
+                              env_rewards="process")
+    learner._process_results = types.MethodType(recorded, learner)
+    learner.train(grain.MapDataset.source(["hello world", "My name"]).batch(2).map(lambda b: {"prompts": b}))
+    assert seen
+    for trajectories, trained_on in seen:
+        ids, mask = np.asarray(trained_on.completion_ids), np.asarray(trained_on.completion_mask, bool)
+        steps = np.zeros(mask.shape)
+        for row, item in enumerate(trajectories):
+            recorded_rewards = item.traj[adapter.STEP_REWARDS_KEY]
+            turn_of = np.full(mask.shape[1], -1)  # each completion token's assistant turn
+            turn_of[mask[row]] = np.cumsum(np.diff(np.concatenate([[0], mask[row].astype(int)])) == 1)[mask[row]] - 1
+            counts = [0.25 * int(((ids[row] == example.TARGET) & (turn_of == k)).sum()) for k in range(turn_of.max() + 1)]
+            np.testing.assert_allclose(recorded_rewards, counts)  # the engine recorded the environment's rewards
+            assert item.traj["trajectory_reward"] == pytest.approx(sum(counts))  # (no step met the outcome)
+            steps[row] = np.where(turn_of >= 0, np.asarray(counts)[np.maximum(turn_of, 0)], 0.0)
+        outcome = grpo([item.traj["trajectory_reward"] for item in trajectories])
+        np.testing.assert_allclose(np.asarray(trained_on.advantages)[mask], (outcome[:, None] + steps)[mask], rtol=1e-5,
+                                   atol=1e-6)

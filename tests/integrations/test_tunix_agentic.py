@@ -251,6 +251,8 @@ def test_the_environments_step_rewards_are_recorded_in_a_real_rollout_and_reach_
             turn_of[mask[row]] = np.cumsum(np.diff(np.concatenate([[0], mask[row].astype(int)])) == 1)[mask[row]] - 1
             counts = [0.25 * int(((ids[row] == example.TARGET) & (turn_of == k)).sum()) for k in range(turn_of.max() + 1)]
             np.testing.assert_allclose(recorded_rewards, counts)  # the engine recorded the environment's rewards
+            # and each step's anchor state (GiGPO's): the task's for the first, the environment's reply after
+            assert item.traj[adapter.STEP_STATES_KEY] == ["", repr("hello there")][:len(counts)]
             assert item.traj["trajectory_reward"] == pytest.approx(sum(counts))  # (no step met the outcome)
             steps[row] = np.where(turn_of >= 0, np.asarray(counts)[np.maximum(turn_of, 0)], 0.0)
         outcome = grpo([item.traj["trajectory_reward"] for item in trajectories])

@@ -370,6 +370,28 @@ class _RecordsOutcomes:
             self._step.outcomes = None
 
 
+def _scored(scorers: BlockingRunner, rollout: Rollout, ctx: Sequence[Mapping[str, Any]], on_error: str,
+            what: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(token_rewards [B, P + C], failed [B])``: the scorers' rewards of each row's turns, 0 on a row whose
+    scoring failed (it trains on nothing); with ``on_error="raise"`` the first failure raises, naming the row
+    (a ``what``: completion, trajectory)."""
+    scored: ScoredArrays = scorers.score_arrays(  # type: ignore[assignment]  # on_error='mask'
+        rollout.input_ids, rollout.turn_ids, attention_mask=rollout.attention_mask, ctx=list(ctx), on_error="mask")
+    failed = np.asarray(scored.failed, bool)
+    if on_error == "raise" and failed.any():
+        row = int(np.argmax(failed))
+        raise RuntimeError(f"scoring {what} {row} failed: {scored.errors[row]}")
+    return np.where(failed[:, None], 0.0, scored.token_rewards).astype(np.float32), failed
+
+
+def _reward_metrics(token_rewards: np.ndarray, loss_mask: np.ndarray, failed: np.ndarray) -> dict[str, Any]:
+    """The metrics both learners log: failed rows, and the mean process reward on the trained tokens (a
+    failed row's count as 0)."""
+    return {"prm/failed_rows": (int(failed.sum()), np.sum),
+            "prm/process_reward_mean": (float(np.mean(token_rewards[loss_mask])) if loss_mask.any() else 0.0,
+                                        np.mean)}
+
+
 def _learner_class() -> type:
     """``ProcessRewardGRPOLearner``, built on first use so that importing this module needs no tunix."""
     from tunix.rl import rl_cluster as rl_cluster_lib
@@ -393,8 +415,7 @@ def _learner_class() -> type:
         def __init__(self, *args: Any, scorers: BlockingRunner, advantage_config: AdvantageConfig | None = None,
                      ctx: Callable[[Sequence[str], Sequence[str]], Sequence[Mapping[str, Any]]] = default_ctx,
                      on_error: str = "mask", **kwargs: Any):
-            if on_error not in ("mask", "raise"):
-                raise ValueError(f"on_error must be 'mask' or 'raise', got {on_error!r}")
+            one_of("on_error", on_error, ("mask", "raise"))
             super().__init__(*args, **kwargs)
             self.scorers = scorers
             self.advantage_config = advantage_config or grpo_config()
@@ -419,20 +440,12 @@ def _learner_class() -> type:
                     f"each; tested with tunix {TESTED_TUNIX})")
             rollout = rollout_from_tunix(example.prompt_ids, example.prompt_mask, example.completion_ids,
                                          example.completion_mask)
-            scored: ScoredArrays = self.scorers.score_arrays(  # type: ignore[assignment]  # on_error='mask'
-                rollout.input_ids, rollout.turn_ids, attention_mask=rollout.attention_mask,
-                ctx=list(self.ctx(prompts, completions)), on_error="mask")
-            failed = scored.failed
-            if self.on_error == "raise" and failed.any():
-                row = int(np.argmax(failed))
-                raise RuntimeError(f"scoring completion {row} failed: {scored.errors[row]}")
-            token_rewards = np.where(failed[:, None], 0.0, scored.token_rewards)  # a failed row trains on nothing
+            token_rewards, failed = _scored(self.scorers, rollout, self.ctx(prompts, completions), self.on_error,
+                                            "completion")
             advantages, diagnostics = process_advantages(rollout, rewards, group_size=self.algo_config.num_generations,
                                                          config=self.advantage_config, token_rewards=token_rewards)
             self.rl_cluster.buffer_metrics({
-                "prm/failed_rows": (int(failed.sum()), np.sum),
-                "prm/process_reward_mean": (float(np.mean(token_rewards[rollout.loss_mask]))
-                                            if rollout.loss_mask.any() else 0.0, np.mean),
+                **_reward_metrics(token_rewards, rollout.loss_mask, failed),
                 "prm/rows_off_trained_timesteps": (int(diagnostics["outcome/rows_off_trained_timesteps"]), np.sum),
             }, mode=mode)
             completion_mask = jnp.asarray(example.completion_mask) & jnp.asarray(~failed)[:, None]
@@ -566,24 +579,19 @@ def _agentic_learner_class() -> type:
 
         def _advantages(self, rollout: Rollout, outcome: np.ndarray,
                         trajectories: Sequence[Mapping[str, Any]]) -> tuple[jnp.ndarray, np.ndarray, dict[str, Any]]:
-            rows, turns = rollout.input_ids.shape[0], int(rollout.turn_ids.max(initial=-1)) + 1
+            rows = rollout.input_ids.shape[0]
+            turns = rollout.turn_ids.max(axis=1) + 1  # [B] assistant turns of each row
             token_rewards = np.zeros(rollout.input_ids.shape, np.float32)
             failed = np.zeros(rows, bool)
             if self.scorers is not None:
-                scored: ScoredArrays = self.scorers.score_arrays(  # type: ignore[assignment]  # on_error='mask'
-                    rollout.input_ids, rollout.turn_ids, attention_mask=rollout.attention_mask,
-                    ctx=[self.ctx(t) for t in trajectories], on_error="mask")
-                failed = np.asarray(scored.failed, bool)
-                if self.on_error == "raise" and failed.any():
-                    row = int(np.argmax(failed))
-                    raise RuntimeError(f"scoring trajectory {row} failed: {scored.errors[row]}")
-                token_rewards = np.where(failed[:, None], 0.0, scored.token_rewards).astype(np.float32)
+                token_rewards, failed = _scored(self.scorers, rollout, [self.ctx(t) for t in trajectories],
+                                                self.on_error, "trajectory")
             extra: dict[str, np.ndarray] = {}
             if self.env_rewards != "none":
-                steps = np.zeros((rows, max(turns, 1)), np.float32)
-                for row, trajectory in enumerate(trajectories):
+                width = max(int(turns.max(initial=0)), 1)
+                steps = np.zeros((rows, width), np.float32)
+                for row, (trajectory, row_turns) in enumerate(zip(trajectories, turns.tolist())):
                     recorded = trajectory.get(STEP_REWARDS_KEY)
-                    row_turns = int(rollout.turn_ids[row].max(initial=-1)) + 1
                     if row_turns == 0:
                         continue  # nothing trained (tunix masked the trajectory out): nothing to place
                     if recorded is None or len(recorded) != row_turns:
@@ -597,18 +605,15 @@ def _agentic_learner_class() -> type:
                     on_turn = np.take_along_axis(steps, np.maximum(rollout.turn_ids, 0), axis=1)
                     token_rewards = token_rewards + np.where(rollout.turn_ids >= 0, on_turn, 0.0).astype(np.float32)
                 else:
-                    width = steps.shape[1]
                     extra = {"turn_ids": rollout.turn_ids, "turn_rewards": steps,
-                             "turn_reward_mask": np.arange(width)[None, :] < (rollout.turn_ids.max(axis=1) + 1)[:, None],
+                             "turn_reward_mask": np.arange(width)[None, :] < turns[:, None],
                              "anchor_ids": _state_ids([t.get(STEP_STATES_KEY, []) for t in trajectories], width)}
             batch = rollout.batch(outcome, group_size=rows, token_rewards=token_rewards if (
                 self.scorers is not None or self.env_rewards == "process") else None)
             batch.update(extra)
             output = compute_advantages(batch, self.advantage_config)
-            active = rollout.loss_mask & ~failed[:, None]
-            metrics = {"prm/failed_rows": (int(failed.sum()), np.sum),
-                       "prm/process_reward_mean": (float(token_rewards[active].mean()) if active.any() else 0.0, np.mean),
-                       "prm/turns_mean": (float(np.mean(rollout.turn_ids.max(axis=1) + 1)), np.mean)}
+            metrics = {**_reward_metrics(token_rewards, rollout.loss_mask, failed),
+                       "prm/turns_mean": (float(np.mean(turns)), np.mean)}
             return rollout.on_completion(output.advantages), failed, metrics
 
     return ProcessRewardAgenticGRPOLearner

@@ -19,6 +19,7 @@ from tunix.rl.agentic import agentic_grpo_learner  # noqa: E402
 from tunix_rules import tunix_promotion_rules  # noqa: E402, F401 (an autouse fixture)
 
 import prm_jax  # noqa: E402
+from examples.tunix_agentic.__main__ import ChatParser  # noqa: E402
 from examples.tunix_grpo.__main__ import make_cluster  # noqa: E402
 from prm_jax.integrations import tunix as adapter  # noqa: E402
 
@@ -31,18 +32,6 @@ TRAJECTORIES = [
          states=["", "'obs a'"]),
     dict(tokens=[12, 13, 14, 15, 16], masks=[1, 1, 1, 0, 0], reward=0.0, steps=[0.75], states=[""]),
 ]
-
-
-class ChatParser:
-    """The smallest chat parser tunix's agentic learner accepts (as tunix's own tests use)."""
-
-    assistant_token = "Assistant: "
-
-    def parse(self, messages, add_generation_prompt=False, is_first_msg=False):
-        return " ".join(m["content"] for m in messages)
-
-    def update_assistant_end_tokens(self, tokens):
-        return tokens, 0
 
 
 def items(trajectories=TRAJECTORIES, recorded=True):
@@ -65,16 +54,19 @@ def learner(**kwargs):
                                                    chat_parser=ChatParser(), **kwargs)  # outcome: the trajectory's reward
 
 
+def turns_of(mask):
+    """Each token's assistant turn in one row's mask (the k-th run of 1s is turn k), -1 elsewhere."""
+    m = np.asarray(mask, bool)
+    starts = m & ~np.concatenate([[False], m[:-1]])
+    return np.where(m, np.cumsum(starts) - 1, -1)
+
+
 def trained_and_turns():
     """``[B, C]`` the trained (assistant) tokens and each one's turn, -1 on the environment's and padding."""
     masks = np.zeros((len(TRAJECTORIES), WIDTH), bool)
-    turns = np.full(masks.shape, -1)
     for row, t in enumerate(TRAJECTORIES):
-        m = np.asarray(t["masks"], bool)
-        masks[row, :len(m)] = m
-        starts = m & ~np.concatenate([[False], m[:-1]])
-        turns[row, :len(m)] = np.where(m, np.cumsum(starts) - 1, -1)
-    return masks, turns
+        masks[row, :len(t["masks"])] = t["masks"]
+    return masks, np.stack([turns_of(m) for m in masks])
 
 
 def grpo(rewards):
@@ -237,7 +229,7 @@ def test_the_environments_step_rewards_are_recorded_in_a_real_rollout_and_reach_
     config = agentic_grpo_learner.GRPOConfig(num_generations=4, beta=0.0, max_response_length=example.RESPONSE,
                                              use_rollout_logps=False, max_concurrency=1)
     learner = example.Learner(rl_cluster=example.make_cluster(1, generate=example.RESPONSE, prompt=24, cache=64),
-                              chat_parser=example.ChatParser(), env_class=StepRewardEnv, algo_config=config,
+                              chat_parser=ChatParser(), env_class=StepRewardEnv, algo_config=config,
                               env_rewards="process")
     learner._process_results = types.MethodType(recorded, learner)
     learner.train(grain.MapDataset.source(["hello world", "My name"]).batch(2).map(lambda b: {"prompts": b}))
@@ -247,8 +239,7 @@ def test_the_environments_step_rewards_are_recorded_in_a_real_rollout_and_reach_
         steps = np.zeros(mask.shape)
         for row, item in enumerate(trajectories):
             recorded_rewards = item.traj[adapter.STEP_REWARDS_KEY]
-            turn_of = np.full(mask.shape[1], -1)  # each completion token's assistant turn
-            turn_of[mask[row]] = np.cumsum(np.diff(np.concatenate([[0], mask[row].astype(int)])) == 1)[mask[row]] - 1
+            turn_of = turns_of(mask[row])  # each completion token's assistant turn
             counts = [0.25 * int(((ids[row] == example.TARGET) & (turn_of == k)).sum()) for k in range(turn_of.max() + 1)]
             np.testing.assert_allclose(recorded_rewards, counts)  # the engine recorded the environment's rewards
             # and each step's anchor state (GiGPO's): the task's for the first, the environment's reply after

@@ -69,6 +69,14 @@ def trained_and_turns():
     return masks, np.stack([turns_of(m) for m in masks])
 
 
+def completion_ids():
+    """``[B, C]`` the trajectories' conversation tokens, right-padded."""
+    ids = np.zeros((len(TRAJECTORIES), WIDTH), int)
+    for row, t in enumerate(TRAJECTORIES):
+        ids[row, :len(t["tokens"])] = t["tokens"]
+    return ids
+
+
 def grpo(rewards):
     """tunix's own `grpo` advantages of one group."""
     return np.asarray(algo_core.compute_advantages(np.asarray(rewards, np.float32), len(rewards)))
@@ -103,9 +111,7 @@ def test_scorer_rewards_land_on_their_turns_tokens_and_the_environments_tokens_g
     with prm_jax.BlockingRunner(scorers=[scorer]) as runner:
         [example] = learner(scorers=runner)._process_results(items())
     trained, turns = trained_and_turns()
-    ids = np.zeros(trained.shape, int)
-    for row, t in enumerate(TRAJECTORIES):
-        ids[row, :len(t["tokens"])] = t["tokens"]
+    ids = completion_ids()
     # The scorer saw each assistant turn's tokens, exactly, and no environment token.
     want_seen = sorted((f"move {row}", [int(i) for i in ids[row][turns[row] == k]])
                        for row in range(len(TRAJECTORIES)) for k in range(turns[row].max() + 1))
@@ -123,15 +129,18 @@ def test_a_failed_trajectory_is_dropped_from_the_loss():
     assert np.array_equal(mask[0], trained[0]) and not mask[1].any()
 
 
-def test_environment_step_rewards_as_process_rewards_reach_every_token_of_their_turn():
-    [example] = learner(env_rewards="process")._process_results(items())
+@pytest.mark.parametrize("with_scorer", [False, True])
+def test_environment_step_rewards_as_process_rewards_reach_every_token_of_their_turn(with_scorer):
+    # With a scorer too, a turn's token gets both: the scorer's reward and its step's.
+    with prm_jax.BlockingRunner(scorers=[SeenTurns()]) as runner:
+        [example] = learner(env_rewards="process", scorers=runner if with_scorer else None)._process_results(items())
     trained, turns = trained_and_turns()
     steps = np.zeros(trained.shape)
     for row, t in enumerate(TRAJECTORIES):
         steps[row] = np.where(turns[row] >= 0, np.asarray(t["steps"])[np.maximum(turns[row], 0)], 0.0)
     outcome = np.broadcast_to(grpo([t["reward"] for t in TRAJECTORIES])[:, None], trained.shape)
-    np.testing.assert_allclose(np.asarray(example.advantages)[trained], (outcome + steps)[trained], rtol=1e-5,
-                               atol=1e-6)
+    want = outcome + steps + (0.01 * completion_ids() if with_scorer else 0.0)
+    np.testing.assert_allclose(np.asarray(example.advantages)[trained], want[trained], rtol=1e-5, atol=1e-6)
 
 
 def test_missing_step_rewards_and_a_changed_tunix_fail_loudly(monkeypatch):
@@ -151,14 +160,20 @@ def test_missing_step_rewards_and_a_changed_tunix_fail_loudly(monkeypatch):
         hooked._process_results(items())
 
 
-def test_environment_step_rewards_as_gigpo_step_rewards_equal_the_pipeline_on_the_packed_batch():
+@pytest.mark.parametrize("with_scorer", [False, True])
+def test_environment_step_rewards_as_gigpo_step_rewards_equal_the_pipeline_on_the_packed_batch(with_scorer):
     config = adapter.grpo_config(credit_assignment={"mode": "gigpo", "step_discount": 0.9})
-    [example] = learner(env_rewards="gigpo", advantage_config=config)._process_results(items())
+    with prm_jax.BlockingRunner(scorers=[SeenTurns()]) as runner:
+        [example] = learner(env_rewards="gigpo", advantage_config=config,
+                            scorers=runner if with_scorer else None)._process_results(items())
     trained, _ = trained_and_turns()
-    # The same group by hand: turn rewards and anchors per turn ("" is the task's state, shared).
+    # The same group by hand: turn rewards and anchors per turn ("" is the task's state, shared), and with a
+    # scorer its rewards on the turns' positions (GiGPO's step rewards stay the environment's).
     rollout = adapter.rollout_from_tunix(example.prompt_ids, example.prompt_mask, example.completion_ids, trained,
                                          turns="runs")
-    batch = rollout.batch([t["reward"] for t in TRAJECTORIES], group_size=GROUP)
+    scores = np.where(rollout.turn_ids >= 0, 0.01 * rollout.input_ids, 0.0).astype(np.float32)
+    batch = rollout.batch([t["reward"] for t in TRAJECTORIES], group_size=GROUP,
+                          token_rewards=scores if with_scorer else None)
     batch.update(turn_ids=rollout.turn_ids, turn_rewards=np.array([[0.5, -0.25], [0.75, 0.0]], np.float32),
                  turn_reward_mask=np.array([[True, True], [True, False]]), anchor_ids=np.array([[0, 1], [0, -1]]))
     want = rollout.on_completion(prm_jax.compute_advantages(batch, config).advantages)

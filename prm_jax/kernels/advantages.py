@@ -58,6 +58,7 @@ from prm_jax.kernels.normalization import (
     group_layout,
     group_sizes_check,
     member_counts_check,
+    segment_moments,
 )
 from prm_jax.kernels.progress import ProgressTransform, progress_process
 from prm_jax.kernels.pure import MinFormTransform, _min_form_core
@@ -703,11 +704,9 @@ def _diagnostics(advantages: jax.Array, unshaped: jax.Array, process: jax.Array 
         high = jnp.where(count > 0, jnp.max(jnp.where(active, x, -jnp.inf)), zero)
         _, exponent = jnp.frexp(jnp.maximum(jnp.abs(low), jnp.abs(high)))
         scale = jnp.ldexp(jnp.ones((), x.dtype), exponent)
-        unit = jnp.where(active, x / scale, zero)
-        mean = jnp.sum(unit) / n
-        std = jnp.sqrt(jnp.sum(jnp.where(active, (unit - mean) ** 2, zero)) / n)
-        return {f"{prefix}/mean": mean * scale, f"{prefix}/std": std * scale, f"{prefix}/min": low,
-                f"{prefix}/max": high}
+        moments = segment_moments(x / scale, active, ddof=0)
+        return {f"{prefix}/mean": moments.mean * scale, f"{prefix}/std": jnp.sqrt(moments.var) * scale,
+                f"{prefix}/min": low, f"{prefix}/max": high}
 
     out.update(stats("advantages", advantages))
     row_group, num_groups = row_groups(groups, active.shape[0])
@@ -866,8 +865,10 @@ def _settle_checks(output: AdvantageOutput, checks: list[_checks.ValueCheck], pl
     if eager and not _locate_first(plan) and any(bool(check.count) for check in checks):
         checks = located()
     _checks.raise_value_checks(checks, callback=plan.check_values == "callback")
+    # (The share is in every run's diagnostics with diagnostics=True: only gvpo's is a reason to warn.)
     negative = output.diagnostics.get("process/negative_share")
-    if negative is not None and not _checks.is_traced(negative) and float(negative) == 0:
+    gvpo = plan.shaping is not None and plan.shaping.mode == "gvpo"
+    if gvpo and negative is not None and not _checks.is_traced(negative) and float(negative) == 0:
         warn_gvpo_without_penalty(stacklevel=3)
     return output._replace(diagnostics={**output.diagnostics, **_checks.check_counts(checks)})
 

@@ -164,6 +164,22 @@ def test_gvpo_warns_once_when_no_process_reward_is_negative(monkeypatch):
     assert float(out.diagnostics["process/negative_share"]) == 0.0
 
 
+def test_only_gvpo_warns_of_no_negative_process_reward_when_diagnostics_are_on(monkeypatch):
+    # With diagnostics=True every run's diagnostics hold process/negative_share; additive and
+    # process_weighted shaping (whose process rewards are in [0, 1]) warned that "gvpo changes nothing here".
+    judge = {**rows_with_padding([1, 0], real=2), "token_rewards": np.full((2, 4), 0.5, np.float32)}
+    for mode in ("additive", "process_weighted"):
+        monkeypatch.setattr(shaping, "_warned", set())
+        config = AdvantageConfig(kl_ctl=0.0, diagnostics=True, advantage_shaping=ShapingConfig(mode))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = compute_advantages(judge, config)
+        assert float(out.diagnostics["process/negative_share"]) == 0.0
+    monkeypatch.setattr(shaping, "_warned", set())
+    with pytest.warns(UserWarning, match="gvpo changes nothing here"):
+        compute_advantages(judge, AdvantageConfig(kl_ctl=0.0, diagnostics=True, advantage_shaping=ShapingConfig("gvpo")))
+
+
 def test_check_values_accepts_only_bools_and_callback():
     for bad in (1, "yes", None):
         with pytest.raises(ValueError, match="check_values"):

@@ -41,19 +41,29 @@ def outcome(prompts, completions, **kwargs):
     return [float(text.split().count("Tunix") >= 4) for text in completions]
 
 
-def make_cluster(steps: int, *, generate: int = 8, prompt: int = 8, cache: int = 32) -> rl_cluster_lib.RLCluster:
+def make_cluster(steps: int, *, generate: int = 8, prompt: int = 8, cache: int = 32,
+                 critic: bool = False) -> rl_cluster_lib.RLCluster:
+    """tunix's toy transformer as policy and reference (and, with ``critic``, as the backbone of a value
+    model with a score head, for tunix's PPO learner), its vanilla rollout, on one CPU device."""
     vocab = toy.MockVocab()
-    policy, reference = (toy.ToyTransformer(config=toy.ModelConfig(vocab_size=vocab.GetPieceSize()), rngs=nnx.Rngs(0))
-                         for _ in range(2))
+    config = toy.ModelConfig(vocab_size=vocab.GetPieceSize())
+    policy, reference = (toy.ToyTransformer(config=config, rngs=nnx.Rngs(0)) for _ in range(2))
+    roles = [rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE, rl_cluster_lib.Role.ROLLOUT]
+    value_model = None
+    if critic:
+        value_model = toy.ToyTransformerWithScoreHead(toy.ToyTransformer(config=config, rngs=nnx.Rngs(1)),
+                                                      nnx.Rngs(2))
+        roles.append(rl_cluster_lib.Role.CRITIC)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
-    roles = (rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE, rl_cluster_lib.Role.ROLLOUT)
     config = rl_cluster_lib.ClusterConfig(
         role_to_mesh=dict.fromkeys(roles, mesh), rollout_engine="vanilla", offload_to_cpu=False,
         training_config=rl_cluster_lib.RLTrainingConfig(actor_optimizer=optax.adam(3e-3), eval_every_n_steps=1000,
+                                                        critic_optimizer=optax.adam(3e-3) if critic else None,
                                                         max_steps=steps),
         rollout_config=base_rollout.RolloutConfig(max_tokens_to_generate=generate, max_prompt_length=prompt,
                                                   kv_cache_size=cache, temperature=1.0, seed=0))
-    return rl_cluster_lib.RLCluster(actor=policy, reference=reference, tokenizer=vocab, cluster_config=config)
+    return rl_cluster_lib.RLCluster(actor=policy, critic=value_model, reference=reference, tokenizer=vocab,
+                                    cluster_config=config)
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[float]]:

@@ -8,8 +8,8 @@ multi-turn agentic learner: see its docstring.) ``ProcessRewardGRPOLearner`` kee
 advantages: prm-jax's scorers score each completion, and ``compute_advantages`` turns tunix's outcome
 rewards plus the process rewards into ``[B, C]`` advantages, which tunix's own loss then uses.
 
-Where it hooks in, and why there: tunix's advantage-estimator registry is called with the ``[B]`` rewards
-and the group size only, so it cannot receive token rewards. The learner therefore overrides
+Where it hooks in, and why there: tunix's GRPO learner calls its advantage estimator with the ``[B]``
+rewards and the group size only, so it cannot receive token rewards. The learner therefore overrides
 ``GRPOLearner._generate_and_compute_advantage`` (it calls tunix's own, then swaps the advantages in the
 ``TrainExample`` it returns) and ``_compute_rewards`` (to keep the outcome rewards tunix computed). Both
 are private methods of tunix: if a tunix release stops calling ``_compute_rewards`` exactly once per
@@ -240,11 +240,13 @@ def register_loss() -> str:
     return LOSS_NAME
 
 
-# Every policy loss of prm_jax.losses under verl's mode names, and prm-jax's outcome normalization, by name in
-# tunix's FunctionRegistry (register_losses, register_estimators): GRPOConfig(policy_loss_fn="prm_jax_cispo",
-# advantage_estimator="prm_jax_group_norm").
+# Every policy loss of prm_jax.losses under verl's mode names, and prm-jax's advantage estimators that fit
+# tunix's interfaces, by name in tunix's FunctionRegistry (register_losses, register_estimators):
+# GRPOConfig(policy_loss_fn="prm_jax_cispo", advantage_estimator="prm_jax_group_norm"),
+# PPOConfig(advantage_estimator="prm_jax_gae").
 LOSS_PREFIX = "prm_jax_"
-ESTIMATOR_NAME = "prm_jax_group_norm"
+ESTIMATOR_NAME = "prm_jax_group_norm"  # GRPO's interface: [B] rewards, the group size
+GAE_ESTIMATOR_NAME = "prm_jax_gae"  # PPO's: [B, C] rewards, values and mask, gamma, gae_lambda
 
 
 def tunix_policy_loss(mode: PolicyLossMode, **options: Any) -> Callable[..., tuple[Any, dict[str, Any]]]:
@@ -335,14 +337,49 @@ def group_norm_advantages(rewards: Any, num_generations: int) -> np.ndarray:
     return np.asarray(normalize(rewards, norm=NormConfig("group", "group"), group_sizes=sizes))
 
 
-def register_estimators() -> str:
-    """Registers ``group_norm_advantages`` in tunix's advantage-estimator registry as ``prm_jax_group_norm``
-    and returns the name. (prm-jax's per-token estimators need the rollout's tokens, which tunix's
-    estimator interface does not pass: they run through ``ProcessRewardGRPOLearner``.)"""
+def gae_advantages(rewards: Any, values: Any, completion_mask: Any, gamma: float,
+                   gae_lambda: float) -> tuple[jax.Array, jax.Array]:
+    """tunix's PPO advantage-estimator interface (the arguments of its ``gae``: ``[B, C]`` rewards, values
+    and ``completion_mask``, ``gamma``, ``gae_lambda``) around prm-jax's GAE kernel (``prm_jax.kernels.gae``,
+    the native CPU kernel where it is built) and verl's whitening (``normalization.whiten``).
+
+    As tunix's ``gae``: a token outside ``completion_mask`` carries the advantage and the next value unchanged
+    (no bootstrap after the last token); the returns are ``advantages + values`` before whitening; the
+    advantages are whitened over the trained tokens (their mean and unbiased variance, ``eps`` 1e-8). Where
+    it differs, on purpose: a token outside the mask gets advantage 0 (tunix whitens it too; its loss masks
+    it out), and a batch with one trained token gets 0 (tunix's ``n / (n - 1)`` makes it NaN). A
+    ``ValueError`` where the advantages or the returns are not finite in float32 (an overflow, or a NaN in).
+    """
+    from prm_jax.kernels import gae
+
+    out = gae(rewards, values, completion_mask, gamma=gamma, lam=gae_lambda)
+    advantages = _whiten_jit(out.advantages, jnp.asarray(completion_mask) != 0)
+    if not bool(jnp.isfinite(advantages).all() & jnp.isfinite(out.returns).all()):
+        raise ValueError(f"{GAE_ESTIMATOR_NAME}: the advantages or the returns are not finite in float32 (the "
+                         "rewards or values hold a NaN or overflow it)")
+    return advantages, out.returns
+
+
+@jax.jit
+def _whiten_jit(advantages: jax.Array, active: jax.Array) -> jax.Array:
+    from prm_jax.kernels.normalization import whiten
+
+    return whiten(advantages, active)
+
+
+def register_estimators() -> dict[str, str]:
+    """Registers prm-jax's advantage estimators that fit tunix's interfaces in its advantage-estimator
+    registry and returns ``{kind: registered name}``: ``group_norm_advantages`` as ``prm_jax_group_norm``
+    (``GRPOConfig(advantage_estimator=...)``) and ``gae_advantages`` as ``prm_jax_gae``
+    (``PPOConfig(advantage_estimator=...)``). (prm-jax's per-token and per-turn estimators need the
+    rollout's tokens and turns, which neither interface passes: they run through
+    ``ProcessRewardGRPOLearner`` and ``ProcessRewardAgenticGRPOLearner``.)"""
     from tunix.rl import function_registry
 
-    function_registry.register_advantage_estimator(ESTIMATOR_NAME)(group_norm_advantages)
-    return ESTIMATOR_NAME
+    estimators = {"group_norm": (ESTIMATOR_NAME, group_norm_advantages), "gae": (GAE_ESTIMATOR_NAME, gae_advantages)}
+    for name, estimator in estimators.values():
+        function_registry.register_advantage_estimator(name)(estimator)
+    return {kind: name for kind, (name, _) in estimators.items()}
 
 
 class _RecordsOutcomes:

@@ -11,6 +11,7 @@ import pytest
 
 tunix = pytest.importorskip("tunix")
 
+import reference  # noqa: E402
 from flax import nnx  # noqa: E402 (after the skip: the tunix extra brings it)
 from grain import python as grain  # noqa: E402
 from tunix.rl import algo_core, common  # noqa: E402
@@ -190,7 +191,7 @@ def test_a_learner_trains_on_a_registered_verl_loss():
 
 def test_the_group_norm_estimator_is_registered_and_equals_areals_loop():
     from tunix.rl import function_registry
-    name = adapter.register_estimators()
+    name = adapter.register_estimators()["group_norm"]
     rewards = np.array([1.0, 0.0, 3.0, 3.0, 0.5, 2.0], np.float32)
     got = function_registry.get_advantage_estimator(name)(rewards=rewards, num_generations=2)
     r = rewards.astype(np.float64).reshape(-1, 2)
@@ -198,6 +199,78 @@ def test_the_group_norm_estimator_is_registered_and_equals_areals_loop():
     np.testing.assert_allclose(got, want.reshape(-1), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="num_generations"):
         function_registry.get_advantage_estimator(name)(rewards=rewards, num_generations=4)
+
+
+def tunix_ppo_inputs():
+    """What tunix's PPO learner passes its estimator: rewards in the token ids' int32 buffer (the score at
+    the last token), the critic's values, a completion mask with a hole (a pad sampled mid-completion) and
+    a short row."""
+    rewards = np.zeros((3, 6), np.int32)
+    rewards[[0, 1, 2], [5, 3, 5]] = [2, -1, 1]
+    values = np.array([[0.5, -0.25, 0.75, 0.125, -0.5, 0.25], [0.1, 0.2, -0.3, 0.4, 9.0, -9.0],
+                       [-0.6, 0.7, 0.05, -0.15, 0.35, 0.45]], np.float32)
+    mask = np.array([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], np.int32)
+    return {"rewards": rewards, "values": values, "completion_mask": mask, "gamma": 0.9, "gae_lambda": 0.8}
+
+
+def test_the_gae_estimator_is_registered_and_equals_tunix_gae_and_the_float64_loop():
+    from tunix.rl import function_registry
+    estimator = function_registry.get_advantage_estimator(adapter.register_estimators()["gae"])
+    inputs = tunix_ppo_inputs()
+    mask = inputs["completion_mask"] > 0
+    with jax.numpy_dtype_promotion("strict"), jax.numpy_rank_promotion("raise"):
+        advantages, returns = (np.asarray(x) for x in estimator(**inputs))
+    loop, loop_returns = reference.gae(inputs["rewards"], inputs["values"], mask, 0.9, 0.8, np.zeros(3))
+    np.testing.assert_allclose(advantages, reference.whiten(loop, mask), rtol=1e-5, atol=1e-6)  # 0 off the mask
+    np.testing.assert_allclose(returns, loop_returns, rtol=1e-6, atol=1e-6)
+    theirs, their_returns = (np.asarray(x) for x in algo_core.compute_gae_advantages(**inputs))
+    np.testing.assert_allclose(advantages[mask], theirs[mask], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(returns, their_returns, rtol=1e-6, atol=1e-6)
+    # A batch with one trained token: 0 here, NaN in tunix's (its n / (n - 1)); the docstring says so.
+    one = dict(inputs, completion_mask=np.eye(3, 6, 2, dtype=np.int32)[:1].repeat(3, 0) * np.array([[1], [0], [0]]))
+    assert np.asarray(estimator(**one)[0]).tolist() == np.zeros((3, 6)).tolist()
+    assert np.isnan(np.asarray(algo_core.compute_gae_advantages(**one)[0])[0, 2])
+    # Finite float32 rewards whose discounted sum overflows: refused, not returned.
+    big = dict(inputs, rewards=np.full((3, 6), 3e38, np.float32), gamma=1.0, gae_lambda=1.0)
+    with pytest.raises(ValueError, match="prm_jax_gae: the advantages or the returns are not finite"):
+        estimator(**big)
+    # One program for a shape: a second call does not trace the whitening again.
+    before = adapter._whiten_jit._cache_size()
+    estimator(**dict(inputs, gamma=0.5))
+    assert adapter._whiten_jit._cache_size() == before
+
+
+def test_tunix_ppo_learner_trains_on_the_registered_gae_with_tunix_gae_advantages():
+    from tunix.rl import function_registry
+    from tunix.rl.ppo import ppo_learner
+
+    name = adapter.register_estimators()["gae"]
+    registered = function_registry.get_advantage_estimator(name)
+    calls = []
+
+    def recording(**inputs):  # what the learner passed and got, to check against tunix's own gae
+        out = registered(**inputs)
+        calls.append(({k: np.asarray(v) for k, v in inputs.items()}, [np.asarray(x) for x in out]))
+        return out
+
+    function_registry.register_advantage_estimator(name)(recording)
+    try:
+        rl_cluster = make_cluster(2, critic=True)
+        before = jax.tree.map(np.array, nnx.state(rl_cluster.actor_trainer.model, nnx.Param))
+        learner = ppo_learner.PPOLearner(
+            rl_cluster=rl_cluster, reward_fns=lambda prompts, completions, **kw: [float(len(c) % 5) for c in completions],
+            ppo_config=ppo_learner.PPOConfig(advantage_estimator=name, beta=0.0, gamma=0.9, gae_lambda=0.8))
+        learner.train(dataset())
+    finally:
+        function_registry.register_advantage_estimator(name)(registered)
+    after = nnx.state(rl_cluster.actor_trainer.model, nnx.Param)
+    assert len(calls) == 2
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+    for inputs, (advantages, returns) in calls:
+        mask = inputs["completion_mask"] > 0
+        theirs, their_returns = (np.asarray(x) for x in algo_core.compute_gae_advantages(**inputs))
+        np.testing.assert_allclose(advantages[mask], theirs[mask], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(returns, their_returns, rtol=1e-6, atol=1e-6)
 
 
 def example_prompts(example):

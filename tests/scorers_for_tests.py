@@ -36,6 +36,27 @@ def committed(cache):
     return [None if i.token_rewards is None else i.token_rewards.tolist() for i in cache]
 
 
+class InFlight(BaseScorer):
+    """Sleeps, recording how many evaluations run at once; fails on tokens equal to 99."""
+
+    name = "in_flight"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.now = self.most = 0
+
+    async def evaluate(self, interaction, ctx):
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await anyio.sleep(0.005)
+        finally:
+            self.now -= 1
+        if (interaction.output_tokens == 99).any():
+            raise RuntimeError("judge failed")
+        return 1.0
+
+
 class ConstantScorer(BaseScorer):
     name = "constant"
 

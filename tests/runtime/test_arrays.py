@@ -1,6 +1,5 @@
 """Issue 14.1-14.2: scoring a trainer's arrays, concurrently, from async or synchronous code."""
 
-import anyio
 import chex
 import jax
 import numpy as np
@@ -20,27 +19,6 @@ class TokenSum(BaseScorer):
 
     async def evaluate(self, interaction, ctx):
         return float(interaction.output_tokens.sum() + len(interaction.input_tokens) + ctx.get("bonus", 0))
-
-
-class InFlight(BaseScorer):
-    """Sleeps, recording how many evaluations run at once; fails on tokens equal to 99."""
-
-    name = "in_flight"
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.now = self.most = 0
-
-    async def evaluate(self, interaction, ctx):
-        self.now += 1
-        self.most = max(self.most, self.now)
-        try:
-            await anyio.sleep(0.005)
-        finally:
-            self.now -= 1
-        if (interaction.output_tokens == 99).any():
-            raise RuntimeError("judge failed")
-        return 1.0
 
 
 pytestmark = pytest.mark.anyio
@@ -118,7 +96,7 @@ async def test_run_many_bounds_concurrency_and_keeps_order():
     # Issue 14.2: branches scored concurrently (64 sessions with a 5 ms judge: 378 ms serially).
     def chain(b, bad=False):
         return [Interaction(f"b{b}", [1], [99 if bad else 2 + b], reward=0.0)]
-    scorer = InFlight()
+    scorer = st.InFlight()
     runner = PRMRunner(scorers=[scorer])
     results = await runner.run_many([chain(b) for b in range(64)], limit=8)
     assert scorer.most == 8 and len(results) == 64

@@ -284,24 +284,9 @@ async def test_an_async_scorer_beside_a_cpu_bound_one_in_processes_never_times_o
 
 # --- bounded fan-out ------------------------------------------------------------------------------------------
 
-class CountsInFlight(BaseScorer):
-    name = "counts_in_flight"
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.now = self.most = 0
-
-    async def evaluate(self, interaction, ctx):
-        self.now += 1
-        self.most = max(self.most, self.now)
-        await anyio.sleep(0.005)
-        self.now -= 1
-        return 1.0
-
-
 @pytest.mark.parametrize("max_concurrency", [None, 1, 5])
 async def test_max_concurrency_bounds_a_scorers_calls_across_every_branch(max_concurrency):
-    scorer = CountsInFlight(max_concurrency=max_concurrency)
+    scorer = st.InFlight(max_concurrency=max_concurrency)
     chains = branches(8)
     await PRMRunner(scorers=(scorer,)).run_many(chains)
     assert scorer.most == (32 if max_concurrency is None else max_concurrency)
@@ -545,7 +530,7 @@ async def test_the_branch_limit_never_starves_a_batched_scorer():
     chains = branches(32, turns=1)
     await PRMRunner(scorers=(scorer,)).run_many(chains, limit=4)
     assert scorer.sizes == [8, 8, 8, 8]
-    plain = CountsInFlight()
+    plain = st.InFlight()
     await PRMRunner(scorers=(plain,)).run_many(branches(8, turns=1), limit=3)
     assert plain.most == 3  # without a batched scorer, limit is what it says
 

@@ -289,20 +289,23 @@ class WorkerPid(SyncScorer):
 
 
 class Misbehaves(SyncScorer):
-    """Sleeps on turns whose id ends in ``slow``, exits its process on ``crash``, raises on ``raise``."""
+    """Sleeps 30 s on the turns named in ``slow`` (first creating the file ``started``, if given: the call is in
+    the worker), exits its process on ``crash``, raises on ``fail``."""
 
     name = "misbehaves"
     executor = "process"
 
-    def __init__(self, slow=(), crash=(), fail=(), **kwargs):
+    def __init__(self, slow=(), crash=(), fail=(), started=None, **kwargs):
         super().__init__(**kwargs)
-        self.slow, self.crash, self.fail = tuple(slow), tuple(crash), tuple(fail)
+        self.slow, self.crash, self.fail, self.started = tuple(slow), tuple(crash), tuple(fail), started
 
     def evaluate(self, interaction, ctx):
         import os
         import time
 
         if interaction.interaction_id in self.slow:
+            if self.started is not None:
+                open(self.started, "w").close()
             time.sleep(30)
         if interaction.interaction_id in self.crash:
             os._exit(3)

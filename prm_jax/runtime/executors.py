@@ -364,7 +364,7 @@ class ProcessExecutor(Executor):
 
     async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
         if self._closed:
-            raise RuntimeError(f"scorer {self.scorer.name!r}: its worker processes were closed")
+            raise self._closed_error()
         if self._blob is None:
             self._start()
         call = _Call(args, on)
@@ -372,6 +372,9 @@ class ProcessExecutor(Executor):
             self._queue.append(call)
             self._ready.notify()
         return await _result(call.future)
+
+    def _closed_error(self) -> RuntimeError:
+        return RuntimeError(f"scorer {self.scorer.name!r}: its worker processes were closed")
 
     def _take(self) -> list[_Call] | None:
         with self._ready:
@@ -396,7 +399,17 @@ class ProcessExecutor(Executor):
                                 call.future.set_exception(RuntimeError(
                                     f"scorer {self.scorer.name!r}: could not start a worker process: {err!r}"))
                             break
-                        self._live.add(worker)
+                        # A start takes seconds where the forkserver first imports the scorer's module: a
+                        # close meanwhile ended the workers it saw, so a worker that started after it runs
+                        # nothing and is ended here.
+                        with self._ready:
+                            closing = self._closed
+                            if not closing:
+                                self._live.add(worker)
+                        if closing:
+                            for call in calls:
+                                call.future.set_exception(self._closed_error())
+                            break
                     calls, alive = self._chunk(worker, calls)
                     if not alive:
                         self._live.discard(worker)

@@ -25,6 +25,7 @@ from prm_jax import (
     SyncTrajectoryScorer,
 )
 from prm_jax.config import PRMConfig, ScorerSpec
+from prm_jax.runtime import executors
 from prm_jax.runtime.context import ScorerContext
 from prm_jax.runtime.runner import RunnerClosedError
 from prm_jax.runtime.specs import check_scorer_specs
@@ -574,8 +575,9 @@ async def test_the_watchdog_names_the_thread_scorers_running_when_the_loop_stall
     assert any("thread scorer(s) ['holds_the_gil'] were running" in m for m in messages), messages
 
 
-async def test_closing_a_runner_ends_a_worker_process_stuck_in_a_call_at_once():
-    scorer = st.Misbehaves(slow=("b0t0",), max_workers=1)  # sleeps 30 s, no timeout
+async def test_closing_a_runner_ends_a_worker_process_stuck_in_a_call_at_once(tmp_path):
+    started_file = tmp_path / "started"
+    scorer = st.Misbehaves(slow=("b0t0",), max_workers=1, started=str(started_file))  # sleeps 30 s, no timeout
     runner = PRMRunner(scorers=(scorer,))
     closed = []
 
@@ -587,8 +589,47 @@ async def test_closing_a_runner_ends_a_worker_process_stuck_in_a_call_at_once():
 
     async with anyio.create_task_group() as group:
         group.start_soon(scores)
-        await anyio.sleep(1.0)  # the call is in the worker
+        with anyio.fail_after(60):  # the call is in the worker (a cold start imports the scorer's module)
+            while not started_file.exists():
+                await anyio.sleep(0.02)
         started = time.perf_counter()
         await runner.aclose()
     assert time.perf_counter() - started < 4.0 and len(closed) == 1  # the run: closed, nothing committed
     assert not [w for w in runner._executors[id(scorer)]._live if w.process.is_alive()]
+
+
+async def test_closing_a_runner_while_its_worker_process_starts_runs_nothing_there(monkeypatch):
+    # A worker's start takes seconds where the forkserver first imports the scorer's module (a clean clone:
+    # no .pyc files). A close in that time saw no worker to end; the worker then took the 30 s call and
+    # outlived the close, which gave up on its dispatcher after 6 s.
+    starting, workers = threading.Event(), []
+
+    class SlowStart(executors._Worker):
+        def __init__(self, *args):
+            starting.set()
+            super().__init__(*args)
+            workers.append(self)
+            time.sleep(1.5)  # the start's handshake, as a cold forkserver makes it
+
+    monkeypatch.setattr(executors, "_Worker", SlowStart)
+    scorer = st.Misbehaves(slow=("b0t0",), max_workers=1)
+    runner = PRMRunner(scorers=(scorer,))
+    closed = []
+
+    async def scores():
+        try:
+            await runner.run_many(branches(1, turns=1))
+        except RunnerClosedError as err:
+            closed.append(err)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(scores)
+        with anyio.fail_after(60):
+            while not starting.is_set():
+                await anyio.sleep(0.01)
+        started = time.perf_counter()
+        await runner.aclose()
+    assert time.perf_counter() - started < 3.0 and len(closed) == 1
+    executor = runner._executors[id(scorer)]
+    assert len(workers) == 1 and not workers[0].process.is_alive() and not executor._live
+    assert not [thread for thread in executor._threads if thread.is_alive()]

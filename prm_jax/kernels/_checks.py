@@ -82,14 +82,14 @@ def as_int(name: str, x: Any) -> jax.Array:
 
 
 def check_rank(name: str, x: Any, ndim: int) -> None:
-    shape = jnp.shape(x)
+    shape = np.shape(x)
     if len(shape) != ndim:
         raise ValueError(f"{name} must have rank {ndim}, got shape {tuple(shape)}")
 
 
 def check_shape(name: str, x: Any, shape: tuple[int, ...], like: str) -> None:
-    if tuple(jnp.shape(x)) != tuple(shape):
-        raise ValueError(f"{name} must have the shape of {like} {tuple(shape)}, got {tuple(jnp.shape(x))}")
+    if tuple(np.shape(x)) != tuple(shape):
+        raise ValueError(f"{name} must have the shape of {like} {tuple(shape)}, got {tuple(np.shape(x))}")
 
 
 def is_traced(*xs: Any) -> bool:

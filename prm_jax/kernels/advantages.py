@@ -418,7 +418,7 @@ def _check_batch_shapes(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> 
     """Trace-time checks of every key's dtype class and shape (``BATCH_SCHEMA``) and of the keys the
     estimator needs; returns ``(B, T)``."""
     _checks.check_rank("batch['attention_mask']", batch["attention_mask"], 2)
-    shape = jnp.shape(batch["attention_mask"])
+    shape = np.shape(batch["attention_mask"])
     for name, key in BATCH_SCHEMA.items():
         if name not in batch or name == "attention_mask":
             continue
@@ -432,12 +432,12 @@ def _check_batch_shapes(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> 
             _checks.check_rank(where, batch[name], 1)
         else:
             _checks.check_rank(where, batch[name], 2)
-            if jnp.shape(batch[name])[0] != shape[0]:
-                raise ValueError(f"{where} must be [B, K] with B = {shape[0]}, got {jnp.shape(batch[name])}")
+            if np.shape(batch[name])[0] != shape[0]:
+                raise ValueError(f"{where} must be [B, K] with B = {shape[0]}, got {np.shape(batch[name])}")
         if key.like is not None:
             if key.like not in batch:
                 raise ValueError(f"{where} goes with batch[{key.like!r}]; it needs them")
-            _checks.check_shape(where, batch[name], jnp.shape(batch[key.like]), f"batch[{key.like!r}]")
+            _checks.check_shape(where, batch[name], np.shape(batch[key.like]), f"batch[{key.like!r}]")
     spec = plan.estimator_spec
     missing = tuple(name for name in spec.reads if name not in batch)
     if missing:
@@ -774,7 +774,7 @@ def _padded_if_empty(arrays: dict[str, Any]) -> tuple[dict[str, Any], tuple[int,
     """A batch of no rows (every group filtered) or no timesteps, padded with one padding row (no attention,
     group id -1, or a group of its own) or timestep, and the real ``(B, T)`` to cut the outputs back to;
     ``None`` for a batch with both."""
-    shape = jnp.shape(arrays["attention_mask"])
+    shape = np.shape(arrays["attention_mask"])
     if len(shape) != 2 or (shape[0] > 0 and shape[1] > 0):
         return arrays, None
     padded = {}

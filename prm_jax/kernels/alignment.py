@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
@@ -27,8 +28,8 @@ def shift_to_next_token(x: ArrayLike, *, fill: ArrayLike = 0) -> jax.Array:
     Returns:
       ``[..., T]`` array with ``x``'s dtype.
     """
-    if jnp.ndim(x) < 1:
-        raise ValueError(f"x must have a time axis, got shape {jnp.shape(x)}")
+    if np.ndim(x) < 1:
+        raise ValueError(f"x must have a time axis, got shape {np.shape(x)}")
     return _shift_jit(x, fill)
 
 
@@ -54,9 +55,9 @@ def broadcast_turn_rewards(turn_rewards: ArrayLike, turn_ids: ArrayLike) -> jax.
     """
     _checks.check_rank("turn_rewards", turn_rewards, 2)
     _checks.check_rank("turn_ids", turn_ids, 2)
-    if jnp.shape(turn_rewards)[0] != jnp.shape(turn_ids)[0]:
-        raise ValueError(f"turn_rewards and turn_ids must share the batch axis, got {jnp.shape(turn_rewards)} and "
-                         f"{jnp.shape(turn_ids)}")
+    if np.shape(turn_rewards)[0] != np.shape(turn_ids)[0]:
+        raise ValueError(f"turn_rewards and turn_ids must share the batch axis, got {np.shape(turn_rewards)} and "
+                         f"{np.shape(turn_ids)}")
     return _broadcast_jit(turn_rewards, turn_ids)
 
 

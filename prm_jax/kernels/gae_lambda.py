@@ -29,6 +29,7 @@ from typing import TypedDict
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from prm_jax.validation import ConfigError, finite_number
 
@@ -60,7 +61,7 @@ def _check_q(*, q: float) -> float:
 def constant_gae_lambda(context: GAELambdaContext, *, value: float) -> jax.Array:
     """``value`` for every row."""
     value = _check_value(value=value)
-    return jnp.full(jnp.shape(context["timestep_lengths"]), value, jnp.float32)
+    return jnp.full(np.shape(context["timestep_lengths"]), value, jnp.float32)
 
 
 def vapo_length_adaptive_gae(context: GAELambdaContext, *, alpha: float) -> jax.Array:

@@ -292,7 +292,7 @@ def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayL
     if not isinstance(config, GiGPOConfig):
         raise TypeError(f"config must be a GiGPOConfig, got {type(config).__name__}")
     _checks.check_rank("turn_rewards", turn_rewards, 2)
-    shape = jnp.shape(turn_rewards)
+    shape = np.shape(turn_rewards)
     _checks.check_shape("turn_mask", turn_mask, shape, "turn_rewards")
     _checks.check_shape("outcome_rewards", outcome_rewards, shape[:1], "turn_rewards' batch axis")
     if anchor_ids is not None:
@@ -329,7 +329,7 @@ def _gigpo_turns(batch: Mapping[str, Any], default: int) -> int:
     """``K``, GiGPO's turn slots: the width of its per-turn inputs, else ``default``."""
     for key in ("turn_rewards", "anchor_ids"):
         if key in batch:
-            return int(jnp.shape(batch[key])[1])
+            return int(np.shape(batch[key])[1])
     return default
 
 

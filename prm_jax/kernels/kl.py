@@ -17,6 +17,7 @@ from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
@@ -37,7 +38,7 @@ def kl_estimate(logprobs: ArrayLike, ref_logprobs: ArrayLike, estimator: str = "
       estimator: ``"k1" | "k2" | "k3"``.
     """
     one_of("estimator", estimator, KL_ESTIMATORS)
-    _checks.check_shape("ref_logprobs", ref_logprobs, jnp.shape(logprobs), "logprobs")
+    _checks.check_shape("ref_logprobs", ref_logprobs, np.shape(logprobs), "logprobs")
     return _kl_estimate_jit(logprobs, ref_logprobs, estimator=estimator)
 
 
@@ -67,8 +68,8 @@ def kl_rewards(logprobs: ArrayLike, ref_logprobs: ArrayLike, mask: ArrayLike, *,
       estimator: ``"k1" | "k2" | "k3"``.
     """
     one_of("estimator", estimator, KL_ESTIMATORS)
-    _checks.check_shape("ref_logprobs", ref_logprobs, jnp.shape(logprobs), "logprobs")
-    _checks.check_shape("mask", mask, jnp.shape(logprobs), "logprobs")
+    _checks.check_shape("ref_logprobs", ref_logprobs, np.shape(logprobs), "logprobs")
+    _checks.check_shape("mask", mask, np.shape(logprobs), "logprobs")
     rewards, checks = _kl_rewards_jit(logprobs, ref_logprobs, mask, kl_ctl, estimator=estimator)
     _checks.raise_value_checks(checks, callback=True)
     return rewards

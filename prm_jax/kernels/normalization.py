@@ -360,10 +360,10 @@ def normalize(x: ArrayLike, mask: ArrayLike | None = None, norm: NormConfig = No
     """
     if not isinstance(norm, NormConfig):
         raise TypeError(f"norm must be a NormConfig, got {type(norm).__name__}")
-    if jnp.ndim(x) not in (1, 2):
-        raise ValueError(f"x must have shape [B] or [B, T], got {jnp.shape(x)}")
+    if np.ndim(x) not in (1, 2):
+        raise ValueError(f"x must have shape [B] or [B, T], got {np.shape(x)}")
     if mask is not None:
-        _checks.check_shape("mask", mask, jnp.shape(x), "x")
+        _checks.check_shape("mask", mask, np.shape(x), "x")
     if group_sizes is not None:
         group_sizes = jnp.asarray(group_sizes)
     if group_member_counts is not None:
@@ -414,7 +414,7 @@ def decoupled_normalization(rewards: ArrayLike, weights: ArrayLike | Sequence[fl
       ``[B]`` float32 (float64 for float64 input) advantages.
     """
     _checks.check_rank("rewards", rewards, 2)
-    rows, sources = jnp.shape(rewards)
+    rows, sources = np.shape(rewards)
     if weights is None:
         weights = np.ones(sources, np.float32)
     _checks.check_shape("weights", weights, (sources,), "the reward sources")

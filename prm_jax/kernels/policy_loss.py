@@ -66,11 +66,11 @@ def logprobs_on_timesteps(logits: ArrayLike, input_ids: ArrayLike) -> jax.Array:
         an out-of-range gather), never the log-prob of a clipped id.
     """
     _checks.check_rank("logits", logits, 3)
-    _checks.check_shape("input_ids", input_ids, jnp.shape(logits)[:2], "logits' first two axes")
+    _checks.check_shape("input_ids", input_ids, np.shape(logits)[:2], "logits' first two axes")
     if not _checks.is_traced(input_ids):
         ids = np.asarray(input_ids)
         integer_dtype("input_ids", ids.dtype)
-        vocab = jnp.shape(logits)[2]
+        vocab = np.shape(logits)[2]
         bad = (ids[:, 1:] < 0) | (ids[:, 1:] >= vocab)  # the first column is never a predicted token
         if bad.any():
             row, position = np.argwhere(bad)[0]
@@ -160,7 +160,7 @@ def check_token_arrays(logprobs: ArrayLike, **others: ArrayLike | None) -> None:
     """A loss's ``[B, T]`` inputs: ``logprobs`` of rank 2, and each of ``others`` given (not None) of its shape;
     the errors name the argument."""
     _checks.check_rank("logprobs", logprobs, 2)
-    shape = jnp.shape(logprobs)
+    shape = np.shape(logprobs)
     for name, x in others.items():
         if x is not None:
             _checks.check_shape(name, x, shape, "logprobs")

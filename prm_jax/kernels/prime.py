@@ -31,6 +31,7 @@ from typing import Any, Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
@@ -110,7 +111,7 @@ def implicit_process_rewards(prm_logprobs: ArrayLike, ref_logprobs: ArrayLike, m
       row's last trained timestep.
     """
     _checks.check_rank("prm_logprobs", prm_logprobs, 2)
-    shape = jnp.shape(prm_logprobs)
+    shape = np.shape(prm_logprobs)
     _checks.check_shape("ref_logprobs", ref_logprobs, shape, "prm_logprobs")
     _checks.check_shape("mask", mask, shape, "prm_logprobs")
     if outcome is not None:

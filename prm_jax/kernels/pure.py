@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
@@ -114,7 +115,7 @@ def min_form(step_scores: ArrayLike, step_mask: ArrayLike | None = None, tempera
     temperature = check_temperature(temperature)
     _checks.check_rank("step_scores", step_scores, 2)
     if step_mask is not None:
-        _checks.check_shape("step_mask", step_mask, jnp.shape(step_scores), "step_scores")
+        _checks.check_shape("step_mask", step_mask, np.shape(step_scores), "step_scores")
     out, checks = _min_form_jit(step_scores, step_mask, temperature=temperature)
     _checks.raise_value_checks(checks, callback=True)
     return out

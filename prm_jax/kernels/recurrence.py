@@ -22,6 +22,7 @@ from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
@@ -160,8 +161,8 @@ def backward_linear_recurrence(coeffs: ArrayLike, offsets: ArrayLike, init: Arra
     if method not in ("scan", "associative", "blocked"):
         raise ValueError(f"method must be 'scan', 'associative' or 'blocked', got {method!r}")
     _checks.check_rank("coeffs", coeffs, 2)
-    _checks.check_shape("offsets", offsets, jnp.shape(coeffs), "coeffs")
-    _checks.check_shape("init", init, jnp.shape(coeffs)[:1], "coeffs' batch axis")
+    _checks.check_shape("offsets", offsets, np.shape(coeffs), "coeffs")
+    _checks.check_shape("init", init, np.shape(coeffs)[:1], "coeffs' batch axis")
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     return _recurrence_jit(coeffs, offsets, init, method=method, block_size=block_size)

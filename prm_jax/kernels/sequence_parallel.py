@@ -22,6 +22,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -88,14 +89,14 @@ def sequence_parallel_gae(rewards: ArrayLike, values: ArrayLike | None, mask: Ar
     if axis_name not in mesh.shape:
         raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {dict(mesh.shape)}")
     num_chunks = mesh.shape[axis_name]
-    width = jnp.shape(rewards)[1]
+    width = np.shape(rewards)[1]
     if width % num_chunks:
         raise ValueError(f"the time axis ({width}) must divide evenly over {num_chunks} devices of {axis_name!r}")
     check_discounts(gamma, lam)
     method = resolve_method(method, unit_discount=False, sharded=True)
     if method not in ("scan", "associative"):
         raise ValueError(f"sequence_parallel_gae scans each chunk with 'scan' or 'associative', got {method!r}")
-    rows = jnp.shape(rewards)[0]
+    rows = np.shape(rewards)[0]
     values = jnp.zeros((rows, width), jnp.float32) if values is None else values
     bootstrap = jnp.zeros((rows,), jnp.float32) if bootstrap is None else bootstrap
     lam = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (rows,))

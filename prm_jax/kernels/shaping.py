@@ -23,6 +23,7 @@ from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
@@ -111,8 +112,8 @@ def shape_advantages(advantages: ArrayLike, process_rewards: ArrayLike, mask: Ar
     if not isinstance(shaping, ShapingConfig):
         raise TypeError(f"shaping must be a ShapingConfig, got {type(shaping).__name__}")
     _checks.check_rank("advantages", advantages, 2)
-    _checks.check_shape("process_rewards", process_rewards, jnp.shape(advantages), "advantages")
-    _checks.check_shape("mask", mask, jnp.shape(advantages), "advantages")
+    _checks.check_shape("process_rewards", process_rewards, np.shape(advantages), "advantages")
+    _checks.check_shape("mask", mask, np.shape(advantages), "advantages")
     shaped, checks = _shape_jit(advantages, process_rewards, mask, shaping=shaping)
     _checks.raise_value_checks(checks, callback=True)
     return shaped

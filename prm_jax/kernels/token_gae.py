@@ -141,12 +141,12 @@ def linear_form(rewards, values, active, gamma, gamma_lam, next_value_after):
 
 def _prepare(rewards, values, mask, lam, bootstrap):
     _checks.check_rank("rewards", rewards, 2)
-    shape = jnp.shape(rewards)
+    shape = np.shape(rewards)
     if values is not None:
         _checks.check_shape("values", values, shape, "rewards")
     _checks.check_shape("mask", mask, shape, "rewards")
-    if jnp.ndim(lam) not in (0, 1) or (jnp.ndim(lam) == 1 and jnp.shape(lam) != shape[:1]):
-        raise ValueError(f"lam must be a scalar or have shape [B] = {shape[:1]}, got {jnp.shape(lam)}")
+    if np.ndim(lam) not in (0, 1) or (np.ndim(lam) == 1 and np.shape(lam) != shape[:1]):
+        raise ValueError(f"lam must be a scalar or have shape [B] = {shape[:1]}, got {np.shape(lam)}")
     if bootstrap is not None:
         _checks.check_shape("bootstrap", bootstrap, shape[:1], "rewards' batch axis")
     dtype = _checks.accumulation_dtype(rewards, values, bootstrap)
@@ -159,7 +159,7 @@ def _prepare(rewards, values, mask, lam, bootstrap):
 def check_discounts(gamma, lam) -> None:
     """``gamma`` and a scalar ``lam`` must lie in [0, 1] when their values are known before tracing."""
     for name, x in (("gamma", gamma), ("lam", lam)):
-        if jnp.ndim(x) == 0:
+        if np.ndim(x) == 0:
             value = _checks.concrete_scalar(x)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")

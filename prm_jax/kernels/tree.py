@@ -34,6 +34,7 @@ from typing import Any, Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
@@ -211,9 +212,9 @@ def _exact_sums(reward: jax.Array, leaf: jax.Array, total: jax.Array, leaves: ja
 
 def _tree_inputs(parent: ArrayLike, mask: ArrayLike | None, like: ArrayLike, like_name: str):
     _checks.check_rank("parent", parent, 1)
-    _checks.check_shape(like_name, like, jnp.shape(parent), "parent")
+    _checks.check_shape(like_name, like, np.shape(parent), "parent")
     if mask is not None:
-        _checks.check_shape("mask", mask, jnp.shape(parent), "parent")
+        _checks.check_shape("mask", mask, np.shape(parent), "parent")
 
 
 def tree_discount(parent: ArrayLike, raw_reward: ArrayLike, gamma: ArrayLike, *,
@@ -268,7 +269,7 @@ def tree_advantages(parent: ArrayLike, leaf_reward: ArrayLike, *, mask: ArrayLik
     _tree_inputs(parent, mask, leaf_reward, "leaf_reward")
     for name, x in (("selected", selected), ("group", group)):
         if x is not None:
-            _checks.check_shape(name, x, jnp.shape(parent), "parent")
+            _checks.check_shape(name, x, np.shape(parent), "parent")
     out, checks = _advantages_jit(parent, leaf_reward, mask, selected, group, weighting=weighting, value=value)
     _checks.raise_value_checks(checks, callback=True)
     return out
@@ -355,5 +356,5 @@ def _estimate(stage: TreeCredit, checks: list, batch: Mapping[str, jax.Array], o
 
 TREE = EstimatorSpec(TreeCredit, _estimate, "credit_assignment 'tree'", mode="tree",
                      reads=("turn_ids", "node_ids", "node_parents"), needs_turn_ids=True, diagnostics="tree/",
-                     turn_slots=lambda batch, num_turns: int(jnp.shape(batch["node_ids"])[1]),
+                     turn_slots=lambda batch, num_turns: int(np.shape(batch["node_ids"])[1]),
                      missing_hint=" (pack_branches(..., sessions=...) builds them)")

@@ -129,7 +129,7 @@ def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn
       ``GAEOutput(advantages [B, T], returns [B, T])``, float32.
     """
     check_discounts(gamma, lam)
-    num_turns = jnp.shape(rewards)[-1] if num_turns is None else int(num_turns)
+    num_turns = np.shape(rewards)[-1] if num_turns is None else int(num_turns)
     if num_turns < 1:
         raise ValueError(f"num_turns must be >= 1, got {num_turns}")
     strategy = resolve_strategy(method, unit_discount=is_unit_discount(gamma, lam))
@@ -239,8 +239,8 @@ def turn_ids_from_spans(spans: ArrayLike, width: int) -> jax.Array:
       ``[B, T]`` int32: ``k`` on turn ``k``'s positions, -1 elsewhere (where spans overlap, the later turn).
     """
     _checks.check_rank("spans", spans, 3)
-    if jnp.shape(spans)[2] != 2:
-        raise ValueError(f"spans must be [B, K, 2] (start, end), got shape {jnp.shape(spans)}")
+    if np.shape(spans)[2] != 2:
+        raise ValueError(f"spans must be [B, K, 2] (start, end), got shape {np.shape(spans)}")
     integer("width", width, minimum=1)
     if not _checks.is_traced(spans) and not isinstance(spans, jax.Array):
         # Host spans: clipped to [0, width] (exact: no position lies outside) before JAX narrows them to

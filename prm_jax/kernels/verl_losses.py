@@ -27,6 +27,7 @@ from typing import Any, Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
@@ -427,7 +428,7 @@ def clip_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
     if ratio_cov <= 0:
         raise ValueError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio!r}")
     if chosen is not None:
-        _checks.check_shape("chosen", chosen, jnp.shape(logprobs), "logprobs")
+        _checks.check_shape("chosen", chosen, np.shape(logprobs), "logprobs")
         chosen = jnp.asarray(chosen, bool)
     params = (*_clip_ratios(clip_ratio_low, clip_ratio_high), ratio_cov,
               finite_number("clip_cov_lb", clip_cov_lb), finite_number("clip_cov_ub", clip_cov_ub), chosen is not None)
@@ -559,7 +560,7 @@ def gspo_sequence_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advant
     if num_items_in_batch is not None:
         num_items_in_batch = integer("num_items_in_batch", num_items_in_batch, minimum=0)
     check_token_arrays(logprobs, proximal_logprobs=proximal_logprobs, loss_mask=loss_mask)
-    _checks.check_shape("advantages", advantages, jnp.shape(logprobs)[:1], "logprobs' rows (one advantage per row)")
+    _checks.check_shape("advantages", advantages, np.shape(logprobs)[:1], "logprobs' rows (one advantage per row)")
     loss, stats, checks = _sequence_jit(logprobs, proximal_logprobs, advantages, loss_mask, low=low, high=high,
                                         delta=None if delta is None else float(delta), loss_type=loss_type,
                                         max_completion_length=max_completion_length,

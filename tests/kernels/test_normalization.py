@@ -142,6 +142,22 @@ def test_decoupled_normalization_matches_the_loop_with_missing_rewards():
         assert got[0] == 0
 
 
+def test_decoupled_normalization_takes_its_weights_as_a_list_without_a_jax_deprecation():
+    # The credit guide passes weights=[1.0, 0.5]; the shape checks read it with jnp.shape, deprecated for lists
+    # in jax 0.10 and a TypeError in newer releases: they read shapes with np.shape now.
+    import warnings
+
+    from prm_jax.credit import decoupled_normalization
+    rewards = np.array([[1.0, 0.2], [0.0, np.nan], [1.0, 0.9], [0.0, 0.1]], np.float32)
+    groups = np.array([0, 0, 1, 1], np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = np.asarray(decoupled_normalization(rewards, [1.0, 0.5], groups))
+    np.testing.assert_array_equal(got, np.asarray(decoupled_normalization(rewards, np.array([1.0, 0.5], np.float32),
+                                                                          groups)))
+    np.testing.assert_allclose(got, reference.decoupled(rewards, [1.0, 0.5], groups), rtol=1e-4, atol=1e-6)
+
+
 def test_decoupled_normalization_edge_cases():
     from prm_jax.credit import decoupled_normalization
     # Groups of one: every per-source term is 0, so every advantage is 0.

@@ -353,18 +353,20 @@ def gae_advantages(rewards: Any, values: Any, completion_mask: Any, gamma: float
     from prm_jax.kernels import gae
 
     out = gae(rewards, values, completion_mask, gamma=gamma, lam=gae_lambda)
-    advantages = _whiten_jit(out.advantages, jnp.asarray(completion_mask) != 0)
-    if not bool(jnp.isfinite(advantages).all() & jnp.isfinite(out.returns).all()):
+    advantages, finite = _whiten_jit(out.advantages, out.returns, completion_mask)
+    if not bool(finite):
         raise ValueError(f"{GAE_ESTIMATOR_NAME}: the advantages or the returns are not finite in float32 (the "
                          "rewards or values hold a NaN or overflow it)")
     return advantages, out.returns
 
 
 @jax.jit
-def _whiten_jit(advantages: jax.Array, active: jax.Array) -> jax.Array:
+def _whiten_jit(advantages: jax.Array, returns: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The whitened advantages, and whether they and the returns are finite (one program)."""
     from prm_jax.kernels.normalization import whiten
 
-    return whiten(advantages, active)
+    whitened = whiten(advantages, jnp.asarray(mask) != 0)
+    return whitened, jnp.isfinite(whitened).all() & jnp.isfinite(returns).all()
 
 
 def register_estimators() -> dict[str, str]:

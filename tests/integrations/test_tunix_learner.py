@@ -291,3 +291,15 @@ def test_the_tunix_example_runs(capsys):
     seen = main(["--steps", "3"])
     assert len(seen["outcome"]) == len(seen["tunix_tokens"]) == 3
     assert all(0.0 <= v <= 1.0 for v in seen["outcome"]) and '"outcome"' in capsys.readouterr().out
+
+
+def test_the_tunix_benchmark_runs_at_a_toy_size():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_tunix.py"), "--shapes", "4x32",
+                           "--repeats", "1"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tunix / prm-jax =" in proc.stdout

@@ -575,10 +575,9 @@ async def test_the_watchdog_names_the_thread_scorers_running_when_the_loop_stall
     assert any("thread scorer(s) ['holds_the_gil'] were running" in m for m in messages), messages
 
 
-async def test_closing_a_runner_ends_a_worker_process_stuck_in_a_call_at_once(tmp_path):
-    started_file = tmp_path / "started"
-    scorer = st.Misbehaves(slow=("b0t0",), max_workers=1, started=str(started_file))  # sleeps 30 s, no timeout
-    runner = PRMRunner(scorers=(scorer,))
+async def close_while_scoring(runner, ready) -> tuple[float, list]:
+    """Runs one one-turn branch on ``runner``, closes it once ``ready()`` holds (waiting at most 60 s), and
+    returns the close's seconds and the ``RunnerClosedError``s the run raised."""
     closed = []
 
     async def scores():
@@ -589,12 +588,21 @@ async def test_closing_a_runner_ends_a_worker_process_stuck_in_a_call_at_once(tm
 
     async with anyio.create_task_group() as group:
         group.start_soon(scores)
-        with anyio.fail_after(60):  # the call is in the worker (a cold start imports the scorer's module)
-            while not started_file.exists():
-                await anyio.sleep(0.02)
+        with anyio.fail_after(60):
+            while not ready():
+                await anyio.sleep(0.01)
         started = time.perf_counter()
         await runner.aclose()
-    assert time.perf_counter() - started < 4.0 and len(closed) == 1  # the run: closed, nothing committed
+    return time.perf_counter() - started, closed
+
+
+async def test_closing_a_runner_ends_a_worker_process_stuck_in_a_call_at_once(tmp_path):
+    started_file = tmp_path / "started"
+    scorer = st.Misbehaves(slow=("b0t0",), max_workers=1, started=str(started_file))  # sleeps 30 s, no timeout
+    runner = PRMRunner(scorers=(scorer,))
+    # Closed once the call is in the worker (a cold start imports the scorer's module first).
+    seconds, closed = await close_while_scoring(runner, started_file.exists)
+    assert seconds < 4.0 and len(closed) == 1  # the run: closed, nothing committed
     assert not [w for w in runner._executors[id(scorer)]._live if w.process.is_alive()]
 
 
@@ -614,22 +622,8 @@ async def test_closing_a_runner_while_its_worker_process_starts_runs_nothing_the
     monkeypatch.setattr(executors, "_Worker", SlowStart)
     scorer = st.Misbehaves(slow=("b0t0",), max_workers=1)
     runner = PRMRunner(scorers=(scorer,))
-    closed = []
-
-    async def scores():
-        try:
-            await runner.run_many(branches(1, turns=1))
-        except RunnerClosedError as err:
-            closed.append(err)
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(scores)
-        with anyio.fail_after(60):
-            while not starting.is_set():
-                await anyio.sleep(0.01)
-        started = time.perf_counter()
-        await runner.aclose()
-    assert time.perf_counter() - started < 3.0 and len(closed) == 1
+    seconds, closed = await close_while_scoring(runner, starting.is_set)
+    assert seconds < 3.0 and len(closed) == 1
     executor = runner._executors[id(scorer)]
     assert len(workers) == 1 and not workers[0].process.is_alive() and not executor._live
     assert not [thread for thread in executor._threads if thread.is_alive()]

@@ -265,6 +265,9 @@ class _Call:
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
 
+_CLOSED = "its worker processes were closed"  # (a process executor's calls after its close)
+
+
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
@@ -364,7 +367,7 @@ class ProcessExecutor(Executor):
 
     async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
         if self._closed:
-            raise self._closed_error()
+            raise RuntimeError(f"scorer {self.scorer.name!r}: {_CLOSED}")
         if self._blob is None:
             self._start()
         call = _Call(args, on)
@@ -372,9 +375,6 @@ class ProcessExecutor(Executor):
             self._queue.append(call)
             self._ready.notify()
         return await _result(call.future)
-
-    def _closed_error(self) -> RuntimeError:
-        return RuntimeError(f"scorer {self.scorer.name!r}: its worker processes were closed")
 
     def _take(self) -> list[_Call] | None:
         with self._ready:
@@ -391,25 +391,8 @@ class ProcessExecutor(Executor):
             while (chunk := self._take()) is not None:
                 calls = [call for call in chunk if call.future.set_running_or_notify_cancel()]
                 while calls:
-                    if worker is None:
-                        try:
-                            worker = _Worker(self._context, self._blob or b"")
-                        except Exception as err:
-                            for call in calls:
-                                call.future.set_exception(RuntimeError(
-                                    f"scorer {self.scorer.name!r}: could not start a worker process: {err!r}"))
-                            break
-                        # A start takes seconds where the forkserver first imports the scorer's module: a
-                        # close meanwhile ended the workers it saw, so a worker that started after it runs
-                        # nothing and is ended here.
-                        with self._ready:
-                            closing = self._closed
-                            if not closing:
-                                self._live.add(worker)
-                        if closing:
-                            for call in calls:
-                                call.future.set_exception(self._closed_error())
-                            break
+                    if worker is None and (worker := self._new_worker(calls)) is None:
+                        break
                     calls, alive = self._chunk(worker, calls)
                     if not alive:
                         self._live.discard(worker)
@@ -424,6 +407,32 @@ class ProcessExecutor(Executor):
                 except OSError:
                     pass
                 worker.end()
+
+    def _new_worker(self, calls: list[_Call]) -> _Worker | None:
+        """A started worker, now live; or None, each of ``calls`` failed, where it could not start or the
+        executor closed before or while it started. (A start takes seconds where the forkserver first imports
+        the scorer's module: a close meanwhile ended the workers it saw, so one that started after it runs
+        nothing and is ended here; and a worker a close ended mid-chunk is not replaced.)"""
+        why = _CLOSED if self._closed else None
+        worker = None
+        if why is None:
+            try:
+                worker = _Worker(self._context, self._blob or b"")
+            except Exception as err:
+                why = f"could not start a worker process: {err!r}"
+        if worker is not None:
+            with self._ready:
+                if self._closed:
+                    why = _CLOSED
+                else:
+                    self._live.add(worker)
+        if why is None:
+            return worker
+        if worker is not None:
+            worker.end()
+        for call in calls:
+            call.future.set_exception(RuntimeError(f"scorer {self.scorer.name!r}: {why}"))
+        return None
 
     def _chunk(self, worker: _Worker, calls: list[_Call]) -> tuple[list[_Call], bool]:
         """Runs ``calls`` on ``worker``; returns the calls not run (their worker was ended) and whether the

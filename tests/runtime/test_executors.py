@@ -575,14 +575,14 @@ async def test_the_watchdog_names_the_thread_scorers_running_when_the_loop_stall
     assert any("thread scorer(s) ['holds_the_gil'] were running" in m for m in messages), messages
 
 
-async def close_while_scoring(runner, ready) -> tuple[float, list]:
-    """Runs one one-turn branch on ``runner``, closes it once ``ready()`` holds (waiting at most 60 s), and
-    returns the close's seconds and the ``RunnerClosedError``s the run raised."""
+async def close_while_scoring(runner, ready, rows=1) -> tuple[float, list]:
+    """Runs ``rows`` one-turn branches on ``runner``, closes it once ``ready()`` holds (waiting at most 60 s),
+    and returns the close's seconds and the ``RunnerClosedError``s the run raised."""
     closed = []
 
     async def scores():
         try:
-            await runner.run_many(branches(1, turns=1))
+            await runner.run_many(branches(rows, turns=1))
         except RunnerClosedError as err:
             closed.append(err)
 
@@ -627,3 +627,21 @@ async def test_closing_a_runner_while_its_worker_process_starts_runs_nothing_the
     executor = runner._executors[id(scorer)]
     assert len(workers) == 1 and not workers[0].process.is_alive() and not executor._live
     assert not [thread for thread in executor._threads if thread.is_alive()]
+
+
+async def test_closing_a_runner_mid_chunk_starts_no_worker_for_the_rest_of_the_chunk(monkeypatch, tmp_path):
+    # Four calls go to the one worker as one message; the first is stuck. The close ends that worker, and the
+    # other three calls fail with the run instead of a new worker starting (seconds, cold) to be ended at once.
+    started_file, workers = tmp_path / "started", []
+
+    class Counted(executors._Worker):
+        def __init__(self, *args):
+            super().__init__(*args)
+            workers.append(self)
+
+    monkeypatch.setattr(executors, "_Worker", Counted)
+    scorer = st.Misbehaves(slow=("b0t0",), max_workers=1, started=str(started_file))
+    runner = PRMRunner(scorers=(scorer,))
+    seconds, closed = await close_while_scoring(runner, started_file.exists, rows=4)
+    assert seconds < 4.0 and len(closed) == 1
+    assert len(workers) == 1 and not workers[0].process.is_alive()

@@ -513,7 +513,8 @@ def outputs_check(advantages: jax.Array, returns: jax.Array, active: jax.Array) 
             f"compute_advantages computed a non-finite {'advantage' if which else 'return'} "
             f"({float(advantage if which else ret)!r}) at row {int(row)}, timestep {int(step)} from inputs that "
             "passed their checks: a float32 overflow inside a stage (inputs or settings near float32's range, "
-            "|x| <= 3.4e38, or sums of them); scale them down"), row, step, which, advantage, ret)
+            "|x| <= 3.4e38, or sums or squares of them); scale them down. (Or a normalization with eps 0 over a "
+            "group of equal values: 0 / 0.)"), row, step, which, advantage, ret)
 
 
 def _sequence_lengths(attention_mask: jax.Array) -> jax.Array:

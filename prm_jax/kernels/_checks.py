@@ -236,21 +236,6 @@ def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key
                                                f"is {float(value)!r}{hint}", row, step, in_row[step])
 
 
-def statistics_check(kernel: str, output: jax.Array, used: jax.Array | None = None, *, inputs: str) -> ValueCheck:
-    """``kernel``'s ``output`` is finite (where ``used``), its ``inputs`` having passed their finiteness checks:
-    a non-finite entry is its statistics overflowing float32 (``normalization.overflow_as_nan``), or a
-    standard deviation of 0 divided with ``eps`` 0. Listed after the inputs' checks, so that a non-finite
-    input is named as such first."""
-    bad = ~jnp.isfinite(output) if used is None else ~jnp.isfinite(output) & used
-    flags = bad.reshape(bad.shape[0], -1) if bad.ndim else bad.reshape(1, 1)
-    row, _ = located(violations(bad), lambda: first_flagged(flags)[:2])
-    return ValueCheck("statistics_not_finite", violations(bad),
-                      lambda row: f"{kernel}'s output is not finite at row {int(row)} though its inputs are: its "
-                                  f"statistics overflow float32 ({inputs} near float32's range: squares of |x| "
-                                  "beyond about 1.8e19 pass 3.4e38; scale them down), or a standard deviation of 0 "
-                                  "met eps 0 (0 / 0: set eps > 0)", row)
-
-
 def raise_value_checks(checks: list[ValueCheck], *, callback: bool = False) -> None:
     """Raise ValueError for the first failed check of an eager call.
 

@@ -46,12 +46,12 @@ def make_cluster(steps: int, *, generate: int = 8, prompt: int = 8, cache: int =
     """tunix's toy transformer as policy and reference (and, with ``critic``, as the backbone of a value
     model with a score head, for tunix's PPO learner), its vanilla rollout, on one CPU device."""
     vocab = toy.MockVocab()
-    config = toy.ModelConfig(vocab_size=vocab.GetPieceSize())
-    policy, reference = (toy.ToyTransformer(config=config, rngs=nnx.Rngs(0)) for _ in range(2))
+    model = toy.ModelConfig(vocab_size=vocab.GetPieceSize())
+    policy, reference = (toy.ToyTransformer(config=model, rngs=nnx.Rngs(0)) for _ in range(2))
     roles = [rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE, rl_cluster_lib.Role.ROLLOUT]
     value_model = None
     if critic:
-        value_model = toy.ToyTransformerWithScoreHead(toy.ToyTransformer(config=config, rngs=nnx.Rngs(1)),
+        value_model = toy.ToyTransformerWithScoreHead(toy.ToyTransformer(config=model, rngs=nnx.Rngs(1)),
                                                       nnx.Rngs(2))
         roles.append(rl_cluster_lib.Role.CRITIC)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))

@@ -245,9 +245,9 @@ def _signals_unwind():
 
 
 @contextlib.contextmanager
-def _staged(output: Path):
+def _staged(output: Path, overwrite: bool):
     """The run's staging folder; everything in it (and any folder the run made) removed on failure."""
-    staged = StagedOutputs(output)
+    staged = StagedOutputs(output, overwrite)
     try:
         yield staged
     except BaseException as err:
@@ -268,7 +268,7 @@ def cmd_score(args) -> int:
     _check_arguments(args)
     config = _load_config(args.config)
     writers: list[BatchWriter] = []
-    with _signals_unwind(), _staged(Path(args.output)) as staged:
+    with _signals_unwind(), _staged(Path(args.output), args.overwrite) as staged:
 
         def write_early(arrays: dict[str, np.ndarray]) -> None:
             if not writers:
@@ -303,7 +303,8 @@ def cmd_demo(args) -> int:
     output = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="prm-jax-demo-")) / "out"
     data = resources.files("prm_jax").joinpath("data")
     with _signals_unwind(), resources.as_file(data.joinpath("demo_config.yaml")) as config_path, \
-            resources.as_file(data.joinpath("demo_sessions.jsonl")) as sessions_path, _staged(output) as staged:
+            resources.as_file(data.joinpath("demo_sessions.jsonl")) as sessions_path, \
+            _staged(output, bool(args.overwrite)) as staged:
         config = _load_config(str(config_path))
         print(f"prm-jax demo: {sessions_path.name} scored with the seed's example config "
               f"(LengthBudgetScorer, max_output_tokens=128, shaping {config.actor.advantage_shaping.mode})\n")
@@ -377,7 +378,7 @@ def main(argv: list[str] | None = None, *, tune_process: bool = False) -> int:
     args.tune_process = tune_process
     try:
         return args.func(args)
-    except CLIError as err:
+    except (CLIError, OutputFolderError) as err:  # OutputFolderError: another run published there first
         print(f"prm-jax: error: {shorten(str(err), 2000)}", file=sys.stderr)
         return 2
     except NoGroupAccepted as err:

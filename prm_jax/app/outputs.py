@@ -19,7 +19,10 @@ the whole set is written is it published:
   leaves an old set as it was.
 
 A folder that already holds an output set is replaced only with ``--overwrite`` (``check_output_folder``,
-before any input is read), and only when it can be exchanged whole. On any failure or signal the staging
+before any input is read), and only when it can be exchanged whole. The rule holds again at publish time:
+two runs publish one at a time (an exclusive ``flock`` on the output folder's parent, held from the check to
+the rename), and without ``--overwrite`` a run that finds an output set there (another run's, published
+while this one ran) writes nothing and fails naming the folder. On any failure or signal the staging
 folder, and any parent folder the run created, are removed: a failed run leaves nothing behind.
 """
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import queue
 import shutil
@@ -139,8 +143,9 @@ def _exchange(staging: Path, target: Path) -> None:
 class StagedOutputs:
     """A run's output files, written under ``path(name)`` and published together by ``publish``."""
 
-    def __init__(self, output: Path):
+    def __init__(self, output: Path, overwrite: bool = False, flag: str = "--output"):
         self.target = output.resolve() if output.is_symlink() else output.absolute()
+        self.overwrite, self.flag = overwrite, flag
         self._created = [folder for folder in self.target.parents if not folder.exists()][::-1]
         self.target.parent.mkdir(parents=True, exist_ok=True)
         # A mount point's contents cannot be exchanged by rename: stage inside it (module docstring).
@@ -156,8 +161,32 @@ class StagedOutputs:
         """Whether ``path`` belongs in the output folder (then it is staged with the set)."""
         return in_folder(path, self.target)
 
+    @contextlib.contextmanager
+    def _publishing(self):
+        """One run publishes into the folder at a time: an exclusive lock on its parent (the output folder
+        itself may not exist yet, or is exchanged), held from the last check to the rename."""
+        try:
+            fd = os.open(self.target.parent, os.O_RDONLY)
+        except OSError:  # a parent that cannot be opened for reading: publish unlocked, as before
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
     def publish(self) -> None:
         os.chmod(self.staging, 0o777 & ~current_umask())  # mkdtemp's 0700 otherwise
+        with self._publishing():
+            if not self.overwrite and (old := _existing_set(self.target)):
+                raise OutputFolderError(
+                    f"{self.flag} {self.target}: another run published an output set there ({', '.join(old)}) "
+                    "while this one ran; nothing was written (pass --overwrite to replace it, or choose another "
+                    "folder)")
+            self._publish()
+
+    def _publish(self) -> None:
         if self.inside:
             self._publish_file_by_file()
             return

@@ -300,3 +300,35 @@ def test_a_real_mount_point_as_the_output_folder(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-3:] == ["batch.npz", "keep.txt", "metrics.json"] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_two_runs_into_one_new_folder_publish_one_set_and_the_other_fails(tmp_path, monkeypatch, capsys, overwrite):
+    # Issue 41.1: two runs into the same new folder without --overwrite both printed "wrote" and one replaced
+    # the other's set (16 sessions' set gone, 4 kept). The rule holds at publish time: the second to publish
+    # exits 2 naming the folder, having written nothing there. With --overwrite both publish, the later wins.
+    out = tmp_path / "new" / "out"
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(DEMO.read_text().splitlines(keepends=True)[:4]))
+    extra = ["--overwrite"] if overwrite else []
+    run_score, inner = cli.run_score, []
+
+    def another_run_publishes_meanwhile(*args, **kwargs):
+        result = run_score(*args, **kwargs)
+        if not inner:  # the outer run has scored; before it publishes, a second run publishes its own set
+            inner.append(None)
+            inner[0] = cli.main(["score", "--config", str(CONFIG), "--input", str(small), "--output", str(out),
+                                 *extra])
+        return result
+    monkeypatch.setattr(cli, "run_score", another_run_publishes_meanwhile)
+    code = cli.main(["score", "--config", str(CONFIG), "--input", str(DEMO), "--output", str(out), *extra])
+    err = capsys.readouterr().err
+    sessions = np.load(out / "batch.npz")["input_ids"].shape[0]
+    assert inner == [0]
+    if overwrite:
+        assert code == 0 and sessions > 4  # the later publish (the outer run's, every session) replaced it
+    else:
+        assert code == 2, err
+        assert f"--output {out}: another run published an output set there" in err and "Traceback" not in err
+        assert sessions == 4  # the first published set is whole; the second run wrote nothing there
+    assert leftovers(tmp_path / "new") == []

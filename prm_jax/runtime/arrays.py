@@ -10,6 +10,7 @@ own arrays stay the batch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, overload
 
@@ -19,7 +20,13 @@ import numpy as np
 from prm_jax._compat import BaseExceptionGroup, ExceptionGroup, add_note
 from prm_jax.kernels.shaping import warn_gvpo_without_penalty
 from prm_jax.runtime.model_scorer import weighted_rows
-from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner, RunnerClosedError
+from prm_jax.runtime.runner import (
+    NOT_SCORER_FAILURES,
+    PRMRunner,
+    RunnerClosedError,
+    error_text,
+    guarded_progress,
+)
 from prm_jax.runtime.trajectory import TOKEN_ID_RANGE, Interaction, stray_token_id, turn_spans
 from prm_jax.validation import integer_dtype
 
@@ -162,8 +169,9 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
         for begin in range(0, len(scored), scorer.max_batch_size):
             chunk = index[begin:begin + scorer.max_batch_size]
             try:
-                raw = await anyio.to_thread.run_sync(scorer.score_rows, tokens[chunk], mask[chunk], ids[chunk])
-                weighted[chunk] = weighted_rows(scorer, raw)
+                raw = await anyio.to_thread.run_sync(functools.partial(scorer.score_rows, check=False),
+                                                     tokens[chunk], mask[chunk], ids[chunk])
+                chunk_weighted, bad = weighted_rows(scorer, raw, chunk.tolist())
             except Exception as err:
                 if on_error == "raise":
                     add_note(err, f"score_arrays: rows {chunk.tolist()} of input_ids (one call of scorer "
@@ -171,8 +179,17 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
                     raise
                 failed[chunk] = True
                 for row in chunk.tolist():
-                    errors.setdefault(row, f"{type(err).__name__}: {err}")
+                    errors.setdefault(row, error_text(err))
+                    runner.count_failure(scorer)
             else:
+                if bad and on_error == "raise":
+                    raise ValueError(next(iter(bad.values())))
+                for row, message in bad.items():  # only the rows with a non-finite score fail
+                    failed[row] = True
+                    runner.count_failure(scorer)
+                    errors.setdefault(row, f"ValueError: {message}")
+                    chunk_weighted[chunk.tolist().index(row)] = 0.0
+                weighted[chunk] = chunk_weighted
                 if per_turn:
                     product = raw * scorer.weight
                     for k in range(turns):
@@ -256,7 +273,7 @@ def _masked(token_rewards: np.ndarray, turn_ids: np.ndarray, scored: list[int], 
         if isinstance(result, NOT_SCORER_FAILURES):
             raise result
         if isinstance(result, Exception):
-            failed[row], errors[row] = True, f"{type(result).__name__}: {result}"
+            failed[row], errors[row] = True, error_text(result)
     token_rewards[failed[:, None] & (turn_ids >= 0)] = np.nan
     if runner.shaping_mode == "gvpo" and (~failed).any() and not (token_rewards[~failed] < 0).any():
         warn_gvpo_without_penalty(stacklevel=3)
@@ -368,7 +385,8 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
         raise ValueError(f"on_error must be 'raise' or 'mask', got {on_error!r}")
     models = _row_models(runner)
     if models is not None:
-        return await _score_rows(runner, models, input_ids, turn_ids, attention_mask, on_error, per_turn, progress)
+        return await _score_rows(runner, models, input_ids, turn_ids, attention_mask, on_error, per_turn,
+                                 guarded_progress(progress))
     chains = chains_from_arrays(input_ids, turn_ids, attention_mask=attention_mask, logprobs=logprobs,
                                 rewards=rewards)
     scored = [b for b, chain in enumerate(chains) if chain]

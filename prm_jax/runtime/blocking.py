@@ -18,8 +18,9 @@ import functools
 import logging
 import threading
 import time
+import warnings
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -33,6 +34,7 @@ from prm_jax.runtime.trajectory import Interaction, InteractionCache
 
 logger = logging.getLogger(__name__)
 EXIT_CLOSE_S = 10.0  # at interpreter exit, how long the runners still open get to close their scorers
+CLOSE_TIMEOUT_S = 30.0  # close()'s default bound on the scorers' cleanup
 _OPEN: weakref.WeakSet[BlockingRunner] = weakref.WeakSet()
 
 
@@ -64,6 +66,10 @@ def _start_portal(backend: str) -> tuple[BlockingPortal, threading.Thread, concu
 class BlockingRunner:
     """``PRMRunner(config, scorers=...)`` behind synchronous methods; a context manager.
 
+    Its methods are ``PRMRunner``'s, blocking: ``run``, ``run_many`` (with ``progress``), ``score_arrays``,
+    ``scorer_stats``, ``close`` (``aclose``'s, with a ``timeout``), plus ``close_scorer``; its ``state`` is a
+    ``RunnerState``. A loop thread that ended on its own is reported by the next call, with its error.
+
     ``backend`` is anyio's (``"asyncio"`` or ``"trio"``). Build it outside any running event loop. Every call
     after ``close()`` raises ``RunnerClosedError`` (the runner's own type for a closed runner).
 
@@ -90,10 +96,15 @@ class BlockingRunner:
         return self._call(self.runner.run, branch, ctx, is_eval=is_eval)
 
     def run_many(self, branches: Sequence[InteractionCache | Sequence[Interaction]], ctx: Any = None, *,
-                 limit: int | None = 64, is_eval: bool = False, return_exceptions: bool = False) -> list:
-        """``PRMRunner.run_many``, blocking."""
+                 limit: int | None = 64, is_eval: bool = False, return_exceptions: bool = False,
+                 progress: Callable[[int, int], None] | None = None) -> list:
+        """``PRMRunner.run_many``, blocking (``progress`` is called on the runner's loop thread)."""
         return self._call(self.runner.run_many, branches, ctx, limit=limit, is_eval=is_eval,
-                          return_exceptions=return_exceptions)
+                          return_exceptions=return_exceptions, progress=progress)
+
+    def scorer_stats(self) -> dict[str, dict[str, float]]:
+        """``PRMRunner.scorer_stats`` (read on the runner's loop, where the counts are kept)."""
+        return self._call(_stats_of, self.runner)
 
     def score_arrays(self, input_ids: Any, turn_ids: Any, **kwargs: Any) -> np.ndarray | ScoredArrays:
         """``prm_jax.runtime.arrays.score_arrays`` with this runner, blocking: ``token_rewards [B, T]``, or
@@ -113,19 +124,41 @@ class BlockingRunner:
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if self._state is not RunnerState.OPEN:
             raise RunnerClosedError("BlockingRunner is closed: calls are rejected once close() has started")
-        return self._portal.call(functools.partial(fn, *args, **kwargs))
+        if self._done.done():  # the loop's thread ended on its own: say why, once per call
+            raise RunnerClosedError(f"BlockingRunner's event loop thread has ended ({self._ended()}); the runner "
+                                    "cannot run anything: close() it and build another") from self._done.exception()
+        try:
+            return self._portal.call(functools.partial(fn, *args, **kwargs))
+        except concurrent.futures.CancelledError:  # the loop was stopped under the call: a close
+            if self._state is RunnerState.OPEN and not self._done.done():
+                raise
+            raise RunnerClosedError("PRMRunner was closed while this run was in flight; nothing was committed"
+                                    ) from None
 
-    def close(self, timeout: float | None = None) -> None:
-        """Closes the runner (its owned scorers) on its loop, then stops the loop's thread. Idempotent.
-        ``timeout`` bounds the scorers' cleanup (the thread is stopped either way)."""
+    def _ended(self) -> str:
+        error = self._done.exception()
+        return f"it raised {error!r}" if error is not None else "it returned"
+
+    def close(self, timeout: float | None = CLOSE_TIMEOUT_S) -> None:
+        """Closes the runner on its loop (runs in flight are abandoned: they commit nothing, and a thread
+        scorer's call still running in its thread is named in a ``RuntimeWarning``), then stops the loop's
+        thread. Idempotent. ``timeout`` (30 s by default; None: no bound) bounds the scorers' cleanup; past
+        it the thread is stopped anyway and a ``RuntimeWarning`` says what was left."""
         if self._state is not RunnerState.OPEN:
             return
         self._state = RunnerState.CLOSING
         _OPEN.discard(self)
         try:
             self._portal.start_task_soon(self._aclose_all).result(timeout)
+        except concurrent.futures.TimeoutError:
+            warnings.warn(f"BlockingRunner.close(): its scorers' cleanup did not finish within {timeout} s; the "
+                          "loop's thread was stopped without it (a scorer's aclose still awaited)", RuntimeWarning,
+                          stacklevel=2)
+        except RuntimeError:  # the loop's thread had ended already (_done says why)
+            if not self._done.done():
+                raise
         finally:
-            self._stop()
+            self._stop(timeout)
 
     async def _aclose_all(self) -> None:
         """The runner (its owned scorers), then the scorers handed over, each tried once; the first failure
@@ -144,19 +177,26 @@ class BlockingRunner:
         if errors:
             raise errors[0]
 
-    def _stop(self) -> None:
+    def _stop(self, timeout: float | None = None) -> None:
         self._state = RunnerState.CLOSED
         try:
-            self._portal.call(self._portal.stop, True)
-        except RuntimeError:  # the loop has already stopped
-            pass
-        self._thread.join()
+            self._portal.start_task_soon(self._portal.stop, True).result(timeout)
+        except (RuntimeError, concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            pass  # the loop has already stopped, or is stuck (a daemon thread: it goes with the process)
+        self._thread.join(timeout)
 
     def __enter__(self) -> BlockingRunner:
+        """Entering a runner that is closing or closed is refused, as ``PRMRunner`` refuses it."""
+        if self._state is not RunnerState.OPEN:
+            raise RunnerClosedError(f"BlockingRunner is {self._state.value}: it cannot be entered again")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+async def _stats_of(runner: PRMRunner) -> dict[str, dict[str, float]]:
+    return runner.scorer_stats()
 
 
 @atexit.register

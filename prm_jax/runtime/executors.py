@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import copy
 import math
 import multiprocessing
+import os
 import pickle
 import signal
 import sys
@@ -136,23 +136,32 @@ class Executor:
             self._record(start, failed)
 
     def _record(self, start: float, failed: BaseException | None) -> None:
-        """One call in the stats: its latency since ``start``, and ``failed`` (an ordinary exception; a
-        cancellation is not the scorer's failure) as a failure, a ``TimeoutError`` as a timeout too."""
+        """One call in the stats: its latency since ``start``, and ``failed`` as a timeout when it is a
+        ``TimeoutError``. Failures are counted by the runner, per row (branch) the scorer failed, whatever
+        refused it: the call, or the validation of what it returned (``count_failure``)."""
         self.calls += 1
         self._latencies.append(time.perf_counter() - start)
-        if isinstance(failed, Exception):
-            self.failures += 1
-            self.timeouts += isinstance(failed, TimeoutError)
+        if isinstance(failed, TimeoutError):
+            self.timeouts += 1
+
+    def count_failure(self) -> None:
+        """One row (branch) this scorer failed."""
+        self.failures += 1
 
     async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
         raise NotImplementedError
 
     def stats(self) -> dict[str, float]:
-        """Calls, failures, timeouts and latency percentiles (seconds, over the most recent calls)."""
+        """Calls, failures (rows the scorer failed), timeouts and latency percentiles (seconds, over the most
+        recent calls)."""
         latencies = np.asarray(self._latencies, np.float64)
         p50, p95 = (np.percentile(latencies, [50, 95]) if latencies.size else (math.nan, math.nan))
         return {"calls": self.calls, "failures": self.failures, "timeouts": self.timeouts,
                 "latency_p50_s": float(p50), "latency_p95_s": float(p95)}
+
+    def abandon(self) -> None:
+        """A close: calls in flight that a cancellation of their runs would not end are ended too (a batch
+        call, shielded from its branches' cancellation, is cancelled here)."""
 
     async def aclose(self) -> None:
         """Releases the executor's workers (a no-op for those without)."""
@@ -236,16 +245,29 @@ class ThreadExecutor(Executor):
         # Admission is ours; anyio's limiter must never make an admitted call wait (an abandoned thread
         # may still hold a token of a bounded one).
         self._unbounded = LoopLocal(lambda: anyio.CapacityLimiter(math.inf))
+        self._running: dict[object, str] = {}  # calls in a thread now: what each covers
 
     async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
         fn = getattr(self.scorer, self.method)
+        running = self._running
+        key = object()
+
+        def call() -> Any:
+            running[key] = describe(on)
+            try:
+                return fn(*args)
+            finally:
+                running.pop(key, None)
+
         async with self._admitted.get():
             RUNNING_THREADS[self.scorer.name] += 1
             try:
+                # A cancellation (a sibling's failure, a close) never waits for the thread: a thread cannot be
+                # stopped, so its call is abandoned and its result discarded (aclose names what still runs).
                 if self.timeout is None:
-                    return await anyio.to_thread.run_sync(fn, *args, limiter=self._unbounded.get())
+                    return await anyio.to_thread.run_sync(call, abandon_on_cancel=True, limiter=self._unbounded.get())
                 with anyio.fail_after(self.timeout):
-                    return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True,
+                    return await anyio.to_thread.run_sync(call, abandon_on_cancel=True,
                                                           limiter=self._unbounded.get())
             except TimeoutError as err:
                 if str(err):  # the scorer's own TimeoutError
@@ -255,6 +277,15 @@ class ThreadExecutor(Executor):
                                    "will be discarded)") from None
             finally:
                 RUNNING_THREADS[self.scorer.name] -= 1
+
+    async def aclose(self) -> None:
+        """Nothing to release (threads cannot be stopped); calls still running in their threads were
+        abandoned by the runs that made them, and are named once here."""
+        still = sorted(self._running.values())
+        if still:
+            warnings.warn(f"scorer {self.scorer.name!r}: {len(still)} call(s) abandoned while still running in "
+                          f"worker threads (a thread cannot be stopped; their results are discarded): "
+                          f"{', '.join(still[:8])}{' ...' if len(still) > 8 else ''}", RuntimeWarning, stacklevel=2)
 
 
 class _Call:
@@ -290,11 +321,21 @@ class _Worker:
                 self.conn.close()
 
 
+_UNLOADABLE = None  # a worker's first message when it cannot unpickle the scorer: (None, why)
+
+
 def _worker_main(conn: Any, blob: bytes) -> None:
     """A worker process: unpickles the scorer once, then runs the calls of each message in order, sending
-    each result (or error) back as soon as it is done."""
+    each result (or error) back as soon as it is done. A scorer it cannot unpickle (its class defined in a
+    script without a file: stdin, ``python -c``, a notebook) is said once, and the worker exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
-    scorer = pickle.loads(blob)
+    try:
+        scorer = pickle.loads(blob)
+    except BaseException as err:
+        conn.send((_UNLOADABLE, f"its worker process could not load the scorer: {err!r} (define the scorer's class "
+                                "in an importable module, not in a script read from stdin, python -c or a "
+                                "notebook)"))
+        return
     while True:
         try:
             job = conn.recv()
@@ -306,9 +347,18 @@ def _worker_main(conn: Any, blob: bytes) -> None:
         fn = getattr(scorer, method)
         for args in calls:
             try:
-                conn.send((True, fn(*args)))
-            except BaseException as err:  # (an unpicklable result lands here too)
+                result = fn(*args)
+            except BaseException as err:
                 conn.send((False, _portable(err)))
+                continue
+            try:
+                payload = pickle.dumps((True, result))
+            except BaseException as err:
+                conn.send((False, _portable(TypeError(
+                    f"the scorer's return value could not be pickled to cross back from its worker process: "
+                    f"{err!r}"))))
+                continue
+            conn.send_bytes(payload)
 
 
 def _portable(err: BaseException) -> BaseException:
@@ -346,9 +396,17 @@ class ProcessExecutor(Executor):
         self._live: set[_Worker] = set()
         self._closed = False
         self._blob: bytes | None = None
+        self._unusable: str | None = None  # why no worker can run the scorer: every call fails with it
         self.restarts = 0
 
     def _start(self) -> None:
+        module = sys.modules.get(type(self.scorer).__module__)
+        main_file = getattr(module, "__file__", None)
+        if type(self.scorer).__module__ == "__main__" and not (main_file and os.path.isfile(main_file)):
+            self._unusable = (f"scorer {self.scorer.name!r} runs with executor 'process', but its class is defined "
+                              "in a script without a file (stdin, python -c, a notebook), which its worker "
+                              "processes cannot import: define the scorer in an importable module")
+            raise RuntimeError(self._unusable)
         try:
             self._blob = pickle.dumps(self.scorer)
         except Exception as err:
@@ -368,6 +426,8 @@ class ProcessExecutor(Executor):
     async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
         if self._closed:
             raise RuntimeError(f"scorer {self.scorer.name!r}: {_CLOSED}")
+        if self._unusable is not None:
+            raise RuntimeError(f"{self._unusable} (on {describe(on)})")
         if self._blob is None:
             self._start()
         call = _Call(args, on)
@@ -413,6 +473,10 @@ class ProcessExecutor(Executor):
         executor closed before or while it started. (A start takes seconds where the forkserver first imports
         the scorer's module: a close meanwhile ended the workers it saw, so one that started after it runs
         nothing and is ended here; and a worker a close ended mid-chunk is not replaced.)"""
+        if self._unusable is not None and not self._closed:  # no worker can run the scorer: start none
+            for call in calls:
+                call.future.set_exception(RuntimeError(f"{self._unusable} (on {describe(call.on)})"))
+            return None
         why = _CLOSED if self._closed else None
         worker = None
         if why is None:
@@ -441,6 +505,8 @@ class ProcessExecutor(Executor):
             worker.conn.send((self.method, [call.args for call in calls]))
         except Exception as err:  # an argument that does not pickle fails this chunk's calls
             alive = not isinstance(err, OSError)
+            if not alive and self._unloadable(worker, calls):
+                return [], False
             for call in calls:
                 call.future.set_exception(TypeError(
                     f"scorer {self.scorer.name!r} on {describe(call.on)}: its arguments could not be sent to its "
@@ -454,18 +520,55 @@ class ProcessExecutor(Executor):
                     f"{self.timeout} s in its worker process (the worker was ended and replaced)"))
                 return calls[k + 1:], False
             try:
-                ok, value = worker.conn.recv()
+                message = worker.conn.recv_bytes()
             except (EOFError, OSError):
                 worker.process.join(1)
                 call.future.set_exception(RuntimeError(
                     f"scorer {self.scorer.name!r} on {describe(call.on)}: its worker process died (exit code "
                     f"{worker.process.exitcode}) after {time.monotonic() - started:.3f} s"))
                 return calls[k + 1:], False
+            try:
+                ok, value = pickle.loads(message)
+            except Exception as err:  # the whole message arrived: the worker lives on
+                call.future.set_exception(TypeError(
+                    f"scorer {self.scorer.name!r} on {describe(call.on)}: the scorer's return value could not be "
+                    f"unpickled in the parent process: {err!r}"))
+                continue
+            if ok is _UNLOADABLE:  # no worker can run this scorer: fail everything, start no more workers
+                self._unusable = f"scorer {self.scorer.name!r}: {value}"
+                for rest in calls[k:]:
+                    rest.future.set_exception(RuntimeError(f"{self._unusable} (on {describe(rest.on)})"))
+                self._fail_waiting()
+                return [], False
             if ok:
                 call.future.set_result(value)
             else:
                 call.future.set_exception(value)
         return [], True
+
+    def _unloadable(self, worker: _Worker, calls: list[_Call]) -> bool:
+        """Whether a worker whose pipe broke said it cannot load the scorer (then ``calls`` and the queue
+        fail with why)."""
+        try:
+            ok, why = pickle.loads(worker.conn.recv_bytes()) if worker.conn.poll(1.0) else (True, None)
+        except Exception:
+            return False
+        if ok is not _UNLOADABLE:
+            return False
+        self._unusable = f"scorer {self.scorer.name!r}: {why}"
+        for call in calls:
+            call.future.set_exception(RuntimeError(f"{self._unusable} (on {describe(call.on)})"))
+        self._fail_waiting()
+        return True
+
+    def _fail_waiting(self) -> None:
+        """Every queued call fails with the reason no worker can run the scorer."""
+        with self._ready:
+            waiting = list(self._queue)
+            self._queue.clear()
+        for call in waiting:
+            if call.future.set_running_or_notify_cancel():
+                call.future.set_exception(RuntimeError(f"{self._unusable} (on {describe(call.on)})"))
 
     async def aclose(self) -> None:
         with self._ready:
@@ -500,23 +603,37 @@ async def _result(future: concurrent.futures.Future[Any]) -> Any:
     return await asyncio.wrap_future(future)
 
 
-class _Batch:
-    __slots__ = ("done", "error", "full", "items", "results")
+class _Item:
+    __slots__ = ("args", "live", "on")
 
-    def __init__(self) -> None:
-        self.items: list[tuple[tuple[Any, ...], Any]] = []
+    def __init__(self, args: tuple[Any, ...], on: Any):
+        self.args, self.on, self.live = args, on, True
+
+
+class _Batch:
+    __slots__ = ("deadline", "done", "error", "full", "items", "lead", "results", "started", "wake")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline  # when the lead stops waiting for the batch to fill
+        self.items: list[_Item] = []
         self.full = anyio.Event()
         self.done = anyio.Event()
-        self.results: Sequence[Any] = ()
+        self.wake = anyio.Event()  # set when the batch is done or its lead changed
+        self.lead = 0  # the index of the item whose call waits for the batch to fill and makes the call
+        self.started = False  # the call was made: cancelled items' results are dropped from then on
+        self.results: dict[int, Any] = {}
         self.error: BaseException | None = None
 
 
 class BatchExecutor(AsyncExecutor):
     """Gathers concurrent calls' items into ``evaluate_batch`` calls (see ``BatchScorer``). The call that
     opens a batch leads it: it waits up to ``max_wait`` for the batch to fill, then makes the call for every
-    item in it, shielded from its own branch's cancellation (the others' items ride on it): a batch call
-    always runs to its end or its deadline (set a ``timeout``: ``aclose`` waits for batches in flight), and
-    the results of branches that have gone are dropped."""
+    live item in it, shielded from its own branch's cancellation (the others' items ride on it): a batch call
+    runs to its end, its deadline or a close of the runner (``abandon``), and the results of branches that
+    have gone are dropped. A cancellation before the call ends that item's wait
+    at once and removes it from the batch; a lead that goes hands the lead to the next live item (a batch
+    whose items all went is never called). A failed call's error is raised, as the same object, by every
+    branch with an item in it (one note names the batch)."""
 
     def __init__(self, scorer: BaseScorer, method: str, timeout: float | None):
         super().__init__(scorer, method, timeout)
@@ -527,67 +644,110 @@ class BatchExecutor(AsyncExecutor):
         self.batches = 0
         self._batch_slots = self._slots
         self._slots = None  # max_concurrency bounds batch calls, not items
+        self._flushing: set[anyio.CancelScope] = set()  # the batch calls in flight (abandon cancels them)
 
     async def run(self, args: tuple[Any, ...], on: Any) -> Any:
         batch = self._open
-        lead = batch is None
         if batch is None:
-            batch = self._open = _Batch()
+            batch = self._open = _Batch(anyio.current_time() + self.max_wait)
         index = len(batch.items)
-        batch.items.append((args, on))
+        item = _Item(args, on)
+        batch.items.append(item)
         if len(batch.items) >= self.max_batch_size:
             self._open = None
             batch.full.set()
-        if lead:
-            with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(self.max_wait):
-                    await batch.full.wait()
-                if self._open is batch:
-                    self._open = None
-                await self._flush(batch)
-        else:
-            await batch.done.wait()
-        if batch.error is not None:  # each branch raises its own copy (its notes name its own turn)
-            error = copy.copy(batch.error)
-            error.__notes__ = list(getattr(batch.error, "__notes__", ()))  # type: ignore[attr-defined]
-            raise error.with_traceback(batch.error.__traceback__)
+        try:
+            while not batch.done.is_set():
+                if batch.lead == index and not batch.started:
+                    with anyio.move_on_after(max(batch.deadline - anyio.current_time(), 0.0)):
+                        await batch.full.wait()
+                    batch.started = True
+                    if self._open is batch:
+                        self._open = None
+                    with anyio.CancelScope(shield=True) as scope:
+                        self._flushing.add(scope)
+                        try:
+                            await self._flush(batch)
+                        finally:
+                            self._flushing.discard(scope)
+                    break
+                wake = batch.wake
+                await wake.wait()
+        except anyio.get_cancelled_exc_class():
+            item.live = False
+            if not batch.started:  # gone before the call: out of the batch, and the lead passes on
+                self._pass_lead(batch, index)
+            raise
+        if batch.error is not None:  # the batch's own error (the same object for every branch in it)
+            raise batch.error
+        if index not in batch.results:  # the call was abandoned by a close (abandon)
+            await anyio.sleep(0)  # the close cancelled this run too: it ends here
+            raise RuntimeError(f"scorer {self.scorer.name!r} on {describe(on)}: its batch call was abandoned by a "
+                               "close")
         return batch.results[index]
 
+    def abandon(self) -> None:
+        for scope in list(self._flushing):
+            scope.cancel()
+
+    def _pass_lead(self, batch: _Batch, index: int) -> None:
+        if batch.lead != index:
+            return
+        following = [i for i, item in enumerate(batch.items) if item.live]
+        if not following:  # every item went: the batch is never called
+            batch.started = True
+            if self._open is batch:
+                self._open = None
+            return
+        batch.lead = following[0]
+        batch.wake.set()
+        batch.wake = anyio.Event()
+
     async def _flush(self, batch: _Batch) -> None:
-        items = batch.items
+        live = [i for i, item in enumerate(batch.items) if item.live]
+        items = [(batch.items[i].args, batch.items[i].on) for i in live]
         order = list(range(len(items)))
         if self.pads:
-            order.sort(key=lambda i: _length(items[i][0]))
+            order.sort(key=lambda k: _length(items[k][0]))
         start = time.perf_counter()
         try:
             if self._batch_slots is None:
-                results = await self._call([items[i][0] for i in order], items)
+                results = await self._call([items[k][0] for k in order], items)
             else:
                 async with self._batch_slots.get():
-                    results = await self._call([items[i][0] for i in order], items)
-            out: list[Any] = [None] * len(items)
-            for position, i in enumerate(order):
-                out[i] = results[position]
-            batch.results = out
+                    results = await self._call([items[k][0] for k in order], items)
+            for position, k in enumerate(order):
+                batch.results[live[k]] = results[position]
         except Exception as err:
             batch.error = err
+            add_note(err, f"raised by scorer {self.scorer.name!r} on {_batch_on(items)}")
+            err.prm_batch = True  # type: ignore[attr-defined]  # (the runner adds no per-turn note to it)
         finally:
             self._record(start, batch.error)
             self.batches += 1
             batch.done.set()
+            batch.wake.set()
 
     async def _call(self, argument_lists: list[tuple[Any, ...]], items: list[tuple[tuple[Any, ...], Any]]) -> list[Any]:
-        first, last = describe(items[0][1]), describe(items[-1][1])
-        on = f"a batch of {len(items)} items ({first} ... {last})" if len(items) > 1 else first
-        results = await self._guarded(self.scorer.evaluate_batch(argument_lists), on,  # type: ignore[attr-defined]
-                                      counted=False)
+        results = await self._guarded(self.scorer.evaluate_batch(argument_lists),  # type: ignore[attr-defined]
+                                      _batch_on(items), counted=False)
         if isinstance(results, np.ndarray):
             results = list(results)
         if not isinstance(results, Sequence) or isinstance(results, (str, bytes)) or len(results) != len(items):
-            got = f"{len(results)} results" if isinstance(results, Sequence) else type(results).__name__
+            got = (f"{len(results)} results" if isinstance(results, Sequence) and not isinstance(results, (str, bytes))
+                   else f"a {type(results).__name__}")
             raise TypeError(f"scorer {self.scorer.name!r}: evaluate_batch must return one result per item, in order "
                             f"({len(items)}), got {got}")
         return list(results)
+
+
+def _batch_on(items: list[tuple[tuple[Any, ...], Any]]) -> str:
+    """What a batch call covers, for messages: every item's turn (the first eight, then how many more)."""
+    if len(items) == 1:
+        return describe(items[0][1])
+    names = [describe(on) for _, on in items[:8]]
+    more = f" and {len(items) - 8} more" if len(items) > 8 else ""
+    return f"a batch of {len(items)} items ({', '.join(names)}{more})"
 
 
 def _length(args: tuple[Any, ...]) -> int:

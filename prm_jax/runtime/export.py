@@ -44,7 +44,7 @@ from prm_jax.runtime.batching import pack_branches
 from prm_jax.runtime.group_filters import GroupFilterResult
 from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.metrics import MetricStats, branch_stats, namespace, trajectory_rewards
-from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner, shared_turns
+from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner, RunnerClosedError, error_text, shared_turns
 from prm_jax.runtime.scoring import PRMTurnResult
 from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache
 
@@ -218,7 +218,7 @@ def _exported(clone: InteractionCache, key: str, leaf: str, discounted: bool = F
 def _unscored(store: TrajectoryStore, key: str, leaves: list[str], error: Exception, discounted: bool) -> _Scored:
     """AReaL's ``keep_original`` fallback: the session's whole pre-scoring export (fresh clones of every
     branch: the original outcome and token rewards, nothing of a partly scored branch)."""
-    scored = _Scored(key, fallback=f"{type(error).__name__}: {error}")
+    scored = _Scored(key, fallback=error_text(error))
     try:
         scored.sequences = [_exported(store.session(key).clone_chain(leaf), key, leaf, discounted) for leaf in leaves]
     except Exception as err:
@@ -412,6 +412,7 @@ class ExportService:
         self.store = TrajectoryStore()
         self._errors: list[Exception] = []
         self._stack = contextlib.AsyncExitStack()
+        self._closed = False
         for client in self.clients:
             self._stack.push_async_callback(self._close, client)
         if runner is not None:
@@ -443,12 +444,16 @@ class ExportService:
 
     async def aclose(self) -> None:
         """Closes the runner, then the clients (each once); failures are raised together afterwards."""
+        self._closed = True
         self._errors = []
         await self._stack.aclose()
         if self._errors:
             raise ExceptionGroup("export service shutdown failed", self._errors)
 
     async def __aenter__(self) -> ExportService:
+        """Entering a service that was closed is refused, as ``PRMRunner`` refuses it."""
+        if self._closed:
+            raise RunnerClosedError("ExportService is closed: it cannot be entered again")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

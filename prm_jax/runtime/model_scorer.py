@@ -29,6 +29,7 @@ loads the model, called with ``factory_kwargs``, and returns ``fn``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -96,10 +97,12 @@ class ModelScorer(BatchTrajectoryScorer):
 
     # -- the rows path ---------------------------------------------------------------------------------------
 
-    def score_rows(self, input_ids: np.ndarray, attention_mask: np.ndarray, turn_ids: np.ndarray) -> np.ndarray:
+    def score_rows(self, input_ids: np.ndarray, attention_mask: np.ndarray, turn_ids: np.ndarray, *,
+                   check: bool = True) -> np.ndarray:
         """Raw (unweighted) float64 token scores ``[B, T]`` of rows ``[B, T]`` (``turn_ids`` -1 off the turns,
         where the result is 0), ``max_batch_size`` rows per model call. ``ValueError`` naming the row for a
-        non-finite score or a row with more than ``max_turns`` turns."""
+        row with more than ``max_turns`` turns, and for a non-finite score unless ``check=False`` (the
+        runner's paths fail only the rows that hold one: ``weighted_rows``)."""
         rows, width = turn_ids.shape
         out = np.zeros((rows, width), np.float64)
         live = attention_mask.astype(bool) | (turn_ids >= 0)
@@ -131,7 +134,7 @@ class ModelScorer(BatchTrajectoryScorer):
             else:
                 out[begin:end, :cut] = np.where(turn_ids[begin:end, :cut] >= 0, scores[:, :cut], 0.0)
         bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
-        if bad.size:
+        if bad.size and check:
             raise ValueError(f"scorer {self.name!r}: the model returned non-finite scores on row {int(bad[0])}")
         return out
 
@@ -160,16 +163,21 @@ class ModelScorer(BatchTrajectoryScorer):
             mask[row, :length] = 1
             for k, (start, stop) in enumerate(spans):
                 turn_ids[row, start:stop] = k
-        scores = await anyio.to_thread.run_sync(self.score_rows, ids, mask, turn_ids)  # the loop stays free
+        # The loop stays free; a row's non-finite scores fail that branch alone (the runner's validation).
+        scores = await anyio.to_thread.run_sync(functools.partial(self.score_rows, check=False), ids, mask, turn_ids)
         return [{turn.interaction_id: scores[row, start:stop] for turn, (start, stop) in zip(turns, spans)}
                 for row, (turns, spans) in enumerate(layouts)]
 
 
-def weighted_rows(scorer: ModelScorer, raw: np.ndarray) -> np.ndarray:
-    """``weight * raw`` as float32, as ``weighted_rewards`` gives each turn; ``ValueError`` naming the scorer
-    and the row where it is not finite in float32."""
-    _, weighted = weighted_float32(raw, scorer.weight)
-    bad = np.flatnonzero(~np.isfinite(weighted).all(axis=1))
-    if bad.size:
-        raise ValueError(f"scorer {scorer.name!r} on row {int(bad[0])}: reward * weight ({scorer.weight}) is non-finite")
-    return weighted
+def weighted_rows(scorer: ModelScorer, raw: np.ndarray, rows: Sequence[int]) -> tuple[np.ndarray, dict[int, str]]:
+    """``weight * raw`` as float32, as ``weighted_rewards`` gives each turn, and for each row (``rows``: the
+    rows of ``raw`` in the caller's numbering) whose raw score or weighted reward is not finite in float32,
+    the message naming the scorer and the row: only those rows fail."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        _, weighted = weighted_float32(raw, scorer.weight)
+    errors = {}
+    for k in np.flatnonzero(~(np.isfinite(raw).all(axis=1) & np.isfinite(weighted).all(axis=1))).tolist():
+        what = ("the model returned non-finite scores" if not np.isfinite(raw[k]).all() else
+                f"reward * weight ({scorer.weight}) is non-finite")
+        errors[int(rows[k])] = f"scorer {scorer.name!r} on row {int(rows[k])}: {what}"
+    return weighted, errors

@@ -123,6 +123,36 @@ class NotScorableError(ValueError):
 
 # Errors of a run that no scorer caused: AReaL's ``error_policy: keep_original`` never falls back on them.
 NOT_SCORER_FAILURES: tuple[type[BaseException], ...] = (RunnerClosedError, NotScorableError)
+WORKER_TRACEBACK_NOTE = "in the scorer's worker process:"  # (a process scorer's traceback, in a note)
+
+
+def guarded_progress(progress: Callable[[int, int], None] | None) -> Callable[[int, int], None] | None:
+    """``progress`` as scoring calls it: a callback that raises is reported once (a ``RuntimeWarning`` naming
+    it and its error) and scoring goes on; its later errors are ignored."""
+    if progress is None:
+        return None
+    warned = [False]
+
+    def report(done: int, total: int) -> None:
+        try:
+            progress(done, total)
+        except Exception as err:
+            if not warned[0]:
+                warned[0] = True
+                warnings.warn(f"the progress callback {getattr(progress, '__qualname__', progress)!r} raised "
+                              f"{err!r}; scoring goes on without its reports failing it", RuntimeWarning,
+                              stacklevel=2)
+    return report
+
+
+def error_text(err: BaseException) -> str:
+    """A failed row's one-line error: ``Type: message``, then the first line of each note, which name the
+    scorer, the turn and what failed (a worker process's traceback is left to the exception itself)."""
+    notes = [str(note).splitlines()[0] for note in getattr(err, "__notes__", ())
+             if str(note).strip() and not str(note).startswith(WORKER_TRACEBACK_NOTE)]
+    message = str(err)
+    text = f"{type(err).__name__}: {message}" if message else type(err).__name__
+    return f"{text} [{'; '.join(notes)}]" if notes else text
 
 
 def _refuse_shared_turns(branches: Sequence[InteractionCache | Sequence[Interaction]]) -> None:
@@ -255,6 +285,11 @@ class PRMRunner:
             out[scorer.name] = stats
         return out
 
+    def count_failure(self, scorer: BaseScorer) -> None:
+        """One row (branch) ``scorer`` failed, in its ``scorer_stats()`` (paths that score rows without
+        running branches call this; ``run`` counts its own)."""
+        self._executors[id(scorer)].count_failure()
+
     async def _close_one(self, scorer: BaseScorer) -> None:
         """One owned scorer's cleanup; after a cancellation (``INTERRUPTED``) the rest are kept for a later
         ``aclose``."""
@@ -324,7 +359,13 @@ class PRMRunner:
             try:
                 for scorer in self._scorers:
                     if scorer.enabled:
-                        staged.append(await self._score(scorer, chain, views, frozen_ctx))
+                        try:
+                            staged.append(await self._score(scorer, chain, views,
+                                                            frozen_ctx.prefix_only() if scorer.prefix_determined
+                                                            else frozen_ctx))
+                        except Exception:  # this row failed in this scorer, whatever refused it
+                            self.count_failure(scorer)
+                            raise
             except Exception:
                 self.branches_failed += 1
                 raise
@@ -366,7 +407,7 @@ class PRMRunner:
         _refuse_shared_turns(branches)
         results: list[Any] = [None] * len(branches)
         limiter = anyio.Semaphore(limit) if limit is not None and limit < len(branches) else None
-
+        report = guarded_progress(progress)
         finished = [0]
 
         async def one(i: int) -> None:
@@ -383,8 +424,8 @@ class PRMRunner:
                 results[i] = err
             finally:
                 finished[0] += 1
-                if progress is not None:
-                    progress(finished[0], len(branches))
+                if report is not None:
+                    report(finished[0], len(branches))
 
         stop = anyio.Event()
 
@@ -481,7 +522,8 @@ class PRMRunner:
         try:
             mapping = await self._executors[id(scorer)].run((tuple(views), ctx), where)
         except Exception as err:
-            add_note(err, f"raised by scorer {scorer.name!r} on {where}")
+            if not getattr(err, "prm_batch", False):  # (a batch's error names its items already)
+                add_note(err, f"raised by scorer {scorer.name!r} on {where}")
             raise
         if mapping is None:
             return [None] * len(views)
@@ -523,7 +565,8 @@ class PRMRunner:
                 outcomes[i] = outcome if prepare is None else prepare(view, outcome, ctx)
                 done[i] = True
             except Exception as err:  # (a cancellation that was asked for passes through)
-                add_note(err, f"raised by scorer {scorer.name!r} on interaction {view.interaction_id!r}")
+                if not getattr(err, "prm_batch", False):  # (a batch's error names its items already)
+                    add_note(err, f"raised by scorer {scorer.name!r} on interaction {view.interaction_id!r}")
                 if not failure:
                     failure.append(err)
                 raise  # the group cancels the other turns
@@ -553,11 +596,12 @@ class PRMRunner:
                      ctx: Mapping[str, Any]) -> _Staged:
         """Evaluates and validates one scorer's results; nothing is committed here."""
         outcomes = await self._evaluate_all(scorer, views, ctx)
-        missing = sum(outcome is None or (isinstance(outcome, PRMScorerResult) and outcome.reward is None)
-                      for outcome in outcomes)
+        missing = [turn.interaction_id for turn, outcome in zip(chain, outcomes)
+                   if outcome is None or (isinstance(outcome, PRMScorerResult) and outcome.reward is None)]
         if missing:
-            raise RuntimeError(f"scorer {scorer.name!r} returned None for {missing} of {len(outcomes)} turns, which "
-                               "rejects the trajectory (return 0.0 for a real zero)")
+            raise RuntimeError(f"scorer {scorer.name!r} returned None for {len(missing)} of {len(outcomes)} turns "
+                               f"(interaction {short_repr(missing[0]) if len(missing) == 1 else short_repr(missing)}), "
+                               "which rejects the trajectory (return 0.0 for a real zero)")
         stage = _Staged(scorer)
         seen: set = set()
         raw_allowed = _plain(scorer) and scorer.unit == "turn"
@@ -610,6 +654,8 @@ class PRMRunner:
             self._idle = anyio.Event()
             for scope in list(self._in_flight):
                 scope.cancel()
+            for executor in self._executors.values():  # (calls a run's cancellation does not end: batches)
+                executor.abandon()
             await self._idle.wait()
         while self._state is not RunnerState.CLOSED:
             if self._close_event is not None:

@@ -31,3 +31,50 @@ def test_a_closed_blocking_runner_refuses_every_call_and_closes_once():
                  lambda: runner.score_arrays([[1, 2]], [[-1, 0]])):
         with pytest.raises(RunnerClosedError, match="BlockingRunner is closed"):
             call()
+
+
+def test_blocking_runner_has_run_many_progress_and_scorer_stats_as_prm_runner_does():
+    # Issue 41.23: documented as "PRMRunner behind synchronous methods" without run_many(progress=) and
+    # scorer_stats().
+    seen = []
+    with BlockingRunner(scorers=[st.ConstantScorer(0.5)]) as runner:
+        runner.run_many([chain(1), chain(2)], progress=lambda done, total: seen.append((done, total)))
+        stats = runner.scorer_stats()
+    assert sorted(seen) == [(1, 2), (2, 2)]
+    assert stats["constant"]["calls"] == 3 and stats["constant"]["failures"] == 0
+
+
+def test_a_blocking_runner_whose_loop_thread_ended_says_why_on_the_next_call():
+    # Issue 41.23: BlockingRunner._done was never read: an exception that ended its loop thread was lost.
+    runner = BlockingRunner(scorers=[st.ConstantScorer()])
+    try:
+        runner._portal.call(runner._portal.stop, True)  # the loop ends under the runner
+        runner._thread.join(5)
+        with pytest.raises(RunnerClosedError, match="event loop thread has ended"):
+            runner.run(chain(1))
+    finally:
+        runner.close()
+    assert runner.state is RunnerState.CLOSED
+
+
+def test_entering_a_closed_blocking_runner_or_export_service_is_refused():
+    # Issue 41.23: both accepted entering after close; PRMRunner refuses it.
+    import anyio
+
+    from prm_jax.config import ExperimentConfig
+    from prm_jax.runtime.export import ExportService
+
+    runner = BlockingRunner(scorers=[st.ConstantScorer()])
+    runner.close()
+    with pytest.raises(RunnerClosedError, match="BlockingRunner is closed"):
+        with runner:
+            pass
+
+    async def enter_closed_service():
+        service = await ExportService.start(ExperimentConfig())
+        async with service:
+            pass
+        with pytest.raises(RunnerClosedError, match="ExportService is closed"):
+            async with service:
+                pass
+    anyio.run(enter_closed_service)

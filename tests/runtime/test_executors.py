@@ -645,3 +645,203 @@ async def test_closing_a_runner_mid_chunk_starts_no_worker_for_the_rest_of_the_c
     seconds, closed = await close_while_scoring(runner, started_file.exists, rows=4)
     assert seconds < 4.0 and len(closed) == 1
     assert len(workers) == 1 and not workers[0].process.is_alive()
+
+
+class SeesBatches(BatchScorer):
+    name = "sees_batches"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.batches: list[list[str]] = []
+
+    async def evaluate_batch(self, items):
+        self.batches.append([interaction.interaction_id for interaction, _ in items])
+        return [1.0] * len(items)
+
+
+class FailsRowZero(BaseScorer):
+    name = "fails_row_zero"
+
+    async def evaluate(self, interaction, ctx):
+        if ctx["row"] == 0:
+            await anyio.sleep(0.2)
+            raise ConnectionError("row 0's judge is down")
+        return 0.0
+
+
+async def test_a_cancelled_branch_ends_its_batch_wait_at_once_and_leaves_the_batch():
+    # Issue 41.12: with max_wait=20, another scorer's failure under on_error="raise" surfaced after 20 s, and the
+    # batch was then called for branches that were gone.
+    from prm_jax.runtime.arrays import score_arrays
+
+    batched = SeesBatches(max_batch_size=64, max_wait=20.0)
+    runner = PRMRunner(scorers=(FailsRowZero(), batched))
+    input_ids = np.arange(1, 13, dtype=np.int32).reshape(4, 3)
+    turn_ids = np.array([[-1, 0, 0]] * 4, np.int32)
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="row 0's judge is down"):
+        await score_arrays(runner, input_ids, turn_ids)
+    assert time.monotonic() - start < 2.0
+    await anyio.sleep(0.1)
+    assert batched.batches == []  # never called for the rows that were cancelled
+    # Some items cancelled, some not: the batch goes with the live ones only, at once when its lead goes.
+    batched = SeesBatches(max_batch_size=64, max_wait=0.5)
+    runner = PRMRunner(scorers=(batched,))
+    branches = [chain(1) for _ in range(3)]
+    results: list = [None] * 3
+
+    async def one(i):
+        results[i] = await runner.run(branches[i])
+
+    async with anyio.create_task_group() as group:
+        scopes = []
+        for i in range(3):
+            scope = anyio.CancelScope()
+            scopes.append(scope)
+
+            async def run_in(scope=scope, i=i):
+                with scope:
+                    await one(i)
+            group.start_soon(run_in)
+        await anyio.sleep(0.05)
+        scopes[0].cancel()  # the lead goes: the lead passes to the next live item
+        scopes[2].cancel()
+    assert results[0] is None and results[2] is None and results[1] is not None
+    assert len(batched.batches) == 1 and len(batched.batches[0]) == 1
+    assert committed(branches[1]) == [[1.0, 1.0]] and committed(branches[0]) == [None]
+
+
+class RetriesOut(BatchScorer):
+    name = "retries_out"
+
+    async def evaluate_batch(self, items):
+        from prm_jax.runtime import RetryError
+
+        cause = ConnectionError("connection reset")
+        raise RetryError("_post_once failed 4 times; last error: ConnectionError('connection reset')",
+                         [cause] * 4) from cause
+
+
+async def test_every_branch_of_a_failed_batch_gets_the_batchs_own_error_never_a_rebuilt_one():
+    # Issue 41.15: each branch got copy.copy(error); an exception whose constructor does not take its own args
+    # became "TypeError: __init__() missing 1 required positional argument" (prm-jax's RetryError is one).
+    from prm_jax.runtime import RetryError
+
+    branches = [chain(1) for _ in range(3)]
+    results = await PRMRunner(scorers=(RetriesOut(max_wait=0.05),)).run_many(branches, return_exceptions=True)
+    assert all(isinstance(r, RetryError) for r in results), results
+    assert results[0] is results[1] is results[2]  # the same object: no reconstruction
+    assert len(results[0].errors) == 4 and isinstance(results[0].__cause__, ConnectionError)
+    notes = results[0].__notes__
+    assert len(notes) == 1 and "on a batch of 3 items" in notes[0]  # one note, naming the batch's turns
+
+
+class ReturnsText(BatchScorer):
+    name = "returns_text"
+
+    async def evaluate_batch(self, items):
+        return "abc"
+
+
+async def test_evaluate_batch_returning_a_string_is_named_as_a_string_not_three_results():
+    # Issue 41.20: "got 3 results" for the string "abc".
+    with pytest.raises(TypeError, match=r"one result per item, in order \(1\), got a str"):
+        await PRMRunner(scorers=(ReturnsText(max_wait=0.01),)).run(chain(1))
+
+
+MAIN_SCORER = """
+import numpy as np
+from prm_jax import PRMRunner, SyncScorer
+from prm_jax.runtime import executors
+from prm_jax.runtime.arrays import score_arrays
+import anyio
+
+class InMain(SyncScorer):
+    name = "in_main"
+    executor = "process"
+
+    def evaluate(self, interaction, ctx):
+        return 1.0
+
+started = []
+original = executors._Worker.__init__
+def counting(self, *args):
+    started.append(1)
+    original(self, *args)
+executors._Worker.__init__ = counting
+
+async def main():
+    runner = PRMRunner(scorers=(InMain(max_workers=2),))
+    out = await score_arrays(runner, np.arange(1, 10, dtype=np.int32).reshape(3, 3),
+                             np.array([[-1, 0, 0]] * 3, np.int32), on_error="mask")
+    await runner.aclose()
+    print("FAILED", out.failed.tolist(), "WORKERS", len(started))
+    print("ERROR", out.errors[0])
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("how", ["-c", "stdin"])
+def test_a_process_scorer_defined_in_a_script_without_a_file_fails_its_rows_with_the_cause(how):
+    # Issue 41.18: a class the workers cannot import (stdin, python -c, a notebook) failed every row with "its
+    # worker process died (exit code 1)", the cause only on stderr, one worker started and dead per call.
+    import subprocess
+    import sys
+
+    argv, stdin = ([sys.executable, "-c", MAIN_SCORER], None) if how == "-c" else ([sys.executable, "-"], MAIN_SCORER)
+    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FAILED [True, True, True] WORKERS 0" in proc.stdout, proc.stdout
+    assert "define the scorer in an importable module" in proc.stdout and "in_main" in proc.stdout
+
+
+def test_a_worker_that_cannot_load_the_scorer_fails_the_calls_with_why_and_no_more_start(monkeypatch):
+    # Issue 41.18 at the first failure: the worker says why it cannot unpickle the scorer, once.
+    started = []
+    original = executors._Worker.__init__
+
+    def counting(self, *args):
+        started.append(1)
+        original(self, *args)
+    monkeypatch.setattr(executors._Worker, "__init__", counting)
+    monkeypatch.setattr(pickle, "dumps", lambda obj, *a, **k: b"not a pickle" if isinstance(obj, st.WorkerPid)
+                        else pickle._dumps(obj, *a, **k))  # type: ignore[attr-defined]
+
+    async def main():
+        runner = PRMRunner(scorers=(st.WorkerPid(max_workers=1),))
+        results = await runner.run_many([chain(1) for _ in range(4)], return_exceptions=True)
+        await runner.aclose()
+        return results
+
+    results = anyio.run(main)
+    assert all(isinstance(r, RuntimeError) and "could not load the scorer" in str(r) for r in results), results
+    assert len(started) == 1
+
+
+class ReadsMessages(BaseScorer):
+    name = "reads_messages"
+    prefix_determined = True
+
+    async def evaluate(self, interaction, ctx):
+        return float(len(ctx["messages"]))
+
+
+class GetsMessages(ReadsMessages):
+    name = "gets_messages"
+
+    async def evaluate(self, interaction, ctx):
+        return float(len(ctx.get("messages") or ()))
+
+
+@pytest.mark.parametrize("scorer", [ReadsMessages, GetsMessages])
+async def test_a_prefix_determined_scorer_that_reads_the_branchs_messages_fails_loudly(scorer):
+    # Issue 41.24: such a scorer shared the first branch's score (2.0 and 2.0 where alone it scored 2.0 and 4.0).
+    from prm_jax.runtime.context import PrefixRuleError
+
+    session = session_tree(depth_shared=1, levels=1)
+    branches = [session.clone_chain(leaf) for leaf in session.leaves()]
+    results = await PRMRunner(scorers=(scorer(),)).run_many(branches, return_exceptions=True)
+    assert all(isinstance(r, PrefixRuleError) for r in results), results
+    assert "prefix_determined" in str(results[0]) and "interaction.messages" in str(results[0])
+    assert all(committed(b) == [None, None] for b in branches)  # nothing committed

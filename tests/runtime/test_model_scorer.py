@@ -132,7 +132,9 @@ async def test_turn_output_is_broadcast_over_each_turns_tokens_and_per_turn_scor
                            tokens, turn_ids, attention_mask=attention)
 
 
-async def test_a_failed_forward_fails_exactly_its_rows_on_mask_and_names_them_on_raise():
+async def test_a_non_finite_score_fails_exactly_its_own_row_on_mask_and_names_it_on_raise():
+    # Issue 41.21: row 5's NaN failed the whole chunk of four ("non-finite scores on row 5" on rows 4-7, whose
+    # scores were finite); only the rows with non-finite scores fail, on both paths (arrays and branches).
     tokens, turn_ids, attention = trainer_rows(8)
 
     def poisoned(input_ids, attention_mask, turn_ids):
@@ -140,14 +142,28 @@ async def test_a_failed_forward_fails_exactly_its_rows_on_mask_and_names_them_on
         return jnp.where(input_ids[:, :1] == int(tokens[5, 0]), jnp.nan, scores)
 
     model = ModelScorer(fn=poisoned, max_batch_size=4)
-    out = await score_arrays(PRMRunner(scorers=(model,)), tokens, turn_ids, attention_mask=attention,
-                             on_error="mask")
-    assert out.failed.tolist() == [False] * 4 + [True] * 4  # the second forward held row 5
-    assert np.isnan(out.token_rewards[4:][turn_ids[4:] >= 0]).all()
-    assert "non-finite scores" in out.errors[5]
-    with pytest.raises(ValueError, match="non-finite scores") as info:
+    clean = await score_arrays(PRMRunner(scorers=(ModelScorer(fn=causal_prm, max_batch_size=4),)), tokens,
+                               turn_ids, attention_mask=attention)
+    runner = PRMRunner(scorers=(model,))
+    out = await score_arrays(runner, tokens, turn_ids, attention_mask=attention, on_error="mask")
+    assert out.failed.tolist() == [False] * 5 + [True] + [False] * 2
+    assert np.isnan(out.token_rewards[5][turn_ids[5] >= 0]).all()
+    keep = np.arange(8) != 5
+    np.testing.assert_array_equal(out.token_rewards[keep], clean[keep])  # the chunk's other rows, as scored alone
+    assert "non-finite scores" in out.errors[5] and "row 5" in out.errors[5] and list(out.errors) == [5]
+    assert runner.scorer_stats()[model.name]["failures"] == 1
+    with pytest.raises(ValueError, match="on row 5: the model returned non-finite scores"):
         await score_arrays(PRMRunner(scorers=(model,)), tokens, turn_ids, attention_mask=attention)
-    assert "rows [4, 5, 6, 7] of input_ids" in "\n".join(info.value.__notes__)
+
+    class Half(BaseScorer):  # beside another scorer the model runs on branches: the same rows fail
+        name = "half"
+
+        async def evaluate(self, interaction, ctx):
+            return 0.5
+
+    mixed = await score_arrays(PRMRunner(scorers=(model, Half())), tokens, turn_ids, attention_mask=attention,
+                               on_error="mask")
+    assert mixed.failed.tolist() == out.failed.tolist()
 
 
 async def test_beside_another_scorer_the_model_runs_on_branches_with_the_same_numbers():

@@ -1,0 +1,122 @@
+"""One scorer per executor kind with the same behaviour per row (``ctx["row"]``), for the executor
+conformance tests (``tests/runtime/test_executor_conformance.py``); importable, so worker processes load it."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import anyio
+import numpy as np
+
+from prm_jax import BaseScorer
+from prm_jax.runtime.scoring import BatchScorer, SyncScorer
+
+KINDS = ("async", "thread", "process", "batch")
+SLEEP_S = 30.0
+
+
+def _explode() -> None:
+    raise ValueError("this value cannot be rebuilt here")
+
+
+class Unloadable:
+    """Pickles anywhere; unpickling it raises (a result that crosses out of a worker but not into the parent)."""
+
+    def __reduce__(self):
+        return (_explode, ())
+
+
+def outcome(mode: str, output_len: int):
+    """What a call returns for ``mode`` (``ok``: 1.0)."""
+    if mode == "ok":
+        return 1.0
+    if mode == "nan":
+        return math.nan
+    if mode == "wrong_shape":
+        return np.ones(output_len + 3)
+    if mode == "none":
+        return None
+    if mode == "wrong_type":
+        return "high"
+    if mode == "local":  # does not pickle: cannot cross back from a worker process
+        return lambda: 1.0
+    if mode == "unloadable":
+        return Unloadable()
+    if mode == "raises":
+        raise KeyError("no answer for this turn")
+    if mode == "crash":
+        os._exit(3)
+    raise AssertionError(mode)
+
+
+def _mode(modes, interaction, ctx) -> str:
+    return modes.get(ctx.get("row"), modes.get(interaction.interaction_id, "ok"))
+
+
+class _Modes:
+    def _setup(self, modes, started):
+        self.modes = dict(modes or {})
+        self.started = started
+
+
+class AsyncCase(BaseScorer, _Modes):
+    name = "case"
+
+    def __init__(self, modes=None, started=None, **kwargs):
+        super().__init__(**kwargs)
+        self._setup(modes, started)
+
+    async def evaluate(self, interaction, ctx):
+        mode = _mode(self.modes, interaction, ctx)
+        if mode == "slow":
+            if self.started is not None:
+                open(self.started, "w").close()
+            await anyio.sleep(SLEEP_S)
+        return outcome("ok" if mode == "slow" else mode, interaction.output_len)
+
+
+class SyncCase(SyncScorer, _Modes):
+    name = "case"
+
+    def __init__(self, modes=None, started=None, **kwargs):
+        super().__init__(**kwargs)
+        self._setup(modes, started)
+
+    def evaluate(self, interaction, ctx):
+        mode = _mode(self.modes, interaction, ctx)
+        if mode == "slow":
+            if self.started is not None:
+                open(self.started, "w").close()
+            time.sleep(SLEEP_S)
+        return outcome("ok" if mode == "slow" else mode, interaction.output_len)
+
+
+class BatchCase(BatchScorer, _Modes):
+    name = "case"
+
+    def __init__(self, modes=None, started=None, **kwargs):
+        super().__init__(**kwargs)
+        self._setup(modes, started)
+
+    async def evaluate_batch(self, items):
+        modes = [_mode(self.modes, interaction, ctx) for interaction, ctx in items]
+        if "slow" in modes:
+            if self.started is not None:
+                open(self.started, "w").close()
+            await anyio.sleep(SLEEP_S)
+        if "raises" in modes:  # the batch's one call fails: every item in it fails with its error
+            raise KeyError("no answer for this turn")
+        return [outcome("ok" if mode == "slow" else mode, interaction.output_len)
+                for mode, (interaction, _) in zip(modes, items)]
+
+
+def make(kind: str, modes=None, started=None, **kwargs) -> BaseScorer:
+    """The case scorer on executor ``kind`` (``max_workers`` applies to thread and process)."""
+    workers = kwargs.pop("max_workers", 2)
+    if kind == "async":
+        return AsyncCase(modes, started, **kwargs)
+    if kind in ("thread", "process"):
+        return SyncCase(modes, started, executor=kind, max_workers=workers, **kwargs)
+    return BatchCase(modes, started, max_wait=kwargs.pop("max_wait", 0.005), **kwargs)

@@ -1,0 +1,146 @@
+"""Issue 41 ("close the classes"): every executor behaves the same. The same cases run on ``async``,
+``thread``, ``process`` and ``batch`` (``executor_cases``: one scorer per kind, one behaviour per row), and
+each asserts the same row-level outcome and the same error type and wording: results refused after the call
+(41.5, 41.20), a return value that cannot cross back (41.10, 41.22), a raised error, a deadline, a close
+while in flight with and without a deadline (41.11, 41.17), and a failing progress callback (41.16)."""
+
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+from executor_cases import KINDS, make
+
+from prm_jax import BlockingRunner, PRMRunner
+from prm_jax.runtime.arrays import score_arrays
+from prm_jax.runtime.runner import RunnerClosedError
+
+pytestmark = pytest.mark.anyio
+
+
+def rows(n, turns=1, out_len=2):
+    """``n`` rows of ``turns`` turns (a one-token prompt, then ``out_len`` output tokens per turn)."""
+    width = 1 + turns * out_len
+    input_ids = np.arange(1, 1 + n * width, dtype=np.int32).reshape(n, width)
+    turn_ids = np.full((n, width), -1, np.int32)
+    for k in range(turns):
+        turn_ids[:, 1 + k * out_len:1 + (k + 1) * out_len] = k
+    return input_ids, turn_ids
+
+
+async def masked(scorer, n, **kwargs):
+    runner = PRMRunner(scorers=(scorer,))
+    try:
+        out = await score_arrays(runner, *rows(n), on_error="mask", **kwargs)
+        return out, runner.scorer_stats()["case"]
+    finally:
+        await runner.aclose()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_results_refused_after_the_call_fail_their_rows_and_count_as_failures(kind):
+    # 41.5: NaN, a wrong shape, None and a wrong type failed their rows but counted 0 failures (3 of 4 rows
+    # failed, failures=0), and the count differed between thread and process. 41.20/41.22: every row's error
+    # names the scorer and its turn.
+    modes = {1: "nan", 2: "wrong_shape", 3: "none", 4: "wrong_type"}
+    out, stats = await masked(make(kind, modes), 5)
+    assert out.failed.tolist() == [False, True, True, True, True]
+    assert stats["failures"] == 4
+    np.testing.assert_array_equal(out.token_rewards[0, 1:], [1.0, 1.0])
+    expected = {1: "ValueError", 2: "ValueError", 3: "RuntimeError", 4: "TypeError"}
+    for row, kind_of_error in expected.items():
+        text = out.errors[row]
+        assert text.startswith(kind_of_error + ":"), text
+        assert "'case'" in text and f"row{row}/t0" in text, text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", ["local", "unloadable"])
+async def test_a_return_value_that_cannot_cross_back_fails_its_row_alone(kind, mode):
+    # 41.10: a result that pickles in a worker but not back in the parent killed the dispatcher thread, and
+    # with max_workers=1 every later call hung. On every executor the row fails with a located TypeError and
+    # the rows after it score (one worker, so they ride the same dispatcher).
+    out, stats = await masked(make(kind, {1: mode}, max_workers=1, timeout=10.0), 4)
+    assert out.failed.tolist() == [False, True, False, False]
+    assert stats["failures"] == 1
+    text = out.errors[1]
+    assert text.startswith("TypeError:") and "row1/t0" in text and "'case'" in text, text
+    if kind == "process":
+        crossing = "could not be pickled" if mode == "local" else "could not be unpickled in the parent process"
+        assert f"the scorer's return value {crossing}" in text, text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_raised_error_fails_the_rows_it_was_raised_for(kind):
+    out, stats = await masked(make(kind, {2: "raises"}), 4)
+    failed = out.failed.tolist()
+    # A batch's one call covers every item in it: its error fails them all (the same error object).
+    assert failed == ([True] * 4 if kind == "batch" else [False, False, True, False])
+    assert stats["failures"] == sum(failed)
+    for row in np.flatnonzero(out.failed):
+        assert out.errors[row].startswith("KeyError: 'no answer for this turn'"), out.errors[row]
+        assert "'case'" in out.errors[row]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_call_past_its_deadline_fails_with_the_same_timeout_error(kind):
+    start = time.monotonic()
+    out, stats = await masked(make(kind, {1: "slow"}, timeout=0.5), 2)
+    assert time.monotonic() - start < 10
+    # (a batch's one call covers both rows: both fail with its error)
+    assert out.failed.tolist() == ([True, True] if kind == "batch" else [False, True])
+    assert out.errors[1].startswith("TimeoutError: scorer 'case' on "), out.errors[1]
+    assert "took longer than its timeout of 0.5 s" in out.errors[1]
+    assert stats["timeouts"] == 1 and stats["failures"] == sum(out.failed)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("timeout", [None, 20.0])
+def test_closing_a_blocking_runner_abandons_runs_in_flight_on_every_executor(kind, timeout, tmp_path):
+    # 41.11: a stuck thread scorer without a timeout blocked close() forever; 41.17: the thread executor's close
+    # gave a bare TimeoutError() and CancelledError where the process executor gave RunnerClosedError.
+    started = tmp_path / "started"
+    runner = BlockingRunner(scorers=(make(kind, {0: "slow"}, started=str(started), timeout=timeout),))
+    outcome: list[BaseException] = []
+
+    def score():
+        try:
+            runner.score_arrays(*rows(1))
+        except BaseException as err:  # (what the caller's thread sees is the point)
+            outcome.append(err)
+
+    caller = threading.Thread(target=score)
+    caller.start()
+    deadline = time.monotonic() + 20
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started.exists()
+    begin = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runner.close()
+    closed_in = time.monotonic() - begin
+    caller.join(10)
+    assert not caller.is_alive() and closed_in < 6, closed_in
+    assert len(outcome) == 1 and type(outcome[0]) is RunnerClosedError, repr(outcome)
+    assert "closed while this run was in flight; nothing was committed" in str(outcome[0])
+    if kind == "thread":  # the abandoned call still runs in its thread: the close says so, naming it
+        assert any("abandoned while still running in worker threads" in str(w.message) and "row0/t0" in
+                   str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_failing_progress_callback_is_reported_once_and_scoring_goes_on(kind):
+    # 41.16: a progress callback that raised aborted the whole call (even with on_error="mask").
+    calls = []
+
+    def progress(done, total):
+        calls.append(done)
+        raise ZeroDivisionError("a bad progress bar")
+
+    with pytest.warns(RuntimeWarning, match="progress callback .*progress.* raised ZeroDivisionError") as caught:
+        out, stats = await masked(make(kind), 4, progress=progress)
+    assert out.failed.tolist() == [False] * 4 and stats["failures"] == 0
+    assert sorted(calls) == [1, 2, 3, 4]
+    assert sum("progress callback" in str(w.message) for w in caught) == 1

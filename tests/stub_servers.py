@@ -187,7 +187,8 @@ class ChatServer(_Server):
         if payload.get("logprobs"):
             top = int(payload.get("top_logprobs") or 1)
             first = content.split()[0] if content.split() else content
-            alternatives = [(first, -0.105), ("No" if first == "Yes" else "Yes", -2.303), ("Maybe", -4.6)]
+            # One distribution (its probabilities sum to 0.99), as a real server's top log-probs are.
+            alternatives = [(first, -0.105), ("No" if first == "Yes" else "Yes", -2.5), ("Maybe", -4.7)]
             choice["logprobs"] = {"content": [{"token": first, "logprob": -0.105, "bytes": list(first.encode()),
                                                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())}
                                                                 for t, lp in alternatives[:top]]}]}

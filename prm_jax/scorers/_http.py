@@ -1,10 +1,9 @@
 """The built-in judges' transport: one ``httpx`` client per scorer, a ``RequestLimiter``, the retry rules
-of ``prm_jax.runtime.limits`` and a bounded answer (``JSONService``)."""
+of ``prm_jax.runtime.limits`` and a bounded answer (``JSONService``), read by the judges' one
+``AnswerReader`` (``prm_jax.scorers._answers``)."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -12,6 +11,7 @@ from urllib.parse import urlsplit
 
 from prm_jax.runtime.authoring import call_with_retry
 from prm_jax.runtime.limits import RETRYABLE_STATUS, RequestLimiter, ServiceError, retry_after_seconds
+from prm_jax.scorers._answers import AnswerReader
 from prm_jax.validation import finite_number, integer, short_repr
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # a score answer is a few hundred bytes; 1 MiB leaves room for logprobs
@@ -74,18 +74,6 @@ def transport(settings: Mapping[str, Any]) -> dict[str, Any]:
     return {key: settings[key] for key in TRANSPORT_KEYS if key in settings}
 
 
-def probability(value: Any, where: str, what: str) -> float:
-    """A classifier's probability from an answer: a float in [0, 1], else a ``ServiceError`` (status 200: the
-    server answered, with something that is not one) saying ``where`` and ``what`` was looked for."""
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ServiceError(f"{where}: {what}", status=200) from None
-    if not (math.isfinite(out) and 0.0 <= out <= 1.0):
-        raise ServiceError(f"{where}: {out} is not a probability", status=200)
-    return out
-
-
 class JSONService:
     """POSTs JSON to one server and returns its decoded JSON answer, under the limiter and the retry rules.
 
@@ -108,11 +96,13 @@ class JSONService:
                                                                      MAX_BURST))
         self.limiter = RequestLimiter(max_concurrency, max_requests_per_second, burst)
         headers = {}
+        key = None
         if api_key_env is not None:
             key = os.environ.get(api_key_env)
             if not key:
                 raise ValueError(f"{who}: the environment variable {api_key_env} (api_key_env) is not set")
             headers["Authorization"] = f"Bearer {key}"
+        self.reader = AnswerReader(who, secrets=[key] if key else [])  # every answer is read through it
         connections = max_concurrency or 100
         # The client is made here, not on the first call: building its TLS context takes ~50 ms, which
         # would block the event loop of the first scoring call.
@@ -137,13 +127,11 @@ class JSONService:
                     raise ServiceError(f"{self.who}: the answer is larger than max_body_bytes={self.max_body_bytes}")
         status = response.status_code
         if status != 200:
-            raise ServiceError(f"{self.who}: {self.base_url + path} answered {status} {response.reason_phrase}: "
-                               f"{bytes(body[:300])!r}", status=status, retryable=status in RETRYABLE_STATUS,
-                               retry_after=retry_after_seconds(response.headers))
-        try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ServiceError(f"{self.who}: the answer is not valid JSON: {err}", status=200) from None
+            raise self.reader.error(f"{self.who}: {self.base_url + path}",
+                                    f"answered {status} {response.reason_phrase}: {bytes(body[:300])!r}",
+                                    status=status, retryable=status in RETRYABLE_STATUS,
+                                    retry_after=retry_after_seconds(response.headers))
+        return self.reader.json(body, self.who)
 
     def stats(self) -> dict[str, float]:
         """Requests sent, retries (requests beyond one per call), rate-limit waits."""

@@ -18,9 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from prm_jax.runtime.trajectory import Interaction
-from prm_jax.scorers._http import probability
 from prm_jax.scorers.openai_judge import OpenAIJudgeScorer
-from prm_jax.validation import integer, short_repr
+from prm_jax.validation import integer
 
 DEFAULT_CLASSIFY_PROMPT = "{conversation}"
 # OpenAIJudgeScorer's settings of a chat answer, which a classification has none of: refused, not ignored.
@@ -55,12 +54,10 @@ class ClassifyPRMScorer(OpenAIJudgeScorer):
                                 **{k: v for k, v in kwargs.items() if k not in CHAT_ONLY})
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> float:
-        text = self.prompt.format(ctx=ctx, **self.turn_text(interaction, ctx))
+        text = self.render(interaction, ctx)
         answer = await self.service.post("/v1/classify", {"model": self.model, "input": text})
         where = f"scorer {self.name!r} on interaction {interaction.interaction_id!r}"
-        try:
-            value = answer["data"][0]["probs"][self.good_index]
-        except (KeyError, IndexError, TypeError):
-            value = None
-        return probability(value, where, f"not a classification with probs[{self.good_index}]: {short_repr(answer)}")
+        read = self.service.reader
+        value = read.field(answer, ("data", 0, "probs", self.good_index), where)
+        return read.probability(value, where, f"data[0].probs[{self.good_index}]")
 

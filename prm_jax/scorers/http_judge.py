@@ -81,11 +81,13 @@ class HTTPJudgeScorer(BaseScorer):
         payload = {"interaction_id": interaction.interaction_id, "messages": _plain(interaction.messages),
                    "output_messages": _plain(interaction.output_messages), "output_len": interaction.output_len}
         answer = await self.service.post("", payload)
+        read = self.service.reader
+        where = f"scorer {self.name!r} on interaction {interaction.interaction_id!r}"
         if isinstance(answer, Mapping) and "score" in answer:
-            return float(answer["score"])
+            return read.number(answer["score"], where, "the answer's field 'score'")
         if isinstance(answer, Mapping) and isinstance(answer.get("scores"), list):
-            return [float(s) for s in answer["scores"]]
-        raise ServiceError(f"judge answer needs 'score' or 'scores', got {short_repr(answer)}", status=200)
+            return [read.number(s, where, f"the answer's field 'scores'[{i}]") for i, s in enumerate(answer["scores"])]
+        raise read.error(where, f"the judge's answer needs 'score' or a list 'scores', got {short_repr(answer)}")
 
     def client_stats(self) -> dict[str, float]:
         return self.service.stats()

@@ -26,14 +26,12 @@ judge). ``api_key_env`` names the environment variable holding the key (a key ne
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
-from prm_jax.runtime.limits import ServiceError
 from prm_jax.runtime.scoring import BaseScorer
 from prm_jax.runtime.trajectory import Interaction
 from prm_jax.scorers._http import (
@@ -56,6 +54,20 @@ DEFAULT_PATTERN = r"(-?\d+(?:\.\d+)?)"
 
 class NoTextError(ValueError):
     """A judge got a turn without the text it reads."""
+
+
+class TemplateError(ValueError):
+    """A judge's prompt template has a field without a value for this turn (``{ctx[task]}``, no ``task``)."""
+
+
+def _field_of(template: str, err: BaseException) -> str:
+    """The template field that ``err`` (a ``KeyError`` of ``format``) came from, as written in the template."""
+    missing = err.args[0] if err.args else None
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is not None and missing is not None and (field == missing or f"[{missing}]" in field
+                                                           or field.endswith(f".{missing}")):
+            return "{" + field + "}"
+    return repr(missing)
 
 
 def _text(content: Any) -> str:
@@ -162,9 +174,20 @@ class OpenAIJudgeScorer(BaseScorer):
         conversation = render_messages(tuple(interaction.messages) + tuple(interaction.output_messages))
         return {"prompt": prompt, "response": response, "conversation": conversation}
 
+    def render(self, interaction: Interaction, ctx: Mapping[str, Any]) -> str:
+        """The prompt template filled for a turn; a field without a value (``{ctx[task]}`` with no ``task`` in
+        ctx) is a ``TemplateError`` naming the judge, the turn and the field."""
+        try:
+            return self.prompt.format(ctx=ctx, **self.turn_text(interaction, ctx))
+        except (KeyError, IndexError, AttributeError) as err:
+            keys = sorted(str(key) for key in ctx)
+            raise TemplateError(f"scorer {self.name!r} on interaction {interaction.interaction_id!r}: the prompt's "
+                                f"template field {_field_of(self.prompt, err)} has no value ({type(err).__name__}: "
+                                f"{err}); ctx holds {keys}") from None
+
     def request(self, interaction: Interaction, ctx: Mapping[str, Any]) -> dict[str, Any]:
         """The chat completion request for a turn."""
-        content = self.prompt.format(ctx=ctx, **self.turn_text(interaction, ctx))
+        content = self.render(interaction, ctx)
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
             {"role": "user", "content": content}]
         body: dict[str, Any] = {**self.extra_body, "model": self.model, "messages": messages,
@@ -178,47 +201,52 @@ class OpenAIJudgeScorer(BaseScorer):
         return self.parse(answer, interaction)
 
     def parse(self, answer: Any, interaction: Interaction) -> float:
-        """The score in a chat completion."""
+        """The score in a chat completion, read by the judges' one ``AnswerReader``."""
+        read = self.service.reader
         where = f"scorer {self.name!r} on interaction {interaction.interaction_id!r}"
-        try:
-            choice = answer["choices"][0]
-            content = _text(choice["message"].get("content"))
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise ServiceError(f"{where}: not a chat completion: {short_repr(answer)}", status=200) from None
+        choice = read.field(answer, ("choices", 0), where)
+        message = read.field(choice, ("message",), where)
+        if not isinstance(message, Mapping):
+            raise read.error(where, f"not a chat completion: {short_repr(answer)}")
+        content = _text(message.get("content"))
         if self.score_from == "logprobs":
-            try:
-                top = choice["logprobs"]["content"][0]["top_logprobs"]
-                probability = sum(math.exp(float(t["logprob"])) for t in top
-                                  if str(t["token"]).strip() in self.logprob_tokens)
-            except (KeyError, IndexError, TypeError, ValueError):
-                raise ServiceError(f"{where}: the answer has no top_logprobs for its first token (does the server "
-                                   f"return logprobs?): {short_repr(choice)}", status=200) from None
-            return min(probability, 1.0)
+            return self._logprob_score(choice, where)
         if self.score_from == "json":
-            try:
-                value = json.loads(content)[self.json_field]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ServiceError(f"{where}: the answer is not JSON with field {self.json_field!r}: "
-                                   f"{short_repr(content)}", status=200) from None
+            parsed = read.json(content, where, "the answer's content")
+            if not isinstance(parsed, Mapping) or self.json_field not in parsed:
+                raise read.error(where, f"the answer is not JSON with field {self.json_field!r}: {short_repr(content)}")
+            number = read.number(parsed[self.json_field], where, f"the answer's field {self.json_field!r}")
         else:
             match = self.pattern.search(content)
             if match is None:
-                raise ServiceError(f"{where}: no score in the answer {short_repr(content)} (pattern "
-                                   f"{self.pattern.pattern!r}; finish_reason {choice.get('finish_reason')!r})",
-                                   status=200)
-            value = match.group(1)
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ServiceError(f"{where}: the score {short_repr(value)} is not a number", status=200) from None
-        if not math.isfinite(number):
-            raise ServiceError(f"{where}: the score {value!r} is not finite", status=200)
+                raise read.error(where, f"no score in the answer {short_repr(content)} (pattern "
+                                        f"{self.pattern.pattern!r}; finish_reason {choice.get('finish_reason')!r})")
+            try:
+                number = float(match.group(1))
+            except (TypeError, ValueError):
+                raise read.error(where, f"the score {short_repr(match.group(1))} is not a number") from None
+            if not math.isfinite(number):
+                raise read.error(where, f"the score {match.group(1)!r} is not finite")
         if self.score_range is None:
             return number
         lo, hi = self.score_range
         if not lo <= number <= hi:
-            raise ServiceError(f"{where}: the score {number} is outside score_range [{lo}, {hi}]", status=200)
+            raise read.error(where, f"the score {number} is outside score_range [{lo}, {hi}]")
         return (number - lo) / (hi - lo)
+
+    def _logprob_score(self, choice: Any, where: str) -> float:
+        """P(any of ``logprob_tokens``) among the first answer token's top log-probs: every log-prob at most
+        0, their probabilities one distribution (summing to at most 1)."""
+        read = self.service.reader
+        path = "choices[0].logprobs.content[0].top_logprobs"
+        top = read.field(choice, ("logprobs", "content", 0, "top_logprobs"), where)
+        if not isinstance(top, list) or not all(isinstance(t, Mapping) and "logprob" in t for t in top):
+            raise read.error(where, f"the answer has no top_logprobs for its first token (does the server return "
+                                    f"logprobs?): {short_repr(choice)}")
+        probabilities = [math.exp(read.logprob(t["logprob"], where, f"{path}[{i}].logprob")) for i, t in enumerate(top)]
+        read.distribution(probabilities, where, f"the probabilities of {path}")
+        chosen = [p for t, p in zip(top, probabilities) if str(t.get("token", "")).strip() in self.logprob_tokens]
+        return min(math.fsum(chosen), 1.0)  # (within the distribution's slack of 1e-6)
 
     def client_stats(self) -> dict[str, float]:
         return self.service.stats()

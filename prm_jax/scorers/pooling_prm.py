@@ -35,7 +35,6 @@ from prm_jax.scorers._http import (
     check_transport,
     check_url,
     httpx_module,
-    probability,
     transport,
 )
 from prm_jax.validation import integer, short_repr
@@ -118,16 +117,13 @@ class PoolingPRMScorer(BatchTrajectoryScorer):
         return [self._branch_scores(turns, rows) for (turns, _), rows in zip(items, self._rows(answer, len(items)))]
 
     def _rows(self, answer: Any, count: int) -> list[Any]:
-        try:
-            data = sorted(answer["data"], key=lambda item: item["index"])
-            rows = [item["data"] for item in data]
-        except (KeyError, TypeError):
-            raise ServiceError(f"scorer {self.name!r}: not a pooling response: {short_repr(answer)}",
-                               status=200) from None
-        if len(rows) != count:
-            raise ServiceError(f"scorer {self.name!r}: the server returned {len(rows)} results for {count} inputs",
-                               status=200)
-        return rows
+        """Each input's rows, by the answer's ``index`` fields: each index of the request exactly once."""
+        read = self.service.reader
+        where = f"scorer {self.name!r} on a batch of {count} branches"
+        if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
+            raise read.error(where, f"not a pooling response: {short_repr(answer)}")
+        ordered = read.indexed(answer["data"], count, where)
+        return [read.field(item, ("data",), where) for item in ordered]
 
     def _branch_scores(self, turns: Sequence[Interaction], rows: Any) -> dict[str, Any]:
         where = f"scorer {self.name!r} on the branch ending at {turns[-1].interaction_id!r}"
@@ -136,12 +132,11 @@ class PoolingPRMScorer(BatchTrajectoryScorer):
             raise ServiceError(f"{where}: expected one row per step tag ({len(turns)}), got {got} (is the model "
                                "served with STEP pooling and this step_tag_id?)", status=200)
         out: dict[str, Any] = {}
-        for turn, row in zip(turns, rows):
-            try:
-                value = row[self.good_index]
-            except (IndexError, TypeError):
-                value = None
-            score = probability(value, where, f"row {short_repr(row)} has no probability at good_index {self.good_index}")
+        read = self.service.reader
+        for k, (turn, row) in enumerate(zip(turns, rows)):
+            if not isinstance(row, list) or not -len(row) <= self.good_index < len(row):
+                raise read.error(where, f"row {short_repr(row)} has no probability at good_index {self.good_index}")
+            score = read.probability(row[self.good_index], where, f"step {k}'s probability [{self.good_index}]")
             out[turn.interaction_id] = (score if self.spread == "turn" else np.full(turn.output_len, score / turn.output_len))
         return out
 

@@ -91,7 +91,7 @@ async def test_openai_judge_sends_the_template_and_reads_the_score(monkeypatch):
     ("json", '{"verdict": {"x": 1}, "score": 3}', dict(score_range=[1, 5]), 0.5),
     ("regex", "Score: 7/10", dict(pattern=r"Score: (\d+)"), 0.7),
     ("logprobs", "Yes", dict(logprob_tokens=["Yes"]), math.exp(-0.105)),
-    ("logprobs", "Yes", dict(logprob_tokens=["Yes", "Maybe"], top_logprobs=3), math.exp(-0.105) + math.exp(-4.6)),
+    ("logprobs", "Yes", dict(logprob_tokens=["Yes", "Maybe"], top_logprobs=3), math.exp(-0.105) + math.exp(-4.7)),
 ])
 async def test_openai_judge_score_modes(mode, answer, kwargs, expected):
     with ChatServer(lambda m: answer) as server:

@@ -19,14 +19,15 @@ The gradient is torch's, as AReaL computes it (``../shared/LOSSES.md`` 0.4): ``d
 with ``k = 1`` inside the clip range and on the unclipped side, 0 on the clipped side and 1/2 at exactly a
 bound (``torch.clamp`` passes nothing there; the max's tie halves), and for the dual clip ``k_c = 1``, 1/2 at
 a tie, 0 where it cuts. Where a term is not taken its ratio is never differentiated, so a clipped timestep
-whose log-ratio overflows ``exp`` (above ~88.7) gives a finite gradient where the loss is finite (AReaL's
-own gives NaN there); where the loss itself is infinite no gradient flows through the overflowed ratio.
+whose log-ratio overflows ``exp`` (above ~88.7 in float32, ~709.8 in float64: ``log_max``, the bound of the
+input's dtype) gives a finite gradient where the loss is finite (AReaL's own gives NaN there); where the loss
+itself is infinite no gradient flows through the overflowed ratio.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +36,7 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
-from prm_jax.validation import FLOAT32_MAX, finite_number, integer_dtype, one_of
+from prm_jax.validation import finite_number, integer_dtype, one_of
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 #: verl's ``loss_agg_mode`` names ``ppo_clip_loss`` takes (derived from ``LossAggMode``).
@@ -90,7 +91,10 @@ def _logprobs_jit(logits, input_ids):
     return jnp.where(last, jnp.zeros((), dtype), picked)
 
 
-LOG_FLOAT32_MAX = float(np.log(FLOAT32_MAX))  # exp of more overflows float32
+def log_max(dtype: Any) -> float:
+    """The largest ``x`` whose ``exp`` is finite in ``dtype`` (~88.7 in float32, ~709.8 in float64): the
+    bound follows the input's dtype, so a float64 loss keeps the gradients float64 can hold."""
+    return float(np.log(np.finfo(dtype).max))
 
 
 def _clipped_objective(advantages: jax.Array, log_ratio: jax.Array, mask: jax.Array, low: float, high: float,
@@ -112,7 +116,7 @@ def _clipped_objective(advantages: jax.Array, log_ratio: jax.Array, mask: jax.Ar
         factor = factor * jnp.where(value < l3, one, jnp.where(value > l3, zero, half))
         value = jnp.minimum(value, l3)
     # Only where the ratio's term is taken is it differentiated, from a log-ratio that cannot overflow.
-    live = mask & (factor > 0) & (fixed < LOG_FLOAT32_MAX)
+    live = mask & (factor > 0) & (fixed < log_max(log_ratio.dtype))
     live_ratio = jnp.exp(jnp.where(live, log_ratio, zero))
     slope = jnp.where(live, -advantages * factor, zero)
     pg = value + slope * (live_ratio - lax.stop_gradient(live_ratio))

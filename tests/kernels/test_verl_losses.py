@@ -381,3 +381,22 @@ def test_policy_loss_options_are_what_each_mode_takes():
         policy_loss(x, x, x, np.ones((2, 3), bool), mode="geo_mean", loss_agg_mode="token-mean")
     with pytest.raises(ValueError, match="mode"):
         policy_loss_options("ppo")
+
+
+@pytest.mark.parametrize("log_ratio", [88.0, 88.8, 90.0, 300.0])
+def test_clip_cov_keeps_a_float64_gradient_past_float32s_exp_range(log_ratio):
+    # Issue 41.9: the gradient was zeroed where the log ratio is at or above 88.7 even for float64 inputs (the
+    # issue's case: want 1.41e37, got 0): the bound follows the input's dtype. A negative advantage takes the
+    # unclipped side, so the gradient is -A * exp(log ratio), against the float64 loop (88.0: below the bound).
+    logp = np.array([[log_ratio - 1.0, -0.5]], np.float64)
+    old = np.array([[-1.0, -0.5]], np.float64)
+    adv = np.array([[-1.0, 0.5]], np.float64)
+    mask = np.ones((1, 2), bool)
+    chosen = np.zeros((1, 2), bool)
+    with enable_x64():
+        value, grad = value_and_grad(clip_cov_loss, {"chosen": chosen}, "token-sum", logp, old, adv, mask)
+        assert np.asarray(grad).dtype == np.float64
+    want, want_grad = reference.clip_cov_loss(logp, old, adv, mask, chosen, "token-sum", low=0.2, high=0.2)
+    assert want_grad[0, 0] == pytest.approx(np.exp(log_ratio), rel=1e-12)
+    np.testing.assert_allclose(float(value), want, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-12)

@@ -19,8 +19,9 @@ prompt's forest; leaves are the nodes without children):
   subtree    A(n) = sum of R~ over the leaves below n, c(n) their number, k(n) the selected ones
   weighting  A(n) / sqrt(k(n)) (``sqrt``), A(n) / k(n) (``uniform``), A(n) (``none``); k(n) = 0: A(n)
   value      V(n) = A(n) / c(n); a root's parent is the group's synthetic root over all its leaves
-  local      l(n) = V(n) - V(parent(n)); below the first node of a path an |l(n)| < 1e-8 takes its
-             parent's (filled) local value (TreeRL's fill-in)
+  local      l(n) = V(n) - V(parent(n)); below the first node of a path a node with no local signal takes
+             its parent's (filled) local value (TreeRL's fill-in, ``|l(n)| < 1e-8`` in its float64): here
+             ``|l(n)| < max(1e-8, 8 eps32 * the scale of the rewards involved)``, never an exact comparison
   output     ``state_value`` l(n) + V(n) (TreeRL's released script), ``value_only`` V(n),
              ``local_only`` l(n)
 """
@@ -139,15 +140,16 @@ def _tree_advantages_core(parent: jax.Array, leaf_reward: jax.Array, mask: jax.A
                          value: TreeValue) -> TreeAdvantages:
     """``tree_advantages`` on validated arrays; ``group [N]`` in ``[0, num_groups)``.
 
-    The fill-in rule compares a local value with 0, so a local value that is 0 in exact arithmetic must come
-    out as exactly 0, not as float32 noise (which TreeRL's ``< 1e-8`` cannot tell from a real value). The
-    subtree sums are therefore taken of the raw leaf rewards, not of the centred ones: with ``R(n)`` the
-    sum of the rewards below ``n``, ``c(n)`` their number, ``S`` and ``N`` the group's, ``A(n) = (N R(n) -
-    c(n) S) / (N - 1)`` and ``V(n) = w((N R(n) - c(n) S) / c(n), k(n)) / (N - 1)``, in that order: where the
-    rewards' sums are exact in float32 (integer rewards, such as 0/1, with ``N * |R| < 2**24``) equal means
-    give bitwise-equal values, so a tie is an exact 0 and the ``1e-8`` rule is TreeRL's exactly. Other
-    rewards keep a float32 rounding in their sums; there a local value within ``8 * eps32`` of the scale
-    of the rewards involved (``TIE_ULPS``) counts as a tie: float32 cannot tell it from one.
+    The fill-in rule asks whether a node has a local signal. TreeRL asks ``|l(n)| < 1e-8`` in float64; in
+    float32 a local value that is 0 in exact arithmetic comes out as 0 or as rounding noise of the order of
+    ``eps32`` times the rewards' scale, depending on how XLA fuses the program around it (the same tree gave
+    exact zeros alone and 1.49e-8 inside ``compute_advantages``). So "no local signal" is decided with a
+    tolerance, never by an exact comparison: ``|l(n)| < max(1e-8, TIE_ULPS * eps * scale)``, the scale being
+    the mean absolute reward below the node and its parent and over the group (weighted as the values are).
+    The subtree sums are taken of the raw leaf rewards (``A(n) = (N R(n) - c(n) S) / (N - 1)`` with ``R(n)``
+    the sum of the rewards below ``n``, ``c(n)`` their number, ``S`` and ``N`` the group's), which keeps them
+    exact for integer rewards. A real local value of a group of N leaves with integer rewards is at least
+    about ``1 / N**2`` (above the band for groups of up to ~1,000 leaves), so the decisions are TreeRL's.
     """
     dtype = leaf_reward.dtype
     zero = jnp.zeros((), dtype)
@@ -181,13 +183,12 @@ def _tree_advantages_core(parent: jax.Array, leaf_reward: jax.Array, mask: jax.A
     root_state = weighted(jnp.zeros_like(root_k), root_k)
     above = jnp.where(parent >= 0, state[jnp.maximum(parent, 0)], root_state[group])
     local = jnp.where(mask, state - above, zero)
-    exact = _exact_sums(reward, leaf, total, leaves, group, num_groups)[group]
     magnitude = subtree_sums(jnp.abs(reward), parent, mask) / jnp.maximum(counts, 1) + (
         per_group(jnp.abs(reward)) / jnp.maximum(leaves, 1))[group]
     magnitude = weighted(magnitude, chosen) * jnp.where(alone, zero, leaves[group] * scale)
     noise = TIE_ULPS * jnp.finfo(dtype).eps * (magnitude + jnp.where(parent >= 0, magnitude[jnp.maximum(parent, 0)],
                                                                      magnitude))
-    tie = jnp.abs(local) < jnp.where(exact, FILL_IN_EPS, jnp.maximum(noise, FILL_IN_EPS))
+    tie = jnp.abs(local) < jnp.maximum(noise, FILL_IN_EPS)
     keep = (parent < 0) | ~tie
     filled = _until_stable(lambda f: jnp.where(keep, local, f[jnp.maximum(parent, 0)]), local, parent.shape[0] + 1)
     filled = jnp.where(mask, filled, zero)
@@ -195,19 +196,7 @@ def _tree_advantages_core(parent: jax.Array, leaf_reward: jax.Array, mask: jax.A
     return TreeAdvantages(jnp.where(mask, out, zero), state, filled, counts.astype(jnp.int32), centred)
 
 
-TIE_ULPS = 8  # where the rewards' sums round: a local value this many float32 epsilons of the scale is a tie
-
-
-def _exact_sums(reward: jax.Array, leaf: jax.Array, total: jax.Array, leaves: jax.Array, group: jax.Array,
-                num_groups: int) -> jax.Array:
-    """``[G]`` bool: every leaf reward of the group is an integer and ``N * sum |R| < 2**24``, so every sum
-    and product of the tree's values is exact in float32 (float64: below ``2**53``)."""
-    integral = jax.ops.segment_min(jnp.where(leaf, (reward == jnp.round(reward)).astype(jnp.int32), 1), group,
-                                   num_segments=num_groups) > 0
-    absolute = jax.ops.segment_sum(jnp.where(leaf, jnp.abs(reward), jnp.zeros((), reward.dtype)), group,
-                                   num_segments=num_groups)
-    bound = 2.0 ** (jnp.finfo(reward.dtype).nmant + 1)
-    return integral & (leaves * absolute < bound) & jnp.isfinite(total)
+TIE_ULPS = 8  # a local value within this many float32 epsilons of the rewards' scale has no local signal
 
 
 def _tree_inputs(parent: ArrayLike, mask: ArrayLike | None, like: ArrayLike, like_name: str):

@@ -92,7 +92,8 @@ class Rollout:
     completion_width: int
 
     def batch(self, rewards: Any, *, group_size: int, token_rewards: Any = None) -> dict[str, np.ndarray]:
-        """``compute_advantages``' batch: these arrays, the outcome ``rewards [B]``, ``group_sizes`` for groups of
+        """``compute_advantages``' batch: these arrays (``turn_ids`` included: every stage that reads turns sees
+        the rollout's, never runs of the loss mask), the outcome ``rewards [B]``, ``group_sizes`` for groups of
         ``group_size`` consecutive rows (tunix's ``num_generations``) and, when given, ``token_rewards [B, P + C]``."""
         rows = self.input_ids.shape[0]
         outcome = np.asarray(rewards, np.float32)
@@ -101,7 +102,7 @@ class Rollout:
         if group_size < 1 or rows % group_size:
             raise ValueError(f"group_size must divide the {rows} rows, got {group_size}")
         batch = dict(input_ids=self.input_ids, attention_mask=self.attention_mask, loss_mask=self.loss_mask,
-                     logprobs=np.zeros(self.input_ids.shape, np.float32), rewards=outcome,
+                     turn_ids=self.turn_ids, logprobs=np.zeros(self.input_ids.shape, np.float32), rewards=outcome,
                      is_truncated=np.zeros(rows, bool), group_sizes=np.full(rows // group_size, group_size, np.int32))
         if token_rewards is not None:
             batch["token_rewards"] = np.asarray(token_rewards, np.float32)
@@ -644,7 +645,7 @@ def _agentic_learner_class() -> type:
                     on_turn = np.take_along_axis(steps, np.maximum(rollout.turn_ids, 0), axis=1)
                     token_rewards = token_rewards + np.where(rollout.turn_ids >= 0, on_turn, 0.0).astype(np.float32)
                 else:
-                    extra = {"turn_ids": rollout.turn_ids, "turn_rewards": steps,
+                    extra = {"turn_rewards": steps,
                              "turn_reward_mask": np.arange(width)[None, :] < turns[:, None],
                              "anchor_ids": _state_ids([t.get(STEP_STATES_KEY, []) for t in trajectories], width)}
             batch = rollout.batch(outcome, group_size=rows, token_rewards=token_rewards if (

@@ -63,7 +63,15 @@ from prm_jax.kernels.normalization import (
 from prm_jax.kernels.progress import ProgressTransform, progress_process
 from prm_jax.kernels.pure import MinFormTransform, _min_form_core
 from prm_jax.kernels.recurrence import GAEMethod, ScanStrategy, resolve_strategy
-from prm_jax.kernels.schema import BATCH_SCHEMA, MODEL_OUTPUT_KEYS, READ_KEYS, REQUIRED_KEYS, described
+from prm_jax.kernels.schema import (
+    BATCH_SCHEMA,
+    MODEL_OUTPUT_KEYS,
+    READ_KEYS,
+    REQUIRED_KEYS,
+    described,
+    float_keys,
+    timestep_checked_keys,
+)
 from prm_jax.kernels.shaping import ShapingConfig, _shape_core, process_range_check, warn_gvpo_without_penalty
 from prm_jax.kernels.token_gae import TokenGAE
 from prm_jax.kernels.turns import (
@@ -397,9 +405,11 @@ def _lambda_context(steps: Timesteps, unit: TimestepUnit, turns: TurnSteps | Non
 def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, plan_lam: float | LambdaFunction, dtype,
                 turns: TurnSteps | None, checks: list) -> jax.Array:
     """λ: the batch's per-row ``gae_lambda [B]``, else the plan's function of lengths, else its float."""
+    who = "batch['gae_lambda']"
     if "gae_lambda" in batch:
-        lam = _checks.as_float("batch['gae_lambda']", batch["gae_lambda"], dtype)
+        lam = _checks.as_float(who, batch["gae_lambda"], dtype)
     elif isinstance(plan_lam, LambdaFunction):
+        who = f"the λ returned by {plan_lam.name}"
         lam = plan_lam.fn(_lambda_context(steps, plan_lam.unit, turns), **dict(plan_lam.kwargs))
         _checks.check_shape(f"the λ returned by {plan_lam.name}", lam, steps.active.shape[:1], "the batch axis")
         lam = _checks.as_float(f"the λ returned by {plan_lam.name}", lam, dtype)
@@ -409,8 +419,8 @@ def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, plan_lam: floa
     row, _, value = _checks.first_flagged(outside[:, None], lam[:, None])
     checks.append(_checks.ValueCheck(
         "gae_lambda_out_of_range", _checks.violations(outside),
-        lambda row, value: f"per-row gae_lambda must be finite and in [0, 1]; row {int(row)} has "
-                                             f"{float(value)!r}", row, value))
+        lambda row, value: f"per-row gae_lambda ({who}) must be finite and in [0, 1]; row {int(row)} has "
+                           f"{float(value)!r}", row, value))
     return lam
 
 
@@ -463,28 +473,24 @@ def _batch_checks(batch: Mapping[str, jax.Array], num_rows: int) -> list[_checks
 
 def _finite_inputs_checks(batch: Mapping[str, jax.Array], steps: Timesteps, last_value: jax.Array,
                           truncated: jax.Array, dtype, plan: AdvantagePlan) -> list[_checks.ValueCheck]:
-    """Every float input on timesteps is finite where it is used, by ``BATCH_SCHEMA``'s ``finite`` rule: a
-    ``trained`` key on the trained timesteps, a ``reader`` model output where a stage reads it
-    (``plan.model_outputs_read``; one no stage reads may hold anything), and a truncated row's bootstrap
-    value ``V[seqlen - 1]`` (one NaN there would reach every advantage through batch normalization). The
-    other ``reader`` keys are checked by the stage that reads them (GiGPO's ``turn_rewards``, the λ)."""
-    zero = jnp.zeros((), dtype)
-
-    def timesteps(key: str) -> jax.Array:
-        return jnp.where(steps.active, _checks.as_float(f"batch[{key!r}]", batch[key], dtype), zero)
-
-    on_timesteps = {  # each key as the stages read it (prox_logprobs replaced the behaviour log-probs in steps)
-        "logprobs": (shift_to_next_token(_checks.as_float("batch['logprobs']", batch["logprobs"], dtype))
-                     if "prox_logprobs" in batch else steps.logprobs),
-        "prox_logprobs": steps.logprobs if "prox_logprobs" in batch else None, "ref_logprobs": steps.ref_logprobs,
-        "token_rewards": steps.process, "values": steps.values,  # (0 without a critic: checked all the same)
-        "prm_logprobs": timesteps("prm_logprobs") if "prm_logprobs" in batch else None}
+    """Every float input on positions or timesteps is finite where it is used, by ``BATCH_SCHEMA``'s
+    ``finite`` rule, derived from the schema (a key added there is checked with no other change): a
+    ``trained`` key on the trained timesteps (a key on positions as the stages read it, shifted to the next
+    token), a ``reader`` model output where a stage reads it (``plan.model_outputs_read``; one no stage
+    reads may hold anything), and a truncated row's bootstrap value ``V[seqlen - 1]`` (one NaN there would
+    reach every advantage through batch normalization). The other keys' rules are kept where they are read:
+    ``rows`` by the outcome stage (``batch['rewards']``), a ``reader`` key of turns or rows by its stage
+    (GiGPO's ``turn_rewards``, the λ), ``nan_is_missing`` by GDPO's sources."""
     checks = []
-    for name, key in BATCH_SCHEMA.items():
-        array = on_timesteps.get(name)  # None: not in the batch
-        read = key.finite == "trained" or (key.finite == "reader" and name in plan.model_outputs_read)
-        if array is not None and read:
-            checks.append(_checks.finite_check(f"batch[{name!r}]", array, steps.active, hint=key.hint))
+    for name in timestep_checked_keys(BATCH_SCHEMA):
+        key = BATCH_SCHEMA[name]
+        if name not in batch or not (key.finite == "trained" or name in plan.model_outputs_read):
+            continue
+        array = _checks.as_float(f"batch[{name!r}]", batch[name], dtype)
+        if key.on == "positions":  # as the stages read it: on the next token's timestep
+            array = shift_to_next_token(array)
+        checks.append(_checks.finite_check(f"batch[{name!r}]", jnp.where(steps.active, array, jnp.zeros((), dtype)),
+                                           steps.active, hint=key.hint))
     checks.append(_checks.finite_check("batch['values'] (the bootstrap value V[seqlen - 1] of a truncated row)",
                                        last_value, truncated, key="values_bootstrap"))
     return checks
@@ -592,9 +598,7 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> _Run:
     strategy = plan.strategy
     assert strategy is not None, "the plan's strategy is resolved before tracing (AdvantagePlan.with_strategy)"
     num_rows, width = _check_batch_shapes(batch, plan)
-    dtype = _checks.accumulation_dtype(*(batch[k] for k in ("logprobs", "rewards", "values", "ref_logprobs",
-                                                             "prox_logprobs", "prm_logprobs", "token_rewards",
-                                                             "reward_sources") if k in batch))
+    dtype = _checks.accumulation_dtype(*(batch[k] for k in float_keys(BATCH_SCHEMA) if k in batch))
     checks = _batch_checks(batch, num_rows)
     seqlen = _sequence_lengths(batch["attention_mask"])
     # A position outside the attention mask is never trained, whatever its loss mask says (padding).

@@ -96,6 +96,23 @@ READ_KEYS: tuple[str, ...] = tuple(name for name in BATCH_SCHEMA if name != "inp
 OPTIONAL_KEYS: tuple[str, ...] = tuple(name for name in READ_KEYS if not BATCH_SCHEMA[name].required)
 
 
+def float_keys(schema: Mapping[str, BatchKey] = BATCH_SCHEMA) -> tuple[str, ...]:
+    """The float keys: their dtypes choose the pipeline's accumulation dtype (float64 when one is)."""
+    return tuple(name for name, key in schema.items() if key.dtype == "float")
+
+
+def timestep_checked_keys(schema: Mapping[str, BatchKey] = BATCH_SCHEMA) -> tuple[str, ...]:
+    """The float keys on positions or timesteps whose finiteness the pipeline checks on trained timesteps
+    (every ``trained`` key; a ``reader`` key where a stage reads it): ``_finite_inputs_checks``."""
+    return tuple(name for name, key in schema.items()
+                 if key.dtype == "float" and key.on in ("positions", "timesteps") and key.finite in ("trained", "reader"))
+
+
+_UNCHECKED = [name for name, key in BATCH_SCHEMA.items() if key.finite == "trained" and name not in timestep_checked_keys()]
+if _UNCHECKED:
+    raise AssertionError(f"keys finite on trained timesteps must lie on positions or timesteps: {_UNCHECKED}")
+
+
 def described(names: tuple[str, ...]) -> str:
     """``batch['a'] [B, T] and batch['b'] [N]``: what an error asks for."""
     return " and ".join(f"batch[{name!r}] {BATCH_SCHEMA[name].shape_text}" for name in names)

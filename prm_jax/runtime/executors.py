@@ -24,6 +24,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import sys
 import threading
@@ -304,7 +305,7 @@ class _Worker:
 
     def __init__(self, context: Any, blob: bytes):
         self.conn, child = context.Pipe(duplex=True)
-        self.process = context.Process(target=_worker_main, args=(child, blob), daemon=True,
+        self.process = context.Process(target=_worker_main, args=(child, blob, os.getpid()), daemon=True,
                                        name="prm-jax scorer worker")
         self.process.start()
         child.close()  # so that the worker's death is an EOF here
@@ -324,11 +325,45 @@ class _Worker:
 _UNLOADABLE = None  # a worker's first message when it cannot unpickle the scorer: (None, why)
 
 
-def _worker_main(conn: Any, blob: bytes) -> None:
+PARENT_POLL_S = 0.5  # where the OS has no process descriptors, how often a worker looks for its parent
+
+
+def _exit_with(parent_pid: int) -> None:
+    """A daemon thread of a worker process: the worker exits at once when the process that owns it (the
+    training process, ``parent_pid``; the worker's own parent is the forkserver) dies, even mid-call and
+    even from SIGKILL, which runs no cleanup there. Linux: a pidfd that becomes readable at the process's
+    exit; elsewhere a poll of the pid."""
+    def watch() -> None:
+        pidfd = None
+        try:
+            pidfd = os.pidfd_open(parent_pid)  # (Linux >= 5.3)
+        except ProcessLookupError:
+            os._exit(0)  # already gone
+        except (AttributeError, OSError):
+            pidfd = None
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+            os._exit(0)
+        while True:
+            time.sleep(PARENT_POLL_S)
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:  # alive (another user's pid would say so too: reuse is rare)
+                pass
+
+    threading.Thread(target=watch, name="prm-jax parent watch", daemon=True).start()
+
+
+def _worker_main(conn: Any, blob: bytes, parent_pid: int | None = None) -> None:
     """A worker process: unpickles the scorer once, then runs the calls of each message in order, sending
     each result (or error) back as soon as it is done. A scorer it cannot unpickle (its class defined in a
-    script without a file: stdin, ``python -c``, a notebook) is said once, and the worker exits."""
+    script without a file: stdin, ``python -c``, a notebook) is said once, and the worker exits. It exits
+    with the process that owns it (``_exit_with``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
+    if parent_pid is not None:
+        _exit_with(parent_pid)
     try:
         scorer = pickle.loads(blob)
     except BaseException as err:

@@ -173,3 +173,34 @@ def test_rollout_checks_padding_side_token_ids_and_widths():
     inner = prompt_mask.copy()  # a pad id inside a left-padded prompt stays a prompt token
     inner[4, -2] = False
     adapter.rollout_from_tunix(prompt_ids, inner, completion_ids, completion_mask)
+
+
+@pytest.mark.parametrize("stage", [
+    dict(process_reward_transform={"mode": "min_form", "temperature": 0.5}),
+    dict(gae_timestep_unit="turn", discount=0.9, gae_lambda=0.8),
+    dict(credit_assignment={"mode": "pure"}),
+    dict(process_reward_transform={"mode": "progress", "gamma": 0.9, "level": "turn"}),
+])
+def test_every_stage_that_reads_turns_sees_the_rollouts_turns_with_holes(stage):
+    # Issue 41.7: rollout_from_tunix built turn_ids and Rollout.batch() left them out, so min_form with unit turn
+    # counted runs of the loss mask as turns (5 turns for 3 completions with holes). Each stage that reads turns
+    # gives, on tunix's layout with holes, what it gives on the same batch with the loop's turn ids.
+    from prm_jax import compute_advantages
+    from prm_jax.config import AdvantageConfig
+
+    rng = np.random.default_rng(41)
+    prompt_ids, prompt_mask, completion_ids, completion_mask, rewards = tunix_rollout(rng, groups=1, group_size=4)
+    rollout = adapter.rollout_from_tunix(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    _, _, loss, turns, _ = layout_loop(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    token_rewards = np.where(loss, rng.normal(size=loss.shape), 0.0).astype(np.float32)
+    batch = rollout.batch(rewards[:4], group_size=4, token_rewards=token_rewards)
+    np.testing.assert_array_equal(batch["turn_ids"], turns)  # the rollout's turns reach the batch
+    holes = [(np.diff(np.flatnonzero(row)) > 1).any() for row in loss]
+    assert any(holes)  # some completion has a hole: its loss mask has more runs than it has turns
+    config = AdvantageConfig(kl_ctl=0.0, **stage)
+    got = compute_advantages(batch, config).advantages
+    want = compute_advantages(dict(batch, turn_ids=turns.astype(np.int32)), config).advantages
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    runs = np.where(loss, np.cumsum(loss & ~np.pad(loss, ((0, 0), (1, 0)))[:, :-1], axis=1) - 1, -1)
+    as_runs = compute_advantages(dict(batch, turn_ids=runs.astype(np.int32)), config).advantages
+    assert not np.allclose(np.asarray(as_runs), np.asarray(want))  # the stage does read the turns

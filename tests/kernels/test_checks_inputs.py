@@ -1,6 +1,8 @@
 """Issue 20.7: the array API checks instead of reshaping: exact shapes, integer dtypes and ranges, each
 error naming the argument."""
 
+import re
+
 import anyio
 import numpy as np
 import pytest
@@ -57,3 +59,87 @@ def test_a_short_per_row_ctx_list_is_a_named_error():
             await score_arrays(runner, tokens, turn_ids, ctx=[{}, {}])
     with pytest.raises(ValueError, match=r"ctx must be one mapping, or one entry per row of input_ids \(3\), got 2"):
         anyio.run(main)
+
+
+def _nan_case(name):
+    """A batch, a config whose stages read ``name``, and where to put a NaN (a trained position or timestep,
+    a real row, a used turn slot)."""
+    from batches import make_batch
+
+    from prm_jax.config import AdvantageConfig
+    from prm_jax.kernels.schema import BATCH_SCHEMA
+
+    rng = np.random.default_rng(41)
+    batch = make_batch(rng, rows=4, width=24)
+    batch["group_sizes"] = np.array([2, 2])
+    config = AdvantageConfig(kl_ctl=0.0)
+    if name == "ref_logprobs":
+        config = AdvantageConfig(kl_ctl=0.1)
+    if name == "prm_logprobs":
+        batch["prm_logprobs"] = batch["ref_logprobs"].copy()
+        batch = {k: v for k, v in batch.items() if k != "token_rewards"}
+        config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "prime", "beta": 0.1})
+    if name == "prox_logprobs":
+        batch["prox_logprobs"] = batch["logprobs"].copy()
+    if name == "gae_lambda":
+        batch["gae_lambda"] = np.full(4, 0.9, np.float32)  # (read whenever the batch holds it)
+    if name == "turn_rewards":
+        batch["turn_rewards"] = np.zeros((4, 4), np.float32)
+        batch["turn_reward_mask"] = np.ones((4, 4), bool)
+        batch["anchor_ids"] = np.zeros((4, 4), np.int32)
+        config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "gigpo"})
+    if name == "reward_sources":
+        batch["reward_sources"] = np.zeros((4, 2), np.float32)
+        config = AdvantageConfig(kl_ctl=0.0, reward_norm={"mode": "decoupled", "weights": [1.0, 1.0]})
+    key = BATCH_SCHEMA[name]
+    array = np.array(batch[name], np.float32)
+    if key.on == "positions":  # the first trained position after the first (read on the timestep before it)
+        b, t = np.argwhere((batch["loss_mask"] > 0) & (batch["attention_mask"] > 0))[1]
+    elif key.on == "timesteps":
+        trained = (batch["loss_mask"] > 0) & (batch["attention_mask"] > 0)
+        b, t = np.argwhere(trained[:, 1:])[0]
+    else:
+        b, t = 1, 0
+    if array.ndim == 1:
+        array[b] = np.nan
+    else:
+        array[b, t] = np.nan
+    return dict(batch, **{name: array}), config
+
+
+FINITE_KEYS = [name for name, key in __import__("prm_jax.kernels.schema", fromlist=["BATCH_SCHEMA"]).BATCH_SCHEMA.items()
+               if key.finite in ("trained", "rows", "reader")]
+
+
+@pytest.mark.parametrize("name", FINITE_KEYS)
+def test_a_nan_in_every_key_with_a_finiteness_rule_is_refused_naming_the_key(name):
+    # Issue 41.8: the finiteness checks read a hand-written dict, so a key added to the schema was never checked.
+    # Every key with a rule ("trained", "rows", "reader" where a configured stage reads it) refuses a NaN where
+    # it is used, naming itself.
+    from prm_jax import compute_advantages
+
+    batch, config = _nan_case(name)
+    with pytest.raises(ValueError, match=re.escape(f"batch[{name!r}]")):
+        compute_advantages(batch, config)
+
+
+def test_a_key_added_to_the_schema_is_checked_with_no_other_change(monkeypatch):
+    # Issue 41.8: a new per-token key ("entropy", trained, on positions) declared in the schema alone is checked
+    # (a NaN on a trained timestep passed before), and is one of the float keys that choose the dtype.
+    from batches import make_batch
+
+    from prm_jax import compute_advantages
+    from prm_jax.config import AdvantageConfig
+    from prm_jax.kernels import advantages
+    from prm_jax.kernels.schema import BATCH_SCHEMA, BatchKey, float_keys
+
+    schema = dict(BATCH_SCHEMA, entropy=BatchKey("entropy", "BT", "positions", "float", "trained", 0.0))
+    monkeypatch.setattr(advantages, "BATCH_SCHEMA", schema)  # (as schema.py would declare it, and so its lists)
+    monkeypatch.setattr(advantages, "READ_KEYS", (*advantages.READ_KEYS, "entropy"))
+    assert "entropy" in float_keys(schema)
+    batch = make_batch(np.random.default_rng(3), rows=2, width=16)
+    entropy = np.ones(batch["logprobs"].shape, np.float32)
+    b, t = np.argwhere((batch["loss_mask"] > 0) & (batch["attention_mask"] > 0))[1]
+    entropy[b, t] = np.nan
+    with pytest.raises(ValueError, match=re.escape("batch['entropy'] must be finite")):
+        compute_advantages(dict(batch, entropy=entropy), AdvantageConfig(kl_ctl=0.0))

@@ -845,3 +845,83 @@ async def test_a_prefix_determined_scorer_that_reads_the_branchs_messages_fails_
     assert all(isinstance(r, PrefixRuleError) for r in results), results
     assert "prefix_determined" in str(results[0]) and "interaction.messages" in str(results[0])
     assert all(committed(b) == [None, None] for b in branches)  # nothing committed
+
+
+OWNER = """
+import json, os, sys, threading, time
+import anyio
+import numpy as np
+import multiprocessing.forkserver as forkserver
+import multiprocessing.resource_tracker as tracker
+import scorers_for_tests as st
+from prm_jax import PRMRunner
+from prm_jax.runtime.arrays import score_arrays
+
+STARTED = sys.argv[1]
+
+def report():
+    while not os.path.exists(STARTED):
+        time.sleep(0.02)
+    print(json.dumps({"forkserver": forkserver._forkserver._forkserver_pid,
+                      "tracker": tracker._resource_tracker._pid}), flush=True)
+
+async def main():
+    threading.Thread(target=report, daemon=True).start()
+    runner = PRMRunner(scorers=(st.Misbehaves(slow=("row0/t0", "row1/t0"), started=STARTED, max_workers=2),))
+    await score_arrays(runner, np.arange(1, 7, dtype=np.int32).reshape(2, 3), np.array([[-1, 0, 0]] * 2, np.int32))
+
+if __name__ == "__main__":
+    anyio.run(main)
+"""
+
+
+def _live(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGKILL"])
+def test_workers_forkserver_and_tracker_exit_with_a_killed_training_process(tmp_path, signum):
+    # Issue 41.13: SIGTERM or SIGKILL of the training process left the process executor's workers (mid-call), its
+    # forkserver and the resource tracker running ten minutes later. Workers watch the process that owns them and
+    # exit with it; then the forkserver and the tracker go too: 0 processes left within 5 s.
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    owner = subprocess.Popen([sys.executable, str(script), str(tmp_path / "started")], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        line = owner.stdout.readline()
+        assert line, "the owner did not start its workers"
+        pids = json.loads(line)
+        server = pids["forkserver"]
+        workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent_of(int(p)) == server]
+        assert len(workers) >= 1 and all(_live(p) for p in workers)  # a worker is mid-call (sleeping 30 s)
+        owner.send_signal(getattr(signal, signum))
+        owner.wait(10)
+        left = [server, pids["tracker"], *workers]
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(_live(p) for p in left):
+            time.sleep(0.05)
+        assert [p for p in left if _live(p)] == []
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+
+
+def _parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

@@ -48,6 +48,8 @@ def outcome(mode: str, output_len: int):
         raise KeyError("no answer for this turn")
     if mode == "crash":
         os._exit(3)
+    if mode == "exits":  # sys.exit() in a scorer: its thread (or worker process) must not end with it
+        raise SystemExit(3)
     raise AssertionError(mode)
 
 
@@ -108,6 +110,8 @@ class BatchCase(BatchScorer, _Modes):
             await anyio.sleep(SLEEP_S)
         if "raises" in modes:  # the batch's one call fails: every item in it fails with its error
             raise KeyError("no answer for this turn")
+        if "exits" in modes:
+            raise SystemExit(3)
         return [outcome("ok" if mode == "slow" else mode, interaction.output_len)
                 for mode, (interaction, _) in zip(modes, items)]
 

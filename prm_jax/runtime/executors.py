@@ -61,7 +61,16 @@ def scorer_error(scorer: BaseScorer, where: str, err: BaseException, timeout: fl
         return TimeoutError(f"scorer {scorer.name!r} on {where} took longer than its timeout of {timeout} s")
     if isinstance(err, anyio.get_cancelled_exc_class()) and not cancellation_requested():
         return RuntimeError(f"scorer {scorer.name!r} on {where} raised CancelledError without being cancelled")
+    if isinstance(err, SystemExit):
+        return exited(scorer.name, where, err)
     return err
+
+
+def exited(name: str, where: str, err: SystemExit) -> RuntimeError:
+    """A scorer that raised ``SystemExit`` (``sys.exit()`` in its code): its row's failure, the same on every
+    executor, never the end of the run, its thread, or its worker process."""
+    return RuntimeError(f"scorer {name!r} on {where} raised {err!r} (sys.exit() inside a scorer): the turn fails, "
+                        "the run goes on")
 
 
 def describe(on: Any) -> str:
@@ -207,7 +216,7 @@ class AsyncExecutor(Executor):
                     result = await timed
             if timed.longest > BLOCKING_STEP_S:
                 self._blocking(on, timed)
-        except (Exception, anyio.get_cancelled_exc_class()) as err:
+        except (Exception, SystemExit, anyio.get_cancelled_exc_class()) as err:
             reported = scorer_error(self.scorer, describe(on), err, timeout)
             failed = reported if isinstance(err, Exception) else None
             if reported is err:
@@ -276,6 +285,8 @@ class ThreadExecutor(Executor):
                 raise TimeoutError(f"scorer {self.scorer.name!r} on {describe(on)} took longer than its timeout "
                                    f"of {self.timeout} s in its worker thread (the thread runs on; its result "
                                    "will be discarded)") from None
+            except SystemExit as err:
+                raise exited(self.scorer.name, describe(on), err) from None
             finally:
                 RUNNING_THREADS[self.scorer.name] -= 1
 
@@ -383,6 +394,10 @@ def _worker_main(conn: Any, blob: bytes, parent_pid: int | None = None) -> None:
         for args in calls:
             try:
                 result = fn(*args)
+            except SystemExit as err:  # a scorer's sys.exit(): its turn's failure, not the worker's end
+                conn.send((False, _portable(RuntimeError(f"raised {err!r} (sys.exit() inside a scorer): the turn "
+                                                         "fails, the run goes on"))))
+                continue
             except BaseException as err:
                 conn.send((False, _portable(err)))
                 continue

@@ -1,8 +1,10 @@
 """Issue 41 ("close the classes"): every executor behaves the same. The same cases run on ``async``,
 ``thread``, ``process`` and ``batch`` (``executor_cases``: one scorer per kind, one behaviour per row), and
 each asserts the same row-level outcome and the same error type and wording: results refused after the call
-(41.5, 41.20), a return value that cannot cross back (41.10, 41.22), a raised error, a deadline, a close
-while in flight with and without a deadline (41.11, 41.17), and a failing progress callback (41.16)."""
+(41.5, 41.20), a return value that cannot cross back (41.10, 41.22), a raised error, a scorer that exits (and a
+worker process that dies), a deadline, a close while in flight with and without a deadline (41.11, 41.17), and a
+failing progress callback (41.16). The death of the training process, which only the process executor has
+children to outlive, is tested in test_executors.py (41.13)."""
 
 import threading
 import time
@@ -81,6 +83,23 @@ async def test_a_raised_error_fails_the_rows_it_was_raised_for(kind):
     for row in np.flatnonzero(out.failed):
         assert out.errors[row].startswith("KeyError: 'no answer for this turn'"), out.errors[row]
         assert "'case'" in out.errors[row]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_scorer_that_exits_fails_its_row_and_the_run_goes_on(kind):
+    # "A worker or thread that dies": sys.exit() inside a scorer ended the run (a BaseException through the task
+    # group) on async, thread and batch scorers; on every executor it is the row's RuntimeError now, and a
+    # worker process that dies (os._exit) fails only the calls it held.
+    out, stats = await masked(make(kind, {2: "exits"}), 4)
+    failed = out.failed.tolist()
+    assert failed == ([True] * 4 if kind == "batch" else [False, False, True, False])
+    assert stats["failures"] == sum(failed)
+    text = out.errors[2]
+    assert text.startswith("RuntimeError:") and "SystemExit(3)" in text and "'case'" in text and "row2/t0" in text
+    if kind == "process":
+        out, stats = await masked(make(kind, {2: "crash"}, max_workers=1), 4)
+        assert out.failed.tolist()[2] and "its worker process died (exit code 3)" in out.errors[2]
+        assert not out.failed[3]  # a new worker took the calls after it
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -128,7 +128,9 @@ def test_on_error_mask_example_runs(capsys):
     namespace: dict = {}
     block = readme_block("When a scorer call fails")
     exec(compile(block, "trainers.md", "exec"), namespace)
-    assert capsys.readouterr().out.strip() == "[False  True] {1: 'ConnectionError: judge unreachable'}"
+    # Issue 41.22: the row's error keeps the notes naming the scorer and the turn.
+    assert capsys.readouterr().out.strip() == ("[False  True] {1: \"ConnectionError: judge unreachable [raised by "
+                                               "scorer 'judge' on interaction 'row1/t0']\"}")
     assert namespace["keep"].tolist() == [True, False]
     assert np.isfinite(namespace["token_rewards"]).all() and namespace["token_rewards"][0, 2:].tolist() == [1.0, 1.0]
 

@@ -419,7 +419,7 @@ def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, plan_lam: floa
     row, _, value = _checks.first_flagged(outside[:, None], lam[:, None])
     checks.append(_checks.ValueCheck(
         "gae_lambda_out_of_range", _checks.violations(outside),
-        lambda row, value: f"per-row gae_lambda ({who}) must be finite and in [0, 1]; row {int(row)} has "
+        lambda row, value: f"per-row gae_lambda must be finite and in [0, 1] ({who}); row {int(row)} has "
                            f"{float(value)!r}", row, value))
     return lam
 
@@ -484,9 +484,11 @@ def _finite_inputs_checks(batch: Mapping[str, jax.Array], steps: Timesteps, last
     checks = []
     for name in timestep_checked_keys(BATCH_SCHEMA):
         key = BATCH_SCHEMA[name]
-        if name not in batch or not (key.finite == "trained" or name in plan.model_outputs_read):
+        # (values: without a critic the pipeline's zeros, checked all the same, so the diagnostics keep one
+        # structure whatever the batch holds)
+        if (name not in batch and name != "values") or not (key.finite == "trained" or name in plan.model_outputs_read):
             continue
-        array = _checks.as_float(f"batch[{name!r}]", batch[name], dtype)
+        array = _checks.as_float(f"batch[{name!r}]", batch[name], dtype) if name in batch else steps.values
         if key.on == "positions":  # as the stages read it: on the next token's timestep
             array = shift_to_next_token(array)
         checks.append(_checks.finite_check(f"batch[{name!r}]", jnp.where(steps.active, array, jnp.zeros((), dtype)),

@@ -6,6 +6,7 @@ worker process that dies), a deadline, a close while in flight with and without 
 failing progress callback (41.16). The death of the training process, which only the process executor has
 children to outlive, is tested in test_executors.py (41.13)."""
 
+import os
 import threading
 import time
 import warnings
@@ -163,3 +164,83 @@ async def test_a_failing_progress_callback_is_reported_once_and_scoring_goes_on(
     assert out.failed.tolist() == [False] * 4 and stats["failures"] == 0
     assert sorted(calls) == [1, 2, 3, 4]
     assert sum("progress callback" in str(w.message) for w in caught) == 1
+
+
+OWNER = """
+import os, sys, threading, time
+import anyio
+import numpy as np
+from executor_cases import make
+from prm_jax import PRMRunner
+from prm_jax.runtime.arrays import score_arrays
+
+KIND, STARTED = sys.argv[1], sys.argv[2]
+
+def report():
+    while not os.path.exists(STARTED):
+        time.sleep(0.02)
+    print("started", flush=True)
+
+async def main():
+    threading.Thread(target=report, daemon=True).start()
+    runner = PRMRunner(scorers=(make(KIND, {0: "slow", 1: "slow"}, started=STARTED),))
+    await score_arrays(runner, np.arange(1, 7, dtype=np.int32).reshape(2, 3), np.array([[-1, 0, 0]] * 2, np.int32))
+
+if __name__ == "__main__":
+    anyio.run(main)
+"""
+
+
+def _stat(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None, None
+
+
+def _descendants(root):
+    parents = {int(p): _stat(int(p))[1] for p in os.listdir("/proc") if p.isdigit()}
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _live(pid):
+    state, _ = _stat(pid)
+    return state is not None and state != "Z"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGKILL"])
+def test_nothing_outlives_a_killed_training_process(kind, signum, tmp_path):
+    # Issue 41.13: SIGTERM or SIGKILL of the training process left the process executor's workers (mid-call), its
+    # forkserver and the resource tracker running ten minutes later. On every executor, every process the
+    # training process started is gone within 5 s of its death (workers watch the process that owns them).
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    owner = subprocess.Popen([sys.executable, str(script), kind, str(tmp_path / "started")], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert owner.stdout.readline().strip() == "started"  # a call is in flight (sleeping 30 s)
+        spawned = _descendants(owner.pid)
+        assert (len(spawned) >= 3) == (kind == "process")  # workers, the forkserver, the tracker
+        owner.send_signal(getattr(signal, signum))
+        owner.wait(10)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(_live(p) for p in spawned):
+            time.sleep(0.05)
+        assert [p for p in spawned if _live(p)] == []
+    finally:
+        if owner.poll() is None:
+            owner.kill()

@@ -94,7 +94,7 @@ def _logprobs_jit(logits, input_ids):
 def log_max(dtype: Any) -> float:
     """The largest ``x`` whose ``exp`` is finite in ``dtype`` (~88.7 in float32, ~709.8 in float64): the
     bound follows the input's dtype, so a float64 loss keeps the gradients float64 can hold."""
-    return float(np.log(np.finfo(dtype).max))
+    return float(np.log(float(jnp.finfo(dtype).max)))
 
 
 def _clipped_objective(advantages: jax.Array, log_ratio: jax.Array, mask: jax.Array, low: float, high: float,

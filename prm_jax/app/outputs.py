@@ -171,7 +171,10 @@ class StagedOutputs:
             yield
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # a file system without locks (some network mounts): the check below still runs
+                pass
             yield
         finally:
             os.close(fd)  # releases the lock

@@ -16,7 +16,8 @@ turns each, against the ideal their resources allow, in one run.
    tokens sent against one leaf per branch.
 4. JAX PRM: ``ModelScorer`` over a trainer's arrays (``score_arrays``) against the best hand-batched loop
    (the same jitted model on chunks of 64 rows padded to the same bucket). Compiles against buckets used;
-   numbers against per-turn calls.
+   numbers against per-turn calls. 4b: rows of mixed lengths (64..512) against the hand loop that sorts
+   rows by length and pads each chunk to its own bucket (issue 42.4).
 5. batching: a ``BatchScorer`` and a ``BatchTrajectoryScorer`` whose call takes 20 ms: calls made (ideal 16
    and 4) and wall against the same calls in a hand-written loop.
 6. shared turns: a prefix-determined scorer on a session tree of 64 leaves and depth 8: calls against
@@ -291,6 +292,59 @@ def bench_model(n: int, repeats: int) -> None:
           f"against per-turn calls {worst:.2e}")
 
 
+def bench_model_lengths(n: int, repeats: int) -> None:
+    """4b. Rows of mixed lengths (64..512 tokens, shuffled): ``ModelScorer`` through ``score_arrays`` against
+    the best hand-batched loop, which sorts the rows by length and pads each chunk of 64 to its own bucket."""
+    rng = np.random.default_rng(4)
+    width = 512
+    lengths = rng.integers(64, width + 1, n)
+    tokens = np.zeros((n, width), np.int64)
+    turn_ids = np.full((n, width), -1, np.int64)
+    attention = np.zeros((n, width), np.int64)
+    for b, length in enumerate(lengths):
+        tokens[b, :length] = rng.integers(1, VOCAB, length)
+        attention[b, :length] = 1
+        turn_ids[b, 16:length] = 0
+    scorer = ModelScorer(fn=jax_prm, max_batch_size=64, bucket=128)
+    runner = PRMRunner(scorers=(scorer,))
+    score = functools.partial(score_arrays, runner, tokens, turn_ids, attention_mask=attention)
+    out = anyio.run(score)  # compiles
+    walls = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        anyio.run(score)
+        walls.append(time.perf_counter() - started)
+    jitted = jax.jit(jax_prm)
+
+    def hand_loop() -> np.ndarray:
+        result = np.zeros((n, width), np.float32)
+        order = np.argsort(lengths, kind="stable")
+        for begin in range(0, n, 64):
+            rows = order[begin:begin + 64]
+            padded = -(-int(lengths[rows].max()) // 128) * 128
+            ids = np.zeros((64, padded), np.int32)
+            mask = np.zeros((64, padded), np.int32)
+            turns = np.full((64, padded), -1, np.int32)
+            ids[:rows.size] = tokens[rows, :padded]
+            mask[:rows.size] = attention[rows, :padded]
+            turns[:rows.size] = turn_ids[rows, :padded]
+            scores = np.asarray(jax.device_get(jitted(ids, mask, turns)))[:rows.size]
+            result[rows, :padded] = np.where(turns[:rows.size] >= 0, scores, 0.0)
+        return result
+
+    want = hand_loop()  # compiles
+    hand = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        hand_loop()
+        hand.append(time.perf_counter() - started)
+    print(f"\n4b. JAX PRM, mixed lengths: {n} rows of 64..{width} tokens, {int(attention.sum())} tokens; "
+          "ModelScorer through score_arrays")
+    print(f"   wall {median(walls) * 1e3:.1f} ms = {median(walls) / median(hand):.2f}x the hand-batched loop that "
+          f"sorts by length ({median(hand) * 1e3:.1f} ms; runs: {', '.join(f'{w / median(hand):.2f}' for w in walls)}); "
+          f"max |diff| {float(np.abs(out - want).max()):.2e}")
+
+
 # --- 5. batched scorers -----------------------------------------------------------------------------------
 
 class TurnBatches(BatchScorer):
@@ -380,7 +434,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"bench_scorers: {args.sessions} sessions x {TURNS} turns, {CORES} cores, jax {jax.__version__}, "
           f"Python {sys.version.split()[0]}; medians of {args.repeats}")
-    runs = {"1": bench_verifier, "2": bench_judge, "3": bench_pooling, "4": bench_model, "5": bench_batching}
+    runs = {"1": bench_verifier, "2": bench_judge, "3": bench_pooling, "4": bench_model, "4b": bench_model_lengths,
+            "5": bench_batching}
     for key, fn in runs.items():
         if args.only is None or key in args.only:
             fn(args.sessions, args.repeats)

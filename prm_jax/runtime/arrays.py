@@ -19,7 +19,7 @@ import numpy as np
 
 from prm_jax._compat import BaseExceptionGroup, ExceptionGroup, add_note
 from prm_jax.kernels.shaping import warn_gvpo_without_penalty
-from prm_jax.runtime.model_scorer import weighted_rows
+from prm_jax.runtime.model_scorer import rows_by_length, weighted_rows
 from prm_jax.runtime.runner import (
     NOT_SCORER_FAILURES,
     PRMRunner,
@@ -162,7 +162,9 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
     turns = int(ids.max()) + 1 if ids.size and ids.max() >= 0 else 0
     total = np.zeros(tokens.shape, np.float32)
     per_scorer: dict[str, np.ndarray] = {}
+    # Chunks of rows of similar length (rows_by_length: each chunk padded near its own rows' length).
     index = np.asarray(scored, np.int64)
+    index = index[rows_by_length(mask[index].astype(bool) | (ids[index] >= 0))]
     for scorer in models:
         weighted = np.zeros(tokens.shape, np.float32)
         means = np.zeros((rows, turns), np.float64)

@@ -106,9 +106,13 @@ class ModelScorer(BatchTrajectoryScorer):
         rows, width = turn_ids.shape
         out = np.zeros((rows, width), np.float64)
         live = attention_mask.astype(bool) | (turn_ids >= 0)
+        # Rows sorted by length before chunking (as a hand-written loop does), so each chunk is padded to a
+        # length near its own rows' instead of the longest row of a random mix; results go back by row.
+        order = rows_by_length(live)
         for begin in range(0, rows, self.max_batch_size):
-            end = min(rows, begin + self.max_batch_size)
-            used = live[begin:end].any(axis=0)
+            members = order[begin:begin + self.max_batch_size]
+            count = members.size
+            used = live[members].any(axis=0)
             length = int(np.flatnonzero(used)[-1]) + 1 if used.any() else 0
             if length == 0:
                 continue
@@ -116,23 +120,23 @@ class ModelScorer(BatchTrajectoryScorer):
             shape = (self.max_batch_size, padded)
             ids, mask, turns = np.zeros(shape, np.int32), np.zeros(shape, np.int32), np.full(shape, -1, np.int32)
             cut = min(padded, width)
-            ids[:end - begin, :cut] = input_ids[begin:end, :cut]
-            mask[:end - begin, :cut] = attention_mask[begin:end, :cut]
-            turns[:end - begin, :cut] = turn_ids[begin:end, :cut]
-            chunk = turn_ids[begin:end, :cut]
+            ids[:count, :cut] = input_ids[members, :cut]
+            mask[:count, :cut] = attention_mask[members, :cut]
+            chunk = turn_ids[members, :cut]
+            turns[:count, :cut] = chunk
             if self.output == "turns":
                 assert self.max_turns is not None
                 too_many = np.flatnonzero(chunk.max(axis=1) >= self.max_turns)
                 if too_many.size:
-                    raise ValueError(f"scorer {self.name!r}: row {begin + int(too_many[0])} has more turns than "
+                    raise ValueError(f"scorer {self.name!r}: row {int(members[too_many[0]])} has more turns than "
                                      f"max_turns={self.max_turns}")
-            scores = self._forward(ids, mask, turns)[:end - begin]
+            scores = self._forward(ids, mask, turns)[:count]
             if self.output == "turns":
                 last = (self.max_turns or 1) - 1
                 gathered = np.take_along_axis(scores, np.clip(chunk, 0, last), axis=1)
-                out[begin:end, :cut] = np.where(chunk >= 0, gathered, 0.0)
+                out[members, :cut] = np.where(chunk >= 0, gathered, 0.0)
             else:
-                out[begin:end, :cut] = np.where(turn_ids[begin:end, :cut] >= 0, scores[:, :cut], 0.0)
+                out[members, :cut] = np.where(chunk >= 0, scores[:, :cut], 0.0)
         bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
         if bad.size and check:
             raise ValueError(f"scorer {self.name!r}: the model returned non-finite scores on row {int(bad[0])}")
@@ -167,6 +171,13 @@ class ModelScorer(BatchTrajectoryScorer):
         scores = await anyio.to_thread.run_sync(functools.partial(self.score_rows, check=False), ids, mask, turn_ids)
         return [{turn.interaction_id: scores[row, start:stop] for turn, (start, stop) in zip(turns, spans)}
                 for row, (turns, spans) in enumerate(layouts)]
+
+
+def rows_by_length(live: np.ndarray) -> np.ndarray:
+    """The rows' indices ordered by their length (the last live position + 1; stable, so rows of one length
+    keep their order): the chunking order of ``score_rows`` and of ``score_arrays``' model path."""
+    lengths = np.where(live.any(axis=1), live.shape[1] - np.argmax(live[:, ::-1], axis=1), 0)
+    return np.argsort(lengths, kind="stable")
 
 
 def weighted_rows(scorer: ModelScorer, raw: np.ndarray, rows: Sequence[int]) -> tuple[np.ndarray, dict[int, str]]:

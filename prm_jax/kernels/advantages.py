@@ -411,8 +411,8 @@ def _gae_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, plan_lam: floa
     elif isinstance(plan_lam, LambdaFunction):
         who = f"the λ returned by {plan_lam.name}"
         lam = plan_lam.fn(_lambda_context(steps, plan_lam.unit, turns), **dict(plan_lam.kwargs))
-        _checks.check_shape(f"the λ returned by {plan_lam.name}", lam, steps.active.shape[:1], "the batch axis")
-        lam = _checks.as_float(f"the λ returned by {plan_lam.name}", lam, dtype)
+        _checks.check_shape(who, lam, steps.active.shape[:1], "the batch axis")
+        lam = _checks.as_float(who, lam, dtype)
     else:
         return jnp.asarray(plan_lam, dtype)
     outside = ~((lam >= 0) & (lam <= 1))  # NaN is outside too

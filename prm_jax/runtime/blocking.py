@@ -104,7 +104,7 @@ class BlockingRunner:
 
     def scorer_stats(self) -> dict[str, dict[str, float]]:
         """``PRMRunner.scorer_stats`` (read on the runner's loop, where the counts are kept)."""
-        return self._call(_stats_of, self.runner)
+        return self._call(self.runner.scorer_stats)
 
     def score_arrays(self, input_ids: Any, turn_ids: Any, **kwargs: Any) -> np.ndarray | ScoredArrays:
         """``prm_jax.runtime.arrays.score_arrays`` with this runner, blocking: ``token_rewards [B, T]``, or
@@ -193,10 +193,6 @@ class BlockingRunner:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-async def _stats_of(runner: PRMRunner) -> dict[str, dict[str, float]]:
-    return runner.scorer_stats()
 
 
 @atexit.register

@@ -18,8 +18,8 @@ class ScorerContext(Mapping):
     leaf's conversation) frozen on first read, once per run, since most scorers never read it.
 
     A ``prefix_determined`` scorer gets ``prefix_only()``: the same entries without ``messages``, whose read
-    raises ``PrefixRuleError`` naming the rule (``ctx.get("messages")`` too), so the mistake cannot pass
-    silently."""
+    raises ``PrefixRuleError`` naming the rule (``ctx.get("messages")`` too: ``Mapping.get`` turns only a
+    ``KeyError`` into its default), so the mistake cannot pass silently."""
 
     def __init__(self, ctx: Mapping[str, Any] | None, leaf: Interaction, is_eval: bool,
                  prefix_only: bool = False):
@@ -51,11 +51,6 @@ class ScorerContext(Mapping):
                 self._items["messages"] = self._leaf._frozen("messages") + self._leaf._frozen("output_messages")
             return self._items["messages"]
         return self._items[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key == "messages" and self._prefix_only:
-            return self["messages"]  # raises: a default would hide the rule
-        return super().get(key, default)
 
     def __contains__(self, key: object) -> bool:
         return key in self._items or (key == "messages" and not self._prefix_only)

@@ -131,14 +131,18 @@ class Executor:
 
     async def run(self, args: tuple[Any, ...], on: Any) -> Any:
         if self._slots is None:
-            return await self._measured(self._run(args, on))
+            return await self._measured(self._run(args, on), on)
         async with self._slots.get():
-            return await self._measured(self._run(args, on))
+            return await self._measured(self._run(args, on), on)
 
-    async def _measured(self, call: Awaitable[Any]) -> Any:
-        start, failed = time.perf_counter(), None
+    async def _measured(self, call: Awaitable[Any], on: Any) -> Any:
+        start = time.perf_counter()
+        failed: BaseException | None = None
         try:
             return await call
+        except SystemExit as err:  # from the scorer's thread or worker process: its row's failure
+            failed = exited(self.scorer.name, describe(on), err)
+            raise failed from None
         except BaseException as err:
             failed = err
             raise
@@ -285,8 +289,6 @@ class ThreadExecutor(Executor):
                 raise TimeoutError(f"scorer {self.scorer.name!r} on {describe(on)} took longer than its timeout "
                                    f"of {self.timeout} s in its worker thread (the thread runs on; its result "
                                    "will be discarded)") from None
-            except SystemExit as err:
-                raise exited(self.scorer.name, describe(on), err) from None
             finally:
                 RUNNING_THREADS[self.scorer.name] -= 1
 
@@ -394,11 +396,7 @@ def _worker_main(conn: Any, blob: bytes, parent_pid: int | None = None) -> None:
         for args in calls:
             try:
                 result = fn(*args)
-            except SystemExit as err:  # a scorer's sys.exit(): its turn's failure, not the worker's end
-                conn.send((False, _portable(RuntimeError(f"raised {err!r} (sys.exit() inside a scorer): the turn "
-                                                         "fails, the run goes on"))))
-                continue
-            except BaseException as err:
+            except BaseException as err:  # (a scorer's sys.exit() too: the parent fails its turn, ``exited``)
                 conn.send((False, _portable(err)))
                 continue
             try:
@@ -477,7 +475,7 @@ class ProcessExecutor(Executor):
         if self._closed:
             raise RuntimeError(f"scorer {self.scorer.name!r}: {_CLOSED}")
         if self._unusable is not None:
-            raise RuntimeError(f"{self._unusable} (on {describe(on)})")
+            raise self._unusable_error(on)
         if self._blob is None:
             self._start()
         call = _Call(args, on)
@@ -525,7 +523,7 @@ class ProcessExecutor(Executor):
         nothing and is ended here; and a worker a close ended mid-chunk is not replaced.)"""
         if self._unusable is not None and not self._closed:  # no worker can run the scorer: start none
             for call in calls:
-                call.future.set_exception(RuntimeError(f"{self._unusable} (on {describe(call.on)})"))
+                call.future.set_exception(self._unusable_error(call.on))
             return None
         why = _CLOSED if self._closed else None
         worker = None
@@ -585,10 +583,7 @@ class ProcessExecutor(Executor):
                     f"unpickled in the parent process: {err!r}"))
                 continue
             if ok is _UNLOADABLE:  # no worker can run this scorer: fail everything, start no more workers
-                self._unusable = f"scorer {self.scorer.name!r}: {value}"
-                for rest in calls[k:]:
-                    rest.future.set_exception(RuntimeError(f"{self._unusable} (on {describe(rest.on)})"))
-                self._fail_waiting()
+                self._give_up(f"scorer {self.scorer.name!r}: {value}", calls[k:])
                 return [], False
             if ok:
                 call.future.set_result(value)
@@ -605,20 +600,24 @@ class ProcessExecutor(Executor):
             return False
         if ok is not _UNLOADABLE:
             return False
-        self._unusable = f"scorer {self.scorer.name!r}: {why}"
-        for call in calls:
-            call.future.set_exception(RuntimeError(f"{self._unusable} (on {describe(call.on)})"))
-        self._fail_waiting()
+        self._give_up(f"scorer {self.scorer.name!r}: {why}", calls)
         return True
 
-    def _fail_waiting(self) -> None:
-        """Every queued call fails with the reason no worker can run the scorer."""
+    def _give_up(self, why: str, calls: list[_Call]) -> None:
+        """No worker can run the scorer (``why``): ``calls`` and every queued call fail with it, and no worker
+        starts again."""
+        self._unusable = why
         with self._ready:
             waiting = list(self._queue)
             self._queue.clear()
+        for call in calls:
+            call.future.set_exception(self._unusable_error(call.on))
         for call in waiting:
             if call.future.set_running_or_notify_cancel():
-                call.future.set_exception(RuntimeError(f"{self._unusable} (on {describe(call.on)})"))
+                call.future.set_exception(self._unusable_error(call.on))
+
+    def _unusable_error(self, on: Any) -> RuntimeError:
+        return RuntimeError(f"{self._unusable} (on {describe(on)})")
 
     async def aclose(self) -> None:
         with self._ready:

@@ -73,6 +73,9 @@ def exited(name: str, where: str, err: SystemExit) -> RuntimeError:
                         "the run goes on")
 
 
+WORKER_TRACEBACK_NOTE = "in the scorer's worker process:"  # (a process scorer's traceback, in a note)
+
+
 def describe(on: Any) -> str:
     """``on`` (an interaction, or a string saying what a call covers) for messages."""
     return on if isinstance(on, str) else f"interaction {on.interaction_id!r}"
@@ -412,7 +415,7 @@ def _worker_main(conn: Any, blob: bytes, parent_pid: int | None = None) -> None:
 def _portable(err: BaseException) -> BaseException:
     """The error as it can cross to the parent: itself if it pickles, else a RuntimeError with its repr; the
     worker's traceback in a note either way."""
-    note = "in the scorer's worker process:\n" + "".join(traceback.format_exception(err)).rstrip()
+    note = WORKER_TRACEBACK_NOTE + "\n" + "".join(traceback.format_exception(err)).rstrip()
     try:
         pickle.loads(pickle.dumps(err))
         out = err

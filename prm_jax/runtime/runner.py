@@ -32,7 +32,7 @@ from prm_jax._compat import ExceptionGroup, add_note, first_in_group
 from prm_jax.config.experiment import PRMSection
 from prm_jax.runtime.concurrency import concurrently
 from prm_jax.runtime.context import ScorerContext
-from prm_jax.runtime.executors import AsyncExecutor, Executor, make_executor, watch_loop
+from prm_jax.runtime.executors import WORKER_TRACEBACK_NOTE, AsyncExecutor, Executor, make_executor, watch_loop
 from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.rewards import weighted_rewards
 from prm_jax.runtime.scoring import (
@@ -123,7 +123,13 @@ class NotScorableError(ValueError):
 
 # Errors of a run that no scorer caused: AReaL's ``error_policy: keep_original`` never falls back on them.
 NOT_SCORER_FAILURES: tuple[type[BaseException], ...] = (RunnerClosedError, NotScorableError)
-WORKER_TRACEBACK_NOTE = "in the scorer's worker process:"  # (a process scorer's traceback, in a note)
+
+
+def _raised_on(err: BaseException, scorer: BaseScorer, where: str) -> None:
+    """The note naming the scorer and what its call covered; a batch's error has one naming its items (the
+    same object is raised by every branch in the batch), so it gets none per branch."""
+    if not getattr(err, "prm_batch", False):
+        add_note(err, f"raised by scorer {scorer.name!r} on {where}")
 
 
 def guarded_progress(progress: Callable[[int, int], None] | None) -> Callable[[int, int], None] | None:
@@ -522,8 +528,7 @@ class PRMRunner:
         try:
             mapping = await self._executors[id(scorer)].run((tuple(views), ctx), where)
         except Exception as err:
-            if not getattr(err, "prm_batch", False):  # (a batch's error names its items already)
-                add_note(err, f"raised by scorer {scorer.name!r} on {where}")
+            _raised_on(err, scorer, where)
             raise
         if mapping is None:
             return [None] * len(views)
@@ -565,8 +570,7 @@ class PRMRunner:
                 outcomes[i] = outcome if prepare is None else prepare(view, outcome, ctx)
                 done[i] = True
             except Exception as err:  # (a cancellation that was asked for passes through)
-                if not getattr(err, "prm_batch", False):  # (a batch's error names its items already)
-                    add_note(err, f"raised by scorer {scorer.name!r} on interaction {view.interaction_id!r}")
+                _raised_on(err, scorer, f"interaction {view.interaction_id!r}")
                 if not failure:
                     failure.append(err)
                 raise  # the group cancels the other turns

@@ -233,13 +233,15 @@ def jax_prm(input_ids, attention_mask, turn_ids):
     return jax.nn.sigmoid(hidden @ PARAMS["w2"])
 
 
-def wall_times(fn: Callable[[], Any], repeats: int) -> list[float]:
-    """Seconds of ``repeats`` calls of ``fn``, one after another."""
-    out = []
+def wall_times(repeats: int, *fns: Callable[[], Any]) -> list[list[float]]:
+    """Seconds of ``repeats`` calls of each of ``fns``, interleaved (one call of each per round, so a drift of
+    the machine's speed weighs on every function alike): one list per function."""
+    out: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - started)
+        for fn, seconds in zip(fns, out):
+            started = time.perf_counter()
+            fn()
+            seconds.append(time.perf_counter() - started)
     return out
 
 
@@ -263,7 +265,6 @@ def bench_model(n: int, repeats: int) -> None:
     out = anyio.run(score)  # compiles
     compiles = TRACES[0]
     used = {-(-int(attention[b:b + 64].sum(axis=1).max()) // 128) * 128 for b in range(0, n, 64)}
-    walls = wall_times(lambda: anyio.run(score), repeats)
     jitted = jax.jit(jax_prm)
     padded = max(used)
 
@@ -281,7 +282,7 @@ def bench_model(n: int, repeats: int) -> None:
         return result
 
     hand_loop()  # compiles
-    hand = wall_times(hand_loop, repeats)
+    walls, hand = wall_times(repeats, lambda: anyio.run(score), hand_loop)
     # The numbers against per-turn calls (each turn's prefix alone, unpadded) on a few rows.
     worst = 0.0
     for b in range(4):
@@ -313,7 +314,6 @@ def bench_model_lengths(n: int, repeats: int) -> None:
     runner = PRMRunner(scorers=(scorer,))
     score = functools.partial(score_arrays, runner, tokens, turn_ids, attention_mask=attention)
     out = anyio.run(score)  # compiles
-    walls = wall_times(lambda: anyio.run(score), repeats)
     jitted = jax.jit(jax_prm)
 
     def hand_loop() -> np.ndarray:
@@ -333,7 +333,7 @@ def bench_model_lengths(n: int, repeats: int) -> None:
         return result
 
     want = hand_loop()  # compiles
-    hand = wall_times(hand_loop, repeats)
+    walls, hand = wall_times(repeats, lambda: anyio.run(score), hand_loop)
     print(f"\n4b. JAX PRM, mixed lengths: {n} rows of 64..{width} tokens, {int(attention.sum())} tokens; "
           "ModelScorer through score_arrays")
     print(f"   wall {median(walls) * 1e3:.1f} ms = {median(walls) / median(hand):.2f}x the hand-batched loop that "
@@ -375,7 +375,7 @@ def bench_batching(n: int, repeats: int) -> None:
             for _ in range(count):
                 await anyio.sleep(0.02)
 
-        hand = wall_times(lambda: anyio.run(by_hand), repeats)
+        [hand] = wall_times(repeats, lambda: anyio.run(by_hand))
         print(f"{'' if cls is BranchBatches else chr(10) + '5. batching: '}{cls.__name__}: calls {max(calls)} (ideal "
               f"{ideal_calls}); wall {median(walls) * 1e3:.0f} ms = {median(walls) / median(hand):.2f}x the same "
               f"calls one after another by hand ({median(hand) * 1e3:.0f} ms)")

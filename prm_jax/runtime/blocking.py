@@ -103,7 +103,19 @@ class BlockingRunner:
                           return_exceptions=return_exceptions, progress=progress)
 
     def scorer_stats(self) -> dict[str, dict[str, float]]:
-        """``PRMRunner.scorer_stats`` (read on the runner's loop, where the counts are kept)."""
+        """``PRMRunner.scorer_stats`` (read on the runner's loop, where the counts are kept): per scorer, its
+        calls, failures (rows it failed), timeouts and latency p50 / p95 in seconds.
+
+        >>> class Half(prm_jax.BaseScorer):
+        ...     name = "half"
+        ...     async def evaluate(self, interaction, ctx):
+        ...         return 0.5
+        >>> with prm_jax.BlockingRunner(scorers=[Half()]) as runner:
+        ...     _ = runner.score_arrays(np.array([[1, 2, 3]]), np.array([[-1, 0, 0]]))
+        ...     stats = runner.scorer_stats()
+        >>> stats["half"]["calls"], stats["half"]["failures"]
+        (1, 0)
+        """
         return self._call(self.runner.scorer_stats)
 
     def score_arrays(self, input_ids: Any, turn_ids: Any, **kwargs: Any) -> np.ndarray | ScoredArrays:

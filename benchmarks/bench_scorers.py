@@ -59,8 +59,10 @@ TURNS = 4
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def sessions(n: int, prompt: int = 200, output: int = 30, tool: int = 10, seed: int = 0) -> list[list[Interaction]]:
-    """``n`` branches of ``TURNS`` turns (~370 tokens at the leaf), with messages; token ids < 30,000."""
+def sessions(n: int, prompt: int = 200, output: int = 30, tool: int = 10, seed: int = 0,
+             separator: int | None = None, step: int = 6) -> list[list[Interaction]]:
+    """``n`` branches of ``TURNS`` turns (~370 tokens at the leaf), with messages; token ids < 30,000. With a
+    ``separator``, every ``step``-th token of an output is it (``output // step`` steps per turn)."""
     rng = np.random.default_rng(seed)
     out = []
     for b in range(n):
@@ -68,6 +70,8 @@ def sessions(n: int, prompt: int = 200, output: int = 30, tool: int = 10, seed: 
         chain: list[Interaction] = []
         for k in range(TURNS):
             generated = rng.integers(1, 30_000, output).tolist()
+            if separator is not None:
+                generated[step - 1::step] = [separator] * len(generated[step - 1::step])
             chain.append(Interaction(f"b{b}t{k}", list(tokens), generated,
                                      parent_id=chain[-1].interaction_id if chain else None,
                                      messages=[{"role": "user", "content": f"question {b}.{k}"}],
@@ -183,9 +187,13 @@ def bench_judge(n: int, repeats: int) -> None:
 def bench_pooling(n: int, repeats: int) -> None:
     from prm_jax.scorers.pooling_prm import branch_tokens
 
-    tag = 30_001
-    branches = sessions(n)
-    leaf_tokens = [len(branch_tokens(chain, tag)) for chain in branches]
+    from prm_jax.runtime.steps import StepRule
+
+    tag, separator = 30_001, 30_000  # steps of 6 tokens (5 per turn), each tagged (Qwen2.5-Math-PRM's layout)
+    branches = sessions(n, separator=separator)
+    rule = StepRule.parse([[separator]], tag)
+    leaf_tokens = [len(branch_tokens(chain, tag, rule).ids) for chain in branches]
+    steps = sum(len(rule.ends(t.output_tokens)) for chain in branches for t in chain)
     per_turn_tokens = sum(len(t.input_tokens) + t.output_len + 1 for chain in branches for t in chain)
     batches = [leaf_tokens[i:i + 64] for i in range(0, n, 64)]
     ideal = sum(engine_time(sum(batch)) for batch in batches)
@@ -195,7 +203,8 @@ def bench_pooling(n: int, repeats: int) -> None:
             with server_process("pooling", step_score=step_by_last_token, step_tag_id=tag,
                                 engine_s=engine_time) as server:
                 async def run(server=server, limit=limit) -> float:
-                    scorer = PoolingPRMScorer(server["url"], "prm", step_tag_id=tag, max_batch_size=64)
+                    scorer = PoolingPRMScorer(server["url"], "prm", step_tag_id=tag, max_batch_size=64,
+                                              step_separator=[[separator]], spread="step")
                     runner = PRMRunner(scorers=(scorer,))
                     started = time.perf_counter()
                     await runner.run_many(fresh(branches), limit=limit)
@@ -206,7 +215,8 @@ def bench_pooling(n: int, repeats: int) -> None:
                 walls.append(anyio.run(run))
             requests.append(server["summary"]["requests"])
             tokens.append(server["summary"]["tokens_received"])
-        print(f"\n3. pooling PRM (run_many limit={limit}): {n} branches; ideal {len(batches)} requests, engine "
+        print(f"\n3. pooling PRM (run_many limit={limit}): {n} branches, {steps} tagged steps "
+              f"({steps / n / TURNS:.0f} per turn); ideal {len(batches)} requests, engine "
               f"{ideal:.2f} s" if limit == 64 else f"   limit={limit}:")
         print(f"   wall {median(walls):.2f} s = {median(walls) / ideal:.2f}x the engine time (runs: "
               f"{', '.join(f'{w / ideal:.2f}' for w in walls)}); requests {max(requests)}; tokens sent "

@@ -8,6 +8,13 @@ whole rows: the turns of up to ``max_batch_size`` rows, padded with zeros to ``m
 to a width rounded up to ``bucket`` (``bucket_width``), so it compiles once per width bucket, never per
 batch. ``turn_ids`` is -1 off the turns (the prompt, tool output, padding).
 
+Steps (``spread``, ``step_separator``; ``prm_jax.runtime.steps``): by default each token gets the model's
+score on its position. With a ``spread`` (``step``, ``step_end``, ``turn``, ``tokens``), the model's token
+score at each step's last token is the step's score (where a causal PRM has read the whole step), placed by
+the spread; steps are the turns (the default) or split at ``step_separator`` (token-id sequences, e.g.
+``[[271]]``). Nothing is inserted into the rows (a model that needs a step tag there reads its separator's
+position), and a turn's end always ends a step. ``output: turns`` takes neither.
+
 Two paths:
 
 - ``score_arrays`` (a trainer's arrays), when every enabled scorer of the runner is a ``ModelScorer``: the
@@ -40,6 +47,7 @@ import numpy as np
 from prm_jax.runtime.batching import bucket_width
 from prm_jax.runtime.rewards import weighted_float32
 from prm_jax.runtime.scoring import BatchTrajectoryScorer
+from prm_jax.runtime.steps import Spread, StepRule, check_spread, place_steps
 from prm_jax.runtime.trajectory import Interaction, concat_spans
 from prm_jax.validation import boolean, imported_callable, integer, short_repr
 
@@ -64,9 +72,11 @@ class ModelScorer(BatchTrajectoryScorer):
     def __init__(self, fn: ModelFn | None = None, factory: str | None = None,
                  factory_kwargs: Mapping[str, Any] | None = None, output: ModelOutput = "tokens",
                  max_turns: int | None = None, bucket: int = 128, jit: bool = True, max_batch_size: int = 32,
+                 spread: Spread | None = None, step_separator: Sequence[Sequence[int]] | None = None,
                  **kwargs: Any):
         type(self).validate_kwargs(fn=fn, factory=factory, factory_kwargs=factory_kwargs, output=output,
-                                   max_turns=max_turns, bucket=bucket, jit=jit)
+                                   max_turns=max_turns, bucket=bucket, jit=jit, spread=spread,
+                                   step_separator=step_separator)
         super().__init__(max_batch_size=max_batch_size, **kwargs)
         model = fn if fn is not None else resolve_factory(factory)(**dict(factory_kwargs or {}))
         if not callable(model):
@@ -74,11 +84,14 @@ class ModelScorer(BatchTrajectoryScorer):
                             "function of (input_ids, attention_mask, turn_ids)")
         self.fn: ModelFn = jax.jit(model) if jit else model
         self.output, self.max_turns, self.bucket = output, max_turns, bucket
+        self.spread = spread if spread is not None or step_separator is None else "step"
+        self.rule = StepRule.parse(step_separator)
         self.forwards = 0
 
     @classmethod
     def validate_kwargs(cls, fn: Any = None, factory: Any = None, factory_kwargs: Any = None, output: Any = "tokens",
-                        max_turns: Any = None, bucket: Any = 128, jit: Any = True, **kwargs: Any) -> None:
+                        max_turns: Any = None, bucket: Any = 128, jit: Any = True, spread: Any = None,
+                        step_separator: Any = None, **kwargs: Any) -> None:
         if (fn is None) == (factory is None):
             raise ValueError("give exactly one of fn (a function, in code) and factory (a dotted path, in a "
                              "config)")
@@ -94,13 +107,20 @@ class ModelScorer(BatchTrajectoryScorer):
             integer("max_turns", max_turns, minimum=1)
         integer("bucket", bucket, minimum=1)
         boolean("jit", jit, config=False)
+        if spread is not None:
+            check_spread(spread)
+        StepRule.parse(step_separator)
+        if output == "turns" and (spread is not None or step_separator is not None):
+            raise ValueError("spread and step_separator read the model's token scores at step ends: output "
+                             "'turns' gives one score per turn (use output 'tokens')")
 
     # -- the rows path ---------------------------------------------------------------------------------------
 
     def score_rows(self, input_ids: np.ndarray, attention_mask: np.ndarray, turn_ids: np.ndarray, *,
                    check: bool = True) -> np.ndarray:
         """Raw (unweighted) float64 token scores ``[B, T]`` of rows ``[B, T]`` (``turn_ids`` -1 off the turns,
-        where the result is 0), ``max_batch_size`` rows per model call. ``ValueError`` naming the row for a
+        where the result is 0), ``max_batch_size`` rows per model call, placed by ``spread`` over the steps
+        where one is set (``place_steps``). ``ValueError`` naming the row for a
         row with more than ``max_turns`` turns, and for a non-finite score unless ``check=False`` (the
         runner's paths fail only the rows that hold one: ``weighted_rows``)."""
         rows, width = turn_ids.shape
@@ -137,6 +157,8 @@ class ModelScorer(BatchTrajectoryScorer):
                 out[members, :cut] = np.where(chunk >= 0, gathered, 0.0)
             else:
                 out[members, :cut] = np.where(chunk >= 0, scores[:, :cut], 0.0)
+        if self.spread is not None:
+            out = place_steps(out, input_ids, turn_ids, self.rule, self.spread)
         bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
         if bad.size and check:
             raise ValueError(f"scorer {self.name!r}: the model returned non-finite scores on row {int(bad[0])}")

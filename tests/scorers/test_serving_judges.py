@@ -326,7 +326,7 @@ async def test_pooling_prm_batches_branches_and_scores_every_turn_from_the_leaf(
 
 def test_the_pooling_request_is_the_leaf_with_a_tag_after_each_turn():
     chain = tree_branches(1, turns=2)[0]
-    assert branch_tokens(chain, TAG) == [1, 2, 10, 20, 30, TAG, 3, 4, 10, 21, 31, TAG]
+    assert branch_tokens(chain, TAG).ids == [1, 2, 10, 20, 30, TAG, 3, 4, 10, 21, 31, TAG]
     broken = [chain[0], Interaction("x", [1, 2, 10, 20, 31, 3, 4], [5], parent_id=chain[0].interaction_id)]
     with pytest.raises(ValueError, match="input_tokens must start with its parent"):
         branch_tokens(broken, TAG)
@@ -338,7 +338,7 @@ async def test_pooling_prm_task_for_older_vllm_and_located_errors():
         await PRMRunner(scorers=(scorer,)).run(tree_branches(1)[0])
         assert "task" not in server.requests[0]  # vLLM 0.8-0.10: no task field
         own_tag = [Interaction("a", [1], [TAG, 5])]
-        with pytest.raises(ValueError, match=r"holds step_tag_id 99 1 time\(s\) in its own tokens"):
+        with pytest.raises(ValueError, match=r"the output of turn .a. holds step_tag_id 99 1 time\(s\)"):
             await PRMRunner(scorers=(scorer,)).run(own_tag)
         await scorer.aclose()
     with PoolingServer(step_score, step_tag_id=TAG + 1) as server:  # the model's tag is another token

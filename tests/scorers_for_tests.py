@@ -328,3 +328,27 @@ class BranchInAProcess(SyncTrajectoryScorer):
 
         return {turn.interaction_id: float(k) + float(os.getpid() != ctx["parent_pid"])
                 for k, turn in enumerate(interactions)}
+
+
+class AnswerMatch(BaseScorer):
+    """1 where the turn's reply (its last output message) is the session's ``metadata["answer"]``, else 0;
+    a reply that tries to write into the metadata fails (it is read-only)."""
+
+    name = "answer_match"
+
+    async def evaluate(self, interaction, ctx):
+        reply = interaction.output_messages[-1]["content"]
+        if reply == "overwrite":
+            ctx["metadata"]["answer"] = reply  # raises: ctx["metadata"] is read-only
+        return 1.0 if reply == ctx["metadata"]["answer"] else 0.0
+
+
+class TurnIndexInAProcess(SyncScorer):
+    """Each turn's ``turn_index`` and the row's ``metadata["k"]`` (0 without one), from a worker process."""
+
+    name = "turn_index_process"
+    executor = "process"
+    timeout = 60.0
+
+    def evaluate(self, interaction, ctx):
+        return float(interaction.turn_index) + 10.0 * float(ctx["metadata"].get("k", 0))

@@ -70,6 +70,8 @@ async def _export_all(config: ExperimentConfig, records: list[SessionRecord], gr
     for record in records:
         for interaction in record.cache:
             service.store.add(record.key, interaction)
+        if record.metadata:
+            service.store.set_metadata(record.key, record.metadata)
         for leaf in record.ready:
             service.store.mark_ready(record.key, leaf)
         groups.setdefault(record.group, []).append(record.key)

@@ -18,7 +18,9 @@ One session per line::
       "anchor_id": 17, "step_reward": 0.5,              # optional, per turn, for GiGPO
       "output_prm_logprobs": [..],                      # optional, per output token: an implicit PRM's
       "output_ref_logprobs": [..]}],                    #   and the reference model's log-probs (PRIME, KL)
-   "ready": ["q17-s0-t3"]}             # optional: leaves to export; default every leaf
+   "ready": ["q17-s0-t3"],             # optional: leaves to export; default every leaf
+   "metadata": {"answer": "42"}}       # optional: any JSON object, given to every scorer of the session
+                                       #   as ctx["metadata"] (read-only); at most 64 KiB, 32 levels deep
 
 ``group`` defaults to the session key (a group of one, with a warning: its group-normalized outcome
 reward is 0). Numbers must be finite, and finite in float32, the dtype batches store them in
@@ -48,6 +50,7 @@ from typing import Annotated, Any, NamedTuple
 import msgspec
 import numpy as np
 
+from prm_jax.runtime.context import check_metadata
 from prm_jax.runtime.trajectory import (
     STOP_REASONS,
     TOKEN_ID_RANGE,
@@ -84,6 +87,7 @@ class SessionRecord:
     cache: InteractionCache
     ready: list[str]
     line: int
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # The schema, declared once. Each field: its JSON type as the fast path decodes it (msgspec checks it in C),
@@ -310,7 +314,11 @@ def _session(data: Any, path: Path, line: int, discounted: bool = False) -> Sess
         raise InputError(path, line, err.field, err.problem) from None
     except ValueError as err:
         raise InputError(path, line, "interactions", str(err)) from None
-    return SessionRecord(key, group, cache, list(ready), line)
+    try:
+        metadata = check_metadata(data.get("metadata", {}))
+    except ValueError as err:
+        raise InputError(path, line, "metadata", str(err)) from None
+    return SessionRecord(key, group, cache, list(ready), line, metadata)
 
 
 # The fast path's types, built from the schema above. Token lists stay raw JSON (valid JSON: msgspec checks
@@ -327,6 +335,7 @@ class _SessionIn(msgspec.Struct, forbid_unknown_fields=True):
     interactions: list[_InteractionIn]  # type: ignore[valid-type]
     group: NonEmpty | msgspec.UnsetType = msgspec.UNSET  # absent: the session key; null is refused (as field by field)
     ready: list[str] | msgspec.UnsetType = msgspec.UNSET
+    metadata: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET  # check_metadata's rule, both paths
 
 
 SESSION_KEYS = set(_SessionIn.__struct_fields__)
@@ -364,7 +373,8 @@ def _fast_session(line: bytes, path: Path, line_no: int, discounted: bool = Fals
         cache.add(_fast_interaction(item, *tokens[item.id]))
     ungrouped = isinstance(data.group, msgspec.UnsetType)
     group = data.session_key if isinstance(data.group, msgspec.UnsetType) else data.group
-    return SessionRecord(data.session_key, group, cache, list(ready), line_no), ungrouped
+    metadata = {} if isinstance(data.metadata, msgspec.UnsetType) else check_metadata(data.metadata)
+    return SessionRecord(data.session_key, group, cache, list(ready), line_no, metadata), ungrouped
 
 
 _SPACE = b" \t\r\n"

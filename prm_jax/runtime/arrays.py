@@ -19,6 +19,7 @@ import numpy as np
 
 from prm_jax._compat import BaseExceptionGroup, ExceptionGroup, add_note
 from prm_jax.kernels.shaping import warn_gvpo_without_penalty
+from prm_jax.runtime.context import METADATA_KEY, check_metadata
 from prm_jax.runtime.model_scorer import rows_by_length, weighted_rows
 from prm_jax.runtime.runner import (
     NOT_SCORER_FAILURES,
@@ -244,25 +245,46 @@ def _turn_tables(per_scorer: dict[str, np.ndarray], failed: np.ndarray, turns_of
 ROW_KEY = "row"  # the context entry score_arrays adds: the row of the arrays a branch was built from
 
 
+def row_metadata(metadata: Sequence[Mapping[str, Any] | None] | None, rows: int) -> list[dict[str, Any]] | None:
+    """``score_arrays``' ``metadata``: one entry per row of ``input_ids`` (``None``: no metadata for that
+    row), each under ``check_metadata``'s rule (a session's ``metadata``), named ``metadata[b]``."""
+    if metadata is None:
+        return None
+    if isinstance(metadata, (Mapping, str, bytes)) or not isinstance(metadata, Sequence):
+        raise ValueError(f"metadata must be a list of one mapping (or None) per row of input_ids ({rows}), got "
+                         f"{type(metadata).__name__}")
+    if len(metadata) != rows:
+        raise ValueError(f"metadata has {len(metadata)} entries for {rows} rows of input_ids")
+    return [check_metadata({} if m is None else dict(m) if isinstance(m, Mapping) else m, f"metadata[{b}]")
+            for b, m in enumerate(metadata)]
+
+
 def _row_contexts(ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None, rows: int,
-                  scored: list[int]) -> list[dict[str, Any]]:
+                  scored: list[int], metadata: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Each scored row's context: the caller's (one mapping for all rows, or one per row) plus
-    ``ctx["row"]``, the row's index in the arrays (what a scorer reads the caller's per-row entries by)."""
+    ``ctx["row"]``, the row's index in the arrays (what a scorer reads the caller's per-row entries by), and
+    ``ctx["metadata"]``, the row's ``metadata`` (``{}`` without it, unless the caller's ctx sets the key)."""
     if ctx is None or isinstance(ctx, Mapping):
-        shared = dict(ctx or {})
-        if ROW_KEY in shared:
-            raise ValueError(f"ctx[{ROW_KEY!r}] is set by score_arrays (each row's index); use another key")
-        return [{**shared, ROW_KEY: b} for b in scored]
-    per_row = list(ctx)
-    if len(per_row) != rows:
-        raise ValueError(f"ctx must be one mapping, or one entry per row of input_ids ({rows}), got "
-                         f"{len(per_row)} entries")
+        per_row: list[Mapping[str, Any] | None] = [ctx] * rows
+        named = "ctx"
+    else:
+        per_row = list(ctx)
+        if len(per_row) != rows:
+            raise ValueError(f"ctx must be one mapping, or one entry per row of input_ids ({rows}), got "
+                             f"{len(per_row)} entries")
+        named = "ctx[{b}]"
     out = []
     for b in scored:
         entry = dict(per_row[b] or {})
         if ROW_KEY in entry:
-            raise ValueError(f"ctx[{b}][{ROW_KEY!r}] is set by score_arrays (each row's index); use another key")
+            raise ValueError(f"{named.format(b=b)}[{ROW_KEY!r}] is set by score_arrays (each row's index); use "
+                             "another key")
+        if metadata is not None and METADATA_KEY in entry:
+            raise ValueError(f"{named.format(b=b)}[{METADATA_KEY!r}] and metadata= both give row {b}'s metadata: "
+                             "pass it once (metadata=)")
         entry[ROW_KEY] = b
+        if metadata is not None or METADATA_KEY not in entry:
+            entry[METADATA_KEY] = metadata[b] if metadata is not None else {}
         out.append(entry)
     return out
 
@@ -340,6 +362,7 @@ OnError = Literal["raise", "mask"]
 async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = ...,
                        logprobs: Any = ..., rewards: Any = ...,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
+                       metadata: Sequence[Mapping[str, Any] | None] | None = ...,
                        limit: int | None = ..., is_eval: bool = ..., on_error: Literal["raise"] = ...,
                        per_turn: Literal[False] = ..., progress: Callable[[int, int], None] | None = ...) -> np.ndarray: ...
 
@@ -348,6 +371,7 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
 async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = ...,
                        logprobs: Any = ..., rewards: Any = ...,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
+                       metadata: Sequence[Mapping[str, Any] | None] | None = ...,
                        limit: int | None = ..., is_eval: bool = ..., on_error: Literal["mask"],
                        per_turn: bool = ..., progress: Callable[[int, int], None] | None = ...) -> ScoredArrays: ...
 
@@ -356,6 +380,7 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
 async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = ...,
                        logprobs: Any = ..., rewards: Any = ...,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
+                       metadata: Sequence[Mapping[str, Any] | None] | None = ...,
                        limit: int | None = ..., is_eval: bool = ..., on_error: OnError = ...,
                        per_turn: Literal[True], progress: Callable[[int, int], None] | None = ...) -> ScoredArrays: ...
 
@@ -363,13 +388,16 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
 async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = None,
                        logprobs: Any = None, rewards: Any = None,
                        ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+                       metadata: Sequence[Mapping[str, Any] | None] | None = None,
                        limit: int | None = 64, is_eval: bool = False, on_error: OnError = "raise",
                        per_turn: bool = False,
                        progress: Callable[[int, int], None] | None = None) -> np.ndarray | ScoredArrays:
     """Scores every real row with ``runner`` (a ``PRMRunner``) and returns ``token_rewards [B, T]`` float32.
 
     ``ctx`` is one mapping for every row or one per row (padding rows' entries are ignored); each row's
-    scorers also find ``ctx["row"]``, its index in the arrays, and its turns are named ``row{b}/t{k}``. Rows are
+    scorers also find ``ctx["row"]``, its index in the arrays, and its turns are named ``row{b}/t{k}``
+    (``interaction.turn_index`` is ``k``). ``metadata``: one JSON object (or ``None``) per row, each row's
+    scorers' ``ctx["metadata"]`` (read-only; a session's ``metadata`` and its rule: ``check_metadata``). Rows are
     scored concurrently, at most ``limit`` at a time. ``on_error="raise"`` (default): the first failure
     stops the batch and is raised as the scorer raised it, its notes naming the scorer, the turn
     (``row{b}/t{k}``) and the row. ``on_error="mask"``: every row is scored, a row whose scoring failed
@@ -385,6 +413,7 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
     """
     if on_error not in ("raise", "mask"):
         raise ValueError(f"on_error must be 'raise' or 'mask', got {on_error!r}")
+    checked = row_metadata(metadata, np.shape(input_ids)[0]) if np.ndim(input_ids) >= 1 else None
     models = _row_models(runner)
     if models is not None:
         return await _score_rows(runner, models, input_ids, turn_ids, attention_mask, on_error, per_turn,
@@ -393,7 +422,7 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
                                 rewards=rewards)
     scored = [b for b, chain in enumerate(chains) if chain]
     branches = [chain for chain in chains if chain]
-    ctx = _row_contexts(ctx, len(chains), scored)
+    ctx = _row_contexts(ctx, len(chains), scored, checked)
     try:
         results = await runner.run_many(branches, ctx, limit=limit, is_eval=is_eval,
                                         return_exceptions=on_error == "mask", progress=progress)

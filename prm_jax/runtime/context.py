@@ -1,11 +1,51 @@
-"""The read-only context a scorer gets with each call."""
+"""The read-only context a scorer gets with each call, and the per-session data it may carry
+(``metadata``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from prm_jax.runtime.trajectory import Interaction, freeze, thaw
+from prm_jax.validation import short_repr
+
+METADATA_KEY = "metadata"          # ctx["metadata"]: the session's (or the array row's) metadata
+MAX_METADATA_BYTES = 64 * 1024  # encoded as compact JSON (UTF-8)
+MAX_METADATA_DEPTH = 32         # the object itself is level 1; each nested object or list one more
+
+
+def check_metadata(value: Any, name: str = "metadata") -> dict[str, Any]:
+    """A session's (or a row's) ``metadata``: a JSON object (string keys; strings, finite numbers, booleans,
+    null, lists and objects), at most ``MAX_METADATA_DEPTH`` levels deep and ``MAX_METADATA_BYTES``
+    encoded; ``ValueError`` naming ``name`` and where inside it the problem is. Scorers get it as
+    ``ctx["metadata"]``, read-only. Both JSONL readers and ``score_arrays`` run this one rule."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object (e.g. {{\"answer\": \"42\"}}), got {short_repr(value)}")
+    stack: list[tuple[Any, str, int]] = [(value, name, 1)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_METADATA_DEPTH:
+                raise ValueError(f"{name} is nested more than {MAX_METADATA_DEPTH} levels deep (at {where})")
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if not isinstance(key, str):
+                        raise ValueError(f"{where} has a key that is not a string: {short_repr(key)}")
+                    stack.append((child, f"{where}.{key}", depth + 1))
+            else:
+                stack.extend((child, f"{where}[{i}]", depth + 1) for i, child in enumerate(item))
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{where} is {item}: numbers must be finite")
+        elif item is not None and not isinstance(item, (str, int, float, bool)):
+            raise ValueError(f"{where} holds a {type(item).__name__}, which JSON has no form for")
+    size = len(msgspec.json.encode(value))
+    if size > MAX_METADATA_BYTES:
+        raise ValueError(f"{name} is {size:,} bytes encoded as JSON, more than {MAX_METADATA_BYTES:,} (64 KiB: "
+                         "keep large data out of the session, and a key to it in)")
+    return value
 
 
 class PrefixRuleError(RuntimeError):

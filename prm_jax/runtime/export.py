@@ -41,12 +41,13 @@ from prm_jax.config.experiment import ErrorPolicy, ExperimentConfig
 from prm_jax.kernels.normalization import proxy_normalize
 from prm_jax.kernels.tree import tree_discount
 from prm_jax.runtime.batching import pack_branches
+from prm_jax.runtime.context import check_metadata
 from prm_jax.runtime.group_filters import GroupFilterResult
 from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.metrics import MetricStats, branch_stats, namespace, trajectory_rewards
 from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner, RunnerClosedError, error_text, shared_turns
 from prm_jax.runtime.scoring import PRMTurnResult
-from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache
+from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache, freeze
 
 logger = logging.getLogger(__name__)
 HITL_SESSION = "__hitl__"
@@ -56,6 +57,7 @@ HITL_SESSION = "__hitl__"
 class _Session:
     cache: InteractionCache = dataclasses.field(default_factory=InteractionCache)
     ready: list[str] = dataclasses.field(default_factory=list)
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class TrajectoryStore:
@@ -77,6 +79,18 @@ class TrajectoryStore:
         if leaf_id in session.ready:
             raise ValueError(f"trajectory {leaf_id!r} of session {session_key!r} is already ready")
         session.ready.append(leaf_id)
+
+    def set_metadata(self, session_key: str, metadata: Mapping[str, Any]) -> None:
+        """The session's ``metadata`` (``check_metadata``'s rule): every scorer of the session gets it as
+        ``ctx["metadata"]``, and its exported trajectories carry it."""
+        if not isinstance(session_key, str) or not session_key:
+            raise ValueError(f"session_key must be a non-empty string, got {session_key!r}")
+        checked = check_metadata(dict(metadata) if isinstance(metadata, Mapping) else metadata)
+        self._sessions.setdefault(session_key, _Session()).metadata = checked
+
+    def metadata(self, session_key: str) -> dict[str, Any]:
+        session = self._sessions.get(session_key)
+        return session.metadata if session is not None else {}
 
     def ready(self, session_key: str) -> list[str]:
         return list(self._sessions[session_key].ready) if session_key in self._sessions else []
@@ -145,6 +159,7 @@ class ExportedTrajectory:
     reward: float | None
     original_reward: float | None = None
     scorer_totals: dict[str, float] | None = None  # per scorer, its turn rewards summed (PRM active)
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the session's (read-only)
 
 
 class PRMStats(NamedTuple):
@@ -177,6 +192,7 @@ class ExportResult:
 @dataclasses.dataclass
 class _Scored:
     key: str
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     sequences: list[BranchSequence] = dataclasses.field(default_factory=list)
     turn_results: list[list[PRMTurnResult]] = dataclasses.field(default_factory=list)
     error: BaseException | None = None
@@ -186,13 +202,15 @@ class _Scored:
 
 async def _score_session(store: TrajectoryStore, key: str, leaves: list[str], runner: PRMRunner | None,
                          is_eval: bool, error_policy: ErrorPolicy = "reject", discounted: bool = False) -> _Scored:
-    scored = _Scored(key)
+    metadata = store.metadata(key)
+    scored = _Scored(key, freeze(metadata))
     try:
         for leaf in leaves:
             clone = store.session(key).clone_chain(leaf)
             if runner is not None:
                 try:
-                    scored.turn_results.append(await runner.run(clone, {"session_key": key}, is_eval=is_eval))
+                    scored.turn_results.append(await runner.run(clone, {"session_key": key, "metadata": metadata},
+                                                                is_eval=is_eval))
                 except NOT_SCORER_FAILURES:
                     raise
                 except Exception as err:  # a scorer failed (cancellation is no Exception: never caught here)
@@ -218,7 +236,7 @@ def _exported(clone: InteractionCache, key: str, leaf: str, discounted: bool = F
 def _unscored(store: TrajectoryStore, key: str, leaves: list[str], error: Exception, discounted: bool) -> _Scored:
     """AReaL's ``keep_original`` fallback: the session's whole pre-scoring export (fresh clones of every
     branch: the original outcome and token rewards, nothing of a partly scored branch)."""
-    scored = _Scored(key, fallback=error_text(error))
+    scored = _Scored(key, freeze(store.metadata(key)), fallback=error_text(error))
     try:
         scored.sequences = [_exported(store.session(key).clone_chain(leaf), key, leaf, discounted) for leaf in leaves]
     except Exception as err:
@@ -367,7 +385,7 @@ def _publish(result: ExportResult, scored: dict[str, _Scored], normalize_rewards
     trajectories = [ExportedTrajectory(key, seq.leaf_id, seq, seq.reward,
                                        None if session.raw_rewards is None else session.raw_rewards[i],
                                        scorer_totals=trajectory_rewards(session.turn_results[i])
-                                       if i < len(session.turn_results) else None)
+                                       if i < len(session.turn_results) else None, metadata=session.metadata)
                     for key, session in scored.items() for i, seq in enumerate(session.sequences)]
     if normalize_rewards:
         # One place holds the reward a batch is built from: the sequence carries the normalized one too.

@@ -358,7 +358,7 @@ class PRMRunner:
         if not self.config.enabled:
             return []
         frozen_ctx = ScorerContext(ctx, chain[-1], is_eval)
-        views = [turn.readonly() for turn in chain]
+        views = [turn.readonly(k) for k, turn in enumerate(chain)]
         staged: list[_Staged] = []
         with anyio.CancelScope() as scope:
             self._in_flight.add(scope)

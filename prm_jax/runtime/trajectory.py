@@ -287,16 +287,23 @@ class Interaction:
     def token_backed(self) -> bool:
         return self.output_tokens is not None
 
-    def readonly(self) -> Interaction:
+    @property
+    def turn_index(self) -> int | None:
+        """The turn's index in its branch (0 for the root turn), on what a scorer receives (the runner sets
+        it: ``row{b}/t{k}`` of ``score_arrays`` is turn ``k``); ``None`` on an interaction not being scored."""
+        return self.__dict__.get("_turn_index")
+
+    def readonly(self, turn_index: int | None = None) -> Interaction:
         """What a scorer sees: every field immutable (read-only array views, frozen messages), no copy of the
-        token arrays (nothing writes into them: scoring replaces ``token_rewards``). The frozen messages
-        are built on first read (most scorers read tokens only), once per interaction."""
+        token arrays (nothing writes into them: scoring replaces ``token_rewards``), and ``turn_index``. The
+        frozen messages are built on first read (most scorers read tokens only), once per interaction."""
         view = object.__new__(ReadOnlyInteraction)
         state = object.__getattribute__(view, "__dict__")
         _share_state(self, state)
         for name in _MESSAGE_FIELDS:
             del state[name]  # read through ReadOnlyInteraction's properties, from the source's cache
         state["_source"] = self
+        state["_turn_index"] = turn_index
         return view
 
     def __getstate__(self) -> dict[str, Any]:
@@ -360,7 +367,7 @@ class ReadOnlyInteraction(Interaction):
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """A view pickles as its source and is rebuilt read-only on the other side (a worker process)."""
-        return _readonly_of, (self.__dict__["_source"],)
+        return _readonly_of, (self.__dict__["_source"], self.__dict__.get("_turn_index"))
 
     def __setattr__(self, name, value):
         raise AttributeError(f"interaction {self.interaction_id!r} is read-only for scorers (tried to set {name!r})")
@@ -369,8 +376,8 @@ class ReadOnlyInteraction(Interaction):
         raise AttributeError(f"interaction {self.interaction_id!r} is read-only for scorers")
 
 
-def _readonly_of(source: Interaction) -> Interaction:
-    return source.readonly()
+def _readonly_of(source: Interaction, turn_index: int | None = None) -> Interaction:
+    return source.readonly(turn_index)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,6 +67,7 @@ actor:
 def equal_records(a, b) -> None:
     """Every field of every interaction equal, of the same type (arrays: same dtype and values)."""
     assert (a.key, a.group, a.ready) == (b.key, b.group, b.ready)
+    assert json.dumps(a.metadata) == json.dumps(b.metadata)  # (1 and 1.0 and True differ here)
     for x, y in zip(a.cache, b.cache, strict=True):
         for name in ("interaction_id", "parent_id", "stop_reason", "reward", "anchor_id", "step_reward",
                      "messages", "output_messages"):

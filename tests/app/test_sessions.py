@@ -14,7 +14,9 @@ HOSTILE = ["@null", "@true", "@0", "@-1", "@1.5", "@-0.25", "@2147483648", "@922
            "@18446744073709551616", "@-9223372036854775809", "@1" + "0" * 400, "@NaN", "@1e400", "@\"\"",
            "@\"x\"", "@\"stop\"", "@\"length\"", "@[]", "@[1]", "@[-0.5]", "@[0.5,0.25]", "@[1,2,3]", "@{}",
            "@[{\"role\":\"user\",\"content\":\"x\"}]", "@[\"s\"]", "@[[1]]", "@" + "[" * 3000 + "]" * 3000,
-           "@\"\xff\"", "@[true]", "@[1e400]", "@\"t0\"", "@\"t1\"", "@[\"t0\",\"t0\"]", "@[\"t0\"]"]
+           "@\"\xff\"", "@[true]", "@[1e400]", "@\"t0\"", "@\"t1\"", "@[\"t0\",\"t0\"]", "@[\"t0\"]",
+           "@" + "{\"a\":" * 32 + "1" + "}" * 32, "@" + "{\"a\":" * 33 + "1" + "}" * 33,  # metadata's depth limit
+           "@{\"s\":\"" + "x" * 65_530 + "\"}", "@{\"s\":[1,NaN]}", "@{\"n\":1e400}"]  # its size, its numbers
 
 
 def base_session(rng):
@@ -34,7 +36,10 @@ def base_session(rng):
         root = items[0]
         items.append({"id": "b", "parent_id": "t0", "input_tokens": root["input_tokens"] + root["output_tokens"],
                       "output_tokens": [7], "reward": 0.0})
-    return {"session_key": "s", "group": "g", "interactions": items, "ready": [items[-1]["id"]]}
+    session = {"session_key": "s", "group": "g", "interactions": items, "ready": [items[-1]["id"]]}
+    if rng.random() < 0.5:
+        session["metadata"] = {"answer": "42", "n": [1, 2.5, {"x": None}], "ok": True, "big": 2 ** 70}
+    return session
 
 
 def structural(rng, session):

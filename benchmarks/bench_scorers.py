@@ -7,6 +7,8 @@ turns each, against the ideal their resources allow, in one run.
    executor, with an async 20 ms scorer beside it (``timeout=0.5``). Ideal: the verifier's total CPU time
    (measured serially on a sample, in this run) / the cores. Also the same verifier inside ``async def
    evaluate`` (the old way): its wall and the neighbour's failures.
+1m. math verifier: ``MathVerifyScorer`` (math-verify, ``scope: every_turn``) on replies that end in a boxed
+   fraction, through the process executor. Ideal: its serial CPU time on a sample / the cores (issue 42.3).
 2. judge: ``OpenAIJudgeScorer`` against an OpenAI-compatible stub (its own process) with a deployment's
    limits: 250 requests/s, 16 in flight, 429 + ``Retry-After`` beyond, 20 ms a request. Settings: the
    defaults plus ``max_concurrency=16`` and ``max_requests_per_second=250`` (the published limits). Ideal:
@@ -147,6 +149,67 @@ def bench_verifier(n: int, repeats: int) -> None:
           f"{max(failures)} of {n} rows; worker start-up {startup:.2f} s (once)")
     print(f"   inside async evaluate (the old way): wall {old_wall:.2f} s = {old_wall / ideal:.2f}x ideal; "
           f"neighbour failed on {old_failures} of {n} rows")
+
+
+def math_sessions(n: int) -> tuple[list[list[Interaction]], list[dict[str, str]]]:
+    """``n`` branches of ``TURNS`` turns whose replies end in a boxed fraction (half of them right), and each
+    branch's metadata (its reference answer, a decimal)."""
+    rng = np.random.default_rng(1)
+    branches, metadata = [], []
+    for b in range(n):
+        p, q = int(rng.integers(1, 50)), int(rng.integers(2, 9))
+        chain: list[Interaction] = []
+        tokens = [1, 2, 3]
+        for k in range(TURNS):
+            shown = (p, q) if (b + k) % 2 == 0 else (p + 1, q)
+            text = (f"Step {k}: we simplify the sum of the terms, {p} \\cdot {q} = {p * q}, and divide. "
+                    f"So the answer is \\boxed{{\\frac{{{shown[0]}}}{{{shown[1]}}}}}.")
+            chain.append(Interaction(f"m{b}t{k}", list(tokens), [4, 5, 6], output_messages=[
+                {"role": "assistant", "content": text}], parent_id=chain[-1].interaction_id if chain else None))
+            tokens = tokens + [4, 5, 6, 7]
+        branches.append(chain)
+        metadata.append({"answer": f"{p / q:.6f}"})
+    return branches, metadata
+
+
+def bench_math_verify(n: int, repeats: int) -> None:
+    """``MathVerifyScorer`` (math-verify, ``scope: every_turn``) through the process executor: 1,024 turns
+    against the cores' ideal (its serial time on a sample in this process, / the cores)."""
+    from prm_jax.scorers import MathVerifyScorer
+
+    branches, metadata = math_sessions(n)
+    contexts = [{"metadata": m} for m in metadata]
+    serial = MathVerifyScorer(scope="every_turn")
+    for chain, ctx in zip(branches[:8], contexts):  # warm (sympy's caches, the first parses)
+        serial.evaluate_trajectory(chain, ctx)
+    sample = min(64, n)
+    start = time.perf_counter()
+    verdicts = [serial.evaluate_trajectory(chain, ctx) for chain, ctx in zip(branches[:sample], contexts)]
+    per_branch = (time.perf_counter() - start) / sample
+    turns = n * TURNS
+    ideal = per_branch * n / CORES
+    right = sum(v == 1.0 for d in verdicts for v in d.values())
+
+    async def run() -> tuple[list[float], list[int], float]:
+        runner = PRMRunner(scorers=(MathVerifyScorer(scope="every_turn", max_workers=CORES),))
+        started = time.perf_counter()
+        await runner.run_many(fresh(branches[:CORES]), contexts[:CORES])  # the workers start (imports)
+        startup = time.perf_counter() - started
+        walls, failures = [], []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            results = await runner.run_many(fresh(branches), contexts, return_exceptions=True)
+            walls.append(time.perf_counter() - started)
+            failures.append(sum(isinstance(r, Exception) for r in results))
+        await runner.aclose()
+        return walls, failures, startup
+
+    walls, failures, startup = anyio.run(run)
+    print(f"\n1m. math verifier (MathVerifyScorer, every_turn): {turns} turns, {per_branch / TURNS * 1e3:.1f} ms CPU "
+          f"a turn, {CORES} cores; ideal (CPU / cores) {ideal:.2f} s; {right} of {sample * TURNS} sampled turns right")
+    print(f"   process executor: wall {median(walls):.2f} s = {median(walls) / ideal:.2f}x ideal (runs: "
+          f"{', '.join(f'{w / ideal:.2f}' for w in walls)}); failed rows {max(failures)}; worker start-up "
+          f"{startup:.2f} s (once)")
 
 
 # --- 2. the LLM judge -------------------------------------------------------------------------------------
@@ -435,8 +498,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"bench_scorers: {args.sessions} sessions x {TURNS} turns, {CORES} cores, jax {jax.__version__}, "
           f"Python {sys.version.split()[0]}; medians of {args.repeats}")
-    runs = {"1": bench_verifier, "2": bench_judge, "3": bench_pooling, "4": bench_model, "4b": bench_model_lengths,
-            "5": bench_batching}
+    runs = {"1": bench_verifier, "1m": bench_math_verify, "2": bench_judge, "3": bench_pooling, "4": bench_model,
+            "4b": bench_model_lengths, "5": bench_batching}
     for key, fn in runs.items():
         if args.only is None or key in args.only:
             fn(args.sessions, args.repeats)

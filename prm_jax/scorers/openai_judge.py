@@ -70,7 +70,7 @@ def _field_of(template: str, err: BaseException) -> str:
     return repr(missing)
 
 
-def _text(content: Any) -> str:
+def message_text(content: Any) -> str:
     """A message's content as text: a string, or OpenAI content parts' text joined."""
     if isinstance(content, str):
         return content
@@ -80,7 +80,7 @@ def _text(content: Any) -> str:
 
 
 def render_messages(messages: Sequence[Mapping[str, Any]]) -> str:
-    return "\n".join(f"{m.get('role', 'user')}: {_text(m.get('content'))}" for m in messages)
+    return "\n".join(f"{m.get('role', 'user')}: {message_text(m.get('content'))}" for m in messages)
 
 
 class OpenAIJudgeScorer(BaseScorer):
@@ -165,7 +165,7 @@ class OpenAIJudgeScorer(BaseScorer):
 
     def turn_text(self, interaction: Interaction, ctx: Mapping[str, Any]) -> dict[str, str]:
         """The template's text fields for a turn; override to supply text for turns without messages."""
-        response = "".join(_text(m.get("content")) for m in interaction.output_messages)
+        response = "".join(message_text(m.get("content")) for m in interaction.output_messages)
         if not response:
             raise NoTextError(f"scorer {self.name!r}: interaction {interaction.interaction_id!r} has no output text "
                               "to judge (turns built from token arrays carry tokens only: score sessions with "
@@ -208,7 +208,7 @@ class OpenAIJudgeScorer(BaseScorer):
         message = read.field(choice, ("message",), where)
         if not isinstance(message, Mapping):
             raise read.error(where, f"not a chat completion: {short_repr(answer)}")
-        content = _text(message.get("content"))
+        content = message_text(message.get("content"))
         if self.score_from == "logprobs":
             return self._logprob_score(choice, where)
         if self.score_from == "json":

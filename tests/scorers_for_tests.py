@@ -352,3 +352,24 @@ class TurnIndexInAProcess(SyncScorer):
 
     def evaluate(self, interaction, ctx):
         return float(interaction.turn_index) + 10.0 * float(ctx["metadata"].get("k", 0))
+
+
+class SlowToLoad(SyncScorer):
+    """A process scorer whose loading in a worker (its unpickling: imports, set-up) takes ``load_s`` seconds,
+    longer than its ``timeout``; each call is quick."""
+
+    name = "slow_to_load"
+    executor = "process"
+
+    def __init__(self, load_s=1.5, **kwargs):
+        super().__init__(**kwargs)
+        self.load_s = load_s
+
+    def __setstate__(self, state):
+        import time
+
+        time.sleep(state["load_s"])
+        self.__dict__.update(state)
+
+    def evaluate(self, interaction, ctx):
+        return 1.0

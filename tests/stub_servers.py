@@ -34,6 +34,13 @@ class _HTTPServer(ThreadingHTTPServer):
     request_queue_size = 1024  # a real server's listen backlog (socketserver's default is 5)
     daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that closed its keep-alive connection is normal (a run that ended): not a traceback."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
 
 class _Server:
     def __init__(self, lifetime: float):
@@ -247,6 +254,24 @@ class PoolingServer(_Server):
         request.reply(200, {"id": f"pool-{len(self.requests)}", "object": "list", "created": int(time.time()),
                             "model": self.model, "data": data,
                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}})
+
+
+class ReplayServer(_Server):
+    """Answers every ``POST path`` with one recorded JSON answer (a server's documented example) and keeps
+    the requests: pins a scorer's request against a documented schema and its reading against a
+    documented answer."""
+
+    def __init__(self, path: str, answer: Any, *, lifetime: float = 60.0):
+        self.path, self.answer = path, answer
+        super().__init__(lifetime)
+
+    def handle(self, request: Any, path: str, payload: Any) -> None:
+        with self.lock:
+            self.requests.append(payload)
+        if path != self.path:
+            request.reply(404, _error(f"no route {path}", "not_found_error"))
+            return
+        request.reply(200, self.answer)
 
 
 def answer_seven(messages: list[dict[str, Any]]) -> str:

@@ -140,8 +140,8 @@ def write_outputs(run: ScoreRun, staged: StagedOutputs, plot_path: Path | None =
                   early: BatchWriter | None = None) -> None:
     """Writes the output set into the staging folder and publishes it (see ``prm_jax.app.outputs``); a plot
     outside the output folder is written beside itself under a temporary name and renamed after."""
-    payload = json.dumps({"metrics": run.metrics, "summary": run.summary.as_json()}, indent=2, sort_keys=True,
-                         allow_nan=False).encode()
+    payload = json.dumps({"metrics": run.metrics, "summary": run.summary.as_json(), "scorer_stats": run.scorer_stats},
+                         indent=2, sort_keys=True, allow_nan=False).encode()
     if early is not None:  # every array was handed to its writer thread: wait for it
         early.finish()
     else:
@@ -264,9 +264,26 @@ def _progress_wanted(args) -> bool:
     return args.progress if args.progress is not None else sys.stderr.isatty()
 
 
+def _probe(config: ExperimentConfig, path: str) -> None:
+    """``--probe``: each served scorer's line on stdout; a failed one is exit 2 naming it (nothing read)."""
+    from prm_jax.app.probe import probe_lines
+
+    try:
+        lines, failed = probe_lines(config)
+    except (ValueError, TypeError, ImportError) as err:  # a scorer could not be built (the config's fault)
+        raise CLIError(f"{path}: {err}") from None
+    for line in lines:
+        print(line, flush=True)
+    if failed:
+        raise CLIError(f"{path}: the probe failed for scorer(s) "
+                       + "; ".join(f"{p.scorer!r} at {p.url}: {p.status}" for p in failed))
+
+
 def cmd_score(args) -> int:
     _check_arguments(args)
     config = _load_config(args.config)
+    if args.probe:
+        _probe(config, args.config)
     writers: list[BatchWriter] = []
     with _signals_unwind(), _staged(Path(args.output), args.overwrite) as staged:
 
@@ -322,6 +339,8 @@ def cmd_validate(args) -> int:
     scorers = [s.path for s in config.prm.scorers if isinstance(s, ScorerSpec)]
     print(f"{args.config}: ok (rollout {config.rollout.version}, PRM {'active' if config.prm.active else 'inactive'}, "
           f"scorers: {', '.join(scorers) or 'none'}, shaping {config.actor.advantage_shaping.mode})")
+    if args.probe:
+        _probe(config, args.config)
     return 0
 
 
@@ -357,6 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="sessions scored, rate and ETA on stderr (default: when stderr is a terminal)")
     score.add_argument("--quiet", action="store_true", help="no progress line (as --no-progress)")
+    score.add_argument("--probe", action="store_true",
+                       help="first send one small request to every served scorer and stop (exit 2) if one fails")
     score.set_defaults(func=cmd_score)
     demo = sub.add_parser("demo", help="score the bundled example sessions with the seed's example config")
     demo.add_argument("--output", help="output directory (default: a new temporary directory)")
@@ -365,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
     validate = sub.add_parser("validate-config", help="check a config and import its scorers")
     validate.add_argument("config")
+    validate.add_argument("--probe", action="store_true",
+                          help="also send one small request to every served scorer: its URL, status, model and "
+                               "latency (exit 2 if one fails)")
     validate.set_defaults(func=cmd_validate)
     doctor = sub.add_parser("doctor", help="versions, backend, native kernels, caches and extras (for a bug report)")
     doctor.set_defaults(func=cmd_doctor)

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from prm_jax.app.score import ScoreRun
+from prm_jax.app.score import ScoreRun, failure_causes, listed, stats_line
 from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels.estimators import registered
 from prm_jax.kernels.shaping import SHAPING_MODES
@@ -59,10 +59,15 @@ def print_summary(run: ScoreRun, stream=None) -> None:
           f" {s.trajectories} trajectories in the batch", file=out)
     shown = list(s.rejected_groups.items())
     for group, rejection in shown[:10]:
-        print(f"  {rejection.status} group {group} (sessions {', '.join(rejection.sessions)}): {rejection.reason}",
-              file=out)
+        why = f": {rejection.reason}" if isinstance(rejection.reason, str) else ""
+        print(f"  {rejection.status} group {group} (sessions {', '.join(rejection.sessions)}){why}", file=out)
     if len(shown) > 10:
         print(f"  ... and {len(shown) - 10} more (metrics.json lists every one)", file=out)
+    causes = failure_causes(s.rejected_groups)
+    if causes:  # each cause once, with the sessions it hit (a judge that is down: one line)
+        print("why sessions were rejected (each cause once):", file=out)
+        for cause, keys in causes[:10]:
+            print(f"  {len(keys)} session(s) ({listed(keys)}): {cause}", file=out)
     fallbacks = s.prm_fallbacks or {}
     if fallbacks:  # error_policy: keep_original exported these unscored: said here, not only in metrics.json
         print(f"{len(fallbacks)} session(s) exported unscored after a scorer failed (error_policy: keep_original):",
@@ -74,6 +79,10 @@ def print_summary(run: ScoreRun, stream=None) -> None:
     for spec in registered():
         if spec.summary is not None and spec.summary.key in s.estimator:
             print(spec.summary.line(s.estimator[spec.summary.key]), file=out)
+    if run.scorer_stats:  # each scorer's calls, failures, timeouts, latency (and a served one's requests)
+        print("scorers:", file=out)
+        for name, counts in run.scorer_stats.items():
+            print(stats_line(name, counts), file=out)
     if s.credit:
         print("credit assignment: " + ", ".join(f"{key} {value:g}" for key, value in s.credit.items()), file=out)
     if s.process_reward_per_scorer:

@@ -5,6 +5,7 @@ without its command line (arguments, signals, the output set and process tuning 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -94,6 +95,8 @@ async def _export_all(config: ExperimentConfig, records: list[SessionRecord], gr
             if len(failed.exceptions) == 1 and isinstance(failed.exceptions[0], Exception):
                 raise failed.exceptions[0] from None  # one group's failure, as exporting one by one raised it
             raise
+        if service.runner is not None:
+            out.scorer_stats = plain_stats(service.runner.scorer_stats())
     for group, keys in groups.items():  # in the input's order, whatever finished first
         result = results[group]
         out.statuses[group] = result.status
@@ -124,6 +127,7 @@ class Exported:
     filter_counters: dict[str, int] = dataclasses.field(default_factory=dict)
     reasons: dict[str, Rejection] = dataclasses.field(default_factory=dict)
     fallbacks: dict[str, str] = dataclasses.field(default_factory=dict)
+    scorer_stats: dict[str, dict[str, float | None]] = dataclasses.field(default_factory=dict)
 
 
 def _counted(progress: Callable[[int, int], None], total: int) -> Callable[[int], None]:
@@ -144,6 +148,41 @@ def _rejection_reason(result: ExportResult) -> dict[str, str] | str:
            "all wrong without a process penalty" if decision is not None and decision.rejected_by_all_wrong
            else "rejected")
     return f"filtered: {why}"
+
+
+def plain_stats(stats: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float | None]]:
+    """``scorer_stats()`` as JSON holds it: counts as integers, a latency without calls as ``None``."""
+    return {name: {key: (None if isinstance(v, float) and not math.isfinite(v) else
+                         int(v) if isinstance(v, float) and v.is_integer() and not key.endswith("_s") else v)
+                   for key, v in values.items()} for name, values in stats.items()}
+
+
+def stats_line(name: str, stats: Mapping[str, float | None]) -> str:
+    """One scorer's ``scorer_stats`` in a line of the summary."""
+    def ms(key: str) -> str:
+        value = stats.get(key)
+        return "-" if value is None else f"{value * 1e3:.1f} ms"
+
+    served = (f", requests {stats['requests_sent']}, retries {stats['retries']}, rate-limit waits "
+              f"{stats.get('rate_limit_waits', 0)}" if "requests_sent" in stats else "")
+    return (f"  {name:<24} calls {stats.get('calls')}, failures {stats.get('failures')}, timeouts "
+            f"{stats.get('timeouts')}, latency p50 {ms('latency_p50_s')} p95 {ms('latency_p95_s')}{served}")
+
+
+def failure_causes(rejections: Mapping[str, Rejection]) -> list[tuple[str, list[str]]]:
+    """Each distinct reason sessions were rejected, once, with the sessions it hit (first seen first): a
+    judge that is down is one cause, not one line per session."""
+    causes: dict[str, list[str]] = {}
+    for rejection in rejections.values():
+        if isinstance(rejection.reason, dict):
+            for session, why in rejection.reason.items():
+                causes.setdefault(why, []).append(session)
+    return list(causes.items())
+
+
+def listed(keys: list[str], limit: int = 5) -> str:
+    """A few keys, and how many more."""
+    return ", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def shorten(text: str, limit: int = 300) -> str:
@@ -303,9 +342,11 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
     statuses, accepted, metrics, reasons = exported.statuses, exported.accepted, exported.metrics, exported.reasons
     trajectories = [t for group in accepted for t in group]
     if not trajectories:
-        listed = "; ".join(f"{g}: {r.status} {r.reason}" for g, r in list(reasons.items())[:5])
+        why = [f"{len(keys)} session(s) ({listed(keys)}): {cause}" for cause, keys in failure_causes(reasons)[:5]]
+        why += [f"group {g}: {r.reason}" for g, r in list(reasons.items())[:5] if isinstance(r.reason, str)]
+        why += [f"scorer {name!r}: {stats_line('', st).strip()}" for name, st in exported.scorer_stats.items()]
         raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
-                              + shorten(listed, 1000))
+                              + shorten("; ".join(why), 1500))
     rows, group_sizes = len(trajectories), [len(group) for group in accepted]
     plan = config.actor.plan
     # What the plan's stages read decides what is packed beyond the rollout (BATCH_SCHEMA's "packed").
@@ -355,7 +396,7 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
     if hook is not None:
         summary.estimator = {hook.key: hook.stats(configured.diagnostics)}
     lap("summary")
-    return ScoreRun(batch, outputs, configured, metrics, summary)
+    return ScoreRun(batch, outputs, configured, metrics, summary, exported.scorer_stats)
 
 
 def timestep_arrays(configured: Any, outputs: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -454,6 +495,7 @@ class ScoreRun:
     configured: Any
     metrics: dict[str, float]
     summary: ScoreSummary
+    scorer_stats: dict[str, dict[str, float | None]] = dataclasses.field(default_factory=dict)  # per scorer
 
 
 def advantage_stats(output: Any) -> AdvantageStats:

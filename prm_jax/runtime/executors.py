@@ -339,6 +339,8 @@ class _Worker:
 
 
 _UNLOADABLE = None  # a worker's first message when it cannot unpickle the scorer: (None, why)
+_GAVE_UP = "gave up"  # (``ProcessExecutor._loaded``: the calls already failed with why)
+_LOADED = "loaded"  # its first message once it holds the scorer: (_LOADED, None); deadlines start after it
 
 
 PARENT_POLL_S = 0.5  # where the OS has no process descriptors, how often a worker looks for its parent
@@ -387,6 +389,7 @@ def _worker_main(conn: Any, blob: bytes, parent_pid: int | None = None) -> None:
                                 "in an importable module, not in a script read from stdin, python -c or a "
                                 "notebook)"))
         return
+    conn.send((_LOADED, None))  # loading (imports, a scorer's own set-up) is not a call's time
     while True:
         try:
             job = conn.recv()
@@ -541,12 +544,33 @@ class ProcessExecutor(Executor):
                     why = _CLOSED
                 else:
                     self._live.add(worker)
+        if why is None and worker is not None:
+            why = self._loaded(worker, calls)
+            if why is _GAVE_UP:
+                worker.end()
+                return None
         if why is None:
             return worker
         if worker is not None:
             worker.end()
         for call in calls:
             call.future.set_exception(RuntimeError(f"scorer {self.scorer.name!r}: {why}"))
+        return None
+
+    def _loaded(self, worker: _Worker, calls: list[_Call]) -> str | None:
+        """Waits for a new worker to load the scorer (its imports and set-up are not a call's time: the
+        first call's deadline starts after them): None once it has; ``_GAVE_UP`` where it cannot load the
+        scorer (``calls`` and the queue failed with why); else why it is gone (a close, its death)."""
+        try:
+            ok, why = pickle.loads(worker.conn.recv_bytes())
+        except (EOFError, OSError):
+            if self._closed:
+                return _CLOSED
+            worker.process.join(1)
+            return f"its worker process exited while loading the scorer (exit code {worker.process.exitcode})"
+        if ok is _UNLOADABLE:
+            self._give_up(f"scorer {self.scorer.name!r}: {why}", calls)
+            return _GAVE_UP
         return None
 
     def _chunk(self, worker: _Worker, calls: list[_Call]) -> tuple[list[_Call], bool]:

@@ -45,7 +45,14 @@ from prm_jax.runtime.context import check_metadata
 from prm_jax.runtime.group_filters import GroupFilterResult
 from prm_jax.runtime.lifecycle import rolled_back
 from prm_jax.runtime.metrics import MetricStats, branch_stats, namespace, trajectory_rewards
-from prm_jax.runtime.runner import NOT_SCORER_FAILURES, PRMRunner, RunnerClosedError, error_text, shared_turns
+from prm_jax.runtime.runner import (
+    NOT_SCORER_FAILURES,
+    PRMRunner,
+    RunnerClosedError,
+    cause_text,
+    error_text,
+    shared_turns,
+)
 from prm_jax.runtime.scoring import PRMTurnResult
 from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache, freeze
 
@@ -332,7 +339,7 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
             return result
         scored = await _score_sessions(store, taken, runner if with_prm else None, is_eval, error_policy,
                                        turn_discount is not None)
-        result.rejected_sessions = {key: f"failed: {s.error!r}" for key, s in scored.items() if s.error}
+        result.rejected_sessions = {key: f"failed: {cause_text(s.error)}" for key, s in scored.items() if s.error}
         if with_prm:
             result.prm_stats = _prm_stats(list(scored.values()), is_eval)
             if error_policy == "keep_original":

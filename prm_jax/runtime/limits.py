@@ -35,12 +35,13 @@ MAX_RETRY_AFTER_S = 60.0  # a Retry-After beyond this is not waited for: the cal
 
 class ServiceError(RuntimeError):
     """A service answered, but not with a usable result: ``status`` (the HTTP status, None for a malformed
-    200 answer), whether the answer is worth retrying, and the server's ``retry_after`` seconds."""
+    200 answer) and its ``reason`` phrase, whether the answer is worth retrying, and the server's
+    ``retry_after`` seconds."""
 
     def __init__(self, message: str, *, status: int | None = None, retryable: bool = False,
-                 retry_after: float | None = None):
+                 retry_after: float | None = None, reason: str = ""):
         super().__init__(message)
-        self.status, self.retryable, self.retry_after = status, retryable, retry_after
+        self.status, self.retryable, self.retry_after, self.reason = status, retryable, retry_after, reason
 
 
 def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) -> float | None:

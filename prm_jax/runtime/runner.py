@@ -151,13 +151,19 @@ def guarded_progress(progress: Callable[[int, int], None] | None) -> Callable[[i
     return report
 
 
+def cause_text(err: BaseException) -> str:
+    """What failed, without where: ``Type: message`` (the same for every row a down server failed, so
+    reports can say it once with the rows it hit)."""
+    message = str(err)
+    return f"{type(err).__name__}: {message}" if message else type(err).__name__
+
+
 def error_text(err: BaseException) -> str:
-    """A failed row's one-line error: ``Type: message``, then the first line of each note, which name the
+    """A failed row's one-line error: ``cause_text``, then the first line of each note, which name the
     scorer, the turn and what failed (a worker process's traceback is left to the exception itself)."""
     notes = [str(note).splitlines()[0] for note in getattr(err, "__notes__", ())
              if str(note).strip() and not str(note).startswith(WORKER_TRACEBACK_NOTE)]
-    message = str(err)
-    text = f"{type(err).__name__}: {message}" if message else type(err).__name__
+    text = cause_text(err)
     return f"{text} [{'; '.join(notes)}]" if notes else text
 
 

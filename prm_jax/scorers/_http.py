@@ -5,11 +5,12 @@ of ``prm_jax.runtime.limits`` and a bounded answer (``JSONService``), read by th
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
-from urllib.parse import urlsplit
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit, urlunsplit
 
-from prm_jax.runtime.authoring import call_with_retry
+from prm_jax.runtime.authoring import RetryError, call_with_retry
 from prm_jax.runtime.limits import RETRYABLE_STATUS, RequestLimiter, ServiceError, retry_after_seconds
 from prm_jax.scorers._answers import AnswerReader
 from prm_jax.validation import finite_number, integer, short_repr
@@ -43,6 +44,9 @@ def check_url(name: str, url: Any) -> str:
         parts.port  # noqa: B018 (a port that is not a number raises here)
     except ValueError as err:
         raise ValueError(f"{name} {url!r}: {err}") from None
+    if parts.query or parts.fragment:  # the scorer appends its route to the URL: a query would swallow it
+        raise ValueError(f"{name} {shown_url(url)}?... must not hold a query or a fragment (the scorer appends "
+                         "its route, e.g. /chat/completions; a key goes in api_key_env)")
     return url.rstrip("/")
 
 
@@ -63,6 +67,58 @@ def check_transport(request_timeout: Any, attempts: Any, backoff: Any, max_backo
     if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env.isidentifier()):
         raise ValueError(f"api_key_env must name an environment variable (e.g. OPENAI_API_KEY), got "
                          f"{short_repr(api_key_env)}: a key never belongs in a config file")
+
+
+def shown_url(url: str) -> str:
+    """``url`` as errors and probes show it: without a user, a password, a query or a fragment (where keys
+    hide: ``https://user:key@host/v1?api_key=...`` shows as ``https://host/v1``)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def failure_cause(err: BaseException, request_timeout: float) -> str:
+    """One attempt's failure in words: the HTTP status the server answered, the connection error, or the
+    timeout."""
+    status = getattr(err, "status", None)
+    if isinstance(err, ServiceError) and status is not None:
+        return f"HTTP {status}" + (f" {err.reason}" if err.reason else "")
+    if isinstance(err, TimeoutError):
+        return f"no answer within request_timeout={request_timeout:g} s"
+    module = type(err).__module__.split(".")[0]
+    if module in ("httpx", "httpcore") or isinstance(err, OSError):
+        return f"connection error ({type(err).__name__}: {err})" if str(err) else f"connection error ({type(err).__name__})"
+    return f"{type(err).__name__}: {err}"
+
+
+class RequestFailed(RetryError):
+    """A served scorer's request failed on every attempt: the message names the scorer, the URL (without
+    secrets), the last attempt's HTTP status or connection error, and the attempts made; ``status`` is the
+    last HTTP status (None: no answer), ``errors`` every attempt's failure (``RetryError``'s)."""
+
+    def __init__(self, message: str, errors: list[BaseException], *, url: str, status: int | None):
+        super().__init__(message, errors)
+        self.url, self.status = url, status
+
+
+class Probe(NamedTuple):
+    """One served scorer's probe (``prm-jax validate-config --probe``): its endpoint, the answer's HTTP status
+    (or the connection error), the model that answered, the round trip, and whether it can score."""
+
+    scorer: str
+    url: str
+    ok: bool
+    status: str
+    model: str | None
+    latency_s: float
+
+    def line(self) -> str:
+        model = f"model {self.model}" if self.model else "model -"
+        return (f"probe: scorer {self.scorer!r} at {self.url}: {self.status}, {model}, "
+                f"{self.latency_s * 1e3:.1f} ms" + ("" if self.ok else "  <- FAILED"))
 
 
 TRANSPORT_KEYS = ("request_timeout", "attempts", "backoff", "max_backoff", "max_body_bytes", "max_concurrency",
@@ -112,26 +168,67 @@ class JSONService:
         self.calls = self.sent = 0
 
     async def post(self, path: str, payload: Mapping[str, Any]) -> Any:
+        """The decoded answer to ``POST base_url + path``, under the limiter and the retry rules. A failure
+        names the scorer, the URL (``shown_url``), the HTTP status or connection error, and the attempts:
+        ``RequestFailed`` after every attempt failed, the ``ServiceError`` of an answer not worth retrying
+        (a 4xx, a malformed answer) at once."""
         self.calls += 1
-        return await call_with_retry(self._post_once, path, payload, timeout=self.request_timeout,
-                                     attempts=self.attempts, backoff=self.backoff, max_backoff=self.max_backoff,
-                                     limiter=self.limiter)
+        url = shown_url(self.base_url + path)
+        tried = 0
+
+        async def attempt(path: str, payload: Mapping[str, Any]) -> Any:
+            nonlocal tried
+            tried += 1
+            return await self._post_once(path, payload)
+
+        try:
+            return await call_with_retry(attempt, path, payload, timeout=self.request_timeout,
+                                         attempts=self.attempts, backoff=self.backoff, max_backoff=self.max_backoff,
+                                         limiter=self.limiter)
+        except RetryError as err:
+            last = err.errors[-1]
+            raise RequestFailed(f"{self.who}: POST {url} failed {tried} times (attempts={self.attempts}): "
+                                f"{failure_cause(last, self.request_timeout)}", err.errors, url=url,
+                                status=getattr(last, "status", None)) from last
+        except ServiceError as err:  # an answer not worth retrying: said with the attempt it came on
+            raise ServiceError(f"{err} (attempt {tried} of {self.attempts}; not retried: this answer does not "
+                               "change by asking again)", status=err.status, reason=err.reason) from err
+
+    async def probe(self, scorer: str, path: str, payload: Mapping[str, Any],
+                    check: Callable[[Any], str | None]) -> Probe:
+        """One request (one attempt, no limiter) and what it says: ``check`` reads the decoded answer and
+        returns the model that answered (raising where the answer cannot be scored)."""
+        url = shown_url(self.base_url + path)
+        started = time.perf_counter()
+        try:
+            answer = await self._post_once(path, payload)
+            model = check(answer)
+        except Exception as err:  # the probe reports every failure, as a line
+            status = failure_cause(err, self.request_timeout)
+            if isinstance(err, ServiceError) and err.status not in (None, 200):
+                status += f" ({str(err).rsplit('answered ', 1)[-1][:200]})"
+            elif isinstance(err, ServiceError):
+                status = f"HTTP 200 OK, but {err}"
+            return Probe(scorer, url, False, status, None, time.perf_counter() - started)
+        return Probe(scorer, url, True, "HTTP 200 OK", model, time.perf_counter() - started)
 
     async def _post_once(self, path: str, payload: Mapping[str, Any]) -> Any:
         self.sent += 1
+        where = f"{self.who}: POST {shown_url(self.base_url + path)}"
         async with self._client.stream("POST", self.base_url + path, json=payload) as response:
             body = bytearray()
             async for chunk in response.aiter_bytes():
                 body += chunk
                 if len(body) > self.max_body_bytes:
-                    raise ServiceError(f"{self.who}: the answer is larger than max_body_bytes={self.max_body_bytes}")
+                    raise ServiceError(f"{where}: the answer is larger than max_body_bytes={self.max_body_bytes}")
         status = response.status_code
         if status != 200:
-            raise self.reader.error(f"{self.who}: {self.base_url + path}",
+            raise self.reader.error(where,
                                     f"answered {status} {response.reason_phrase}: {bytes(body[:300])!r}",
                                     status=status, retryable=status in RETRYABLE_STATUS,
-                                    retry_after=retry_after_seconds(response.headers))
-        return self.reader.json(body, self.who)
+                                    retry_after=retry_after_seconds(response.headers),
+                                    reason=response.reason_phrase)
+        return self.reader.json(body, where)
 
     def stats(self) -> dict[str, float]:
         """Requests sent, retries (requests beyond one per call), rate-limit waits."""

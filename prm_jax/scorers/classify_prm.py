@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prm_jax.runtime.trajectory import Interaction
+from prm_jax.scorers._http import Probe
 from prm_jax.scorers.openai_judge import OpenAIJudgeScorer
 from prm_jax.validation import integer
 
@@ -52,6 +53,18 @@ class ClassifyPRMScorer(OpenAIJudgeScorer):
             raise ValueError(f"{chat_only} set how a chat answer is read; a classification has none")
         super().validate_kwargs(base_url=base_url, model=model, prompt=prompt,
                                 **{k: v for k, v in kwargs.items() if k not in CHAT_ONLY})
+
+    async def probe(self) -> Probe:
+        """One small classification (``prm-jax validate-config --probe``)."""
+        def check(answer: Any) -> str | None:
+            where = f"scorer {self.name!r} (probe)"
+            read = self.service.reader
+            read.probability(read.field(answer, ("data", 0, "probs", self.good_index), where), where,
+                             f"data[0].probs[{self.good_index}]")
+            return str(answer.get("model")) if isinstance(answer, Mapping) and answer.get("model") else None
+
+        return await self.service.probe(self.name, "/v1/classify", {"model": self.model, "input": self.PROBE_TEXT},
+                                        check)
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> float:
         text = self.render(interaction, ctx)

@@ -28,6 +28,7 @@ from prm_jax.runtime.trajectory import Interaction
 from prm_jax.scorers._http import (
     DEFAULT_MAX_BODY_BYTES,
     JSONService,
+    Probe,
     check_transport,
     check_url,
     httpx_module,
@@ -88,6 +89,19 @@ class HTTPJudgeScorer(BaseScorer):
         if isinstance(answer, Mapping) and isinstance(answer.get("scores"), list):
             return [read.number(s, where, f"the answer's field 'scores'[{i}]") for i, s in enumerate(answer["scores"])]
         raise read.error(where, f"the judge's answer needs 'score' or a list 'scores', got {short_repr(answer)}")
+
+    async def probe(self) -> Probe:
+        """One small turn (``prm-jax validate-config --probe``): the judge must answer a score."""
+        payload = {"interaction_id": "probe", "messages": [{"role": "user", "content": "probe"}],
+                   "output_messages": [{"role": "assistant", "content": "probe"}], "output_len": 1}
+
+        def check(answer: Any) -> str | None:
+            if not (isinstance(answer, Mapping) and ("score" in answer or isinstance(answer.get("scores"), list))):
+                raise self.service.reader.error(f"scorer {self.name!r} (probe)", "the judge's answer needs 'score' "
+                                                f"or a list 'scores', got {short_repr(answer)}")
+            return None
+
+        return await self.service.probe(self.name, "", payload, check)
 
     def client_stats(self) -> dict[str, float]:
         return self.service.stats()

@@ -93,6 +93,12 @@ class MathVerifyScorer(SyncTrajectoryScorer):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_configs": None}  # (rebuilt in each worker)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """In a worker: math-verify (and sympy) imported as the worker loads the scorer, which is not a
+        call's time (seconds on a busy machine: inside the first call it ate that call's deadline)."""
+        self.__dict__.update(state)
+        self._extraction()
+
     def evaluate_trajectory(self, interactions: Sequence[Interaction],
                             ctx: Mapping[str, Any]) -> dict[str, float]:
         gold = self.gold(interactions[-1], ctx)
@@ -127,10 +133,11 @@ class MathVerifyScorer(SyncTrajectoryScorer):
                               "messages, or override reply to detokenize)")
         return text
 
-    def verdict(self, gold: Any, reply: str) -> float:
-        """``correct`` where the reply's answer equals ``gold``, else ``wrong`` (no answer found: wrong)."""
-        math_verify = math_verify_module()
+    def _extraction(self) -> Any:
+        """How a reply's answer is read (open-r1's completion settings: a boxed answer first, LaTeX only
+        after an anchor), then a plain expression; built once per process."""
         if self._configs is None:
+            math_verify = math_verify_module()
             from latex2sympy2_extended import NormalizationConfig
 
             latex = math_verify.LatexExtractionConfig(
@@ -138,7 +145,12 @@ class MathVerifyScorer(SyncTrajectoryScorer):
                                                          boxed="all", units=True),
                 boxed_match_priority=0, try_extract_without_anchor=False)
             self._configs = [latex, math_verify.ExprExtractionConfig()]
-        parsed = math_verify.parse(reply, extraction_config=self._configs, extraction_mode="first_match",
+        return self._configs
+
+    def verdict(self, gold: Any, reply: str) -> float:
+        """``correct`` where the reply's answer equals ``gold``, else ``wrong`` (no answer found: wrong)."""
+        math_verify = math_verify_module()
+        parsed = math_verify.parse(reply, extraction_config=self._extraction(), extraction_mode="first_match",
                                    parsing_timeout=None)
         if not parsed:
             return self.wrong

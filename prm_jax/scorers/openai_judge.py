@@ -37,6 +37,7 @@ from prm_jax.runtime.trajectory import Interaction
 from prm_jax.scorers._http import (
     DEFAULT_MAX_BODY_BYTES,
     JSONService,
+    Probe,
     check_transport,
     check_url,
     httpx_module,
@@ -247,6 +248,27 @@ class OpenAIJudgeScorer(BaseScorer):
         read.distribution(probabilities, where, f"the probabilities of {path}")
         chosen = [p for t, p in zip(top, probabilities) if str(t.get("token", "")).strip() in self.logprob_tokens]
         return min(math.fsum(chosen), 1.0)  # (within the distribution's slack of 1e-6)
+
+    PROBE_TEXT = "Reply with the number 0."
+
+    async def probe(self) -> Probe:
+        """One small chat completion with this judge's settings (``prm-jax validate-config --probe``): its
+        endpoint's status, the model that answered, the round trip."""
+        body: dict[str, Any] = {**self.extra_body, "model": self.model,
+                                "messages": [{"role": "user", "content": self.PROBE_TEXT}],
+                                "max_tokens": self.max_tokens}
+        if self.score_from == "logprobs":
+            body.update(logprobs=True, top_logprobs=self.top_logprobs)
+
+        def check(answer: Any) -> str | None:
+            read, where = self.service.reader, f"scorer {self.name!r} (probe)"
+            choice = read.field(answer, ("choices", 0), where)
+            read.field(choice, ("message",), where)
+            if self.score_from == "logprobs":
+                read.field(choice, ("logprobs", "content", 0, "top_logprobs"), where)
+            return str(answer.get("model")) if isinstance(answer, Mapping) and answer.get("model") else None
+
+        return await self.service.probe(self.name, "/chat/completions", body, check)
 
     def client_stats(self) -> dict[str, float]:
         return self.service.stats()

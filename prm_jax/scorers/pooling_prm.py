@@ -45,6 +45,7 @@ from prm_jax.runtime.trajectory import Interaction, concat_spans
 from prm_jax.scorers._http import (
     DEFAULT_MAX_BODY_BYTES,
     JSONService,
+    Probe,
     check_transport,
     check_url,
     httpx_module,
@@ -206,6 +207,25 @@ class PoolingPRMScorer(BatchTrajectoryScorer):
             raise read.error(where, f"step_score 'good_minus_bad' reads two-class rows, got {short_repr(row)}")
         bad = read.probability(row[1 - self.good_index], where, f"row {index}'s probability [{1 - self.good_index}]")
         return good - bad
+
+    async def probe(self) -> Probe:
+        """One tiny input, a step tag after one token (``prm-jax validate-config --probe``): the answer must hold one
+        row with a probability at ``good_index`` (a model served without STEP pooling or with another tag
+        answers no row)."""
+        body: dict[str, Any] = {"model": self.model, "input": [[0, self.step_tag_id]]}
+        if self.task is not None:
+            body["task"] = self.task
+
+        def check(answer: Any) -> str | None:
+            rows = self._rows(answer, 1)[0]
+            where = f"scorer {self.name!r} (probe)"
+            if not isinstance(rows, list) or len(rows) != 1:
+                raise self.service.reader.error(where, f"expected one row for one step tag, got {short_repr(rows)} "
+                                                       "(is the model served with STEP pooling and this step_tag_id?)")
+            self._step_score(rows[0], where, 0)
+            return str(answer.get("model")) if answer.get("model") else None
+
+        return await self.service.probe(self.name, "/pooling", body, check)
 
     def client_stats(self) -> dict[str, float]:
         return self.service.stats()

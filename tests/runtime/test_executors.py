@@ -845,3 +845,18 @@ async def test_a_prefix_determined_scorer_that_reads_the_branchs_messages_fails_
     assert all(isinstance(r, PrefixRuleError) for r in results), results
     assert "prefix_determined" in str(results[0]) and "interaction.messages" in str(results[0])
     assert all(committed(b) == [None, None] for b in branches)  # nothing committed
+
+
+async def test_a_workers_loading_is_not_its_first_calls_time():
+    # Issue 42.3: MathVerifyScorer imports math-verify and sympy as its worker loads it (seconds); the
+    # first call's 10 s deadline ran from the job's dispatch, so a slow load timed the first call out.
+    from scorers_for_tests import SlowToLoad, chain
+
+    scorer = SlowToLoad(load_s=1.5, timeout=1.0, max_workers=1)
+    branches = [chain(2), chain(2)]
+    async with PRMRunner(scorers=(scorer,)) as runner:
+        results = await runner.run_many(branches, return_exceptions=True)
+        stats = runner.scorer_stats()["slow_to_load"]
+    assert not any(isinstance(r, Exception) for r in results), results
+    assert [t.token_rewards.tolist() for b in branches for t in b] == [[1.0, 1.0]] * 4
+    assert stats["timeouts"] == 0

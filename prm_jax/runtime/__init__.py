@@ -22,6 +22,7 @@ from prm_jax.runtime.scoring import (
     SyncScorer,
     SyncTrajectoryScorer,
 )
+from prm_jax.runtime.steps import step_turn_ids
 from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache
 
 # What a user needs; the helpers behind them (bucket_width, batch_spec, stitch, the metric reducers, the
@@ -32,5 +33,5 @@ __all__ = [
     "InteractionCache", "MetricRecorder", "MetricStats", "PRMMetricObservation", "PRMRunner", "PRMScorerResult",
     "PRMStats", "PRMTurnResult", "RetryError", "RunnerClosedError", "RunnerState", "ScoredArrays", "SyncScorer",
     "SyncTrajectoryScorer", "TrajectoryStore", "call_with_retry", "chains_from_arrays", "empty_batch",
-    "export_group", "pack_branches", "score_arrays", "token_rewards_from_chains",
+    "export_group", "pack_branches", "score_arrays", "step_turn_ids", "token_rewards_from_chains",
 ]

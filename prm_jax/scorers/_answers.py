@@ -35,8 +35,8 @@ _BEARER = re.compile(r"(?i)(bearer)\s+[^\s'\",;}]+")
 class AnswerReader:
     """Reads one judge's answers (``who`` names it); ``secrets`` are redacted from every message."""
 
-    def __init__(self, who: str, secrets: Iterable[str] = ()):
-        self.who = who
+    def __init__(self, who: str, secrets: Iterable[str] = (), origin: str = ""):
+        self.who, self.origin = who, origin  # origin: the server, as errors show it (no secrets)
         self.secrets = tuple(s for s in secrets if s)
 
     def redact(self, text: str) -> str:
@@ -45,9 +45,11 @@ class AnswerReader:
         return _BEARER.sub(rf"\1 {REDACTED}", text)
 
     def error(self, where: str, what: str, **kwargs: Any) -> ServiceError:
-        """A malformed answer (status 200 unless told): ``where`` names the judge and the turn."""
+        """A malformed answer (status 200 unless told): ``where`` names the judge and the turn; an answer
+        read after the request also names the server it came from (``origin``) and its status."""
         kwargs.setdefault("status", 200)
-        return ServiceError(self.redact(f"{where}: {what}"), **kwargs)
+        source = f" [HTTP {kwargs['status']} from {self.origin}]" if self.origin and self.origin not in where else ""
+        return ServiceError(self.redact(f"{where}: {what}{source}"), **kwargs)
 
     def json(self, body: bytes | bytearray | str, where: str, what: str = "the answer") -> Any:
         """``body`` decoded as JSON, nested at most ``MAX_NESTING`` levels."""

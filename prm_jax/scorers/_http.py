@@ -158,7 +158,7 @@ class JSONService:
             if not key:
                 raise ValueError(f"{who}: the environment variable {api_key_env} (api_key_env) is not set")
             headers["Authorization"] = f"Bearer {key}"
-        self.reader = AnswerReader(who, secrets=[key] if key else [])  # every answer is read through it
+        self.reader = AnswerReader(who, secrets=[key] if key else [], origin=shown_url(base_url))  # every answer
         connections = max_concurrency or 100
         # The client is made here, not on the first call: building its TLS context takes ~50 ms, which
         # would block the event loop of the first scoring call.

@@ -136,3 +136,27 @@ def test_metrics_json_and_the_summary_carry_scorer_stats(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"scorers:\n  openai_judge             calls {turns}, failures 0, timeouts 0, latency p50 " in out
     assert f", requests {turns}, retries 0, rate-limit waits {judge['rate_limit_waits']}" in out
+
+
+def test_an_unusable_answer_names_the_server_it_came_from():
+    # A 200 answer without a score: the scorer, the turn, what is wrong, and the server (no secrets).
+    import anyio
+
+    from prm_jax import Interaction, PRMRunner
+    from prm_jax.scorers import OpenAIJudgeScorer
+
+    async def run(url):
+        scorer = OpenAIJudgeScorer(url, "judge", attempts=1)
+        turn = Interaction("t0", [1], [2], output_messages=[{"role": "assistant", "content": "x"}])
+        try:
+            await PRMRunner(scorers=(scorer,)).run([turn])
+        except Exception as err:  # (the scorer's error, as the runner raised it)
+            return str(err)
+        finally:
+            await scorer.aclose()
+
+    with ChatServer(lambda messages: "no number here", model="judge") as server:
+        port = server.url.rsplit(":", 1)[1]
+        message = anyio.run(run, f"http://user:sk-secret@127.0.0.1:{port}/v1")
+    assert "scorer 'openai_judge' on interaction 't0': no score in the answer 'no number here'" in message
+    assert f"[HTTP 200 from http://127.0.0.1:{port}/v1]" in message and "sk-secret" not in message

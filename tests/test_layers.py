@@ -31,7 +31,7 @@ def test_every_floor_imports_only_downward():
     for path in sorted(PACKAGE.rglob("*.py")):
         module = "prm_jax." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
         own = floor_of(module)
-        if own is None:  # prm_jax/__init__.py, validation.py, _compat.py: below or beside every floor
+        if own is None:  # prm_jax/__init__.py, validation.py: below or beside every floor
             continue
         upward += [f"{module} imports {name}" for name in imports(path)
                    if (floor_of(name) or 0) > own]

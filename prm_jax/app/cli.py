@@ -39,7 +39,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from prm_jax._compat import BaseExceptionGroup, add_note, first_in_group
 from prm_jax.app.outputs import (
     OUTPUT_SET,
     WRITE_ERRNOS,
@@ -63,6 +62,7 @@ from prm_jax.app.score import (
 from prm_jax.config.experiment import ExperimentConfig, ScorerSpec
 from prm_jax.config.loader import ConfigFileError, load_config
 from prm_jax.native.build import cache_dir
+from prm_jax.runtime.lifecycle import first_in_group
 from prm_jax.runtime.specs import check_scorer_specs
 
 PUBLISHED_NOTE = "the new output set was published before the interruption"
@@ -252,7 +252,7 @@ def _staged(output: Path, overwrite: bool):
         yield staged
     except BaseException as err:
         if staged.published:  # interrupted after the new set was in place: it stays, and the message says so
-            add_note(err, PUBLISHED_NOTE)
+            err.add_note(PUBLISHED_NOTE)
         staged.abort()
         raise
 

@@ -16,7 +16,6 @@ import anyio
 import jax
 import numpy as np
 
-from prm_jax._compat import BaseExceptionGroup
 from prm_jax.app.sessions import InputError, SessionRecord, read_sessions
 from prm_jax.config.experiment import ExperimentConfig
 from prm_jax.kernels.advantages import STAGE_DIAGNOSTICS, compute_advantage_variants, compute_advantages

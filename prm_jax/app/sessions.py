@@ -342,12 +342,6 @@ SESSION_KEYS = set(_SessionIn.__struct_fields__)
 
 
 _DECODER = msgspec.json.Decoder(_SessionIn)
-JSON_DECODER = f"msgspec {msgspec.__version__}"
-
-
-def decode_json(line: bytes) -> Any:
-    """A plain decode of one line, as the benchmark's floor (no schema)."""
-    return msgspec.json.decode(line)
 
 
 def _fast_session(line: bytes, path: Path, line_no: int, discounted: bool = False) -> tuple[SessionRecord, bool]:

@@ -22,7 +22,6 @@ from prm_jax.kernels.advantages import (
     PROCESS_TRANSFORMS,
     TIMESTEP_UNITS,
     AdvantagePlan,
-    Estimator,
     KLStage,
     LambdaFunction,
     OutcomeStage,
@@ -32,21 +31,16 @@ from prm_jax.kernels.advantages import (
     TimestepUnit,
     transform_mode,
 )
+from prm_jax.kernels.estimator import EstimatorStage
 from prm_jax.kernels.estimators import credit_modes, estimator_for
-from prm_jax.kernels.gigpo import GiGPOConfig
 from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator
 from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
-from prm_jax.kernels.prime import PrimeCredit
-from prm_jax.kernels.pure import PureCredit
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod
 from prm_jax.kernels.shaping import ShapingConfig, ShapingMode
 from prm_jax.kernels.token_gae import TokenGAE
-from prm_jax.kernels.tree import TreeCredit
 from prm_jax.kernels.turns import TurnGAE
 from prm_jax.validation import ConfigError, boolean, finite_number, from_mapping, imported_callable, integer, one_of, short_repr
 
-# A credit_assignment record: one of these, or any registered estimator's (prm_jax.kernels.estimators).
-Credit = GiGPOConfig | TreeCredit | PureCredit | PrimeCredit | Any
 AREAL_LAMBDA_MODULE = "areal.trainer.ppo.lambda_fn"
 # Where the built-in λ functions may be named from: AReaL's module, ours, and ours before issue 21
 # renamed it (configs written then keep working).
@@ -114,7 +108,7 @@ class AdvantageConfig:
     gae_block_size: int = DEFAULT_BLOCK_SIZE
     max_turns: int | None = None
     check_values: bool | Literal["callback"] = True
-    credit_assignment: Credit | None = None
+    credit_assignment: EstimatorStage | None = None  # GiGPO, tree, PURE, PRIME or a registered estimator's
     process_reward_transform: ProcessTransform | None = None
     diagnostics: bool = False
 
@@ -178,7 +172,7 @@ class AdvantageConfig:
             assert self.max_new_tokens is not None and self.overlong_tokens is not None
             assert self.overlong_penalty_factor is not None
             overlong = OverlongPenalty(self.max_new_tokens, self.overlong_tokens, self.overlong_penalty_factor)
-        estimator: Estimator
+        estimator: EstimatorStage
         if self.credit_assignment is not None:
             estimator = self.credit_assignment
         elif self.gae_timestep_unit == "turn":
@@ -311,7 +305,7 @@ def _by_mode(value: Any, key: str, modes: Mapping[str, type]) -> Any:
     return from_mapping(modes[mode], fields, key)
 
 
-def _credit_assignment(value: Any) -> Credit | None:
+def _credit_assignment(value: Any) -> EstimatorStage | None:
     """``None``, a credit record or ``{mode: gigpo | tree | pure | prime, ...}`` (AReaL's ``{mode: gigpo}``)."""
     return _by_mode(value, "credit_assignment", credit_modes())
 

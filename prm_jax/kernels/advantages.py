@@ -43,7 +43,7 @@ from jax import lax
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels.alignment import shift_to_next_token
-from prm_jax.kernels.estimator import EstimatorSpec, finish, row_groups
+from prm_jax.kernels.estimator import EstimatorSpec, EstimatorStage, finish, row_groups
 from prm_jax.kernels.estimators import estimator_for
 from prm_jax.kernels.gae_lambda import GAELambdaContext
 from prm_jax.kernels.gigpo import host_anchor_ids
@@ -156,11 +156,6 @@ class LambdaFunction:
     unit: TimestepUnit = "token"
 
 
-# The estimator record of steps 6-7: ``TokenGAE``, ``TurnGAE``, ``GiGPOConfig``, ``TreeCredit``, ``PureCredit``,
-# ``PrimeCredit`` or any registered one (``prm_jax.kernels.estimators``).
-Estimator = Any
-
-
 # The process transforms of step 5, by their ``process_reward_transform.mode``: declared once (the config's
 # parser, its ``setting``, the plan).
 ProcessTransform = MinFormTransform | ProgressTransform
@@ -190,7 +185,7 @@ class AdvantagePlan:
     process_transform: ProcessTransform | None = None
     discount: float = 1.0
     lam: float | LambdaFunction = 1.0
-    estimator: Estimator = TokenGAE()
+    estimator: EstimatorStage = TokenGAE()
     adv_norm: NormConfig | None = None
     shaping: ShapingConfig | None = ShapingConfig()
     gae_method: GAEMethod = "auto"

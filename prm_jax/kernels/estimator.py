@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -76,6 +76,14 @@ class SummaryHook(NamedTuple):
     key: str
     stats: Callable[[Mapping[str, Any]], dict[str, float]]
     line: Callable[[Mapping[str, float]], str]
+
+
+
+class EstimatorStage(Protocol):
+    """An estimator's record: a frozen dataclass (``TokenGAE``, ``TurnGAE``, ``GiGPOConfig``, ``TreeCredit``,
+    ``PureCredit``, ``PrimeCredit`` or a registered one) whose class an ``EstimatorSpec`` names (``stage``)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True)

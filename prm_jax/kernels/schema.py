@@ -93,7 +93,6 @@ MODEL_OUTPUT_KEYS: tuple[str, ...] = tuple(name for name, key in BATCH_SCHEMA.it
 REQUIRED_KEYS: tuple[str, ...] = tuple(name for name, key in BATCH_SCHEMA.items() if key.required)
 # The keys the pipeline reads (input_ids is the model's, not the pipeline's).
 READ_KEYS: tuple[str, ...] = tuple(name for name in BATCH_SCHEMA if name != "input_ids")
-OPTIONAL_KEYS: tuple[str, ...] = tuple(name for name in READ_KEYS if not BATCH_SCHEMA[name].required)
 
 
 def float_keys(schema: Mapping[str, BatchKey] = BATCH_SCHEMA) -> tuple[str, ...]:

@@ -216,11 +216,6 @@ def any_change_within_turns(x: jax.Array, steps: TurnSteps, active: jax.Array, m
                                      None)
 
 
-def turn_ends(active: jax.Array, turn_ids: jax.Array | None, method: str) -> jax.Array:
-    """``[B, T]`` bool: each turn's last active timestep (where a folded or min-form turn reward goes)."""
-    return turn_steps(active, turn_ids, method).ends
-
-
 def turn_counts(steps: TurnSteps) -> jax.Array:
     """``[B]`` int32: turns with at least one active timestep (each has exactly one end)."""
     return jnp.sum(steps.ends, axis=1, dtype=jnp.int32)

@@ -17,7 +17,6 @@ from typing import Any, Literal, NamedTuple, overload
 import anyio
 import numpy as np
 
-from prm_jax._compat import BaseExceptionGroup, ExceptionGroup, add_note
 from prm_jax.kernels.shaping import warn_gvpo_without_penalty
 from prm_jax.runtime.context import METADATA_KEY, check_metadata
 from prm_jax.runtime.model_scorer import rows_by_length, weighted_rows
@@ -125,7 +124,7 @@ def _first_failure(group: BaseExceptionGroup, scored: list[int]) -> BaseExceptio
     first = next((e for e in leaves if hasattr(e, "prm_branch")), leaves[0] if leaves else group)
     branch = getattr(first, "prm_branch", None)
     if branch is not None:
-        add_note(first, f"score_arrays: row {scored[branch]} of input_ids failed; the batch was stopped (pass "
+        first.add_note(f"score_arrays: row {scored[branch]} of input_ids failed; the batch was stopped (pass "
                         "on_error='mask' to keep the other rows)")
     return first
 
@@ -177,7 +176,7 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
                 chunk_weighted, bad = weighted_rows(scorer, raw, chunk.tolist())
             except Exception as err:
                 if on_error == "raise":
-                    add_note(err, f"score_arrays: rows {chunk.tolist()} of input_ids (one call of scorer "
+                    err.add_note(f"score_arrays: rows {chunk.tolist()} of input_ids (one call of scorer "
                                   f"{scorer.name!r}) failed")
                     raise
                 failed[chunk] = True

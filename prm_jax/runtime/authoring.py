@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 import anyio
 
-from prm_jax._compat import add_note
 from prm_jax.runtime.limits import MAX_RETRY_AFTER_S, RequestLimiter, retry_delay, should_retry
 
 T = TypeVar("T")
@@ -70,7 +69,7 @@ async def call_with_retry(fn: Callable[..., Awaitable[T]], *args: Any, timeout: 
         except retryable as err:
             if not should_retry(err):
                 raise
-            add_note(err, f"attempt {attempt} of {attempts}")
+            err.add_note(f"attempt {attempt} of {attempts}")
             errors.append(err)
             if attempt < attempts:
                 wait = retry_delay(err, attempt, backoff, max_backoff)

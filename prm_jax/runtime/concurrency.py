@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -18,14 +17,14 @@ async def concurrently(jobs: list[Coroutine[Any, Any, None]], *, group_one: bool
     """Runs the coroutines concurrently; the first failure cancels the others and the group raises.
 
     The fan-out of every scored turn, so its shape matters: one job is awaited in place (unless
-    ``group_one``: then its failure too comes in an ``ExceptionGroup``); on asyncio (Python 3.11+) the
-    native ``asyncio.TaskGroup`` (same cancel-the-siblings semantics, a fraction of the cost per task);
-    elsewhere (trio, Python 3.10) an anyio task group.
+    ``group_one``: then its failure too comes in an ``ExceptionGroup``); on asyncio the native
+    ``asyncio.TaskGroup`` (same cancel-the-siblings semantics, a fraction of the cost per task); on trio an
+    anyio task group.
     """
     if len(jobs) == 1 and not group_one:
         await jobs[0]
         return
-    if sys.version_info >= (3, 11) and _on_asyncio():
+    if _on_asyncio():
         async with asyncio.TaskGroup() as native_group:
             for job in jobs:
                 native_group.create_task(job)

@@ -37,7 +37,6 @@ from typing import Any
 import anyio
 import numpy as np
 
-from prm_jax._compat import add_note
 from prm_jax.runtime.concurrency import COLLECTOR, LoopLocal, cancellation_requested
 from prm_jax.runtime.scoring import BaseScorer
 
@@ -183,9 +182,6 @@ class Executor:
     async def aclose(self) -> None:
         """Releases the executor's workers (a no-op for those without)."""
 
-    def _timeout_error(self, on: Any) -> TimeoutError:
-        return TimeoutError(f"scorer {self.scorer.name!r} on {describe(on)} took longer than its timeout of "
-                            f"{self.timeout} s")
 
 
 class AsyncExecutor(Executor):
@@ -424,7 +420,7 @@ def _portable(err: BaseException) -> BaseException:
         out = err
     except Exception:
         out = RuntimeError(repr(err))
-    add_note(out, note)
+    out.add_note(note)
     return out
 
 
@@ -796,7 +792,7 @@ class BatchExecutor(AsyncExecutor):
                 batch.results[live[k]] = results[position]
         except Exception as err:
             batch.error = err
-            add_note(err, f"raised by scorer {self.scorer.name!r} on {_batch_on(items)}")
+            err.add_note(f"raised by scorer {self.scorer.name!r} on {_batch_on(items)}")
             err.prm_batch = True  # type: ignore[attr-defined]  # (the runner adds no per-turn note to it)
         finally:
             self._record(start, batch.error)

@@ -36,7 +36,6 @@ from typing import Any, Literal, NamedTuple
 import anyio
 import numpy as np
 
-from prm_jax._compat import ExceptionGroup, add_note
 from prm_jax.config.experiment import ErrorPolicy, ExperimentConfig
 from prm_jax.kernels.normalization import proxy_normalize
 from prm_jax.kernels.tree import tree_discount
@@ -226,7 +225,7 @@ async def _score_session(store: TrajectoryStore, key: str, leaves: list[str], ru
                     return _unscored(store, key, leaves, err, discounted)
             scored.sequences.append(_exported(clone, key, leaf, discounted))
     except Exception as err:
-        add_note(err, f"while scoring session {key!r}")
+        err.add_note(f"while scoring session {key!r}")
         scored.error = err
     return scored
 
@@ -247,7 +246,7 @@ def _unscored(store: TrajectoryStore, key: str, leaves: list[str], error: Except
     try:
         scored.sequences = [_exported(store.session(key).clone_chain(leaf), key, leaf, discounted) for leaf in leaves]
     except Exception as err:
-        add_note(err, f"while exporting session {key!r} unscored after a scorer failed: {error!r}")
+        err.add_note(f"while exporting session {key!r} unscored after a scorer failed: {error!r}")
         scored.error, scored.fallback = err, None
     return scored
 

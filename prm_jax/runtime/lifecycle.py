@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 
-from prm_jax._compat import add_note
-
 
 @contextlib.asynccontextmanager
 async def rolled_back(stack: contextlib.AsyncExitStack, cleanup_failures: Callable[[], Iterable[str]]
@@ -21,5 +19,18 @@ async def rolled_back(stack: contextlib.AsyncExitStack, cleanup_failures: Callab
     except Exception as err:
         await stack.aclose()
         for note in cleanup_failures():
-            add_note(err, note)
+            err.add_note(note)
         raise
+
+
+def first_in_group(group: BaseExceptionGroup, kinds: type[BaseException] | tuple[type[BaseException], ...]
+                   ) -> BaseException | None:
+    """The first exception of ``kinds`` in a (nested) exception group, depth first; ``None`` when none is."""
+    for error in group.exceptions:
+        if isinstance(error, kinds):
+            return error
+        if isinstance(error, BaseExceptionGroup):
+            found = first_in_group(error, kinds)
+            if found is not None:
+                return found
+    return None

@@ -28,12 +28,11 @@ from typing import Any
 import anyio
 import numpy as np
 
-from prm_jax._compat import ExceptionGroup, add_note, first_in_group
 from prm_jax.config.experiment import PRMSection
 from prm_jax.runtime.concurrency import concurrently
 from prm_jax.runtime.context import ScorerContext
 from prm_jax.runtime.executors import WORKER_TRACEBACK_NOTE, AsyncExecutor, Executor, make_executor, watch_loop
-from prm_jax.runtime.lifecycle import rolled_back
+from prm_jax.runtime.lifecycle import first_in_group, rolled_back
 from prm_jax.runtime.rewards import weighted_rewards
 from prm_jax.runtime.scoring import (
     BaseScorer,
@@ -129,7 +128,7 @@ def _raised_on(err: BaseException, scorer: BaseScorer, where: str) -> None:
     """The note naming the scorer and what its call covered; a batch's error has one naming its items (the
     same object is raised by every branch in the batch), so it gets none per branch."""
     if not getattr(err, "prm_batch", False):
-        add_note(err, f"raised by scorer {scorer.name!r} on {where}")
+        err.add_note(f"raised by scorer {scorer.name!r} on {where}")
 
 
 def guarded_progress(progress: Callable[[int, int], None] | None) -> Callable[[int, int], None] | None:
@@ -267,7 +266,7 @@ class PRMRunner:
             try:
                 scorer = cls(weight=entry.weight, enabled=entry.enabled, **dict(entry.kwargs))
             except Exception as err:  # re-raised as it is (SPEC 3), with the entry named
-                add_note(err, f"{BUILDING_NOTE} rollout.agent.prm.scorers[{i}] ({entry.path})")
+                err.add_note(f"{BUILDING_NOTE} rollout.agent.prm.scorers[{i}] ({entry.path})")
                 raise
             self._owned_stack.push_async_callback(self._close_one, scorer)
             self._scorers.append(scorer)
@@ -456,15 +455,15 @@ class PRMRunner:
                         group.start_soon(watch_loop, self._warn_lag, stop)
                         await branches_then_stop()
         except ExceptionGroup as outer:
-            group = outer
-            while len(group.exceptions) == 1 and isinstance(group.exceptions[0], ExceptionGroup):
-                group = group.exceptions[0]  # the watchdog's task group around the branches' own
-            closed = first_in_group(group, RunnerClosedError)
+            failed: ExceptionGroup = outer
+            while len(failed.exceptions) == 1 and isinstance(failed.exceptions[0], ExceptionGroup):
+                failed = failed.exceptions[0]  # the watchdog's task group around the branches' own
+            closed = first_in_group(failed, RunnerClosedError)
             if closed is not None:  # a lifecycle error is one type, whatever the path
-                raise closed from group
-            if group is outer:
+                raise closed from failed
+            if failed is outer:
                 raise
-            raise group from None
+            raise failed from None
         return results
 
     def _branch_limit(self, limit: int | None) -> int | None:

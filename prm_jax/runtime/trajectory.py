@@ -74,9 +74,10 @@ def finite_value(value: Any) -> float:
         ok = False
     if not ok:
         raise ValueError(f"must be finite, got {short_repr(value)}")
-    if abs(value) > FLOAT32_MAX:
+    number = float(value)
+    if abs(number) > FLOAT32_MAX:
         raise ValueError(f"must be finite in float32 (|value| <= {FLOAT32_MAX:.4g}), got {short_repr(value)}")
-    return float(value)
+    return number
 
 
 def finite_vector(value: Any) -> np.ndarray:

@@ -9,7 +9,7 @@ import reference
 
 from prm_jax.credit import min_form
 from prm_jax.kernels.pure import _pure_core
-from prm_jax.kernels.turns import turn_ends
+from prm_jax.kernels.turns import turn_steps
 
 
 def test_the_worked_example():
@@ -88,7 +88,7 @@ def test_the_recipe_matches_the_loop(whitened, group_size):
     process, outcome, mask, turn_ids, outcome_step, groups = recipe_batch(rng, 8, 24, group_size)
     active, ids = jnp.asarray(mask), jnp.asarray(turn_ids)
     outcome_at = jnp.asarray(np.arange(24)[None, :] == outcome_step[:, None])
-    got = _pure_core(jnp.asarray(process), jnp.asarray(outcome), active, turn_ends(active, ids, "scan"), outcome_at,
+    got = _pure_core(jnp.asarray(process), jnp.asarray(outcome), active, turn_steps(active, ids, "scan").ends, outcome_at,
                     jnp.ones(8, bool), jnp.asarray(groups, jnp.int32), 8, 0.1, 1.0, whitened, "lax")
     want_adv, want_ret = reference.pure(process, outcome, mask, turn_ids, outcome_step, groups, 0.1, 1.0, whitened)
     np.testing.assert_allclose(got.returns, want_ret, rtol=2e-5, atol=2e-5)

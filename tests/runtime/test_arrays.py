@@ -7,7 +7,6 @@ import pytest
 import scorers_for_tests as st
 
 from prm_jax import BaseScorer, BlockingRunner, Interaction, InteractionCache, PRMRunner, pack_branches, score_arrays
-from prm_jax._compat import ExceptionGroup
 from prm_jax.kernels import turn_ids_from_spans
 from prm_jax.runtime import chains_from_arrays
 

@@ -3,7 +3,6 @@
 import anyio
 import pytest
 
-from prm_jax._compat import ExceptionGroup
 from prm_jax.runtime.concurrency import LoopLocal, cancellation_requested, concurrently
 
 pytestmark = pytest.mark.anyio

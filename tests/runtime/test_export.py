@@ -6,7 +6,6 @@ import pytest
 import scorers_for_tests as st
 
 from prm_jax import BaseScorer, ExperimentConfig, Interaction, PRMRunner, pack_branches
-from prm_jax._compat import ExceptionGroup
 from prm_jax.config import PRMConfig
 from prm_jax.filters import filter_mixed_or_penalized_all_wrong
 from prm_jax.runtime.export import HITL_SESSION, ExportService, TrajectoryStore, export_group

@@ -17,7 +17,6 @@ from prm_jax import (
     PRMRunner,
     PRMScorerResult,
 )
-from prm_jax._compat import ExceptionGroup
 from prm_jax.config import PRMConfig, ScorerSpec
 from prm_jax.runtime.runner import RunnerClosedError, RunnerState
 

@@ -234,7 +234,7 @@ def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int,
                           group_sizes=group_sizes,
                           token_rewards=process_rewards and any(seq.token_rewards is not None for seq in sequences),
                           per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards),
-                          sessions=sessions, model_logprobs=any(getattr(seq, key) is not None for seq in sequences
+                          sessions=sessions, model_outputs=any(getattr(seq, key) is not None for seq in sequences
                                                                 for key in MODEL_OUTPUT_KEYS))
     if not anchored:
         batch.pop("anchor_ids", None)  # no anchors at all: one step group per group (not "every turn alone")

@@ -24,7 +24,7 @@ DTypeClass = Literal["float", "int", "mask"]
 # reader's own check); NaN allowed as "missing" (GDPO's reward sources: a scorer that did not score).
 Finite = Literal["trained", "rows", "reader", "nan_is_missing", "none"]
 # The pack_branches argument that adds a key (None: always; "": never packed, the trainer's or the CLI's).
-Packed = Literal["always", "token_rewards", "per_turn", "model_logprobs", "sessions", "never"]
+Packed = Literal["always", "token_rewards", "per_turn", "model_outputs", "sessions", "never"]
 
 SHAPE_TEXT: dict[Shape, str] = {"BT": "[B, T]", "B": "[B]", "BK": "[B, K]", "G": "[G]", "N": "[N]"}
 
@@ -73,9 +73,9 @@ BATCH_SCHEMA: Mapping[str, BatchKey] = {key.name: key for key in (
     BatchKey("anchor_ids", "BK", "turns", "int", "none", -1, packed="per_turn"),
     BatchKey("turn_rewards", "BK", "turns", "float", "reader", 0.0, packed="per_turn"),
     BatchKey("turn_reward_mask", "BK", "turns", "mask", "none", False, packed="per_turn", like="turn_rewards"),
-    BatchKey("prm_logprobs", "BT", "timesteps", "float", "reader", 0.0, packed="model_logprobs",
+    BatchKey("prm_logprobs", "BT", "timesteps", "float", "reader", 0.0, packed="model_outputs",
              hint=" (NaN: a turn without PRM log-probs; PRIME reads them)", turn_field="output_prm_logprobs"),
-    BatchKey("ref_logprobs", "BT", "timesteps", "float", "reader", 0.0, packed="model_logprobs",
+    BatchKey("ref_logprobs", "BT", "timesteps", "float", "reader", 0.0, packed="model_outputs",
              hint=" (NaN: a turn without reference log-probs; the KL reward and PRIME read them)",
              turn_field="output_ref_logprobs"),
     BatchKey("node_ids", "BK", "turns", "int", "none", -1, packed="sessions"),
@@ -89,7 +89,7 @@ BATCH_SCHEMA: Mapping[str, BatchKey] = {key.name: key for key in (
 )}
 
 # The per-token model outputs a session carries (on timesteps in the batch; NaN where a turn has none).
-MODEL_OUTPUT_KEYS: tuple[str, ...] = tuple(name for name, key in BATCH_SCHEMA.items() if key.packed == "model_logprobs")
+MODEL_OUTPUT_KEYS: tuple[str, ...] = tuple(name for name, key in BATCH_SCHEMA.items() if key.packed == "model_outputs")
 REQUIRED_KEYS: tuple[str, ...] = tuple(name for name, key in BATCH_SCHEMA.items() if key.required)
 # The keys the pipeline reads (input_ids is the model's, not the pipeline's).
 READ_KEYS: tuple[str, ...] = tuple(name for name in BATCH_SCHEMA if name != "input_ids")

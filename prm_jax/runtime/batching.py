@@ -31,7 +31,7 @@ def bucket_width(length: int, bucket: int | str = 128, min_width: int = 1) -> in
 def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 128, width: int | None = None,
                   rows: int | None = None, min_width: int = 1, group_sizes: Sequence[int] | None = None,
                   token_rewards: bool = True, per_turn: bool = False, turns: int | None = None,
-                  sessions: Sequence[str] | None = None, model_logprobs: bool = False) -> dict[str, np.ndarray]:
+                  sessions: Sequence[str] | None = None, model_outputs: bool = False) -> dict[str, np.ndarray]:
     """Right-pads branch sequences into ``[rows, width]`` numpy buffers.
 
     The keys depend only on the arguments, never on the content (a jitted step sees one structure):
@@ -49,7 +49,7 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     ``credit_assignment: {mode: tree}``: ``node_ids [rows, K]`` (the node of each row's turn ``k``, -1 for
     none) and ``node_parents [rows * K]`` (each node's parent, -1 for a root or an unused slot), a node
     being one interaction of one session (branches of a session share their common turns' nodes).
-    ``model_logprobs`` adds ``prm_logprobs`` and ``ref_logprobs`` ``[rows, width]`` on *timesteps* (model
+    ``model_outputs`` adds ``prm_logprobs`` and ``ref_logprobs`` ``[rows, width]`` on *timesteps* (model
     outputs, as ``compute_advantages`` reads them: the log-prob of position ``t + 1``'s token at ``t``), from
     the interactions' ``output_prm_logprobs``/``output_ref_logprobs``; NaN on the tokens of a turn (or a
     branch) without them, so a stage that reads them refuses the batch instead of training on 0
@@ -73,7 +73,7 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
         raise ValueError(f"turns {turns} is fewer than the {most} turns of the longest branch")
     count = most if turns is None else turns
     batch = empty_batch(rows, width, token_rewards=token_rewards, turns=count if per_turn else None,
-                        tree_turns=count if sessions is not None else None, model_logprobs=model_logprobs)
+                        tree_turns=count if sessions is not None else None, model_outputs=model_outputs)
     batch["group_ids"] = _group_ids(group_sizes, len(sequences), rows)
     for b, seq in enumerate(sequences):
         if seq.reward is None:
@@ -88,7 +88,7 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
             batch["token_rewards"][b, :n] = seq.token_rewards
         batch["rewards"][b] = seq.reward
         batch["is_truncated"][b] = seq.is_truncated
-        for key in MODEL_OUTPUT_KEYS if model_logprobs else ():
+        for key in MODEL_OUTPUT_KEYS if model_outputs else ():
             on_positions = getattr(seq, key)
             if on_positions is None:  # a branch without them: NaN where it is trained, never a silent 0
                 on_positions = np.where(seq.loss_mask > 0, np.float32(np.nan), np.float32(0))
@@ -116,23 +116,23 @@ def _session_trees(batch: dict[str, np.ndarray], sequences: Sequence[BranchSeque
 
 
 def empty_batch(rows: int, width: int, *, token_rewards: bool = True, turns: int | None = None,
-                tree_turns: int | None = None, model_logprobs: bool = False) -> dict[str, np.ndarray]:
+                tree_turns: int | None = None, model_outputs: bool = False) -> dict[str, np.ndarray]:
     """``rows`` padding rows with ``pack_branches``' keys, dtypes and fill values (``turns``: with GiGPO's
     per-turn arrays, ``[rows, turns]``; ``tree_turns``: with the session trees' ``node_ids [rows,
     tree_turns]`` and ``node_parents [rows * tree_turns]``): a fixed-shape template, e.g. to compile a step
     before any data."""
     spec = batch_spec(rows, width, token_rewards=token_rewards, turns=turns, tree_turns=tree_turns,
-                      model_logprobs=model_logprobs)
+                      model_outputs=model_outputs)
     return {name: aligned_full(shape, fill, dtype) for name, (shape, dtype, fill) in spec.items()}
 
 
 def batch_spec(rows: int, width: int, *, token_rewards: bool = True, turns: int | None = None,
                tree_turns: int | None = None,
-               model_logprobs: bool = False) -> dict[str, tuple[tuple[int, ...], type, float | int | bool]]:
+               model_outputs: bool = False) -> dict[str, tuple[tuple[int, ...], type, float | int | bool]]:
     """``pack_branches``' keys with the shape, dtype and padding value of each (nothing allocated), from
     ``BATCH_SCHEMA``: its ``packed`` argument says which of them adds a key."""
     added = {"always": True, "token_rewards": token_rewards, "per_turn": turns is not None,
-             "model_logprobs": model_logprobs, "sessions": tree_turns is not None, "never": False}
+             "model_outputs": model_outputs, "sessions": tree_turns is not None, "never": False}
     slots = {"per_turn": turns, "sessions": tree_turns}
     spec: dict[str, tuple[tuple[int, ...], type, float | int | bool]] = {}
     for name, key in BATCH_SCHEMA.items():

@@ -30,6 +30,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.e2e)
 
 
+# The tests' plug-in estimators, registered as a user registers one (tests/rloo_estimator.py): the option
+# matrix and the strategy tests run every registered estimator, so they run these too.
+from rloo_estimator import RLOO  # noqa: E402
+
+from prm_jax.kernels.estimators import register_estimator  # noqa: E402
+
+PLUGINS = (register_estimator(RLOO),)
+
 # Every test runs with the strictest promotion rules, so implicit rank or dtype promotion is a bug.
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")

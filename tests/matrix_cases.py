@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-ESTIMATORS = {
-    "token_gae": {"gae_lambda": 0.9, "discount": 0.95},
-    "turn_gae": {"gae_timestep_unit": "turn", "gae_lambda": 0.9},
-    # (mean_norm: after decoupled's z-scores an all-equal group's outcomes are float32 noise, which a std
-    # normalization with eps 1e-6 would amplify a millionfold; test_gigpo covers mean_std_norm)
-    "gigpo": {"credit_assignment": {"mode": "gigpo", "step_weight": 0.7, "step_discount": 0.9,
-                                    "norm": "mean_norm", "step_reward": "last"}},
-    "tree": {"credit_assignment": {"mode": "tree", "weighting": "sqrt"}},
-    "pure": {"credit_assignment": {"mode": "pure", "temperature": 0.3, "verifier_coef": 0.5}},
-    "prime": {"credit_assignment": {"mode": "prime", "beta": 0.1, "lam": 0.5, "use_gt": True}},
-}
+from prm_jax.kernels.estimators import registered
+
+# Every registered estimator (the built-ins and the tests' plug-ins, tests/conftest.py), run from the example
+# configuration it declares (EstimatorSpec.example): none is listed here.
+ESTIMATORS = {spec.name: dict(spec.example) for spec in registered()}
 SHAPINGS = {"additive": {}, "gvpo": {"advantage_shaping": {"mode": "gvpo"}},
             "process_weighted": {"advantage_shaping": {"mode": "process_weighted"}},
             "fold": {"token_rewards_as_adv": False}}

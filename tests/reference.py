@@ -341,46 +341,59 @@ def compute_advantages(batch, cfg):
 
 
 def _credit(mode, options, batch, m, tids, ends, process, outcome, outcome_step, groups):
-    """Steps 6-7 of a credit mode: per-timestep advantages, before the KL rewards (CREDIT.md's rules)."""
+    """Steps 6-7 of a credit mode: per-timestep advantages, before the KL rewards (CREDIT.md's rules), from
+    the mode's float64 reference in ``CREDIT``."""
+    if mode not in CREDIT:
+        raise NotImplementedError(f"estimator {mode!r} is registered but has no float64 reference: add one to "
+                                  "tests/reference.py's CREDIT")
+    p = np.zeros(m.shape) if process is None else process
+    return CREDIT[mode](options, batch, m, tids, ends, p, outcome, outcome_step, groups)
+
+
+def _credit_pure(options, batch, m, tids, ends, p, outcome, outcome_step, groups):
+    advantages, _ = pure(p, outcome, m, tids, outcome_step, groups, options.get("temperature", 0.1),
+                         options.get("verifier_coef", 1.0), options.get("whiten", True))
+    return advantages
+
+
+def _credit_prime(options, batch, m, tids, ends, p, outcome, outcome_step, groups):
+    prm = np.where(m, np.asarray(batch["prm_logprobs"], np.float64), 0.0)
+    ref = np.where(m, np.asarray(batch["ref_logprobs"], np.float64), 0.0)
+    advantages, _, _ = prime(prm, ref, outcome, m, groups, beta=options.get("beta", 0.05),
+                             lam=options.get("lam", 0.0), use_gt=options.get("use_gt", False),
+                             dpo_coef=options.get("dpo_coef", 5.0), gt_coef=options.get("gt_coef", 5.0),
+                             batch_norm=options.get("norm", "batch_norm") == "batch_norm")
+    return advantages
+
+
+def _credit_gigpo(options, batch, m, tids, ends, p, outcome, outcome_step, groups):
     rows, width = m.shape
-    zeros = np.zeros((rows, width))
-    p = zeros if process is None else process
-    if mode == "pure":
-        advantages, _ = pure(p, outcome, m, tids, outcome_step, groups, options.get("temperature", 0.1),
-                             options.get("verifier_coef", 1.0), options.get("whiten", True))
-        return advantages
-    if mode == "prime":
-        prm = np.where(m, np.asarray(batch["prm_logprobs"], np.float64), 0.0)
-        ref = np.where(m, np.asarray(batch["ref_logprobs"], np.float64), 0.0)
-        advantages, _, _ = prime(prm, ref, outcome, m, groups, beta=options.get("beta", 0.05),
-                                 lam=options.get("lam", 0.0), use_gt=options.get("use_gt", False),
-                                 dpo_coef=options.get("dpo_coef", 5.0), gt_coef=options.get("gt_coef", 5.0),
-                                 batch_norm=options.get("norm", "batch_norm") == "batch_norm")
-        return advantages
-    if mode == "gigpo":
-        turns = next((np.shape(batch[k])[1] for k in ("turn_rewards", "anchor_ids") if k in batch), width)
-        counts, sums, last = np.zeros((rows, turns)), np.zeros((rows, turns)), np.zeros((rows, turns))
-        for b in range(rows):
-            for t in range(width):
-                if m[b, t] and 0 <= tids[b, t] < turns:
-                    k = tids[b, t]
-                    counts[b, k] += 1
-                    sums[b, k] += p[b, t]
-                    if ends[b, t]:
-                        last[b, k] = p[b, t]
-        rule = options.get("step_reward", "mean")
-        step = {"sum": sums, "mean": sums / np.maximum(counts, 1), "last": last}[rule]
-        if "turn_rewards" in batch:
-            given = np.asarray(batch["turn_rewards"], np.float64)
-            use = np.asarray(batch["turn_reward_mask"]).astype(bool) if "turn_reward_mask" in batch else True
-            step = np.where(use, given, step)
-        per_turn, *_ = gigpo(step, counts > 0, outcome, batch.get("anchor_ids"), groups=groups,
-                             step_weight=options.get("step_weight", 1.0), step_discount=options.get("step_discount", 0.95),
-                             norm=options.get("norm", "mean_norm"), eps=options.get("eps", 1e-6),
-                             episode_stats=options.get("episode_stats", "trajectory"))
-        return np.array([[per_turn[b, tids[b, t]] if m[b, t] and 0 <= tids[b, t] < turns else 0.0
-                          for t in range(width)] for b in range(rows)])
-    assert mode == "tree", mode
+    turns = next((np.shape(batch[k])[1] for k in ("turn_rewards", "anchor_ids") if k in batch), width)
+    counts, sums, last = np.zeros((rows, turns)), np.zeros((rows, turns)), np.zeros((rows, turns))
+    for b in range(rows):
+        for t in range(width):
+            if m[b, t] and 0 <= tids[b, t] < turns:
+                k = tids[b, t]
+                counts[b, k] += 1
+                sums[b, k] += p[b, t]
+                if ends[b, t]:
+                    last[b, k] = p[b, t]
+    rule = options.get("step_reward", "mean")
+    step = {"sum": sums, "mean": sums / np.maximum(counts, 1), "last": last}[rule]
+    if "turn_rewards" in batch:
+        given = np.asarray(batch["turn_rewards"], np.float64)
+        use = np.asarray(batch["turn_reward_mask"]).astype(bool) if "turn_reward_mask" in batch else True
+        step = np.where(use, given, step)
+    per_turn, *_ = gigpo(step, counts > 0, outcome, batch.get("anchor_ids"), groups=groups,
+                         step_weight=options.get("step_weight", 1.0), step_discount=options.get("step_discount", 0.95),
+                         norm=options.get("norm", "mean_norm"), eps=options.get("eps", 1e-6),
+                         episode_stats=options.get("episode_stats", "trajectory"))
+    return np.array([[per_turn[b, tids[b, t]] if m[b, t] and 0 <= tids[b, t] < turns else 0.0
+                      for t in range(width)] for b in range(rows)])
+
+
+def _credit_tree(options, batch, m, tids, ends, p, outcome, outcome_step, groups):
+    rows, width = m.shape
     node_ids = np.asarray(batch["node_ids"])
     parents = np.asarray(batch["node_parents"])
     size = len(parents)
@@ -398,6 +411,26 @@ def _credit(mode, options, batch, m, tids, ends, process, outcome, outcome_step,
                              weighting=options.get("weighting", "sqrt"), value=options.get("value", "state_value"))
     return np.array([[values[node_ids[b, tids[b, t]]] if m[b, t] and 0 <= tids[b, t] < node_ids.shape[1] else 0.0
                       for t in range(width)] for b in range(rows)])
+
+
+def _credit_rloo(options, batch, m, tids, ends, p, outcome, outcome_step, groups):
+    """The RLOO plug-in (tests/rloo_estimator.py): ``R_i - mean_{j != i} R_j`` over the other real rows of
+    row ``i``'s group on its trained timesteps; 0 for a row alone in its group."""
+    rows, width = m.shape
+    real = np.asarray(batch["attention_mask"]).astype(bool).any(axis=1)
+    out = np.zeros((rows, width))
+    for b in range(rows):
+        others = [c for c in range(rows) if real[c] and c != b and groups[c] == groups[b]]
+        if real[b] and others:
+            out[b] = np.where(m[b], outcome[b] - math.fsum(outcome[c] for c in others) / len(others), 0.0)
+    return out
+
+
+# The float64 reference of each credit mode, by its registered name: a registered estimator without one
+# fails the option matrix naming it (tests/kernels/test_matrix.py); the GAE estimators are steps 6-7 above.
+CREDIT = {"pure": _credit_pure, "prime": _credit_prime, "gigpo": _credit_gigpo, "tree": _credit_tree,
+          "rloo": _credit_rloo}
+GAE_ESTIMATORS = ("token_gae", "turn_gae")
 
 
 def group_filter(group, kind):

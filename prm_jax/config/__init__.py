@@ -8,7 +8,14 @@ alias expansion). Errors are ``ConfigError``, naming the key path. The kernels' 
 ``reward_norm``/``adv_norm``, ``advantage_shaping``, ``credit_assignment`` and ``process_reward_transform``.
 """
 
-from prm_jax.config.advantage import REFUSED_PAIRS, AdvantageConfig, Refusal, refusals_markdown, resolve_lambda
+from prm_jax.config.advantage import (
+    SETTING_REFUSALS,
+    AdvantageConfig,
+    Refusal,
+    refusals_markdown,
+    refused_pairs,
+    resolve_lambda,
+)
 from prm_jax.config.experiment import (
     ERROR_POLICIES,
     ErrorPolicy,
@@ -44,7 +51,7 @@ __all__ = [
     "PRMSection",
     "PrimeCredit",
     "PureCredit",
-    "REFUSED_PAIRS",
+    "SETTING_REFUSALS",
     "Refusal",
     "RolloutConfig",
     "ScorerSpec",
@@ -52,6 +59,7 @@ __all__ = [
     "TreeCredit",
     "load_config",
     "refusals_markdown",
+    "refused_pairs",
     "parse_yaml",
     "resolve_lambda",
 ]

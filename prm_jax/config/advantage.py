@@ -32,7 +32,7 @@ from prm_jax.kernels.advantages import (
     transform_mode,
 )
 from prm_jax.kernels.estimator import EstimatorStage
-from prm_jax.kernels.estimators import credit_modes, estimator_for
+from prm_jax.kernels.estimators import credit_modes, estimator_for, registered
 from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator
 from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod
@@ -143,7 +143,7 @@ class AdvantageConfig:
         if self.gae_method == "cumsum" and (isinstance(self.gae_lambda, str)
                                             or self.discount * self.gae_lambda != 1.0):
             raise ConfigError("gae_method", "'cumsum' needs discount * gae_lambda == 1 (a float gae_lambda)")
-        for refusal in REFUSED_PAIRS:
+        for refusal in refused_pairs():
             if refusal.when(self):
                 raise refusal.error()
         integer("gae_block_size", self.gae_block_size, minimum=1)
@@ -196,7 +196,7 @@ class AdvantageConfig:
 
     def shaping_variants(self, modes: Sequence[ShapingMode]) -> tuple[list[ShapingConfig], dict[str, str]]:
         """This config's shaping under each of ``modes``, and ``{mode: "n/a: why"}`` for the modes it rules
-        out (for ``compute_advantage_variants``): the refusals of ``REFUSED_PAIRS``."""
+        out (for ``compute_advantage_variants``): the refusals of ``refused_pairs()``."""
         shapings: list[ShapingConfig] = []
         refused: dict[str, str] = {}
         for mode in modes:
@@ -247,25 +247,19 @@ def setting(config: AdvantageConfig, key: str) -> Any:
     return getattr(config, key)
 
 
-# The pairs of settings the pipeline refuses, declared once: AdvantageConfig raises the first that applies,
-# shaping_variants reads them, tests/kernels/test_matrix.py generates every combination of estimator, process
-# transform, reward normalization and shaping mode against them, and the guides' table is rendered from
-# them (refusals_markdown; a test holds the guide to it). Every other pair is computed, and tested.
-#: The pairs of options refused at configuration (each names both keys and why); the guides' table of
-#: refused pairs is generated from it.
-REFUSED_PAIRS: tuple[Refusal, ...] = (
-    Refusal(("gae_timestep_unit", ("turn",)), ("credit_assignment.mode", ("tree", "pure", "prime")),
-            "these replace GAE, so the turn unit means nothing there (gigpo, AReaL's own key, accepts and ignores it)"),
-    Refusal(("credit_assignment.mode", ("pure",)), ("process_reward_transform.mode", ("min_form",)),
-            "PURE applies min-form to the process rewards itself: it would run twice"),
-    Refusal(("credit_assignment.mode", ("pure",)), ("process_reward_transform.mode", ("progress",)),
-            "PURE's min-form reads the process rewards as step scores; progress would hand it their differences"),
+# The pairs of settings the pipeline refuses, declared once: an estimator's own (its EstimatorSpec's ``units``
+# and ``refused_with``, so a plug-in's refusals come with its registration) and the rows below, between
+# settings no estimator owns. AdvantageConfig raises the first that applies, shaping_variants reads them,
+# tests/kernels/test_matrix.py generates every combination of estimator, process transform, reward
+# normalization and shaping mode against them, and the guides' table is rendered from them
+# (refusals_markdown; a test holds the guide to it). Every other pair is computed, and tested.
+#: The pairs of settings refused at configuration that no estimator declares (``refused_pairs()`` adds the
+#: estimators' own).
+SETTING_REFUSALS: tuple[Refusal, ...] = (
     Refusal(("process_reward_transform.mode", ("progress",)), ("advantage_shaping.mode", ("process_weighted",)),
             "progress rewards are signed differences, and process_weighted weighs advantages by a score in [0, 1]"),
     Refusal(("process_reward_transform.level", ("token",)), ("token_rewards_as_adv", (False,)),
             "folding takes one reward per turn (uniform over it), and token-level progress differs per timestep"),
-    Refusal(("credit_assignment.mode", ("pure",)), ("advantage_shaping.mode", ("gvpo", "process_weighted")),
-            "PURE's returns already hold the process rewards, so it shapes nothing (shaping would count them twice)"),
     Refusal(("token_rewards_as_adv", (False,)), ("advantage_shaping.mode", ("gvpo", "process_weighted")),
             "these modes shape with direct process rewards, which folding puts into GAE instead"),
     Refusal(("mask_no_eos_with_zero", (True,)), ("advantage_shaping.mode", ("process_weighted",)),
@@ -273,11 +267,29 @@ REFUSED_PAIRS: tuple[Refusal, ...] = (
 )
 
 
+def refused_pairs() -> tuple[Refusal, ...]:
+    """Every pair of settings refused at configuration (each names both keys and why), from the registry: the
+    credit modes that replace GAE (``units`` without ``turn``) with ``gae_timestep_unit: turn``, each
+    registered estimator's ``refused_with``, then ``SETTING_REFUSALS``."""
+    specs = [spec for spec in registered() if spec.mode is not None]
+    rows: list[Refusal] = []
+    replacing = tuple(spec.mode for spec in specs if "turn" not in spec.units)
+    ignoring = [spec.mode for spec in specs if "turn" in spec.units]
+    if replacing:
+        rows.append(Refusal(("gae_timestep_unit", ("turn",)), ("credit_assignment.mode", replacing),
+                            "these replace GAE, so the turn unit means nothing there"
+                            + (f" ({', '.join(map(str, ignoring))}, AReaL's own key, accepts and ignores it)"
+                               if ignoring else "")))
+    rows += [Refusal(("credit_assignment.mode", (spec.mode,)), (key, tuple(values)), why)
+             for spec in specs for key, values, why in spec.refused_with]
+    return (*rows, *SETTING_REFUSALS)
+
+
 def refusals_markdown() -> str:
-    """The guides' table of ``REFUSED_PAIRS`` (Markdown)."""
+    """The guides' table of ``refused_pairs()`` (Markdown)."""
     rows = ["| setting | refused with | why |", "| --- | --- | --- |"]
     rows += [f"| `{r.first[0]}: {_shown(r.first[1])}` | `{r.second[0]}: {_shown(r.second[1])}` | {r.why} |"
-             for r in REFUSED_PAIRS]
+             for r in refused_pairs()]
     return "\n".join(rows)
 
 

@@ -113,8 +113,16 @@ class EstimatorSpec:
     owns_process_rewards: bool = False
     missing_hint: str = ""
     summary: SummaryHook | None = None
+    units: tuple[str, ...] = ("token", "turn")
+    refused_with: tuple[tuple[str, tuple[Any, ...], str], ...] = ()
+    example: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    name: str = ""
 
     def __post_init__(self) -> None:
+        if not self.name:
+            if self.mode is None:
+                raise ValueError(f"estimator {self.label}: one without a credit_assignment mode needs a name")
+            object.__setattr__(self, "name", self.mode)
         unknown = [name for name in (*self.reads, *self.may_read) if name not in BATCH_SCHEMA]
         if unknown:
             raise ValueError(f"estimator {self.label}: batch keys {unknown} are not in the batch schema")

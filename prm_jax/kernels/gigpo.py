@@ -397,4 +397,9 @@ def _step_groups_line(stats: Mapping[str, float]) -> str:
 GIGPO = EstimatorSpec(GiGPOConfig, _estimate, "credit_assignment 'gigpo'", mode="gigpo", reads=("turn_ids",),
                       may_read=("turn_rewards", "turn_reward_mask", "anchor_ids"), needs_turn_ids=True,
                       diagnostics="gigpo/", turn_slots=_gigpo_turns,
-                      summary=SummaryHook("gigpo_step_groups", step_group_stats, _step_groups_line))
+                      summary=SummaryHook("gigpo_step_groups", step_group_stats, _step_groups_line),
+                      # (mean_norm: after decoupled's z-scores an all-equal group's outcomes are float32 noise,
+                      # which a std normalization with eps 1e-6 would amplify a millionfold; test_gigpo covers
+                      # mean_std_norm)
+                      example={"credit_assignment": {"mode": "gigpo", "step_weight": 0.7, "step_discount": 0.9,
+                                                     "norm": "mean_norm", "step_reward": "last"}})

@@ -191,4 +191,5 @@ def _estimate(stage: PrimeCredit, checks: list, batch: Mapping[str, jax.Array], 
 
 
 PRIME = EstimatorSpec(PrimeCredit, _estimate, "credit_assignment 'prime'", mode="prime",
-                      reads=("prm_logprobs", "ref_logprobs"), diagnostics="prime/")
+                      reads=("prm_logprobs", "ref_logprobs"), diagnostics="prime/", units=("token",),
+                      example={"credit_assignment": {"mode": "prime", "beta": 0.1, "lam": 0.5, "use_gt": True}})

@@ -165,5 +165,14 @@ def _estimate(stage: PureCredit, checks: list, process: jax.Array | None, outcom
     return Estimate(out.advantages, diagnostics={"pure/groups_of_one": jnp.sum(out.alone, dtype=jnp.int32)})
 
 
-PURE = EstimatorSpec(PureCredit, _estimate, "credit_assignment 'pure'", mode="pure", may_read=("token_rewards",),
-                     diagnostics="pure/", owns_process_rewards=True)
+PURE = EstimatorSpec(
+    PureCredit, _estimate, "credit_assignment 'pure'", mode="pure", may_read=("token_rewards",), diagnostics="pure/",
+    owns_process_rewards=True, units=("token",),
+    refused_with=(("process_reward_transform.mode", ("min_form",),
+                   "PURE applies min-form to the process rewards itself: it would run twice"),
+                  ("process_reward_transform.mode", ("progress",),
+                   "PURE's min-form reads the process rewards as step scores; progress would hand it their differences"),
+                  ("advantage_shaping.mode", ("gvpo", "process_weighted"),
+                   "PURE's returns already hold the process rewards, so it shapes nothing (shaping would count them "
+                   "twice)")),
+    example={"credit_assignment": {"mode": "pure", "temperature": 0.3, "verifier_coef": 0.5}})

@@ -237,4 +237,5 @@ def _token_gae(stage: TokenGAE, checks: list, rewards: jax.Array, values: jax.Ar
     return Estimate(*_gae_core(rewards, values, active, gamma, lam, bootstrap, strategy.gae, stage.block_size))
 
 
-TOKEN_GAE = EstimatorSpec(TokenGAE, _token_gae, "gae_timestep_unit 'token'", kl="rewards")
+TOKEN_GAE = EstimatorSpec(TokenGAE, _token_gae, "gae_timestep_unit 'token'", kl="rewards", name="token_gae",
+                          units=("token",), example={"gae_lambda": 0.9, "discount": 0.95})

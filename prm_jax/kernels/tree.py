@@ -346,4 +346,5 @@ def _estimate(stage: TreeCredit, checks: list, batch: Mapping[str, jax.Array], o
 TREE = EstimatorSpec(TreeCredit, _estimate, "credit_assignment 'tree'", mode="tree",
                      reads=("turn_ids", "node_ids", "node_parents"), needs_turn_ids=True, diagnostics="tree/",
                      turn_slots=lambda batch, num_turns: int(np.shape(batch["node_ids"])[1]),
-                     missing_hint=" (pack_branches(..., sessions=...) builds them)")
+                     missing_hint=" (pack_branches(..., sessions=...) builds them)", units=("token",),
+                     example={"credit_assignment": {"mode": "tree", "weighting": "sqrt"}})

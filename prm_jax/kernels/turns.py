@@ -267,4 +267,5 @@ def _turn_gae(stage: TurnGAE, checks: list, rewards: jax.Array, values: jax.Arra
     return Estimate(*_turn_gae_core(rewards, values, active, turn_ids, gamma, lam, bootstrap, num_turns, strategy.gae))
 
 
-TURN_GAE = EstimatorSpec(TurnGAE, _turn_gae, "gae_timestep_unit 'turn'", reads=("turn_ids",), needs_turn_ids=True)
+TURN_GAE = EstimatorSpec(TurnGAE, _turn_gae, "gae_timestep_unit 'turn'", reads=("turn_ids",), needs_turn_ids=True,
+                         name="turn_gae", units=("turn",), example={"gae_timestep_unit": "turn", "gae_lambda": 0.9})

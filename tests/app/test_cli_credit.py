@@ -86,7 +86,7 @@ def test_each_mode_runs_on_the_demo_and_reports_its_diagnostics(mode, tmp_path, 
     keys = MODES[mode]
     config = yaml.safe_load((DEMO / "demo_config.yaml").read_text())
     config["actor"].update(keys)
-    if mode == "pure":  # PURE shapes nothing: the demo's process_weighted is refused with it (REFUSED_PAIRS)
+    if mode == "pure":  # PURE shapes nothing: the demo's process_weighted is refused with it (refused_pairs())
         config["rollout"]["agent"]["prm"]["advantage_shaping"]["mode"] = "additive"
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))

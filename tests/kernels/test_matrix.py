@@ -2,7 +2,7 @@
 mode, each with the optional inputs absent, present, or present on some rows or turns only.
 
 Every cell is either refused at configuration, with a message naming both keys (the pairs of
-``prm_jax.config.REFUSED_PAIRS``, read from there), or computed and checked against the float64 loop of
+``prm_jax.config.refused_pairs()``, read from there), or computed and checked against the float64 loop of
 ``tests/reference.py``. An optional input present on some rows only is either refused where a stage reads it
 (a ``ValueError`` naming it: ``READERS`` below says which stages read what) or changes nothing where none
 does; the cell's numbers are then checked with the input made whole, in the same program.
@@ -26,7 +26,7 @@ import pytest
 import reference
 from matrix_cases import ESTIMATORS, GROUP, ROWS, SHAPINGS, make_batch
 
-from prm_jax.config import REFUSED_PAIRS, AdvantageConfig, ConfigError, refusals_markdown
+from prm_jax.config import AdvantageConfig, ConfigError, refusals_markdown, refused_pairs
 
 TRANSFORMS = {"none": {}, "min_form": {"process_reward_transform": {"mode": "min_form", "temperature": 0.3}},
               "progress": {"process_reward_transform": {"mode": "progress", "gamma": 0.9, "initial": 0.2,
@@ -48,7 +48,7 @@ FREE_DIMS["token_reward_mask"] = ("absent", "present")  # present: False on some
 
 
 def settings(cell: dict) -> dict:
-    """The cell's setting of each key that REFUSED_PAIRS names, as written in the actor section."""
+    """The cell's setting of each key that refused_pairs() names, as written in the actor section."""
     estimator, transform = cell["estimator"], cell["transform"]
     credit = ESTIMATORS[estimator].get("credit_assignment", {}).get("mode")
     written = TRANSFORMS[transform].get("process_reward_transform", {})
@@ -64,7 +64,7 @@ def settings(cell: dict) -> dict:
 def refusal(cell: dict):
     """The declared refusal that applies to the cell, or None."""
     values = settings(cell)
-    for rule in REFUSED_PAIRS:
+    for rule in refused_pairs():
         (first, firsts), (second, seconds) = rule.first, rule.second
         if first in values and second in values and values[first] in firsts and values[second] in seconds:
             return rule
@@ -277,7 +277,29 @@ def finite_or_counted(cell: dict, config: AdvantageConfig, rng: np.random.Genera
 
 def test_the_readme_table_of_refused_pairs_is_the_declared_one():
     import documentation
-    assert refusals_markdown() in documentation.text()
+    from plugins import without_plugins
+
+    with without_plugins():  # the guide documents the built-in estimators
+        assert refusals_markdown() in documentation.text()
+
+
+def test_every_registered_estimator_has_a_float64_reference_and_runs_in_the_matrix():
+    # Issue 43.2: the matrix runs every registered estimator from its declared example; one without a
+    # float64 reference fails here, named.
+    from prm_jax.kernels.estimators import registered
+
+    missing = [spec.name for spec in registered()
+               if spec.name not in reference.CREDIT and spec.name not in reference.GAE_ESTIMATORS]
+    assert missing == [], f"registered estimators without a float64 reference in tests/reference.py: {missing}"
+    assert {cell["estimator"] for cell in CELLS} == {spec.name for spec in registered()}
+
+
+def test_a_plug_in_that_replaces_gae_is_refused_with_the_turn_unit_from_its_declaration():
+    # Issue 43.2: RLOO (tests/rloo_estimator.py) declares units=("token",) and is listed nowhere else.
+    with pytest.raises(ConfigError, match=r"gae_timestep_unit 'turn' cannot be combined with credit_assignment\.mode "
+                                          r"'tree', 'pure', 'prime' or 'rloo': these replace GAE"):
+        AdvantageConfig(credit_assignment={"mode": "rloo"}, gae_timestep_unit="turn")
+    assert AdvantageConfig(credit_assignment={"mode": "rloo"}).plan is not None
 
 
 def float_settings():

@@ -13,21 +13,16 @@ from prm_jax import compute_advantages
 from prm_jax.config import AdvantageConfig, GiGPOConfig
 from prm_jax.kernels import advantages
 from prm_jax.kernels import gigpo as gigpo_module
+from prm_jax.kernels.estimators import registered
 from prm_jax.kernels.recurrence import resolve_step_groups, resolve_strategy
 from prm_jax.native import ffi
 from prm_jax.native.ffi import FLOAT_MASK_TARGET, TARGET
 
 ROWS, WIDTH = 4, 16
-ESTIMATORS = {
-    "token_gae": {},
-    "turn_gae": {"gae_timestep_unit": "turn"},
-    "gigpo": {"credit_assignment": {"mode": "gigpo"}},
-    "tree": {"credit_assignment": {"mode": "tree"}},
-    "pure": {"credit_assignment": {"mode": "pure"}},
-    "prime": {"credit_assignment": {"mode": "prime"}},  # lam 0: its implicit rewards need no recursion
-    "prime_lam": {"credit_assignment": {"mode": "prime", "lam": 0.5}},  # its lambda-return is a GAE scan
-}
-RUNS_GAE = {"token_gae", "turn_gae", "prime_lam"}  # the configurations that run a GAE scan
+# Every registered estimator from its declared example, and PRIME without its lambda-return too.
+ESTIMATORS = {**{spec.name: dict(spec.example) for spec in registered()},
+              "prime_lam0": {"credit_assignment": {"mode": "prime"}}}  # lam 0: its implicit rewards need no recursion
+RUNS_GAE = {"token_gae", "turn_gae", "prime"}  # the configurations that run a GAE scan (prime's example: lam 0.5)
 
 
 def batch() -> dict:

@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -249,6 +249,26 @@ def raise_value_checks(checks: list[ValueCheck], *, callback: bool = False) -> N
                 jax.debug.callback(_raise_on_host, check.message, check.count, *check.details)
         elif bool(check.count):
             raise ValueError(check.message(*(np.asarray(d) for d in check.details)))
+
+
+OnTrace = Literal["callback", "counts"]
+
+
+def checked(jitted: Callable[..., tuple[Any, list[ValueCheck]]], *args: Any, on_trace: OnTrace = "callback",
+            **kwargs: Any) -> Any:
+    """The one form of a kernel's runtime checks (equinox's ``error_if`` is the model: one primitive, one
+    mode switch): ``jitted(*args, **kwargs)`` returns ``(out, checks)``; the first failed check is raised as
+    a ``ValueError`` when called eagerly, and under a trace either from a host callback when the
+    computation runs (``on_trace="callback"``: the single kernels, which have no output to carry counts in)
+    or not at all (``"counts"``: the losses, whose statistics carry ``check_counts``); returns ``out``."""
+    out, checks = jitted(*args, **kwargs)
+    raise_value_checks(checks, callback=on_trace == "callback")
+    return out
+
+
+def counted(loss: jax.Array, stats: Any, checks: list[ValueCheck]) -> tuple[tuple[jax.Array, Any], list[ValueCheck]]:
+    """A loss kernel's result as ``checked`` takes it: ``((loss, stats with the checks' counts), checks)``."""
+    return (loss, stats._replace(checks=check_counts(checks))), checks
 
 
 def check_counts(checks: list[ValueCheck]) -> dict[str, jax.Array]:

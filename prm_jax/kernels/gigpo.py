@@ -301,10 +301,8 @@ def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayL
     if group_sizes is not None:
         group_sizes = jnp.asarray(group_sizes)
         _checks.check_rank("group_sizes", group_sizes, 1)
-    output, checks = _gigpo_jit(turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes, config=config,
-                                step_groups=resolve_step_groups(step_groups))
-    _checks.raise_value_checks(checks, callback=True)
-    return output
+    return _checks.checked(_gigpo_jit, turn_rewards, turn_mask, outcome_rewards, anchor_ids, group_sizes,
+                           config=config, step_groups=resolve_step_groups(step_groups))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "step_groups"))

@@ -70,9 +70,7 @@ def kl_rewards(logprobs: ArrayLike, ref_logprobs: ArrayLike, mask: ArrayLike, *,
     one_of("estimator", estimator, KL_ESTIMATORS)
     _checks.check_shape("ref_logprobs", ref_logprobs, np.shape(logprobs), "logprobs")
     _checks.check_shape("mask", mask, np.shape(logprobs), "logprobs")
-    rewards, checks = _kl_rewards_jit(logprobs, ref_logprobs, mask, kl_ctl, estimator=estimator)
-    _checks.raise_value_checks(checks, callback=True)
-    return rewards
+    return _checks.checked(_kl_rewards_jit, logprobs, ref_logprobs, mask, kl_ctl, estimator=estimator)
 
 
 @functools.partial(jax.jit, static_argnames=("estimator",))

@@ -379,9 +379,7 @@ def normalize(x: ArrayLike, mask: ArrayLike | None = None, norm: NormConfig = No
         group_sizes = jnp.asarray(group_sizes)
     if group_member_counts is not None:
         group_member_counts = jnp.asarray(group_member_counts)
-    out, checks = _normalize_jit(x, mask, group_sizes, group_member_counts, norm=norm)
-    _checks.raise_value_checks(checks, callback=True)
-    return out
+    return _checks.checked(_normalize_jit, x, mask, group_sizes, group_member_counts, norm=norm)
 
 
 @functools.partial(jax.jit, static_argnames=("norm",))
@@ -434,9 +432,7 @@ def decoupled_normalization(rewards: ArrayLike, weights: ArrayLike | Sequence[fl
     if group_ids is not None:
         _checks.check_shape("group_ids", group_ids, (rows,), "the batch axis")
     eps = finite_number("eps", eps, minimum=0.0)
-    out, checks = _decoupled_jit(rewards, jnp.asarray(weights), group_ids, eps=eps)
-    _checks.raise_value_checks(checks, callback=True)
-    return out
+    return _checks.checked(_decoupled_jit, rewards, jnp.asarray(weights), group_ids, eps=eps)
 
 
 @functools.partial(jax.jit, static_argnames=("eps",))

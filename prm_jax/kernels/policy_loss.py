@@ -205,11 +205,10 @@ def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
         behav_imp_weight_cap = finite_number("behav_imp_weight_cap", behav_imp_weight_cap, minimum=0.0)
     check_token_arrays(logprobs, proximal_logprobs=proximal_logprobs, advantages=advantages, loss_mask=loss_mask,
                        old_logprobs=old_logprobs)
-    loss, stats, checks = _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs,
-                                    eps_clip=eps_clip, eps_clip_higher=eps_clip_higher, c_clip=c_clip,
-                                    behav_imp_weight_cap=behav_imp_weight_cap, loss_agg_mode=loss_agg_mode)
-    _checks.raise_value_checks(checks)  # eagerly; under jit the counts are in stats.checks
-    return loss, stats._replace(checks=_checks.check_counts(checks))
+    # Eagerly a failed check raises; under jit its count is in stats.checks.
+    return _checks.checked(_loss_jit, logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs,
+                           eps_clip=eps_clip, eps_clip_higher=eps_clip_higher, c_clip=c_clip,
+                           behav_imp_weight_cap=behav_imp_weight_cap, loss_agg_mode=loss_agg_mode, on_trace="counts")
 
 
 @functools.partial(jax.jit, static_argnames=("eps_clip", "eps_clip_higher", "c_clip", "behav_imp_weight_cap",
@@ -223,4 +222,4 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs, 
                                      _checks.as_float("advantages", advantages, dtype),
                                      _checks.as_mask("loss_mask", loss_mask), old, eps_clip, eps_clip_higher, c_clip,
                                      behav_imp_weight_cap, loss_agg_mode)
-    return loss, stats, _checks.mask_check("loss_mask", loss_mask)
+    return _checks.counted(loss, stats, _checks.mask_check("loss_mask", loss_mask))

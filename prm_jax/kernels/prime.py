@@ -118,9 +118,8 @@ def implicit_process_rewards(prm_logprobs: ArrayLike, ref_logprobs: ArrayLike, m
         _checks.check_shape("outcome", outcome, shape[:1], "the batch axis")
     beta, lam = finite_number("beta", beta), finite_number("lam", lam, minimum=0.0, maximum=1.0)
     strategy = resolve_strategy("auto", unit_discount=lam == 1.0)
-    out, checks = _implicit_jit(prm_logprobs, ref_logprobs, mask, outcome, beta=beta, lam=lam, strategy=strategy)
-    _checks.raise_value_checks(checks, callback=True)
-    return out
+    return _checks.checked(_implicit_jit, prm_logprobs, ref_logprobs, mask, outcome, beta=beta, lam=lam,
+                           strategy=strategy)
 
 
 @functools.partial(jax.jit, static_argnames=("beta", "lam", "strategy"))

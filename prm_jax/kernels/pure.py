@@ -116,9 +116,7 @@ def min_form(step_scores: ArrayLike, step_mask: ArrayLike | None = None, tempera
     _checks.check_rank("step_scores", step_scores, 2)
     if step_mask is not None:
         _checks.check_shape("step_mask", step_mask, np.shape(step_scores), "step_scores")
-    out, checks = _min_form_jit(step_scores, step_mask, temperature=temperature)
-    _checks.raise_value_checks(checks, callback=True)
-    return out
+    return _checks.checked(_min_form_jit, step_scores, step_mask, temperature=temperature)
 
 
 @functools.partial(jax.jit, static_argnames=("temperature",))

@@ -114,9 +114,7 @@ def shape_advantages(advantages: ArrayLike, process_rewards: ArrayLike, mask: Ar
     _checks.check_rank("advantages", advantages, 2)
     _checks.check_shape("process_rewards", process_rewards, np.shape(advantages), "advantages")
     _checks.check_shape("mask", mask, np.shape(advantages), "advantages")
-    shaped, checks = _shape_jit(advantages, process_rewards, mask, shaping=shaping)
-    _checks.raise_value_checks(checks, callback=True)
-    return shaped
+    return _checks.checked(_shape_jit, advantages, process_rewards, mask, shaping=shaping)
 
 
 def _shape_impl(advantages, process_rewards, mask, *, shaping):

@@ -220,9 +220,8 @@ def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma:
     method = resolve_method(method, unit_discount=is_unit_discount(gamma, lam))
     if method != "blocked":
         block_size = DEFAULT_BLOCK_SIZE  # read by ``blocked`` only: another value would only compile again
-    output, checks = _gae_jit(rewards, values, mask, gamma, lam, bootstrap, method=method, block_size=block_size)
-    _checks.raise_value_checks(checks, callback=True)
-    return output
+    return _checks.checked(_gae_jit, rewards, values, mask, gamma, lam, bootstrap, method=method,
+                           block_size=block_size)
 
 
 @dataclasses.dataclass(frozen=True)

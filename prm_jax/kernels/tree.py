@@ -220,9 +220,7 @@ def tree_discount(parent: ArrayLike, raw_reward: ArrayLike, gamma: ArrayLike, *,
       ``[N]`` float32 (float64 for float64 input) discounted rewards.
     """
     _tree_inputs(parent, mask, raw_reward, "raw_reward")
-    out, check = _discount_jit(parent, raw_reward, gamma, mask)
-    _checks.raise_value_checks([check], callback=True)
-    return out
+    return _checks.checked(_discount_jit, parent, raw_reward, gamma, mask)
 
 
 @jax.jit
@@ -231,7 +229,7 @@ def _discount_jit(parent, raw_reward, gamma, mask):
     parent = _checks.as_int("parent", parent)
     used = jnp.ones(parent.shape, jnp.bool_) if mask is None else _checks.as_mask("mask", mask)
     raw = _checks.as_float("raw_reward", raw_reward, dtype)
-    return _tree_discount_core(parent, raw, used, jnp.asarray(gamma, dtype)), tree_check(parent, used)
+    return _tree_discount_core(parent, raw, used, jnp.asarray(gamma, dtype)), [tree_check(parent, used)]
 
 
 def tree_advantages(parent: ArrayLike, leaf_reward: ArrayLike, *, mask: ArrayLike | None = None,
@@ -259,9 +257,8 @@ def tree_advantages(parent: ArrayLike, leaf_reward: ArrayLike, *, mask: ArrayLik
     for name, x in (("selected", selected), ("group", group)):
         if x is not None:
             _checks.check_shape(name, x, np.shape(parent), "parent")
-    out, checks = _advantages_jit(parent, leaf_reward, mask, selected, group, weighting=weighting, value=value)
-    _checks.raise_value_checks(checks, callback=True)
-    return out
+    return _checks.checked(_advantages_jit, parent, leaf_reward, mask, selected, group, weighting=weighting,
+                           value=value)
 
 
 @functools.partial(jax.jit, static_argnames=("weighting", "value"))

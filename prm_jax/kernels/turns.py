@@ -133,10 +133,8 @@ def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn
     if num_turns < 1:
         raise ValueError(f"num_turns must be >= 1, got {num_turns}")
     strategy = resolve_strategy(method, unit_discount=is_unit_discount(gamma, lam))
-    output, checks = _turn_gae_jit(rewards, values, mask, turn_ids, gamma, lam, bootstrap, num_turns=num_turns,
-                                   method=strategy.gae, general=strategy.general)
-    _checks.raise_value_checks(checks, callback=True)
-    return output
+    return _checks.checked(_turn_gae_jit, rewards, values, mask, turn_ids, gamma, lam, bootstrap,
+                           num_turns=num_turns, method=strategy.gae, general=strategy.general)
 
 
 def first_at_or_after(x: jax.Array, where: jax.Array, method: str) -> jax.Array:

@@ -124,11 +124,11 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
     if kind in ("kl_cov", "clip_cov"):
         loss, stats, check = (_kl_cov if kind == "kl_cov" else _clip_cov)(logp, adv, mask, weights, d, extra, params,
                                                                         loss_agg_mode, loss_scale_factor)
-        return loss, stats, [*_checks.mask_check("loss_mask", loss_mask), check]
+        return _checks.counted(loss, stats, [*_checks.mask_check("loss_mask", loss_mask), check])
     if kind == "geo_mean":
         low, high = params
         loss, stats, check = _geo_mean(logp, adv, mask, weights, d, low, high)
-        return loss, stats, [*_checks.mask_check("loss_mask", loss_mask), check]
+        return _checks.counted(loss, stats, [*_checks.mask_check("loss_mask", loss_mask), check])
     if kind == "vanilla":
         low, high, cap = params
         x = _torch_clamp(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -185,7 +185,7 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
     loss = aggregate(losses, mask, loss_agg_mode, loss_scale_factor)
     stats = PolicyLossStats(_masked_mean(clipped.astype(logp.dtype), mask), kl_mean,
                             _masked_mean(lower.astype(logp.dtype), mask))
-    return loss, stats, _checks.mask_check("loss_mask", loss_mask)
+    return _checks.counted(loss, stats, _checks.mask_check("loss_mask", loss_mask))
 
 
 def _geo_mean(logp, adv, mask, weights, d, low, high):
@@ -289,11 +289,10 @@ def _run(kind: str, logprobs, proximal_logprobs, advantages, loss_mask, rollout_
             raise ValueError("loss_scale_factor must be > 0")
     check_token_arrays(logprobs, proximal_logprobs=proximal_logprobs, advantages=advantages, loss_mask=loss_mask,
                        rollout_is_weights=rollout_is_weights)
-    loss, stats, checks = _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, extra,
-                                    kind=kind, loss_agg_mode=loss_agg_mode, params=params,
-                                    loss_scale_factor=loss_scale_factor)
-    _checks.raise_value_checks(checks)  # eagerly; under jit the counts are in stats.checks
-    return loss, stats._replace(checks=_checks.check_counts(checks))
+    # Eagerly a failed check raises; under jit its count is in stats.checks.
+    return _checks.checked(_loss_jit, logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, extra,
+                           kind=kind, loss_agg_mode=loss_agg_mode, params=params,
+                           loss_scale_factor=loss_scale_factor, on_trace="counts")
 
 
 def vanilla_ppo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike,
@@ -535,7 +534,7 @@ def _sequence_jit(logprobs, proximal_logprobs, advantages, loss_mask, *, low, hi
     n = max(size, 1)
     stats = SequenceClipStats(jnp.sum(low_flags) / n, jnp.sum(high_flags) / n, jnp.sum(region) / n,
                               jnp.min(low_flags) if size else zero, jnp.max(high_flags) if size else zero)
-    return loss, stats, _checks.mask_check("loss_mask", loss_mask)
+    return _checks.counted(loss, stats, _checks.mask_check("loss_mask", loss_mask))
 
 
 def gspo_sequence_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike,
@@ -561,12 +560,10 @@ def gspo_sequence_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advant
         num_items_in_batch = integer("num_items_in_batch", num_items_in_batch, minimum=0)
     check_token_arrays(logprobs, proximal_logprobs=proximal_logprobs, loss_mask=loss_mask)
     _checks.check_shape("advantages", advantages, np.shape(logprobs)[:1], "logprobs' rows (one advantage per row)")
-    loss, stats, checks = _sequence_jit(logprobs, proximal_logprobs, advantages, loss_mask, low=low, high=high,
-                                        delta=None if delta is None else float(delta), loss_type=loss_type,
-                                        max_completion_length=max_completion_length,
-                                        num_items_in_batch=num_items_in_batch)
-    _checks.raise_value_checks(checks)
-    return loss, stats._replace(checks=_checks.check_counts(checks))
+    return _checks.checked(_sequence_jit, logprobs, proximal_logprobs, advantages, loss_mask, low=low, high=high,
+                           delta=None if delta is None else float(delta), loss_type=loss_type,
+                           max_completion_length=max_completion_length, num_items_in_batch=num_items_in_batch,
+                           on_trace="counts")
 
 
 _POLICY_LOSSES: dict[str, Callable[..., tuple[jax.Array, PolicyLossStats]]] = {"vanilla": vanilla_ppo_loss,

@@ -20,7 +20,6 @@ from prm_jax.app.sessions import InputError, SessionRecord, read_sessions
 from prm_jax.config.experiment import ExperimentConfig
 from prm_jax.kernels.advantages import STAGE_DIAGNOSTICS, compute_advantage_variants, compute_advantages
 from prm_jax.kernels.estimators import registered
-from prm_jax.kernels.schema import BATCH_SCHEMA, MODEL_OUTPUT_KEYS
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.runtime.batching import bucket_width, pack_branches
 from prm_jax.runtime.export import ExportedTrajectory, ExportResult, ExportService
@@ -32,6 +31,7 @@ from prm_jax.runtime.group_filters import (
 from prm_jax.runtime.metrics import InMemoryRecorder
 from prm_jax.runtime.runner import BUILDING_NOTE
 from prm_jax.runtime.specs import enabled_scorer_names
+from prm_jax.runtime.trajectory import MODEL_OUTPUT_FIELDS
 
 
 class ScoreError(Exception):
@@ -234,8 +234,7 @@ def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int,
                           group_sizes=group_sizes,
                           token_rewards=process_rewards and any(seq.token_rewards is not None for seq in sequences),
                           per_turn=anchored or any(r is not None for seq in sequences for r in seq.step_rewards),
-                          sessions=sessions, model_outputs=any(getattr(seq, key) is not None for seq in sequences
-                                                                for key in MODEL_OUTPUT_KEYS))
+                          sessions=sessions, model_outputs=any(seq.model_outputs for seq in sequences))
     if not anchored:
         batch.pop("anchor_ids", None)  # no anchors at all: one step group per group (not "every turn alone")
     return batch
@@ -309,8 +308,7 @@ def check_model_outputs(records: list[SessionRecord], config: ExperimentConfig, 
     first turn without, before anything is scored."""
     plan = config.actor.plan
     for key in plan.model_outputs_read:
-        field = BATCH_SCHEMA[key].turn_field
-        assert field is not None  # (every model output is one turn's vector)
+        field = MODEL_OUTPUT_FIELDS[key]
         required = key in plan.estimator_spec.reads
         lacking: tuple[SessionRecord, int] | None = None
         carried = False

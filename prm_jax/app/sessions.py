@@ -45,7 +45,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, NamedTuple, get_args
 
 import msgspec
 import numpy as np
@@ -58,6 +58,7 @@ from prm_jax.runtime.trajectory import (
     VECTOR_FIELDS,
     Interaction,
     InteractionCache,
+    JsonKind,
     StopReason,
     TurnField,
     check_vector_lengths,
@@ -157,27 +158,25 @@ _NUMBERS = JSONType(list[float] | None, _optional(_numbers), "must hold numbers"
 _LOGPROBS = _NUMBERS._replace(value=_logprobs)
 _NUMBER = JSONType(float | None, _optional(_number), "must hold numbers")
 _MESSAGES = JSONType(list[dict[str, Any]] | None, _optional(_objects), "must be a list of JSON objects")
-# Each turn field's JSON type (the fields, their value rules and their absent values are the turn's own:
-# prm_jax.runtime.trajectory.TURN_FIELDS; a field there without a type here fails at import).
-JSON_TYPES: dict[str, JSONType] = {
-    "parent_id": JSONType(NonEmpty | None, _optional(_nonempty_str), "must be a non-empty string or null"),
-    "output_logprobs": _LOGPROBS, "messages": _MESSAGES, "output_messages": _MESSAGES,
+# The JSON type of each kind of turn field (the fields, their kinds, value rules and absent values are the
+# turn's own: prm_jax.runtime.trajectory.TURN_FIELDS; a kind without a type here fails at import).
+JSON_KINDS: dict[str, JSONType] = {
+    "id": JSONType(NonEmpty | None, _optional(_nonempty_str), "must be a non-empty string or null"),
+    "logprobs": _LOGPROBS, "numbers": _NUMBERS, "messages": _MESSAGES, "number": _NUMBER,
     "stop_reason": JSONType(StopReason, lambda v: v in STOP_REASONS, f"must be one of {STOP_REASONS}",
                             default="stop"),
-    "reward": _NUMBER, "token_rewards": _NUMBERS,
     # (msgspec bounds no int beyond int64: the value rule checks the range)
-    "anchor_id": JSONType(int | None, _optional(lambda v: isinstance(v, int) and not isinstance(v, bool)),
-                          "must be an integer or null"),
-    "step_reward": _NUMBER, "output_prm_logprobs": _LOGPROBS, "output_ref_logprobs": _LOGPROBS,
+    "integer": JSONType(int | None, _optional(lambda v: isinstance(v, int) and not isinstance(v, bool)),
+                        "must be an integer or null"),
 }
-if set(JSON_TYPES) != {field.name for field in TURN_FIELDS}:
-    raise RuntimeError(f"JSON_TYPES and TURN_FIELDS disagree: {sorted(set(JSON_TYPES) ^ {f.name for f in TURN_FIELDS})}")
+if set(JSON_KINDS) != set(get_args(JsonKind)):
+    raise RuntimeError(f"JSON_KINDS and JsonKind disagree: {sorted(set(JSON_KINDS) ^ set(get_args(JsonKind)))}")
 
 
 def _field_rule(field: TurnField) -> FieldRule:
     """A turn field's rule in this format: its JSON type here, its value rule (the format's stricter one,
     else the turn's) and its absent value from ``TURN_FIELDS``."""
-    kind = JSON_TYPES[field.name]
+    kind = JSON_KINDS[field.json]
     return FieldRule(field.name, kind.json_type, kind.default, kind.is_type, kind.type_problem,
                      kind.value or field.rule, field.absent)
 

@@ -44,7 +44,6 @@ class BatchKey:
     like: str | None = None         # a key whose shape it must share (and that must be there with it)
     hint: str = ""                  # said when the key holds NaN where a stage reads it
     stored: type | None = None      # the dtype pack_branches stores it in, where not the class's own
-    turn_field: str | None = None   # the Interaction field it is packed from, where it is one turn's vector
 
     @property
     def numpy_dtype(self) -> type:
@@ -61,11 +60,9 @@ BATCH_SCHEMA: Mapping[str, BatchKey] = {key.name: key for key in (
     BatchKey("input_ids", "BT", "positions", "int", "none", 0, packed="always"),
     BatchKey("attention_mask", "BT", "positions", "mask", "none", 0, packed="always", required=True, stored=np.int32),
     BatchKey("loss_mask", "BT", "positions", "mask", "none", 0, packed="always", required=True, stored=np.int32),
-    BatchKey("logprobs", "BT", "positions", "float", "trained", 0.0, packed="always", required=True,
-             turn_field="output_logprobs"),
+    BatchKey("logprobs", "BT", "positions", "float", "trained", 0.0, packed="always", required=True),
     BatchKey("turn_ids", "BT", "positions", "int", "none", -1, packed="always"),
-    BatchKey("token_rewards", "BT", "positions", "float", "trained", 0.0, packed="token_rewards",
-             turn_field="token_rewards"),
+    BatchKey("token_rewards", "BT", "positions", "float", "trained", 0.0, packed="token_rewards"),
     BatchKey("token_reward_mask", "BT", "positions", "mask", "none", False, like="token_rewards"),
     BatchKey("rewards", "B", "rows", "float", "rows", 0.0, packed="always", required=True),
     BatchKey("is_truncated", "B", "rows", "mask", "none", False, packed="always"),
@@ -74,10 +71,9 @@ BATCH_SCHEMA: Mapping[str, BatchKey] = {key.name: key for key in (
     BatchKey("turn_rewards", "BK", "turns", "float", "reader", 0.0, packed="per_turn"),
     BatchKey("turn_reward_mask", "BK", "turns", "mask", "none", False, packed="per_turn", like="turn_rewards"),
     BatchKey("prm_logprobs", "BT", "timesteps", "float", "reader", 0.0, packed="model_outputs",
-             hint=" (NaN: a turn without PRM log-probs; PRIME reads them)", turn_field="output_prm_logprobs"),
+             hint=" (NaN: a turn without PRM log-probs; PRIME reads them)"),
     BatchKey("ref_logprobs", "BT", "timesteps", "float", "reader", 0.0, packed="model_outputs",
-             hint=" (NaN: a turn without reference log-probs; the KL reward and PRIME read them)",
-             turn_field="output_ref_logprobs"),
+             hint=" (NaN: a turn without reference log-probs; the KL reward and PRIME read them)"),
     BatchKey("node_ids", "BK", "turns", "int", "none", -1, packed="sessions"),
     BatchKey("node_parents", "N", "nodes", "int", "none", -1, packed="sessions"),
     BatchKey("values", "BT", "timesteps", "float", "trained", 0.0),

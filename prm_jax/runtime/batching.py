@@ -89,7 +89,7 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
         batch["rewards"][b] = seq.reward
         batch["is_truncated"][b] = seq.is_truncated
         for key in MODEL_OUTPUT_KEYS if model_outputs else ():
-            on_positions = getattr(seq, key)
+            on_positions = seq.model_outputs.get(key)
             if on_positions is None:  # a branch without them: NaN where it is trained, never a silent 0
                 on_positions = np.where(seq.loss_mask > 0, np.float32(np.nan), np.float32(0))
             if n > 1:

@@ -118,33 +118,50 @@ def _stop_reason(value: Any) -> str:
     return value
 
 
+# A turn field's type in the JSON session format (``prm_jax.app.sessions`` maps each kind to its decoder's
+# type): the kinds, not the fields, are what the readers declare.
+JsonKind = Literal["id", "numbers", "logprobs", "messages", "stop_reason", "number", "integer"]
+
+
 @dataclasses.dataclass(frozen=True)
 class TurnField:
     """One optional field of a turn, declared once: its value rule (raises ``ValueError``; the value as
-    stored) and its value when absent. ``Interaction`` runs the rules on construction; the JSONL readers
-    (``prm_jax.app.sessions``) run the same rules on the decoded values, adding only the format's types.
+    stored), its value when absent, its JSON kind in the session format (``json``) and the batch key it is
+    packed into (``batch_key``: a ``BATCH_SCHEMA`` key, or None). ``Interaction`` runs the rules on
+    construction (its attribute of each name must exist: checked at import); the JSONL readers
+    (``prm_jax.app.sessions``) run the same rules on the decoded values, typed by ``json``; the concat
+    export and the packer carry every field whose batch key the schema packs as a model output.
     ``vector``: a per-token field, one entry per output token."""
 
     name: str
     rule: Any          # Callable[[Any], Any] | None: None keeps the value as given
     absent: Any = None
     vector: bool = False
+    json: JsonKind = "number"
+    batch_key: str | None = None
 
 
 # Every optional field of a turn (the token lists and the id are the turn's identity, checked apart).
 TURN_FIELDS: tuple[TurnField, ...] = (
-    TurnField("parent_id", _parent_id),
-    TurnField("output_logprobs", finite_vector, vector=True),
-    TurnField("messages", tuple, ()),
-    TurnField("output_messages", tuple, ()),
-    TurnField("stop_reason", _stop_reason, "stop"),
+    TurnField("parent_id", _parent_id, json="id"),
+    TurnField("output_logprobs", finite_vector, vector=True, json="logprobs", batch_key="logprobs"),
+    TurnField("messages", tuple, (), json="messages"),
+    TurnField("output_messages", tuple, (), json="messages"),
+    TurnField("stop_reason", _stop_reason, "stop", json="stop_reason"),
     TurnField("reward", finite_value),
-    TurnField("token_rewards", finite_vector, vector=True),
-    TurnField("anchor_id", anchor_value),
+    TurnField("token_rewards", finite_vector, vector=True, json="numbers", batch_key="token_rewards"),
+    TurnField("anchor_id", anchor_value, json="integer"),
     TurnField("step_reward", finite_value),
-    TurnField("output_prm_logprobs", finite_vector, vector=True),
-    TurnField("output_ref_logprobs", finite_vector, vector=True),
+    TurnField("output_prm_logprobs", finite_vector, vector=True, json="logprobs", batch_key="prm_logprobs"),
+    TurnField("output_ref_logprobs", finite_vector, vector=True, json="logprobs", batch_key="ref_logprobs"),
 )
+# The turn field each per-token model output of the schema is packed from (every such key has one).
+MODEL_OUTPUT_FIELDS: dict[str, str] = {field.batch_key: field.name for field in TURN_FIELDS
+                                       if field.batch_key in MODEL_OUTPUT_KEYS}
+_unlinked = sorted(set(MODEL_OUTPUT_KEYS) - set(MODEL_OUTPUT_FIELDS)) + sorted(
+    field.batch_key for field in TURN_FIELDS if field.batch_key is not None and field.batch_key not in BATCH_SCHEMA)
+if _unlinked:
+    raise RuntimeError(f"batch keys without their turn field (or turn fields naming no batch key): {_unlinked}")
 VECTOR_FIELDS: tuple[str, ...] = tuple(field.name for field in TURN_FIELDS if field.vector)
 
 
@@ -340,6 +357,12 @@ _ARRAY_FIELDS = ("input_tokens", "output_tokens", *VECTOR_FIELDS)
 _MESSAGE_FIELDS = ("messages", "output_messages")
 
 
+_ATTRIBUTES = {field.name for field in dataclasses.fields(Interaction)}
+if any(field.name not in _ATTRIBUTES for field in TURN_FIELDS):  # a row of TURN_FIELDS needs its attribute
+    raise RuntimeError(f"TURN_FIELDS names fields Interaction lacks: "
+                       f"{[field.name for field in TURN_FIELDS if field.name not in _ATTRIBUTES]}")
+
+
 def _share_state(turn: Interaction, state: dict[str, Any]) -> None:
     """Fills ``state`` with the turn's attributes, arrays as read-only views, other mutable values frozen."""
     state.update(turn.__dict__)
@@ -396,8 +419,9 @@ class BranchSequence:
     interaction_ids: tuple[str, ...]
     anchor_ids: tuple[int | None, ...] = ()      # per turn, root first
     step_rewards: tuple[float | None, ...] = ()  # per turn, root first
-    prm_logprobs: np.ndarray | None = None       # [L] float32 on positions (NaN on a turn without), or None
-    ref_logprobs: np.ndarray | None = None       # [L] float32 on positions (NaN on a turn without), or None
+    # Each per-token model output some turn has (MODEL_OUTPUT_FIELDS: prm_logprobs, ref_logprobs, ...), by its
+    # batch key: [L] float32 on positions, NaN on a turn without it.
+    model_outputs: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(input_ids=self.input_ids, loss_mask=self.loss_mask, logprobs=self.logprobs,
@@ -486,16 +510,15 @@ def stitch(chain: Sequence[Interaction]) -> BranchSequence:
     return BranchSequence(leaf.interaction_id, input_ids, loss_mask, logprobs, turn_ids, token_rewards, leaf.reward,
                           leaf.stop_reason == "length", tuple(turn.interaction_id for turn in chain),
                           tuple(turn.anchor_id for turn in chain), tuple(turn.step_reward for turn in chain),
-                          **{key: _on_positions(chain, spans, BATCH_SCHEMA[key].turn_field, length)
-                             for key in MODEL_OUTPUT_KEYS})  # (each model output the schema declares)
+                          {key: values for key, name in MODEL_OUTPUT_FIELDS.items()
+                           if (values := _on_positions(chain, spans, name, length)) is not None})
 
 
-def _on_positions(chain: Sequence[Interaction], spans: list[tuple[int, int]], name: str | None,
+def _on_positions(chain: Sequence[Interaction], spans: list[tuple[int, int]], name: str,
                   length: int) -> np.ndarray | None:
     """A per-token model output of the turns on their output spans (0 elsewhere), NaN on the span of a turn
     without it (never a silent 0: a stage that reads it refuses the NaN, one that does not ignores it);
     ``None`` when no turn has it."""
-    assert name is not None  # (a model output is one turn's vector)
     if all(getattr(turn, name) is None for turn in chain):
         return None
     out = np.zeros(length, np.float32)

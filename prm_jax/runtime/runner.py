@@ -31,7 +31,8 @@ import numpy as np
 from prm_jax.config.experiment import PRMSection
 from prm_jax.runtime.concurrency import concurrently
 from prm_jax.runtime.context import ScorerContext
-from prm_jax.runtime.executors import WORKER_TRACEBACK_NOTE, AsyncExecutor, Executor, make_executor, watch_loop
+from prm_jax.runtime.dispatch import make_executor
+from prm_jax.runtime.executors import WORKER_TRACEBACK_NOTE, AsyncExecutor, Executor
 from prm_jax.runtime.lifecycle import first_in_group, rolled_back
 from prm_jax.runtime.rewards import weighted_rewards
 from prm_jax.runtime.scoring import (
@@ -42,6 +43,7 @@ from prm_jax.runtime.scoring import (
 )
 from prm_jax.runtime.specs import as_section, check_scorer_specs
 from prm_jax.runtime.trajectory import Interaction, InteractionCache, require_scorable
+from prm_jax.runtime.watchdog import watch_loop
 from prm_jax.validation import integer, short_repr
 
 logger = logging.getLogger(__name__)

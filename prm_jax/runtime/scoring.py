@@ -9,7 +9,7 @@ Scorers receive read-only inputs (``Interaction.readonly()``, an immutable ``ctx
 concurrent sessions: keep request state inside the coroutine.
 
 Each scorer class declares its *kind*: its ``unit`` (a call scores one ``turn`` or a whole ``trajectory``)
-and its ``executor`` (how a call runs; ``prm_jax.runtime.executors`` holds one executor per kind):
+and its ``executor`` (how a call runs; ``prm_jax.runtime.dispatch.EXECUTORS`` holds one executor per kind):
 
 ==========================  ==============  ===========  =====================================================
 base class                  unit            executor     for

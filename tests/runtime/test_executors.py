@@ -25,7 +25,7 @@ from prm_jax import (
     SyncTrajectoryScorer,
 )
 from prm_jax.config import PRMConfig, ScorerSpec
-from prm_jax.runtime import executors
+from prm_jax.runtime import process_pool
 from prm_jax.runtime.context import ScorerContext
 from prm_jax.runtime.runner import RunnerClosedError
 from prm_jax.runtime.specs import check_scorer_specs
@@ -612,14 +612,14 @@ async def test_closing_a_runner_while_its_worker_process_starts_runs_nothing_the
     # outlived the close, which gave up on its dispatcher after 6 s.
     starting, workers = threading.Event(), []
 
-    class SlowStart(executors._Worker):
+    class SlowStart(process_pool._Worker):
         def __init__(self, *args):
             starting.set()
             super().__init__(*args)
             workers.append(self)
             time.sleep(1.5)  # the start's handshake, as a cold forkserver makes it
 
-    monkeypatch.setattr(executors, "_Worker", SlowStart)
+    monkeypatch.setattr(process_pool, "_Worker", SlowStart)
     scorer = st.Misbehaves(slow=("b0t0",), max_workers=1)
     runner = PRMRunner(scorers=(scorer,))
     seconds, closed = await close_while_scoring(runner, starting.is_set)
@@ -634,12 +634,12 @@ async def test_closing_a_runner_mid_chunk_starts_no_worker_for_the_rest_of_the_c
     # other three calls fail with the run instead of a new worker starting (seconds, cold) to be ended at once.
     started_file, workers = tmp_path / "started", []
 
-    class Counted(executors._Worker):
+    class Counted(process_pool._Worker):
         def __init__(self, *args):
             super().__init__(*args)
             workers.append(self)
 
-    monkeypatch.setattr(executors, "_Worker", Counted)
+    monkeypatch.setattr(process_pool, "_Worker", Counted)
     scorer = st.Misbehaves(slow=("b0t0",), max_workers=1, started=str(started_file))
     runner = PRMRunner(scorers=(scorer,))
     seconds, closed = await close_while_scoring(runner, started_file.exists, rows=4)
@@ -752,7 +752,7 @@ async def test_evaluate_batch_returning_a_string_is_named_as_a_string_not_three_
 MAIN_SCORER = """
 import numpy as np
 from prm_jax import PRMRunner, SyncScorer
-from prm_jax.runtime import executors
+from prm_jax.runtime import process_pool
 from prm_jax.runtime.arrays import score_arrays
 import anyio
 
@@ -764,11 +764,11 @@ class InMain(SyncScorer):
         return 1.0
 
 started = []
-original = executors._Worker.__init__
+original = process_pool._Worker.__init__
 def counting(self, *args):
     started.append(1)
     original(self, *args)
-executors._Worker.__init__ = counting
+process_pool._Worker.__init__ = counting
 
 async def main():
     runner = PRMRunner(scorers=(InMain(max_workers=2),))
@@ -799,12 +799,12 @@ def test_a_process_scorer_defined_in_a_script_without_a_file_fails_its_rows_with
 def test_a_worker_that_cannot_load_the_scorer_fails_the_calls_with_why_and_no_more_start(monkeypatch):
     # Issue 41.18 at the first failure: the worker says why it cannot unpickle the scorer, once.
     started = []
-    original = executors._Worker.__init__
+    original = process_pool._Worker.__init__
 
     def counting(self, *args):
         started.append(1)
         original(self, *args)
-    monkeypatch.setattr(executors._Worker, "__init__", counting)
+    monkeypatch.setattr(process_pool._Worker, "__init__", counting)
     monkeypatch.setattr(pickle, "dumps", lambda obj, *a, **k: b"not a pickle" if isinstance(obj, st.WorkerPid)
                         else pickle._dumps(obj, *a, **k))  # type: ignore[attr-defined]
 

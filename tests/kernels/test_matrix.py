@@ -27,6 +27,7 @@ import reference
 from matrix_cases import ESTIMATORS, GROUP, ROWS, SHAPINGS, make_batch
 
 from prm_jax.config import AdvantageConfig, ConfigError, refusals_markdown, refused_pairs
+from prm_jax.kernels.estimators import registered
 
 TRANSFORMS = {"none": {}, "min_form": {"process_reward_transform": {"mode": "min_form", "temperature": 0.3}},
               "progress": {"process_reward_transform": {"mode": "progress", "gamma": 0.9, "initial": 0.2,
@@ -178,28 +179,30 @@ def with_states(full: dict, cell: dict) -> tuple[dict, dict]:
     return batch, whole
 
 
+def spec_of(cell: dict):
+    """The cell's estimator's declaration (the registry's, by the name the matrix knows it by)."""
+    return next(spec for spec in registered() if spec.name == cell["estimator"])
+
+
 def reads(cell: dict, key: str) -> bool:
-    """Whether a stage of the cell reads ``key`` where it is broken (READERS, written from the README's
-    table of which stage reads what)."""
-    estimator = cell["estimator"]
+    """Whether a stage of the cell reads ``key`` where it is broken: the estimator's as it declares (its
+    ``reads``, and turn ids where it reads turns), the other stages' from the README's table of which stage
+    reads what."""
+    spec = spec_of(cell)
     with_process = cell["token_rewards"] != "absent"
-    turns_read = (estimator in ("turn_gae", "gigpo", "tree", "pure")
+    turns_read = (spec.reads_turns
                   or (with_process and (cell["transform"] in ("min_form", "progress") or cell["shaping"] == "fold")))
     # (progress_token reads no turns: its steps are the trained timesteps)
     return {"values": True, "prox_logprobs": True, "token_rewards": True, "gae_lambda": True,
-            "ref_logprobs": cell["kl_ctl"] != 0 or estimator == "prime",
-            "prm_logprobs": estimator == "prime",
-            "turn_ids": turns_read,
-            "node_ids": estimator == "tree"}.get(key, False)
+            "ref_logprobs": cell["kl_ctl"] != 0 or "ref_logprobs" in spec.reads,
+            "turn_ids": turns_read}.get(key, key in spec.reads)
 
 
 def expected_refusals(cell: dict) -> set[str]:
-    """The batch keys whose state the cell refuses (a partial input a stage reads, a required one absent)."""
+    """The batch keys whose state the cell refuses (a partial input a stage reads, a required one absent: the
+    keys the cell's estimator declares it reads)."""
     refused = {key for key in INPUTS if cell[key] == "partial" and reads(cell, key)}
-    estimator = cell["estimator"]
-    required = {"turn_gae": ("turn_ids",), "gigpo": ("turn_ids",), "tree": ("turn_ids", "node_ids"),
-                "prime": ("prm_logprobs", "ref_logprobs")}.get(estimator, ())
-    refused |= {key for key in required if cell[key] == "absent"}
+    refused |= {key for key in spec_of(cell).reads if key in INPUTS and cell[key] == "absent"}
     return refused
 
 

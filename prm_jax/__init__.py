@@ -7,6 +7,8 @@ The names a user needs first are here; the rest live in namespaces, as optax's d
   ``normalize``, ``shape_advantages``, ``kl_rewards``, ``gigpo``, the alignment helpers, ...);
 - ``prm_jax.runtime``: sessions, the runner's pieces, export, batches, metrics, retries;
 - ``prm_jax.credit``: credit assignment beyond GAE (tree, PURE, PRIME, GDPO, GiGPO);
+- ``prm_jax.estimators``: the estimator plug-in API (``EstimatorSpec``, ``register_estimator``, the shared
+  primitives);
 - ``prm_jax.losses``: the PPO loss side (``logprobs_on_timesteps``, ``ppo_clip_loss``);
 - ``prm_jax.filters``: AReaL's host-side group filters;
 - ``prm_jax.scorers``: the built-in scorers.
@@ -16,7 +18,7 @@ it), ``prm_jax.config``, ``prm_jax.runtime`` and ``prm_jax.app`` (the JSONL form
 ``import prm_jax`` loads no application code.
 """
 
-from prm_jax import config, credit, filters, kernels, losses, runtime, scorers
+from prm_jax import config, credit, estimators, filters, kernels, losses, runtime, scorers
 from prm_jax.config import AdvantageConfig, ExperimentConfig, GiGPOConfig, NormConfig, ShapingConfig, load_config
 from prm_jax.kernels import AdvantageOutput, compute_advantages
 from prm_jax.runtime.arrays import score_arrays
@@ -41,5 +43,5 @@ __all__ = [
     "BatchTrajectoryScorer", "BlockingRunner", "ExperimentConfig", "SyncScorer", "SyncTrajectoryScorer",
     "GiGPOConfig", "Interaction", "InteractionCache", "NormConfig", "PRMMetricObservation", "PRMRunner",
     "PRMScorerResult", "ShapingConfig", "compute_advantages", "load_config", "pack_branches", "score_arrays",
-    "config", "credit", "filters", "kernels", "losses", "runtime", "scorers",
+    "config", "credit", "estimators", "filters", "kernels", "losses", "runtime", "scorers",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 
-from prm_jax.kernels.estimator import Estimate, EstimatorSpec, ValueCheck, violations
+from prm_jax.estimators import Estimate, EstimatorSpec, ValueCheck, violations
 
 
 @dataclasses.dataclass(frozen=True)

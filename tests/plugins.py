@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from rloo_estimator import RLOO
 
-from prm_jax.kernels.estimators import register_estimator, registered, unregister_estimator
+from prm_jax.estimators import register_estimator, registered, unregister_estimator
 
 PLUGINS = (RLOO,)
 for _spec in PLUGINS:

@@ -11,8 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from prm_jax.kernels.estimator import Estimate, EstimatorSpec
-from prm_jax.kernels.normalization import leave_one_out_mean
+from prm_jax.estimators import Estimate, EstimatorSpec, leave_one_out_mean
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 
 import prm_jax
 
-NAMESPACES = ("config", "kernels", "runtime", "credit", "losses", "filters", "scorers")
+NAMESPACES = ("config", "kernels", "runtime", "credit", "estimators", "losses", "filters", "scorers")
 PACKAGES = ("prm_jax", "prm_jax.kernels", "prm_jax.runtime", "prm_jax.config", "prm_jax.scorers", "prm_jax.app",
             "prm_jax.native", "prm_jax.integrations")
 README = documentation.text()  # the namespace table is in the guides' Public API page

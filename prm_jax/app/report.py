@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from prm_jax.app.score import ScoreRun, failure_causes, listed, stats_line
+from prm_jax.app.score import ScoreRun, failure_causes, listed, stats_text
 from prm_jax.kernels.alignment import shift_to_next_token
 from prm_jax.kernels.estimators import registered
 from prm_jax.kernels.shaping import SHAPING_MODES
@@ -82,7 +82,7 @@ def print_summary(run: ScoreRun, stream=None) -> None:
     if run.scorer_stats:  # each scorer's calls, failures, timeouts, latency (and a served one's requests)
         print("scorers:", file=out)
         for name, counts in run.scorer_stats.items():
-            print(stats_line(name, counts), file=out)
+            print(f"  {name:<24} {stats_text(counts)}", file=out)
     if s.credit:
         print("credit assignment: " + ", ".join(f"{key} {value:g}" for key, value in s.credit.items()), file=out)
     if s.process_reward_per_scorer:

@@ -150,22 +150,21 @@ def _rejection_reason(result: ExportResult) -> dict[str, str] | str:
 
 
 def plain_stats(stats: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float | None]]:
-    """``scorer_stats()`` as JSON holds it: counts as integers, a latency without calls as ``None``."""
-    return {name: {key: (None if isinstance(v, float) and not math.isfinite(v) else
-                         int(v) if isinstance(v, float) and v.is_integer() and not key.endswith("_s") else v)
-                   for key, v in values.items()} for name, values in stats.items()}
+    """``scorer_stats()`` as JSON holds it: a latency without calls (NaN) as ``None``."""
+    return {name: {key: None if isinstance(v, float) and not math.isfinite(v) else v for key, v in values.items()}
+            for name, values in stats.items()}
 
 
-def stats_line(name: str, stats: Mapping[str, float | None]) -> str:
-    """One scorer's ``scorer_stats`` in a line of the summary."""
+def stats_text(stats: Mapping[str, float | None]) -> str:
+    """One scorer's ``scorer_stats`` in words (the summary's line, the error line without a batch)."""
     def ms(key: str) -> str:
         value = stats.get(key)
         return "-" if value is None else f"{value * 1e3:.1f} ms"
 
     served = (f", requests {stats['requests_sent']}, retries {stats['retries']}, rate-limit waits "
               f"{stats.get('rate_limit_waits', 0)}" if "requests_sent" in stats else "")
-    return (f"  {name:<24} calls {stats.get('calls')}, failures {stats.get('failures')}, timeouts "
-            f"{stats.get('timeouts')}, latency p50 {ms('latency_p50_s')} p95 {ms('latency_p95_s')}{served}")
+    return (f"calls {stats.get('calls')}, failures {stats.get('failures')}, timeouts {stats.get('timeouts')}, "
+            f"latency p50 {ms('latency_p50_s')} p95 {ms('latency_p95_s')}{served}")
 
 
 def failure_causes(rejections: Mapping[str, Rejection]) -> list[tuple[str, list[str]]]:
@@ -341,7 +340,7 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
     if not trajectories:
         why = [f"{len(keys)} session(s) ({listed(keys)}): {cause}" for cause, keys in failure_causes(reasons)[:5]]
         why += [f"group {g}: {r.reason}" for g, r in list(reasons.items())[:5] if isinstance(r.reason, str)]
-        why += [f"scorer {name!r}: {stats_line('', st).strip()}" for name, st in exported.scorer_stats.items()]
+        why += [f"scorer {name!r}: {stats_text(st)}" for name, st in exported.scorer_stats.items()]
         raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
                               + shorten("; ".join(why), 1500))
     rows, group_sizes = len(trajectories), [len(group) for group in accepted]

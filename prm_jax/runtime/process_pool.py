@@ -306,8 +306,6 @@ class ProcessExecutor(Executor):
             worker.conn.send((self.method, [call.args for call in calls]))
         except Exception as err:  # an argument that does not pickle fails this chunk's calls
             alive = not isinstance(err, OSError)
-            if not alive and self._unloadable(worker, calls):
-                return [], False
             for call in calls:
                 call.future.set_exception(TypeError(
                     f"scorer {self.scorer.name!r} on {describe(call.on)}: its arguments could not be sent to its "
@@ -335,26 +333,11 @@ class ProcessExecutor(Executor):
                     f"scorer {self.scorer.name!r} on {describe(call.on)}: the scorer's return value could not be "
                     f"unpickled in the parent process: {err!r}"))
                 continue
-            if ok is _UNLOADABLE:  # no worker can run this scorer: fail everything, start no more workers
-                self._give_up(f"scorer {self.scorer.name!r}: {value}", calls[k:])
-                return [], False
             if ok:
                 call.future.set_result(value)
             else:
                 call.future.set_exception(value)
         return [], True
-
-    def _unloadable(self, worker: _Worker, calls: list[_Call]) -> bool:
-        """Whether a worker whose pipe broke said it cannot load the scorer (then ``calls`` and the queue
-        fail with why)."""
-        try:
-            ok, why = pickle.loads(worker.conn.recv_bytes()) if worker.conn.poll(1.0) else (True, None)
-        except Exception:
-            return False
-        if ok is not _UNLOADABLE:
-            return False
-        self._give_up(f"scorer {self.scorer.name!r}: {why}", calls)
-        return True
 
     def _give_up(self, why: str, calls: list[_Call]) -> None:
         """No worker can run the scorer (``why``): ``calls`` and every queued call fail with it, and no worker

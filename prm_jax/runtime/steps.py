@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from prm_jax.runtime.trajectory import turn_spans
-from prm_jax.validation import short_repr
+from prm_jax.validation import one_of, short_repr
 
 Spread = Literal["turn", "tokens", "step", "step_end"]
-SPREADS: tuple[str, ...] = ("turn", "tokens", "step", "step_end")
+SPREADS: tuple[Spread, ...] = get_args(Spread)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,9 +128,8 @@ def spread_steps(scores: Sequence[float], ends: Sequence[int], length: int, spre
 
 
 def check_spread(spread: Any) -> Spread:
-    if spread not in SPREADS:
-        raise ValueError(f"spread must be one of {', '.join(map(repr, SPREADS))}, got {short_repr(spread)}")
-    return spread
+    """``spread`` when it is one of ``SPREADS``; else ``ValueError`` naming it."""
+    return one_of("spread", spread, SPREADS)
 
 
 def step_turn_ids(input_ids: Any, turn_ids: Any, step_separator: Any, step_tag_id: int | None = None) -> np.ndarray:
@@ -160,13 +159,12 @@ def place_steps(scores: np.ndarray, input_ids: np.ndarray, turn_ids: np.ndarray,
                 spread: Spread) -> np.ndarray:
     """A model's token scores ``[B, T]`` read at each step's last token (the step's score, where a causal PRM
     has read the whole step) and placed by ``spread`` over each turn's tokens (``turn_ids`` on positions);
-    0 off the turns. ``ModelScorer``'s step rule: nothing is inserted, and a turn's end always ends a step."""
+    0 off the turns. ``ModelScorer``'s step rule (parsed without a step tag): nothing is inserted, and a
+    turn's end always ends a step."""
     out = np.zeros(scores.shape, np.float64)
     for row in range(scores.shape[0]):
         for start, stop in turn_spans(turn_ids[row], row):
-            ends = rule.ends(input_ids[row, start:stop])
-            if not ends or ends[-1] != stop - start:
-                ends = [*ends, stop - start]
+            ends = rule.ends(input_ids[row, start:stop])  # (a rule without a tag ends a step at the turn's end)
             steps = [scores[row, start + end - 1] for end in ends]
             out[row, start:stop] = spread_steps(steps, ends, stop - start, spread)
     return out

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from prm_jax.runtime.authoring import RetryError, call_with_retry
 from prm_jax.runtime.limits import RETRYABLE_STATUS, RequestLimiter, ServiceError, retry_after_seconds
+from prm_jax.runtime.runner import cause_text
 from prm_jax.scorers._answers import AnswerReader
 from prm_jax.validation import finite_number, integer, short_repr
 
@@ -88,10 +89,9 @@ def failure_cause(err: BaseException, request_timeout: float) -> str:
         return f"HTTP {status}" + (f" {err.reason}" if err.reason else "")
     if isinstance(err, TimeoutError):
         return f"no answer within request_timeout={request_timeout:g} s"
-    module = type(err).__module__.split(".")[0]
-    if module in ("httpx", "httpcore") or isinstance(err, OSError):
-        return f"connection error ({type(err).__name__}: {err})" if str(err) else f"connection error ({type(err).__name__})"
-    return f"{type(err).__name__}: {err}"
+    if type(err).__module__.split(".")[0] in ("httpx", "httpcore") or isinstance(err, OSError):
+        return f"connection error ({cause_text(err)})"
+    return cause_text(err)
 
 
 class RequestFailed(RetryError):
@@ -194,15 +194,15 @@ class JSONService:
             raise ServiceError(f"{err} (attempt {tried} of {self.attempts}; not retried: this answer does not "
                                "change by asking again)", status=err.status, reason=err.reason) from err
 
-    async def probe(self, scorer: str, path: str, payload: Mapping[str, Any],
-                    check: Callable[[Any], str | None]) -> Probe:
-        """One request (one attempt, no limiter) and what it says: ``check`` reads the decoded answer and
-        returns the model that answered (raising where the answer cannot be scored)."""
+    async def probe(self, scorer: str, path: str, payload: Mapping[str, Any], check: Callable[[Any], None]) -> Probe:
+        """One request (one attempt, no limiter) and what it says: ``check`` reads the decoded answer as the
+        scorer reads one (raising where it cannot be scored); the model is the answer's ``model`` field."""
         url = shown_url(self.base_url + path)
         started = time.perf_counter()
         try:
             answer = await self._post_once(path, payload)
-            model = check(answer)
+            check(answer)
+            model = str(answer["model"]) if isinstance(answer, Mapping) and answer.get("model") else None
         except Exception as err:  # the probe reports every failure, as a line
             status = failure_cause(err, self.request_timeout)
             if isinstance(err, ServiceError) and err.status not in (None, 200):

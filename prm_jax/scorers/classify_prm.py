@@ -56,12 +56,11 @@ class ClassifyPRMScorer(OpenAIJudgeScorer):
 
     async def probe(self) -> Probe:
         """One small classification (``prm-jax validate-config --probe``)."""
-        def check(answer: Any) -> str | None:
+        def check(answer: Any) -> None:
             where = f"scorer {self.name!r} (probe)"
             read = self.service.reader
             read.probability(read.field(answer, ("data", 0, "probs", self.good_index), where), where,
                              f"data[0].probs[{self.good_index}]")
-            return str(answer.get("model")) if isinstance(answer, Mapping) and answer.get("model") else None
 
         return await self.service.probe(self.name, "/v1/classify", {"model": self.model, "input": self.PROBE_TEXT},
                                         check)

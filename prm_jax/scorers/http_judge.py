@@ -82,8 +82,11 @@ class HTTPJudgeScorer(BaseScorer):
         payload = {"interaction_id": interaction.interaction_id, "messages": _plain(interaction.messages),
                    "output_messages": _plain(interaction.output_messages), "output_len": interaction.output_len}
         answer = await self.service.post("", payload)
+        return self._score_of(answer, f"scorer {self.name!r} on interaction {interaction.interaction_id!r}")
+
+    def _score_of(self, answer: Any, where: str) -> Any:
+        """The score (or the per-token scores) in the judge's answer, read by the judges' one reader."""
         read = self.service.reader
-        where = f"scorer {self.name!r} on interaction {interaction.interaction_id!r}"
         if isinstance(answer, Mapping) and "score" in answer:
             return read.number(answer["score"], where, "the answer's field 'score'")
         if isinstance(answer, Mapping) and isinstance(answer.get("scores"), list):
@@ -94,14 +97,8 @@ class HTTPJudgeScorer(BaseScorer):
         """One small turn (``prm-jax validate-config --probe``): the judge must answer a score."""
         payload = {"interaction_id": "probe", "messages": [{"role": "user", "content": "probe"}],
                    "output_messages": [{"role": "assistant", "content": "probe"}], "output_len": 1}
-
-        def check(answer: Any) -> str | None:
-            if not (isinstance(answer, Mapping) and ("score" in answer or isinstance(answer.get("scores"), list))):
-                raise self.service.reader.error(f"scorer {self.name!r} (probe)", "the judge's answer needs 'score' "
-                                                f"or a list 'scores', got {short_repr(answer)}")
-            return None
-
-        return await self.service.probe(self.name, "", payload, check)
+        return await self.service.probe(self.name, "", payload,
+                                        lambda answer: self._score_of(answer, f"scorer {self.name!r} (probe)"))
 
     def client_stats(self) -> dict[str, float]:
         return self.service.stats()

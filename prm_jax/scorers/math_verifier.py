@@ -24,13 +24,13 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from prm_jax.runtime.context import METADATA_KEY
 from prm_jax.runtime.scoring import SyncTrajectoryScorer
 from prm_jax.runtime.trajectory import Interaction
 from prm_jax.scorers.openai_judge import NoTextError, message_text
-from prm_jax.validation import finite_number, short_repr
+from prm_jax.validation import finite_number, one_of, short_repr
 
 Scope = Literal["last_turn", "every_turn"]
 DEFAULT_TIMEOUT_S = 10.0
@@ -85,8 +85,7 @@ class MathVerifyScorer(SyncTrajectoryScorer):
         if not isinstance(answer_key, str) or not answer_key:
             raise ValueError(f"answer_key must be the metadata key of the reference answer, got "
                              f"{short_repr(answer_key)}")
-        if scope not in ("last_turn", "every_turn"):
-            raise ValueError(f"scope must be 'last_turn' or 'every_turn', got {short_repr(scope)}")
+        one_of("scope", scope, get_args(Scope))
         finite_number("correct", correct)
         finite_number("wrong", wrong)
 

@@ -188,9 +188,13 @@ class OpenAIJudgeScorer(BaseScorer):
 
     def request(self, interaction: Interaction, ctx: Mapping[str, Any]) -> dict[str, Any]:
         """The chat completion request for a turn."""
-        content = self.render(interaction, ctx)
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
-            {"role": "user", "content": content}]
+            {"role": "user", "content": self.render(interaction, ctx)}]
+        return self._body(messages)
+
+    def _body(self, messages: list[dict[str, str]]) -> dict[str, Any]:
+        """A chat completion request with this judge's settings: ``extra_body``, the model, ``max_tokens`` and,
+        scoring by log-probs, ``logprobs`` / ``top_logprobs``."""
         body: dict[str, Any] = {**self.extra_body, "model": self.model, "messages": messages,
                                 "max_tokens": self.max_tokens}
         if self.score_from == "logprobs":
@@ -254,20 +258,14 @@ class OpenAIJudgeScorer(BaseScorer):
     async def probe(self) -> Probe:
         """One small chat completion with this judge's settings (``prm-jax validate-config --probe``): its
         endpoint's status, the model that answered, the round trip."""
-        body: dict[str, Any] = {**self.extra_body, "model": self.model,
-                                "messages": [{"role": "user", "content": self.PROBE_TEXT}],
-                                "max_tokens": self.max_tokens}
-        if self.score_from == "logprobs":
-            body.update(logprobs=True, top_logprobs=self.top_logprobs)
-
-        def check(answer: Any) -> str | None:
+        def check(answer: Any) -> None:
             read, where = self.service.reader, f"scorer {self.name!r} (probe)"
             choice = read.field(answer, ("choices", 0), where)
             read.field(choice, ("message",), where)
             if self.score_from == "logprobs":
                 read.field(choice, ("logprobs", "content", 0, "top_logprobs"), where)
-            return str(answer.get("model")) if isinstance(answer, Mapping) and answer.get("model") else None
 
+        body = self._body([{"role": "user", "content": self.PROBE_TEXT}])
         return await self.service.probe(self.name, "/chat/completions", body, check)
 
     def client_stats(self) -> dict[str, float]:

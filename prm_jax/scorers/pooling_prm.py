@@ -34,7 +34,7 @@ step): not supported here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, get_args
 
 import numpy as np
 
@@ -51,7 +51,7 @@ from prm_jax.scorers._http import (
     httpx_module,
     transport,
 )
-from prm_jax.validation import integer, short_repr
+from prm_jax.validation import integer, one_of, short_repr
 
 QWEN_PRM_STEP_TAG_ID = 151651  # "<extra_0>" in Qwen2.5-Math-PRM's tokenizer
 StepScore = Literal["good", "good_minus_bad"]
@@ -151,8 +151,7 @@ class PoolingPRMScorer(BatchTrajectoryScorer):
             raise ValueError(f"task must be a pooling task name (token_classify) or null, got {short_repr(task)}")
         check_spread(spread)
         StepRule.parse(step_separator, step_tag_id)
-        if step_score not in ("good", "good_minus_bad"):
-            raise ValueError(f"step_score must be 'good' or 'good_minus_bad', got {short_repr(step_score)}")
+        one_of("step_score", step_score, get_args(StepScore))
         if step_score == "good_minus_bad" and good_index not in (0, 1):
             raise ValueError(f"step_score 'good_minus_bad' reads two-class rows [p_bad, p_good]: good_index must "
                              f"be 0 or 1, got {good_index}")
@@ -216,14 +215,13 @@ class PoolingPRMScorer(BatchTrajectoryScorer):
         if self.task is not None:
             body["task"] = self.task
 
-        def check(answer: Any) -> str | None:
+        def check(answer: Any) -> None:
             rows = self._rows(answer, 1)[0]
             where = f"scorer {self.name!r} (probe)"
             if not isinstance(rows, list) or len(rows) != 1:
                 raise self.service.reader.error(where, f"expected one row for one step tag, got {short_repr(rows)} "
                                                        "(is the model served with STEP pooling and this step_tag_id?)")
             self._step_score(rows[0], where, 0)
-            return str(answer.get("model")) if answer.get("model") else None
 
         return await self.service.probe(self.name, "/pooling", body, check)
 

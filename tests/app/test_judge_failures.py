@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from app_helpers import DEMO
+from app_helpers import DEMO, config_with
 
 from prm_jax.app.cli import main
 from prm_jax.scorers._http import shown_url
@@ -25,18 +25,13 @@ def closed_port():
         return s.getsockname()[1]
 
 
-def judge_config(tmp_path, base_url, model="judge", name="config.yaml", extra="", limits=""):
-    path = tmp_path / name
-    path.write_text(f"""
-rollout:
-  agent:
-    prm:
-      advantage_shaping: {{mode: additive}}
-      scorers:
-        - path: prm_jax.scorers.OpenAIJudgeScorer
-          kwargs: {{base_url: "{base_url}", model: {model}, attempts: 2, backoff: 0.01, score_range: [0, 10]{limits}}}
-{extra}""")
-    return path
+def judge_config(tmp_path, base_url, model="judge", extra="", limits=""):
+    """A config whose scorer is an OpenAI-compatible judge at ``base_url`` (2 attempts), ``extra`` scorer
+    entries after it."""
+    judge = (f'        - path: prm_jax.scorers.OpenAIJudgeScorer\n'
+             f'          kwargs: {{base_url: "{base_url}", model: {model}, attempts: 2, backoff: 0.01, '
+             f'score_range: [0, 10]{limits}}}\n')
+    return config_with(tmp_path, judge + extra.rstrip("\n"), shaping="additive")
 
 
 def test_shown_urls_hold_no_secrets():

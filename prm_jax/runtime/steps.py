@@ -137,7 +137,15 @@ def step_turn_ids(input_ids: Any, turn_ids: Any, step_separator: Any, step_tag_i
     that every step of every turn (by the rule ``step_separator``, as the scorer split them) is a turn of its
     own, numbered 0, 1, ... along the row; tokens after a turn's last step (the tag-in-text layout) form one
     more turn. Give it to ``compute_advantages`` as ``turn_ids`` for a credit assignment that works on steps
-    (PURE's min-form over step ends)."""
+    (PURE's min-form over step ends). Returns ``[B, T]`` int32; ``ValueError`` for a bad rule or shapes.
+
+    >>> import numpy as np
+    >>> from prm_jax.runtime import step_turn_ids
+    >>> ids = np.array([[1, 21, 271, 22, 3, 23]])        # a prompt token, a turn of two steps, a tool, a turn
+    >>> turns = np.array([[-1, 0, 0, 0, -1, 1]])
+    >>> step_turn_ids(ids, turns, [[271]]).tolist()
+    [[-1, 0, 0, 1, -1, 2]]
+    """
     rule = StepRule.parse(step_separator, step_tag_id)
     ids, turns = np.asarray(input_ids), np.asarray(turn_ids)
     if ids.shape != turns.shape or ids.ndim != 2:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the sh
 from batches import make_batch
 
 from prm_jax.config import AdvantageConfig
-from prm_jax.kernels import advantages
+from prm_jax.kernels import advantages, inputs
 
 CONFIGS = {
     "default (token GAE)": {},
@@ -50,7 +50,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     batch = make_batch(rng, rows=16, width=256, max_turns=6)
     batch["group_sizes"] = np.array([4] * 4, np.int32)
-    arrays = advantages._batch_arrays(batch)
+    arrays = inputs.batch_arrays(batch)
     print(f"{'plan':<28} {'lower: counts':>14} {'searches':>9} {'compile: counts':>16} {'searches':>9} {'ratio':>6}")
     for name, fields in CONFIGS.items():
         plan = AdvantageConfig(**fields).plan.with_strategy(arrays)

@@ -77,6 +77,18 @@ class PositionScorer(BaseScorer):
         return np.arange(interaction.output_len, dtype=np.float64)
 
 
+class Client:
+    """A client an ``ExportService`` owns: records its close in EVENTS; can fail to close."""
+
+    def __init__(self, label, fail=False):
+        self.label, self.fail = label, fail
+
+    async def aclose(self):
+        EVENTS.append(f"client:{self.label}")
+        if self.fail:
+            raise OSError(f"client {self.label} failed to close")
+
+
 class ClosingScorer(BaseScorer):
     """Records its aclose() calls in EVENTS; can fail or hang while closing."""
 

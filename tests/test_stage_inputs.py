@@ -12,7 +12,6 @@ from prm_jax import PRMRunner, compute_advantages, score_arrays
 from prm_jax.app import cli
 from prm_jax.config import AdvantageConfig
 from prm_jax.integrations import tunix as adapter
-from prm_jax.kernels.advantages import _reads_turns
 from prm_jax.kernels.schema import REQUIRED_KEYS
 
 STAGES = {
@@ -38,7 +37,7 @@ def needed(config: AdvantageConfig) -> set[str]:
     turns where a stage reads them."""
     plan = config.plan
     keys = set(REQUIRED_KEYS) | set(plan.estimator_spec.reads)  # (GDPO's reward_sources: read when present)
-    if _reads_turns(plan, {"token_rewards": None}):
+    if plan.reads_turns({"token_rewards": None}):
         keys.add("turn_ids")
     return keys
 

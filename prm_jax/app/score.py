@@ -18,8 +18,10 @@ import numpy as np
 
 from prm_jax.app.sessions import InputError, SessionRecord, read_sessions
 from prm_jax.config.experiment import ExperimentConfig
-from prm_jax.kernels.advantages import STAGE_DIAGNOSTICS, compute_advantage_variants, compute_advantages
+from prm_jax.kernels.advantages import compute_advantage_variants, compute_advantages
+from prm_jax.kernels.diagnostics import STATISTICS
 from prm_jax.kernels.estimators import registered
+from prm_jax.kernels.plan import STAGE_DIAGNOSTICS
 from prm_jax.kernels.shaping import SHAPING_MODES
 from prm_jax.runtime.batching import bucket_width, pack_branches
 from prm_jax.runtime.export import ExportedTrajectory, ExportResult, ExportService
@@ -204,17 +206,16 @@ def _advantages(padded: dict[str, np.ndarray], config: ExperimentConfig, rows: i
     for name in ("attention_mask", "loss_mask"):
         arrays[name] = arrays[name] > 0
     arrays = jax.device_put(arrays)
-    outputs: dict[str, Any] = {}
+    outputs: dict[str, Any]
     if "token_rewards" in arrays and config.actor.plan.shaping is not None:
-        # One GAE for every mode.
+        # One GAE for every mode, each with its statistics (the kernel's).
         shapings, refused = config.actor.shaping_variants(SHAPING_MODES)
         configured, variants = compute_advantage_variants(arrays, config.actor, shapings)
-        for mode, advantages in {**variants, **refused}.items():
-            outputs[mode] = advantages if isinstance(advantages, str) else configured._replace(advantages=advantages)
+        outputs = {**variants, **refused}
     else:
-        configured = compute_advantages(arrays, config.actor)
-        outputs["none"] = compute_advantages({k: v for k, v in arrays.items() if k != "token_rewards"},
-                                             config.actor)
+        plan = dataclasses.replace(config.actor.plan, diagnostics=True)  # (the advantages' statistics)
+        configured = compute_advantages(arrays, plan)
+        outputs = {"none": compute_advantages({k: v for k, v in arrays.items() if k != "token_rewards"}, plan)}
     jax.block_until_ready(configured)
 
     def real_rows(output: Any) -> Any:
@@ -495,22 +496,13 @@ class ScoreRun:
 
 
 def advantage_stats(output: Any) -> AdvantageStats:
-    """Mean, population std, min and max of the advantages on trained timesteps (0 each without any)."""
-    active = np.asarray(output.loss_mask) > 0
-    values = np.asarray(output.advantages)[active]
-    if values.size == 0:
-        return AdvantageStats(0.0, 0.0, 0.0, 0.0)
-    # Taken on values scaled into [-1, 1]: float32 sums of huge advantages (or of their squares) overflow,
-    # and a float64 copy of every active advantage costs more than the statistics.
-    low, high = float(values.min()), float(values.max())
-    scale = max(abs(low), abs(high))
-    if not np.isfinite(scale):
-        raise ValueError(f"the advantages are not finite (min {low}, max {high}): the scores or the inputs "
-                         "overflow float32")
-    unit = values / np.float32(scale) if scale > 0 else values
-    mean = float(unit.mean(dtype=np.float64))
-    centred = unit - np.float32(mean)
-    return AdvantageStats(mean * scale, float(np.sqrt(np.dot(centred, centred) / centred.size)) * scale, low, high)
+    """The advantages' mean, population std, min and max on trained timesteps (0 each without any), as the
+    kernel computed them (``output.diagnostics['advantages/...']``, ``prm_jax.kernels.diagnostics``)."""
+    stats = AdvantageStats(*(float(output.diagnostics[f"advantages/{name}"]) for name in STATISTICS))
+    if not all(math.isfinite(value) for value in dataclasses.astuple(stats)):
+        raise ValueError(f"the advantages are not finite (min {stats.min}, max {stats.max}): the scores or the "
+                         "inputs overflow float32")
+    return stats
 
 
 def credit_prefixes() -> tuple[str, ...]:

@@ -18,8 +18,13 @@ from typing import Any, Literal
 import jax
 
 from prm_jax.kernels import gae_lambda
-from prm_jax.kernels.advantages import (
+from prm_jax.kernels.estimator import EstimatorStage
+from prm_jax.kernels.estimators import credit_modes, estimator_for, registered
+from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator
+from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
+from prm_jax.kernels.plan import (
     PROCESS_TRANSFORMS,
+    REWARD_NORMS,
     TIMESTEP_UNITS,
     AdvantagePlan,
     KLStage,
@@ -31,10 +36,6 @@ from prm_jax.kernels.advantages import (
     TimestepUnit,
     transform_mode,
 )
-from prm_jax.kernels.estimator import EstimatorStage
-from prm_jax.kernels.estimators import credit_modes, estimator_for, registered
-from prm_jax.kernels.kl import KL_ESTIMATORS, KLEstimator
-from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
 from prm_jax.kernels.recurrence import DEFAULT_BLOCK_SIZE, GAE_METHODS, GAEMethod
 from prm_jax.kernels.shaping import ShapingConfig, ShapingMode
 from prm_jax.kernels.token_gae import TokenGAE
@@ -323,13 +324,14 @@ def _credit_assignment(value: Any) -> EstimatorStage | None:
 
 
 def _transform(value: Any) -> ProcessTransform | None:
-    return _by_mode(value, "process_reward_transform", PROCESS_TRANSFORMS)
+    return _by_mode(value, "process_reward_transform", {mode: spec.stage for mode, spec in PROCESS_TRANSFORMS.items()})
 
 
 def _reward_norm(value: Any) -> NormConfig | DecoupledNorm | None:
     """AReaL's ``NormConfig`` fields, or ``{mode: decoupled, weights, eps}`` (GDPO)."""
     if isinstance(value, Mapping) and "mode" in value:
-        return _by_mode(value, "reward_norm", {"decoupled": DecoupledNorm})
+        return _by_mode(value, "reward_norm", {mode: spec.stage for mode, spec in REWARD_NORMS.items()
+                                               if spec.stage is not NormConfig})
     return value if isinstance(value, DecoupledNorm) else _norm(value, "reward_norm")
 
 

@@ -1,10 +1,11 @@
 """Jitted pure functions over padded ``[B, T]`` batches: one module per concept."""
 
-from prm_jax.kernels.advantages import AdvantageOutput, AdvantagePlan, compute_advantages
+from prm_jax.kernels.advantages import AdvantageOutput, compute_advantages
 from prm_jax.kernels.alignment import broadcast_turn_rewards, shift_to_next_token
 from prm_jax.kernels.gigpo import dense_anchor_ids
 from prm_jax.kernels.kl import KL_ESTIMATORS, kl_estimate, kl_rewards
 from prm_jax.kernels.normalization import normalize
+from prm_jax.kernels.plan import AdvantagePlan
 from prm_jax.kernels.recurrence import GAE_METHODS, backward_linear_recurrence
 from prm_jax.kernels.sequence_parallel import sequence_parallel_gae
 from prm_jax.kernels.shaping import SHAPING_MODES, shape_advantages

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from prm_jax.kernels._checks import ValueCheck, violations
-from prm_jax.kernels.normalization import GroupLayout
+from prm_jax.kernels.normalization import row_groups
 from prm_jax.kernels.schema import BATCH_SCHEMA
 
 # What an estimator may name in its run function's signature (besides ``stage`` and ``checks``).
@@ -153,13 +153,6 @@ def finish(spec: EstimatorSpec, estimate: Estimate, kl: jax.Array,
     advantages = estimate.advantages if spec.kl == "rewards" else estimate.advantages + kl
     returns = advantages + values if estimate.returns is None else estimate.returns
     return advantages, returns, estimate.diagnostics
-
-
-def row_groups(groups: GroupLayout | None, rows: int) -> tuple[jax.Array, int]:
-    """``(row_group [B], num_groups)``: the batch's GRPO groups, else the whole batch as one group."""
-    if groups is not None:
-        return groups.row_group, groups.num_groups
-    return jnp.zeros((rows,), jnp.int32), 1
 
 
 def on_turn_timesteps(per_turn: jax.Array, in_turn: jax.Array, turn_ids: jax.Array) -> jax.Array:

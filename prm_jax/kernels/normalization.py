@@ -38,6 +38,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.kernels.stage import StageSpec
 from prm_jax.validation import ConfigError, boolean, finite_number, integer, one_of, short_repr
 
 NormLevel = Literal["batch", "group"] | None
@@ -67,6 +68,11 @@ class NormConfig:
     def uses_groups(self) -> bool:
         return "group" in (self.mean_level, self.std_level)
 
+    @property
+    def spec(self) -> StageSpec:
+        """As ``actor.reward_norm`` (AReaL's fields): the outcome stage's normalization of the ``[B]`` rewards."""
+        return OUTCOME_NORM
+
 
 @dataclasses.dataclass(frozen=True)
 class DecoupledNorm:
@@ -84,6 +90,10 @@ class DecoupledNorm:
             object.__setattr__(self, "weights", tuple(finite_number(f"weights[{i}]", w)
                                                       for i, w in enumerate(self.weights)))
         object.__setattr__(self, "eps", finite_number("eps", self.eps, minimum=0.0))
+
+    @property
+    def spec(self) -> StageSpec:
+        return DECOUPLED_NORM
 
 
 class GroupLayout(NamedTuple):
@@ -127,6 +137,13 @@ def group_layout(batch: int, norm: NormConfig, group_sizes: jax.Array | None,
         return GroupLayout(index, num_groups, rows)
     _checks.check_shape("group_member_counts", member_counts, (num_groups,), "the groups")
     return GroupLayout(index, num_groups, _checks.as_int("group_member_counts", member_counts))
+
+
+def row_groups(groups: GroupLayout | None, rows: int) -> tuple[jax.Array, int]:
+    """``(row_group [B], num_groups)``: the batch's GRPO groups, else the whole batch as one group."""
+    if groups is not None:
+        return groups.row_group, groups.num_groups
+    return jnp.zeros((rows,), jnp.int32), 1
 
 
 def group_sizes_check(group_sizes: jax.Array, batch: int) -> _checks.ValueCheck:
@@ -455,3 +472,41 @@ def _decoupled_jit(rewards, weights, group_ids, *, eps):
     out, _ = _decoupled_normalization_core(values, _checks.as_float("weights", weights, dtype), real,
                                           layout.row_group, layout.num_groups, eps)
     return out, checks
+
+
+def _normalized_outcome(norm: NormConfig, checks: list, rewards: jax.Array, batch: dict, real_rows: jax.Array,
+                        groups_of: Callable[[NormConfig], GroupLayout | None],
+                        grpo_groups: GroupLayout | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``reward_norm`` (AReaL's ``NormConfig``) over the ``[B]`` outcome rewards: every real row counts (one
+    without generated tokens too, as in AReaL); padding rows (no attention at all) do not, and come out 0."""
+    return _normalize_core(rewards[:, None], real_rows[:, None], norm, groups_of(norm))[:, 0], {}
+
+
+def _decoupled_outcome(norm: DecoupledNorm, checks: list, rewards: jax.Array, batch: dict, real_rows: jax.Array,
+                       groups_of: Callable[[NormConfig], GroupLayout | None],
+                       grpo_groups: GroupLayout | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """GDPO: the outcome reward and the batch's ``reward_sources [B, K]`` normalized source by source, within
+    the batch's GRPO groups, else the whole batch (the rule of every group-wise credit mode)."""
+    columns = rewards[:, None]
+    if "reward_sources" in batch:
+        columns = jnp.concatenate([columns, _checks.as_float("batch['reward_sources']", batch["reward_sources"],
+                                                             rewards.dtype)], axis=1)
+    count = columns.shape[1]
+    if norm.weights is not None and len(norm.weights) != count:
+        raise ValueError(f"reward_norm.weights has {len(norm.weights)} entries but there are {count} reward sources "
+                         "(the outcome reward and batch['reward_sources'] [B, K])")
+    weights = jnp.asarray(norm.weights if norm.weights is not None else (1.0,) * count, rewards.dtype)
+    row_group, num_groups = row_groups(grpo_groups, rewards.shape[0])
+    out, missing = _decoupled_normalization_core(columns, weights, real_rows, row_group, num_groups, norm.eps)
+    checks.append(_checks.ValueCheck("reward_sources_infinite",
+                                     _checks.violations(jnp.isinf(columns) & real_rows[:, None]),
+                                     lambda: "batch['reward_sources'] must be finite or NaN (a missing score)"))
+    shares = jnp.sum(jnp.isnan(columns) & real_rows[:, None], dtype=jnp.int32).astype(rewards.dtype)
+    return out, {"decoupled/rows_without_rewards": jnp.sum(missing, dtype=jnp.int32),
+                 "decoupled/missing_share": shares / jnp.maximum(jnp.sum(real_rows, dtype=jnp.int32) * count,
+                                                                 1).astype(rewards.dtype)}
+
+
+OUTCOME_NORM = StageSpec("reward_norm", "normalize", NormConfig, _normalized_outcome)
+DECOUPLED_NORM = StageSpec("reward_norm", "decoupled", DecoupledNorm, _decoupled_outcome, reads=("reward_sources",),
+                           diagnostics="decoupled/", checks=("reward_sources_infinite",))

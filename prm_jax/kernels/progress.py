@@ -34,6 +34,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from prm_jax.kernels import _checks
+from prm_jax.kernels.alignment import shift_to_next_token
+from prm_jax.kernels.stage import StageSpec
 from prm_jax.kernels.turns import TurnSteps, first_at_or_after
 from prm_jax.validation import ConfigError, finite_number, one_of
 
@@ -64,6 +67,10 @@ class ProgressTransform:
         object.__setattr__(self, "initial", finite_number("initial", self.initial))
         one_of("terminal", self.terminal, get_args(ProgressTerminal), config=True)
         one_of("level", self.level, get_args(ProgressLevel), config=True)
+
+    @property
+    def spec(self) -> StageSpec:
+        return PROGRESS_TRANSFORM
 
 
 def _shift_right(x: jax.Array, fill: jax.Array) -> jax.Array:
@@ -104,15 +111,20 @@ def progress_rewards(process: jax.Array, steps: jax.Array, scored: jax.Array, ou
     return jnp.where(steps, jnp.asarray(transform.gamma, dtype) * after - before, zero)
 
 
-def progress_process(process: jax.Array, active: jax.Array, turns: TurnSteps | None, scored: jax.Array | None,
-                     outcome: jax.Array, transform: ProgressTransform, method: str) -> tuple[jax.Array, dict]:
+def progress_process(transform: ProgressTransform, checks: list, process: jax.Array, active: jax.Array,
+                     turns: TurnSteps | None, batch: dict, outcome: jax.Array,
+                     method: str) -> tuple[jax.Array, dict[str, jax.Array]]:
     """``process_reward_transform: progress`` on the pipeline's timesteps: ``P`` replaced by the shaped
     rewards, uniform over each turn at ``level: turn`` (a masked fill from the turn's end), per timestep at
-    ``level: token``; with its diagnostics."""
+    ``level: token``; with its diagnostics. A step is scored where ``batch['token_reward_mask']`` (on
+    positions, read on the next token's timestep as the process rewards are) says so; every step without it."""
     zero = jnp.zeros((), process.dtype)
-    scored = active if scored is None else scored & active
+    scored = active
+    if "token_reward_mask" in batch:
+        scored = active & shift_to_next_token(_checks.as_mask("batch['token_reward_mask']", batch["token_reward_mask"]),
+                                              fill=False)
     if transform.level == "turn":
-        assert turns is not None
+        assert turns is not None  # the transform declares that it reads turns at level: turn
         steps = turns.ends
         at_ends = progress_rewards(process, steps, scored, outcome, transform, method)
         out = jnp.where(active, first_at_or_after(at_ends, steps, method), zero)
@@ -124,3 +136,8 @@ def progress_process(process: jax.Array, active: jax.Array, turns: TurnSteps | N
                    "progress/row_sum_mean": jnp.sum(jnp.where(steps, out, zero)) / jnp.maximum(
                        jnp.sum(jnp.any(steps, axis=1), dtype=jnp.int32), 1).astype(out.dtype)}
     return out, diagnostics
+
+
+PROGRESS_TRANSFORM = StageSpec("process_reward_transform", "progress", ProgressTransform, progress_process,
+                               reads=("token_reward_mask",), diagnostics="progress/",
+                               turns=lambda transform: transform.level == "turn")

@@ -36,7 +36,8 @@ from prm_jax.kernels import _checks
 from prm_jax.kernels.estimator import Estimate, EstimatorSpec
 from prm_jax.kernels.normalization import leave_one_out_mean, whiten
 from prm_jax.kernels.recurrence import CumsumMethod, ScanStrategy, reverse_cumsum
-from prm_jax.kernels.turns import TurnSteps
+from prm_jax.kernels.stage import StageSpec
+from prm_jax.kernels.turns import TurnSteps, any_change_within_turns, first_at_or_after
 from prm_jax.validation import ConfigError, boolean, finite_number
 
 
@@ -58,6 +59,10 @@ class MinFormTransform:
 
     def __post_init__(self):
         object.__setattr__(self, "temperature", check_temperature(self.temperature))
+
+    @property
+    def spec(self) -> StageSpec:
+        return MIN_FORM_TRANSFORM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +132,41 @@ def _min_form_jit(step_scores, step_mask, *, temperature):
     checks = [_checks.finite_check("step_scores", scores, steps, axis="step"),
               *([] if step_mask is None else _checks.mask_check("step_mask", step_mask))]
     return _min_form_core(scores, steps, temperature), checks
+
+
+def _min_form_turns(transform: MinFormTransform, checks: list, process: jax.Array, active: jax.Array,
+                    turns: TurnSteps | None, batch: dict, outcome: jax.Array,
+                    method: str) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``process_reward_transform: min_form`` on the pipeline's timesteps: each turn's process score (its
+    value at the turn's last timestep) becomes its min-form reward over the row's turns, uniform over the
+    turn's timesteps.
+
+    Where every turn's process reward is uniform (a scalar scorer's), each timestep already holds its turn's
+    score and takes its reward in place; otherwise each active timestep takes the reward at its own turn's
+    end (one masked fill). ``_min_form_core`` computes both from the same per-row weights, so the two give
+    the same numbers on uniform turns, and a row's numbers do not depend on which one its batch takes
+    (``lax.cond`` runs only the one taken).
+    """
+    assert turns is not None  # the transform declares that it reads turns
+    zero = jnp.zeros((), process.dtype)
+    ends = turns.ends
+
+    def in_place(_: None) -> jax.Array:
+        return _min_form_core(process, ends, transform.temperature, at=active)
+
+    def spread(_: None) -> jax.Array:
+        rewards = _min_form_core(process, ends, transform.temperature)  # the min-form reward at each turn end
+        return jnp.where(active, first_at_or_after(rewards, ends, method), zero)
+
+    out = jax.lax.cond(any_change_within_turns(process, turns, active, method), spread, in_place, None)
+    diagnostics = {"min_form/turns": jnp.sum(ends, dtype=jnp.int32),  # (each turn's reward once: at its end)
+                   "min_form/row_sum_mean": jnp.sum(jnp.where(ends, out, zero)) / jnp.maximum(
+                       jnp.sum(jnp.any(ends, axis=1), dtype=jnp.int32), 1).astype(out.dtype)}
+    return out, diagnostics
+
+
+MIN_FORM_TRANSFORM = StageSpec("process_reward_transform", "min_form", MinFormTransform, _min_form_turns,
+                               diagnostics="min_form/", turns=lambda transform: True)
 
 
 class PureOutput(NamedTuple):

@@ -27,6 +27,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
+from prm_jax.kernels.stage import StageSpec
 from prm_jax.validation import finite_number, one_of
 
 ShapingMode = Literal["additive", "gvpo", "process_weighted"]
@@ -47,6 +48,10 @@ class ShapingConfig:
         one_of("mode", self.mode, SHAPING_MODES, config=True)
         for key in ("negative_scale", "zero_penalty", "zero_eps"):
             object.__setattr__(self, key, finite_number(key, getattr(self, key), minimum=0.0))
+
+    @property
+    def spec(self) -> StageSpec:
+        return SHAPINGS[self.mode]
 
 
 def _shape_core(advantages: jax.Array, process_rewards: jax.Array, active: jax.Array,
@@ -93,6 +98,21 @@ def process_range_check(process_rewards: jax.Array, active: jax.Array) -> _check
         lambda lo, hi: "process_weighted shaping needs process rewards in [0, 1] on active timesteps, "
                                f"got values in [{float(lo):g}, {float(hi):g}] (NaN counts as outside)",
         lowest, highest)
+
+
+def _shaped(shaping: ShapingConfig, checks: list, advantages: jax.Array, process: jax.Array,
+            active: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Step 9 of the pipeline: the normalized advantages shaped with the process rewards; process_weighted
+    first checks that they lie in [0, 1]."""
+    if shaping.mode == "process_weighted":
+        checks.append(process_range_check(process, active))
+    return _shape_core(advantages, process, active, shaping), {}
+
+
+#: Each ``advantage_shaping.mode``'s declaration (``prm_jax.kernels.stage``).
+SHAPINGS: dict[str, StageSpec] = {mode: StageSpec(
+    "advantage_shaping", mode, ShapingConfig, _shaped,
+    checks=("process_reward_out_of_range",) if mode == "process_weighted" else ()) for mode in SHAPING_MODES}
 
 
 def shape_advantages(advantages: ArrayLike, process_rewards: ArrayLike, mask: ArrayLike,

@@ -214,6 +214,26 @@ def any_change_within_turns(x: jax.Array, steps: TurnSteps, active: jax.Array, m
                                      None)
 
 
+def fold_turn_rewards(process: jax.Array, active: jax.Array, turns: TurnSteps,
+                      method: str) -> tuple[jax.Array, _checks.ValueCheck]:
+    """Folds uniform per-turn rewards into one reward at each turn's last timestep, with a uniformity check
+    (the pipeline's ``token_rewards_as_adv=False``).
+
+    A turn is what ``turn_steps`` says (the active timesteps of one turn id, holes of the loss mask
+    included; a run of adjacent active timesteps without ``turn_ids``).
+    """
+    zero = jnp.zeros((), process.dtype)
+    uneven = changes_within_turns(process, turns, active, method)
+    count = _checks.violations(uneven)
+    row, step = _checks.located(count, lambda: _checks.first_flagged(uneven))
+    check = _checks.ValueCheck(
+        "turn_rewards_not_uniform", count,
+        lambda row, step: "token_rewards_as_adv=False folds one reward per turn into GAE, so token_rewards must "
+                          f"be uniform over each turn's generated tokens; row {int(row)} changes value at timestep "
+                          f"{int(step)}", row, step)
+    return jnp.where(turns.ends, process, zero), check
+
+
 def turn_counts(steps: TurnSteps) -> jax.Array:
     """``[B]`` int32: turns with at least one active timestep (each has exactly one end)."""
     return jnp.sum(steps.ends, axis=1, dtype=jnp.int32)

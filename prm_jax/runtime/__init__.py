@@ -9,8 +9,9 @@ from prm_jax.runtime.authoring import RetryError, call_with_retry
 from prm_jax.runtime.batching import empty_batch, pack_branches
 from prm_jax.runtime.blocking import BlockingRunner
 from prm_jax.runtime.export import ExportedTrajectory, ExportResult, ExportService, PRMStats, TrajectoryStore, export_group
+from prm_jax.runtime.lifecycle import RunnerClosedError, RunnerState
 from prm_jax.runtime.metrics import InMemoryRecorder, MetricRecorder, MetricStats
-from prm_jax.runtime.runner import PRMRunner, RunnerClosedError, RunnerState
+from prm_jax.runtime.runner import PRMRunner
 from prm_jax.runtime.scoring import (
     BaseScorer,
     BaseTrajectoryScorer,

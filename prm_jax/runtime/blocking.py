@@ -28,7 +28,8 @@ import numpy as np
 from anyio.from_thread import BlockingPortal
 
 from prm_jax.runtime.arrays import ScoredArrays, score_arrays
-from prm_jax.runtime.runner import PRMRunner, RunnerClosedError, RunnerState
+from prm_jax.runtime.lifecycle import Lifecycle, RunnerClosedError, RunnerState
+from prm_jax.runtime.runner import PRMRunner
 from prm_jax.runtime.scoring import BaseScorer
 from prm_jax.runtime.trajectory import Interaction, InteractionCache
 
@@ -63,7 +64,7 @@ def _start_portal(backend: str) -> tuple[BlockingPortal, threading.Thread, concu
     return ready.result(), thread, done
 
 
-class BlockingRunner:
+class BlockingRunner(Lifecycle):
     """``PRMRunner(config, scorers=...)`` behind synchronous methods; a context manager.
 
     Its methods are ``PRMRunner``'s, blocking: ``run``, ``run_many`` (with ``progress``), ``score_arrays``,
@@ -81,13 +82,15 @@ class BlockingRunner:
     def __init__(self, config: Any = None, *, scorers: Sequence[BaseScorer] = (), backend: str = "asyncio",
                  own_scorers: bool = False):
         self._portal, self._thread, self._done = _start_portal(backend)
-        self._state = RunnerState.OPEN
-        self._handed_over = list(scorers) if own_scorers else []
+        self._open()
+        for scorer in scorers if own_scorers else ():  # (closed after the runner: registered first)
+            self._owns(f"handed-over scorer {scorer.name!r}", scorer.aclose)
         try:
             self.runner: PRMRunner = self._portal.call(functools.partial(PRMRunner.create, config, scorers=scorers))
         except BaseException:
             self._stop()
             raise
+        self._owns("the PRM runner", self.runner.aclose)
         _OPEN.add(self)
 
     def run(self, branch: InteractionCache | Sequence[Interaction], ctx: Mapping[str, Any] | None = None, *,
@@ -127,14 +130,8 @@ class BlockingRunner:
         """``await scorer.aclose()`` on this runner's loop (where its client lives), blocking."""
         self._call(scorer.aclose)
 
-    @property
-    def state(self) -> RunnerState:
-        """``OPEN``, ``CLOSING`` (``close()`` is running) or ``CLOSED`` (its loop's thread stopped), as a
-        ``PRMRunner``'s."""
-        return self._state
-
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        if self._state is not RunnerState.OPEN:
+        if self._state is not RunnerState.OPEN:  # (said as "closed" in every state after close() started)
             raise RunnerClosedError("BlockingRunner is closed: calls are rejected once close() has started")
         if self._done.done():  # the loop's thread ended on its own: say why, once per call
             raise RunnerClosedError(f"BlockingRunner's event loop thread has ended ({self._ended()}); the runner "
@@ -161,7 +158,7 @@ class BlockingRunner:
         self._state = RunnerState.CLOSING
         _OPEN.discard(self)
         try:
-            self._portal.start_task_soon(self._aclose_all).result(timeout)
+            self._portal.start_task_soon(self.aclose).result(timeout)
         except concurrent.futures.TimeoutError:
             warnings.warn(f"BlockingRunner.close(): its scorers' cleanup did not finish within {timeout} s; the "
                           "loop's thread was stopped without it (a scorer's aclose still awaited)", RuntimeWarning,
@@ -171,23 +168,6 @@ class BlockingRunner:
                 raise
         finally:
             self._stop(timeout)
-
-    async def _aclose_all(self) -> None:
-        """The runner (its owned scorers), then the scorers handed over, each tried once; the first failure
-        is raised after all were tried."""
-        errors: list[BaseException] = []
-        try:
-            await self.runner.aclose()
-        except Exception as err:
-            errors.append(err)
-        for scorer in reversed(self._handed_over):
-            try:
-                await scorer.aclose()
-            except Exception as err:
-                logger.exception("aclose() of handed-over scorer %r failed", scorer.name)
-                errors.append(err)
-        if errors:
-            raise errors[0]
 
     def _stop(self, timeout: float | None = None) -> None:
         self._state = RunnerState.CLOSED
@@ -199,12 +179,15 @@ class BlockingRunner:
 
     def __enter__(self) -> BlockingRunner:
         """Entering a runner that is closing or closed is refused, as ``PRMRunner`` refuses it."""
-        if self._state is not RunnerState.OPEN:
-            raise RunnerClosedError(f"BlockingRunner is {self._state.value}: it cannot be entered again")
+        self._refuse_unless_open("it cannot be entered again")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> BlockingRunner:
+        raise TypeError("BlockingRunner is synchronous (its scorers live on its own loop): use `with`, or "
+                        "PRMRunner in async code")
 
 
 @atexit.register

@@ -27,7 +27,6 @@ The result is an ``ExportResult``. With PRM active it carries ``prm_stats``; wit
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -42,17 +41,16 @@ from prm_jax.kernels.tree import tree_discount
 from prm_jax.runtime.batching import pack_branches
 from prm_jax.runtime.context import check_metadata
 from prm_jax.runtime.group_filters import GroupFilterResult
-from prm_jax.runtime.lifecycle import rolled_back
+from prm_jax.runtime.lifecycle import Lifecycle, rolled_back
 from prm_jax.runtime.metrics import MetricStats, branch_stats, namespace, trajectory_rewards
 from prm_jax.runtime.runner import (
     NOT_SCORER_FAILURES,
     PRMRunner,
-    RunnerClosedError,
     cause_text,
     error_text,
-    shared_turns,
 )
 from prm_jax.runtime.scoring import PRMTurnResult
+from prm_jax.runtime.shared_turns import shared_turns
 from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache, freeze
 
 logger = logging.getLogger(__name__)
@@ -419,66 +417,44 @@ def _release(store: TrajectoryStore, keys: list[str], owned: list[str], remove_s
                 store.remove_session(key)
 
 
-class ExportService:
+class ExportService(Lifecycle):
     """The store plus its PRM runner and clients, with the v1/v2 start-up and shutdown order.
 
     v1 builds the runner synchronously (``PRMRunner(config)``, no start-up rollback); v2 builds it with
-    ``await PRMRunner.create(config)``. One ``AsyncExitStack`` holds the clients' ``aclose`` (pushed first)
-    and the runner's (pushed last), so shutdown closes the runner first, then the clients, which are
-    closed even when scorer cleanup fails. A start-up error unwinds the same stack (the clients) and is
-    re-raised unchanged, with cleanup failures attached as notes. An async context manager.
+    ``await PRMRunner.create(config)``. Its one exit stack (``Lifecycle``) holds the clients' ``aclose``
+    (registered first) and the runner's (last), so shutdown closes the runner first, then the clients,
+    which are closed even when scorer cleanup fails. A start-up error unwinds the same stack (the clients)
+    and is re-raised unchanged, with cleanup failures attached as notes. An async context manager; entering
+    it after close is refused, as ``PRMRunner`` refuses it.
     """
 
+    CLOSE_FAILED = "export service shutdown failed"
+
     def __init__(self, config: ExperimentConfig, runner: PRMRunner | None, clients: Sequence[Any]):
+        self._open()
         self.config = config
         self.runner = runner
         self.clients = list(clients)
         self.store = TrajectoryStore()
-        self._errors: list[Exception] = []
-        self._stack = contextlib.AsyncExitStack()
-        self._closed = False
         for client in self.clients:
-            self._stack.push_async_callback(self._close, client)
+            self._owns(f"client {client!r}", client.aclose)
         if runner is not None:
-            self._stack.push_async_callback(self._close, runner)
+            self._owns("the PRM runner", runner.aclose)
 
     @classmethod
     async def start(cls, config: ExperimentConfig, *, clients: Sequence[Any] = ()) -> ExportService:
         service = cls(config, None, clients)
-        async with rolled_back(service._stack, lambda: [
-                f"closing a client after the failed start-up also failed: {error!r}" for error in service._errors]):
+        async with rolled_back(service._stack, lambda: service._cleanup_notes("after the failed start-up")):
             if config.prm.active:
                 service.runner = (await PRMRunner.create(config) if config.rollout.version == "v2"
                                   else PRMRunner(config))
-                service._stack.push_async_callback(service._close, service.runner)
+                service._owns("the PRM runner", service.runner.aclose)
         return service
 
-    async def _close(self, resource: Any) -> None:
-        try:
-            await resource.aclose()
-        except Exception as err:
-            logger.exception("closing %r failed", resource)
-            self._errors.append(err)
-
     async def export(self, session_keys: Sequence[str], **kwargs: Any) -> ExportResult:
-        """``export_group`` with this service's runner and the config's ``error_policy``."""
+        """``export_group`` with this service's runner and the config's ``error_policy``; refused once the
+        service's close has started (``RunnerClosedError``)."""
+        self._refuse_unless_open("export() is rejected once aclose() has started")
         kwargs.setdefault("error_policy", self.config.prm.error_policy)
         kwargs.setdefault("turn_discount", self.config.turn_discount)
         return await export_group(self.store, session_keys, runner=self.runner, **kwargs)
-
-    async def aclose(self) -> None:
-        """Closes the runner, then the clients (each once); failures are raised together afterwards."""
-        self._closed = True
-        self._errors = []
-        await self._stack.aclose()
-        if self._errors:
-            raise ExceptionGroup("export service shutdown failed", self._errors)
-
-    async def __aenter__(self) -> ExportService:
-        """Entering a service that was closed is refused, as ``PRMRunner`` refuses it."""
-        if self._closed:
-            raise RunnerClosedError("ExportService is closed: it cannot be entered again")
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()

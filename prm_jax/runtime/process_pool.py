@@ -28,6 +28,7 @@ from prm_jax.runtime.executors import (
     Executor,
     describe,
 )
+from prm_jax.runtime.lifecycle import Lifecycle
 from prm_jax.runtime.scoring import BaseScorer
 
 
@@ -162,19 +163,21 @@ def _process_context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-class ProcessExecutor(Executor):
+class ProcessExecutor(Lifecycle, Executor):
     """A plain function in ``max_workers`` worker processes; see the module docstring. One dispatcher thread
     per worker feeds it calls ``PROCESS_CHUNK`` at a time (fewer when few are waiting) and enforces each
-    call's deadline from the moment the worker starts it."""
+    call's deadline from the moment the worker starts it. Its lifecycle is ``Lifecycle``'s: a close refuses
+    new calls, cancels the queued ones, then ends the workers (its one cleanup)."""
 
     def __init__(self, scorer: BaseScorer, method: str, timeout: float | None):
-        super().__init__(scorer, method, timeout)
+        Executor.__init__(self, scorer, method, timeout)
+        self._open()
+        self._owns(f"the worker processes of scorer {scorer.name!r}", self._end_workers)
         self.workers = int(getattr(scorer, "max_workers", 1))
         self._queue: collections.deque[_Call] = collections.deque()
         self._ready = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._live: set[_Worker] = set()
-        self._closed = False
         self._blob: bytes | None = None
         self._unusable: str | None = None  # why no worker can run the scorer: every call fails with it
         self.restarts = 0
@@ -204,7 +207,7 @@ class ProcessExecutor(Executor):
             self._threads.append(thread)
 
     async def _run(self, args: tuple[Any, ...], on: Any) -> Any:
-        if self._closed:
+        if self.closed:
             raise RuntimeError(f"scorer {self.scorer.name!r}: {_CLOSED}")
         if self._unusable is not None:
             raise self._unusable_error(on)
@@ -218,9 +221,9 @@ class ProcessExecutor(Executor):
 
     def _take(self) -> list[_Call] | None:
         with self._ready:
-            while not self._queue and not self._closed:
+            while not self._queue and not self.closed:
                 self._ready.wait()
-            if self._closed:
+            if self.closed:
                 return None
             count = max(1, min(PROCESS_CHUNK, len(self._queue) // self.workers))
             return [self._queue.popleft() for _ in range(min(count, len(self._queue)))]
@@ -253,11 +256,11 @@ class ProcessExecutor(Executor):
         executor closed before or while it started. (A start takes seconds where the forkserver first imports
         the scorer's module: a close meanwhile ended the workers it saw, so one that started after it runs
         nothing and is ended here; and a worker a close ended mid-chunk is not replaced.)"""
-        if self._unusable is not None and not self._closed:  # no worker can run the scorer: start none
+        if self._unusable is not None and not self.closed:  # no worker can run the scorer: start none
             for call in calls:
                 call.future.set_exception(self._unusable_error(call.on))
             return None
-        why = _CLOSED if self._closed else None
+        why = _CLOSED if self.closed else None
         worker = None
         if why is None:
             try:
@@ -266,7 +269,7 @@ class ProcessExecutor(Executor):
                 why = f"could not start a worker process: {err!r}"
         if worker is not None:
             with self._ready:
-                if self._closed:
+                if self.closed:
                     why = _CLOSED
                 else:
                     self._live.add(worker)
@@ -290,7 +293,7 @@ class ProcessExecutor(Executor):
         try:
             ok, why = pickle.loads(worker.conn.recv_bytes())
         except (EOFError, OSError):
-            if self._closed:
+            if self.closed:
                 return _CLOSED
             worker.process.join(1)
             return f"its worker process exited while loading the scorer (exit code {worker.process.exitcode})"
@@ -355,14 +358,17 @@ class ProcessExecutor(Executor):
     def _unusable_error(self, on: Any) -> RuntimeError:
         return RuntimeError(f"{self._unusable} (on {describe(on)})")
 
-    async def aclose(self) -> None:
+    async def _before_close(self) -> None:
+        """New calls are refused (the state, read by the dispatchers under the lock) and queued ones
+        cancelled."""
         with self._ready:
-            self._closed = True
             waiting = list(self._queue)
             self._queue.clear()
             self._ready.notify_all()
         for call in waiting:
             call.future.cancel()
+
+    async def _end_workers(self) -> None:
         threads, live = self._threads, self._live
 
         def join() -> None:

@@ -3,119 +3,50 @@
 Scoring a branch (``run``): scorers run in config order (disabled ones skipped); within a scorer every turn
 is evaluated concurrently, and a failure cancels its siblings. A scorer's results are all validated
 (type, shape ``(output_len,)``, finite ``raw`` and ``raw * weight``, observation rules, stable metric
-schemas) before any is committed; committing adds ``weight * raw`` to each turn's float32 ``token_rewards``.
+schemas) before any is committed; committing adds ``weight * raw`` to each turn's float32 ``token_rewards``
+(``runtime.evaluation``: one scorer on one branch, and the commit; ``runtime.shared_turns``: a turn shared
+by clones of one session scored once by a prefix-determined scorer).
 
 Lifecycle: scorers built from config are *owned* (disabled ones too) and closed by ``aclose`` in reverse
 creation order, each at most once; instances passed in are *borrowed* and never closed here.
 ``await PRMRunner.create(config)`` rolls back (closes the owned scorers built so far) when start-up fails;
 the synchronous ``PRMRunner(config)`` is kept for compatibility without that rollback (SPEC 3, AReaL's v1
 start-up; with borrowed scorers only there is nothing to roll back), and warns (``ResourceWarning``, naming
-them) when a failed start-up leaves owned scorers unclosed. The lifecycle is ``RunnerState``:
-``OPEN``, ``CLOSING``, ``INTERRUPTED`` (a cancelled close; the next one resumes), ``CLOSED``.
+them) when a failed start-up leaves owned scorers unclosed. The lifecycle is ``runtime.lifecycle.Lifecycle``'s
+(one exit stack of the owned scorers and every executor; ``RunnerState``: ``OPEN``, ``CLOSING``,
+``INTERRUPTED``, a cancelled close the next one resumes, ``CLOSED``); closing first cancels runs in flight.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import dataclasses
-import enum
 import logging
 import warnings
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
-import numpy as np
 
 from prm_jax.config.experiment import PRMSection
+from prm_jax.runtime import evaluation
 from prm_jax.runtime.concurrency import concurrently
 from prm_jax.runtime.context import ScorerContext
 from prm_jax.runtime.dispatch import make_executor
-from prm_jax.runtime.executors import WORKER_TRACEBACK_NOTE, AsyncExecutor, Executor
-from prm_jax.runtime.lifecycle import first_in_group, rolled_back
-from prm_jax.runtime.rewards import weighted_rewards
+from prm_jax.runtime.executors import WORKER_TRACEBACK_NOTE, Executor
+from prm_jax.runtime.lifecycle import Lifecycle, RunnerClosedError, RunnerState, first_in_group, rolled_back
 from prm_jax.runtime.scoring import (
     BaseScorer,
-    PRMMetricObservation,
-    PRMScorerResult,
     PRMTurnResult,
 )
+from prm_jax.runtime.shared_turns import shared_turns
 from prm_jax.runtime.specs import as_section, check_scorer_specs
 from prm_jax.runtime.trajectory import Interaction, InteractionCache, require_scorable
 from prm_jax.runtime.watchdog import watch_loop
-from prm_jax.validation import integer, short_repr
+from prm_jax.validation import integer
 
 logger = logging.getLogger(__name__)
 
 
 BUILDING_NOTE = "while building the scorer of"
-
-
-# Within one run_many: the outcomes of prefix-determined scorers on turns shared by clones of one session,
-# keyed by (session key, interaction id, scorer), so each such turn is scored once.
-_SHARED: contextvars.ContextVar[dict[tuple[str, str, int], _SharedCall] | None] = contextvars.ContextVar(
-    "prm_jax_shared_turns", default=None)
-
-
-@contextlib.contextmanager
-def shared_turns() -> Generator[None, None, None]:
-    """Within the block (and the tasks started in it), prefix-determined scorers score a turn shared by
-    clones of one session once: ``run_many`` and a group's export open one."""
-    token = _SHARED.set({}) if _SHARED.get() is None else None
-    try:
-        yield
-    finally:
-        if token is not None:
-            _SHARED.reset(token)
-
-
-class _SharedCall:
-    __slots__ = ("done", "ok", "value")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.ok = False
-        self.value: Any = None
-
-
-async def _once(shared: dict[tuple[str, str, int], _SharedCall], key: tuple[str, str, int],
-                call: Any) -> Any:
-    """``await call()`` once per key: the first branch to reach a shared turn scores it, the others wait for
-    its outcome; if that call failed or was cancelled, each waiting branch scores the turn itself (a failure
-    stays its own branch's)."""
-    entry = shared.get(key)
-    if entry is None:
-        entry = shared[key] = _SharedCall()
-        try:
-            entry.value = await call()
-            entry.ok = True
-            return entry.value
-        finally:
-            if not entry.ok:
-                del shared[key]
-            entry.done.set()
-    await entry.done.wait()
-    if entry.ok:
-        return entry.value
-    return await call()
-
-
-class RunnerState(enum.Enum):
-    """A runner's lifecycle (``PRMRunner`` and ``BlockingRunner`` alike): ``OPEN`` (runs accepted),
-    ``CLOSING`` (a close started: runs rejected, runs in flight cancelled, owned scorers being closed),
-    ``INTERRUPTED`` (a cancelled close left owned scorers never tried: runs stay rejected, and the next close
-    resumes with them), ``CLOSED`` (every owned scorer was tried). Entering a runner that is not ``OPEN`` is
-    refused."""
-
-    OPEN = "open"
-    CLOSING = "closing"
-    INTERRUPTED = "interrupted"
-    CLOSED = "closed"
-
-
-class RunnerClosedError(RuntimeError):
-    """``run()`` on a runner that is closing or closed: a lifecycle error, not a scorer's failure."""
 
 
 class NotScorableError(ValueError):
@@ -124,13 +55,6 @@ class NotScorableError(ValueError):
 
 # Errors of a run that no scorer caused: AReaL's ``error_policy: keep_original`` never falls back on them.
 NOT_SCORER_FAILURES: tuple[type[BaseException], ...] = (RunnerClosedError, NotScorableError)
-
-
-def _raised_on(err: BaseException, scorer: BaseScorer, where: str) -> None:
-    """The note naming the scorer and what its call covered; a batch's error has one naming its items (the
-    same object is raised by every branch in the batch), so it gets none per branch."""
-    if not getattr(err, "prm_batch", False):
-        err.add_note(f"raised by scorer {scorer.name!r} on {where}")
 
 
 def guarded_progress(progress: Callable[[int, int], None] | None) -> Callable[[int, int], None] | None:
@@ -182,29 +106,7 @@ def _refuse_shared_turns(branches: Sequence[InteractionCache | Sequence[Interact
                                  "turns (InteractionCache.clone_chain)")
 
 
-def _plain(scorer: BaseScorer) -> bool:
-    """The scorer keeps BaseScorer's ``evaluate_result``/``prepare_result``: its raw results need no wrapper."""
-    return (type(scorer).evaluate_result is BaseScorer.evaluate_result
-            and type(scorer).prepare_result is BaseScorer.prepare_result)
-
-
-def _prepares(scorer: BaseScorer) -> bool:
-    """The scorer overrides ``prepare_result``: the runner applies it to what a synchronous or batched
-    ``evaluate`` returned (an async scorer's ``evaluate_result`` applies it itself)."""
-    return type(scorer).prepare_result is not BaseScorer.prepare_result
-
-
-@dataclasses.dataclass
-class _Staged:
-    """One scorer's validated results for a branch, waiting to be committed with the others."""
-
-    scorer: BaseScorer
-    weighted: list[np.ndarray] = dataclasses.field(default_factory=list)
-    results: list[PRMTurnResult] = dataclasses.field(default_factory=list)
-    schemas: dict = dataclasses.field(default_factory=dict)
-
-
-class PRMRunner:
+class PRMRunner(Lifecycle):
     """Runs configured scorers over branches and commits their weighted token rewards.
 
     ``config`` names the scorers to build (owned: closed by ``aclose``); ``scorers`` are instances the caller
@@ -230,30 +132,16 @@ class PRMRunner:
         """Builds and validates; on failure closes the owned scorers built so far, then re-raises."""
         runner = cls.__new__(cls)
         runner._init_state()
-        async with rolled_back(runner._owned_stack, lambda: [
-                f"cleanup of scorer {scorer.name!r} after the failed start-up also failed: {error!r}"
-                for scorer, error in runner._close_errors]):
+        async with rolled_back(runner._stack, lambda: runner._cleanup_notes("after the failed start-up")):
             runner._build(as_section(config, scorers), scorers)
         return runner
 
-    async def __aenter__(self) -> PRMRunner:
-        """Entering a runner that is closing or closed is refused (as httpx refuses a closed client)."""
-        if self._state is not RunnerState.OPEN:
-            raise RunnerClosedError(f"PRMRunner is {self._state.value}: it cannot be entered again")
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
     def _init_state(self) -> None:
+        # Each owned scorer's aclose (and each executor's) is registered as it is built (Lifecycle._owns):
+        # start-up rollback and aclose() both unwind the one stack.
+        self._open()
         self._scorers: list[BaseScorer] = []
-        # Each owned scorer's aclose is pushed as it is built: start-up rollback and aclose() both unwind it.
-        self._owned_stack = contextlib.AsyncExitStack()
-        self._close_errors: list[tuple[BaseScorer, Exception]] = []
-        self._untried: list[BaseScorer] = []  # INTERRUPTED: the owned scorers the cancelled close never tried
         self._schemas: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {}
-        self._state = RunnerState.OPEN
-        self._close_event: anyio.Event | None = None
         self._executors: dict[int, Executor] = {}
         self._in_flight: set[anyio.CancelScope] = set()
         self._idle: anyio.Event | None = None
@@ -270,7 +158,7 @@ class PRMRunner:
             except Exception as err:  # re-raised as it is (SPEC 3), with the entry named
                 err.add_note(f"{BUILDING_NOTE} rollout.agent.prm.scorers[{i}] ({entry.path})")
                 raise
-            self._owned_stack.push_async_callback(self._close_one, scorer)
+            self._owns(f"scorer {scorer.name!r}", scorer.aclose)
             self._scorers.append(scorer)
             self._executors[id(scorer)] = self._executor(scorer, entry.timeout if entry.timeout is not None
                                                          else scorer.timeout)
@@ -282,7 +170,7 @@ class PRMRunner:
     def _executor(self, scorer: BaseScorer, timeout: float | None) -> Executor:
         """The scorer's executor, owned by the runner (closed by ``aclose``, borrowed scorers' too)."""
         executor = make_executor(scorer, timeout)
-        self._owned_stack.push_async_callback(executor.aclose)
+        self._owns(f"the executor of scorer {scorer.name!r}", executor.aclose)
         return executor
 
     def scorer_stats(self) -> dict[str, dict[str, float]]:
@@ -303,21 +191,6 @@ class PRMRunner:
         running branches call this; ``run`` counts its own)."""
         self._executors[id(scorer)].count_failure()
 
-    async def _close_one(self, scorer: BaseScorer) -> None:
-        """One owned scorer's cleanup; after a cancellation (``INTERRUPTED``) the rest are kept for a later
-        ``aclose``."""
-        if self._state is RunnerState.INTERRUPTED:
-            self._untried.append(scorer)
-            return
-        try:
-            await scorer.aclose()
-        except anyio.get_cancelled_exc_class():
-            self._state = RunnerState.INTERRUPTED
-            raise
-        except Exception as err:
-            logger.exception("aclose() of scorer %r failed", scorer.name)
-            self._close_errors.append((scorer, err))
-
     @property
     def scorers(self) -> tuple[BaseScorer, ...]:
         return tuple(self._scorers)
@@ -332,15 +205,6 @@ class PRMRunner:
     @property
     def active(self) -> bool:
         return bool(self.config and self.config.enabled and any(s.enabled for s in self._scorers))
-
-    @property
-    def state(self) -> RunnerState:
-        return self._state
-
-    @property
-    def closed(self) -> bool:
-        """True once ``aclose`` has started: from then on ``run`` is rejected."""
-        return self._state is not RunnerState.OPEN
 
     async def run(self, branch: InteractionCache | Sequence[Interaction], ctx: Mapping[str, Any] | None = None, *,
                   is_eval: bool = False) -> list[PRMTurnResult]:
@@ -357,8 +221,7 @@ class PRMRunner:
           ValueError, TypeError: a scorer's results failed validation; nothing of that scorer is committed.
           Any exception a scorer raised, with a note naming the scorer and the turn.
         """
-        if self._state is not RunnerState.OPEN:
-            raise RunnerClosedError("PRMRunner is closed: run() is rejected once aclose() has started")
+        self._refuse_unless_open("run() is rejected once aclose() has started")
         chain = self._chain(branch)
         require_scorable(chain, NotScorableError)
         assert self.config is not None  # set by _build
@@ -366,16 +229,16 @@ class PRMRunner:
             return []
         frozen_ctx = ScorerContext(ctx, chain[-1], is_eval)
         views = [turn.readonly(k) for k, turn in enumerate(chain)]
-        staged: list[_Staged] = []
+        staged: list[evaluation.Staged] = []
         with anyio.CancelScope() as scope:
             self._in_flight.add(scope)
             try:
                 for scorer in self._scorers:
                     if scorer.enabled:
                         try:
-                            staged.append(await self._score(scorer, chain, views,
-                                                            frozen_ctx.prefix_only() if scorer.prefix_determined
-                                                            else frozen_ctx))
+                            staged.append(await evaluation.staged(
+                                scorer, self._executors[id(scorer)], chain, views,
+                                frozen_ctx.prefix_only() if scorer.prefix_determined else frozen_ctx, self._schemas))
                         except Exception:  # this row failed in this scorer, whatever refused it
                             self.count_failure(scorer)
                             raise
@@ -388,7 +251,7 @@ class PRMRunner:
                     self._idle.set()
         if scope.cancelled_caught or self._state is not RunnerState.OPEN:
             raise RunnerClosedError("PRMRunner was closed while this run was in flight; nothing was committed")
-        results = self._commit(chain, staged)
+        results = evaluation.commit(chain, staged, self._schemas)
         self.branches_scored += 1
         return results
 
@@ -480,32 +343,6 @@ class PRMRunner:
             self._warned_lag = True
             warnings.warn(message, RuntimeWarning, stacklevel=2)
 
-    def _commit(self, chain: list[Interaction], staged: list[_Staged]) -> list[PRMTurnResult]:
-        """Adds every scorer's weighted rewards to the turns, all at once or (non-finite sums) not at all."""
-        totals = []
-        for i, turn in enumerate(chain):
-            if len(staged) == 1 and turn.token_rewards is None:  # the usual case: 0 + the one scorer's rewards
-                only = staged[0].weighted[i]  # the stage's own float32 array, checked finite when staged
-                totals.append(np.add(only, np.float32(0), out=only))  # as the sum below gives it (-0.0 -> 0.0)
-                continue
-            total = turn.token_rewards if turn.token_rewards is not None else np.zeros(turn.output_len, np.float32)
-            with np.errstate(over="ignore", invalid="ignore"):
-                for stage in staged:
-                    total = (total + stage.weighted[i]).astype(np.float32)
-            if not np.isfinite(total).all():
-                names = [stage.scorer.name for stage in staged]
-                raise ValueError(f"the committed token rewards of interaction {turn.interaction_id!r} would be "
-                                 f"non-finite (the float32 sum over scorers {names} and its earlier rewards "
-                                 "overflows); nothing was committed")
-            totals.append(total)
-        for turn, total in zip(chain, totals):
-            turn.token_rewards = total
-        results = []
-        for stage in staged:
-            self._schemas.update(stage.schemas)
-            results.extend(stage.results)
-        return results
-
     @staticmethod
     def _chain(branch: InteractionCache | Sequence[Interaction]) -> list[Interaction]:
         if isinstance(branch, InteractionCache):
@@ -522,145 +359,10 @@ class PRMRunner:
                 raise ValueError(f"branch is not a parent-before-child chain at {child.interaction_id!r}")
         return chain
 
-    async def _evaluate_all(self, scorer: BaseScorer, views: list[Interaction],
-                            ctx: Mapping[str, Any]) -> list[Any]:
-        if scorer.unit == "trajectory":
-            return await self._evaluate_trajectory(scorer, views, ctx)
-        return await self._evaluate_turns(scorer, views, ctx)
+    CLOSE_FAILED = "{count} scorer cleanup hook(s) failed"
 
-    async def _evaluate_trajectory(self, scorer: BaseScorer, views: list[Interaction],
-                                   ctx: Mapping[str, Any]) -> list[Any]:
-        """The whole branch in one call: a mapping of interaction id to reward (missing ids get 0.0)."""
-        where = f"the branch ending at {views[-1].interaction_id!r}"
-        try:
-            mapping = await self._executors[id(scorer)].run((tuple(views), ctx), where)
-        except Exception as err:
-            _raised_on(err, scorer, where)
-            raise
-        if mapping is None:
-            return [None] * len(views)
-        if not isinstance(mapping, Mapping):
-            raise TypeError(f"scorer {scorer.name!r}: evaluate_trajectory must return a mapping of interaction "
-                            f"id to reward, got {type(mapping).__name__}")
-        ids = {view.interaction_id for view in views}
-        unknown = sorted(map(str, set(mapping) - ids))
-        if unknown:
-            raise ValueError(f"scorer {scorer.name!r}: evaluate_trajectory returned unknown interaction ids "
-                             f"{short_repr(unknown)}")
-        return [scorer.prepare_result(view, mapping.get(view.interaction_id, 0.0), ctx) for view in views]
-
-    async def _evaluate_turns(self, scorer: BaseScorer, views: list[Interaction], ctx: Mapping[str, Any]) -> list[Any]:
-        """Every turn concurrently; the first failure cancels the others and is raised."""
-        outcomes: list[Any] = [None] * len(views)
-        done = [False] * len(views)
-        failure: list[BaseException] = []
-        executor = self._executors[id(scorer)]
-        # An async scorer that keeps BaseScorer's evaluate_result/prepare_result is awaited directly: its raw
-        # result is wrapped later only if needed (two allocations fewer per turn on the hot path).
-        if scorer.executor == "async" and not _plain(scorer):
-            run = self._async_results(scorer, executor)
-        else:
-            run = executor.run
-        prepare = scorer.prepare_result if scorer.executor != "async" and _prepares(scorer) else None
-
-        shared = _SHARED.get() if scorer.prefix_determined else None
-
-        async def score(i: int) -> None:
-            view = views[i]
-            try:
-                origin = view.__dict__.get("_origin") if shared is not None else None
-                if origin is None or shared is None:
-                    outcome = await run((view, ctx), view)
-                else:
-                    outcome = await _once(shared, (origin, view.interaction_id, id(scorer)),
-                                          lambda: run((view, ctx), view))
-                outcomes[i] = outcome if prepare is None else prepare(view, outcome, ctx)
-                done[i] = True
-            except Exception as err:  # (a cancellation that was asked for passes through)
-                _raised_on(err, scorer, f"interaction {view.interaction_id!r}")
-                if not failure:
-                    failure.append(err)
-                raise  # the group cancels the other turns
-
-        try:
-            await concurrently([score(i) for i in range(len(views))])
-        except Exception:
-            if not failure:
-                raise
-        if failure:
-            raise failure[0]
-        if not all(done):
-            raise RuntimeError(f"scorer {scorer.name!r} was cancelled on {done.count(False)} of {len(views)} turns "
-                               "before returning")
-        return outcomes
-
-    @staticmethod
-    def _async_results(scorer: BaseScorer, executor: Executor) -> Any:
-        """An async scorer's ``evaluate_result`` under its executor (its deadline, its slots)."""
-        assert isinstance(executor, AsyncExecutor)
-
-        async def run(args: tuple[Any, ...], on: Any) -> Any:
-            return await executor.run_call(scorer.evaluate_result(*args), on)
-        return run
-
-    async def _score(self, scorer: BaseScorer, chain: list[Interaction], views: list[Interaction],
-                     ctx: Mapping[str, Any]) -> _Staged:
-        """Evaluates and validates one scorer's results; nothing is committed here."""
-        outcomes = await self._evaluate_all(scorer, views, ctx)
-        missing = [turn.interaction_id for turn, outcome in zip(chain, outcomes)
-                   if outcome is None or (isinstance(outcome, PRMScorerResult) and outcome.reward is None)]
-        if missing:
-            raise RuntimeError(f"scorer {scorer.name!r} returned None for {len(missing)} of {len(outcomes)} turns "
-                               f"(interaction {short_repr(missing[0]) if len(missing) == 1 else short_repr(missing)}), "
-                               "which rejects the trajectory (return 0.0 for a real zero)")
-        stage = _Staged(scorer)
-        seen: set = set()
-        raw_allowed = _plain(scorer) and scorer.unit == "turn"
-        for turn, outcome in zip(chain, outcomes):
-            if isinstance(outcome, PRMScorerResult):
-                reward, observations = outcome.reward, outcome.observations
-            elif raw_allowed:  # what BaseScorer.prepare_result would have wrapped
-                reward, observations = outcome, ()
-            else:
-                raise TypeError(f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}: evaluate_result "
-                                f"must return a PRMScorerResult, got {type(outcome).__name__}")
-            weighted, mean = weighted_rewards(scorer, turn, reward)
-            for obs in observations:
-                self._check_observation(scorer, turn, obs, seen, stage.schemas)
-            stage.weighted.append(weighted)
-            stage.results.append(PRMTurnResult(scorer.name, turn.interaction_id, scorer.weight, weighted, mean,
-                                               observations))
-        return stage
-
-    def _check_observation(self, scorer: BaseScorer, turn: Interaction, obs: Any, seen: set,
-                           new_schemas: dict) -> None:
-        where = f"scorer {scorer.name!r} on interaction {turn.interaction_id!r}"
-        if not isinstance(obs, PRMMetricObservation):
-            raise TypeError(f"{where}: observations must be PRMMetricObservation, got {type(obs).__name__}")
-        if obs.scope == "turn" and obs.target_id != turn.interaction_id:
-            raise ValueError(f"{where}: a turn-scope observation must target its own turn, got target "
-                             f"{obs.target_id!r}")
-        key = (obs.scope, obs.target_id, obs.metric_id)
-        if key in seen:
-            raise ValueError(f"{where}: observation {key} reported more than once in one scorer run")
-        seen.add(key)
-        schema_key = (scorer.name, obs.scope, obs.metric_id)
-        known = self._schemas.get(schema_key, new_schemas.get(schema_key))
-        if known is not None and known != obs.schema:
-            raise ValueError(f"{where}: metric {obs.metric_id!r} ({obs.scope}) changed schema from {known} to "
-                             f"{obs.schema}; a scorer's metric keeps one value type and aggregation set")
-        new_schemas[schema_key] = obs.schema
-
-    async def aclose(self) -> None:
-        """Cancels runs in flight (they commit nothing), then closes owned scorers in reverse creation order.
-
-        The first caller runs the cleanup and raises an ``ExceptionGroup`` of the ordinary failures after
-        every owned scorer was tried; concurrent callers wait for that cleanup and return. Cancellation
-        propagates; the interrupted hook is not retried, and a later call closes the scorers never tried.
-        """
-        if self._state in (RunnerState.OPEN, RunnerState.INTERRUPTED):
-            self._state = RunnerState.CLOSING
-        # Runs in flight are cancelled, and waited for, before any scorer is closed; they commit nothing.
+    async def _before_close(self) -> None:
+        """Runs in flight are cancelled, and waited for, before any scorer is closed; they commit nothing."""
         while self._in_flight:
             self._idle = anyio.Event()
             for scope in list(self._in_flight):
@@ -668,30 +370,3 @@ class PRMRunner:
             for executor in self._executors.values():  # (calls a run's cancellation does not end: batches)
                 executor.abandon()
             await self._idle.wait()
-        while self._state is not RunnerState.CLOSED:
-            if self._close_event is not None:
-                await self._close_event.wait()
-                continue
-            if self._state is RunnerState.INTERRUPTED:  # a concurrent close was cancelled: resume it
-                self._state = RunnerState.CLOSING
-            event = self._close_event = anyio.Event()
-            errors = self._close_errors = []
-            try:
-                await self._owned_stack.aclose()
-            finally:
-                self._after_close()
-                self._close_event = None
-                event.set()
-            if errors:
-                raise ExceptionGroup(f"{len(errors)} scorer cleanup hook(s) failed", [e for _, e in errors])
-
-    def _after_close(self) -> None:
-        """``CLOSED``, unless a cancellation left scorers never tried (``INTERRUPTED``): a new stack holds them,
-        in order, for the next ``aclose``."""
-        if self._state is not RunnerState.INTERRUPTED:
-            self._state = RunnerState.CLOSED
-            return
-        untried, self._untried = self._untried, []
-        self._owned_stack = contextlib.AsyncExitStack()
-        for scorer in reversed(untried):
-            self._owned_stack.push_async_callback(self._close_one, scorer)

@@ -22,6 +22,7 @@ from tunix_rules import tunix_promotion_rules  # noqa: E402, F401 (an autouse fi
 import prm_jax  # noqa: E402
 from examples.tunix_grpo.__main__ import make_cluster  # noqa: E402
 from prm_jax.integrations import tunix as adapter  # noqa: E402
+from prm_jax.integrations.tunix import estimators as tunix_estimators  # noqa: E402
 
 GROUP = 2
 PROMPTS = ["input string", "hello world", "My name", "hello there"]
@@ -235,9 +236,9 @@ def test_the_gae_estimator_is_registered_and_equals_tunix_gae_and_the_float64_lo
     with pytest.raises(ValueError, match="prm_jax_gae: the advantages or the returns are not finite"):
         estimator(**big)
     # One program for a shape: a second call does not trace the whitening again.
-    before = adapter._whiten_jit._cache_size()
+    before = tunix_estimators._whiten_jit._cache_size()
     estimator(**dict(inputs, gamma=0.5))
-    assert adapter._whiten_jit._cache_size() == before
+    assert tunix_estimators._whiten_jit._cache_size() == before
 
 
 def test_tunix_ppo_learner_trains_on_the_registered_gae_with_tunix_gae_advantages():

@@ -291,9 +291,10 @@ def test_the_pipeline_compiles_check_counts_only_and_a_failed_check_is_located_b
     # (benchmarks/bench_compile.py): the first program holds the counts only, and an eager call whose
     # check fails traces the plan again with the searches, so the message still names the entry.
     from prm_jax.kernels import advantages as pipeline
+    from prm_jax.kernels import inputs
     rng = np.random.default_rng(21)
     batch = make_batch(rng, rows=4, width=16)
-    arrays = pipeline._batch_arrays(batch)
+    arrays = inputs.batch_arrays(batch)
     plan = AdvantageConfig().plan.with_strategy(arrays)
     counts_only = pipeline._pipeline_jit.lower(arrays, plan=plan, locate=False).as_text()
     assert "stablehlo.case" not in counts_only
@@ -394,10 +395,20 @@ def test_shaping_variants_share_one_gae_and_equal_separate_runs():
     configured, variants = compute_advantage_variants(batch, config, shapings)
     np.testing.assert_array_equal(configured.advantages, compute_advantages(batch, config).advantages)
     unshaped = compute_advantages({k: v for k, v in batch.items() if k != "token_rewards"}, config)
-    np.testing.assert_allclose(variants["none"], unshaped.advantages, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(variants["none"].advantages, unshaped.advantages, rtol=1e-6, atol=1e-6)
     for mode in ("additive", "gvpo", "process_weighted"):
         alone = compute_advantages(batch, dataclasses.replace(config, advantage_shaping=ShapingConfig(mode)))
-        np.testing.assert_allclose(variants[mode], alone.advantages, rtol=1e-6, atol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(variants[mode].advantages, alone.advantages, rtol=1e-6, atol=1e-6, err_msg=mode)
+    # Issue 43: each variant carries its advantages' statistics, computed in the kernel (the report reads them):
+    # population statistics over the trained timesteps, against float64.
+    active = np.asarray(configured.loss_mask) > 0
+    for mode, variant in variants.items():
+        values = np.asarray(variant.advantages, np.float64)[active]
+        want = {"mean": values.mean(), "std": values.std(), "min": values.min(), "max": values.max()}
+        assert sorted(variant.diagnostics) == sorted(f"advantages/{name}" for name in want), mode
+        for name, value in want.items():
+            assert float(variant.diagnostics[f"advantages/{name}"]) == pytest.approx(value, rel=1e-5, abs=1e-6), (
+                mode, name)
     # A mode the batch rules out is reported, not raised.
     batch["token_rewards"] = batch["token_rewards"] * 3
     _, variants = compute_advantage_variants(batch, config, config.shaping_variants(["additive", "process_weighted"])[0])

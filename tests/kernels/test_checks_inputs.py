@@ -130,12 +130,12 @@ def test_a_key_added_to_the_schema_is_checked_with_no_other_change(monkeypatch):
 
     from prm_jax import compute_advantages
     from prm_jax.config import AdvantageConfig
-    from prm_jax.kernels import advantages
+    from prm_jax.kernels import inputs
     from prm_jax.kernels.schema import BATCH_SCHEMA, BatchKey, float_keys
 
     schema = dict(BATCH_SCHEMA, entropy=BatchKey("entropy", "BT", "positions", "float", "trained", 0.0))
-    monkeypatch.setattr(advantages, "BATCH_SCHEMA", schema)  # (as schema.py would declare it, and so its lists)
-    monkeypatch.setattr(advantages, "READ_KEYS", (*advantages.READ_KEYS, "entropy"))
+    monkeypatch.setattr(inputs, "BATCH_SCHEMA", schema)  # (as schema.py would declare it, and so its lists)
+    monkeypatch.setattr(inputs, "READ_KEYS", (*inputs.READ_KEYS, "entropy"))
     assert "entropy" in float_keys(schema)
     batch = make_batch(np.random.default_rng(3), rows=2, width=16)
     entropy = np.ones(batch["logprobs"].shape, np.float32)

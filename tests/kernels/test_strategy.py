@@ -11,7 +11,7 @@ import pytest
 
 from prm_jax import compute_advantages
 from prm_jax.config import AdvantageConfig, GiGPOConfig
-from prm_jax.kernels import advantages
+from prm_jax.kernels import advantages, inputs
 from prm_jax.kernels import gigpo as gigpo_module
 from prm_jax.kernels.estimators import registered
 from prm_jax.kernels.recurrence import resolve_step_groups, resolve_strategy
@@ -63,7 +63,7 @@ def test_nothing_reads_the_backend_the_devices_or_the_native_policy_while_tracin
     # Issue 31.3: the strategy (scans, step groups, cumulative sums, sharding) is resolved once before the
     # trace; tracing itself must not ask. Every such read raises here, during the trace only.
     config = AdvantageConfig(gae_method=method, **ESTIMATORS[estimator])
-    arrays = advantages._batch_arrays(batch())
+    arrays = inputs.batch_arrays(batch())
     plan = config.plan.with_strategy(arrays)
 
     def refuse(*args, **kwargs):
@@ -94,7 +94,7 @@ def test_the_strategy_is_a_record_of_the_plan_resolved_once_and_honoured_when_gi
     # Issue 31.3: one hashable record in the plan. compute_advantages resolves it before tracing; a plan
     # that already holds one runs with it (here the scan, under gae_method "auto", which resolves to the
     # native call where the kernels are built), and a cumulative-sum GAE is refused where it is not exact.
-    arrays = advantages._batch_arrays(batch())
+    arrays = inputs.batch_arrays(batch())
     resolved = AdvantageConfig().plan.with_strategy(arrays)
     assert resolved.strategy is not None and resolved == AdvantageConfig().plan.with_strategy(arrays)
     assert hash(resolved) == hash(AdvantageConfig().plan.with_strategy(arrays))  # one static argument: no retrace

@@ -7,7 +7,7 @@ import scorers_for_tests as st
 from scorers_for_tests import chain, committed
 
 from prm_jax import BlockingRunner
-from prm_jax.runtime.runner import RunnerClosedError, RunnerState
+from prm_jax.runtime import RunnerClosedError, RunnerState
 
 
 def test_synchronous_calls_score_on_the_runners_own_loop_thread():

@@ -16,8 +16,8 @@ import pytest
 from executor_cases import KINDS, make
 
 from prm_jax import BlockingRunner, PRMRunner
+from prm_jax.runtime import RunnerClosedError
 from prm_jax.runtime.arrays import score_arrays
-from prm_jax.runtime.runner import RunnerClosedError
 
 pytestmark = pytest.mark.anyio
 

@@ -25,9 +25,8 @@ from prm_jax import (
     SyncTrajectoryScorer,
 )
 from prm_jax.config import PRMConfig, ScorerSpec
-from prm_jax.runtime import process_pool
+from prm_jax.runtime import RunnerClosedError, process_pool
 from prm_jax.runtime.context import ScorerContext
-from prm_jax.runtime.runner import RunnerClosedError
 from prm_jax.runtime.specs import check_scorer_specs
 
 pytestmark = pytest.mark.anyio

@@ -253,16 +253,6 @@ async def test_group_filter_applies_to_the_complete_group():
     assert result.status == "accepted"  # all wrong, but penalized by the process reward
 
 
-class Client:
-    def __init__(self, label, fail=False):
-        self.label, self.fail = label, fail
-
-    async def aclose(self):
-        st.EVENTS.append(f"client:{self.label}")
-        if self.fail:
-            raise OSError(f"client {self.label} failed to close")
-
-
 def config(version="v2", **scorer_kwargs):
     scorers = [{"path": "scorers_for_tests.ClosingA", "kwargs": {"label": "a", **scorer_kwargs}},
                {"path": "scorers_for_tests.ClosingB", "kwargs": {"label": "b"}}]
@@ -271,7 +261,7 @@ def config(version="v2", **scorer_kwargs):
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
 async def test_service_closes_runner_then_clients_even_when_scorer_cleanup_fails(version):
-    service = await ExportService.start(config(version, fail=True), clients=[Client("bridge"), Client("http")])
+    service = await ExportService.start(config(version, fail=True), clients=[st.Client("bridge"), st.Client("http")])
     with pytest.raises(ExceptionGroup) as info:
         await service.aclose()
     assert st.EVENTS == ["close:b", "close:a", "client:http", "client:bridge"]
@@ -285,7 +275,7 @@ async def test_v2_startup_error_closes_scorers_and_clients_and_keeps_the_error()
         {"path": "scorers_for_tests.ClosingA", "kwargs": {"label": "a"}},
         {"path": "scorers_for_tests.BrokenConstructor"}]}}}}
     with pytest.raises(RuntimeError, match="constructor failed") as info:
-        await ExportService.start(ExperimentConfig.from_mapping(data), clients=[Client("bridge", fail=True)])
+        await ExportService.start(ExperimentConfig.from_mapping(data), clients=[st.Client("bridge", fail=True)])
     assert st.EVENTS == ["close:a", "client:bridge"]
     assert any("client" in note and "failed to close" in note for note in info.value.__notes__)
 
@@ -295,7 +285,7 @@ async def test_v1_startup_has_no_scorer_rollback_but_closes_clients():
         {"path": "scorers_for_tests.ClosingA", "kwargs": {"label": "a"}},
         {"path": "scorers_for_tests.BrokenConstructor"}]}}}}
     with pytest.raises(RuntimeError, match="constructor failed"):
-        await ExportService.start(ExperimentConfig.from_mapping(data), clients=[Client("bridge")])
+        await ExportService.start(ExperimentConfig.from_mapping(data), clients=[st.Client("bridge")])
     assert st.EVENTS == ["client:bridge"]
 
 

@@ -18,7 +18,7 @@ from prm_jax import (
     PRMScorerResult,
 )
 from prm_jax.config import PRMConfig, ScorerSpec
-from prm_jax.runtime.runner import RunnerClosedError, RunnerState
+from prm_jax.runtime import RunnerClosedError, RunnerState
 
 pytestmark = pytest.mark.anyio
 
@@ -494,7 +494,7 @@ def test_both_fan_outs_cancel_the_siblings_of_a_failed_turn(monkeypatch, path):
 
 async def test_entering_a_closed_runner_is_refused():
     # Issue 31.8: as httpx refuses a closed client, a closed runner cannot be entered again.
-    from prm_jax.runtime.runner import RunnerClosedError
+    from prm_jax.runtime import RunnerClosedError
 
     async with PRMRunner(scorers=(st.ConstantScorer(),)) as runner:
         await runner.run(branch())

@@ -389,8 +389,8 @@ async def test_run_many_refuses_the_same_branch_twice():
 async def test_a_closed_runner_is_one_error_type_whatever_the_path():
     # Issue 29.25: "runner closed" came as an ExceptionGroup of RunnerClosedError, a bare RunnerClosedError,
     # or RuntimeError('BlockingRunner is closed').
+    from prm_jax.runtime import RunnerClosedError
     from prm_jax.runtime.arrays import score_arrays
-    from prm_jax.runtime.runner import RunnerClosedError
     runner = PRMRunner(scorers=(st.ConstantScorer(0.5),))
     await runner.aclose()
     with pytest.raises(RunnerClosedError):
@@ -403,7 +403,7 @@ async def test_a_closed_runner_is_one_error_type_whatever_the_path():
 
 def test_a_closed_blocking_runner_raises_the_same_type():
     from prm_jax import BlockingRunner
-    from prm_jax.runtime.runner import RunnerClosedError
+    from prm_jax.runtime import RunnerClosedError
     runner = BlockingRunner(scorers=[st.ConstantScorer(0.5)])
     runner.close()
     with pytest.raises(RunnerClosedError):

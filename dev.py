@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command == "demo":
         python = _ensure_env("")
-        return subprocess.run([str(python), "-m", "prm_jax.app.cli", "demo", *rest], cwd=ROOT).returncode
+        return subprocess.run([str(python), "-m", "prm_jax.app._cli", "demo", *rest], cwd=ROOT).returncode
     if command == "floor":
         python = _ensure_env("test", FLOOR_VENV, (f"jax=={JAX_FLOOR}", f"jaxlib=={JAX_FLOOR}"))
         env = dict(os.environ, PRM_JAX_CACHE=str(FLOOR_VENV / "prm_jax_cache"))

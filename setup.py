@@ -5,9 +5,9 @@ optimization and language flags) against the XLA FFI headers of the jaxlib in th
 oldest supported one (pyproject's ``[build-system]``): XLA refuses a handler built against newer FFI headers
 than its own, and serves older ones, so one library built so serves every supported jaxlib. It goes into the
 package as ``prm_jax/native/_prm_jax_cpu.so`` (it reports its FFI API version, ``PrmJaxFfiApiVersion``), and
-``prm_jax.native.ffi`` loads it without a compiler. The library does not use Python's C API: the wheel is
+``prm_jax.native._ffi`` loads it without a compiler. The library does not use Python's C API: the wheel is
 tagged ``py3-none-<platform>``. Without a compiler the extension is skipped (``optional``): the wheel then
-holds the sources only, and the first CPU call builds them or warns (prm_jax.native.ffi).
+holds the sources only, and the first CPU call builds them or warns (prm_jax.native._ffi).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("_prm_jax_native_build", ROOT / "prm_jax" / "native" / "build.py")
+_spec = importlib.util.spec_from_file_location("_prm_jax_native_build", ROOT / "prm_jax" / "native" / "_build.py")
 assert _spec is not None and _spec.loader is not None
 native = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(native)  # SOURCES, FLAGS, PACKAGED_LIBRARY: declared once, there

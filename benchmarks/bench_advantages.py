@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import prm_jax
-from prm_jax.kernels.recurrence import resolve_method
-from prm_jax.kernels.token_gae import _gae_jit
-from prm_jax.native import ffi as native
+from prm_jax.kernels._recurrence import resolve_method
+from prm_jax.kernels._token_gae import _gae_jit
+from prm_jax.native import _ffi as native
 
 DEFAULT_SHAPES = "64x1024,64x8192,256x8192,16x32768"
 

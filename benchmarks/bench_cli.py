@@ -64,7 +64,7 @@ def main() -> int:
     print(f"read + validate: {read:.2f} s = {size / read / 1e6:.0f} MB/s; ratio to pure decode "
           f"{read / decode:.2f} (target: >= 150 MB/s or <= 3x pure decode)")
 
-    from prm_jax.native import ffi as native
+    from prm_jax.native import _ffi as native
 
     # A one-time set-up, like installing: the native CPU kernel is compiled on a machine's first run (a few
     # seconds), then loaded; it is built here so that no timed run pays for it.
@@ -73,7 +73,7 @@ def main() -> int:
     print(f"native CPU kernel: {'ready' if ready else 'unavailable (the runs use the XLA scan)'} after "
           f"{time.perf_counter() - start:.2f} s (built once per machine and version, before the timed runs)")
     out = folder / "out"
-    command = [sys.executable, "-m", "prm_jax.app.cli", "score", "--config", str(CONFIG), "--input", str(data),
+    command = [sys.executable, "-m", "prm_jax.app._cli", "score", "--config", str(CONFIG), "--input", str(data),
                "--output", str(out), "--overwrite", "--timings"]  # later runs replace the first one's outputs
     # The first run compiles the advantage programs into a fresh persistent cache (cold); later runs of the
     # same shapes load them (warm), as a user's second run does.

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the sh
 from batches import make_batch
 
 from prm_jax.config import AdvantageConfig
-from prm_jax.kernels import advantages, inputs
+from prm_jax.kernels import _advantages as advantages
+from prm_jax.kernels import _inputs as inputs
 
 CONFIGS = {
     "default (token GAE)": {},

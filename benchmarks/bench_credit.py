@@ -23,11 +23,11 @@ import numpy as np
 
 import prm_jax
 from prm_jax.config import AdvantageConfig
-from prm_jax.kernels.normalization import _decoupled_normalization_core
-from prm_jax.kernels.prime import _implicit_rewards_core
-from prm_jax.kernels.pure import _min_form_core
-from prm_jax.kernels.recurrence import resolve_strategy
-from prm_jax.kernels.tree import _tree_advantages_core, _tree_discount_core
+from prm_jax.kernels._normalization import _decoupled_normalization_core
+from prm_jax.kernels._prime import _implicit_rewards_core
+from prm_jax.kernels._pure import _min_form_core
+from prm_jax.kernels._recurrence import resolve_strategy
+from prm_jax.kernels._tree import _tree_advantages_core, _tree_discount_core
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import reference  # the float64 loops of the tests

@@ -3,7 +3,7 @@
 
   python benchmarks/bench_gigpo.py [--rows 1024] [--turns 32] [--width 4096] [--group 8] [--repeats 10]
 
-Prints, from one run: the per-turn GiGPO kernel (``prm_jax.kernels.gigpo``) against a dict-and-loop implementation
+Prints, from one run: the per-turn GiGPO kernel (``prm_jax.kernels._gigpo``) against a dict-and-loop implementation
 written the way verl-agent's reads (target: >= 100x faster), and ``compute_advantages`` with
 ``credit_assignment: gigpo`` against plain ``compute_advantages`` (GAE) on the same [B, T] batch (target:
 within 2x).

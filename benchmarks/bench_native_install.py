@@ -31,7 +31,7 @@ import numpy as np
 from prm_jax import compute_advantages
 from prm_jax.config import AdvantageConfig
 from prm_jax.kernels import gae
-from prm_jax.native import ffi
+from prm_jax.native import _ffi as ffi
 
 
 def gae_inputs(rows: int, width: int) -> tuple[jax.Array, jax.Array, jax.Array]:

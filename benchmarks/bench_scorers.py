@@ -248,8 +248,8 @@ def bench_judge(n: int, repeats: int) -> None:
 # --- 3. the pooling PRM -----------------------------------------------------------------------------------
 
 def bench_pooling(n: int, repeats: int) -> None:
-    from prm_jax.runtime.steps import StepRule
-    from prm_jax.scorers.pooling_prm import branch_tokens
+    from prm_jax.runtime._steps import StepRule
+    from prm_jax.scorers._pooling_prm import branch_tokens
 
     tag, separator = 30_001, 30_000  # steps of 6 tokens (5 per turn), each tagged (Qwen2.5-Math-PRM's layout)
     branches = sessions(n, separator=separator)

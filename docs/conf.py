@@ -21,7 +21,8 @@ import jupyter_server_mathjax
 import prm_jax
 
 HERE = Path(__file__).resolve().parent
-NAMESPACES = ("config", "kernels", "runtime", "credit", "estimators", "losses", "filters", "scorers")  # as tests/test_public_api
+NAMESPACES = ("config", "kernels", "kernels.gae_lambda", "runtime", "credit", "estimators", "losses", "filters",
+              "scorers")  # as tests/test_public_api
 
 project = "prm-jax"
 release = version = prm_jax.__version__

@@ -21,11 +21,11 @@ it), ``prm_jax.config``, ``prm_jax.runtime`` and ``prm_jax.app`` (the JSONL form
 from prm_jax import config, credit, estimators, filters, kernels, losses, runtime, scorers
 from prm_jax.config import AdvantageConfig, ExperimentConfig, GiGPOConfig, NormConfig, ShapingConfig, load_config
 from prm_jax.kernels import AdvantageOutput, compute_advantages
-from prm_jax.runtime.arrays import score_arrays
-from prm_jax.runtime.batching import pack_branches
-from prm_jax.runtime.blocking import BlockingRunner
-from prm_jax.runtime.runner import PRMRunner
-from prm_jax.runtime.scoring import (
+from prm_jax.runtime._arrays import score_arrays
+from prm_jax.runtime._batching import pack_branches
+from prm_jax.runtime._blocking import BlockingRunner
+from prm_jax.runtime._runner import PRMRunner
+from prm_jax.runtime._scoring import (
     BaseScorer,
     BaseTrajectoryScorer,
     BatchScorer,
@@ -35,7 +35,7 @@ from prm_jax.runtime.scoring import (
     SyncScorer,
     SyncTrajectoryScorer,
 )
-from prm_jax.runtime.trajectory import Interaction, InteractionCache
+from prm_jax.runtime._trajectory import Interaction, InteractionCache
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 __all__ = [

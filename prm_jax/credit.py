@@ -10,11 +10,11 @@ from configuration, so ``compute_advantages`` and ``prm-jax score`` run it:
 - ``gigpo``: GiGPO (``credit_assignment: {mode: gigpo}``; its settings are ``prm_jax.config.GiGPOConfig``).
 """
 
-from prm_jax.kernels.gigpo import GiGPOOutput, gigpo
-from prm_jax.kernels.normalization import decoupled_normalization
-from prm_jax.kernels.prime import implicit_process_rewards
-from prm_jax.kernels.pure import min_form
-from prm_jax.kernels.tree import TreeAdvantages, tree_advantages, tree_discount
+from prm_jax.kernels._gigpo import GiGPOOutput, gigpo
+from prm_jax.kernels._normalization import decoupled_normalization
+from prm_jax.kernels._prime import implicit_process_rewards
+from prm_jax.kernels._pure import min_form
+from prm_jax.kernels._tree import TreeAdvantages, tree_advantages, tree_discount
 
 __all__ = [
     "GiGPOOutput", "TreeAdvantages", "decoupled_normalization", "gigpo", "implicit_process_rewards", "min_form",

@@ -4,11 +4,15 @@ with, in one namespace. An estimator is a frozen dataclass (its record: the fiel
 ``Estimate``, and one ``EstimatorSpec`` that declares it (what it reads, its diagnostics prefix, the
 ``gae_timestep_unit`` values it runs with, the settings it refuses, an example configuration);
 ``register_estimator(spec)`` makes it known to the config, the pipeline, the command line and the tests'
-option matrix. ``prm_jax.kernels.estimator.INPUTS`` lists what ``run`` may name; the primitives below are the ones the built-in
+option matrix. ``INPUTS`` lists what ``run`` may name; the primitives below are the ones the built-in
 estimators share. ``tests/rloo_estimator.py`` is a complete one (leave-one-out RLOO) in 30 lines.
+
+The other stage kinds (outcome normalizations, process transforms, shapings) declare themselves with a
+``StageSpec``, beside their kernels; ``STAGE_SPECS`` lists them.
 """
 
-from prm_jax.kernels.estimator import (
+from prm_jax.kernels._estimator import (
+    INPUTS,
     Estimate,
     EstimatorSpec,
     EstimatorStage,
@@ -18,12 +22,14 @@ from prm_jax.kernels.estimator import (
     row_groups,
     violations,
 )
-from prm_jax.kernels.estimators import credit_modes, estimator_for, register_estimator, registered, unregister_estimator
-from prm_jax.kernels.normalization import leave_one_out_mean, whiten
-from prm_jax.kernels.recurrence import reverse_cumsum
+from prm_jax.kernels._estimators import credit_modes, estimator_for, register_estimator, registered, unregister_estimator
+from prm_jax.kernels._normalization import leave_one_out_mean, whiten
+from prm_jax.kernels._plan import STAGE_SPECS
+from prm_jax.kernels._recurrence import reverse_cumsum
+from prm_jax.kernels._stage import StageSpec
 
 __all__ = [
-    "Estimate", "EstimatorSpec", "EstimatorStage", "SummaryHook", "ValueCheck", "credit_modes",
-    "estimator_for", "leave_one_out_mean", "on_turn_timesteps", "register_estimator", "registered",
+    "INPUTS", "STAGE_SPECS", "Estimate", "EstimatorSpec", "EstimatorStage", "StageSpec", "SummaryHook", "ValueCheck",
+    "credit_modes", "estimator_for", "leave_one_out_mean", "on_turn_timesteps", "register_estimator", "registered",
     "reverse_cumsum", "row_groups", "unregister_estimator", "violations", "whiten",
 ]

@@ -1,4 +1,4 @@
-"""The loss side of a PPO/GRPO step (``prm_jax.kernels.policy_loss``, ``prm_jax.kernels.verl_losses``):
+"""The loss side of a PPO/GRPO step (``prm_jax.kernels._policy_loss``, ``prm_jax.kernels._verl_losses``):
 ``logprobs_on_timesteps`` gathers a policy's log-probs onto the timesteps ``compute_advantages`` works on;
 ``ppo_clip_loss`` is AReaL's clipped actor loss (dual clip, asymmetric clip, decoupled PPO, token- or
 sequence-mean aggregation); ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``, ``dppo_kl_loss``,
@@ -7,8 +7,8 @@ sequence-mean aggregation); ``gspo_loss``, ``geo_mean_loss``, ``dppo_tv_loss``, 
 is TRL's sequence-level GSPO (``TRL_LOSS_TYPES``); ``policy_loss(...,
 mode=)`` picks one by verl's ``policy_loss.loss_mode`` name (``POLICY_LOSS_MODES``)."""
 
-from prm_jax.kernels.policy_loss import LOSS_AGG_MODES, PPOLossStats, logprobs_on_timesteps, ppo_clip_loss
-from prm_jax.kernels.verl_losses import (
+from prm_jax.kernels._policy_loss import LOSS_AGG_MODES, PPOLossStats, logprobs_on_timesteps, ppo_clip_loss
+from prm_jax.kernels._verl_losses import (
     POLICY_LOSS_MODES,
     TRL_LOSS_TYPES,
     VERL_AGG_MODES,

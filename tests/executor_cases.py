@@ -11,7 +11,7 @@ import anyio
 import numpy as np
 
 from prm_jax import BaseScorer
-from prm_jax.runtime.scoring import BatchScorer, SyncScorer
+from prm_jax.runtime._scoring import BatchScorer, SyncScorer
 
 KINDS = ("async", "thread", "process", "batch")
 SLEEP_S = 30.0

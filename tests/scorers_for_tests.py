@@ -264,7 +264,7 @@ class Asleep(BaseScorer):
 
 
 # Synchronous scorers for the process executor (importable, so their worker processes can unpickle them).
-from prm_jax.runtime.scoring import SyncScorer  # noqa: E402
+from prm_jax.runtime._scoring import SyncScorer  # noqa: E402
 
 
 def busy_score(interaction, work):
@@ -326,7 +326,7 @@ class Misbehaves(SyncScorer):
         return 1.0
 
 
-from prm_jax.runtime.scoring import SyncTrajectoryScorer  # noqa: E402
+from prm_jax.runtime._scoring import SyncTrajectoryScorer  # noqa: E402
 
 
 class BranchInAProcess(SyncTrajectoryScorer):

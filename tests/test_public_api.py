@@ -1,6 +1,7 @@
 """Issue 31.7: a boundary below the public surface. Each public name has one namespace; the top level
 re-exports the first names (the same objects); no function shadows a module of its package; the README's
-namespace table lists every public name of each namespace."""
+namespace table lists every public name of each namespace. Issue 43.5: implementation modules are private
+(a leading underscore), so the namespaces (and two documented modules) are the only public paths."""
 
 import importlib
 import pkgutil
@@ -12,7 +13,12 @@ import pytest
 
 import prm_jax
 
-NAMESPACES = ("config", "kernels", "runtime", "credit", "estimators", "losses", "filters", "scorers")
+NAMESPACES = ("config", "kernels", "kernels.gae_lambda", "runtime", "credit", "estimators", "losses", "filters",
+              "scorers")
+# Public modules that are not namespaces of names: the sessions format's reader (the application floor) and
+# the tunix integration (its learners need the tunix extra); and the packages that only hold others.
+DOCUMENTED_MODULES = ("prm_jax.app.sessions", "prm_jax.integrations.tunix")
+HOLDERS = ("prm_jax", "prm_jax.app", "prm_jax.integrations", "prm_jax.native")
 PACKAGES = ("prm_jax", "prm_jax.kernels", "prm_jax.runtime", "prm_jax.config", "prm_jax.scorers", "prm_jax.app",
             "prm_jax.native", "prm_jax.integrations")
 README = documentation.text()  # the namespace table is in the guides' Public API page
@@ -43,7 +49,7 @@ def test_the_top_level_names_are_their_namespaces_objects():
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_function_shadows_a_module(package):
-    # (`import prm_jax.kernels.gae` once gave the function: the module is prm_jax.kernels.token_gae now.)
+    # (`import prm_jax.kernels.gae` once gave the function: the module is prm_jax.kernels._token_gae now.)
     module = importlib.import_module(package)
     for info in pkgutil.iter_modules(module.__path__):
         attr = getattr(module, info.name, None)
@@ -59,3 +65,29 @@ def test_the_readme_table_lists_every_public_name(namespace):
     first = {name for name in prm_jax.__all__ if not isinstance(getattr(prm_jax, name), types.ModuleType)}
     missing = [name for name in public(namespace) if name not in listed and name not in first]
     assert missing == []
+
+
+def test_no_public_module_lies_outside_the_namespaces():
+    public = {f"prm_jax.{ns}" for ns in NAMESPACES} | set(DOCUMENTED_MODULES) | set(HOLDERS)
+    modules = [info.name for info in pkgutil.walk_packages(prm_jax.__path__, "prm_jax.")]
+    outside = [name for name in modules
+               if not any(part.startswith("_") for part in name.split(".")) and name not in public]
+    assert outside == []
+    assert len(modules) > 60  # (the walk found the implementation modules: each private)
+
+
+def test_each_public_object_is_reached_by_one_documented_path():
+    # 43.5: Interaction was reachable by 17 import paths. Its public paths now: its namespace's, and the top
+    # level's for the first names (the same object); every other module holding it is private.
+    paths: dict[int, set[str]] = {}
+    for ns in NAMESPACES:
+        module = importlib.import_module(f"prm_jax.{ns}")
+        for name in module.__all__:
+            paths.setdefault(id(getattr(module, name)), set()).add(f"prm_jax.{ns}.{name}")
+    for name in prm_jax.__all__:
+        value = getattr(prm_jax, name)
+        if not isinstance(value, types.ModuleType):
+            paths.setdefault(id(value), set()).add(f"prm_jax.{name}")
+    several = {tuple(sorted(p)) for p in paths.values() if len(p) > 2 or (
+        len(p) == 2 and not any(path.count(".") == 1 for path in p))}
+    assert several == set()

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from prm_jax import PRMRunner, compute_advantages, score_arrays
-from prm_jax.app import cli
+from prm_jax.app import _cli as cli
 from prm_jax.config import AdvantageConfig
 from prm_jax.integrations import tunix as adapter
-from prm_jax.kernels.schema import REQUIRED_KEYS
+from prm_jax.kernels._schema import REQUIRED_KEYS
 
 STAGES = {
     "gae": {},

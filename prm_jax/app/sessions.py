@@ -50,8 +50,9 @@ from typing import Annotated, Any, NamedTuple, get_args
 import msgspec
 import numpy as np
 
-from prm_jax.runtime.context import check_metadata
-from prm_jax.runtime.trajectory import (
+from prm_jax._validation import short_repr
+from prm_jax.runtime._context import check_metadata
+from prm_jax.runtime._trajectory import (
     STOP_REASONS,
     TOKEN_ID_RANGE,
     TURN_FIELDS,
@@ -67,7 +68,6 @@ from prm_jax.runtime.trajectory import (
     root_first,
     stray_token_id,
 )
-from prm_jax.validation import short_repr
 
 LOGPROB_SLACK = 1e-6  # inference engines round a log-prob of ~0 to tiny positive values
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
@@ -159,7 +159,7 @@ _LOGPROBS = _NUMBERS._replace(value=_logprobs)
 _NUMBER = JSONType(float | None, _optional(_number), "must hold numbers")
 _MESSAGES = JSONType(list[dict[str, Any]] | None, _optional(_objects), "must be a list of JSON objects")
 # The JSON type of each kind of turn field (the fields, their kinds, value rules and absent values are the
-# turn's own: prm_jax.runtime.trajectory.TURN_FIELDS; a kind without a type here fails at import).
+# turn's own: prm_jax.runtime._trajectory.TURN_FIELDS; a kind without a type here fails at import).
 JSON_KINDS: dict[str, JSONType] = {
     "id": JSONType(NonEmpty | None, _optional(_nonempty_str), "must be a non-empty string or null"),
     "logprobs": _LOGPROBS, "numbers": _NUMBERS, "messages": _MESSAGES, "number": _NUMBER,

@@ -8,7 +8,8 @@ alias expansion). Errors are ``ConfigError``, naming the key path. The kernels' 
 ``reward_norm``/``adv_norm``, ``advantage_shaping``, ``credit_assignment`` and ``process_reward_transform``.
 """
 
-from prm_jax.config.advantage import (
+from prm_jax._validation import ConfigError
+from prm_jax.config._advantage import (
     SETTING_REFUSALS,
     AdvantageConfig,
     Refusal,
@@ -16,7 +17,7 @@ from prm_jax.config.advantage import (
     refused_pairs,
     resolve_lambda,
 )
-from prm_jax.config.experiment import (
+from prm_jax.config._experiment import (
     ERROR_POLICIES,
     ErrorPolicy,
     ExperimentConfig,
@@ -25,15 +26,14 @@ from prm_jax.config.experiment import (
     RolloutConfig,
     ScorerSpec,
 )
-from prm_jax.config.loader import ConfigFileError, load_config, parse_yaml
-from prm_jax.kernels.gigpo import GiGPOConfig
-from prm_jax.kernels.normalization import DecoupledNorm, NormConfig
-from prm_jax.kernels.prime import PrimeCredit
-from prm_jax.kernels.progress import ProgressTransform
-from prm_jax.kernels.pure import MinFormTransform, PureCredit
-from prm_jax.kernels.shaping import ShapingConfig
-from prm_jax.kernels.tree import TreeCredit
-from prm_jax.validation import ConfigError
+from prm_jax.config._loader import ConfigFileError, load_config, parse_yaml
+from prm_jax.kernels._gigpo import GiGPOConfig
+from prm_jax.kernels._normalization import DecoupledNorm, NormConfig
+from prm_jax.kernels._prime import PrimeCredit
+from prm_jax.kernels._progress import ProgressTransform
+from prm_jax.kernels._pure import MinFormTransform, PureCredit
+from prm_jax.kernels._shaping import ShapingConfig
+from prm_jax.kernels._tree import TreeCredit
 
 __all__ = [
     "ERROR_POLICIES",

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from prm_jax.validation import integer_dtype
+from prm_jax._validation import integer_dtype
 
 
 def accumulation_dtype(*arrays: Any) -> jnp.dtype:
@@ -46,7 +46,7 @@ def as_float(name: str, x: Any, dtype: jnp.dtype) -> jax.Array:
 
 
 def check_dtype_class(name: str, x: Any, dtype_class: str) -> None:
-    """The rule of a batch key's dtype class (``prm_jax.kernels.schema``): ``float`` any real numbers,
+    """The rule of a batch key's dtype class (``prm_jax.kernels._schema``): ``float`` any real numbers,
     ``int`` integers, ``mask`` bool, integer or float (0/1 checked with the values)."""
     x = jnp.asarray(x) if not hasattr(x, "dtype") else x
     if dtype_class == "float":

@@ -1,4 +1,4 @@
-// Turns on the CPU, as an XLA FFI custom call (see prm_jax/native/ffi.py and prm_jax/kernels/turns.py).
+// Turns on the CPU, as an XLA FFI custom call (see prm_jax/native/_ffi.py and prm_jax/kernels/_turns.py).
 //
 // For each row of T timesteps (turn id k_t, active flag m_t): n_t, the turn id of the row's next active
 // timestep after t, or -1 where none follows. A turn continues at t where n_t equals k_t, so a hole in the

@@ -4,15 +4,19 @@ device batches and metrics. It builds on ``prm_jax.kernels`` and knows nothing o
 The public names below are ``prm_jax.runtime.<name>``; the ones a user needs first are also ``prm_jax.<name>``.
 """
 
-from prm_jax.runtime.arrays import ScoredArrays, chains_from_arrays, score_arrays, token_rewards_from_chains
-from prm_jax.runtime.authoring import RetryError, call_with_retry
-from prm_jax.runtime.batching import empty_batch, pack_branches
-from prm_jax.runtime.blocking import BlockingRunner
-from prm_jax.runtime.export import ExportedTrajectory, ExportResult, ExportService, PRMStats, TrajectoryStore, export_group
-from prm_jax.runtime.lifecycle import RunnerClosedError, RunnerState
-from prm_jax.runtime.metrics import InMemoryRecorder, MetricRecorder, MetricStats
-from prm_jax.runtime.runner import PRMRunner
-from prm_jax.runtime.scoring import (
+from prm_jax.runtime._arrays import ScoredArrays, chains_from_arrays, score_arrays, token_rewards_from_chains
+from prm_jax.runtime._authoring import RetryError, call_with_retry
+from prm_jax.runtime._batching import batch_spec, bucket_width, empty_batch, pack_branches
+from prm_jax.runtime._blocking import BlockingRunner
+from prm_jax.runtime._context import check_metadata
+from prm_jax.runtime._dispatch import EXECUTORS
+from prm_jax.runtime._export import ExportedTrajectory, ExportResult, ExportService, PRMStats, TrajectoryStore, export_group
+from prm_jax.runtime._lifecycle import Lifecycle, RunnerClosedError, RunnerState
+from prm_jax.runtime._limits import RequestLimiter, should_retry
+from prm_jax.runtime._metrics import InMemoryRecorder, MetricRecorder, MetricStats, branch_stats, reduce_workers
+from prm_jax.runtime._process_pool import ProcessExecutor
+from prm_jax.runtime._runner import PRMRunner
+from prm_jax.runtime._scoring import (
     BaseScorer,
     BaseTrajectoryScorer,
     BatchScorer,
@@ -23,16 +27,20 @@ from prm_jax.runtime.scoring import (
     SyncScorer,
     SyncTrajectoryScorer,
 )
-from prm_jax.runtime.steps import step_turn_ids
-from prm_jax.runtime.trajectory import BranchSequence, Interaction, InteractionCache
+from prm_jax.runtime._specs import check_scorer_specs, resolve_scorer_class
+from prm_jax.runtime._steps import StepRule, place_steps, step_turn_ids
+from prm_jax.runtime._trajectory import TURN_FIELDS, BranchSequence, Interaction, InteractionCache, stitch
 
-# What a user needs; the helpers behind them (bucket_width, batch_spec, stitch, the metric reducers, the
-# scorer-spec checks, ...) are reached through their modules. tests/test_public_api.py holds the boundary.
+# Every public name of the runtime, at one path; its implementation modules are private (tests/test_public_api.py
+# holds the boundary).
 __all__ = [
-    "BaseScorer", "BaseTrajectoryScorer", "BatchScorer", "BatchTrajectoryScorer", "BlockingRunner",
-    "BranchSequence", "ExportResult", "ExportService", "ExportedTrajectory", "InMemoryRecorder", "Interaction",
-    "InteractionCache", "MetricRecorder", "MetricStats", "PRMMetricObservation", "PRMRunner", "PRMScorerResult",
-    "PRMStats", "PRMTurnResult", "RetryError", "RunnerClosedError", "RunnerState", "ScoredArrays", "SyncScorer",
-    "SyncTrajectoryScorer", "TrajectoryStore", "call_with_retry", "chains_from_arrays", "empty_batch",
-    "export_group", "pack_branches", "score_arrays", "step_turn_ids", "token_rewards_from_chains",
+    "EXECUTORS", "TURN_FIELDS", "BaseScorer", "BaseTrajectoryScorer", "BatchScorer", "BatchTrajectoryScorer",
+    "BlockingRunner", "BranchSequence", "ExportResult", "ExportService", "ExportedTrajectory", "InMemoryRecorder",
+    "Interaction", "InteractionCache", "Lifecycle", "MetricRecorder", "MetricStats", "PRMMetricObservation",
+    "PRMRunner", "PRMScorerResult", "PRMStats", "PRMTurnResult", "ProcessExecutor", "RequestLimiter", "RetryError",
+    "RunnerClosedError", "RunnerState", "ScoredArrays", "StepRule", "SyncScorer", "SyncTrajectoryScorer",
+    "TrajectoryStore", "batch_spec", "branch_stats", "bucket_width", "call_with_retry", "chains_from_arrays",
+    "check_metadata", "check_scorer_specs", "empty_batch", "export_group", "pack_branches", "place_steps",
+    "reduce_workers", "resolve_scorer_class", "score_arrays", "should_retry", "step_turn_ids", "stitch",
+    "token_rewards_from_chains",
 ]

@@ -22,8 +22,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from prm_jax.runtime.limits import ServiceError
-from prm_jax.validation import short_repr
+from prm_jax._validation import short_repr
+from prm_jax.runtime._limits import ServiceError
 
 MAX_NESTING = 64
 LOGPROB_SLACK = 1e-6

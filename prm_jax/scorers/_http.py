@@ -1,5 +1,5 @@
 """The built-in judges' transport: one ``httpx`` client per scorer, a ``RequestLimiter``, the retry rules
-of ``prm_jax.runtime.limits`` and a bounded answer (``JSONService``), read by the judges' one
+of ``prm_jax.runtime._limits`` and a bounded answer (``JSONService``), read by the judges' one
 ``AnswerReader`` (``prm_jax.scorers._answers``)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
-from prm_jax.runtime.authoring import RetryError, call_with_retry
-from prm_jax.runtime.limits import RETRYABLE_STATUS, RequestLimiter, ServiceError, retry_after_seconds
-from prm_jax.runtime.runner import cause_text
+from prm_jax._validation import finite_number, integer, short_repr
+from prm_jax.runtime._authoring import RetryError, call_with_retry
+from prm_jax.runtime._limits import RETRYABLE_STATUS, RequestLimiter, ServiceError, retry_after_seconds
+from prm_jax.runtime._runner import cause_text
 from prm_jax.scorers._answers import AnswerReader
-from prm_jax.validation import finite_number, integer, short_repr
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # a score answer is a few hundred bytes; 1 MiB leaves room for logprobs
 BURST_S = 0.01  # the limiter's burst, in seconds of the request rate

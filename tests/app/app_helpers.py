@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prm_jax.app import cli
+from prm_jax.app import _cli as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parents[1]

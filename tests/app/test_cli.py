@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from prm_jax import compute_advantages, load_config
-from prm_jax.app.cli import main
+from prm_jax.app._cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "prm_jax" / "data"
@@ -167,7 +167,7 @@ def test_the_command_keeps_its_compiled_programs_in_a_persistent_cache(tmp_path)
     import sys
 
     data = ROOT / "prm_jax" / "data"
-    command = [sys.executable, "-m", "prm_jax.app.cli", "score", "--config", str(data / "demo_config.yaml"),
+    command = [sys.executable, "-m", "prm_jax.app._cli", "score", "--config", str(data / "demo_config.yaml"),
                "--input", str(data / "demo_sessions.jsonl"), "--output", str(tmp_path / "out")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     cache = tmp_path / "cache"

@@ -12,7 +12,8 @@ import reference
 import yaml
 
 from prm_jax import compute_advantages, load_config
-from prm_jax.app.cli import main
+from prm_jax.app._cli import main
+from prm_jax.estimators import STAGE_SPECS, registered
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "prm_jax" / "data"
@@ -24,7 +25,9 @@ MODES = {
     "decoupled": {"reward_norm": {"mode": "decoupled"}},
     "min_form": {"process_reward_transform": {"mode": "min_form", "temperature": 0.1}},
 }
-PREFIX = {"tree": "tree/", "pure": "pure/", "prime": "prime/", "decoupled": "decoupled/", "min_form": "min_form/"}
+# Each mode's diagnostics prefix, as declared (issue 43.2: no hand list of prefixes).
+PREFIX = {**{spec.mode: spec.diagnostics for spec in registered() if spec.mode is not None},
+          **{spec.mode: spec.diagnostics for spec in STAGE_SPECS}}
 
 
 def accepted_sessions(summary: dict) -> list[dict]:

@@ -23,8 +23,9 @@ from app_helpers import (
 )
 
 from prm_jax import AdvantageConfig, NormConfig, compute_advantages
-from prm_jax.app import cli, outputs
-from prm_jax.app import score as score_module
+from prm_jax.app import _cli as cli
+from prm_jax.app import _outputs as outputs
+from prm_jax.app import _score as score_module
 from prm_jax.kernels import normalize
 
 # --- 10.6 non-finite numbers ------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ def test_a_yaml_alias_bomb_is_refused_quickly_with_a_short_message(tmp_path):
     assert proc.returncode == 2 and "nested aliases" in proc.stderr
     assert len(proc.stderr) < 2000
     assert elapsed < 30  # the whole process, start-up included; the refusal itself is milliseconds
-    from prm_jax.config.loader import parse_yaml
+    from prm_jax.config._loader import parse_yaml
     start = time.monotonic()
     with pytest.raises(ValueError, match="aliases expand it by more than"):
         parse_yaml(path.read_text(), "bomb.yaml")

@@ -9,8 +9,8 @@ import tempfile
 
 import jax
 
-from prm_jax.app.cli import main
-from prm_jax.native import ffi
+from prm_jax.app._cli import main
+from prm_jax.native import _ffi as ffi
 
 
 def test_doctor_prints_versions_backend_native_kernels_caches_and_extras(capsys):
@@ -30,7 +30,7 @@ def run(code: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_without_a_compiler_the_first_cpu_call_warns_once_and_doctor_says_why():
-    code = ("import numpy as np, prm_jax; from prm_jax.app.doctor import report; "
+    code = ("import numpy as np, prm_jax; from prm_jax.app._doctor import report; "
             "prm_jax.kernels.gae(np.ones((2, 5), np.float32), None, np.ones((2, 5))); "
             "prm_jax.kernels.gae(np.ones((3, 5), np.float32), None, np.ones((3, 5))); "
             "print(report()['native kernels'])")
@@ -43,7 +43,7 @@ def test_without_a_compiler_the_first_cpu_call_warns_once_and_doctor_says_why():
 
 
 def test_turning_the_kernels_off_is_said_by_doctor_and_warns_nothing():
-    proc = run("import prm_jax; from prm_jax.app.doctor import report; print(report()['native kernels'])",
+    proc = run("import prm_jax; from prm_jax.app._doctor import report; print(report()['native kernels'])",
                PRM_JAX_NATIVE="0")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "not used: turned off (PRM_JAX_NATIVE=0)" and "compiler" not in proc.stderr

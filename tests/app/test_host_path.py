@@ -24,7 +24,7 @@ def test_ten_thousand_small_sessions_are_scored_under_a_memory_ceiling(tmp_path)
     # The command as the prm-jax process runs it (entry: tune_process=True). Its own peak: VmHWM belongs to
     # the process image; ru_maxrss survives execve on Linux, so a child forked from a large pytest process
     # reported the parent's size (1.58 GB here against 0.69 GB of its own).
-    script = ("import resource, sys; from prm_jax.app.cli import main; code = main(sys.argv[1:], tune_process=True); "
+    script = ("import resource, sys; from prm_jax.app._cli import main; code = main(sys.argv[1:], tune_process=True); "
               "status = open('/proc/self/status').read() if sys.platform == 'linux' else ''; "
               "hwm = [line.split()[1] for line in status.splitlines() if line.startswith('VmHWM:')]; "
               "print('peak_kb', hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(code)")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from app_helpers import DEMO, config_with
 
-from prm_jax.app.cli import main
+from prm_jax.app._cli import main
 from prm_jax.scorers._http import shown_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -12,9 +12,9 @@ import pytest
 from app_helpers import DEMO, config_with, equal_records, sessions, write_jsonl
 
 from prm_jax import PRMRunner, score_arrays
-from prm_jax.app.cli import main
+from prm_jax.app._cli import main
 from prm_jax.app.sessions import InputError, _fast_session, _slow_session, read_sessions
-from prm_jax.runtime.context import MAX_METADATA_BYTES, check_metadata
+from prm_jax.runtime._context import MAX_METADATA_BYTES, check_metadata
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scorers_for_tests import AnswerMatch, TurnIndexInAProcess
@@ -110,8 +110,8 @@ def test_the_command_line_exits_2_naming_the_line_and_writes_nothing(tmp_path, c
 
 
 async def test_metadata_is_read_only_for_scorers_and_carried_on_the_exported_trajectories(tmp_path):
-    from prm_jax.config.loader import load_config
-    from prm_jax.runtime.export import ExportService
+    from prm_jax.config._loader import load_config
+    from prm_jax.runtime._export import ExportService
 
     config = load_config(config_with(tmp_path, "        - {path: scorers_for_tests.AnswerMatch}",
                                                     shaping="additive"))

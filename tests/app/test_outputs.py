@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from app_helpers import CONFIG, DEMO, PRM_JAX, SUBPROCESS_PATH, config_with, prm_jax, score
 
-from prm_jax.app import cli, outputs
+from prm_jax.app import _cli as cli
+from prm_jax.app import _outputs as outputs
 
 
 def listing(folder: Path) -> dict[str, bytes]:
@@ -139,7 +140,7 @@ def test_a_full_disk_during_overwrite_keeps_the_old_set(tmp_path, first_run):
 # A signal whose handler runs inside a gc callback: Python drops the exception the handler raises there.
 LOST_SIGNAL = """
 import gc, os, signal, time
-from prm_jax.app.cli import Interrupted, _signals_unwind
+from prm_jax.app._cli import Interrupted, _signals_unwind
 
 fired = []
 

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from prm_jax.app.score import AdvantageStats, advantage_stats
-from prm_jax.kernels.diagnostics import statistics
+from prm_jax.app._score import AdvantageStats, advantage_stats
+from prm_jax.kernels._diagnostics import statistics
 
 
 def output(advantages, mask):
@@ -40,7 +40,7 @@ def test_advantage_stats_of_no_active_timestep_and_of_non_finite_advantages():
 
 def test_the_turn_table_shows_a_success_beside_a_failure():
     # Issue 23.11: the demo's table showed two failed rows only.
-    from prm_jax.app.report import shown_rows
+    from prm_jax.app._report import shown_rows
     assert shown_rows(np.array([0.0, 0.0, 0.0, 1.0])) == [0, 3]
     assert shown_rows(np.array([1.0, 0.0, 1.0])) == [0, 1]
     assert shown_rows(np.array([0.0, 0.0, 0.0])) == [0, 1]  # no success: the first rows

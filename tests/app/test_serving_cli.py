@@ -8,7 +8,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from prm_jax.app.cli import main
+from prm_jax.app._cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "prm_jax" / "data"

@@ -11,10 +11,10 @@ from batches import make_batch
 
 from prm_jax.config import AdvantageConfig, GiGPOConfig, NormConfig, ShapingConfig
 from prm_jax.kernels import AdvantagePlan, compute_advantages
-from prm_jax.kernels import plan as kernel_advantages
+from prm_jax.kernels import _plan as kernel_advantages
+from prm_jax.kernels._token_gae import TokenGAE
+from prm_jax.kernels._turns import TurnGAE
 from prm_jax.kernels.gae_lambda import relative_position_gae_lambda
-from prm_jax.kernels.token_gae import TokenGAE
-from prm_jax.kernels.turns import TurnGAE
 
 
 def test_the_default_config_is_the_default_plan():

@@ -108,7 +108,7 @@ def test_bools_and_floats_are_not_counts(key, value):
 
 def test_numbers_are_read_as_areal_reads_them(tmp_path):
     # Issue 20.14: `eps: 1e-5` is a string to PyYAML (YAML 1.1), a float to AReaL's OmegaConf.
-    from prm_jax.config.loader import load_config
+    from prm_jax.config._loader import load_config
     path = tmp_path / "c.yaml"
     path.write_text("actor:\n  adv_norm: {mean_level: batch, std_level: batch, eps: 1e-5}\n  kl_ctl: 2E-3\n")
     config = load_config(path)
@@ -116,7 +116,7 @@ def test_numbers_are_read_as_areal_reads_them(tmp_path):
 
 
 def test_deeply_nested_yaml_is_a_located_error(tmp_path):
-    from prm_jax.config.loader import load_config
+    from prm_jax.config._loader import load_config
     path = tmp_path / "deep.yaml"
     path.write_text("actor: " + "[" * 3000 + "]" * 3000 + "\n")
     with pytest.raises(ValueError, match=r"deep\.yaml: the YAML is nested too deeply"):
@@ -177,8 +177,8 @@ def test_advantage_config_from_actor_section():
 
 def test_config_classes_validate_when_built_in_code():
     # Issue 11.7: one validation path, in __post_init__, whether built from YAML or in code.
-    from prm_jax.config.experiment import RolloutConfig
-    from prm_jax.validation import ConfigError
+    from prm_jax._validation import ConfigError
+    from prm_jax.config._experiment import RolloutConfig
     with pytest.raises(ConfigError, match=r"^path must be a non-empty"):
         ScorerSpec("")
     with pytest.raises(ConfigError, match=r"^timeout must be > 0"):

@@ -1,10 +1,10 @@
-"""Issue 31.10: ``prm_jax.config.loader`` (YAML in, a validated ExperimentConfig out, every error naming the
+"""Issue 31.10: ``prm_jax.config._loader`` (YAML in, a validated ExperimentConfig out, every error naming the
 file) on its own."""
 
 import pytest
 
 from prm_jax.config import ConfigFileError, load_config, parse_yaml
-from prm_jax.config.loader import MAX_YAML_NODES
+from prm_jax.config._loader import MAX_YAML_NODES
 
 
 def test_a_config_file_loads_into_a_validated_experiment_config(tmp_path):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from prm_jax.integrations import tunix as adapter
-from prm_jax.kernels.shaping import ShapingConfig
+from prm_jax.kernels._shaping import ShapingConfig
 
 
 def tunix_rollout(rng, groups=3, group_size=4, prompt_width=6, completion_width=9):

@@ -22,7 +22,7 @@ from tunix_rules import tunix_promotion_rules  # noqa: E402, F401 (an autouse fi
 import prm_jax  # noqa: E402
 from examples.tunix_grpo.__main__ import make_cluster  # noqa: E402
 from prm_jax.integrations import tunix as adapter  # noqa: E402
-from prm_jax.integrations.tunix import estimators as tunix_estimators  # noqa: E402
+from prm_jax.integrations.tunix import _estimators as tunix_estimators  # noqa: E402
 
 GROUP = 2
 PROMPTS = ["input string", "hello world", "My name", "hello there"]

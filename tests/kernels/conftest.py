@@ -4,7 +4,7 @@ builds wherever a C++ compiler exists, so it cannot drop out of the suite unnoti
 
 import pytest
 
-from prm_jax.native import ffi as native
+from prm_jax.native import _ffi as native
 
 
 @pytest.fixture(autouse=True)

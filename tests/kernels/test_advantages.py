@@ -11,7 +11,7 @@ from batches import compile_log, make_batch
 
 import prm_jax
 from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages
-from prm_jax.native import ffi as native
+from prm_jax.native import _ffi as native
 
 PIPELINE_METHODS = ["scan", "associative", "blocked", "native"]  # native skipped at run time where it does not build
 
@@ -290,8 +290,8 @@ def test_the_pipeline_compiles_check_counts_only_and_a_failed_check_is_located_b
     # The searches for a failed check's first bad entry were a fifth of the program's trace-and-compile time
     # (benchmarks/bench_compile.py): the first program holds the counts only, and an eager call whose
     # check fails traces the plan again with the searches, so the message still names the entry.
-    from prm_jax.kernels import advantages as pipeline
-    from prm_jax.kernels import inputs
+    from prm_jax.kernels import _advantages as pipeline
+    from prm_jax.kernels import _inputs as inputs
     rng = np.random.default_rng(21)
     batch = make_batch(rng, rows=4, width=16)
     arrays = inputs.batch_arrays(batch)
@@ -386,7 +386,7 @@ def test_grad_through_compute_advantages_matches_scan(method):
 
 def test_shaping_variants_share_one_gae_and_equal_separate_runs():
     # Issue 12: the CLI's five advantage passes become one GAE shaped four ways.
-    from prm_jax.kernels.advantages import compute_advantage_variants
+    from prm_jax.kernels._advantages import compute_advantage_variants
     rng = np.random.default_rng(120)
     batch = make_batch(rng, rows=6, width=32, unit_interval=True)
     config = AdvantageConfig(discount=0.95, gae_lambda=0.9, adv_norm=NormConfig())

@@ -11,7 +11,7 @@ import reference
 from batches import make_batch
 
 from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages
-from prm_jax.kernels import shaping
+from prm_jax.kernels import _shaping as shaping
 
 # gamma = lam = 1, no KL, no values: every active timestep's advantage is the row's (normalized) outcome.
 PLAIN = AdvantageConfig(kl_ctl=0.0, reward_norm=NormConfig("batch", "batch"))

@@ -11,7 +11,7 @@ from batches import make_batch
 
 from prm_jax import compute_advantages
 from prm_jax.config import AdvantageConfig, ConfigError
-from prm_jax.kernels.estimators import credit_modes
+from prm_jax.kernels._estimators import credit_modes
 
 
 @pytest.fixture(autouse=True)
@@ -305,7 +305,7 @@ def test_the_pipelines_tree_values_are_the_kernels_on_every_tree(value):
     # rounding, where the kernel alone gave exactly 0), the exact-zero test never fired, and entries differed
     # (-1.49e-8 returned, -0.7 expected on this tree, whose leaves 3 and 18 have no local signal). "No local
     # signal" is decided with a tolerance now: the pipeline, the kernel and the float64 loop agree.
-    from prm_jax.kernels.tree import tree_advantages
+    from prm_jax.kernels._tree import tree_advantages
 
     parent = np.array([1, 7, 16, 10, 16, 14, 15, 15, 9, 1, 15, 1, 21, 15, 16, -1, 19, 1, 13, 15, 12, 16], np.int32)
     rng = np.random.default_rng(41)

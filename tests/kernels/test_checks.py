@@ -10,10 +10,10 @@ import reference
 from batches import enable_x64, make_batch
 
 from prm_jax import AdvantageConfig, NormConfig, compute_advantages
-from prm_jax.kernels.gigpo import GiGPOConfig, gigpo
-from prm_jax.kernels.shaping import SHAPING_MODES, ShapingConfig, shape_advantages
-from prm_jax.runtime.batching import pack_branches
-from prm_jax.runtime.trajectory import Interaction, InteractionCache
+from prm_jax.kernels._gigpo import GiGPOConfig, gigpo
+from prm_jax.kernels._shaping import SHAPING_MODES, ShapingConfig, shape_advantages
+from prm_jax.runtime._batching import pack_branches
+from prm_jax.runtime._trajectory import Interaction, InteractionCache
 
 BATCH_NORM = NormConfig("batch", "batch")
 

@@ -9,7 +9,7 @@ import pytest
 
 from prm_jax import PRMRunner, score_arrays
 from prm_jax.kernels import turn_ids_from_spans
-from prm_jax.runtime.arrays import chains_from_arrays
+from prm_jax.runtime._arrays import chains_from_arrays
 
 
 def arrays(rows=2, width=6):
@@ -67,7 +67,7 @@ def _nan_case(name):
     from batches import make_batch
 
     from prm_jax.config import AdvantageConfig
-    from prm_jax.kernels.schema import BATCH_SCHEMA
+    from prm_jax.kernels._schema import BATCH_SCHEMA
 
     rng = np.random.default_rng(41)
     batch = make_batch(rng, rows=4, width=24)
@@ -107,7 +107,7 @@ def _nan_case(name):
     return dict(batch, **{name: array}), config
 
 
-FINITE_KEYS = [name for name, key in __import__("prm_jax.kernels.schema", fromlist=["BATCH_SCHEMA"]).BATCH_SCHEMA.items()
+FINITE_KEYS = [name for name, key in __import__("prm_jax.kernels._schema", fromlist=["BATCH_SCHEMA"]).BATCH_SCHEMA.items()
                if key.finite in ("trained", "rows", "reader")]
 
 
@@ -130,8 +130,8 @@ def test_a_key_added_to_the_schema_is_checked_with_no_other_change(monkeypatch):
 
     from prm_jax import compute_advantages
     from prm_jax.config import AdvantageConfig
-    from prm_jax.kernels import inputs
-    from prm_jax.kernels.schema import BATCH_SCHEMA, BatchKey, float_keys
+    from prm_jax.kernels import _inputs as inputs
+    from prm_jax.kernels._schema import BATCH_SCHEMA, BatchKey, float_keys
 
     schema = dict(BATCH_SCHEMA, entropy=BatchKey("entropy", "BT", "positions", "float", "trained", 0.0))
     monkeypatch.setattr(inputs, "BATCH_SCHEMA", schema)  # (as schema.py would declare it, and so its lists)

@@ -16,9 +16,9 @@ from batches import make_batch
 from constant_estimator import CONSTANT, ConstantCredit
 
 from prm_jax import compute_advantages
-from prm_jax.app.cli import main
+from prm_jax.app._cli import main
 from prm_jax.config import AdvantageConfig
-from prm_jax.kernels.estimators import register_estimator, registered, unregister_estimator
+from prm_jax.kernels._estimators import register_estimator, registered, unregister_estimator
 
 DEMO = Path(__file__).resolve().parents[2] / "prm_jax" / "data"
 

@@ -8,8 +8,8 @@ import pytest
 import reference
 from batches import compile_log
 
-from prm_jax.kernels.gigpo import GiGPOConfig, dense_anchor_ids, gigpo
-from prm_jax.native import ffi as native
+from prm_jax.kernels._gigpo import GiGPOConfig, dense_anchor_ids, gigpo
+from prm_jax.native import _ffi as native
 
 CONFIGS = [
     dict(),
@@ -208,7 +208,7 @@ def test_cli_with_anchor_ids_and_step_rewards(tmp_path, capsys):
     import json
     from pathlib import Path
 
-    from prm_jax.app.cli import main
+    from prm_jax.app._cli import main
     root = Path(__file__).resolve().parents[2]
     sessions = [json.loads(line) for line in (root / "prm_jax" / "data" / "demo_sessions.jsonl").read_text().splitlines()]
     for s in sessions:
@@ -248,7 +248,7 @@ def test_large_anchor_ids_take_the_stable_sort_and_agree(step_group_path):
 def test_step_group_counts_match_a_loop_over_step_groups():
     # Issue 21: the report counted step groups in its own Python loop; the counts now come from the kernel's
     # step-group sizes (exact integers), checked here against a plain count of (group, anchor) pairs.
-    from prm_jax.kernels.gigpo import step_group_counts
+    from prm_jax.kernels._gigpo import step_group_counts
     rng = np.random.default_rng(211)
     for sizes in ([12], [1, 4, 3, 4], [5, 7]):
         rewards, mask, anchors, outcome = random_batch(rng)

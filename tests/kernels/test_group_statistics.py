@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prm_jax.kernels.normalization import leave_one_out_affine, leave_one_out_mean, segment_moments, z_score
+from prm_jax.kernels._normalization import leave_one_out_affine, leave_one_out_mean, segment_moments, z_score
 
 
 def loop_moments(x, present, segment, num_segments, ddof):
@@ -123,7 +123,7 @@ def test_the_single_normalization_kernels_give_nan_where_their_statistics_overfl
     from prm_jax.config import GiGPOConfig
     from prm_jax.credit import decoupled_normalization, gigpo
     from prm_jax.kernels import normalize
-    from prm_jax.kernels.normalization import NormConfig
+    from prm_jax.kernels._normalization import NormConfig
 
     x = spread_rewards()
     for norm in (NormConfig(), NormConfig("group", "group", group_size=4)):

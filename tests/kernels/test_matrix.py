@@ -27,7 +27,7 @@ import reference
 from matrix_cases import ESTIMATORS, GROUP, ROWS, SHAPINGS, make_batch
 
 from prm_jax.config import AdvantageConfig, ConfigError, refusals_markdown, refused_pairs
-from prm_jax.kernels.estimators import registered
+from prm_jax.kernels._estimators import registered
 
 TRANSFORMS = {"none": {}, "min_form": {"process_reward_transform": {"mode": "min_form", "temperature": 0.3}},
               "progress": {"process_reward_transform": {"mode": "progress", "gamma": 0.9, "initial": 0.2,
@@ -289,7 +289,7 @@ def test_the_readme_table_of_refused_pairs_is_the_declared_one():
 def test_every_registered_estimator_has_a_float64_reference_and_runs_in_the_matrix():
     # Issue 43.2: the matrix runs every registered estimator from its declared example; one without a
     # float64 reference fails here, named.
-    from prm_jax.kernels.estimators import registered
+    from prm_jax.kernels._estimators import registered
 
     missing = [spec.name for spec in registered()
                if spec.name not in reference.CREDIT and spec.name not in reference.GAE_ESTIMATORS]
@@ -316,7 +316,7 @@ def float_settings():
         ProgressTransform,
         PureCredit,
     )
-    from prm_jax.kernels.shaping import ShapingConfig
+    from prm_jax.kernels._shaping import ShapingConfig
     top = ["discount", "gae_lambda", "kl_ctl", "reward_bias", "reward_scaling", "reward_clip"]
     nested = {"credit_assignment": (("gigpo", GiGPOConfig), ("pure", PureCredit), ("prime", PrimeCredit)),
               "process_reward_transform": (("min_form", MinFormTransform), ("progress", ProgressTransform)),

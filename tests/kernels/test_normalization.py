@@ -190,7 +190,7 @@ def test_decoupled_normalization_under_jit_and_vmap_without_retrace_and_in_bfloa
     import chex
 
     from prm_jax.credit import decoupled_normalization
-    from prm_jax.kernels.normalization import _decoupled_normalization_core
+    from prm_jax.kernels._normalization import _decoupled_normalization_core
     rng = np.random.default_rng(9)
     groups = jnp.asarray(np.arange(8) // 4, jnp.int32)
     real = jnp.ones(8, bool)

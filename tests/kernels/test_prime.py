@@ -8,8 +8,8 @@ import pytest
 import reference
 
 from prm_jax.credit import implicit_process_rewards
-from prm_jax.kernels.prime import _prime_core
-from prm_jax.kernels.recurrence import ScanStrategy
+from prm_jax.kernels._prime import _prime_core
+from prm_jax.kernels._recurrence import ScanStrategy
 
 SCAN = ScanStrategy("scan", "scan")  # the path chosen by argument (issue 31.3)
 
@@ -88,7 +88,7 @@ def test_a_group_of_one_is_refused():
 
 
 def test_jit_vmap_bfloat16_no_retrace():
-    from prm_jax.kernels.prime import _implicit_rewards_core
+    from prm_jax.kernels._prime import _implicit_rewards_core
     rng = np.random.default_rng(5)
     fn = jax.jit(chex.assert_max_traces(
         lambda p, r, m: jax.vmap(lambda a, b, c: _implicit_rewards_core(a[None], b[None], c[None], 0.05, 0.9,

@@ -8,8 +8,8 @@ import pytest
 import reference
 
 from prm_jax.credit import min_form
-from prm_jax.kernels.pure import _pure_core
-from prm_jax.kernels.turns import turn_steps
+from prm_jax.kernels._pure import _pure_core
+from prm_jax.kernels._turns import turn_steps
 
 
 def test_the_worked_example():
@@ -48,7 +48,7 @@ def test_bad_arguments_are_named():
 
 
 def test_jit_vmap_bfloat16_no_retrace():
-    from prm_jax.kernels.pure import _min_form_core
+    from prm_jax.kernels._pure import _min_form_core
     fn = jax.jit(chex.assert_max_traces(lambda s, m: jax.vmap(lambda a, b: _min_form_core(a, b, 0.1))(s, m), n=1))
     rng = np.random.default_rng(3)
     for _ in range(2):

@@ -1,4 +1,4 @@
-"""The backward linear recurrence and its scan methods (``prm_jax.kernels.recurrence``)."""
+"""The backward linear recurrence and its scan methods (``prm_jax.kernels._recurrence``)."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -28,7 +28,7 @@ def test_linear_recurrence_methods_agree_on_general_coefficients():
 def test_reverse_cumsum_blocked_equals_the_loop(width, method):
     # The CPU's blocked form (a block matrix product, then block carries) and lax.cumsum, chosen by
     # argument (issue 31.3), against a plain loop.
-    from prm_jax.kernels.recurrence import reverse_cumsum
+    from prm_jax.kernels._recurrence import reverse_cumsum
     rng = np.random.default_rng(width)
     x = rng.normal(size=(3, width)).astype(np.float32)
     active = rng.random((3, width)) < 0.7

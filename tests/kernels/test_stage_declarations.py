@@ -11,11 +11,11 @@ import pytest
 from batches import make_batch
 
 from prm_jax import compute_advantages
-from prm_jax.app.score import credit_prefixes
+from prm_jax.app._score import credit_prefixes
 from prm_jax.config import AdvantageConfig
-from prm_jax.kernels import advantages
-from prm_jax.kernels.plan import STAGE_DIAGNOSTICS, STAGE_SPECS
-from prm_jax.kernels.stage import StageSpec
+from prm_jax.kernels import _advantages as advantages
+from prm_jax.kernels._plan import STAGE_DIAGNOSTICS, STAGE_SPECS
+from prm_jax.kernels._stage import StageSpec
 
 # Each declared stage selected in a config (the key its kind names, and the mode); the batch is one whose
 # process rewards lie in [0, 1], so process_weighted's check runs and passes.

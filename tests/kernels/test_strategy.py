@@ -11,12 +11,13 @@ import pytest
 
 from prm_jax import compute_advantages
 from prm_jax.config import AdvantageConfig, GiGPOConfig
-from prm_jax.kernels import advantages, inputs
-from prm_jax.kernels import gigpo as gigpo_module
-from prm_jax.kernels.estimators import registered
-from prm_jax.kernels.recurrence import resolve_step_groups, resolve_strategy
-from prm_jax.native import ffi
-from prm_jax.native.ffi import FLOAT_MASK_TARGET, TARGET
+from prm_jax.kernels import _advantages as advantages
+from prm_jax.kernels import _gigpo as gigpo_module
+from prm_jax.kernels import _inputs as inputs
+from prm_jax.kernels._estimators import registered
+from prm_jax.kernels._recurrence import resolve_step_groups, resolve_strategy
+from prm_jax.native import _ffi as ffi
+from prm_jax.native._ffi import FLOAT_MASK_TARGET, TARGET
 
 ROWS, WIDTH = 4, 16
 # Every registered estimator from its declared example, and PRIME without its lambda-return too.

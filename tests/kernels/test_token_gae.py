@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prm_jax
-from prm_jax.kernels import recurrence
-from prm_jax.native import ffi as native
-from prm_jax.native.build import find_compiler
+from prm_jax.kernels import _recurrence as recurrence
+from prm_jax.native import _ffi as native
+from prm_jax.native._build import find_compiler
 
 # ``native`` is skipped where the kernel does not build (tests/kernels/conftest.py).
 METHODS = ("scan", "associative", "blocked", "native")
@@ -184,8 +184,8 @@ def test_native_kernel_builds_where_a_compiler_exists():
 
 
 def test_without_the_native_kernel_auto_falls_back_to_scan():
-    code = ("import importlib, prm_jax, numpy as np; from prm_jax.native import ffi as native; "
-            "gae = importlib.import_module('prm_jax.kernels.token_gae'); "
+    code = ("import importlib, prm_jax, numpy as np; from prm_jax.native import _ffi as native; "
+            "gae = importlib.import_module('prm_jax.kernels._token_gae'); "
             "assert not native.available(); assert gae.resolve_method('auto', unit_discount=False) == 'scan'; "
             "out = prm_jax.kernels.gae(np.ones((2, 5), np.float32), None, np.ones((2, 5)), method='auto'); "
             "assert float(out.advantages[0, 0]) == 5.0")

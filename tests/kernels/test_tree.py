@@ -122,7 +122,7 @@ def test_edge_cases_one_leaf_equal_rewards_deep_chain_wide_tree():
 def test_jit_vmap_bfloat16_and_no_retrace():
     rng = np.random.default_rng(7)
     parents = np.stack([random_forest(rng, 16, 2) for _ in range(3)])
-    from prm_jax.kernels.tree import _tree_advantages_core, _tree_discount_core
+    from prm_jax.kernels._tree import _tree_advantages_core, _tree_discount_core
 
     @jax.jit
     @chex.assert_max_traces(n=1)

@@ -1,4 +1,4 @@
-"""Turn-level GAE and AReaL's turn-id rules (``prm_jax.kernels.turns``)."""
+"""Turn-level GAE and AReaL's turn-id rules (``prm_jax.kernels._turns``)."""
 
 import numpy as np
 import pytest
@@ -60,7 +60,7 @@ def test_turn_steps_follow_the_turn_ids_across_holes_on_every_method(method):
     import jax
     import jax.numpy as jnp
 
-    from prm_jax.kernels.turns import turn_steps
+    from prm_jax.kernels._turns import turn_steps
     rng = np.random.default_rng(14)
     for rows, width in ((5, 37), (8, 1), (3, 130)):
         active = rng.random((rows, width)) < 0.6

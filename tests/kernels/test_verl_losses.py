@@ -12,7 +12,7 @@ import pytest
 import reference
 from batches import enable_x64
 
-from prm_jax.kernels.verl_losses import (
+from prm_jax.kernels._verl_losses import (
     TRL_LOSS_TYPES,
     VERL_AGG_MODES,
     cispo_loss,

@@ -100,7 +100,7 @@ def test_sequence_parallel_gae_equals_unsharded(method, layout):
     np.testing.assert_allclose(got.returns, want_ret, rtol=2e-5, atol=2e-5)
     assert got.advantages.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "seq")), 2)
     # Only per-chunk summaries cross devices: [chunks, rows per shard], never the time axis.
-    from prm_jax.kernels.sequence_parallel import _sp_gae_jit
+    from prm_jax.kernels._sequence_parallel import _sp_gae_jit
     hlo = _sp_gae_jit.lower(rewards, values, mask, np.float32(0.95), lam, bootstrap, mesh=mesh, axis_name="seq",
                             batch_axis="data", method=method).compile().as_text()
     sizes = gathered_sizes(hlo)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from prm_jax.native import build, ffi
+from prm_jax.native import _build as build
+from prm_jax.native import _ffi as ffi
 
 COMPILER = build.find_compiler()
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler: the native kernels are not built")
@@ -96,7 +97,7 @@ def test_a_packaged_library_that_cannot_be_loaded_gives_way_to_the_source_build(
     # a refused one; tests/wheel (python3 dev.py wheel) checks a real refusal under jax 0.7.0.
     damaged = tmp_path / "_prm_jax_cpu.so"
     damaged.write_bytes(b"not a shared library")
-    code = (f"from pathlib import Path; from prm_jax.native import ffi; ffi.PACKAGED_LIBRARY = Path({str(damaged)!r}); "
+    code = (f"from pathlib import Path; from prm_jax.native import _ffi as ffi; ffi.PACKAGED_LIBRARY = Path({str(damaged)!r}); "
             "print(ffi.status())")
     env = {k: v for k, v in os.environ.items() if k != "PRM_JAX_NATIVE"}
     proc = subprocess.run([sys.executable, "-c", code], env=dict(env, PRM_JAX_CACHE=str(cache), CXX=COMPILER,
@@ -113,7 +114,7 @@ def test_the_packaged_library_is_loaded_first_where_the_install_built_it():
         pytest.skip("this install has no packaged library (installed without a compiler)")
     env = {k: v for k, v in os.environ.items() if k not in ("PRM_JAX_NATIVE", "CXX")}
     with tempfile.TemporaryDirectory() as empty:
-        proc = subprocess.run([sys.executable, "-c", "from prm_jax.native import ffi; print(ffi.status())"],
+        proc = subprocess.run([sys.executable, "-c", "from prm_jax.native import _ffi as ffi; print(ffi.status())"],
                               env=dict(env, PATH=empty, PRM_JAX_CACHE=empty, JAX_PLATFORMS="cpu"),
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]

@@ -137,7 +137,7 @@ async def test_score_arrays_warns_once_when_gvpo_gets_no_negative_score(monkeypa
     # Issue 14.9: host side, for a jitted trainer (its compute_advantages never runs eagerly).
     import warnings
 
-    from prm_jax.kernels import shaping
+    from prm_jax.kernels import _shaping as shaping
 
     input_ids, turn_ids, attention = trainer_arrays()
     config = {"rollout": {"agent": {"prm": {"enabled": True, "advantage_shaping": {"mode": "gvpo"}}}}}

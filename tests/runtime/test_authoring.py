@@ -1,4 +1,4 @@
-"""Issue 31.10: ``prm_jax.runtime.authoring.call_with_retry`` on its own: attempts, deadlines, the rules of
+"""Issue 31.10: ``prm_jax.runtime._authoring.call_with_retry`` on its own: attempts, deadlines, the rules of
 what is retried (``runtime.limits``), and the limiter it may run under."""
 
 import time
@@ -7,7 +7,7 @@ import anyio
 import pytest
 
 from prm_jax.runtime import RetryError, call_with_retry
-from prm_jax.runtime.limits import RequestLimiter, ServiceError
+from prm_jax.runtime._limits import RequestLimiter, ServiceError
 
 pytestmark = pytest.mark.anyio
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from prm_jax import AdvantageConfig, Interaction, InteractionCache, compute_advantages, pack_branches
-from prm_jax.runtime.batching import bucket_width
+from prm_jax.runtime._batching import bucket_width
 
 
 def sequences():
@@ -87,7 +87,7 @@ def test_per_turn_inputs_have_a_fixed_width_and_leave_missing_step_rewards_to_th
 
 
 def test_empty_batch_is_a_template_of_pack_branches():
-    from prm_jax.runtime.batching import empty_batch
+    from prm_jax.runtime._batching import empty_batch
 
     for per_turn in (False, True):
         packed = pack_branches(sequences(), bucket=8, rows=4, per_turn=per_turn, turns=3 if per_turn else None)
@@ -101,7 +101,7 @@ def test_empty_batch_is_a_template_of_pack_branches():
 def test_batch_buffers_are_aligned_so_the_cpu_backend_aliases_instead_of_copying():
     # Issue 12 (memory): numpy's buffers start 16 bytes into their allocation; XLA's CPU client copies
     # anything not 64-byte aligned, which held the 2,000-session batch twice (172 MB more at the peak).
-    from prm_jax.runtime.batching import ALIGNMENT, aligned_full, empty_batch
+    from prm_jax.runtime._batching import ALIGNMENT, aligned_full, empty_batch
 
     for batch in (pack_branches(sequences(), bucket=4, rows=3, per_turn=True), empty_batch(5, 7, turns=3)):
         for name, value in batch.items():

@@ -1,4 +1,4 @@
-"""Issue 31.10: ``prm_jax.runtime.blocking.BlockingRunner`` (a runner behind synchronous calls) on its own."""
+"""Issue 31.10: ``prm_jax.runtime._blocking.BlockingRunner`` (a runner behind synchronous calls) on its own."""
 
 import threading
 
@@ -62,7 +62,7 @@ def test_entering_a_closed_blocking_runner_or_export_service_is_refused():
     import anyio
 
     from prm_jax.config import ExperimentConfig
-    from prm_jax.runtime.export import ExportService
+    from prm_jax.runtime._export import ExportService
 
     runner = BlockingRunner(scorers=[st.ConstantScorer()])
     runner.close()

@@ -1,9 +1,9 @@
-"""Issue 31.10: ``prm_jax.runtime.concurrency`` (the fan-out of scored turns and branches) on its own."""
+"""Issue 31.10: ``prm_jax.runtime._concurrency`` (the fan-out of scored turns and branches) on its own."""
 
 import anyio
 import pytest
 
-from prm_jax.runtime.concurrency import LoopLocal, cancellation_requested, concurrently
+from prm_jax.runtime._concurrency import LoopLocal, cancellation_requested, concurrently
 
 pytestmark = pytest.mark.anyio
 

@@ -1,11 +1,11 @@
-"""Issue 31.10: ``prm_jax.runtime.context.ScorerContext`` (the read-only ``ctx`` scorers get) on its own."""
+"""Issue 31.10: ``prm_jax.runtime._context.ScorerContext`` (the read-only ``ctx`` scorers get) on its own."""
 
 import pickle
 
 import pytest
 
 from prm_jax import Interaction
-from prm_jax.runtime.context import ScorerContext
+from prm_jax.runtime._context import ScorerContext
 
 LEAF = Interaction("leaf", [1], [2], messages=[{"role": "user", "content": "q"}],
                    output_messages=[{"role": "assistant", "content": "a"}])

@@ -17,7 +17,7 @@ from executor_cases import KINDS, make
 
 from prm_jax import BlockingRunner, PRMRunner
 from prm_jax.runtime import RunnerClosedError
-from prm_jax.runtime.arrays import score_arrays
+from prm_jax.runtime._arrays import score_arrays
 
 pytestmark = pytest.mark.anyio
 
@@ -172,7 +172,7 @@ import anyio
 import numpy as np
 from executor_cases import make
 from prm_jax import PRMRunner
-from prm_jax.runtime.arrays import score_arrays
+from prm_jax.runtime._arrays import score_arrays
 
 KIND, STARTED = sys.argv[1], sys.argv[2]
 

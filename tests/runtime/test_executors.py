@@ -25,9 +25,10 @@ from prm_jax import (
     SyncTrajectoryScorer,
 )
 from prm_jax.config import PRMConfig, ScorerSpec
-from prm_jax.runtime import RunnerClosedError, process_pool
-from prm_jax.runtime.context import ScorerContext
-from prm_jax.runtime.specs import check_scorer_specs
+from prm_jax.runtime import RunnerClosedError
+from prm_jax.runtime import _process_pool as process_pool
+from prm_jax.runtime._context import ScorerContext
+from prm_jax.runtime._specs import check_scorer_specs
 
 pytestmark = pytest.mark.anyio
 
@@ -671,7 +672,7 @@ class FailsRowZero(BaseScorer):
 async def test_a_cancelled_branch_ends_its_batch_wait_at_once_and_leaves_the_batch():
     # Issue 41.12: with max_wait=20, another scorer's failure under on_error="raise" surfaced after 20 s, and the
     # batch was then called for branches that were gone.
-    from prm_jax.runtime.arrays import score_arrays
+    from prm_jax.runtime._arrays import score_arrays
 
     batched = SeesBatches(max_batch_size=64, max_wait=20.0)
     runner = PRMRunner(scorers=(FailsRowZero(), batched))
@@ -751,8 +752,8 @@ async def test_evaluate_batch_returning_a_string_is_named_as_a_string_not_three_
 MAIN_SCORER = """
 import numpy as np
 from prm_jax import PRMRunner, SyncScorer
-from prm_jax.runtime import process_pool
-from prm_jax.runtime.arrays import score_arrays
+from prm_jax.runtime import _process_pool as process_pool
+from prm_jax.runtime._arrays import score_arrays
 import anyio
 
 class InMain(SyncScorer):
@@ -836,7 +837,7 @@ class GetsMessages(ReadsMessages):
 @pytest.mark.parametrize("scorer", [ReadsMessages, GetsMessages])
 async def test_a_prefix_determined_scorer_that_reads_the_branchs_messages_fails_loudly(scorer):
     # Issue 41.24: such a scorer shared the first branch's score (2.0 and 2.0 where alone it scored 2.0 and 4.0).
-    from prm_jax.runtime.context import PrefixRuleError
+    from prm_jax.runtime._context import PrefixRuleError
 
     session = session_tree(depth_shared=1, levels=1)
     branches = [session.clone_chain(leaf) for leaf in session.leaves()]

@@ -8,7 +8,7 @@ import scorers_for_tests as st
 from prm_jax import BaseScorer, ExperimentConfig, Interaction, PRMRunner, pack_branches
 from prm_jax.config import PRMConfig
 from prm_jax.filters import filter_mixed_or_penalized_all_wrong
-from prm_jax.runtime.export import HITL_SESSION, ExportService, TrajectoryStore, export_group
+from prm_jax.runtime._export import HITL_SESSION, ExportService, TrajectoryStore, export_group
 
 pytestmark = pytest.mark.anyio
 
@@ -228,7 +228,7 @@ async def test_the_normalized_reward_is_where_the_batch_reads_it():
 
 
 def test_proxy_normalize_population_z_score():
-    from prm_jax.kernels.normalization import proxy_normalize
+    from prm_jax.kernels._normalization import proxy_normalize
     np.testing.assert_allclose(proxy_normalize([1.0, 0.0]), [1.0, -1.0], rtol=1e-6)
     np.testing.assert_allclose(proxy_normalize([3.0]), [0.0])
     rng = np.random.default_rng(3)

@@ -1,4 +1,4 @@
-"""Issue 31.10: ``prm_jax.runtime.lifecycle.rolled_back`` (start-up that can fail half-way) on its own."""
+"""Issue 31.10: ``prm_jax.runtime._lifecycle.rolled_back`` (start-up that can fail half-way) on its own."""
 
 import contextlib
 
@@ -6,7 +6,7 @@ import pytest
 
 pytestmark = pytest.mark.anyio
 
-from prm_jax.runtime.lifecycle import rolled_back  # noqa: E402
+from prm_jax.runtime._lifecycle import rolled_back  # noqa: E402
 
 
 async def test_a_failed_start_releases_what_was_acquired_and_raises_the_original_error():

@@ -4,9 +4,9 @@ import pytest
 
 from prm_jax import PRMRunner
 from prm_jax.runtime import InMemoryRecorder, MetricStats, PRMTurnResult
-from prm_jax.runtime.metrics import branch_stats, quote_name, reduce_workers
-from prm_jax.runtime.scoring import PRMMetricObservation
-from prm_jax.runtime.trajectory import Interaction, InteractionCache
+from prm_jax.runtime._metrics import branch_stats, quote_name, reduce_workers
+from prm_jax.runtime._scoring import PRMMetricObservation
+from prm_jax.runtime._trajectory import Interaction, InteractionCache
 from prm_jax.scorers import LengthBudgetScorer
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from prm_jax import BaseScorer, PRMRunner, SyncScorer, score_arrays
 from prm_jax.config import PRMConfig, ScorerSpec
-from prm_jax.runtime import arrays as arrays_module
+from prm_jax.runtime import _arrays as arrays_module
 from prm_jax.runtime import chains_from_arrays
 from prm_jax.scorers import ModelScorer
 

@@ -1,5 +1,5 @@
 """Issue 43.4: one lifecycle shape. ``PRMRunner``, ``BlockingRunner``, ``ExportService`` and the process executor
-share one base (``prm_jax.runtime.lifecycle.Lifecycle``): a ``RunnerState``, one exit stack, entering refused
+share one base (``prm_jax.runtime._lifecycle.Lifecycle``): a ``RunnerState``, one exit stack, entering refused
 unless open, an idempotent close, and the cleanups' failures raised together after every one was tried
 (``ExportService`` refused nothing after close, and the process executor kept booleans)."""
 
@@ -8,9 +8,9 @@ import pytest
 import scorers_for_tests as st
 
 from prm_jax import BlockingRunner, ExperimentConfig, PRMRunner
-from prm_jax.runtime.export import ExportService
-from prm_jax.runtime.lifecycle import Lifecycle, RunnerClosedError, RunnerState
-from prm_jax.runtime.process_pool import ProcessExecutor
+from prm_jax.runtime._export import ExportService
+from prm_jax.runtime._lifecycle import Lifecycle, RunnerClosedError, RunnerState
+from prm_jax.runtime._process_pool import ProcessExecutor
 
 pytestmark = pytest.mark.anyio
 

@@ -1,11 +1,11 @@
-"""Issue 31.10: ``prm_jax.runtime.rewards`` (a scorer's raw result, validated and weighted) on its own."""
+"""Issue 31.10: ``prm_jax.runtime._rewards`` (a scorer's raw result, validated and weighted) on its own."""
 
 import numpy as np
 import pytest
 from scorers_for_tests import ConstantScorer
 
 from prm_jax import Interaction
-from prm_jax.runtime.rewards import weighted_rewards
+from prm_jax.runtime._rewards import weighted_rewards
 
 TURN = Interaction("t", [1, 2], [3, 4, 5])
 

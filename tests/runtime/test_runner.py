@@ -134,7 +134,7 @@ async def test_non_result_from_evaluate_result():
 async def test_zero_length_turn_cannot_be_scored():
     # The input's fault, found before any scorer runs (issue 29.23: never a scorer failure, so never
     # error_policy's fallback).
-    from prm_jax.runtime.runner import NotScorableError
+    from prm_jax.runtime._runner import NotScorableError
     cache = InteractionCache([Interaction("e", [1, 2], [])])
     with pytest.raises(NotScorableError, match="interaction 'e' has no output tokens: there is nothing to score"):
         await PRMRunner(scorers=(st.ConstantScorer(),)).run(cache)
@@ -450,7 +450,7 @@ def test_both_fan_outs_cancel_the_siblings_of_a_failed_turn(monkeypatch, path):
     # every turn, and on a failure cancel the others and commit nothing.
     import time
 
-    from prm_jax.runtime import concurrency
+    from prm_jax.runtime import _concurrency as concurrency
 
     if path == "anyio":
         monkeypatch.setattr(concurrency, "_on_asyncio", lambda: False)

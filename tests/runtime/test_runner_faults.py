@@ -19,8 +19,8 @@ from scorers_for_tests import chain, committed, scorer_of
 
 from prm_jax import BaseScorer, BaseTrajectoryScorer, PRMRunner
 from prm_jax.config import PRMConfig, ScorerSpec
-from prm_jax.native.build import find_compiler
-from prm_jax.runtime.export import TrajectoryStore, export_group
+from prm_jax.native._build import find_compiler
+from prm_jax.runtime._export import TrajectoryStore, export_group
 
 pytestmark = pytest.mark.anyio
 
@@ -292,7 +292,7 @@ async def test_an_outer_cancellation_still_cancels():
 def test_the_native_build_is_published_only_when_finished_and_built_once(tmp_path):
     script = textwrap.dedent("""
         import sys, threading
-        from prm_jax.native import ffi as native
+        from prm_jax.native import _ffi as native
         answers = []
         threads = [threading.Thread(target=lambda: answers.append(native.available())) for _ in range(4)]
         for t in threads: t.start()
@@ -315,7 +315,7 @@ def test_the_native_build_key_does_not_depend_on_where_the_sources_are(tmp_path)
     # Issue 12: the key hashed the absolute compile command, so two checkouts (or an install and a checkout)
     # of one version removed each other's build as stale and rebuilt it, ~4 s, whenever they alternated:
     # the "8-10 s outliers" of bench_cli after a CI run in a clean clone.
-    from prm_jax.native import build as native
+    from prm_jax.native import _build as native
 
     copies = []
     for folder in ("a", "b/deeper"):
@@ -390,7 +390,7 @@ async def test_a_closed_runner_is_one_error_type_whatever_the_path():
     # Issue 29.25: "runner closed" came as an ExceptionGroup of RunnerClosedError, a bare RunnerClosedError,
     # or RuntimeError('BlockingRunner is closed').
     from prm_jax.runtime import RunnerClosedError
-    from prm_jax.runtime.arrays import score_arrays
+    from prm_jax.runtime._arrays import score_arrays
     runner = PRMRunner(scorers=(st.ConstantScorer(0.5),))
     await runner.aclose()
     with pytest.raises(RunnerClosedError):
@@ -447,7 +447,7 @@ def test_a_script_that_never_closes_its_blocking_runner_still_exits_and_closes_i
 async def test_a_collector_pause_inside_a_step_is_not_the_scorers_time(monkeypatch):
     # A full collection of 8,000 live coroutines takes ~0.1 s and can land inside any scorer's step: it is
     # not the scorer's own time (bench_runner's asynchronous scorer was warned about as blocking).
-    from prm_jax.runtime.concurrency import COLLECTOR
+    from prm_jax.runtime._concurrency import COLLECTOR
 
     class PausedByTheCollector(BaseScorer):
         name = "paused"

@@ -1,4 +1,4 @@
-"""Issue 31.10: ``prm_jax.runtime.scoring`` (the scorer contract: observations, a scorer's own settings,
+"""Issue 31.10: ``prm_jax.runtime._scoring`` (the scorer contract: observations, a scorer's own settings,
 kinds) on its own."""
 
 import pytest

@@ -1,10 +1,10 @@
-"""Issue 31.10: ``prm_jax.runtime.specs`` (a config entry's class and arguments, checked without building a
+"""Issue 31.10: ``prm_jax.runtime._specs`` (a config entry's class and arguments, checked without building a
 scorer) on its own."""
 
 import pytest
 
 from prm_jax.config import PRMConfig, ScorerSpec
-from prm_jax.runtime.specs import check_scorer_specs, resolve_scorer_class
+from prm_jax.runtime._specs import check_scorer_specs, resolve_scorer_class
 from prm_jax.scorers import LengthBudgetScorer
 
 
@@ -13,7 +13,7 @@ from prm_jax.scorers import LengthBudgetScorer
     ("NoModule", ValueError, "must be 'package.module.ClassName'"),
     ("no_such_module_here.Scorer", ValueError, "cannot import module 'no_such_module_here'"),
     ("prm_jax.scorers.NoSuchScorer", ValueError, "has no attribute 'NoSuchScorer'"),
-    ("prm_jax.kernels.token_gae", TypeError, "which is not a BaseScorer subclass"),
+    ("prm_jax.kernels._token_gae", TypeError, "which is not a BaseScorer subclass"),
 ])
 def test_a_scorer_path_that_names_no_scorer_class_is_refused(path, kind, needle):
     with pytest.raises(kind, match=needle):

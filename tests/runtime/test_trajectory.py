@@ -3,7 +3,7 @@ import pytest
 
 from prm_jax import Interaction, InteractionCache
 from prm_jax.kernels import turn_ids_from_spans
-from prm_jax.runtime.trajectory import concat_spans, turn_spans
+from prm_jax.runtime._trajectory import concat_spans, turn_spans
 
 
 def parent_child(parent_rewards=(0.5, 0.0), child_rewards=(0.0, -1.0), **child):
@@ -146,7 +146,7 @@ def test_stitch_matches_a_plain_loop_on_random_chains(shared):
     # The concat export against a position-by-position loop, for turns holding their own arrays and for turns
     # that are views of one buffer (as the session reader builds them); a child that does not extend its
     # parent (other values, or the same buffer at another offset) is refused.
-    from prm_jax.runtime.trajectory import stitch
+    from prm_jax.runtime._trajectory import stitch
 
     rng = np.random.default_rng(0)
     for _ in range(200):
@@ -199,7 +199,7 @@ def test_stitch_matches_a_plain_loop_on_random_chains(shared):
 def test_freeze_copies_deeply_and_refuses_writes():
     from types import MappingProxyType
 
-    from prm_jax.runtime.trajectory import freeze
+    from prm_jax.runtime._trajectory import freeze
 
     class Role(str):
         pass

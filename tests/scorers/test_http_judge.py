@@ -11,7 +11,7 @@ import pytest
 from prm_jax import Interaction, InteractionCache, PRMRunner
 from prm_jax.runtime import RetryError, call_with_retry
 from prm_jax.scorers import HTTPJudgeScorer
-from prm_jax.scorers.http_judge import JudgeError
+from prm_jax.scorers._http_judge import JudgeError
 
 
 class Judge:
@@ -265,8 +265,8 @@ def test_kwargs_are_checked_without_opening_anything(kwargs, needle):
 
 
 def test_the_per_attempt_timeout_comes_from_yaml(tmp_path, judge):
-    from prm_jax.config.loader import load_config
-    from prm_jax.runtime.specs import check_scorer_specs
+    from prm_jax.config._loader import load_config
+    from prm_jax.runtime._specs import check_scorer_specs
     path = tmp_path / "judge.yaml"
     path.write_text(f"""
 rollout:

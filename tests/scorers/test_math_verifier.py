@@ -11,8 +11,8 @@ pytest.importorskip("math_verify")
 
 from prm_jax import Interaction, InteractionCache, PRMRunner
 from prm_jax.scorers import MathVerifyScorer
-from prm_jax.scorers.math_verifier import gold_text
-from prm_jax.scorers.openai_judge import NoTextError
+from prm_jax.scorers._math_verifier import gold_text
+from prm_jax.scorers._openai_judge import NoTextError
 
 pytestmark = pytest.mark.anyio
 

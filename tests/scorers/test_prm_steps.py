@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from prm_jax import Interaction, PRMRunner, score_arrays
-from prm_jax.runtime.steps import StepRule, step_turn_ids
-from prm_jax.runtime.trajectory import stitch
+from prm_jax.runtime._steps import StepRule, step_turn_ids
+from prm_jax.runtime._trajectory import stitch
 from prm_jax.scorers import ModelScorer, PoolingPRMScorer
-from prm_jax.scorers.pooling_prm import branch_tokens
+from prm_jax.scorers._pooling_prm import branch_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reference

@@ -14,10 +14,10 @@ import pytest
 
 from prm_jax import Interaction, InteractionCache, PRMRunner, score_arrays
 from prm_jax.runtime import call_with_retry
-from prm_jax.runtime.limits import RequestLimiter, ServiceError, retry_after_seconds, retry_delay, should_retry
+from prm_jax.runtime._limits import RequestLimiter, ServiceError, retry_after_seconds, retry_delay, should_retry
 from prm_jax.scorers import HTTPJudgeScorer, OpenAIJudgeScorer, PoolingPRMScorer
-from prm_jax.scorers.openai_judge import NoTextError
-from prm_jax.scorers.pooling_prm import branch_tokens
+from prm_jax.scorers._openai_judge import NoTextError
+from prm_jax.scorers._pooling_prm import branch_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stub_servers import ChatServer, PoolingServer, answer_seven, server_process

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prm_jax.native import build
+from prm_jax.native import _build as build
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_native_install.py"
@@ -49,7 +49,7 @@ def wheel_env(tmp_path_factory):
     python = work / "venv" / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)],
                    check=True, timeout=900)
-    found = subprocess.run([str(python), "-c", "from prm_jax.native import ffi; print(ffi.PACKAGED_LIBRARY)"],
+    found = subprocess.run([str(python), "-c", "from prm_jax.native import _ffi as ffi; print(ffi.PACKAGED_LIBRARY)"],
                            cwd=work, capture_output=True, text=True, check=True, env=without_compiler(python, work))
     library = Path(found.stdout.strip())
     assert library.is_file() and "site-packages" in str(library)
@@ -106,7 +106,7 @@ def test_one_library_serves_the_oldest_and_the_newest_jax_with_the_same_numbers(
 @pytest.mark.skipif(not FLOOR_PYTHON.exists(), reason="needs .venv-floor (python3 dev.py floor makes it)")
 def test_a_library_built_for_a_newer_jaxlib_is_refused_by_jax_0_7_which_builds_the_sources(tmp_path):
     cache = tmp_path / "newest"
-    code = f"from prm_jax.native import build; print(build.build_library({COMPILER!r}))"
+    code = f"from prm_jax.native import _build as build; print(build.build_library({COMPILER!r}))"
     built = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PRM_JAX_CACHE=str(cache)),
                            capture_output=True, text=True, check=True, timeout=600)
     newer = Path(built.stdout.strip().splitlines()[-1])

@@ -36,17 +36,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from prm_jax.integrations.tunix.agentic import STEP_REWARDS_KEY, STEP_STATES_KEY, default_agentic_ctx
-from prm_jax.integrations.tunix.estimators import (
+from prm_jax.integrations.tunix._agentic import STEP_REWARDS_KEY, STEP_STATES_KEY, default_agentic_ctx
+from prm_jax.integrations.tunix._estimators import (
     ESTIMATOR_NAME,
     GAE_ESTIMATOR_NAME,
     gae_advantages,
     group_norm_advantages,
     register_estimators,
 )
-from prm_jax.integrations.tunix.layout import TESTED_TUNIX, Rollout, TurnLayout, process_advantages, rollout_from_tunix
-from prm_jax.integrations.tunix.learners import default_ctx, grpo_config
-from prm_jax.integrations.tunix.losses import (
+from prm_jax.integrations.tunix._layout import TESTED_TUNIX, Rollout, TurnLayout, process_advantages, rollout_from_tunix
+from prm_jax.integrations.tunix._learners import default_ctx, grpo_config
+from prm_jax.integrations.tunix._losses import (
     LOSS_NAME,
     LOSS_PREFIX,
     register_loss,
@@ -67,9 +67,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """The learners, built on first access (each subclasses tunix's own)."""
     if name == "ProcessRewardGRPOLearner":
-        from prm_jax.integrations.tunix.learners import _learner_class as build
+        from prm_jax.integrations.tunix._learners import _learner_class as build
     elif name == "ProcessRewardAgenticGRPOLearner":
-        from prm_jax.integrations.tunix.agentic import _agentic_learner_class as build
+        from prm_jax.integrations.tunix._agentic import _agentic_learner_class as build
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     learner = build()

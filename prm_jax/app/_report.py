@@ -1,0 +1,131 @@
+"""The report of a scored run: the summary, the per-turn table and the plot of a few rows."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import numpy as np
+
+from prm_jax.app._score import ScoreRun, failure_causes, listed, stats_text
+from prm_jax.kernels._alignment import shift_to_next_token
+from prm_jax.kernels._estimators import registered
+from prm_jax.kernels._shaping import SHAPING_MODES
+
+
+def _process_rewards(run: ScoreRun) -> np.ndarray:
+    """The process rewards on timesteps (0 where the shifted loss mask is 0, or without token rewards)."""
+    mask = np.asarray(run.configured.loss_mask)
+    if "token_rewards" not in run.batch:
+        return np.zeros_like(mask)
+    return np.asarray(shift_to_next_token(run.batch["token_rewards"])) * mask
+
+
+def plot(run: ScoreRun, handle: io.BufferedWriter, rows: int = 4) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mask = np.asarray(run.configured.loss_mask)
+    process = _process_rewards(run)
+    rows = min(rows, mask.shape[0])
+    fig, axes = plt.subplots(rows, 1, figsize=(10, 2.6 * rows), squeeze=False)
+    for b in range(rows):
+        ax = axes[b, 0]
+        steps = np.arange(int(run.batch["attention_mask"][b].sum()))
+        ax.plot(steps, process[b, steps], label="process reward P", color="tab:green", drawstyle="steps-mid")
+        ax.plot(steps, np.asarray(run.outputs["none"].advantages)[b, steps], label="advantage, unshaped",
+                color="tab:gray")
+        ax.plot(steps, np.asarray(run.configured.advantages)[b, steps],
+                label=f"advantage, {run.summary.shaping_mode}", color="tab:blue")
+        ax.fill_between(steps, 0, 1, where=mask[b, steps] > 0, color="tab:blue", alpha=0.06,
+                        transform=ax.get_xaxis_transform(), label="trained timesteps")
+        ax.set_ylabel(f"row {b}")
+    axes[0, 0].legend(loc="upper right", fontsize=8, ncol=2)
+    axes[-1, 0].set_xlabel("timestep")
+    fig.suptitle("per-token process rewards and advantages before and after shaping")
+    fig.tight_layout()
+    try:
+        fig.savefig(handle, format="png", dpi=90)
+    finally:
+        plt.close(fig)
+
+
+def print_summary(run: ScoreRun, stream=None) -> None:
+    out = stream or sys.stdout
+    s = run.summary
+    g = s.groups
+    print(f"groups: {g.total} total, {g.accepted} accepted, {g.rejected} rejected, {g.filtered} filtered;"
+          f" {s.trajectories} trajectories in the batch", file=out)
+    shown = list(s.rejected_groups.items())
+    for group, rejection in shown[:10]:
+        why = f": {rejection.reason}" if isinstance(rejection.reason, str) else ""
+        print(f"  {rejection.status} group {group} (sessions {', '.join(rejection.sessions)}){why}", file=out)
+    if len(shown) > 10:
+        print(f"  ... and {len(shown) - 10} more (metrics.json lists every one)", file=out)
+    causes = failure_causes(s.rejected_groups)
+    if causes:  # each cause once, with the sessions it hit (a judge that is down: one line)
+        print("why sessions were rejected (each cause once):", file=out)
+        for cause, keys in causes[:10]:
+            print(f"  {len(keys)} session(s) ({listed(keys)}): {cause}", file=out)
+    fallbacks = s.prm_fallbacks or {}
+    if fallbacks:  # error_policy: keep_original exported these unscored: said here, not only in metrics.json
+        print(f"{len(fallbacks)} session(s) exported unscored after a scorer failed (error_policy: keep_original):",
+              file=out)
+        for key, why in list(fallbacks.items())[:10]:
+            print(f"  {key}: {why}", file=out)
+        if len(fallbacks) > 10:
+            print(f"  ... and {len(fallbacks) - 10} more (metrics.json lists every one)", file=out)
+    for spec in registered():
+        if spec.summary is not None and spec.summary.key in s.estimator:
+            print(spec.summary.line(s.estimator[spec.summary.key]), file=out)
+    if run.scorer_stats:  # each scorer's calls, failures, timeouts, latency (and a served one's requests)
+        print("scorers:", file=out)
+        for name, counts in run.scorer_stats.items():
+            print(f"  {name:<24} {stats_text(counts)}", file=out)
+    if s.credit:
+        print("credit assignment: " + ", ".join(f"{key} {value:g}" for key, value in s.credit.items()), file=out)
+    if s.process_reward_per_scorer:
+        print("mean process reward per turn (weighted), per scorer:", file=out)
+        for scorer, value in s.process_reward_per_scorer.items():
+            print(f"  {scorer:<24} {value:10.4f}", file=out)
+    print(f"advantages on trained timesteps, per shaping mode (configured: {s.shaping_mode}):", file=out)
+    print(f"  {'mode':<18} {'mean':>9} {'std':>9} {'min':>9} {'max':>9}", file=out)
+    for mode, stats in s.advantages.items():
+        if isinstance(stats, str):
+            print(f"  {mode:<18} {stats}", file=out)
+        else:
+            print(f"  {mode:<18} {stats.mean:9.4f} {stats.std:9.4f} {stats.min:9.4f} {stats.max:9.4f}", file=out)
+
+
+def shown_rows(original_rewards: np.ndarray, rows: int = 2) -> list[int]:
+    """The rows the turn table shows: the first success beside the first failure (outcome reward above or
+    at most 0) when the batch has both, then the next rows in order, ``rows`` in all."""
+    rewards = np.asarray(original_rewards)
+    picked = [int(np.flatnonzero(rewards > 0)[0])] if (rewards > 0).any() else []
+    picked += [int(np.flatnonzero(rewards <= 0)[0])] if (rewards <= 0).any() else []
+    picked += [b for b in range(rewards.shape[0]) if b not in picked]
+    return sorted(picked[:rows])
+
+
+def print_turn_table(run: ScoreRun, rows: int = 2, stream=None) -> None:
+    """Per turn of a success and a failure (``shown_rows``): the process reward next to the mean advantage
+    under each mode."""
+    out = stream or sys.stdout
+    modes = [m for m in ("none", *SHAPING_MODES) if m in run.outputs and not isinstance(run.outputs[m], str)]
+    turn_ids = np.asarray(shift_to_next_token(run.batch["turn_ids"], fill=-1))
+    mask = np.asarray(run.configured.loss_mask) > 0
+    process = _process_rewards(run)
+    print("per turn (timesteps predicting the turn's tokens): process reward and mean advantage per mode", file=out)
+    for b in shown_rows(run.batch["original_rewards"], rows):
+        print(f"row {b}: outcome reward {run.batch['original_rewards'][b]:g} (group-normalized "
+              f"{run.batch['rewards'][b]:.3f}), {'truncated' if run.batch['is_truncated'][b] else 'complete'}",
+              file=out)
+        print(f"  {'turn':>4} {'tokens':>6} {'P':>7} " + " ".join(f"{m:>16}" for m in modes), file=out)
+        for k in sorted(set(turn_ids[b][mask[b]].tolist())):
+            steps = mask[b] & (turn_ids[b] == k)
+            p = float(process[b][steps].mean())
+            cells = " ".join(f"{float(np.asarray(run.outputs[m].advantages)[b][steps].mean()):16.4f}" for m in modes)
+            print(f"  {k:>4} {int(steps.sum()):>6} {p:7.3f} {cells}", file=out)
+
+

@@ -1,0 +1,59 @@
+"""The registry of estimators (``prm_jax.kernels._estimator`` says what one declares).
+
+One line per estimator below; ``register_estimator`` adds one at run time (a plug-in, or a test's toy).
+The config's ``credit_assignment`` modes, the pipeline's dispatch and checks, the command line's packing
+and its report of diagnostics all read this registry.
+"""
+
+from __future__ import annotations
+
+from prm_jax.kernels._estimator import EstimatorSpec
+from prm_jax.kernels._gigpo import GIGPO
+from prm_jax.kernels._prime import PRIME
+from prm_jax.kernels._pure import PURE
+from prm_jax.kernels._token_gae import TOKEN_GAE
+from prm_jax.kernels._tree import TREE
+from prm_jax.kernels._turns import TURN_GAE
+
+_REGISTRY: dict[type, EstimatorSpec] = {}
+
+
+def register_estimator(spec: EstimatorSpec) -> EstimatorSpec:
+    """Makes ``spec`` known (its plan record and its ``credit_assignment`` mode must be new); returns it."""
+    if not isinstance(spec, EstimatorSpec):
+        raise TypeError(f"register_estimator needs an EstimatorSpec, got {type(spec).__name__}")
+    taken = [other.label for other in _REGISTRY.values()
+             if other.stage is spec.stage or (spec.mode is not None and other.mode == spec.mode)]
+    if taken:
+        raise ValueError(f"estimator {spec.label}: its record or mode is already registered ({taken[0]})")
+    _REGISTRY[spec.stage] = spec
+    return spec
+
+
+def unregister_estimator(spec: EstimatorSpec) -> None:
+    """Removes an estimator ``register_estimator`` added."""
+    if _REGISTRY.get(spec.stage) is spec:
+        del _REGISTRY[spec.stage]
+
+
+def estimator_for(stage: object) -> EstimatorSpec:
+    """The declaration of a plan's estimator record."""
+    try:
+        return _REGISTRY[type(stage)]
+    except KeyError:
+        raise TypeError(f"no estimator is registered for {type(stage).__name__} "
+                        "(prm_jax.kernels._estimators.register_estimator)") from None
+
+
+def registered() -> tuple[EstimatorSpec, ...]:
+    """Every registered estimator, in registration order."""
+    return tuple(_REGISTRY.values())
+
+
+def credit_modes() -> dict[str, type]:
+    """``credit_assignment.mode`` -> the record its keys build."""
+    return {spec.mode: spec.stage for spec in _REGISTRY.values() if spec.mode is not None}
+
+
+for _spec in (TOKEN_GAE, TURN_GAE, GIGPO, TREE, PURE, PRIME):
+    register_estimator(_spec)

@@ -1,0 +1,225 @@
+"""The loss side of a PPO/GRPO step, on the timesteps the advantages live on (AReaL's ``ppo_actor_loss_fn``).
+
+``logprobs_on_timesteps(logits, input_ids)``: at timestep ``t`` the log-prob of token ``t + 1`` under
+``logits[:, t]`` (0 in the last column), the alignment ``compute_advantages`` uses.
+
+``ppo_clip_loss``, per trained timestep, with ``r = exp(logp - logp_prox)`` (0 where untrained):
+
+  l1 = -A r,   l2 = -A clip(r, 1 - eps_clip, 1 + eps_clip_higher),   pg = max(l1, l2)
+  dual clip (``c_clip > 1``):  pg = min(pg, sign(A) c_clip A)
+  decoupled PPO (``old_logprobs``, the behaviour policy's): pg *= w = exp(logp_prox - logp_old), with w = 0
+  where it exceeds ``behav_imp_weight_cap`` (those timesteps drop out)
+
+then aggregated (``loss_agg_mode``): ``token-mean`` (sum over trained timesteps / their count),
+``seq-mean-token-mean`` (each row's token mean, then the mean over rows with a trained timestep),
+``seq-mean-token-sum`` (each row's sum, then that mean over rows). Advantages and the proximal and
+behaviour log-probs are constants (stop-gradient); gradients flow through ``logprobs`` only.
+
+The gradient is torch's, as AReaL computes it (``../shared/LOSSES.md`` 0.4): ``d pg / d logp = -A r k k_c``
+with ``k = 1`` inside the clip range and on the unclipped side, 0 on the clipped side and 1/2 at exactly a
+bound (``torch.clamp`` passes nothing there; the max's tie halves), and for the dual clip ``k_c = 1``, 1/2 at
+a tie, 0 where it cuts. Where a term is not taken its ratio is never differentiated, so a clipped timestep
+whose log-ratio overflows ``exp`` (above ~88.7 in float32, ~709.8 in float64: ``log_max``, the bound of the
+input's dtype) gives a finite gradient where the loss is finite (AReaL's own gives NaN there); where the loss
+itself is infinite no gradient flows through the overflowed ratio.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal, NamedTuple, get_args
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.typing import ArrayLike
+
+from prm_jax._validation import finite_number, integer_dtype, one_of
+from prm_jax.kernels import _checks
+
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+#: verl's ``loss_agg_mode`` names ``ppo_clip_loss`` takes (derived from ``LossAggMode``).
+LOSS_AGG_MODES: tuple[LossAggMode, ...] = get_args(LossAggMode)
+
+
+class PPOLossStats(NamedTuple):
+    """Means over trained timesteps (scalars), and the value checks' violation counts."""
+
+    clip_fraction: jax.Array       # share where the clipped term was taken (l1 < l2)
+    dual_clip_fraction: jax.Array  # share where the dual clip was taken
+    approx_kl: jax.Array           # mean of logp - logp_prox
+    importance_weight: jax.Array   # mean of r
+    behav_imp_weight: jax.Array    # mean of w over the timesteps kept (1 without old_logprobs)
+    behav_kept_fraction: jax.Array  # share of trained timesteps the cap kept
+    # "checks/loss_mask_not_binary": entries of a numeric loss_mask that are neither 0 nor 1 (an eager call
+    # raises instead; under jit the count comes back here, as compute_advantages' checks do).
+    checks: dict[str, jax.Array] = {}  # (replaced by ppo_clip_loss, never mutated)
+
+
+def logprobs_on_timesteps(logits: ArrayLike, input_ids: ArrayLike) -> jax.Array:
+    """``[B, T]`` float32: ``log_softmax(logits[:, t])[input_ids[:, t + 1]]``, 0 in the last column.
+
+    Args:
+      logits: ``[B, T, V]``, the policy's logits at each position (predicting the next token).
+      input_ids: ``[B, T]`` int, the tokens, each in ``[0, V)``: an eager call refuses one outside
+        (``ValueError`` naming the row and position); under ``jit`` its log-prob is NaN (JAX's fill rule for
+        an out-of-range gather), never the log-prob of a clipped id.
+    """
+    _checks.check_rank("logits", logits, 3)
+    _checks.check_shape("input_ids", input_ids, np.shape(logits)[:2], "logits' first two axes")
+    if not _checks.is_traced(input_ids):
+        ids = np.asarray(input_ids)
+        integer_dtype("input_ids", ids.dtype)
+        vocab = np.shape(logits)[2]
+        bad = (ids[:, 1:] < 0) | (ids[:, 1:] >= vocab)  # the first column is never a predicted token
+        if bad.any():
+            row, position = np.argwhere(bad)[0]
+            raise ValueError(f"input_ids must hold token ids in [0, {vocab}) (the logits' vocabulary); row {row}, "
+                             f"position {position + 1} holds {int(ids[row, position + 1])}")
+    return _logprobs_jit(logits, input_ids)
+
+
+@jax.jit
+def _logprobs_jit(logits, input_ids):
+    dtype = _checks.accumulation_dtype(logits)
+    logp = jax.nn.log_softmax(_checks.as_float("logits", logits, dtype), axis=-1)
+    ids = _checks.as_int("input_ids", input_ids)
+    following = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
+    picked = jnp.take_along_axis(logp, following[..., None], axis=-1, mode="fill", fill_value=jnp.nan)[..., 0]
+    last = lax.broadcasted_iota(jnp.int32, picked.shape, 1) == picked.shape[1] - 1
+    return jnp.where(last, jnp.zeros((), dtype), picked)
+
+
+def log_max(dtype: Any) -> float:
+    """The largest ``x`` whose ``exp`` is finite in ``dtype`` (~88.7 in float32, ~709.8 in float64): the
+    bound follows the input's dtype, so a float64 loss keeps the gradients float64 can hold."""
+    return float(np.log(float(jnp.finfo(dtype).max)))
+
+
+def _clipped_objective(advantages: jax.Array, log_ratio: jax.Array, mask: jax.Array, low: float, high: float,
+                       c_clip: float | None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The per-timestep clipped objective ``pg`` (value and torch's gradient, module docstring), the ratio,
+    and where the clip and the dual clip were taken."""
+    zero = jnp.zeros((), log_ratio.dtype)
+    one, half = jnp.ones((), log_ratio.dtype), jnp.full((), 0.5, log_ratio.dtype)
+    fixed = lax.stop_gradient(log_ratio)
+    ratio = jnp.where(mask, jnp.exp(fixed), zero)
+    l1, l2 = -advantages * ratio, -advantages * jnp.clip(ratio, low, high)
+    value = jnp.maximum(l1, l2)
+    inside = (ratio > low) & (ratio < high)
+    factor = jnp.where(l1 > l2, one, jnp.where(l1 < l2, zero, jnp.where(inside, one, half)))
+    dual = jnp.zeros_like(mask)
+    if c_clip is not None:
+        l3 = jnp.sign(advantages) * c_clip * advantages
+        dual = mask & (l3 < value)
+        factor = factor * jnp.where(value < l3, one, jnp.where(value > l3, zero, half))
+        value = jnp.minimum(value, l3)
+    # Only where the ratio's term is taken is it differentiated, from a log-ratio that cannot overflow.
+    live = mask & (factor > 0) & (fixed < log_max(log_ratio.dtype))
+    live_ratio = jnp.exp(jnp.where(live, log_ratio, zero))
+    slope = jnp.where(live, -advantages * factor, zero)
+    pg = value + slope * (live_ratio - lax.stop_gradient(live_ratio))
+    return jnp.where(mask, pg, zero), ratio, mask & (l1 < l2), dual
+
+
+def _ppo_clip_loss_core(logprobs: jax.Array, proximal_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array,
+                       old_logprobs: jax.Array | None, eps_clip: float, eps_clip_higher: float | None,
+                       c_clip: float | None, behav_imp_weight_cap: float | None,
+                       loss_agg_mode: LossAggMode) -> tuple[jax.Array, PPOLossStats]:
+    """``ppo_clip_loss`` on validated float arrays and a bool mask."""
+    zero = jnp.zeros((), logprobs.dtype)
+    advantages = lax.stop_gradient(advantages)
+    proximal_logprobs = lax.stop_gradient(proximal_logprobs)
+    log_ratio = jnp.where(mask, logprobs - proximal_logprobs, zero)
+    high = 1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher)
+    pg, ratio, clip_mask, dual_mask = _clipped_objective(advantages, log_ratio, mask, 1.0 - eps_clip, high, c_clip)
+    kept = mask
+    weight = jnp.where(mask, jnp.ones((), logprobs.dtype), zero)
+    if old_logprobs is not None:
+        behav = jnp.exp(jnp.where(mask, proximal_logprobs - lax.stop_gradient(old_logprobs), zero))
+        kept = mask & (behav <= behav_imp_weight_cap) if behav_imp_weight_cap is not None else mask
+        weight = jnp.where(kept, behav, zero)
+    pg = jnp.where(mask, pg * weight, zero)
+    count = jnp.maximum(jnp.sum(mask, dtype=jnp.int32), 1).astype(logprobs.dtype)
+    row_count = jnp.sum(mask, axis=1, dtype=jnp.int32).astype(logprobs.dtype)
+    rows = jnp.maximum(jnp.sum(row_count > 0, dtype=jnp.int32), 1).astype(logprobs.dtype)
+    if loss_agg_mode == "token-mean":
+        loss = jnp.sum(pg) / count
+    elif loss_agg_mode == "seq-mean-token-mean":
+        loss = jnp.sum(jnp.sum(pg, axis=1) / jnp.maximum(row_count, 1)) / rows
+    else:
+        loss = jnp.sum(pg) / rows
+
+    def share(flags):
+        return jnp.sum(flags, dtype=jnp.int32).astype(logprobs.dtype) / count
+
+    kept_count = jnp.maximum(jnp.sum(kept, dtype=jnp.int32), 1).astype(logprobs.dtype)
+    stats = PPOLossStats(share(clip_mask), share(dual_mask), jnp.sum(lax.stop_gradient(log_ratio)) / count,
+                         jnp.sum(ratio) / count, jnp.sum(weight) / kept_count, share(kept))
+    return loss, stats
+
+
+def check_token_arrays(logprobs: ArrayLike, **others: ArrayLike | None) -> None:
+    """A loss's ``[B, T]`` inputs: ``logprobs`` of rank 2, and each of ``others`` given (not None) of its shape;
+    the errors name the argument."""
+    _checks.check_rank("logprobs", logprobs, 2)
+    shape = np.shape(logprobs)
+    for name, x in others.items():
+        if x is not None:
+            _checks.check_shape(name, x, shape, "logprobs")
+
+
+def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
+                  old_logprobs: ArrayLike | None = None, eps_clip: float = 0.2, eps_clip_higher: float | None = None,
+                  c_clip: float | None = None, behav_imp_weight_cap: float | None = None,
+                  loss_agg_mode: LossAggMode = "token-mean") -> tuple[jax.Array, PPOLossStats]:
+    """AReaL's PPO clipped actor loss (module docstring), differentiable in ``logprobs``.
+
+    Args:
+      logprobs: ``[B, T]`` the current policy's log-probs on timesteps (``logprobs_on_timesteps``).
+      proximal_logprobs: ``[B, T]`` the recomputed old log-probs (``AdvantageOutput.logprobs`` when
+        ``compute_advantages`` got ``prox_logprobs``, else the behaviour log-probs it shifted).
+      advantages, loss_mask: ``[B, T]`` from ``compute_advantages`` (``AdvantageOutput.advantages``,
+        ``.loss_mask``).
+      old_logprobs: ``[B, T]`` the behaviour policy's log-probs, for decoupled PPO (default: none).
+      eps_clip, eps_clip_higher: the clip range ``[1 - eps_clip, 1 + eps_clip_higher]`` (default symmetric).
+      c_clip: the dual clip (> 1), or None.
+      behav_imp_weight_cap: with ``old_logprobs``, timesteps whose behaviour weight exceeds it drop out.
+      loss_agg_mode: ``token-mean | seq-mean-token-mean | seq-mean-token-sum``.
+
+    Returns:
+      ``(loss, PPOLossStats)``, float32 scalars.
+
+    Raises:
+      ValueError: a ``loss_mask`` entry that is neither 0 nor 1 (bool masks are never checked), when called
+        eagerly; under ``jit`` the count is ``stats.checks["checks/loss_mask_not_binary"]``.
+    """
+    one_of("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    eps_clip = finite_number("eps_clip", eps_clip, minimum=0.0)
+    if eps_clip_higher is not None:
+        eps_clip_higher = finite_number("eps_clip_higher", eps_clip_higher, minimum=0.0)
+    if c_clip is not None and finite_number("c_clip", c_clip) <= 1.0:
+        raise ValueError(f"c_clip must be > 1, got {c_clip!r}")
+    if behav_imp_weight_cap is not None:
+        behav_imp_weight_cap = finite_number("behav_imp_weight_cap", behav_imp_weight_cap, minimum=0.0)
+    check_token_arrays(logprobs, proximal_logprobs=proximal_logprobs, advantages=advantages, loss_mask=loss_mask,
+                       old_logprobs=old_logprobs)
+    # Eagerly a failed check raises; under jit its count is in stats.checks.
+    return _checks.checked(_loss_jit, logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs,
+                           eps_clip=eps_clip, eps_clip_higher=eps_clip_higher, c_clip=c_clip,
+                           behav_imp_weight_cap=behav_imp_weight_cap, loss_agg_mode=loss_agg_mode, on_trace="counts")
+
+
+@functools.partial(jax.jit, static_argnames=("eps_clip", "eps_clip_higher", "c_clip", "behav_imp_weight_cap",
+                                             "loss_agg_mode"))
+def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs, *, eps_clip, eps_clip_higher, c_clip,
+              behav_imp_weight_cap, loss_agg_mode):
+    dtype = _checks.accumulation_dtype(logprobs, proximal_logprobs, advantages)
+    old = None if old_logprobs is None else _checks.as_float("old_logprobs", old_logprobs, dtype)
+    loss, stats = _ppo_clip_loss_core(_checks.as_float("logprobs", logprobs, dtype),
+                                     _checks.as_float("proximal_logprobs", proximal_logprobs, dtype),
+                                     _checks.as_float("advantages", advantages, dtype),
+                                     _checks.as_mask("loss_mask", loss_mask), old, eps_clip, eps_clip_higher, c_clip,
+                                     behav_imp_weight_cap, loss_agg_mode)
+    return _checks.counted(loss, stats, _checks.mask_check("loss_mask", loss_mask))

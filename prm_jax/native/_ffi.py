@@ -1,0 +1,183 @@
+"""The native CPU kernels as XLA FFI custom calls: loading and registering the built library, calling
+it, and the one policy deciding when the native path is used (``use_native``), shared by GAE's ``auto``
+and GiGPO's step groups.
+
+XLA:CPU runs a ``lax.scan`` step in tens of nanoseconds and transposes ``[B, T]`` slowly, so a sequential
+recurrence is far from memory speed there: ``gae_cpu.cc`` runs the same recurrence as the ``scan`` method
+directly over the row-major buffers. XLA:CPU also sorts slowly (~1 ms for 32k keys), so
+``step_groups_cpu.cc`` finds GiGPO's step groups with one hash-table pass instead of a sort, and
+``turns_cpu.cc`` finds where each turn continues (the next trained timestep's turn id) in one reverse pass.
+
+Where the library comes from: a wheel carries it built (``prm_jax/native/_prm_jax_cpu.so``, setup.py), and it
+is loaded as it is, no compiler needed; XLA refuses it at registration if it was built against a newer XLA
+FFI than this jaxlib's (it is built against the oldest supported, so that one serves them all), and a
+source install has none: then the sources are compiled on first use into ``$PRM_JAX_CACHE``
+(``prm_jax.native._build``). ``PRM_JAX_NATIVE=build`` skips the packaged library and builds from the sources;
+``PRM_JAX_NATIVE=0`` turns the kernels off.
+
+Availability is checked, never assumed: with neither a usable packaged library nor a compiler, a failed
+build, another backend than CPU, or ``PRM_JAX_NATIVE=0``, ``available()`` is False and callers fall back
+(GAE's ``auto`` to ``scan``, GiGPO to its sort). The GAE kernel takes float32 only;
+``prm_jax.kernels._token_gae`` gives it a derivative.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import threading
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+from prm_jax.native._build import PACKAGED_LIBRARY, build_library, find_compiler, logger
+
+TARGET = "prm_jax_gae_f32"
+FLOAT_MASK_TARGET = "prm_jax_gae_f32_float_mask"
+STEP_GROUPS_TARGET = "prm_jax_step_groups"
+NEXT_ACTIVE_IDS_TARGET = "prm_jax_next_active_ids"
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def available() -> bool:
+    """Whether the native kernel is built and registered (building it on the first call).
+
+    Thread-safe: a caller that arrives during the build waits for it; only the finished answer is
+    published.
+    """
+    if "ok" in _state:
+        return bool(_state["ok"])
+    with _lock:
+        if "ok" not in _state:
+            _state["ok"] = _load()
+        return bool(_state["ok"])
+
+
+# Said once per process when there is neither a usable packaged library nor a compiler: slower is not silent
+# (issue 32.1). The figures are benchmarks/RESULTS.md's (GAE, native against XLA's scan, the same 2-core machine).
+NO_COMPILER_WARNING = (
+    "prm-jax: no C++ compiler found to build its native CPU kernels: GAE and GiGPO fall back to XLA's scan "
+    "and sort, about 4.6x slower at 64x8192 and 11x at 1024x2048; install prm-jax from its wheel (it carries "
+    "them built), or a C++ compiler (g++ or clang++, or set CXX) and they are built on first use, or set "
+    "PRM_JAX_NATIVE=0 to choose the fallback silently")
+
+
+def status() -> tuple[bool, str]:
+    """``(available, why)``: whether the native kernels are loaded and, in words, the library or the reason
+    they are not (``prm-jax doctor`` prints it). Builds them on the first call, as ``available`` does."""
+    ok = available()
+    return ok, str(_state.get("why", ""))
+
+
+def _load() -> bool:
+    mode = os.environ.get("PRM_JAX_NATIVE", "1")
+    if mode == "0":
+        _state["why"] = "turned off (PRM_JAX_NATIVE=0)"
+        return False
+    if jax.default_backend() != "cpu":
+        _state["why"] = f"the default backend is {jax.default_backend()}, not the CPU (they are CPU kernels)"
+        return False
+    refused = ""
+    if mode != "build" and PACKAGED_LIBRARY.exists():
+        # The wheel's library (setup.py built it): no compiler needed. XLA refuses one built against newer
+        # FFI headers than this jaxlib's at registration; the sources are built instead.
+        try:
+            api = _register(PACKAGED_LIBRARY)
+        except (OSError, RuntimeError, AttributeError) as err:
+            refused = f"the packaged library cannot be used with jaxlib {jaxlib_version()} ({err}); "
+            logger.warning("%sbuilding the kernels from their sources instead", refused)
+        else:
+            _state["why"] = f"loaded from the package's library {PACKAGED_LIBRARY} (XLA FFI API {api})"
+            return True
+    compiler = find_compiler()
+    if not compiler:
+        _state["why"] = refused + "no C++ compiler on PATH (nor $CXX) to build them"
+        warnings.warn(NO_COMPILER_WARNING, RuntimeWarning, stacklevel=2)  # once: the answer is cached
+        return False
+    try:
+        path = build_library(compiler)
+        api = _register(path)
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
+        detail = getattr(err, "stderr", "") or err
+        logger.warning("building the native CPU kernels failed: GAE's 'auto' uses 'scan', GiGPO sorts: %s", detail)
+        _state["why"] = refused + f"the build failed: {str(detail).strip()[:300]}"
+        return False
+    _state["why"] = refused + f"loaded from {path} (built with {compiler}, XLA FFI API {api})"
+    return True
+
+
+def _register(path: os.PathLike[str] | str) -> str:
+    """Loads the library at ``path`` and registers its four handlers with XLA (which checks their FFI API
+    version against its own); returns that version, ``"major.minor"``."""
+    library = ctypes.cdll.LoadLibrary(str(path))
+    for target, symbol in ((TARGET, "PrmJaxGaeF32"), (FLOAT_MASK_TARGET, "PrmJaxGaeF32FloatMask"),
+                           (STEP_GROUPS_TARGET, "PrmJaxStepGroups"), (NEXT_ACTIVE_IDS_TARGET, "PrmJaxNextActiveIds")):
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    version = int(library.PrmJaxFfiApiVersion())
+    return f"{version // 1000}.{version % 1000}"
+
+
+def jaxlib_version() -> str:
+    import jaxlib
+
+    return str(getattr(jaxlib, "__version__", None) or jax.__version__)
+
+
+def _require_loaded() -> None:
+    """The guard of every native call. A native call is traced only after a strategy chose it, so after
+    ``available()`` said yes: this reads that answer, and builds nothing and reads no environment inside a
+    trace."""
+    if not _state.get("ok"):
+        raise RuntimeError("the native CPU kernels are not available (see prm_jax.native), or were not loaded "
+                           "before tracing: resolve the method first (resolve_method / resolve_strategy)")
+
+
+def gae_native(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: jax.Array, gamma_lam: jax.Array,
+               bootstrap: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(advantages, returns)`` from the native kernel.
+
+    float32 ``[..., T]`` inputs; ``mask`` is bool, or float32 (verl's and tunix's masks), read without a
+    conversion pass: active where nonzero, and the kernel enforces ``_checks.mask_check``'s 0/1 rule
+    itself: a violation fails the computation (a ``JaxRuntimeError`` carrying mask_check's message,
+    raised when the result is read). ``gamma``, ``gamma_lam`` and ``bootstrap`` are ``[...]``.
+    """
+    _require_loaded()
+    f32 = jnp.float32
+    rows = rewards.shape[:-1]
+    if mask.dtype not in (jnp.bool_, f32):
+        raise TypeError(f"the native GAE kernel takes a bool or float32 mask, got {mask.dtype}")
+    out = jax.ShapeDtypeStruct(rewards.shape, f32)
+    call = jax.ffi.ffi_call(TARGET if mask.dtype == jnp.bool_ else FLOAT_MASK_TARGET, (out, out),
+                            vmap_method="broadcast_all")
+    advantages, returns = call(rewards.astype(f32), values.astype(f32), mask, jnp.broadcast_to(gamma, rows).astype(f32),
+                               gamma_lam.astype(f32), bootstrap.astype(f32))
+    return advantages, returns
+
+
+def step_groups(group: jax.Array, anchor: jax.Array) -> jax.Array:
+    """Step-group ids ``[..., N]`` int32: the index of the first entry with the same ``(group, anchor)``; an
+    entry with ``anchor < 0`` is its own group. int32 ``[..., N]`` inputs."""
+    _require_loaded()
+    call = jax.ffi.ffi_call(STEP_GROUPS_TARGET, jax.ShapeDtypeStruct(group.shape, jnp.int32),
+                            vmap_method="broadcast_all")
+    return call(group.astype(jnp.int32), anchor.astype(jnp.int32))
+
+
+def next_active_ids(turn_ids: jax.Array, active: jax.Array) -> jax.Array:
+    """``[..., T]`` int32: the turn id of each timestep's next active timestep in its row, -1 where none
+    follows (``turns_cpu.cc``). int32 ids and a bool mask."""
+    _require_loaded()
+    call = jax.ffi.ffi_call(NEXT_ACTIVE_IDS_TARGET, jax.ShapeDtypeStruct(turn_ids.shape, jnp.int32),
+                            vmap_method="broadcast_all")
+    return call(turn_ids.astype(jnp.int32), active.astype(jnp.bool_))
+
+
+def use_native(*, sharded: bool) -> bool:
+    """Whether a program uses the native kernels: the CPU backend, one device and no sharded program (a
+    custom call has no partitioning rule), and a verified build. The one policy for GAE's ``auto`` and
+    GiGPO's step groups."""
+    return not sharded and jax.device_count() == 1 and available()

@@ -1,0 +1,438 @@
+"""Scoring a trainer's token arrays: ``[B, T]`` rows to scorer inputs, process rewards back to ``[B, T]``.
+
+A trainer holds padded token arrays and turn ids, not sessions. ``chains_from_arrays`` turns each real row
+into the chain of interactions a scorer reads (turn ``k`` = the row's tokens with turn id ``k``, its input
+= every token before them), sharing the row's token buffer instead of copying prefixes;
+``token_rewards_from_chains`` writes the committed rewards back onto the same positions; ``score_arrays``
+does both around ``PRMRunner.run_many``. No ``InteractionCache`` and no ``pack_branches``: the trainer's
+own arrays stay the batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, NamedTuple, overload
+
+import anyio
+import numpy as np
+
+from prm_jax._validation import integer_dtype
+from prm_jax.kernels._shaping import warn_gvpo_without_penalty
+from prm_jax.runtime._context import METADATA_KEY, check_metadata
+from prm_jax.runtime._model_scorer import rows_by_length, weighted_rows
+from prm_jax.runtime._runner import (
+    NOT_SCORER_FAILURES,
+    PRMRunner,
+    RunnerClosedError,
+    error_text,
+    guarded_progress,
+)
+from prm_jax.runtime._trajectory import TOKEN_ID_RANGE, Interaction, stray_token_id, turn_spans
+
+
+def scored_turn_ids(turn_ids: Any, attention_mask: Any = None) -> np.ndarray:
+    """The turn ids that scoring reads: ``turn_ids`` where ``attention_mask`` is set, -1 elsewhere (a token
+    without attention, padding, is never scored nor rewarded, whatever id it carries)."""
+    ids = _integers("turn_ids", turn_ids)
+    if attention_mask is None:
+        return ids
+    mask = np.asarray(attention_mask)
+    _same_shape("attention_mask", mask, ids.shape)
+    return np.where(mask.astype(bool), ids, -1)
+
+
+def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = None, logprobs: Any = None,
+                       rewards: Any = None, row_ids: Sequence[str] | None = None) -> list[list[Interaction] | None]:
+    """One chain of interactions per row (``None`` for a padding row or a row without turns).
+
+    Args:
+      input_ids: ``[B, T]`` int token ids.
+      turn_ids: ``[B, T]`` int, the turn of each generated token (0, 1, ... in order, each turn contiguous),
+        -1 elsewhere (``turn_ids_from_spans`` builds it from spans); ids where ``attention_mask`` is 0 are
+        not read (``scored_turn_ids``).
+      attention_mask: ``[B, T]``; a row with none is padding. Default: every row is real.
+      logprobs: ``[B, T]`` behaviour log-probs of the tokens, given to scorers as ``output_logprobs``.
+      rewards: ``[B]`` outcome rewards, set on each row's last turn.
+      row_ids: names of the rows (interaction ids are ``f"{row_id}/t{k}"``); default ``row{b}``.
+    """
+    tokens, ids, mask = _row_arrays(input_ids, turn_ids, attention_mask)
+    rows = tokens.shape[0]
+    real: np.ndarray = np.asarray(mask.any(axis=1))
+    logp = None
+    if logprobs is not None:
+        logp = np.asarray(logprobs)
+        _same_shape("logprobs", logp, tokens.shape)
+        logp = logp.astype(np.float32)
+    outcome = None
+    if rewards is not None:
+        outcome = np.asarray(rewards)
+        _same_shape("rewards", outcome, (rows,))
+        outcome = outcome.astype(np.float64)
+    names = [f"row{b}" for b in range(rows)] if row_ids is None else list(row_ids)
+    if len(names) != rows:
+        raise ValueError(f"row_ids has {len(names)} names for {rows} rows")
+    chains: list[list[Interaction] | None] = []
+    for b in range(rows):
+        spans = turn_spans(ids[b], b) if real[b] else []
+        if not spans:
+            chains.append(None)
+            continue
+        row = tokens[b].astype(np.int64)  # one buffer per row: every turn's input is a view of it
+        chain: list[Interaction] = []
+        for k, (start, end) in enumerate(spans):
+            chain.append(Interaction(
+                f"{names[b]}/t{k}", row[:start], row[start:end], parent_id=chain[-1].interaction_id if chain else None,
+                output_logprobs=None if logp is None else logp[b, start:end],
+                reward=float(outcome[b]) if outcome is not None and k == len(spans) - 1 else None))
+        chains.append(chain)
+    return chains
+
+
+def _row_arrays(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The checks of a trainer's arrays, once for both paths: ``(tokens [B, T], the scored turn ids [B, T]
+    (-1 outside attention), the attention mask [B, T] bool)``."""
+    tokens = _integers("input_ids", input_ids)
+    if tokens.ndim != 2:
+        raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
+    _same_shape("turn_ids", _integers("turn_ids", turn_ids), tokens.shape)
+    ids = scored_turn_ids(turn_ids, attention_mask)
+    stray = stray_token_id(tokens)
+    if stray is not None:
+        raise ValueError(f"input_ids must hold token ids in {TOKEN_ID_RANGE}, got {stray}")
+    mask = np.ones(tokens.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
+    return tokens, ids, mask
+
+
+def _integers(name: str, value: Any) -> np.ndarray:
+    """An integer array: float token ids (7.7) were truncated to 7 by a cast."""
+    array = np.asarray(value)
+    integer_dtype(name, array.dtype)
+    return array
+
+
+def _same_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
+    """Exactly ``shape``: a transposed ``[T, B]`` array was reshaped into ``[B, T]`` (scrambled, silently)."""
+    if array.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} (input_ids' [B, T] or [B]), got {array.shape}")
+
+
+def _first_failure(group: BaseExceptionGroup, scored: list[int]) -> BaseException:
+    """``on_error="raise"``: the failure that stopped the batch, the scorer's own error (its notes name the
+    scorer and the turn, ``row{b}/t{k}``), with a note naming its row; not the group of the cancelled rest."""
+    leaves = [e for e in _leaves(group) if isinstance(e, Exception)]
+    first = next((e for e in leaves if hasattr(e, "prm_branch")), leaves[0] if leaves else group)
+    branch = getattr(first, "prm_branch", None)
+    if branch is not None:
+        first.add_note(f"score_arrays: row {scored[branch]} of input_ids failed; the batch was stopped (pass "
+                        "on_error='mask' to keep the other rows)")
+    return first
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for error in group.exceptions:
+        out.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return out
+
+
+def _row_models(runner: PRMRunner) -> list[Any] | None:
+    """The runner's enabled scorers when every one scores whole rows of arrays (``ModelScorer.score_rows``):
+    then ``score_arrays`` hands them the arrays, chunk by chunk, and builds no interactions."""
+    enabled = [scorer for scorer in runner.scorers if scorer.enabled]
+    if runner.active and enabled and all(callable(getattr(scorer, "score_rows", None)) for scorer in enabled):
+        return enabled
+    return None
+
+
+async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn_ids: Any, attention_mask: Any,
+                      on_error: OnError, per_turn: bool,
+                      progress: Callable[[int, int], None] | None) -> np.ndarray | ScoredArrays:
+    """``score_arrays`` for a runner of ``ModelScorer``s: the same numbers as the interactions' path
+    (``weight * raw`` in float32 per scorer, summed in config order), a failed chunk failing its rows."""
+    if runner.closed:
+        raise RunnerClosedError("PRMRunner is closed: score_arrays is rejected once aclose() has started")
+    tokens, ids, attention = _row_arrays(input_ids, turn_ids, attention_mask)
+    ids = ids.astype(np.int32)
+    mask = attention.astype(np.int32)
+    rows = tokens.shape[0]
+    scored = [b for b in range(rows) if turn_spans(ids[b], b)]  # (checks each row's turns, as chains do)
+    failed = np.zeros(rows, bool)
+    errors: dict[int, str] = {}
+    turns = int(ids.max()) + 1 if ids.size and ids.max() >= 0 else 0
+    total = np.zeros(tokens.shape, np.float32)
+    per_scorer: dict[str, np.ndarray] = {}
+    # Chunks of rows of similar length (rows_by_length: each chunk padded near its own rows' length).
+    index = np.asarray(scored, np.int64)
+    index = index[rows_by_length(mask[index].astype(bool) | (ids[index] >= 0))]
+    for scorer in models:
+        weighted = np.zeros(tokens.shape, np.float32)
+        means = np.zeros((rows, turns), np.float64)
+        for begin in range(0, len(scored), scorer.max_batch_size):
+            chunk = index[begin:begin + scorer.max_batch_size]
+            try:
+                raw = await anyio.to_thread.run_sync(functools.partial(scorer.score_rows, check=False),
+                                                     tokens[chunk], mask[chunk], ids[chunk])
+                chunk_weighted, bad = weighted_rows(scorer, raw, chunk.tolist())
+            except Exception as err:
+                if on_error == "raise":
+                    err.add_note(f"score_arrays: rows {chunk.tolist()} of input_ids (one call of scorer "
+                                  f"{scorer.name!r}) failed")
+                    raise
+                failed[chunk] = True
+                for row in chunk.tolist():
+                    errors.setdefault(row, error_text(err))
+                    runner.count_failure(scorer)
+            else:
+                if bad and on_error == "raise":
+                    raise ValueError(next(iter(bad.values())))
+                for row, message in bad.items():  # only the rows with a non-finite score fail
+                    failed[row] = True
+                    runner.count_failure(scorer)
+                    errors.setdefault(row, f"ValueError: {message}")
+                    chunk_weighted[chunk.tolist().index(row)] = 0.0
+                weighted[chunk] = chunk_weighted
+                if per_turn:
+                    product = raw * scorer.weight
+                    for k in range(turns):
+                        on_turn = ids[chunk] == k
+                        count = on_turn.sum(axis=1)
+                        means[chunk, k] = np.where(count > 0, (product * on_turn).sum(axis=1) / np.maximum(count, 1),
+                                                   0.0)
+            if progress is not None and scorer is models[-1]:
+                progress(min(begin + scorer.max_batch_size, len(scored)), len(scored))
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = (total + weighted).astype(np.float32)
+        per_scorer[scorer.name] = means.astype(np.float32)
+    overflow = [row for row in scored if not failed[row] and not np.isfinite(total[row]).all()]
+    for row in overflow:
+        message = (f"the committed token rewards of row {row} would be non-finite (the float32 sum over scorers "
+                   f"{[scorer.name for scorer in models]} overflows); nothing was committed")
+        if on_error == "raise":
+            raise ValueError(message)
+        failed[row], errors[row] = True, f"ValueError: {message}"
+    total[failed[:, None] & (ids >= 0)] = np.nan
+    total[~failed[:, None] & (ids < 0)] = 0.0
+    if on_error == "raise" and not per_turn:
+        if runner.shaping_mode == "gvpo" and scored and not (total < 0).any():
+            warn_gvpo_without_penalty(stacklevel=3)
+        return total
+    if runner.shaping_mode == "gvpo" and (~failed).any() and not (total[~failed] < 0).any():
+        warn_gvpo_without_penalty(stacklevel=3)
+    out = ScoredArrays(total, failed, errors)
+    if not per_turn:
+        return out
+    return out._replace(**_turn_tables(per_scorer, failed, {row: int(ids[row].max()) + 1 for row in scored},
+                                       (rows, turns)))
+
+
+def _turn_tables(per_scorer: dict[str, np.ndarray], failed: np.ndarray, turns_of: Mapping[int, int],
+                 shape: tuple[int, int]) -> dict[str, Any]:
+    """``ScoredArrays``' per-turn fields from each scorer's ``[B, K]`` table: their sum, NaN on failed rows
+    (in each table too), and which turns exist (``turns_of``: a scored row's number of turns)."""
+    total = np.zeros(shape, np.float32)
+    for table in per_scorer.values():
+        total += table
+        table[failed] = np.nan
+    total[failed] = np.nan
+    exists = np.zeros(shape, bool)
+    for row, count in turns_of.items():
+        exists[row, :count] = not failed[row]
+    return {"turn_scores": total, "per_scorer": per_scorer, "turn_mask": exists}
+
+
+ROW_KEY = "row"  # the context entry score_arrays adds: the row of the arrays a branch was built from
+
+
+def row_metadata(metadata: Sequence[Mapping[str, Any] | None] | None, rows: int) -> list[dict[str, Any]] | None:
+    """``score_arrays``' ``metadata``: one entry per row of ``input_ids`` (``None``: no metadata for that
+    row), each under ``check_metadata``'s rule (a session's ``metadata``), named ``metadata[b]``."""
+    if metadata is None:
+        return None
+    if isinstance(metadata, (Mapping, str, bytes)) or not isinstance(metadata, Sequence):
+        raise ValueError(f"metadata must be a list of one mapping (or None) per row of input_ids ({rows}), got "
+                         f"{type(metadata).__name__}")
+    if len(metadata) != rows:
+        raise ValueError(f"metadata has {len(metadata)} entries for {rows} rows of input_ids")
+    return [check_metadata({} if m is None else dict(m) if isinstance(m, Mapping) else m, f"metadata[{b}]")
+            for b, m in enumerate(metadata)]
+
+
+def _row_contexts(ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None, rows: int,
+                  scored: list[int], metadata: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Each scored row's context: the caller's (one mapping for all rows, or one per row) plus
+    ``ctx["row"]``, the row's index in the arrays (what a scorer reads the caller's per-row entries by), and
+    ``ctx["metadata"]``, the row's ``metadata`` (``{}`` without it, unless the caller's ctx sets the key)."""
+    if ctx is None or isinstance(ctx, Mapping):
+        per_row: list[Mapping[str, Any] | None] = [ctx] * rows
+        named = "ctx"
+    else:
+        per_row = list(ctx)
+        if len(per_row) != rows:
+            raise ValueError(f"ctx must be one mapping, or one entry per row of input_ids ({rows}), got "
+                             f"{len(per_row)} entries")
+        named = "ctx[{b}]"
+    out = []
+    for b in scored:
+        entry = dict(per_row[b] or {})
+        if ROW_KEY in entry:
+            raise ValueError(f"{named.format(b=b)}[{ROW_KEY!r}] is set by score_arrays (each row's index); use "
+                             "another key")
+        if metadata is not None and METADATA_KEY in entry:
+            raise ValueError(f"{named.format(b=b)}[{METADATA_KEY!r}] and metadata= both give row {b}'s metadata: "
+                             "pass it once (metadata=)")
+        entry[ROW_KEY] = b
+        if metadata is not None or METADATA_KEY not in entry:
+            entry[METADATA_KEY] = metadata[b] if metadata is not None else {}
+        out.append(entry)
+    return out
+
+
+def _masked(token_rewards: np.ndarray, turn_ids: np.ndarray, scored: list[int], results: list[Any],
+            runner: PRMRunner) -> ScoredArrays:
+    failed = np.zeros(token_rewards.shape[0], bool)
+    errors: dict[int, str] = {}
+    for row, result in zip(scored, results):
+        if isinstance(result, NOT_SCORER_FAILURES):
+            raise result
+        if isinstance(result, Exception):
+            failed[row], errors[row] = True, error_text(result)
+    token_rewards[failed[:, None] & (turn_ids >= 0)] = np.nan
+    if runner.shaping_mode == "gvpo" and (~failed).any() and not (token_rewards[~failed] < 0).any():
+        warn_gvpo_without_penalty(stacklevel=3)
+    return ScoredArrays(token_rewards, failed, errors)
+
+
+def _turn_scores(chains: list[list[Interaction] | None], scored: list[int], results: list[Any],
+                 failed: np.ndarray) -> dict[str, Any]:
+    """``turn_scores`` and ``per_scorer`` from what each row's run committed (``PRMTurnResult.reward``)."""
+    turns = max((len(chain) for chain in chains if chain), default=0)
+    per_scorer: dict[str, np.ndarray] = {}
+    for row, result in zip(scored, results):
+        if isinstance(result, Exception):
+            continue
+        chain = chains[row]
+        assert chain is not None
+        index = {turn.interaction_id: k for k, turn in enumerate(chain)}
+        for turn_result in result:
+            table = per_scorer.setdefault(turn_result.scorer, np.zeros((len(chains), turns), np.float32))
+            table[row, index[turn_result.interaction_id]] += turn_result.reward
+    return _turn_tables(per_scorer, failed, {row: len(chains[row] or ()) for row in scored}, (len(chains), turns))
+
+
+def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], turn_ids: Any) -> np.ndarray:
+    """``[B, T]`` float32: each turn's committed ``token_rewards`` on its positions, 0 elsewhere."""
+    ids = np.asarray(turn_ids)
+    out = np.zeros(ids.shape, np.float32)
+    for b, chain in enumerate(chains):
+        if not chain:
+            continue
+        values = [t.token_rewards if t.token_rewards is not None else np.zeros(t.output_len, np.float32)
+                  for t in chain]
+        out[b, ids[b] >= 0] = np.concatenate(values)
+    return out
+
+
+class ScoredArrays(NamedTuple):
+    """``score_arrays(..., on_error="mask")`` or ``per_turn=True``: what scored, which rows a scorer failed on,
+    and (``per_turn``) the per-turn scores. A failed row holds NaN (never a silent 0)."""
+
+    token_rewards: np.ndarray  # [B, T] float32; NaN on a failed row's turn positions
+    failed: np.ndarray         # [B] bool: rows a scorer failed on (drop them from the loss or the group)
+    errors: dict[int, str]     # failed row -> "ExceptionType: message"
+    turn_scores: np.ndarray | None = None  # [B, K] each turn's weighted reward, summed over scorers
+    per_scorer: dict[str, np.ndarray] | None = None  # scorer name -> [B, K] its weighted contribution
+    turn_mask: np.ndarray | None = None  # [B, K] bool: the turns that exist and were scored
+
+    def scorer_means(self) -> dict[str, float]:
+        """``{"process/<scorer>/mean": ...}``: each scorer's mean weighted turn reward over the scored turns
+        (``per_turn=True``), for a trainer's log beside ``compute_advantages``' diagnostics."""
+        if self.per_scorer is None or self.turn_mask is None:
+            raise ValueError("scorer_means needs score_arrays(..., per_turn=True)")
+        count = max(int(self.turn_mask.sum()), 1)
+        return {f"process/{name}/mean": float(np.where(self.turn_mask, table, 0.0).sum()) / count
+                for name, table in sorted(self.per_scorer.items())}
+
+
+OnError = Literal["raise", "mask"]
+
+
+@overload
+async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = ...,
+                       logprobs: Any = ..., rewards: Any = ...,
+                       ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
+                       metadata: Sequence[Mapping[str, Any] | None] | None = ...,
+                       limit: int | None = ..., is_eval: bool = ..., on_error: Literal["raise"] = ...,
+                       per_turn: Literal[False] = ..., progress: Callable[[int, int], None] | None = ...) -> np.ndarray: ...
+
+
+@overload
+async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = ...,
+                       logprobs: Any = ..., rewards: Any = ...,
+                       ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
+                       metadata: Sequence[Mapping[str, Any] | None] | None = ...,
+                       limit: int | None = ..., is_eval: bool = ..., on_error: Literal["mask"],
+                       per_turn: bool = ..., progress: Callable[[int, int], None] | None = ...) -> ScoredArrays: ...
+
+
+@overload
+async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = ...,
+                       logprobs: Any = ..., rewards: Any = ...,
+                       ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = ...,
+                       metadata: Sequence[Mapping[str, Any] | None] | None = ...,
+                       limit: int | None = ..., is_eval: bool = ..., on_error: OnError = ...,
+                       per_turn: Literal[True], progress: Callable[[int, int], None] | None = ...) -> ScoredArrays: ...
+
+
+async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, attention_mask: Any = None,
+                       logprobs: Any = None, rewards: Any = None,
+                       ctx: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+                       metadata: Sequence[Mapping[str, Any] | None] | None = None,
+                       limit: int | None = 64, is_eval: bool = False, on_error: OnError = "raise",
+                       per_turn: bool = False,
+                       progress: Callable[[int, int], None] | None = None) -> np.ndarray | ScoredArrays:
+    """Scores every real row with ``runner`` (a ``PRMRunner``) and returns ``token_rewards [B, T]`` float32.
+
+    ``ctx`` is one mapping for every row or one per row (padding rows' entries are ignored); each row's
+    scorers also find ``ctx["row"]``, its index in the arrays, and its turns are named ``row{b}/t{k}``
+    (``interaction.turn_index`` is ``k``). ``metadata``: one JSON object (or ``None``) per row, each row's
+    scorers' ``ctx["metadata"]`` (read-only; a session's ``metadata`` and its rule: ``check_metadata``). Rows are
+    scored concurrently, at most ``limit`` at a time. ``on_error="raise"`` (default): the first failure
+    stops the batch and is raised as the scorer raised it, its notes naming the scorer, the turn
+    (``row{b}/t{k}``) and the row. ``on_error="mask"``: every row is scored, a row whose scoring failed
+    commits nothing (a row is all or nothing) and is returned as failed, and the result is a
+    ``ScoredArrays(token_rewards, failed [B], errors)``; a failed row's turn positions hold NaN, so a
+    trainer that forgets the mask gets an error from ``compute_advantages``, not a silent 0. Errors that
+    are not a scorer's (the runner closed, a row that cannot be scored) are raised either way, as is a
+    cancellation. ``per_turn=True`` returns a ``ScoredArrays`` with ``turn_scores [B, K]`` (each turn's
+    weighted reward, the mean over its tokens, summed over scorers: GiGPO's ``turn_rewards``) and
+    ``per_scorer`` (each scorer's weighted contribution ``[B, K]``, for logging); ``K`` is the most turns of
+    a row, turns a row does not have are 0, a failed row's are NaN. ``progress(done, total)`` is called as
+    rows finish.
+    """
+    if on_error not in ("raise", "mask"):
+        raise ValueError(f"on_error must be 'raise' or 'mask', got {on_error!r}")
+    checked = row_metadata(metadata, np.shape(input_ids)[0]) if np.ndim(input_ids) >= 1 else None
+    models = _row_models(runner)
+    if models is not None:
+        return await _score_rows(runner, models, input_ids, turn_ids, attention_mask, on_error, per_turn,
+                                 guarded_progress(progress))
+    chains = chains_from_arrays(input_ids, turn_ids, attention_mask=attention_mask, logprobs=logprobs,
+                                rewards=rewards)
+    scored = [b for b, chain in enumerate(chains) if chain]
+    branches = [chain for chain in chains if chain]
+    ctx = _row_contexts(ctx, len(chains), scored, checked)
+    try:
+        results = await runner.run_many(branches, ctx, limit=limit, is_eval=is_eval,
+                                        return_exceptions=on_error == "mask", progress=progress)
+    except ExceptionGroup as group:
+        raise _first_failure(group, scored) from None
+    ids = scored_turn_ids(turn_ids, attention_mask)
+    token_rewards = token_rewards_from_chains(chains, ids)
+    if on_error == "mask" or per_turn:
+        out = _masked(token_rewards, ids, scored, results, runner)
+        return out._replace(**_turn_scores(chains, scored, results, out.failed)) if per_turn else out
+    # A jitted trainer never sees compute_advantages' eager warning: the host side says it here.
+    if runner.shaping_mode == "gvpo" and scored and not (token_rewards < 0).any():
+        warn_gvpo_without_penalty(stacklevel=2)
+    return token_rewards

@@ -1,0 +1,22 @@
+"""Which executor runs a scorer: ``EXECUTORS`` by the scorer's kind (``BaseScorer.executor``), never by
+``isinstance`` checks in the runner; ``make_executor`` builds one."""
+
+from __future__ import annotations
+
+from prm_jax.runtime._executors import AsyncExecutor, BatchExecutor, Executor, ThreadExecutor
+from prm_jax.runtime._process_pool import ProcessExecutor
+from prm_jax.runtime._scoring import BaseScorer
+
+EXECUTORS: dict[str, type[Executor]] = {
+    "async": AsyncExecutor, "thread": ThreadExecutor, "process": ProcessExecutor, "batch": BatchExecutor,
+}
+
+
+def make_executor(scorer: BaseScorer, timeout: float | None) -> Executor:
+    """The executor of ``scorer``'s kind, calling the method of its unit."""
+    kind = scorer.executor
+    if kind not in EXECUTORS:
+        raise TypeError(f"scorer {scorer.name!r}: executor {kind!r} is not one of {sorted(EXECUTORS)}")
+    method = "evaluate_batch" if kind == "batch" else (
+        "evaluate_trajectory" if scorer.unit == "trajectory" else "evaluate")
+    return EXECUTORS[kind](scorer, method, timeout)

@@ -1,0 +1,216 @@
+"""``ModelScorer``: a JAX model as a scorer (a PRM, a value head, a classifier on the trainer's device).
+
+The model is a function of whole rows, ``fn(input_ids [B, L] int32, attention_mask [B, L] int32,
+turn_ids [B, L] int32) -> [B, L]`` token scores (``output="tokens"``: each turn's tokens get the scores on
+its positions) or ``[B, max_turns]`` turn scores (``output="turns"``: turn ``k`` gets column ``k``,
+broadcast over its tokens). A causal model scores every turn of a row in one forward, so a call covers
+whole rows: the turns of up to ``max_batch_size`` rows, padded with zeros to ``max_batch_size`` rows and
+to a width rounded up to ``bucket`` (``bucket_width``), so it compiles once per width bucket, never per
+batch. ``turn_ids`` is -1 off the turns (the prompt, tool output, padding).
+
+Steps (``spread``, ``step_separator``; ``prm_jax.runtime._steps``): by default each token gets the model's
+score on its position. With a ``spread`` (``step``, ``step_end``, ``turn``, ``tokens``), the model's token
+score at each step's last token is the step's score (where a causal PRM has read the whole step), placed by
+the spread; steps are the turns (the default) or split at ``step_separator`` (token-id sequences, e.g.
+``[[271]]``). Nothing is inserted into the rows (a model that needs a step tag there reads its separator's
+position), and a turn's end always ends a step. ``output: turns`` takes neither.
+
+Two paths:
+
+- ``score_arrays`` (a trainer's arrays), when every enabled scorer of the runner is a ``ModelScorer``: the
+  arrays go to ``fn`` chunk by chunk as they are (no per-turn interactions built); trailing columns without
+  attention are cut before bucketing. A failed call fails the rows in it.
+
+Forwards run in a worker thread (JAX releases the GIL while the device computes), so the event loop
+serves other scorers meanwhile.
+- Sessions and every other caller (``run``, ``run_many``, ``prm-jax score``, or ``score_arrays`` beside
+  other scorers): a ``BatchTrajectoryScorer``; each branch becomes one row (its leaf's tokens, turn ids on
+  its turns' outputs, by the concat rule) and the branches in flight share calls.
+
+A config entry cannot hold a model: pass the scorer in (``PRMRunner(config, scorers=[ModelScorer(fn)])``,
+``BlockingRunner(config, scorers=[...])``, the caller keeps it and its parameters; close over them in
+``fn``, or pass ``fn=functools.partial(apply, params)``), or name a factory in the config
+(``kwargs: {factory: mypkg.prm.make_scorer_fn, factory_kwargs: {...}}``, a dotted path to a function that
+loads the model, called with ``factory_kwargs``, and returns ``fn``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import anyio
+import jax
+import numpy as np
+
+from prm_jax._validation import boolean, imported_callable, integer, short_repr
+from prm_jax.runtime._batching import bucket_width
+from prm_jax.runtime._rewards import weighted_float32
+from prm_jax.runtime._scoring import BatchTrajectoryScorer
+from prm_jax.runtime._steps import Spread, StepRule, check_spread, place_steps
+from prm_jax.runtime._trajectory import Interaction, concat_spans
+
+ModelOutput = Literal["tokens", "turns"]
+ModelFn = Callable[[Any, Any, Any], Any]
+
+
+def resolve_factory(path: Any) -> Callable[..., ModelFn]:
+    """``package.module.function``: a factory that loads the model and returns the model function."""
+    if not isinstance(path, str) or "." not in path:
+        raise ValueError(f"factory must be a dotted path 'package.module.function', got {short_repr(path)}")
+    return imported_callable("factory", path)
+
+
+class ModelScorer(BatchTrajectoryScorer):
+    """Scores turns with a JAX model over whole rows (see the module docstring). Subclass it (with another
+    class-level ``name``) for a second model in one runner."""
+
+    name = "model"
+    pads = True  # rows are padded to the longest: batches sorted by length
+
+    def __init__(self, fn: ModelFn | None = None, factory: str | None = None,
+                 factory_kwargs: Mapping[str, Any] | None = None, output: ModelOutput = "tokens",
+                 max_turns: int | None = None, bucket: int = 128, jit: bool = True, max_batch_size: int = 32,
+                 spread: Spread | None = None, step_separator: Sequence[Sequence[int]] | None = None,
+                 **kwargs: Any):
+        type(self).validate_kwargs(fn=fn, factory=factory, factory_kwargs=factory_kwargs, output=output,
+                                   max_turns=max_turns, bucket=bucket, jit=jit, spread=spread,
+                                   step_separator=step_separator)
+        super().__init__(max_batch_size=max_batch_size, **kwargs)
+        model = fn if fn is not None else resolve_factory(factory)(**dict(factory_kwargs or {}))
+        if not callable(model):
+            raise TypeError(f"scorer {self.name!r}: factory {factory!r} returned {type(model).__name__}, not a "
+                            "function of (input_ids, attention_mask, turn_ids)")
+        self.fn: ModelFn = jax.jit(model) if jit else model
+        self.output, self.max_turns, self.bucket = output, max_turns, bucket
+        self.spread = spread if spread is not None or step_separator is None else "step"
+        self.rule = StepRule.parse(step_separator)
+        self.forwards = 0
+
+    @classmethod
+    def validate_kwargs(cls, fn: Any = None, factory: Any = None, factory_kwargs: Any = None, output: Any = "tokens",
+                        max_turns: Any = None, bucket: Any = 128, jit: Any = True, spread: Any = None,
+                        step_separator: Any = None, **kwargs: Any) -> None:
+        if (fn is None) == (factory is None):
+            raise ValueError("give exactly one of fn (a function, in code) and factory (a dotted path, in a "
+                             "config)")
+        if factory_kwargs is not None and (factory is None or not isinstance(factory_kwargs, Mapping)):
+            raise ValueError("factory_kwargs must be a mapping, given with factory")
+        if factory is not None:
+            resolve_factory(factory)
+        if output not in ("tokens", "turns"):
+            raise ValueError(f"output must be 'tokens' or 'turns', got {short_repr(output)}")
+        if output == "turns":
+            if max_turns is None:
+                raise ValueError("output 'turns' needs max_turns (the width of the model's [B, max_turns] output)")
+            integer("max_turns", max_turns, minimum=1)
+        integer("bucket", bucket, minimum=1)
+        boolean("jit", jit, config=False)
+        if spread is not None:
+            check_spread(spread)
+        StepRule.parse(step_separator)
+        if output == "turns" and (spread is not None or step_separator is not None):
+            raise ValueError("spread and step_separator read the model's token scores at step ends: output "
+                             "'turns' gives one score per turn (use output 'tokens')")
+
+    # -- the rows path ---------------------------------------------------------------------------------------
+
+    def score_rows(self, input_ids: np.ndarray, attention_mask: np.ndarray, turn_ids: np.ndarray, *,
+                   check: bool = True) -> np.ndarray:
+        """Raw (unweighted) float64 token scores ``[B, T]`` of rows ``[B, T]`` (``turn_ids`` -1 off the turns,
+        where the result is 0), ``max_batch_size`` rows per model call, placed by ``spread`` over the steps
+        where one is set (``place_steps``). ``ValueError`` naming the row for a
+        row with more than ``max_turns`` turns, and for a non-finite score unless ``check=False`` (the
+        runner's paths fail only the rows that hold one: ``weighted_rows``)."""
+        rows, width = turn_ids.shape
+        out = np.zeros((rows, width), np.float64)
+        live = attention_mask.astype(bool) | (turn_ids >= 0)
+        # Rows sorted by length before chunking (as a hand-written loop does), so each chunk is padded to a
+        # length near its own rows' instead of the longest row of a random mix; results go back by row.
+        order = rows_by_length(live)
+        for begin in range(0, rows, self.max_batch_size):
+            members = order[begin:begin + self.max_batch_size]
+            count = members.size
+            used = live[members].any(axis=0)
+            length = int(np.flatnonzero(used)[-1]) + 1 if used.any() else 0
+            if length == 0:
+                continue
+            padded = bucket_width(length, self.bucket)
+            shape = (self.max_batch_size, padded)
+            ids, mask, turns = np.zeros(shape, np.int32), np.zeros(shape, np.int32), np.full(shape, -1, np.int32)
+            cut = min(padded, width)
+            ids[:count, :cut] = input_ids[members, :cut]
+            mask[:count, :cut] = attention_mask[members, :cut]
+            chunk = turn_ids[members, :cut]
+            turns[:count, :cut] = chunk
+            if self.output == "turns":
+                assert self.max_turns is not None
+                too_many = np.flatnonzero(chunk.max(axis=1) >= self.max_turns)
+                if too_many.size:
+                    raise ValueError(f"scorer {self.name!r}: row {int(members[too_many[0]])} has more turns than "
+                                     f"max_turns={self.max_turns}")
+            scores = self._forward(ids, mask, turns)[:count]
+            if self.output == "turns":
+                last = (self.max_turns or 1) - 1
+                gathered = np.take_along_axis(scores, np.clip(chunk, 0, last), axis=1)
+                out[members, :cut] = np.where(chunk >= 0, gathered, 0.0)
+            else:
+                out[members, :cut] = np.where(chunk >= 0, scores[:, :cut], 0.0)
+        if self.spread is not None:
+            out = place_steps(out, input_ids, turn_ids, self.rule, self.spread)
+        bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
+        if bad.size and check:
+            raise ValueError(f"scorer {self.name!r}: the model returned non-finite scores on row {int(bad[0])}")
+        return out
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, turns: np.ndarray) -> np.ndarray:
+        result = np.asarray(jax.device_get(self.fn(ids, mask, turns)), np.float64)
+        self.forwards += 1
+        expected = (ids.shape[0], self.max_turns) if self.output == "turns" else ids.shape
+        if result.shape != expected:
+            raise ValueError(f"scorer {self.name!r}: the model returned shape {result.shape} for rows of shape "
+                             f"{ids.shape}, expected {expected} (output={self.output!r})")
+        return result
+
+    # -- the branches path -----------------------------------------------------------------------------------
+
+    async def evaluate_batch(self, items: Sequence[tuple[Sequence[Interaction], Mapping[str, Any]]]  # type: ignore[override]
+                             ) -> list[dict[str, Any]]:
+        layouts = [(turns, concat_spans(turns)) for turns, _ in items]
+        width = max(spans[-1][1] for _, spans in layouts)
+        ids = np.zeros((len(items), width), np.int64)
+        mask = np.zeros((len(items), width), np.int32)
+        turn_ids = np.full((len(items), width), -1, np.int32)
+        for row, (turns, spans) in enumerate(layouts):
+            leaf = turns[-1]
+            length = spans[-1][1]
+            ids[row, :length] = np.concatenate([leaf.input_tokens, leaf.output_tokens])
+            mask[row, :length] = 1
+            for k, (start, stop) in enumerate(spans):
+                turn_ids[row, start:stop] = k
+        # The loop stays free; a row's non-finite scores fail that branch alone (the runner's validation).
+        scores = await anyio.to_thread.run_sync(functools.partial(self.score_rows, check=False), ids, mask, turn_ids)
+        return [{turn.interaction_id: scores[row, start:stop] for turn, (start, stop) in zip(turns, spans)}
+                for row, (turns, spans) in enumerate(layouts)]
+
+
+def rows_by_length(live: np.ndarray) -> np.ndarray:
+    """The rows' indices ordered by their length (the last live position + 1; stable, so rows of one length
+    keep their order): the chunking order of ``score_rows`` and of ``score_arrays``' model path."""
+    lengths = np.where(live.any(axis=1), live.shape[1] - np.argmax(live[:, ::-1], axis=1), 0)
+    return np.argsort(lengths, kind="stable")
+
+
+def weighted_rows(scorer: ModelScorer, raw: np.ndarray, rows: Sequence[int]) -> tuple[np.ndarray, dict[int, str]]:
+    """``weight * raw`` as float32, as ``weighted_rewards`` gives each turn, and for each row (``rows``: the
+    rows of ``raw`` in the caller's numbering) whose raw score or weighted reward is not finite in float32,
+    the message naming the scorer and the row: only those rows fail."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        _, weighted = weighted_float32(raw, scorer.weight)
+    errors = {}
+    for k in np.flatnonzero(~(np.isfinite(raw).all(axis=1) & np.isfinite(weighted).all(axis=1))).tolist():
+        what = ("the model returned non-finite scores" if not np.isfinite(raw[k]).all() else
+                f"reward * weight ({scorer.weight}) is non-finite")
+        errors[int(rows[k])] = f"scorer {scorer.name!r} on row {int(rows[k])}: {what}"
+    return weighted, errors

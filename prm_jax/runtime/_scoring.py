@@ -1,0 +1,345 @@
+"""The scorer contract: what a process-reward scorer implements and what it may return.
+
+A scorer scores every turn of one branch. ``evaluate`` returns an *unweighted* score per turn: a float,
+broadcast over the turn's output tokens, or an array of shape ``[output_len]`` that keeps token positions.
+``None`` or an exception rejects the trajectory; a real zero is ``0.0``. The runner multiplies by the
+scorer's ``weight`` and adds the contributions of all scorers into the turn's ``token_rewards``.
+
+Scorers receive read-only inputs (``Interaction.readonly()``, an immutable ``ctx``) and one instance serves
+concurrent sessions: keep request state inside the coroutine.
+
+Each scorer class declares its *kind*: its ``unit`` (a call scores one ``turn`` or a whole ``trajectory``)
+and its ``executor`` (how a call runs; ``prm_jax.runtime._dispatch.EXECUTORS`` holds one executor per kind):
+
+==========================  ==============  ===========  =====================================================
+base class                  unit            executor     for
+==========================  ==============  ===========  =====================================================
+``BaseScorer``              turn            async        I/O on the event loop (``async def evaluate``)
+``BaseTrajectoryScorer``    trajectory      async        the same, one call per branch
+``SyncScorer``              turn            thread or    plain ``def evaluate``: blocking I/O (``thread``) or
+                                            process      CPU-bound Python that holds the GIL (``process``)
+``SyncTrajectoryScorer``    trajectory      thread or    the same, one call per branch
+                                            process
+``BatchScorer``             turn            batch        ``async def evaluate_batch(items)``: the turns of
+                                                         concurrent branches in one call (a GPU model, a
+                                                         server that takes batches)
+``BatchTrajectoryScorer``   trajectory      batch        the same, whole branches (a causal PRM scores every
+                                                         turn of a branch from its leaf)
+==========================  ==============  ===========  =====================================================
+
+A plain ``def evaluate`` on an async base (or ``async def`` on a synchronous one) is refused when the
+scorer is built, naming the base to use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal, get_args
+
+import numpy as np
+
+from prm_jax._validation import boolean, deadline, finite_number, integer, one_of, scorer_weight
+from prm_jax.runtime._trajectory import Interaction
+
+Unit = Literal["turn", "trajectory"]
+ExecutorKind = Literal["async", "thread", "process", "batch"]
+SyncExecutor = Literal["thread", "process"]
+SYNC_EXECUTORS: tuple[SyncExecutor, ...] = get_args(SyncExecutor)
+
+Scope = Literal["turn", "trajectory"]
+SCOPES: tuple[Scope, ...] = get_args(Scope)
+ValueType = Literal["float", "boolean"]
+VALUE_TYPES: tuple[ValueType, ...] = get_args(ValueType)
+AGGREGATIONS = {"boolean": ("count", "rate"), "float": ("sum", "mean")}
+
+
+@dataclasses.dataclass(frozen=True)
+class PRMMetricObservation:
+    """One structured monitoring value, unweighted. A turn-scope observation targets its own turn."""
+
+    metric_id: str
+    scope: str
+    target_id: str
+    value: float | bool
+    value_type: str
+    aggregations: tuple[str, ...]
+
+    def __post_init__(self):
+        for key in ("metric_id", "target_id"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise ValueError(f"PRMMetricObservation.{key} must be a non-empty string, got {getattr(self, key)!r}")
+        one_of("PRMMetricObservation.scope", self.scope, SCOPES)
+        one_of("PRMMetricObservation.value_type", self.value_type, VALUE_TYPES)
+        aggregations = (self.aggregations,) if isinstance(self.aggregations, str) else tuple(self.aggregations)
+        object.__setattr__(self, "aggregations", aggregations)
+        if not aggregations:
+            raise ValueError(f"metric {self.metric_id!r}: aggregations must not be empty")
+        if len(set(aggregations)) != len(aggregations):
+            raise ValueError(f"metric {self.metric_id!r}: aggregations must be unique, got {aggregations}")
+        allowed = AGGREGATIONS[self.value_type]
+        bad = [a for a in aggregations if a not in allowed]
+        if bad:
+            raise ValueError(f"metric {self.metric_id!r}: a {self.value_type} observation allows only {allowed}, "
+                             f"got {bad}")
+        if self.value_type == "boolean":
+            if not isinstance(self.value, (bool, np.bool_)):
+                raise ValueError(f"metric {self.metric_id!r}: a boolean value must be a bool, got {self.value!r}")
+            object.__setattr__(self, "value", bool(self.value))
+        else:
+            if isinstance(self.value, (bool, np.bool_)) or not isinstance(self.value, (int, float, np.number)) \
+                    or not math.isfinite(float(self.value)):
+                raise ValueError(f"metric {self.metric_id!r}: a float value must be a finite, non-bool number, got "
+                                 f"{self.value!r}")
+            object.__setattr__(self, "value", float(self.value))
+
+    @property
+    def schema(self) -> tuple[str, tuple[str, ...]]:
+        return self.value_type, self.aggregations
+
+
+@dataclasses.dataclass(frozen=True)
+class PRMScorerResult:
+    """A scorer's raw (unweighted) reward for one turn plus its observations."""
+
+    reward: Any
+    observations: tuple[PRMMetricObservation, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "observations", tuple(self.observations))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PRMTurnResult:
+    """What one scorer committed to one turn: the weighted token rewards and the turn metric."""
+
+    scorer: str
+    interaction_id: str
+    weight: float
+    token_rewards: np.ndarray  # weight * raw, float32 [output_len]
+    reward: float              # mean over the turn's tokens of weight * raw
+    observations: tuple[PRMMetricObservation, ...] = ()
+
+
+class BaseScorer:
+    """Subclass, set a unique class-level ``name`` and implement ``async evaluate(interaction, ctx)``.
+
+    ``ctx`` holds ``messages`` (the branch's full conversation), ``is_eval`` and the caller's context.
+    Override ``prepare_result`` or ``evaluate_result`` to return ``PRMScorerResult(reward, observations)``
+    for structured monitoring, and ``aclose`` to release what the scorer owns.
+    """
+
+    name: ClassVar[str] = ""
+    unit: ClassVar[Unit] = "turn"
+    # True when a turn's score depends only on the turn and what came before it (its input and output, the
+    # read-only ctx the caller gives every branch alike), never on the branch's later turns: the runner then
+    # scores a turn shared by several clones of one session once per run_many and gives each the same score.
+    prefix_determined: ClassVar[bool] = False
+    executor: ExecutorKind = "async"  # a class attribute (SyncScorer's instances may set their own)
+
+    def __init__(self, weight: float = 1.0, enabled: bool = True, timeout: float | None = None,
+                 max_concurrency: int | None = None, **kwargs: Any):
+        if not isinstance(type(self).name, str) or not type(self).name:
+            raise ValueError(f"{type(self).__name__} must set a non-empty class-level name")
+        type(self).check_kind()
+        boolean(f"scorer {self.name!r}: enabled", enabled, config=False)
+        if kwargs:
+            raise TypeError(f"scorer {self.name!r} got unexpected keyword arguments {sorted(kwargs)}")
+        self.weight = scorer_weight(f"scorer {self.name!r}: weight", weight)
+        self.enabled = enabled
+        # Seconds per evaluate / evaluate_trajectory call under a runner (None: no deadline); a config
+        # entry's ``timeout`` wins for the scorers a runner builds.
+        self.timeout = deadline(f"scorer {self.name!r}: timeout", timeout)
+        # Calls of this scorer in flight at once, across every run of a runner (None: unbounded for async
+        # scorers; a synchronous scorer is bounded by its workers).
+        self.max_concurrency = None if max_concurrency is None else integer(
+            f"scorer {self.name!r}: max_concurrency", max_concurrency, minimum=1)
+
+    @classmethod
+    def check_kind(cls) -> None:
+        """The class's methods match its kind: ``TypeError`` naming the base class to use otherwise (called
+        when a scorer is built and by ``check_scorer_specs``)."""
+        _require_async(cls, "evaluate_trajectory" if cls.unit == "trajectory" else "evaluate",
+                       "SyncTrajectoryScorer" if cls.unit == "trajectory" else "SyncScorer")
+
+    @classmethod
+    def validate_kwargs(cls, **kwargs: Any) -> None:
+        """Checks a config entry's ``kwargs`` for this class without acquiring anything (no client, no
+        connection, no file): ``validate-config`` and ``prm-jax score``'s preflight call it, so a bad value
+        is reported before anything is scored. Raise ``ValueError`` or ``TypeError`` naming the argument; a
+        constructor should call it too, so each rule has one home. The default accepts everything."""
+
+    async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
+        raise NotImplementedError(f"scorer {self.name!r} must implement evaluate(interaction, ctx)")
+
+    def prepare_result(self, interaction: Interaction, raw: Any, ctx: Mapping[str, Any]) -> PRMScorerResult | None:
+        """Wraps a raw score; override to attach observations. ``None`` stays ``None`` (a rejection)."""
+        if raw is None or isinstance(raw, PRMScorerResult):
+            return raw
+        return PRMScorerResult(raw)
+
+    async def evaluate_result(self, interaction: Interaction, ctx: Mapping[str, Any]) -> PRMScorerResult | None:
+        return self.prepare_result(interaction, await self.evaluate(interaction, ctx), ctx)
+
+    async def aclose(self) -> None:
+        """Cleanup hook (default no-op): flush buffers, join writers, close owned clients, with bounded I/O."""
+
+
+class BaseTrajectoryScorer(BaseScorer):
+    """Scores a whole branch at once: ``evaluate_trajectory`` maps interaction ids to unweighted rewards.
+
+    Ids it leaves out get 0.0; an unknown id is a ``ValueError``; a non-mapping is a ``TypeError``.
+    """
+
+    unit: ClassVar[Unit] = "trajectory"
+
+    async def evaluate_trajectory(self, interactions: Sequence[Interaction],
+                                  ctx: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        raise NotImplementedError(f"scorer {self.name!r} must implement evaluate_trajectory(interactions, ctx)")
+
+    async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
+        raise RuntimeError(f"trajectory scorer {self.name!r} scores whole branches: the runner calls "
+                           "evaluate_trajectory, not evaluate")
+
+
+def _require_async(cls: type, method: str, sync_base: str) -> None:
+    function = getattr(cls, method, None)
+    if function is not None and not inspect.iscoroutinefunction(function):
+        raise TypeError(f"scorer class {cls.__name__}: {method} is a plain function, but {cls.__name__} derives "
+                        f"from an async base class, whose {method} the runner awaits; derive from "
+                        f"prm_jax.runtime.{sync_base} (executor 'thread' or 'process') for synchronous code, or "
+                        f"make it 'async def'")
+
+
+def _require_sync(cls: type, method: str, async_base: str) -> None:
+    function = getattr(cls, method, None)
+    if function is not None and inspect.iscoroutinefunction(function):
+        raise TypeError(f"scorer class {cls.__name__}: {method} is 'async def', but {cls.__name__} derives from a "
+                        f"synchronous base class, whose {method} runs in a worker thread or process; derive from "
+                        f"prm_jax.runtime.{async_base} for async code, or make it a plain 'def'")
+
+
+def default_workers(executor: str) -> int:
+    """Workers of a synchronous scorer by default: the cores this process may use for ``process``
+    (CPU-bound work), and as many threads as Python's ``ThreadPoolExecutor`` would start for ``thread``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores if executor == "process" else min(32, cores + 4)
+
+
+class SyncScorer(BaseScorer):
+    """A scorer whose ``evaluate(interaction, ctx)`` is a plain function, run off the event loop.
+
+    ``executor`` (a class attribute, or the constructor's / a config entry's ``kwargs.executor``):
+    ``"thread"`` (default; blocking I/O, or code that releases the GIL) runs calls in worker threads;
+    ``"process"`` (CPU-bound Python that holds the GIL) in worker processes, each holding a pickled copy of
+    the scorer (its class must be importable and its state picklable). ``max_workers`` defaults to the
+    cores for ``process`` and ``min(32, cores + 4)`` threads.
+
+    Deadlines (``timeout``) start when a worker starts the call, never while it waits for a worker. Past its
+    deadline a ``process`` call's worker is ended (and replaced); a ``thread`` call is reported as timed out
+    and its result, when the thread finishes, is discarded (a thread cannot be stopped).
+    """
+
+    executor: ExecutorKind = "thread"
+
+    def __init__(self, executor: ExecutorKind | None = None, max_workers: int | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        type(self).validate_executor(executor=executor, max_workers=max_workers)
+        self.executor = executor or type(self).executor
+        self.max_workers = default_workers(self.executor) if max_workers is None else max_workers
+
+    @classmethod
+    def validate_executor(cls, executor: Any = None, max_workers: Any = None) -> None:
+        if executor is not None:
+            one_of("executor", executor, SYNC_EXECUTORS)
+        if max_workers is not None:
+            integer("max_workers", max_workers, minimum=1)
+
+    @classmethod
+    def check_kind(cls) -> None:
+        if cls.executor not in SYNC_EXECUTORS:
+            raise TypeError(f"scorer class {cls.__name__}: executor must be one of {SYNC_EXECUTORS}, got "
+                            f"{cls.executor!r}")
+        if cls.unit == "turn":
+            _require_sync(cls, "evaluate", "BaseScorer")
+
+    def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
+        raise NotImplementedError(f"scorer {self.name!r} must implement evaluate(interaction, ctx)")
+
+
+class SyncTrajectoryScorer(SyncScorer):
+    """``SyncScorer`` for whole branches: a plain ``evaluate_trajectory(interactions, ctx)`` returns a
+    mapping of interaction id to unweighted reward (as ``BaseTrajectoryScorer``'s)."""
+
+    unit: ClassVar[Unit] = "trajectory"
+
+    @classmethod
+    def check_kind(cls) -> None:
+        super().check_kind()
+        _require_sync(cls, "evaluate_trajectory", "BaseTrajectoryScorer")
+
+    def evaluate_trajectory(self, interactions: Sequence[Interaction],
+                            ctx: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        raise NotImplementedError(f"scorer {self.name!r} must implement evaluate_trajectory(interactions, ctx)")
+
+
+DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_MAX_WAIT_S = 0.005
+
+
+class BatchScorer(BaseScorer):
+    """Scores the turns of concurrent branches together: ``async evaluate_batch(items)`` gets a list of
+    ``(interaction, ctx)`` pairs and returns one score per item, in order (each as ``evaluate`` would).
+
+    The runner gathers turns from every branch in flight (``run_many``, ``score_arrays``, a group's export,
+    ``prm-jax score``) into batches of at most ``max_batch_size`` items, waiting at most ``max_wait``
+    seconds for a batch to fill, and calls once per batch; ``timeout`` bounds one batch call. A failed
+    call fails exactly the branches with an item in it. ``pads = True`` (a class attribute) says the scorer
+    pads its items to the longest: the runner then sorts a batch's items by length (results come back in
+    the original order). ``max_concurrency`` bounds the batch calls in flight.
+    """
+
+    executor: ExecutorKind = "batch"
+    pads: ClassVar[bool] = False
+
+    def __init__(self, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, max_wait: float = DEFAULT_MAX_WAIT_S,
+                 **kwargs: Any):
+        super().__init__(**kwargs)
+        type(self).validate_batching(max_batch_size=max_batch_size, max_wait=max_wait)
+        self.max_batch_size, self.max_wait = max_batch_size, float(max_wait)
+
+    @classmethod
+    def validate_batching(cls, max_batch_size: Any = DEFAULT_MAX_BATCH_SIZE, max_wait: Any = DEFAULT_MAX_WAIT_S) -> None:
+        integer("max_batch_size", max_batch_size, minimum=1)
+        finite_number("max_wait", max_wait, minimum=0.0, maximum=60.0)
+
+    @classmethod
+    def check_kind(cls) -> None:
+        if not inspect.iscoroutinefunction(getattr(cls, "evaluate_batch", None)):
+            raise TypeError(f"scorer class {cls.__name__}: evaluate_batch must be 'async def' (a batched "
+                            "scorer's calls run on the event loop; put blocking work in a thread)")
+
+    async def evaluate_batch(self, items: Sequence[tuple[Interaction, Mapping[str, Any]]]) -> Sequence[Any]:
+        raise NotImplementedError(f"scorer {self.name!r} must implement evaluate_batch(items)")
+
+    async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
+        """One turn alone: a batch of one."""
+        return (await self.evaluate_batch([(interaction, ctx)]))[0]
+
+
+class BatchTrajectoryScorer(BatchScorer):
+    """``BatchScorer`` for whole branches: ``evaluate_batch(items)`` gets ``(interactions, ctx)`` pairs, one
+    per branch (root first), and returns one mapping of interaction id to unweighted reward per item."""
+
+    unit: ClassVar[Unit] = "trajectory"
+
+    async def evaluate_batch(self, items: Sequence[tuple[Sequence[Interaction], Mapping[str, Any]]]  # type: ignore[override]
+                             ) -> Sequence[Mapping[str, Any] | None]:
+        raise NotImplementedError(f"scorer {self.name!r} must implement evaluate_batch(items)")
+
+    async def evaluate_trajectory(self, interactions: Sequence[Interaction],
+                                  ctx: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        return (await self.evaluate_batch([(tuple(interactions), ctx)]))[0]

@@ -1,0 +1,36 @@
+"""The example scorer: does each turn stay within an output-token budget?"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prm_jax._validation import integer
+from prm_jax.runtime._scoring import BaseScorer, PRMMetricObservation, PRMScorerResult
+from prm_jax.runtime._trajectory import Interaction
+
+
+class LengthBudgetScorer(BaseScorer):
+    """``1.0`` for a turn with at most ``max_output_tokens`` output tokens, else ``0.0``.
+
+    Also reports the boolean turn observation ``within_budget`` (aggregated as count and rate).
+    """
+
+    name = "length_budget"
+
+    def __init__(self, max_output_tokens: int = 128, **kwargs: Any):
+        super().__init__(**kwargs)
+        type(self).validate_kwargs(max_output_tokens=max_output_tokens)
+        self.max_output_tokens = max_output_tokens
+
+    @classmethod
+    def validate_kwargs(cls, max_output_tokens: Any = 128, **kwargs: Any) -> None:
+        integer("max_output_tokens", max_output_tokens, minimum=1)
+
+    async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> float:
+        return float(interaction.output_len <= self.max_output_tokens)
+
+    def prepare_result(self, interaction: Interaction, raw: Any, ctx: Mapping[str, Any]) -> PRMScorerResult:
+        observation = PRMMetricObservation("within_budget", "turn", interaction.interaction_id, bool(raw == 1.0),
+                                           "boolean", ("count", "rate"))
+        return PRMScorerResult(raw, (observation,))

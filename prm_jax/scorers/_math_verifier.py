@@ -1,0 +1,156 @@
+"""``MathVerifyScorer``: checks a turn's final answer against the session's reference answer with
+HuggingFace's ``math-verify`` (the checker TRL and open-r1 use; the ``verify`` extra: ``pip install
+'prm-jax[verify]'``).
+
+The reference answer is ``ctx["metadata"][answer_key]`` (a session line's ``metadata``, or
+``score_arrays(..., metadata=[...])``). A gold answer without math delimiters (no ``$``, ``\\(``, ``\\[`` or
+``\\boxed``) is wrapped in ``$...$`` before it is parsed, as open-r1 does, so ``\\frac{1}{2}`` and ``0.5``
+read as the numbers they are; a gold answer math-verify cannot parse fails the branch, naming it (a
+verifier that cannot read its reference must not hand out zeros). The turn's answer is read from its text
+(its output messages; a turn without text fails its branch, ``NoTextError``) as open-r1 reads a completion:
+a ``\\boxed{...}`` first (the last one), then LaTeX after an anchor ("the final answer is"), then a plain
+number or expression; a turn with no answer in it, or a wrong one, scores ``wrong`` (0), a right one
+``correct`` (1). ``scope``: ``last_turn`` (the default: the branch's final answer, on its last turn; the
+other turns 0) or ``every_turn`` (every turn's own answer).
+
+math-verify's parser can take seconds on adversarial LaTeX, and its own timeouts use ``SIGALRM`` (the main
+thread only): they are off here, and the scorer runs on the process executor with a deadline per call
+(``timeout``, default 10 s), past which its worker is ended and replaced and the branch fails with the
+timeout; every other branch goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, get_args
+
+from prm_jax._validation import finite_number, one_of, short_repr
+from prm_jax.runtime._context import METADATA_KEY
+from prm_jax.runtime._scoring import SyncTrajectoryScorer
+from prm_jax.runtime._trajectory import Interaction
+from prm_jax.scorers._openai_judge import NoTextError, message_text
+
+Scope = Literal["last_turn", "every_turn"]
+DEFAULT_TIMEOUT_S = 10.0
+_DELIMITED = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed")  # an escaped dollar (\$5) is no delimiter
+
+
+class _OurDeadline(logging.Filter):
+    """Drops math-verify's notice that its own timeouts are off: the executor's deadline is the timeout."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+def math_verify_module() -> Any:
+    """``math_verify``, or ``ImportError`` naming the extra that installs it."""
+    try:
+        import math_verify
+    except ImportError as err:
+        raise ImportError("MathVerifyScorer needs math-verify: pip install 'prm-jax[verify]' (or "
+                          "'math-verify[antlr4_13_2]')") from err
+    for name in ("math_verify.parser", "math_verify.grader"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _OurDeadline) for f in log.filters):
+            log.addFilter(_OurDeadline())
+    return math_verify
+
+
+def gold_text(answer: str) -> str:
+    """The reference answer as math-verify parses it: wrapped in ``$...$`` unless it has math delimiters."""
+    return answer if _DELIMITED.search(answer) else f"${answer}$"
+
+
+class MathVerifyScorer(SyncTrajectoryScorer):
+    """Checks each branch's final answer (or every turn's) against ``ctx["metadata"][answer_key]`` with
+    math-verify (see the module docstring)."""
+
+    name = "math_verify"
+    executor = "process"
+
+    def __init__(self, answer_key: str = "answer", scope: Scope = "last_turn", correct: float = 1.0,
+                 wrong: float = 0.0, timeout: float | None = DEFAULT_TIMEOUT_S, **kwargs: Any):
+        type(self).validate_kwargs(answer_key=answer_key, scope=scope, correct=correct, wrong=wrong)
+        super().__init__(timeout=timeout, **kwargs)
+        self.answer_key, self.scope = answer_key, scope
+        self.correct, self.wrong = float(correct), float(wrong)
+        self._configs: Any = None  # math-verify's extraction settings, built in the worker on first use
+
+    @classmethod
+    def validate_kwargs(cls, answer_key: Any = "answer", scope: Any = "last_turn", correct: Any = 1.0,
+                        wrong: Any = 0.0, **kwargs: Any) -> None:
+        math_verify_module()
+        if not isinstance(answer_key, str) or not answer_key:
+            raise ValueError(f"answer_key must be the metadata key of the reference answer, got "
+                             f"{short_repr(answer_key)}")
+        one_of("scope", scope, get_args(Scope))
+        finite_number("correct", correct)
+        finite_number("wrong", wrong)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_configs": None}  # (rebuilt in each worker)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """In a worker: math-verify (and sympy) imported as the worker loads the scorer, which is not a
+        call's time (seconds on a busy machine: inside the first call it ate that call's deadline)."""
+        self.__dict__.update(state)
+        self._extraction()
+
+    def evaluate_trajectory(self, interactions: Sequence[Interaction],
+                            ctx: Mapping[str, Any]) -> dict[str, float]:
+        gold = self.gold(interactions[-1], ctx)
+        turns = interactions if self.scope == "every_turn" else interactions[-1:]
+        return {turn.interaction_id: self.verdict(gold, self.reply(turn)) for turn in turns}
+
+    def gold(self, leaf: Interaction, ctx: Mapping[str, Any]) -> Any:
+        """The parsed reference answer; ``ValueError`` naming the scorer, the branch and the key."""
+        where = f"scorer {self.name!r} on the branch ending at {leaf.interaction_id!r}"
+        metadata = ctx.get(METADATA_KEY) or {}
+        if self.answer_key not in metadata:
+            raise ValueError(f"{where}: the session's metadata has no {self.answer_key!r} (the reference answer: "
+                             f"a session line's \"metadata\": {{\"{self.answer_key}\": \"...\"}}); it has "
+                             f"{sorted(metadata)}")
+        answer = metadata[self.answer_key]
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise ValueError(f"{where}: metadata[{self.answer_key!r}] must be a string or a number, got "
+                             f"{short_repr(answer)}")
+        parsed = math_verify_module().parse(gold_text(str(answer)), extraction_mode="first_match",
+                                            parsing_timeout=None)
+        if not parsed:
+            raise ValueError(f"{where}: math-verify could not parse the reference answer "
+                             f"metadata[{self.answer_key!r}] = {short_repr(answer)}")
+        return parsed
+
+    def reply(self, turn: Interaction) -> str:
+        """The turn's text (its output messages); ``NoTextError`` for a turn without any."""
+        text = "".join(message_text(m.get("content")) for m in turn.output_messages)
+        if not text:
+            raise NoTextError(f"scorer {self.name!r}: interaction {turn.interaction_id!r} has no output text to "
+                              "check (turns built from token arrays carry tokens only: score sessions with "
+                              "messages, or override reply to detokenize)")
+        return text
+
+    def _extraction(self) -> Any:
+        """How a reply's answer is read (open-r1's completion settings: a boxed answer first, LaTeX only
+        after an anchor), then a plain expression; built once per process."""
+        if self._configs is None:
+            math_verify = math_verify_module()
+            from latex2sympy2_extended import NormalizationConfig
+
+            latex = math_verify.LatexExtractionConfig(
+                normalization_config=NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True,
+                                                         boxed="all", units=True),
+                boxed_match_priority=0, try_extract_without_anchor=False)
+            self._configs = [latex, math_verify.ExprExtractionConfig()]
+        return self._configs
+
+    def verdict(self, gold: Any, reply: str) -> float:
+        """``correct`` where the reply's answer equals ``gold``, else ``wrong`` (no answer found: wrong)."""
+        math_verify = math_verify_module()
+        parsed = math_verify.parse(reply, extraction_config=self._extraction(), extraction_mode="first_match",
+                                   parsing_timeout=None)
+        if not parsed:
+            return self.wrong
+        return self.correct if math_verify.verify(gold, parsed, timeout_seconds=None) else self.wrong

@@ -22,8 +22,10 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
-def finite_number(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None) -> float:
-    """A finite Python number (not a bool) within the given bounds, as float; else ``ValueError`` naming it.
+def finite_number(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None,
+                  positive: bool = False) -> float:
+    """A finite Python number (not a bool) within the given bounds (``positive``: > 0), as float; else
+    ``ValueError`` naming it.
 
     Every setting is finite in float32 (``|value| <= 3.4e38``) and is 0 or at least float32's smallest
     normal number (``1.2e-38``) in magnitude: the kernels read it in float32.
@@ -38,6 +40,8 @@ def finite_number(name: str, value: Any, *, minimum: float | None = None, maximu
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
         raise ConfigError(name, f"must be {bound}, got {short_repr(value)}")
+    if positive and value <= 0:
+        raise ConfigError(name, f"must be > 0, got {short_repr(value)}")
     return float(value)
 
 
@@ -72,10 +76,7 @@ def boolean(name: str, value: Any, *, config: bool = True) -> bool:
     for the key ``name`` (``config``) or a ``ValueError`` naming it."""
     if isinstance(value, bool):
         return value
-    problem = f"must be a bool, got {short_repr(value)}"
-    if config:
-        raise ConfigError(name, problem)
-    raise ValueError(f"{name} {problem}")
+    raise _problem(name, f"must be a bool, got {short_repr(value)}", config)
 
 
 _SHORT = reprlib.Repr()
@@ -104,10 +105,12 @@ def one_of(name: str, value: Any, choices: tuple[Any, ...], *, config: bool = Fa
     ``Literal``); else a ``ConfigError`` for the key ``name`` (``config``) or a ``ValueError`` naming it."""
     if isinstance(value, (str, type(None))) and value in choices:
         return value
-    problem = f"must be one of {choices}, got {short_repr(value)}"
-    if config:
-        raise ConfigError(name, problem)
-    raise ValueError(f"{name} {problem}")
+    raise _problem(name, f"must be one of {choices}, got {short_repr(value)}", config)
+
+
+def _problem(name: str, problem: str, config: bool) -> ValueError:
+    """A setting's error: a ``ConfigError`` for the key ``name`` (``config``), else a ``ValueError`` naming it."""
+    return ConfigError(name, problem) if config else ValueError(f"{name} {problem}")
 
 
 def imported_callable(name: str, path: str) -> Callable[..., Any]:

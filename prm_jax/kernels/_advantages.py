@@ -40,9 +40,9 @@ from jax import lax
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels import _inputs as inputs
-from prm_jax.kernels._diagnostics import diagnostics, outputs_check, statistics
+from prm_jax.kernels._diagnostics import STATISTICS, diagnostics, outputs_check, statistics_of
 from prm_jax.kernels._estimator import finish
-from prm_jax.kernels._normalization import GroupLayout, NormConfig, _normalize_core, group_layout, row_groups
+from prm_jax.kernels._normalization import GRPO_GROUPS, GroupLayout, _normalize_core, batch_groups, row_groups
 from prm_jax.kernels._plan import AdvantagePlan, PlanSource, as_plan
 from prm_jax.kernels._shaping import ShapingConfig, warn_gvpo_without_penalty
 from prm_jax.kernels._stage import declared_batch
@@ -72,16 +72,6 @@ class AdvantageOutput(NamedTuple):
     # with ``AdvantageConfig(diagnostics=True)`` the statistics that explain a mode that does not learn
     # (``prm_jax.kernels._diagnostics``).
     diagnostics: dict[str, jax.Array]
-
-
-GRPO_GROUPS = NormConfig("group", "group")
-
-
-def _groups_of(batch: Mapping[str, jax.Array], num_rows: int, norm: NormConfig) -> GroupLayout | None:
-    if not norm.uses_groups:
-        return None
-    return group_layout(num_rows, norm, batch.get("group_sizes"), batch.get("group_member_counts"),
-                        batch.get("group_ids"))
 
 
 def _estimator_inputs(plan: AdvantagePlan, batch: Mapping[str, jax.Array], rewards: jax.Array, outcome: jax.Array,
@@ -122,7 +112,7 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> _Run:
     # A position outside the attention mask is never trained, whatever its loss mask says (padding).
     raw_active = (_checks.as_mask("batch['loss_mask']", batch["loss_mask"])
                   & _checks.as_mask("batch['attention_mask']", batch["attention_mask"]))
-    groups_of = functools.partial(_groups_of, batch, num_rows)
+    groups_of = functools.partial(batch_groups, batch, num_rows)
     grpo_groups = groups_of(GRPO_GROUPS) if "group_sizes" in batch or "group_ids" in batch else None
     rewards = _checks.as_float("batch['rewards']", batch["rewards"], dtype)
     checks.append(_checks.finite_check("batch['rewards']", rewards))
@@ -184,18 +174,19 @@ def _pipeline_jit(batch, plan, locate=True):
 
 @functools.partial(jax.jit, static_argnames=("plan", "shapings", "locate"))
 def _variants_jit(batch, plan, shapings, locate=True):
-    """The pipeline, and its normalized advantages unshaped and under other shapings (one GAE for all), each
-    with its statistics (``diagnostics.statistics``) and whether its shaping's value checks failed."""
+    """The pipeline, its normalized advantages unshaped and under other shapings (one GAE for all), each with its
+    statistics and whether its shaping's value checks failed."""
     with _checks.locating(locate):
         run = _pipeline(batch, plan)
     assert run.process is not None  # compute_advantage_variants needs token_rewards
-    variants = [(run.unshaped, statistics("advantages", run.unshaped, run.active), jnp.zeros((), jnp.int32))]
+    shaped, failed = {"none": run.unshaped}, {"none": jnp.zeros((), jnp.int32)}
     for shaping in shapings:
-        failed: list[_checks.ValueCheck] = []
-        shaped, _ = shaping.spec.run(shaping, failed, run.unshaped, run.process, run.active)
-        variants.append((shaped, statistics("advantages", shaped, run.active),
-                         sum((c.count for c in failed), jnp.zeros((), jnp.int32))))
-    return run.output, run.checks, tuple(variants)
+        checks: list[_checks.ValueCheck] = []
+        shaped[shaping.mode], _ = shaping.spec.run(shaping, checks, run.unshaped, run.process, run.active)
+        failed[shaping.mode] = sum((check.count for check in checks), jnp.zeros((), jnp.int32))
+    stats = statistics_of(shaped, run.active)  # (every variant's in few passes)
+    return run.output, run.checks, tuple((shaped[mode], {f"advantages/{name}": stats[f"{mode}/{name}"] for name in
+                                                         STATISTICS}, failed[mode]) for mode in shaped)
 
 
 def _cut(output: AdvantageOutput, real: tuple[int, int] | None) -> AdvantageOutput:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, NamedTuple
 
 import jax
@@ -137,6 +137,19 @@ def group_layout(batch: int, norm: NormConfig, group_sizes: jax.Array | None,
         return GroupLayout(index, num_groups, rows)
     _checks.check_shape("group_member_counts", member_counts, (num_groups,), "the groups")
     return GroupLayout(index, num_groups, _checks.as_int("group_member_counts", member_counts))
+
+
+#: The batch's GRPO groups as a normalization's levels (group-wise credit modes read them).
+GRPO_GROUPS = NormConfig("group", "group")
+
+
+def batch_groups(batch: Mapping[str, jax.Array], num_rows: int, norm: NormConfig) -> GroupLayout | None:
+    """The group layout ``norm`` uses for a batch (its ``group_sizes``, ``group_member_counts`` or
+    ``group_ids``); ``None`` for a normalization without a group level."""
+    if not norm.uses_groups:
+        return None
+    return group_layout(num_rows, norm, batch.get("group_sizes"), batch.get("group_member_counts"),
+                        batch.get("group_ids"))
 
 
 def row_groups(groups: GroupLayout | None, rows: int) -> tuple[jax.Array, int]:
@@ -277,6 +290,13 @@ def leave_one_out_affine(x: jax.Array, members: jax.Array, row_group: jax.Array,
     n = segment_totals(members.astype(x.dtype), row_group, num_groups)
     others = jnp.maximum(n - 1, 1)
     return n / others, segment_totals(jnp.where(members, x, jnp.zeros((), x.dtype)), row_group, num_groups) / others
+
+
+def row_sum_mean(x: jax.Array, steps: jax.Array) -> jax.Array:
+    """The mean, over the rows with any step, of each row's sum of ``x`` at its ``steps`` (0 without any): a
+    process transform's per-row total (min-form, progress)."""
+    total = jnp.sum(jnp.where(steps, x, jnp.zeros((), x.dtype)))
+    return total / jnp.maximum(jnp.sum(jnp.any(steps, axis=1), dtype=jnp.int32), 1).astype(x.dtype)
 
 
 def whiten(x: jax.Array, active: jax.Array, eps: float = 1e-8) -> jax.Array:

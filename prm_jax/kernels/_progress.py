@@ -37,6 +37,7 @@ from jax import lax
 from prm_jax._validation import ConfigError, finite_number, one_of
 from prm_jax.kernels import _checks
 from prm_jax.kernels._alignment import shift_to_next_token
+from prm_jax.kernels._normalization import row_sum_mean
 from prm_jax.kernels._stage import StageSpec
 from prm_jax.kernels._turns import TurnSteps, first_at_or_after
 
@@ -133,8 +134,7 @@ def progress_process(transform: ProgressTransform, checks: list, process: jax.Ar
         out = progress_rewards(process, steps, scored, outcome, transform, method)
     count = jnp.sum(steps, dtype=jnp.int32)
     diagnostics = {"progress/steps": count, "progress/unscored_steps": jnp.sum(steps & ~scored, dtype=jnp.int32),
-                   "progress/row_sum_mean": jnp.sum(jnp.where(steps, out, zero)) / jnp.maximum(
-                       jnp.sum(jnp.any(steps, axis=1), dtype=jnp.int32), 1).astype(out.dtype)}
+                   "progress/row_sum_mean": row_sum_mean(out, steps)}
     return out, diagnostics
 
 

@@ -32,10 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from prm_jax._validation import ConfigError, boolean, finite_number
+from prm_jax._validation import boolean, finite_number
 from prm_jax.kernels import _checks
 from prm_jax.kernels._estimator import Estimate, EstimatorSpec
-from prm_jax.kernels._normalization import leave_one_out_mean, whiten
+from prm_jax.kernels._normalization import leave_one_out_mean, row_sum_mean, whiten
 from prm_jax.kernels._recurrence import CumsumMethod, ScanStrategy, reverse_cumsum
 from prm_jax.kernels._stage import StageSpec
 from prm_jax.kernels._turns import TurnSteps, any_change_within_turns, first_at_or_after
@@ -44,10 +44,7 @@ from prm_jax.kernels._turns import TurnSteps, any_change_within_turns, first_at_
 def check_temperature(temperature: float) -> float:
     """``temperature`` as a float; it must be > 0 and a normal float32 (the kernels divide by it in float32:
     a subnormal one is flushed to 0 there, which would zero every reward)."""
-    value = finite_number("temperature", temperature)
-    if value <= 0:
-        raise ConfigError("temperature", f"must be > 0, got {value!r}")
-    return value
+    return finite_number("temperature", temperature, positive=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,8 +157,7 @@ def _min_form_turns(transform: MinFormTransform, checks: list, process: jax.Arra
 
     out = jax.lax.cond(any_change_within_turns(process, turns, active, method), spread, in_place, None)
     diagnostics = {"min_form/turns": jnp.sum(ends, dtype=jnp.int32),  # (each turn's reward once: at its end)
-                   "min_form/row_sum_mean": jnp.sum(jnp.where(ends, out, zero)) / jnp.maximum(
-                       jnp.sum(jnp.any(ends, axis=1), dtype=jnp.int32), 1).astype(out.dtype)}
+                   "min_form/row_sum_mean": row_sum_mean(out, ends)}
     return out, diagnostics
 
 

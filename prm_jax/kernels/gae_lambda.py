@@ -47,10 +47,7 @@ def _check_value(*, value: float) -> float:
 
 
 def _check_alpha(*, alpha: float) -> float:
-    alpha = finite_number("alpha", alpha)
-    if alpha <= 0:
-        raise ConfigError("alpha", f"must be > 0, got {alpha!r}")
-    return alpha
+    return finite_number("alpha", alpha, positive=True)
 
 
 def _check_q(*, q: float) -> float:

@@ -236,3 +236,16 @@ class JSONService:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+class ServedScorer:
+    """What every scorer served over HTTP shares: its ``JSONService`` (``self.service``) reports the client's
+    figures (``client_stats``: requests, retries, rate-limit waits) and is closed with the scorer."""
+
+    service: JSONService
+
+    def client_stats(self) -> dict[str, float]:
+        return self.service.stats()
+
+    async def aclose(self) -> None:
+        await self.service.aclose()

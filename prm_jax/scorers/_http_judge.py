@@ -30,6 +30,7 @@ from prm_jax.scorers._http import (
     DEFAULT_MAX_BODY_BYTES,
     JSONService,
     Probe,
+    ServedScorer,
     check_transport,
     check_url,
     httpx_module,
@@ -48,7 +49,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class HTTPJudgeScorer(BaseScorer):
+class HTTPJudgeScorer(ServedScorer, BaseScorer):
     """Scores each turn by asking an HTTP judge (see the module docstring)."""
 
     name = "http_judge"
@@ -99,9 +100,3 @@ class HTTPJudgeScorer(BaseScorer):
                    "output_messages": [{"role": "assistant", "content": "probe"}], "output_len": 1}
         return await self.service.probe(self.name, "", payload,
                                         lambda answer: self._score_of(answer, f"scorer {self.name!r} (probe)"))
-
-    def client_stats(self) -> dict[str, float]:
-        return self.service.stats()
-
-    async def aclose(self) -> None:
-        await self.service.aclose()

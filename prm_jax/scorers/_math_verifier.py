@@ -30,7 +30,7 @@ from prm_jax._validation import finite_number, one_of, short_repr
 from prm_jax.runtime._context import METADATA_KEY
 from prm_jax.runtime._scoring import SyncTrajectoryScorer
 from prm_jax.runtime._trajectory import Interaction
-from prm_jax.scorers._openai_judge import NoTextError, message_text
+from prm_jax.scorers._openai_judge import output_text
 
 Scope = Literal["last_turn", "every_turn"]
 DEFAULT_TIMEOUT_S = 10.0
@@ -125,12 +125,7 @@ class MathVerifyScorer(SyncTrajectoryScorer):
 
     def reply(self, turn: Interaction) -> str:
         """The turn's text (its output messages); ``NoTextError`` for a turn without any."""
-        text = "".join(message_text(m.get("content")) for m in turn.output_messages)
-        if not text:
-            raise NoTextError(f"scorer {self.name!r}: interaction {turn.interaction_id!r} has no output text to "
-                              "check (turns built from token arrays carry tokens only: score sessions with "
-                              "messages, or override reply to detokenize)")
-        return text
+        return output_text(self.name, turn, "check", "reply")
 
     def _extraction(self) -> Any:
         """How a reply's answer is read (open-r1's completion settings: a boxed answer first, LaTeX only

@@ -39,6 +39,7 @@ from prm_jax.scorers._http import (
     DEFAULT_MAX_BODY_BYTES,
     JSONService,
     Probe,
+    ServedScorer,
     check_transport,
     check_url,
     httpx_module,
@@ -80,11 +81,22 @@ def message_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+def output_text(scorer: str, turn: Interaction, purpose: str, override: str) -> str:
+    """A turn's text (its output messages joined); ``NoTextError`` naming the scorer and the turn for a turn
+    without any (``purpose``: what the text was for; ``override``: the method that may supply it instead)."""
+    text = "".join(message_text(m.get("content")) for m in turn.output_messages)
+    if not text:
+        raise NoTextError(f"scorer {scorer!r}: interaction {turn.interaction_id!r} has no output text to {purpose} "
+                          "(turns built from token arrays carry tokens only: score sessions with messages, or "
+                          f"override {override} to detokenize); it was not scored")
+    return text
+
+
 def render_messages(messages: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(f"{m.get('role', 'user')}: {message_text(m.get('content'))}" for m in messages)
 
 
-class OpenAIJudgeScorer(BaseScorer):
+class OpenAIJudgeScorer(ServedScorer, BaseScorer):
     """Scores each turn with an LLM judge on an OpenAI-compatible server (see the module docstring)."""
 
     name = "openai_judge"
@@ -166,11 +178,7 @@ class OpenAIJudgeScorer(BaseScorer):
 
     def turn_text(self, interaction: Interaction, ctx: Mapping[str, Any]) -> dict[str, str]:
         """The template's text fields for a turn; override to supply text for turns without messages."""
-        response = "".join(message_text(m.get("content")) for m in interaction.output_messages)
-        if not response:
-            raise NoTextError(f"scorer {self.name!r}: interaction {interaction.interaction_id!r} has no output text "
-                              "to judge (turns built from token arrays carry tokens only: score sessions with "
-                              "messages, or override turn_text to detokenize); it was not scored")
+        response = output_text(self.name, interaction, "judge", "turn_text")
         prompt = render_messages(interaction.messages)
         conversation = render_messages(tuple(interaction.messages) + tuple(interaction.output_messages))
         return {"prompt": prompt, "response": response, "conversation": conversation}
@@ -267,9 +275,3 @@ class OpenAIJudgeScorer(BaseScorer):
 
         body = self._body([{"role": "user", "content": self.PROBE_TEXT}])
         return await self.service.probe(self.name, "/chat/completions", body, check)
-
-    def client_stats(self) -> dict[str, float]:
-        return self.service.stats()
-
-    async def aclose(self) -> None:
-        await self.service.aclose()

@@ -47,6 +47,7 @@ from prm_jax.scorers._http import (
     DEFAULT_MAX_BODY_BYTES,
     JSONService,
     Probe,
+    ServedScorer,
     check_transport,
     check_url,
     httpx_module,
@@ -108,7 +109,7 @@ def branch_tokens(turns: Sequence[Interaction], step_tag_id: int, rule: StepRule
     return TaggedBranch(out, tags, all_ends, all_rows)
 
 
-class PoolingPRMScorer(BatchTrajectoryScorer):
+class PoolingPRMScorer(ServedScorer, BatchTrajectoryScorer):
     """Scores every step of a branch with a step-tag PRM on vLLM's /pooling (see the module docstring)."""
 
     name = "pooling_prm"
@@ -224,9 +225,3 @@ class PoolingPRMScorer(BatchTrajectoryScorer):
             self._step_score(rows[0], where, 0)
 
         return await self.service.probe(self.name, "/pooling", body, check)
-
-    def client_stats(self) -> dict[str, float]:
-        return self.service.stats()
-
-    async def aclose(self) -> None:
-        await self.service.aclose()

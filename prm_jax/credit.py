@@ -7,16 +7,19 @@ from configuration, so ``compute_advantages`` and ``prm-jax score`` run it:
   {mode: min_form}``), and the PURE recipe (``credit_assignment: {mode: pure}``);
 - ``implicit_process_rewards``: PRIME's implicit process rewards (``credit_assignment: {mode: prime}``);
 - ``decoupled_normalization``: GDPO's per-source group normalization (``reward_norm: {mode: decoupled}``);
-- ``gigpo``: GiGPO (``credit_assignment: {mode: gigpo}``; its settings are ``prm_jax.config.GiGPOConfig``).
+- ``gigpo``: GiGPO (``credit_assignment: {mode: gigpo}``; its settings are ``prm_jax.config.GiGPOConfig``);
+- ``reinforce_pp``: REINFORCE++ with its return carried across tool outputs, and its group-baseline variant
+  (``credit_assignment: {mode: reinforce_pp}`` / ``{mode: reinforce_pp_baseline}``).
 """
 
 from prm_jax.kernels._gigpo import GiGPOOutput, gigpo
 from prm_jax.kernels._normalization import decoupled_normalization
 from prm_jax.kernels._prime import implicit_process_rewards
 from prm_jax.kernels._pure import min_form
+from prm_jax.kernels._reinforce_pp import ReinforcePPOutput, reinforce_pp
 from prm_jax.kernels._tree import TreeAdvantages, tree_advantages, tree_discount
 
 __all__ = [
-    "GiGPOOutput", "TreeAdvantages", "decoupled_normalization", "gigpo", "implicit_process_rewards", "min_form",
-    "tree_advantages", "tree_discount",
+    "GiGPOOutput", "ReinforcePPOutput", "TreeAdvantages", "decoupled_normalization", "gigpo",
+    "implicit_process_rewards", "min_form", "reinforce_pp", "tree_advantages", "tree_discount",
 ]

@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config, items):
 # matrix and the strategy tests run every registered estimator, so they run these too.
 from rloo_estimator import RLOO  # noqa: E402
 
-from prm_jax.kernels._estimators import register_estimator  # noqa: E402
+from prm_jax.estimators import register_estimator  # noqa: E402
 
 PLUGINS = (register_estimator(RLOO),)
 

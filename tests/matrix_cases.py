@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from prm_jax.kernels._estimators import registered
+from prm_jax.estimators import registered
 
 # Every registered estimator (the built-ins and the tests' plug-ins, tests/conftest.py), run from the example
 # configuration it declares (EstimatorSpec.example): none is listed here.

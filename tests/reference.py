@@ -316,7 +316,10 @@ def compute_advantages(batch, cfg):
                         for b in range(rows)])
     else:
         lam = c["gae_lambda"]
-    if mode is not None:
+    if mode in CREDIT_FROM_REWARDS:  # an estimator that takes the task rewards with the KL rewards in them
+        real = attention.any(axis=1)
+        advantages, returns = CREDIT_FROM_REWARDS[mode](credit, tot + kl_rewards, m, groups, real, c["discount"])
+    elif mode is not None:
         advantages = _credit(mode, credit, batch, m, tids, ends, process, outcome, outcome_step, groups) + kl_rewards
         returns = advantages + values
     elif c["gae_timestep_unit"] == "token":
@@ -426,10 +429,51 @@ def _credit_rloo(options, batch, m, tids, ends, p, outcome, outcome_step, groups
     return out
 
 
+def reinforce_pp(rewards, mask, gamma, groups, real, baseline=False):
+    """REINFORCE++ after verl's #7300 and its baseline variant (CREDIT2.md 2 and 5.2), in plain loops:
+    ``(advantages, returns)``. The return runs backwards over trained timesteps only (a masked one passes the
+    running return on, undiscounted, and its reward is not read); the baseline variant sums each row's rewards
+    on trained timesteps and subtracts its group's mean over every real row of the group (0 for a group of one);
+    both whiten over every trained timestep of the batch (mean over N, unbiased variance, +1e-8), 0 for fewer
+    than two."""
+    rows, width = mask.shape
+    g = np.zeros((rows, width))
+    if baseline:
+        score = [math.fsum(rewards[b, t] for t in range(width) if mask[b, t]) if real[b] else 0.0 for b in range(rows)]
+        for b in range(rows):
+            members = [c for c in range(rows) if real[c] and groups[c] == groups[b]]
+            mean = math.fsum(score[c] for c in members) / len(members) if len(members) > 1 else 0.0
+            for t in range(width):
+                if mask[b, t]:
+                    g[b, t] = score[b] - mean
+    else:
+        for b in range(rows):
+            running = 0.0
+            for t in reversed(range(width)):
+                if mask[b, t]:
+                    running = rewards[b, t] + gamma * running
+                    g[b, t] = running
+    used = [(b, t) for b in range(rows) for t in range(width) if mask[b, t]]
+    advantages = np.zeros((rows, width))
+    if len(used) >= 2:
+        mean = math.fsum(g[b, t] for b, t in used) / len(used)
+        var = math.fsum((g[b, t] - mean) ** 2 for b, t in used) / (len(used) - 1)
+        for b, t in used:
+            advantages[b, t] = (g[b, t] - mean) / math.sqrt(var + 1e-8)
+    return advantages, (advantages if baseline else g)
+
+
 # The float64 reference of each credit mode, by its registered name: a registered estimator without one
 # fails the option matrix naming it (tests/kernels/test_matrix.py); the GAE estimators are steps 6-7 above.
 CREDIT = {"pure": _credit_pure, "prime": _credit_prime, "gigpo": _credit_gigpo, "tree": _credit_tree,
           "rloo": _credit_rloo}
+# Those that read the task rewards with the KL rewards in them (EstimatorSpec.kl == "rewards") and form their
+# own returns: ``(options, rewards, mask, groups, real_rows, discount) -> (advantages, returns)``.
+CREDIT_FROM_REWARDS = {
+    "reinforce_pp": lambda options, r, m, groups, real, discount: reinforce_pp(r, m, discount, groups, real),
+    "reinforce_pp_baseline": lambda options, r, m, groups, real, discount: reinforce_pp(r, m, discount, groups, real,
+                                                                                       baseline=True),
+}
 GAE_ESTIMATORS = ("token_gae", "turn_gae")
 
 

@@ -155,3 +155,21 @@ def test_every_readme_block_runs_as_written(lang, body, why, tmp_path):
     command = [sys.executable, "-c", body] if lang == "python" else ["bash", "-e", "-c", body]
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{lang} block failed:\n{body}\n{proc.stderr[-3000:]}"
+
+
+def test_reinforce_pp_example_runs_and_its_numbers_are_the_loops(capsys):
+    # Issue 44.2: the guide's worked example (verl's issue #7278) and the baseline variant, against the loop.
+    import reference
+
+    namespace: dict = {}
+    exec(compile(readme_block("## REINFORCE++ across tool outputs"), "credit-assignment.md", "exec"), namespace)
+    printed = capsys.readouterr().out
+    mask = namespace["mask"]
+    advantages, returns = reference.reinforce_pp(np.array([[0, 0, 0, 0, 0, 1.0]]), mask, 0.9, [0], [True])
+    np.testing.assert_allclose(returns, [[0.729, 0.81, 0, 0, 0.9, 1]], atol=1e-12)
+    shown = [float(v) for v in re.findall(r"-?\d+\.\d*", printed)]
+    np.testing.assert_allclose(shown[:6], returns[0], atol=5e-4)
+    np.testing.assert_allclose(shown[6:12], advantages[0], atol=5e-5)
+    base, _ = reference.reinforce_pp(namespace["rewards"], np.ones((4, 2), bool), 1.0, [0, 0, 1, 1], [True] * 4,
+                                     baseline=True)
+    np.testing.assert_allclose(shown[12:], base.reshape(-1), atol=5e-5)

@@ -4,7 +4,8 @@
 whole file (``rollout``, ``rollout.agent.prm``, ``actor``), read by ``load_config`` (YAML with a bound on
 alias expansion). Errors are ``ConfigError``, naming the key path. The kernels' own parameter records
 (``NormConfig``, ``DecoupledNorm``, ``ShapingConfig``, ``GiGPOConfig``, ``TreeCredit``, ``PureCredit``,
-``PrimeCredit``, ``MinFormTransform``, ``ProgressTransform``) are re-exported: they are the values of
+``PrimeCredit``, ``ReinforcePPCredit``, ``ReinforcePPBaselineCredit``, ``MinFormTransform``,
+``ProgressTransform``) are re-exported: they are the values of
 ``reward_norm``/``adv_norm``, ``advantage_shaping``, ``credit_assignment`` and ``process_reward_transform``.
 """
 
@@ -32,6 +33,7 @@ from prm_jax.kernels._normalization import DecoupledNorm, NormConfig
 from prm_jax.kernels._prime import PrimeCredit
 from prm_jax.kernels._progress import ProgressTransform
 from prm_jax.kernels._pure import MinFormTransform, PureCredit
+from prm_jax.kernels._reinforce_pp import ReinforcePPBaselineCredit, ReinforcePPCredit
 from prm_jax.kernels._shaping import ShapingConfig
 from prm_jax.kernels._tree import TreeCredit
 
@@ -51,6 +53,8 @@ __all__ = [
     "PRMSection",
     "PrimeCredit",
     "PureCredit",
+    "ReinforcePPBaselineCredit",
+    "ReinforcePPCredit",
     "SETTING_REFUSALS",
     "Refusal",
     "RolloutConfig",

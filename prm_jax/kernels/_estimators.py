@@ -11,6 +11,7 @@ from prm_jax.kernels._estimator import EstimatorSpec
 from prm_jax.kernels._gigpo import GIGPO
 from prm_jax.kernels._prime import PRIME
 from prm_jax.kernels._pure import PURE
+from prm_jax.kernels._reinforce_pp import REINFORCE_PP, REINFORCE_PP_BASELINE
 from prm_jax.kernels._token_gae import TOKEN_GAE
 from prm_jax.kernels._tree import TREE
 from prm_jax.kernels._turns import TURN_GAE
@@ -55,5 +56,5 @@ def credit_modes() -> dict[str, type]:
     return {spec.mode: spec.stage for spec in _REGISTRY.values() if spec.mode is not None}
 
 
-for _spec in (TOKEN_GAE, TURN_GAE, GIGPO, TREE, PURE, PRIME):
+for _spec in (TOKEN_GAE, TURN_GAE, GIGPO, TREE, PURE, PRIME, REINFORCE_PP, REINFORCE_PP_BASELINE):
     register_estimator(_spec)

@@ -11,7 +11,7 @@ from batches import make_batch
 
 from prm_jax import compute_advantages
 from prm_jax.config import AdvantageConfig, ConfigError
-from prm_jax.kernels._estimators import credit_modes
+from prm_jax.estimators import credit_modes
 
 
 @pytest.fixture(autouse=True)

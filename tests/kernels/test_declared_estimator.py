@@ -18,7 +18,7 @@ from constant_estimator import CONSTANT, ConstantCredit
 from prm_jax import compute_advantages
 from prm_jax.app._cli import main
 from prm_jax.config import AdvantageConfig
-from prm_jax.kernels._estimators import register_estimator, registered, unregister_estimator
+from prm_jax.estimators import register_estimator, registered, unregister_estimator
 
 DEMO = Path(__file__).resolve().parents[2] / "prm_jax" / "data"
 

@@ -11,10 +11,10 @@ import pytest
 
 from prm_jax import compute_advantages
 from prm_jax.config import AdvantageConfig, GiGPOConfig
+from prm_jax.estimators import registered
 from prm_jax.kernels import _advantages as advantages
 from prm_jax.kernels import _gigpo as gigpo_module
 from prm_jax.kernels import _inputs as inputs
-from prm_jax.kernels._estimators import registered
 from prm_jax.kernels._recurrence import resolve_step_groups, resolve_strategy
 from prm_jax.native import _ffi as ffi
 from prm_jax.native._ffi import FLOAT_MASK_TARGET, TARGET
@@ -23,7 +23,9 @@ ROWS, WIDTH = 4, 16
 # Every registered estimator from its declared example, and PRIME without its lambda-return too.
 ESTIMATORS = {**{spec.name: dict(spec.example) for spec in registered()},
               "prime_lam0": {"credit_assignment": {"mode": "prime"}}}  # lam 0: its implicit rewards need no recursion
-RUNS_GAE = {"token_gae", "turn_gae", "prime"}  # the configurations that run a GAE scan (prime's example: lam 0.5)
+# The configurations that run a GAE scan (prime's example: lam 0.5; REINFORCE++'s return is one, with no
+# values and lambda 1; a new estimator that runs one fails the test below until it is listed).
+RUNS_GAE = {"token_gae", "turn_gae", "prime", "reinforce_pp"}
 
 
 def batch() -> dict:

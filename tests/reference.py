@@ -163,7 +163,7 @@ def shape(advantages, process, mask, mode, negative_scale=0.2, zero_penalty=0.4,
     return advantages
 
 
-def kl(logp, ref, estimator):
+def kl(logp, ref, estimator, clamp=10.0):
     d = logp - ref
     if estimator == "k1":
         value = d
@@ -171,7 +171,7 @@ def kl(logp, ref, estimator):
         value = d * d / 2
     else:
         value = math.exp(ref - logp) - 1 - (ref - logp)
-    return min(max(value, -10.0), 10.0)
+    return min(max(value, -clamp), clamp)
 
 
 def gae_lambda_fn(name, row_mask, row_turn_ids, unit, **kwargs):
@@ -215,7 +215,8 @@ def compute_advantages(batch, cfg):
     """The advantage pipeline step by step. ``cfg`` is a plain dict of AdvantageConfig fields (norms as dicts;
     ``credit_assignment``, ``process_reward_transform`` and a decoupled ``reward_norm`` as ``{mode: ...}``;
     the shaping as ``shaping`` or, as AdvantageConfig names it, ``advantage_shaping``)."""
-    c = dict(discount=1.0, gae_lambda=1.0, kl_ctl=0.1, kl_estimator="k1", reward_bias=0.0, reward_scaling=1.0,
+    c = dict(discount=1.0, gae_lambda=1.0, kl_ctl=0.1, kl_estimator="k1", kl_clamp=10.0, reward_bias=0.0,
+             reward_scaling=1.0,
              reward_clip=20.0, mask_no_eos_with_zero=False, token_rewards_as_adv=True, gae_timestep_unit="token",
              reward_norm=None, adv_norm=None, shaping=dict(mode="additive"), max_turns=None,
              overlong_reward_penalty=False, credit_assignment=None, process_reward_transform=None)
@@ -279,7 +280,7 @@ def compute_advantages(batch, cfg):
     for b in range(rows):
         for t in range(width):
             if c["kl_ctl"] != 0 and m[b, t] and t != seqlen[b] - 1:
-                kl_rewards[b, t] = -c["kl_ctl"] * kl(logp[b, t], ref[b, t], c["kl_estimator"])
+                kl_rewards[b, t] = -c["kl_ctl"] * kl(logp[b, t], ref[b, t], c["kl_estimator"], c["kl_clamp"])
 
     # 4
     truncated = (np.asarray(batch["is_truncated"]).astype(bool) if "is_truncated" in batch

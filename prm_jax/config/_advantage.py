@@ -30,7 +30,7 @@ from prm_jax._validation import (
 from prm_jax.kernels import gae_lambda
 from prm_jax.kernels._estimator import EstimatorStage
 from prm_jax.kernels._estimators import credit_modes, estimator_for, registered
-from prm_jax.kernels._kl import KL_ESTIMATORS, KLEstimator
+from prm_jax.kernels._kl import KL_CLAMP, KL_ESTIMATORS, KLEstimator
 from prm_jax.kernels._normalization import DecoupledNorm, NormConfig
 from prm_jax.kernels._plan import (
     PROCESS_TRANSFORMS,
@@ -101,6 +101,7 @@ class AdvantageConfig:
     gae_lambda_kwargs: Any = ()
     kl_ctl: float = 0.1
     kl_estimator: KLEstimator = "k1"
+    kl_clamp: float = KL_CLAMP
     reward_bias: float = 0.0
     reward_scaling: float = 1.0
     reward_clip: float = 20.0
@@ -135,6 +136,7 @@ class AdvantageConfig:
             set_("gae_lambda", finite_number("gae_lambda", self.gae_lambda, minimum=0.0, maximum=1.0))
             set_("gae_lambda_kwargs", ())  # ignored for a float, as in AReaL
         set_("kl_ctl", finite_number("kl_ctl", self.kl_ctl))
+        set_("kl_clamp", finite_number("kl_clamp", self.kl_clamp, positive=True))
         set_("reward_bias", finite_number("reward_bias", self.reward_bias))
         set_("reward_scaling", finite_number("reward_scaling", self.reward_scaling))
         set_("reward_clip", finite_number("reward_clip", self.reward_clip, minimum=0.0))
@@ -192,7 +194,7 @@ class AdvantageConfig:
         owns_process = estimator_for(estimator).owns_process_rewards
         return AdvantagePlan(
             outcome=OutcomeStage(self.reward_bias, self.reward_scaling, self.reward_clip, self.reward_norm, overlong),
-            kl=KLStage(self.kl_ctl, self.kl_estimator),
+            kl=KLStage(self.kl_ctl, self.kl_estimator, self.kl_clamp),
             task=TaskRewardStage(self.mask_no_eos_with_zero, fold_process=not self.token_rewards_as_adv
                                  and not owns_process),
             process_transform=self.process_reward_transform,

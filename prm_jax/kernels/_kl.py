@@ -1,7 +1,8 @@
 """KL penalty rewards on timesteps.
 
 The estimators k1, k2, k3 are those of J. Schulman, "Approximating KL Divergence" (2020,
-http://joschu.net/blog/kl-approx.html), clamped to [-10, 10] as AReaL does.
+http://joschu.net/blog/kl-approx.html), clamped to [-10, 10] as AReaL does
+(``clamp``; ``actor.kl_clamp``).
 
 With ``d = logprobs - ref_logprobs`` (behaviour minus reference log-prob of the action at timestep t):
 
@@ -20,30 +21,35 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from prm_jax._validation import one_of
+from prm_jax._validation import finite_number, one_of
 from prm_jax.kernels import _checks
 
 KLEstimator = Literal["k1", "k2", "k3"]
 #: The KL estimators ``kl_estimator`` may name (derived from ``KLEstimator``).
 KL_ESTIMATORS: tuple[KLEstimator, ...] = get_args(KLEstimator)
+#: AReaL's clamp of the per-timestep KL estimate (``actor.kl_clamp``'s default).
 KL_CLAMP = 10.0
 
 
-def kl_estimate(logprobs: ArrayLike, ref_logprobs: ArrayLike, estimator: str = "k1") -> jax.Array:
-    """Per-timestep KL estimate, clamped to [-10, 10], accumulated in float32 (or float64).
+def kl_estimate(logprobs: ArrayLike, ref_logprobs: ArrayLike, estimator: str = "k1", *,
+                clamp: float = KL_CLAMP) -> jax.Array:
+    """Per-timestep KL estimate, clamped to ``[-clamp, clamp]`` (AReaL's 10 by default), accumulated in
+    float32 (or float64).
 
     Args:
       logprobs: ``[B, T]`` behaviour log-probs on timesteps.
       ref_logprobs: ``[B, T]`` reference log-probs on timesteps.
       estimator: ``"k1" | "k2" | "k3"``.
+      clamp: the bound, a finite number > 0.
     """
     one_of("estimator", estimator, KL_ESTIMATORS)
+    clamp = finite_number("clamp", clamp, positive=True)
     _checks.check_shape("ref_logprobs", ref_logprobs, np.shape(logprobs), "logprobs")
-    return _kl_estimate_jit(logprobs, ref_logprobs, estimator=estimator)
+    return _kl_estimate_jit(logprobs, ref_logprobs, estimator=estimator, clamp=clamp)
 
 
-@functools.partial(jax.jit, static_argnames=("estimator",))
-def _kl_estimate_jit(logprobs, ref_logprobs, *, estimator):
+@functools.partial(jax.jit, static_argnames=("estimator", "clamp"))
+def _kl_estimate_jit(logprobs, ref_logprobs, *, estimator, clamp=KL_CLAMP):
     dtype = _checks.accumulation_dtype(logprobs, ref_logprobs)
     d = _checks.as_float("logprobs", logprobs, dtype) - _checks.as_float("ref_logprobs", ref_logprobs, dtype)
     if estimator == "k1":
@@ -52,11 +58,11 @@ def _kl_estimate_jit(logprobs, ref_logprobs, *, estimator):
         kl = 0.5 * d * d
     else:
         kl = jnp.expm1(-d) + d
-    return jnp.clip(kl, -KL_CLAMP, KL_CLAMP)
+    return jnp.clip(kl, -clamp, clamp)
 
 
 def kl_rewards(logprobs: ArrayLike, ref_logprobs: ArrayLike, mask: ArrayLike, *, kl_ctl: float = 0.1,
-               estimator: str = "k1") -> jax.Array:
+               estimator: str = "k1", clamp: float = KL_CLAMP) -> jax.Array:
     """``-kl_ctl * kl_estimate`` where ``mask`` is active, exactly 0 elsewhere.
 
     Masked timesteps are selected with ``where``, so NaN or Inf log-probs on padding do not leak.
@@ -66,19 +72,22 @@ def kl_rewards(logprobs: ArrayLike, ref_logprobs: ArrayLike, mask: ArrayLike, *,
       mask: ``[B, T]`` timestep loss mask (the shifted ``loss_mask``).
       kl_ctl: KL coefficient.
       estimator: ``"k1" | "k2" | "k3"``.
+      clamp: the estimate's bound (``kl_estimate``).
     """
     one_of("estimator", estimator, KL_ESTIMATORS)
+    clamp = finite_number("clamp", clamp, positive=True)
     _checks.check_shape("ref_logprobs", ref_logprobs, np.shape(logprobs), "logprobs")
     _checks.check_shape("mask", mask, np.shape(logprobs), "logprobs")
-    return _checks.checked(_kl_rewards_jit, logprobs, ref_logprobs, mask, kl_ctl, estimator=estimator)
+    return _checks.checked(_kl_rewards_jit, logprobs, ref_logprobs, mask, kl_ctl, estimator=estimator, clamp=clamp)
 
 
-@functools.partial(jax.jit, static_argnames=("estimator",))
-def _kl_rewards_jit(logprobs, ref_logprobs, mask, kl_ctl, *, estimator):
+@functools.partial(jax.jit, static_argnames=("estimator", "clamp"))
+def _kl_rewards_jit(logprobs, ref_logprobs, mask, kl_ctl, *, estimator, clamp=KL_CLAMP):
     checks = _checks.mask_check("mask", mask)
     active = _checks.as_mask("mask", mask)
     dtype = _checks.accumulation_dtype(logprobs, ref_logprobs)
     zero = jnp.zeros((), dtype)
     safe_logp = jnp.where(active, _checks.as_float("logprobs", logprobs, dtype), zero)
     safe_ref = jnp.where(active, _checks.as_float("ref_logprobs", ref_logprobs, dtype), zero)
-    return jnp.where(active, -jnp.asarray(kl_ctl, dtype) * kl_estimate(safe_logp, safe_ref, estimator), zero), checks
+    estimate = kl_estimate(safe_logp, safe_ref, estimator, clamp=clamp)
+    return jnp.where(active, -jnp.asarray(kl_ctl, dtype) * estimate, zero), checks

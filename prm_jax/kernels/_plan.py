@@ -17,7 +17,7 @@ import jax
 
 from prm_jax.kernels._estimator import EstimatorSpec, EstimatorStage
 from prm_jax.kernels._estimators import estimator_for
-from prm_jax.kernels._kl import KLEstimator
+from prm_jax.kernels._kl import KL_CLAMP, KLEstimator
 from prm_jax.kernels._normalization import DECOUPLED_NORM, OUTCOME_NORM, DecoupledNorm, NormConfig
 from prm_jax.kernels._progress import PROGRESS_TRANSFORM, ProgressTransform
 from prm_jax.kernels._pure import MIN_FORM_TRANSFORM, MinFormTransform
@@ -66,10 +66,11 @@ class OutcomeStage:
 
 @dataclasses.dataclass(frozen=True)
 class KLStage:
-    """Step 3: ``-kl_ctl * clamp(kl, -10, 10)`` on active timesteps."""
+    """Step 3: ``-kl_ctl * clamp(kl, -clamp, clamp)`` on active timesteps (AReaL's clamp: 10)."""
 
     kl_ctl: float = 0.1
     estimator: KLEstimator = "k1"
+    clamp: float = KL_CLAMP
 
 
 @dataclasses.dataclass(frozen=True)

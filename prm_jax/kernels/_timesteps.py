@@ -78,12 +78,14 @@ def to_timesteps(batch: Mapping[str, jax.Array], raw_active: jax.Array, dtype: A
 
 
 def kl_step(steps: Timesteps, seqlen: jax.Array, stage: KLStage) -> jax.Array:
-    """Step 3: the KL rewards; without reference log-probs the reference is 0 (AReaL), so k1 gives
-    ``kl_ctl * logp``. With ``kl_ctl = 0`` there is no KL term, and the reference log-probs are not read."""
+    """Step 3: the KL rewards (the estimate clamped to ``+-stage.clamp``); without reference log-probs the
+    reference is 0 (AReaL), so k1 gives ``kl_ctl * logp``. With ``kl_ctl = 0`` there is no KL term, and the
+    reference log-probs are not read."""
     if stage.kl_ctl == 0:
         return jnp.zeros_like(steps.logprobs)
     ref = jnp.zeros_like(steps.logprobs) if steps.ref_logprobs is None else steps.ref_logprobs
-    kl = kl_rewards(steps.logprobs, ref, steps.active, kl_ctl=stage.kl_ctl, estimator=stage.estimator)
+    kl = kl_rewards(steps.logprobs, ref, steps.active, kl_ctl=stage.kl_ctl, estimator=stage.estimator,
+                    clamp=stage.clamp)
     step = lax.broadcasted_iota(jnp.int32, kl.shape, 1)
     return jnp.where(step == (seqlen - 1)[:, None], jnp.zeros((), kl.dtype), kl)
 

@@ -119,10 +119,12 @@ def test_a_tunix_that_stops_calling_the_hooked_methods_fails_loudly(monkeypatch)
             learner._generate_and_compute_advantage({"prompts": PROMPTS[:2]})
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "sequence-mean-token-mean"])
+@pytest.mark.parametrize("agg", ["token-mean", "sequence-mean-token-mean", "seq-mean-token-sum",
+                                 "sequence-mean-token-scale", "sequence-mean-token-sum-norm"])
 def test_areal_loss_in_tunix_equals_tunix_grpo_loss_where_they_agree(agg):
     # Issue 23.5/23.9: prm_jax.losses.ppo_clip_loss behind tunix's policy-loss interface. With beta = 0 and
     # symmetric clipping it computes what tunix's grpo loss does, at old log-probs that clip some tokens.
+    # Issue 44.5: under each of tunix's five aggregations (Dr. GRPO's sequence-mean-token-scale included).
     examples, _, _, learner = run(Silent())
     config = grpo_learner.GRPOConfig(num_generations=GROUP, beta=0.0, loss_agg_mode=agg)
     config.temperature = learner.algo_config.temperature

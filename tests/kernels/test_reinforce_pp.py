@@ -51,6 +51,14 @@ def test_both_variants_match_a_float64_loop_on_rows_with_holes_groups_of_one_and
     assert (np.asarray(out.advantages)[~mask] == 0).all()
 
 
+def test_without_groups_the_batch_is_one_group():
+    rng = np.random.default_rng(6)
+    rewards, mask = rng.normal(size=(5, 9)).astype(np.float32), rng.random((5, 9)) < 0.7
+    alone = reinforce_pp(rewards, mask, baseline=True)
+    whole = reinforce_pp(rewards, mask, baseline=True, group_sizes=np.array([5], np.int32))
+    np.testing.assert_array_equal(np.asarray(alone.advantages), np.asarray(whole.advantages))
+
+
 def test_group_ids_give_the_groups_group_sizes_give():
     rng = np.random.default_rng(5)
     rewards, mask = rng.normal(size=(4, 10)).astype(np.float32), rng.random((4, 10)) < 0.7

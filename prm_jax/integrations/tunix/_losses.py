@@ -13,8 +13,20 @@ from prm_jax.kernels._policy_loss import LossAggMode
 from prm_jax.kernels._verl_losses import PolicyLossMode
 
 LOSS_NAME = "prm_jax_ppo"  # GRPOConfig(policy_loss_fn=LOSS_NAME) after register_loss()
-_AGG_MODES: dict[str, LossAggMode] = {"token-mean": "token-mean", "sequence-mean-token-mean": "seq-mean-token-mean",
-              "seq-mean-token-sum": "seq-mean-token-sum"}  # tunix's names -> prm_jax.losses' (and verl's)
+# tunix's loss_agg_mode names -> prm_jax.losses' (and verl's), and whether the loss is then divided by the
+# completion width C: tunix's "sequence-mean-token-scale" (Dr. GRPO's) divides each row's sum by C before
+# the mean over non-empty rows (verl's seq-mean-token-sum-norm at its default scale, the padded width), and
+# its "sequence-mean-token-sum-norm" divides the sum by the non-empty rows (verl's seq-mean-token-sum).
+_AGG_MODES: dict[str, tuple[LossAggMode, bool]] = {
+    "token-mean": ("token-mean", False), "sequence-mean-token-mean": ("seq-mean-token-mean", False),
+    "seq-mean-token-sum": ("seq-mean-token-sum", False), "sequence-mean-token-sum-norm": ("seq-mean-token-sum", False),
+    "sequence-mean-token-scale": ("seq-mean-token-sum", True)}
+
+
+def _aggregated(loss: jax.Array, algo_config: Any, width: int) -> jax.Array:
+    """The loss under tunix's ``loss_agg_mode`` (``_AGG_MODES``): divided by the completion width ``C`` for
+    ``sequence-mean-token-scale``."""
+    return loss / width if _AGG_MODES[algo_config.loss_agg_mode][1] else loss
 
 
 def tunix_ppo_loss(model: Any, train_example: Any, algo_config: Any, pad_id: int, eos_id: int,
@@ -33,7 +45,8 @@ def tunix_ppo_loss(model: Any, train_example: Any, algo_config: Any, pad_id: int
     loss, stats = losses.ppo_clip_loss(
         logprobs, proximal, advantages, mask,
         eps_clip=algo_config.epsilon, eps_clip_higher=getattr(algo_config, "epsilon_high", None),
-        c_clip=getattr(algo_config, "epsilon_c", None), loss_agg_mode=_AGG_MODES[algo_config.loss_agg_mode])
+        c_clip=getattr(algo_config, "epsilon_c", None), loss_agg_mode=_AGG_MODES[algo_config.loss_agg_mode][0])
+    loss = _aggregated(loss, algo_config, mask.shape[1])
     return loss, {"kl": 0.0, "pg_loss": loss, "pg_clipfrac": stats.clip_fraction,
                   "pg_clipfrac_lower": stats.dual_clip_fraction, "ppo_kl": stats.approx_kl,
                   "is_ratio/mean": stats.importance_weight}
@@ -63,7 +76,7 @@ def tunix_policy_loss(mode: PolicyLossMode, **options: Any) -> Callable[..., tup
 
     As ``tunix_ppo_loss``: tunix's per-token log-probs, ``old_per_token_logps`` (or the log-probs,
     stopped: on-policy) as the proximal ones, a ``[B]`` advantage broadcast over the completion, tunix's
-    ``loss_agg_mode`` (its three names mapped to verl's; ``geo_mean``, GMPO, aggregates each sequence itself
+    ``loss_agg_mode`` (its five names mapped to verl's, ``_AGG_MODES``; ``geo_mean``, GMPO, aggregates each sequence itself
     and ignores it), and ``beta`` must be 0.
     """
     from prm_jax import losses
@@ -75,8 +88,10 @@ def tunix_policy_loss(mode: PolicyLossMode, **options: Any) -> Callable[..., tup
                 **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         logprobs, proximal, advantages, mask = _tunix_loss_inputs(name, model, train_example, algo_config, pad_id,
                                                                   eos_id, aggregates=aggregates)
-        aggregation = {"loss_agg_mode": _AGG_MODES[algo_config.loss_agg_mode]} if aggregates else {}
+        aggregation = {"loss_agg_mode": _AGG_MODES[algo_config.loss_agg_mode][0]} if aggregates else {}
         loss, stats = losses.policy_loss(logprobs, proximal, advantages, mask, mode=mode, **aggregation, **options)
+        if aggregates:
+            loss = _aggregated(loss, algo_config, mask.shape[1])
         return loss, {"kl": 0.0, "pg_loss": loss, "pg_clipfrac": stats.pg_clipfrac,
                       "pg_clipfrac_lower": stats.pg_clipfrac_lower, "ppo_kl": stats.ppo_kl}
 
@@ -88,7 +103,7 @@ def _tunix_loss_inputs(name: str, model: Any, train_example: Any, algo_config: A
                        aggregates: bool = True) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(logprobs, proximal, advantages [B, C], mask)`` of a tunix ``TrainExample`` (see ``tunix_ppo_loss``),
     after the checks of tunix's config every loss ``name`` makes: no KL term, and (where it ``aggregates``
-    by ``loss_agg_mode``) one of the three aggregations both sides name."""
+    by ``loss_agg_mode``) one of tunix's aggregations (``_AGG_MODES``)."""
     from flax import nnx
     from tunix.rl import common
 

@@ -173,3 +173,11 @@ def test_reinforce_pp_example_runs_and_its_numbers_are_the_loops(capsys):
     base, _ = reference.reinforce_pp(namespace["rewards"], np.ones((4, 2), bool), 1.0, [0, 0, 1, 1], [True] * 4,
                                      baseline=True)
     np.testing.assert_allclose(shown[12:], base.reshape(-1), atol=5e-5)
+
+
+def test_the_global_batch_example_gives_the_whole_batchs_loss(capsys):
+    # Issue 44.4: the guide's two ranks of two micro-batches give the mini-batch's loss.
+    namespace: dict = {}
+    exec(compile(readme_block("## Micro-batches and data-parallel ranks"), "train-step.md", "exec"), namespace)
+    split, whole = (float(v) for v in capsys.readouterr().out.split())
+    assert split == whole and namespace["split"] == pytest.approx(namespace["whole"], rel=1e-5)

@@ -35,12 +35,92 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from prm_jax._validation import finite_number, integer_dtype, one_of
+from prm_jax._validation import finite_number, integer, integer_dtype, one_of
 from prm_jax.kernels import _checks
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 #: verl's ``loss_agg_mode`` names ``ppo_clip_loss`` takes (derived from ``LossAggMode``).
 LOSS_AGG_MODES: tuple[LossAggMode, ...] = get_args(LossAggMode)
+AggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"]
+
+
+class GlobalBatch(NamedTuple):
+    """verl's global batch info of one optimizer step (CREDIT2.md 4 and 5.4), for a loss computed on a piece
+    of it (a micro-batch on one of ``dp_size`` data-parallel ranks): ``batch_num_tokens`` the trained tokens of
+    the whole mini-batch (over every rank), ``global_batch_size`` its rows (empty ones included: what
+    ``global_batch_info`` gives). ``None``: the piece's own counts (``dp_size`` 1 only). The pieces' losses,
+    summed over micro-batches and averaged over ranks, are then the mini-batch's loss in every mode."""
+
+    dp_size: int = 1
+    batch_num_tokens: Any = None
+    global_batch_size: Any = None
+
+
+def global_batch_info(loss_mask: ArrayLike, dp_size: int = 1) -> dict[str, Any]:
+    """The global batch keywords of every policy loss for a mini-batch whose whole ``loss_mask [B, T]`` is
+    given (on one host, or all-gathered): ``dp_size``, ``batch_num_tokens`` (its trained tokens) and
+    ``global_batch_size`` (its rows, empty ones included, as verl's trainer counts ``ppo_mini_batch_size x
+    rollout.n``)."""
+    integer("dp_size", dp_size, minimum=1)
+    mask = np.asarray(loss_mask)
+    _checks.check_rank("loss_mask", mask, 2)
+    return {"dp_size": dp_size, "batch_num_tokens": int(np.count_nonzero(mask)), "global_batch_size": mask.shape[0]}
+
+
+def checked_global_batch(mode: str, dp_size: int, batch_num_tokens: Any,
+                         global_batch_size: Any) -> GlobalBatch:
+    """The global batch keywords checked for ``mode``: ``dp_size`` an integer >= 1; with ``dp_size > 1`` the
+    count the mode divides by must be given (``batch_num_tokens`` for the token modes, ``global_batch_size``
+    for the sequence ones), as verl requires; a given count a non-negative number."""
+    integer("dp_size", dp_size, minimum=1)
+    needed = "batch_num_tokens" if mode.startswith("token") else "global_batch_size"
+    given = {"batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size}
+    if dp_size > 1 and given[needed] is None and mode != "token-sum":
+        raise ValueError(f"{needed} (of the whole mini-batch) is required with dp_size > 1 under loss_agg_mode "
+                         f"{mode!r}: each rank's pieces would otherwise divide by their own counts")
+    for name, value in given.items():
+        concrete = None if value is None else _checks.concrete_scalar(value)
+        if concrete is not None and not (concrete >= 0):
+            raise ValueError(f"{name} must be a count >= 0, got {value!r}")
+    return GlobalBatch(dp_size, batch_num_tokens, global_batch_size)
+
+
+def aggregate(losses: jax.Array, mask: jax.Array, mode: AggMode, loss_scale_factor: float | None = None,
+              global_batch: GlobalBatch = GlobalBatch(), row_epsilon: bool = True) -> jax.Array:
+    """verl's ``agg_loss`` of per-token ``losses [B, T]`` over the trained timesteps (``mask``), NaN-safe at
+    padding (a ``where``), with the global batch info of CREDIT2.md 4 (``global_batch``) and prm-jax's
+    empty-batch rule (a count of 0 divides as 1):
+
+    - ``token-mean``: ``sum(M L) / N * dp_size`` (``N`` the mini-batch's trained tokens, else the piece's);
+      ``token-sum``: ``sum(M L) * dp_size``;
+    - ``seq-mean-token-sum``: the sum over non-empty rows of each row's sum, ``/ G * dp_size`` (``G`` the
+      mini-batch's rows, else the piece's non-empty rows); ``seq-mean-token-sum-norm``: that divided by
+      ``loss_scale_factor``, or by the padded width ``T``;
+    - ``seq-mean-token-mean``: the sum over non-empty rows of ``row sum / (n_b + 1e-8)`` (verl's; with
+      ``row_epsilon`` False AReaL's ``row sum / n_b``), ``/ G * dp_size``.
+    """
+    zero = jnp.zeros((), losses.dtype)
+    kept = jnp.where(mask, losses, zero)
+    scale = jnp.asarray(global_batch.dp_size, losses.dtype)
+
+    def divided(total: jax.Array, local: jax.Array, given: Any) -> jax.Array:
+        count = local if given is None else jnp.asarray(given).astype(losses.dtype)
+        return total / jnp.maximum(count, 1) * scale
+
+    if mode == "token-mean":
+        return divided(jnp.sum(kept), jnp.sum(mask, dtype=jnp.int32).astype(losses.dtype), global_batch.batch_num_tokens)
+    if mode == "token-sum":
+        return jnp.sum(kept) * scale
+    per_row = jnp.sum(mask, axis=1, dtype=jnp.int32).astype(losses.dtype)
+    present = per_row > 0
+    rows = jnp.sum(present, dtype=jnp.int32).astype(losses.dtype)
+    sums = jnp.sum(kept, axis=1)
+    if mode == "seq-mean-token-mean":
+        sums = sums / (per_row + 1e-8 if row_epsilon else jnp.maximum(per_row, 1))
+    loss = divided(jnp.sum(jnp.where(present, sums, zero)), rows, global_batch.global_batch_size)
+    if mode == "seq-mean-token-sum-norm":
+        loss = loss / (losses.shape[1] if loss_scale_factor is None else loss_scale_factor)
+    return loss
 
 
 class PPOLossStats(NamedTuple):
@@ -126,7 +206,8 @@ def _clipped_objective(advantages: jax.Array, log_ratio: jax.Array, mask: jax.Ar
 def _ppo_clip_loss_core(logprobs: jax.Array, proximal_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array,
                        old_logprobs: jax.Array | None, eps_clip: float, eps_clip_higher: float | None,
                        c_clip: float | None, behav_imp_weight_cap: float | None,
-                       loss_agg_mode: LossAggMode) -> tuple[jax.Array, PPOLossStats]:
+                       loss_agg_mode: LossAggMode, global_batch: GlobalBatch = GlobalBatch()
+                       ) -> tuple[jax.Array, PPOLossStats]:
     """``ppo_clip_loss`` on validated float arrays and a bool mask."""
     zero = jnp.zeros((), logprobs.dtype)
     advantages = lax.stop_gradient(advantages)
@@ -142,14 +223,7 @@ def _ppo_clip_loss_core(logprobs: jax.Array, proximal_logprobs: jax.Array, advan
         weight = jnp.where(kept, behav, zero)
     pg = jnp.where(mask, pg * weight, zero)
     count = jnp.maximum(jnp.sum(mask, dtype=jnp.int32), 1).astype(logprobs.dtype)
-    row_count = jnp.sum(mask, axis=1, dtype=jnp.int32).astype(logprobs.dtype)
-    rows = jnp.maximum(jnp.sum(row_count > 0, dtype=jnp.int32), 1).astype(logprobs.dtype)
-    if loss_agg_mode == "token-mean":
-        loss = jnp.sum(pg) / count
-    elif loss_agg_mode == "seq-mean-token-mean":
-        loss = jnp.sum(jnp.sum(pg, axis=1) / jnp.maximum(row_count, 1)) / rows
-    else:
-        loss = jnp.sum(pg) / rows
+    loss = aggregate(pg, mask, loss_agg_mode, global_batch=global_batch, row_epsilon=False)
 
     def share(flags):
         return jnp.sum(flags, dtype=jnp.int32).astype(logprobs.dtype) / count
@@ -173,7 +247,8 @@ def check_token_arrays(logprobs: ArrayLike, **others: ArrayLike | None) -> None:
 def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
                   old_logprobs: ArrayLike | None = None, eps_clip: float = 0.2, eps_clip_higher: float | None = None,
                   c_clip: float | None = None, behav_imp_weight_cap: float | None = None,
-                  loss_agg_mode: LossAggMode = "token-mean") -> tuple[jax.Array, PPOLossStats]:
+                  loss_agg_mode: LossAggMode = "token-mean", dp_size: int = 1, batch_num_tokens: Any = None,
+                  global_batch_size: Any = None) -> tuple[jax.Array, PPOLossStats]:
     """AReaL's PPO clipped actor loss (module docstring), differentiable in ``logprobs``.
 
     Args:
@@ -187,6 +262,9 @@ def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
       c_clip: the dual clip (> 1), or None.
       behav_imp_weight_cap: with ``old_logprobs``, timesteps whose behaviour weight exceeds it drop out.
       loss_agg_mode: ``token-mean | seq-mean-token-mean | seq-mean-token-sum``.
+      dp_size, batch_num_tokens, global_batch_size: verl's global batch info, for a micro-batch of a larger
+        mini-batch (``global_batch_info``; ``GlobalBatch``): the micro-batches' losses summed, and averaged
+        over ``dp_size`` ranks, are the mini-batch's loss.
 
     Returns:
       ``(loss, PPOLossStats)``, float32 scalars.
@@ -205,21 +283,25 @@ def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
         behav_imp_weight_cap = finite_number("behav_imp_weight_cap", behav_imp_weight_cap, minimum=0.0)
     check_token_arrays(logprobs, proximal_logprobs=proximal_logprobs, advantages=advantages, loss_mask=loss_mask,
                        old_logprobs=old_logprobs)
+    counts = checked_global_batch(loss_agg_mode, dp_size, batch_num_tokens, global_batch_size)
     # Eagerly a failed check raises; under jit its count is in stats.checks.
     return _checks.checked(_loss_jit, logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs,
-                           eps_clip=eps_clip, eps_clip_higher=eps_clip_higher, c_clip=c_clip,
-                           behav_imp_weight_cap=behav_imp_weight_cap, loss_agg_mode=loss_agg_mode, on_trace="counts")
+                           counts.batch_num_tokens, counts.global_batch_size, eps_clip=eps_clip,
+                           eps_clip_higher=eps_clip_higher, c_clip=c_clip, behav_imp_weight_cap=behav_imp_weight_cap,
+                           loss_agg_mode=loss_agg_mode, dp_size=dp_size, on_trace="counts")
 
 
 @functools.partial(jax.jit, static_argnames=("eps_clip", "eps_clip_higher", "c_clip", "behav_imp_weight_cap",
-                                             "loss_agg_mode"))
-def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs, *, eps_clip, eps_clip_higher, c_clip,
-              behav_imp_weight_cap, loss_agg_mode):
+                                             "loss_agg_mode", "dp_size"))
+def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs, batch_num_tokens=None,
+              global_batch_size=None, *, eps_clip, eps_clip_higher, c_clip, behav_imp_weight_cap, loss_agg_mode,
+              dp_size=1):
     dtype = _checks.accumulation_dtype(logprobs, proximal_logprobs, advantages)
     old = None if old_logprobs is None else _checks.as_float("old_logprobs", old_logprobs, dtype)
     loss, stats = _ppo_clip_loss_core(_checks.as_float("logprobs", logprobs, dtype),
                                      _checks.as_float("proximal_logprobs", proximal_logprobs, dtype),
                                      _checks.as_float("advantages", advantages, dtype),
                                      _checks.as_mask("loss_mask", loss_mask), old, eps_clip, eps_clip_higher, c_clip,
-                                     behav_imp_weight_cap, loss_agg_mode)
+                                     behav_imp_weight_cap, loss_agg_mode,
+                                     GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
     return _checks.counted(loss, stats, _checks.mask_check("loss_mask", loss_mask))

@@ -33,10 +33,16 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import finite_number, integer, one_of
 from prm_jax.kernels import _checks
-from prm_jax.kernels._policy_loss import _clipped_objective, check_token_arrays
+from prm_jax.kernels._policy_loss import (
+    AggMode,
+    GlobalBatch,
+    _clipped_objective,
+    aggregate,
+    check_token_arrays,
+    checked_global_batch,
+)
 
-VerlAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm",
-                      "seq-mean-token-mean"]
+VerlAggMode = AggMode
 #: verl's five ``loss_agg_mode`` names (``core_algos.agg_loss``), derived from ``VerlAggMode``.
 VERL_AGG_MODES: tuple[VerlAggMode, ...] = get_args(VerlAggMode)
 LOG_RATIO_CLAMP = 20.0  # verl's clamp of the token log ratio (vanilla, sapo, cispo, dppo)
@@ -65,35 +71,6 @@ def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.sum(jnp.where(mask, x, zero)) / (jnp.sum(mask, dtype=jnp.int32).astype(x.dtype) + 1e-8)
 
 
-def aggregate(losses: jax.Array, mask: jax.Array, mode: VerlAggMode, loss_scale_factor: float | None = None
-              ) -> jax.Array:
-    """verl's ``agg_loss`` of per-token ``losses [B, T]`` over the trained timesteps (``mask``), NaN-safe at
-    padding (a ``where``, so nothing flows there), with prm-jax's empty-batch rule (0, module docstring):
-
-    - ``token-mean``: ``sum(M L) / N``; ``token-sum``: ``sum(M L)``;
-    - ``seq-mean-token-sum``: the mean over non-empty rows of each row's sum;
-    - ``seq-mean-token-sum-norm``: that divided by ``loss_scale_factor``, or by the padded width ``T``;
-    - ``seq-mean-token-mean``: the mean over non-empty rows of ``row sum / (n_b + 1e-8)``.
-    """
-    zero = jnp.zeros((), losses.dtype)
-    kept = jnp.where(mask, losses, zero)
-    count = jnp.sum(mask, dtype=jnp.int32).astype(losses.dtype)
-    if mode == "token-mean":
-        return jnp.sum(kept) / jnp.maximum(count, 1)
-    if mode == "token-sum":
-        return jnp.sum(kept)
-    per_row = jnp.sum(mask, axis=1, dtype=jnp.int32).astype(losses.dtype)
-    present = per_row > 0
-    rows = jnp.maximum(jnp.sum(present, dtype=jnp.int32), 1).astype(losses.dtype)
-    sums = jnp.sum(kept, axis=1)
-    if mode == "seq-mean-token-mean":
-        return jnp.sum(jnp.where(present, sums / (per_row + 1e-8), zero)) / rows
-    loss = jnp.sum(jnp.where(present, sums, zero)) / rows
-    if mode == "seq-mean-token-sum-norm":
-        loss = loss / (losses.shape[1] if loss_scale_factor is None else loss_scale_factor)
-    return loss
-
-
 def _prepared(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, per_row_advantages=False):
     """The inputs as float arrays (the accumulation dtype) and a bool mask, zero where untrained; gradients
     flow through ``logprobs`` only. ``per_row_advantages``: ``[B]`` advantages, one per row (TRL's)."""
@@ -113,9 +90,10 @@ def _weighted(losses: jax.Array, weights: jax.Array | None) -> jax.Array:
     return losses if weights is None else losses * weights
 
 
-@functools.partial(jax.jit, static_argnames=("kind", "loss_agg_mode", "params", "loss_scale_factor"))
-def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, extra=None, *, kind, loss_agg_mode,
-              params, loss_scale_factor):
+@functools.partial(jax.jit, static_argnames=("kind", "loss_agg_mode", "params", "loss_scale_factor", "dp_size"))
+def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, extra=None, batch_num_tokens=None,
+              global_batch_size=None, *, kind, loss_agg_mode, params, loss_scale_factor, dp_size=1):
+    counts = GlobalBatch(dp_size, batch_num_tokens, global_batch_size)
     logp, old, adv, mask, weights = _prepared(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights)
     zero = jnp.zeros((), logp.dtype)
     d = logp - old
@@ -123,7 +101,7 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
     lower = jnp.zeros_like(mask)
     if kind in ("kl_cov", "clip_cov"):
         loss, stats, check = (_kl_cov if kind == "kl_cov" else _clip_cov)(logp, adv, mask, weights, d, extra, params,
-                                                                        loss_agg_mode, loss_scale_factor)
+                                                                        loss_agg_mode, loss_scale_factor, counts)
         return _checks.counted(loss, stats, [*_checks.mask_check("loss_mask", loss_mask), check])
     if kind == "geo_mean":
         low, high = params
@@ -182,7 +160,7 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
             tau = jnp.where(adv > 0, jnp.asarray(tau_pos, logp.dtype), jnp.asarray(tau_neg, logp.dtype))
             losses = -jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv
     losses = jnp.where(mask, _weighted(losses, weights), zero)
-    loss = aggregate(losses, mask, loss_agg_mode, loss_scale_factor)
+    loss = aggregate(losses, mask, loss_agg_mode, loss_scale_factor, counts)
     stats = PolicyLossStats(_masked_mean(clipped.astype(logp.dtype), mask), kl_mean,
                             _masked_mean(lower.astype(logp.dtype), mask))
     return _checks.counted(loss, stats, _checks.mask_check("loss_mask", loss_mask))
@@ -236,7 +214,7 @@ def _overflow_check(name: str, losses: jax.Array, mask: jax.Array, who: str) -> 
                                          f"~88.7; {who} does not clamp it)", jnp.argmax(flags.ravel()))
 
 
-def _kl_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_scale_factor):
+def _kl_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_scale_factor, counts):
     """KL-Cov (LOSSES.md 7): the tokens of the largest covariance get a |log ratio| penalty, no clip anywhere."""
     ratio_kl, coef = params
     zero = jnp.zeros((), logp.dtype)
@@ -251,13 +229,13 @@ def _kl_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_scal
     absolute = d * lax.stop_gradient(jnp.sign(d))  # |d| with sign(0) = 0 as its gradient (torch's abs)
     losses = jnp.where(selected, -adv * ratio + coef * absolute, -adv * ratio)
     losses = jnp.where(mask, _weighted(losses, weights), zero)
-    loss = aggregate(losses, mask, loss_agg_mode, loss_scale_factor)
+    loss = aggregate(losses, mask, loss_agg_mode, loss_scale_factor, counts)
     stats = PolicyLossStats(jnp.zeros((), logp.dtype), _masked_mean(jnp.abs(lax.stop_gradient(d)), mask),
                             jnp.zeros((), logp.dtype))
     return loss, stats, _overflow_check("kl_cov_ratio_overflow", losses, mask, "kl_cov_loss")
 
 
-def _clip_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_scale_factor):
+def _clip_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_scale_factor, counts):
     """Clip-Cov (LOSSES.md 6): PPO's clip, and a random few high-covariance tokens dropped from the loss."""
     low, high, ratio_cov, lb, ub, given = params
     zero = jnp.zeros((), logp.dtype)
@@ -274,15 +252,17 @@ def _clip_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_sc
         priority = jax.random.uniform(extra, logp.shape)
         chosen = _smallest(priority, candidates, clip_num, ratio_cov)
     losses = jnp.where(mask & ~chosen, _weighted(pg, weights), zero)
-    loss = aggregate(losses, mask, loss_agg_mode, loss_scale_factor)
+    loss = aggregate(losses, mask, loss_agg_mode, loss_scale_factor, counts)
     stats = PolicyLossStats(_masked_mean(chosen.astype(logp.dtype), mask), _masked_mean(-lax.stop_gradient(d), mask),
                             jnp.zeros((), logp.dtype))
     return loss, stats, _overflow_check("clip_cov_ratio_overflow", losses, mask, "clip_cov_loss")
 
 
 def _run(kind: str, logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
-         params: tuple[float, ...], loss_scale_factor: float | None, extra=None) -> tuple[jax.Array, PolicyLossStats]:
+         params: tuple[float, ...], loss_scale_factor: float | None, extra=None, *,
+         global_batch: GlobalBatch = GlobalBatch()) -> tuple[jax.Array, PolicyLossStats]:
     one_of("loss_agg_mode", loss_agg_mode, VERL_AGG_MODES)
+    counts = checked_global_batch(loss_agg_mode, *global_batch)
     if loss_scale_factor is not None:
         loss_scale_factor = finite_number("loss_scale_factor", loss_scale_factor, minimum=0.0)
         if loss_scale_factor == 0:
@@ -291,14 +271,16 @@ def _run(kind: str, logprobs, proximal_logprobs, advantages, loss_mask, rollout_
                        rollout_is_weights=rollout_is_weights)
     # Eagerly a failed check raises; under jit its count is in stats.checks.
     return _checks.checked(_loss_jit, logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, extra,
-                           kind=kind, loss_agg_mode=loss_agg_mode, params=params,
-                           loss_scale_factor=loss_scale_factor, on_trace="counts")
+                           counts.batch_num_tokens, counts.global_batch_size, kind=kind, loss_agg_mode=loss_agg_mode,
+                           params=params, loss_scale_factor=loss_scale_factor, dp_size=counts.dp_size,
+                           on_trace="counts")
 
 
 def vanilla_ppo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike,
                      *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
                      rollout_is_weights: ArrayLike | None = None, loss_agg_mode: VerlAggMode = "token-mean",
-                     loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+                     loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
+                     global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``vanilla`` PPO loss (LOSSES.md 1): ``ppo_clip_loss``'s clip with verl's differences: the log
     ratio clamped to ``[-20, 20]`` (no gradient at or past a bound), the dual clip always on (``clip_ratio_c
     > 1``, 3.0), rollout weights instead of AReaL's behaviour cap, verl's five aggregations. The gradient at
@@ -309,13 +291,15 @@ def vanilla_ppo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantag
     if cap <= 1:
         raise ValueError(f"clip_ratio_c must be > 1 (the dual clip), got {clip_ratio_c!r}")
     return _run("vanilla", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
-                (*_clip_ratios(clip_ratio_low, clip_ratio_high), cap), loss_scale_factor)
+                (*_clip_ratios(clip_ratio_low, clip_ratio_high), cap), loss_scale_factor,
+                global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
 
 
 def gspo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
               clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, rollout_is_weights: ArrayLike | None = None,
               loss_agg_mode: VerlAggMode = "seq-mean-token-mean",
-              loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+              loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
+              global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``gspo`` (GSPO-token, Zheng et al. 2025): PPO's clip on the *sequence* ratio. Each token's log
     ratio is its row's mean ``s_b = sum_t M d / max(n_b, 1)`` (a value shared by the row, a derivative of 1 in
     the token's own ``logprobs``, none through the mean), capped at 10 from above (no gradient at or past
@@ -327,7 +311,8 @@ def gspo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arr
     ``-d`` (unclamped)."""
     low, high = _clip_ratios(clip_ratio_low, clip_ratio_high)
     return _run("gspo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
-                (low, high), loss_scale_factor)
+                (low, high), loss_scale_factor,
+                global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
 
 
 def geo_mean_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
@@ -350,7 +335,8 @@ def geo_mean_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
 def dppo_tv_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
                  clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
                  rollout_is_weights: ArrayLike | None = None, loss_agg_mode: VerlAggMode = "token-mean",
-                 loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+                 loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
+                 global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``dppo_tv`` (DPPO, binary total-variation trust region): ``L = -A sg(min(r, C)) logprobs *
     valid`` with ``r = exp(clamp(d, -20, 20))``, a REINFORCE gradient ``-A min(r, C)`` where the token stays
     within the region: ``p - p_old <= clip_ratio_high`` for ``A > 0``, ``>= -clip_ratio_low`` otherwise
@@ -359,19 +345,22 @@ def dppo_tv_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: 
     10000). Returns ``(loss, PolicyLossStats)``: ``pg_clipfrac`` the share masked out, ``pg_clipfrac_lower``
     the share truncated (``r > C``)."""
     return _run("dppo_tv", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
-                _dppo_params(clip_ratio_low, clip_ratio_high, clip_ratio_c), loss_scale_factor)
+                _dppo_params(clip_ratio_low, clip_ratio_high, clip_ratio_c), loss_scale_factor,
+                global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
 
 
 def dppo_kl_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
                  clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
                  rollout_is_weights: ArrayLike | None = None, loss_agg_mode: VerlAggMode = "token-mean",
-                 loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+                 loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
+                 global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``dppo_kl``: ``dppo_tv_loss`` with the binary KL region: ``D = p_old (logp_old - logp) + (1 -
     p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))``; a token is kept where ``D <= clip_ratio_high or p <=
     p_old`` (``A > 0``), ``D <= clip_ratio_low or p >= p_old`` otherwise (a log-prob above 0 makes ``D`` NaN:
     the comparison is False and the second part decides, as in verl). Returns ``(loss, PolicyLossStats)``."""
     return _run("dppo_kl", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
-                _dppo_params(clip_ratio_low, clip_ratio_high, clip_ratio_c), loss_scale_factor)
+                _dppo_params(clip_ratio_low, clip_ratio_high, clip_ratio_c), loss_scale_factor,
+                global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
 
 
 def _clip_ratios(low: float, high: float) -> tuple[float, float]:
@@ -389,7 +378,8 @@ def _dppo_params(low: float, high: float, cap: float) -> tuple[float, float, flo
 def kl_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
                 kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 0.1, rollout_is_weights: ArrayLike | None = None,
                 loss_agg_mode: VerlAggMode = "token-mean",
-                loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+                loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
+                global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``kl_cov`` (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs"): no clip; the
     ``k = max(1, floor(N kl_cov_ratio))`` trained tokens of the largest covariance ``(A - mean A)(logprobs -
     mean logprobs)`` (plain means over the trained tokens; ties: the earlier row-major position, where torch's
@@ -402,7 +392,8 @@ def kl_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: A
     if not 0 < ratio_kl <= 1:
         raise ValueError(f"kl_cov_ratio must be in (0, 1], got {kl_cov_ratio!r}")
     return _run("kl_cov", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
-                (ratio_kl, finite_number("ppo_kl_coef", ppo_kl_coef)), loss_scale_factor)
+                (ratio_kl, finite_number("ppo_kl_coef", ppo_kl_coef)), loss_scale_factor,
+                global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
 
 
 def clip_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
@@ -410,7 +401,8 @@ def clip_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
                   clip_ratio_high: float = 0.2, clip_cov_ratio: float = 0.0002, clip_cov_lb: float = 1.0,
                   clip_cov_ub: float = 5.0, rollout_is_weights: ArrayLike | None = None,
                   loss_agg_mode: VerlAggMode = "token-mean",
-                  loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+                  loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
+                  global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``clip_cov`` (Cui et al. 2025): PPO's clip (no dual clip, ``r = exp(d)`` unclamped, torch's
     gradient at a bound), and ``min(max(floor(N clip_cov_ratio), 1), #candidates)`` tokens chosen uniformly
     at random (``key``, a ``jax.random`` key: verl draws from torch's global generator) among the candidates,
@@ -432,21 +424,25 @@ def clip_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
     params = (*_clip_ratios(clip_ratio_low, clip_ratio_high), ratio_cov,
               finite_number("clip_cov_lb", clip_cov_lb), finite_number("clip_cov_ub", clip_cov_ub), chosen is not None)
     return _run("clip_cov", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
-                params, loss_scale_factor, key if chosen is None else chosen)
+                params, loss_scale_factor, key if chosen is None else chosen,
+                global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
 
 
 def gpg_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
              rollout_is_weights: ArrayLike | None = None, loss_agg_mode: VerlAggMode = "token-mean",
-             loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+             loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
+             global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``gpg``: ``L = -logprobs * A`` (no ratio; gradient ``-A``), aggregated by ``loss_agg_mode``.
     ``proximal_logprobs`` is not read (kept for one signature). Returns ``(loss, PolicyLossStats)``."""
     return _run("gpg", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode, (),
-                loss_scale_factor)
+                loss_scale_factor,
+                global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
 
 
 def dro_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
              dro_beta: float, rollout_is_weights: ArrayLike | None = None, loss_agg_mode: VerlAggMode = "token-mean",
-             loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+             loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
+             global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``dro``: ``L = -(logprobs * A - beta d^2 / 2)`` with ``d = logprobs - proximal_logprobs``
     (gradient ``-A + beta d``); ``dro_beta`` is required and ``> 0`` (verl's ``policy_loss.dro_beta``).
     Returns ``(loss, PolicyLossStats)``; ``ppo_kl`` is the mean of ``-d``."""
@@ -454,26 +450,30 @@ def dro_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arra
     if beta <= 0:
         raise ValueError(f"dro_beta must be > 0, got {dro_beta!r}")
     return _run("dro", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode, (beta,),
-                loss_scale_factor)
+                loss_scale_factor,
+                global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
 
 
 def cispo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
                clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, rollout_is_weights: ArrayLike | None = None,
                loss_agg_mode: VerlAggMode = "token-mean",
-               loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+               loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
+               global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``cispo`` (MiniMax-M1): ``L = -sg(clip(r, 1 - low, 1 + high)) * A * logprobs`` with ``r =
     exp(clamp(d, -20, 20))``: every token keeps a gradient, ``-weight * A``, clipped or not. The CISPO paper
     (and verl's example) drop the lower clip: ``clip_ratio_low=10``. ``pg_clipfrac`` is the share whose weight
     was clipped, either side. Returns ``(loss, PolicyLossStats)``."""
     low, high = _clip_ratios(clip_ratio_low, clip_ratio_high)
     return _run("cispo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
-                (low, high), loss_scale_factor)
+                (low, high), loss_scale_factor,
+                global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
 
 
 def sapo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: ArrayLike, loss_mask: ArrayLike, *,
               tau_pos: float = 1.0, tau_neg: float = 1.05, rollout_is_weights: ArrayLike | None = None,
               loss_agg_mode: VerlAggMode = "seq-mean-token-mean",
-              loss_scale_factor: float | None = None) -> tuple[jax.Array, PolicyLossStats]:
+              loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
+              global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``sapo``: a soft gate instead of a clip, ``L = -sigmoid(tau (r - 1)) * 4 / tau * A`` with ``r =
     exp(clamp(d, -20, 20))`` and ``tau = tau_pos`` where ``A > 0``, else ``tau_neg`` (zero advantages take
     ``tau_neg``); gradient ``-A * 4 s (1 - s) r`` (slope 1 at ``r = 1``). verl always aggregates it with
@@ -484,7 +484,8 @@ def sapo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arr
     if pos <= 0 or neg <= 0:
         raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos!r} and {tau_neg!r}")
     return _run("sapo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
-                (pos, neg), loss_scale_factor)
+                (pos, neg), loss_scale_factor,
+                global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
 
 
 TrlLossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]

@@ -8,10 +8,13 @@ from configuration, so ``compute_advantages`` and ``prm-jax score`` run it:
 - ``implicit_process_rewards``: PRIME's implicit process rewards (``credit_assignment: {mode: prime}``);
 - ``decoupled_normalization``: GDPO's per-source group normalization (``reward_norm: {mode: decoupled}``);
 - ``gigpo``: GiGPO (``credit_assignment: {mode: gigpo}``; its settings are ``prm_jax.config.GiGPOConfig``);
+- ``distillation_rewards``: a teacher's log-probs of the student's tokens as a dense reward (on-policy
+  distillation; its losses are ``prm_jax.losses``');
 - ``reinforce_pp``: REINFORCE++ with its return carried across tool outputs, and its group-baseline variant
   (``credit_assignment: {mode: reinforce_pp}`` / ``{mode: reinforce_pp_baseline}``).
 """
 
+from prm_jax.kernels._distillation import distillation_rewards
 from prm_jax.kernels._gigpo import GiGPOOutput, gigpo
 from prm_jax.kernels._normalization import decoupled_normalization
 from prm_jax.kernels._prime import implicit_process_rewards
@@ -20,6 +23,6 @@ from prm_jax.kernels._reinforce_pp import ReinforcePPOutput, reinforce_pp
 from prm_jax.kernels._tree import TreeAdvantages, tree_advantages, tree_discount
 
 __all__ = [
-    "GiGPOOutput", "ReinforcePPOutput", "TreeAdvantages", "decoupled_normalization", "gigpo",
+    "GiGPOOutput", "ReinforcePPOutput", "TreeAdvantages", "decoupled_normalization", "distillation_rewards", "gigpo",
     "implicit_process_rewards", "min_form", "reinforce_pp", "tree_advantages", "tree_discount",
 ]

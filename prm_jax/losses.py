@@ -8,8 +8,16 @@ is TRL's sequence-level GSPO (``TRL_LOSS_TYPES``); ``policy_loss(...,
 mode=)`` picks one by verl's ``policy_loss.loss_mode`` name (``POLICY_LOSS_MODES``). Every loss that aggregates
 by ``loss_agg_mode`` takes verl's global batch info (``dp_size``, ``batch_num_tokens``, ``global_batch_size``;
 ``global_batch_info`` computes them from a mini-batch's mask, ``GlobalBatch`` records them), so micro-batches
-and data-parallel ranks give the mini-batch's loss."""
+and data-parallel ranks give the mini-batch's loss. On-policy distillation: ``distillation_loss`` (AReaL's
+capped surrogate on ``prm_jax.credit.distillation_rewards``) and ``supervised_distillation_loss`` (verl's
+estimators)."""
 
+from prm_jax.kernels._distillation import (
+    DISTILLATION_ESTIMATORS,
+    DistillationStats,
+    distillation_loss,
+    supervised_distillation_loss,
+)
 from prm_jax.kernels._policy_loss import (
     LOSS_AGG_MODES,
     GlobalBatch,
@@ -44,4 +52,5 @@ __all__ = ["LOSS_AGG_MODES", "GlobalBatch", "PPOLossStats", "global_batch_info",
            "ppo_clip_loss", "VERL_AGG_MODES", "PolicyLossStats", "gspo_loss", "geo_mean_loss", "dppo_tv_loss",
            "dppo_kl_loss", "clip_cov_loss", "kl_cov_loss", "gpg_loss", "dro_loss", "cispo_loss", "sapo_loss",
            "vanilla_ppo_loss", "policy_loss", "policy_loss_options", "POLICY_LOSS_MODES", "gspo_sequence_loss",
-           "TRL_LOSS_TYPES", "SequenceClipStats"]
+           "TRL_LOSS_TYPES", "SequenceClipStats", "DISTILLATION_ESTIMATORS", "DistillationStats", "distillation_loss",
+           "supervised_distillation_loss"]

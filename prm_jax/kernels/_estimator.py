@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 import jax
@@ -31,7 +32,7 @@ from prm_jax.kernels._normalization import row_groups
 from prm_jax.kernels._schema import BATCH_SCHEMA
 
 #: What an estimator may name in its run function's signature (besides ``stage`` and ``checks``).
-INPUTS: Mapping[str, str] = {
+INPUTS: Mapping[str, str] = MappingProxyType({
     "batch": "the batch keys it declared (reads and may_read), as given",
     "rewards": "[B, T] task rewards on timesteps: the outcome reward (+ folded turn rewards), plus the KL "
                "rewards with kl='rewards'",
@@ -52,7 +53,7 @@ INPUTS: Mapping[str, str] = {
     "outcome_at": "[B, T] bool: the timestep the outcome reward goes to",
     "turns": "TurnSteps: where turns continue and end",
     "dtype": "the float dtype of the computation",
-}
+})
 
 
 __all__ = ["INPUTS", "Estimate", "EstimatorSpec", "SummaryHook", "ValueCheck", "finish", "on_turn_timesteps",

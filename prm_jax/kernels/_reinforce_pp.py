@@ -101,8 +101,8 @@ def reinforce_pp(token_rewards: ArrayLike, mask: ArrayLike, *, gamma: float = 1.
 
     >>> out = prm_jax.credit.reinforce_pp(np.array([[0, 0, 0, 0, 0, 1.0]]),
     ...                                   np.array([[1, 1, 0, 0, 1, 1]], bool), gamma=0.9)
-    >>> np.round(np.asarray(out.returns), 3).tolist()
-    [[0.729, 0.81, 0.0, 0.0, 0.9, 1.0]]
+    >>> [round(float(g), 3) for g in out.returns[0]]
+    [0.729, 0.81, 0.0, 0.0, 0.9, 1.0]
     """
     gamma = finite_number("gamma", gamma, minimum=0.0, maximum=1.0)
     boolean("baseline", baseline, config=False)

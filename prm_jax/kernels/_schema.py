@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Literal
 
 import numpy as np
@@ -57,7 +58,7 @@ class BatchKey:
 
 #: Every key of the batch, declared once, in pack_branches' order (its output dict, and so batch.npz,
 #: follow it).
-BATCH_SCHEMA: Mapping[str, BatchKey] = {key.name: key for key in (
+BATCH_SCHEMA: Mapping[str, BatchKey] = MappingProxyType({key.name: key for key in (
     BatchKey("input_ids", "BT", "positions", "int", "none", 0, packed="always"),
     BatchKey("attention_mask", "BT", "positions", "mask", "none", 0, packed="always", required=True, stored=np.int32),
     BatchKey("loss_mask", "BT", "positions", "mask", "none", 0, packed="always", required=True, stored=np.int32),
@@ -83,7 +84,7 @@ BATCH_SCHEMA: Mapping[str, BatchKey] = {key.name: key for key in (
     BatchKey("reward_sources", "BK", "rows", "float", "nan_is_missing", 0.0),
     BatchKey("group_sizes", "G", "groups", "int", "none", 1),
     BatchKey("group_member_counts", "G", "groups", "int", "none", 1),
-)}
+)})
 
 # The per-token model outputs a session carries (on timesteps in the batch; NaN where a turn has none).
 MODEL_OUTPUT_KEYS: tuple[str, ...] = tuple(name for name, key in BATCH_SCHEMA.items() if key.packed == "model_outputs")

@@ -37,6 +37,9 @@ __all__ = ["GAELambdaContext", "constant_gae_lambda", "relative_position_gae_lam
 
 
 class GAELambdaContext(TypedDict):
+    """What a λ function reads of each row: its trained tokens, its turns, and the lengths in the configured
+    timestep unit (tokens or turns)."""
+
     effective_token_lengths: jax.Array  # [B] int32
     turn_counts: jax.Array              # [B] int32
     timestep_lengths: jax.Array         # [B] int32

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from prm_jax.runtime._executors import AsyncExecutor, BatchExecutor, Executor, ThreadExecutor
 from prm_jax.runtime._process_pool import ProcessExecutor
 from prm_jax.runtime._scoring import BaseScorer
 
-EXECUTORS: dict[str, type[Executor]] = {
+#: The executor of each scorer kind (``BaseScorer.executor``: async, thread, process, batch).
+EXECUTORS: Mapping[str, type[Executor]] = MappingProxyType({
     "async": AsyncExecutor, "thread": ThreadExecutor, "process": ProcessExecutor, "batch": BatchExecutor,
-}
+})
 
 
 def make_executor(scorer: BaseScorer, timeout: float | None) -> Executor:

@@ -141,7 +141,8 @@ class TurnField:
     batch_key: str | None = None
 
 
-# Every optional field of a turn (the token lists and the id are the turn's identity, checked apart).
+#: Every optional field of a turn, one row each (its value rule, JSON kind and batch key; the token lists and the
+#: id are the turn's identity, checked apart).
 TURN_FIELDS: tuple[TurnField, ...] = (
     TurnField("parent_id", _parent_id, json="id"),
     TurnField("output_logprobs", finite_vector, vector=True, json="logprobs", batch_key="logprobs"),

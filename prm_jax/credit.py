@@ -10,6 +10,8 @@ from configuration, so ``compute_advantages`` and ``prm-jax score`` run it:
 - ``gigpo``: GiGPO (``credit_assignment: {mode: gigpo}``; its settings are ``prm_jax.config.GiGPOConfig``);
 - ``distillation_rewards``: a teacher's log-probs of the student's tokens as a dense reward (on-policy
   distillation; its losses are ``prm_jax.losses``');
+- ``optimal_token_baseline``: verl's optimal token baseline (its multi-turn rule), with ``sum_pi_squared``
+  (``sum_v pi_v^2`` from logits) that it reads;
 - ``reinforce_pp``: REINFORCE++ with its return carried across tool outputs, and its group-baseline variant
   (``credit_assignment: {mode: reinforce_pp}`` / ``{mode: reinforce_pp_baseline}``).
 """
@@ -17,12 +19,14 @@ from configuration, so ``compute_advantages`` and ``prm-jax score`` run it:
 from prm_jax.kernels._distillation import distillation_rewards
 from prm_jax.kernels._gigpo import GiGPOOutput, gigpo
 from prm_jax.kernels._normalization import decoupled_normalization
+from prm_jax.kernels._otb import OTBOutput, optimal_token_baseline, sum_pi_squared
 from prm_jax.kernels._prime import implicit_process_rewards
 from prm_jax.kernels._pure import min_form
 from prm_jax.kernels._reinforce_pp import ReinforcePPOutput, reinforce_pp
 from prm_jax.kernels._tree import TreeAdvantages, tree_advantages, tree_discount
 
 __all__ = [
-    "GiGPOOutput", "ReinforcePPOutput", "TreeAdvantages", "decoupled_normalization", "distillation_rewards", "gigpo",
-    "implicit_process_rewards", "min_form", "reinforce_pp", "tree_advantages", "tree_discount",
+    "GiGPOOutput", "OTBOutput", "ReinforcePPOutput", "TreeAdvantages", "decoupled_normalization",
+    "distillation_rewards", "gigpo", "implicit_process_rewards", "min_form", "optimal_token_baseline", "reinforce_pp",
+    "sum_pi_squared", "tree_advantages", "tree_discount",
 ]

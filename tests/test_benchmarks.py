@@ -15,6 +15,7 @@ TOY = {
                        "--loop-repeats", "1"],
     "bench_train_step.py": ["--losses", "--rows", "4", "--width", "32", "--repeats", "1"],
     "bench_compile.py": ["--repeats", "1"],
+    "bench_sum_pi_squared.py": ["--rows", "4", "--vocab", "300", "--chunk", "128", "--repeats", "1"],
 }
 
 

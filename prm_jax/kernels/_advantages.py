@@ -10,7 +10,7 @@ of a forward pass already on timesteps and are not shifted (AReaL's alignment). 
 2. shift the rollout-side arrays to timesteps; the shifted mask is ``m``. The old log-probs are the
    recomputed ``prox_logprobs`` when given, else the shifted behaviour ``logprobs``; they and the
    reference log-probs are zeroed where ``m = 0``.
-3. ``kl_rewards = -kl_ctl * clamp(kl, -10, 10)`` on active timesteps, 0 at timestep ``seqlen - 1``.
+3. ``kl_rewards = -kl_ctl * clamp(kl, +-kl_clamp)`` (AReaL's 10) on active timesteps, 0 at timestep ``seqlen - 1``.
    Without ``ref_logprobs`` the reference log-prob is 0 (AReaL's rule; a warning once per trace when
    ``kl_ctl != 0``).
 4. truncation: ``is_truncated`` when given, else ``seqlen == T`` (with a warning: it mislabels a row that

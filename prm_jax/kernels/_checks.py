@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 import jax
@@ -234,6 +234,15 @@ def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key
     return ValueCheck(f"{key or check_key(name)}_not_finite", violations(bad_rows),
                       lambda row, step, value: f"{name} must be finite{scope}; row {int(row)}, {axis} {int(step)} "
                                                f"is {float(value)!r}{hint}", row, step, in_row[step])
+
+
+def finite_floats(arrays: Mapping[str, Any], where: jax.Array, dtype: Any) -> tuple[dict[str, jax.Array],
+                                                                                list[ValueCheck]]:
+    """Each of ``arrays`` (by its argument name) as a float array of ``dtype``, 0 where ``where`` is False, and a
+    ``finite_check`` of each where ``where`` is True: a kernel's float inputs, read at its trained tokens."""
+    zero = jnp.zeros((), dtype)
+    floats = {name: jnp.where(where, as_float(name, x, dtype), zero) for name, x in arrays.items()}
+    return floats, [finite_check(name, x, where) for name, x in floats.items()]
 
 
 def raise_value_checks(checks: list[ValueCheck], *, callback: bool = False) -> None:

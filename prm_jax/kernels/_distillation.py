@@ -159,12 +159,10 @@ def _loss_jit(logprobs, old_logprobs, rewards, loss_mask, normalization_mask, *,
     dtype = _checks.accumulation_dtype(logprobs, old_logprobs, rewards)
     mask = _checks.as_mask("loss_mask", loss_mask)
     zero = jnp.zeros((), dtype)
-    given = {name: _checks.as_float(name, x, dtype) for name, x in
-             (("logprobs", logprobs), ("old_logprobs", old_logprobs), ("rewards", rewards))}
-    checks = [_checks.finite_check(name, jnp.where(mask, x, zero), mask) for name, x in given.items()]
-    logp = jnp.where(mask, given["logprobs"], zero)
-    old = lax.stop_gradient(jnp.where(mask, given["old_logprobs"], zero))
-    reward = lax.stop_gradient(jnp.where(mask, given["rewards"], zero))
+    given, checks = _checks.finite_floats({"logprobs": logprobs, "old_logprobs": old_logprobs, "rewards": rewards},
+                                          mask, dtype)
+    logp = given["logprobs"]
+    old, reward = lax.stop_gradient(given["old_logprobs"]), lax.stop_gradient(given["rewards"])
     checks += _checks.mask_check("loss_mask", loss_mask)
     log_ratio = lax.stop_gradient(logp) - old
     rho = jnp.exp(jnp.minimum(log_ratio, log_cap))
@@ -216,11 +214,8 @@ def _supervised_jit(logprobs, teacher_logprobs, loss_mask, batch_num_tokens, glo
     dtype = _checks.accumulation_dtype(logprobs, teacher_logprobs)
     mask = _checks.as_mask("loss_mask", loss_mask)
     zero = jnp.zeros((), dtype)
-    given = {name: _checks.as_float(name, x, dtype) for name, x in
-             (("logprobs", logprobs), ("teacher_logprobs", teacher_logprobs))}
-    checks = [_checks.finite_check(name, jnp.where(mask, x, zero), mask) for name, x in given.items()]
-    logp = jnp.where(mask, given["logprobs"], zero)
-    teacher = lax.stop_gradient(jnp.where(mask, given["teacher_logprobs"], zero))
+    given, checks = _checks.finite_floats({"logprobs": logprobs, "teacher_logprobs": teacher_logprobs}, mask, dtype)
+    logp, teacher = given["logprobs"], lax.stop_gradient(given["teacher_logprobs"])
     checks += _checks.mask_check("loss_mask", loss_mask)
     estimate = distillation_estimate(logp, teacher, estimator)
     if clamp is not None:

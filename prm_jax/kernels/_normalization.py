@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +150,16 @@ def batch_groups(batch: Mapping[str, jax.Array], num_rows: int, norm: NormConfig
         return None
     return group_layout(num_rows, norm, batch.get("group_sizes"), batch.get("group_member_counts"),
                         batch.get("group_ids"))
+
+
+def given_groups(rows: int, group_sizes: Any, group_ids: Any) -> tuple[jax.Array, int, list[_checks.ValueCheck]]:
+    """A kernel's GRPO groups: ``(row_group [B], num_groups, checks)`` from ``group_sizes [G]`` (consecutive)
+    or ``group_ids [B]`` (-1: a padding row), with the one check of each; neither: the batch is one group."""
+    if group_sizes is None and group_ids is None:
+        return jnp.zeros((rows,), jnp.int32), 1, []
+    check = group_sizes_check(group_sizes, rows) if group_sizes is not None else group_ids_check(group_ids, rows)
+    layout = group_layout(rows, GRPO_GROUPS, group_sizes, None, group_ids)
+    return layout.row_group, layout.num_groups, [check]
 
 
 def row_groups(groups: GroupLayout | None, rows: int) -> tuple[jax.Array, int]:

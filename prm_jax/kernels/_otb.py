@@ -25,7 +25,7 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import boolean, finite_number, integer
 from prm_jax.kernels import _checks
-from prm_jax.kernels._normalization import GRPO_GROUPS, group_layout, row_groups
+from prm_jax.kernels._normalization import given_groups
 
 
 class OTBOutput(NamedTuple):
@@ -156,18 +156,12 @@ def _otb_jit(token_rewards, mask, logprobs, sum_pi_squared, rollout_is_weights, 
              epsilon):
     dtype = _checks.accumulation_dtype(token_rewards, logprobs, sum_pi_squared)
     active = _checks.as_mask("mask", mask)
-    zero = jnp.zeros((), dtype)
     given = {"token_rewards": token_rewards, "logprobs": logprobs, "sum_pi_squared": sum_pi_squared}
     if rollout_is_weights is not None:
         given["rollout_is_weights"] = rollout_is_weights
-    arrays = {name: _checks.as_float(name, x, dtype) for name, x in given.items()}
-    checks = [_checks.finite_check(name, jnp.where(active, x, zero), active) for name, x in arrays.items()]
-    checks += _checks.mask_check("mask", mask)
-    safe = {name: jnp.where(active, x, zero) for name, x in arrays.items()}
-    rows = active.shape[0]
-    groups = (group_layout(rows, GRPO_GROUPS, group_sizes, None, group_ids)
-              if group_sizes is not None or group_ids is not None else None)
-    row_group, num_groups = row_groups(groups, rows)
+    safe, checks = _checks.finite_floats(given, active, dtype)
+    row_group, num_groups, group_checks = given_groups(active.shape[0], group_sizes, group_ids)
+    checks += [*group_checks, *_checks.mask_check("mask", mask)]
     out = _otb_core(safe["token_rewards"], active, safe["logprobs"], safe["sum_pi_squared"],
                     safe.get("rollout_is_weights"), row_group, num_groups, zero_tail, epsilon)
     return out, checks

@@ -32,7 +32,7 @@ from jax.typing import ArrayLike
 from prm_jax._validation import boolean, finite_number
 from prm_jax.kernels import _checks
 from prm_jax.kernels._estimator import Estimate, EstimatorSpec
-from prm_jax.kernels._normalization import GRPO_GROUPS, group_layout, row_groups, whiten
+from prm_jax.kernels._normalization import given_groups, whiten
 from prm_jax.kernels._recurrence import GAEMethod, ScanStrategy, resolve_strategy
 from prm_jax.kernels._token_gae import _gae_core
 
@@ -119,10 +119,8 @@ def _reinforce_pp_jit(token_rewards, mask, group_sizes, group_ids, *, gamma, bas
     rewards = _checks.as_float("token_rewards", token_rewards, dtype)
     active = _checks.as_mask("mask", mask)
     rows = rewards.shape[0]
-    groups = (group_layout(rows, GRPO_GROUPS, group_sizes, None, group_ids)
-              if group_sizes is not None or group_ids is not None else None)
-    row_group, num_groups = row_groups(groups, rows)
-    checks = [_checks.finite_check("token_rewards", rewards, active), *_checks.mask_check("mask", mask)]
+    row_group, num_groups, checks = given_groups(rows, group_sizes, group_ids)
+    checks += [_checks.finite_check("token_rewards", rewards, active), *_checks.mask_check("mask", mask)]
     out = _reinforce_pp_core(rewards, active, jnp.asarray(gamma, dtype), baseline, jnp.ones((rows,), jnp.bool_),
                              row_group, num_groups, strategy.gae)
     return out, checks

@@ -106,3 +106,9 @@ def test_bad_input_is_refused_naming_the_argument():
                                np.array([[np.nan, 1.0]], np.float32))
     with pytest.raises(ValueError, match="temperature"):
         sum_pi_squared(np.zeros((2, 3), np.float32), temperature=0.0)
+
+
+def test_groups_that_do_not_cover_the_batch_are_refused():
+    args = (np.zeros((4, 2), np.float32), np.ones((4, 2), bool), np.zeros((4, 2), np.float32), np.ones((4, 2), np.float32))
+    with pytest.raises(ValueError, match="group_sizes"):
+        optimal_token_baseline(*args, group_sizes=np.array([3, 3], np.int32))

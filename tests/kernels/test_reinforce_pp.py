@@ -100,3 +100,13 @@ def test_the_credit_modes_run_in_the_pipeline_without_retracing_and_report_degen
     assert int(out.diagnostics["reinforce_pp/degenerate"]) == 0
     empty = dict(batch, loss_mask=np.zeros_like(batch["loss_mask"]))
     assert int(prm_jax.compute_advantages(empty, config).diagnostics["reinforce_pp/degenerate"]) == 1
+
+
+def test_groups_that_do_not_cover_the_batch_are_refused():
+    # (The review of issue 44: the kernels' groups go through the one check of group_sizes and group_ids.)
+    with pytest.raises(ValueError, match="group_sizes"):
+        reinforce_pp(np.ones((4, 3), np.float32), np.ones((4, 3), bool), baseline=True,
+                     group_sizes=np.array([2, 1], np.int32))
+    with pytest.raises(ValueError, match="group_ids"):
+        reinforce_pp(np.ones((2, 3), np.float32), np.ones((2, 3), bool), baseline=True,
+                     group_ids=np.array([0, 5], np.int32))

@@ -65,8 +65,12 @@ def make_batch(rows: int, turns: int, tokens: int, group: int, seed: int = 0) ->
     token_rewards = np.where(turn_ids >= 0, np.take_along_axis(per_turn, np.maximum(turn_ids, 0), axis=1), 0.0)
     ref = (-rng.exponential(size=(rows, width))).astype(np.float32)
     node_ids, parents, _ = session_trees(rows, turns, group)
+    logprobs = (-rng.exponential(size=(rows, width))).astype(np.float32)
+    pi = np.exp(np.roll(logprobs, -1, axis=1).astype(np.float64))  # the sampled token's pi on timesteps
+    sum_pi_squared = pi ** 2 + (1 - pi) ** 2 * rng.uniform(0, 1, (rows, width))  # as from real logits: >= pi^2
     return dict(attention_mask=np.ones((rows, width), np.int32), loss_mask=loss_mask, turn_ids=turn_ids,
-                logprobs=(-rng.exponential(size=(rows, width))).astype(np.float32),
+                logprobs=logprobs, sum_pi_squared=sum_pi_squared.astype(np.float32),
+                rollout_is_weights=rng.uniform(0.8, 1.2, (rows, width)).astype(np.float32),
                 ref_logprobs=ref, prm_logprobs=(ref + rng.normal(0, 0.1, ref.shape)).astype(np.float32),
                 token_rewards=token_rewards.astype(np.float32), rewards=rng.choice([0.0, 1.0], rows).astype(np.float32),
                 is_truncated=np.zeros(rows, bool), group_sizes=np.full(rows // group, group, np.int32),
@@ -128,7 +132,9 @@ def main() -> None:
         print(f"{name:<26} {fast * 1e3:10.3f} {slow * 1e3:10.1f} {slow / fast:8.0f}x")
 
     device = jax.device_put({k: v for k, v in batch.items()})
-    plain = {k: v for k, v in device.items() if k not in ("prm_logprobs", "reward_sources", "node_ids", "node_parents")}
+    plain = {k: v for k, v in device.items() if k not in ("prm_logprobs", "reward_sources", "node_ids", "node_parents",
+                                                         "sum_pi_squared", "rollout_is_weights")}
+    otb = {k: v for k, v in device.items() if k not in ("prm_logprobs", "reward_sources", "node_ids", "node_parents")}
     configs = {
         "gae (baseline)": (AdvantageConfig(kl_ctl=0.0, check_values=False), plain),
         "tree": (AdvantageConfig(kl_ctl=0.0, check_values=False, credit_assignment={"mode": "tree"}), device),
@@ -138,6 +144,7 @@ def main() -> None:
                                          credit_assignment={"mode": "reinforce_pp"}), plain),
         "reinforce_pp_baseline": (AdvantageConfig(kl_ctl=0.0, check_values=False,
                                                   credit_assignment={"mode": "reinforce_pp_baseline"}), plain),
+        "otb": (AdvantageConfig(kl_ctl=0.0, check_values=False, credit_assignment={"mode": "otb"}), otb),
         "decoupled": (AdvantageConfig(kl_ctl=0.0, check_values=False, reward_norm={"mode": "decoupled"}), device),
         "min_form": (AdvantageConfig(kl_ctl=0.0, check_values=False,
                                      process_reward_transform={"mode": "min_form", "temperature": 0.1}), device),

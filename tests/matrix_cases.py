@@ -52,11 +52,18 @@ def make_batch(rng: np.random.Generator) -> dict:
             node_ids[b, :len(path)] = path
             previous = path
     ref = (-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32)
+    logprobs = (-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32)
+    prox = (-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32)
+    # OTB's sum of pi^2 at timestep t is at least the sampled token's pi^2 (either log-prob the pipeline reads:
+    # prox, or the behaviour one of position t + 1), as from real logits: the token weights are >= 0.
+    top = np.maximum(np.exp(prox), np.exp(np.concatenate([logprobs[:, 1:], logprobs[:, :1]], axis=1)))
+    sum_pi_squared = top ** 2 + (1 - top ** 2) * rng.uniform(0, 0.8, (ROWS, WIDTH))
     return dict(attention_mask=attention, loss_mask=loss, turn_ids=turn_ids,
-                logprobs=(-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32),
+                logprobs=logprobs, sum_pi_squared=sum_pi_squared.astype(np.float32),
+                rollout_is_weights=rng.uniform(0.5, 1.5, (ROWS, WIDTH)).astype(np.float32),
                 rewards=rng.choice([0.0, 1.0], ROWS).astype(np.float32),
                 values=rng.normal(0, 0.5, (ROWS, WIDTH)).astype(np.float32), ref_logprobs=ref,
-                prox_logprobs=(-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32),
+                prox_logprobs=prox,
                 prm_logprobs=(ref + rng.normal(0, 0.2, ref.shape)).astype(np.float32),
                 token_rewards=token_rewards.astype(np.float32),
                 gae_lambda=rng.uniform(0.5, 1.0, ROWS).astype(np.float32),

@@ -319,7 +319,10 @@ def compute_advantages(batch, cfg):
         lam = c["gae_lambda"]
     if mode in CREDIT_FROM_REWARDS:  # an estimator that takes the task rewards with the KL rewards in them
         real = attention.any(axis=1)
-        advantages, returns = CREDIT_FROM_REWARDS[mode](credit, tot + kl_rewards, m, groups, real, c["discount"])
+        model = {"logprobs": logp, **{key: f64(key) if key in batch else None
+                                      for key in ("sum_pi_squared", "rollout_is_weights")}}
+        advantages, returns = CREDIT_FROM_REWARDS[mode](credit, tot + kl_rewards, m, groups, real, c["discount"],
+                                                        model)
     elif mode is not None:
         advantages = _credit(mode, credit, batch, m, tids, ends, process, outcome, outcome_step, groups) + kl_rewards
         returns = advantages + values
@@ -464,16 +467,59 @@ def reinforce_pp(rewards, mask, gamma, groups, real, baseline=False):
     return advantages, (advantages if baseline else g)
 
 
+def optimal_token_baseline(rewards, mask, logprobs, sum_pi_squared, groups, weights=None, zero_tail=True, eps=1e-8):
+    """OTB with CREDIT2.md 5.1's rule, in plain loops: ``(advantages, returns)``. Each row's trained tokens in
+    order (index k); ``G`` the reward-to-go over them; ``w = (1 - 2 pi + S) rho^2``, ``W`` its running sum; per
+    group and k, over the group's non-empty rows reaching k, ``B = sum G W / (sum W + eps)`` (0 for a group with
+    fewer than two non-empty rows); the zero tail: a unique longest row gets B = 0 from the second longest
+    length on; ``A = G - B`` on trained tokens, 0 elsewhere."""
+    rows, width = mask.shape
+    tokens = [[t for t in range(width) if mask[b, t]] for b in range(rows)]
+    ret, cum = [], []
+    for b in range(rows):
+        g, running = [0.0] * len(tokens[b]), 0.0
+        for k in reversed(range(len(tokens[b]))):
+            running += rewards[b, tokens[b][k]]
+            g[k] = running
+        total, w = 0.0, []
+        for t in tokens[b]:
+            rho = 1.0 if weights is None else weights[b, t]
+            total += (1.0 - 2.0 * math.exp(logprobs[b, t]) + sum_pi_squared[b, t]) * rho * rho
+            w.append(total)
+        ret.append(g)
+        cum.append(w)
+    advantages, returns = np.zeros((rows, width)), np.zeros((rows, width))
+    for b in range(rows):
+        members = [c for c in range(rows) if groups[c] == groups[b] and tokens[c]]
+        lengths = sorted((len(tokens[c]) for c in range(rows) if groups[c] == groups[b]), reverse=True)
+        alone = len(lengths) >= 1 and len(tokens[b]) == lengths[0] and (len(lengths) == 1 or lengths[1] < lengths[0])
+        second = lengths[1] if len(lengths) > 1 else 0
+        for k, t in enumerate(tokens[b]):
+            baseline = 0.0
+            if len(members) >= 2 and not (zero_tail and alone and k >= second):
+                reach = [c for c in members if k < len(tokens[c])]
+                baseline = (math.fsum(ret[c][k] * cum[c][k] for c in reach)
+                            / (math.fsum(cum[c][k] for c in reach) + eps))
+            advantages[b, t] = ret[b][k] - baseline
+            returns[b, t] = ret[b][k]
+    return advantages, returns
+
+
 # The float64 reference of each credit mode, by its registered name: a registered estimator without one
 # fails the option matrix naming it (tests/kernels/test_matrix.py); the GAE estimators are steps 6-7 above.
 CREDIT = {"pure": _credit_pure, "prime": _credit_prime, "gigpo": _credit_gigpo, "tree": _credit_tree,
           "rloo": _credit_rloo}
 # Those that read the task rewards with the KL rewards in them (EstimatorSpec.kl == "rewards") and form their
-# own returns: ``(options, rewards, mask, groups, real_rows, discount) -> (advantages, returns)``.
+# own returns: ``(options, rewards, mask, groups, real_rows, discount, model) -> (advantages, returns)``, ``model``
+# the model outputs on timesteps (``logprobs``: the pipeline's old log-probs; the batch's ``sum_pi_squared`` and
+# ``rollout_is_weights`` as given, or None).
 CREDIT_FROM_REWARDS = {
-    "reinforce_pp": lambda options, r, m, groups, real, discount: reinforce_pp(r, m, discount, groups, real),
-    "reinforce_pp_baseline": lambda options, r, m, groups, real, discount: reinforce_pp(r, m, discount, groups, real,
-                                                                                       baseline=True),
+    "reinforce_pp": lambda options, r, m, groups, real, discount, model: reinforce_pp(r, m, discount, groups, real),
+    "reinforce_pp_baseline": lambda options, r, m, groups, real, discount, model: reinforce_pp(
+        r, m, discount, groups, real, baseline=True),
+    "otb": lambda options, r, m, groups, real, discount, model: optimal_token_baseline(
+        r, m, model["logprobs"], model["sum_pi_squared"], groups, model["rollout_is_weights"],
+        zero_tail=options.get("handle_zero_tail", True), eps=options.get("epsilon", 1e-8)),
 }
 GAE_ESTIMATORS = ("token_gae", "turn_gae")
 

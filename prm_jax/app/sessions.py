@@ -17,7 +17,9 @@ One session per line::
       "token_rewards": [..],                            # optional, pre-existing process rewards
       "anchor_id": 17, "step_reward": 0.5,              # optional, per turn, for GiGPO
       "output_prm_logprobs": [..],                      # optional, per output token: an implicit PRM's
-      "output_ref_logprobs": [..]}],                    #   and the reference model's log-probs (PRIME, KL)
+      "output_ref_logprobs": [..],                      #   and the reference model's log-probs (PRIME, KL),
+      "output_sum_pi_squared": [..],                    #   sum_v pi_v^2 of its distribution (OTB; in [0, 1]),
+      "output_teacher_logprobs": [..]}],                #   a teacher's log-probs (on-policy distillation)
    "ready": ["q17-s0-t3"],             # optional: leaves to export; default every leaf
    "metadata": {"answer": "42"}}       # optional: any JSON object, given to every scorer of the session
                                        #   as ctx["metadata"] (read-only); at most 64 KiB, 32 levels deep
@@ -53,6 +55,7 @@ import numpy as np
 from prm_jax._validation import short_repr
 from prm_jax.runtime._context import check_metadata
 from prm_jax.runtime._trajectory import (
+    LOGPROB_SLACK,
     STOP_REASONS,
     TOKEN_ID_RANGE,
     TURN_FIELDS,
@@ -69,7 +72,6 @@ from prm_jax.runtime._trajectory import (
     stray_token_id,
 )
 
-LOGPROB_SLACK = 1e-6  # inference engines round a log-prob of ~0 to tiny positive values
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 

@@ -4,7 +4,7 @@
 whole file (``rollout``, ``rollout.agent.prm``, ``actor``), read by ``load_config`` (YAML with a bound on
 alias expansion). Errors are ``ConfigError``, naming the key path. The kernels' own parameter records
 (``NormConfig``, ``DecoupledNorm``, ``ShapingConfig``, ``GiGPOConfig``, ``TreeCredit``, ``PureCredit``,
-``PrimeCredit``, ``ReinforcePPCredit``, ``ReinforcePPBaselineCredit``, ``MinFormTransform``,
+``PrimeCredit``, ``OTBCredit``, ``ReinforcePPCredit``, ``ReinforcePPBaselineCredit``, ``MinFormTransform``,
 ``ProgressTransform``) are re-exported: they are the values of
 ``reward_norm``/``adv_norm``, ``advantage_shaping``, ``credit_assignment`` and ``process_reward_transform``.
 """
@@ -30,6 +30,7 @@ from prm_jax.config._experiment import (
 from prm_jax.config._loader import ConfigFileError, load_config, parse_yaml
 from prm_jax.kernels._gigpo import GiGPOConfig
 from prm_jax.kernels._normalization import DecoupledNorm, NormConfig
+from prm_jax.kernels._otb import OTBCredit
 from prm_jax.kernels._prime import PrimeCredit
 from prm_jax.kernels._progress import ProgressTransform
 from prm_jax.kernels._pure import MinFormTransform, PureCredit
@@ -49,6 +50,7 @@ __all__ = [
     "MinFormTransform",
     "ProgressTransform",
     "NormConfig",
+    "OTBCredit",
     "PRMConfig",
     "PRMSection",
     "PrimeCredit",

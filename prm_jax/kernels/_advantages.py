@@ -84,7 +84,8 @@ def _estimator_inputs(plan: AdvantagePlan, batch: Mapping[str, jax.Array], rewar
     available: dict[str, Callable[[], Any]] = {
         "batch": lambda: {key: batch[key] for key in spec.batch_keys if key in batch},
         "rewards": lambda: rewards, "outcome": lambda: outcome, "process": lambda: process,
-        "active": lambda: steps.active, "values": lambda: steps.values, "turn_ids": lambda: steps.turn_ids,
+        "active": lambda: steps.active,
+        "logprobs": lambda: steps.logprobs, "values": lambda: steps.values, "turn_ids": lambda: steps.turn_ids,
         "ref_logprobs": lambda: steps.ref_logprobs, "bootstrap": lambda: bootstrap, "lam": lambda: lam,
         "gamma": lambda: jnp.asarray(plan.discount, dtype), "real_rows": lambda: real_rows,
         "row_group": lambda: row_groups(groups, outcome.shape[0])[0],

@@ -39,6 +39,8 @@ INPUTS: Mapping[str, str] = MappingProxyType({
     "outcome": "[B] transformed outcome rewards (0 on truncated rows under mask_no_eos_with_zero)",
     "process": "[B, T] process rewards P on timesteps, 0 where untrained (None without token_rewards)",
     "active": "[B, T] bool: the trained timesteps (the shifted loss mask)",
+    "logprobs": "[B, T] the old policy's log-probs on timesteps (prox_logprobs when given, else the shifted "
+                "behaviour log-probs), 0 where untrained",
     "values": "[B, T] values (0 without a critic)",
     "turn_ids": "[B, T] int32 turn ids on timesteps (-1 in the last column), None without them",
     "ref_logprobs": "[B, T] reference log-probs, 0 where untrained (None without them)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prm_jax.kernels._estimator import EstimatorSpec
 from prm_jax.kernels._gigpo import GIGPO
+from prm_jax.kernels._otb import OTB
 from prm_jax.kernels._prime import PRIME
 from prm_jax.kernels._pure import PURE
 from prm_jax.kernels._reinforce_pp import REINFORCE_PP, REINFORCE_PP_BASELINE
@@ -56,5 +57,5 @@ def credit_modes() -> dict[str, type]:
     return {spec.mode: spec.stage for spec in _REGISTRY.values() if spec.mode is not None}
 
 
-for _spec in (TOKEN_GAE, TURN_GAE, GIGPO, TREE, PURE, PRIME, REINFORCE_PP, REINFORCE_PP_BASELINE):
+for _spec in (TOKEN_GAE, TURN_GAE, GIGPO, TREE, PURE, PRIME, REINFORCE_PP, REINFORCE_PP_BASELINE, OTB):
     register_estimator(_spec)

@@ -75,19 +75,19 @@ def finite_checks(batch: Mapping[str, jax.Array], active: jax.Array, values: jax
                   truncated: jax.Array, plan: AdvantagePlan) -> list[_checks.ValueCheck]:
     """Every float input on positions or timesteps is finite where it is used, by ``BATCH_SCHEMA``'s
     ``finite`` rule: a ``trained`` key on the trained timesteps ``active`` (a key on positions as the stages
-    read it, shifted to the next token), a ``reader`` model output where a stage reads it
-    (``plan.model_outputs_read``; one no stage reads may hold anything), and a truncated row's bootstrap
-    value ``V[seqlen - 1]`` (one NaN there would reach every advantage through batch normalization). The
-    other keys' rules are kept where they are read: ``rows`` by the outcome stage (``batch['rewards']``), a
-    ``reader`` key of turns or rows by its stage (GiGPO's ``turn_rewards``, the λ), ``nan_is_missing`` by
-    GDPO's sources."""
+    read it, shifted to the next token), a ``reader`` key on timesteps where a stage reads it
+    (``plan.reads``: the model outputs, OTB's ``rollout_is_weights``; one no stage reads may hold anything),
+    and a truncated row's bootstrap value ``V[seqlen - 1]`` (one NaN there would reach every advantage
+    through batch normalization). The other keys' rules are kept where they are read: ``rows`` by the
+    outcome stage (``batch['rewards']``), a ``reader`` key of turns or rows by its stage (GiGPO's
+    ``turn_rewards``, the λ), ``nan_is_missing`` by GDPO's sources."""
     checks = []
     dtype = values.dtype
     for name in timestep_checked_keys(BATCH_SCHEMA):
         key = BATCH_SCHEMA[name]
         # (values: without a critic the pipeline's zeros, checked all the same, so the diagnostics keep one
         # structure whatever the batch holds)
-        if (name not in batch and name != "values") or not (key.finite == "trained" or name in plan.model_outputs_read):
+        if (name not in batch and name != "values") or not (key.finite == "trained" or name in plan.reads):
             continue
         array = _checks.as_float(f"batch[{name!r}]", batch[name], dtype) if name in batch else values
         if key.on == "positions":  # as the stages read it: on the next token's timestep

@@ -10,12 +10,22 @@ over its rows that reach ``k``; a group of one non-empty row (or none) has basel
 one that long, gets baseline 0 from the second longest row's length on (where it is alone, its baseline
 would be its own return and its advantage about 0). The advantages are ``(G - B)`` at the trained tokens, 0
 elsewhere; the returns ``G``.
+
+As ``actor.credit_assignment: {mode: otb}`` (settings ``handle_zero_tail``, ``epsilon``) it reads the task
+rewards on timesteps (the outcome reward, folded turn rewards with ``token_rewards_as_adv: false``, and the
+KL rewards, as REINFORCE++ does), the old policy's log-probs on timesteps (``prox_logprobs`` when given,
+else the shifted behaviour log-probs: verl's ``old_log_probs``, the forward that computed ``sum_pi_squared``),
+``batch['sum_pi_squared']`` and, when given, ``batch['rollout_is_weights']`` (both model outputs on
+timesteps, like ``ref_logprobs``), grouped by the GRPO groups (one group without them). With
+``token_rewards_as_adv: true`` the shaping applies after, as it does after GAE.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +35,23 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import boolean, finite_number, integer
 from prm_jax.kernels import _checks
+from prm_jax.kernels._estimator import Estimate, EstimatorSpec
 from prm_jax.kernels._normalization import given_groups
+from prm_jax.kernels._recurrence import AlignmentMethod, ScanStrategy, resolve_alignment
+from prm_jax.native import _ffi as ffi
+
+
+@dataclasses.dataclass(frozen=True)
+class OTBCredit:
+    """``actor.credit_assignment: {mode: otb}``: the zero tail (on by default, as verl's trainer runs it) and
+    the baseline denominator's ``epsilon`` (verl's 1e-8)."""
+
+    handle_zero_tail: bool = True
+    epsilon: float = 1e-8
+
+    def __post_init__(self) -> None:
+        boolean("handle_zero_tail", self.handle_zero_tail)
+        object.__setattr__(self, "epsilon", finite_number("epsilon", self.epsilon, minimum=0.0))
 
 
 class OTBOutput(NamedTuple):
@@ -73,49 +99,76 @@ def _sum_pi_squared_jit(logits, *, temperature, chunk):
     return second / jnp.square(first)
 
 
+def _baseline_cuts(lengths: jax.Array, row_group: jax.Array, num_groups: int, zero_tail: bool,
+                   width: int) -> jax.Array:
+    """``[B]`` int32: the index ``k`` from which each row's baseline is 0: ``0`` in a group of fewer than two
+    non-empty rows, the second longest length for a group's unique longest row under the zero tail, else
+    ``width`` (never)."""
+    def per_group(x: jax.Array) -> jax.Array:
+        return jax.ops.segment_sum(x, row_group, num_segments=num_groups)[row_group]
+
+    cut = jnp.where(per_group((lengths > 0).astype(jnp.int32)) >= 2, width, 0)
+    if zero_tail:
+        longest = jax.ops.segment_max(lengths, row_group, num_segments=num_groups)[row_group]
+        second = jax.ops.segment_max(jnp.where(lengths < longest, lengths, 0), row_group,
+                                     num_segments=num_groups)[row_group]
+        alone = (lengths == longest) & (per_group((lengths == longest).astype(jnp.int32)) == 1)
+        cut = jnp.where(alone, jnp.minimum(cut, second), cut)
+    return cut.astype(jnp.int32)
+
+
+def _group_baselines(returns: jax.Array, cumulative: jax.Array, row_group: jax.Array, num_groups: int,
+                     epsilon: float) -> jax.Array:
+    """``[G, T]`` each group's ``sum G W / (sum W + eps)`` per generated-token index, from rows compacted to
+    it (0 after each row's end): whole rows summed into their group's."""
+    def group_sum(x: jax.Array) -> jax.Array:
+        return jax.ops.segment_sum(x, row_group, num_segments=num_groups)
+
+    return group_sum(returns * cumulative) / (group_sum(cumulative) + epsilon)
+
+
 def _otb_core(rewards: jax.Array, active: jax.Array, logprobs: jax.Array, pi_squared: jax.Array,
               weights: jax.Array | None, row_group: jax.Array, num_groups: int, zero_tail: bool,
-              epsilon: float) -> OTBOutput:
-    """OTB on validated arrays (module docstring), the multi-turn rule."""
+              epsilon: float, alignment: AlignmentMethod) -> OTBOutput:
+    """OTB on validated arrays (module docstring), the multi-turn rule. Rows are compacted to generated-token
+    index (``G`` and ``W`` there), the group baselines taken, and the advantages put back on the trained
+    timesteps: by the native kernels (``alignment="native"``, float32) or by XLA's scatter and gather."""
     rows, width = rewards.shape
     zero = jnp.zeros((), rewards.dtype)
+    score = 1.0 - 2.0 * jnp.exp(logprobs) + pi_squared
+    if weights is not None:
+        score = score * weights * weights
+    if alignment == "native" and rewards.dtype == jnp.float32:
+        # (An invalid group id fails its own check, which names it: clipped here, the kernel never sees it.)
+        row_group = jnp.clip(row_group, 0, num_groups - 1)
+        returns_c, cumulative, lengths = ffi.otb_compact(rewards, jnp.where(active, score, zero), active)
+        cut = _baseline_cuts(lengths, row_group, num_groups, zero_tail, width)
+        baselines = _group_baselines(returns_c, cumulative, row_group, num_groups, epsilon)
+        return OTBOutput(*ffi.otb_expand(returns_c, baselines, row_group, cut, active))
     index = jnp.cumsum(active, axis=1, dtype=jnp.int32) - 1          # the generated-token index k
     slot = jnp.where(active, index, width)                            # untrained: a dropped column
-    lengths = jnp.sum(active, axis=1, dtype=jnp.int32)
     by_row = jnp.arange(rows, dtype=jnp.int32)[:, None]
 
     def compact(x: jax.Array) -> jax.Array:
         return jnp.zeros((rows, width + 1), x.dtype).at[by_row, slot].add(jnp.where(active, x, zero))[:, :width]
 
+    lengths = jnp.sum(active, axis=1, dtype=jnp.int32)
     valid = jnp.arange(width, dtype=jnp.int32)[None, :] < lengths[:, None]
-    score = 1.0 - 2.0 * jnp.exp(logprobs) + pi_squared
-    if weights is not None:
-        score = score * weights * weights
-    returns = jnp.cumsum(compact(rewards)[:, ::-1], axis=1)[:, ::-1]   # reward-to-go over trained tokens
-    cumulative = jnp.cumsum(compact(score), axis=1)
-    numerator = jax.ops.segment_sum(jnp.where(valid, returns * cumulative, zero), row_group, num_segments=num_groups)
-    denominator = jax.ops.segment_sum(jnp.where(valid, cumulative, zero), row_group, num_segments=num_groups)
-    baseline = (numerator / (denominator + epsilon))[row_group]
-    members = jax.ops.segment_sum((lengths > 0).astype(jnp.int32), row_group, num_segments=num_groups)[row_group]
-    baseline = jnp.where((members >= 2)[:, None], baseline, zero)
-    if zero_tail:
-        longest = jax.ops.segment_max(lengths, row_group, num_segments=num_groups)[row_group]
-        ties = jax.ops.segment_sum((lengths == longest).astype(jnp.int32), row_group, num_segments=num_groups)[row_group]
-        second = jax.ops.segment_max(jnp.where(lengths < longest, lengths, 0), row_group,
-                                     num_segments=num_groups)[row_group]
-        alone = (lengths == longest) & (ties == 1)
-        cut = alone[:, None] & (jnp.arange(width, dtype=jnp.int32)[None, :] >= second[:, None])
-        baseline = jnp.where(cut, zero, baseline)
-    advantages_c = jnp.where(valid, returns - baseline, zero)
+    returns_c = jnp.cumsum(compact(rewards)[:, ::-1], axis=1)[:, ::-1]   # reward-to-go over trained tokens
+    cumulative = jnp.where(valid, jnp.cumsum(compact(score), axis=1), zero)
+    cut = _baseline_cuts(lengths, row_group, num_groups, zero_tail, width)
+    baseline = _group_baselines(returns_c, cumulative, row_group, num_groups, epsilon)[row_group]
+    on = jnp.arange(width, dtype=jnp.int32)[None, :] < cut[:, None]
+    advantages_c = returns_c - jnp.where(on, baseline, zero)
     gather = jnp.clip(index, 0, width - 1)
     advantages = jnp.where(active, jnp.take_along_axis(advantages_c, gather, axis=1), zero)
-    return OTBOutput(advantages, jnp.where(active, jnp.take_along_axis(returns, gather, axis=1), zero))
+    return OTBOutput(advantages, jnp.where(active, jnp.take_along_axis(returns_c, gather, axis=1), zero))
 
 
 def optimal_token_baseline(token_rewards: ArrayLike, mask: ArrayLike, logprobs: ArrayLike, sum_pi_squared: ArrayLike,
                            *, group_sizes: ArrayLike | None = None, group_ids: ArrayLike | None = None,
                            rollout_is_weights: ArrayLike | None = None, handle_zero_tail: bool = True,
-                           epsilon: float = 1e-8) -> OTBOutput:
+                           epsilon: float = 1e-8, alignment: AlignmentMethod | Literal["auto"] = "auto") -> OTBOutput:
     """OTB advantages (module docstring), verl's multi-turn variant with CREDIT2.md 5.1's rules.
 
     Args:
@@ -127,6 +180,8 @@ def optimal_token_baseline(token_rewards: ArrayLike, mask: ArrayLike, logprobs: 
       rollout_is_weights: ``[B, T]`` optional importance weights ``rho`` (``w`` is scaled by ``rho^2``).
       handle_zero_tail: the zero tail (default on, as verl's trainer runs it).
       epsilon: added to the baseline's denominator (verl's 1e-8).
+      alignment: how rows are aligned by generated-token index: ``native`` (the CPU kernel, float32),
+        ``scatter`` (XLA, every backend) or ``auto`` (native where the native kernels run).
 
     Returns:
       ``OTBOutput`` float32 (float64 for float64 inputs).
@@ -147,13 +202,14 @@ def optimal_token_baseline(token_rewards: ArrayLike, mask: ArrayLike, logprobs: 
                     ("rollout_is_weights", rollout_is_weights)):
         if x is not None:
             _checks.check_shape(name, x, shape, "token_rewards")
+    alignment = resolve_alignment(alignment)
     return _checks.checked(_otb_jit, token_rewards, mask, logprobs, sum_pi_squared, rollout_is_weights, group_sizes,
-                           group_ids, zero_tail=handle_zero_tail, epsilon=epsilon)
+                           group_ids, zero_tail=handle_zero_tail, epsilon=epsilon, alignment=alignment)
 
 
-@functools.partial(jax.jit, static_argnames=("zero_tail", "epsilon"))
+@functools.partial(jax.jit, static_argnames=("zero_tail", "epsilon", "alignment"))
 def _otb_jit(token_rewards, mask, logprobs, sum_pi_squared, rollout_is_weights, group_sizes, group_ids, *, zero_tail,
-             epsilon):
+             epsilon, alignment):
     dtype = _checks.accumulation_dtype(token_rewards, logprobs, sum_pi_squared)
     active = _checks.as_mask("mask", mask)
     given = {"token_rewards": token_rewards, "logprobs": logprobs, "sum_pi_squared": sum_pi_squared}
@@ -163,5 +219,29 @@ def _otb_jit(token_rewards, mask, logprobs, sum_pi_squared, rollout_is_weights, 
     row_group, num_groups, group_checks = given_groups(active.shape[0], group_sizes, group_ids)
     checks += [*group_checks, *_checks.mask_check("mask", mask)]
     out = _otb_core(safe["token_rewards"], active, safe["logprobs"], safe["sum_pi_squared"],
-                    safe.get("rollout_is_weights"), row_group, num_groups, zero_tail, epsilon)
+                    safe.get("rollout_is_weights"), row_group, num_groups, zero_tail, epsilon, alignment)
     return out, checks
+
+
+def _estimate(stage: OTBCredit, checks: list, batch: Mapping[str, jax.Array], rewards: jax.Array,
+              logprobs: jax.Array, active: jax.Array, row_group: jax.Array, num_groups: int,
+              strategy: ScanStrategy, dtype: Any) -> Estimate:
+    """OTB in the pipeline (module docstring). ``sum_pi_squared`` and ``rollout_is_weights`` are finite on
+    the trained timesteps (the pipeline checks every model output a stage reads, BATCH_SCHEMA's rule)."""
+    zero = jnp.zeros((), dtype)
+
+    def read(key: str) -> jax.Array:
+        return jnp.where(active, _checks.as_float(f"batch[{key!r}]", batch[key], dtype), zero)
+
+    weights = read("rollout_is_weights") if "rollout_is_weights" in batch else None
+    out = _otb_core(rewards, active, logprobs, read("sum_pi_squared"), weights, row_group, num_groups,
+                    stage.handle_zero_tail, stage.epsilon, strategy.alignment)
+    return Estimate(out.advantages, out.returns)
+
+
+OTB = EstimatorSpec(
+    OTBCredit, _estimate, "credit_assignment 'otb'", mode="otb", reads=("sum_pi_squared",),
+    may_read=("rollout_is_weights",), kl="rewards", units=("token",),
+    missing_hint=" (each token's sum over the vocabulary of pi^2, from the logits that gave the log-probs: "
+                 "prm_jax.credit.sum_pi_squared, or the sessions' output_sum_pi_squared)",
+    example={"credit_assignment": {"mode": "otb"}})

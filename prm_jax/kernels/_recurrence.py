@@ -63,6 +63,7 @@ def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: boo
 StepGroupMethod = Literal["native", "sort"]
 STEP_GROUP_METHODS: tuple[StepGroupMethod, ...] = get_args(StepGroupMethod)
 CumsumMethod = Literal["blocked", "lax"]
+AlignmentMethod = Literal["native", "scatter"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +74,15 @@ class ScanStrategy:
     lam``); ``general`` for recurrences with other coefficients (the turn rule's masked fills, PRIME's
     lambda-return), never ``cumsum``; ``step_groups`` how GiGPO finds its step groups (the CPU's ``native``
     hash pass or the ``sort`` every backend has); ``cumsum`` how a reverse cumulative sum runs (``blocked``
-    matrix products on the CPU, where XLA's ``lax.cumsum`` is slow, else ``lax``)."""
+    matrix products on the CPU, where XLA's ``lax.cumsum`` is slow, else ``lax``); ``alignment`` how OTB
+    aligns rows by generated-token index (the CPU's ``native`` passes, or XLA's ``scatter`` and gather).
+    ``native`` is chosen where the native kernels run (``ffi.use_native``), like the step groups."""
 
     gae: GAEMethod
     general: GAEMethod
     step_groups: StepGroupMethod = "sort"
     cumsum: CumsumMethod = "lax"
+    alignment: AlignmentMethod = "scatter"
 
 
 def resolve_strategy(method: GAEMethod | str, *, unit_discount: bool, sharded: bool = False,
@@ -89,7 +93,8 @@ def resolve_strategy(method: GAEMethod | str, *, unit_discount: bool, sharded: b
     groups and the cumulative sums follow the backend (``resolve_step_groups``, ``resolve_cumsum``)."""
     gae = resolve_method(method, unit_discount=unit_discount, sharded=sharded)
     general = gae if gae != "cumsum" else resolve_method("auto", unit_discount=False, sharded=sharded)
-    return ScanStrategy(gae, general, resolve_step_groups(step_groups, sharded=sharded), resolve_cumsum())
+    return ScanStrategy(gae, general, resolve_step_groups(step_groups, sharded=sharded), resolve_cumsum(),
+                        resolve_alignment(sharded=sharded))
 
 
 def resolve_step_groups(method: StepGroupMethod | Literal["auto"] | str = "auto", *,
@@ -103,6 +108,19 @@ def resolve_step_groups(method: StepGroupMethod | Literal["auto"] | str = "auto"
     if checked == "native" and not (ffi.available() and not sharded):
         raise ValueError("step_groups='native' needs the native CPU kernels on one device (see prm_jax.native); "
                          "use 'auto' or 'sort'")
+    return checked
+
+
+def resolve_alignment(method: AlignmentMethod | Literal["auto"] | str = "auto", *,
+                      sharded: bool = False) -> AlignmentMethod:
+    """OTB's alignment by generated-token index, outside any trace: ``auto`` is ``native`` where the native
+    kernels run (``ffi.use_native``), else ``scatter``; ``native`` is refused where they cannot."""
+    checked = one_of("alignment", method, ("auto", *get_args(AlignmentMethod)))
+    if checked == "auto":
+        return "native" if ffi.use_native(sharded=sharded) else "scatter"
+    if checked == "native" and not (ffi.available() and not sharded):
+        raise ValueError("alignment='native' needs the native CPU kernels on one device (see prm_jax.native); "
+                         "use 'auto' or 'scatter'")
     return checked
 
 

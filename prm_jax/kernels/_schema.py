@@ -76,6 +76,12 @@ BATCH_SCHEMA: Mapping[str, BatchKey] = MappingProxyType({key.name: key for key i
              hint=" (NaN: a turn without PRM log-probs; PRIME reads them)"),
     BatchKey("ref_logprobs", "BT", "timesteps", "float", "reader", 0.0, packed="model_outputs",
              hint=" (NaN: a turn without reference log-probs; the KL reward and PRIME read them)"),
+    BatchKey("sum_pi_squared", "BT", "timesteps", "float", "reader", 0.0, packed="model_outputs",
+             hint=" (NaN: a turn without output_sum_pi_squared; credit_assignment 'otb' reads them)"),
+    # (No stage reads it: the trainer's distillation_rewards and distillation_loss check it where they read it.)
+    BatchKey("teacher_logprobs", "BT", "timesteps", "float", "none", 0.0, packed="model_outputs"),
+    BatchKey("rollout_is_weights", "BT", "timesteps", "float", "reader", 1.0,
+             hint=" (credit_assignment 'otb' reads them where given)"),
     BatchKey("node_ids", "BK", "turns", "int", "none", -1, packed="sessions"),
     BatchKey("node_parents", "N", "nodes", "int", "none", -1, packed="sessions"),
     BatchKey("values", "BT", "timesteps", "float", "trained", 0.0),

@@ -6,7 +6,8 @@ XLA:CPU runs a ``lax.scan`` step in tens of nanoseconds and transposes ``[B, T]`
 recurrence is far from memory speed there: ``gae_cpu.cc`` runs the same recurrence as the ``scan`` method
 directly over the row-major buffers. XLA:CPU also sorts slowly (~1 ms for 32k keys), so
 ``step_groups_cpu.cc`` finds GiGPO's step groups with one hash-table pass instead of a sort, and
-``turns_cpu.cc`` finds where each turn continues (the next trained timestep's turn id) in one reverse pass.
+``turns_cpu.cc`` finds where each turn continues (the next trained timestep's turn id) in one reverse pass;
+``otb_cpu.cc`` aligns OTB's rows by generated-token index without XLA's scatter and gather.
 
 Where the library comes from: a wheel carries it built (``prm_jax/native/_prm_jax_cpu.so``, setup.py), and it
 is loaded as it is, no compiler needed; XLA refuses it at registration if it was built against a newer XLA
@@ -38,6 +39,12 @@ TARGET = "prm_jax_gae_f32"
 FLOAT_MASK_TARGET = "prm_jax_gae_f32_float_mask"
 STEP_GROUPS_TARGET = "prm_jax_step_groups"
 NEXT_ACTIVE_IDS_TARGET = "prm_jax_next_active_ids"
+OTB_COMPACT_TARGET = "prm_jax_otb_compact"
+OTB_EXPAND_TARGET = "prm_jax_otb_expand"
+# Every handler of the library: its XLA target and its symbol.
+HANDLERS = ((TARGET, "PrmJaxGaeF32"), (FLOAT_MASK_TARGET, "PrmJaxGaeF32FloatMask"),
+            (STEP_GROUPS_TARGET, "PrmJaxStepGroups"), (NEXT_ACTIVE_IDS_TARGET, "PrmJaxNextActiveIds"),
+            (OTB_COMPACT_TARGET, "PrmJaxOtbCompact"), (OTB_EXPAND_TARGET, "PrmJaxOtbExpand"))
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -111,12 +118,13 @@ def _load() -> bool:
 
 
 def _register(path: os.PathLike[str] | str) -> str:
-    """Loads the library at ``path`` and registers its four handlers with XLA (which checks their FFI API
-    version against its own); returns that version, ``"major.minor"``."""
+    """Loads the library at ``path`` and registers its handlers (``HANDLERS``) with XLA (which checks their FFI
+    API version against its own); returns that version, ``"major.minor"``. Every symbol is looked up before
+    any is registered: a library without one (an older build) registers nothing (``AttributeError``)."""
     library = ctypes.cdll.LoadLibrary(str(path))
-    for target, symbol in ((TARGET, "PrmJaxGaeF32"), (FLOAT_MASK_TARGET, "PrmJaxGaeF32FloatMask"),
-                           (STEP_GROUPS_TARGET, "PrmJaxStepGroups"), (NEXT_ACTIVE_IDS_TARGET, "PrmJaxNextActiveIds")):
-        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    handlers = [(target, getattr(library, symbol)) for target, symbol in HANDLERS]
+    for target, handler in handlers:
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform="cpu")
     version = int(library.PrmJaxFfiApiVersion())
     return f"{version // 1000}.{version % 1000}"
 
@@ -174,6 +182,33 @@ def next_active_ids(turn_ids: jax.Array, active: jax.Array) -> jax.Array:
     call = jax.ffi.ffi_call(NEXT_ACTIVE_IDS_TARGET, jax.ShapeDtypeStruct(turn_ids.shape, jnp.int32),
                             vmap_method="broadcast_all")
     return call(turn_ids.astype(jnp.int32), active.astype(jnp.bool_))
+
+
+def otb_compact(rewards: jax.Array, weights: jax.Array, active: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """OTB's rows compacted to generated-token index (``otb_cpu.cc``): ``(G, W, lengths)``, each row's
+    reward-to-go and running token weight over its trained timesteps at ``k = 0 .. L - 1`` and 0 after
+    (``[B, T]`` float32), and ``L [B]`` int32. float32 rewards and weights, a bool mask."""
+    _require_loaded()
+    f32 = jnp.float32
+    out = jax.ShapeDtypeStruct(rewards.shape, f32)
+    call = jax.ffi.ffi_call(OTB_COMPACT_TARGET, (out, out, jax.ShapeDtypeStruct(rewards.shape[:1], jnp.int32)),
+                            vmap_method="sequential")
+    to_go, running, lengths = call(rewards.astype(f32), weights.astype(f32), active.astype(jnp.bool_))
+    return to_go, running, lengths
+
+
+def otb_expand(to_go: jax.Array, baselines: jax.Array, row_group: jax.Array, cut: jax.Array,
+               active: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """OTB's ``(advantages, returns)`` ``[B, T]`` put back on the trained timesteps (``otb_cpu.cc``): at a
+    row's ``k``-th trained timestep ``G_k - B[group, k]`` (``G_k`` from ``k = cut`` on) and ``G_k``; 0
+    elsewhere. ``baselines [G, T]`` float32, ``row_group`` and ``cut`` ``[B]`` int32 (groups in range)."""
+    _require_loaded()
+    f32 = jnp.float32
+    out = jax.ShapeDtypeStruct(to_go.shape, f32)
+    call = jax.ffi.ffi_call(OTB_EXPAND_TARGET, (out, out), vmap_method="sequential")
+    advantages, returns = call(to_go.astype(f32), baselines.astype(f32), row_group.astype(jnp.int32),
+                               cut.astype(jnp.int32), active.astype(jnp.bool_))
+    return advantages, returns
 
 
 def use_native(*, sharded: bool) -> bool:

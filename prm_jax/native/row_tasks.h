@@ -1,5 +1,5 @@
 // Row tasks on XLA's intra-op pool: the one place the native kernels split a [rows, width] batch into
-// tasks, schedule them and complete the handler's future (gae_cpu.cc and turns_cpu.cc both use it).
+// tasks, schedule them and complete the handler's future (gae_cpu.cc, turns_cpu.cc and otb_cpu.cc use it).
 #ifndef PRM_JAX_NATIVE_ROW_TASKS_H_
 #define PRM_JAX_NATIVE_ROW_TASKS_H_
 

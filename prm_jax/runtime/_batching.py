@@ -49,11 +49,13 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     ``credit_assignment: {mode: tree}``: ``node_ids [rows, K]`` (the node of each row's turn ``k``, -1 for
     none) and ``node_parents [rows * K]`` (each node's parent, -1 for a root or an unused slot), a node
     being one interaction of one session (branches of a session share their common turns' nodes).
-    ``model_outputs`` adds ``prm_logprobs`` and ``ref_logprobs`` ``[rows, width]`` on *timesteps* (model
-    outputs, as ``compute_advantages`` reads them: the log-prob of position ``t + 1``'s token at ``t``), from
-    the interactions' ``output_prm_logprobs``/``output_ref_logprobs``; NaN on the tokens of a turn (or a
-    branch) without them, so a stage that reads them refuses the batch instead of training on 0
-    (``compute_advantages`` names the row and timestep).
+    ``model_outputs`` adds the schema's per-token model outputs ``[rows, width]`` on *timesteps* (as
+    ``compute_advantages`` reads them: the value for position ``t + 1``'s token at ``t``): ``prm_logprobs``,
+    ``ref_logprobs``, ``sum_pi_squared`` and ``teacher_logprobs``, from the interactions'
+    ``output_prm_logprobs``, ``output_ref_logprobs``, ``output_sum_pi_squared`` and
+    ``output_teacher_logprobs`` (``MODEL_OUTPUT_FIELDS``); NaN on the tokens of a turn (or a branch) without
+    them, so a stage that reads them refuses the batch instead of training on 0 (``compute_advantages``
+    names the row and timestep).
     Every branch needs an outcome reward.
     """
     if not sequences:

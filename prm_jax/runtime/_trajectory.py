@@ -98,6 +98,23 @@ def finite_vector(value: Any) -> np.ndarray:
     return out
 
 
+#: How far above its bound a served log-prob (0) or probability (a sum of them: 1) may be: inference engines
+#: round a log-prob of ~0 to tiny positive values.
+LOGPROB_SLACK = 1e-6
+PROBABILITY_SLACK = 1e-6
+
+
+def probability_vector(value: Any) -> np.ndarray:
+    """The rule of a per-token probability (``output_sum_pi_squared``): ``finite_vector``'s, then in
+    ``[0, 1]`` (``PROBABILITY_SLACK`` above 1 for a server's rounding)."""
+    out = finite_vector(value)
+    outside = (out < 0) | (out > 1 + PROBABILITY_SLACK)
+    if outside.any():
+        bad = out[outside][0].item()
+        raise ValueError(f"must be probabilities in [0, 1], got {short_repr(bad)}")
+    return out
+
+
 def anchor_value(value: Any) -> int:
     """The rule of ``anchor_id``: a 64-bit integer, signed or unsigned (-1: none)."""
     if not is_anchor_id(value):
@@ -155,6 +172,8 @@ TURN_FIELDS: tuple[TurnField, ...] = (
     TurnField("step_reward", finite_value),
     TurnField("output_prm_logprobs", finite_vector, vector=True, json="logprobs", batch_key="prm_logprobs"),
     TurnField("output_ref_logprobs", finite_vector, vector=True, json="logprobs", batch_key="ref_logprobs"),
+    TurnField("output_sum_pi_squared", probability_vector, vector=True, json="numbers", batch_key="sum_pi_squared"),
+    TurnField("output_teacher_logprobs", finite_vector, vector=True, json="logprobs", batch_key="teacher_logprobs"),
 )
 # The turn field each per-token model output of the schema is packed from (every such key has one).
 MODEL_OUTPUT_FIELDS: dict[str, str] = {field.batch_key: field.name for field in TURN_FIELDS
@@ -265,6 +284,8 @@ class Interaction:
     step_reward: float | None = None  # the turn's step reward for GiGPO (else its process rewards' sum)
     output_prm_logprobs: Any = None  # per output token: an implicit PRM's log-probs (PRIME)
     output_ref_logprobs: Any = None  # per output token: the reference model's log-probs (PRIME, KL)
+    output_sum_pi_squared: Any = None  # per output token: sum_v pi_v^2 of its distribution (OTB)
+    output_teacher_logprobs: Any = None  # per output token: a teacher's log-probs (on-policy distillation)
 
     def __post_init__(self):
         if not isinstance(self.interaction_id, str) or not self.interaction_id:

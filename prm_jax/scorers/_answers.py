@@ -24,10 +24,9 @@ from typing import Any
 
 from prm_jax._validation import short_repr
 from prm_jax.runtime._limits import ServiceError
+from prm_jax.runtime._trajectory import LOGPROB_SLACK, PROBABILITY_SLACK
 
 MAX_NESTING = 64
-LOGPROB_SLACK = 1e-6
-PROBABILITY_SLACK = 1e-6
 REDACTED = "[redacted]"
 _BEARER = re.compile(r"(?i)(bearer)\s+[^\s'\",;}]+")
 

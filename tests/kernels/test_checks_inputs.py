@@ -83,6 +83,10 @@ def _nan_case(name):
         batch["prox_logprobs"] = batch["logprobs"].copy()
     if name == "gae_lambda":
         batch["gae_lambda"] = np.full(4, 0.9, np.float32)  # (read whenever the batch holds it)
+    if name in ("sum_pi_squared", "rollout_is_weights"):  # OTB's model outputs
+        batch["sum_pi_squared"] = np.full(batch["logprobs"].shape, 0.5, np.float32)
+        batch["rollout_is_weights"] = np.ones(batch["logprobs"].shape, np.float32)
+        config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "otb"})
     if name == "turn_rewards":
         batch["turn_rewards"] = np.zeros((4, 4), np.float32)
         batch["turn_reward_mask"] = np.ones((4, 4), bool)

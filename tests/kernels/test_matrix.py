@@ -41,7 +41,8 @@ CONFIG_DIMS = {"estimator": ESTIMATORS, "transform": TRANSFORMS, "norm": NORMS, 
 # The optional inputs and their states, and the other settings that meet them.
 STATES = ("absent", "present", "partial")
 INPUTS = ("values", "ref_logprobs", "prox_logprobs", "prm_logprobs", "token_rewards", "turn_ids", "gae_lambda",
-          "turn_rewards", "anchor_ids", "reward_sources", "node_ids", "is_truncated", "token_reward_mask")
+          "turn_rewards", "anchor_ids", "reward_sources", "node_ids", "is_truncated", "token_reward_mask",
+          "sum_pi_squared", "rollout_is_weights")
 FREE_DIMS = {**{key: STATES for key in INPUTS}, "groups": ("none", "sizes", "ids", "sizes+members"),
              "kl_ctl": (0.0, 0.1), "mask_no_eos_with_zero": (False, True), "adv_norm": ("none", "batch")}
 FREE_DIMS["is_truncated"] = ("absent", "present")  # a bool per row has no "some rows only"
@@ -146,7 +147,8 @@ def with_states(full: dict, cell: dict) -> tuple[dict, dict]:
             continue
         broken = np.array(full[key], copy=True)
         row = 1
-        if key in ("values", "ref_logprobs", "prox_logprobs", "prm_logprobs", "token_rewards"):
+        if key in ("values", "ref_logprobs", "prox_logprobs", "prm_logprobs", "token_rewards", "sum_pi_squared",
+                   "rollout_is_weights"):
             broken[row, first_trained(full, row)] = np.nan  # a turn without the model output (a NaN)
             if key == "token_rewards":  # NaN over the whole turn: a failed scorer row's, never a 0
                 broken[row] = np.where(full["turn_ids"][row] == 0, np.nan, full[key][row])
@@ -195,7 +197,8 @@ def reads(cell: dict, key: str) -> bool:
     # (progress_token reads no turns: its steps are the trained timesteps)
     return {"values": True, "prox_logprobs": True, "token_rewards": True, "gae_lambda": True,
             "ref_logprobs": cell["kl_ctl"] != 0 or "ref_logprobs" in spec.reads,
-            "turn_ids": turns_read}.get(key, key in spec.reads)
+            "turn_ids": turns_read,
+            "rollout_is_weights": "rollout_is_weights" in spec.batch_keys}.get(key, key in spec.reads)
 
 
 def expected_refusals(cell: dict) -> set[str]:

@@ -1,44 +1,22 @@
 """Issue 44.1 (its kernel): the optimal token baseline, ``credit.optimal_token_baseline`` (verl's multi-turn
 variant with CREDIT2.md 5.1's rules) and ``credit.sum_pi_squared``, against CREDIT2.md 1's worked numbers and
-float64 loops."""
+float64 loops; ``credit_assignment: {mode: otb}`` in the pipeline against tests/reference.py's loop."""
 
-import math
+import dataclasses
+import warnings
 
+import chex
+import jax
 import numpy as np
 import pytest
+import reference
+from matrix_cases import make_batch as matrix_batch
 
+import prm_jax
+from prm_jax.config import AdvantageConfig, ConfigError
 from prm_jax.credit import optimal_token_baseline, sum_pi_squared
-
-
-def loop_otb(rewards, mask, logprobs, pi2, groups, weights=None, zero_tail=True, eps=1e-8):
-    """The multi-turn rule in plain loops: each row's trained tokens in order (k), reward-to-go G, running
-    score norm W, per group and k the baseline sum(G W) / (sum W + eps) over the rows reaching k; a group of
-    fewer than two non-empty rows has none; the zero tail; A = G - B scattered back."""
-    rows, width = mask.shape
-    seqs = []
-    for b in range(rows):
-        cols = [t for t in range(width) if mask[b, t]]
-        r = [float(rewards[b, t]) for t in cols]
-        w = [(1 - 2 * math.exp(float(logprobs[b, t])) + float(pi2[b, t]))
-             * (1.0 if weights is None else float(weights[b, t]) ** 2) for t in cols]
-        g = [math.fsum(r[k:]) for k in range(len(cols))]
-        cum = [math.fsum(w[:k + 1]) for k in range(len(cols))]
-        seqs.append((cols, g, cum))
-    advantages, returns = np.zeros((rows, width)), np.zeros((rows, width))
-    for b in range(rows):
-        cols, g, cum = seqs[b]
-        members = [j for j in range(rows) if groups[j] == groups[b] and seqs[j][0]]
-        lengths = sorted((len(seqs[j][0]) for j in members), reverse=True)
-        for k, t in enumerate(cols):
-            baseline = 0.0
-            if len(members) >= 2:
-                reach = [j for j in members if len(seqs[j][0]) > k]
-                baseline = (math.fsum(seqs[j][1][k] * seqs[j][2][k] for j in reach)
-                            / (math.fsum(seqs[j][2][k] for j in reach) + eps))
-                if zero_tail and len(cols) == lengths[0] and lengths[0] > lengths[1] and k >= lengths[1]:
-                    baseline = 0.0
-            advantages[b, t], returns[b, t] = g[k] - baseline, g[k]
-    return advantages, returns
+from prm_jax.kernels._recurrence import resolve_strategy
+from prm_jax.native import _ffi as ffi
 
 
 def test_the_worked_example_with_and_without_the_zero_tail():
@@ -53,9 +31,18 @@ def test_the_worked_example_with_and_without_the_zero_tail():
     assert abs(float(optimal_token_baseline(*args, handle_zero_tail=False).advantages[0, 2])) < 1e-6
 
 
+def alignments() -> list:
+    """OTB's two alignments by generated-token index: the CPU's native kernels where they are built, and XLA's
+    scatter (every backend)."""
+    return ["scatter", pytest.param("native", marks=pytest.mark.skipif(
+        not ffi.available(), reason="no C++ compiler: the native kernels are not built"))]
+
+
 @pytest.mark.parametrize("zero_tail", [True, False])
 @pytest.mark.parametrize("with_weights", [False, True])
-def test_groups_with_holes_empty_rows_ties_and_a_group_of_one_match_a_float64_loop(zero_tail, with_weights):
+@pytest.mark.parametrize("alignment", alignments())
+def test_groups_with_holes_empty_rows_ties_and_a_group_of_one_match_a_float64_loop(zero_tail, with_weights,
+                                                                                   alignment):
     rng = np.random.default_rng(int(zero_tail) + 2 * int(with_weights))
     rows, width = 9, 14
     mask = rng.random((rows, width)) < 0.6
@@ -69,21 +56,23 @@ def test_groups_with_holes_empty_rows_ties_and_a_group_of_one_match_a_float64_lo
     rewards[~mask] = np.nan              # untrained positions may hold anything
     sizes = np.array([4, 4, 1], np.int32)
     out = optimal_token_baseline(rewards, mask, logprobs, pi2, group_sizes=sizes, rollout_is_weights=weights,
-                                 handle_zero_tail=zero_tail)
-    want_a, want_r = loop_otb(np.nan_to_num(rewards), mask, logprobs, pi2, np.repeat(np.arange(3), sizes), weights,
-                              zero_tail)
+                                 handle_zero_tail=zero_tail, alignment=alignment)
+    want_a, want_r = reference.optimal_token_baseline(np.nan_to_num(rewards), mask, logprobs, pi2,
+                                                      np.repeat(np.arange(3), sizes), weights, zero_tail)
     np.testing.assert_allclose(np.asarray(out.advantages), want_a, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(np.asarray(out.returns), want_r, rtol=2e-5, atol=2e-5)
 
 
-def test_a_deterministic_policy_and_an_empty_batch():
+@pytest.mark.parametrize("alignment", alignments())
+def test_a_deterministic_policy_and_an_empty_batch(alignment):
     # w = 0 everywhere: B = 0 / eps = 0 and A = G; no trained token: zeros.
     mask = np.array([[1, 1, 0], [1, 0, 1]], bool)
     rewards = np.array([[0.0, 1.0, 0], [2.0, 0, 1.0]], np.float32)
-    out = optimal_token_baseline(rewards, mask, np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32))
+    out = optimal_token_baseline(rewards, mask, np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32),
+                                 alignment=alignment)
     np.testing.assert_allclose(np.asarray(out.advantages), [[1, 1, 0], [3, 0, 1]])
     empty = optimal_token_baseline(rewards, np.zeros((2, 3), bool), np.zeros((2, 3), np.float32),
-                                   np.ones((2, 3), np.float32))
+                                   np.ones((2, 3), np.float32), alignment=alignment)
     assert not np.asarray(empty.advantages).any()
 
 
@@ -110,5 +99,131 @@ def test_bad_input_is_refused_naming_the_argument():
 
 def test_groups_that_do_not_cover_the_batch_are_refused():
     args = (np.zeros((4, 2), np.float32), np.ones((4, 2), bool), np.zeros((4, 2), np.float32), np.ones((4, 2), np.float32))
-    with pytest.raises(ValueError, match="group_sizes"):
-        optimal_token_baseline(*args, group_sizes=np.array([3, 3], np.int32))
+    for alignment in ("scatter", *(("native",) if ffi.available() else ())):
+        with pytest.raises(ValueError, match="group_sizes"):
+            optimal_token_baseline(*args, group_sizes=np.array([3, 3], np.int32), alignment=alignment)
+        with pytest.raises(ValueError, match=r"group_ids must be -1 \(padding\) or in \[0, 4\); entry 1 is 9"):
+            optimal_token_baseline(*args, group_ids=np.array([0, 9, 1, 1], np.int32), alignment=alignment)
+
+
+def test_the_worked_example_through_the_pipeline():
+    # CREDIT2.md 1 as a batch: two rows of one group (prompt token, then 3 and 2 trained tokens), pi = 0.5, the
+    # outcome 1 on row 0; on timesteps the advantages are A_0 = (.4444, .5882, 1.0), A_1 = (-.5556, -.4118).
+    batch = {"attention_mask": np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.int32),
+             "loss_mask": np.array([[0, 1, 1, 1], [0, 1, 1, 0]], np.int32),
+             "logprobs": np.log(np.full((2, 4), 0.5, np.float32)), "rewards": np.array([1.0, 0.0], np.float32),
+             "is_truncated": np.zeros(2, bool),
+             "sum_pi_squared": np.array([[.5, .2, .3, 0], [.4, .6, 0, 0]], np.float32)}
+    out = prm_jax.compute_advantages(batch, AdvantageConfig(credit_assignment={"mode": "otb"}, kl_ctl=0.0))
+    np.testing.assert_allclose(np.asarray(out.advantages), [[5 / 9 * 0.8, 1 - 0.7 / 1.7, 1, 0],
+                                                            [-5 / 9, -0.7 / 1.7, 0, 0]], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(out.returns), [[1, 1, 1, 0], [0, 0, 0, 0]])
+
+
+def otb_batch(seed: int) -> dict:
+    """The option matrix's batch (two groups of three, multi-turn rows with holes, process rewards, model
+    outputs on timesteps), without the keys OTB's neighbours read."""
+    batch = matrix_batch(np.random.default_rng(seed))
+    for key in ("turn_rewards", "turn_reward_mask", "anchor_ids", "node_ids", "node_parents", "reward_sources",
+                "gae_lambda", "prm_logprobs"):
+        batch.pop(key, None)
+    batch["group_sizes"] = np.array([3, 3], np.int32)
+    return batch
+
+
+SETTINGS = {
+    "outcome only": {"kl_ctl": 0.0},
+    "kl rewards, no zero tail": {"kl_ctl": 0.1, "credit_assignment": {"mode": "otb", "handle_zero_tail": False}},
+    "process rewards folded": {"token_rewards_as_adv": False, "kl_ctl": 0.0},
+    "process rewards shaped (gvpo)": {"advantage_shaping": {"mode": "gvpo"}, "kl_ctl": 0.05},
+    "min-form transform, process_weighted": {"process_reward_transform": {"mode": "min_form", "temperature": 0.3},
+                                             "advantage_shaping": {"mode": "process_weighted"}, "kl_ctl": 0.0},
+    "progress transform, group norm, adv norm": {
+        "process_reward_transform": {"mode": "progress", "gamma": 0.9, "initial": 0.2},
+        "reward_norm": {"mean_level": "group", "std_level": "group"},
+        "adv_norm": {"mean_level": "batch", "std_level": "batch"}, "kl_ctl": 0.0},
+    "epsilon 0.1, mask_no_eos_with_zero": {"credit_assignment": {"mode": "otb", "epsilon": 0.1},
+                                           "mask_no_eos_with_zero": True, "kl_ctl": 0.0},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("weights", ["absent", "present"])
+@pytest.mark.parametrize("alignment", alignments())
+def test_the_mode_meets_the_shaping_modes_and_transforms_as_the_float64_pipeline(name, weights, alignment):
+    # Issue 44.1: with token_rewards_as_adv false the process rewards enter G; with it true the shaping applies
+    # after; the KL rewards are in G; the rollout weights optional.
+    fields = {"credit_assignment": {"mode": "otb"}, "discount": 0.9, **SETTINGS[name]}
+    batch = otb_batch(sorted(SETTINGS).index(name))
+    if weights == "absent":
+        del batch["rollout_is_weights"]
+    strategy = dataclasses.replace(resolve_strategy("auto", unit_discount=False), alignment=alignment)
+    plan = dataclasses.replace(AdvantageConfig(**fields).plan, strategy=strategy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        text = jax.jit(lambda b: prm_jax.compute_advantages(b, plan)).lower(batch).as_text()
+        assert (ffi.OTB_COMPACT_TARGET in text) == (alignment == "native")
+        out = prm_jax.compute_advantages(batch, plan)
+    want = reference.compute_advantages(batch, fields)
+    for field in ("advantages", "returns", "tot_rewards", "kl_rewards"):
+        np.testing.assert_allclose(np.asarray(getattr(out, field)), want[field], rtol=3e-5, atol=3e-5, err_msg=field)
+
+
+@pytest.mark.parametrize("key", ["sum_pi_squared", "rollout_is_weights"])
+def test_a_model_output_missing_on_some_turns_is_refused_naming_it(key):
+    # Present on some rows only (NaN on a turn without it, as pack_branches writes it): refused, never read as 0.
+    batch = otb_batch(3)
+    active = reference.shift((batch["loss_mask"] > 0) & (batch["attention_mask"] > 0), fill=False)
+    batch[key] = np.where(np.arange(6)[:, None] == 4, np.where(active, np.nan, 0), batch[key]).astype(np.float32)
+    with pytest.raises(ValueError, match=rf"batch\['{key}'\].*row 4"):
+        prm_jax.compute_advantages(batch, AdvantageConfig(credit_assignment={"mode": "otb"}, kl_ctl=0.0))
+    # Where no stage reads it, it may hold anything.
+    out = prm_jax.compute_advantages(batch, AdvantageConfig(kl_ctl=0.0))
+    assert np.isfinite(np.asarray(out.advantages)).all()
+
+
+def test_without_sum_pi_squared_the_mode_says_where_it_comes_from():
+    batch = otb_batch(4)
+    del batch["sum_pi_squared"]
+    with pytest.raises(ValueError, match=r"credit_assignment 'otb' needs batch\['sum_pi_squared'\].*credit.sum_pi"):
+        prm_jax.compute_advantages(batch, AdvantageConfig(credit_assignment={"mode": "otb"}))
+
+
+def test_the_mode_runs_jitted_once_and_refuses_bad_settings_naming_them():
+    batch = otb_batch(5)
+    config = AdvantageConfig(credit_assignment={"mode": "otb"}, kl_ctl=0.0)
+    chex.clear_trace_counter()
+    jitted = jax.jit(chex.assert_max_traces(lambda b: prm_jax.compute_advantages(b, config), n=1))
+    jitted(batch)
+    out = jitted(dict(batch, rewards=np.asarray(batch["rewards"]) + 1))
+    want = reference.compute_advantages(dict(batch, rewards=np.asarray(batch["rewards"]) + 1),
+                                        {"credit_assignment": {"mode": "otb"}, "kl_ctl": 0.0})
+    np.testing.assert_allclose(np.asarray(out.advantages), want["advantages"], rtol=3e-5, atol=3e-5)
+    with pytest.raises(ConfigError, match=r"credit_assignment\.epsilon"):
+        AdvantageConfig(credit_assignment={"mode": "otb", "epsilon": -1.0})
+    with pytest.raises(ConfigError, match=r"credit_assignment\.handle_zero_tail"):
+        AdvantageConfig(credit_assignment={"mode": "otb", "handle_zero_tail": "yes"})
+    with pytest.raises(ConfigError, match="gae_timestep_unit"):
+        AdvantageConfig(credit_assignment={"mode": "otb"}, gae_timestep_unit="turn")
+
+
+@pytest.mark.skipif(not ffi.available(), reason="no C++ compiler: the native kernels are not built")
+def test_the_native_alignment_splits_rows_over_threads_and_equals_the_scatter():
+    # 64 x 2048 timesteps: the native kernels' rows run as several tasks on XLA's pool (one per 2^16 entries);
+    # masks of random spans (tool outputs), groups given by ids out of order, one group of one.
+    rng = np.random.default_rng(44)
+    rows, width = 64, 2048
+    mask = np.cumsum(rng.random((rows, width)) < 0.02, axis=1) % 2 == 0
+    mask[:, :int(rng.integers(1, 50))] = False
+    logprobs = (-rng.exponential(1.0, (rows, width))).astype(np.float32)
+    pi = np.exp(logprobs.astype(np.float64))
+    pi2 = (pi ** 2 + rng.uniform(0, 1, (rows, width)) * (1 - pi) ** 2).astype(np.float32)
+    rewards = rng.normal(size=(rows, width)).astype(np.float32) * (rng.random((rows, width)) < 0.01)
+    ids = rng.permutation(np.repeat(np.arange(10), 7)[:rows]).astype(np.int32)
+    ids[0] = 60  # alone
+    args = (rewards, mask, logprobs, pi2)
+    native = optimal_token_baseline(*args, group_ids=ids, alignment="native")
+    scatter = optimal_token_baseline(*args, group_ids=ids, alignment="scatter")
+    np.testing.assert_allclose(np.asarray(native.advantages), np.asarray(scatter.advantages), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(native.returns), np.asarray(scatter.returns), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(native.advantages) != 0, mask & (np.asarray(native.advantages) != 0))

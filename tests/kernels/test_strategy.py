@@ -35,8 +35,10 @@ def batch() -> dict:
     loss = (turn_ids >= 0).astype(np.int32)
     node_ids = np.arange(ROWS * 2, dtype=np.int32).reshape(ROWS, 2)
     ref = (-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32)
-    return dict(attention_mask=np.ones((ROWS, WIDTH), np.int32), loss_mask=loss, turn_ids=turn_ids,
-                logprobs=(-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32), ref_logprobs=ref,
+    logprobs = (-rng.exponential(0.5, (ROWS, WIDTH))).astype(np.float32)
+    return dict(sum_pi_squared=np.maximum(np.exp(2 * logprobs), 0.5).astype(np.float32),
+                attention_mask=np.ones((ROWS, WIDTH), np.int32), loss_mask=loss, turn_ids=turn_ids,
+                logprobs=logprobs, ref_logprobs=ref,
                 prm_logprobs=(ref + rng.normal(0, 0.2, ref.shape)).astype(np.float32),
                 rewards=rng.choice([0.0, 1.0], ROWS).astype(np.float32),
                 values=rng.normal(0, 0.5, (ROWS, WIDTH)).astype(np.float32),
@@ -91,6 +93,16 @@ def test_gigpo_runs_the_chosen_step_group_method(step_groups):
     # compute_advantages' GiGPO follows the strategy it resolved (native where the kernels run).
     pipeline = lowered(AdvantageConfig(**ESTIMATORS["gigpo"]))
     assert (ffi.STEP_GROUPS_TARGET in pipeline) == (resolve_step_groups("auto") == "native")
+
+
+def test_otb_aligns_rows_natively_where_the_kernels_run():
+    # Issue 44.1: OTB's alignment by generated-token index follows the strategy (native where the native
+    # kernels run, XLA's scatter elsewhere), like the step groups.
+    text = lowered(AdvantageConfig(**ESTIMATORS["otb"]))
+    assert (ffi.OTB_COMPACT_TARGET in text) == (resolve_strategy("auto", unit_discount=True).alignment == "native")
+    assert resolve_strategy("auto", unit_discount=True).alignment == ("native" if ffi.use_native(sharded=False)
+                                                                      else "scatter")
+    assert resolve_strategy("auto", unit_discount=True, sharded=True).alignment == "scatter"
 
 
 def test_the_strategy_is_a_record_of_the_plan_resolved_once_and_honoured_when_given():

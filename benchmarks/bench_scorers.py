@@ -16,6 +16,8 @@ turns each, against the ideal their resources allow, in one run.
 3. pooling PRM: ``PoolingPRMScorer`` against vLLM's /pooling (a stub, its own process: one engine, 10 ms +
    4 us a token per request). Ideal: 4 requests (``max_batch_size=64``), the engine's time for them;
    tokens sent against one leaf per branch.
+3t. distillation teacher: ``TeacherLogprobScorer`` against vLLM's /v1/completions with prompt log-probs (a
+   stub as in 3). Ideal: 4 requests, the engine's time for them; tokens against one leaf per branch.
 4. JAX PRM: ``ModelScorer`` over a trainer's arrays (``score_arrays``) against the best hand-batched loop
    (the same jitted model on chunks of 64 rows padded to the same bucket). Compiles against buckets used;
    numbers against per-turn calls. 4b: rows of mixed lengths (64..512) against the hand loop that sorts
@@ -51,7 +53,7 @@ sys.path.insert(0, str(HERE))  # the workloads' scorers, importable by the verif
 sys.path.insert(0, str(HERE.parent / "tests"))  # the stub servers
 
 import scorer_workloads as work  # noqa: E402
-from stub_servers import answer_seven, engine_time, server_process, step_by_last_token  # noqa: E402
+from stub_servers import answer_seven, engine_time, server_process, step_by_last_token, teacher_logprob  # noqa: E402
 
 from prm_jax import BaseScorer, BatchScorer, BatchTrajectoryScorer, Interaction, InteractionCache, PRMRunner  # noqa: E402
 from prm_jax.runtime import score_arrays  # noqa: E402
@@ -62,9 +64,10 @@ CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (o
 
 
 def sessions(n: int, prompt: int = 200, output: int = 30, tool: int = 10, seed: int = 0,
-             separator: int | None = None, step: int = 6) -> list[list[Interaction]]:
+             separator: int | None = None, step: int = 6, logprobs: bool = False) -> list[list[Interaction]]:
     """``n`` branches of ``TURNS`` turns (~370 tokens at the leaf), with messages; token ids < 30,000. With a
-    ``separator``, every ``step``-th token of an output is it (``output // step`` steps per turn)."""
+    ``separator``, every ``step``-th token of an output is it (``output // step`` steps per turn); with
+    ``logprobs``, the student's log-prob of each output token (a distillation teacher reads them)."""
     rng = np.random.default_rng(seed)
     out = []
     for b in range(n):
@@ -76,6 +79,7 @@ def sessions(n: int, prompt: int = 200, output: int = 30, tool: int = 10, seed: 
                 generated[step - 1::step] = [separator] * len(generated[step - 1::step])
             chain.append(Interaction(f"b{b}t{k}", list(tokens), generated,
                                      parent_id=chain[-1].interaction_id if chain else None,
+                                     output_logprobs=(-rng.exponential(0.5, output)).tolist() if logprobs else None,
                                      messages=[{"role": "user", "content": f"question {b}.{k}"}],
                                      output_messages=[{"role": "assistant", "content": f"answer {b}.{k}"}]))
             tokens = tokens + generated + rng.integers(1, 30_000, tool).tolist()
@@ -245,6 +249,28 @@ def bench_judge(n: int, repeats: int) -> None:
           f"{max(sent)} = {max(sent) / turns:.3f} x {turns}; server statuses {statuses[-1]}")
 
 
+def served_runs(kind: str, make_scorer: Callable[..., Any], branches: list[list[Interaction]], repeats: int,
+                limit: int | None, **server: Any) -> tuple[list[float], list[int], list[int]]:
+    """``repeats`` runs of ``make_scorer(base_url=...)`` over fresh copies of ``branches`` against a stub
+    server of ``kind`` in its own process: each run's wall, requests and tokens received."""
+    walls, requests, tokens = [], [], []
+    for _ in range(repeats):
+        with server_process(kind, **server) as stub:
+            async def run(url: str = stub["url"]) -> float:
+                scorer = make_scorer(base_url=url)
+                runner = PRMRunner(scorers=(scorer,))
+                started = time.perf_counter()
+                await runner.run_many(fresh(branches), limit=limit)
+                wall = time.perf_counter() - started
+                await scorer.aclose()
+                return wall
+
+            walls.append(anyio.run(run))
+        requests.append(stub["summary"]["requests"])
+        tokens.append(stub["summary"]["tokens_received"])
+    return walls, requests, tokens
+
+
 # --- 3. the pooling PRM -----------------------------------------------------------------------------------
 
 def bench_pooling(n: int, repeats: int) -> None:
@@ -260,29 +286,38 @@ def bench_pooling(n: int, repeats: int) -> None:
     batches = [leaf_tokens[i:i + 64] for i in range(0, n, 64)]
     ideal = sum(engine_time(sum(batch)) for batch in batches)
     for limit in (64, None):
-        walls, requests, tokens = [], [], []
-        for _ in range(repeats):
-            with server_process("pooling", step_score=step_by_last_token, step_tag_id=tag,
-                                engine_s=engine_time) as server:
-                async def run(server=server, limit=limit) -> float:
-                    scorer = PoolingPRMScorer(server["url"], "prm", step_tag_id=tag, max_batch_size=64,
-                                              step_separator=[[separator]], spread="step")
-                    runner = PRMRunner(scorers=(scorer,))
-                    started = time.perf_counter()
-                    await runner.run_many(fresh(branches), limit=limit)
-                    wall = time.perf_counter() - started
-                    await scorer.aclose()
-                    return wall
-
-                walls.append(anyio.run(run))
-            requests.append(server["summary"]["requests"])
-            tokens.append(server["summary"]["tokens_received"])
+        walls, requests, tokens = served_runs(
+            "pooling", functools.partial(PoolingPRMScorer, model="prm", step_tag_id=tag, max_batch_size=64,
+                                         step_separator=[[separator]], spread="step"),
+            branches, repeats, limit, step_score=step_by_last_token, step_tag_id=tag, engine_s=engine_time)
         print(f"\n3. pooling PRM (run_many limit={limit}): {n} branches, {steps} tagged steps "
               f"({steps / n / TURNS:.0f} per turn); ideal {len(batches)} requests, engine "
               f"{ideal:.2f} s" if limit == 64 else f"   limit={limit}:")
         print(f"   wall {median(walls):.2f} s = {median(walls) / ideal:.2f}x the engine time (runs: "
               f"{', '.join(f'{w / ideal:.2f}' for w in walls)}); requests {max(requests)}; tokens sent "
               f"{max(tokens)} (one leaf per branch: {sum(leaf_tokens)}; a request per turn: {per_turn_tokens})")
+
+
+# --- 3t. the distillation teacher ---------------------------------------------------------------------------
+
+def bench_teacher(n: int, repeats: int) -> None:
+    """``TeacherLogprobScorer`` against vLLM's /v1/completions with prompt log-probs (a stub, its own process:
+    one engine, 10 ms + 4 us a token per request): requests against the ideal (one per batch of 64 branches),
+    wall against the engine's time for them, tokens sent against one leaf per branch (issue 44.3)."""
+    from prm_jax.scorers import TeacherLogprobScorer
+
+    branches = sessions(n, logprobs=True)
+    leaf_tokens = [len(chain[-1].input_tokens) + chain[-1].output_len for chain in branches]
+    batches = [leaf_tokens[i:i + 64] for i in range(0, n, 64)]
+    ideal = sum(engine_time(sum(batch)) for batch in batches)
+    walls, requests, tokens = served_runs(
+        "teacher", functools.partial(TeacherLogprobScorer, model="teacher", max_batch_size=64), branches, repeats,
+        64, logprob=teacher_logprob, engine_s=engine_time)
+    print(f"\n3t. distillation teacher (vLLM prompt log-probs): {n} branches x {TURNS} turns; ideal {len(batches)} "
+          f"requests, engine {ideal:.2f} s")
+    print(f"   wall {median(walls):.2f} s = {median(walls) / ideal:.2f}x the engine time (runs: "
+          f"{', '.join(f'{w / ideal:.2f}' for w in walls)}); requests {max(requests)}; tokens sent {max(tokens)} "
+          f"(one leaf per branch: {sum(leaf_tokens)})")
 
 
 # --- 4. the JAX PRM ---------------------------------------------------------------------------------------
@@ -498,7 +533,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"bench_scorers: {args.sessions} sessions x {TURNS} turns, {CORES} cores, jax {jax.__version__}, "
           f"Python {sys.version.split()[0]}; medians of {args.repeats}")
-    runs = {"1": bench_verifier, "1m": bench_math_verify, "2": bench_judge, "3": bench_pooling, "4": bench_model,
+    runs = {"1": bench_verifier, "1m": bench_math_verify, "2": bench_judge, "3": bench_pooling, "3t": bench_teacher,
+            "4": bench_model,
             "4b": bench_model_lengths, "5": bench_batching}
     for key, fn in runs.items():
         if args.only is None or key in args.only:

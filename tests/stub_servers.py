@@ -15,6 +15,9 @@ schemas:
   (``token_classify`` in vLLM >= 0.11, the default ``encode`` before): one ``[p_bad, p_good]`` row per
   step-tag token of each input. ``engine_s(tokens)`` is the engine's time for a request of that many tokens
   (one forward for the batch).
+- ``PromptLogprobServer``: a teacher's prompt log-probs, on vLLM's ``POST /v1/completions`` with
+  ``prompt_logprobs`` and SGLang's ``POST /generate`` with ``return_logprob`` (one forward per request, no
+  token generated that anyone reads).
 """
 
 from __future__ import annotations
@@ -297,7 +300,7 @@ def _summary(server: _Server) -> dict[str, Any]:
 
 
 def _serve(kind: str, kwargs: dict[str, Any], conn: Any) -> None:
-    server = (ChatServer if kind == "chat" else PoolingServer)(**kwargs)
+    server = {"chat": ChatServer, "pooling": PoolingServer, "teacher": PromptLogprobServer}[kind](**kwargs)
     conn.send(server.url)
     if conn.poll(kwargs.get("lifetime", 120.0)):
         conn.recv()
@@ -307,7 +310,7 @@ def _serve(kind: str, kwargs: dict[str, Any], conn: Any) -> None:
 
 @contextlib.contextmanager
 def server_process(kind: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
-    """A stub server (``kind``: ``chat`` or ``pooling``) in a process of its own, so that it never competes
+    """A stub server (``kind``: ``chat``, ``pooling`` or ``teacher``) in a process of its own, so that it never competes
     with the client for the GIL: yields ``{"url": ...}``, which gets ``"summary"`` (statuses, requests,
     most in flight, tokens, engine time) once the block ends."""
     context = multiprocessing.get_context("spawn")
@@ -326,3 +329,66 @@ def server_process(kind: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
         process.join(5)
         if process.is_alive():
             process.kill()
+
+
+class PromptLogprobServer(_Server):
+    """A teacher's prompt log-probs (see the module docstring): vLLM's ``POST /v1/completions`` with
+    ``prompt_logprobs`` (``choices[i].prompt_logprobs``: None, then ``{token id: {"logprob", "rank",
+    "decoded_token"}}`` per prompt token) and SGLang's ``POST /generate`` with ``return_logprob``
+    (``meta_info.input_token_logprobs``: ``[logprob, token id, None]`` per input token, None first). The
+    log-prob of token ``t`` is ``logprob(ids[:t], ids[t])``; ``engine_s(tokens)`` as ``PoolingServer``'s."""
+
+    def __init__(self, logprob: Callable[[list[int], int], float], *, model: str = "teacher",
+                 engine_s: Callable[[int], float] = lambda tokens: 0.0, lifetime: float = 120.0):
+        self.logprob, self.model, self.engine_s = logprob, model, engine_s
+        self.tokens_received = 0
+        self.engine_total_s = 0.0
+        self.busy = threading.Lock()
+        super().__init__(lifetime)
+
+    def handle(self, request: Any, path: str, payload: Any) -> None:
+        with self.lock:
+            self.requests.append(payload)
+        if path not in ("/v1/completions", "/generate"):
+            request.reply(404, _error(f"no route {path}", "not_found_error"))
+            return
+        inputs = payload.get("prompt" if path == "/v1/completions" else "input_ids")
+        if payload.get("model", self.model) != self.model or not isinstance(inputs, list) or not inputs:
+            request.reply(400, _error("'model' and token-id inputs are required"))
+            return
+        single = isinstance(inputs[0], int)
+        batch = [inputs] if single else inputs
+        if not all(isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids) for ids in batch):
+            request.reply(400, _error("inputs must be lists of token ids"))
+            return
+        if path == "/v1/completions" and payload.get("prompt_logprobs") is None:
+            request.reply(400, _error("this stub answers prompt_logprobs requests only"))
+            return
+        with self.busy:
+            tokens = sum(len(ids) for ids in batch)
+            spent = self.engine_s(tokens)
+            time.sleep(spent)
+            self.tokens_received += tokens
+            self.engine_total_s += spent
+        scored = [[None] + [self.logprob(ids[:t], ids[t]) for t in range(1, len(ids))] for ids in batch]
+        if path == "/v1/completions":
+            choices = [{"index": i, "text": "", "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                        "prompt_logprobs": [None if lp is None else {str(ids[t]): {"logprob": lp, "rank": 1,
+                                                                                   "decoded_token": f"<{ids[t]}>"}}
+                                            for t, lp in enumerate(row)]}
+                       for i, (ids, row) in enumerate(zip(batch, scored))]
+            request.reply(200, {"id": f"cmpl-{len(self.requests)}", "object": "text_completion",
+                                "created": int(time.time()), "model": self.model, "choices": choices,
+                                "usage": {"prompt_tokens": tokens, "completion_tokens": len(batch),
+                                          "total_tokens": tokens + len(batch)}})
+            return
+        results = [{"text": "", "output_ids": [], "meta_info": {
+            "id": f"gen-{i}", "prompt_tokens": len(ids), "completion_tokens": 0,
+            "input_token_logprobs": [[lp, ids[t], None] for t, lp in enumerate(row)], "output_token_logprobs": []}}
+            for i, (ids, row) in enumerate(zip(batch, scored))]
+        request.reply(200, results[0] if single else results)
+
+
+def teacher_logprob(prefix: list[int], token: int) -> float:
+    """A teacher that likes even tokens after an even count of tokens (picklable): log 0.8 or log 0.1."""
+    return math.log(0.8) if (token + len(prefix)) % 2 == 0 else math.log(0.1)

@@ -16,7 +16,10 @@ TOY = {
     "bench_train_step.py": ["--losses", "--rows", "4", "--width", "32", "--repeats", "1"],
     "bench_compile.py": ["--repeats", "1"],
     "bench_sum_pi_squared.py": ["--rows", "4", "--vocab", "300", "--chunk", "128", "--repeats", "1"],
+    "bench_scorers.py": ["--sessions", "8", "--repeats", "1", "--only", "3t"],  # the distillation teacher
 }
+# What each prints (the figures' unit, or their name), where not milliseconds.
+SHOWN = {"bench_compile.py": "ratio", "bench_scorers.py": "requests 1"}
 
 
 @pytest.mark.parametrize("script", sorted(TOY))
@@ -24,4 +27,4 @@ def test_the_benchmark_runs_at_a_toy_size(script):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *TOY[script]], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert ("ratio" if script == "bench_compile.py" else "ms") in proc.stdout  # (compile times are in s)
+    assert SHOWN.get(script, "ms") in proc.stdout

@@ -103,3 +103,25 @@ def test_the_model_judge_from_its_config_scores_as_the_python_judge(mode):
             model = runner.runner.scorers[0]
     np.testing.assert_array_equal(scores["model"], scores["python"])
     assert model.forwards == 1 and len({*scores["python"][turn_ids >= 0].tolist()}) == 2
+
+
+DISTILL = """
+import json
+from examples.flax_distill.train import MODES, train
+print(json.dumps({mode: train(mode, steps=4) for mode in MODES}))
+"""
+
+
+def test_the_distillation_example_trains_each_way_and_the_teacher_gives_one_update_either_way():
+    # Issue 44.3: the student distilled from a fixed teacher (examples/flax_distill): at the loss (AReaL's
+    # rl + opd) and as a scorer (the k1 reward through the additive shaping). On-policy, one step per batch,
+    # the two are the same update (CREDIT2.md 5.3: PG distillation is the reward passed as the advantage):
+    # equal losses and rollouts, step after step; the outcome alone is another.
+    proc = subprocess.run([sys.executable, "-c", DISTILL], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for mode, history in out.items():
+        assert len(history["loss"]) == 4 and all(math.isfinite(x) for x in history["loss"]), mode
+    np.testing.assert_allclose(out["loss"]["loss"], out["reward"]["loss"], rtol=1e-5)
+    assert out["loss"]["success"] == out["reward"]["success"]
+    assert not np.allclose(out["loss"]["loss"], out["outcome"]["loss"], rtol=1e-3)

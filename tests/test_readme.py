@@ -1,6 +1,7 @@
 """The documentation's blocks run as written (the README's and the guides', ``tests/documentation.py``): every
 one as a user would run it, and some checked in detail."""
 
+import math
 import os
 import re
 import subprocess
@@ -181,3 +182,36 @@ def test_the_global_batch_example_gives_the_whole_batchs_loss(capsys):
     exec(compile(readme_block("## Micro-batches and data-parallel ranks"), "train-step.md", "exec"), namespace)
     split, whole = (float(v) for v in capsys.readouterr().out.split())
     assert split == whole and namespace["split"] == pytest.approx(namespace["whole"], rel=1e-5)
+
+
+def test_the_otb_example_is_the_worked_example_and_the_float64_loop(capsys):
+    # Issue 44.1: CREDIT2.md 1's numbers, A_0 = (.4444, .5882, 1.0), A_1 = (-.5556, -.4118).
+    import reference
+
+    namespace: dict = {}
+    exec(compile(readme_block("## The optimal token baseline (OTB)"), "credit-assignment.md", "exec"), namespace)
+    shown = [float(v) for v in re.findall(r"-?\d+\.\d*", capsys.readouterr().out)]
+    want, _ = reference.optimal_token_baseline(np.array([[0, 0, 1.0], [0, 0, 0]]), namespace["mask"],
+                                               np.log(np.full((2, 3), 0.5)), namespace["w"].astype(np.float64), [0, 0])
+    np.testing.assert_allclose(shown[:6], want.reshape(-1), atol=5e-5)
+    np.testing.assert_allclose(shown[:5], [0.4444, 0.5882, 1.0, -0.5556, -0.4118], atol=1e-4)
+
+
+def test_the_distillation_example_gives_credit2s_numbers(capsys):
+    # Issue 44.3: CREDIT2.md 3: R = -1.55 + 1.0 = -0.55, rho = e^0.2, loss = -rho R = 0.6718; k3 of the two
+    # tokens (e^x - x - 1 with x = l_T - l) averaged: 0.6787.
+    exec(compile(readme_block("## On-policy distillation"), "credit-assignment.md", "exec"), {})
+    r, loss, k3 = (float(v) for v in capsys.readouterr().out.split())
+    reward = 0.3 * -0.5 + 0.7 * -2.0 - 1.0 * -1.0
+    assert r == round(reward, 4) == -0.55 and loss == round(-math.exp(0.2) * reward, 4) == 0.6718
+    x = [(-0.4) - (-1.0), (-2.5) - (-0.5)]
+    assert k3 == round(sum(math.exp(v) - v - 1 for v in x) / 2, 4) == 0.6787
+
+
+def test_the_global_batch_section_counts_the_minibatch():
+    namespace: dict = {}
+    exec(compile(readme_block("## Loss normalization over the global batch"), "credit-assignment.md", "exec"),
+         namespace)
+    mask = namespace["mask"]
+    assert namespace["losses"].global_batch_info(mask, dp_size=2) == {
+        "dp_size": 2, "batch_num_tokens": int(mask.sum()), "global_batch_size": mask.shape[0]}

@@ -137,10 +137,12 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 
 
 def _row_models(runner: PRMRunner) -> list[Any] | None:
-    """The runner's enabled scorers when every one scores whole rows of arrays (``ModelScorer.score_rows``):
-    then ``score_arrays`` hands them the arrays, chunk by chunk, and builds no interactions."""
+    """The runner's enabled scorers when every one scores whole rows of arrays (``ModelScorer.score_rows``)
+    and none reads the student's log-probs (a teacher, ``reads_logprobs``): then ``score_arrays`` hands them
+    the arrays, chunk by chunk, and builds no interactions."""
     enabled = [scorer for scorer in runner.scorers if scorer.enabled]
-    if runner.active and enabled and all(callable(getattr(scorer, "score_rows", None)) for scorer in enabled):
+    if runner.active and enabled and all(callable(getattr(scorer, "score_rows", None))
+                                         and not getattr(scorer, "reads_logprobs", False) for scorer in enabled):
         return enabled
     return None
 

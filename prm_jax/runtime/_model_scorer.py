@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import anyio
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from prm_jax._validation import boolean, imported_callable, integer, short_repr
+from prm_jax._validation import boolean, finite_number, imported_callable, integer, short_repr
 from prm_jax.runtime._batching import bucket_width
 from prm_jax.runtime._rewards import weighted_float32
 from prm_jax.runtime._scoring import BatchTrajectoryScorer
@@ -68,6 +69,8 @@ class ModelScorer(BatchTrajectoryScorer):
 
     name = "model"
     pads = True  # rows are padded to the longest: batches sorted by length
+    # Whether it reads the turns' output_logprobs (a teacher): score_arrays then builds interactions for it.
+    reads_logprobs: ClassVar[bool] = False
 
     def __init__(self, fn: ModelFn | None = None, factory: str | None = None,
                  factory_kwargs: Mapping[str, Any] | None = None, output: ModelOutput = "tokens",
@@ -193,6 +196,79 @@ class ModelScorer(BatchTrajectoryScorer):
         scores = await anyio.to_thread.run_sync(functools.partial(self.score_rows, check=False), ids, mask, turn_ids)
         return [{turn.interaction_id: scores[row, start:stop] for turn, (start, stop) in zip(turns, spans)}
                 for row, (turns, spans) in enumerate(layouts)]
+
+
+def token_logprobs(logits: Any, input_ids: Any) -> jax.Array:
+    """``[B, L]`` each position's token's log-prob given the tokens before it, from a causal model's logits
+    ``[B, L, V]`` (position ``t``'s logits predict token ``t + 1``): ``log_softmax(logits[:, t - 1])[ids[:, t]]``,
+    0 at position 0 (no context). What a ``TeacherModelScorer``'s function returns."""
+    logits = jnp.asarray(logits)
+    ids = jnp.asarray(input_ids).astype(jnp.int32)
+    if logits.ndim != 3 or ids.shape != logits.shape[:2]:
+        raise ValueError(f"token_logprobs needs logits [B, L, V] and input_ids [B, L], got {logits.shape} and "
+                         f"{ids.shape}")
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
+    taken = jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+    return jnp.concatenate([jnp.zeros_like(taken[:, :1]), taken], axis=1)
+
+
+def teacher_rewards(who: str, turns: Sequence[Interaction], teacher: Sequence[np.ndarray],
+                    reward_min: float | None, reward_max: float | None) -> dict[str, np.ndarray]:
+    """On-policy distillation's dense reward of each output token of each turn, ``log pi_T(y_t) - log
+    pi_S(y_t)`` (``teacher``: each turn's teacher log-probs of its output tokens; the student's are the
+    turn's ``output_logprobs``, which it must have), clipped to ``[reward_min, reward_max]`` where set: the one
+    rule of the teacher scorers (``TeacherModelScorer``, ``prm_jax.scorers.TeacherLogprobScorer``)."""
+    out: dict[str, np.ndarray] = {}
+    for turn, logprobs in zip(turns, teacher):
+        if turn.output_logprobs is None:
+            raise ValueError(f"scorer {who!r}: turn {turn.interaction_id!r} has no output_logprobs (the student's "
+                             "log-probs of its tokens: the distillation reward is the teacher's log-prob less the "
+                             "student's)")
+        reward = np.asarray(logprobs, np.float64) - np.asarray(turn.output_logprobs, np.float64)
+        if reward_min is not None or reward_max is not None:
+            reward = np.clip(reward, reward_min, reward_max)
+        out[turn.interaction_id] = reward
+    return out
+
+
+def check_reward_bounds(reward_min: Any, reward_max: Any) -> None:
+    """The teacher scorers' optional clip: finite numbers, ``reward_min <= reward_max``."""
+    bounds = [None if b is None else finite_number(name, b)
+              for name, b in (("reward_min", reward_min), ("reward_max", reward_max))]
+    if bounds[0] is not None and bounds[1] is not None and bounds[0] > bounds[1]:
+        raise ValueError(f"reward_min ({reward_min}) must not exceed reward_max ({reward_max})")
+
+
+class TeacherModelScorer(ModelScorer):
+    """On-policy distillation's teacher as a JAX model on the trainer's device: ``fn(input_ids,
+    attention_mask, turn_ids) -> [B, L]``, each position's token's log-prob under the teacher given the
+    tokens before it (``token_logprobs(logits, input_ids)`` forms it from a causal model's logits). Each
+    output token's score is the distillation reward ``log pi_T(y_t) - log pi_S(y_t)`` (``teacher_rewards``:
+    the turn's ``output_logprobs`` are the student's), clipped to ``[reward_min, reward_max]`` where set, as
+    ``prm_jax.scorers.TeacherLogprobScorer`` scores with a served teacher. ``score_arrays`` scores it
+    through interactions (their ``output_logprobs`` from its ``logprobs``), never on the rows path, which
+    has no student log-probs."""
+
+    name = "teacher_model"
+    reads_logprobs: ClassVar[bool] = True
+
+    def __init__(self, fn: ModelFn | None = None, factory: str | None = None,
+                 factory_kwargs: Mapping[str, Any] | None = None, reward_min: float | None = None,
+                 reward_max: float | None = None, **kwargs: Any):
+        check_reward_bounds(reward_min, reward_max)
+        for key in ("output", "spread", "step_separator", "max_turns"):
+            if key in kwargs:
+                raise ValueError(f"scorer {self.name!r}: {key} is not a setting of a teacher (each output token "
+                                 "gets its own reward)")
+        super().__init__(fn=fn, factory=factory, factory_kwargs=factory_kwargs, **kwargs)
+        self.reward_min, self.reward_max = reward_min, reward_max
+
+    async def evaluate_batch(self, items: Sequence[tuple[Sequence[Interaction], Mapping[str, Any]]]  # type: ignore[override]
+                             ) -> list[dict[str, Any]]:
+        scored = await super().evaluate_batch(items)
+        return [teacher_rewards(self.name, turns, [per_turn[turn.interaction_id] for turn in turns],
+                                self.reward_min, self.reward_max)
+                for (turns, _), per_turn in zip(items, scored)]
 
 
 def rows_by_length(live: np.ndarray) -> np.ndarray:

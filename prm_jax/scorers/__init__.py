@@ -1,13 +1,16 @@
 """Built-in scorers: judges on the protocols serving stacks speak (the ``judge`` extra, httpx), a math
-answer checker (the ``verify`` extra, math-verify) and a length budget."""
+answer checker (the ``verify`` extra, math-verify), a length budget, and on-policy distillation's teachers
+(served by vLLM or SGLang, or a JAX model on the trainer's device)."""
 
-from prm_jax.runtime._model_scorer import ModelScorer  # (its code is the runtime's: score_arrays has a path for it)
+# (ModelScorer's code is the runtime's: score_arrays has a path for it)
+from prm_jax.runtime._model_scorer import ModelScorer, TeacherModelScorer, token_logprobs
 from prm_jax.scorers._classify_prm import ClassifyPRMScorer
 from prm_jax.scorers._http_judge import HTTPJudgeScorer
 from prm_jax.scorers._length_budget import LengthBudgetScorer
 from prm_jax.scorers._math_verifier import MathVerifyScorer
 from prm_jax.scorers._openai_judge import OpenAIJudgeScorer
 from prm_jax.scorers._pooling_prm import PoolingPRMScorer
+from prm_jax.scorers._teacher import TeacherLogprobScorer
 
 __all__ = ["ClassifyPRMScorer", "HTTPJudgeScorer", "LengthBudgetScorer", "MathVerifyScorer", "ModelScorer",
-           "OpenAIJudgeScorer", "PoolingPRMScorer"]
+           "OpenAIJudgeScorer", "PoolingPRMScorer", "TeacherLogprobScorer", "TeacherModelScorer", "token_logprobs"]

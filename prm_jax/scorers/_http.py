@@ -10,11 +10,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
+import anyio
+
 from prm_jax._validation import finite_number, integer, short_repr
 from prm_jax.runtime._authoring import RetryError, call_with_retry
 from prm_jax.runtime._limits import RETRYABLE_STATUS, RequestLimiter, ServiceError, retry_after_seconds
 from prm_jax.runtime._runner import cause_text
 from prm_jax.scorers._answers import AnswerReader
+
+# An answer larger than this is decoded in a worker thread: a batch's prompt log-probs (a teacher's) run to
+# megabytes, tens of milliseconds of json.loads.
+THREADED_JSON_BYTES = 1 << 18
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # a score answer is a few hundred bytes; 1 MiB leaves room for logprobs
 BURST_S = 0.01  # the limiter's burst, in seconds of the request rate
@@ -228,6 +234,8 @@ class JSONService:
                                     status=status, retryable=status in RETRYABLE_STATUS,
                                     retry_after=retry_after_seconds(response.headers),
                                     reason=response.reason_phrase)
+        if len(body) > THREADED_JSON_BYTES:  # (decoded on the loop, it would stall every other scorer)
+            return await anyio.to_thread.run_sync(self.reader.json, body, where)
         return self.reader.json(body, where)
 
     def stats(self) -> dict[str, float]:

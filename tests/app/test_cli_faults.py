@@ -4,6 +4,7 @@ These run the installed ``prm-jax`` in a subprocess, as a user would.
 """
 
 import json
+import math
 import os
 import stat
 import time
@@ -359,6 +360,69 @@ def test_an_unread_model_output_may_be_partial_and_is_nan_where_missing(tmp_path
     n = len(items[5]["interactions"][1]["output_tokens"])
     assert int(np.isnan(batch["ref_logprobs"]).sum()) == n  # the turn's tokens, on timesteps: NaN, never 0
     assert np.isfinite(batch["timestep_advantages"]).all()
+
+
+def with_new_model_outputs(items):
+    """The demo sessions with OTB's ``output_sum_pi_squared`` (from each token's log-prob: at least its pi^2)
+    and a teacher's ``output_teacher_logprobs`` on every turn (issue 44)."""
+    for session in items:
+        for turn in session["interactions"]:
+            p = [math.exp(lp) for lp in turn["output_logprobs"]]
+            turn["output_sum_pi_squared"] = [round(q * q + 0.5 * (1 - q) ** 2, 5) for q in p]
+            turn["output_teacher_logprobs"] = [round(lp - 0.1 * (k % 3), 4) for k, lp in enumerate(turn["output_logprobs"])]
+    return items
+
+
+def test_otb_reads_the_sessions_sum_pi_squared_and_refuses_turns_without_it(tmp_path, capsys):
+    # Issue 44.1: output_sum_pi_squared is a session field, packed on timesteps as batch['sum_pi_squared'];
+    # credit_assignment 'otb' reads it on every trained turn (absent on one: refused before scoring, located).
+    config = yaml_config(tmp_path, actor={"kl_ctl": 0.0, "credit_assignment": {"mode": "otb"}},
+                         prm={"advantage_shaping": {"mode": "additive"}})
+    path = write_jsonl(tmp_path / "otb.jsonl", with_new_model_outputs(sessions()))
+    code, _, err = in_process(capsys, "score", "--config", config, "--input", path, "--output", tmp_path / "out")
+    assert code == 0, err
+    batch = dict(np.load(tmp_path / "out" / "batch.npz"))
+    active = batch["timestep_loss_mask"] > 0
+    assert np.isfinite(batch["sum_pi_squared"][active]).all() and (batch["sum_pi_squared"][active] > 0).all()
+    import reference
+    fields = {"kl_ctl": 0.0, "credit_assignment": {"mode": "otb"}}  # (the example config's: additive shaping)
+    inputs = {key: batch[key] for key in ("attention_mask", "loss_mask", "logprobs", "turn_ids", "token_rewards",
+                                          "group_ids", "is_truncated", "sum_pi_squared") if key in batch}
+    inputs["rewards"] = batch["rewards"]  # (what compute_advantages was given; original_rewards: before export)
+    want = reference.compute_advantages(inputs, fields)
+    np.testing.assert_allclose(batch["timestep_advantages"], want["advantages"], rtol=2e-4, atol=2e-4)
+    items = with_new_model_outputs(sessions())
+    del items[3]["interactions"][0]["output_sum_pi_squared"]
+    path = write_jsonl(tmp_path / "partial.jsonl", items)
+    code, _, err = in_process(capsys, "score", "--config", config, "--input", path, "--output", tmp_path / "o2")
+    assert code == 2 and "partial.jsonl:4: interactions[0].output_sum_pi_squared: missing" in err, err
+    items = with_new_model_outputs(sessions())
+    items[2]["interactions"][0]["output_sum_pi_squared"][1] = 1.5
+    path = write_jsonl(tmp_path / "bad.jsonl", items)
+    code, _, err = in_process(capsys, "score", "--config", config, "--input", path, "--output", tmp_path / "o3")
+    assert code == 2 and "bad.jsonl:3: interactions[0].output_sum_pi_squared: must be probabilities in [0, 1], " \
+        "got 1.5" in err, err
+
+
+def test_teacher_logprobs_travel_from_the_sessions_to_the_batch_nan_where_a_turn_has_none(tmp_path, capsys):
+    # Issue 44.3 (offline): output_teacher_logprobs is packed on timesteps as batch['teacher_logprobs'] for the
+    # trainer's distillation loss; no stage reads it, so a turn without it is NaN there, never 0.
+    items = with_new_model_outputs(sessions())
+    del items[5]["interactions"][1]["output_teacher_logprobs"]
+    path = write_jsonl(tmp_path / "teacher.jsonl", items)
+    code, _, err = in_process(capsys, "score", "--config", ROOT / "prm_jax" / "data" / "demo_config.yaml",
+                              "--input", path, "--output", tmp_path / "out")
+    assert code == 0, err
+    batch = np.load(tmp_path / "out" / "batch.npz")
+    n = len(items[5]["interactions"][1]["output_tokens"])
+    assert int(np.isnan(batch["teacher_logprobs"]).sum()) == n
+    rows = [b for b in range(batch["input_ids"].shape[0]) if not np.isnan(batch["teacher_logprobs"][b]).any()]
+    b = rows[0]
+    active = batch["timestep_loss_mask"][b] > 0
+    # On timesteps: at t the teacher's log-prob of position t + 1's token, as the logprobs are shifted.
+    shifted = np.concatenate([batch["logprobs"][b, 1:], [0.0]])
+    gap = shifted[active] - batch["teacher_logprobs"][b][active]
+    assert np.isclose(gap, np.round(gap, 1), atol=2e-4).all() and (gap >= -1e-4).all() and gap.max() > 0.15
 
 
 def test_gdpo_sources_follow_the_configs_order_and_are_named(tmp_path, capsys):

@@ -1,0 +1,179 @@
+"""``TeacherLogprobScorer``: on-policy distillation's teacher, served by vLLM or SGLang, as a scorer
+(CREDIT2.md 3 and 5.3).
+
+Per branch, the teacher reads the student's own tokens (the leaf's input and output tokens, by the concat
+rule) in one forward without generating, and answers the log-prob of every token given the ones before it
+(vLLM: ``POST {base_url}/v1/completions`` with ``prompt_logprobs: 0``; SGLang: ``POST {base_url}/generate``
+with ``return_logprob`` from position 0 and no new tokens). The branches of a batch (``max_batch_size``,
+``max_wait``: see ``BatchScorer``) go in one request, each branch's context sent once.
+
+Each turn's score is, per output token, the dense distillation reward of the reverse KL (``k1``)::
+
+    r_t = log pi_T(y_t) - log pi_S(y_t)
+
+with ``log pi_S`` the student's log-probs of its sampled tokens (the turn's ``output_logprobs``, required: a
+turn without them fails), optionally clipped to ``[reward_min, reward_max]`` (the rule of both teachers:
+``prm_jax.runtime._model_scorer.teacher_rewards``; ``TeacherModelScorer`` is the same teacher as a JAX model).
+The runner multiplies by the scorer's ``weight`` and sums the scorers, so several teachers, one scorer each
+with ``weight: w_j``, give AReaL's multi-teacher reward with raw weights, ``sum_j w_j log pi_Tj - W log
+pi_S``. As process rewards the rewards enter the advantages by the configured shaping
+(``token_rewards_as_adv``), which with the PPO loss is verl's policy-gradient distillation; to combine at the
+loss instead (AReaL's ``rl_coef * rl + distill_coef * opd``), give the trainer the teacher's log-probs
+themselves (``teacher_logprobs``, or the sessions' ``output_teacher_logprobs``) and call
+``prm_jax.losses.distillation_loss``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal, get_args
+
+import anyio
+import numpy as np
+
+from prm_jax._validation import one_of, short_repr
+from prm_jax.runtime._model_scorer import check_reward_bounds, teacher_rewards
+from prm_jax.runtime._scoring import BatchTrajectoryScorer
+from prm_jax.runtime._trajectory import LOGPROB_SLACK, Interaction, concat_spans
+from prm_jax.scorers._http import (
+    DEFAULT_MAX_BODY_BYTES,
+    JSONService,
+    Probe,
+    ServedScorer,
+    check_transport,
+    check_url,
+    httpx_module,
+    transport,
+)
+
+Server = Literal["vllm", "sglang"]
+SERVERS: tuple[Server, ...] = get_args(Server)
+# Each server's route for prompt log-probs.
+ROUTES: Mapping[Server, str] = {"vllm": "/v1/completions", "sglang": "/generate"}
+
+
+def branch_ids(turns: Sequence[Interaction]) -> tuple[list[int], list[tuple[int, int]]]:
+    """A branch's token ids (its leaf's input and output tokens) and each turn's output span in them (the
+    concat rule: ``concat_spans``)."""
+    spans = concat_spans(turns)
+    leaf = turns[-1]
+    return np.concatenate([leaf.input_tokens, leaf.output_tokens]).tolist(), spans
+
+
+class TeacherLogprobScorer(ServedScorer, BatchTrajectoryScorer):
+    """Scores each output token with a served teacher's log-prob of it, less the student's (see the module
+    docstring)."""
+
+    name = "teacher_logprobs"
+    pads: ClassVar[bool] = True  # the server pads a batch to its longest input: sorted by length
+
+    def __init__(self, base_url: str, model: str, server: Server = "vllm", reward_min: float | None = None,
+                 reward_max: float | None = None, request_timeout: float = 120.0, attempts: int = 4,
+                 backoff: float = 0.25, max_backoff: float = 8.0, max_body_bytes: int = 64 * DEFAULT_MAX_BODY_BYTES,
+                 max_concurrency: int | None = 4, max_requests_per_second: float | None = None,
+                 api_key_env: str | None = None, **kwargs: Any):
+        settings = dict(base_url=base_url, model=model, server=server, reward_min=reward_min, reward_max=reward_max,
+                        request_timeout=request_timeout, attempts=attempts, backoff=backoff, max_backoff=max_backoff,
+                        max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
+                        max_requests_per_second=max_requests_per_second, api_key_env=api_key_env)
+        type(self).validate_kwargs(**settings)
+        super().__init__(**kwargs)
+        self.model, self.server, self.reward_min, self.reward_max = model, server, reward_min, reward_max
+        self.service = JSONService(check_url("base_url", base_url), who=f"scorer {self.name!r}",
+                                   **transport(settings))
+
+    @classmethod
+    def validate_kwargs(cls, base_url: Any = None, model: Any = None, server: Any = "vllm", reward_min: Any = None,
+                        reward_max: Any = None, request_timeout: Any = 120.0, attempts: Any = 4,
+                        backoff: Any = 0.25, max_backoff: Any = 8.0, max_body_bytes: Any = 64 * DEFAULT_MAX_BODY_BYTES,
+                        max_concurrency: Any = 4, max_requests_per_second: Any = None, api_key_env: Any = None,
+                        max_batch_size: Any = 64, max_wait: Any = 0.005, **kwargs: Any) -> None:
+        httpx_module("TeacherLogprobScorer")
+        check_url("base_url", base_url)
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be the served teacher's name, got {short_repr(model)}")
+        one_of("server", server, SERVERS)
+        check_reward_bounds(reward_min, reward_max)
+        check_transport(request_timeout, attempts, backoff, max_backoff, max_body_bytes, max_concurrency,
+                        max_requests_per_second, api_key_env)
+        cls.validate_batching(max_batch_size=max_batch_size, max_wait=max_wait)
+
+    def _body(self, inputs: list[list[int]]) -> dict[str, Any]:
+        if self.server == "vllm":  # one token generated (vLLM's least), the prompt's log-probs of its tokens
+            return {"model": self.model, "prompt": inputs, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0.0}
+        return {"model": self.model, "input_ids": inputs, "return_logprob": True, "logprob_start_len": 0,
+                "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}}
+
+    async def teacher_logprobs(self, inputs: list[list[int]]) -> list[np.ndarray]:
+        """The teacher's log-prob of each token of each input given the tokens before it, in one request:
+        float64 ``[len(input)]`` per input (entry 0, which has no context, is NaN). The answer (a few MB for
+        a batch of long branches) is read in a worker thread: the event loop serves the other scorers."""
+        answer = await self.service.post(ROUTES[self.server], self._body(inputs))
+        where = f"scorer {self.name!r} on a batch of {len(inputs)} branches"
+        return await anyio.to_thread.run_sync(self._read_all, answer, inputs, where)
+
+    def _read_all(self, answer: Any, inputs: list[list[int]], where: str) -> list[np.ndarray]:
+        return [self._read(item, ids, where) for item, ids in zip(self._items(answer, len(inputs), where), inputs)]
+
+    def _items(self, answer: Any, count: int, where: str) -> list[Any]:
+        read = self.service.reader
+        if self.server == "vllm":
+            if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
+                raise read.error(where, f"not a completions response: {short_repr(answer)}")
+            return read.indexed(answer["choices"], count, where)
+        items = [answer] if count == 1 and isinstance(answer, dict) else answer
+        if not isinstance(items, list) or len(items) != count:
+            raise read.error(where, f"expected a list of {count} results, got {short_repr(answer)}")
+        return items
+
+    def _read(self, item: Any, ids: list[int], where: str) -> np.ndarray:
+        """One input's log-probs: each token's entry found (by its id) and every value a log-prob by the
+        answer reader's rule (checked in one pass; the first bad one is reported as the reader words it)."""
+        read = self.service.reader
+        if self.server == "vllm":
+            entries, field = read.field(item, ("prompt_logprobs",), where), "prompt_logprobs"
+            shape = "one entry per prompt token"
+        else:
+            entries, field = read.field(item, ("meta_info", "input_token_logprobs"), where), "input_token_logprobs"
+            shape = "one [logprob, token id, text] per input token"
+        if not isinstance(entries, list) or len(entries) != len(ids):
+            raise read.error(where, f"{field} must hold {shape} ({len(ids)}), got {short_repr(entries)} (does the "
+                                    "server return prompt log-probs?)")
+        values: list[Any] = [None]
+        for t in range(1, len(ids)):
+            entry = entries[t]
+            if self.server == "vllm":
+                token = entry.get(str(ids[t])) if isinstance(entry, dict) else None
+                if not isinstance(token, dict):
+                    raise read.error(where, f"{field}[{t}] has no entry for token {ids[t]}: {short_repr(entry)}")
+                values.append(token.get("logprob"))
+            else:
+                if not isinstance(entry, list) or len(entry) < 2 or entry[1] != ids[t]:
+                    raise read.error(where, f"{field}[{t}] must be [logprob, {ids[t]}, ...], got {short_repr(entry)}")
+                values.append(entry[0])
+        numbers = all(type(v) in (int, float) for v in values[1:])
+        out = np.array([np.nan, *values[1:]], np.float64) if numbers else np.empty(0)
+        if not numbers or not (np.isfinite(out[1:]) & (out[1:] <= LOGPROB_SLACK)).all():
+            bad = next(t for t in range(1, len(ids)) if not (type(values[t]) in (int, float) and math.isfinite(values[t])
+                                                              and values[t] <= LOGPROB_SLACK))
+            read.logprob(values[bad], where, f"{field}[{bad}]")  # raises, worded as every judge's
+        out[1:] = np.minimum(out[1:], 0.0)
+        return out
+
+    async def evaluate_batch(self, items: Sequence[tuple[Sequence[Interaction], Mapping[str, Any]]]  # type: ignore[override]
+                             ) -> list[dict[str, Any]]:
+        layouts = [branch_ids(turns) for turns, _ in items]
+        teachers = await self.teacher_logprobs([ids for ids, _ in layouts])
+        return [teacher_rewards(self.name, turns, [teacher[start:stop] for start, stop in spans], self.reward_min,
+                                self.reward_max)
+                for (turns, _), teacher, (_, spans) in zip(items, teachers, layouts)]
+
+    async def probe(self) -> Probe:
+        """Two tokens (``prm-jax validate-config --probe``): the answer must hold the second one's log-prob."""
+        def check(answer: Any) -> None:
+            where = f"scorer {self.name!r} (probe)"
+            item = self._items(answer, 1, where)[0]
+            self._read(item, [0, 1], where)
+
+        return await self.service.probe(self.name, ROUTES[self.server], self._body([[0, 1]]), check)

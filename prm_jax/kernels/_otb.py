@@ -33,7 +33,7 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from prm_jax._validation import boolean, finite_number, integer
+from prm_jax._validation import boolean, finite_number, integer, one_of
 from prm_jax.kernels import _checks
 from prm_jax.kernels._estimator import Estimate, EstimatorSpec
 from prm_jax.kernels._normalization import given_groups
@@ -61,15 +61,30 @@ class OTBOutput(NamedTuple):
     returns: jax.Array
 
 
-def sum_pi_squared(logits: ArrayLike, *, temperature: float = 1.0, chunk: int | None = None) -> jax.Array:
+def sum_pi_squared(logits: ArrayLike, *, temperature: float = 1.0, chunk: int | None = None,
+                   method: Literal["auto", "native", "xla"] = "auto") -> jax.Array:
     """``sum_v pi_v^2`` of each position's softmax of ``logits / temperature`` (``[..., V]`` -> ``[...]``), as
-    ``exp(lse(2z) - 2 lse(z))``: one pass keeping a running maximum and the two sums ``sum e^(z - m)`` and
-    ``sum e^(2(z - m))``, over the vocabulary in ``chunk``-wide pieces when given (memory bounded by the
-    chunk). The temperature must be the one the log-probs were computed with (verl's rule)."""
+    ``exp(lse(2z) - 2 lse(z))``: the row's maximum, then the two sums ``sum e^(z - m)`` and ``sum
+    e^(2(z - m))``. ``method``: ``native`` (the CPU kernel, float32: one exponential per logit, streaming
+    over the vocabulary, its memory bounded whatever ``chunk``; not differentiable), ``xla`` (every backend;
+    over the vocabulary in ``chunk``-wide pieces when given, memory bounded by the chunk) or ``auto``
+    (native where the native kernels run, for float32 logits). The temperature must be the one the log-probs
+    were computed with (verl's rule).
+
+    >>> z = np.log(np.array([[0.5, 0.25, 0.25]], np.float32))    # pi = (1/2, 1/4, 1/4)
+    >>> round(float(prm_jax.credit.sum_pi_squared(z)[0]), 6)       # 1/4 + 1/16 + 1/16
+    0.375
+    """
     temperature = finite_number("temperature", temperature, positive=True)
     if chunk is not None:
         integer("chunk", chunk, minimum=1)
-    _checks.check_real_dtype("logits", jnp.asarray(logits))
+    one_of("method", method, ("auto", "native", "xla"))
+    array = jnp.asarray(logits)
+    _checks.check_real_dtype("logits", array)
+    if method == "native" and not ffi.use_native(sharded=False):
+        raise ValueError("method='native' needs the native CPU kernels (see prm_jax.native); use 'auto' or 'xla'")
+    if method == "native" or (method == "auto" and array.dtype == jnp.float32 and ffi.use_native(sharded=False)):
+        return ffi.sum_pi_squared(array, temperature)
     return _sum_pi_squared_jit(logits, temperature=temperature, chunk=chunk)
 
 

@@ -7,7 +7,8 @@ recurrence is far from memory speed there: ``gae_cpu.cc`` runs the same recurren
 directly over the row-major buffers. XLA:CPU also sorts slowly (~1 ms for 32k keys), so
 ``step_groups_cpu.cc`` finds GiGPO's step groups with one hash-table pass instead of a sort, and
 ``turns_cpu.cc`` finds where each turn continues (the next trained timestep's turn id) in one reverse pass;
-``otb_cpu.cc`` aligns OTB's rows by generated-token index without XLA's scatter and gather.
+``otb_cpu.cc`` aligns OTB's rows by generated-token index without XLA's scatter and gather, and
+``sum_pi_squared_cpu.cc`` takes OTB's ``sum pi^2`` of logits with one exponential per logit.
 
 Where the library comes from: a wheel carries it built (``prm_jax/native/_prm_jax_cpu.so``, setup.py), and it
 is loaded as it is, no compiler needed; XLA refuses it at registration if it was built against a newer XLA
@@ -32,6 +33,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from prm_jax.native._build import PACKAGED_LIBRARY, build_library, find_compiler, logger
 
@@ -41,10 +43,12 @@ STEP_GROUPS_TARGET = "prm_jax_step_groups"
 NEXT_ACTIVE_IDS_TARGET = "prm_jax_next_active_ids"
 OTB_COMPACT_TARGET = "prm_jax_otb_compact"
 OTB_EXPAND_TARGET = "prm_jax_otb_expand"
+SUM_PI_SQUARED_TARGET = "prm_jax_sum_pi_squared"
 # Every handler of the library: its XLA target and its symbol.
 HANDLERS = ((TARGET, "PrmJaxGaeF32"), (FLOAT_MASK_TARGET, "PrmJaxGaeF32FloatMask"),
             (STEP_GROUPS_TARGET, "PrmJaxStepGroups"), (NEXT_ACTIVE_IDS_TARGET, "PrmJaxNextActiveIds"),
-            (OTB_COMPACT_TARGET, "PrmJaxOtbCompact"), (OTB_EXPAND_TARGET, "PrmJaxOtbExpand"))
+            (OTB_COMPACT_TARGET, "PrmJaxOtbCompact"), (OTB_EXPAND_TARGET, "PrmJaxOtbExpand"),
+            (SUM_PI_SQUARED_TARGET, "PrmJaxSumPiSquared"))
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -209,6 +213,15 @@ def otb_expand(to_go: jax.Array, baselines: jax.Array, row_group: jax.Array, cut
     advantages, returns = call(to_go.astype(f32), baselines.astype(f32), row_group.astype(jnp.int32),
                                cut.astype(jnp.int32), active.astype(jnp.bool_))
     return advantages, returns
+
+
+def sum_pi_squared(logits: jax.Array, temperature: float) -> jax.Array:
+    """``sum_v pi_v^2`` of each softmax of float32 ``logits [..., V] / temperature``: ``[...]`` float32, one
+    exponential per logit (``sum_pi_squared_cpu.cc``). Not differentiable (OTB reads it as an input)."""
+    _require_loaded()
+    call = jax.ffi.ffi_call(SUM_PI_SQUARED_TARGET, jax.ShapeDtypeStruct(logits.shape[:-1], jnp.float32),
+                            vmap_method="broadcast_all")
+    return call(logits.astype(jnp.float32), temperature=np.float32(temperature))
 
 
 def use_native(*, sharded: bool) -> bool:

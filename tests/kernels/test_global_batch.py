@@ -122,3 +122,18 @@ def test_the_counts_may_be_traced_as_a_train_step_all_reduces_them():
     eager = losses.cispo_loss(logprobs, proximal, advantages, mask, dp_size=2, batch_num_tokens=40,
                               global_batch_size=16)[0]
     assert float(step(jnp.int32(40), jnp.int32(16))) == pytest.approx(float(eager), rel=1e-6)
+
+
+def test_credit2s_pair_under_seq_mean_token_sum_global_against_local():
+    # CREDIT2.md 4: on a batch with an empty row, seq-mean-token-sum is 0.1264 with the global batch size (every
+    # row of the mini-batch, the empty one too: G = 4) and 0.1685 with the local fallback (the 3 non-empty
+    # rows). On-policy (ratio 1) vanilla's per-token loss is -A; the rows' sums add up to 0.5056.
+    advantages = np.array([[-0.2, -0.1, 0.0], [-0.1056, 0.0, 0.0], [-0.1, 0.0, 0.0], [0.0, 0.0, 0.0]], np.float32)
+    mask = np.array([[1, 1, 0], [1, 0, 0], [1, 0, 0], [0, 0, 0]], bool)
+    logprobs = np.full(mask.shape, -1.0, np.float32)
+    info = losses.global_batch_info(mask)
+    assert info["global_batch_size"] == 4
+    both = (logprobs, logprobs, advantages, mask)
+    global_ = float(losses.vanilla_ppo_loss(*both, loss_agg_mode="seq-mean-token-sum", **info)[0])
+    local = float(losses.vanilla_ppo_loss(*both, loss_agg_mode="seq-mean-token-sum")[0])
+    assert round(global_, 4) == 0.1264 and round(local, 4) == 0.1685

@@ -76,7 +76,13 @@ def test_a_deterministic_policy_and_an_empty_batch(alignment):
     assert not np.asarray(empty.advantages).any()
 
 
-def test_sum_pi_squared_matches_float64_in_one_pass_or_in_chunks():
+METHODS = ["xla", pytest.param("native", marks=pytest.mark.skipif(
+    not ffi.available(), reason="no C++ compiler: the native kernels are not built"))]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sum_pi_squared_matches_float64_in_one_pass_or_in_chunks(method):
+    # (The native kernel's exponential is a polynomial: within float32 rounding of the float64 sums.)
     rng = np.random.default_rng(1)
     logits = (rng.normal(size=(2, 5, 1003)) * 4).astype(np.float32)
     for temperature in (1.0, 0.7):
@@ -85,8 +91,20 @@ def test_sum_pi_squared_matches_float64_in_one_pass_or_in_chunks():
         p /= p.sum(-1, keepdims=True)
         want = (p * p).sum(-1)
         for chunk in (None, 128, 1003, 4096):
-            got = np.asarray(sum_pi_squared(logits, temperature=temperature, chunk=chunk))
+            got = np.asarray(sum_pi_squared(logits, temperature=temperature, chunk=chunk, method=method))
             np.testing.assert_allclose(got, want, rtol=2e-5, err_msg=str((temperature, chunk)))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sum_pi_squared_of_masked_logits_and_of_rows_without_a_distribution(method):
+    # -inf logits (a masked vocabulary) weigh nothing; a row of -inf only, or holding NaN, has no
+    # distribution: NaN (CREDIT2.md 1), on both paths; a vocabulary shorter than the kernel's lanes.
+    z = np.array([[0.0, -np.inf, np.log(3.0)], [-np.inf, -np.inf, -np.inf], [0.0, np.nan, 1.0]], np.float32)
+    got = np.asarray(sum_pi_squared(z, method=method))
+    assert got[0] == pytest.approx(0.25 ** 2 + 0.75 ** 2, rel=1e-6) and np.isnan(got[1:]).all()
+    wide = np.full((1, 70), -np.inf, np.float32)
+    wide[0, [3, 40, 69]] = 0.0
+    assert float(np.asarray(sum_pi_squared(wide, method=method))[0]) == pytest.approx(1 / 3, rel=1e-6)
 
 
 def test_bad_input_is_refused_naming_the_argument():
@@ -95,6 +113,8 @@ def test_bad_input_is_refused_naming_the_argument():
                                np.array([[np.nan, 1.0]], np.float32))
     with pytest.raises(ValueError, match="temperature"):
         sum_pi_squared(np.zeros((2, 3), np.float32), temperature=0.0)
+    with pytest.raises(ValueError, match="method"):
+        sum_pi_squared(np.zeros((2, 3), np.float32), method="gpu")
 
 
 def test_groups_that_do_not_cover_the_batch_are_refused():

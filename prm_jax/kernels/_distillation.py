@@ -58,6 +58,16 @@ def _teacher_weights(weights: Sequence[float] | None, teachers: int) -> tuple[fl
     return values
 
 
+def reward_bounds(reward_min: Any, reward_max: Any) -> tuple[float | None, float | None]:
+    """The distillation reward's optional clip, as floats: finite numbers (or None), ``reward_min <=
+    reward_max``; the one rule of ``distillation_rewards`` and the teacher scorers."""
+    low, high = (None if b is None else finite_number(name, b)
+                 for name, b in (("reward_min", reward_min), ("reward_max", reward_max)))
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"reward_min ({reward_min}) must not exceed reward_max ({reward_max})")
+    return low, high
+
+
 def distillation_rewards(teacher_logprobs: ArrayLike, logprobs: ArrayLike, loss_mask: ArrayLike,
                          weights: Sequence[float] | None = None, *, normalize_teacher_weights: bool = False,
                          reward_min: float | None = None, reward_max: float | None = None,
@@ -91,10 +101,7 @@ def distillation_rewards(teacher_logprobs: ArrayLike, logprobs: ArrayLike, loss_
         raise ValueError(f"distillation_rewards(estimator={estimator!r}): {estimator} "
                          + _NOT_A_REWARD.format(estimator))
     boolean("normalize_teacher_weights", normalize_teacher_weights, config=False)
-    bounds = tuple(None if b is None else finite_number(name, b) for name, b in (("reward_min", reward_min),
-                                                                               ("reward_max", reward_max)))
-    if None not in bounds and bounds[0] > bounds[1]:  # type: ignore[operator]
-        raise ValueError(f"reward_min ({reward_min}) must not exceed reward_max ({reward_max})")
+    bounds = reward_bounds(reward_min, reward_max)
     check_token_arrays(logprobs, loss_mask=loss_mask)
     teachers = np.shape(teacher_logprobs)
     if len(teachers) == 2:

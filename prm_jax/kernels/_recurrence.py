@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import jax
 import jax.numpy as jnp
@@ -97,31 +97,29 @@ def resolve_strategy(method: GAEMethod | str, *, unit_discount: bool, sharded: b
                         resolve_alignment(sharded=sharded))
 
 
+def _native_or(name: str, method: str, fallback: str, choices: tuple[str, ...], sharded: bool) -> Any:
+    """A kernel choice between the native CPU kernel and the XLA ``fallback``, outside any trace: ``auto`` is
+    ``native`` where the native kernels run (``ffi.use_native``: the CPU, one device, a build), else the
+    fallback; ``native`` is refused where they cannot, naming ``name``."""
+    checked = one_of(name, method, ("auto", *choices))
+    if checked == "auto":
+        return "native" if ffi.use_native(sharded=sharded) else fallback
+    if checked == "native" and not (ffi.available() and not sharded):
+        raise ValueError(f"{name}='native' needs the native CPU kernels on one device (see prm_jax.native); "
+                         f"use 'auto' or {fallback!r}")
+    return checked
+
+
 def resolve_step_groups(method: StepGroupMethod | Literal["auto"] | str = "auto", *,
                         sharded: bool = False) -> StepGroupMethod:
-    """GiGPO's step-group method, outside any trace: ``auto`` is ``native`` where the native kernels run
-    (``ffi.use_native``: the CPU, one device, a build), else ``sort``; ``native`` is refused where they
-    cannot."""
-    checked = one_of("step_groups", method, ("auto", *STEP_GROUP_METHODS))
-    if checked == "auto":
-        return "native" if ffi.use_native(sharded=sharded) else "sort"
-    if checked == "native" and not (ffi.available() and not sharded):
-        raise ValueError("step_groups='native' needs the native CPU kernels on one device (see prm_jax.native); "
-                         "use 'auto' or 'sort'")
-    return checked
+    """GiGPO's step-group method: the native hash pass or XLA's ``sort`` (``_native_or``)."""
+    return _native_or("step_groups", method, "sort", STEP_GROUP_METHODS, sharded)
 
 
 def resolve_alignment(method: AlignmentMethod | Literal["auto"] | str = "auto", *,
                       sharded: bool = False) -> AlignmentMethod:
-    """OTB's alignment by generated-token index, outside any trace: ``auto`` is ``native`` where the native
-    kernels run (``ffi.use_native``), else ``scatter``; ``native`` is refused where they cannot."""
-    checked = one_of("alignment", method, ("auto", *get_args(AlignmentMethod)))
-    if checked == "auto":
-        return "native" if ffi.use_native(sharded=sharded) else "scatter"
-    if checked == "native" and not (ffi.available() and not sharded):
-        raise ValueError("alignment='native' needs the native CPU kernels on one device (see prm_jax.native); "
-                         "use 'auto' or 'scatter'")
-    return checked
+    """OTB's alignment by generated-token index: the native passes or XLA's ``scatter`` (``_native_or``)."""
+    return _native_or("alignment", method, "scatter", get_args(AlignmentMethod), sharded)
 
 
 def resolve_cumsum() -> CumsumMethod:

@@ -1,11 +1,12 @@
 """Building the native CPU kernels: compile, cache, lock, verify (the only code that runs a compiler).
 
 The C++ sources beside this file (``gae_cpu.cc``, ``step_groups_cpu.cc``, ``turns_cpu.cc``, ``otb_cpu.cc``,
-``sum_pi_squared_cpu.cc``, sharing ``row_tasks.h``) are compiled into one library once per machine with the system C++ compiler into a cache
-directory (``$PRM_JAX_CACHE``, default ``~/.cache/prm_jax``). The build is keyed on the sources' and headers'
-text, the flags, the compiler and JAX (not on the folder the sources are in), synced to disk with its size and
-SHA-256 recorded beside it, and verified before every load: a damaged file (a crash or a full disk while it
-was written) is rebuilt. Concurrent processes wait on a file lock, then find the finished library.
+``sum_pi_squared_cpu.cc``, sharing ``row_tasks.h``) are compiled into one library once per machine with the
+system C++ compiler into a cache directory (``$PRM_JAX_CACHE``, default ``~/.cache/prm_jax``). The build is
+keyed on the sources' and headers' text, the flags, the compiler and JAX (not on the folder the sources are in),
+synced to disk with its size and SHA-256 recorded beside it, and verified before every load: a damaged file (a
+crash or a full disk while it was written) is rebuilt. Concurrent processes wait on a file lock, then find the
+finished library.
 """
 
 from __future__ import annotations

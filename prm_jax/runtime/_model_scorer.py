@@ -45,7 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from prm_jax._validation import boolean, finite_number, imported_callable, integer, short_repr
+from prm_jax._validation import boolean, imported_callable, integer, short_repr
+from prm_jax.kernels._distillation import reward_bounds
 from prm_jax.runtime._batching import bucket_width
 from prm_jax.runtime._rewards import weighted_float32
 from prm_jax.runtime._scoring import BatchTrajectoryScorer
@@ -231,14 +232,6 @@ def teacher_rewards(who: str, turns: Sequence[Interaction], teacher: Sequence[np
     return out
 
 
-def check_reward_bounds(reward_min: Any, reward_max: Any) -> None:
-    """The teacher scorers' optional clip: finite numbers, ``reward_min <= reward_max``."""
-    bounds = [None if b is None else finite_number(name, b)
-              for name, b in (("reward_min", reward_min), ("reward_max", reward_max))]
-    if bounds[0] is not None and bounds[1] is not None and bounds[0] > bounds[1]:
-        raise ValueError(f"reward_min ({reward_min}) must not exceed reward_max ({reward_max})")
-
-
 class TeacherModelScorer(ModelScorer):
     """On-policy distillation's teacher as a JAX model on the trainer's device: ``fn(input_ids,
     attention_mask, turn_ids) -> [B, L]``, each position's token's log-prob under the teacher given the
@@ -255,7 +248,7 @@ class TeacherModelScorer(ModelScorer):
     def __init__(self, fn: ModelFn | None = None, factory: str | None = None,
                  factory_kwargs: Mapping[str, Any] | None = None, reward_min: float | None = None,
                  reward_max: float | None = None, **kwargs: Any):
-        check_reward_bounds(reward_min, reward_max)
+        reward_bounds(reward_min, reward_max)
         for key in ("output", "spread", "step_separator", "max_turns"):
             if key in kwargs:
                 raise ValueError(f"scorer {self.name!r}: {key} is not a setting of a teacher (each output token "

@@ -33,7 +33,8 @@ import anyio
 import numpy as np
 
 from prm_jax._validation import one_of, short_repr
-from prm_jax.runtime._model_scorer import check_reward_bounds, teacher_rewards
+from prm_jax.kernels._distillation import reward_bounds
+from prm_jax.runtime._model_scorer import teacher_rewards
 from prm_jax.runtime._scoring import BatchTrajectoryScorer
 from prm_jax.runtime._trajectory import LOGPROB_SLACK, Interaction, concat_spans
 from prm_jax.scorers._http import (
@@ -94,7 +95,7 @@ class TeacherLogprobScorer(ServedScorer, BatchTrajectoryScorer):
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be the served teacher's name, got {short_repr(model)}")
         one_of("server", server, SERVERS)
-        check_reward_bounds(reward_min, reward_max)
+        reward_bounds(reward_min, reward_max)
         check_transport(request_timeout, attempts, backoff, max_backoff, max_body_bytes, max_concurrency,
                         max_requests_per_second, api_key_env)
         cls.validate_batching(max_batch_size=max_batch_size, max_wait=max_wait)

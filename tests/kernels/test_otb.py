@@ -31,18 +31,24 @@ def test_the_worked_example_with_and_without_the_zero_tail():
     assert abs(float(optimal_token_baseline(*args, handle_zero_tail=False).advantages[0, 2])) < 1e-6
 
 
-def alignments() -> list:
-    """OTB's two alignments by generated-token index: the CPU's native kernels where they are built, and XLA's
-    scatter (every backend)."""
-    return ["scatter", pytest.param("native", marks=pytest.mark.skipif(
-        not ffi.available(), reason="no C++ compiler: the native kernels are not built"))]
+# OTB's two alignments by generated-token index (the CPU's native kernels, and XLA's scatter on every backend)
+# and sum_pi_squared's two methods; a native case skips itself where the kernels are not built (asked when it
+# runs: collecting the suite builds nothing).
+ALIGNMENTS = ["scatter", "native"]
+METHODS = ["xla", "native"]
+
+
+def skip_without_native(choice: str) -> None:
+    if choice == "native" and not ffi.available():
+        pytest.skip("no C++ compiler: the native kernels are not built")
 
 
 @pytest.mark.parametrize("zero_tail", [True, False])
 @pytest.mark.parametrize("with_weights", [False, True])
-@pytest.mark.parametrize("alignment", alignments())
+@pytest.mark.parametrize("alignment", ALIGNMENTS)
 def test_groups_with_holes_empty_rows_ties_and_a_group_of_one_match_a_float64_loop(zero_tail, with_weights,
                                                                                    alignment):
+    skip_without_native(alignment)
     rng = np.random.default_rng(int(zero_tail) + 2 * int(with_weights))
     rows, width = 9, 14
     mask = rng.random((rows, width)) < 0.6
@@ -63,8 +69,9 @@ def test_groups_with_holes_empty_rows_ties_and_a_group_of_one_match_a_float64_lo
     np.testing.assert_allclose(np.asarray(out.returns), want_r, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("alignment", alignments())
+@pytest.mark.parametrize("alignment", ALIGNMENTS)
 def test_a_deterministic_policy_and_an_empty_batch(alignment):
+    skip_without_native(alignment)
     # w = 0 everywhere: B = 0 / eps = 0 and A = G; no trained token: zeros.
     mask = np.array([[1, 1, 0], [1, 0, 1]], bool)
     rewards = np.array([[0.0, 1.0, 0], [2.0, 0, 1.0]], np.float32)
@@ -76,12 +83,9 @@ def test_a_deterministic_policy_and_an_empty_batch(alignment):
     assert not np.asarray(empty.advantages).any()
 
 
-METHODS = ["xla", pytest.param("native", marks=pytest.mark.skipif(
-    not ffi.available(), reason="no C++ compiler: the native kernels are not built"))]
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_sum_pi_squared_matches_float64_in_one_pass_or_in_chunks(method):
+    skip_without_native(method)
     # (The native kernel's exponential is a polynomial: within float32 rounding of the float64 sums.)
     rng = np.random.default_rng(1)
     logits = (rng.normal(size=(2, 5, 1003)) * 4).astype(np.float32)
@@ -97,6 +101,7 @@ def test_sum_pi_squared_matches_float64_in_one_pass_or_in_chunks(method):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_sum_pi_squared_of_masked_logits_and_of_rows_without_a_distribution(method):
+    skip_without_native(method)
     # -inf logits (a masked vocabulary) weigh nothing; a row of -inf only, or holding NaN, has no
     # distribution: NaN (CREDIT2.md 1), on both paths; a vocabulary shorter than the kernel's lanes.
     z = np.array([[0.0, -np.inf, np.log(3.0)], [-np.inf, -np.inf, -np.inf], [0.0, np.nan, 1.0]], np.float32)
@@ -169,8 +174,9 @@ SETTINGS = {
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 @pytest.mark.parametrize("weights", ["absent", "present"])
-@pytest.mark.parametrize("alignment", alignments())
+@pytest.mark.parametrize("alignment", ALIGNMENTS)
 def test_the_mode_meets_the_shaping_modes_and_transforms_as_the_float64_pipeline(name, weights, alignment):
+    skip_without_native(alignment)
     # Issue 44.1: with token_rewards_as_adv false the process rewards enter G; with it true the shaping applies
     # after; the KL rewards are in G; the rollout weights optional.
     fields = {"credit_assignment": {"mode": "otb"}, "discount": 0.9, **SETTINGS[name]}
@@ -227,8 +233,8 @@ def test_the_mode_runs_jitted_once_and_refuses_bad_settings_naming_them():
         AdvantageConfig(credit_assignment={"mode": "otb"}, gae_timestep_unit="turn")
 
 
-@pytest.mark.skipif(not ffi.available(), reason="no C++ compiler: the native kernels are not built")
 def test_the_native_alignment_splits_rows_over_threads_and_equals_the_scatter():
+    skip_without_native("native")
     # 64 x 2048 timesteps: the native kernels' rows run as several tasks on XLA's pool (one per 2^16 entries);
     # masks of random spans (tool outputs), groups given by ids out of order, one group of one.
     rng = np.random.default_rng(44)

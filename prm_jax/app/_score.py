@@ -22,6 +22,7 @@ from prm_jax.kernels._advantages import compute_advantage_variants, compute_adva
 from prm_jax.kernels._diagnostics import STATISTICS
 from prm_jax.kernels._estimators import registered
 from prm_jax.kernels._plan import STAGE_DIAGNOSTICS
+from prm_jax.kernels._schema import MODEL_OUTPUT_KEYS
 from prm_jax.kernels._shaping import SHAPING_MODES
 from prm_jax.runtime._batching import bucket_width, pack_branches
 from prm_jax.runtime._export import ExportedTrajectory, ExportResult, ExportService
@@ -237,6 +238,10 @@ def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int,
                           sessions=sessions, model_outputs=any(seq.model_outputs for seq in sequences))
     if not anchored:
         batch.pop("anchor_ids", None)  # no anchors at all: one step group per group (not "every turn alone")
+    carried = {key for seq in sequences for key in seq.model_outputs}
+    for key in MODEL_OUTPUT_KEYS:  # a model output no session carries is not written (all NaN, it says nothing)
+        if key not in carried:
+            batch.pop(key, None)
     return batch
 
 

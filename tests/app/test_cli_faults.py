@@ -360,6 +360,8 @@ def test_an_unread_model_output_may_be_partial_and_is_nan_where_missing(tmp_path
     n = len(items[5]["interactions"][1]["output_tokens"])
     assert int(np.isnan(batch["ref_logprobs"]).sum()) == n  # the turn's tokens, on timesteps: NaN, never 0
     assert np.isfinite(batch["timestep_advantages"]).all()
+    # A model output no session carries (OTB's, a teacher's) is not written: all NaN, it would say nothing.
+    assert "sum_pi_squared" not in batch.files and "teacher_logprobs" not in batch.files
 
 
 def with_new_model_outputs(items):

@@ -1,4 +1,9 @@
-"""Writes prm_jax/data/demo_sessions.jsonl: the bundled example data set of ``prm-jax demo``.
+"""Writes synthetic sessions in the JSONL session format: ``--sessions N --output PATH`` (default 16 to
+``demo_sessions.jsonl`` here). With the defaults it writes the data set bundled as ``prm-jax demo``'s
+(``--output prm_jax/data/demo_sessions.jsonl`` regenerates that file; it never writes into the package by
+itself)::
+
+  python examples/make_demo_sessions.py --sessions 2000 --output big.jsonl
 
 Synthetic multi-turn agent sessions (token ids are arbitrary integers): 4 groups of 4 sessions, each a
 chain of 2-4 turns with tool output between turns, some turns over the 128-token budget of the example
@@ -9,11 +14,12 @@ tree}``). Every turn carries an implicit PRM's and the reference model's log-pro
 of the data does not depend on them.
 """
 
+import argparse
 import json
 import random
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "prm_jax" / "data" / "demo_sessions.jsonl"
+GROUP = 4  # sessions per group
 
 
 def model_logprobs(extra, interaction):
@@ -56,11 +62,18 @@ def session(rng, key, group, branching=False):
     return {"session_key": key, "group": group, "interactions": interactions}
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=16, help="how many (groups of 4; default 16)")
+    parser.add_argument("--output", type=Path, default=Path("demo_sessions.jsonl"), help="the JSONL file to write")
+    args = parser.parse_args(argv)
+    if args.sessions < 1:
+        parser.error(f"--sessions must be at least 1, got {args.sessions}")
     rng = random.Random(7)
-    lines = [session(rng, f"g{g}-s{s}", f"g{g}", branching=(g, s) == (1, 2)) for g in range(4) for s in range(4)]
-    OUT.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    print(f"wrote {len(lines)} sessions to {OUT}")
+    lines = [session(rng, f"g{n // GROUP}-s{n % GROUP}", f"g{n // GROUP}", branching=n == GROUP + 2)
+             for n in range(args.sessions)]
+    args.output.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    print(f"wrote {len(lines)} sessions to {args.output}")
 
 
 if __name__ == "__main__":

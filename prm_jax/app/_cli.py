@@ -358,7 +358,10 @@ def _require_matplotlib() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import prm_jax  # (for its one version string)
+
     parser = argparse.ArgumentParser(prog="prm-jax", description="Process rewards to shaped PPO/GRPO advantages.")
+    parser.add_argument("--version", action="version", version=f"prm-jax {prm_jax.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     score = sub.add_parser("score", help="score sessions, export groups, compute advantages")
     score.add_argument("--config", required=True, help="YAML config (rollout.agent.prm, actor)")

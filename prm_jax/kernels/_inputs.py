@@ -106,7 +106,9 @@ def warn_about_fallbacks(batch: Mapping[str, Any], plan: AdvantagePlan) -> None:
                       "complete row that exactly fills the padded width as truncated", stacklevel=3)
     if "ref_logprobs" not in batch and plan.kl.kl_ctl != 0:
         warnings.warn("batch has no 'ref_logprobs' but kl_ctl != 0: the KL reward uses a zero reference "
-                      "log-prob (AReaL's rule), i.e. it rewards or penalizes the log-probs themselves",
+                      "log-prob (AReaL's rule), i.e. it rewards or penalizes the log-probs themselves; set "
+                      "actor.kl_ctl: 0 to train without a KL term, or give the reference model's log-probs "
+                      "(batch['ref_logprobs'], the sessions' output_ref_logprobs)",
                       stacklevel=3)
 
 

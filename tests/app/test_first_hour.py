@@ -1,0 +1,51 @@
+"""Issue 46 (its first pieces): the command line says its version, and the demo data's generator takes a
+count and an output path and never writes into the package by itself."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import prm_jax
+from prm_jax.app import _cli as cli
+from prm_jax.app.sessions import read_sessions
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATOR = ROOT / "examples" / "make_demo_sessions.py"
+
+
+def test_prm_jax_version_prints_the_packages_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"prm-jax {prm_jax.__version__}"
+
+
+def test_the_demo_generator_writes_n_sessions_where_told_and_its_defaults_are_the_bundled_data(tmp_path):
+    bundled = ROOT / "prm_jax" / "data" / "demo_sessions.jsonl"
+    before = bundled.read_bytes()
+    run = subprocess.run([sys.executable, str(GENERATOR), "--sessions", "10", "--output", str(tmp_path / "ten.jsonl")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    records = read_sessions(tmp_path / "ten.jsonl")
+    assert len(records) == 10 and len({r.group for r in records}) == 3  # groups of 4: 4, 4, 2
+    run = subprocess.run([sys.executable, str(GENERATOR)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "demo_sessions.jsonl").read_bytes() == before  # the defaults: the bundled data set
+    assert bundled.read_bytes() == before  # (never written by itself)
+    run = subprocess.run([sys.executable, str(GENERATOR), "--sessions", "0"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2 and "--sessions must be at least 1" in run.stderr
+
+
+def test_the_missing_reference_warning_says_how_to_fix_it():
+    # Issue 46: leaving out actor.kl_ctl (0.1 by default) without reference log-probs warned with no fix.
+    import numpy as np
+
+    batch = {"attention_mask": np.ones((1, 4), np.int32), "loss_mask": np.array([[0, 1, 1, 1]], np.int32),
+             "logprobs": np.full((1, 4), -0.5, np.float32), "rewards": np.ones(1, np.float32),
+             "is_truncated": np.zeros(1, bool)}
+    with pytest.warns(UserWarning, match=r"set actor\.kl_ctl: 0 to train without a KL term, or give the reference "
+                                         r"model's log-probs \(batch\['ref_logprobs'\], the sessions' "
+                                         r"output_ref_logprobs\)"):
+        prm_jax.compute_advantages(batch, prm_jax.AdvantageConfig())

@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import warnings
@@ -357,15 +358,43 @@ def _require_matplotlib() -> None:
                        ".venv/bin/pip install -e '.[plot]')") from None
 
 
+# What each exit status means (``main`` returns them), as every subcommand's --help lists them.
+EXIT_STATUSES = (f"exit status: 0 done; 1 no group accepted (nothing written) or stdout closed; 2 bad input, "
+                 f"config or output folder (one line: file, line and field; nothing written); "
+                 f"{EXIT_WRITE_FAILED} the output could not be written (disk full); 128 + N stopped by signal N")
+# Each subcommand: what it does, in a sentence, and an example (its --help shows them with EXIT_STATUSES).
+COMMANDS = {
+    "score": ("Score sessions (JSONL, one per line: '-' for stdin, .gz read as gzip; the format: "
+              "prm_jax.app.sessions), export each group, and compute the advantages: OUT/batch.npz and "
+              "OUT/metrics.json, and a summary on stdout.",
+              "prm-jax score --config config.yaml --input sessions.jsonl --output out --plot rows.png"),
+    "demo": ("Score the bundled example sessions (16 sessions, 4 groups) with the bundled example config "
+             "(a length-budget scorer, process_weighted shaping) and print the summary.", "prm-jax demo"),
+    "validate-config": ("Check a config file and import its scorers, without scoring anything; --probe also "
+                        "asks every served scorer once.", "prm-jax validate-config config.yaml --probe"),
+    "doctor": ("Print what a bug report needs: versions, the backend and its devices, the native kernels, the "
+               "caches and the extras installed.", "prm-jax doctor"),
+}
+
+
+def _subcommand(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    description, example = COMMANDS[name]
+    return sub.add_parser(name, help=help, description=textwrap.fill(description, 100),
+                          epilog=f"example:\n  {example}\n\n{textwrap.fill(EXIT_STATUSES, 100)}",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def build_parser() -> argparse.ArgumentParser:
     import prm_jax  # (for its one version string)
 
-    parser = argparse.ArgumentParser(prog="prm-jax", description="Process rewards to shaped PPO/GRPO advantages.")
+    parser = argparse.ArgumentParser(prog="prm-jax", description="Process rewards to shaped PPO/GRPO advantages.",
+                                     epilog=EXIT_STATUSES)
     parser.add_argument("--version", action="version", version=f"prm-jax {prm_jax.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    score = sub.add_parser("score", help="score sessions, export groups, compute advantages")
+    score = _subcommand(sub, "score", "score sessions, export groups, compute advantages")
     score.add_argument("--config", required=True, help="YAML config (rollout.agent.prm, actor)")
-    score.add_argument("--input", required=True, help="sessions, one JSON object per line")
+    score.add_argument("--input", required=True,
+                       help="sessions, one JSON object per line ('-': stdin; a .gz file is read as gzip)")
     score.add_argument("--output", required=True, help="output directory for batch.npz and metrics.json")
     score.add_argument("--overwrite", action="store_true",
                        help="replace an output set already in --output (atomically, once the new one is complete)")
@@ -382,18 +411,18 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--probe", action="store_true",
                        help="first send one small request to every served scorer and stop (exit 2) if one fails")
     score.set_defaults(func=cmd_score)
-    demo = sub.add_parser("demo", help="score the bundled example sessions with the seed's example config")
+    demo = _subcommand(sub, "demo", "score the bundled example sessions with the bundled example config")
     demo.add_argument("--output", help="output directory (default: a new temporary directory)")
     demo.add_argument("--overwrite", action="store_true", help="replace an output set already in --output")
     demo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     demo.set_defaults(func=cmd_demo)
-    validate = sub.add_parser("validate-config", help="check a config and import its scorers")
+    validate = _subcommand(sub, "validate-config", "check a config and import its scorers")
     validate.add_argument("config")
     validate.add_argument("--probe", action="store_true",
                           help="also send one small request to every served scorer: its URL, status, model and "
                                "latency (exit 2 if one fails)")
     validate.set_defaults(func=cmd_validate)
-    doctor = sub.add_parser("doctor", help="versions, backend, native kernels, caches and extras (for a bug report)")
+    doctor = _subcommand(sub, "doctor", "versions, backend, native kernels, caches and extras (for a bug report)")
     doctor.set_defaults(func=cmd_doctor)
     return parser
 

@@ -49,3 +49,15 @@ def test_the_missing_reference_warning_says_how_to_fix_it():
                                          r"model's log-probs \(batch\['ref_logprobs'\], the sessions' "
                                          r"output_ref_logprobs\)"):
         prm_jax.compute_advantages(batch, prm_jax.AdvantageConfig())
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_every_subcommand_describes_itself_with_an_example_and_its_exit_statuses(command, capsys):
+    # Issue 46.4: demo, validate-config and doctor had no description, none an example or the exit codes.
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    description, example = cli.COMMANDS[command]
+    assert done.value.code == 0
+    assert " ".join(description.split()) in text and f"example: {example}" in text
+    assert f"{cli.EXIT_WRITE_FAILED} the output could not be written" in text and "128 + N stopped by signal N" in text

@@ -90,12 +90,20 @@ def _load_config(path: str) -> ExperimentConfig:
 
 class Progress:
     """Sessions scored of the total, their rate and the time left, on one line of stderr (only when
-    enabled: a terminal, unless ``--no-progress`` or ``--quiet``); ``score``'s ``progress`` callback."""
+    enabled: a terminal, unless ``--no-progress`` or ``--quiet``); ``score``'s ``progress`` callback, and its
+    ``phase`` callback: each phase named as it starts."""
 
     def __init__(self, enabled: bool, stream=None):
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self.started = time.perf_counter()
+
+    def phase(self, name: str) -> None:
+        """A phase begins (reading, scoring, packing, advantages, writing): said on its own line, so the
+        terminal is never blank while a long phase runs."""
+        if self.enabled:
+            self.stream.write(f"{name} ...\n")
+            self.stream.flush()
 
     def __call__(self, done: int, total: int) -> None:
         if self.enabled:
@@ -118,10 +126,11 @@ def run_score(config: ExperimentConfig, input_path: str, *, group_filter: str | 
     untouched), its process tuning: everything read moves into CPython's permanent generation, so the cyclic
     collector stops re-walking the sessions on every full collection while they are scored, and the freed
     sessions' pages go back to the system once the batch is packed (``malloc_trim``)."""
+    line = Progress(progress)
     try:
         return score(config, input_path, group_filter=group_filter, bucket=bucket, row_bucket=row_bucket,
-                     progress=Progress(progress), on_arrays=on_arrays, after_read=gc.freeze if tune_process else None,
-                     release_memory=_release_freed_memory if tune_process else None)
+                     progress=line, on_arrays=on_arrays, after_read=gc.freeze if tune_process else None,
+                     release_memory=_release_freed_memory if tune_process else None, phase=line.phase)
     except ScoreError as err:
         raise CLIError(str(err)) from None
 
@@ -299,6 +308,7 @@ def cmd_score(args) -> int:
                             on_arrays=None if args.compress else write_early,
                             progress=_progress_wanted(args))
             start = time.perf_counter()
+            Progress(_progress_wanted(args)).phase("writing outputs")
             write_outputs(run, staged, Path(args.plot) if args.plot else None, compress=args.compress,
                           early=writers[0] if writers else None)
         except BaseException:
@@ -324,7 +334,7 @@ def cmd_demo(args) -> int:
             resources.as_file(data.joinpath("demo_sessions.jsonl")) as sessions_path, \
             _staged(output, bool(args.overwrite)) as staged:
         config = _load_config(str(config_path))
-        print(f"prm-jax demo: {sessions_path.name} scored with the seed's example config "
+        print(f"prm-jax demo: {sessions_path.name} scored with the bundled example config "
               f"(LengthBudgetScorer, max_output_tokens=128, shaping {config.actor.advantage_shaping.mode})\n")
         run = run_score(config, str(sessions_path), progress=args.progress if args.progress is not None else False)
         write_outputs(run, staged)

@@ -250,7 +250,8 @@ def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int,
 def score(config: ExperimentConfig, sessions: str | Path | list[SessionRecord], *, group_filter: str | None = None,
           bucket: int = 128, row_bucket: int = 64, progress: Callable[[int, int], None] | None = None,
           on_arrays: Callable[[dict[str, np.ndarray]], None] | None = None, after_read: Callable[[], None] | None = None,
-          release_memory: Callable[[], None] | None = None, source: str | None = None) -> ScoreRun:
+          release_memory: Callable[[], None] | None = None, source: str | None = None,
+          phase: Callable[[str], None] | None = None) -> ScoreRun:
     """Reads (``sessions``: a JSONL path, or records already read), scores, exports, packs and computes the
     advantages; returns the ``ScoreRun``.
 
@@ -259,7 +260,8 @@ def score(config: ExperimentConfig, sessions: str | Path | list[SessionRecord], 
     called as groups finish; ``source`` names records' file in errors; ``on_arrays`` gets the output arrays
     as they are ready: the packed batch before the
     advantages are computed, then the timestep arrays before the summary is. ``after_read`` runs once the
-    sessions are read and ``release_memory`` once the batch is packed (the command's process tuning).
+    sessions are read and ``release_memory`` once the batch is packed (the command's process tuning);
+    ``phase(name)`` as each phase starts (reading, scoring and exporting, packing, advantages).
 
     Raises:
       ScoreError: bad input (file, line and field named), a scorer that cannot be built, advantages that
@@ -268,10 +270,15 @@ def score(config: ExperimentConfig, sessions: str | Path | list[SessionRecord], 
     clock = time.perf_counter()
     timings: dict[str, float] = {}
 
-    def lap(phase: str) -> None:
+    def lap(done: str) -> None:
         nonlocal clock
         now = time.perf_counter()
-        timings[phase], clock = now - clock, now
+        timings[done], clock = now - clock, now
+        if phase is not None and done in NEXT_PHASE:
+            phase(NEXT_PHASE[done])
+
+    if phase is not None:
+        phase("reading sessions")
 
     try:
         if isinstance(sessions, (str, Path)):
@@ -293,6 +300,10 @@ def score(config: ExperimentConfig, sessions: str | Path | list[SessionRecord], 
     run = _score_batch(exported, groups, config, group_filter, (bucket, row_bucket), lap, on_arrays, release_memory)
     run.summary.timings_s = timings
     return run
+
+
+# The phase that starts when each timed one ends (``score``'s ``phase`` callback names them as they start).
+NEXT_PHASE = {"read": "scoring and exporting", "score+export": "packing the batch", "pack": "computing advantages"}
 
 
 def _reward_sources(trajectories: list[ExportedTrajectory], rows: int, names: list[str]) -> np.ndarray:

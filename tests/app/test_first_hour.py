@@ -61,3 +61,21 @@ def test_every_subcommand_describes_itself_with_an_example_and_its_exit_statuses
     assert done.value.code == 0
     assert " ".join(description.split()) in text and f"example: {example}" in text
     assert f"{cli.EXIT_WRITE_FAILED} the output could not be written" in text and "128 + N stopped by signal N" in text
+
+
+def test_the_progress_line_names_each_phase_as_it_starts(tmp_path, capsys):
+    # Issue 46.4: on 20,000 sessions the terminal stayed blank while reading, then froze at "ETA 0 s" while
+    # packing, computing and writing, no phase named.
+    code = cli.main(["score", "--config", str(ROOT / "examples" / "prm_config.yaml"), "--input",
+                     str(ROOT / "prm_jax" / "data" / "demo_sessions.jsonl"), "--output", str(tmp_path / "out"),
+                     "--progress"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    phases = ["reading sessions ...", "scoring and exporting ...", "16/16 sessions", "packing the batch ...",
+              "computing advantages ...", "writing outputs ..."]
+    where = [err.find(phase) for phase in phases]
+    assert -1 not in where and where == sorted(where), err
+    code = cli.main(["score", "--config", str(ROOT / "examples" / "prm_config.yaml"), "--input",
+                     str(ROOT / "prm_jax" / "data" / "demo_sessions.jsonl"), "--output", str(tmp_path / "quiet"),
+                     "--quiet"])
+    assert code == 0 and "reading sessions" not in capsys.readouterr().err

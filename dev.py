@@ -55,14 +55,20 @@ def _python(env: Path = VENV) -> Path:
 def _ensure_env(extras: str, env: Path = VENV, pins: tuple[str, ...] = ()) -> Path:
     python = _python(env)
     if not python.exists():
+        print(f"dev.py: creating the virtual environment {env.name} ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(env)
     stamp = env / f".installed-{extras or 'base'}"
     sources = [ROOT / "pyproject.toml"]
     if not stamp.exists() or any(s.stat().st_mtime > stamp.stat().st_mtime for s in sources):
         target = f"{ROOT}[{extras}]" if extras else str(ROOT)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+        what = f"prm-jax with [{extras}]" if extras else "prm-jax"
+        print(f"dev.py: installing {what} into {env.name} (jax and its dependencies: a few minutes the first "
+              "time) ...", flush=True)
+        quiet = [] if sys.stdout.isatty() else ["--quiet"]  # pip's own progress on a terminal
+        subprocess.run([str(python), "-m", "pip", "install", *quiet, "--disable-pip-version-check",
                         "-e", target, *pins], check=True)
         stamp.touch()
+        print(f"dev.py: {env.name} is ready", flush=True)
     return python
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,7 +27,13 @@ def resolve_scorer_class(path: str) -> type[BaseScorer]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"scorer path {path!r}: cannot import module {module_name!r}: {err}") from err
+        missing = isinstance(err, ModuleNotFoundError) and err.name is not None and module_name.startswith(err.name)
+        cwd = os.getcwd()
+        searched = (f"the current folder {cwd} and sys.path" if cwd in sys.path or "" in sys.path
+                    else f"sys.path, which does not hold the current folder {cwd}")
+        where = (f" (looked in {searched}; a module of your own: run from its folder, or add that folder to "
+                 "PYTHONPATH)") if missing else ""
+        raise ValueError(f"scorer path {path!r}: cannot import module {module_name!r}: {err}{where}") from err
     try:
         cls = getattr(module, attr)
     except AttributeError:

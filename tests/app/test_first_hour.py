@@ -79,3 +79,16 @@ def test_the_progress_line_names_each_phase_as_it_starts(tmp_path, capsys):
                      str(ROOT / "prm_jax" / "data" / "demo_sessions.jsonl"), "--output", str(tmp_path / "quiet"),
                      "--quiet"])
     assert code == 0 and "reading sessions" not in capsys.readouterr().err
+
+
+def test_a_scorer_module_not_found_says_where_it_was_looked_for(tmp_path, capsys, monkeypatch):
+    # Issue 46: a scorer module of one's own is found from its own folder only; the error gave no hint.
+    config = tmp_path / "config.yaml"
+    config.write_text("rollout:\n  agent:\n    prm:\n      scorers:\n        - path: myjudge_not_here.Judge\n"
+                      "actor:\n  kl_ctl: 0.0\n")
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["validate-config", str(config)])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot import module 'myjudge_not_here'" in err
+    assert f"looked in the current folder {tmp_path}" in err or f"does not hold the current folder {tmp_path}" in err
+    assert "add that folder to PYTHONPATH" in err

@@ -178,12 +178,13 @@ class JSONService:
         names the scorer, the URL (``shown_url``), the HTTP status or connection error, and the attempts:
         ``RequestFailed`` after every attempt failed, the ``ServiceError`` of an answer not worth retrying
         (a 4xx, a malformed answer) at once."""
-        self.calls += 1
         url = shown_url(self.base_url + path)
         tried = 0
 
         async def attempt(path: str, payload: Mapping[str, Any]) -> Any:
             nonlocal tried
+            if tried == 0:  # a call counts once it sends (one cancelled while waiting for the limiter sent
+                self.calls += 1  # nothing: counted on entry, it made "retries" -1)
             tried += 1
             return await self._post_once(path, payload)
 

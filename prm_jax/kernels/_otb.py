@@ -33,11 +33,11 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from prm_jax._validation import boolean, finite_number, integer, one_of
+from prm_jax._validation import boolean, finite_number, integer
 from prm_jax.kernels import _checks
 from prm_jax.kernels._estimator import Estimate, EstimatorSpec
-from prm_jax.kernels._normalization import given_groups
-from prm_jax.kernels._recurrence import AlignmentMethod, ScanStrategy, resolve_alignment
+from prm_jax.kernels._normalization import given_groups, segment_totals
+from prm_jax.kernels._recurrence import AlignmentMethod, ScanStrategy, native_or, resolve_alignment
 from prm_jax.native import _ffi as ffi
 
 
@@ -78,12 +78,10 @@ def sum_pi_squared(logits: ArrayLike, *, temperature: float = 1.0, chunk: int | 
     temperature = finite_number("temperature", temperature, positive=True)
     if chunk is not None:
         integer("chunk", chunk, minimum=1)
-    one_of("method", method, ("auto", "native", "xla"))
+    resolved = native_or("method", method, "xla", ("native", "xla"), sharded=False)
     array = jnp.asarray(logits)
     _checks.check_real_dtype("logits", array)
-    if method == "native" and not ffi.use_native(sharded=False):
-        raise ValueError("method='native' needs the native CPU kernels (see prm_jax.native); use 'auto' or 'xla'")
-    if method == "native" or (method == "auto" and array.dtype == jnp.float32 and ffi.use_native(sharded=False)):
+    if resolved == "native" and (method == "native" or array.dtype == jnp.float32):
         return ffi.sum_pi_squared(array, temperature)
     return _sum_pi_squared_jit(logits, temperature=temperature, chunk=chunk)
 
@@ -120,14 +118,14 @@ def _baseline_cuts(lengths: jax.Array, row_group: jax.Array, num_groups: int, ze
     non-empty rows, the second longest length for a group's unique longest row under the zero tail, else
     ``width`` (never)."""
     def per_group(x: jax.Array) -> jax.Array:
-        return jax.ops.segment_sum(x, row_group, num_segments=num_groups)[row_group]
+        return segment_totals(x.astype(jnp.int32), row_group, num_groups)
 
-    cut = jnp.where(per_group((lengths > 0).astype(jnp.int32)) >= 2, width, 0)
+    cut = jnp.where(per_group(lengths > 0) >= 2, width, 0)
     if zero_tail:
         longest = jax.ops.segment_max(lengths, row_group, num_segments=num_groups)[row_group]
         second = jax.ops.segment_max(jnp.where(lengths < longest, lengths, 0), row_group,
                                      num_segments=num_groups)[row_group]
-        alone = (lengths == longest) & (per_group((lengths == longest).astype(jnp.int32)) == 1)
+        alone = (lengths == longest) & (per_group(lengths == longest) == 1)
         cut = jnp.where(alone, jnp.minimum(cut, second), cut)
     return cut.astype(jnp.int32)
 

@@ -97,7 +97,7 @@ def resolve_strategy(method: GAEMethod | str, *, unit_discount: bool, sharded: b
                         resolve_alignment(sharded=sharded))
 
 
-def _native_or(name: str, method: str, fallback: str, choices: tuple[str, ...], sharded: bool) -> Any:
+def native_or(name: str, method: str, fallback: str, choices: tuple[str, ...], sharded: bool) -> Any:
     """A kernel choice between the native CPU kernel and the XLA ``fallback``, outside any trace: ``auto`` is
     ``native`` where the native kernels run (``ffi.use_native``: the CPU, one device, a build), else the
     fallback; ``native`` is refused where they cannot, naming ``name``."""
@@ -112,14 +112,14 @@ def _native_or(name: str, method: str, fallback: str, choices: tuple[str, ...], 
 
 def resolve_step_groups(method: StepGroupMethod | Literal["auto"] | str = "auto", *,
                         sharded: bool = False) -> StepGroupMethod:
-    """GiGPO's step-group method: the native hash pass or XLA's ``sort`` (``_native_or``)."""
-    return _native_or("step_groups", method, "sort", STEP_GROUP_METHODS, sharded)
+    """GiGPO's step-group method: the native hash pass or XLA's ``sort`` (``native_or``)."""
+    return native_or("step_groups", method, "sort", STEP_GROUP_METHODS, sharded)
 
 
 def resolve_alignment(method: AlignmentMethod | Literal["auto"] | str = "auto", *,
                       sharded: bool = False) -> AlignmentMethod:
-    """OTB's alignment by generated-token index: the native passes or XLA's ``scatter`` (``_native_or``)."""
-    return _native_or("alignment", method, "scatter", get_args(AlignmentMethod), sharded)
+    """OTB's alignment by generated-token index: the native passes or XLA's ``scatter`` (``native_or``)."""
+    return native_or("alignment", method, "scatter", get_args(AlignmentMethod), sharded)
 
 
 def resolve_cumsum() -> CumsumMethod:

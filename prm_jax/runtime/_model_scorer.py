@@ -47,6 +47,7 @@ import numpy as np
 
 from prm_jax._validation import boolean, imported_callable, integer, short_repr
 from prm_jax.kernels._distillation import reward_bounds
+from prm_jax.kernels._policy_loss import logprobs_on_timesteps
 from prm_jax.runtime._batching import bucket_width
 from prm_jax.runtime._rewards import weighted_float32
 from prm_jax.runtime._scoring import BatchTrajectoryScorer
@@ -202,15 +203,15 @@ class ModelScorer(BatchTrajectoryScorer):
 def token_logprobs(logits: Any, input_ids: Any) -> jax.Array:
     """``[B, L]`` each position's token's log-prob given the tokens before it, from a causal model's logits
     ``[B, L, V]`` (position ``t``'s logits predict token ``t + 1``): ``log_softmax(logits[:, t - 1])[ids[:, t]]``,
-    0 at position 0 (no context). What a ``TeacherModelScorer``'s function returns."""
-    logits = jnp.asarray(logits)
-    ids = jnp.asarray(input_ids).astype(jnp.int32)
-    if logits.ndim != 3 or ids.shape != logits.shape[:2]:
-        raise ValueError(f"token_logprobs needs logits [B, L, V] and input_ids [B, L], got {logits.shape} and "
-                         f"{ids.shape}")
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
-    taken = jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
-    return jnp.concatenate([jnp.zeros_like(taken[:, :1]), taken], axis=1)
+    0 at position 0 (no context); ``prm_jax.losses.logprobs_on_timesteps`` (its argument checks too) moved
+    one position on. What a ``TeacherModelScorer``'s function returns.
+
+    >>> logits = np.log(np.array([[[0.5, 0.5], [0.9, 0.1], [0.5, 0.5]]], np.float32))
+    >>> [round(float(x), 4) for x in prm_jax.scorers.token_logprobs(logits, np.array([[0, 1, 0]]))[0]]
+    [0.0, -0.6931, -0.1054]
+    """
+    on_timesteps = logprobs_on_timesteps(logits, input_ids)
+    return jnp.concatenate([jnp.zeros_like(on_timesteps[:, :1]), on_timesteps[:, :-1]], axis=1)
 
 
 def teacher_rewards(who: str, turns: Sequence[Interaction], teacher: Sequence[np.ndarray],
@@ -248,13 +249,13 @@ class TeacherModelScorer(ModelScorer):
     def __init__(self, fn: ModelFn | None = None, factory: str | None = None,
                  factory_kwargs: Mapping[str, Any] | None = None, reward_min: float | None = None,
                  reward_max: float | None = None, **kwargs: Any):
-        reward_bounds(reward_min, reward_max)
+        bounds = reward_bounds(reward_min, reward_max)
         for key in ("output", "spread", "step_separator", "max_turns"):
             if key in kwargs:
                 raise ValueError(f"scorer {self.name!r}: {key} is not a setting of a teacher (each output token "
                                  "gets its own reward)")
         super().__init__(fn=fn, factory=factory, factory_kwargs=factory_kwargs, **kwargs)
-        self.reward_min, self.reward_max = reward_min, reward_max
+        self.reward_min, self.reward_max = bounds
 
     async def evaluate_batch(self, items: Sequence[tuple[Sequence[Interaction], Mapping[str, Any]]]  # type: ignore[override]
                              ) -> list[dict[str, Any]]:

@@ -9,6 +9,8 @@
   python3 dev.py lint    ruff and mypy over the package (in .venv)
   python3 dev.py floor   the kernel tests on the oldest supported jax, in .venv-floor
   python3 dev.py tunix   the tunix integration's tests with tunix installed (~1.8 GB), in .venv-tunix
+  python3 dev.py ray     the ray executor's tests with Ray installed, in .venv-ray, inside a private network
+                         namespace (unshare): the executor tests on a local Ray, then a two-node cluster
   python3 dev.py wheel   build the wheel, install it into a fresh venv without a compiler, check its kernels
                          (speed against the source install; the ABI under jax 0.7.0 needs .venv-floor: floor)
   python3 dev.py docs    build the documentation site into docs/_build/html (in .venv-docs; any warning, a
@@ -32,6 +34,11 @@ VENV = ROOT / ".venv"
 FLOOR_VENV = ROOT / ".venv-floor"
 TUNIX_VENV = ROOT / ".venv-tunix"  # tunix pulls ~1.8 GB: kept out of the main test environment
 DOCS_VENV = ROOT / ".venv-docs"  # sphinx and myst-parser, kept out of the test environment
+RAY_VENV = ROOT / ".venv-ray"  # Ray (~250 MB), kept out of the test environment
+# The ray executor's tests (python3 dev.py ray): its own tests, then the executor tests every executor passes,
+# on Ray too; each run in a private network namespace (Ray binds every interface).
+RAY_TESTS = (["tests/ray", "-m", "not e2e"], ["tests/runtime/test_executor_conformance.py", "-k", "ray"],
+             ["tests/ray", "-m", "e2e"])
 JAX_FLOOR = "0.7.0"  # keep equal to the floor in pyproject.toml
 KERNEL_TESTS = ["tests/kernels"]  # the kernel floor, on the oldest supported jax too
 # The suite runs on every core (pytest-xdist; CI has two), a test file on one worker (its tests share
@@ -72,8 +79,30 @@ def _ensure_env(extras: str, env: Path = VENV, pins: tuple[str, ...] = ()) -> Pa
     return python
 
 
+def _in_private_network(argv: list[str]) -> int:
+    """Runs ``argv`` in a network namespace of its own where only the loopback interface exists (Ray binds
+    every interface and advertises the machine's address; here there is only 127.0.0.1), with Ray's token
+    authentication set up as a user sets it (a token in the environment) and a HOME of its own (a stray
+    ``~/.ray/auth_token`` would make new clusters refuse drivers)."""
+    import secrets
+    import shutil
+    import tempfile
+
+    if shutil.which("unshare") is None:
+        print("dev.py ray: needs unshare (util-linux) to run Ray in a private network namespace", flush=True)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="prm-jax-ray-home-") as home:
+        env = dict(os.environ, HOME=home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
+                   PRM_JAX_RAY_SUITE="1", RAY_USAGE_STATS_ENABLED="0")
+        env.pop("RAY_ADDRESS", None)
+        # (root: a network namespace; otherwise a user namespace too, mapping this user to root inside it)
+        command = ["unshare", "--net", "--map-root-user", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+                   *argv]
+        return subprocess.run(command, cwd=ROOT, env=env).returncode
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "e2e", "lint", "floor", "tunix", "wheel", "docs", "bench"):
+    if not argv or argv[0] not in ("demo", "test", "e2e", "lint", "floor", "tunix", "ray", "wheel", "docs", "bench"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -102,6 +131,13 @@ def main(argv: list[str]) -> int:
     if command == "tunix":
         python = _ensure_env("test,tunix", TUNIX_VENV)
         return subprocess.run([str(python), "-m", "pytest", "-q", *INTEGRATION_TESTS, *rest], cwd=ROOT).returncode
+    if command == "ray":
+        python = _ensure_env("test,ray", RAY_VENV, ("trio>=0.25",))
+        for tests in RAY_TESTS:
+            code = _in_private_network([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, *rest])
+            if code:
+                return code
+        return 0
     python = _ensure_env("test,example")
     if command in ("test", "e2e"):
         marks = "not e2e" if command == "test" else "e2e"  # tests/conftest.py's E2E_FILES

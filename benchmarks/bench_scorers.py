@@ -9,6 +9,12 @@ turns each, against the ideal their resources allow, in one run.
    evaluate`` (the old way): its wall and the neighbour's failures.
 1m. math verifier: ``MathVerifyScorer`` (math-verify, ``scope: every_turn``) on replies that end in a boxed
    fraction, through the process executor. Ideal: its serial CPU time on a sample / the cores (issue 42.3).
+1r. the math verifier on Ray (issue 45): ``MathVerifyScorer`` through ``executor="ray"`` on a local cluster of
+   this machine's cores against the process executor on the same machine, both pools warmed, seven rounds
+   at least, interleaved (target: within 1.15x); then rows per second on a two-node cluster (``ray.cluster_utils``, one
+   CPU a node). Needs the ray extra; run it where Ray may bind (python3 dev.py ray's private network
+   namespace: ``unshare --net --map-root-user sh -c 'ip link set lo up && python benchmarks/bench_scorers.py
+   --only 1r'``).
 2. judge: ``OpenAIJudgeScorer`` against an OpenAI-compatible stub (its own process) with a deployment's
    limits: 250 requests/s, 16 in flight, 429 + ``Retry-After`` beyond, 20 ms a request. Settings: the
    defaults plus ``max_concurrency=16`` and ``max_requests_per_second=250`` (the published limits). Ideal:
@@ -214,6 +220,73 @@ def bench_math_verify(n: int, repeats: int) -> None:
     print(f"   process executor: wall {median(walls):.2f} s = {median(walls) / ideal:.2f}x ideal (runs: "
           f"{', '.join(f'{w / ideal:.2f}' for w in walls)}); failed rows {max(failures)}; worker start-up "
           f"{startup:.2f} s (once)")
+
+
+def bench_math_verify_on_ray(n: int, repeats: int) -> None:
+    """``MathVerifyScorer`` through ``executor="ray"`` (a local cluster of this machine's cores) against the
+    process executor, interleaved rounds after both pools warmed; then a two-node cluster's rows per second."""
+    try:
+        import ray  # noqa: F401
+        from ray.cluster_utils import Cluster
+    except ImportError:
+        print("\n1r. math verifier on Ray: skipped (pip install 'prm-jax[ray]')")
+        return
+    from prm_jax.scorers import MathVerifyScorer
+
+    branches, metadata = math_sessions(n)
+    contexts = [{"metadata": m} for m in metadata]
+
+    async def interleaved() -> tuple[list[float], list[float], float]:
+        process = PRMRunner(scorers=(MathVerifyScorer(scope="every_turn", max_workers=CORES),))
+        on_ray = PRMRunner(scorers=(MathVerifyScorer(scope="every_turn", executor="ray", max_workers=CORES),))
+        started = time.perf_counter()
+        await on_ray.run_many(fresh(branches[:CORES * 4]), contexts[:CORES * 4])  # ray.init, actors, imports
+        ray_startup = time.perf_counter() - started
+        await process.run_many(fresh(branches[:CORES * 4]), contexts[:CORES * 4])
+        walls: dict[str, list[float]] = {"process": [], "ray": []}
+        for _ in range(max(repeats, 7)):  # (rounds on two shared cores vary by 0.7-1.5x: seven at least)
+            for name, runner in (("process", process), ("ray", on_ray)):
+                started = time.perf_counter()
+                results = await runner.run_many(fresh(branches), contexts, return_exceptions=True)
+                walls[name].append(time.perf_counter() - started)
+                assert not any(isinstance(r, Exception) for r in results), name
+        await process.aclose()
+        await on_ray.aclose()
+        return walls["process"], walls["ray"], ray_startup
+
+    process_walls, ray_walls, startup = anyio.run(interleaved)
+    ratio = median(ray_walls) / median(process_walls)
+    print(f"\n1r. math verifier on Ray: {n * TURNS} turns, {CORES} cores, a local cluster (start-up {startup:.1f} s, "
+          f"once)")
+    rounds = ", ".join(f"{r / p:.2f}" for r, p in zip(ray_walls, process_walls))
+    print(f"   ray executor: wall {median(ray_walls):.2f} s = {ratio:.2f}x the process executor's "
+          f"{median(process_walls):.2f} s (target <= 1.15x; rounds interleaved: {rounds})")
+
+    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])
+    cluster = Cluster(initialize_head=True, head_node_args=dict(node))
+    try:
+        cluster.add_node(**node)
+        cluster.wait_for_nodes()
+
+        async def two_nodes() -> tuple[list[float], int]:
+            scorer = MathVerifyScorer(scope="every_turn", executor="ray", max_workers=2, ray_address=cluster.address)
+            runner = PRMRunner(scorers=(scorer,))
+            await runner.run_many(fresh(branches[:8]), contexts[:8])
+            walls = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                await runner.run_many(fresh(branches), contexts)
+                walls.append(time.perf_counter() - started)
+            nodes = len(runner._executors[id(scorer)].nodes)  # type: ignore[attr-defined]
+            await runner.aclose()
+            return walls, nodes
+
+        walls, nodes = anyio.run(two_nodes)
+    finally:
+        cluster.shutdown()
+    print(f"   two-node cluster (1 CPU a node, actors on {nodes} nodes): {n * TURNS / median(walls):.0f} turns/s "
+          f"({n} rows: {n / median(walls):.0f} rows/s), wall {median(walls):.2f} s")
 
 
 # --- 2. the LLM judge -------------------------------------------------------------------------------------
@@ -533,7 +606,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"bench_scorers: {args.sessions} sessions x {TURNS} turns, {CORES} cores, jax {jax.__version__}, "
           f"Python {sys.version.split()[0]}; medians of {args.repeats}")
-    runs = {"1": bench_verifier, "1m": bench_math_verify, "2": bench_judge, "3": bench_pooling, "3t": bench_teacher,
+    runs = {"1": bench_verifier, "1m": bench_math_verify, "1r": bench_math_verify_on_ray, "2": bench_judge,
+            "3": bench_pooling, "3t": bench_teacher,
             "4": bench_model,
             "4b": bench_model_lengths, "5": bench_batching}
     for key, fn in runs.items():

@@ -18,24 +18,31 @@ it), ``prm_jax.config``, ``prm_jax.runtime`` and ``prm_jax.app`` (the JSONL form
 ``import prm_jax`` loads no application code.
 """
 
-from prm_jax import config, credit, estimators, filters, kernels, losses, runtime, scorers
-from prm_jax.config import AdvantageConfig, ExperimentConfig, GiGPOConfig, NormConfig, ShapingConfig, load_config
-from prm_jax.kernels import AdvantageOutput, compute_advantages
-from prm_jax.runtime._arrays import score_arrays
-from prm_jax.runtime._batching import pack_branches
-from prm_jax.runtime._blocking import BlockingRunner
-from prm_jax.runtime._runner import PRMRunner
-from prm_jax.runtime._scoring import (
-    BaseScorer,
-    BaseTrajectoryScorer,
-    BatchScorer,
-    BatchTrajectoryScorer,
-    PRMMetricObservation,
-    PRMScorerResult,
-    SyncScorer,
-    SyncTrajectoryScorer,
-)
-from prm_jax.runtime._trajectory import Interaction, InteractionCache
+from typing import TYPE_CHECKING
+
+from prm_jax._lazy import attach
+
+if TYPE_CHECKING:
+    from prm_jax import config, credit, estimators, filters, kernels, losses, runtime, scorers
+    from prm_jax.config import AdvantageConfig, ExperimentConfig, GiGPOConfig, NormConfig, ShapingConfig, load_config
+    from prm_jax.kernels import AdvantageOutput, compute_advantages
+    from prm_jax.runtime._arrays import score_arrays
+    from prm_jax.runtime._batching import pack_branches
+    from prm_jax.runtime._blocking import BlockingRunner
+    from prm_jax.runtime._runner import PRMRunner
+    from prm_jax.runtime._scoring import (
+        BaseScorer,
+        BaseTrajectoryScorer,
+        BatchScorer,
+        BatchTrajectoryScorer,
+        PRMMetricObservation,
+        PRMScorerResult,
+        SyncScorer,
+        SyncTrajectoryScorer,
+    )
+    from prm_jax.runtime._trajectory import Interaction, InteractionCache
+
+__getattr__, __dir__ = attach(__name__, __file__)
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 __all__ = [

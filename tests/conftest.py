@@ -12,6 +12,9 @@ if not os.environ.get("PRM_JAX_WHEEL_TEST"):
 # The site's browser check needs the built site and the docs extra: python3 dev.py docs runs it.
 if not os.environ.get("PRM_JAX_DOCS_TEST"):
     collect_ignore.append("docs")
+# Ray binds every interface and advertises the machine's address: its tests run only inside a private network
+# namespace with the ray extra installed (python3 dev.py ray sets that up and says so here).
+RAY_SUITE = bool(os.environ.get("PRM_JAX_RAY_SUITE"))
 
 # The end-to-end tests: the command line run as a user runs it (most in processes of their own: signals,
 # exits, outputs), the examples, the multi-device processes, the native library built from the sources, the
@@ -20,7 +23,8 @@ if not os.environ.get("PRM_JAX_DOCS_TEST"):
 # ``python3 dev.py test`` runs the rest (``-m "not e2e"``); plain ``pytest`` runs both.
 E2E_FILES = ("app/test_cli.py", "app/test_cli_credit.py", "app/test_cli_faults.py", "app/test_cli_input.py",
              "app/test_doctor.py", "app/test_host_path.py", "app/test_outputs.py", "app/test_serving_cli.py",
-             "native/test_native.py", "test_benchmarks.py", "test_example.py", "test_multidevice.py")
+             "native/test_native.py", "ray/test_ray_cluster.py", "test_benchmarks.py", "test_example.py",
+             "test_multidevice.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -59,3 +63,27 @@ def _clear_scorer_events():
     import scorers_for_tests
 
     scorers_for_tests.EVENTS.clear()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_ray_per_module(request):
+    """In the Ray suite, a module that sets ``ONE_RAY_PER_MODULE`` gets one local Ray (this machine's CPUs, two
+    named ``verifier`` resources, dashboard off, on 127.0.0.1) for all its tests; the ray executor reuses a
+    driver's connection and never closes it."""
+    if not (RAY_SUITE and getattr(request.module, "ONE_RAY_PER_MODULE", False)):
+        yield
+        return
+    import tempfile
+
+    import ray
+
+    # The actors import the tests' scorers as a user's import theirs: from a path given to the cluster.
+    paths = os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parent.parent)])
+    with tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp") as temp:
+        ray.init(address="local", num_cpus=2, resources={"verifier": 2}, include_dashboard=False,
+                 _node_ip_address="127.0.0.1", _temp_dir=temp, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": paths}})
+        try:
+            yield
+        finally:
+            ray.shutdown()

@@ -13,7 +13,9 @@ import numpy as np
 from prm_jax import BaseScorer
 from prm_jax.runtime._scoring import BatchScorer, SyncScorer
 
-KINDS = ("async", "thread", "process", "batch")
+# ``ray`` joins where the Ray suite runs (python3 dev.py ray: the ray extra installed, inside a private network
+# namespace); the main suite has no Ray.
+KINDS = ("async", "thread", "process", "batch") + (("ray",) if os.environ.get("PRM_JAX_RAY_SUITE") else ())
 SLEEP_S = 30.0
 
 
@@ -117,10 +119,10 @@ class BatchCase(BatchScorer, _Modes):
 
 
 def make(kind: str, modes=None, started=None, **kwargs) -> BaseScorer:
-    """The case scorer on executor ``kind`` (``max_workers`` applies to thread and process)."""
+    """The case scorer on executor ``kind`` (``max_workers`` applies to thread, process and ray)."""
     workers = kwargs.pop("max_workers", 2)
     if kind == "async":
         return AsyncCase(modes, started, **kwargs)
-    if kind in ("thread", "process"):
+    if kind in ("thread", "process", "ray"):
         return SyncCase(modes, started, executor=kind, max_workers=workers, **kwargs)
     return BatchCase(modes, started, max_wait=kwargs.pop("max_wait", 0.005), **kwargs)

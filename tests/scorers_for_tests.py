@@ -385,3 +385,70 @@ class SlowToLoad(SyncScorer):
 
     def evaluate(self, interaction, ctx):
         return 1.0
+
+
+class Counted(SyncScorer):
+    """Appends each call's row to a file (how often each ran), then crashes its process on ``crash`` rows."""
+
+    name = "counted"
+
+    def __init__(self, log, crash=(), **kwargs):
+        super().__init__(**kwargs)
+        self.log, self.crash = log, tuple(crash)
+
+    def evaluate(self, interaction, ctx):
+        with open(self.log, "a") as log:
+            log.write(interaction.interaction_id + "\n")
+        if interaction.interaction_id in self.crash:
+            import os
+
+            os._exit(3)
+        return 1.0
+
+
+class Sleepy(SyncScorer):
+    """Sleeps ``seconds`` per call, then scores 1.0."""
+
+    name = "sleepy"
+
+    def __init__(self, seconds=0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds = seconds
+
+    def evaluate(self, interaction, ctx):
+        import time
+
+        time.sleep(self.seconds)
+        return 1.0
+
+
+class Footprint(SyncScorer):
+    """Scores 1.0 where its worker has imported jax, else 0.0 (and keeps the worker's resident memory, in MB, in
+    ``ctx``-free form: ``evaluate_rss``)."""
+
+    name = "footprint"
+    executor = "process"
+
+    def evaluate(self, interaction, ctx):
+        import sys
+
+        return float("jax" in sys.modules)
+
+
+def resident_mb() -> float:
+    """This process's resident memory (Linux), in MB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Resident(SyncScorer):
+    """Scores each turn with its worker's resident memory in MB."""
+
+    name = "resident"
+    executor = "process"
+
+    def evaluate(self, interaction, ctx):
+        return resident_mb()

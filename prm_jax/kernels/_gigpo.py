@@ -50,6 +50,7 @@ from prm_jax.kernels import _checks
 from prm_jax.kernels._estimator import Estimate, EstimatorSpec, SummaryHook, on_turn_timesteps
 from prm_jax.kernels._normalization import NormConfig, group_layout, group_sizes_check, weighted_moments, z_score
 from prm_jax.kernels._recurrence import ScanStrategy, StepGroupMethod, resolve_step_groups
+from prm_jax.kernels._schema import is_anchor_id
 from prm_jax.kernels._turns import TurnSteps, turn_segments, turn_sums
 from prm_jax.native import _ffi as ffi
 
@@ -90,15 +91,6 @@ class GiGPOOutput(NamedTuple):
     step_advantages: jax.Array     # [B, K]
     step_returns: jax.Array        # [B, K]
     step_group_sizes: jax.Array    # [B, K] members of each turn's step group (0 where none)
-
-
-ANCHOR_MIN, ANCHOR_MAX = -(2**63), 2**64 - 1  # any 64-bit id, signed or unsigned
-
-
-def is_anchor_id(value: object) -> bool:
-    """An anchor id: a 64-bit integer, signed or unsigned (not a bool); -1 means "no anchor"."""
-    return (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-            and bool(ANCHOR_MIN <= value <= ANCHOR_MAX))
 
 
 def dense_anchor_ids(anchor_ids: ArrayLike) -> np.ndarray:

@@ -119,3 +119,12 @@ if _UNCHECKED:
 def described(names: tuple[str, ...]) -> str:
     """``batch['a'] [B, T] and batch['b'] [N]``: what an error asks for."""
     return " and ".join(f"batch[{name!r}] {BATCH_SCHEMA[name].shape_text}" for name in names)
+
+
+ANCHOR_MIN, ANCHOR_MAX = -(2**63), 2**64 - 1  # any 64-bit id, signed or unsigned
+
+
+def is_anchor_id(value: object) -> bool:
+    """An anchor id: a 64-bit integer, signed or unsigned (not a bool); -1 means "no anchor"."""
+    return (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+            and bool(ANCHOR_MIN <= value <= ANCHOR_MAX))

@@ -8,11 +8,13 @@ from types import MappingProxyType
 
 from prm_jax.runtime._executors import AsyncExecutor, BatchExecutor, Executor, ThreadExecutor
 from prm_jax.runtime._process_pool import ProcessExecutor
+from prm_jax.runtime._ray_pool import RayExecutor
 from prm_jax.runtime._scoring import BaseScorer
 
-#: The executor of each scorer kind (``BaseScorer.executor``: async, thread, process, batch).
+#: The executor of each scorer kind (``BaseScorer.executor``: async, thread, process, ray, batch).
 EXECUTORS: Mapping[str, type[Executor]] = MappingProxyType({
-    "async": AsyncExecutor, "thread": ThreadExecutor, "process": ProcessExecutor, "batch": BatchExecutor,
+    "async": AsyncExecutor, "thread": ThreadExecutor, "process": ProcessExecutor, "ray": RayExecutor,
+    "batch": BatchExecutor,
 })
 
 

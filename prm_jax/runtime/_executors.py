@@ -20,10 +20,12 @@ failure counts (``stats``). The runner owns its executors and closes them with i
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
+import threading
 import time
 import warnings
-from collections.abc import Awaitable, Generator, Sequence
+from collections.abc import Awaitable, Generator, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -42,6 +44,22 @@ LATENCY_SAMPLES = 4096  # the most recent call latencies kept per scorer for p50
 LAST_LONG_STEP: list[Any] = ["", 0.0, -math.inf]
 # The thread scorers with a call in a worker thread now (their Python code takes the GIL from the loop).
 RUNNING_THREADS: collections.Counter[str] = collections.Counter()
+# The executors starting now in a thread (a ray executor connecting to its cluster: seconds of Python that take
+# the GIL from the loop once, before any call): the loop-lag watchdog does not report lag while one starts.
+STARTING: collections.Counter[str] = collections.Counter()
+_STARTING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def starting(name: str) -> Iterator[None]:
+    """Scorer ``name``'s executor is starting (in ``STARTING`` meanwhile; any thread)."""
+    with _STARTING_LOCK:
+        STARTING[name] += 1
+    try:
+        yield
+    finally:
+        with _STARTING_LOCK:
+            STARTING[name] -= 1
 
 
 def scorer_error(scorer: BaseScorer, where: str, err: BaseException, timeout: float | None) -> BaseException:
@@ -64,7 +82,6 @@ def exited(name: str, where: str, err: SystemExit) -> RuntimeError:
                         "the run goes on")
 
 
-WORKER_TRACEBACK_NOTE = "in the scorer's worker process:"  # (a process scorer's traceback, in a note)
 
 
 def describe(on: Any) -> str:

@@ -32,7 +32,7 @@ from prm_jax.runtime import _evaluation as evaluation
 from prm_jax.runtime._concurrency import concurrently
 from prm_jax.runtime._context import ScorerContext
 from prm_jax.runtime._dispatch import make_executor
-from prm_jax.runtime._executors import WORKER_TRACEBACK_NOTE, Executor
+from prm_jax.runtime._executors import Executor
 from prm_jax.runtime._lifecycle import Lifecycle, RunnerClosedError, RunnerState, first_in_group, rolled_back
 from prm_jax.runtime._scoring import (
     BaseScorer,
@@ -42,6 +42,7 @@ from prm_jax.runtime._shared_turns import shared_turns
 from prm_jax.runtime._specs import as_section, check_scorer_specs
 from prm_jax.runtime._trajectory import Interaction, InteractionCache, require_scorable
 from prm_jax.runtime._watchdog import watch_loop
+from prm_jax.runtime._worker import WORKER_TRACEBACK_NOTE
 
 logger = logging.getLogger(__name__)
 

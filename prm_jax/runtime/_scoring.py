@@ -16,10 +16,12 @@ base class                  unit            executor     for
 ==========================  ==============  ===========  =====================================================
 ``BaseScorer``              turn            async        I/O on the event loop (``async def evaluate``)
 ``BaseTrajectoryScorer``    trajectory      async        the same, one call per branch
-``SyncScorer``              turn            thread or    plain ``def evaluate``: blocking I/O (``thread``) or
-                                            process      CPU-bound Python that holds the GIL (``process``)
-``SyncTrajectoryScorer``    trajectory      thread or    the same, one call per branch
-                                            process
+``SyncScorer``              turn            thread,      plain ``def evaluate``: blocking I/O (``thread``),
+                                            process or   CPU-bound Python that holds the GIL (``process``),
+                                            ray          the same on a Ray cluster's actors (``ray``)
+``SyncTrajectoryScorer``    trajectory      thread,      the same, one call per branch
+                                            process or
+                                            ray
 ``BatchScorer``             turn            batch        ``async def evaluate_batch(items)``: the turns of
                                                          concurrent branches in one call (a GPU model, a
                                                          server that takes batches)
@@ -46,8 +48,8 @@ from prm_jax._validation import boolean, deadline, finite_number, integer, one_o
 from prm_jax.runtime._trajectory import Interaction
 
 Unit = Literal["turn", "trajectory"]
-ExecutorKind = Literal["async", "thread", "process", "batch"]
-SyncExecutor = Literal["thread", "process"]
+ExecutorKind = Literal["async", "thread", "process", "ray", "batch"]
+SyncExecutor = Literal["thread", "process", "ray"]
 SYNC_EXECUTORS: tuple[SyncExecutor, ...] = get_args(SyncExecutor)
 
 Scope = Literal["turn", "trajectory"]
@@ -222,11 +224,19 @@ def _require_sync(cls: type, method: str, async_base: str) -> None:
                         f"prm_jax.runtime.{async_base} for async code, or make it a plain 'def'")
 
 
-def default_workers(executor: str) -> int:
+def default_workers(executor: str) -> int | None:
     """Workers of a synchronous scorer by default: the cores this process may use for ``process``
-    (CPU-bound work), and as many threads as Python's ``ThreadPoolExecutor`` would start for ``thread``."""
+    (CPU-bound work), as many threads as Python's ``ThreadPoolExecutor`` would start for ``thread``, and for
+    ``ray`` None (the executor starts as many actors as the cluster's CPUs hold at ``num_cpus`` each)."""
+    if executor == "ray":
+        return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cores if executor == "process" else min(32, cores + 4)
+
+
+DEFAULT_PLACEMENT_TIMEOUT_S = 60.0  # how long a ray executor's actor may wait for the cluster to place it
+RAY_SETTINGS = ("ray_address", "num_cpus", "actor_options", "placement_timeout")  # executor 'ray' only
+EXECUTOR_SETTINGS = ("executor", "max_workers", *RAY_SETTINGS)  # a SyncScorer's (validate_executor's arguments)
 
 
 class SyncScorer(BaseScorer):
@@ -245,18 +255,53 @@ class SyncScorer(BaseScorer):
 
     executor: ExecutorKind = "thread"
 
-    def __init__(self, executor: ExecutorKind | None = None, max_workers: int | None = None, **kwargs: Any):
+    def __init__(self, executor: ExecutorKind | None = None, max_workers: int | None = None,
+                 ray_address: str | None = None, num_cpus: float | None = None,
+                 actor_options: Mapping[str, Any] | None = None, placement_timeout: float | None = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
-        type(self).validate_executor(executor=executor, max_workers=max_workers)
+        type(self).validate_executor(executor=executor, max_workers=max_workers, ray_address=ray_address,
+                                     num_cpus=num_cpus, actor_options=actor_options,
+                                     placement_timeout=placement_timeout)
         self.executor = executor or type(self).executor
         self.max_workers = default_workers(self.executor) if max_workers is None else max_workers
+        self.ray_address = ray_address
+        self.num_cpus = 1.0 if num_cpus is None else float(num_cpus)
+        self.actor_options = dict(actor_options or {})
+        self.placement_timeout = DEFAULT_PLACEMENT_TIMEOUT_S if placement_timeout is None else float(placement_timeout)
 
     @classmethod
-    def validate_executor(cls, executor: Any = None, max_workers: Any = None) -> None:
+    def validate_executor(cls, executor: Any = None, max_workers: Any = None, ray_address: Any = None,
+                          num_cpus: Any = None, actor_options: Any = None, placement_timeout: Any = None) -> None:
+        """The executor settings, checked without starting anything. ``ray_address``, ``num_cpus``,
+        ``actor_options`` and ``placement_timeout`` are the ``ray`` executor's: given with another executor
+        they are refused, naming both keys."""
         if executor is not None:
             one_of("executor", executor, SYNC_EXECUTORS)
         if max_workers is not None:
             integer("max_workers", max_workers, minimum=1)
+        given = {"ray_address": ray_address, "num_cpus": num_cpus, "actor_options": actor_options,
+                 "placement_timeout": placement_timeout}
+        kind = executor or cls.executor
+        stray = [key for key, value in given.items() if value is not None]
+        if stray and kind != "ray":
+            raise ValueError(f"{stray[0]} applies to executor 'ray' only, and executor is {kind!r} (set "
+                             "executor: ray, or leave it out)")
+        if ray_address is not None and (not isinstance(ray_address, str) or not ray_address.strip()):
+            raise ValueError(f"ray_address must be a non-empty string ('auto', 'ray://host:10001', "
+                             f"'host:6379'), got {ray_address!r}")
+        if num_cpus is not None:
+            finite_number("num_cpus (the CPUs each actor reserves)", num_cpus, positive=True)
+        if placement_timeout is not None:
+            deadline("placement_timeout", placement_timeout)
+        if actor_options is not None:
+            if not isinstance(actor_options, Mapping) or not all(isinstance(k, str) for k in actor_options):
+                raise TypeError(f"actor_options must be a mapping of Ray actor options (resources, num_gpus, "
+                                f"runtime_env, ...), got {type(actor_options).__name__}")
+            owned = sorted(set(actor_options) & {"num_cpus", "max_restarts", "max_task_retries", "max_concurrency"})
+            if owned:
+                raise ValueError(f"actor_options: {owned} are set by the ray executor itself (num_cpus is its own "
+                                 "setting; restarts and retries are its rules, one call at a time per actor)")
 
     @classmethod
     def check_kind(cls) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from prm_jax._validation import short_repr
 from prm_jax.config._experiment import ExperimentConfig, PRMConfig, PRMSection, ScorerSpec
 from prm_jax.kernels._shaping import ShapingConfig
-from prm_jax.runtime._scoring import BaseScorer
+from prm_jax.runtime._scoring import EXECUTOR_SETTINGS, BaseScorer, SyncScorer
 
 
 def resolve_scorer_class(path: str) -> type[BaseScorer]:
@@ -125,6 +125,8 @@ def _check_spec(entry: ScorerSpec, where: str, section: PRMSection) -> type[Base
     if missing:
         raise ValueError(f"{where}.kwargs: {entry.path} needs {missing}")
     try:
+        if issubclass(cls, SyncScorer):  # the executor's settings (executor, max_workers, the ray settings)
+            cls.validate_executor(**{k: v for k, v in entry.kwargs.items() if k in EXECUTOR_SETTINGS})
         cls.validate_kwargs(**entry.kwargs)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{where}.kwargs: {entry.path}: {err}") from None

@@ -25,8 +25,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from prm_jax._validation import FLOAT32_MAX, short_repr
-from prm_jax.kernels._gigpo import is_anchor_id
-from prm_jax.kernels._schema import BATCH_SCHEMA, MODEL_OUTPUT_KEYS
+from prm_jax.kernels._schema import BATCH_SCHEMA, MODEL_OUTPUT_KEYS, is_anchor_id
 
 StopReason = Literal["stop", "length"]
 STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import anyio
 
 from prm_jax.runtime._concurrency import COLLECTOR
-from prm_jax.runtime._executors import BLOCKING_STEP_S, LAST_LONG_STEP, RUNNING_THREADS
+from prm_jax.runtime._executors import BLOCKING_STEP_S, LAST_LONG_STEP, RUNNING_THREADS, STARTING
 
 LAG_CHECK_S = 0.01
 
@@ -24,7 +24,7 @@ async def watch_loop(warn: Callable[[str], None], stop: anyio.Event) -> None:
             await stop.wait()
         now = clock()
         lag = now - before - LAG_CHECK_S - (COLLECTOR.total - collected)  # a collector's pause is no one's
-        if lag > BLOCKING_STEP_S:
+        if lag > BLOCKING_STEP_S and not +STARTING:  # (an executor's start is not scoring: STARTING)
             ended = LAST_LONG_STEP[2]
             if before <= ended <= now:
                 continue  # the scorer named in LAST_LONG_STEP held it: its executor warned (or failed the call)

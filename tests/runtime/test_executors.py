@@ -860,3 +860,93 @@ async def test_a_workers_loading_is_not_its_first_calls_time():
     assert not any(isinstance(r, Exception) for r in results), results
     assert [t.token_rewards.tolist() for b in branches for t in b] == [[1.0, 1.0]] * 4
     assert stats["timeouts"] == 0
+
+
+# --- issue 45: the ray executor's settings, and what needs no Ray ---------------------------------------------
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+@pytest.mark.parametrize("setting, value", [("ray_address", "auto"), ("num_cpus", 2), ("actor_options", {}),
+                                            ("placement_timeout", 5.0)])
+def test_a_ray_setting_beside_another_executor_is_refused_naming_both_keys(executor, setting, value):
+    # Where options meet: the ray executor's settings mean nothing to a thread or process pool; given there they
+    # are refused at construction and in a config file, naming the setting and the executor.
+    with pytest.raises(ValueError, match=rf"{setting} applies to executor 'ray' only, and executor is '{executor}'"):
+        st.Sleepy(executor=executor, **{setting: value})
+    spec = PRMConfig(scorers=[ScorerSpec(path="scorers_for_tests.Sleepy",
+                                         kwargs={"executor": executor, setting: value})])
+    with pytest.raises(ValueError, match=rf"scorers\[0\]\.kwargs: scorers_for_tests\.Sleepy: {setting} applies to "
+                                         rf"executor 'ray' only, and executor is '{executor}'"):
+        check_scorer_specs(spec)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_cpus": 0}, "num_cpus"), ({"num_cpus": float("nan")}, "num_cpus"),
+    ({"placement_timeout": 0}, "placement_timeout"), ({"ray_address": ""}, "ray_address must be a non-empty string"),
+    ({"actor_options": ["resources"]}, "actor_options must be a mapping"),
+    ({"actor_options": {"max_restarts": 3}}, r"actor_options: \['max_restarts'\] are set by the ray executor"),
+])
+def test_bad_ray_settings_are_refused_naming_them(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        st.Sleepy(executor="ray", **kwargs)
+
+
+def test_ray_settings_are_kept_and_max_workers_is_left_to_the_cluster():
+    scorer = st.Sleepy(executor="ray", num_cpus=0.5, actor_options={"resources": {"verifier": 1}},
+                       ray_address="auto", placement_timeout=5)
+    assert (scorer.num_cpus, scorer.actor_options, scorer.ray_address, scorer.placement_timeout) == (
+        0.5, {"resources": {"verifier": 1}}, "auto", 5.0)
+    assert scorer.max_workers is None  # the executor starts one actor per num_cpus the cluster offers
+    assert st.Sleepy(executor="ray", max_workers=3).max_workers == 3
+
+
+async def test_executor_ray_without_ray_installed_says_how_to_install_it(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # (import ray raises ImportError)
+    runner = PRMRunner(scorers=(st.Sleepy(executor="ray"),))
+    try:
+        results = await runner.run_many([chain(1)], return_exceptions=True)
+    finally:
+        await runner.aclose()
+    assert isinstance(results[0], ImportError)
+    assert "executor 'ray' needs Ray: pip install 'prm-jax[ray]'" in str(results[0])
+
+
+FOOTPRINT = """
+import sys
+import numpy as np
+
+def main():
+    import jax  # noqa: F401  (the training process has jax)
+    import anyio
+    import scorers_for_tests as st
+    from prm_jax import PRMRunner
+    from prm_jax.runtime._arrays import score_arrays
+
+    async def run():
+        async with PRMRunner(scorers=(st.Footprint(max_workers=1),)) as runner:
+            out = await score_arrays(runner, np.arange(1, 5, dtype=np.int32).reshape(1, 4),
+                                     np.array([[-1, 0, 0, 0]], np.int32))
+        print(float(out[0, 1]))
+
+    anyio.run(run)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_worker_process_imports_jax_only_when_its_scorer_does(tmp_path):
+    # Issue 45.4: every worker's parent (the forkserver) imported prm_jax and with it jax (here: 83 MB a worker,
+    # 340 MB where jax's backends load); now a worker holds what its scorer imports (30 MB for this one). In a
+    # fresh process: the forkserver is one per process, and preloads the module of the first process scorer.
+    import subprocess
+    import sys
+
+    script = tmp_path / "footprint.py"
+    script.write_text(FOOTPRINT)
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0.0"]  # jax was not in the worker's modules

@@ -1,0 +1,41 @@
+"""Processes seen through ``/proc`` (Linux): what a test started, and whether it still runs."""
+
+from __future__ import annotations
+
+import os
+
+
+def stat(pid: int) -> tuple[str | None, int | None]:
+    """A process's state letter and parent pid, or ``(None, None)`` where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as status:
+            fields = status.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None, None
+
+
+def descendants(root: int) -> set[int]:
+    """Every process whose chain of parents leads to ``root`` now."""
+    parents = {int(p): stat(int(p))[1] for p in os.listdir("/proc") if p.isdigit()}
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie)."""
+    state, _ = stat(pid)
+    return state is not None and state != "Z"
+
+
+def title(pid: int) -> str:
+    """Its command line as one string ('' where gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

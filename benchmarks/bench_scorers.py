@@ -236,31 +236,80 @@ def bench_math_verify_on_ray(n: int, repeats: int) -> None:
     branches, metadata = math_sessions(n)
     contexts = [{"metadata": m} for m in metadata]
 
-    async def interleaved() -> tuple[list[float], list[float], float]:
+    from prm_jax.runtime._ray_pool import _CLUSTER
+    from prm_jax.runtime._ray_watchdog import cluster_processes
+
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def cpu_s(pids: list[int]) -> float:
+        """The CPU seconds (user + system) the processes ``pids`` have used so far."""
+        total = 0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+            except (OSError, ValueError, IndexError):
+                pass
+        return total / ticks
+
+    def ray_own() -> list[int]:
+        """The local cluster's own processes (GCS, raylet, agents: every one but the actors)."""
+        own = []
+        for pid, _ in cluster_processes(_CLUSTER.marker, {os.getpid()}):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    if not cmdline.read().startswith(b"ray::ScorerActor"):
+                        own.append(pid)
+            except OSError:
+                pass
+        return own
+
+    async def interleaved() -> tuple[list[float], list[float], float, dict[str, list[float]]]:
         process = PRMRunner(scorers=(MathVerifyScorer(scope="every_turn", max_workers=CORES),))
         on_ray = PRMRunner(scorers=(MathVerifyScorer(scope="every_turn", executor="ray", max_workers=CORES),))
         started = time.perf_counter()
         await on_ray.run_many(fresh(branches[:CORES * 4]), contexts[:CORES * 4])  # ray.init, actors, imports
         ray_startup = time.perf_counter() - started
         await process.run_many(fresh(branches[:CORES * 4]), contexts[:CORES * 4])
+        own = ray_own()
+        workers = {"process": [w.process.pid for w in process._executors[id(process._scorers[0])]._live],
+                   "ray": [a.pid for a in on_ray._executors[id(on_ray._scorers[0])]._live]}
         walls: dict[str, list[float]] = {"process": [], "ray": []}
+        # CPU seconds a round: this driver's, the workers' (the work, and each pool's own costs there), and
+        # the cluster's own processes'
+        cpu: dict[str, list[float]] = {"process": [], "ray": [], "process_workers": [], "ray_workers": [],
+                                       "ray_own": []}
         for _ in range(max(repeats, 7)):  # (rounds on two shared cores vary by 0.7-1.5x: seven at least)
             for name, runner in (("process", process), ("ray", on_ray)):
+                driver, cluster, work = time.process_time(), cpu_s(own), cpu_s(workers[name])
                 started = time.perf_counter()
                 results = await runner.run_many(fresh(branches), contexts, return_exceptions=True)
                 walls[name].append(time.perf_counter() - started)
+                cpu[name].append(time.process_time() - driver)
+                cpu[f"{name}_workers"].append(cpu_s(workers[name]) - work)
+                if name == "ray":
+                    cpu["ray_own"].append(cpu_s(own) - cluster)
                 assert not any(isinstance(r, Exception) for r in results), name
         await process.aclose()
         await on_ray.aclose()
-        return walls["process"], walls["ray"], ray_startup
+        return walls["process"], walls["ray"], ray_startup, cpu
 
-    process_walls, ray_walls, startup = anyio.run(interleaved)
+    process_walls, ray_walls, startup, cpu = anyio.run(interleaved)
     ratio = median(ray_walls) / median(process_walls)
+    # The floor: the cores' time Ray's machinery takes beside the work (its GCS, raylet and agents, and this
+    # driver's share beyond the process executor's), added to the process executor's wall on the same cores.
+    m = {key: median(values) for key, values in cpu.items()}
+    extra = m["ray"] + m["ray_workers"] + m["ray_own"] - m["process"] - m["process_workers"]
+    floor = 1 + extra / (median(process_walls) * CORES)
     print(f"\n1r. math verifier on Ray: {n * TURNS} turns, {CORES} cores, a local cluster (start-up {startup:.1f} s, "
           f"once)")
     rounds = ", ".join(f"{r / p:.2f}" for r, p in zip(ray_walls, process_walls))
     print(f"   ray executor: wall {median(ray_walls):.2f} s = {ratio:.2f}x the process executor's "
           f"{median(process_walls):.2f} s (target <= 1.15x; rounds interleaved: {rounds})")
+    print(f"   CPU-s a round, ray (process): driver {m['ray']:.2f} ({m['process']:.2f}), workers {m['ray_workers']:.2f} "
+          f"({m['process_workers']:.2f}), the cluster's own processes {m['ray_own']:.2f}: Ray's machinery takes "
+          f"{extra:.2f} CPU-s more of {CORES} cores, a floor of {floor:.2f}x")
 
     node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])

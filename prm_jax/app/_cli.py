@@ -289,6 +289,10 @@ def _probe(config: ExperimentConfig, path: str) -> None:
                        + "; ".join(f"{p.scorer!r} at {p.url}: {p.status}" for p in failed))
 
 
+PLOT_HINT = ("see every timestep: add --plot turns.png (each turn's process reward beside the advantages, "
+             "a few rows; the plot extra)")
+
+
 def cmd_score(args) -> int:
     _check_arguments(args)
     config = _load_config(args.config)
@@ -317,6 +321,9 @@ def cmd_score(args) -> int:
             raise
     run.summary.timings_s["write"] = time.perf_counter() - start
     print_summary(run)
+    print()
+    print_turn_table(run)
+    print(PLOT_HINT if not args.plot else f"plot: {args.plot} (each turn's process reward and advantages, a few rows)")
     if args.timings:
         for phase, seconds in run.summary.timings_s.items():
             print(f"timing: {phase:<14} {seconds:8.3f} s")
@@ -341,6 +348,8 @@ def cmd_demo(args) -> int:
     print_summary(run)
     print()
     print_turn_table(run)
+    print("see every timestep: prm-jax score --config CONFIG.yaml --input SESSIONS.jsonl --output OUT --plot "
+          "turns.png (each turn's process reward beside the advantages, a few rows)")
     print(f"\nwrote {output / 'batch.npz'} and {output / 'metrics.json'}")
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import sys
+import textwrap
 
 import numpy as np
 
@@ -12,13 +13,31 @@ from prm_jax.kernels._alignment import shift_to_next_token
 from prm_jax.kernels._estimators import registered
 from prm_jax.kernels._shaping import SHAPING_MODES
 
+# Each shaping mode's rule in one line (``prm_jax.kernels._shaping``'s docstring states them in full; A is the
+# advantage without process rewards, P the turn's process reward on the timesteps that predict its tokens).
+MODE_RULES = {
+    "none": "no process rewards: the outcome's advantages alone (the baseline the others change)",
+    "additive": "A + P on every trained timestep",
+    "gvpo": "reads only P's sign: where P < 0, A < 0 grows by negative_scale, A = 0 becomes -zero_penalty, "
+            "A > 0 becomes 0; P >= 0 leaves A (a 1/0 judge changes nothing)",
+    "process_weighted": "P in [0, 1] weighs A: A >= 0 becomes A * P; A < 0 becomes P where P > 0 (a well-scored "
+                        "turn of a failed row turns positive, AReaL's rule) and stays A where P = 0",
+}
+# The per-turn table's columns.
+TURN_COLUMNS = (("turn", "the turn's index in its row"),
+                ("tokens", "the trained timesteps of the turn (those that predict its tokens)"),
+                ("P", "the turn's process reward (the scorers' weighted sum), on those timesteps"),
+                ("none ... process_weighted", "the mean advantage of those timesteps under each shaping mode"))
 
-def _process_rewards(run: ScoreRun) -> np.ndarray:
-    """The process rewards on timesteps (0 where the shifted loss mask is 0, or without token rewards)."""
-    mask = np.asarray(run.configured.loss_mask)
+
+def _process_rewards(run: ScoreRun, rows: list[int] | None = None) -> np.ndarray:
+    """The process rewards on timesteps (0 where the shifted loss mask is 0, or without token rewards), of
+    ``rows`` only where given (the report's few rows: one shape per bucket, so no program per run's size)."""
+    pick = slice(None) if rows is None else rows
+    mask = np.asarray(run.configured.loss_mask)[pick]
     if "token_rewards" not in run.batch:
         return np.zeros_like(mask)
-    return np.asarray(shift_to_next_token(run.batch["token_rewards"])) * mask
+    return np.asarray(shift_to_next_token(np.asarray(run.batch["token_rewards"])[pick])) * mask
 
 
 def plot(run: ScoreRun, handle: io.BufferedWriter, rows: int = 4) -> None:
@@ -26,9 +45,9 @@ def plot(run: ScoreRun, handle: io.BufferedWriter, rows: int = 4) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    mask = np.asarray(run.configured.loss_mask)
-    process = _process_rewards(run)
-    rows = min(rows, mask.shape[0])
+    rows = min(rows, np.asarray(run.configured.loss_mask).shape[0])
+    mask = np.asarray(run.configured.loss_mask)[:rows]
+    process = _process_rewards(run, list(range(rows)))
     fig, axes = plt.subplots(rows, 1, figsize=(10, 2.6 * rows), squeeze=False)
     for b in range(rows):
         ax = axes[b, 0]
@@ -96,6 +115,34 @@ def print_summary(run: ScoreRun, stream=None) -> None:
             print(f"  {mode:<18} {stats}", file=out)
         else:
             print(f"  {mode:<18} {stats.mean:9.4f} {stats.std:9.4f} {stats.min:9.4f} {stats.max:9.4f}", file=out)
+    print("each mode's rule (A: the advantage without process rewards; P: the process reward on a timestep):",
+          file=out)
+    negative = "token_rewards" in run.batch and bool((np.asarray(run.batch["token_rewards"]) < 0).any())
+    for mode in s.advantages:
+        if mode in MODE_RULES:
+            rule = MODE_RULES[mode] + ("; no P < 0 here, so it equals none" if mode == "gvpo" and not negative else "")
+            print(textwrap.fill(rule, 116, initial_indent=f"  {mode:<18} ", subsequent_indent=" " * 21), file=out)
+    change = process_change(run)
+    if change:
+        print(textwrap.fill(change, 118, subsequent_indent="  "), file=out)
+
+
+def process_change(run: ScoreRun) -> str:
+    """One line: what the process rewards changed under the configured mode: how many trained timesteps'
+    advantages moved from the mode ``none`` (the diagnostics' ``shaping_changed_share``, counted), by how
+    much, and how many changed sign (``shaping_sign_flip_share``); '' where no mode shaped."""
+    mode = run.summary.shaping_mode
+    shaped, unshaped = run.outputs.get(mode or ""), run.outputs.get("none")
+    if mode is None or mode == "none" or shaped is None or unshaped is None or isinstance(shaped, str):
+        return ""
+    mask = np.asarray(run.configured.loss_mask) > 0
+    after, before = np.asarray(shaped.advantages)[mask], np.asarray(unshaped.advantages)[mask]
+    delta = np.abs(after - before)
+    moved = int(np.count_nonzero(delta))
+    flipped = int(np.count_nonzero(np.sign(after) * np.sign(before) < 0))
+    size = f", by {float(delta[delta > 0].mean()):.3f} on average and {float(delta.max()):.3f} at most" if moved else ""
+    return (f"process rewards ({mode}) moved the advantages of {moved:,} of {mask.sum():,} trained timesteps "
+            f"({moved / max(int(mask.sum()), 1):.0%}){size}; {flipped:,} changed sign")
 
 
 def shown_rows(original_rewards: np.ndarray, rows: int = 2) -> list[int]:
@@ -113,19 +160,23 @@ def print_turn_table(run: ScoreRun, rows: int = 2, stream=None) -> None:
     under each mode."""
     out = stream or sys.stdout
     modes = [m for m in ("none", *SHAPING_MODES) if m in run.outputs and not isinstance(run.outputs[m], str)]
-    turn_ids = np.asarray(shift_to_next_token(run.batch["turn_ids"], fill=-1))
-    mask = np.asarray(run.configured.loss_mask) > 0
-    process = _process_rewards(run)
+    shown = shown_rows(run.batch["original_rewards"], rows)
+    turn_ids = np.asarray(shift_to_next_token(np.asarray(run.batch["turn_ids"])[shown], fill=-1))
+    mask = np.asarray(run.configured.loss_mask)[shown] > 0
+    process = _process_rewards(run, shown)
     print("per turn (timesteps predicting the turn's tokens): process reward and mean advantage per mode", file=out)
-    for b in shown_rows(run.batch["original_rewards"], rows):
+    for i, b in enumerate(shown):
         print(f"row {b}: outcome reward {run.batch['original_rewards'][b]:g} (group-normalized "
               f"{run.batch['rewards'][b]:.3f}), {'truncated' if run.batch['is_truncated'][b] else 'complete'}",
               file=out)
         print(f"  {'turn':>4} {'tokens':>6} {'P':>7} " + " ".join(f"{m:>16}" for m in modes), file=out)
-        for k in sorted(set(turn_ids[b][mask[b]].tolist())):
-            steps = mask[b] & (turn_ids[b] == k)
-            p = float(process[b][steps].mean())
+        for k in sorted(set(turn_ids[i][mask[i]].tolist())):
+            steps = mask[i] & (turn_ids[i] == k)
+            p = float(process[i][steps].mean())
             cells = " ".join(f"{float(np.asarray(run.outputs[m].advantages)[b][steps].mean()):16.4f}" for m in modes)
             print(f"  {k:>4} {int(steps.sum()):>6} {p:7.3f} {cells}", file=out)
+    print("columns:", file=out)
+    for name, what in TURN_COLUMNS:
+        print(f"  {name:<26} {what}", file=out)
 
 

@@ -2,9 +2,22 @@
 
 The guides are Markdown (MyST); the API reference is generated from the docstrings (autodoc, autosummary,
 napoleon for the Google-style ``Args:`` sections): one page per public name of each namespace, the names
-read from each namespace's ``__all__`` (the one declaration of the public surface). The build runs with
+read from each namespace's ``__all__`` (the one declaration of the public surface). Each page lists the
+parameters and the return type from the signature's annotations (``autodoc_typehints = "description"``),
+shows defaults as written in the source (not their reprs), and ends with the docstring of the module that
+defines the name (``defining_module``: the rules it states once for all its names). The build runs with
 ``-W``: any warning fails it, a broken internal link included (MyST's missing cross-references), and so
 does a public name without a docstring of its own (``check_coverage``).
+
+The theme is furo: maintained, responsive (a mobile layout, a content column that grows with the window),
+an in-page table of contents, light and dark, with no dependency beyond Sphinx, Beautiful Soup and
+Pygments. sphinx-book-theme (optax's, flax's, JAX's) was the other candidate: its 1.4.0 pins
+pydata-sphinx-theme to exactly 0.20.0, so the docs environment would follow two themes' release cycles.
+sphinx-copybutton puts a copy button on every code block (the prompts of ``>>>`` examples left out);
+sphinx-design draws the landing page's cards. Inline code in the guides that names a public object
+(```compute_advantages```, ```prm_jax.scorers.MathVerifyScorer```) links to its API page (``link_names``);
+intersphinx resolves Python's, numpy's, JAX's and httpx's names from inventories written here
+(``external_inventories``: the build has no network).
 """
 
 from __future__ import annotations
@@ -26,27 +39,39 @@ NAMESPACES = ("config", "kernels", "kernels.gae_lambda", "runtime", "credit", "e
 
 project = "prm-jax"
 release = version = prm_jax.__version__
+copyright = "2026, the prm-jax authors"
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon",
-              "sphinx.ext.mathjax", "sphinx.ext.doctest"]
+              "sphinx.ext.mathjax", "sphinx.ext.doctest", "sphinx.ext.intersphinx", "sphinx_copybutton",
+              "sphinx_design"]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 exclude_patterns = ["_build"]
-myst_enable_extensions = ["dollarmath"]
+myst_enable_extensions = ["dollarmath", "colon_fence"]
 myst_heading_anchors = 3
 autosummary_generate = True
+# A class's page: its docstring and its documented members (autosummary's default template added tables of
+# every member, one empty description cell for each field without a docstring of its own).
+templates_path = ["_templates"]
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
-# Signatures without annotations: the docstrings give each argument's shape and dtype in words, and Sphinx
-# spells ``ArrayLike`` out a dozen types long (or as a TypeAliasForwardRef in a union).
-autodoc_typehints = "none"
+# Signatures without annotations (short); each parameter's annotation in the page's parameter list instead,
+# every parameter listed (documented or not) with the return type; ``ArrayLike`` by its name, not spelled
+# out a dozen types long; defaults as the source writes them (``config=AdvantageConfig()``, not its repr).
+autodoc_typehints = "description"
+autodoc_typehints_description_target = "all"
+autodoc_typehints_format = "short"
+autodoc_preserve_defaults = True
+autodoc_type_aliases = {"ArrayLike": "jax.typing.ArrayLike"}
 autodoc_member_order = "bysource"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
-html_theme = "alabaster"
+html_theme = "furo"
 html_title = f"prm-jax {release}"
-html_theme_options = {"description": "Process rewards to shaped PPO/GRPO advantages, in JAX"}
+html_css_files = ["prm-jax.css"]
+copybutton_prompt_text = r">>> |\.\.\. |\$ "
+copybutton_prompt_is_regexp = True
 doctest_global_setup = "import numpy as np\nimport prm_jax"
 # MathJax from the docs extra (jupyter-server-mathjax ships MathJax 2), copied into _static: the maths render
 # without a network (and the browser check runs offline).
-html_static_path = [str(Path(jupyter_server_mathjax.__file__).parent / "static")]
+html_static_path = [str(Path(jupyter_server_mathjax.__file__).parent / "static"), "_static"]
 mathjax_path = "MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"  # (the config the package ships)
 # It ships the STIX-Web fonts only (no TeX fonts, no image fonts): HTML-CSS output with those.
 # MyST marks the text tex2jax_ignore and the maths "math" (MathJax 3's option); MathJax 2's is tex2jax's.
@@ -79,19 +104,43 @@ def write_api_pages() -> None:
             page.write_text(text)
 
 
-def alias_comments() -> set[str]:
+@functools.cache
+def alias_docs() -> dict[str, str]:
     """Names given a ``#:`` documentation comment anywhere in the package (type aliases such as
-    ``ErrorPolicy``: a ``Literal`` has no docstring of its own)."""
+    ``ErrorPolicy``: a ``Literal`` has no docstring of its own), with the comment's text."""
     from sphinx.pycode import ModuleAnalyzer
 
-    names = set()
+    found = {}
     for info in pkgutil.walk_packages(prm_jax.__path__, "prm_jax."):
         try:
             docs = ModuleAnalyzer.for_module(info.name).find_attr_docs()
         except Exception:  # (a module without source)
             continue
-        names |= {attr for (scope, attr), lines in docs.items() if not scope and "".join(lines).strip()}
-    return names
+        found.update({attr: " ".join(lines).strip() for (scope, attr), lines in docs.items()
+                      if not scope and "".join(lines).strip()})
+    return found
+
+
+def alias_comments() -> set[str]:
+    return set(alias_docs())
+
+
+def fill_summaries(app, doctree) -> None:
+    """An API index's summary table gives a data name (``BATCH_SCHEMA``, ``ErrorPolicy``) the first sentence
+    of its ``#:`` comment (autosummary reads a docstring, which data has none of), so no cell is empty."""
+    from docutils import nodes
+
+    if not app.env.docname.startswith("api/"):
+        return
+    docs = alias_docs()
+    for row in doctree.findall(nodes.row):
+        entries = list(row.findall(nodes.entry))
+        if len(entries) != 2 or entries[1].astext().strip():
+            continue
+        name = entries[0].astext().split("(")[0].strip().rsplit(".", 1)[-1]
+        if name in docs:
+            first = docs[name].split(". ")[0].rstrip(".") + "."
+            entries[1] += nodes.paragraph(text=first)
 
 
 def undocumented() -> list[str]:
@@ -121,8 +170,151 @@ def check_coverage(app) -> None:
         raise ExtensionError(f"public names without a docstring of their own: {missing}")
 
 
+# Python's, numpy's, JAX's and httpx's names the API pages and guides refer to, with their pages on those
+# sites: written as Sphinx inventories at build time (``external_inventories``), since the build runs without
+# a network; intersphinx links the names through them.
+EXTERNAL = {
+    "python": ("https://docs.python.org/3/", {
+        "py:class": {name: "library/functions.html#$" for name in ("float", "int", "bool", "object")}
+        | {name: "library/stdtypes.html#$" for name in ("str", "dict", "list", "tuple", "set", "bytes")}
+        | {f"collections.abc.{name}": "library/collections.abc.html#$"
+           for name in ("Mapping", "Sequence", "Callable", "Iterable", "Iterator", "Awaitable", "AsyncIterator")}
+        | {"pathlib.Path": "library/pathlib.html#$", "os.PathLike": "library/os.html#$",
+           "concurrent.futures.ProcessPoolExecutor": "library/concurrent.futures.html#$"},
+        "py:exception": {name: "library/exceptions.html#$" for name in (
+            "ValueError", "TypeError", "RuntimeError", "TimeoutError", "ImportError", "KeyError", "ExceptionGroup")},
+        "py:data": {"typing.Any": "library/typing.html#$", "typing.Literal": "library/typing.html#$",
+                    "None": "library/constants.html#$"},
+    }),
+    "numpy": ("https://numpy.org/doc/stable/", {
+        "py:class": {"numpy.ndarray": "reference/generated/numpy.ndarray.html#$",
+                     "numpy.dtype": "reference/generated/numpy.dtype.html#$",
+                     "numpy.float32": "reference/arrays.scalars.html#$",
+                     "numpy.float64": "reference/arrays.scalars.html#$"},
+    }),
+    "jax": ("https://docs.jax.dev/en/latest/", {
+        "py:class": {"jax.Array": "_autosummary/jax.Array.html#$", "jax.sharding.Mesh": "_autosummary/$.html#$",
+                     "jax.sharding.NamedSharding": "_autosummary/$.html#$"},
+        "py:data": {"jax.typing.ArrayLike": "jax.typing.html#$"},
+        "py:function": {"jax.jit": "_autosummary/jax.jit.html#$", "jax.lax.scan": "_autosummary/jax.lax.scan.html#$",
+                        "jax.grad": "_autosummary/jax.grad.html#$"},
+    }),
+    "httpx": ("https://www.python-httpx.org/", {
+        "py:class": {"httpx.AsyncClient": "api/#asyncclient", "httpx.Response": "api/#response"},
+    }),
+}
+INVENTORIES = HERE / "_build" / "inventories"
+
+
+def external_inventories() -> dict[str, tuple[str, str]]:
+    """Writes ``EXTERNAL`` as one Sphinx inventory (format 2) per site; returns ``intersphinx_mapping``."""
+    import zlib
+
+    INVENTORIES.mkdir(parents=True, exist_ok=True)
+    mapping = {}
+    for site, (base, roles) in EXTERNAL.items():
+        lines = [f"{name} {role} 1 {uri.replace('$.html', name + '.html')} -"
+                 for role, names in roles.items() for name, uri in names.items()]
+        path = INVENTORIES / f"{site}.inv"
+        header = f"# Sphinx inventory version 2\n# Project: {site}\n# Version: \n" \
+                 "# The remainder of this file is compressed using zlib.\n"
+        path.write_bytes(header.encode() + zlib.compress(("\n".join(lines) + "\n").encode()))
+        mapping[site] = (base, str(path))
+    return mapping
+
+
+intersphinx_mapping = external_inventories()
+
+
+def public_index() -> dict[str, str]:
+    """Each public name by the ways a guide writes it (``compute_advantages``, ``kernels.compute_advantages``,
+    ``prm_jax.kernels.compute_advantages``, with or without ``()``) -> its documented path; a short name two
+    namespaces share is left out (ambiguous). ``prm_jax``'s own re-exports point to their namespace."""
+    full, short_count = {}, {}
+    for ns, names in public_names().items():
+        for name in names:
+            path = f"prm_jax.{ns}.{name}"
+            full[path] = path
+            full[f"{ns}.{name}"] = path
+            short_count[name] = short_count.get(name, 0) + 1
+            full.setdefault(f"prm_jax.{name}", path)
+    for ns, names in public_names().items():
+        for name in names:
+            if short_count[name] == 1:
+                full.setdefault(name, f"prm_jax.{ns}.{name}")
+    for _, roles in EXTERNAL.values():  # Python's, numpy's, JAX's and httpx's (through intersphinx)
+        for names in roles.values():
+            for name in names:
+                if "." in name:
+                    full.setdefault(name, name)
+                    if name.startswith("numpy."):
+                        full.setdefault("np." + name.removeprefix("numpy."), name)
+    return full
+
+
+def link_names(app, doctree) -> None:
+    """Inline code in the guides that names a public object becomes a link to its API page (a cross-reference
+    that resolves quietly: text that is not a documented object stays text)."""
+    from docutils import nodes
+    from sphinx import addnodes
+
+    if not app.env.docname.startswith(("guides/", "getting-started", "index", "development")):
+        return
+    index = app.env.prm_public_index
+    for literal in list(doctree.findall(nodes.literal)):
+        if isinstance(literal.parent, (nodes.reference, addnodes.pending_xref)):
+            continue
+        text = literal.astext().strip()
+        target = index.get(text.removesuffix("()"))
+        if target is None:
+            continue
+        xref = addnodes.pending_xref("", refdomain="py", reftype="obj", reftarget=target, refexplicit=True,
+                                     refwarn=False, refdoc=app.env.docname)
+        literal.replace_self(xref)
+        xref += literal
+
+
+def defining_module(app, what, name, obj, options, lines) -> None:
+    """A public name's page ends with the docstring of the module that defines it: the rules that module states
+    once for all its names (pages said "see the module docstring", which the site never showed)."""
+    if name not in app.env.prm_public_paths:
+        return
+    module_name = getattr(obj, "__module__", None)
+    if not module_name or not module_name.startswith("prm_jax.") or module_name == name.rsplit(".", 1)[0]:
+        return
+    module = importlib.import_module(module_name)
+    doc = inspect.getdoc(module)
+    if not doc:
+        return
+    path = module_name.replace(".", "/") + ".py"
+    body = doc.splitlines() if _clean_rst(doc) else ["::", "", *(f"    {line}" for line in doc.splitlines())]
+    lines += ["", f".. rubric:: From the module that defines it (``{path}``)", "", *body, ""]
+
+
+def _clean_rst(text: str) -> bool:
+    """Whether ``text`` parses as reStructuredText without a warning (a module docstring laid out as plain text,
+    aligned columns for instance, is shown as written instead)."""
+    import io
+
+    from docutils import nodes
+    from docutils.core import publish_doctree
+
+    doctree = publish_doctree(text, settings_overrides={"report_level": 5, "halt_level": 5,
+                                                        "warning_stream": io.StringIO()})
+    return not any(message["level"] >= 2 for message in doctree.findall(nodes.system_message))
+
+
 write_api_pages()
 
 
 def setup(app) -> None:
     app.connect("builder-inited", check_coverage)
+
+    def remember(app) -> None:
+        app.env.prm_public_index = public_index()
+        app.env.prm_public_paths = set(public_index().values())
+
+    app.connect("builder-inited", remember)
+    app.connect("doctree-read", link_names)
+    app.connect("doctree-read", fill_summaries)
+    app.connect("autodoc-process-docstring", defining_module)

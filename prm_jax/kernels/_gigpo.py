@@ -86,6 +86,9 @@ class GiGPOConfig:
 
 
 class GiGPOOutput(NamedTuple):
+    """What ``gigpo`` returns: the combined per-turn advantages and their episode and step parts, the step
+    returns, and each turn's step-group size."""
+
     advantages: jax.Array          # [B, K] A^E + omega A^S on active turns, 0 elsewhere
     episode_advantages: jax.Array  # [B]
     step_advantages: jax.Array     # [B, K]

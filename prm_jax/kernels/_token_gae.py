@@ -44,6 +44,8 @@ from prm_jax.native import _ffi as ffi
 
 
 class GAEOutput(NamedTuple):
+    """What ``gae`` and ``turn_gae`` return: the advantages and the returns (advantages + values)."""
+
     advantages: jax.Array  # [B, T] (or [B, K] turns) float32
     returns: jax.Array     # [B, T] float32, advantages + values
 

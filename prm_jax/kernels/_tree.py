@@ -64,6 +64,9 @@ class TreeCredit:
 
 
 class TreeAdvantages(NamedTuple):
+    """What ``tree_advantages`` returns per node: the value its tokens get, V(n), the local signal l(n), its
+    leaf count and the centred leaf rewards (the module docstring gives each formula)."""
+
     values: jax.Array        # [N] the value each node's tokens get (``value`` mode), 0 at masked nodes
     state_values: jax.Array  # [N] V(n)
     local: jax.Array         # [N] l(n) after the fill-in

@@ -32,6 +32,9 @@ CORRECT_THRESHOLD = 1.0 - 1e-3  # filter_function's "all correct"
 
 
 class GroupFilterResult(NamedTuple):
+    """What a group filter decided for one group: accepted or not, and the counts of each rejection reason
+    (AReaL's filters' statistics)."""
+
     accepted: bool
     rejected_by_failed_or_perfect: int
     rejected_by_all_correct: int

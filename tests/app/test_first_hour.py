@@ -146,3 +146,41 @@ def test_score_shows_a_per_turn_view_and_points_to_the_plot(tmp_path, capsys):
     assert code == 0
     assert "per turn (timesteps predicting the turn's tokens)" in text and "columns:" in text
     assert "see every timestep: add --plot turns.png" in text
+
+
+def test_the_command_line_guide_names_every_option_of_every_subcommand():
+    # Issue 46.4: the command-line guide is checked against the parser: an option added to a subcommand and left
+    # out of the guide fails here.
+    import argparse
+
+    guide = (ROOT / "docs" / "guides" / "command-line.md").read_text()
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for name, sub in subparsers.choices.items():
+        assert f"prm-jax {name}" in guide, name
+        for action in sub._actions:
+            for option in action.option_strings:
+                if option not in ("-h", "--help") and option not in guide:
+                    missing.append(f"{name} {option}")
+    for action in parser._actions:
+        missing += [option for option in action.option_strings if option not in ("-h", "--help") and option not in guide]
+    assert missing == []
+
+
+def test_the_release_metadata_is_complete_and_invents_no_home():
+    # Issue 46.5: no public home yet, so no [project.urls] (invented addresses would publish wrong metadata); the
+    # rest is complete: a readme, a license file, keywords and classifiers (a license, Python versions, typed).
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "urls" not in project
+    assert project["readme"] == "README.md" and (ROOT / project["readme"]).is_file()
+    license_files = project.get("license-files") or [project.get("license", {}).get("file")]
+    assert license_files and all((ROOT / f).is_file() for f in license_files), project.get("license")
+    assert len(project["keywords"]) >= 5 and project["description"]
+    classifiers = project["classifiers"]
+    assert any(c.startswith("License ::") for c in classifiers) or isinstance(project.get("license"), str)
+    assert "Typing :: Typed" in classifiers
+    assert {f"Programming Language :: Python :: 3.{v}" for v in (11, 12, 13)} <= set(classifiers)
+    assert project["requires-python"].startswith(">=3.11")

@@ -2,9 +2,12 @@
 build (in ``.venv-docs``), not by the main suite.
 
 The browser is Chromium as Qt WebEngine embeds it (``PyQt6-WebEngine`` from PyPI, the docs extra; no system
-Chromium is needed), offscreen. For the index and one API page (``gae``): the title, the navigation (the
-sidebar's links to every guide), a formula rendered by MathJax (served from ``_static``: no network), and
-no error on the JavaScript console. Screenshots go to ``docs/_build/screenshots`` (ignored by git).
+Chromium is needed), offscreen, in a window of 1,280 x 800 (a laptop's). For the index and one API page
+(``gae``): the title, the navigation (the sidebar's links to every guide), a formula rendered by MathJax
+(served from ``_static``: no network), and no error on the JavaScript console. Issue 46.3: on the landing
+page, a guide and API pages, no code block, table or signature runs past its box or the window; the
+landing page's example shows whole without scrolling; the site's search finds ``score_arrays``.
+Screenshots go to ``docs/_build/screenshots`` (ignored by git).
 """
 
 import os
@@ -34,17 +37,33 @@ PROBE = r"""
   var raw = Array.prototype.filter.call(document.querySelectorAll('.math.notranslate'), function (e) {
     return e.innerText.indexOf('\\(') >= 0 || e.innerText.indexOf('\\[') >= 0; }).length;
   var output = document.querySelectorAll('.MathJax, .MathJax_Display, .MathJax_MathML, math').length;
-  var links = Array.prototype.map.call(document.querySelectorAll('.sphinxsidebar a'), function (a) {
+  var links = Array.prototype.map.call(document.querySelectorAll('.sidebar-tree a'), function (a) {
     return a.getAttribute('href'); });
-  return JSON.stringify({title: document.title, typeset: typeset, raw: raw, output: output, links: links});
+  // Issue 46.3: what runs past its box (scrolls inside it) or past the window, at this width.
+  var width = document.documentElement.clientWidth;
+  var overflowing = Array.prototype.filter.call(
+    document.querySelectorAll('article pre, article table, article dl.py > dt'), function (e) {
+      return e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right > width + 1; }).map(function (e) {
+      return e.tagName + ': ' + e.innerText.slice(0, 80); });
+  var example = document.querySelector('.landing-example');
+  var exampleBottom = example ? example.getBoundingClientRect().bottom : null;
+  var found = Array.prototype.map.call(document.querySelectorAll('#search-results a, ul.search a'), function (a) {
+    return a.getAttribute('href'); });
+  return JSON.stringify({title: document.title, typeset: typeset, raw: raw, output: output, links: links,
+                         overflowing: overflowing, pageWidth: document.documentElement.scrollWidth, width: width,
+                         exampleBottom: exampleBottom, height: window.innerHeight, found: found});
 })()
 """
 
 
-# Polled: 1 once MathJax's start-up (its first typesetting) has ended (hooked the first time MathJax.Hub exists).
+# Polled: 1 once MathJax's start-up (its first typesetting) has ended (hooked the first time MathJax.Hub exists),
+# or at once on a page without maths; on the search page, once the results are listed.
 WAIT = r"""
 (function () {
   if (window.__typeset) { return 1; }
+  if (location.pathname.indexOf('search.html') >= 0) {
+    return document.querySelectorAll('#search-results a, ul.search a').length > 0 ? 1 : 0; }
+  if (!document.querySelector('.math') && document.readyState === 'complete') { return 1; }
   if (window.MathJax && MathJax.Hub && !window.__queued) {
     window.__queued = 1;
     MathJax.Hub.Register.StartupHook("End", function () { window.__typeset = 1; });
@@ -64,7 +83,7 @@ class Page(QWebEnginePage):
             self.errors.append(f"{source}:{line}: {message}")
 
 
-def render(path: Path) -> tuple[dict, list[str]]:
+def render(path: Path, query: str = "") -> tuple[dict, list[str]]:
     """Loads ``path``, waits for MathJax's queue to drain, and returns the probe's answer and the console's
     errors; saves a screenshot."""
     import json
@@ -73,14 +92,14 @@ def render(path: Path) -> tuple[dict, list[str]]:
     errors: list[str] = []
     view = QWebEngineView()
     view.setPage(Page(errors))
-    view.resize(1200, 900)
+    view.resize(1280, 800)
     result: dict = {}
     timer = qt_core.QTimer()
 
     def probe():
         def answer(text):
             result.update(json.loads(text))
-            view.grab().save(str(SHOTS / f"{path.stem}.png"))
+            view.grab().save(str(SHOTS / f"qt-{path.stem}.png"))
             app.quit()
 
         view.page().runJavaScript(PROBE, answer)
@@ -92,7 +111,10 @@ def render(path: Path) -> tuple[dict, list[str]]:
         timer.start(100)
 
     view.loadFinished.connect(loaded)
-    view.load(qt_core.QUrl.fromLocalFile(str(path)))
+    url = qt_core.QUrl.fromLocalFile(str(path))
+    if query:
+        url.setQuery(query)
+    view.load(url)
     qt_core.QTimer.singleShot(30000, app.quit)
     view.show()
     app.exec()
@@ -107,13 +129,13 @@ def built_site():
     SHOTS.mkdir(parents=True, exist_ok=True)
 
 
-def render_in_a_process(page: str) -> tuple[dict, list[str]]:
+def render_in_a_process(page: str, query: str = "") -> tuple[dict, list[str]]:
     """``render`` in a fresh process: Qt WebEngine keeps one application per process (a second page in the
     same process crashed it)."""
     import json
     import subprocess
 
-    proc = subprocess.run([sys.executable, __file__, page], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, __file__, page, query], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     return answer["result"], answer["errors"]
@@ -131,9 +153,35 @@ def test_the_page_renders_with_navigation_a_typeset_formula_and_no_console_error
     assert errors == []
 
 
+PAGES = ["index.html", "getting-started.html", "guides/scorers.html", "guides/credit-assignment.html",
+         "guides/command-line.html", "api/_generated/prm_jax.kernels.compute_advantages.html",
+         "api/_generated/prm_jax.scorers.OpenAIJudgeScorer.html", "api/_generated/prm_jax.config.AdvantageConfig.html"]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_nothing_runs_past_its_box_or_the_window_at_1280_px(page):
+    # Issue 46.3: alabaster's fixed 940 px column cut off code and let tables spill.
+    result, errors = render_in_a_process(page)
+    assert result, f"{page} did not answer within 30 s"
+    assert result["overflowing"] == [], result["overflowing"]
+    assert result["pageWidth"] <= result["width"], (result["pageWidth"], result["width"])
+    assert errors == []
+
+
+def test_the_landing_pages_example_shows_without_scrolling():
+    result, _ = render_in_a_process("index.html")
+    assert result["exampleBottom"] is not None and result["exampleBottom"] <= result["height"], result
+
+
+def test_the_search_finds_score_arrays():
+    result, errors = render_in_a_process("search.html", "q=score_arrays")
+    assert any("score_arrays" in (link or "") for link in result["found"]), result["found"]
+    assert errors == []
+
+
 if __name__ == "__main__":  # one page, rendered in this process (render_in_a_process)
     import json
 
     SHOTS.mkdir(parents=True, exist_ok=True)
-    found, console = render(SITE / sys.argv[1])
+    found, console = render(SITE / sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")
     print(json.dumps({"result": found, "errors": console}))

@@ -14,8 +14,8 @@
   python3 dev.py wheel   build the wheel, install it into a fresh venv without a compiler, check its kernels
                          (speed against the source install; the ABI under jax 0.7.0 needs .venv-floor: floor)
   python3 dev.py docs    build the documentation site into docs/_build/html (in .venv-docs; any warning, a
-                         broken link or an undocumented public name fails it), run its doctests, and open
-                         two pages in a headless browser
+                         broken link or an undocumented public name fails it), run its doctests, and check
+                         it in headless browsers at 1,280 px (layout, maths, search; screenshots)
   python3 dev.py bench   create .venv, install, run the CPU benchmarks
 
 Extra arguments are passed on (to pytest for ``test``).

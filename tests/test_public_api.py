@@ -91,3 +91,27 @@ def test_each_public_object_is_reached_by_one_documented_path():
     several = {tuple(sorted(p)) for p in paths.values() if len(p) > 2 or (
         len(p) == 2 and not any(path.count(".") == 1 for path in p))}
     assert several == set()
+
+
+# Issue 46.3: the names a user meets first, each with at least one runnable example in its docstring (the
+# site's doctest builder runs them: python3 dev.py docs).
+FIRST_NAMES = (
+    "kernels.compute_advantages", "config.AdvantageConfig", "runtime.PRMRunner", "runtime.BlockingRunner",
+    "runtime.score_arrays", "runtime.BaseScorer", "runtime.BaseTrajectoryScorer", "runtime.SyncScorer",
+    "runtime.SyncTrajectoryScorer", "runtime.BatchScorer", "runtime.BatchTrajectoryScorer", "runtime.Interaction",
+    "runtime.InteractionCache", "runtime.pack_branches", "config.load_config", "config.ShapingConfig",
+    "config.NormConfig", "kernels.gae", "kernels.turn_gae", "kernels.shape_advantages", "kernels.normalize",
+    "scorers.LengthBudgetScorer", "scorers.MathVerifyScorer", "scorers.OpenAIJudgeScorer", "scorers.ModelScorer",
+    "credit.gigpo", "credit.tree_advantages", "losses.ppo_clip_loss", "losses.logprobs_on_timesteps",
+    "runtime.PRMScorerResult",
+)
+
+
+@pytest.mark.parametrize("path", FIRST_NAMES)
+def test_each_name_a_user_meets_first_carries_a_runnable_example(path):
+    import importlib
+    import inspect
+
+    namespace, name = path.split(".")
+    doc = inspect.getdoc(getattr(importlib.import_module(f"prm_jax.{namespace}"), name)) or ""
+    assert "\n>>> " in "\n" + "\n".join(line.strip() for line in doc.splitlines()), path

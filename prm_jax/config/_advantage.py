@@ -94,6 +94,12 @@ class AdvantageConfig:
     ``gae_block_size`` choose the scan, ``max_turns`` bounds turns per row for turn-level GAE (default
     ``T``), ``check_values=False`` skips the value checks on the hot path (their reductions and the device
     sync).
+
+    Example:
+        >>> config = prm_jax.AdvantageConfig(kl_ctl=0.0, gae_lambda=0.95,
+        ...                                  advantage_shaping={"mode": "process_weighted"})
+        >>> config.plan.shaping.mode, config.gae_lambda
+        ('process_weighted', 0.95)
     """
 
     discount: float = 1.0

@@ -86,7 +86,16 @@ def parse_yaml(text: str, where: str) -> Any:
 
 def load_config(path: str | Path) -> ExperimentConfig:
     """Loads and validates a YAML config file; every error names the file (``ConfigFileError``, a
-    ``ValueError``; ``OSError`` when it cannot be read)."""
+    ``ValueError``; ``OSError`` when it cannot be read).
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "config.yaml"
+        >>> _ = path.write_text("actor:\\n  kl_ctl: 0.0\\n  gae_lambda: 0.95\\n")
+        >>> config = prm_jax.load_config(path)
+        >>> config.actor.gae_lambda, config.actor.kl_ctl, config.prm.active
+        (0.95, 0.0, False)
+    """
     path = Path(path)
     data = parse_yaml(path.read_text(), str(path))
     if not isinstance(data, Mapping):

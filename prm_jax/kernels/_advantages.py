@@ -229,6 +229,15 @@ def compute_advantages(batch: Mapping[str, Any],
         turn ids that break AReaL's rules). Under an outer ``jit`` nothing is raised and no host round trip
         is paid: the counts come back in ``output.diagnostics``; ``check_values="callback"`` raises there
         too, from a host callback when the computation runs.
+
+    Example:
+        >>> batch = {"attention_mask": np.ones((2, 4), np.int32),
+        ...          "loss_mask": np.array([[0, 1, 1, 1], [0, 1, 1, 0]], np.int32),
+        ...          "logprobs": np.zeros((2, 4), np.float32), "rewards": np.array([1.0, 0.0], np.float32),
+        ...          "is_truncated": np.zeros(2, bool)}
+        >>> out = prm_jax.compute_advantages(batch, prm_jax.AdvantageConfig(kl_ctl=0.0))
+        >>> np.asarray(out.advantages, np.float64).round(3).tolist()
+        [[1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
     """
     plan = as_plan(config)
     arrays, real = inputs.prepared(batch)

@@ -283,6 +283,15 @@ def gigpo(turn_rewards: ArrayLike, turn_mask: ArrayLike, outcome_rewards: ArrayL
 
     Returns:
       ``GiGPOOutput``; ``broadcast_turn_rewards(output.advantages, turn_ids)`` puts them on tokens.
+
+    Example:
+        >>> turn_rewards = np.array([[0.0, 1.0], [0.0, 0.0]], np.float32)     # two rollouts of one prompt, two turns
+        >>> out = prm_jax.credit.gigpo(turn_rewards, np.ones((2, 2), bool), np.array([1.0, 0.0], np.float32),
+        ...                            anchor_ids=np.array([[7, 8], [7, 9]]), group_sizes=np.array([2]))
+        >>> np.asarray(out.episode_advantages, np.float64).round(3).tolist()
+        [0.5, -0.5]
+        >>> np.asarray(out.step_advantages, np.float64).round(3).tolist()
+        [[0.475, 0.0], [-0.475, 0.0]]
     """
     if not isinstance(config, GiGPOConfig):
         raise TypeError(f"config must be a GiGPOConfig, got {type(config).__name__}")

@@ -47,7 +47,14 @@ NORM_LEVELS: tuple[NormLevel, ...] = ("batch", "group", None)
 
 @dataclasses.dataclass(frozen=True)
 class NormConfig:
-    """AReaL's ``NormConfig``: hashable, so it is a static argument and never causes a retrace."""
+    """AReaL's ``NormConfig``: hashable, so it is a static argument and never causes a retrace.
+
+    Example:
+        >>> norm = prm_jax.NormConfig(mean_level="group", std_level="group", std_unbiased=False)
+        >>> x = np.array([1.0, 3.0, 10.0, 20.0], np.float32)
+        >>> np.asarray(prm_jax.kernels.normalize(x, norm=norm, group_sizes=np.array([2, 2])), np.float64).round(3).tolist()
+        [-1.0, 1.0, -1.0, 1.0]
+    """
 
     mean_level: NormLevel = "batch"
     std_level: NormLevel = "batch"
@@ -415,6 +422,12 @@ def normalize(x: ArrayLike, mask: ArrayLike | None = None, norm: NormConfig = No
         kernel (``compute_advantages`` is the checked entry point), it checks no value of ``x``, for speed: a
         non-finite active entry, statistics that overflow float32 (``|x|`` near 1.8e19 and beyond) or a std
         of 0 with ``eps`` 0 give NaN where they reach, never a finite wrong number.
+
+    Example:
+        >>> x = np.array([1.0, 2.0, 3.0, 100.0], np.float32)
+        >>> mask = np.array([1, 1, 1, 0], bool)
+        >>> np.asarray(prm_jax.kernels.normalize(x, mask, prm_jax.NormConfig(std_unbiased=False)), np.float64).round(4).tolist()
+        [-1.2247, 0.0, 1.2247, 0.0]
     """
     if not isinstance(norm, NormConfig):
         raise TypeError(f"norm must be a NormConfig, got {type(norm).__name__}")

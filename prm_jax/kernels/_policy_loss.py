@@ -145,6 +145,12 @@ def logprobs_on_timesteps(logits: ArrayLike, input_ids: ArrayLike) -> jax.Array:
       input_ids: ``[B, T]`` int, the tokens, each in ``[0, V)``: an eager call refuses one outside
         (``ValueError`` naming the row and position); under ``jit`` its log-prob is NaN (JAX's fill rule for
         an out-of-range gather), never the log-prob of a clipped id.
+
+    Example:
+        >>> logits = np.zeros((1, 3, 4), np.float32)            # [B, T, vocab]: uniform over 4 tokens
+        >>> input_ids = np.array([[0, 2, 3]])
+        >>> np.asarray(prm_jax.losses.logprobs_on_timesteps(logits, input_ids), np.float64).round(4).tolist()
+        [[-1.3863, -1.3863, 0.0]]
     """
     _checks.check_rank("logits", logits, 3)
     _checks.check_shape("input_ids", input_ids, np.shape(logits)[:2], "logits' first two axes")
@@ -272,6 +278,14 @@ def ppo_clip_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
     Raises:
       ValueError: a ``loss_mask`` entry that is neither 0 nor 1 (bool masks are never checked), when called
         eagerly; under ``jit`` the count is ``stats.checks["checks/loss_mask_not_binary"]``.
+
+    Example:
+        >>> logprobs = np.log(np.array([[0.5, 0.6]], np.float32))
+        >>> old = np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> loss, stats = prm_jax.losses.ppo_clip_loss(logprobs, old, np.array([[1.0, 1.0]], np.float32),
+        ...                                            np.ones((1, 2), bool), eps_clip=0.1)
+        >>> round(float(loss), 4), round(float(stats.clip_fraction), 2)
+        (-1.05, 0.5)
     """
     one_of("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
     eps_clip = finite_number("eps_clip", eps_clip, minimum=0.0)

@@ -37,7 +37,15 @@ SHAPING_MODES: tuple[ShapingMode, ...] = get_args(ShapingMode)
 
 @dataclasses.dataclass(frozen=True)
 class ShapingConfig:
-    """``rollout.agent.prm.advantage_shaping``; hashable, a static argument."""
+    """``rollout.agent.prm.advantage_shaping``; hashable, a static argument.
+
+    Example:
+        >>> shaping = prm_jax.ShapingConfig("gvpo", negative_scale=0.5)
+        >>> advantages, process = np.array([[-1.0, 0.0, 1.0]], np.float32), np.array([[-1.0, -1.0, -1.0]], np.float32)
+        >>> shaped = prm_jax.kernels.shape_advantages(advantages, process, np.ones((1, 3), bool), shaping)
+        >>> np.asarray(shaped, np.float64).round(3).tolist()
+        [[-1.5, -0.4, 0.0]]
+    """
 
     mode: ShapingMode = "additive"
     negative_scale: float = 0.2
@@ -128,6 +136,14 @@ def shape_advantages(advantages: ArrayLike, process_rewards: ArrayLike, mask: Ar
     Returns:
       ``[B, T]`` float32 (float64 for float64 inputs). ``process_weighted`` raises ``ValueError`` when an
       active process reward is outside [0, 1].
+
+    Example:
+        >>> advantages = np.array([[0.5, -0.5, -0.5]], np.float32)
+        >>> process = np.array([[1.0, 0.5, 0.0]], np.float32)
+        >>> shaping = prm_jax.ShapingConfig("process_weighted")
+        >>> shaped = prm_jax.kernels.shape_advantages(advantages, process, np.ones((1, 3), bool), shaping)
+        >>> np.asarray(shaped, np.float64).round(3).tolist()
+        [[0.5, 0.5, -0.5]]
     """
     if not isinstance(shaping, ShapingConfig):
         raise TypeError(f"shaping must be a ShapingConfig, got {type(shaping).__name__}")

@@ -253,6 +253,13 @@ def tree_advantages(parent: ArrayLike, leaf_reward: ArrayLike, *, mask: ArrayLik
     Returns:
       ``TreeAdvantages``: per-node ``values`` (what each node's tokens get), ``state_values``, ``local``,
       ``leaf_counts`` and the ``centred`` leaf rewards.
+
+    Example:
+        >>> parent = np.array([-1, 0, 0, 1, 1])                 # a root, two children, the first with two leaves
+        >>> leaf_reward = np.array([0.0, 0.0, 0.0, 1.0, 0.0], np.float32)
+        >>> out = prm_jax.credit.tree_advantages(parent, leaf_reward)
+        >>> np.asarray(out.values, np.float64).round(3).tolist()
+        [0.0, 0.354, -1.0, 1.823, -1.177]
     """
     one_of("weighting", weighting, TREE_WEIGHTINGS)
     one_of("value", value, TREE_VALUES)

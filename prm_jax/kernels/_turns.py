@@ -127,6 +127,13 @@ def turn_gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, turn
 
     Returns:
       ``GAEOutput(advantages [B, T], returns [B, T])``, float32.
+
+    Example:
+        >>> rewards = np.array([[0.0, 0.0, 0.0, 1.0]], np.float32)   # the outcome on the last token
+        >>> turn_ids = np.array([[0, 0, 1, 1]])
+        >>> out = prm_jax.kernels.turn_gae(rewards, None, np.ones((1, 4), bool), turn_ids, gamma=0.5)
+        >>> np.asarray(out.advantages, np.float64).tolist()
+        [[0.5, 0.5, 1.0, 1.0]]
     """
     check_discounts(gamma, lam)
     num_turns = np.shape(rewards)[-1] if num_turns is None else int(num_turns)

@@ -411,6 +411,24 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
     ``per_scorer`` (each scorer's weighted contribution ``[B, K]``, for logging); ``K`` is the most turns of
     a row, turns a row does not have are 0, a failed row's are NaN. ``progress(done, total)`` is called as
     rows finish.
+
+    Example:
+        >>> import anyio
+        >>> class NoNines(prm_jax.BaseScorer):
+        ...     name = "no_nines"
+        ...     async def evaluate(self, interaction, ctx):
+        ...         if 9 in interaction.output_tokens:
+        ...             raise ValueError("a nine")
+        ...         return 1.0
+        ...
+        >>> async def main():
+        ...     async with prm_jax.PRMRunner(scorers=[NoNines()]) as runner:
+        ...         return await prm_jax.score_arrays(runner, np.array([[1, 2, 3], [1, 9, 9]]),
+        ...                                           np.array([[-1, 0, 0]] * 2), on_error="mask")
+        ...
+        >>> out = anyio.run(main)
+        >>> out.failed.tolist(), out.token_rewards[0].tolist()
+        ([False, True], [0.0, 1.0, 1.0])
     """
     if on_error not in ("raise", "mask"):
         raise ValueError(f"on_error must be 'raise' or 'mask', got {on_error!r}")

@@ -57,6 +57,14 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     them, so a stage that reads them refuses the batch instead of training on 0 (``compute_advantages``
     names the row and timestep).
     Every branch needs an outcome reward.
+
+    Example:
+        >>> cache = prm_jax.InteractionCache([
+        ...     prm_jax.Interaction("t0", [1], [2, 3]),
+        ...     prm_jax.Interaction("t1", [1, 2, 3, 7], [8], parent_id="t0", reward=1.0)])
+        >>> batch = prm_jax.pack_branches([cache.to_sequence("t1")], bucket=8)
+        >>> batch["input_ids"].tolist(), batch["loss_mask"].tolist(), batch["turn_ids"].tolist()
+        ([[1, 2, 3, 7, 8, 0, 0, 0]], [[0, 1, 1, 0, 1, 0, 0, 0]], [[-1, 0, 0, -1, 1, -1, -1, -1]])
     """
     if not sequences:
         raise ValueError("pack_branches needs at least one sequence")

@@ -77,6 +77,18 @@ class BlockingRunner(Lifecycle):
     ``scorers`` stay the caller's, as with ``PRMRunner``; but their clients live on this runner's loop,
     which the caller cannot reach: ``own_scorers=True`` hands them over (``close()`` closes them there,
     after the runner's own), or ``close_scorer(scorer)`` closes one on the loop at any time.
+
+    Example:
+        >>> class Half(prm_jax.BaseScorer):
+        ...     name = "half"
+        ...     async def evaluate(self, interaction, ctx):
+        ...         return 0.5
+        ...
+        >>> with prm_jax.BlockingRunner(scorers=[Half()]) as runner:
+        ...     rewards = runner.score_arrays(np.array([[1, 2, 3]]), np.array([[-1, 0, 0]]))
+        ...
+        >>> rewards.tolist()
+        [[0.0, 0.5, 0.5]]
     """
 
     def __init__(self, config: Any = None, *, scorers: Sequence[BaseScorer] = (), backend: str = "asyncio",

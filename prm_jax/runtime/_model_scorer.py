@@ -67,7 +67,19 @@ def resolve_factory(path: Any) -> Callable[..., ModelFn]:
 
 class ModelScorer(BatchTrajectoryScorer):
     """Scores turns with a JAX model over whole rows (see the module docstring). Subclass it (with another
-    class-level ``name``) for a second model in one runner."""
+    class-level ``name``) for a second model in one runner.
+
+    Example:
+        >>> def first_token_is_one(input_ids, attention_mask, turn_ids):   # [B, L] token scores, jitted by you
+        ...     return (input_ids == 1).astype(np.float32) * attention_mask
+        ...
+        >>> scorer = prm_jax.scorers.ModelScorer(first_token_is_one, max_batch_size=8, bucket=8)
+        >>> with prm_jax.BlockingRunner(scorers=[scorer]) as runner:
+        ...     rewards = runner.score_arrays(np.array([[5, 1, 2], [5, 2, 1]]), np.array([[-1, 0, 0], [-1, 0, 0]]))
+        ...
+        >>> rewards.tolist()
+        [[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    """
 
     name = "model"
     pads = True  # rows are padded to the longest: batches sorted by length

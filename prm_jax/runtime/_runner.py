@@ -113,6 +113,20 @@ class PRMRunner(Lifecycle):
     ``config`` names the scorers to build (owned: closed by ``aclose``); ``scorers`` are instances the caller
     owns (borrowed: run after the configured ones, never closed here). An async context manager:
     ``async with await PRMRunner.create(config) as runner: ...`` closes it on exit.
+
+    Example:
+        >>> import anyio
+        >>> class Half(prm_jax.BaseScorer):
+        ...     name = "half"
+        ...     async def evaluate(self, interaction, ctx):
+        ...         return 0.5
+        ...
+        >>> async def main():
+        ...     async with prm_jax.PRMRunner(scorers=[Half()]) as runner:
+        ...         return await prm_jax.score_arrays(runner, np.array([[1, 2, 3]]), np.array([[-1, 0, 0]]))
+        ...
+        >>> anyio.run(main).tolist()
+        [[0.0, 0.5, 0.5]]
     """
 
     def __init__(self, config: Any = None, *, scorers: Sequence[BaseScorer] = ()):

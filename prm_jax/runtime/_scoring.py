@@ -105,7 +105,24 @@ class PRMMetricObservation:
 
 @dataclasses.dataclass(frozen=True)
 class PRMScorerResult:
-    """A scorer's raw (unweighted) reward for one turn plus its observations."""
+    """A scorer's raw (unweighted) reward for one turn plus its observations.
+
+    Example:
+        >>> class Checked(prm_jax.BaseScorer):
+        ...     name = "checked"
+        ...     async def evaluate(self, interaction, ctx):
+        ...         return 1.0
+        ...     def prepare_result(self, interaction, raw, ctx):
+        ...         seen = prm_jax.PRMMetricObservation("checked/passed", "turn", interaction.interaction_id, raw == 1.0,
+        ...                                             "boolean", ("rate",))
+        ...         return prm_jax.PRMScorerResult(raw, (seen,))
+        ...
+        >>> with prm_jax.BlockingRunner(scorers=[Checked()]) as runner:
+        ...     rewards = runner.score_arrays(np.array([[1, 2]]), np.array([[-1, 0]]))
+        ...
+        >>> rewards.tolist()
+        [[0.0, 1.0]]
+    """
 
     reward: Any
     observations: tuple[PRMMetricObservation, ...] = ()
@@ -132,6 +149,18 @@ class BaseScorer:
     ``ctx`` holds ``messages`` (the branch's full conversation), ``is_eval`` and the caller's context.
     Override ``prepare_result`` or ``evaluate_result`` to return ``PRMScorerResult(reward, observations)``
     for structured monitoring, and ``aclose`` to release what the scorer owns.
+
+    Example:
+        >>> class Short(prm_jax.BaseScorer):
+        ...     name = "short"
+        ...     async def evaluate(self, interaction, ctx):
+        ...         return 1.0 if interaction.output_len <= 2 else 0.0
+        ...
+        >>> with prm_jax.BlockingRunner(scorers=[Short(weight=2.0)]) as runner:
+        ...     rewards = runner.score_arrays(np.array([[1, 2, 3, 4], [1, 2, 3, 4]]), np.array([[-1, 0, 0, -1], [-1, 0, 0, 0]]))
+        ...
+        >>> rewards.tolist()
+        [[0.0, 2.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
     """
 
     name: ClassVar[str] = ""
@@ -194,6 +223,18 @@ class BaseTrajectoryScorer(BaseScorer):
     """Scores a whole branch at once: ``evaluate_trajectory`` maps interaction ids to unweighted rewards.
 
     Ids it leaves out get 0.0; an unknown id is a ``ValueError``; a non-mapping is a ``TypeError``.
+
+    Example:
+        >>> class LastTurn(prm_jax.BaseTrajectoryScorer):
+        ...     name = "last_turn"
+        ...     async def evaluate_trajectory(self, interactions, ctx):
+        ...         return {interactions[-1].interaction_id: 1.0}
+        ...
+        >>> with prm_jax.BlockingRunner(scorers=[LastTurn()]) as runner:
+        ...     rewards = runner.score_arrays(np.array([[1, 2, 3, 4, 5]]), np.array([[-1, 0, 0, 1, 1]]))
+        ...
+        >>> rewards.tolist()
+        [[0.0, 0.0, 0.0, 1.0, 1.0]]
     """
 
     unit: ClassVar[Unit] = "trajectory"
@@ -251,6 +292,18 @@ class SyncScorer(BaseScorer):
     Deadlines (``timeout``) start when a worker starts the call, never while it waits for a worker. Past its
     deadline a ``process`` call's worker is ended (and replaced); a ``thread`` call is reported as timed out
     and its result, when the thread finishes, is discarded (a thread cannot be stopped).
+
+    Example:
+        >>> class SmallTokens(prm_jax.SyncScorer):
+        ...     name = "small_tokens"
+        ...     def evaluate(self, interaction, ctx):
+        ...         return float(sum(int(t) < 10 for t in interaction.output_tokens))
+        ...
+        >>> with prm_jax.BlockingRunner(scorers=[SmallTokens(executor="thread", max_workers=2)]) as runner:
+        ...     rewards = runner.score_arrays(np.array([[1, 2, 30]]), np.array([[-1, 0, 0]]))
+        ...
+        >>> rewards.tolist()
+        [[0.0, 1.0, 1.0]]
     """
 
     executor: ExecutorKind = "thread"
@@ -317,7 +370,20 @@ class SyncScorer(BaseScorer):
 
 class SyncTrajectoryScorer(SyncScorer):
     """``SyncScorer`` for whole branches: a plain ``evaluate_trajectory(interactions, ctx)`` returns a
-    mapping of interaction id to unweighted reward (as ``BaseTrajectoryScorer``'s)."""
+    mapping of interaction id to unweighted reward (as ``BaseTrajectoryScorer``'s).
+
+    Example:
+        >>> class TurnIndex(prm_jax.SyncTrajectoryScorer):
+        ...     name = "turn_index"
+        ...     def evaluate_trajectory(self, interactions, ctx):
+        ...         return {turn.interaction_id: float(k) for k, turn in enumerate(interactions)}
+        ...
+        >>> with prm_jax.BlockingRunner(scorers=[TurnIndex(executor="thread")]) as runner:
+        ...     rewards = runner.score_arrays(np.array([[1, 2, 3, 4, 5]]), np.array([[-1, 0, 0, 1, 1]]))
+        ...
+        >>> rewards.tolist()
+        [[0.0, 0.0, 0.0, 1.0, 1.0]]
+    """
 
     unit: ClassVar[Unit] = "trajectory"
 
@@ -345,6 +411,19 @@ class BatchScorer(BaseScorer):
     call fails exactly the branches with an item in it. ``pads = True`` (a class attribute) says the scorer
     pads its items to the longest: the runner then sorts a batch's items by length (results come back in
     the original order). ``max_concurrency`` bounds the batch calls in flight.
+
+    Example:
+        >>> class Lengths(prm_jax.BatchScorer):
+        ...     name = "lengths"
+        ...     async def evaluate_batch(self, items):
+        ...         return [float(turn.output_len) for turn, ctx in items]
+        ...
+        >>> with prm_jax.BlockingRunner(scorers=[Lengths(max_batch_size=64)]) as runner:
+        ...     rewards = runner.score_arrays(np.array([[1, 2, 3], [1, 2, 2]]), np.array([[-1, 0, 0], [-1, -1, 0]]))
+        ...     calls = runner.scorer_stats()["lengths"]["calls"]
+        ...
+        >>> rewards.tolist(), calls
+        ([[0.0, 2.0, 2.0], [0.0, 0.0, 1.0]], 1)
     """
 
     executor: ExecutorKind = "batch"
@@ -377,7 +456,20 @@ class BatchScorer(BaseScorer):
 
 class BatchTrajectoryScorer(BatchScorer):
     """``BatchScorer`` for whole branches: ``evaluate_batch(items)`` gets ``(interactions, ctx)`` pairs, one
-    per branch (root first), and returns one mapping of interaction id to unweighted reward per item."""
+    per branch (root first), and returns one mapping of interaction id to unweighted reward per item.
+
+    Example:
+        >>> class Turns(prm_jax.BatchTrajectoryScorer):
+        ...     name = "turns"
+        ...     async def evaluate_batch(self, items):
+        ...         return [{turn.interaction_id: float(len(turns)) for turn in turns} for turns, ctx in items]
+        ...
+        >>> with prm_jax.BlockingRunner(scorers=[Turns()]) as runner:
+        ...     rewards = runner.score_arrays(np.array([[1, 2, 3, 4], [1, 2, 3, 4]]), np.array([[-1, 0, 1, 1], [-1, 0, 0, 0]]))
+        ...
+        >>> rewards.tolist()
+        [[0.0, 2.0, 2.0, 2.0], [0.0, 1.0, 1.0, 1.0]]
+    """
 
     unit: ClassVar[Unit] = "trajectory"
 

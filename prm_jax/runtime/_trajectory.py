@@ -266,6 +266,11 @@ class Interaction:
 
     ``input_tokens``/``output_tokens`` are token ids; an interaction without them is message-only and
     cannot be scored. ``token_rewards`` is float32 ``[output_len]``; ``reward`` the optional outcome.
+
+    Example:
+        >>> turn = prm_jax.Interaction("t0", [1, 2], [3, 4, 5], reward=1.0)
+        >>> turn.output_len, turn.input_tokens.tolist(), turn.reward
+        (3, [1, 2], 1.0)
     """
 
     interaction_id: str
@@ -550,7 +555,16 @@ def _on_positions(chain: Sequence[Interaction], spans: list[tuple[int, int]], na
 
 
 class InteractionCache:
-    """A session: interactions by id, linked into a tree by ``parent_id``."""
+    """A session: interactions by id, linked into a tree by ``parent_id``.
+
+    Example:
+        >>> cache = prm_jax.InteractionCache([
+        ...     prm_jax.Interaction("t0", [1], [2, 3]),
+        ...     prm_jax.Interaction("t1", [1, 2, 3, 7], [8], parent_id="t0", reward=1.0)])
+        >>> branch = cache.to_sequence("t1")               # the leaf's branch: the turns from its root
+        >>> cache.leaves(), branch.interaction_ids, branch.input_ids.tolist()
+        (['t1'], ('t0', 't1'), [1, 2, 3, 7, 8])
+    """
 
     def __init__(self, interactions: Iterable[Interaction] = ()):
         self._items: dict[str, Interaction] = {}

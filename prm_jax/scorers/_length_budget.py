@@ -14,6 +14,15 @@ class LengthBudgetScorer(BaseScorer):
     """``1.0`` for a turn with at most ``max_output_tokens`` output tokens, else ``0.0``.
 
     Also reports the boolean turn observation ``within_budget`` (aggregated as count and rate).
+
+    Example:
+        >>> scorer = prm_jax.scorers.LengthBudgetScorer(max_output_tokens=3)
+        >>> with prm_jax.BlockingRunner(scorers=[scorer]) as runner:
+        ...     rewards = runner.score_arrays(np.array([[1, 2, 3, 0, 0], [1, 2, 3, 4, 5]]),
+        ...                                   np.array([[-1, 0, 0, -1, -1], [-1, 0, 0, 0, 0]]))
+        ...
+        >>> rewards.tolist()
+        [[0.0, 1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]]
     """
 
     name = "length_budget"

@@ -65,7 +65,15 @@ def gold_text(answer: str) -> str:
 
 class MathVerifyScorer(SyncTrajectoryScorer):
     """Checks each branch's final answer (or every turn's) against ``ctx["metadata"][answer_key]`` with
-    math-verify (see the module docstring)."""
+    math-verify (see the module docstring).
+
+    Example:
+        >>> scorer = prm_jax.scorers.MathVerifyScorer(scope="last_turn")
+        >>> turn = prm_jax.Interaction("t0", [1], [2], output_messages=[
+        ...     {"role": "assistant", "content": "So the answer is \\\\boxed{\\\\frac{1}{2}}."}])
+        >>> scorer.evaluate_trajectory([turn], {"metadata": {"answer": "0.5"}})
+        {'t0': 1.0}
+    """
 
     name = "math_verify"
     executor = "process"

@@ -97,7 +97,14 @@ def render_messages(messages: Sequence[Mapping[str, Any]]) -> str:
 
 
 class OpenAIJudgeScorer(ServedScorer, BaseScorer):
-    """Scores each turn with an LLM judge on an OpenAI-compatible server (see the module docstring)."""
+    """Scores each turn with an LLM judge on an OpenAI-compatible server (see the module docstring).
+
+    Example:
+        >>> judge = prm_jax.scorers.OpenAIJudgeScorer(base_url="http://127.0.0.1:8000/v1", model="Qwen/Qwen2.5-7B-Instruct",
+        ...                                           max_concurrency=8, max_requests_per_second=50)
+        >>> judge.name
+        'openai_judge'
+    """
 
     name = "openai_judge"
 

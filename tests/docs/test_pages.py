@@ -1,0 +1,64 @@
+"""Issue 46.3: the built site's API pages, read as HTML (no browser). Run by ``python3 dev.py docs`` after the
+build: every public callable's page lists its parameters and what it returns, and no table on the site has an
+empty description cell (alabaster's site had 326)."""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = ROOT / "docs" / "_build" / "html"
+sys.path.insert(0, str(ROOT / "docs"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built_site():
+    if not (SITE / "index.html").exists():
+        pytest.fail("build the site first: python3 dev.py docs")
+
+
+def public_callables():
+    import conf
+
+    for namespace, names in conf.public_names().items():
+        module = importlib.import_module(f"prm_jax.{namespace}")
+        for name in names:
+            value = getattr(module, name)
+            if not callable(value) or (inspect.isclass(value) and issubclass(value, enum.Enum)):
+                continue  # (an enumeration's members are its values, not a call's parameters)
+            try:
+                parameters = [p for p in inspect.signature(value).parameters.values()
+                              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            except (TypeError, ValueError):
+                continue
+            yield f"prm_jax.{namespace}.{name}", value, parameters
+
+
+def test_every_public_callables_page_lists_its_parameters_and_what_it_returns():
+    missing = []
+    for path, value, parameters in public_callables():
+        page = (SITE / "api" / "_generated" / f"{path}.html").read_text()
+        article = page[page.index("<article"):page.index("</article>")]
+        if parameters and "Parameters" not in article:
+            missing.append(f"{path}: no parameter list")
+        returns = not inspect.isclass(value) and inspect.signature(value).return_annotation is not inspect.Signature.empty
+        if returns and not re.search(r"Return type|Returns", article):
+            missing.append(f"{path}: no return type")
+    assert missing == []
+
+
+def test_no_table_on_the_site_has_an_empty_description_cell():
+    empty = []
+    for page in SITE.rglob("*.html"):
+        for row in re.findall(r"<tr[^>]*>(.*?)</tr>", page.read_text(), re.S):
+            cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+            if any(not re.sub(r"<[^>]+>|\s|&#160;|¶", "", cell) for cell in cells):
+                empty.append(f"{page.relative_to(SITE)}: {re.sub(r'<[^>]+>', '', cells[0]).strip()[:60]}")
+    assert empty == []

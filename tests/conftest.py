@@ -22,6 +22,7 @@ RAY_SUITE = bool(os.environ.get("PRM_JAX_RAY_SUITE"))
 # them, a CI step of their own;
 # ``python3 dev.py test`` runs the rest (``-m "not e2e"``); plain ``pytest`` runs both.
 E2E_FILES = ("app/test_cli.py", "app/test_cli_credit.py", "app/test_cli_faults.py", "app/test_cli_input.py",
+             "app/test_first_hour_outputs.py",
              "app/test_doctor.py", "app/test_host_path.py", "app/test_outputs.py", "app/test_serving_cli.py",
              "native/test_native.py", "ray/test_ray_cluster.py", "test_benchmarks.py", "test_example.py",
              "test_multidevice.py")

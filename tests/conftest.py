@@ -24,8 +24,8 @@ RAY_SUITE = bool(os.environ.get("PRM_JAX_RAY_SUITE"))
 E2E_FILES = ("app/test_cli.py", "app/test_cli_credit.py", "app/test_cli_faults.py", "app/test_cli_input.py",
              "app/test_first_hour_outputs.py",
              "app/test_doctor.py", "app/test_host_path.py", "app/test_outputs.py", "app/test_serving_cli.py",
-             "native/test_native.py", "ray/test_ray_cluster.py", "test_benchmarks.py", "test_example.py",
-             "test_multidevice.py")
+             "native/test_native.py", "ray/test_ray_cluster.py", "runtime/test_worker_footprint.py",
+             "test_benchmarks.py", "test_example.py", "test_multidevice.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -237,7 +237,7 @@ def bench_math_verify_on_ray(n: int, repeats: int) -> None:
     contexts = [{"metadata": m} for m in metadata]
 
     from prm_jax.runtime._ray_pool import _CLUSTER
-    from prm_jax.runtime._ray_watchdog import cluster_processes
+    from prm_jax.runtime._ray_watchdog import cluster_processes, proc_stat
 
     ticks = os.sysconf("SC_CLK_TCK")
 
@@ -245,12 +245,9 @@ def bench_math_verify_on_ray(n: int, repeats: int) -> None:
         """The CPU seconds (user + system) the processes ``pids`` have used so far."""
         total = 0
         for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])
-            except (OSError, ValueError, IndexError):
-                pass
+            fields = proc_stat(pid)
+            if fields is not None:
+                total += int(fields[11]) + int(fields[12])  # utime, stime
         return total / ticks
 
     def ray_own() -> list[int]:

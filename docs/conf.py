@@ -230,15 +230,15 @@ def public_index() -> dict[str, str]:
     """Each public name by the ways a guide writes it (``compute_advantages``, ``kernels.compute_advantages``,
     ``prm_jax.kernels.compute_advantages``, with or without ``()``) -> its documented path; a short name two
     namespaces share is left out (ambiguous). ``prm_jax``'s own re-exports point to their namespace."""
-    full, short_count = {}, {}
-    for ns, names in public_names().items():
+    full, short_count, public = {}, {}, public_names()
+    for ns, names in public.items():
         for name in names:
             path = f"prm_jax.{ns}.{name}"
             full[path] = path
             full[f"{ns}.{name}"] = path
             short_count[name] = short_count.get(name, 0) + 1
             full.setdefault(f"prm_jax.{name}", path)
-    for ns, names in public_names().items():
+    for ns, names in public.items():
         for name in names:
             if short_count[name] == 1:
                 full.setdefault(name, f"prm_jax.{ns}.{name}")
@@ -312,7 +312,7 @@ def setup(app) -> None:
 
     def remember(app) -> None:
         app.env.prm_public_index = public_index()
-        app.env.prm_public_paths = set(public_index().values())
+        app.env.prm_public_paths = set(app.env.prm_public_index.values())
 
     app.connect("builder-inited", remember)
     app.connect("doctree-read", link_names)

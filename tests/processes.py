@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 
+from prm_jax.runtime._ray_watchdog import proc_stat
+
 
 def stat(pid: int) -> tuple[str | None, int | None]:
     """A process's state letter and parent pid, or ``(None, None)`` where it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as status:
-            fields = status.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[1])
-    except (OSError, ValueError, IndexError):
-        return None, None
+    fields = proc_stat(pid)
+    return (fields[0], int(fields[1])) if fields else (None, None)
 
 
 def descendants(root: int) -> set[int]:

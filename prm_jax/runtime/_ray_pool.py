@@ -37,7 +37,7 @@ from prm_jax.runtime._executors import describe, starting
 from prm_jax.runtime._process_pool import WorkerPool, _Call, _Unusable
 from prm_jax.runtime._ray_watchdog import VARIABLE as OWNER_VARIABLE
 from prm_jax.runtime._ray_watchdog import cluster_processes, end_cluster
-from prm_jax.runtime._scoring import DEFAULT_PLACEMENT_TIMEOUT_S, BaseScorer
+from prm_jax.runtime._scoring import DEFAULT_PLACEMENT_TIMEOUT_S, BaseScorer, usable_cores
 from prm_jax.runtime._worker import _GAVE_UP, ScorerActor
 
 SHUTDOWN_S = 10.0  # the most a close waits for Ray to disconnect (and stop the local cluster it started)
@@ -70,7 +70,7 @@ class _Connection:
             if self.users == 0 and not ray.is_initialized():
                 address = address or os.environ.get("RAY_ADDRESS") or None
                 if address:
-                    ray.init(address=address, ignore_reinit_error=False)
+                    ray.init(address=address)
                     self.ours, self.address = "joined", address
                 else:
                     self._start_local(ray)
@@ -84,10 +84,9 @@ class _Connection:
     def _start_local(self, ray: Any) -> None:
         self.temp_dir = tempfile.mkdtemp(prefix="prm-jax-ray-")
         self.marker = uuid.uuid4().hex
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         os.environ[OWNER_VARIABLE] = self.marker  # inherited by every process the cluster starts
         try:
-            ray.init(address="local", num_cpus=cores, include_dashboard=False, _temp_dir=self.temp_dir,
+            ray.init(address="local", num_cpus=usable_cores(), include_dashboard=False, _temp_dir=self.temp_dir,
                      _node_ip_address="127.0.0.1")
         except BaseException:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
@@ -172,7 +171,7 @@ class RayExecutor(WorkerPool):
             raise _Unusable(f"its Ray actors ask for {asked} each, more than the cluster has in all "
                             f"({_resources(total)}): lower num_cpus or actor_options, or add nodes")
         if getattr(self.scorer, "max_workers", None) is None:
-            self.workers = max(1, int(total.get("CPU", 1.0) // self.num_cpus)) if self.num_cpus else 1
+            self.workers = max(1, int(total.get("CPU", 1.0) // self.num_cpus))  # (num_cpus > 0: validated)
         self._remote = ray.remote(ScorerActor).options(
             num_cpus=self.num_cpus, max_restarts=0, max_task_retries=0, **self.actor_options)
 
@@ -240,7 +239,7 @@ class RayExecutor(WorkerPool):
         except Exception as err:  # an argument that does not serialize fails this chunk's calls
             for call in sent:
                 call.future.set_exception(TypeError(
-                    f"scorer {self.scorer.name!r} on {_on(call)}: its arguments could not be sent to its Ray "
+                    f"scorer {self.scorer.name!r} on {describe(call.on)}: its arguments could not be sent to its Ray "
                     f"actor: {err!r}"))
             return calls[len(sent):], True
         for k, call in enumerate(sent):
@@ -249,7 +248,7 @@ class RayExecutor(WorkerPool):
             if not ready:
                 self._suspects.discard(id(call))
                 call.future.set_exception(TimeoutError(
-                    f"scorer {self.scorer.name!r} on {_on(call)} took longer than its timeout of {self.timeout} s "
+                    f"scorer {self.scorer.name!r} on {describe(call.on)} took longer than its timeout of {self.timeout} s "
                     "in its Ray actor (the actor was killed and replaced)"))
                 return calls[k + 1:], False
             try:
@@ -259,7 +258,7 @@ class RayExecutor(WorkerPool):
                 if alone or len(lost) == 1 or self.closed:
                     self._suspects.discard(id(call))
                     call.future.set_exception(RuntimeError(
-                        f"scorer {self.scorer.name!r} on {_on(call)}: its Ray actor died after "
+                        f"scorer {self.scorer.name!r} on {describe(call.on)}: its Ray actor died after "
                         f"{time.monotonic() - started:.3f} s in this call: {_cause(err)}"))
                     return calls[k + 1:], False
                 self._suspects.update(id(c) for c in lost)  # which of them killed it is not known: one at a time
@@ -281,10 +280,6 @@ class RayExecutor(WorkerPool):
             self._connected = False
             with anyio.move_on_after(SHUTDOWN_S):
                 await anyio.to_thread.run_sync(_CLUSTER.release, abandon_on_cancel=True)
-
-
-def _on(call: _Call) -> str:
-    return describe(call.on)
 
 
 def _cause(err: BaseException) -> str:

@@ -14,11 +14,12 @@ spared. Linux (``/proc``); elsewhere it only waits.
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import signal
 import sys
 import time
+
+from prm_jax.runtime._worker import wait_for_exit
 
 VARIABLE = "PRM_JAX_RAY_OWNER"  # in the environment of every process of a local cluster prm-jax starts
 FOLLOW_S = 0.5  # how often the watchdog refreshes its view of the cluster's processes while the driver lives
@@ -28,14 +29,20 @@ SWEEP_GAP_S = 0.2
 Process = tuple[int, str]  # (pid, its start time in clock ticks since boot: /proc/pid/stat's 22nd field)
 
 
-def _stat(pid: int) -> tuple[int, str] | None:
-    """Its parent pid and start time, or None where it is gone."""
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (the state first, then the parent pid, ...;
+    ``proc(5)``'s fields 3 on), or None where the process is gone (or off Linux)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return int(fields[1]), fields[19]
-    except (OSError, ValueError, IndexError):
+            return stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """Its parent pid and start time, or None where it is gone."""
+    fields = proc_stat(pid)
+    return None if fields is None or len(fields) < 20 else (int(fields[1]), fields[19])
 
 
 def cluster_processes(marker: str, exclude: set[int]) -> set[Process]:
@@ -90,31 +97,11 @@ def end_cluster(marker: str, exclude: set[int], known: set[Process] | None = Non
 
 
 def follow_until_exit(driver: int, marker: str) -> set[Process]:
-    """Blocks until process ``driver`` has exited; returns the cluster's processes last seen before that."""
+    """Blocks until process ``driver`` has exited; returns the cluster's processes seen until then."""
     known: set[Process] = set()
-    pidfd = None
-    try:
-        pidfd = os.pidfd_open(driver)
-    except ProcessLookupError:
-        return known
-    except (AttributeError, OSError):
-        pidfd = None
-    while True:
-        seen = cluster_processes(marker, {driver, os.getpid()})
-        if pidfd is not None:
-            exited = bool(select.select([pidfd], [], [], FOLLOW_S)[0])
-        else:
-            time.sleep(FOLLOW_S)
-            try:
-                os.kill(driver, 0)
-                exited = False
-            except ProcessLookupError:
-                exited = True
-            except PermissionError:
-                exited = False
-        known |= seen
-        if exited:
-            return known
+    wait_for_exit(driver, lambda: None, each=lambda: known.update(cluster_processes(marker, {driver, os.getpid()})),
+                  every=FOLLOW_S)
+    return known
 
 
 def main(argv: list[str]) -> int:

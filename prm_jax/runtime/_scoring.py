@@ -265,13 +265,18 @@ def _require_sync(cls: type, method: str, async_base: str) -> None:
                         f"prm_jax.runtime.{async_base} for async code, or make it a plain 'def'")
 
 
+def usable_cores() -> int:
+    """The cores this process may use (its CPU affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_workers(executor: str) -> int | None:
     """Workers of a synchronous scorer by default: the cores this process may use for ``process``
     (CPU-bound work), as many threads as Python's ``ThreadPoolExecutor`` would start for ``thread``, and for
     ``ray`` None (the executor starts as many actors as the cluster's CPUs hold at ``num_cpus`` each)."""
     if executor == "ray":
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     return cores if executor == "process" else min(32, cores + 4)
 
 
@@ -333,8 +338,7 @@ class SyncScorer(BaseScorer):
             one_of("executor", executor, SYNC_EXECUTORS)
         if max_workers is not None:
             integer("max_workers", max_workers, minimum=1)
-        given = {"ray_address": ray_address, "num_cpus": num_cpus, "actor_options": actor_options,
-                 "placement_timeout": placement_timeout}
+        given = dict(zip(RAY_SETTINGS, (ray_address, num_cpus, actor_options, placement_timeout), strict=True))
         kind = executor or cls.executor
         stray = [key for key, value in given.items() if value is not None]
         if stray and kind != "ray":

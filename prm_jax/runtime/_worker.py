@@ -61,30 +61,33 @@ def _exit_with(parent_pid: int) -> None:
                      daemon=True).start()
 
 
-def wait_for_exit(pid: int, then: Callable[[], object]) -> None:
-    """Blocks until process ``pid`` has exited, then calls ``then``: a pidfd on Linux (>= 5.3), a poll of the
-    pid every ``PARENT_POLL_S`` elsewhere."""
-    pidfd = None
+def wait_for_exit(pid: int, then: Callable[[], object], each: Callable[[], object] | None = None,
+                  every: float = PARENT_POLL_S) -> None:
+    """Blocks until process ``pid`` has exited, then calls ``then``; meanwhile calls ``each`` (when given) at
+    once and every ``every`` seconds. A pidfd on Linux (>= 5.3), a poll of the pid every ``every`` seconds
+    elsewhere."""
     try:
-        pidfd = os.pidfd_open(pid)
+        pidfd: int | None = os.pidfd_open(pid)
     except ProcessLookupError:
         then()  # already gone
         return
     except (AttributeError, OSError):
         pidfd = None
-    if pidfd is not None:
-        select.select([pidfd], [], [])
-        then()
-        return
     while True:
-        time.sleep(PARENT_POLL_S)
+        if each is not None:
+            each()
+        if pidfd is not None:
+            if select.select([pidfd], [], [], None if each is None else every)[0]:
+                break
+            continue
+        time.sleep(every)
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            then()
-            return
+            break
         except PermissionError:  # alive (another user's pid would say so too: reuse is rare)
             pass
+    then()
 
 
 def _worker_main(conn: Any, blob: bytes, parent_pid: int | None = None) -> None:

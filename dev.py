@@ -16,6 +16,9 @@
   python3 dev.py docs    build the documentation site into docs/_build/html (in .venv-docs; any warning, a
                          broken link or an undocumented public name fails it), run its doctests, and check
                          it in headless browsers at 1,280 px (layout, maths, search; screenshots)
+  python3 dev.py gpu     prepare the device check (benchmarks/gpu_check.sh): msgspec's wheels into .gpu-wheels/
+                         (the device's image lacks it: carry that folder), then dry-run the check on the CPU in
+                         .venv-gpu, which holds what the image holds (not prm-jax's own dependencies)
   python3 dev.py bench   create .venv, install, run the CPU benchmarks
 
 Extra arguments are passed on (to pytest for ``test``).
@@ -35,6 +38,12 @@ FLOOR_VENV = ROOT / ".venv-floor"
 TUNIX_VENV = ROOT / ".venv-tunix"  # tunix pulls ~1.8 GB: kept out of the main test environment
 DOCS_VENV = ROOT / ".venv-docs"  # sphinx and myst-parser, kept out of the test environment
 RAY_VENV = ROOT / ".venv-ray"  # Ray (~250 MB), kept out of the test environment
+# The device machine's image (the device tool's README): what .venv-gpu holds for the check's dry run. Not
+# msgspec: the check brings its wheel, from GPU_WHEELS, for each CPython the image might have.
+GPU_VENV = ROOT / ".venv-gpu"
+GPU_IMAGE = ("jax", "chex", "flax", "optax", "anyio", "pyyaml", "pytest", "hypothesis")
+GPU_WHEELS = ROOT / ".gpu-wheels"
+GPU_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
 # The ray executor's tests (python3 dev.py ray): its own tests, then the executor tests every executor passes,
 # on Ray too; each run in a private network namespace (Ray binds every interface).
 RAY_TESTS = (["tests/ray", "-m", "not e2e"], ["tests/runtime/test_executor_conformance.py", "-k", "ray"],
@@ -101,8 +110,31 @@ def _in_private_network(argv: list[str]) -> int:
         return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 
+def _gpu_dry_run(rest: list[str]) -> int:
+    """``dev.py gpu``: msgspec's wheels for the device (its image has no network), then the device check on the
+    CPU with tiny shapes in an environment like the image's."""
+    python = _python(GPU_VENV)
+    stamp = GPU_VENV / ".installed-image"
+    if not stamp.exists():
+        print(f"dev.py: creating {GPU_VENV.name} with the device image's packages ...", flush=True)
+        venv.EnvBuilder(with_pip=True).create(GPU_VENV)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *GPU_IMAGE],
+                       check=True)
+        stamp.touch()
+    for version in GPU_PYTHONS:
+        tag = "cp" + version.replace(".", "")
+        if not list(GPU_WHEELS.glob(f"msgspec-*-{tag}-*.whl")):
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                            "--only-binary=:all:", "--no-deps", "--python-version", version, "--platform",
+                            "manylinux_2_17_x86_64", "--dest", str(GPU_WHEELS), "msgspec>=0.18"], check=True)
+    env = dict(os.environ, DRY_RUN="1", JAX_PLATFORMS="cpu", PYTHON=str(python),
+               OUT=os.environ.get("OUT", str(ROOT / "gpu_out" / "dry_run")))
+    return subprocess.run(["bash", "benchmarks/gpu_check.sh", *rest], cwd=ROOT, env=env).returncode
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "e2e", "lint", "floor", "tunix", "ray", "wheel", "docs", "bench"):
+    if not argv or argv[0] not in ("demo", "test", "e2e", "lint", "floor", "tunix", "ray", "wheel", "docs", "gpu",
+                                   "bench"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -138,6 +170,8 @@ def main(argv: list[str]) -> int:
             if code:
                 return code
         return 0
+    if command == "gpu":
+        return _gpu_dry_run(rest)
     python = _ensure_env("test,example")
     if command in ("test", "e2e"):
         marks = "not e2e" if command == "test" else "e2e"  # tests/conftest.py's E2E_FILES

@@ -471,7 +471,14 @@ def wall_times(repeats: int, *fns: Callable[[], Any]) -> list[list[float]]:
     return out
 
 
-def bench_model(n: int, repeats: int) -> None:
+def bench_model(n: int, repeats: int, chunks: tuple[int, ...] = (64,)) -> None:
+    """4. ``ModelScorer`` through ``score_arrays`` against the hand-batched loop, at each chunk size of ``chunks``
+    (``max_batch_size``: rows per model call, and the hand loop's chunk)."""
+    for chunk in chunks:
+        bench_model_chunk(n, repeats, chunk)
+
+
+def bench_model_chunk(n: int, repeats: int, chunk: int) -> None:
     branches = sessions(n)
     width = 512
     tokens = np.zeros((n, width), np.int64)
@@ -484,27 +491,28 @@ def bench_model(n: int, repeats: int) -> None:
         attention[b, :row.size] = 1
         for k, turn in enumerate(chain):
             turn_ids[b, len(turn.input_tokens):len(turn.input_tokens) + turn.output_len] = k
-    scorer = ModelScorer(fn=jax_prm, max_batch_size=64, bucket=128)
+    scorer = ModelScorer(fn=jax_prm, max_batch_size=chunk, bucket=128)
     runner = PRMRunner(scorers=(scorer,))
     TRACES[0] = 0
     score = functools.partial(score_arrays, runner, tokens, turn_ids, attention_mask=attention)
     out = anyio.run(score)  # compiles
     compiles = TRACES[0]
-    used = {-(-int(attention[b:b + 64].sum(axis=1).max()) // 128) * 128 for b in range(0, n, 64)}
+    used = {-(-int(attention[b:b + chunk].sum(axis=1).max()) // 128) * 128 for b in range(0, n, chunk)}
     jitted = jax.jit(jax_prm)
     padded = max(used)
 
     def hand_loop() -> np.ndarray:
         result = np.zeros((n, width), np.float32)
-        for b in range(0, n, 64):
-            ids = np.zeros((64, padded), np.int32)
-            mask = np.zeros((64, padded), np.int32)
-            turns = np.full((64, padded), -1, np.int32)
-            ids[:, :] = tokens[b:b + 64, :padded]
-            mask[:, :] = attention[b:b + 64, :padded]
-            turns[:, :] = turn_ids[b:b + 64, :padded]
-            scores = np.asarray(jax.device_get(jitted(ids, mask, turns)))
-            result[b:b + 64, :padded] = np.where(turns >= 0, scores, 0.0)
+        for b in range(0, n, chunk):
+            ids = np.zeros((chunk, padded), np.int32)
+            mask = np.zeros((chunk, padded), np.int32)
+            turns = np.full((chunk, padded), -1, np.int32)
+            rows = min(chunk, n - b)
+            ids[:rows] = tokens[b:b + chunk, :padded]
+            mask[:rows] = attention[b:b + chunk, :padded]
+            turns[:rows] = turn_ids[b:b + chunk, :padded]
+            scores = np.asarray(jax.device_get(jitted(ids, mask, turns)))[:rows]
+            result[b:b + chunk, :padded] = np.where(turns[:rows] >= 0, scores, 0.0)
         return result
 
     hand_loop()  # compiles
@@ -516,7 +524,8 @@ def bench_model(n: int, repeats: int) -> None:
             prefix = np.concatenate([turn.input_tokens, turn.output_tokens]).astype(np.int32)[None]
             alone = np.asarray(jax_prm(prefix, np.ones_like(prefix), np.zeros_like(prefix)))[0, -turn.output_len:]
             worst = max(worst, float(np.abs(out[b, turn_ids[b] == k] - alone).max()))
-    print(f"\n4. JAX PRM: {n} rows x {TURNS} turns, {int(attention.sum())} tokens; ModelScorer through score_arrays")
+    print(f"\n4. JAX PRM: {n} rows x {TURNS} turns, {int(attention.sum())} tokens; ModelScorer through score_arrays, "
+          f"chunks of {chunk} rows: {n / median(walls):,.0f} rows/s against the hand loop's {n / median(hand):,.0f}")
     print(f"   wall {median(walls) * 1e3:.1f} ms = {median(walls) / median(hand):.2f}x the hand-batched loop "
           f"({median(hand) * 1e3:.1f} ms; runs: {', '.join(f'{w / median(hand):.2f}' for w in walls)}); compiles "
           f"{compiles} for {len(used)} bucket(s) used; {scorer.forwards // (repeats + 1)} forwards a batch; max |diff| "
@@ -649,12 +658,14 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=None, help="workload numbers to run (default: all)")
+    parser.add_argument("--chunks", default="64", help="4: ModelScorer's max_batch_size (and the hand loop's "
+                        "chunk), comma-separated: one run each (e.g. 8,64,256)")
     args = parser.parse_args()
     print(f"bench_scorers: {args.sessions} sessions x {TURNS} turns, {CORES} cores, jax {jax.__version__}, "
           f"Python {sys.version.split()[0]}; medians of {args.repeats}")
     runs = {"1": bench_verifier, "1m": bench_math_verify, "1r": bench_math_verify_on_ray, "2": bench_judge,
             "3": bench_pooling, "3t": bench_teacher,
-            "4": bench_model,
+            "4": functools.partial(bench_model, chunks=tuple(int(c) for c in args.chunks.split(","))),
             "4b": bench_model_lengths, "5": bench_batching}
     for key, fn in runs.items():
         if args.only is None or key in args.only:

@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""The README's jitted train step, with and without `compute_advantages` inside, and its host callbacks.
+"""A jitted train step with and without `compute_advantages` and a policy loss inside, and its host round trips.
 
   python benchmarks/bench_train_step.py [--rows 64] [--width 2048] [--vocab 256] [--repeats 20]
                                         [--check-values off|counts|callback] [--losses]
 
-Prints the median step time with the call, without it (the same step on advantages computed once outside),
-the call's share, and the number of host callbacks in the compiled step (each is a device-to-host round
-trip per step). `--check-values`: `off` compiles the value checks out (`check_values=False`, the default
+Prints the median step time of three forms of one PPO update (a softmax policy's log-probs, the clipped
+surrogate, its gradient, an SGD step), interleaved in one run: `compute_advantages` and
+`prm_jax.losses.ppo_clip_loss` inside the step; the library's loss on advantages computed once outside;
+neither (those advantages and the clipped surrogate written by hand in four lines). Then each one's share,
+the compile time, and the host round trips in the compiled step: host callbacks (a custom call whose target
+names a callback) and send/recv/infeed/outfeed in its optimized HLO, each a device-to-host round trip per
+step. `--check-values`: `off` compiles the value checks out (`check_values=False`, the default
 here), `counts` returns them as counts (`check_values=True`, the library's default: no callback),
-`callback` raises from a host callback (`check_values="callback"`).
+`callback` raises from a host callback (`check_values="callback"`). The exit status is 1 when a step
+compiled with `off` or `counts` has a host round trip.
 
 `--losses` times instead each policy loss of `prm_jax.losses` (every `policy_loss` mode, verl's names, and
 TRL's `gspo_sequence_loss`) beside `ppo_clip_loss`: the jitted loss and its gradient with respect to the
@@ -20,6 +25,8 @@ all tokens), measured alike.
 from __future__ import annotations
 
 import argparse
+import collections
+import re
 import time
 
 import jax
@@ -98,32 +105,50 @@ def main() -> None:
         taken = jnp.take_along_axis(logp, input_ids[:, 1:, None], axis=-1)[..., 0]
         return jnp.pad(taken, ((0, 0), (0, 1)))
 
-    def update(params, batch, adv):
-        def loss_fn(p):
-            ratio = jnp.exp(policy_logprobs(p, batch["input_ids"]) - adv.logprobs)
-            clipped = jnp.clip(ratio, 0.8, 1.2)
-            per_token = -jnp.minimum(ratio * adv.advantages, clipped * adv.advantages)
-            return (per_token * adv.loss_mask).sum() / jnp.maximum(adv.loss_mask.sum(), 1.0)
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        return params - 0.1 * grads, loss
+    def hand_loss(logprobs, adv):  # the clipped surrogate as a user writes it (the "neither" form)
+        ratio = jnp.exp(logprobs - adv.logprobs)
+        clipped = jnp.clip(ratio, 0.8, 1.2)
+        per_token = -jnp.minimum(ratio * adv.advantages, clipped * adv.advantages)
+        return (per_token * adv.loss_mask).sum() / jnp.maximum(adv.loss_mask.sum(), 1.0)
 
-    with_call = jax.jit(lambda p, b: update(p, b, prm_jax.compute_advantages(b, config)))
+    def library_loss(logprobs, adv):
+        return prm_jax.losses.ppo_clip_loss(logprobs, adv.logprobs, adv.advantages, adv.loss_mask, eps_clip=0.2)[0]
+
+    def update(params, batch, adv, loss):
+        loss_value, grads = jax.value_and_grad(lambda p: loss(policy_logprobs(p, batch["input_ids"]), adv))(params)
+        return params - 0.1 * grads, loss_value
+
+    def full_step(p, b):
+        return update(p, b, prm_jax.compute_advantages(b, config), library_loss)
+
+    steps = {"compute_advantages + ppo_clip_loss": jax.jit(full_step),
+             "ppo_clip_loss only": jax.jit(lambda p, b, adv: update(p, b, adv, library_loss)),
+             "neither (hand-written loss)": jax.jit(lambda p, b, adv: update(p, b, adv, hand_loss))}
     precomputed = prm_jax.compute_advantages(batch, config)
-    without_call = jax.jit(lambda p, b, adv: update(p, b, adv))
     start = time.perf_counter()
-    with_call.lower(params, batch).compile()
+    compiled = steps["compute_advantages + ppo_clip_loss"].lower(params, batch).compile()
     compile_s = time.perf_counter() - start
-    jaxpr = jax.make_jaxpr(lambda p, b: update(p, b, prm_jax.compute_advantages(b, config)))(params, batch)
-    callbacks = sum(eqn.primitive.name in ("debug_callback", "pure_callback", "io_callback")
-                    for eqn in jaxpr.jaxpr.eqns)
-
-    timed = interleaved_medians({"with": lambda: with_call(params, batch),
-                                 "without": lambda: without_call(params, batch, precomputed)}, args.repeats, inner=1)
-    t_with, t_without = timed["with"], timed["without"]
+    trips = host_round_trips(compiled.as_text())
+    args_of = {"compute_advantages + ppo_clip_loss": (params, batch)}
+    timed = interleaved_medians({name: (lambda step=step, a=args_of.get(name, (params, batch, precomputed)): step(*a))
+                                 for name, step in steps.items()}, args.repeats, inner=1)
+    full, neither = timed["compute_advantages + ppo_clip_loss"], timed["neither (hand-written loss)"]
     print(f"backend={jax.default_backend()} batch {rows}x{width} vocab {args.vocab} check_values={args.check_values}")
-    print(f"train step with compute_advantages: {t_with * 1e3:.3f} ms; without: {t_without * 1e3:.3f} ms; "
-          f"the call's share {(t_with - t_without) / t_with:.1%}; compile {compile_s:.2f} s")
-    print(f"host callbacks in the step: {callbacks}")
+    for name, seconds in timed.items():
+        print(f"train step, {name:<36} {seconds * 1e3:9.3f} ms  {seconds / neither:5.2f}x neither")
+    print(f"the share of compute_advantages and the loss in the step: {(full - neither) / full:.1%} (compute_advantages "
+          f"{(full - timed['ppo_clip_loss only']) / full:.1%}); compile {compile_s:.2f} s")
+    print(f"host round trips in the compiled step: {sum(trips.values())} {dict(trips) or ''}".rstrip())
+    if trips and args.check_values != "callback":  # only the callback form may leave the device
+        raise SystemExit(f"a host round trip inside the step with check_values={args.check_values}: {dict(trips)}")
+
+
+def host_round_trips(hlo: str) -> collections.Counter:
+    """Host round trips in an optimized HLO module's text: custom calls whose target names a callback
+    (``jax.debug.callback``, ``pure_callback``, ``io_callback`` on any backend) and send/recv/infeed/outfeed."""
+    found = collections.Counter(re.findall(r'custom_call_target="([^"]*callback[^"]*)"', hlo))
+    found.update(re.findall(r"= \S+ (send|recv|infeed|outfeed)\(", hlo))
+    return found
 
 
 if __name__ == "__main__":

@@ -9,22 +9,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = {
-    "bench_advantages.py": ["--shapes", "4x64", "--repeats", "1", "--no-loop"],
+    "bench_advantages.py": ["--shapes", "4x64", "--repeats", "1", "--no-loop", "--estimators"],
     "bench_credit.py": ["--rows", "8", "--turns", "2", "--tokens", "16", "--group", "4", "--repeats", "1"],
     "bench_gigpo.py": ["--rows", "8", "--turns", "2", "--width", "32", "--group", "4", "--repeats", "1",
                        "--loop-repeats", "1"],
     "bench_train_step.py": ["--losses", "--rows", "4", "--width", "32", "--repeats", "1"],
+    "bench_train_step.py step": ["--rows", "8", "--width", "32", "--repeats", "1", "--check-values", "counts"],
     "bench_compile.py": ["--repeats", "1"],
+    "profile_gae.py": ["--shape", "4x64"],
     "bench_sum_pi_squared.py": ["--rows", "4", "--vocab", "300", "--chunk", "128", "--repeats", "1"],
     "bench_scorers.py": ["--sessions", "8", "--repeats", "1", "--only", "3t"],  # the distillation teacher
+    "bench_scorers.py model": ["--sessions", "8", "--repeats", "1", "--only", "4", "--chunks", "4,16"],
 }
 # What each prints (the figures' unit, or their name), where not milliseconds.
-SHOWN = {"bench_compile.py": "ratio", "bench_scorers.py": "requests 1"}
+SHOWN = {"bench_compile.py": "ratio", "profile_gae.py": "bytes/elem", "bench_scorers.py": "requests 1",
+         "bench_scorers.py model": "chunks of 16 rows",
+         "bench_train_step.py step": "host round trips in the compiled step: 0\n"}
 
 
-@pytest.mark.parametrize("script", sorted(TOY))
-def test_the_benchmark_runs_at_a_toy_size(script):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *TOY[script]], cwd=ROOT,
+@pytest.mark.parametrize("run", sorted(TOY))
+def test_the_benchmark_runs_at_a_toy_size(run):
+    script = run.split()[0]
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *TOY[run]], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert SHOWN.get(script, "ms") in proc.stdout
+    assert SHOWN.get(run, "ms") in proc.stdout

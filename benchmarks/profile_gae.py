@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""What bounds each GAE method at one shape: XLA's own account of the compiled program, and a profiler trace.
+
+  python benchmarks/profile_gae.py [--shape 8192x2048] [--gamma 0.99] [--lam 0.95] [--trace DIR]
+
+For each GAE method this backend has (``auto`` and the methods it chooses among), from the compiled program:
+the bytes XLA's cost analysis says it accesses (0 for a custom call, which it cannot see into) against the
+least any GAE moves (rewards, values and a bool mask in, two float32 arrays out: 17 bytes an element), its
+flops, the kernels it launches once (fusions and custom calls in the entry computation) and the loops it
+runs (``while`` ops: a sequential scan runs its body once a timestep, each run one or more kernel launches).
+With ``--trace``, five calls of each under ``jax.profiler.trace`` into DIR (TensorBoard's or Perfetto's
+format: the kernels' own times on a GPU). Issue 47 asks for this where the best XLA method is below half the
+copy's bandwidth at 8192x2048 (bench_advantages.py gives the fraction in the same device run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+import jax
+import numpy as np
+from bench_advantages import make_inputs
+
+import prm_jax
+from prm_jax.native import _ffi as native
+
+IDEAL_BYTES = 17  # float32 rewards and values, a bool mask in; float32 advantages and returns out
+
+
+def entry_computation(hlo: str) -> str:
+    """The ENTRY computation's text of an HLO module."""
+    match = re.search(r"^ENTRY .*?^}", hlo, flags=re.M | re.S)
+    return match.group(0) if match else hlo
+
+
+def program_account(compiled: Any, elements: int) -> dict[str, float]:
+    """XLA's cost analysis and the launches of one compiled program."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
+    entry = entry_computation(compiled.as_text())
+    return {"bytes_per_element": float(cost.get("bytes accessed", float("nan"))) / elements,
+            "flops_per_element": float(cost.get("flops", float("nan"))) / elements,
+            "entry_kernels": len(re.findall(r"\s(?:fusion|custom-call)\(", entry)),
+            "loops": len(re.findall(r"\swhile\(", compiled.as_text()))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="8192x2048")
+    parser.add_argument("--gamma", type=float, default=0.99)
+    parser.add_argument("--lam", type=float, default=0.95)
+    parser.add_argument("--trace", help="write a profiler trace of five calls of each method into this folder")
+    args = parser.parse_args()
+    rows, width = (int(n) for n in args.shape.split("x"))
+    _, rewards, values, mask = make_inputs(rows, width)
+    r, v, m = (jax.device_put(x) for x in (rewards, values, mask))
+    unit = args.gamma * args.lam == 1.0
+    methods = ["auto", "scan", "associative", "blocked"] + (["cumsum"] if unit else [])
+    methods += ["native"] if native.available() else []
+    print(f"backend={jax.default_backend()} jax={jax.__version__} shape={args.shape} gamma={args.gamma} lam={args.lam}; "
+          f"the least any GAE moves: {IDEAL_BYTES} bytes an element")
+    print(f"{'method':>12} {'bytes/elem':>11} {'x least':>8} {'flops/elem':>11} {'entry kernels':>14} {'loops':>6}")
+    compiled = {}
+    for method in methods:
+        fn = jax.jit(lambda r, v, m, method=method: prm_jax.kernels.gae(r, v, m, gamma=args.gamma, lam=args.lam,
+                                                                         method=method))
+        compiled[method] = fn.lower(r, v, m).compile()
+        account = program_account(compiled[method], rows * width)
+        print(f"{method:>12} {account['bytes_per_element']:11.1f} {account['bytes_per_element'] / IDEAL_BYTES:8.2f} "
+              f"{account['flops_per_element']:11.1f} {account['entry_kernels']:14d} {account['loops']:6d}")
+    if args.trace:
+        for program in compiled.values():
+            jax.block_until_ready(program(r, v, m))
+        with jax.profiler.trace(args.trace):
+            for method, program in compiled.items():
+                with jax.profiler.TraceAnnotation(f"gae:{method}"):
+                    for _ in range(5):
+                        jax.block_until_ready(program(r, v, m))
+        print(f"trace of five calls of each method: {args.trace}")
+    np.testing.assert_allclose(*(np.asarray(compiled[k](r, v, m)[0]) for k in ("auto", "scan")), rtol=1e-4, atol=1e-4)
+
+
+if __name__ == "__main__":
+    main()

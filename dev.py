@@ -38,10 +38,11 @@ FLOOR_VENV = ROOT / ".venv-floor"
 TUNIX_VENV = ROOT / ".venv-tunix"  # tunix pulls ~1.8 GB: kept out of the main test environment
 DOCS_VENV = ROOT / ".venv-docs"  # sphinx and myst-parser, kept out of the test environment
 RAY_VENV = ROOT / ".venv-ray"  # Ray (~250 MB), kept out of the test environment
-# The device machine's image (the device tool's README): what .venv-gpu holds for the check's dry run. Not
-# msgspec: the check brings its wheel, from GPU_WHEELS, for each CPython the image might have.
+# The device machine's image (the device tool's KINDS.md: Python 3.12, jax 0.11 with CUDA 13, pytest-xdist, no
+# msgspec): what of it .venv-gpu holds for the check's dry run. The check brings msgspec's wheel, from
+# GPU_WHEELS, for the CPython it finds there.
 GPU_VENV = ROOT / ".venv-gpu"
-GPU_IMAGE = ("jax", "chex", "flax", "optax", "anyio", "pyyaml", "pytest", "hypothesis")
+GPU_IMAGE = ("jax", "chex", "flax", "optax", "anyio", "pyyaml", "httpx", "pytest", "pytest-xdist", "hypothesis")
 GPU_WHEELS = ROOT / ".gpu-wheels"
 GPU_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
 # The ray executor's tests (python3 dev.py ray): its own tests, then the executor tests every executor passes,

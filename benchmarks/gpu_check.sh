@@ -130,44 +130,32 @@ if wanted step; then
   done
   step "train step" $code $((SECONDS - t)); grep -v WARNING "$OUT/step.log"
 fi
-# tests: the kernel, pipeline and scorer-array tests on this backend, in SHARDS pytest processes at once (the
-# image has no pytest-xdist; compiling is most of a test's time and runs on the host's cores), each holding
-# a share of the files, the backend-dependent paths first (the GAE methods auto picks here, GiGPO's sort,
-# OTB's scatter, the option matrix, the arrays path and ModelScorer), then every other kernel test while the
-# bound allows; one line per test, so a cut run still says how far it got. CPU-only tests (the native
-# kernel) report their skip reason. A dry run collects every file and runs two.
+# tests: the kernel, pipeline and scorer-array tests on this backend, in WORKERS pytest-xdist processes (the
+# image has pytest-xdist; compiling is most of a test's time and runs on the host's cores), test by test in
+# the order given: the backend-dependent paths first (the GAE methods auto picks here, GiGPO's sort, OTB's
+# scatter, the option matrix, the arrays path and ModelScorer), then every other kernel test while the bound
+# allows; one line per test, so a cut run still says how far it got. CPU-only tests (the native kernel)
+# report their skip reason. A dry run collects every file and runs two.
 if wanted tests; then
   t=$SECONDS
-  matrix=tests/kernels/test_matrix.py cells=test_every_cell_is_refused_or_equals_the_float64_loop
   first=(tests/kernels/test_recurrence.py tests/kernels/test_token_gae.py tests/kernels/test_strategy.py
          tests/kernels/test_gigpo.py tests/kernels/test_otb.py tests/kernels/test_alignment.py
-         tests/runtime/test_arrays.py tests/runtime/test_model_scorer.py tests/test_stage_inputs.py
-         # the option matrix by test, its four batches apart (each compiles its own programs)
-         "$matrix::$cells["{0,1,2,3}"]"
-         $(grep -o '^def test_[a-z0-9_]*' "$matrix" | cut -c5- | grep -v -x "$cells" | sed "s|^|$matrix::|"))
-  rest=$(ls tests/kernels/test_*.py | grep -v -F -x -f <(printf '%s\n' "${first[@]%%::*}"))
+         tests/kernels/test_matrix.py tests/runtime/test_arrays.py tests/runtime/test_model_scorer.py
+         tests/test_stage_inputs.py)
+  rest=$(ls tests/kernels/test_*.py | grep -v -F -x -f <(printf '%s\n' "${first[@]}"))
   if [ "${DRY_RUN:-0}" = 1 ]; then  # every file collected (its imports in this environment), two of them run
     $PY -m pytest -q --collect-only -p no:cacheprovider "${first[@]}" $rest > "$OUT/tests.collect.log" 2>&1 \
       || { step "tests collected" 1 $((SECONDS - t)); tail -30 "$OUT/tests.collect.log"; }
     first=(tests/kernels/test_strategy.py tests/runtime/test_model_scorer.py); rest=""
   fi
-  shards=${SHARDS:-$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))}
-  rm -f "$OUT"/tests.*.log
-  code=0
-  $PY benchmarks/shard_tests.py "$shards" "${first[@]}" -- $rest > "$OUT/tests.shards"
-  pids=()
-  while read -r -a files; do
-    n=${#pids[@]}
-    XLA_PYTHON_CLIENT_PREALLOCATE=false bounded 120 "$OUT/tests.$n.log" \
-      $PY -m pytest -v -p no:cacheprovider -rs "${files[@]}" &
-    pids+=($!)
-  done < "$OUT/tests.shards"
-  for pid in "${pids[@]}"; do wait "$pid" || code=$?; done
-  cat "$OUT"/tests.*.log > "$OUT/tests.log"
+  workers=${WORKERS:-$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))}
+  rm -f "$OUT/tests.log"
+  XLA_PYTHON_CLIENT_PREALLOCATE=false bounded 120 "$OUT/tests.log" \
+    $PY -m pytest -v -p no:cacheprovider -rs -n "$workers" --dist load "${first[@]}" $rest
+  code=$?
   counts="$(grep -c -E " PASSED( |$)" "$OUT/tests.log") passed, $(grep -c -E " SKIPPED( |$)" "$OUT/tests.log") \
 skipped, $(grep -c -E " (FAILED|ERROR)( |$)" "$OUT/tests.log") failed or errors"
-  step "tests ($counts; ${#pids[@]} processes; last lines: $(tail -qn1 "$OUT"/tests.*.log | tr '\n' '|'))" \
-    $code $((SECONDS - t))
+  step "tests ($counts; $workers workers; $(tail -1 "$OUT/tests.log"))" $code $((SECONDS - t))
   grep -E " (FAILED|ERROR)( |$)|^(FAILED|ERROR) " "$OUT/tests.log" | head -40
 fi
 

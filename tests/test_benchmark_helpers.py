@@ -1,6 +1,5 @@
 """The measuring helpers of the benchmarks that the device check (benchmarks/gpu_check.sh, issue 47) relies
-on: the host round trips found in a compiled step, the inputs every estimator is benchmarked on, and the
-dealing of test files to parallel pytest processes."""
+on: the host round trips found in a compiled step, and the inputs every estimator is benchmarked on."""
 
 import sys
 from pathlib import Path
@@ -12,7 +11,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_advantages import estimator_batches, estimator_inputs, make_inputs
 from bench_train_step import host_round_trips
-from shard_tests import deal
 
 import prm_jax
 from prm_jax.estimators import registered
@@ -58,20 +56,3 @@ def test_every_registered_estimator_runs_on_its_benchmark_batch():
         advantages = np.asarray(prm_jax.compute_advantages(inputs, config).advantages)
         assert np.all(np.isfinite(advantages)) and np.any(advantages != 0), name
 
-
-def test_deal_gives_every_file_once_the_first_group_before_the_rest_and_balances_bytes(tmp_path):
-    sizes = {"a": 900, "b": 500, "c": 400, "d": 300, "e": 100, "f": 50}
-    for name, size in sizes.items():
-        (tmp_path / name).write_text("x" * size)
-    first, rest = [str(tmp_path / n) for n in "abc"], [str(tmp_path / n) for n in "def"]
-    shards = deal(2, first, rest)
-    assert sorted(f for shard in shards for f in shard) == sorted(first + rest)
-    for shard in shards:  # each process starts with its share of the first group
-        kinds = [f in first for f in shard]
-        assert kinds == sorted(kinds, reverse=True)
-    loads = sorted(sum(sizes[Path(f).name] for f in shard) for shard in shards)
-    assert loads == [1050, 1200]  # a | b c (900 each), then d to the first, e and f to the lighter: a+d, b+c+e+f
-    assert deal(8, first, []) == [[f] for f in first]  # no empty process
-    # the tests of one file on two processes: each entry weighs half the file's bytes (450 < b's 500)
-    halves = [f"{first[0]}::test[0]", f"{first[0]}::test[1]"]
-    assert deal(2, [*halves, first[1]]) == [[first[1]], halves]

@@ -18,7 +18,8 @@
                          it in headless browsers at 1,280 px (layout, maths, search; screenshots)
   python3 dev.py gpu     prepare the device check (benchmarks/gpu_check.sh): msgspec's wheels into .gpu-wheels/
                          (the device's image lacks it: carry that folder), then dry-run the check on the CPU in
-                         .venv-gpu, which holds what the image holds (not prm-jax's own dependencies)
+                         .venv-gpu, which holds what the image holds (not prm-jax's own dependencies) on the
+                         image's Python (3.12) where this machine has one
   python3 dev.py bench   create .venv, install, run the CPU benchmarks
 
 Extra arguments are passed on (to pytest for ``test``).
@@ -42,9 +43,11 @@ RAY_VENV = ROOT / ".venv-ray"  # Ray (~250 MB), kept out of the test environment
 # msgspec): what of it .venv-gpu holds for the check's dry run. The check brings msgspec's wheel, from
 # GPU_WHEELS, for the CPython it finds there.
 GPU_VENV = ROOT / ".venv-gpu"
-GPU_IMAGE = ("jax", "chex", "flax", "optax", "anyio", "pyyaml", "httpx", "pytest", "pytest-xdist", "hypothesis")
+GPU_IMAGE = ("jax==0.11.2", "jaxlib==0.11.2", "numpy==2.5.2", "chex", "flax", "optax", "anyio", "pyyaml", "httpx",
+             "pytest", "pytest-xdist", "hypothesis")
 GPU_WHEELS = ROOT / ".gpu-wheels"
 GPU_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
+GPU_PYTHON_VERSION = (3, 12)  # the image's python3 (3.12.3): .venv-gpu's where this machine has one
 # The ray executor's tests (python3 dev.py ray): its own tests, then the executor tests every executor passes,
 # on Ray too; each run in a private network namespace (Ray binds every interface).
 RAY_TESTS = (["tests/ray", "-m", "not e2e"], ["tests/runtime/test_executor_conformance.py", "-k", "ray"],
@@ -111,22 +114,46 @@ def _in_private_network(argv: list[str]) -> int:
         return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 
+def _image_python() -> list[str]:
+    """An interpreter of the image's Python (3.12) for .venv-gpu: ``PRM_JAX_GPU_PYTHON``, a ``python3.12``
+    that runs, or pyenv's; else this one (the dry run then checks the check on another minor version)."""
+    import glob
+
+    candidates = [os.environ.get("PRM_JAX_GPU_PYTHON"), "python3.12",
+                  *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")))]
+    for candidate in filter(None, candidates):
+        try:
+            probe = subprocess.run([candidate, "-c", f"import sys; assert sys.version_info[:2] == {GPU_PYTHON_VERSION}"],
+                                   capture_output=True)
+        except OSError:
+            continue
+        if probe.returncode == 0:
+            return [candidate]
+    return [sys.executable]
+
+
 def _gpu_dry_run(rest: list[str]) -> int:
     """``dev.py gpu``: msgspec's wheels for the device (its image has no network), then the device check on the
     CPU with tiny shapes in an environment like the image's."""
+    import shutil
+
     python = _python(GPU_VENV)
-    stamp = GPU_VENV / ".installed-image"
-    if not stamp.exists():
-        print(f"dev.py: creating {GPU_VENV.name} with the device image's packages ...", flush=True)
-        venv.EnvBuilder(with_pip=True).create(GPU_VENV)
+    interpreter = _image_python()
+    version = subprocess.run([*interpreter, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    stamp, wanted = GPU_VENV / ".installed-image", f"Python {version}: {' '.join(GPU_IMAGE)}"
+    if not stamp.exists() or stamp.read_text() != wanted:
+        print(f"dev.py: creating {GPU_VENV.name} (Python {version}) with the device image's packages ...", flush=True)
+        shutil.rmtree(GPU_VENV, ignore_errors=True)
+        subprocess.run([*interpreter, "-m", "venv", str(GPU_VENV)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *GPU_IMAGE],
                        check=True)
-        stamp.touch()
-    for version in GPU_PYTHONS:
-        tag = "cp" + version.replace(".", "")
+        stamp.write_text(wanted)
+    for wheel_python in GPU_PYTHONS:
+        tag = "cp" + wheel_python.replace(".", "")
         if not list(GPU_WHEELS.glob(f"msgspec-*-{tag}-*.whl")):
             subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                            "--only-binary=:all:", "--no-deps", "--python-version", version, "--platform",
+                            "--only-binary=:all:", "--no-deps", "--python-version", wheel_python, "--platform",
                             "manylinux_2_17_x86_64", "--dest", str(GPU_WHEELS), "msgspec>=0.18"], check=True)
     env = dict(os.environ, DRY_RUN="1", JAX_PLATFORMS="cpu", PYTHON=str(python),
                OUT=os.environ.get("OUT", str(ROOT / "gpu_out" / "dry_run")))

@@ -6,16 +6,18 @@
 # against a hand-batched loop at chunks of 8, 64 and 256 rows; the train step with and without
 # compute_advantages and the loss, and its host round trips.
 #
-# Device time is short (15 minutes, starts included), so every part has a time bound (385 s in all) and the
-# run leaves room for one rerun: PARTS names the parts to run (default: all, in this order: bench bench1
-# profile credit scorer step tests), e.g. PARTS="tests scorer" to rerun two. Each part writes its log under
-# $OUT as it goes (a part cut by its bound still leaves the figures it printed), prints its wall time, and a
-# failed or cut part makes the exit status non-zero; an import of jax or of this checkout's prm_jax that fails
-# stops the run at once.
+# Device time is short (15 minutes, starts included), so every part has a time bound (425 s in all; each of
+# its processes starts jax and the GPU anew, a few seconds) and the run leaves room for one rerun: PARTS names
+# the parts to run (default: all, in this order: bench bench1 profile credit scorer step tests), e.g.
+# PARTS="tests scorer" to rerun two. Each part writes its log under $OUT as it goes (a part cut by its bound
+# still leaves the figures it printed), prints its wall time, and a failed or cut part makes the exit status
+# non-zero; an import of jax or of this checkout's prm_jax that fails stops the run at once. On the device:
+#   run(command="bash benchmarks/gpu_check.sh", carry=[".gpu-wheels"], timeout_s=480)
 #
-# The device's image has jax, chex, flax, optax, anyio, pyyaml, pytest and hypothesis but not msgspec (a
-# run-time dependency): `python3 dev.py gpu` downloads its wheels into .gpu-wheels/ (carry it: the run tool's
-# `carry: [".gpu-wheels"]`), and this script unpacks the one for the device's Python when msgspec is missing.
+# The device's image (the device tool's KINDS.md) has jax, chex, flax, optax, anyio, pyyaml, httpx, pytest,
+# pytest-xdist and hypothesis but not msgspec (a run-time dependency): `python3 dev.py gpu` downloads its
+# wheels into .gpu-wheels/ (carry it), and this script unpacks the one for the device's Python when msgspec
+# is missing.
 # `python3 dev.py gpu` also dry-runs this script on the CPU, in a virtual environment holding what the image
 # holds, with tiny shapes:
 #   OUT=/tmp/gpu_out JAX_PLATFORMS=cpu DRY_RUN=1 PYTHON=.venv-gpu/bin/python bash benchmarks/gpu_check.sh
@@ -29,7 +31,11 @@ export JAX_PLATFORMS=$PLATFORM PYTHONUNBUFFERED=1
 # compiles nothing twice. First calls read from it then (first_call_s is a cache load, not a compile).
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$PWD/.jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2
-PARTS=${PARTS:-bench bench1 profile credit scorer step tests}
+ALL_PARTS="bench bench1 profile credit scorer step tests"
+PARTS=${PARTS:-$ALL_PARTS}
+for part in $PARTS; do  # a misspelt part would otherwise run nothing and pass
+  [[ " $ALL_PARTS " == *" $part "* ]] || { echo "PARTS: no part named '$part' (the parts: $ALL_PARTS)"; exit 2; }
+done
 # The issue's shapes, the one its bandwidth question is asked at first (a part cut short keeps the first).
 SHAPES=8192x2048,1024x32768,256x8192,64x8192,16x32768
 if [ "${DRY_RUN:-0}" = 1 ]; then
@@ -85,48 +91,48 @@ echo "compilation cache: $(ls "$JAX_COMPILATION_CACHE_DIR" 2>/dev/null | wc -l) 
 # bench: every GAE method, compute_advantages (unchecked, checked, under every registered estimator), the
 # roofline and the device copy at the five shapes, float32, gamma*lam < 1; first calls (compile) apart.
 if wanted bench; then
-  t=$SECONDS
+  t=$SECONDS; : > "$OUT/bench.log"
   bounded 90 "$OUT/bench.log" $PY benchmarks/bench_advantages.py --shapes "$SHAPES" --repeats "$REPEATS" \
     --gamma 0.99 --lam 0.95 --no-loop --estimators --json "$OUT/bench.json"
   step "bench (gamma=0.99 lam=0.95, estimators)" $? $((SECONDS - t)); grep -v WARNING "$OUT/bench.log" | tail -150
 fi
 # bench1: the GAE methods again at gamma = lam = 1 (cumsum joins): auto's other regime.
 if wanted bench1; then
-  t=$SECONDS
+  t=$SECONDS; : > "$OUT/bench1.log"
   bounded 35 "$OUT/bench1.log" $PY benchmarks/bench_advantages.py --shapes "$SHAPES" --repeats "$REPEATS" \
     --gamma 1.0 --lam 1.0 --no-loop --json "$OUT/bench1.json"
   step "bench1 (gamma=lam=1)" $? $((SECONDS - t)); grep -v WARNING "$OUT/bench1.log" | tail -70
 fi
 # profile: what bounds each GAE method at 8192x2048 (XLA's bytes and launches; a profiler trace under $OUT).
 if wanted profile; then
-  t=$SECONDS
-  bounded 20 "$OUT/profile.log" $PY benchmarks/profile_gae.py --shape "${SHAPES%%,*}" --trace "$OUT/profile"
+  t=$SECONDS; : > "$OUT/profile.log"
+  bounded 25 "$OUT/profile.log" $PY benchmarks/profile_gae.py --shape "${SHAPES%%,*}" --trace "$OUT/profile"
   step "profile" $? $((SECONDS - t)); grep -v WARNING "$OUT/profile.log"
 fi
 # credit: the credit kernels and compute_advantages under each credit mode, GiGPO, OTB's sum_pi_squared and
 # every policy loss with its gradient, at their CPU benchmarks' sizes (the float64 loops run on the host).
 if wanted credit; then
-  t=$SECONDS
+  t=$SECONDS; : > "$OUT/credit.log"
   code=0
   bounded 20 "$OUT/credit.log" $PY benchmarks/bench_credit.py $CREDIT || code=$?
   bounded 20 "$OUT/credit.log" $PY benchmarks/bench_gigpo.py $GIGPO || code=$?
-  bounded 5 "$OUT/credit.log" $PY benchmarks/bench_sum_pi_squared.py $SPS || code=$?
-  bounded 15 "$OUT/credit.log" $PY benchmarks/bench_train_step.py --losses $LOSSES || code=$?
+  bounded 15 "$OUT/credit.log" $PY benchmarks/bench_sum_pi_squared.py $SPS || code=$?
+  bounded 20 "$OUT/credit.log" $PY benchmarks/bench_train_step.py --losses $LOSSES || code=$?
   step "credit, gigpo, sum_pi_squared, losses" $code $((SECONDS - t)); grep -v WARNING "$OUT/credit.log"
 fi
 # scorer: ModelScorer through score_arrays against the hand-batched loop, chunks of 8, 64 and 256 rows.
 if wanted scorer; then
-  t=$SECONDS
-  bounded 30 "$OUT/scorer.log" $PY benchmarks/bench_scorers.py $SCORER --only 4 --chunks 8,64,256
+  t=$SECONDS; : > "$OUT/scorer.log"
+  bounded 40 "$OUT/scorer.log" $PY benchmarks/bench_scorers.py $SCORER --only 4 --chunks 8,64,256
   step "ModelScorer chunks" $? $((SECONDS - t)); grep -v WARNING "$OUT/scorer.log"
 fi
 # step: the train step with and without compute_advantages and the loss; a host round trip fails the part.
 if wanted step; then
-  t=$SECONDS
+  t=$SECONDS; : > "$OUT/step.log"
   code=0
   for checks in off counts; do
     echo "--check-values $checks" >> "$OUT/step.log"
-    bounded 15 "$OUT/step.log" $PY benchmarks/bench_train_step.py $STEP --check-values $checks || code=$?
+    bounded 20 "$OUT/step.log" $PY benchmarks/bench_train_step.py $STEP --check-values $checks || code=$?
   done
   step "train step" $code $((SECONDS - t)); grep -v WARNING "$OUT/step.log"
 fi

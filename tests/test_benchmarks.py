@@ -5,9 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 TOY = {
     "bench_advantages.py": ["--shapes", "4x64", "--repeats", "1", "--no-loop", "--estimators"],
     "bench_credit.py": ["--rows", "8", "--turns", "2", "--tokens", "16", "--group", "4", "--repeats", "1"],
@@ -34,3 +36,20 @@ def test_the_benchmark_runs_at_a_toy_size(run):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert SHOWN.get(run, "ms") in proc.stdout
+
+
+def test_every_registered_estimator_runs_on_its_benchmark_batch():
+    """bench_advantages --estimators times something: every estimator's advantages on its batch are finite and
+    not all zero (compiling nine programs: an end-to-end test)."""
+    from bench_advantages import estimator_batches, make_inputs
+
+    import prm_jax
+    from prm_jax.estimators import registered
+
+    batch, *_ = make_inputs(8, 600)
+    runs = estimator_batches(batch)
+    assert sorted(runs) == sorted(spec.name for spec in registered())
+    for name, (config, inputs) in runs.items():
+        advantages = np.asarray(prm_jax.compute_advantages(inputs, config).advantages)
+        assert np.all(np.isfinite(advantages)) and np.any(advantages != 0), name
+

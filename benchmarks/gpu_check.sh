@@ -103,6 +103,11 @@ if wanted bench1; then
     --gamma 1.0 --lam 1.0 --no-loop --json "$OUT/bench1.json"
   step "bench1 (gamma=lam=1)" $? $((SECONDS - t)); grep -v WARNING "$OUT/bench1.log" | tail -70
 fi
+# auto's rule as these runs measured it, and the README's table (benchmarks/auto_table.py).
+if [ -s "$OUT/bench.json" ] && [ -s "$OUT/bench1.json" ]; then
+  $PY benchmarks/auto_table.py "$OUT/bench.json" "$OUT/bench1.json" > "$OUT/auto_table.md" 2>&1
+  step "auto_table" $? 0; cat "$OUT/auto_table.md"
+fi
 # profile: what bounds each GAE method at 8192x2048 (XLA's bytes and launches; a profiler trace under $OUT).
 if wanted profile; then
   t=$SECONDS; : > "$OUT/profile.log"

@@ -1,5 +1,6 @@
 """The measuring helpers of the benchmarks that the device check (benchmarks/gpu_check.sh, issue 47) relies
-on: the host round trips found in a compiled step, and the inputs every estimator is benchmarked on."""
+on: the host round trips found in a compiled step, the inputs every estimator is benchmarked on, and auto's
+rule read from the measurements."""
 
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from auto_table import rule, table
 from bench_advantages import estimator_inputs, make_inputs
 from bench_train_step import host_round_trips
 
@@ -44,3 +46,29 @@ def test_estimator_inputs_are_make_inputs_turns_and_a_tree_per_group():
     pi_squared = np.exp(np.roll(batch["logprobs"], -1, axis=1).astype(np.float64)) ** 2
     assert np.all(extra["sum_pi_squared"] >= pi_squared.astype(np.float32)) and np.all(extra["sum_pi_squared"] <= 1)
 
+
+
+def _result(shape: str, **ms: float) -> dict:
+    res = {"shape": shape, **{m: t / 1e3 for m, t in ms.items()}, "copy": 1e-3}
+    res["bytes"] = {"copy": 34, **dict.fromkeys(ms, 17)}
+    res["fastest"] = min(ms, key=ms.__getitem__)
+    return res
+
+
+def test_auto_rule_is_the_least_geometric_mean_of_time_over_the_fastest_per_regime_and_row_length():
+    below = {"gamma": 0.99, "lam": 0.95, "results": [
+        _result("64x1024", scan=1.0, associative=2.0, blocked=1.5),
+        _result("256x2048", scan=1.0, associative=0.9, blocked=3.0),  # associative wins one short shape ...
+        _result("64x8192", scan=8.0, associative=2.0, blocked=4.0),
+        _result("16x32768", scan=30.0, associative=5.0, blocked=2.5)]}
+    unit = {"gamma": 1.0, "lam": 1.0, "results": [
+        _result("64x1024", scan=1.0, associative=2.0, blocked=1.5, cumsum=0.5),
+        _result("64x8192", scan=8.0, associative=2.0, blocked=4.0, cumsum=1.0)]}
+    got = rule([below, unit], long=8192)
+    # ... but scan's ratios (1, 1.11) beat its (2, 1); long rows: associative (1, 2) against blocked (2, 1) ties
+    # on the geometric mean, and the first in the list wins; gamma*lambda = 1: cumsum everywhere
+    assert got == {(False, False): "scan", (False, True): "associative", (True, False): "cumsum",
+                   (True, True): "cumsum"}
+    text = table([below, unit])
+    # each as a fraction of the copy's bandwidth: (17 bytes / its time) / (34 bytes / 1 ms)
+    assert "| < 1 | 16x32768 | 30.000 ms (2%) | 5.000 ms (10%) | 2.500 ms (20%) | - | - | blocked |" in text

@@ -20,7 +20,9 @@ from collections.abc import Iterable
 
 from bench_advantages import bandwidth_fraction
 
-METHODS = ("scan", "associative", "blocked", "cumsum", "native")
+from prm_jax.kernels import GAE_METHODS
+
+METHODS = tuple(m for m in GAE_METHODS if m != "auto")  # the methods auto chooses among
 
 
 def table(runs: Iterable[dict]) -> str:

@@ -103,6 +103,13 @@ def pipeline_roofline(batch):
     return logprobs - ref, values + process, mask * attention, logprobs + ref, values - process, mask + attention
 
 
+def gae_methods(unit_discount: bool) -> tuple[str, ...]:
+    """The GAE methods this backend runs (``prm_jax.kernels.GAE_METHODS``): ``cumsum`` only where gamma * lam
+    == 1, ``native`` only where its kernel is available."""
+    return tuple(m for m in prm_jax.kernels.GAE_METHODS
+                 if (m != "cumsum" or unit_discount) and (m != "native" or native.available()))
+
+
 def bytes_per_step(arrays) -> int:
     return sum(np.dtype(a.dtype).itemsize for a in arrays)
 
@@ -206,8 +213,7 @@ def bench_shape(rows: int, width: int, repeats: int, gamma: float, lam: float, l
     pipeline_bytes = bytes_per_step([batch[k] for k in PIPELINE_INPUTS]) + 24
     moved = {"copy": 2 * bytes_per_step((rewards, values, mask)), "roofline": gae_bytes,
              **dict.fromkeys(PIPELINE_SHOWN, pipeline_bytes)}
-    methods = ("auto", "scan", "associative", "blocked") + (("cumsum",) if gamma * lam == 1.0 else ())
-    methods += ("native",) if native.available() else ()
+    methods = gae_methods(unit_discount=gamma * lam == 1.0)
     for method in methods:
         candidates[method] = lambda method=method: prm_jax.kernels.gae(r, v, m, gamma=gamma, lam=lam, method=method)
         moved[method] = gae_bytes

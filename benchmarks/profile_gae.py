@@ -21,12 +21,9 @@ from typing import Any
 
 import jax
 import numpy as np
-from bench_advantages import make_inputs
+from bench_advantages import bytes_per_step, gae_methods, make_inputs
 
 import prm_jax
-from prm_jax.native import _ffi as native
-
-IDEAL_BYTES = 17  # float32 rewards and values, a bool mask in; float32 advantages and returns out
 
 
 def entry_computation(hlo: str) -> str:
@@ -57,10 +54,10 @@ def main() -> None:
     _, rewards, values, mask = make_inputs(rows, width)
     r, v, m = (jax.device_put(x) for x in (rewards, values, mask))
     unit = args.gamma * args.lam == 1.0
-    methods = ["auto", "scan", "associative", "blocked"] + (["cumsum"] if unit else [])
-    methods += ["native"] if native.available() else []
+    methods = gae_methods(unit_discount=unit)
+    least = bytes_per_step((rewards, values, mask)) + 8  # inputs in, two float32 outputs
     print(f"backend={jax.default_backend()} jax={jax.__version__} shape={args.shape} gamma={args.gamma} lam={args.lam}; "
-          f"the least any GAE moves: {IDEAL_BYTES} bytes an element")
+          f"the least any GAE moves: {least} bytes an element")
     print(f"{'method':>12} {'bytes/elem':>11} {'x least':>8} {'flops/elem':>11} {'entry kernels':>14} {'loops':>6}")
     compiled = {}
     for method in methods:
@@ -68,7 +65,7 @@ def main() -> None:
                                                                          method=method))
         compiled[method] = fn.lower(r, v, m).compile()
         account = program_account(compiled[method], rows * width)
-        print(f"{method:>12} {account['bytes_per_element']:11.1f} {account['bytes_per_element'] / IDEAL_BYTES:8.2f} "
+        print(f"{method:>12} {account['bytes_per_element']:11.1f} {account['bytes_per_element'] / least:8.2f} "
               f"{account['flops_per_element']:11.1f} {account['entry_kernels']:14d} {account['loops']:6d}")
     if args.trace:
         for program in compiled.values():

@@ -8,7 +8,7 @@ import dataclasses
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from prm_jax.runtime._group_filters import (
 )
 from prm_jax.runtime._metrics import InMemoryRecorder
 from prm_jax.runtime._runner import BUILDING_NOTE
+from prm_jax.runtime._scoring import BaseScorer
 from prm_jax.runtime._specs import enabled_scorer_names
 from prm_jax.runtime._trajectory import MODEL_OUTPUT_FIELDS
 
@@ -59,7 +60,7 @@ GROUPS_IN_FLIGHT = 8  # groups exported at once: their branches share batched sc
 
 
 async def _export_all(config: ExperimentConfig, records: list[SessionRecord], group_filter: Callable | None,
-                      progress: Callable[[int], None] | None) -> Exported:
+                      progress: Callable[[int], None] | None, path: str = "<sessions>") -> Exported:
     try:
         service = await ExportService.start(config)
     except Exception as err:  # a scorer's constructor: the config's fault, named (exit 2)
@@ -90,6 +91,10 @@ async def _export_all(config: ExperimentConfig, records: list[SessionRecord], gr
 
     async with service:
         try:
+            check_session_metadata(records, [] if service.runner is None else service.runner.scorers, path)
+        except InputError as err:
+            raise ScoreError(str(err)) from None
+        try:
             async with anyio.create_task_group() as task_group:  # a failure cancels the rest
                 for group, keys in groups.items():
                     task_group.start_soon(export, group, keys)
@@ -115,6 +120,18 @@ async def _export_all(config: ExperimentConfig, records: list[SessionRecord], gr
             out.accepted.append(result.trajectories)
     out.metrics = recorder.flush()
     return out
+
+
+def check_session_metadata(records: list[SessionRecord], scorers: Sequence[Any], path: str) -> None:
+    """Every enabled scorer's ``validate_metadata`` on every session's metadata, before anything is scored:
+    ``InputError`` at the first session one refuses (a reference answer a verifier cannot read)."""
+    checking = [s for s in scorers if s.enabled and type(s).validate_metadata is not BaseScorer.validate_metadata]
+    for record in records:
+        for scorer in checking:
+            try:
+                scorer.validate_metadata(record.metadata)
+            except (ValueError, TypeError) as err:
+                raise InputError(path, record.line, "metadata", f"{err} (session {record.key!r})") from None
 
 
 @dataclasses.dataclass
@@ -294,7 +311,7 @@ def score(config: ExperimentConfig, sessions: str | Path | list[SessionRecord], 
     lap("read")
     groups = list(OrderedDict.fromkeys(r.group for r in records))
     exported = anyio.run(_export_all, config, records, FILTERS[group_filter] if group_filter else None,
-                         None if progress is None else _counted(progress, len(records)))
+                         None if progress is None else _counted(progress, len(records)), path)
     del records  # exported: the sessions' memory is free for the batch and the advantages
     lap("score+export")
     run = _score_batch(exported, groups, config, group_filter, (bucket, row_bucket), lap, on_arrays, release_memory)

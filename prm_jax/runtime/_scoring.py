@@ -203,6 +203,12 @@ class BaseScorer:
         is reported before anything is scored. Raise ``ValueError`` or ``TypeError`` naming the argument; a
         constructor should call it too, so each rule has one home. The default accepts everything."""
 
+    def validate_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """Checks one session's ``metadata`` (what the scorer will read as ``ctx["metadata"]``) before anything
+        is scored: ``prm-jax score`` calls it for every session it reads and stops (exit 2, file, line and
+        key named) at the first that fails, so a reference a verifier cannot read fails the run up front, not
+        its rows one by one. Raise ``ValueError`` naming the key. The default accepts everything."""
+
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
         raise NotImplementedError(f"scorer {self.name!r} must implement evaluate(interaction, ctx)")
 

@@ -5,13 +5,30 @@ HuggingFace's ``math-verify`` (the checker TRL and open-r1 use; the ``verify`` e
 The reference answer is ``ctx["metadata"][answer_key]`` (a session line's ``metadata``, or
 ``score_arrays(..., metadata=[...])``). A gold answer without math delimiters (no ``$``, ``\\(``, ``\\[`` or
 ``\\boxed``) is wrapped in ``$...$`` before it is parsed, as open-r1 does, so ``\\frac{1}{2}`` and ``0.5``
-read as the numbers they are; a gold answer math-verify cannot parse fails the branch, naming it (a
-verifier that cannot read its reference must not hand out zeros). The turn's answer is read from its text
-(its output messages; a turn without text fails its branch, ``NoTextError``) as open-r1 reads a completion:
-a ``\\boxed{...}`` first (the last one), then LaTeX after an anchor ("the final answer is"), then a plain
-number or expression; a turn with no answer in it, or a wrong one, scores ``wrong`` (0), a right one
+read as the numbers they are. A numeric reference (a JSON number, or a string that is a number in Python's
+exponent notation such as ``"1e-05"``) is first written as the exact decimal it is (``0.00001``,
+``100000000000000000000``): LaTeX has no exponent notation, and math-verify reads ``1e-05`` as ``-5 + e``.
+
+A reference is *read* when math-verify turns it into a mathematical object; for text it cannot read
+(``\\frac{``, ``x=``, ``???``) its parser hands the input back as a string, and that counts as unreadable:
+the branch fails with an error naming the session's ``metadata`` key (a verifier that cannot read its
+reference must not hand out zeros). ``validate_metadata`` applies the same rule to a session's metadata
+before anything is scored (``prm-jax score`` calls it for every session while it reads them: exit 2, the
+file, line and key named).
+
+The turn's answer is read from its text (its output messages; a turn without text fails its branch,
+``NoTextError``) as open-r1 reads a completion: a ``\\boxed{...}`` first, then LaTeX after an anchor ("the
+final answer is"), then a plain number or expression. ``boxed``: ``last`` (the default) judges a reply by
+its last boxed answer alone (a reply that boxes 3, then corrects itself and boxes 5, answered 5);
+``all`` reads every boxed answer of the reply together as math-verify does (``\\boxed{3}`` ... ``\\boxed{5}``
+is the set {3, 5}). A turn with no answer in it, or a wrong one, scores ``wrong`` (0), a right one
 ``correct`` (1). ``scope``: ``last_turn`` (the default: the branch's final answer, on its last turn; the
 other turns 0) or ``every_turn`` (every turn's own answer).
+
+Numbers are compared as math-verify compares them where one side is a decimal: both rounded, to 6 decimal
+places by default (so ``1/3`` equals ``0.333333``). For a numeric reference below 1 in magnitude the
+rounding keeps 6 significant digits instead (a reference of ``1e-12`` is not equal to ``2e-12``, which
+six decimal places would both make 0).
 
 math-verify's parser can take seconds on adversarial LaTeX, and its own timeouts use ``SIGALRM`` (the main
 thread only): they are off here, and the scorer runs on the process executor with a deadline per call
@@ -22,9 +39,11 @@ timeout; every other branch goes on.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, get_args
+from decimal import Decimal
+from typing import Any, Literal, NamedTuple, get_args
 
 from prm_jax._validation import finite_number, one_of, short_repr
 from prm_jax.runtime._context import METADATA_KEY
@@ -33,8 +52,12 @@ from prm_jax.runtime._trajectory import Interaction
 from prm_jax.scorers._openai_judge import output_text
 
 Scope = Literal["last_turn", "every_turn"]
+Boxed = Literal["last", "all"]
 DEFAULT_TIMEOUT_S = 10.0
+FLOAT_ROUNDING = 6  # math-verify's default: decimal places both sides of a numeric comparison are rounded to
 _DELIMITED = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed")  # an escaped dollar (\$5) is no delimiter
+_EXPONENT_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 class _OurDeadline(logging.Filter):
@@ -50,7 +73,7 @@ def math_verify_module() -> Any:
         import math_verify
     except ImportError as err:
         raise ImportError("MathVerifyScorer needs math-verify: pip install 'prm-jax[verify]' (or "
-                          "'math-verify[antlr4_13_2]')") from err
+                          "'math-verify')") from err
     for name in ("math_verify.parser", "math_verify.grader"):
         log = logging.getLogger(name)
         if not any(isinstance(f, _OurDeadline) for f in log.filters):
@@ -58,9 +81,53 @@ def math_verify_module() -> Any:
     return math_verify
 
 
+def reference_text(answer: str | int | float) -> str:
+    """A reference answer as text: an integer as its digits, a float (or a string in exponent notation) as
+    the exact decimal it is (``1e-05`` -> ``0.00001``), any other string as it is."""
+    if isinstance(answer, int):
+        return str(answer)
+    if isinstance(answer, float):
+        return format(Decimal(repr(answer)), "f")
+    if _EXPONENT_NUMBER.fullmatch(answer.strip()):
+        return format(Decimal(answer.strip()), "f")
+    return answer
+
+
 def gold_text(answer: str) -> str:
     """The reference answer as math-verify parses it: wrapped in ``$...$`` unless it has math delimiters."""
     return answer if _DELIMITED.search(answer) else f"${answer}$"
+
+
+def last_boxed(reply: str) -> str | None:
+    """The reply's last ``\\boxed{...}`` (or ``\\fbox{...}``) whole, its braces balanced; ``None`` without one."""
+    starts = [m for m in _BOXED.finditer(reply)]
+    for match in reversed(starts):
+        depth, i = 1, match.end()
+        while i < len(reply) and depth:
+            depth += {"{": 1, "}": -1}.get(reply[i], 0) if reply[i - 1] != "\\" else 0
+            i += 1
+        if depth == 0:
+            return reply[match.start():i]
+    return None
+
+
+class Reference(NamedTuple):
+    """A parsed reference answer: math-verify's parse (a mathematical object first) and the decimal places
+    numeric comparisons round to."""
+
+    parsed: list[Any]
+    float_rounding: int
+
+
+def float_rounding(parsed: Sequence[Any]) -> int:
+    """``FLOAT_ROUNDING`` decimal places, or more for a numeric reference below 1 in magnitude: 6 significant
+    digits of it (``1e-12`` is compared at 17 decimal places)."""
+    import sympy
+
+    value = parsed[0] if parsed else None
+    if isinstance(value, sympy.Number) and value != 0 and abs(value) < 1:
+        return max(FLOAT_ROUNDING, FLOAT_ROUNDING - 1 - math.floor(math.log10(abs(float(value)))))
+    return FLOAT_ROUNDING
 
 
 class MathVerifyScorer(SyncTrajectoryScorer):
@@ -79,21 +146,22 @@ class MathVerifyScorer(SyncTrajectoryScorer):
     executor = "process"
 
     def __init__(self, answer_key: str = "answer", scope: Scope = "last_turn", correct: float = 1.0,
-                 wrong: float = 0.0, timeout: float | None = DEFAULT_TIMEOUT_S, **kwargs: Any):
-        type(self).validate_kwargs(answer_key=answer_key, scope=scope, correct=correct, wrong=wrong)
+                 wrong: float = 0.0, boxed: Boxed = "last", timeout: float | None = DEFAULT_TIMEOUT_S, **kwargs: Any):
+        type(self).validate_kwargs(answer_key=answer_key, scope=scope, correct=correct, wrong=wrong, boxed=boxed)
         super().__init__(timeout=timeout, **kwargs)
-        self.answer_key, self.scope = answer_key, scope
+        self.answer_key, self.scope, self.boxed = answer_key, scope, boxed
         self.correct, self.wrong = float(correct), float(wrong)
         self._configs: Any = None  # math-verify's extraction settings, built in the worker on first use
 
     @classmethod
     def validate_kwargs(cls, answer_key: Any = "answer", scope: Any = "last_turn", correct: Any = 1.0,
-                        wrong: Any = 0.0, **kwargs: Any) -> None:
+                        wrong: Any = 0.0, boxed: Any = "last", **kwargs: Any) -> None:
         math_verify_module()
         if not isinstance(answer_key, str) or not answer_key:
             raise ValueError(f"answer_key must be the metadata key of the reference answer, got "
                              f"{short_repr(answer_key)}")
         one_of("scope", scope, get_args(Scope))
+        one_of("boxed", boxed, get_args(Boxed))
         finite_number("correct", correct)
         finite_number("wrong", wrong)
 
@@ -112,10 +180,20 @@ class MathVerifyScorer(SyncTrajectoryScorer):
         turns = interactions if self.scope == "every_turn" else interactions[-1:]
         return {turn.interaction_id: self.verdict(gold, self.reply(turn)) for turn in turns}
 
-    def gold(self, leaf: Interaction, ctx: Mapping[str, Any]) -> Any:
+    def gold(self, leaf: Interaction, ctx: Mapping[str, Any]) -> Reference:
         """The parsed reference answer; ``ValueError`` naming the scorer, the branch and the key."""
         where = f"scorer {self.name!r} on the branch ending at {leaf.interaction_id!r}"
-        metadata = ctx.get(METADATA_KEY) or {}
+        return self.reference(ctx.get(METADATA_KEY) or {}, where)
+
+    def validate_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """A session's reference answer is there and readable (``reference``'s rule), before anything is
+        scored: ``ValueError`` naming the ``metadata`` key otherwise."""
+        self.reference(metadata, f"scorer {self.name!r}")
+
+    def reference(self, metadata: Mapping[str, Any], where: str) -> Reference:
+        """``metadata[answer_key]`` parsed into a mathematical object; ``ValueError`` naming ``where`` and the
+        key when it is missing, not a string or a number, or unreadable (math-verify hands text it cannot
+        read back as a string)."""
         if self.answer_key not in metadata:
             raise ValueError(f"{where}: the session's metadata has no {self.answer_key!r} (the reference answer: "
                              f"a session line's \"metadata\": {{\"{self.answer_key}\": \"...\"}}); it has "
@@ -124,12 +202,13 @@ class MathVerifyScorer(SyncTrajectoryScorer):
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
             raise ValueError(f"{where}: metadata[{self.answer_key!r}] must be a string or a number, got "
                              f"{short_repr(answer)}")
-        parsed = math_verify_module().parse(gold_text(str(answer)), extraction_mode="first_match",
+        parsed = math_verify_module().parse(gold_text(reference_text(answer)), extraction_mode="first_match",
                                             parsing_timeout=None)
-        if not parsed:
+        if not parsed or isinstance(parsed[0], str):
             raise ValueError(f"{where}: math-verify could not parse the reference answer "
-                             f"metadata[{self.answer_key!r}] = {short_repr(answer)}")
-        return parsed
+                             f"metadata[{self.answer_key!r}] = {short_repr(answer)} into a mathematical object: "
+                             "write it as LaTeX or a plain number (e.g. \"\\\\frac{1}{2}\" or 0.5)")
+        return Reference(parsed, float_rounding(parsed))
 
     def reply(self, turn: Interaction) -> str:
         """The turn's text (its output messages); ``NoTextError`` for a turn without any."""
@@ -149,11 +228,15 @@ class MathVerifyScorer(SyncTrajectoryScorer):
             self._configs = [latex, math_verify.ExprExtractionConfig()]
         return self._configs
 
-    def verdict(self, gold: Any, reply: str) -> float:
-        """``correct`` where the reply's answer equals ``gold``, else ``wrong`` (no answer found: wrong)."""
+    def verdict(self, gold: Reference, reply: str) -> float:
+        """``correct`` where the reply's answer equals ``gold``, else ``wrong`` (no answer found: wrong).
+        ``boxed: last`` reads a reply with boxed answers by its last one alone."""
         math_verify = math_verify_module()
+        if self.boxed == "last":
+            reply = last_boxed(reply) or reply
         parsed = math_verify.parse(reply, extraction_config=self._extraction(), extraction_mode="first_match",
                                    parsing_timeout=None)
         if not parsed:
             return self.wrong
-        return self.correct if math_verify.verify(gold, parsed, timeout_seconds=None) else self.wrong
+        same = math_verify.verify(gold.parsed, parsed, float_rounding=gold.float_rounding, timeout_seconds=None)
+        return self.correct if same else self.wrong

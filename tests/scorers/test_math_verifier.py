@@ -4,14 +4,17 @@
 process executor without hanging the run."""
 
 import time
+from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("math_verify")
 
 from prm_jax import Interaction, InteractionCache, PRMRunner
 from prm_jax.scorers import MathVerifyScorer
-from prm_jax.scorers._math_verifier import gold_text
+from prm_jax.scorers._math_verifier import gold_text, last_boxed, reference_text
 from prm_jax.scorers._openai_judge import NoTextError
 
 pytestmark = pytest.mark.anyio
@@ -127,3 +130,107 @@ async def test_a_pathological_expression_times_out_in_its_worker_and_the_run_goe
 
 def scorer_stats_timeouts(runner):
     return runner.scorer_stats()["math_verify"]["timeouts"]
+
+
+# Issue 55.1: a numeric reference (a JSON number) is the number it is. Before, ``str(1e-05)`` was wrapped as
+# ``$1e-05$``, which math-verify reads as ``-5 + e``: the right reply ``\boxed{0.00001}`` scored 0 and
+# ``\boxed{e-5}`` scored 1. References from 1e-12 to 1e20, negative, integer-valued floats and ints.
+NUMERIC_REFERENCES = [1e-12, 3.5e-9, 1.2345e-7, 1e-5, -1e-5, 0.1, 2.5, 3.0, -7.0, 1e16, 1.5e17, 1e20, -2.5e18,
+                      7, -42, 10**20]
+
+
+def decimal(value):
+    return format(Decimal(repr(value)) if isinstance(value, float) else Decimal(value), "f")
+
+
+@pytest.mark.parametrize("answer", NUMERIC_REFERENCES, ids=[repr(a) for a in NUMERIC_REFERENCES])
+def test_a_numeric_reference_scores_its_right_reply_1_and_a_wrong_one_0(answer):
+    scorer = MathVerifyScorer()
+    right, wrong = decimal(answer), decimal(answer * 2)
+    assert scorer.evaluate_trajectory([one_turn(rf"So \boxed{{{right}}}.")], {"metadata": {"answer": answer}}) == {"t0": 1.0}
+    assert scorer.evaluate_trajectory([one_turn(rf"So \boxed{{{wrong}}}.")], {"metadata": {"answer": answer}}) == {"t0": 0.0}
+    if isinstance(answer, float) and "e" in repr(answer):  # the misreading: 1e-05 as e - 5
+        misread = repr(answer).replace("1e", "e")
+        assert scorer.evaluate_trajectory([one_turn(rf"\boxed{{{misread}}}")],
+                                          {"metadata": {"answer": answer}}) == {"t0": 0.0}
+
+
+def test_the_issues_reference_1e_05_is_one_hundred_thousandth():
+    scorer, ctx = MathVerifyScorer(), {"metadata": {"answer": 1e-05}}
+    assert reference_text(1e-05) == "0.00001" and reference_text(1e20) == "100000000000000000000"
+    assert reference_text("1e-05") == "0.00001" and reference_text(-42) == "-42" and reference_text("e-5") == "e-5"
+    assert scorer.evaluate_trajectory([one_turn(r"\boxed{0.00001}")], ctx) == {"t0": 1.0}
+    assert scorer.evaluate_trajectory([one_turn(r"\boxed{e-5}")], ctx) == {"t0": 0.0}
+    assert scorer.evaluate_trajectory([one_turn(r"\boxed{10^{-5}}")], ctx) == {"t0": 1.0}
+    # A string in exponent notation is read as the same number.
+    assert scorer.evaluate_trajectory([one_turn(r"\boxed{0.00001}")], {"metadata": {"answer": "1e-05"}}) == {"t0": 1.0}
+    # Six significant digits for a small reference: 1e-12 is not 2e-12 (six decimal places would make both 0).
+    assert scorer.evaluate_trajectory([one_turn(r"\boxed{2 \times 10^{-12}}")],
+                                      {"metadata": {"answer": 1e-12}}) == {"t0": 0.0}
+
+
+# Issue 55.2: math-verify's parser hands text it cannot read back as a string; that is no reference. Before,
+# these five came back as their raw string, passed the "cannot parse" check and every reply scored 0.
+@pytest.mark.parametrize("answer", [r"\frac{", "x=", "???", "}{", r"\sqrt"])
+def test_an_unreadable_reference_fails_its_rows_naming_the_key(answer):
+    with pytest.raises(ValueError, match=r"could not parse the reference answer metadata\['answer'\] = .* into a "
+                                         r"mathematical object"):
+        MathVerifyScorer().evaluate_trajectory([one_turn(r"\boxed{1}")], {"metadata": {"answer": answer}})
+    with pytest.raises(ValueError, match=r"scorer 'math_verify': math-verify could not parse"):
+        MathVerifyScorer().validate_metadata({"answer": answer})
+
+
+JUNK = st.text(alphabet="?!{}=#@~;:^_&|<>`'", min_size=1, max_size=8) | st.sampled_from(
+    [r"\frac{", "x=", "}{", r"\sqrt", r"\frac{}{", "=", r"\left(", r"\begin{", "$$", r"\boxed{"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(JUNK)
+def test_a_verifier_that_cannot_read_its_reference_never_hands_out_zeros(junk):
+    scorer = MathVerifyScorer()
+    with pytest.raises(ValueError, match="could not parse the reference answer"):
+        scorer.evaluate_trajectory([one_turn(r"\boxed{1}")], {"metadata": {"answer": junk}})
+
+
+# Issue 55.3: a reply is judged by its last boxed answer by default (before, every boxed answer was read as
+# one set: "\boxed{3} then \boxed{5}" scored 0 against 5 and against 3); boxed="all" keeps math-verify's set.
+def test_a_reply_is_judged_by_its_last_boxed_answer():
+    reply = r"First \boxed{3}, then I checked again: the final answer is \boxed{5}"
+    last, every = MathVerifyScorer(), MathVerifyScorer(boxed="all")
+    assert last.evaluate_trajectory([one_turn(reply)], {"metadata": {"answer": 5}}) == {"t0": 1.0}
+    assert last.evaluate_trajectory([one_turn(reply)], {"metadata": {"answer": 3}}) == {"t0": 0.0}
+    assert every.evaluate_trajectory([one_turn(reply)], {"metadata": {"answer": 5}}) == {"t0": 0.0}
+    assert every.evaluate_trajectory([one_turn(reply)], {"metadata": {"answer": "3, 5"}}) == {"t0": 1.0}
+    assert last_boxed(r"a \boxed{\frac{1}{2}} b \fbox{x^{2}} c") == r"\fbox{x^{2}}"
+    assert last_boxed(r"\boxed{\{1, 2\}}") == r"\boxed{\{1, 2\}}" and last_boxed("no box") is None
+    assert last_boxed(r"\boxed{1} \boxed{2") == r"\boxed{1}"  # an unclosed last box: the last closed one
+    with pytest.raises(ValueError, match="boxed must be one of"):
+        MathVerifyScorer(boxed="first")
+
+
+def test_the_command_line_refuses_an_unreadable_reference_before_scoring(tmp_path, capsys):
+    """Issue 55.2: every session's reference is read up front (``validate_metadata``): exit 2 naming the file,
+    the line, the key and the session, nothing written."""
+    import json
+
+    from prm_jax.app._cli import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text("rollout:\n  agent:\n    prm:\n      enabled: true\n"
+                      "      scorers: [{path: prm_jax.scorers.MathVerifyScorer}]\nactor: {kl_ctl: 0.0}\n")
+    lines = [{"session_key": key, "group": "q1", "metadata": {"answer": answer}, "interactions": [
+        {"id": f"{key}0", "input_tokens": [1, 2], "output_tokens": [3, 4],
+         "output_messages": [{"role": "assistant", "content": r"\boxed{0.00001}"}], "reward": 1.0}]}
+        for key, answer in (("a", 1e-05), ("b", "x="))]
+    sessions = tmp_path / "s.jsonl"
+    sessions.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    assert main(["score", "--config", str(config), "--input", str(sessions), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{sessions}:2: metadata:" in err and "metadata['answer'] = 'x='" in err and "(session 'b')" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+    lines[1]["metadata"]["answer"] = "1e-05"  # readable: both right replies score 1
+    sessions.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["score", "--config", str(config), "--input", str(sessions), "--output", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+    assert metrics["rollout/prm_turn_reward/math_verify"] == 1.0

@@ -53,9 +53,9 @@ import msgspec
 import numpy as np
 
 from prm_jax._validation import short_repr
+from prm_jax.kernels._schema import LOGPROB
 from prm_jax.runtime._context import check_metadata
 from prm_jax.runtime._trajectory import (
-    LOGPROB_SLACK,
     STOP_REASONS,
     TOKEN_ID_RANGE,
     TURN_FIELDS,
@@ -151,8 +151,9 @@ def _logprobs(values: list[float]) -> np.ndarray:
     """The turn's vector rule (one number rule for every per-token field: finite, and finite in float32),
     then the format's rule on log-probs (<= 0, with slack for rounding)."""
     read = finite_vector(values)
-    if read.size and read.max() > LOGPROB_SLACK:
-        raise ValueError(f"log-probabilities must be <= 0, got {read.max().item()}")
+    outside = LOGPROB.outside(read)
+    if outside.any():
+        raise ValueError(f"must be {LOGPROB.text}, got {read[outside][0].item()}")
     return read
 
 

@@ -236,6 +236,18 @@ def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key
                                                f"is {float(value)!r}{hint}", row, step, in_row[step])
 
 
+def bounds_check(name: str, x: jax.Array, where: jax.Array, bounds: Any, *, key: str | None = None) -> ValueCheck:
+    """``[B, T]`` ``x`` lies within ``bounds`` (a schema ``Bounds``) where ``where`` is True (NaN is the finite
+    check's to report). The count is the number of rows holding a value outside; the message names the first
+    such row, its timestep and the value. ``key`` names the check (default: from ``name``)."""
+    bad = where & ((x < bounds.low) | (x > bounds.high))
+    bad_rows = jnp.any(bad, axis=1)
+    row, step, value = located(violations(bad_rows), lambda: first_flagged(bad, x))
+    return ValueCheck(f"{key or check_key(name)}_out_of_range", violations(bad_rows),
+                      lambda row, step, value: f"{name} must be {bounds.text}; row {int(row)}, timestep {int(step)} "
+                                               f"is {float(value)!r}", row, step, value)
+
+
 def finite_floats(arrays: Mapping[str, Any], where: jax.Array, dtype: Any) -> tuple[dict[str, jax.Array],
                                                                                 list[ValueCheck]]:
     """Each of ``arrays`` (by its argument name) as a float array of ``dtype``, 0 where ``where`` is False, and a

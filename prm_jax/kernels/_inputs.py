@@ -78,7 +78,9 @@ def finite_checks(batch: Mapping[str, jax.Array], active: jax.Array, values: jax
     read it, shifted to the next token), a ``reader`` key on timesteps where a stage reads it
     (``plan.reads``: the model outputs, OTB's ``rollout_is_weights``; one no stage reads may hold anything),
     and a truncated row's bootstrap value ``V[seqlen - 1]`` (one NaN there would reach every advantage
-    through batch normalization). The other keys' rules are kept where they are read: ``rows`` by the
+    through batch normalization). A model output a stage reads is also within its declared range
+    (``bounds``: log-probs <= 0, ``sum_pi_squared`` in [0, 1], weights >= 0), as the session readers check it.
+    The other keys' rules are kept where they are read: ``rows`` by the
     outcome stage (``batch['rewards']``), a ``reader`` key of turns or rows by its stage (GiGPO's
     ``turn_rewards``, the λ), ``nan_is_missing`` by GDPO's sources."""
     checks = []
@@ -92,8 +94,10 @@ def finite_checks(batch: Mapping[str, jax.Array], active: jax.Array, values: jax
         array = _checks.as_float(f"batch[{name!r}]", batch[name], dtype) if name in batch else values
         if key.on == "positions":  # as the stages read it: on the next token's timestep
             array = shift_to_next_token(array)
-        checks.append(_checks.finite_check(f"batch[{name!r}]", jnp.where(active, array, jnp.zeros((), dtype)),
-                                           active, hint=key.hint))
+        safe = jnp.where(active, array, jnp.zeros((), dtype))
+        checks.append(_checks.finite_check(f"batch[{name!r}]", safe, active, hint=key.hint))
+        if key.bounds is not None and key.finite == "reader":  # a model output: its declared range too
+            checks.append(_checks.bounds_check(f"batch[{name!r}]", safe, active, key.bounds))
     checks.append(_checks.finite_check("batch['values'] (the bootstrap value V[seqlen - 1] of a truncated row)",
                                        last_value, truncated, key="values_bootstrap"))
     return checks

@@ -38,6 +38,7 @@ from prm_jax.kernels import _checks
 from prm_jax.kernels._estimator import Estimate, EstimatorSpec
 from prm_jax.kernels._normalization import given_groups, segment_totals
 from prm_jax.kernels._recurrence import AlignmentMethod, ScanStrategy, native_or, resolve_alignment
+from prm_jax.kernels._schema import BATCH_SCHEMA, LOGPROB
 from prm_jax.native import _ffi as ffi
 
 
@@ -137,7 +138,11 @@ def _group_baselines(returns: jax.Array, cumulative: jax.Array, row_group: jax.A
     def group_sum(x: jax.Array) -> jax.Array:
         return jax.ops.segment_sum(x, row_group, num_segments=num_groups)
 
-    return group_sum(returns * cumulative) / (group_sum(cumulative) + epsilon)
+    # (A group whose tokens all have zero weight, deterministic tokens under epsilon 0, has no baseline: 0,
+    # not 0/0.)
+    denominator = group_sum(cumulative) + epsilon
+    safe = jnp.where(denominator > 0, denominator, jnp.ones((), denominator.dtype))
+    return jnp.where(denominator > 0, group_sum(returns * cumulative) / safe, jnp.zeros((), denominator.dtype))
 
 
 def _otb_core(rewards: jax.Array, active: jax.Array, logprobs: jax.Array, pi_squared: jax.Array,
@@ -229,6 +234,8 @@ def _otb_jit(token_rewards, mask, logprobs, sum_pi_squared, rollout_is_weights, 
     if rollout_is_weights is not None:
         given["rollout_is_weights"] = rollout_is_weights
     safe, checks = _checks.finite_floats(given, active, dtype)
+    checks += [_checks.bounds_check(name, safe[name], active, BATCH_SCHEMA[name].bounds)
+               for name in ("logprobs", "sum_pi_squared", "rollout_is_weights") if name in safe]
     row_group, num_groups, group_checks = given_groups(active.shape[0], group_sizes, group_ids)
     checks += [*group_checks, *_checks.mask_check("mask", mask)]
     out = _otb_core(safe["token_rewards"], active, safe["logprobs"], safe["sum_pi_squared"],
@@ -239,9 +246,12 @@ def _otb_jit(token_rewards, mask, logprobs, sum_pi_squared, rollout_is_weights, 
 def _estimate(stage: OTBCredit, checks: list, batch: Mapping[str, jax.Array], rewards: jax.Array,
               logprobs: jax.Array, active: jax.Array, row_group: jax.Array, num_groups: int,
               strategy: ScanStrategy, dtype: Any) -> Estimate:
-    """OTB in the pipeline (module docstring). ``sum_pi_squared`` and ``rollout_is_weights`` are finite on
-    the trained timesteps (the pipeline checks every model output a stage reads, BATCH_SCHEMA's rule)."""
+    """OTB in the pipeline (module docstring). ``sum_pi_squared`` and ``rollout_is_weights`` are finite and
+    within their declared ranges on the trained timesteps (the pipeline checks every model output a stage
+    reads, BATCH_SCHEMA's rule); the old log-probs, read here as probabilities, are checked here."""
     zero = jnp.zeros((), dtype)
+    checks.append(_checks.bounds_check("the old log-probs (batch['prox_logprobs'] when given, else batch['logprobs'] "
+                                       "shifted to timesteps)", logprobs, active, LOGPROB, key="otb_logprobs"))
 
     def read(key: str) -> jax.Array:
         return jnp.where(active, _checks.as_float(f"batch[{key!r}]", batch[key], dtype), zero)

@@ -13,6 +13,7 @@ Who reads a key is declared by its reader: an estimator's ``EstimatorSpec.reads`
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal
@@ -28,6 +29,32 @@ Finite = Literal["trained", "rows", "reader", "nan_is_missing", "none"]
 Packed = Literal["always", "token_rewards", "per_turn", "model_outputs", "sessions", "never"]
 
 SHAPE_TEXT: dict[Shape, str] = {"BT": "[B, T]", "B": "[B]", "BK": "[B, K]", "G": "[G]", "N": "[N]"}
+
+#: How far above its bound a served log-prob (0) or probability (a sum of them: 1) may be: inference engines
+#: round a log-prob of ~0 to tiny positive values.
+LOGPROB_SLACK = 1e-6
+PROBABILITY_SLACK = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """A key's declared range, ``[low, high]`` (the slack for a server's rounding included), and what its
+    values are, for messages. Every reader of the key checks it from here: the session readers
+    (``prm_jax.runtime._trajectory.TURN_FIELDS``), the pipeline where a stage reads the key, the credit
+    kernels' own arguments."""
+
+    low: float
+    high: float
+    text: str
+
+    def outside(self, values: np.ndarray) -> np.ndarray:
+        """A host array's entries outside the range (NaN is not outside: the finite rule says so)."""
+        return (values < self.low) | (values > self.high)
+
+
+LOGPROB = Bounds(-math.inf, LOGPROB_SLACK, "log-probabilities (<= 0)")
+PROBABILITY = Bounds(0.0, 1.0 + PROBABILITY_SLACK, "probabilities in [0, 1]")
+WEIGHT = Bounds(0.0, math.inf, "weights (>= 0)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +72,7 @@ class BatchKey:
     like: str | None = None         # a key whose shape it must share (and that must be there with it)
     hint: str = ""                  # said when the key holds NaN where a stage reads it
     stored: type | None = None      # the dtype pack_branches stores it in, where not the class's own
+    bounds: Bounds | None = None    # its values' range, where one is declared (checked where it is read)
 
     @property
     def numpy_dtype(self) -> type:
@@ -62,7 +90,7 @@ BATCH_SCHEMA: Mapping[str, BatchKey] = MappingProxyType({key.name: key for key i
     BatchKey("input_ids", "BT", "positions", "int", "none", 0, packed="always"),
     BatchKey("attention_mask", "BT", "positions", "mask", "none", 0, packed="always", required=True, stored=np.int32),
     BatchKey("loss_mask", "BT", "positions", "mask", "none", 0, packed="always", required=True, stored=np.int32),
-    BatchKey("logprobs", "BT", "positions", "float", "trained", 0.0, packed="always", required=True),
+    BatchKey("logprobs", "BT", "positions", "float", "trained", 0.0, packed="always", required=True, bounds=LOGPROB),
     BatchKey("turn_ids", "BT", "positions", "int", "none", -1, packed="always"),
     BatchKey("token_rewards", "BT", "positions", "float", "trained", 0.0, packed="token_rewards"),
     BatchKey("token_reward_mask", "BT", "positions", "mask", "none", False, like="token_rewards"),
@@ -73,19 +101,20 @@ BATCH_SCHEMA: Mapping[str, BatchKey] = MappingProxyType({key.name: key for key i
     BatchKey("turn_rewards", "BK", "turns", "float", "reader", 0.0, packed="per_turn"),
     BatchKey("turn_reward_mask", "BK", "turns", "mask", "none", False, packed="per_turn", like="turn_rewards"),
     BatchKey("prm_logprobs", "BT", "timesteps", "float", "reader", 0.0, packed="model_outputs",
-             hint=" (NaN: a turn without PRM log-probs; PRIME reads them)"),
+             hint=" (NaN: a turn without PRM log-probs; PRIME reads them)", bounds=LOGPROB),
     BatchKey("ref_logprobs", "BT", "timesteps", "float", "reader", 0.0, packed="model_outputs",
-             hint=" (NaN: a turn without reference log-probs; the KL reward and PRIME read them)"),
+             hint=" (NaN: a turn without reference log-probs; the KL reward and PRIME read them)", bounds=LOGPROB),
     BatchKey("sum_pi_squared", "BT", "timesteps", "float", "reader", 0.0, packed="model_outputs",
-             hint=" (NaN: a turn without output_sum_pi_squared; credit_assignment 'otb' reads them)"),
+             hint=" (NaN: a turn without output_sum_pi_squared; credit_assignment 'otb' reads them)",
+             bounds=PROBABILITY),
     # (No stage reads it: the trainer's distillation_rewards and distillation_loss check it where they read it.)
-    BatchKey("teacher_logprobs", "BT", "timesteps", "float", "none", 0.0, packed="model_outputs"),
+    BatchKey("teacher_logprobs", "BT", "timesteps", "float", "none", 0.0, packed="model_outputs", bounds=LOGPROB),
     BatchKey("rollout_is_weights", "BT", "timesteps", "float", "reader", 1.0,
-             hint=" (credit_assignment 'otb' reads them where given)"),
+             hint=" (credit_assignment 'otb' reads them where given)", bounds=WEIGHT),
     BatchKey("node_ids", "BK", "turns", "int", "none", -1, packed="sessions"),
     BatchKey("node_parents", "N", "nodes", "int", "none", -1, packed="sessions"),
     BatchKey("values", "BT", "timesteps", "float", "trained", 0.0),
-    BatchKey("prox_logprobs", "BT", "timesteps", "float", "trained", 0.0),
+    BatchKey("prox_logprobs", "BT", "timesteps", "float", "trained", 0.0, bounds=LOGPROB),
     BatchKey("gae_lambda", "B", "rows", "float", "reader", 1.0),
     BatchKey("reward_sources", "BK", "rows", "float", "nan_is_missing", 0.0),
     BatchKey("group_sizes", "G", "groups", "int", "none", 1),

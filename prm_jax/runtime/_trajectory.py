@@ -19,13 +19,18 @@ import dataclasses
 import math
 import types
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import numpy as np
 
 from prm_jax._validation import FLOAT32_MAX, short_repr
-from prm_jax.kernels._schema import BATCH_SCHEMA, MODEL_OUTPUT_KEYS, is_anchor_id
+from prm_jax.kernels._schema import (
+    BATCH_SCHEMA,
+    MODEL_OUTPUT_KEYS,
+    Bounds,
+    is_anchor_id,
+)
 
 StopReason = Literal["stop", "length"]
 STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
@@ -97,21 +102,23 @@ def finite_vector(value: Any) -> np.ndarray:
     return out
 
 
-#: How far above its bound a served log-prob (0) or probability (a sum of them: 1) may be: inference engines
-#: round a log-prob of ~0 to tiny positive values.
-LOGPROB_SLACK = 1e-6
-PROBABILITY_SLACK = 1e-6
+def _bounds(batch_key: str) -> Bounds:
+    bounds = BATCH_SCHEMA[batch_key].bounds
+    assert bounds is not None, batch_key
+    return bounds
 
 
-def probability_vector(value: Any) -> np.ndarray:
-    """The rule of a per-token probability (``output_sum_pi_squared``): ``finite_vector``'s, then in
-    ``[0, 1]`` (``PROBABILITY_SLACK`` above 1 for a server's rounding)."""
-    out = finite_vector(value)
-    outside = (out < 0) | (out > 1 + PROBABILITY_SLACK)
-    if outside.any():
-        bad = out[outside][0].item()
-        raise ValueError(f"must be probabilities in [0, 1], got {short_repr(bad)}")
-    return out
+def bounded_vector(bounds: Bounds) -> Callable[[Any], np.ndarray]:
+    """The rule of a per-token field whose batch key declares a range (``BATCH_SCHEMA``'s ``bounds``):
+    ``finite_vector``'s, then within it."""
+    def rule(value: Any) -> np.ndarray:
+        out = finite_vector(value)
+        outside = bounds.outside(out)
+        if outside.any():
+            raise ValueError(f"must be {bounds.text}, got {short_repr(out[outside][0].item())}")
+        return out
+
+    return rule
 
 
 def anchor_value(value: Any) -> int:
@@ -171,7 +178,8 @@ TURN_FIELDS: tuple[TurnField, ...] = (
     TurnField("step_reward", finite_value),
     TurnField("output_prm_logprobs", finite_vector, vector=True, json="logprobs", batch_key="prm_logprobs"),
     TurnField("output_ref_logprobs", finite_vector, vector=True, json="logprobs", batch_key="ref_logprobs"),
-    TurnField("output_sum_pi_squared", probability_vector, vector=True, json="numbers", batch_key="sum_pi_squared"),
+    TurnField("output_sum_pi_squared", bounded_vector(_bounds("sum_pi_squared")), vector=True,
+              json="numbers", batch_key="sum_pi_squared"),
     TurnField("output_teacher_logprobs", finite_vector, vector=True, json="logprobs", batch_key="teacher_logprobs"),
 )
 # The turn field each per-token model output of the schema is packed from (every such key has one).

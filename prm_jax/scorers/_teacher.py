@@ -34,9 +34,10 @@ import numpy as np
 
 from prm_jax._validation import one_of, short_repr
 from prm_jax.kernels._distillation import reward_bounds
+from prm_jax.kernels._schema import LOGPROB_SLACK
 from prm_jax.runtime._model_scorer import teacher_rewards
 from prm_jax.runtime._scoring import BatchTrajectoryScorer
-from prm_jax.runtime._trajectory import LOGPROB_SLACK, Interaction, concat_spans
+from prm_jax.runtime._trajectory import Interaction, concat_spans
 from prm_jax.scorers._http import (
     DEFAULT_MAX_BODY_BYTES,
     JSONService,

@@ -52,7 +52,7 @@ def test_a_positive_log_prob_is_refused(tmp_path):
     n = len(items[0]["interactions"][0]["output_tokens"])
     items[0]["interactions"][0]["output_logprobs"] = [7.5] + [-0.1] * (n - 1)
     proc = score(tmp_path, write_jsonl(tmp_path / "lp.jsonl", items))
-    assert_input_error(proc, "lp.jsonl:1: interactions[0].output_logprobs: log-probabilities must be <= 0",
+    assert_input_error(proc, "lp.jsonl:1: interactions[0].output_logprobs: must be log-probabilities (<= 0)",
                        tmp_path / "out")
 
 

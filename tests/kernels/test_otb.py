@@ -253,3 +253,85 @@ def test_the_native_alignment_splits_rows_over_threads_and_equals_the_scatter():
     np.testing.assert_allclose(np.asarray(native.advantages), np.asarray(scatter.advantages), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(native.returns), np.asarray(scatter.returns), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(native.advantages) != 0, mask & (np.asarray(native.advantages) != 0))
+
+
+# Issue 55.4: OTB's model outputs outside their declared ranges (BATCH_SCHEMA's bounds: sum_pi_squared in
+# [0, 1], log-probs <= 0, weights >= 0) are refused on the array paths as the session reader refuses them.
+# Before, each changed the worked example's advantages without a word (0.4444/0.5556 became 0.5693/0.4293).
+IN_01 = r"sum_pi_squared must be probabilities in \[0, 1\]; row 0, timestep 0 is "
+OUT_OF_RANGE = {  # (the log of sum pi^2 by mistake: log 0.5 at row 0, timestep 0)
+    "sum_pi_squared below 0": (lambda w, lp: (lp, np.log(w + 1e-3), None), IN_01 + "-0.69"),
+    "sum_pi_squared above 1": (lambda w, lp: (lp, w + 1, None), IN_01 + "1.5"),
+    "old log-probs above 0": (lambda w, lp: (-lp, w, None),
+                              r"logprobs must be log-probabilities \(<= 0\); row 0, timestep 0 is 0.69"),
+    "negative rollout weights": (lambda w, lp: (lp, w, np.where(w > .45, -1.0, 1.0)),
+                                 r"rollout_is_weights must be weights \(>= 0\); row 0, timestep 0 is -1.0"),
+}
+
+
+def worked_example_arrays():
+    w = np.array([[.5, .2, .3], [.4, .6, 0.0]], np.float32)
+    return (np.array([[0, 0, 1.0], [0, 0, 0]], np.float32), np.array([[1, 1, 1], [1, 1, 0]], bool),
+            np.log(np.full((2, 3), 0.5, np.float32)), w)
+
+
+@pytest.mark.parametrize("case", sorted(OUT_OF_RANGE))
+def test_model_outputs_out_of_range_are_refused_by_the_kernel_naming_key_row_and_timestep(case):
+    make, message = OUT_OF_RANGE[case]
+    rewards, mask, lp, w = worked_example_arrays()
+    logprobs, pi_squared, weights = make(w, lp)
+    with pytest.raises(ValueError, match=message):
+        optimal_token_baseline(rewards, mask, logprobs.astype(np.float32), pi_squared.astype(np.float32),
+                               rollout_is_weights=None if weights is None else weights.astype(np.float32))
+
+
+def worked_example_batch():
+    return {"attention_mask": np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.int32),
+            "loss_mask": np.array([[0, 1, 1, 1], [0, 1, 1, 0]], np.int32),
+            "logprobs": np.log(np.full((2, 4), 0.5, np.float32)), "rewards": np.array([1.0, 0.0], np.float32),
+            "is_truncated": np.zeros(2, bool),
+            "sum_pi_squared": np.array([[.5, .2, .3, 0], [.4, .6, 0, 0]], np.float32)}
+
+
+OLD = r"the old log-probs \(batch\['prox_logprobs'\] when given, else batch\['logprobs'\] shifted to timesteps\) must"
+PIPELINE_OUT_OF_RANGE = {
+    "sum_pi_squared below 0": (lambda b: b.update(sum_pi_squared=np.log(b["sum_pi_squared"] + 1e-3)),
+                               "sum_pi_squared_out_of_range", r"batch\['sum_pi_squared'\] must be probabilities"),
+    "sum_pi_squared above 1": (lambda b: b.update(sum_pi_squared=b["sum_pi_squared"] + 1),
+                               "sum_pi_squared_out_of_range", r"batch\['sum_pi_squared'\] must be probabilities"),
+    "old log-probs above 0": (lambda b: b.update(logprobs=-b["logprobs"]), "otb_logprobs_out_of_range",
+                              OLD),
+    "old prox log-probs above 0": (lambda b: b.update(prox_logprobs=np.full((2, 4), 0.5, np.float32)),
+                                   "otb_logprobs_out_of_range", OLD),
+    "negative rollout weights": (lambda b: b.update(rollout_is_weights=np.full((2, 4), -1.0, np.float32)),
+                                 "rollout_is_weights_out_of_range", r"batch\['rollout_is_weights'\] must be weights"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PIPELINE_OUT_OF_RANGE))
+def test_model_outputs_out_of_range_are_refused_by_compute_advantages_and_counted_under_jit(case):
+    edit, check, message = PIPELINE_OUT_OF_RANGE[case]
+    batch = worked_example_batch()
+    edit(batch)
+    config = AdvantageConfig(credit_assignment={"mode": "otb"}, kl_ctl=0.0)
+    with pytest.raises(ValueError, match=message + r".*row 0, timestep \d"):
+        prm_jax.compute_advantages(batch, config)
+    out = jax.jit(lambda b: prm_jax.compute_advantages(b, config))(batch)
+    assert int(out.diagnostics[f"checks/{check}"]) >= 1
+    # In range (the worked example itself), every range check counts 0.
+    clean = jax.jit(lambda b: prm_jax.compute_advantages(b, config))(worked_example_batch())
+    assert all(int(v) == 0 for k, v in clean.diagnostics.items() if k.endswith("_out_of_range"))
+
+
+def test_zero_weights_under_epsilon_0_give_no_baseline_not_nan():
+    # Deterministic tokens (pi = 1, sum pi^2 = 1: w = 0) and epsilon 0: the group's baseline is 0/0. Before,
+    # the advantages were NaN; a group with no weight has no baseline, so A = G.
+    rewards, mask, _, _ = worked_example_arrays()
+    out = optimal_token_baseline(rewards, mask, np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32), epsilon=0.0,
+                                 handle_zero_tail=False)
+    np.testing.assert_array_equal(np.asarray(out.advantages), [[1, 1, 1], [0, 0, 0]])
+    batch = worked_example_batch()
+    batch.update(logprobs=np.zeros((2, 4), np.float32), sum_pi_squared=np.ones((2, 4), np.float32))
+    out = prm_jax.compute_advantages(batch, AdvantageConfig(credit_assignment={"mode": "otb", "epsilon": 0.0},
+                                                            kl_ctl=0.0))
+    assert np.isfinite(np.asarray(out.advantages)).all()

@@ -30,7 +30,14 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import boolean, finite_number, one_of
 from prm_jax.kernels import _checks
-from prm_jax.kernels._policy_loss import AggMode, GlobalBatch, aggregate, check_token_arrays, checked_global_batch
+from prm_jax.kernels._policy_loss import (
+    AggMode,
+    GlobalBatch,
+    aggregate,
+    check_token_arrays,
+    checked_global_batch,
+    global_batch_checks,
+)
 
 DistillationEstimator = Literal["k1", "abs", "k2", "k3"]
 #: verl's distillation estimators (``supervised_distillation_loss``); ``distillation_rewards`` takes ``k1``.
@@ -223,7 +230,8 @@ def _supervised_jit(logprobs, teacher_logprobs, loss_mask, batch_num_tokens, glo
     zero = jnp.zeros((), dtype)
     given, checks = _checks.finite_floats({"logprobs": logprobs, "teacher_logprobs": teacher_logprobs}, mask, dtype)
     logp, teacher = given["logprobs"], lax.stop_gradient(given["teacher_logprobs"])
-    checks += _checks.mask_check("loss_mask", loss_mask)
+    checks += [*_checks.mask_check("loss_mask", loss_mask),
+               *global_batch_checks(mask, GlobalBatch(dp_size, batch_num_tokens, global_batch_size))]
     estimate = distillation_estimate(logp, teacher, estimator)
     if clamp is not None:
         estimate = jnp.clip(estimate, -clamp, clamp)

@@ -316,12 +316,28 @@ def row_sum_mean(x: jax.Array, steps: jax.Array) -> jax.Array:
     return total / jnp.maximum(jnp.sum(jnp.any(steps, axis=1), dtype=jnp.int32), 1).astype(x.dtype)
 
 
+# Above this magnitude whitening works on values scaled down by a power of two (exact): their squares would
+# overflow float32's range (3.4e38) in the variance.
+WHITEN_SCALE_ABOVE = 2.0**32
+
+
 def whiten(x: jax.Array, active: jax.Array, eps: float = 1e-8) -> jax.Array:
     """verl's ``masked_whiten`` over the active entries of the whole batch: ``(x - mu) / sqrt(var + eps)``
     with the mean and the unbiased variance taken over active entries (one entry: variance 0); inactive
-    entries come out as 0 (verl leaves them unmasked)."""
-    moments = segment_moments(x, active, ddof=1)
-    return jnp.where(active, moments.centred / jnp.sqrt(moments.var + eps), jnp.zeros((), x.dtype))
+    entries come out as 0 (verl leaves them unmasked).
+
+    Finite for every finite input: where an active entry exceeds ``WHITEN_SCALE_ABOVE`` in magnitude the
+    entries are divided by the power of two ``s`` at or above the largest (and ``eps`` by ``s^2``), which
+    leaves the formula's value unchanged and keeps the variance in float32's range (rewards of 1e20 gave
+    NaN); below it the computation is verl's, bit for bit. Entries all equal give 0."""
+    zero = jnp.zeros((), x.dtype)
+    top = jnp.max(jnp.where(active, jnp.abs(x), zero), initial=zero)
+    exponent = jnp.where(top > WHITEN_SCALE_ABOVE, jnp.ceil(jnp.log2(jnp.maximum(top, 1))), zero).astype(jnp.int32)
+    scaled = jnp.ldexp(x, -exponent)
+    moments = segment_moments(jnp.where(active, scaled, zero), active, ddof=1)
+    spread = jnp.sqrt(moments.var + jnp.ldexp(jnp.asarray(eps, x.dtype), -2 * exponent))
+    safe = jnp.where(spread > 0, spread, jnp.ones((), x.dtype))
+    return jnp.where(active & (spread > 0), moments.centred / safe, zero)
 
 
 def _decoupled_normalization_core(rewards: jax.Array, weights: jax.Array, real: jax.Array, row_group: jax.Array,

@@ -35,7 +35,7 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from prm_jax._validation import finite_number, integer, integer_dtype, one_of
+from prm_jax._validation import finite_number, integer, integer_dtype, one_of, short_repr
 from prm_jax.kernels import _checks
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
@@ -71,7 +71,9 @@ def checked_global_batch(mode: str, dp_size: int, batch_num_tokens: Any,
                          global_batch_size: Any) -> GlobalBatch:
     """The global batch keywords checked for ``mode``: ``dp_size`` an integer >= 1; with ``dp_size > 1`` the
     count the mode divides by must be given (``batch_num_tokens`` for the token modes, ``global_batch_size``
-    for the sequence ones), as verl requires; a given count a non-negative number."""
+    for the sequence ones), as verl requires; a given count is an integer (a Python or numpy integer, or an
+    integer array: never a bool, a float, an infinity or a NaN) and, known before tracing, >= 0. That it is at
+    least what the piece itself holds is ``global_batch_checks``' (eagerly raised, under jit counted)."""
     integer("dp_size", dp_size, minimum=1)
     needed = "batch_num_tokens" if mode.startswith("token") else "global_batch_size"
     given = {"batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size}
@@ -79,10 +81,35 @@ def checked_global_batch(mode: str, dp_size: int, batch_num_tokens: Any,
         raise ValueError(f"{needed} (of the whole mini-batch) is required with dp_size > 1 under loss_agg_mode "
                          f"{mode!r}: each rank's pieces would otherwise divide by their own counts")
     for name, value in given.items():
-        concrete = None if value is None else _checks.concrete_scalar(value)
-        if concrete is not None and not (concrete >= 0):
-            raise ValueError(f"{name} must be a count >= 0, got {value!r}")
+        if value is None:
+            continue
+        dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
+        if isinstance(value, bool) or not np.issubdtype(dtype, np.integer) or np.ndim(value) != 0:
+            raise TypeError(f"{name} must be an integer count (a scalar, not a bool or a float), got "
+                            f"{short_repr(value)}")
+        concrete = _checks.concrete_scalar(value)
+        if concrete is not None and concrete < 0:
+            raise ValueError(f"{name} must be a count >= 0, got {short_repr(value)}")
     return GlobalBatch(dp_size, batch_num_tokens, global_batch_size)
+
+
+def global_batch_checks(mask: jax.Array, global_batch: GlobalBatch) -> list[_checks.ValueCheck]:
+    """A given count is at least what the piece itself holds (``batch_num_tokens`` its trained tokens,
+    ``global_batch_size`` its rows): a smaller one would multiply the piece's loss (a mini-batch holds its
+    pieces)."""
+    own = {"batch_num_tokens": (jnp.sum(mask, dtype=jnp.int32), "trained tokens"),
+           "global_batch_size": (jnp.asarray(mask.shape[0], jnp.int32), "rows")}
+    checks = []
+    for name, (held, what) in own.items():
+        given = getattr(global_batch, name)
+        if given is None:
+            continue
+        count = jnp.asarray(given).astype(jnp.int32)
+        checks.append(_checks.ValueCheck(
+            f"{name}_below_piece", (count < held).astype(jnp.int32),
+            lambda count, held, name=name, what=what: f"{name} (of the whole mini-batch) must be at least the piece's "
+            f"own {what}, {int(held)}; got {int(count)}", count, held))
+    return checks
 
 
 def aggregate(losses: jax.Array, mask: jax.Array, mode: AggMode, loss_scale_factor: float | None = None,
@@ -318,4 +345,6 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs, 
                                      _checks.as_mask("loss_mask", loss_mask), old, eps_clip, eps_clip_higher, c_clip,
                                      behav_imp_weight_cap, loss_agg_mode,
                                      GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
-    return _checks.counted(loss, stats, _checks.mask_check("loss_mask", loss_mask))
+    own = global_batch_checks(_checks.as_mask("loss_mask", loss_mask), GlobalBatch(dp_size, batch_num_tokens,
+                                                                                   global_batch_size))
+    return _checks.counted(loss, stats, [*_checks.mask_check("loss_mask", loss_mask), *own])

@@ -40,6 +40,7 @@ from prm_jax.kernels._policy_loss import (
     aggregate,
     check_token_arrays,
     checked_global_batch,
+    global_batch_checks,
 )
 
 VerlAggMode = AggMode
@@ -95,6 +96,7 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
               global_batch_size=None, *, kind, loss_agg_mode, params, loss_scale_factor, dp_size=1):
     counts = GlobalBatch(dp_size, batch_num_tokens, global_batch_size)
     logp, old, adv, mask, weights = _prepared(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights)
+    input_checks = [*_checks.mask_check("loss_mask", loss_mask), *global_batch_checks(mask, counts)]
     zero = jnp.zeros((), logp.dtype)
     d = logp - old
     clipped = jnp.zeros_like(mask)
@@ -102,11 +104,11 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
     if kind in ("kl_cov", "clip_cov"):
         loss, stats, check = (_kl_cov if kind == "kl_cov" else _clip_cov)(logp, adv, mask, weights, d, extra, params,
                                                                         loss_agg_mode, loss_scale_factor, counts)
-        return _checks.counted(loss, stats, [*_checks.mask_check("loss_mask", loss_mask), check])
+        return _checks.counted(loss, stats, [*input_checks, check])
     if kind == "geo_mean":
         low, high = params
         loss, stats, check = _geo_mean(logp, adv, mask, weights, d, low, high)
-        return _checks.counted(loss, stats, [*_checks.mask_check("loss_mask", loss_mask), check])
+        return _checks.counted(loss, stats, [*input_checks, check])
     if kind == "vanilla":
         low, high, cap = params
         x = _torch_clamp(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -163,7 +165,7 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
     loss = aggregate(losses, mask, loss_agg_mode, loss_scale_factor, counts)
     stats = PolicyLossStats(_masked_mean(clipped.astype(logp.dtype), mask), kl_mean,
                             _masked_mean(lower.astype(logp.dtype), mask))
-    return _checks.counted(loss, stats, _checks.mask_check("loss_mask", loss_mask))
+    return _checks.counted(loss, stats, input_checks)
 
 
 def _geo_mean(logp, adv, mask, weights, d, low, high):

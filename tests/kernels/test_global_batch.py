@@ -119,9 +119,10 @@ def test_the_counts_may_be_traced_as_a_train_step_all_reduces_them():
     logprobs, proximal, advantages, mask = batch(4)
     step = jax.jit(lambda n, g: losses.cispo_loss(logprobs, proximal, advantages, mask, dp_size=2,
                                                   batch_num_tokens=n, global_batch_size=g)[0])
-    eager = losses.cispo_loss(logprobs, proximal, advantages, mask, dp_size=2, batch_num_tokens=40,
+    tokens = 2 * int(np.count_nonzero(mask))  # (this piece and another as large: a count it can be part of)
+    eager = losses.cispo_loss(logprobs, proximal, advantages, mask, dp_size=2, batch_num_tokens=tokens,
                               global_batch_size=16)[0]
-    assert float(step(jnp.int32(40), jnp.int32(16))) == pytest.approx(float(eager), rel=1e-6)
+    assert float(step(jnp.int32(tokens), jnp.int32(16))) == pytest.approx(float(eager), rel=1e-6)
 
 
 def test_credit2s_pair_under_seq_mean_token_sum_global_against_local():
@@ -137,3 +138,46 @@ def test_credit2s_pair_under_seq_mean_token_sum_global_against_local():
     global_ = float(losses.vanilla_ppo_loss(*both, loss_agg_mode="seq-mean-token-sum", **info)[0])
     local = float(losses.vanilla_ppo_loss(*both, loss_agg_mode="seq-mean-token-sum")[0])
     assert round(global_, 4) == 0.1264 and round(local, 4) == 0.1685
+
+
+# Issue 55.5: the counts are used as given no more. Before: batch_num_tokens=inf gave a loss of -0.0 (no
+# gradient), True counted as 1, a count below the piece's own trained tokens (or global_batch_size below its
+# rows) tripled the loss, and a traced NaN count gave a NaN loss with no check.
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), True, np.True_, 40.0, np.float32(40), [40]],
+                         ids=["inf", "nan", "True", "np.True_", "40.0", "float32", "list"])
+@pytest.mark.parametrize("name", ["ppo_clip", "cispo"])
+def test_a_count_that_is_not_an_integer_is_refused_naming_it(value, name):
+    with pytest.raises(TypeError, match="batch_num_tokens must be an integer count"):
+        loss_of(name, batch(5), batch_num_tokens=value)
+    with pytest.raises(TypeError, match="global_batch_size must be an integer count"):
+        loss_of(name, batch(5), global_batch_size=value, loss_agg_mode="seq-mean-token-mean")
+    with pytest.raises(TypeError, match="batch_num_tokens must be an integer count"):
+        losses.supervised_distillation_loss(batch(5)[0], batch(5)[1], batch(5)[3], batch_num_tokens=value)
+
+
+@pytest.mark.parametrize("name", ["ppo_clip", "cispo", "distillation"])
+def test_a_count_below_what_the_piece_holds_is_refused_eagerly_and_counted_under_jit(name):
+    logprobs, proximal, advantages, mask = batch(6)
+    held = int(np.count_nonzero(mask))
+
+    def run(**keywords):
+        if name == "distillation":
+            return losses.supervised_distillation_loss(logprobs, proximal, mask, **keywords)
+        return loss_of(name, (logprobs, proximal, advantages, mask), **keywords)
+
+    with pytest.raises(ValueError, match=rf"batch_num_tokens \(of the whole mini-batch\) must be at least the piece's "
+                                         rf"own trained tokens, {held}; got {held // 3}"):
+        run(batch_num_tokens=held // 3)
+    with pytest.raises(ValueError, match=r"global_batch_size .* must be at least the piece's own rows, 8; got 2"):
+        run(global_batch_size=2, loss_agg_mode="seq-mean-token-mean")
+    # The piece's own counts, and a mini-batch's larger ones, are taken (a float64 loop's sum / N).
+    assert float(run(batch_num_tokens=held)) == pytest.approx(float(run()), rel=1e-6)
+    assert float(run(batch_num_tokens=2 * held)) == pytest.approx(float(run()) / 2, rel=1e-5, abs=1e-7)
+    if name != "distillation":  # (its statistics carry no counts: a host callback raises under jit)
+        stats = jax.jit(lambda n: losses.ppo_clip_loss(logprobs, proximal, advantages, mask, batch_num_tokens=n)[1]
+                        if name == "ppo_clip" else losses.cispo_loss(logprobs, proximal, advantages, mask,
+                                                                     batch_num_tokens=n)[1])
+        assert int(stats(jnp.int32(held // 3)).checks["checks/batch_num_tokens_below_piece"]) == 1
+        assert int(stats(jnp.int32(held)).checks["checks/batch_num_tokens_below_piece"]) == 0
+    with pytest.raises(TypeError, match="batch_num_tokens must be an integer count"):  # a traced float: NaN possible
+        jax.jit(lambda n: run(batch_num_tokens=n))(jnp.float32(np.nan))

@@ -110,3 +110,35 @@ def test_groups_that_do_not_cover_the_batch_are_refused():
     with pytest.raises(ValueError, match="group_ids"):
         reinforce_pp(np.ones((2, 3), np.float32), np.ones((2, 3), bool), baseline=True,
                      group_ids=np.array([0, 5], np.int32))
+
+
+@pytest.mark.parametrize("baseline", [False, True])
+@pytest.mark.parametrize("scale", [1e20, 1e30, 3e37])
+def test_rewards_near_float32s_range_whiten_finite_as_the_float64_loop(baseline, scale):
+    # Issue 55.6: finite rewards of 1e20 gave all-NaN advantages (the whitening's variance overflowed float32),
+    # while compute_advantages stayed finite. The whitening scales by a power of two: the float64 loop's values.
+    rng = np.random.default_rng(int(baseline))
+    mask = rng.random((5, 8)) < 0.7
+    mask[1] = False
+    rewards = (rng.normal(size=(5, 8)) * scale / (8 if baseline else 20)).astype(np.float32)
+    out = reinforce_pp(rewards, mask, gamma=1.0 if baseline else 0.9, baseline=baseline,
+                       group_sizes=np.array([2, 3], np.int32))
+    want_a, _ = reference.reinforce_pp(rewards.astype(np.float64), mask, 1.0 if baseline else 0.9,
+                                       [0, 0, 1, 1, 1], [True] * 5, baseline)
+    assert np.isfinite(np.asarray(out.advantages)).all()
+    np.testing.assert_allclose(np.asarray(out.advantages), want_a, rtol=2e-5, atol=2e-5)
+
+
+def test_the_pipeline_and_the_kernel_whiten_alike_at_1e20():
+    # One whitening for both: compute_advantages with mode reinforce_pp on rewards of 1e20 gives the kernel's.
+    batch = {"attention_mask": np.ones((3, 4), np.int32), "loss_mask": np.array([[0, 1, 1, 1]] * 3, np.int32),
+             "logprobs": np.full((3, 4), -1.0, np.float32), "rewards": np.array([1e20, -3e19, 5e19], np.float32),
+             "is_truncated": np.zeros(3, bool)}
+    config = AdvantageConfig(credit_assignment={"mode": "reinforce_pp"}, kl_ctl=0.0, discount=0.9,
+                             reward_clip=1e38)
+    out = prm_jax.compute_advantages(batch, config)
+    token_rewards = np.zeros((3, 4), np.float32)
+    token_rewards[:, 2] = batch["rewards"]  # (on timesteps: the last generated token's reward, one step earlier)
+    kernel = reinforce_pp(token_rewards[:, :3], np.ones((3, 3), bool), gamma=0.9)
+    assert np.isfinite(np.asarray(out.advantages)).all()
+    np.testing.assert_allclose(np.asarray(out.advantages)[:, :3], np.asarray(kernel.advantages), rtol=1e-5, atol=1e-6)

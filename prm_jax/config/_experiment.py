@@ -114,10 +114,19 @@ class PRMConfig:
 
     @classmethod
     def from_mapping(cls, data: Any, where: str = "rollout.agent.prm") -> PRMConfig:
-        """The YAML section; its ``advantage_shaping`` belongs to the actor (see ``ExperimentConfig``)."""
-        section = dict(data or {})
-        section.pop("advantage_shaping", None)
+        """The YAML section; its ``advantage_shaping`` belongs to the actor (see ``ExperimentConfig``): it is
+        checked here (a bad one is a ``ConfigError`` naming it) and read by ``section_shaping``."""
+        section = dict(data or {}) if isinstance(data, Mapping) else data
+        if isinstance(section, dict):
+            section_shaping(section, where)
+            section.pop("advantage_shaping", None)
         return from_mapping(cls, section, where)
+
+
+def section_shaping(section: Mapping[str, Any], where: str = "rollout.agent.prm") -> ShapingConfig:
+    """The ``advantage_shaping`` a PRM section (a mapping) writes, checked; the default where it writes none."""
+    return shaping_config(section.get("advantage_shaping"), f"{where}.advantage_shaping" if where else
+                          "advantage_shaping")
 
 
 class PRMSection(NamedTuple):

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prm_jax._validation import short_repr
-from prm_jax.config._experiment import ExperimentConfig, PRMConfig, PRMSection, ScorerSpec
+from prm_jax.config._experiment import ExperimentConfig, PRMConfig, PRMSection, ScorerSpec, section_shaping
 from prm_jax.kernels._shaping import ShapingConfig
 from prm_jax.runtime._scoring import EXECUTOR_SETTINGS, BaseScorer, SyncScorer
 
@@ -151,9 +151,10 @@ def as_section(config: Any, borrowed: Sequence[BaseScorer]) -> PRMSection:
     if isinstance(config, ExperimentConfig):
         return config.prm_section
     if isinstance(config, Mapping):
-        config = (ExperimentConfig.from_mapping(config) if "rollout" in config or "actor" in config
-                  else PRMConfig.from_mapping(config))
-        return config.prm_section if isinstance(config, ExperimentConfig) else as_section(config, borrowed)
+        if "rollout" in config or "actor" in config:
+            return ExperimentConfig.from_mapping(config).prm_section
+        prm = PRMConfig.from_mapping(config)  # (a prm section: its advantage_shaping honoured, as in the full shape)
+        return PRMSection(prm.enabled, section_shaping(config), prm.scorers)
     if isinstance(config, PRMConfig):
         return PRMSection(config.enabled, ShapingConfig(), config.scorers)
     if config is None:

@@ -17,7 +17,7 @@ from prm_jax import (
     PRMRunner,
     PRMScorerResult,
 )
-from prm_jax.config import PRMConfig, ScorerSpec
+from prm_jax.config import ConfigError, PRMConfig, ScorerSpec
 from prm_jax.runtime import RunnerClosedError, RunnerState
 
 pytestmark = pytest.mark.anyio
@@ -501,3 +501,17 @@ async def test_entering_a_closed_runner_is_refused():
     with pytest.raises(RunnerClosedError, match="PRMRunner is closed: it cannot be entered again"):
         async with runner:
             pass
+
+
+def test_a_prm_section_mappings_advantage_shaping_is_honoured_or_refused_naming_it():
+    # Issue 55.7: PRMRunner(mapping) dropped a prm-section advantage_shaping: {"mode": "gvpo"} ran as additive,
+    # and so did {"mode": "nonsense"}. Now it is read as in the full rollout.agent.prm shape.
+    for mode in ("additive", "gvpo", "process_weighted"):
+        assert PRMRunner({"advantage_shaping": {"mode": mode}}).shaping_mode == mode
+        full = {"rollout": {"agent": {"prm": {"advantage_shaping": {"mode": mode}}}}}
+        assert PRMRunner(full).shaping_mode == mode
+    assert PRMRunner({}).shaping_mode == "additive"
+    with pytest.raises(ConfigError, match=r"rollout\.agent\.prm\.advantage_shaping\.mode must be one of .*'nonsense'"):
+        PRMRunner({"advantage_shaping": {"mode": "nonsense"}})
+    with pytest.raises(ConfigError, match=r"advantage_shaping\.colour|unknown keys \['colour'\]"):
+        PRMRunner({"advantage_shaping": {"mode": "gvpo", "colour": 1}})

@@ -64,7 +64,7 @@ def make_batch(rng: np.random.Generator) -> dict:
                 rewards=rng.choice([0.0, 1.0], ROWS).astype(np.float32),
                 values=rng.normal(0, 0.5, (ROWS, WIDTH)).astype(np.float32), ref_logprobs=ref,
                 prox_logprobs=prox,
-                prm_logprobs=(ref + rng.normal(0, 0.2, ref.shape)).astype(np.float32),
+                prm_logprobs=(-np.abs(ref + rng.normal(0, 0.2, ref.shape))).astype(np.float32),  # (log-probs: <= 0)
                 token_rewards=token_rewards.astype(np.float32),
                 gae_lambda=rng.uniform(0.5, 1.0, ROWS).astype(np.float32),
                 turn_rewards=rng.normal(0, 1, (ROWS, 4)).astype(np.float32),

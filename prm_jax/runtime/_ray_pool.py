@@ -12,7 +12,9 @@ restart loop); a close kills every actor it created and releases the connection,
 
 The connection (``_CLUSTER``) is shared by every ray executor in the process: a driver that already called
 ``ray.init()`` is reused and never disconnected; otherwise the first executor joins ``ray_address`` (or
-``RAY_ADDRESS``), or starts a local cluster of this machine's CPUs (its own temp dir, dashboard off,
+``RAY_ADDRESS``) within ``connect_timeout`` (nothing listening there fails at once; one that does not answer
+as a Ray cluster fails when the time is up: Ray's own connection retries would wait minutes), or starts a
+local cluster of this machine's CPUs (its own temp dir, dashboard off,
 listening on 127.0.0.1 only, never an address found on record) with a watchdog process that ends it if the
 driver dies without closing; the last executor to close disconnects (and stops the cluster it started).
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +40,12 @@ from prm_jax.runtime._executors import describe, starting
 from prm_jax.runtime._process_pool import WorkerPool, _Call, _Unusable
 from prm_jax.runtime._ray_watchdog import VARIABLE as OWNER_VARIABLE
 from prm_jax.runtime._ray_watchdog import cluster_processes, end_cluster
-from prm_jax.runtime._scoring import DEFAULT_PLACEMENT_TIMEOUT_S, BaseScorer, usable_cores
+from prm_jax.runtime._scoring import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_PLACEMENT_TIMEOUT_S,
+    BaseScorer,
+    usable_cores,
+)
 from prm_jax.runtime._worker import _GAVE_UP, ScorerActor
 
 SHUTDOWN_S = 10.0  # the most a close waits for Ray to disconnect (and stop the local cluster it started)
@@ -64,13 +72,13 @@ class _Connection:
         self.watchdog: subprocess.Popen[bytes] | None = None
         self.marker = ""
 
-    def acquire(self, address: str | None) -> None:
+    def acquire(self, address: str | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         ray = import_ray()
         with self.lock:
             if self.users == 0 and not ray.is_initialized():
                 address = address or os.environ.get("RAY_ADDRESS") or None
                 if address:
-                    ray.init(address=address)
+                    join(ray, address, connect_timeout)
                     self.ours, self.address = "joined", address
                 else:
                     self._start_local(ray)
@@ -122,6 +130,58 @@ class _Connection:
 _CLUSTER = _Connection()
 
 
+def _host_port(address: str) -> tuple[str, int] | None:
+    """The host and port an address names (``host:port``, ``ray://host:port``; ``ray://host`` is Ray Client's
+    10001); ``None`` for ``auto`` and other forms Ray resolves itself."""
+    rest = address.strip()
+    client = rest.startswith("ray://")
+    rest = rest.removeprefix("ray://")
+    if rest in ("auto", "local", ""):
+        return None
+    host, _, port = rest.rpartition(":")
+    if not host:
+        return (rest, 10001) if client else None
+    if not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def join(ray: Any, address: str, connect_timeout: float) -> None:
+    """``ray.init(address=address)`` bounded by ``connect_timeout``: first a TCP connection to the address
+    (nothing listening, a wrong host: one line at once), then Ray's own handshake in a thread waited for up to
+    the rest of the time. ``ConnectionError`` naming the address and what to check."""
+    started = time.monotonic()
+    check = ("check that the cluster's head is running there (`ray status` on it), that the address and port "
+             "are the GCS's (6379 by default; ray://host:10001 for Ray Client) and that no firewall is between; "
+             f"connect_timeout ({connect_timeout:g} s) bounds the wait")
+    target = _host_port(address)
+    if target is not None:
+        try:
+            socket.create_connection(target, timeout=connect_timeout).close()
+        except OSError as err:
+            raise ConnectionError(f"ray_address {address!r}: cannot connect ({err.strerror or err}): {check}") from None
+    done, abandoned = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            ray.init(address=address)
+            if abandoned.is_set():  # connected after the caller gave up: leave no connection behind
+                ray.shutdown()
+        except BaseException as err:  # (handed to the caller below)
+            failure.append(err)
+        finally:
+            done.set()
+
+    threading.Thread(target=connect, name="prm-jax-ray-connect", daemon=True).start()
+    if not done.wait(max(0.0, connect_timeout - (time.monotonic() - started))):
+        abandoned.set()
+        raise ConnectionError(f"ray_address {address!r}: no Ray cluster answered within connect_timeout "
+                              f"({connect_timeout:g} s): {check}")
+    if failure:
+        raise ConnectionError(f"ray_address {address!r}: {type(failure[0]).__name__}: {failure[0]}; {check}") from None
+
+
 class _Actor:
     """One actor of the pool: its handle, and where it runs."""
 
@@ -143,6 +203,7 @@ class RayExecutor(WorkerPool):
         self.num_cpus = float(getattr(scorer, "num_cpus", None) or 1.0)
         self.actor_options: dict[str, Any] = dict(getattr(scorer, "actor_options", None) or {})
         self.placement_timeout = float(getattr(scorer, "placement_timeout", None) or DEFAULT_PLACEMENT_TIMEOUT_S)
+        self.connect_timeout = float(getattr(scorer, "connect_timeout", None) or DEFAULT_CONNECT_TIMEOUT_S)
         self._connected = False
         self._blob: bytes | None = None
         self._suspects: set[int] = set()  # calls whose actor died before answering: rerun one at a time
@@ -162,7 +223,7 @@ class RayExecutor(WorkerPool):
                             f"actors, but it does not pickle: {err!r} (keep clients and locks out of its state, or "
                             "open them lazily in the actor)") from None
         if not self._connected:
-            _CLUSTER.acquire(self.address)
+            _CLUSTER.acquire(self.address, self.connect_timeout)
             self._connected = True
         total = ray.cluster_resources()
         asked = self.asked()

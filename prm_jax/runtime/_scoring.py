@@ -287,7 +287,8 @@ def default_workers(executor: str) -> int | None:
 
 
 DEFAULT_PLACEMENT_TIMEOUT_S = 60.0  # how long a ray executor's actor may wait for the cluster to place it
-RAY_SETTINGS = ("ray_address", "num_cpus", "actor_options", "placement_timeout")  # executor 'ray' only
+DEFAULT_CONNECT_TIMEOUT_S = 30.0  # how long joining a Ray cluster at ray_address may take before it fails
+RAY_SETTINGS = ("ray_address", "num_cpus", "actor_options", "placement_timeout", "connect_timeout")  # executor 'ray' only
 EXECUTOR_SETTINGS = ("executor", "max_workers", *RAY_SETTINGS)  # a SyncScorer's (validate_executor's arguments)
 
 
@@ -322,29 +323,33 @@ class SyncScorer(BaseScorer):
     def __init__(self, executor: ExecutorKind | None = None, max_workers: int | None = None,
                  ray_address: str | None = None, num_cpus: float | None = None,
                  actor_options: Mapping[str, Any] | None = None, placement_timeout: float | None = None,
-                 **kwargs: Any):
+                 connect_timeout: float | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         type(self).validate_executor(executor=executor, max_workers=max_workers, ray_address=ray_address,
                                      num_cpus=num_cpus, actor_options=actor_options,
-                                     placement_timeout=placement_timeout)
+                                     placement_timeout=placement_timeout, connect_timeout=connect_timeout)
         self.executor = executor or type(self).executor
         self.max_workers = default_workers(self.executor) if max_workers is None else max_workers
         self.ray_address = ray_address
         self.num_cpus = 1.0 if num_cpus is None else float(num_cpus)
         self.actor_options = dict(actor_options or {})
         self.placement_timeout = DEFAULT_PLACEMENT_TIMEOUT_S if placement_timeout is None else float(placement_timeout)
+        self.connect_timeout = DEFAULT_CONNECT_TIMEOUT_S if connect_timeout is None else float(connect_timeout)
 
     @classmethod
     def validate_executor(cls, executor: Any = None, max_workers: Any = None, ray_address: Any = None,
-                          num_cpus: Any = None, actor_options: Any = None, placement_timeout: Any = None) -> None:
+                          num_cpus: Any = None, actor_options: Any = None, placement_timeout: Any = None,
+                          connect_timeout: Any = None) -> None:
         """The executor settings, checked without starting anything. ``ray_address``, ``num_cpus``,
-        ``actor_options`` and ``placement_timeout`` are the ``ray`` executor's: given with another executor
-        they are refused, naming both keys."""
+        ``actor_options``, ``placement_timeout`` and ``connect_timeout`` (seconds joining the cluster at
+        ``ray_address`` may take, default 30) are the ``ray`` executor's: given with another executor they
+        are refused, naming both keys."""
         if executor is not None:
             one_of("executor", executor, SYNC_EXECUTORS)
         if max_workers is not None:
             integer("max_workers", max_workers, minimum=1)
-        given = dict(zip(RAY_SETTINGS, (ray_address, num_cpus, actor_options, placement_timeout), strict=True))
+        given = dict(zip(RAY_SETTINGS, (ray_address, num_cpus, actor_options, placement_timeout, connect_timeout),
+                         strict=True))
         kind = executor or cls.executor
         stray = [key for key, value in given.items() if value is not None]
         if stray and kind != "ray":
@@ -357,6 +362,8 @@ class SyncScorer(BaseScorer):
             finite_number("num_cpus (the CPUs each actor reserves)", num_cpus, positive=True)
         if placement_timeout is not None:
             deadline("placement_timeout", placement_timeout)
+        if connect_timeout is not None:
+            deadline("connect_timeout", connect_timeout)
         if actor_options is not None:
             if not isinstance(actor_options, Mapping) or not all(isinstance(k, str) for k in actor_options):
                 raise TypeError(f"actor_options must be a mapping of Ray actor options (resources, num_gpus, "

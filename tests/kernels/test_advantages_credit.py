@@ -53,7 +53,8 @@ def test_pure_through_the_pipeline(whiten):
 def test_prime_through_the_pipeline():
     rng = np.random.default_rng(32)
     batch, groups = grouped(rng)
-    batch["prm_logprobs"] = (batch["ref_logprobs"] + rng.normal(0, 0.3, batch["ref_logprobs"].shape)).astype(np.float32)
+    batch["prm_logprobs"] = (-np.abs(batch["ref_logprobs"] + rng.normal(0, 0.3, batch["ref_logprobs"].shape))
+                             ).astype(np.float32)  # (log-probs: <= 0, the schema's range)
     config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "prime", "beta": 0.1, "lam": 0.5, "use_gt": True})
     plain = {k: v for k, v in batch.items() if k != "token_rewards"}
     out = compute_advantages(plain, config)

@@ -288,3 +288,43 @@ def test_a_local_cluster_the_executor_started_is_stopped_by_its_close(tmp_path):
     remote, started, connected, left, temp_left = done.stdout.split(maxsplit=4)
     assert remote == "True" and int(started) >= 3, done.stdout
     assert (connected, left.strip(), temp_left.strip()) == ("False", "set()", "False"), done.stdout
+
+
+UNREACHABLE_DRIVER = """
+import sys, time, anyio, numpy as np
+import scorers_for_tests as st
+from prm_jax import PRMRunner
+from prm_jax.runtime._arrays import score_arrays
+
+async def main():
+    scorer = st.Sleepy(executor="ray", ray_address=sys.argv[1], connect_timeout=5)
+    try:
+        await score_arrays(PRMRunner(scorers=(scorer,)), np.arange(1, 9, dtype=np.int32).reshape(2, 4),
+                           np.array([[-1, 0, 0, 0]] * 2, np.int32))
+    except Exception as err:
+        print(f"{type(err).__name__}: {err}")
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("listening", [False, True], ids=["nothing listens", "a port that never answers"])
+def test_an_unreachable_ray_address_fails_within_connect_timeout_naming_it(listening, tmp_path):
+    # Issue 55.8: ray_address 127.0.0.1:1 hung score_arrays past 300 s with only Ray's log lines; with
+    # connect_timeout 5 the driver says which address and what to check, and exits.
+    import socket
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.path.dirname(tests)]))
+    env.pop("RAY_ADDRESS", None)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        if listening:
+            listener.listen(4)
+        address = "127.0.0.1:1" if not listening else "{}:{}".format(*listener.getsockname())
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", UNREACHABLE_DRIVER, address], env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert time.monotonic() - started < 60, done.stderr[-2000:]
+    assert f"ConnectionError: ray_address '{address}'" in done.stdout, (done.stdout, done.stderr[-2000:])
+    assert "check that the cluster's head is running there" in done.stdout

@@ -866,7 +866,7 @@ async def test_a_workers_loading_is_not_its_first_calls_time():
 
 @pytest.mark.parametrize("executor", ["thread", "process"])
 @pytest.mark.parametrize("setting, value", [("ray_address", "auto"), ("num_cpus", 2), ("actor_options", {}),
-                                            ("placement_timeout", 5.0)])
+                                            ("placement_timeout", 5.0), ("connect_timeout", 5.0)])
 def test_a_ray_setting_beside_another_executor_is_refused_naming_both_keys(executor, setting, value):
     # Where options meet: the ray executor's settings mean nothing to a thread or process pool; given there they
     # are refused at construction and in a config file, naming the setting and the executor.
@@ -882,6 +882,7 @@ def test_a_ray_setting_beside_another_executor_is_refused_naming_both_keys(execu
 @pytest.mark.parametrize("kwargs, message", [
     ({"num_cpus": 0}, "num_cpus"), ({"num_cpus": float("nan")}, "num_cpus"),
     ({"placement_timeout": 0}, "placement_timeout"), ({"ray_address": ""}, "ray_address must be a non-empty string"),
+    ({"connect_timeout": 0}, "connect_timeout"), ({"connect_timeout": float("inf")}, "connect_timeout"),
     ({"actor_options": ["resources"]}, "actor_options must be a mapping"),
     ({"actor_options": {"max_restarts": 3}}, r"actor_options: \['max_restarts'\] are set by the ray executor"),
 ])
@@ -910,3 +911,59 @@ async def test_executor_ray_without_ray_installed_says_how_to_install_it(monkeyp
         await runner.aclose()
     assert isinstance(results[0], ImportError)
     assert "executor 'ray' needs Ray: pip install 'prm-jax[ray]'" in str(results[0])
+
+
+# Issue 55.8: executor "ray" with an unreachable ray_address (127.0.0.1:1) hung score_arrays past 300 s with only
+# Ray's own log lines. Joining is bounded by connect_timeout (30 s by default) and fails with one line naming
+# the address and what to check. These run without Ray: ``join`` takes the ray module, here a stand-in whose
+# handshake never answers (as Ray's retries do); the Ray suite (tests/ray) runs the real one.
+class _RayThatNeverAnswers:
+    def __init__(self):
+        self.called, self.shutdowns = 0, 0
+
+    def init(self, address):
+        self.called += 1
+        time.sleep(3.0)
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+def test_joining_an_address_where_nothing_listens_fails_at_once_naming_it():
+    from prm_jax.runtime._ray_pool import join
+
+    ray = _RayThatNeverAnswers()
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"ray_address '127\.0\.0\.1:1': cannot connect .*: check that the "
+                                              r"cluster's head is running there.*connect_timeout \(30 s\)"):
+        join(ray, "127.0.0.1:1", 30.0)
+    assert time.monotonic() - started < 5 and ray.called == 0
+
+
+def test_joining_an_address_that_accepts_but_never_answers_as_ray_fails_within_connect_timeout():
+    import socket
+
+    from prm_jax.runtime._ray_pool import join
+
+    with socket.socket() as listener:  # accepts connections (the kernel's backlog) and never speaks
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        address = "{}:{}".format(*listener.getsockname())
+        ray = _RayThatNeverAnswers()
+        started = time.monotonic()
+        with pytest.raises(ConnectionError, match=rf"ray_address '{address}': no Ray cluster answered within "
+                                                  r"connect_timeout \(1 s\)"):
+            join(ray, address, 1.0)
+        assert 0.9 < time.monotonic() - started < 2.5 and ray.called == 1
+        deadline_ = time.monotonic() + 10
+        while ray.shutdowns == 0 and time.monotonic() < deadline_:  # (its late connection is closed)
+            time.sleep(0.05)
+        assert ray.shutdowns == 1
+
+
+def test_ray_addresses_are_read_as_ray_reads_them():
+    from prm_jax.runtime._ray_pool import _host_port
+
+    assert _host_port("127.0.0.1:6379") == ("127.0.0.1", 6379) and _host_port("ray://head:10001") == ("head", 10001)
+    assert _host_port("ray://head") == ("head", 10001) and _host_port("[::1]:6379") == ("::1", 6379)
+    assert _host_port("auto") is None and _host_port("head") is None

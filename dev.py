@@ -32,6 +32,7 @@ import subprocess
 import sys
 import venv
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
@@ -57,6 +58,14 @@ KERNEL_TESTS = ["tests/kernels"]  # the kernel floor, on the oldest supported ja
 # The suite runs on every core (pytest-xdist; CI has two), a test file on one worker (its tests share
 # their compiled programs and warm-ups).
 PARALLEL = ["-n", "auto", "--dist", "loadfile"]
+# The test command always ends (issue 55.9: a worker killed by a segfault in XLA:CPU's compiler once left the
+# run stalled at 98%, every process idle): each test is bounded (pytest-timeout; its thread method also ends
+# a test stuck in C code, by ending its worker), a crashed worker is replaced at most twice, and a run that
+# prints nothing for SILENCE_S is ended by the watcher (``_watched``), naming the tests in flight.
+TEST_TIMEOUT_S = 900
+BOUNDED = [f"--timeout={TEST_TIMEOUT_S}", "--timeout-method=thread", "--max-worker-restart=2"]
+SILENCE_S = float(os.environ.get("PRM_JAX_TEST_SILENCE_S", 1200))
+CRASH_DUMPS = ROOT / ".xla-crash"  # a crashed test rerun alone, with XLA's dumps: the compiler's reproduction
 INTEGRATION_TESTS = ["tests/integrations"]  # run in the main suite too, where tunix's own are skipped
 # The main suite compiles with XLA:CPU's code generation made cheap (LLVM's optimizations off, XLA's
 # elemental emitters): its ~2,800 small programs compile in half the time (the suite 578 -> 271 s in a
@@ -90,6 +99,77 @@ def _ensure_env(extras: str, env: Path = VENV, pins: tuple[str, ...] = ()) -> Pa
         stamp.touch()
         print(f"dev.py: {env.name} is ready", flush=True)
     return python
+
+
+def _watched(command: list[str], env: dict[str, str], silence_s: float = SILENCE_S) -> int:
+    """Runs a pytest ``command`` (its output passed through) and ends it when it prints nothing for
+    ``silence_s``: exit status 124, after naming the tests in flight (each worker writes the test it runs to a
+    file under ``PRM_JAX_INFLIGHT``: tests/conftest.py). A test whose worker crashed is then rerun alone with
+    XLA's dumps (``--xla_dump_to``) into ``.xla-crash/``: the program a compiler crash needs to be reported."""
+    import re
+    import shutil
+    import signal
+    import tempfile
+    import threading
+    import time
+
+    inflight = tempfile.mkdtemp(prefix="prm-jax-inflight-")
+    proc = subprocess.Popen(command, cwd=ROOT, env=dict(env, PRM_JAX_INFLIGHT=inflight), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    assert proc.stdout is not None
+    last, seen = [time.monotonic()], bytearray()
+
+    def pump() -> None:
+        while chunk := os.read(proc.stdout.fileno(), 65536):  # type: ignore[union-attr]
+            last[0] = time.monotonic()
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - last[0] > silence_s:
+                running = [Path(inflight, name).read_text().strip() for name in sorted(os.listdir(inflight))]
+                print(f"\ndev.py: the run printed nothing for {silence_s:.0f} s and is ended; tests in flight: "
+                      f"{', '.join(running) or 'none (the workers are idle: the run itself stalled)'}", flush=True)
+                _end_group(proc, signal)
+                return 124
+            time.sleep(min(1.0, silence_s / 10))
+        reader.join(10)
+    except KeyboardInterrupt:
+        _end_group(proc, signal)
+        raise
+    finally:
+        shutil.rmtree(inflight, ignore_errors=True)
+    crashed = sorted(set(re.findall(r"worker '\w+' crashed while running '([^']+)'", seen.decode(errors="replace"))))
+    for nodeid in crashed[:3]:
+        dump = CRASH_DUMPS / re.sub(r"[^\w.-]+", "_", nodeid)[:120]
+        flags = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()
+        print(f"dev.py: {nodeid} crashed its worker; rerunning it alone with XLA's dumps into {dump} ...", flush=True)
+        try:
+            again = subprocess.run([*command[:3], "-p", "no:xdist", nodeid], cwd=ROOT, env=dict(env, XLA_FLAGS=flags),
+                                   timeout=TEST_TIMEOUT_S, capture_output=True).returncode
+            print(f"dev.py: alone it exited {again} ({'crashed again' if again < 0 else 'no crash'}); the HLO of its "
+                  f"programs is in {dump}", flush=True)
+        except subprocess.TimeoutExpired:
+            print(f"dev.py: alone it ran past {TEST_TIMEOUT_S} s; the dumps so far are in {dump}", flush=True)
+    return proc.returncode
+
+
+def _end_group(proc: subprocess.Popen[bytes], signal: Any) -> None:
+    """SIGTERM to the run's process group, SIGKILL 10 s later if it is still there."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _in_private_network(argv: list[str]) -> int:
@@ -172,8 +252,7 @@ def main(argv: list[str]) -> int:
     if command == "floor":
         python = _ensure_env("test", FLOOR_VENV, (f"jax=={JAX_FLOOR}", f"jaxlib=={JAX_FLOOR}"))
         env = dict(os.environ, PRM_JAX_CACHE=str(FLOOR_VENV / "prm_jax_cache"))
-        return subprocess.run([str(python), "-m", "pytest", "-q", *PARALLEL, *KERNEL_TESTS, *rest], cwd=ROOT,
-                              env=env).returncode
+        return _watched([str(python), "-m", "pytest", "-q", *PARALLEL, *BOUNDED, *KERNEL_TESTS, *rest], env)
     if command == "docs":
         python = _ensure_env("docs", DOCS_VENV)
         for builder, out in (("html", "html"), ("doctest", "doctest")):
@@ -206,8 +285,7 @@ def main(argv: list[str]) -> int:
         env = dict(os.environ)
         if command == "test":
             env["XLA_FLAGS"] = " ".join([*SUITE_XLA_FLAGS, os.environ.get("XLA_FLAGS", "")]).strip()
-        return subprocess.run([str(python), "-m", "pytest", *PARALLEL, "-m", marks, *rest], cwd=ROOT,
-                              env=env).returncode
+        return _watched([str(python), "-m", "pytest", *PARALLEL, *BOUNDED, "-m", marks, *rest], env)
     if command == "wheel":
         env = dict(os.environ, PRM_JAX_WHEEL_TEST="1")
         return subprocess.run([str(python), "-m", "pytest", "-q", "-s", "tests/wheel", *rest], cwd=ROOT,

@@ -48,6 +48,25 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 
+# The test command's watcher (dev.py's _watched) names the tests in flight when a run goes silent: each process
+# writes the test it runs to a file of its own there.
+_INFLIGHT = os.environ.get("PRM_JAX_INFLIGHT")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _INFLIGHT:
+        yield
+        return
+    record = Path(_INFLIGHT) / f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.txt"
+    try:
+        record.write_text(item.nodeid)
+    except OSError:  # (the watcher's folder gone: nothing to tell)
+        pass
+    yield
+    record.unlink(missing_ok=True)
+
+
 @pytest.fixture(autouse=True)
 def _no_implicit_promotion():
     with jax.numpy_rank_promotion("raise"), jax.numpy_dtype_promotion("strict"):

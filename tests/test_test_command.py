@@ -1,0 +1,71 @@
+"""Issue 55.9: the test command always ends. A run of ``python3 dev.py test`` once had a worker killed by a
+segfault inside XLA:CPU's compiler and then stalled at 98% with every process idle until it was killed. Now
+each test is bounded (pytest-timeout), crashed workers are replaced at most twice, and a run that prints
+nothing for a while is ended by dev.py's watcher, naming the tests in flight; a test whose worker crashed is
+rerun alone with XLA's dumps."""
+
+import importlib.util
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def dev():
+    spec = importlib.util.spec_from_file_location("prm_jax_dev", ROOT / "dev.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_suites_commands_bound_each_test_and_the_worker_restarts():
+    module = dev()
+    assert f"--timeout={module.TEST_TIMEOUT_S}" in module.BOUNDED and "--timeout-method=thread" in module.BOUNDED
+    assert "--max-worker-restart=2" in module.BOUNDED
+    assert module.SILENCE_S > module.TEST_TIMEOUT_S  # (a test's own bound speaks first)
+    source = (ROOT / "dev.py").read_text()
+    assert source.count("*BOUNDED") == 2  # the suite and the end-to-end tests; the floor's kernel tests
+    assert "pytest_timeout" in sys.modules or importlib.util.find_spec("pytest_timeout") is not None
+
+
+def test_a_silent_run_is_ended_naming_the_test_in_flight(tmp_path, capfd):
+    # A "pytest" that starts a test (as tests/conftest.py records it), prints, then hangs with no output.
+    hang = tmp_path / "hang.py"
+    hang.write_text(textwrap.dedent("""
+        import os, sys, time
+        from pathlib import Path
+        print("....", flush=True)
+        Path(os.environ["PRM_JAX_INFLIGHT"], "gw1.txt").write_text("tests/kernels/test_x.py::test_stuck")
+        time.sleep(120)
+    """))
+    started = time.monotonic()
+    code = dev()._watched([sys.executable, str(hang)], dict(os.environ), silence_s=2.0)
+    assert code == 124 and time.monotonic() - started < 30
+    out = capfd.readouterr().out
+    assert "...." in out
+    assert "printed nothing for 2 s and is ended; tests in flight: tests/kernels/test_x.py::test_stuck" in out
+
+
+def test_a_run_that_ends_returns_its_status_and_passes_its_output_through(capfd):
+    code = dev()._watched([sys.executable, "-c", "print('3 passed'); raise SystemExit(3)"], dict(os.environ),
+                          silence_s=30.0)
+    assert code == 3 and "3 passed" in capfd.readouterr().out
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups")
+def test_a_crashed_workers_test_is_rerun_alone_with_xlas_dumps(tmp_path, capfd, monkeypatch):
+    module = dev()
+    monkeypatch.setattr(module, "CRASH_DUMPS", tmp_path / "dumps")
+    fake = tmp_path / "fake_pytest.py"  # says what xdist says of a crashed worker, then exits 1
+    fake.write_text("import sys\nprint(\"[gw0] node down: worker 'gw0' crashed while running "
+                    "'tests/kernels/test_y.py::test_crash'\")\nsys.exit(1 if '-p' not in sys.argv else 0)\n")
+    code = module._watched([sys.executable, str(fake), "-q"], dict(os.environ), silence_s=30.0)
+    out = capfd.readouterr().out
+    assert code == 1
+    assert "tests/kernels/test_y.py::test_crash crashed its worker; rerunning it alone with XLA's dumps into" in out
+    assert "alone it exited 0 (no crash)" in out

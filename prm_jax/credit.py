@@ -14,6 +14,11 @@ from configuration, so ``compute_advantages`` and ``prm-jax score`` run it:
   (``sum_v pi_v^2`` from logits) that it reads;
 - ``reinforce_pp``: REINFORCE++ with its return carried across tool outputs, and its group-baseline variant
   (``credit_assignment: {mode: reinforce_pp}`` / ``{mode: reinforce_pp_baseline}``).
+
+Empty inputs have one answer in every kernel, on every method: a batch of no rows or no timesteps (``B = 0``
+or ``T = 0``; no nodes for the tree kernels) gives outputs of the shapes its inputs give, empty along the
+empty axis, and 0 for a row with nothing in it (REINFORCE++ counts such a batch as degenerate); it is never
+an error. ``sum_pi_squared`` refuses an empty vocabulary (``V = 0``: a distribution over no token).
 """
 
 from prm_jax.kernels._distillation import distillation_rewards

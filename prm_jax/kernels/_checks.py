@@ -104,6 +104,15 @@ def concrete_scalar(x: Any) -> float | None:
     return float(arr) if arr.ndim == 0 else None
 
 
+def first_true(flags: jax.Array, axis: int | None = None) -> jax.Array:
+    """int32 index of the first True of ``flags`` (along ``axis``; flat when None), 0 where there is none:
+    ``jnp.argmax``'s, except that an empty axis (a batch of no rows or no timesteps) gives 0 instead of an
+    error. Every check's "where" is taken by it."""
+    if flags.size == 0 if axis is None else flags.shape[axis] == 0:
+        return jnp.zeros(() if axis is None else flags.shape[:axis] + flags.shape[axis + 1:], jnp.int32)
+    return jnp.argmax(flags, axis=axis).astype(jnp.int32)
+
+
 def first_flagged(flags: jax.Array, *arrays: jax.Array) -> tuple[jax.Array, ...]:
     """``(row, step, *values)`` of the first flagged entry of ``[B, T]`` ``flags`` (row-major), for messages.
 
@@ -111,8 +120,10 @@ def first_flagged(flags: jax.Array, *arrays: jax.Array) -> tuple[jax.Array, ...]
     program reports a failed check without collecting ``[B, T]`` (or ``[B]``) data on one device.
     """
     rows = lax.broadcasted_iota(jnp.int32, flags.shape[:1], 0)
-    step_in_row = jnp.argmax(flags, axis=1).astype(jnp.int32)
-    row = jnp.argmax(jnp.any(flags, axis=1)).astype(jnp.int32)
+    if flags.size == 0:  # (no entry: nothing flagged, and nothing to take values from)
+        return (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), *(jnp.zeros((), a.dtype) for a in arrays))
+    step_in_row = first_true(flags, axis=1)
+    row = first_true(jnp.any(flags, axis=1))
     pick = rows == row
 
     def select(per_row: jax.Array) -> jax.Array:
@@ -225,12 +236,15 @@ def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key
                           lambda row, value: f"{name} must be finite{scope}; entry {int(row)} is {float(value)!r}{hint}",
                           row, value)
     zero = jnp.zeros((), x.dtype)
+    if x.size == 0:  # (no entry to be bad)
+        return ValueCheck(f"{key or check_key(name)}_not_finite", jnp.zeros((), jnp.int32),
+                          lambda row, step, value: "", jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), zero)
     used = jnp.ones(x.shape, jnp.bool_) if where is None else where
     bad_rows = jnp.isnan(jnp.sum(jnp.where(used, x * zero, zero), axis=1))
-    row = jnp.argmax(bad_rows).astype(jnp.int32)
+    row = first_true(bad_rows)
     in_row = lax.dynamic_index_in_dim(x, row, axis=0, keepdims=False)
     bad = ~jnp.isfinite(in_row) & lax.dynamic_index_in_dim(used, row, axis=0, keepdims=False)
-    step = jnp.argmax(bad).astype(jnp.int32)
+    step = first_true(bad)
     return ValueCheck(f"{key or check_key(name)}_not_finite", violations(bad_rows),
                       lambda row, step, value: f"{name} must be finite{scope}; row {int(row)}, {axis} {int(step)} "
                                                f"is {float(value)!r}{hint}", row, step, in_row[step])

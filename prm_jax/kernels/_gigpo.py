@@ -199,6 +199,8 @@ def _step_advantages(returns: jax.Array, anchored: jax.Array, anchors: jax.Array
     flat_group = jnp.broadcast_to(row_group[:, None], anchors.shape).ravel()
     flat_anchor = jnp.where(anchored, anchors, -1).ravel()
     values = returns.ravel()
+    if size == 0:  # (no step: no step group)
+        return jnp.zeros((rows, turns), values.dtype), jnp.zeros((rows, turns), jnp.int32)
     if method == "native":
         step, sizes = _step_stats(values, flat_anchor < 0, ffi.step_groups(flat_group, flat_anchor), config)
     else:

@@ -70,7 +70,8 @@ def sum_pi_squared(logits: ArrayLike, *, temperature: float = 1.0, chunk: int | 
     over the vocabulary, its memory bounded whatever ``chunk``; not differentiable), ``xla`` (every backend;
     over the vocabulary in ``chunk``-wide pieces when given, memory bounded by the chunk) or ``auto``
     (native where the native kernels run, for float32 logits). The temperature must be the one the log-probs
-    were computed with (verl's rule).
+    were computed with (verl's rule). Empty leading axes give an empty result; an empty vocabulary (``V = 0``)
+    is refused on every method.
 
     >>> z = np.log(np.array([[0.5, 0.25, 0.25]], np.float32))    # pi = (1/2, 1/4, 1/4)
     >>> round(float(prm_jax.credit.sum_pi_squared(z)[0]), 6)       # 1/4 + 1/16 + 1/16
@@ -82,6 +83,9 @@ def sum_pi_squared(logits: ArrayLike, *, temperature: float = 1.0, chunk: int | 
     resolved = native_or("method", method, "xla", ("native", "xla"), sharded=False)
     array = jnp.asarray(logits)
     _checks.check_real_dtype("logits", array)
+    if array.ndim == 0 or array.shape[-1] == 0:
+        raise ValueError(f"logits must be [..., V] with a vocabulary of V >= 1 (a distribution over no token has "
+                         f"no sum of pi^2), got shape {tuple(array.shape)}")
     if resolved == "native" and (method == "native" or array.dtype == jnp.float32):
         return ffi.sum_pi_squared(array, temperature)
     return _sum_pi_squared_jit(logits, temperature=temperature, chunk=chunk)

@@ -168,7 +168,7 @@ def _prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.A
     if gt_coef != 0.0:
         returns = returns + gt_coef * (outcome - baseline)[:, None]
     returns = jnp.where(active & ~alone[:, None], returns, zero)
-    row = jnp.argmax(alone).astype(jnp.int32)
+    row = _checks.first_true(alone)
     check = _checks.ValueCheck("prime_group_of_one", _checks.violations(alone),
                                lambda row: f"credit_assignment 'prime' needs groups of at least two rows (RLOO has no "
                                            f"baseline for one); row {int(row)} is alone in its group", row)

@@ -88,7 +88,7 @@ def _min_form_core(scores: jax.Array, steps: jax.Array, temperature: float, at: 
     magnitude), the lowest step weighs 1, so the normalizer is at least 1.
     """
     zero = jnp.zeros((), scores.dtype)
-    low = jnp.min(jnp.where(steps, scores, jnp.inf), axis=-1, keepdims=True)
+    low = jnp.min(jnp.where(steps, scores, jnp.inf), axis=-1, keepdims=True, initial=jnp.inf)
     low = jnp.where(jnp.isfinite(low), low, zero)  # a row without steps
 
     inverse = jnp.asarray(1.0 / temperature, scores.dtype)  # (a product per element, not a division)

@@ -117,7 +117,7 @@ def tree_check(parent: jax.Array, mask: jax.Array) -> _checks.ValueCheck:
     for _ in range(max(1, size.bit_length()) + 1):
         up = jnp.where(up >= 0, up[jnp.maximum(up, 0)], up)
     bad = bad | (mask & (up >= 0))
-    node = jnp.argmax(bad).astype(jnp.int32)
+    node = _checks.first_true(bad)
     return _checks.ValueCheck(
         "tree_parent_invalid", _checks.violations(bad),
         lambda node, value: f"parent must give every node in use a parent -1 (a root) or another node in use, "
@@ -223,6 +223,8 @@ def tree_discount(parent: ArrayLike, raw_reward: ArrayLike, gamma: ArrayLike, *,
       ``[N]`` float32 (float64 for float64 input) discounted rewards.
     """
     _tree_inputs(parent, mask, raw_reward, "raw_reward")
+    if np.shape(parent)[0] == 0:  # no node: nothing to discount (an empty result, as every credit kernel's)
+        return jnp.zeros((0,), _checks.accumulation_dtype(raw_reward))
     return _checks.checked(_discount_jit, parent, raw_reward, gamma, mask)
 
 
@@ -267,6 +269,10 @@ def tree_advantages(parent: ArrayLike, leaf_reward: ArrayLike, *, mask: ArrayLik
     for name, x in (("selected", selected), ("group", group)):
         if x is not None:
             _checks.check_shape(name, x, np.shape(parent), "parent")
+    if np.shape(parent)[0] == 0:  # no node: empty results (as every credit kernel's), of one node's dtypes
+        one = _advantages_jit(np.full(1, -1, np.int32), jnp.zeros(1, _checks.accumulation_dtype(leaf_reward)), None,
+                              None, None, weighting=weighting, value=value)[0]
+        return TreeAdvantages(*(jnp.zeros((0,), x.dtype) for x in one))
     return _checks.checked(_advantages_jit, parent, leaf_reward, mask, selected, group, weighting=weighting,
                            value=value)
 
@@ -337,7 +343,7 @@ def _estimate(stage: TreeCredit, checks: list, batch: Mapping[str, jax.Array], o
     checks.append(tree_check(parents, used))
     children = children_sum(jnp.ones(size, jnp.int32), parents, used)
     bad_end = used & (((ends > 0) & (children > 0)) | (ends > 1) | ((ends == 0) & (children == 0)))
-    node = jnp.argmax(bad_end).astype(jnp.int32)
+    node = _checks.first_true(bad_end)
     checks.append(_checks.ValueCheck(
         "tree_leaves_invalid", _checks.violations(bad_end),
         lambda node: f"credit_assignment 'tree': every leaf of batch['node_parents'] must be the last node of exactly "

@@ -192,7 +192,7 @@ def _geo_mean(logp, adv, mask, weights, d, low, high):
     check = _checks.ValueCheck("geo_mean_ratio_overflow", _checks.violations(overflow),
                                lambda row: f"geo_mean_loss: row {int(row)}'s geometric-mean ratio overflows float32 "
                                            "(its mean capped log ratio is above ~88: a negative advantage, whose log "
-                                           "ratio GMPO does not cap from above)", jnp.argmax(overflow))
+                                           "ratio GMPO does not cap from above)", _checks.first_true(overflow))
     return loss, stats, check
 
 
@@ -213,7 +213,7 @@ def _overflow_check(name: str, losses: jax.Array, mask: jax.Array, who: str) -> 
     return _checks.ValueCheck(name, _checks.violations(flags),
                               lambda at: f"{who}: the loss at flat position {int(at)} is not finite: its ratio "
                                          f"exp(logprobs - proximal_logprobs) overflows float32 (a log ratio above "
-                                         f"~88.7; {who} does not clamp it)", jnp.argmax(flags.ravel()))
+                                         f"~88.7; {who} does not clamp it)", _checks.first_true(flags))
 
 
 def _kl_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_scale_factor, counts):

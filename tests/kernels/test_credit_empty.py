@@ -1,6 +1,7 @@
 """Issue 55.10: every credit kernel has one documented answer for empty inputs, the same on every method: a
 batch of no rows or no timesteps (B = 0, T = 0; no nodes for the tree kernels) gives outputs of the shapes
-its inputs give (empty along the empty axis; a row with no timesteps or sources gets 0), never an error (``credit.reinforce_pp`` raised numpy's "argmax of an empty sequence"); an
+its inputs give (empty along the empty axis; a row with no timesteps or sources gets 0), never an error
+(``credit.reinforce_pp`` raised numpy's "argmax of an empty sequence"); an
 empty vocabulary (``sum_pi_squared`` on V = 0: an error under ``xla``, 0.0 under ``native``) is refused on
 every method, naming the argument."""
 

@@ -231,7 +231,14 @@ def teacher_rewards(who: str, turns: Sequence[Interaction], teacher: Sequence[np
     """On-policy distillation's dense reward of each output token of each turn, ``log pi_T(y_t) - log
     pi_S(y_t)`` (``teacher``: each turn's teacher log-probs of its output tokens; the student's are the
     turn's ``output_logprobs``, which it must have), clipped to ``[reward_min, reward_max]`` where set: the one
-    rule of the teacher scorers (``TeacherModelScorer``, ``prm_jax.scorers.TeacherLogprobScorer``)."""
+    rule of the teacher scorers (``TeacherModelScorer``, ``prm_jax.scorers.TeacherLogprobScorer``). A branch
+    whose first turn has no prompt token is refused: its first generated token is the branch's first token, of
+    which a teacher has no log-prob (no context to condition on)."""
+    if turns and len(turns[0].input_tokens) == 0 and len(turns[0].output_tokens) > 0:
+        raise ValueError(f"scorer {who!r}: turn {turns[0].interaction_id!r} has no prompt token, so its first "
+                         "generated token is the branch's first token and the teacher has no log-prob of it (a "
+                         "log-prob is of a token given the ones before it); give the turn's input_tokens at "
+                         "least one token (the prompt, or the tokenizer's BOS as the student saw it)")
     out: dict[str, np.ndarray] = {}
     for turn, logprobs in zip(turns, teacher):
         if turn.output_logprobs is None:

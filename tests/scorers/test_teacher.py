@@ -116,6 +116,23 @@ async def test_a_turn_without_the_students_logprobs_fails_naming_it():
         await scorer.aclose()
 
 
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+async def test_a_first_turn_without_a_prompt_token_says_the_teacher_has_no_logprob_of_its_first_token(server):
+    # Issue 55.11: it failed with "returned non-finite rewards" (the branch's first token has no context, so
+    # its teacher log-prob is NaN); now the error says why and what to do, for the served and the JAX teacher.
+    chain = [Interaction("noprompt", [], [5, 6], output_logprobs=[-0.5, -0.5])]
+    message = (r"turn 'noprompt' has no prompt token, so its first generated token is the branch's first token "
+               r"and the teacher has no log-prob of it .*give the turn's input_tokens at least one token")
+    with PromptLogprobServer(teacher_logprob) as stub:
+        scorer = TeacherLogprobScorer(stub.url, "teacher", server=server, max_wait=0.01)
+        with pytest.raises(ValueError, match=message):
+            await PRMRunner(scorers=(scorer,)).run(chain)
+        await scorer.aclose()
+    model = TeacherModelScorer(fn=lambda ids, mask, turns: jnp.zeros(ids.shape, jnp.float32))
+    with pytest.raises(ValueError, match=message):
+        await PRMRunner(scorers=(model,)).run(chain)
+
+
 @pytest.mark.parametrize("answer, message", [
     ({"choices": [{"index": 0, "prompt_logprobs": [None, {"7": {"logprob": -1.0}}, None]}]},
      r"prompt_logprobs\[1\] has no entry for token 5"),

@@ -128,6 +128,22 @@ def imported_callable(name: str, path: str) -> Callable[..., Any]:
     return fn
 
 
+def cut_at_word(text: str, limit: int) -> str:
+    """``text`` with its whitespace runs made single spaces, cut to at most ``limit`` characters at a word's end
+    (`` ...`` marks the cut): a message never ends mid-word."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    space = text.rfind(" ", 0, max(0, limit - 4) + 1)  # (the last word's end that leaves room for " ...")
+    head = text[:space] if space > 0 else text[:max(0, limit - 4)]
+    return head.rstrip(" ,;:") + " ..."
+
+
+def body_text(body: bytes | bytearray, limit: int = 200) -> str:
+    """A server's answer body for a message: decoded (UTF-8, bad bytes replaced), cut at a word."""
+    return cut_at_word(bytes(body).decode("utf-8", errors="replace"), limit)
+
+
 def short_repr(value: Any) -> str:
     """A bounded ``repr`` for error messages: user input can be arbitrarily large or deep."""
     return _SHORT.repr(value)

@@ -16,6 +16,7 @@ import anyio
 import jax
 import numpy as np
 
+from prm_jax._validation import cut_at_word
 from prm_jax.app.sessions import InputError, SessionRecord, read_sessions
 from prm_jax.config._experiment import ExperimentConfig
 from prm_jax.kernels._advantages import compute_advantage_variants, compute_advantages
@@ -203,9 +204,9 @@ def listed(keys: list[str], limit: int = 5) -> str:
     return ", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
-def shorten(text: str, limit: int = 300) -> str:
-    """``text`` cut to ``limit`` characters (an error or a reason in the summary)."""
-    return text if len(text) <= limit else text[:limit] + "..."
+def shorten(text: str, limit: int = 600) -> str:
+    """``text`` cut to at most ``limit`` characters at a word's end (an error or a reason in the summary)."""
+    return cut_at_word(text, limit)
 
 
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
-from prm_jax._validation import finite_number, integer, short_repr
+from prm_jax._validation import body_text, cut_at_word, finite_number, integer, short_repr
 from prm_jax.runtime._authoring import RetryError, call_with_retry
 from prm_jax.runtime._limits import RETRYABLE_STATUS, RequestLimiter, ServiceError, retry_after_seconds
 from prm_jax.runtime._runner import cause_text
@@ -213,7 +213,7 @@ class JSONService:
         except Exception as err:  # the probe reports every failure, as a line
             status = failure_cause(err, self.request_timeout)
             if isinstance(err, ServiceError) and err.status not in (None, 200):
-                status += f" ({str(err).rsplit('answered ', 1)[-1][:200]})"
+                status += f" ({cut_at_word(str(err).rsplit('answered ', 1)[-1], 240)})"
             elif isinstance(err, ServiceError):
                 status = f"HTTP 200 OK, but {err}"
             return Probe(scorer, url, False, status, None, time.perf_counter() - started)
@@ -231,7 +231,7 @@ class JSONService:
         status = response.status_code
         if status != 200:
             raise self.reader.error(where,
-                                    f"answered {status} {response.reason_phrase}: {bytes(body[:300])!r}",
+                                    f"answered {status} {response.reason_phrase}: {body_text(body)}",
                                     status=status, retryable=status in RETRYABLE_STATUS,
                                     retry_after=retry_after_seconds(response.headers),
                                     reason=response.reason_phrase)

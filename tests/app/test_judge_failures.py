@@ -155,3 +155,27 @@ def test_an_unusable_answer_names_the_server_it_came_from():
         message = anyio.run(run, f"http://user:sk-secret@127.0.0.1:{port}/v1")
     assert "scorer 'openai_judge' on interaction 't0': no score in the answer 'no number here'" in message
     assert f"[HTTP 200 from http://127.0.0.1:{port}/v1]" in message and "sk-secret" not in message
+
+
+def test_a_failure_line_keeps_its_sentences_whole_and_shows_the_body_decoded_cut_at_a_word(tmp_path, capsys):
+    # Issue 55.12: without --probe the line was cut mid-word ("does not change by askin...") and showed the body
+    # as a Python bytes repr (b'{"error": ...'). A 404 whose body is long: the sentence is whole, the body is
+    # text, cut at a word's end.
+    model = "a-model-" + " ".join(["whose-name-goes-on"] * 40)
+    with ChatServer(answer_seven, model="judge") as server:
+        config = judge_config(tmp_path, server.url + "/v1", model=json.dumps(model))
+        assert main(["score", "--config", str(config), "--input", str(DEMO), "--output", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if "answered 404" in line)
+    assert "(attempt 1 of 2; not retried: this answer does not change by asking again)" in line, line
+    assert "b'" not in line and 'answered 404 Not Found: {"error": {"message": "the model' in line, line
+    body = line.split("answered 404 Not Found: ", 1)[1].split(" (attempt", 1)[0]
+    assert body.endswith(" ...") and body[:-4].endswith("whose-name-goes-on"), body
+
+
+def test_cut_at_word_never_cuts_a_word():
+    from prm_jax._validation import body_text, cut_at_word
+
+    assert cut_at_word("does not change by asking again", 22) == "does not change by ..."
+    assert cut_at_word("short  text\n here", 100) == "short text here"
+    assert body_text(b'{"error": "caf\xc3\xa9 \xff"}') == '{"error": "café \ufffd"}'

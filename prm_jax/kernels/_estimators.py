@@ -44,7 +44,7 @@ def estimator_for(stage: object) -> EstimatorSpec:
         return _REGISTRY[type(stage)]
     except KeyError:
         raise TypeError(f"no estimator is registered for {type(stage).__name__} "
-                        "(prm_jax.kernels._estimators.register_estimator)") from None
+                        "(register it with prm_jax.estimators.register_estimator)") from None
 
 
 def registered() -> tuple[EstimatorSpec, ...]:

@@ -270,7 +270,9 @@ def _settle_checks(output: AdvantageOutput, checks: list[_checks.ValueCheck], pl
     gvpo = plan.shaping is not None and plan.shaping.mode == "gvpo"
     if gvpo and negative is not None and not _checks.is_traced(negative) and float(negative) == 0:
         warn_gvpo_without_penalty(stacklevel=3)
-    return output._replace(diagnostics={**output.diagnostics, **_checks.check_counts(checks)})
+    merged = _checks.Diagnostics(dict.items(output.diagnostics))  # (read without warning: not the user's read)
+    dict.update(merged, _checks.check_counts(checks))
+    return output._replace(diagnostics=merged)
 
 
 def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantagePlan | PlanSource,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -313,6 +314,56 @@ def check_counts(checks: list[ValueCheck]) -> dict[str, jax.Array]:
         key = f"checks/{check.name}"
         counts[key] = counts[key] + check.count if key in counts else check.count
     return counts
+
+
+# The checks a process has warned about (``Diagnostics``): each once per run.
+_WARNED: set[str] = set()
+
+
+class Diagnostics(dict):
+    """``compute_advantages``' ``output.diagnostics``: a dict of scalars (a pytree as a dict is) that, the
+    first time it is read on the host (``d[key]``, ``get``, ``items``, ``values``), warns once per process for
+    each check with a nonzero count (``checks/<name>``): under ``jit`` an input mistake is counted, not
+    raised, and a train step that logs no diagnostics would otherwise train on it unwarned. Reading a value
+    already syncs it: the counts come along in the same transfer."""
+
+    def _read(self) -> None:
+        if self.__dict__.get("read"):
+            return
+        self.__dict__["read"] = True
+        counts = {k: v for k, v in dict.items(self) if k.startswith("checks/") and k not in _WARNED}
+        if not counts or is_traced(*counts.values()):
+            return
+        failed = {key: int(np.asarray(count)) for key, count in jax.device_get(counts).items() if int(np.asarray(count))}
+        if failed:
+            _WARNED.update(failed)
+            said = ", ".join(f"{key} = {count}" for key, count in sorted(failed.items()))
+            warnings.warn(f"{said} in compute_advantages' diagnostics: under jit an input mistake is counted there, "
+                          "not raised, and these advantages were computed from it. Call compute_advantages on the "
+                          "same batch outside jit to see the error (which row, which timestep), or pass "
+                          "AdvantageConfig(check_values='callback') to raise inside jit; the train-step guide's "
+                          "diagnostics table lists each check (warned once per check)", RuntimeWarning, stacklevel=3)
+
+    def __getitem__(self, key: str) -> Any:
+        self._read()
+        return dict.__getitem__(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._read()
+        return dict.get(self, key, default)
+
+    def items(self) -> Any:
+        self._read()
+        return dict.items(self)
+
+    def values(self) -> Any:
+        self._read()
+        return dict.values(self)
+
+
+jax.tree_util.register_pytree_node(
+    Diagnostics, lambda d: (tuple(dict.__getitem__(d, k) for k in sorted(dict.keys(d))), tuple(sorted(dict.keys(d)))),
+    lambda keys, values: Diagnostics(zip(keys, values)))
 
 
 def _raise_on_host(message: Callable[..., str], failed: Any, *details: Any) -> None:

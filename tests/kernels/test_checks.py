@@ -266,3 +266,38 @@ def test_a_host_list_of_unsigned_hashes_beside_minus_one_is_read_whole():
     np.testing.assert_array_equal(np.asarray(got.step_group_sizes), [[2, 0, 2], [2, 2, 0]])
     with pytest.raises(ValueError, match="64-bit"):
         gigpo(rewards, mask, outcome, anchor_ids=np.array([[2**64, 1, 1], [1, 1, 1]], dtype=object))
+
+
+def test_a_nonzero_check_under_jit_warns_once_where_the_diagnostics_are_read(monkeypatch):
+    # Issue 55.14: under jit input mistakes only set a count (checks/<name>), so a first train step that logs
+    # no diagnostics trained on them unwarned. The first host read of an output's diagnostics warns, once per
+    # check per process, naming the check and how to see it.
+    import warnings
+
+    import jax
+
+    import prm_jax
+    from prm_jax.config import AdvantageConfig
+    from prm_jax.kernels import _checks
+
+    monkeypatch.setattr(_checks, "_WARNED", set())
+    batch = {"attention_mask": np.ones((2, 4), np.int32), "loss_mask": np.array([[0, 1, 1, 1], [0, 1, 1, 0]], np.int32),
+             "logprobs": np.zeros((2, 4), np.float32), "rewards": np.array([1.0, 0.0], np.float32),
+             "is_truncated": np.zeros(2, bool)}
+    step = jax.jit(lambda b: prm_jax.compute_advantages(b, AdvantageConfig(kl_ctl=0.0)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clean = step(batch)
+        assert all(int(v) == 0 for k, v in clean.diagnostics.items() if k.startswith("checks/"))
+        bad = step(dict(batch, rewards=np.array([1.0, np.nan], np.float32)))
+        assert not caught  # (nothing read yet: nothing said)
+        assert int(bad.diagnostics["checks/rewards_not_finite"]) == 1
+        again = step(dict(batch, rewards=np.array([1.0, np.nan], np.float32)))  # the same mistake, the next step
+        list(again.diagnostics.items())
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(said) == 1, [s[:40] for s in said]
+    assert said[0].startswith("checks/rewards_not_finite = 1 in compute_advantages' diagnostics: under jit an input "
+                              "mistake is counted there, not raised")
+    assert "outside jit" in said[0] and "check_values='callback'" in said[0]
+    with pytest.raises(ValueError, match=r"batch\['rewards'\] must be finite"):  # eagerly it still raises
+        prm_jax.compute_advantages(dict(batch, rewards=np.array([1.0, np.nan], np.float32)), AdvantageConfig(kl_ctl=0.0))

@@ -4,7 +4,8 @@
   python benchmarks/bench_credit.py [--rows 256] [--turns 8] [--tokens 512] [--group 64] [--repeats 10]
 
 Prints, from one run, for each formula (``prm_jax.credit``): the jitted kernel against the float64 loop of
-``tests/reference.py`` (written from CREDIT.md, one element at a time; target >= 100x), and
+``tests/reference.py`` (written from the authors' code of each method (its repository and commit named where it is used), one
+element at a time; target >= 100x), and
 ``compute_advantages`` with the formula configured against plain ``compute_advantages`` (token GAE) on the
 same ``[B, T]`` batch (target <= 2x). Trees: each group of ``--group`` rows is one session tree whose rows
 are its leaves, ``--turns`` deep (a binary split at each level until the group's leaves are reached).

@@ -1,4 +1,5 @@
-"""Credit assignment beyond GAE, as jitted pure functions (CREDIT.md; issue 22). Each is also reachable
+"""Credit assignment beyond GAE, as jitted pure functions (the authors' code of each method (its repository and commit named
+where it is used); issue 22). Each is also reachable
 from configuration, so ``compute_advantages`` and ``prm-jax score`` run it:
 
 - ``tree_discount``: AReaL's turn reward discount per tree (PR #1666's rule), no leak across branches;

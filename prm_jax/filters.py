@@ -1,4 +1,4 @@
-"""AReaL's host-side group filters (``examples/swe/filter_function.py``), applied to a complete exported
+"""The host-side group filters of AReaL's ``examples/swe/filter_function.py``, applied to a complete exported
 group: ``export_group(..., group_filter=prm_jax.filters.filter_mixed_or_penalized_all_wrong)``. The code is
 ``prm_jax.runtime._group_filters``; this is its public namespace."""
 

@@ -348,7 +348,8 @@ def compute_advantages(batch, cfg):
 
 
 def _credit(mode, options, batch, m, tids, ends, process, outcome, outcome_step, groups):
-    """Steps 6-7 of a credit mode: per-timestep advantages, before the KL rewards (CREDIT.md's rules), from
+    """Steps 6-7 of a credit mode: per-timestep advantages, before the KL rewards (the authors' rules, each named in its
+    kernel's docstring), from
     the mode's float64 reference in ``CREDIT``."""
     if mode not in CREDIT:
         raise NotImplementedError(f"estimator {mode!r} is registered but has no float64 reference: add one to "
@@ -434,7 +435,9 @@ def _credit_rloo(options, batch, m, tids, ends, p, outcome, outcome_step, groups
 
 
 def reinforce_pp(rewards, mask, gamma, groups, real, baseline=False):
-    """REINFORCE++ after verl's #7300 and its baseline variant (CREDIT2.md 2 and 5.2), in plain loops:
+    """REINFORCE++ after verl's #7300 and its baseline variant (verl's REINFORCE++ after its fix #7300 (verl-project/verl @
+    1dda039b, core_algos.py compute_reinforce_plus_plus_outcome_advantage; arXiv 2501.03262); prm-jax's rules where verl's break
+    (the credit-assignment guide states each)), in plain loops:
     ``(advantages, returns)``. The return runs backwards over trained timesteps only (a masked one passes the
     running return on, undiscounted, and its reward is not read); the baseline variant sums each row's rewards
     on trained timesteps and subtracts its group's mean over every real row of the group (0 for a group of one);
@@ -468,7 +471,8 @@ def reinforce_pp(rewards, mask, gamma, groups, real, baseline=False):
 
 
 def optimal_token_baseline(rewards, mask, logprobs, sum_pi_squared, groups, weights=None, zero_tail=True, eps=1e-8):
-    """OTB with CREDIT2.md 5.1's rule, in plain loops: ``(advantages, returns)``. Each row's trained tokens in
+    """OTB, with prm-jax's rules where verl's break (the credit-assignment guide states each), in plain loops: ``(advantages,
+    returns)``. Each row's trained tokens in
     order (index k); ``G`` the reward-to-go over them; ``w = (1 - 2 pi + S) rho^2``, ``W`` its running sum; per
     group and k, over the group's non-empty rows reaching k, ``B = sum G W / (sum W + eps)`` (0 for a group with
     fewer than two non-empty rows); the zero tail: a unique longest row gets B = 0 from the second longest
@@ -617,7 +621,8 @@ def gigpo(turn_rewards, turn_mask, outcome, anchor_ids=None, group_sizes=None, *
     return advantages, episode, step, returns
 
 
-# ---- Credit assignment (CREDIT.md), plain float64 loops written from the formulas, not from the kernels ----
+# ---- Credit assignment (the authors' code of each method (its repository and commit named where it is used)), plain float64
+# loops written from the formulas, not from the kernels ----
 
 def tree_discount(parent, raw, gamma, mask=None):
     """AReaL PR #1666's rule: r(n) = raw(n) + gamma * mean of r over n's children, children first."""
@@ -645,7 +650,9 @@ def areal_linear_discount(raw, gamma):
 
 def tree_advantages(parent, leaf_reward, *, mask=None, selected=None, group=None, weighting="sqrt",
                     value="state_value"):
-    """TreeRL as its code reads (CREDIT.md 3 and 7.2): centred leaves, subtree sums, paths from the synthetic
+    """TreeRL as its code reads (TreeRL's code (THUDM/TreeRL @ f0edbea6, openrlhf/trainer/ppo_utils/tree_node.py); prm-jax's
+    rules where the originals disagree (the credit-assignment guide states each)): centred leaves, subtree sums, paths from the
+    synthetic
     root with the fill-in rule, node by node. The fill-in's tie is TreeRL's ``|l| < 1e-8`` where the group's
     rewards are integers (exact in float32); for other rewards prm-jax's documented float32 rule, a local value
     within ``8 * eps32`` of the rewards' scale (``kernels.tree``), restated here in float64."""
@@ -798,7 +805,8 @@ def turn_ends(mask, turn_ids):
 
 
 def pure(process, outcome, mask, turn_ids, outcome_step, groups, temperature, verifier_coef, whitened=True):
-    """The PURE recipe (CREDIT.md 1 step 3-4 with 7.3's per-row length): min-form at turn ends, the verifier
+    """The PURE recipe (PURE's authors' code (CJReinforce/PURE, branch verl @ 83f9869c) steps 3-4, with prm-jax's per-row
+    length): min-form at turn ends, the verifier
     score at the outcome's timestep, sum returns, RLOO baseline, whitening."""
     rows, width = np.shape(mask)
     ends = turn_ends(mask, turn_ids)
@@ -931,7 +939,8 @@ def ppo_clip_loss(logp, prox, adv, mask, *, old=None, eps_clip=0.2, eps_clip_hig
 
 
 def verl_agg(per, mask, mode, scale=None):
-    """verl's agg_loss of per-token losses (LOSSES.md 0.2), float64, with prm-jax's empty-batch rule (0)."""
+    """verl's agg_loss of per-token losses (verl's agg_loss (verl-project/verl @ 1dda039b, core_algos.py:1140-1206)), float64,
+    with prm-jax's empty-batch rule (0)."""
     rows, width = np.shape(per)
     counts = [sum(bool(m) for m in mask[b]) for b in range(rows)]
     n = sum(counts)
@@ -950,7 +959,9 @@ def verl_agg(per, mask, mode, scale=None):
 
 
 def verl_token_loss(kind, logp, old, adv, *, low=0.2, high=0.2, beta=None, tau_pos=1.0, tau_neg=1.05, cap=3.0):
-    """One token's loss and its derivative in logp, as verl computes them (LOSSES.md 4, 8, 10), float64."""
+    """One token's loss and its derivative in logp, as verl computes them (verl's compute_policy_loss_sapo (verl-project/verl @
+    1dda039b, core_algos.py:1622-1703); verl's compute_policy_loss_cispo (verl-project/verl @ 1dda039b,
+    core_algos.py:2047-2104); verl's GPG and DRO losses (verl-project/verl @ 1dda039b, core_algos.py)), float64."""
     d = float(logp) - float(old)
     a = float(adv)
     if kind == "gpg":
@@ -960,7 +971,9 @@ def verl_token_loss(kind, logp, old, adv, *, low=0.2, high=0.2, beta=None, tau_p
     x = min(max(d, -20.0), 20.0)
     inside = -20.0 < d < 20.0  # torch.clamp passes the gradient strictly inside only
     r = math.exp(x)
-    if kind == "vanilla":  # LOSSES.md 1: the clip, the dual clip for A < 0, torch's ties and bounds
+    # verl's compute_policy_loss_vanilla (verl-project/verl @ 1dda039b, core_algos.py:1286-1376): the clip, the dual clip for A
+    # < 0, torch's ties and bounds
+    if kind == "vanilla":
         lo, hi = 1.0 - low, 1.0 + high
         p1, p2 = -a * r, -a * min(max(r, lo), hi)
         c1 = max(p1, p2)
@@ -970,7 +983,7 @@ def verl_token_loss(kind, logp, old, adv, *, low=0.2, high=0.2, beta=None, tau_p
             kappa_c = 1.0 if c1 < p3 else 0.0 if c1 > p3 else 0.5
             return min(p3, c1), (-a * r * kappa * kappa_c if inside else 0.0)
         return c1, (-a * r * kappa if inside else 0.0)
-    if kind in ("dppo_tv", "dppo_kl"):  # LOSSES.md 9
+    if kind in ("dppo_tv", "dppo_kl"):  # verl's DPPO losses (verl-project/verl @ 1dda039b, core_algos.py:1380-1542)
         tau = min(r, cap)
         p, p_old = math.exp(float(logp)), math.exp(float(old))
         if kind == "dppo_tv":
@@ -990,7 +1003,8 @@ def verl_token_loss(kind, logp, old, adv, *, low=0.2, high=0.2, beta=None, tau_p
 
 def gspo_token(mean, a, low, high):
     """verl's gspo at one token of a row whose mean log ratio is ``mean``: ``(loss, d loss / d logp)``; the
-    max's tie and the clamp's bound as torch's (LOSSES.md 0.4)."""
+    max's tie and the clamp's bound as torch's (torch's gradient rules, as verl's and AReaL's losses get them (torch.clamp: 1
+    strictly inside, 0 at a bound and beyond; torch.min/max: 1/2 each at a tie))."""
     rho = math.exp(min(mean, 10.0))
     lo, hi = 1.0 - low, 1.0 + high
     p1, p2 = -a * rho, -a * min(max(rho, lo), hi)
@@ -1007,7 +1021,9 @@ def verl_loss(kind, logp, old, adv, mask, mode, *, weights=None, scale=None, **p
         mean = math.fsum(float(logp[b][t]) - float(old[b][t]) for t in trained) / max(len(trained), 1)
         for t in trained:
             w = 1.0 if weights is None else float(weights[b][t])
-            if kind == "gspo":  # LOSSES.md 2: the row's mean log ratio, capped at 10 (no gradient at or past it)
+            # verl's compute_policy_loss_gspo (verl-project/verl @ 1dda039b, core_algos.py:1546-1618): the row's mean log ratio,
+            # capped at 10 (no gradient at or past it)
+            if kind == "gspo":
                 value, slope = gspo_token(mean, float(adv[b][t]), params.get("low", 0.2), params.get("high", 0.2))
             else:
                 value, slope = verl_token_loss(kind, logp[b][t], old[b][t], adv[b][t], **params)
@@ -1016,7 +1032,8 @@ def verl_loss(kind, logp, old, adv, mask, mode, *, weights=None, scale=None, **p
 
 
 def geo_mean_loss(logp, old, adv, mask, *, low=0.2, high=0.2, weights=None):
-    """verl's geo_mean (GMPO, LOSSES.md 5): ``(loss, d loss / d logp [B, T])``, float64 loops."""
+    """verl's geo_mean (GMPO: verl's compute_policy_loss_geo_mean (verl-project/verl @ 1dda039b, core_algos.py:1928-2010)):
+    ``(loss, d loss / d logp [B, T])``, float64 loops."""
     rows, width = np.shape(logp)
     grad = np.zeros((rows, width))
     total = 0.0
@@ -1046,7 +1063,8 @@ def geo_mean_loss(logp, old, adv, mask, *, low=0.2, high=0.2, weights=None):
 
 
 def kl_cov_loss(logp, old, adv, mask, mode, *, ratio=0.0002, coef=0.1):
-    """verl's kl_cov (LOSSES.md 7): ``(loss, d loss / d logp)``, float64; the k largest covariances by a
+    """verl's kl_cov (verl's compute_policy_loss_kl_cov (verl-project/verl @ 1dda039b, core_algos.py:1848-1924)): ``(loss, d
+    loss / d logp)``, float64; the k largest covariances by a
     stable sort (ties: the earlier position)."""
     rows, width = np.shape(logp)
     trained = [(b, t) for b in range(rows) for t in range(width) if mask[b][t]]
@@ -1067,7 +1085,8 @@ def kl_cov_loss(logp, old, adv, mask, mode, *, ratio=0.0002, coef=0.1):
 
 
 def clip_cov_loss(logp, old, adv, mask, chosen, mode, *, low=0.2, high=0.2):
-    """verl's clip_cov with the chosen tokens fixed (LOSSES.md 6): ``(loss, d loss / d logp)``, float64."""
+    """verl's clip_cov with the chosen tokens fixed (verl's compute_policy_loss_clip_cov (verl-project/verl @ 1dda039b,
+    core_algos.py:1743-1844)): ``(loss, d loss / d logp)``, float64."""
     rows, width = np.shape(logp)
     per, local = np.zeros((rows, width)), np.zeros((rows, width))
     lo, hi = 1.0 - low, 1.0 + high
@@ -1084,7 +1103,8 @@ def clip_cov_loss(logp, old, adv, mask, chosen, mode, *, low=0.2, high=0.2):
 
 
 def verl_agg_grad(local, mask, mode, scale=None):
-    """d agg_loss / d logp from each token's local derivative (LOSSES.md 0.2's u)."""
+    """d agg_loss / d logp from each token's local derivative (verl's agg_loss (verl-project/verl @ 1dda039b,
+    core_algos.py:1140-1206): its u)."""
     rows, width = np.shape(local)
     counts = [sum(bool(m) for m in mask[b]) for b in range(rows)]
     n, used = sum(counts), sum(1 for c in counts if c)
@@ -1101,7 +1121,8 @@ def verl_agg_grad(local, mask, mode, scale=None):
 
 
 def gspo_sequence_loss(logp, old, adv, mask, *, eps=0.2, eps_high=None, delta=None, loss_type="grpo", max_len=512):
-    """TRL's sequence-level GSPO (LOSSES.md 3): ``(loss, d loss / d logp)``, float64; advantages ``[B]``."""
+    """TRL's sequence-level GSPO (huggingface/trl @ f2cd5771, trl/trainer/grpo_trainer.py): ``(loss, d loss / d logp)``,
+    float64; advantages ``[B]``."""
     rows, width = np.shape(logp)
     hi, lo = 1.0 + (eps if eps_high is None else eps_high), 1.0 - eps
     counts = [sum(bool(m) for m in mask[b]) for b in range(rows)]

@@ -115,7 +115,8 @@ print(json.dumps({mode: train(mode, steps=4) for mode in MODES}))
 def test_the_distillation_example_trains_each_way_and_the_teacher_gives_one_update_either_way():
     # Issue 44.3: the student distilled from a fixed teacher (examples/flax_distill): at the loss (AReaL's
     # rl + opd) and as a scorer (the k1 reward through the additive shaping). On-policy, one step per batch,
-    # the two are the same update (CREDIT2.md 5.3: PG distillation is the reward passed as the advantage):
+    # the two are the same update (prm-jax's rules where verl's break (the credit-assignment guide states each): PG distillation
+    # is the reward passed as the advantage):
     # equal losses and rollouts, step after step; the outcome alone is another.
     proc = subprocess.run([sys.executable, "-c", DISTILL], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

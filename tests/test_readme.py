@@ -185,7 +185,9 @@ def test_the_global_batch_example_gives_the_whole_batchs_loss(capsys):
 
 
 def test_the_otb_example_is_the_worked_example_and_the_float64_loop(capsys):
-    # Issue 44.1: CREDIT2.md 1's numbers, A_0 = (.4444, .5882, 1.0), A_1 = (-.5556, -.4118).
+    # Issue 44.1: verl's multi-turn OTB (verl-project/verl @ 1dda039b, core_algos.py
+    # compute_multi_turn_optimal_token_baseline_advantage; arXiv 2602.07078): its numbers, A_0 = (.4444, .5882, 1.0), A_1 =
+    # (-.5556, -.4118).
     import reference
 
     namespace: dict = {}
@@ -198,7 +200,8 @@ def test_the_otb_example_is_the_worked_example_and_the_float64_loop(capsys):
 
 
 def test_the_distillation_example_gives_credit2s_numbers(capsys):
-    # Issue 44.3: CREDIT2.md 3: R = -1.55 + 1.0 = -0.55, rho = e^0.2, loss = -rho R = 0.6718; k3 of the two
+    # Issue 44.3: on-policy distillation as verl computes it (verl-project/verl @ 1dda039b, verl/trainer/distillation/losses.py)
+    # and AReaL's MOPD (areal/trainer/mopd/loss.py): R = -1.55 + 1.0 = -0.55, rho = e^0.2, loss = -rho R = 0.6718; k3 of the two
     # tokens (e^x - x - 1 with x = l_T - l) averaged: 0.6787.
     exec(compile(readme_block("## On-policy distillation"), "credit-assignment.md", "exec"), {})
     r, loss, k3 = (float(v) for v in capsys.readouterr().out.split())

@@ -40,7 +40,7 @@ def test_a_silent_run_is_ended_naming_the_test_in_flight(tmp_path, capfd):
         import os, sys, time
         from pathlib import Path
         print("....", flush=True)
-        Path(os.environ["PRM_JAX_INFLIGHT"], "gw1.txt").write_text("tests/kernels/test_x.py::test_stuck")
+        Path(os.environ["PRM_JAX_INFLIGHT"], "gw1.txt").write_text("kernels/test_x.py::test_stuck")
         time.sleep(120)
     """))
     started = time.monotonic()
@@ -48,7 +48,7 @@ def test_a_silent_run_is_ended_naming_the_test_in_flight(tmp_path, capfd):
     assert code == 124 and time.monotonic() - started < 30
     out = capfd.readouterr().out
     assert "...." in out
-    assert "printed nothing for 2 s and is ended; tests in flight: tests/kernels/test_x.py::test_stuck" in out
+    assert "printed nothing for 2 s and is ended; tests in flight: kernels/test_x.py::test_stuck" in out
 
 
 def test_a_run_that_ends_returns_its_status_and_passes_its_output_through(capfd):
@@ -63,9 +63,9 @@ def test_a_crashed_workers_test_is_rerun_alone_with_xlas_dumps(tmp_path, capfd, 
     monkeypatch.setattr(module, "CRASH_DUMPS", tmp_path / "dumps")
     fake = tmp_path / "fake_pytest.py"  # says what xdist says of a crashed worker, then exits 1
     fake.write_text("import sys\nprint(\"[gw0] node down: worker 'gw0' crashed while running "
-                    "'tests/kernels/test_y.py::test_crash'\")\nsys.exit(1 if '-p' not in sys.argv else 0)\n")
+                    "'kernels/test_y.py::test_crash'\")\nsys.exit(1 if '-p' not in sys.argv else 0)\n")
     code = module._watched([sys.executable, str(fake), "-q"], dict(os.environ), silence_s=30.0)
     out = capfd.readouterr().out
     assert code == 1
-    assert "tests/kernels/test_y.py::test_crash crashed its worker; rerunning it alone with XLA's dumps into" in out
+    assert "kernels/test_y.py::test_crash crashed its worker; rerunning it alone with XLA's dumps into" in out
     assert "alone it exited 0 (no crash)" in out

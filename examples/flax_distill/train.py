@@ -9,7 +9,8 @@ outcome alone rewards one episode in 64 at the start.
 
 The two ways of using the teacher give the same update here: one PPO step per batch, on-policy, so the
 ratio is 1, no clip binds, and ``-(A + r)`` in the PPO loss is ``-A`` plus the distillation loss's ``-rho
-r`` over the same tokens (``../shared/CREDIT2.md`` 5.3: verl's policy-gradient distillation is the reward
+r`` over the same tokens (prm-jax's rules where verl's break (the credit-assignment guide states each): verl's policy-gradient
+distillation is the reward
 passed as the advantage). They part with several epochs per batch (PPO's clip against the ``rho`` cap of
 5) or other coefficients.
 """

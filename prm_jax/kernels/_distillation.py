@@ -1,4 +1,6 @@
-"""On-policy distillation (CREDIT2.md 3 and 5.3): a teacher's log-probs of the student's own sampled tokens as a
+"""On-policy distillation (on-policy distillation as verl computes it (verl-project/verl @ 1dda039b,
+verl/trainer/distillation/losses.py) and AReaL's MOPD (areal/trainer/mopd/loss.py); prm-jax's rules where verl's break (the
+credit-assignment guide states each)): a teacher's log-probs of the student's own sampled tokens as a
 dense token reward, AReaL's capped surrogate loss on it, and verl's supervised distillation losses.
 
 - ``distillation_rewards``: ``r_t = sum_j w_j log pi_Tj(y_t) - W sg(log pi_theta(y_t))`` at trained tokens (0
@@ -96,7 +98,8 @@ def distillation_rewards(teacher_logprobs: ArrayLike, logprobs: ArrayLike, loss_
       ValueError: a refused estimator, bad weights or shapes, or (eagerly) a non-finite log-prob at a trained
         token.
 
-    The worked example of CREDIT2.md 3 (two teachers, one token):
+    The worked example of on-policy distillation as verl computes it (verl-project/verl @ 1dda039b,
+    verl/trainer/distillation/losses.py) and AReaL's MOPD (areal/trainer/mopd/loss.py) (two teachers, one token):
 
     >>> r = prm_jax.credit.distillation_rewards(np.array([[[-0.5]], [[-2.0]]]), np.array([[-1.0]]),
     ...                                         np.array([[True]]), weights=[0.3, 0.7])

@@ -480,7 +480,9 @@ def _normalize_jit(x, mask, group_sizes, member_counts, *, norm):
 
 def decoupled_normalization(rewards: ArrayLike, weights: ArrayLike | Sequence[float] | None = None,
                             group_ids: ArrayLike | None = None, *, eps: float = 1e-4) -> jax.Array:
-    """GDPO's decoupled multi-reward normalization (TRL's ``normalize_then_sum``; CREDIT.md 6 and 7.5).
+    """GDPO's decoupled multi-reward normalization (TRL's ``normalize_then_sum``; NVlabs/GDPO @ b080e63d; TRL's
+    normalize_then_sum @ f2cd5771; arXiv 2601.05242); prm-jax's rules where the originals disagree (the credit-assignment guide
+    states each)).
 
     Per reward source ``k``: ``a_k = (r_k - mean_g) / (std_g + eps)`` within each group (unbiased std over
     the group's present rewards; a missing reward, NaN, is left out of the statistics; a group of one row

@@ -1,5 +1,7 @@
 """The optimal token baseline (OTB; verl's ``compute_multi_turn_optimal_token_baseline_advantage``, arXiv
-2602.07078; CREDIT2.md 1 and 5.1), its kernel, and the ``sum_pi_squared`` helper it reads.
+2602.07078; verl's multi-turn OTB (verl-project/verl @ 1dda039b, core_algos.py
+compute_multi_turn_optimal_token_baseline_advantage; arXiv 2602.07078); prm-jax's rules where verl's break (the
+credit-assignment guide states each)), its kernel, and the ``sum_pi_squared`` helper it reads.
 
 Each row's trained tokens are taken in order (the generated-token index ``k``: holes such as tool outputs
 removed); ``G`` is the reward-to-go over them, ``w = (1 - 2 pi + sum pi^2) rho^2`` the squared norm of the
@@ -191,7 +193,8 @@ def optimal_token_baseline(token_rewards: ArrayLike, mask: ArrayLike, logprobs: 
                            *, group_sizes: ArrayLike | None = None, group_ids: ArrayLike | None = None,
                            rollout_is_weights: ArrayLike | None = None, handle_zero_tail: bool = True,
                            epsilon: float = 1e-8, alignment: AlignmentMethod | Literal["auto"] = "auto") -> OTBOutput:
-    """OTB advantages (module docstring), verl's multi-turn variant with CREDIT2.md 5.1's rules.
+    """OTB advantages (module docstring), verl's multi-turn variant, with prm-jax's rules where verl's break (the
+    credit-assignment guide states each).
 
     Args:
       token_rewards: ``[B, T]`` each token's reward (the outcome on a row's last token); read at ``mask`` only.
@@ -208,7 +211,9 @@ def optimal_token_baseline(token_rewards: ArrayLike, mask: ArrayLike, logprobs: 
     Returns:
       ``OTBOutput`` float32 (float64 for float64 inputs).
 
-    The worked example of CREDIT2.md 1 (one group: row 0 rewarded, three tokens; row 1 two tokens):
+    The worked example of verl's multi-turn OTB (verl-project/verl @ 1dda039b, core_algos.py
+    compute_multi_turn_optimal_token_baseline_advantage; arXiv 2602.07078) (one group: row 0 rewarded, three tokens; row 1 two
+    tokens):
 
     >>> w = np.array([[.5, .2, .3], [.4, .6, 0.0]])   # (pi = 0.5, so sum_pi_squared = w)
     >>> out = prm_jax.credit.optimal_token_baseline(np.array([[0, 0, 1.0], [0, 0, 0]]),

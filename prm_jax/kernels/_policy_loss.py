@@ -15,7 +15,8 @@ then aggregated (``loss_agg_mode``): ``token-mean`` (sum over trained timesteps 
 ``seq-mean-token-sum`` (each row's sum, then that mean over rows). Advantages and the proximal and
 behaviour log-probs are constants (stop-gradient); gradients flow through ``logprobs`` only.
 
-The gradient is torch's, as AReaL computes it (``../shared/LOSSES.md`` 0.4): ``d pg / d logp = -A r k k_c``
+The gradient is torch's, as AReaL computes it (torch's gradient rules, as verl's and AReaL's losses get them (torch.clamp: 1
+strictly inside, 0 at a bound and beyond; torch.min/max: 1/2 each at a tie)): ``d pg / d logp = -A r k k_c``
 with ``k = 1`` inside the clip range and on the unclipped side, 0 on the clipped side and 1/2 at exactly a
 bound (``torch.clamp`` passes nothing there; the max's tie halves), and for the dual clip ``k_c = 1``, 1/2 at
 a tie, 0 where it cuts. Where a term is not taken its ratio is never differentiated, so a clipped timestep
@@ -45,7 +46,9 @@ AggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-tok
 
 
 class GlobalBatch(NamedTuple):
-    """verl's global batch info of one optimizer step (CREDIT2.md 4 and 5.4), for a loss computed on a piece
+    """verl's global batch info of one optimizer step (verl's agg_loss with global batch info (verl-project/verl @ 1dda039b,
+    core_algos.py agg_loss); prm-jax's rules where verl's break (the credit-assignment guide states each)), for a loss computed
+    on a piece
     of it (a micro-batch on one of ``dp_size`` data-parallel ranks): ``batch_num_tokens`` the trained tokens of
     the whole mini-batch (over every rank), ``global_batch_size`` its rows (empty ones included: what
     ``global_batch_info`` gives). ``None``: the piece's own counts (``dp_size`` 1 only). The pieces' losses,
@@ -115,7 +118,8 @@ def global_batch_checks(mask: jax.Array, global_batch: GlobalBatch) -> list[_che
 def aggregate(losses: jax.Array, mask: jax.Array, mode: AggMode, loss_scale_factor: float | None = None,
               global_batch: GlobalBatch = GlobalBatch(), row_epsilon: bool = True) -> jax.Array:
     """verl's ``agg_loss`` of per-token ``losses [B, T]`` over the trained timesteps (``mask``), NaN-safe at
-    padding (a ``where``), with the global batch info of CREDIT2.md 4 (``global_batch``) and prm-jax's
+    padding (a ``where``), with the global batch info of verl's agg_loss with global batch info (verl-project/verl @ 1dda039b,
+    core_algos.py agg_loss) (``global_batch``) and prm-jax's
     empty-batch rule (a count of 0 divides as 1):
 
     - ``token-mean``: ``sum(M L) / N * dp_size`` (``N`` the mini-batch's trained tokens, else the piece's);

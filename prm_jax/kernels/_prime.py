@@ -1,5 +1,6 @@
 """PRIME: implicit process rewards from a PRM's log-probs (Cui et al., "Process Reinforcement through
-Implicit Rewards", 2025; verl's ``recipe/prime``; CREDIT.md 2 and 7.4).
+Implicit Rewards", 2025; verl's ``recipe/prime`` @ 246cac4c; prm-jax's rules where the originals disagree (the credit-assignment
+guide states each)).
 
 On timesteps, over each row's trained timesteps ``m`` (multi-turn rows have gaps; "next" means the next
 trained timestep):

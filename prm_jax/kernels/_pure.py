@@ -1,5 +1,6 @@
 """PURE: min-form credit assignment for process rewards (Cheng et al., "Stop Gamma Decay: Min-Form Credit
-Assignment Is All Process Reward Model Needs for Reasoning", 2025; CREDIT.md 1 and 7.3).
+Assignment Is All Process Reward Model Needs for Reasoning", 2025; PURE's authors' code (CJReinforce/PURE, branch verl @
+83f9869c); prm-jax's rules where the originals disagree (the credit-assignment guide states each)).
 
 ``min_form`` transforms one row's step scores ``s_k`` (in prm-jax a row's turns) with temperature ``tau``::
 

@@ -1,5 +1,7 @@
 """REINFORCE++ and REINFORCE++-baseline (Hu, arXiv 2501.03262; verl's ``compute_reinforce_plus_plus_outcome
-_advantage`` after its fix #7300, and ``..._baseline_outcome_advantage``; CREDIT2.md 2 and 5.2).
+_advantage`` after its fix #7300, and ``..._baseline_outcome_advantage``; verl's REINFORCE++ after its fix #7300
+(verl-project/verl @ 1dda039b, core_algos.py compute_reinforce_plus_plus_outcome_advantage; arXiv 2501.03262); prm-jax's rules
+where verl's break (the credit-assignment guide states each)).
 
 REINFORCE++: the discounted return over generated tokens, carried unchanged across masked spans (a tool's
 output): at a trained timestep ``G_t = r_t + gamma * c`` and ``c <- G_t``; at a masked one the output is 0 and

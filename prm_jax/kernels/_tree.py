@@ -6,13 +6,16 @@ node whose parent chain does not end at a root (a cycle) or whose parent is out 
 an error (``ValueError`` eagerly, a count under ``jit``). Both passes are bottom-up or top-down sweeps
 repeated until nothing changes (tree height + 1 segment sums), so no Python loop runs over nodes.
 
-``tree_discount`` (CREDIT.md 4 and 7.1, AReaL PR #1666's rule): ``r(n) = raw(n) + gamma * mean_c r(c)``
+``tree_discount`` (AReaL's turn reward discount (areal-project/AReaL @ cbff54d6, areal/experimental/openai/cache.py; PR #1666's
+per-tree rule); prm-jax's rules where the originals disagree (the credit-assignment guide states each), AReaL PR #1666's rule):
+``r(n) = raw(n) + gamma * mean_c r(c)``
 over ``n``'s own children (a leaf keeps ``raw``); separate roots are separate trees, and on a single
 chain it equals AReaL's linear discount. AReaL's own discount runs one value over the insertion order and
 leaks reward across branches (root -> A1 -> A2 (reward 1), root -> B1 (reward 0), gamma 0.9: AReaL gives
 B1 0.9; this rule gives B1 0, A1 0.9, root 0.405).
 
-``tree_advantages`` (TreeRL, Hou et al. 2025; CREDIT.md 3 and 7.2), per group of nodes (a group is one
+``tree_advantages`` (TreeRL, Hou et al. 2025; THUDM/TreeRL @ f0edbea6, openrlhf/trainer/ppo_utils/tree_node.py); prm-jax's rules
+where the originals disagree (the credit-assignment guide states each)), per group of nodes (a group is one
 prompt's forest; leaves are the nodes without children):
 
   centring   R~_l = R_l - (S - R_l) / (N_L - 1) over the group's N_L leaves (one leaf: every value 0)

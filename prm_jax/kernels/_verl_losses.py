@@ -1,4 +1,5 @@
-"""verl's policy losses beside AReaL's PPO clip (``../shared/LOSSES.md``), as verl computes them, values and
+"""verl's policy losses beside AReaL's PPO clip (verl's policy losses (verl-project/verl @ 1dda039b,
+verl/trainer/ppo/core_algos.py) and TRL's (huggingface/trl @ f2cd5771)), as verl computes them, values and
 gradients (issue 33.2): ``vanilla_ppo_loss``, ``gspo_loss`` (and TRL's ``gspo_sequence_loss``),
 ``geo_mean_loss``, ``dppo_tv_loss``, ``dppo_kl_loss``, ``clip_cov_loss``, ``kl_cov_loss``, ``gpg_loss``,
 ``dro_loss``, ``cispo_loss`` and ``sapo_loss``, and verl's ``agg_loss`` with its five ``loss_agg_mode``s
@@ -9,7 +10,8 @@ the ratio is taken against, ``advantages``, ``loss_mask``, ``loss_agg_mode``) an
 names and defaults, on ``[B, T]`` timesteps; gradients flow through ``logprobs`` only. ``rollout_is_weights``
 (verl's optional constant per-token weights) multiply the per-token loss before aggregation.
 
-Conventions kept from verl, to the gradient (LOSSES.md 0.4): the log ratio ``d = logprobs -
+Conventions kept from verl, to the gradient (torch's gradient rules, as verl's and AReaL's losses get them (torch.clamp: 1
+strictly inside, 0 at a bound and beyond; torch.min/max: 1/2 each at a tie)): the log ratio ``d = logprobs -
 proximal_logprobs`` is clamped to ``[-20, 20]`` as ``torch.clamp`` does it, passing the gradient only strictly
 inside (``_torch_clamp``); a row's token mean divides by ``n_b + 1e-8`` (seq-mean-token-mean); metrics are
 ``masked_mean`` with ``N + 1e-8``. One rule of prm-jax's own, for every loss: an empty batch (no trained
@@ -169,7 +171,8 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_wei
 
 
 def _geo_mean(logp, adv, mask, weights, d, low, high):
-    """GMPO (LOSSES.md 5): the row's geometric mean of token-capped ratios times its mean advantage."""
+    """GMPO (verl's compute_policy_loss_geo_mean (verl-project/verl @ 1dda039b, core_algos.py:1928-2010)): the row's geometric
+    mean of token-capped ratios times its mean advantage."""
     zero = jnp.zeros((), logp.dtype)
     sign = jnp.sign(adv)
     capped = _torch_clamp(d, -low, high)
@@ -217,7 +220,8 @@ def _overflow_check(name: str, losses: jax.Array, mask: jax.Array, who: str) -> 
 
 
 def _kl_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_scale_factor, counts):
-    """KL-Cov (LOSSES.md 7): the tokens of the largest covariance get a |log ratio| penalty, no clip anywhere."""
+    """KL-Cov (verl's compute_policy_loss_kl_cov (verl-project/verl @ 1dda039b, core_algos.py:1848-1924)): the tokens of the
+    largest covariance get a |log ratio| penalty, no clip anywhere."""
     ratio_kl, coef = params
     zero = jnp.zeros((), logp.dtype)
     ratio = jnp.where(mask, jnp.exp(d), zero)
@@ -238,7 +242,8 @@ def _kl_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_scal
 
 
 def _clip_cov(logp, adv, mask, weights, d, extra, params, loss_agg_mode, loss_scale_factor, counts):
-    """Clip-Cov (LOSSES.md 6): PPO's clip, and a random few high-covariance tokens dropped from the loss."""
+    """Clip-Cov (verl's compute_policy_loss_clip_cov (verl-project/verl @ 1dda039b, core_algos.py:1743-1844)): PPO's clip, and a
+    random few high-covariance tokens dropped from the loss."""
     low, high, ratio_cov, lb, ub, given = params
     zero = jnp.zeros((), logp.dtype)
     pg, _, clip_taken, _ = _clipped_objective(adv, d, mask, 1.0 - low, 1.0 + high, None)
@@ -283,7 +288,8 @@ def vanilla_ppo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantag
                      rollout_is_weights: ArrayLike | None = None, loss_agg_mode: VerlAggMode = "token-mean",
                      loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
                      global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
-    """verl's ``vanilla`` PPO loss (LOSSES.md 1): ``ppo_clip_loss``'s clip with verl's differences: the log
+    """verl's ``vanilla`` PPO loss (verl's compute_policy_loss_vanilla (verl-project/verl @ 1dda039b, core_algos.py:1286-1376)):
+    ``ppo_clip_loss``'s clip with verl's differences: the log
     ratio clamped to ``[-20, 20]`` (no gradient at or past a bound), the dual clip always on (``clip_ratio_c
     > 1``, 3.0), rollout weights instead of AReaL's behaviour cap, verl's five aggregations. The gradient at
     exactly a clip bound or at a dual-clip tie is half, as torch's. Returns ``(loss, PolicyLossStats)``:
@@ -306,7 +312,8 @@ def gspo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arr
     ratio is its row's mean ``s_b = sum_t M d / max(n_b, 1)`` (a value shared by the row, a derivative of 1 in
     the token's own ``logprobs``, none through the mean), capped at 10 from above (no gradient at or past
     it), ``rho = exp``; ``L = max(-A rho, -A clip(rho, 1 - low, 1 + high))`` with torch's gradient (half at
-    exactly a bound, LOSSES.md 0.4). Per-token advantages are allowed (GSPO-token); row-constant ones give
+    exactly a bound, torch's gradient rules, as verl's and AReaL's losses get them (torch.clamp: 1 strictly inside, 0 at a bound
+    and beyond; torch.min/max: 1/2 each at a tie)). Per-token advantages are allowed (GSPO-token); row-constant ones give
     the paper's sequence-level gradient. verl always aggregates it with ``seq-mean-token-mean`` (the default
     here; another mode is honoured). The GSPO paper's clip ranges are far smaller (3e-4 / 4e-4). Returns
     ``(loss, PolicyLossStats)``: ``pg_clipfrac`` where the clipped term was taken, ``ppo_kl`` the mean of
@@ -544,7 +551,8 @@ def gspo_sequence_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advant
                        *, epsilon: float = 0.2, epsilon_high: float | None = None, delta: float | None = None,
                        loss_type: TrlLossType = "grpo", max_completion_length: int = 512,
                        num_items_in_batch: int | None = None) -> tuple[jax.Array, SequenceClipStats]:
-    """TRL's sequence-level GSPO (``GRPOTrainer`` with ``importance_sampling_level="sequence"``, LOSSES.md 3):
+    """TRL's sequence-level GSPO (``GRPOTrainer`` with ``importance_sampling_level="sequence"``; huggingface/trl @ f2cd5771,
+    trl/trainer/grpo_trainer.py):
     one ratio per row, ``c_b = exp(sum_t M d / max(n_b, 1))`` (the gradient flows through the mean), ``c2 =
     clip(c_b, 1 - epsilon, 1 + epsilon_high)`` with torch's gradient, ``delta`` an optional cap of ``c_b``
     (``min(c_b, delta)``), and the row loss ``-min(c_b' A_b, c2 A_b)`` (a tie halves). ``advantages`` is

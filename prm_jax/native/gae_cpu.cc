@@ -1,4 +1,4 @@
-// GAE with masked carry on the CPU, as an XLA FFI custom call (see prm_jax/kernels/native.py).
+// GAE with masked carry on the CPU, as an XLA FFI custom call (see prm_jax/native/_ffi.py).
 //
 // For each row, right to left, from last = 0 and nextv = bootstrap:
 //   mask_t = 1:  last = r_t + gamma * nextv - V_t + gamma_lam * last;  nextv = V_t

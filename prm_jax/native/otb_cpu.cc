@@ -1,6 +1,6 @@
 // The optimal token baseline's alignment by generated-token index on the CPU, as two XLA FFI custom calls
 // (see prm_jax/native/_ffi.py and prm_jax/kernels/_otb.py, whose module docstring states the rule;
-// CREDIT2.md 1 and 5.1). OTB's baseline is taken per group and per generated-token index k (holes such as
+// verl's multi-turn OTB (verl-project/verl @ 1dda039b, core_algos.py compute_multi_turn_optimal_token_baseline_advantage; arXiv 2602.07078); prm-jax's rules where verl's break (the credit-assignment guide states each)). OTB's baseline is taken per group and per generated-token index k (holes such as
 // tool outputs removed), so each row is compacted before the group sums and put back after; XLA:CPU does
 // that with a scatter and a gather, several times plain GAE's whole pipeline at 256 x 8192. Here each is
 // one pass over a row's row-major buffers (rows split over XLA's intra-op pool); the group sums and the

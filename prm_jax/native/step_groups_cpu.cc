@@ -1,4 +1,4 @@
-// GiGPO's step groups on the CPU, as an XLA FFI custom call (see prm_jax/kernels/native.py).
+// GiGPO's step groups on the CPU, as an XLA FFI custom call (see prm_jax/native/_ffi.py).
 //
 // For each row of N entries (group g_i, anchor a_i): entries with a_i >= 0 and the same (g, a) pair form
 // one step group, named by the index of its first entry; an entry with a_i < 0 (no anchor) is a group of

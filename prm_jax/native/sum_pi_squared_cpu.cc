@@ -1,5 +1,5 @@
 // sum_v pi_v^2 of each row's softmax(z / temperature) on the CPU, as an XLA FFI custom call (see
-// prm_jax/native/_ffi.py and prm_jax/kernels/_otb.py's sum_pi_squared, OTB's input; CREDIT2.md 1 and 5.1).
+// prm_jax/native/_ffi.py and prm_jax/kernels/_otb.py's sum_pi_squared, OTB's input; verl's multi-turn OTB (verl-project/verl @ 1dda039b, core_algos.py compute_multi_turn_optimal_token_baseline_advantage; arXiv 2602.07078); prm-jax's rules where verl's break (the credit-assignment guide states each)).
 //
 // Per row of V logits, two passes: the maximum, then e = exp((z - max) / temperature) with the two sums
 // s1 = sum e and s2 = sum e^2 in the same pass: sum pi^2 = s2 / s1^2. XLA:CPU computes this as separate fused

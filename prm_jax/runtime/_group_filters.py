@@ -1,6 +1,6 @@
 """Group filters for grouped (GRPO-style) rollouts, applied to one complete sample group.
 
-These are AReaL's dynamic filters (``examples/swe/filter_function.py``), decision for decision. For a
+These are the dynamic filters of AReaL's ``examples/swe/filter_function.py``, decision for decision. For a
 group: ``r = original_rewards`` if present else ``rewards`` (flattened); over **all** rows,
 ``mixed = any(r != r[0])`` and ``all_wrong = all(r <= 0)``.
 

@@ -7,7 +7,7 @@ process executor), and the start-up that can fail half-way.
 and the cleanups' ordinary failures raised together, as one ``ExceptionGroup``, after every one was tried.
 
 ``rolled_back``: start-up that fails half-way releases what was acquired, and the error that stopped it is
-the one raised (SPEC 3: the original error, cleanup failures attached as notes; cancellation during the
+the one raised (the runner's rule: the original error, cleanup failures attached as notes; cancellation during the
 cleanup propagates). The runner's ``create`` and the export service's ``start`` both go through it.
 """
 

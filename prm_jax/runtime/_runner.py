@@ -10,9 +10,9 @@ by clones of one session scored once by a prefix-determined scorer).
 Lifecycle: scorers built from config are *owned* (disabled ones too) and closed by ``aclose`` in reverse
 creation order, each at most once; instances passed in are *borrowed* and never closed here.
 ``await PRMRunner.create(config)`` rolls back (closes the owned scorers built so far) when start-up fails;
-the synchronous ``PRMRunner(config)`` is kept for compatibility without that rollback (SPEC 3, AReaL's v1
+the synchronous ``PRMRunner(config)`` is kept for compatibility without that rollback (AReaL's v1
 start-up; with borrowed scorers only there is nothing to roll back), and warns (``ResourceWarning``, naming
-them) when a failed start-up leaves owned scorers unclosed. The lifecycle is ``runtime.lifecycle.Lifecycle``'s
+them) when a failed start-up leaves owned scorers unclosed. The lifecycle is ``prm_jax.runtime._lifecycle.Lifecycle``'s
 (one exit stack of the owned scorers and every executor; ``RunnerState``: ``OPEN``, ``CLOSING``,
 ``INTERRUPTED``, a cancelled close the next one resumes, ``CLOSED``); closing first cancels runs in flight.
 """
@@ -134,7 +134,7 @@ class PRMRunner(Lifecycle):
         try:
             self._build(as_section(config, scorers), scorers)
         except Exception:
-            # SPEC 3: no rollback here (it would have to await); but never a silent leak.
+            # (AReaL's v1 semantics) no rollback here (it would have to await); but never a silent leak.
             built = [s.name for s in self._scorers if not any(s is b for b in scorers)]
             if built:
                 warnings.warn(f"PRMRunner(config) failed at start-up and leaves the {len(built)} scorer(s) it "
@@ -170,7 +170,7 @@ class PRMRunner(Lifecycle):
         for i, (entry, cls) in enumerate(zip(section.scorers, classes)):
             try:
                 scorer = cls(weight=entry.weight, enabled=entry.enabled, **dict(entry.kwargs))
-            except Exception as err:  # re-raised as it is (SPEC 3), with the entry named
+            except Exception as err:  # re-raised as it is (AReaL's v1 semantics), with the entry named
                 err.add_note(f"{BUILDING_NOTE} rollout.agent.prm.scorers[{i}] ({entry.path})")
                 raise
             self._owns(f"scorer {scorer.name!r}", scorer.aclose)

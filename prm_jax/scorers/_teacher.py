@@ -1,5 +1,6 @@
 """``TeacherLogprobScorer``: on-policy distillation's teacher, served by vLLM or SGLang, as a scorer
-(CREDIT2.md 3 and 5.3).
+(on-policy distillation as verl computes it (verl-project/verl @ 1dda039b, verl/trainer/distillation/losses.py) and AReaL's MOPD
+(areal/trainer/mopd/loss.py); prm-jax's rules where verl's break (the credit-assignment guide states each)).
 
 Per branch, the teacher reads the student's own tokens (the leaf's input and output tokens, by the concat
 rule) in one forward without generating, and answers the log-prob of every token given the ones before it

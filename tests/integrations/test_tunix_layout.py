@@ -137,7 +137,8 @@ def test_a_position_dependent_process_reward_lands_on_its_own_completion_token(m
     got, _ = adapter.process_advantages(rollout, rewards, group_size=4, config=config, token_rewards=token_rewards)
     a = np.broadcast_to(grpo_reference(rewards, 4)[:, None], completion_mask.shape)
     p = per_token.astype(np.float64)
-    # AReaL's shaping rules (SPEC section 7), per trained token, with the token's own process reward
+    # AReaL's shaping rules (the train-step guide's table of shaping modes), per trained token, with the token's own process
+    # reward
     if mode == "additive":
         want = a + p
     elif mode == "gvpo":

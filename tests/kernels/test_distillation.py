@@ -1,6 +1,7 @@
 """Issue 44.3 (its kernels): on-policy distillation as a dense token reward (``credit.distillation_rewards``),
 AReaL's capped surrogate (``losses.distillation_loss``) and verl's supervised losses
-(``losses.supervised_distillation_loss``), against CREDIT2.md 3's worked numbers and float64 loops."""
+(``losses.supervised_distillation_loss``), against on-policy distillation as verl computes it (verl-project/verl @ 1dda039b,
+verl/trainer/distillation/losses.py) and AReaL's MOPD (areal/trainer/mopd/loss.py)'s worked numbers and float64 loops."""
 
 import math
 
@@ -15,7 +16,9 @@ ONE = np.array([[True]])
 
 
 def test_the_worked_example_of_areal_mopd():
-    # CREDIT2.md 3: l = -1, l_old = -1.2; teachers -0.5 (w 0.3) and -2.0 (w 0.7): S_T = -1.55, W = 1, R = -0.55,
+    # on-policy distillation as verl computes it (verl-project/verl @ 1dda039b, verl/trainer/distillation/losses.py) and AReaL's
+    # MOPD (areal/trainer/mopd/loss.py): l = -1, l_old = -1.2; teachers -0.5 (w 0.3) and -2.0 (w 0.7): S_T = -1.55, W = 1, R =
+    # -0.55,
     # rho = e^0.2 = 1.2214, loss 0.6718 = d loss / d l; with l_old = -3 rho is capped at 5 and the loss is 2.75.
     r = credit.distillation_rewards(np.array([[[-0.5]], [[-2.0]]], np.float32), np.array([[-1.0]], np.float32), ONE,
                                     weights=[0.3, 0.7])
@@ -32,7 +35,8 @@ def test_the_worked_example_of_areal_mopd():
 
 
 def test_verls_pg_distillation_is_the_k1_reward_as_ppos_advantage_and_k3_is_a_supervised_loss():
-    # CREDIT2.md 3: two tokens, l = (-1, -0.5), l_T = (-0.4, -2.5): k1 rewards (0.6, -2.0), PPO loss 0.7 on
+    # on-policy distillation as verl computes it (verl-project/verl @ 1dda039b, verl/trainer/distillation/losses.py) and AReaL's
+    # MOPD (areal/trainer/mopd/loss.py): two tokens, l = (-1, -0.5), l_T = (-0.4, -2.5): k1 rewards (0.6, -2.0), PPO loss 0.7 on
     # policy; k3's supervised loss 0.6787 (its rewards would be -0.2221, -1.1353: the preferred token pushed down).
     logp, teacher, mask = np.array([[-1.0, -0.5]], np.float32), np.array([[-0.4, -2.5]], np.float32), np.ones((1, 2))
     rewards = credit.distillation_rewards(teacher, logp, mask)

@@ -1,5 +1,7 @@
 """Issue 44.4: loss normalization over the global batch (verl's ``dp_size``, ``batch_num_tokens``,
-``global_batch_size``; CREDIT2.md 4 and 5.4). A mini-batch split into micro-batches on data-parallel ranks,
+``global_batch_size``; verl's agg_loss with global batch info (verl-project/verl @ 1dda039b, core_algos.py agg_loss); prm-jax's
+rules where verl's break (the credit-assignment guide states each)). A mini-batch split into micro-batches on data-parallel
+ranks,
 each piece's loss computed with the mini-batch's counts, summed over micro-batches and averaged over ranks,
 is the mini-batch's loss, in every ``loss_agg_mode`` of every policy loss, with the same gradient.
 ``kl_cov`` and ``clip_cov`` are left out: they pick their tokens from the statistics of the batch they see,
@@ -77,7 +79,8 @@ def test_the_pieces_of_a_split_batch_sum_to_the_whole_batchs_loss_and_gradient(n
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-sum", "seq-mean-token-mean", "token-mean"])
 def test_with_empty_rows_the_sequence_modes_divide_by_every_row_of_the_mini_batch(agg):
-    # CREDIT2.md 4: G counts the empty rows (verl's trainer: ppo_mini_batch_size x rollout.n); the local
+    # verl's agg_loss with global batch info (verl-project/verl @ 1dda039b, core_algos.py agg_loss): G counts the empty rows
+    # (verl's trainer: ppo_mini_batch_size x rollout.n); the local
     # fallback counts the non-empty ones, so the two differ on such a batch. A float64 loop of J.
     logprobs, proximal, advantages, mask = batch(7, empty_rows=(1, 6))
     info = losses.global_batch_info(mask, dp_size=2)
@@ -126,7 +129,8 @@ def test_the_counts_may_be_traced_as_a_train_step_all_reduces_them():
 
 
 def test_credit2s_pair_under_seq_mean_token_sum_global_against_local():
-    # CREDIT2.md 4: on a batch with an empty row, seq-mean-token-sum is 0.1264 with the global batch size (every
+    # verl's agg_loss with global batch info (verl-project/verl @ 1dda039b, core_algos.py agg_loss): on a batch with an empty
+    # row, seq-mean-token-sum is 0.1264 with the global batch size (every
     # row of the mini-batch, the empty one too: G = 4) and 0.1685 with the local fallback (the 3 non-empty
     # rows). On-policy (ratio 1) vanilla's per-token loss is -A; the rows' sums add up to 0.5056.
     advantages = np.array([[-0.2, -0.1, 0.0], [-0.1056, 0.0, 0.0], [-0.1, 0.0, 0.0], [0.0, 0.0, 0.0]], np.float32)

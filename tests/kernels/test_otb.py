@@ -1,5 +1,7 @@
 """Issue 44.1 (its kernel): the optimal token baseline, ``credit.optimal_token_baseline`` (verl's multi-turn
-variant with CREDIT2.md 5.1's rules) and ``credit.sum_pi_squared``, against CREDIT2.md 1's worked numbers and
+variant, with prm-jax's rules where verl's break (the credit-assignment guide states each)) and ``credit.sum_pi_squared``,
+against verl's multi-turn OTB (verl-project/verl @ 1dda039b, core_algos.py compute_multi_turn_optimal_token_baseline_advantage;
+arXiv 2602.07078)'s worked numbers and
 float64 loops; ``credit_assignment: {mode: otb}`` in the pipeline against tests/reference.py's loop."""
 
 import dataclasses
@@ -20,7 +22,8 @@ from prm_jax.native import _ffi as ffi
 
 
 def test_the_worked_example_with_and_without_the_zero_tail():
-    # CREDIT2.md 1: W_0 = (.5, .7, 1), W_1 = (.4, 1), G_0 = 1, G_1 = 0: A_0 = (.4444, .5882, 1.0),
+    # verl's multi-turn OTB (verl-project/verl @ 1dda039b, core_algos.py compute_multi_turn_optimal_token_baseline_advantage;
+    # arXiv 2602.07078): W_0 = (.5, .7, 1), W_1 = (.4, 1), G_0 = 1, G_1 = 0: A_0 = (.4444, .5882, 1.0),
     # A_1 = (-.5556, -.4118); without the zero tail A_0[2] = 1 - 1 / (1 + eps), about 0.
     w = np.array([[.5, .2, .3], [.4, .6, 0.0]], np.float32)
     args = (np.array([[0, 0, 1.0], [0, 0, 0]], np.float32), np.array([[1, 1, 1], [1, 1, 0]], bool),
@@ -103,7 +106,9 @@ def test_sum_pi_squared_matches_float64_in_one_pass_or_in_chunks(method):
 def test_sum_pi_squared_of_masked_logits_and_of_rows_without_a_distribution(method):
     skip_without_native(method)
     # -inf logits (a masked vocabulary) weigh nothing; a row of -inf only, or holding NaN, has no
-    # distribution: NaN (CREDIT2.md 1), on both paths; a vocabulary shorter than the kernel's lanes.
+    # distribution: NaN (verl's multi-turn OTB (verl-project/verl @ 1dda039b, core_algos.py
+    # compute_multi_turn_optimal_token_baseline_advantage; arXiv 2602.07078)), on both paths; a vocabulary shorter than the
+    # kernel's lanes.
     z = np.array([[0.0, -np.inf, np.log(3.0)], [-np.inf, -np.inf, -np.inf], [0.0, np.nan, 1.0]], np.float32)
     got = np.asarray(sum_pi_squared(z, method=method))
     assert got[0] == pytest.approx(0.25 ** 2 + 0.75 ** 2, rel=1e-6) and np.isnan(got[1:]).all()
@@ -132,7 +137,8 @@ def test_groups_that_do_not_cover_the_batch_are_refused():
 
 
 def test_the_worked_example_through_the_pipeline():
-    # CREDIT2.md 1 as a batch: two rows of one group (prompt token, then 3 and 2 trained tokens), pi = 0.5, the
+    # verl's multi-turn OTB (verl-project/verl @ 1dda039b, core_algos.py compute_multi_turn_optimal_token_baseline_advantage;
+    # arXiv 2602.07078) as a batch: two rows of one group (prompt token, then 3 and 2 trained tokens), pi = 0.5, the
     # outcome 1 on row 0; on timesteps the advantages are A_0 = (.4444, .5882, 1.0), A_1 = (-.5556, -.4118).
     batch = {"attention_mask": np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.int32),
              "loss_mask": np.array([[0, 1, 1, 1], [0, 1, 1, 0]], np.int32),

@@ -99,7 +99,9 @@ def test_a_clipped_timestep_whose_ratio_overflows_has_a_finite_gradient():
 
 
 def test_the_gradient_at_a_clip_bound_and_at_ties_is_torchs():
-    # LOSSES.md 0.4: torch.clamp passes nothing at exactly a bound and the max's tie halves, so d pg / d logp is
+    # torch's gradient rules, as verl's and AReaL's losses get them (torch.clamp: 1 strictly inside, 0 at a bound and beyond;
+    # torch.min/max: 1/2 each at a tie): torch.clamp passes nothing at exactly a bound and the max's tie halves, so d pg / d
+    # logp is
     # -A r / 2 there (a naive jnp.clip passes 0.5 and gave 3/4); inside the range and on the unclipped side
     # -A r; on the clipped side 0. The dual clip's tie halves too.
     bound = np.float32(1.25)  # exact in float32: 1 + eps_clip with eps_clip 0.25

@@ -1,6 +1,6 @@
 """Issue 44.2: REINFORCE++ with its return carried across tool outputs (verl's #7300) and REINFORCE++-baseline,
 as ``prm_jax.credit.reinforce_pp`` and as the credit modes ``reinforce_pp`` / ``reinforce_pp_baseline``,
-against CREDIT2.md's worked numbers and a float64 loop (``reference.reinforce_pp``). The option matrix runs
+against the worked numbers of the authors' code and a float64 loop (``reference.reinforce_pp``). The option matrix runs
 both modes against the pipeline's reference (tests/kernels/test_matrix.py)."""
 
 import chex
@@ -18,7 +18,9 @@ HOLE = np.array([[1, 1, 0, 0, 1, 1]], bool)
 
 
 def test_the_return_crosses_a_tool_output_unchanged_as_in_verls_issue_7278():
-    # CREDIT2.md 2: m = (1,1,0,0,1,1), r = (0,0,0,0,0,1), gamma 0.9 -> G = (.729, .81, 0, 0, .9, 1); the rule
+    # verl's REINFORCE++ after its fix #7300 (verl-project/verl @ 1dda039b, core_algos.py
+    # compute_reinforce_plus_plus_outcome_advantage; arXiv 2501.03262): m = (1,1,0,0,1,1), r = (0,0,0,0,0,1), gamma 0.9 -> G =
+    # (.729, .81, 0, 0, .9, 1); the rule
     # before #7300 cut the return at the hole and gave (0, 0, 0, .81, .9, 1).
     out = reinforce_pp(np.array([[0, 0, 0, 0, 0, 1.0]], np.float32), HOLE, gamma=0.9)
     np.testing.assert_allclose(np.asarray(out.returns), [[0.729, 0.81, 0, 0, 0.9, 1]], rtol=1e-6)
@@ -68,7 +70,8 @@ def test_group_ids_give_the_groups_group_sizes_give():
 
 
 def test_degenerate_batches_give_zero_and_are_counted():
-    # verl raises for fewer than two valid tokens; CREDIT2.md 5.2: 0 and a diagnostic. Constant returns: 0.
+    # verl raises for fewer than two valid tokens; prm-jax's rules where verl's break (the credit-assignment guide states each):
+    # 0 and a diagnostic. Constant returns: 0.
     one = reinforce_pp(np.ones((1, 4), np.float32), np.array([[0, 0, 1, 0]], bool))
     assert int(one.degenerate) == 1 and (np.asarray(one.advantages) == 0).all()
     none = reinforce_pp(np.ones((2, 4), np.float32), np.zeros((2, 4), bool))

@@ -1,5 +1,5 @@
 """Tree reward discount and TreeRL tree advantages (issue 22.1-22.2) against the float64 loops of
-``tests/reference.py`` and CREDIT.md's worked example."""
+``tests/reference.py`` and the worked example of the authors' code."""
 
 import chex
 import jax
@@ -21,7 +21,8 @@ def random_forest(rng, nodes, roots=1):
 
 
 def test_the_two_branch_leak_example():
-    # CREDIT.md 4: root -> A1 -> A2 (reward 1), root -> B1 (reward 0), inserted root, A1, B1, A2, gamma 0.9.
+    # AReaL's turn reward discount (areal-project/AReaL @ cbff54d6, areal/experimental/openai/cache.py; PR #1666's per-tree
+    # rule): root -> A1 -> A2 (reward 1), root -> B1 (reward 0), inserted root, A1, B1, A2, gamma 0.9.
     parent = np.array([-1, 0, 0, 1], np.int32)   # root, A1, B1, A2
     raw = np.array([0.0, 0.0, 0.0, 1.0], np.float32)
     got = np.asarray(tree_discount(parent, raw, 0.9))

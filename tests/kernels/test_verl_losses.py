@@ -1,5 +1,6 @@
 """Issue 33.2 (a first part): verl's gpg, dro, cispo and sapo losses and its five loss_agg_modes, values and
-gradients against float64 loops written from ../shared/LOSSES.md (tests/reference.py), with verl's
+gradients against float64 loops written from verl's policy losses (verl-project/verl @ 1dda039b, verl/trainer/ppo/core_algos.py)
+and TRL's (huggingface/trl @ f2cd5771) (tests/reference.py), with verl's
 conventions at the edges: the ±20 clamp of the log ratio passes no gradient at exactly ±20 (torch.clamp),
 CISPO keeps the gradient of clipped tokens, seq-mean-token-mean's n + 1e-8, and prm-jax's own empty-batch
 rule (loss 0, gradient 0; verl: NaN)."""
@@ -73,7 +74,8 @@ def test_each_loss_and_its_gradient_equal_the_float64_loop(kind, mode):
 
 
 def test_the_log_ratio_clamp_passes_no_gradient_at_exactly_twenty():
-    # LOSSES.md 0.4: torch.clamp gives 0 at a bound; jnp.clip would give 1/2. SAPO's gradient there is 0.
+    # torch's gradient rules, as verl's and AReaL's losses get them (torch.clamp: 1 strictly inside, 0 at a bound and beyond;
+    # torch.min/max: 1/2 each at a tie): torch.clamp gives 0 at a bound; jnp.clip would give 1/2. SAPO's gradient there is 0.
     logp = np.array([[0.0, 0.0, 0.0]], np.float32)
     old = np.array([[-20.0, -19.5, 20.0]], np.float32)  # d = 20 (a bound), 19.5 (inside), -20 (a bound)
     adv = np.array([[1.0, 1.0, -1.0]], np.float32)
@@ -85,7 +87,8 @@ def test_the_log_ratio_clamp_passes_no_gradient_at_exactly_twenty():
 
 
 def test_cispo_keeps_the_gradient_of_clipped_tokens():
-    # LOSSES.md 8: the point of CISPO: a token whose ratio is clipped still trains, with the clipped weight.
+    # verl's compute_policy_loss_cispo (verl-project/verl @ 1dda039b, core_algos.py:2047-2104): the point of CISPO: a token
+    # whose ratio is clipped still trains, with the clipped weight.
     logp = np.array([[0.0, 0.0, 0.0]], np.float32)
     old = np.array([[-1.0, 0.0, 1.0]], np.float32)  # r = e, 1, 1/e: clipped above, inside, clipped below
     adv = np.ones((1, 3), np.float32)
@@ -97,7 +100,8 @@ def test_cispo_keeps_the_gradient_of_clipped_tokens():
 
 
 def test_seq_mean_token_mean_divides_rows_by_n_plus_1e_8():
-    # LOSSES.md 0.2: verl's row mean is S_b / (n_b + 1e-8): one token of loss 1 gives 1 / (1 + 1e-8).
+    # verl's agg_loss (verl-project/verl @ 1dda039b, core_algos.py:1140-1206): verl's row mean is S_b / (n_b + 1e-8): one token
+    # of loss 1 gives 1 / (1 + 1e-8).
     logp = np.array([[-1.0, 0.0]], np.float64)
     with enable_x64():
         value, _ = gpg_loss(logp, logp, np.array([[1.0, 0.0]]), np.array([[True, False]]),
@@ -153,7 +157,9 @@ def test_jit_does_not_retrace_and_bad_arguments_are_named():
 
 
 def test_gspo_at_an_exact_bound_halves_and_past_the_cap_of_ten_stops_the_gradient():
-    # LOSSES.md 2 and 0.4: rho exactly on a clip bound (eps 0: an on-policy step) gives half the gradient;
+    # verl's compute_policy_loss_gspo (verl-project/verl @ 1dda039b, core_algos.py:1546-1618); torch's gradient rules, as verl's
+    # and AReaL's losses get them (torch.clamp: 1 strictly inside, 0 at a bound and beyond; torch.min/max: 1/2 each at a tie):
+    # rho exactly on a clip bound (eps 0: an on-policy step) gives half the gradient;
     # a row whose mean log ratio is 10 or more gives none. Row 0 on-policy, row 1 at s = 12.
     logp = np.array([[-1.0, -2.0], [0.0, 0.0]], np.float32)
     old = np.array([[-1.0, -2.0], [-12.0, -12.0]], np.float32)
@@ -201,7 +207,8 @@ def test_geo_mean_and_its_gradient_equal_the_float64_loop(weighted):
 
 
 def test_geo_mean_counts_a_ratio_that_overflows_and_refuses_it_eagerly():
-    # LOSSES.md 5: a negative advantage with a large positive log ratio is not capped: R = exp(mean d).
+    # verl's compute_policy_loss_geo_mean (verl-project/verl @ 1dda039b, core_algos.py:1928-2010): a negative advantage with a
+    # large positive log ratio is not capped: R = exp(mean d).
     logp, old = np.zeros((2, 2), np.float32), np.array([[-100.0, -100.0], [0.0, 0.0]], np.float32)
     adv, mask = -np.ones((2, 2), np.float32), np.ones((2, 2), bool)
     with pytest.raises(ValueError, match="row 0's geometric-mean ratio overflows"):
@@ -213,7 +220,8 @@ def test_geo_mean_counts_a_ratio_that_overflows_and_refuses_it_eagerly():
 
 
 def test_dppo_masks_tokens_outside_the_region_truncates_the_weight_and_reads_p_above_one_as_verl():
-    # LOSSES.md 9: REINFORCE with a truncated weight min(r, C), masked by the trust region; a log-prob above 0
+    # verl's DPPO losses (verl-project/verl @ 1dda039b, core_algos.py:1380-1542): REINFORCE with a truncated weight min(r, C),
+    # masked by the trust region; a log-prob above 0
     # (not a probability) makes the KL's log NaN: the comparison is False and p <= p_old decides.
     logp = np.array([[-0.1, -3.0, -0.2, 0.5]], np.float32)
     old = np.array([[-2.0, -3.0, -0.25, -0.25]], np.float32)  # token 3: p = 1.65 > 1 > p_old: the KL is NaN
@@ -256,7 +264,8 @@ def test_clip_cov_with_a_fixed_choice_equals_the_float64_loop(mode):
 
 
 def test_clip_cov_draws_its_tokens_among_the_candidates_from_the_key():
-    # LOSSES.md 6: min(max(floor(N ratio), 1), #candidates) tokens, uniformly among the candidates (trained,
+    # verl's compute_policy_loss_clip_cov (verl-project/verl @ 1dda039b, core_algos.py:1743-1844): min(max(floor(N ratio), 1),
+    # #candidates) tokens, uniformly among the candidates (trained,
     # not clipped, covariance strictly inside (lb, ub)); the same key, the same choice.
     rng = np.random.default_rng(23)
     logp, old, adv, mask = batch(rng, rows=6, width=16)
@@ -286,7 +295,8 @@ def test_clip_cov_draws_its_tokens_among_the_candidates_from_the_key():
 
 
 def test_kl_cov_on_policy_penalty_adds_no_gradient():
-    # LOSSES.md 7: d = 0 exactly (the common first step): torch's abs has gradient 0 there (jnp.abs: 1).
+    # verl's compute_policy_loss_kl_cov (verl-project/verl @ 1dda039b, core_algos.py:1848-1924): d = 0 exactly (the common first
+    # step): torch's abs has gradient 0 there (jnp.abs: 1).
     logp = np.array([[-1.0, -2.0, -0.5]], np.float32)
     adv = np.array([[1.0, -2.0, 0.5]], np.float32)
     _, grad = value_and_grad(kl_cov_loss, {"kl_cov_ratio": 1.0, "ppo_kl_coef": 5.0}, "token-sum", logp, logp, adv,
@@ -295,7 +305,8 @@ def test_kl_cov_on_policy_penalty_adds_no_gradient():
 
 
 def test_vanilla_cuts_at_the_dual_clip_and_passes_nothing_at_the_clamp_of_twenty():
-    # LOSSES.md 1: with A < 0 and r beyond clip_ratio_c the loss is the constant -A c (no gradient); a log
+    # verl's compute_policy_loss_vanilla (verl-project/verl @ 1dda039b, core_algos.py:1286-1376): with A < 0 and r beyond
+    # clip_ratio_c the loss is the constant -A c (no gradient); a log
     # ratio at exactly ±20 has none either; inside, the unclipped side trains.
     logp = np.array([[float(np.log(np.float32(3.0))), 0.0, 0.0, -0.5]], np.float32)
     old = np.array([[0.0, -20.0, -19.0, -0.5]], np.float32)
@@ -323,7 +334,8 @@ def test_policy_loss_selects_by_verls_loss_mode_and_names_a_bad_option():
 @pytest.mark.parametrize("loss_type", TRL_LOSS_TYPES)
 @pytest.mark.parametrize("delta", [None, 1.05])
 def test_gspo_sequence_and_its_gradient_equal_the_float64_loop(loss_type, delta):
-    # LOSSES.md 3: TRL's sequence-level GSPO: one ratio per row, the gradient through the row's mean log
+    # TRL's sequence-level GSPO (huggingface/trl @ f2cd5771, trl/trainer/grpo_trainer.py): one ratio per row, the gradient
+    # through the row's mean log
     # ratio; empty rows count in B (grpo, dr_grpo, luspo).
     rng = np.random.default_rng(40 + TRL_LOSS_TYPES.index(loss_type))
     logp, old, _, mask = batch(rng)

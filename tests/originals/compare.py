@@ -1,6 +1,7 @@
 """prm-jax against verl's own outputs on the same seeded inputs (``verl_run.py``'s .npz; its docstring says how
 to run both). Prints each comparison and the count that agree within float32 rounding; the two differences
-CREDIT2.md 5 decides are checked as differences (OTB's returns compared at trained tokens: verl's hold G in
+prm-jax's rules where verl's break (the credit-assignment guide states each) decides are checked as differences (OTB's returns
+compared at trained tokens: verl's hold G in
 holes too; REINFORCE++-baseline with rewards on masked tokens: verl sums them into a row's score)."""
 import sys
 
@@ -24,7 +25,8 @@ check("reinforce_pp returns", out.returns, v["rpp_ret"])
 out = credit.reinforce_pp(rewards * mask, mask, baseline=True, group_ids=index)
 check("reinforce_pp_baseline advantages", out.advantages, v["rppb_wf_adv"])
 check("reinforce_pp_baseline returns", out.returns, v["rppb_wf_ret"])
-# With rewards on masked tokens verl sums them into a row's score, prm-jax does not (CREDIT2.md 5.2): they
+# With rewards on masked tokens verl sums them into a row's score, prm-jax does not (prm-jax's rules where verl's break (the
+# credit-assignment guide states each)): they
 # differ there, by design.
 out = credit.reinforce_pp(rewards, mask, baseline=True, group_ids=index)
 differs = float(np.max(np.abs(np.asarray(out.advantages) - v["rppb_adv"])))
@@ -34,7 +36,8 @@ for weighted in (0, 1):
         out = credit.optimal_token_baseline(rewards, mask, v["old"], v["spi"], group_ids=index,
                                             rollout_is_weights=v["rho"] if weighted else None, alignment=alignment)
         check(f"otb advantages ({'rho' if weighted else 'no rho'}, {alignment})", out.advantages, v[f"otb{weighted}_adv"])
-        # (verl's returns hold G inside holes too; prm-jax's are 0 off the trained tokens: CREDIT2.md 5's rule)
+        # (verl's returns hold G inside holes too; prm-jax's are 0 off the trained tokens: prm-jax's rules where verl's break
+        # (the credit-assignment guide states each))
         check(f"otb returns at trained tokens ({'rho' if weighted else 'no rho'}, {alignment})",
               np.asarray(out.returns)[mask], v[f"otb{weighted}_ret"][mask])
 rows_of = ([0, 1, 2], [3, 4, 5], [6, 7, 8, 9], [10, 11])

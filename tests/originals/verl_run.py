@@ -1,6 +1,6 @@
 """verl's own estimators and ``agg_loss`` on seeded inputs (issue 44: "the originals' outputs where their code
 can be run"), for ``compare.py``. Not part of the suite: it needs torch (``/opt/wheels`` here) and a checkout of
-verl-project/verl at 1dda039b (CREDIT2.md's commit)::
+verl-project/verl at 1dda039b (the commit the verl citations name)::
 
   VENV/bin/python tests/originals/verl_run.py VERL_CHECKOUT verl.npz   # a venv with torch and numpy
   .venv/bin/python tests/originals/compare.py verl.npz
@@ -64,7 +64,8 @@ a, r = ns["compute_reinforce_plus_plus_outcome_advantage"](t(rewards), t(mask), 
 out["rpp_adv"], out["rpp_ret"] = a.numpy(), r.numpy()
 a, r = ns["compute_reinforce_plus_plus_baseline_outcome_advantage"](t(rewards), t(mask), index, config=cfg)
 out["rppb_adv"], out["rppb_ret"] = a.numpy(), r.numpy()
-# Well-formed input (no reward on a masked token), where CREDIT2.md 5.2 says the two agree exactly.
+# Well-formed input (no reward on a masked token), where prm-jax's rules where verl's break (the credit-assignment guide states
+# each) says the two agree exactly.
 a, r = ns["compute_reinforce_plus_plus_baseline_outcome_advantage"](t(rewards * mask), t(mask), index, config=cfg)
 out["rppb_wf_adv"], out["rppb_wf_ret"] = a.numpy(), r.numpy()
 for weighted in (False, True):

@@ -367,7 +367,7 @@ def test_error_policy_config():
 
 
 async def test_turn_discount_is_applied_per_tree_and_keeps_the_raw_rewards():
-    # Issue 22.1, CREDIT.md's two-branch example: root -> A1 -> A2 (reward 1), root -> B1 (reward 0), gamma 0.9,
+    # Issue 22.1, the two-branch example of AReaL's PR #1666: root -> A1 -> A2 (reward 1), root -> B1 (reward 0), gamma 0.9,
     # inserted root, A1, B1, A2. A ready trajectory at A1 (raw reward 0) gets 0 + 0.9 * 1; AReaL's running
     # discount would also hand A2's reward to B1 (0.9), the tree rule keeps B1 at 0.
     store = TrajectoryStore()

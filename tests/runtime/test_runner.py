@@ -360,7 +360,7 @@ async def test_cancellation_during_rollback_propagates():
 
 
 def test_sync_constructor_has_no_rollback_but_names_what_it_leaves_unclosed():
-    # SPEC 3: PRMRunner(config) stays without the rollback; issue 31.8: not silently (a ResourceWarning
+    # AReaL's v1 semantics: PRMRunner(config) stays without the rollback; issue 31.8: not silently (a ResourceWarning
     # names the owned scorers left open and the constructor that closes them).
     config = owned(("ClosingA", {"label": "a"}))
     config["scorers"].append({"path": "scorers_for_tests.BrokenConstructor"})

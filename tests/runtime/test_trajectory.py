@@ -124,7 +124,7 @@ def test_frozen_messages_are_built_on_first_read_and_follow_a_new_value():
 
 
 def _stitch_by_loop(chain):
-    """The concat export as the SPEC states it, one position at a time (float64, no numpy tricks)."""
+    """The concat export as the host-path guide states it, one position at a time (float64, no numpy tricks)."""
     leaf = chain[-1]
     ids = list(leaf.input_tokens) + list(leaf.output_tokens)
     loss, logprobs, turn_ids, rewards = [0] * len(ids), [0.0] * len(ids), [-1] * len(ids), [0.0] * len(ids)

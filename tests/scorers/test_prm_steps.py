@@ -2,7 +2,7 @@
 separator and at each turn's end; math-shepherd: the tag stands in the text) scores every step, and
 ``spread`` places each step's score (``step``, ``step_end``, ``turn``, ``tokens``); the same rule on
 ``ModelScorer``; and a served PRM's step scores into ``compute_advantages`` with PURE's min-form give
-CREDIT.md section 1's numbers."""
+PURE's authors' code (CJReinforce/PURE, branch verl @ 83f9869c): its numbers."""
 
 import sys
 from pathlib import Path
@@ -244,7 +244,8 @@ def stacked(chains):
 
 
 async def test_a_served_prms_step_scores_give_pures_worked_numbers():
-    # CREDIT.md 1: step scores -0.9, 0.5, 0.8 at tau = 0.1 give returns-to-go -0.9, 4.5e-7, 3.3e-8. One
+    # PURE's authors' code (CJReinforce/PURE, branch verl @ 83f9869c): step scores -0.9, 0.5, 0.8 at tau = 0.1 give
+    # returns-to-go -0.9, 4.5e-7, 3.3e-8. One
     # turn of three steps; PURE's step score p_good - p_bad: p = 0.05, 0.75, 0.9. The other row of the group
     # scores 0 everywhere (p = 0.5), so the RLOO baseline is 0 and the unwhitened advantages are the returns.
     from prm_jax import compute_advantages

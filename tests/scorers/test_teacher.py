@@ -2,7 +2,8 @@
 vLLM's /v1/completions with ``prompt_logprobs``, SGLang's /generate with ``return_logprob``, against stub
 servers on 127.0.0.1 that follow the published schemas: tests/stub_servers.py) or a JAX model on the
 trainer's device (``TeacherModelScorer``). Each output token's reward is ``log pi_T(y_t) - log pi_S(y_t)``
-(CREDIT2.md 3: the k1 reward), checked against a float64 loop; several teachers with weights give AReaL's
+(on-policy distillation as verl computes it (verl-project/verl @ 1dda039b, verl/trainer/distillation/losses.py) and AReaL's MOPD
+(areal/trainer/mopd/loss.py): the k1 reward), checked against a float64 loop; several teachers with weights give AReaL's
 raw-weights sum; one request per batch of branches."""
 
 import math
@@ -79,7 +80,9 @@ async def test_a_served_teacher_rewards_each_output_token_in_one_request_per_bat
 
 
 async def test_several_teachers_with_weights_give_areals_raw_weights_sum_and_clip_at_valid_tokens():
-    # CREDIT2.md 3: S_T - W log pi_S with raw weights, W = 0.3 + 0.7 (two teachers: two scorers, one weight each).
+    # on-policy distillation as verl computes it (verl-project/verl @ 1dda039b, verl/trainer/distillation/losses.py) and AReaL's
+    # MOPD (areal/trainer/mopd/loss.py): S_T - W log pi_S with raw weights, W = 0.3 + 0.7 (two teachers: two scorers, one weight
+    # each).
     chains = branches(4)
     other = ScaledTeacher(2.0)
     with PromptLogprobServer(teacher_logprob) as first, PromptLogprobServer(other) as second:

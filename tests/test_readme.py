@@ -218,3 +218,39 @@ def test_the_global_batch_section_counts_the_minibatch():
     mask = namespace["mask"]
     assert namespace["losses"].global_batch_info(mask, dp_size=2) == {
         "dp_size": 2, "batch_num_tokens": int(mask.sum()), "global_batch_size": mask.shape[0]}
+
+
+# Issue 55.16: every YAML block of every page loads as the configuration it shows (the serving guide's
+# PoolingPRMScorer entry said `name: pooling_prm`, an unknown key), each built-in scorer entry's kwargs pass
+# its validate_kwargs, and every JSON block is a session line the reader takes.
+DATA_BLOCK = re.compile(r"(?:<!-- not run: (?P<why>[^>]*) -->\n)?```(?P<lang>yaml|json)\n(?P<body>.*?)```", re.S)
+DATA_BLOCKS = [(m.group("lang"), m.group("body"), f"{page.stem}-{m.group('lang')}-{i}")
+               for page in documentation.PAGES for i, m in enumerate(DATA_BLOCK.finditer(page.read_text()))]
+
+
+@pytest.mark.parametrize("lang,body", [b[:2] for b in DATA_BLOCKS], ids=[b[2] for b in DATA_BLOCKS])
+def test_every_yaml_and_json_block_loads(lang, body, tmp_path):
+    import json
+
+    from prm_jax.app.sessions import read_sessions
+    from prm_jax.config import load_config
+    from prm_jax.runtime import check_scorer_specs
+
+    if lang == "json":
+        path = tmp_path / "one.jsonl"
+        path.write_text(json.dumps(json.loads(body)) + "\n")
+        assert len(read_sessions(str(path))) == 1
+        return
+    path = tmp_path / "config.yaml"
+    path.write_text(body)
+    config = load_config(path)
+    built_in = [spec for spec in config.prm.scorers if spec.path.startswith("prm_jax.")]
+    if built_in and len(built_in) == len(config.prm.scorers):  # (a user's own module is not here to import)
+        check_scorer_specs(config)
+
+
+def test_a_scorer_entry_with_name_instead_of_path_says_did_you_mean_path():
+    from prm_jax.config import ConfigError, ExperimentConfig
+
+    with pytest.raises(ConfigError, match=r"scorers\[0\] has unknown key 'name': did you mean path:\?"):
+        ExperimentConfig.from_mapping({"rollout": {"agent": {"prm": {"scorers": [{"name": "pooling_prm"}]}}}})

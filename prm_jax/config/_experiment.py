@@ -77,8 +77,17 @@ def _scorer_list(value: Any, where: str) -> tuple[ScorerSpec, ...]:
             raise ConfigError(f"{where}[{i}]", f"must be a scorer entry {{path, weight, enabled, kwargs, timeout}}, "
                                                f"got {type(entry).__name__} (scorer instances go to "
                                                "PRMRunner(..., scorers=...))")
+        if isinstance(entry, Mapping) and "path" not in entry and set(entry) & SCORER_NAME_KEYS:
+            key = sorted(set(entry) & SCORER_NAME_KEYS)[0]
+            raise ConfigError(f"{where}[{i}]", f"has unknown key {key!r}: did you mean path:? A scorer entry names its "
+                                               f"class by dotted import path (path: prm_jax.scorers.PoolingPRMScorer, "
+                                               f"path: my_scorers.MyScorer), got {key}: {short_repr(entry[key])}")
         specs.append(from_mapping(ScorerSpec, entry, f"{where}[{i}]"))
     return tuple(specs)
+
+
+# Keys other configs name a scorer by (a registry name, a class): an entry with one and no path is told of path.
+SCORER_NAME_KEYS = frozenset({"name", "class", "cls", "type", "scorer", "class_path", "target", "_target_"})
 
 
 #: ``rollout.agent.prm.error_policy``: what a failed scorer does to its group (``reject``: the whole group

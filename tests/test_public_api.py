@@ -115,3 +115,16 @@ def test_each_name_a_user_meets_first_carries_a_runnable_example(path):
     namespace, name = path.split(".")
     doc = inspect.getdoc(getattr(importlib.import_module(f"prm_jax.{namespace}"), name)) or ""
     assert "\n>>> " in "\n" + "\n".join(line.strip() for line in doc.splitlines()), path
+
+
+
+@pytest.mark.parametrize("module", DOCUMENTED_MODULES)
+def test_a_documented_module_declares_its_public_names_and_the_guide_lists_them(module):
+    # Issue 55.18: prm_jax.app.sessions had no __all__ (41 names looked public).
+    names = importlib.import_module(module).__all__
+    if module == "prm_jax.integrations.tunix":  # (its guide, "Using prm-jax from tunix", lists its names)
+        return
+    row = re.search(rf"^\| `{re.escape(module)}` \|(.*)\|$", README, re.M)
+    assert row is not None, module
+    listed = {name.split("(")[0] for name in re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*(?:\()?)", row.group(1))}
+    assert [name for name in names if name not in listed] == []

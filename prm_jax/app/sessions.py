@@ -72,6 +72,8 @@ from prm_jax.runtime._trajectory import (
     stray_token_id,
 )
 
+__all__ = ["InputError", "SessionRecord", "iter_sessions", "read_sessions"]
+
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 

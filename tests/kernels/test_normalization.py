@@ -1,4 +1,5 @@
 import itertools
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -212,3 +213,15 @@ def test_decoupled_normalization_under_jit_and_vmap_without_retrace_and_in_bfloa
     assert out.dtype == jnp.float32
     np.testing.assert_allclose(out, reference.decoupled(np.asarray(low, np.float32), [1.0, 1.0], np.arange(8) // 4),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_a_group_of_one_under_leave_one_out_normalizes_to_zero_where_areal_passes_x_through():
+    # Issue 55.17: the decisions guide states this difference from AReaL (its test_group_size_edge_cases
+    # expects x / (1 + eps) for a single-member group with mean_leave1out and std_unbiased); prm-jax gives 0.
+    x = np.array([[0.7], [-1.3], [2.0]], np.float32)
+    norm = NormConfig(mean_level="group", std_level="group", mean_leave1out=True, std_unbiased=True)
+    out = np.asarray(normalize(x, np.ones_like(x), norm, group_sizes=[1, 2]))
+    assert out[0, 0] == 0.0  # AReaL's test: 0.7 / (1 + 1e-5)
+    assert abs(out[1, 0]) > 0.5 and abs(out[2, 0]) > 0.5  # the group of two: each against its peer
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "decisions.md").read_text()
+    assert "test_group_size_edge_cases" in guide and "x / (1 + eps)" in guide

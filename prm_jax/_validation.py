@@ -24,14 +24,15 @@ FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 def finite_number(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None,
                   positive: bool = False) -> float:
-    """A finite Python number (not a bool) within the given bounds (``positive``: > 0), as float; else
-    ``ValueError`` naming it.
+    """A finite number (a Python or numpy scalar; not a bool) within the given bounds (``positive``: > 0), as
+    float; else ``ValueError`` naming it.
 
     Every setting is finite in float32 (``|value| <= 3.4e38``) and is 0 or at least float32's smallest
     normal number (``1.2e-38``) in magnitude: the kernels read it in float32.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _isfinite(value):
+    if not is_number(value) or not _isfinite(value):
         raise ConfigError(name, f"must be a finite number, got {short_repr(value)}")
+    value = int(value) if isinstance(value, np.integer) else float(value) if isinstance(value, np.floating) else value
     if abs(value) > FLOAT32_MAX:
         raise ConfigError(name, f"must be finite in float32 (|value| <= {FLOAT32_MAX:.4g}), got {short_repr(value)}")
     if value != 0 and abs(value) < FLOAT32_TINY:
@@ -43,6 +44,13 @@ def finite_number(name: str, value: Any, *, minimum: float | None = None, maximu
     if positive and value <= 0:
         raise ConfigError(name, f"must be > 0, got {short_repr(value)}")
     return float(value)
+
+
+def is_number(value: Any) -> bool:
+    """A real number: a Python ``int`` or ``float`` or a numpy integer or floating scalar, never a bool
+    (Python's or numpy's: YAML's ``true`` is no number)."""
+    return (isinstance(value, (int, float, np.integer, np.floating))
+            and not isinstance(value, (bool, np.bool_)))
 
 
 def _isfinite(value: float) -> bool:
@@ -63,12 +71,13 @@ def scorer_weight(name: str, value: Any) -> float:
 
 
 def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
-    """A Python integer (not a bool: YAML's ``true`` is no count) of at least ``minimum``; else a
-    ``ConfigError`` naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+    """An integer (a Python or numpy one; not a bool: YAML's ``true`` is no count) of at least ``minimum``, as
+    ``int``; else a ``ConfigError`` naming it."""
+    if (not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_))
+            or (minimum is not None and value < minimum)):
         bound = f" >= {minimum}" if minimum is not None else ""
         raise ConfigError(name, f"must be an integer{bound}, got {short_repr(value)}")
-    return value
+    return int(value)
 
 
 def boolean(name: str, value: Any, *, config: bool = True) -> bool:

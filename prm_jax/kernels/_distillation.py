@@ -41,7 +41,7 @@ from prm_jax.kernels._policy_loss import (
     global_batch_checks,
 )
 
-DistillationEstimator = Literal["k1", "abs", "k2", "k3"]
+DistillationEstimator = Literal["k1", "abs", "k2", "k3", "k3+"]
 #: verl's distillation estimators (``supervised_distillation_loss``); ``distillation_rewards`` takes ``k1``.
 DISTILLATION_ESTIMATORS: tuple[DistillationEstimator, ...] = get_args(DistillationEstimator)
 _NOT_A_REWARD = ("is never positive, so as a policy-gradient reward it pushes down the tokens the teacher prefers "
@@ -197,16 +197,21 @@ def distillation_estimate(logprobs: jax.Array, teacher_logprobs: jax.Array, esti
                           ) -> jax.Array:
     """verl's ``kl_penalty`` estimators of the student against the teacher, per token: ``k1`` ``l - l_T``,
     ``abs`` ``|l - l_T|``, ``k2`` ``(l - l_T)^2 / 2``, ``k3`` ``clamp(e^x - x - 1, +-10)`` with ``x =
-    clamp(l_T - l, +-20)``."""
+    clamp(l_T - l, +-20)``, and ``k3+`` (verl's ``+`` suffix): ``k3``'s value with ``k2``'s gradient, ``d D / d l
+    = l - l_T`` (``k2 + stop_gradient(k3 - k2)``)."""
     d = logprobs - teacher_logprobs
     if estimator == "k1":
         return d
     if estimator == "abs":
         return jnp.abs(d)
+    k2 = 0.5 * d * d
     if estimator == "k2":
-        return 0.5 * d * d
+        return k2
     x = jnp.clip(-d, -20.0, 20.0)
-    return jnp.clip(jnp.expm1(x) - x, -10.0, 10.0)
+    k3 = jnp.clip(jnp.expm1(x) - x, -10.0, 10.0)
+    if estimator == "k3+":
+        return k2 + lax.stop_gradient(k3 - k2)
+    return k3
 
 
 def supervised_distillation_loss(logprobs: ArrayLike, teacher_logprobs: ArrayLike, loss_mask: ArrayLike, *,

@@ -146,3 +146,49 @@ def test_non_finite_inputs_at_trained_tokens_are_refused_and_an_empty_batch_give
     value, grad = jax.value_and_grad(lambda x: losses.distillation_loss(x, x, np.ones((1, 2), np.float32), empty)[0])(
         jnp.zeros((1, 2), jnp.float32))
     assert float(value) == 0.0 and not np.asarray(grad).any()
+
+
+@pytest.mark.parametrize("clamp", [None, 0.5])
+def test_k3_plus_is_k3s_value_with_k2s_gradient_as_the_float64_loop(clamp):
+    # Issue 55.19: verl's '+' suffix keeps the estimator's value and takes the k2 gradient; "k3+" was refused.
+    rng = np.random.default_rng(9)
+    logp = (-rng.exponential(1.0, (3, 8))).astype(np.float32)
+    teacher = (-rng.exponential(1.0, (3, 8))).astype(np.float32)
+    mask = rng.random((3, 8)) < 0.7
+    n = int(mask.sum())
+    bound = math.inf if clamp is None else clamp
+    value, grad = 0.0, np.zeros((3, 8))
+    for b, t in zip(*np.nonzero(mask)):
+        d = float(logp[b, t]) - float(teacher[b, t])
+        x = min(max(-d, -20.0), 20.0)
+        k3 = min(max(math.exp(x) - x - 1, -10.0), 10.0)
+        value += min(max(k3, -bound), bound) / n
+        grad[b, t] = d / n if abs(k3) < bound else 0.0  # torch.clamp: no gradient at or past a bound
+    loss = lambda lp: losses.supervised_distillation_loss(lp, teacher, mask, estimator="k3+", loss_max_clamp=clamp)
+    assert float(loss(logp)) == pytest.approx(value, rel=1e-5, abs=1e-7)
+    np.testing.assert_allclose(np.asarray(jax.grad(loss)(logp)), grad, rtol=1e-5, atol=1e-7)
+    k3 = losses.supervised_distillation_loss(logp, teacher, mask, estimator="k3", loss_max_clamp=clamp)
+    assert float(k3) == pytest.approx(float(loss(logp)), rel=1e-6)  # the same value
+    assert "k3+" in losses.DISTILLATION_ESTIMATORS
+
+
+def test_numpy_scalar_weights_are_numbers_and_booleans_are_not():
+    # Issue 55.20: weights=np.array([0.3, 0.7], np.float32) was refused with "weights[0] must be a finite number,
+    # got np.float32(0.3)". A numpy scalar is a number (one rule: prm_jax._validation.is_number); a bool is not.
+    from prm_jax import credit
+    from prm_jax._validation import finite_number, integer
+
+    teachers = [np.full((1, 2), -1.0, np.float32), np.full((1, 2), -2.0, np.float32)]
+    student, mask = np.full((1, 2), -1.5, np.float32), np.ones((1, 2), bool)
+    as_list = credit.distillation_rewards(teachers, student, mask, weights=[0.3, 0.7])
+    for weights in (np.array([0.3, 0.7], np.float32), np.array([0.3, 0.7]), (np.float32(0.3), np.float64(0.7))):
+        np.testing.assert_allclose(np.asarray(credit.distillation_rewards(teachers, student, mask, weights=weights)),
+                                   np.asarray(as_list), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"weights\[0\] must be a finite number, got np.True_|weights\[0\] must be"):
+        credit.distillation_rewards(teachers, student, mask, weights=np.array([True, False]))
+    assert finite_number("x", np.float32(0.5)) == 0.5 and integer("n", np.int64(3)) == 3
+    for bad in (True, np.True_, np.float32("nan")):
+        with pytest.raises(ValueError):
+            finite_number("x", bad)
+    with pytest.raises(ValueError):
+        integer("n", np.bool_(True))

@@ -91,12 +91,25 @@ def _load_config(path: str) -> ExperimentConfig:
 class Progress:
     """Sessions scored of the total, their rate and the time left, on one line of stderr (only when
     enabled: a terminal, unless ``--no-progress`` or ``--quiet``); ``score``'s ``progress`` callback, and its
-    ``phase`` callback: each phase named as it starts."""
+    ``phase`` callback: each phase named as it starts.
 
-    def __init__(self, enabled: bool, stream=None):
+    The rate is measured from the first sessions scored on (the time before them is warm-up: workers
+    starting, programs compiling, a judge's first answers), smoothed over ``RATE_HALF_LIFE_S``, and the ETA
+    is shown only once it means something: ``ETA_AFTER_S`` of measurement and ``ETA_AFTER_UPDATES`` updates
+    (before that, ``ETA --``). The first ETA of a run once read 24,106 s for a phase of 8.9 s."""
+
+    RATE_HALF_LIFE_S = 3.0
+    ETA_AFTER_S = 2.0
+    ETA_AFTER_UPDATES = 3
+
+    def __init__(self, enabled: bool, stream=None, clock: Callable[[], float] = time.perf_counter):
         self.enabled = enabled
         self.stream = stream or sys.stderr
-        self.started = time.perf_counter()
+        self.clock = clock
+        self.first: tuple[float, int] | None = None  # (time, done) of the first update: the rate's start
+        self.last: tuple[float, int] | None = None
+        self.rate: float | None = None
+        self.updates = 0
 
     def phase(self, name: str) -> None:
         """A phase begins (reading, scoring, packing, advantages, writing): said on its own line, so the
@@ -105,14 +118,36 @@ class Progress:
             self.stream.write(f"{name} ...\n")
             self.stream.flush()
 
+    def measure(self, done: int) -> None:
+        """Folds the sessions scored since the last update into the smoothed rate (sessions per second)."""
+        now = self.clock()
+        if self.first is None:
+            self.first = self.last = (now, done)
+            return
+        assert self.last is not None
+        elapsed, scored = now - self.last[0], done - self.last[1]
+        if elapsed <= 0:
+            return
+        weight = 1.0 - 0.5 ** (elapsed / self.RATE_HALF_LIFE_S)
+        instant = scored / elapsed
+        self.rate = instant if self.rate is None else self.rate + weight * (instant - self.rate)
+        self.last = (now, done)
+        self.updates += 1
+
+    def eta(self, done: int, total: int) -> str:
+        """The time left, or ``--`` until the rate means something."""
+        if (self.rate is None or self.rate <= 0 or self.first is None or self.last is None
+                or self.updates < self.ETA_AFTER_UPDATES or self.last[0] - self.first[0] < self.ETA_AFTER_S):
+            return "--"
+        return f"{(total - done) / self.rate:.0f} s"
+
     def __call__(self, done: int, total: int) -> None:
         if self.enabled:
-            elapsed = max(time.perf_counter() - self.started, 1e-9)
-            rate = done / elapsed
-            left = (total - done) / rate if rate > 0 else float("inf")
+            self.measure(done)
+            rate = "--" if self.rate is None else f"{self.rate:.1f}"
             filled = int(30 * done / max(total, 1))
             self.stream.write(f"\rscoring [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} sessions, "
-                              f"{rate:.1f}/s, ETA {left:.0f} s ")
+                              f"{rate}/s, ETA {self.eta(done, total)} ")
             if done >= total:
                 self.stream.write("\n")
             self.stream.flush()

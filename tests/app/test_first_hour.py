@@ -130,3 +130,25 @@ def test_the_release_metadata_is_complete_and_invents_no_home():
     assert "Typing :: Typed" in classifiers
     assert {f"Programming Language :: Python :: 3.{v}" for v in (11, 12, 13)} <= set(classifiers)
     assert project["requires-python"].startswith(">=3.11")
+
+
+def test_the_eta_is_smoothed_and_withheld_until_it_means_something():
+    # Issue 55.21: the first ETA of a run read 24,106 s for a scoring phase of 8.9 s (the rate counted the
+    # warm-up). A clock run by hand: 20 s of warm-up before the first group, then 1,000 sessions at 100/s.
+    import io
+
+    now = [0.0]
+    stream = io.StringIO()
+    line = cli.Progress(True, stream=stream, clock=lambda: now[0])
+    now[0] = 20.0
+    line(8, 1000)  # the first group: the rate starts here
+    etas = []
+    for done in range(18, 1001, 10):
+        now[0] += 0.1
+        line(done, 1000)
+        etas.append(stream.getvalue().rsplit("ETA ", 1)[1].split()[0])
+    assert stream.getvalue().split("\r")[1].endswith("--/s, ETA -- ")  # no rate, no ETA from one group
+    assert etas[:19] == ["--"] * 19  # under 2 s of measurement: withheld
+    shown = [float(eta) for eta in etas[19:-1]]
+    remaining = [(1000 - done) / 100 for done in range(18, 1001, 10)][19:-1]
+    assert all(abs(eta - want) <= 1 for eta, want in zip(shown, remaining)), list(zip(shown, remaining))[:5]

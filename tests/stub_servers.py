@@ -214,9 +214,11 @@ class PoolingServer(_Server):
 
     def __init__(self, step_score: Callable[[list[int]], float], *, step_tag_id: int, model: str = "prm",
                  engine_s: Callable[[int], float] = lambda tokens: 0.0, task: str | None = "token_classify",
-                 lifetime: float = 120.0):
+                 lifetime: float = 120.0, fixed_task: str | None = None):
         self.step_score, self.step_tag_id, self.model = step_score, step_tag_id, model
-        self.engine_s, self.task = engine_s, task
+        # ``fixed_task``: the task the server was started with (vLLM >= 0.21's --pooler-config.task): a request
+        # naming another is refused as vLLM refuses it ("Unsupported task"); one naming none gets it.
+        self.engine_s, self.task, self.fixed_task = engine_s, task, fixed_task
         self.tokens_received = 0
         self.engine_total_s = 0.0
         self.busy = threading.Lock()  # one engine: requests run one after another
@@ -231,6 +233,10 @@ class PoolingServer(_Server):
         inputs = payload.get("input")
         if payload.get("model") != self.model or not isinstance(inputs, list):
             request.reply(400, _error("'model' and a list 'input' are required"))
+            return
+        if self.fixed_task is not None and payload.get("task", self.fixed_task) != self.fixed_task:
+            request.reply(400, _error(f"Unsupported task: {payload.get('task')!r} Supported tasks: "
+                                      f"({self.fixed_task!r},)", "BadRequestError"))
             return
         if payload.get("task", "encode") not in ("encode", "token_classify", self.task):
             request.reply(400, _error(f"task {payload.get('task')!r} is not supported by this model"))

@@ -24,7 +24,11 @@ branch's context sent once.
 
 vLLM versions: the request is ``{"model", "input", "task"}``. vLLM >= 0.11 names the task
 ``token_classify`` (the default here); vLLM 0.8-0.10 take no task for these models (``task: null`` leaves
-it out; their default pooling task is ``encode``). The response shape, ``{"data": [{"index", "data":
+it out; their default pooling task is ``encode``). From v0.21 a vLLM server fixes its pooling task when it
+starts (``--pooler-config.task``) and refuses a request that names another ("Unsupported task"): such a
+refusal fails the scorer once with one error naming both settings (``task: null``, or the server started
+with ``--pooler-config.task token_classify``), and every later batch fails with it at once, without a
+request. The response shape, ``{"data": [{"index", "data":
 [[p_bad, p_good], ...]}]}``, is the same across them. Serve a step-tag PRM with its pooler's step tag, e.g.
 ``vllm serve Qwen/Qwen2.5-Math-PRM-7B --runner pooling`` (step tag ``<extra_0>``, id 151651, the default
 here). SGLang serves sequence classifiers on ``/v1/classify`` (one label distribution per input, not per
@@ -133,6 +137,7 @@ class PoolingPRMScorer(ServedScorer, BatchTrajectoryScorer):
         self.rule, self.step_score = StepRule.parse(step_separator, step_tag_id), step_score
         self.service = JSONService(check_url("base_url", base_url), who=f"scorer {self.name!r}",
                                    **transport(settings))
+        self._task_refused: ServiceError | None = None  # the server refused the task: later batches fail with it
 
     @classmethod
     def validate_kwargs(cls, base_url: Any = None, model: Any = None, step_tag_id: Any = QWEN_PRM_STEP_TAG_ID,
@@ -171,9 +176,29 @@ class PoolingPRMScorer(ServedScorer, BatchTrajectoryScorer):
         body: dict[str, Any] = {"model": self.model, "input": [branch.ids for branch in branches]}
         if self.task is not None:
             body["task"] = self.task
-        answer = await self.service.post("/pooling", body)
+        if self._task_refused is not None:
+            raise self._task_refused
+        try:
+            answer = await self.service.post("/pooling", body)
+        except ServiceError as err:
+            refused = self._refused_task(err)
+            if refused is None:
+                raise
+            self._task_refused = refused
+            raise refused from None
         return [self._branch_scores(turns, branch, rows)
                 for (turns, _), branch, rows in zip(items, branches, self._rows(answer, len(items)))]
+
+    def _refused_task(self, err: ServiceError) -> ServiceError | None:
+        """A 400 whose answer is about the per-request task (vLLM >= 0.21 fixes it when it starts): the one
+        error that names the settings to change; ``None`` for any other failure."""
+        if self.task is None or err.status != 400 or "task" not in str(err).rsplit("answered", 1)[-1].lower():
+            return None
+        return ServiceError(f"scorer {self.name!r}: the server refused the per-request pooling task {self.task!r} "
+                            f"({str(err).rsplit('answered ', 1)[-1]}). A server that fixes its pooling task when it "
+                            f"starts (vLLM >= 0.21: --pooler-config.task) takes none per request: set the scorer's "
+                            f"kwargs task: null, or start the server with --pooler-config.task {self.task}",
+                            status=400, reason=err.reason)
 
     def _rows(self, answer: Any, count: int) -> list[Any]:
         """Each input's rows, by the answer's ``index`` fields: each index of the request exactly once."""

@@ -348,6 +348,32 @@ async def test_pooling_prm_task_for_older_vllm_and_located_errors():
         await scorer.aclose()
 
 
+async def test_a_server_that_fixes_its_pooling_task_refuses_once_naming_the_settings_to_change():
+    # Issue 55.22: vLLM (from v0.21) fixes the pooling task when it starts (--pooler-config.task) and refuses a
+    # request naming another ("Unsupported task"). The scorer says which settings to change: each batch in
+    # flight fails with that one error (a 400 is not retried), and every batch after it without a request.
+    branches = tree_branches(6)
+    with PoolingServer(step_score, step_tag_id=TAG, fixed_task="classify") as server:
+        scorer = PoolingPRMScorer(server.url, "prm", step_tag_id=TAG, max_batch_size=2, max_wait=0.01)
+        runner = PRMRunner(scorers=(scorer,))
+        results = await runner.run_many(branches, return_exceptions=True)
+        sent = len(server.requests)
+        assert sent <= 3  # (three batches, none retried)
+        later = await runner.run_many(tree_branches(4, prefix="q"), return_exceptions=True)
+        await scorer.aclose()
+        assert len(server.requests) == sent and all(isinstance(r, ServiceError) for r in later)
+    assert all(isinstance(r, ServiceError) for r in results), results
+    message = str(results[0])
+    assert "the server refused the per-request pooling task 'token_classify'" in message and "Unsupported task" in message
+    assert "set the scorer's kwargs task: null, or start the server with --pooler-config.task token_classify" in message
+    assert len({str(r) for r in results}) == 1  # one cause, said once by the command line
+    with PoolingServer(step_score, step_tag_id=TAG, fixed_task="token_classify") as server:  # task: null works
+        scorer = PoolingPRMScorer(server.url, "prm", step_tag_id=TAG, task=None, max_wait=0.01)
+        await PRMRunner(scorers=(scorer,)).run(tree_branches(1)[0])
+        await scorer.aclose()
+        assert "task" not in server.requests[0]
+
+
 # --- ClassifyPRMScorer (SGLang's /v1/classify) ------------------------------------------------------------
 
 async def test_classify_prm_scores_each_turn_by_classifying_the_conversation_through_it():

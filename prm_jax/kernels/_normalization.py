@@ -332,12 +332,15 @@ def whiten(x: jax.Array, active: jax.Array, eps: float = 1e-8) -> jax.Array:
     NaN); below it the computation is verl's, bit for bit. Entries all equal give 0."""
     zero = jnp.zeros((), x.dtype)
     top = jnp.max(jnp.where(active, jnp.abs(x), zero), initial=zero)
-    exponent = jnp.where(top > WHITEN_SCALE_ABOVE, jnp.ceil(jnp.log2(jnp.maximum(top, 1))), zero).astype(jnp.int32)
+    # (An infinite or NaN entry is not scaled: it reaches the outputs' finiteness check as it is.)
+    big = jnp.isfinite(top) & (top > WHITEN_SCALE_ABOVE)
+    exponent = jnp.where(big, jnp.ceil(jnp.log2(jnp.where(big, top, 1))), zero).astype(jnp.int32)
     scaled = jnp.ldexp(x, -exponent)
     moments = segment_moments(jnp.where(active, scaled, zero), active, ddof=1)
     spread = jnp.sqrt(moments.var + jnp.ldexp(jnp.asarray(eps, x.dtype), -2 * exponent))
-    safe = jnp.where(spread > 0, spread, jnp.ones((), x.dtype))
-    return jnp.where(active & (spread > 0), moments.centred / safe, zero)
+    # (A spread of exactly 0, equal entries whose eps underflowed with the scale, gives 0; a NaN one stays NaN.)
+    safe = jnp.where(spread == 0, jnp.ones((), x.dtype), spread)
+    return jnp.where(active, jnp.where(spread == 0, zero, moments.centred / safe), zero)
 
 
 def _decoupled_normalization_core(rewards: jax.Array, weights: jax.Array, real: jax.Array, row_group: jax.Array,

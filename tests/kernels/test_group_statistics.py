@@ -180,7 +180,34 @@ def test_the_pipelines_overflowing_statistics_are_raised_eagerly_and_counted_und
     if credit == "prime":
         batch["prm_logprobs"] = batch["ref_logprobs"] = np.zeros((rows, width), np.float32)
     config = AdvantageConfig(kl_ctl=0.0, reward_clip=3e38, **fields)
+    if credit in ("pure", "prime"):
+        # Issue 55.6: their whitening (verl's masked_whiten) is finite for every finite input now, scaled by a
+        # power of two: the float64 pipeline's advantages, nothing to count.
+        import reference
+
+        out = compute_advantages(batch, config)
+        want = reference.compute_advantages(batch, {"kl_ctl": 0.0, "reward_clip": 3e38, **fields})
+        np.testing.assert_allclose(np.asarray(out.advantages), want["advantages"], rtol=1e-4, atol=1e-5)
+        assert int(jax.jit(lambda b: compute_advantages(b, config))(batch).diagnostics["checks/outputs_not_finite"]) == 0
+        return
     with pytest.raises(ValueError, match=r"non-finite advantage .* a float32 overflow inside a stage"):
         compute_advantages(batch, config)
     out = jax.jit(lambda b: compute_advantages(b, config))(batch)
     assert int(out.diagnostics["checks/outputs_not_finite"]) > 0
+
+
+def test_the_whitening_scales_finite_values_and_leaves_a_non_finite_one_non_finite():
+    # Issue 55.6's whitening: finite for every finite input (rewards of 1e20 and 3e38, scaled by a power of two),
+    # verl's values below 2**32 bit for bit, and an infinite entry is never turned into a finite 0.
+    from prm_jax.kernels._normalization import whiten
+
+    active = np.ones((2, 3), bool)
+    for scale in (1.0, 1e20, 3e37):
+        x = np.array([[1.0, 3.0, 2.0], [-3.0, 4.0, 5.0]]) * scale
+        mean, var = x.mean(), x.var(ddof=1)
+        want = (x - mean) / np.sqrt(var + 1e-8)
+        np.testing.assert_allclose(np.asarray(whiten(jnp.asarray(x, jnp.float32), active)), want, rtol=2e-6, atol=1e-6)
+    small = jnp.asarray([[1.0, 3.0, 2.0], [-3.0, 4.0, 5.0]], jnp.float32)
+    moments = segment_moments(small, jnp.asarray(active), ddof=1)
+    np.testing.assert_array_equal(np.asarray(whiten(small, active)), np.asarray(moments.centred / jnp.sqrt(moments.var + 1e-8)))
+    assert np.isnan(np.asarray(whiten(jnp.asarray([[1.0, np.inf, 2.0]], jnp.float32), np.ones((1, 3), bool)))).all()

@@ -55,6 +55,23 @@ def outcome(mode: str, output_len: int):
     raise AssertionError(mode)
 
 
+def network_wait(mode: str) -> None:
+    """``silent:<port>``: connect to 127.0.0.1:<port> (a listener that never answers) and wait for its answer,
+    with no timeout of the scorer's own: only the executor's deadline ends the wait. ``refused:<port>``: an
+    address where nothing listens (the connection is refused at once)."""
+    import socket
+
+    _, port = mode.split(":")
+    with socket.create_connection(("127.0.0.1", int(port))) as connection:
+        connection.recv(1)
+
+
+async def network_wait_async(mode: str) -> None:
+    _, port = mode.split(":")
+    async with await anyio.connect_tcp("127.0.0.1", int(port)) as connection:
+        await connection.receive(1)
+
+
 def _mode(modes, interaction, ctx) -> str:
     return modes.get(ctx.get("row"), modes.get(interaction.interaction_id, "ok"))
 
@@ -78,6 +95,8 @@ class AsyncCase(BaseScorer, _Modes):
             if self.started is not None:
                 open(self.started, "w").close()
             await anyio.sleep(SLEEP_S)
+        if mode.startswith(("silent:", "refused:")):
+            await network_wait_async(mode)
         return outcome("ok" if mode == "slow" else mode, interaction.output_len)
 
 
@@ -94,6 +113,8 @@ class SyncCase(SyncScorer, _Modes):
             if self.started is not None:
                 open(self.started, "w").close()
             time.sleep(SLEEP_S)
+        if mode.startswith(("silent:", "refused:")):
+            network_wait(mode)
         return outcome("ok" if mode == "slow" else mode, interaction.output_len)
 
 
@@ -110,6 +131,9 @@ class BatchCase(BatchScorer, _Modes):
             if self.started is not None:
                 open(self.started, "w").close()
             await anyio.sleep(SLEEP_S)
+        for mode in modes:
+            if mode.startswith(("silent:", "refused:")):
+                await network_wait_async(mode)
         if "raises" in modes:  # the batch's one call fails: every item in it fails with its error
             raise KeyError("no answer for this turn")
         if "exits" in modes:

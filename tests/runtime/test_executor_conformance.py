@@ -122,6 +122,28 @@ async def test_a_call_past_its_deadline_fails_with_the_same_timeout_error(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+async def test_a_network_wait_is_bounded_on_every_executor(kind):
+    # Issue 55, "every network wait is bounded": a scorer that waits on a peer that never answers (connected,
+    # no timeout of its own) is ended by its deadline on every executor; an address where nothing listens
+    # fails its row at once. The rest of the run goes on.
+    import socket
+
+    with socket.socket() as silent, socket.socket() as closed:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        closed.bind(("127.0.0.1", 0))  # (bound, never listening: connections are refused)
+        modes = {1: f"silent:{silent.getsockname()[1]}", 2: f"refused:{closed.getsockname()[1]}"}
+        start = time.monotonic()
+        out, stats = await masked(make(kind, modes, timeout=1.0), 4)
+        assert time.monotonic() - start < 15
+    assert out.failed[1] and out.failed[2] and (kind == "batch" or (not out.failed[0] and not out.failed[3]))
+    if kind != "batch":  # (a batch's one call holds every row: its deadline fails them together)
+        assert "took longer than its timeout of 1.0 s" in out.errors[1], out.errors[1]
+        assert any(said in out.errors[2] for said in ("Connection refused", "ConnectionRefused", "connection attempts failed"))
+    assert stats["timeouts"] >= 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("timeout", [None, 20.0])
 def test_closing_a_blocking_runner_abandons_runs_in_flight_on_every_executor(kind, timeout, tmp_path):
     # 41.11: a stuck thread scorer without a timeout blocked close() forever; 41.17: the thread executor's close

@@ -165,7 +165,7 @@ def estimator_inputs(batch: dict, group: int = 8, seed: int = 1) -> dict:
     pi = np.exp(np.roll(batch["logprobs"], -1, axis=1).astype(np.float64))
     return dict(turn_ids=turn_ids, node_ids=node_ids, node_parents=np.array(parents, np.int32),
                 group_sizes=np.array(sizes, np.int32),
-                prm_logprobs=(batch["ref_logprobs"] + rng.normal(0, 0.1, (rows, width))).astype(np.float32),
+                prm_logprobs=(-np.abs(batch["ref_logprobs"] + rng.normal(0, 0.1, (rows, width)))).astype(np.float32),
                 sum_pi_squared=(pi ** 2 + (1 - pi ** 2) * rng.uniform(0, 0.8, (rows, width))).astype(np.float32))
 
 

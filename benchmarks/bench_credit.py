@@ -72,7 +72,7 @@ def make_batch(rows: int, turns: int, tokens: int, group: int, seed: int = 0) ->
     return dict(attention_mask=np.ones((rows, width), np.int32), loss_mask=loss_mask, turn_ids=turn_ids,
                 logprobs=logprobs, sum_pi_squared=sum_pi_squared.astype(np.float32),
                 rollout_is_weights=rng.uniform(0.8, 1.2, (rows, width)).astype(np.float32),
-                ref_logprobs=ref, prm_logprobs=(ref + rng.normal(0, 0.1, ref.shape)).astype(np.float32),
+                ref_logprobs=ref, prm_logprobs=(-np.abs(ref + rng.normal(0, 0.1, ref.shape))).astype(np.float32),
                 token_rewards=token_rewards.astype(np.float32), rewards=rng.choice([0.0, 1.0], rows).astype(np.float32),
                 is_truncated=np.zeros(rows, bool), group_sizes=np.full(rows // group, group, np.int32),
                 reward_sources=rng.normal(size=(rows, 2)).astype(np.float32), node_ids=node_ids, node_parents=parents)

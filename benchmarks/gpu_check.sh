@@ -160,14 +160,16 @@ if wanted tests; then
     first=(tests/kernels/test_strategy.py tests/runtime/test_model_scorer.py); rest=""
   fi
   workers=${WORKERS:-$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))}
-  rm -f "$OUT/tests.log"
-  XLA_PYTHON_CLIENT_PREALLOCATE=false bounded 120 "$OUT/tests.log" \
+  rm -f "$OUT/tests.log" "$OUT/failures.log"
+  # (each failure's traceback written as it fails, tests/conftest.py: a run cut by its bound still says why)
+  PRM_JAX_FAILURES="$OUT/failures.log" XLA_PYTHON_CLIENT_PREALLOCATE=false bounded 120 "$OUT/tests.log" \
     $PY -m pytest -v -p no:cacheprovider -rs -n "$workers" --dist load "${first[@]}" $rest
   code=$?
   counts="$(grep -c -E " PASSED( |$)" "$OUT/tests.log") passed, $(grep -c -E " SKIPPED( |$)" "$OUT/tests.log") \
 skipped, $(grep -c -E " (FAILED|ERROR)( |$)" "$OUT/tests.log") failed or errors"
   step "tests ($counts; $workers workers; $(tail -1 "$OUT/tests.log"))" $code $((SECONDS - t))
   grep -E " (FAILED|ERROR)( |$)|^(FAILED|ERROR) " "$OUT/tests.log" | head -40
+  [ -s "$OUT/failures.log" ] && { echo "tracebacks: $OUT/failures.log"; head -c 20000 "$OUT/failures.log"; }
 fi
 
 echo "total $((SECONDS - started)) s"

@@ -67,6 +67,27 @@ def pytest_runtest_protocol(item, nextitem):
     record.unlink(missing_ok=True)
 
 
+# A failing test's traceback, written the moment it fails (issue 56.3): a run cut at its time bound (the device
+# check's) still says why each failure failed. ``PRM_JAX_FAILURES`` names the file; each process appends
+# (under xdist the workers write, where the test ran; the controller, which only relays, does not).
+_FAILURES = os.environ.get("PRM_JAX_FAILURES")
+
+
+def pytest_runtest_logreport(report):
+    if not _FAILURES or not report.failed or (os.environ.get("PYTEST_XDIST_WORKER") is None and _RELAYS):
+        return
+    with open(_FAILURES, "a", encoding="utf-8") as out:
+        out.write(f"==== {report.nodeid} ({report.when}) ====\n{report.longreprtext}\n\n")
+
+
+_RELAYS = False  # this process is xdist's controller (it relays the workers' reports)
+
+
+def pytest_configure(config):
+    global _RELAYS
+    _RELAYS = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
 @pytest.fixture(autouse=True)
 def _no_implicit_promotion():
     with jax.numpy_rank_promotion("raise"), jax.numpy_dtype_promotion("strict"):

@@ -69,3 +69,23 @@ def test_a_crashed_workers_test_is_rerun_alone_with_xlas_dumps(tmp_path, capfd, 
     assert code == 1
     assert "kernels/test_y.py::test_crash crashed its worker; rerunning it alone with XLA's dumps into" in out
     assert "alone it exited 0 (no crash)" in out
+
+
+def test_a_failing_tests_traceback_is_written_the_moment_it_fails(tmp_path):
+    # Issue 56.3: the device check's run was cut at its bound before pytest printed its tracebacks (four GPU
+    # failures kept no cause). PRM_JAX_FAILURES names a file each failure is appended to as it happens, by the
+    # process that ran it: once per failure, with or without xdist.
+    import subprocess
+
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_cases.py").write_text("def test_fails():\n    assert 1 == 2, 'the reason'\n\n"
+                                            "def test_passes():\n    pass\n")
+    for extra in ([], ["-n", "2"]):
+        log = tmp_path / f"failures{len(extra)}.log"
+        env = dict(os.environ, PRM_JAX_FAILURES=str(log), PYTHONPATH=str(ROOT / "tests"))
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra,
+                               "--rootdir", str(tmp_path), str(tmp_path / "test_cases.py")],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert "1 failed, 1 passed" in done.stdout, done.stdout[-2000:]
+        text = log.read_text()
+        assert text.count("==== ") == 1 and "test_cases.py::test_fails (call)" in text and "the reason" in text

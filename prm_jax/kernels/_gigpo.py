@@ -49,7 +49,7 @@ from prm_jax._validation import ConfigError, finite_number, one_of, short_repr
 from prm_jax.kernels import _checks
 from prm_jax.kernels._estimator import Estimate, EstimatorSpec, SummaryHook, on_turn_timesteps
 from prm_jax.kernels._normalization import NormConfig, group_layout, group_sizes_check, weighted_moments, z_score
-from prm_jax.kernels._recurrence import ScanStrategy, StepGroupMethod, resolve_step_groups
+from prm_jax.kernels._recurrence import ScanStrategy, StepGroupMethod, linear_recurrence, resolve_step_groups
 from prm_jax.kernels._schema import is_anchor_id
 from prm_jax.kernels._turns import TurnSteps, turn_segments, turn_sums
 from prm_jax.native import _ffi as ffi
@@ -152,13 +152,22 @@ def host_anchor_ids(anchor_ids: ArrayLike) -> ArrayLike:
 
 
 def _step_returns(rewards: jax.Array, active: jax.Array, gamma: float) -> jax.Array:
-    """``R_k = r_k + gamma R_{k+1}`` over active turns; inactive turns carry the return unchanged."""
-    def step(carry, inputs):
-        reward, is_active = inputs
-        carry = jnp.where(is_active, reward + gamma * carry, carry)
-        return carry, carry
-    _, returns = lax.scan(step, jnp.zeros(rewards.shape[:1], rewards.dtype), (rewards.T, active.T), reverse=True)
-    return jnp.where(active, returns.T, 0.0)
+    """``R_k = r_k + gamma R_{k+1}`` over active turns; inactive turns carry the return unchanged, chosen by the
+    platform it is lowered for: a sequential scan on the CPU, the associative form (log depth, no loop over
+    the turns) on a GPU or TPU, where a scan over turns is one kernel launch per step."""
+    return lax.platform_dependent(rewards, active, cpu=lambda r, a: step_returns(r, a, gamma, "scan"),
+                                  default=lambda r, a: step_returns(r, a, gamma, "associative"))
+
+
+def step_returns(rewards: jax.Array, active: jax.Array, gamma: float, method: str) -> jax.Array:
+    """GiGPO's step returns as the affine recurrence ``R_k = c_k R_{k+1} + d_k`` (``c = gamma, d = r`` where
+    active, ``c = 1, d = 0`` elsewhere; 0 after the last turn), by ``method`` (``scan`` or ``associative``:
+    ``prm_jax.kernels._recurrence.linear_recurrence``); 0 at inactive turns."""
+    dtype = rewards.dtype
+    coeffs = jnp.where(active, jnp.asarray(gamma, dtype), jnp.ones((), dtype))
+    offsets = jnp.where(active, rewards, jnp.zeros((), dtype))
+    returns = linear_recurrence(coeffs, offsets, jnp.zeros(rewards.shape[:1], dtype), method)
+    return jnp.where(active, returns, jnp.zeros((), dtype))
 
 
 def _pair_order(group: jax.Array, anchor: jax.Array) -> jax.Array:

@@ -262,3 +262,45 @@ def test_step_group_counts_match_a_loop_over_step_groups():
         counts = {key: int(value) for key, value in step_group_counts(out.step_group_sizes).items()}
         assert counts == {"gigpo/step_groups": len(members), "gigpo/step_group_turns": sum(members.values()),
                           "gigpo/step_groups_with_more_than_one": sum(n > 1 for n in members.values())}
+
+
+# Issue 56.2 (GiGPO's part): the step returns were a lax.scan over the turns on every backend (a GPU ran it at
+# 48x plain GAE). Lowered for a GPU or TPU they are the associative form: no loop at all; on the CPU the scan.
+@pytest.mark.parametrize("method", ["scan", "associative"])
+def test_the_step_returns_of_both_forms_equal_the_float64_loop(method):
+    from prm_jax.kernels._gigpo import step_returns
+
+    rng = np.random.default_rng(11)
+    rewards = rng.normal(size=(5, 9)).astype(np.float32)
+    active = rng.random((5, 9)) < 0.6
+    want = np.zeros((5, 9))
+    for b in range(5):
+        carry = 0.0
+        for k in reversed(range(9)):
+            if active[b, k]:
+                carry = float(rewards[b, k]) + 0.9 * carry
+                want[b, k] = carry
+    got = jax.jit(lambda r, a: step_returns(r, a, 0.9, method))(rewards, active)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+def test_gigpo_exported_for_an_accelerator_has_no_loop_over_the_turns(platform):
+    from jax import export
+
+    from prm_jax.kernels._gigpo import GiGPOConfig, _gigpo_jit
+
+    def module(turns):
+        shapes = (jax.ShapeDtypeStruct((8, turns), jnp.float32), jax.ShapeDtypeStruct((8, turns), jnp.bool_),
+                  jax.ShapeDtypeStruct((8,), jnp.float32))
+        fn = jax.jit(lambda r, m, o: _gigpo_jit(r, m, o, None, None, config=GiGPOConfig(), step_groups="sort"))
+        return export.export(fn, platforms=(platform,))(*shapes).mlir_module()
+
+    for turns in (16, 64):
+        text = module(turns)
+        assert "stablehlo.while" not in text and "stablehlo.custom_call" not in text
+    cpu = export.export(jax.jit(lambda r, m, o: _gigpo_jit(r, m, o, None, None, config=GiGPOConfig(),
+                                                           step_groups="sort")), platforms=("cpu",))(
+        jax.ShapeDtypeStruct((8, 16), jnp.float32), jax.ShapeDtypeStruct((8, 16), jnp.bool_),
+        jax.ShapeDtypeStruct((8,), jnp.float32)).mlir_module()
+    assert "stablehlo.while" in cpu  # (the CPU keeps its scan: the check above can see a loop)

@@ -74,13 +74,14 @@ _FAILURES = os.environ.get("PRM_JAX_FAILURES")
 
 
 def pytest_runtest_logreport(report):
-    if not _FAILURES or not report.failed or (os.environ.get("PYTEST_XDIST_WORKER") is None and _RELAYS):
+    if not _FAILURES or not report.failed or _RELAYS:
         return
     with open(_FAILURES, "a", encoding="utf-8") as out:
         out.write(f"==== {report.nodeid} ({report.when}) ====\n{report.longreprtext}\n\n")
 
 
-_RELAYS = False  # this process is xdist's controller (it relays the workers' reports)
+_RELAYS = False  # this process is xdist's controller (it relays the workers' reports; read from its config,
+# not the environment, which a test's own pytest run inherits from the worker that starts it)
 
 
 def pytest_configure(config):

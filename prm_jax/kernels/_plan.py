@@ -128,9 +128,13 @@ class AdvantagePlan:
     # with it as it is (``with_strategy``).
     strategy: ScanStrategy | None = None
 
-    def with_strategy(self, batch: Mapping[str, Any]) -> AdvantagePlan:
+    def with_strategy(self, batch: Mapping[str, Any], *, platform: str | None = None) -> AdvantagePlan:
         """This plan with its strategy resolved for ``batch`` (kept when it holds one already): the static
-        record the jitted pipeline runs. ``gamma * lam == 1`` is known before tracing only for one float λ."""
+        record the jitted pipeline runs. ``gamma * lam == 1`` is known before tracing only for one float λ.
+        ``platform`` (``cuda``, ``rocm``, ``tpu``, ``cpu``) resolves the backend choices for the platform a
+        program will be lowered for instead of this process's default backend: ``compute_advantages(batch,
+        plan.with_strategy(batch, platform="cuda"))`` exported with ``jax.export`` from a CPU host holds the
+        GPU's methods and no CPU kernel."""
         unit_discount = ("gae_lambda" not in batch and not isinstance(self.lam, LambdaFunction)
                          and self.discount * self.lam == 1.0)
         if self.strategy is not None:
@@ -139,7 +143,7 @@ class AdvantagePlan:
                                  " which is exact only for gamma * lam == 1: not for this plan and batch")
             return self
         return _with_strategy(self, resolve_strategy(self.gae_method, unit_discount=unit_discount,
-                                                     sharded=jax.device_count() > 1))
+                                                     sharded=jax.device_count() > 1, platform=platform))
 
     @property
     def estimator_spec(self) -> EstimatorSpec:

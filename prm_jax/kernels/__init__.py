@@ -19,7 +19,7 @@ if TYPE_CHECKING:
         OverlongPenalty,
         TaskRewardStage,
     )
-    from prm_jax.kernels._recurrence import GAE_METHODS, ScanStrategy, backward_linear_recurrence
+    from prm_jax.kernels._recurrence import GAE_METHODS, ScanStrategy, backward_linear_recurrence, lowering_platform
     from prm_jax.kernels._schema import BATCH_SCHEMA, BatchKey
     from prm_jax.kernels._sequence_parallel import sequence_parallel_gae
     from prm_jax.kernels._shaping import SHAPING_MODES, shape_advantages
@@ -35,6 +35,6 @@ __all__ = [
     "KL_ESTIMATORS", "LambdaFunction", "OutcomeStage", "OverlongPenalty", "SHAPING_MODES", "ScanStrategy",
     "TaskRewardStage", "TokenGAE", "TurnGAE", "backward_linear_recurrence", "broadcast_turn_rewards",
     "compute_advantage_variants", "compute_advantages", "dense_anchor_ids", "gae",
-    "kl_estimate", "kl_rewards", "normalize", "sequence_parallel_gae", "shape_advantages", "shift_to_next_token",
-    "turn_gae", "turn_ids_from_spans",
+    "kl_estimate", "kl_rewards", "lowering_platform", "normalize", "sequence_parallel_gae", "shape_advantages",
+    "shift_to_next_token", "turn_gae", "turn_ids_from_spans",
 ]

@@ -16,8 +16,11 @@ elsewhere; every method computes the same values:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
+from collections.abc import Iterator
 from typing import Any, Literal, get_args
 
 import jax
@@ -66,9 +69,31 @@ def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: boo
     return "cumsum" if unit_discount else "associative"
 
 
-def on_cpu(platform: str | None) -> bool:
-    """Whether a program is lowered for the CPU: ``platform`` when given, else the default backend."""
-    return (platform or jax.default_backend()) == "cpu"
+_LOWERING_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("prm_jax_lowering_platform",
+                                                                                 default=None)
+
+
+@contextlib.contextmanager
+def lowering_platform(platform: str) -> Iterator[None]:
+    """Within: every backend choice a kernel resolves (``auto``'s methods, the native CPU kernels) is made for
+    ``platform`` (``cpu``, ``cuda``, ``rocm``, ``tpu``), the platform the programs traced inside will be
+    lowered for, instead of this process's default backend. For ``jax.export`` from a CPU host::
+
+        with prm_jax.kernels.lowering_platform("cuda"):
+            exported = jax.export.export(jax.jit(fn), platforms=("cuda",))(*shapes)
+    """
+    one_of("platform", platform, ("cpu", "cuda", "rocm", "tpu"))
+    token = _LOWERING_PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _LOWERING_PLATFORM.reset(token)
+
+
+def on_cpu(platform: str | None = None) -> bool:
+    """Whether a program is lowered for the CPU: ``platform`` when given, else the one ``lowering_platform``
+    sets, else the default backend."""
+    return (platform or _LOWERING_PLATFORM.get() or jax.default_backend()) == "cpu"
 
 
 StepGroupMethod = Literal["native", "sort"]
@@ -119,8 +144,8 @@ def native_or(name: str, method: str, fallback: str, choices: tuple[str, ...], s
     fallback; ``native`` is refused where they cannot, naming ``name``."""
     checked = one_of(name, method, ("auto", *choices))
     if checked == "auto":
-        return "native" if ffi.use_native(sharded=sharded) else fallback
-    if checked == "native" and not (ffi.available() and not sharded):
+        return "native" if on_cpu() and ffi.use_native(sharded=sharded) else fallback
+    if checked == "native" and not (ffi.available() and not sharded and on_cpu()):
         raise ValueError(f"{name}='native' needs the native CPU kernels on one device (see prm_jax.native); "
                          f"use 'auto' or {fallback!r}")
     return checked

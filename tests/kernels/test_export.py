@@ -98,3 +98,50 @@ def test_the_loop_check_sees_a_loop_over_t():
     plan = AdvantageConfig(kl_ctl=0.0, gae_method="scan").plan
     narrow, wide = (lowered(plan, widened(batch, width), "cuda") for width in (32, 64))
     assert "stablehlo.while" in narrow and loops(narrow) != loops(wide)
+
+
+def spec(*shape, dtype=np.float32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+# The public kernels whose checks travel as data or are made before tracing (the credit kernels that raise
+# from a host callback under a trace, REINFORCE++, OTB and PRIME's, have a CPU callback no other platform
+# can lower: export compute_advantages, whose checks are counts, for those).
+KERNELS = {
+    "kernels.gae": (lambda r, v, m: prm_jax.kernels.gae(r, v, m, gamma=0.9, lam=0.95).advantages,
+                    lambda t: (spec(4, t), spec(4, t), spec(4, t, dtype=np.bool_))),
+    "kernels.gae (gamma*lam = 1)": (lambda r, v, m: prm_jax.kernels.gae(r, v, m).advantages,
+                                    lambda t: (spec(4, t), spec(4, t), spec(4, t, dtype=np.bool_))),
+    "kernels.normalize": (lambda x, m: prm_jax.kernels.normalize(x, m),
+                          lambda t: (spec(4, t), spec(4, t, dtype=np.bool_))),
+    "credit.gigpo": (lambda r, m, o: prm_jax.credit.gigpo(r, m, o).advantages,
+                     lambda t: (spec(4, t), spec(4, t, dtype=np.bool_), spec(4))),
+    "credit.sum_pi_squared": (lambda z: prm_jax.credit.sum_pi_squared(z), lambda t: (spec(4, t, 50),)),
+    "losses.ppo_clip_loss": (lambda lp, px, a, m: prm_jax.losses.ppo_clip_loss(lp, px, a, m)[0],
+                             lambda t: (spec(4, t), spec(4, t), spec(4, t), spec(4, t, dtype=np.bool_))),
+}
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_a_public_kernel_exports_for_an_accelerator_within_lowering_platform(name, platform):
+    fn, shapes = KERNELS[name]
+
+    def module(width):
+        with prm_jax.kernels.lowering_platform(platform):
+            return export.export(jax.jit(fn), platforms=(platform,))(*shapes(width)).mlir_module()
+
+    narrow, wide = module(32), module(64)
+    assert "stablehlo.custom_call" not in narrow and loops(narrow) == loops(wide), name
+
+
+def test_lowering_platform_is_scoped_and_checked():
+    from prm_jax.kernels._recurrence import on_cpu, resolve_method
+
+    assert on_cpu() == (jax.default_backend() == "cpu")
+    with prm_jax.kernels.lowering_platform("tpu"):
+        assert not on_cpu() and resolve_method("auto", unit_discount=False) == "associative"
+    assert on_cpu() == (jax.default_backend() == "cpu")
+    with pytest.raises(ValueError, match="platform must be one of"):
+        with prm_jax.kernels.lowering_platform("gpu0"):
+            pass

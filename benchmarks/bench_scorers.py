@@ -459,6 +459,17 @@ def jax_prm(input_ids, attention_mask, turn_ids):
     return jax.nn.sigmoid(hidden @ PARAMS["w2"])
 
 
+def free_model(input_ids, attention_mask, turn_ids):
+    """A model that costs almost nothing (a constant per token): what ``ModelScorer`` then costs beside the
+    hand-batched loop is its host path alone (issue 56.6: on a GPU the model is fast and the overhead is all
+    there is)."""
+    TRACES[0] += 1
+    return jnp.full(input_ids.shape, 0.5, jnp.float32)
+
+
+MODELS = {"prm": jax_prm, "free": free_model}
+
+
 def wall_times(repeats: int, *fns: Callable[[], Any]) -> list[list[float]]:
     """Seconds of ``repeats`` calls of each of ``fns``, interleaved (one call of each per round, so a drift of
     the machine's speed weighs on every function alike): one list per function."""
@@ -471,14 +482,15 @@ def wall_times(repeats: int, *fns: Callable[[], Any]) -> list[list[float]]:
     return out
 
 
-def bench_model(n: int, repeats: int, chunks: tuple[int, ...] = (64,)) -> None:
+def bench_model(n: int, repeats: int, chunks: tuple[int, ...] = (64,), model: str = "prm") -> None:
     """4. ``ModelScorer`` through ``score_arrays`` against the hand-batched loop, at each chunk size of ``chunks``
-    (``max_batch_size``: rows per model call, and the hand loop's chunk)."""
+    (``max_batch_size``: rows per model call, and the hand loop's chunk), with ``model`` (``MODELS``: the PRM,
+    or ``free``, a constant that leaves the host path's overhead alone)."""
     for chunk in chunks:
-        bench_model_chunk(n, repeats, chunk)
+        bench_model_chunk(n, repeats, chunk, MODELS[model])
 
 
-def bench_model_chunk(n: int, repeats: int, chunk: int) -> None:
+def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any] = jax_prm) -> None:
     branches = sessions(n)
     width = 512
     tokens = np.zeros((n, width), np.int64)
@@ -491,14 +503,14 @@ def bench_model_chunk(n: int, repeats: int, chunk: int) -> None:
         attention[b, :row.size] = 1
         for k, turn in enumerate(chain):
             turn_ids[b, len(turn.input_tokens):len(turn.input_tokens) + turn.output_len] = k
-    scorer = ModelScorer(fn=jax_prm, max_batch_size=chunk, bucket=128)
+    scorer = ModelScorer(fn=model, max_batch_size=chunk, bucket=128)
     runner = PRMRunner(scorers=(scorer,))
     TRACES[0] = 0
     score = functools.partial(score_arrays, runner, tokens, turn_ids, attention_mask=attention)
     out = anyio.run(score)  # compiles
     compiles = TRACES[0]
     used = {-(-int(attention[b:b + chunk].sum(axis=1).max()) // 128) * 128 for b in range(0, n, chunk)}
-    jitted = jax.jit(jax_prm)
+    jitted = jax.jit(model)
     padded = max(used)
 
     def hand_loop() -> np.ndarray:
@@ -522,9 +534,10 @@ def bench_model_chunk(n: int, repeats: int, chunk: int) -> None:
     for b in range(4):
         for k, turn in enumerate(branches[b]):
             prefix = np.concatenate([turn.input_tokens, turn.output_tokens]).astype(np.int32)[None]
-            alone = np.asarray(jax_prm(prefix, np.ones_like(prefix), np.zeros_like(prefix)))[0, -turn.output_len:]
+            alone = np.asarray(model(prefix, np.ones_like(prefix), np.zeros_like(prefix)))[0, -turn.output_len:]
             worst = max(worst, float(np.abs(out[b, turn_ids[b] == k] - alone).max()))
-    print(f"\n4. JAX PRM: {n} rows x {TURNS} turns, {int(attention.sum())} tokens; ModelScorer through score_arrays, "
+    what = "PRM" if model is jax_prm else "free model (the host path alone)"
+    print(f"\n4. JAX {what}: {n} rows x {TURNS} turns, {int(attention.sum())} tokens; ModelScorer through score_arrays, "
           f"chunks of {chunk} rows: {n / median(walls):,.0f} rows/s against the hand loop's {n / median(hand):,.0f}")
     print(f"   wall {median(walls) * 1e3:.1f} ms = {median(walls) / median(hand):.2f}x the hand-batched loop "
           f"({median(hand) * 1e3:.1f} ms; runs: {', '.join(f'{w / median(hand):.2f}' for w in walls)}); compiles "
@@ -660,12 +673,15 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="workload numbers to run (default: all)")
     parser.add_argument("--chunks", default="64", help="4: ModelScorer's max_batch_size (and the hand loop's "
                         "chunk), comma-separated: one run each (e.g. 8,64,256)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="prm", help="4: the PRM, or 'free' (a constant "
+                        "per token: the host path's overhead alone)")
     args = parser.parse_args()
     print(f"bench_scorers: {args.sessions} sessions x {TURNS} turns, {CORES} cores, jax {jax.__version__}, "
           f"Python {sys.version.split()[0]}; medians of {args.repeats}")
     runs = {"1": bench_verifier, "1m": bench_math_verify, "1r": bench_math_verify_on_ray, "2": bench_judge,
             "3": bench_pooling, "3t": bench_teacher,
-            "4": functools.partial(bench_model, chunks=tuple(int(c) for c in args.chunks.split(","))),
+            "4": functools.partial(bench_model, chunks=tuple(int(c) for c in args.chunks.split(",")),
+                                   model=args.model),
             "4b": bench_model_lengths, "5": bench_batching}
     for key, fn in runs.items():
         if args.only is None or key in args.only:

@@ -28,7 +28,7 @@ from prm_jax.runtime._runner import (
     error_text,
     guarded_progress,
 )
-from prm_jax.runtime._trajectory import TOKEN_ID_RANGE, Interaction, stray_token_id, turn_spans
+from prm_jax.runtime._trajectory import TOKEN_ID_RANGE, Interaction, rows_with_turns, stray_token_id, turn_spans
 
 
 def scored_turn_ids(turn_ids: Any, attention_mask: Any = None) -> np.ndarray:
@@ -158,7 +158,7 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
     ids = ids.astype(np.int32)
     mask = attention.astype(np.int32)
     rows = tokens.shape[0]
-    scored = [b for b in range(rows) if turn_spans(ids[b], b)]  # (checks each row's turns, as chains do)
+    scored = np.flatnonzero(rows_with_turns(ids)).tolist()  # (checks every row's turns, as chains do)
     failed = np.zeros(rows, bool)
     errors: dict[int, str] = {}
     turns = int(ids.max()) + 1 if ids.size and ids.max() >= 0 else 0

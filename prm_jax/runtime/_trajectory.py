@@ -522,6 +522,27 @@ def turn_spans(turn_ids: np.ndarray, row: int = 0) -> list[tuple[int, int]]:
     return spans
 
 
+def rows_with_turns(turn_ids: np.ndarray) -> np.ndarray:
+    """``turn_spans``' rule over a whole ``[B, T]`` batch at once (no Python loop over rows): ``[B]`` bool, the
+    rows holding at least one turn; a row that breaks the rule raises ``turn_spans``' own ``ValueError``.
+
+    The rule, per valid position (``turn_ids >= 0``) against the row's previous valid one: the same id only
+    on the next position (a turn is one contiguous run), else the previous id plus one (turns 0, 1, 2, ... in
+    order); a row's first valid id is 0."""
+    ids = np.asarray(turn_ids)
+    valid = ids >= 0
+    positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+    last = np.maximum.accumulate(np.where(valid, positions, -1), axis=1)  # the latest valid position so far
+    previous = np.concatenate([np.full((ids.shape[0], 1), -1), last[:, :-1]], axis=1)
+    before = np.take_along_axis(ids, np.maximum(previous, 0), axis=1)
+    first = previous < 0
+    ok = np.where(first, ids == 0, np.where(ids == before, previous == positions - 1, ids == before + 1))
+    bad = np.flatnonzero((valid & ~ok).any(axis=1))
+    for row in bad[:1]:
+        turn_spans(ids[row], int(row))  # (raises, naming the row and what is wrong)
+    return np.asarray(valid.any(axis=1))
+
+
 def stitch(chain: Sequence[Interaction]) -> BranchSequence:
     """Concat export of a root-to-leaf chain (see the module docstring)."""
     spans = concat_spans(chain)

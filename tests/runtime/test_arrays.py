@@ -1,5 +1,7 @@
 """Issue 14.1-14.2: scoring a trainer's arrays, concurrently, from async or synchronous code."""
 
+import re
+
 import chex
 import jax
 import numpy as np
@@ -335,3 +337,25 @@ async def test_progress_is_reported_as_rows_finish_and_the_runner_counts_runs():
     assert out.failed.tolist() == [False, True, False]  # (the third row is padding: never scored)
     assert seen == [(1, 2), (2, 2)]
     assert (runner.branches_scored, runner.branches_failed) == (1, 1)
+
+
+def test_the_batch_turn_rule_is_turn_spans_rule_row_for_row():
+    # Issue 56.6 (the host path): score_arrays checked each row's turns in a Python loop (80% of its host time
+    # with a model that costs nothing); rows_with_turns checks the whole batch at once, by the same rule: on
+    # random rows it raises exactly where turn_spans raises, with turn_spans' message, and finds the same rows.
+    from prm_jax.runtime._trajectory import rows_with_turns, turn_spans
+
+    rng = np.random.default_rng(56)
+    for _ in range(2000):
+        row = rng.choice([-1, 0, 1, 2], size=int(rng.integers(1, 9)), p=[0.4, 0.3, 0.2, 0.1])
+        try:
+            want = bool(turn_spans(row, 3))
+        except ValueError as err:
+            with pytest.raises(ValueError, match=re.escape(str(err).replace("row 3", "row 0"))):
+                rows_with_turns(row[None])
+        else:
+            assert bool(rows_with_turns(row[None])[0]) == want, row
+    batch = np.array([[-1, 0, 0, -1, 1], [-1, -1, -1, -1, -1], [0, 1, 1, 2, -1]])
+    assert rows_with_turns(batch).tolist() == [True, False, True]
+    with pytest.raises(ValueError, match="turn_ids of row 1 must number its turns 0, 1, 2"):
+        rows_with_turns(np.array([[0, 1, -1], [1, -1, -1]]))

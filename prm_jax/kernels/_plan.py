@@ -8,6 +8,7 @@ whether it reads turns and which diagnostics its stages write come from those de
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
@@ -21,7 +22,7 @@ from prm_jax.kernels._kl import KL_CLAMP, KLEstimator
 from prm_jax.kernels._normalization import DECOUPLED_NORM, OUTCOME_NORM, DecoupledNorm, NormConfig
 from prm_jax.kernels._progress import PROGRESS_TRANSFORM, ProgressTransform
 from prm_jax.kernels._pure import MIN_FORM_TRANSFORM, MinFormTransform
-from prm_jax.kernels._recurrence import GAEMethod, ScanStrategy, resolve_strategy
+from prm_jax.kernels._recurrence import GAEMethod, ScanStrategy, lowering_platform, resolve_strategy
 from prm_jax.kernels._schema import MODEL_OUTPUT_KEYS
 from prm_jax.kernels._shaping import SHAPINGS, ShapingConfig
 from prm_jax.kernels._stage import DeclaredStage, StageSpec
@@ -142,8 +143,9 @@ class AdvantagePlan:
                 raise ValueError("the plan's strategy runs the GAE as a cumulative sum (ScanStrategy.gae='cumsum'),"
                                  " which is exact only for gamma * lam == 1: not for this plan and batch")
             return self
-        return _with_strategy(self, resolve_strategy(self.gae_method, unit_discount=unit_discount,
-                                                     sharded=jax.device_count() > 1, platform=platform))
+        with contextlib.nullcontext() if platform is None else lowering_platform(platform):
+            return _with_strategy(self, resolve_strategy(self.gae_method, unit_discount=unit_discount,
+                                                         sharded=jax.device_count() > 1))
 
     @property
     def estimator_spec(self) -> EstimatorSpec:

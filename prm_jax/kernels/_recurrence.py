@@ -39,15 +39,14 @@ GAE_METHODS: tuple[GAEMethod, ...] = get_args(GAEMethod)
 DEFAULT_BLOCK_SIZE = 64
 
 
-def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: bool = False,
-                   platform: str | None = None) -> GAEMethod:
+def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: bool = False) -> GAEMethod:
     """The one place ``auto`` is resolved, outside any trace; the result is a static argument of the jit.
 
     ``auto``: on CPU ``native`` when it is available and the program runs on one device (``sharded``
     False and one device; a custom call has no partitioning rule), else ``scan``; on GPU/TPU ``cumsum``
-    when ``gamma * lam == 1`` is known statically (``unit_discount``), else ``associative``. ``platform``
-    (``cpu``, ``cuda``, ``rocm``, ``tpu``) resolves for that platform instead of the process's default
-    backend: a program exported for an accelerator from a CPU host takes the accelerator's choice.
+    when ``gamma * lam == 1`` is known statically (``unit_discount``), else ``associative``. The platform is
+    the one programs will be lowered for (``lowering_platform``; by default the process's backend): a
+    program exported for an accelerator from a CPU host takes the accelerator's choice.
     """
     checked: GAEMethod = one_of("method", method, GAE_METHODS)
     if checked == "cumsum" and not unit_discount:
@@ -56,15 +55,15 @@ def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: boo
     if checked == "native" and not ffi.available():
         raise ValueError("method='native' needs the CPU backend and a C++ compiler to build the kernel "
                          "(see prm_jax.native); use 'auto' to fall back to 'scan'")
-    if checked == "native" and not on_cpu(platform):
-        raise ValueError(f"method='native' is a CPU kernel: not for a program lowered for {platform!r}; use "
-                         "'auto' or an XLA method")
+    if checked == "native" and not on_cpu():
+        raise ValueError(f"method='native' is a CPU kernel: not for a program lowered for {target_platform()!r}; "
+                         "use 'auto' or an XLA method")
     if checked == "native" and sharded:
         raise ValueError("method='native' cannot run in a sharded program (a custom call has no partitioning "
                          "rule); use 'auto' or 'scan'")
     if checked != "auto":
         return checked
-    if on_cpu(platform):
+    if on_cpu():
         return "native" if ffi.use_native(sharded=sharded) else "scan"
     return "cumsum" if unit_discount else "associative"
 
@@ -90,10 +89,15 @@ def lowering_platform(platform: str) -> Iterator[None]:
         _LOWERING_PLATFORM.reset(token)
 
 
-def on_cpu(platform: str | None = None) -> bool:
-    """Whether a program is lowered for the CPU: ``platform`` when given, else the one ``lowering_platform``
-    sets, else the default backend."""
-    return (platform or _LOWERING_PLATFORM.get() or jax.default_backend()) == "cpu"
+def target_platform() -> str:
+    """The platform programs traced now will be lowered for: the one ``lowering_platform`` sets, else the
+    process's default backend."""
+    return _LOWERING_PLATFORM.get() or jax.default_backend()
+
+
+def on_cpu() -> bool:
+    """Whether programs traced now are lowered for the CPU (``target_platform``): where the native kernels run."""
+    return target_platform() == "cpu"
 
 
 StepGroupMethod = Literal["native", "sort"]
@@ -122,20 +126,16 @@ class ScanStrategy:
 
 
 def resolve_strategy(method: GAEMethod | str, *, unit_discount: bool, sharded: bool = False,
-                     step_groups: StepGroupMethod | Literal["auto"] = "auto",
-                     platform: str | None = None) -> ScanStrategy:
+                     step_groups: StepGroupMethod | Literal["auto"] = "auto") -> ScanStrategy:
     """``method`` for the GAE (``resolve_method``) and the method for every other recurrence: the same one,
     unless it is ``cumsum`` (only exact for ``gamma * lam == 1``), where ``auto``'s choice for any
     coefficients stands in. An explicit method (``scan``, ``native``, ...) is honoured everywhere. The step
-    groups and the cumulative sums follow the backend (``resolve_step_groups``, ``resolve_cumsum``), or
-    ``platform`` when given (the platform a program is lowered for: ``cuda`` or ``tpu`` from a CPU host, for
-    ``jax.export``, takes every accelerator choice and no CPU-only kernel)."""
-    gae = resolve_method(method, unit_discount=unit_discount, sharded=sharded, platform=platform)
-    general = gae if gae != "cumsum" else resolve_method("auto", unit_discount=False, sharded=sharded,
-                                                         platform=platform)
-    off_cpu = not on_cpu(platform)  # (no native kernel off the CPU: a CPU custom call)
-    return ScanStrategy(gae, general, resolve_step_groups(step_groups, sharded=sharded or off_cpu),
-                        resolve_cumsum(platform), resolve_alignment(sharded=sharded or off_cpu))
+    groups and the cumulative sums follow the platform (``resolve_step_groups``, ``resolve_cumsum``): under
+    ``lowering_platform("cuda")`` every choice is the accelerator's and none a CPU-only kernel."""
+    gae = resolve_method(method, unit_discount=unit_discount, sharded=sharded)
+    general = gae if gae != "cumsum" else resolve_method("auto", unit_discount=False, sharded=sharded)
+    return ScanStrategy(gae, general, resolve_step_groups(step_groups, sharded=sharded), resolve_cumsum(),
+                        resolve_alignment(sharded=sharded))
 
 
 def native_or(name: str, method: str, fallback: str, choices: tuple[str, ...], sharded: bool) -> Any:
@@ -163,10 +163,9 @@ def resolve_alignment(method: AlignmentMethod | Literal["auto"] | str = "auto", 
     return native_or("alignment", method, "scatter", get_args(AlignmentMethod), sharded)
 
 
-def resolve_cumsum(platform: str | None = None) -> CumsumMethod:
-    """``blocked`` on the CPU (``platform``, else the default backend), else ``lax`` (``reverse_cumsum``),
-    outside any trace."""
-    return "blocked" if on_cpu(platform) else "lax"
+def resolve_cumsum() -> CumsumMethod:
+    """``blocked`` on the CPU (``on_cpu``), else ``lax`` (``reverse_cumsum``), outside any trace."""
+    return "blocked" if on_cpu() else "lax"
 
 
 def _affine_combine(later, earlier):

@@ -79,15 +79,17 @@ def test_the_platform_takes_the_accelerators_choices_and_refuses_a_cpu_kernel():
     from prm_jax.kernels._recurrence import resolve_strategy
 
     for platform in PLATFORMS:
-        strategy = resolve_strategy("auto", unit_discount=False, platform=platform)
-        assert (strategy.gae, strategy.step_groups, strategy.cumsum, strategy.alignment) == (
-            "associative", "sort", "lax", "scatter")
-        assert resolve_strategy("auto", unit_discount=True, platform=platform).gae == "cumsum"
-        with pytest.raises(ValueError, match=f"method='native' is a CPU kernel: not for a program lowered for "
-                                             f"'{platform}'"):
-            resolve_strategy("native", unit_discount=False, platform=platform)
+        with prm_jax.kernels.lowering_platform(platform):
+            strategy = resolve_strategy("auto", unit_discount=False)
+            assert (strategy.gae, strategy.step_groups, strategy.cumsum, strategy.alignment) == (
+                "associative", "sort", "lax", "scatter")
+            assert resolve_strategy("auto", unit_discount=True).gae == "cumsum"
+            with pytest.raises(ValueError, match=f"method='native' is a CPU kernel: not for a program lowered for "
+                                                 f"'{platform}'"):
+                resolve_strategy("native", unit_discount=False)
     # The CPU's own choice is unchanged (native where it builds, else scan).
-    cpu = resolve_strategy("auto", unit_discount=False, platform="cpu")
+    with prm_jax.kernels.lowering_platform("cpu"):
+        cpu = resolve_strategy("auto", unit_discount=False)
     assert cpu == resolve_strategy("auto", unit_discount=False)
     assert dataclasses.replace(cpu).gae in ("native", "scan")
 

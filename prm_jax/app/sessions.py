@@ -65,9 +65,9 @@ from prm_jax.runtime._trajectory import (
     JsonKind,
     StopReason,
     TurnField,
+    bounded_vector,
     check_vector_lengths,
     concat_spans,
-    finite_vector,
     root_first,
     stray_token_id,
 )
@@ -149,14 +149,9 @@ def _objects(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(m, dict) for m in v)
 
 
-def _logprobs(values: list[float]) -> np.ndarray:
-    """The turn's vector rule (one number rule for every per-token field: finite, and finite in float32),
-    then the format's rule on log-probs (<= 0, with slack for rounding)."""
-    read = finite_vector(values)
-    outside = LOGPROB.outside(read)
-    if outside.any():
-        raise ValueError(f"must be {LOGPROB.text}, got {read[outside][0].item()}")
-    return read
+# The turn's vector rule (one number rule for every per-token field: finite, and finite in float32), then the
+# format's rule on log-probs: the schema's declared range (<= 0, with slack for rounding).
+_logprobs = bounded_vector(LOGPROB)
 
 
 _NUMBERS = JSONType(list[float] | None, _optional(_numbers), "must hold numbers")

@@ -343,12 +343,12 @@ def _loss_jit(logprobs, proximal_logprobs, advantages, loss_mask, old_logprobs, 
               dp_size=1):
     dtype = _checks.accumulation_dtype(logprobs, proximal_logprobs, advantages)
     old = None if old_logprobs is None else _checks.as_float("old_logprobs", old_logprobs, dtype)
+    mask = _checks.as_mask("loss_mask", loss_mask)
+    counts = GlobalBatch(dp_size, batch_num_tokens, global_batch_size)
     loss, stats = _ppo_clip_loss_core(_checks.as_float("logprobs", logprobs, dtype),
                                      _checks.as_float("proximal_logprobs", proximal_logprobs, dtype),
                                      _checks.as_float("advantages", advantages, dtype),
-                                     _checks.as_mask("loss_mask", loss_mask), old, eps_clip, eps_clip_higher, c_clip,
-                                     behav_imp_weight_cap, loss_agg_mode,
-                                     GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
-    own = global_batch_checks(_checks.as_mask("loss_mask", loss_mask), GlobalBatch(dp_size, batch_num_tokens,
-                                                                                   global_batch_size))
-    return _checks.counted(loss, stats, [*_checks.mask_check("loss_mask", loss_mask), *own])
+                                     mask, old, eps_clip, eps_clip_higher, c_clip, behav_imp_weight_cap,
+                                     loss_agg_mode, counts)
+    return _checks.counted(loss, stats, [*_checks.mask_check("loss_mask", loss_mask),
+                                         *global_batch_checks(mask, counts)])

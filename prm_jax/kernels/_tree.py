@@ -273,8 +273,9 @@ def tree_advantages(parent: ArrayLike, leaf_reward: ArrayLike, *, mask: ArrayLik
         if x is not None:
             _checks.check_shape(name, x, np.shape(parent), "parent")
     if np.shape(parent)[0] == 0:  # no node: empty results (as every credit kernel's), of one node's dtypes
-        one = _advantages_jit(np.full(1, -1, np.int32), jnp.zeros(1, _checks.accumulation_dtype(leaf_reward)), None,
-                              None, None, weighting=weighting, value=value)[0]
+        one = jax.eval_shape(functools.partial(_advantages_jit, weighting=weighting, value=value),
+                             jax.ShapeDtypeStruct((1,), jnp.int32),
+                             jax.ShapeDtypeStruct((1,), _checks.accumulation_dtype(leaf_reward)), None, None, None)[0]
         return TreeAdvantages(*(jnp.zeros((0,), x.dtype) for x in one))
     return _checks.checked(_advantages_jit, parent, leaf_reward, mask, selected, group, weighting=weighting,
                            value=value)

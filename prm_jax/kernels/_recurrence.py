@@ -76,10 +76,19 @@ _LOWERING_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 def lowering_platform(platform: str) -> Iterator[None]:
     """Within: every backend choice a kernel resolves (``auto``'s methods, the native CPU kernels) is made for
     ``platform`` (``cpu``, ``cuda``, ``rocm``, ``tpu``), the platform the programs traced inside will be
-    lowered for, instead of this process's default backend. For ``jax.export`` from a CPU host::
+    lowered for, instead of this process's default backend (``ValueError`` for another name), and restored
+    on leaving. For ``jax.export`` from a CPU host: GAE exported for a GPU holds its associative form, no loop
+    over T and no CPU kernel.
 
-        with prm_jax.kernels.lowering_platform("cuda"):
-            exported = jax.export.export(jax.jit(fn), platforms=("cuda",))(*shapes)
+    Example:
+        >>> import jax
+        >>> gae = lambda r, v, m: prm_jax.kernels.gae(r, v, m, gamma=0.9, lam=0.95).advantages
+        >>> rewards, mask = jax.ShapeDtypeStruct((2, 8), np.float32), jax.ShapeDtypeStruct((2, 8), np.bool_)
+        >>> with prm_jax.kernels.lowering_platform("cuda"):
+        ...     exported = jax.export.export(jax.jit(gae), platforms=("cuda",))(rewards, rewards, mask)
+        >>> module = exported.mlir_module()
+        >>> "stablehlo.while" in module, "custom_call" in module
+        (False, False)
     """
     one_of("platform", platform, ("cpu", "cuda", "rocm", "tpu"))
     token = _LOWERING_PLATFORM.set(platform)

@@ -187,7 +187,16 @@ class MathVerifyScorer(SyncTrajectoryScorer):
 
     def validate_metadata(self, metadata: Mapping[str, Any]) -> None:
         """A session's reference answer is there and readable (``reference``'s rule), before anything is
-        scored: ``ValueError`` naming the ``metadata`` key otherwise."""
+        scored: ``ValueError`` naming the ``metadata`` key otherwise (``prm-jax score`` calls it for every
+        session it reads).
+
+        Example:
+            >>> prm_jax.scorers.MathVerifyScorer().validate_metadata({"answer": 1e-05})   # read: 0.00001
+            >>> prm_jax.scorers.MathVerifyScorer().validate_metadata({"answer": "x="})  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            ValueError: scorer 'math_verify': math-verify could not parse the reference answer metadata['answer'] ...
+        """
         self.reference(metadata, f"scorer {self.name!r}")
 
     def reference(self, metadata: Mapping[str, Any], where: str) -> Reference:

@@ -192,3 +192,12 @@ def test_numpy_scalar_weights_are_numbers_and_booleans_are_not():
             finite_number("x", bad)
     with pytest.raises(ValueError):
         integer("n", np.bool_(True))
+
+
+def test_k3_plus_is_refused_as_a_policy_gradient_reward_like_k3():
+    # Where options meet: k3+ has k3's value (never negative), so as a PG reward it is refused as k3 is.
+    from prm_jax import credit
+
+    with pytest.raises(ValueError, match=r"distillation_rewards\(estimator='k3\+'\): k3\+ is never positive"):
+        credit.distillation_rewards(np.full((1, 2), -1.0, np.float32), np.full((1, 2), -1.5, np.float32),
+                                    np.ones((1, 2), bool), estimator="k3+")

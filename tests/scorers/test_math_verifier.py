@@ -234,3 +234,11 @@ def test_the_command_line_refuses_an_unreadable_reference_before_scoring(tmp_pat
     assert main(["score", "--config", str(config), "--input", str(sessions), "--output", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
     assert metrics["rollout/prm_turn_reward/math_verify"] == 1.0
+
+
+@pytest.mark.parametrize("boxed", ["last", "all"])
+def test_boxed_meets_scope_every_turn(boxed):
+    # Where options meet: every turn's own reply is read by the boxed rule (turn 0 boxes 3 then 5; turn 1 boxes 5).
+    turns = list(branch([r"\boxed{3} or rather \boxed{5}", r"\boxed{5}"]))
+    got = MathVerifyScorer(scope="every_turn", boxed=boxed).evaluate_trajectory(turns, {"metadata": {"answer": 5}})
+    assert got == {"bt0": 1.0 if boxed == "last" else 0.0, "bt1": 1.0}

@@ -35,6 +35,7 @@ from typing import Any, Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.typing import ArrayLike
 
 from prm_jax._validation import ConfigError, boolean, finite_number, integer, one_of, short_repr
@@ -329,18 +330,27 @@ def whiten(x: jax.Array, active: jax.Array, eps: float = 1e-8) -> jax.Array:
     Finite for every finite input: where an active entry exceeds ``WHITEN_SCALE_ABOVE`` in magnitude the
     entries are divided by the power of two ``s`` at or above the largest (and ``eps`` by ``s^2``), which
     leaves the formula's value unchanged and keeps the variance in float32's range (rewards of 1e20 gave
-    NaN); below it the computation is verl's, bit for bit. Entries all equal give 0."""
+    NaN). That pass runs only where verl's variance overflowed; elsewhere the computation is verl's, bit for
+    bit."""
     zero = jnp.zeros((), x.dtype)
-    top = jnp.max(jnp.where(active, jnp.abs(x), zero), initial=zero)
-    # (An infinite or NaN entry is not scaled: it reaches the outputs' finiteness check as it is.)
-    big = jnp.isfinite(top) & (top > WHITEN_SCALE_ABOVE)
-    exponent = jnp.where(big, jnp.ceil(jnp.log2(jnp.where(big, top, 1))), zero).astype(jnp.int32)
-    scaled = jnp.ldexp(x, -exponent)
-    moments = segment_moments(jnp.where(active, scaled, zero), active, ddof=1)
-    spread = jnp.sqrt(moments.var + jnp.ldexp(jnp.asarray(eps, x.dtype), -2 * exponent))
-    # (A spread of exactly 0, equal entries whose eps underflowed with the scale, gives 0; a NaN one stays NaN.)
-    safe = jnp.where(spread == 0, jnp.ones((), x.dtype), spread)
-    return jnp.where(active, jnp.where(spread == 0, zero, moments.centred / safe), zero)
+    moments = segment_moments(x, active, ddof=1)
+
+    def verls() -> jax.Array:
+        return jnp.where(active, moments.centred / jnp.sqrt(moments.var + eps), zero)
+
+    def scaled() -> jax.Array:  # (only where the variance overflowed: the common path pays nothing for it)
+        top = jnp.max(jnp.where(active, jnp.abs(x), zero), initial=zero)
+        # (An infinite or NaN entry is not scaled: it reaches the outputs' finiteness check as it is.)
+        big = jnp.isfinite(top) & (top > WHITEN_SCALE_ABOVE)
+        exponent = jnp.where(big, jnp.ceil(jnp.log2(jnp.where(big, top, 1))), zero).astype(jnp.int32)
+        small = segment_moments(jnp.where(active, jnp.ldexp(x, -exponent), zero), active, ddof=1)
+        spread = jnp.sqrt(small.var + jnp.ldexp(jnp.asarray(eps, x.dtype), -2 * exponent))
+        # (A spread of exactly 0, equal entries whose eps underflowed with the scale, gives 0; NaN stays NaN.)
+        safe = jnp.where(spread == 0, jnp.ones((), x.dtype), spread)
+        return jnp.where(active, jnp.where(spread == 0, zero, small.centred / safe), zero)
+
+    # (segment_moments gives an overflowed variance as NaN, as it gives a non-finite input's.)
+    return lax.cond(jnp.isnan(moments.var), scaled, verls)
 
 
 def _decoupled_normalization_core(rewards: jax.Array, weights: jax.Array, real: jax.Array, row_group: jax.Array,

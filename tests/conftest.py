@@ -89,10 +89,23 @@ def pytest_configure(config):
     _RELAYS = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
 
 
+# PRM_JAX_TESTS_AS_PLATFORM=cuda (or tpu): every test's backend choices are the ones made for that platform
+# (prm_jax.kernels.lowering_platform around it) while the programs still run here: on a CPU host, the GPU's
+# branches (associative GAE, sorted step groups, scattered alignment) against every float64 reference, and
+# every native case skipping with its reason (issue 56.1; python3 dev.py gpu runs the kernel tests so).
+_AS_PLATFORM = os.environ.get("PRM_JAX_TESTS_AS_PLATFORM")
+
+
 @pytest.fixture(autouse=True)
 def _no_implicit_promotion():
     with jax.numpy_rank_promotion("raise"), jax.numpy_dtype_promotion("strict"):
-        yield
+        if _AS_PLATFORM:
+            from prm_jax.kernels import lowering_platform
+
+            with lowering_platform(_AS_PLATFORM):
+                yield
+        else:
+            yield
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
         OverlongPenalty,
         TaskRewardStage,
     )
-    from prm_jax.kernels._recurrence import GAE_METHODS, ScanStrategy, backward_linear_recurrence, lowering_platform
+    from prm_jax.kernels._platform import lowering_platform
+    from prm_jax.kernels._recurrence import GAE_METHODS, ScanStrategy, backward_linear_recurrence
     from prm_jax.kernels._schema import BATCH_SCHEMA, BatchKey
     from prm_jax.kernels._sequence_parallel import sequence_parallel_gae
     from prm_jax.kernels._shaping import SHAPING_MODES, shape_advantages

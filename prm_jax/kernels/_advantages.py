@@ -264,7 +264,7 @@ def _settle_checks(output: AdvantageOutput, checks: list[_checks.ValueCheck], pl
     eager = not any(_checks.is_traced(check.count) for check in checks)
     if eager and not _locate_first(plan) and any(bool(check.count) for check in checks):
         checks = located()
-    _checks.raise_value_checks(checks, callback=plan.check_values == "callback")
+    output = _checks.raise_value_checks(checks, output, callback=plan.check_values == "callback")
     # (The share is in every run's diagnostics with diagnostics=True: only gvpo's is a reason to warn.)
     negative = output.diagnostics.get("process/negative_share")
     gvpo = plan.shaping is not None and plan.shaping.mode == "gvpo"

@@ -6,7 +6,8 @@ entry points turn them into a ``ValueError`` on the host when called eagerly. Un
 ``jit``/``vmap``, ``compute_advantages`` (the trainer's call) pays no host round trip: it returns the counts
 as data (``output.diagnostics["checks/<name>"]``), and a raising host callback is opt-in
 (``AdvantageConfig(check_values="callback")``). The single kernels (``gae``, ``normalize``, ...) have no
-output to carry counts in, so under a trace they raise from a host callback when the computation runs.
+output to carry counts in, so under a trace their outputs come back tied to a host callback that raises
+when the computation runs (``raise_when_run``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import io_callback
 
 from prm_jax._validation import integer_dtype
+from prm_jax.kernels._platform import exporting
 
 
 def accumulation_dtype(*arrays: Any) -> jnp.dtype:
@@ -272,19 +275,71 @@ def finite_floats(arrays: Mapping[str, Any], where: jax.Array, dtype: Any) -> tu
     return floats, [finite_check(name, x, where) for name, x in floats.items()]
 
 
-def raise_value_checks(checks: list[ValueCheck], *, callback: bool = False) -> None:
-    """Raise ValueError for the first failed check of an eager call.
+def raise_value_checks(checks: list[ValueCheck], out: Any = None, *, callback: bool = False) -> Any:
+    """Raise ValueError for the first failed check of an eager call; return ``out``.
 
-    Under a trace nothing is raised and no host round trip is paid, unless ``callback``: then a host
-    callback raises when the computation runs (it costs a device-to-host sync per call and keeps the
-    program out of JAX's persistent compilation cache).
+    Under a trace nothing is raised and no host round trip is paid, unless ``callback``: then ``out`` comes
+    back tied to the checks (``raise_when_run``), so the first failed check raises when the computation runs,
+    at the latest when ``out`` is read or waited for.
     """
+    traced = [check for check in checks if is_traced(check.count, *check.details)]
     for check in checks:
-        if is_traced(check.count, *check.details):
-            if callback:
-                jax.debug.callback(_raise_on_host, check.message, check.count, *check.details)
-        elif bool(check.count):
+        if check not in traced and bool(check.count):
             raise ValueError(check.message(*(np.asarray(d) for d in check.details)))
+    return raise_when_run(out, traced) if callback and traced else out
+
+
+def raise_when_run(out: Any, checks: list[ValueCheck]) -> Any:
+    """``out``, its values unchanged, tied to a host callback that raises the first failed of ``checks``.
+
+    equinox's ``error_if`` is the model, and why this form and not ``jax.debug.callback``: a debug callback
+    is a side effect nothing reads, and whether its error fails the computation is the backend's choice (on
+    an H200 the callback tests failed, issue 56.1). Here the callback is a ``jax.pure_callback`` whose answer
+    (always "keep") every array of ``out`` depends on (its first entry is selected by it, an in-place update
+    of one entry), so no backend can hand any of them over without having run it, and its failure fails the
+    computation that makes them. It runs under ``lax.cond`` only when a count is nonzero: one device-to-host read of a scalar per
+    call, the counts (one int32 vector, ``[len(checks)]``) and details only on failure. Under ``vmap`` the
+    cond runs both branches, so the callback raises only for a batch member whose count is nonzero. The
+    details are ``stop_gradient``-ed: a callback has no derivative, and a check has none to give.
+
+    A program traced within ``lowering_platform`` is for ``jax.export``, which cannot serialize a host
+    callback: there a failed check sets those first entries to NaN (an integer output: its dtype's minimum;
+    bool: False) instead of raising, so the exported program still fails loudly, on any platform."""
+    counts = jnp.stack([check.count for check in checks])
+    details = [tuple(lax.stop_gradient(d) for d in check.details) for check in checks]
+    messages = [check.message for check in checks]
+
+    def on_host(counts: Any, details: Any) -> np.ndarray:
+        for message, count, detail in zip(messages, np.asarray(counts), details):
+            _raise_on_host(message, count, *detail)
+        return np.zeros((), np.int32)
+
+    def fire() -> jax.Array:
+        return jax.pure_callback(on_host, jax.ShapeDtypeStruct((), jnp.int32), counts, details,
+                                 vmap_method="sequential")
+
+    if exporting():
+        keep = ~jnp.any(counts > 0)
+    else:
+        keep = lax.cond(jnp.any(counts > 0), fire, lambda: jnp.zeros((), jnp.int32)) == 0
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    tied = [isinstance(leaf, jax.Array) and leaf.size > 0 for leaf in leaves]
+    for i, leaf in enumerate(leaves):
+        if tied[i]:  # (every output, so that reading any one runs the check: an in-place one-entry update)
+            first = (0,) * leaf.ndim
+            leaves[i] = leaf.at[first].set(jnp.where(keep, leaf[first], _poison(leaf.dtype)))
+    if not any(tied) and not exporting():  # (nothing to tie to: an effect then, which nothing removes)
+        io_callback(on_host, jax.ShapeDtypeStruct((), jnp.int32), counts, details)
+    return jax.tree_util.tree_unflatten(tree, leaves)
+
+
+def _poison(dtype: Any) -> jax.Array:
+    """The value a failed check leaves in an exported program's output: NaN, an integer's minimum, False."""
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.full((), jnp.nan, dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.full((), jnp.iinfo(dtype).min, dtype)
+    return jnp.zeros((), dtype)
 
 
 OnTrace = Literal["callback", "counts"]
@@ -294,12 +349,12 @@ def checked(jitted: Callable[..., tuple[Any, list[ValueCheck]]], *args: Any, on_
             **kwargs: Any) -> Any:
     """The one form of a kernel's runtime checks (equinox's ``error_if`` is the model: one primitive, one
     mode switch): ``jitted(*args, **kwargs)`` returns ``(out, checks)``; the first failed check is raised as
-    a ``ValueError`` when called eagerly, and under a trace either from a host callback when the
-    computation runs (``on_trace="callback"``: the single kernels, which have no output to carry counts in)
-    or not at all (``"counts"``: the losses, whose statistics carry ``check_counts``); returns ``out``."""
+    a ``ValueError`` when called eagerly, and under a trace either when the computation runs (``on_trace=
+    "callback"``: the single kernels, which have no output to carry counts in; ``out`` comes back tied to a
+    raising host callback, ``raise_when_run``) or not at all (``"counts"``: the losses, whose statistics
+    carry ``check_counts``); returns ``out``."""
     out, checks = jitted(*args, **kwargs)
-    raise_value_checks(checks, callback=on_trace == "callback")
-    return out
+    return raise_value_checks(checks, out, callback=on_trace == "callback")
 
 
 def counted(loss: jax.Array, stats: Any, checks: list[ValueCheck]) -> tuple[tuple[jax.Array, Any], list[ValueCheck]]:

@@ -20,9 +20,10 @@ from prm_jax.kernels._estimator import EstimatorSpec, EstimatorStage
 from prm_jax.kernels._estimators import estimator_for
 from prm_jax.kernels._kl import KL_CLAMP, KLEstimator
 from prm_jax.kernels._normalization import DECOUPLED_NORM, OUTCOME_NORM, DecoupledNorm, NormConfig
+from prm_jax.kernels._platform import lowering_platform
 from prm_jax.kernels._progress import PROGRESS_TRANSFORM, ProgressTransform
 from prm_jax.kernels._pure import MIN_FORM_TRANSFORM, MinFormTransform
-from prm_jax.kernels._recurrence import GAEMethod, ScanStrategy, lowering_platform, resolve_strategy
+from prm_jax.kernels._recurrence import GAEMethod, ScanStrategy, resolve_strategy
 from prm_jax.kernels._schema import MODEL_OUTPUT_KEYS
 from prm_jax.kernels._shaping import SHAPINGS, ShapingConfig
 from prm_jax.kernels._stage import DeclaredStage, StageSpec

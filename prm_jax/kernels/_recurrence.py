@@ -16,11 +16,8 @@ elsewhere; every method computes the same values:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
-from collections.abc import Iterator
 from typing import Any, Literal, get_args
 
 import jax
@@ -31,6 +28,7 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import one_of
 from prm_jax.kernels import _checks
+from prm_jax.kernels._platform import on_cpu, target_platform
 from prm_jax.native import _ffi as ffi
 
 GAEMethod = Literal["auto", "scan", "associative", "blocked", "cumsum", "native"]
@@ -64,49 +62,8 @@ def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: boo
     if checked != "auto":
         return checked
     if on_cpu():
-        return "native" if ffi.use_native(sharded=sharded) else "scan"
+        return "native" if ffi.use_native(sharded=sharded, platform=target_platform()) else "scan"
     return "cumsum" if unit_discount else "associative"
-
-
-_LOWERING_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("prm_jax_lowering_platform",
-                                                                                 default=None)
-
-
-@contextlib.contextmanager
-def lowering_platform(platform: str) -> Iterator[None]:
-    """Within: every backend choice a kernel resolves (``auto``'s methods, the native CPU kernels) is made for
-    ``platform`` (``cpu``, ``cuda``, ``rocm``, ``tpu``), the platform the programs traced inside will be
-    lowered for, instead of this process's default backend (``ValueError`` for another name), and restored
-    on leaving. For ``jax.export`` from a CPU host: GAE exported for a GPU holds its associative form, no loop
-    over T and no CPU kernel.
-
-    Example:
-        >>> import jax
-        >>> gae = lambda r, v, m: prm_jax.kernels.gae(r, v, m, gamma=0.9, lam=0.95).advantages
-        >>> rewards, mask = jax.ShapeDtypeStruct((2, 8), np.float32), jax.ShapeDtypeStruct((2, 8), np.bool_)
-        >>> with prm_jax.kernels.lowering_platform("cuda"):
-        ...     exported = jax.export.export(jax.jit(gae), platforms=("cuda",))(rewards, rewards, mask)
-        >>> module = exported.mlir_module()
-        >>> "stablehlo.while" in module, "custom_call" in module
-        (False, False)
-    """
-    one_of("platform", platform, ("cpu", "cuda", "rocm", "tpu"))
-    token = _LOWERING_PLATFORM.set(platform)
-    try:
-        yield
-    finally:
-        _LOWERING_PLATFORM.reset(token)
-
-
-def target_platform() -> str:
-    """The platform programs traced now will be lowered for: the one ``lowering_platform`` sets, else the
-    process's default backend."""
-    return _LOWERING_PLATFORM.get() or jax.default_backend()
-
-
-def on_cpu() -> bool:
-    """Whether programs traced now are lowered for the CPU (``target_platform``): where the native kernels run."""
-    return target_platform() == "cpu"
 
 
 StepGroupMethod = Literal["native", "sort"]
@@ -153,7 +110,7 @@ def native_or(name: str, method: str, fallback: str, choices: tuple[str, ...], s
     fallback; ``native`` is refused where they cannot, naming ``name``."""
     checked = one_of(name, method, ("auto", *choices))
     if checked == "auto":
-        return "native" if on_cpu() and ffi.use_native(sharded=sharded) else fallback
+        return "native" if ffi.use_native(sharded=sharded, platform=target_platform()) else fallback
     if checked == "native" and not (ffi.available() and not sharded and on_cpu()):
         raise ValueError(f"{name}='native' needs the native CPU kernels on one device (see prm_jax.native); "
                          f"use 'auto' or {fallback!r}")

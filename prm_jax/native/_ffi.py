@@ -224,8 +224,9 @@ def sum_pi_squared(logits: jax.Array, temperature: float) -> jax.Array:
     return call(logits.astype(jnp.float32), temperature=np.float32(temperature))
 
 
-def use_native(*, sharded: bool) -> bool:
-    """Whether a program uses the native kernels: the CPU backend, one device and no sharded program (a
-    custom call has no partitioning rule), and a verified build. The one policy for GAE's ``auto`` and
-    GiGPO's step groups."""
-    return not sharded and jax.device_count() == 1 and available()
+def use_native(*, sharded: bool, platform: str) -> bool:
+    """Whether a program uses the native kernels: one lowered for the CPU (``platform``, the one it will be
+    lowered for), one device and no sharded program (a custom call has no partitioning rule), and a verified
+    build. The one policy for every ``auto`` choice between a native kernel and an XLA one (GAE, GiGPO's
+    step groups, OTB's alignment, sum_pi_squared)."""
+    return platform == "cpu" and not sharded and jax.device_count() == 1 and available()

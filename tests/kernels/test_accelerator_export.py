@@ -6,10 +6,13 @@ whose trip count grows with T: the module has the same loops at two widths (GAE'
 their associative forms there; the tree estimator's loops walk its nodes, whatever T)."""
 
 import dataclasses
+import inspect
+import os
 import re
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
@@ -19,6 +22,7 @@ import prm_jax
 from prm_jax.config import AdvantageConfig
 from prm_jax.estimators import registered
 from prm_jax.kernels import SHAPING_MODES
+from prm_jax.kernels._platform import target_platform
 
 PLATFORMS = ("cuda", "tpu")
 
@@ -87,11 +91,13 @@ def test_the_platform_takes_the_accelerators_choices_and_refuses_a_cpu_kernel():
             with pytest.raises(ValueError, match=f"method='native' is a CPU kernel: not for a program lowered for "
                                                  f"'{platform}'"):
                 resolve_strategy("native", unit_discount=False)
-    # The CPU's own choice is unchanged (native where it builds, else scan).
+    # The CPU's own choice is unchanged (native where it builds, else scan), and the ambient one returns after.
+    ambient = resolve_strategy("auto", unit_discount=False)
     with prm_jax.kernels.lowering_platform("cpu"):
         cpu = resolve_strategy("auto", unit_discount=False)
-    assert cpu == resolve_strategy("auto", unit_discount=False)
+    assert ambient == resolve_strategy("auto", unit_discount=False)
     assert dataclasses.replace(cpu).gae in ("native", "scan")
+    assert (cpu == ambient) == (target_platform() == "cpu")
 
 
 def test_the_loop_check_sees_a_loop_over_t():
@@ -106,22 +112,73 @@ def spec(*shape, dtype=np.float32):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-# The public kernels whose checks travel as data or are made before tracing (the credit kernels that raise
-# from a host callback under a trace, REINFORCE++, OTB and PRIME's, have a CPU callback no other platform
-# can lower: export compute_advantages, whose checks are counts, for those).
+K, L, F, M, INT = prm_jax.kernels, prm_jax.losses, (lambda t: spec(4, t)), (lambda t: spec(4, t, dtype=np.bool_)), (
+    lambda t: spec(4, t, dtype=np.int32))
+LOSS_ARGS = lambda t: (F(t), F(t), F(t), M(t))  # logprobs, proximal log-probs, advantages, loss mask
+# Every public array kernel (issue 56.2), each with inputs of width T: kernels.*, credit.*, losses.*. The
+# checks that raise under a trace are exported as the NaN they leave in a failed program's output
+# (``_checks.raise_when_run``: no program for export carries a host callback). Left out, as not array
+# kernels of width T: lowering_platform itself, compute_advantages (the tests above), compute_advantage_variants
+# (compute_advantages, once per shaping), the host-side helpers (dense_anchor_ids, turn_ids_from_spans,
+# global_batch_info, policy_loss_options) and sequence_parallel_gae (a mesh: tests/multidevice).
 KERNELS = {
-    "kernels.gae": (lambda r, v, m: prm_jax.kernels.gae(r, v, m, gamma=0.9, lam=0.95).advantages,
-                    lambda t: (spec(4, t), spec(4, t), spec(4, t, dtype=np.bool_))),
-    "kernels.gae (gamma*lam = 1)": (lambda r, v, m: prm_jax.kernels.gae(r, v, m).advantages,
-                                    lambda t: (spec(4, t), spec(4, t), spec(4, t, dtype=np.bool_))),
-    "kernels.normalize": (lambda x, m: prm_jax.kernels.normalize(x, m),
-                          lambda t: (spec(4, t), spec(4, t, dtype=np.bool_))),
-    "credit.gigpo": (lambda r, m, o: prm_jax.credit.gigpo(r, m, o).advantages,
-                     lambda t: (spec(4, t), spec(4, t, dtype=np.bool_), spec(4))),
+    "kernels.gae": (lambda r, v, m: K.gae(r, v, m, gamma=0.9, lam=0.95).advantages, lambda t: (F(t), F(t), M(t))),
+    "kernels.gae (gamma*lam = 1)": (lambda r, v, m: K.gae(r, v, m).advantages, lambda t: (F(t), F(t), M(t))),
+    "kernels.gae (int mask, checked)": (lambda r, v, m: K.gae(r, v, m, gamma=0.9, lam=0.95).advantages,
+                                        lambda t: (F(t), F(t), INT(t))),
+    "kernels.turn_gae": (lambda r, v, m, i: K.turn_gae(r, v, m, i, gamma=0.9, lam=0.95, num_turns=4).advantages,
+                         lambda t: (F(t), F(t), M(t), INT(t))),
+    "kernels.backward_linear_recurrence": (
+        lambda c, d: K.backward_linear_recurrence(c, d, jnp.zeros(4), method="associative"), lambda t: (F(t), F(t))),
+    "kernels.normalize": (lambda x, m: K.normalize(x, m), lambda t: (F(t), M(t))),
+    "kernels.normalize (traced group sizes)": (
+        lambda x, m, g: K.normalize(x, m, prm_jax.NormConfig("group", "group"), group_sizes=g),
+        lambda t: (F(t), M(t), spec(2, dtype=np.int32))),
+    "kernels.broadcast_turn_rewards": (lambda r, i: K.broadcast_turn_rewards(r, i), lambda t: (spec(4, 3), INT(t))),
+    "kernels.kl_estimate": (lambda a, b: K.kl_estimate(a, b, "k3"), lambda t: (F(t), F(t))),
+    "kernels.kl_rewards": (lambda a, b, m: K.kl_rewards(a, b, m), lambda t: (F(t), F(t), M(t))),
+    "kernels.shape_advantages": (lambda a, p, m: K.shape_advantages(a, p, m), lambda t: (F(t), F(t), M(t))),
+    "kernels.shift_to_next_token": (lambda x: K.shift_to_next_token(x), lambda t: (F(t),)),
+    "credit.gigpo": (lambda r, m, o: prm_jax.credit.gigpo(r, m, o).advantages, lambda t: (F(t), M(t), spec(4))),
     "credit.sum_pi_squared": (lambda z: prm_jax.credit.sum_pi_squared(z), lambda t: (spec(4, t, 50),)),
-    "losses.ppo_clip_loss": (lambda lp, px, a, m: prm_jax.losses.ppo_clip_loss(lp, px, a, m)[0],
-                             lambda t: (spec(4, t), spec(4, t), spec(4, t), spec(4, t, dtype=np.bool_))),
+    "credit.reinforce_pp": (lambda r, m, g: prm_jax.credit.reinforce_pp(r, m, baseline=True, group_sizes=g).advantages,
+                            lambda t: (F(t), M(t), spec(2, dtype=np.int32))),
+    "credit.optimal_token_baseline": (
+        lambda r, m, lp, s: prm_jax.credit.optimal_token_baseline(r, m, lp, s, group_sizes=jnp.array([2, 2])).advantages,
+        lambda t: (F(t), M(t), F(t), F(t))),
+    "credit.implicit_process_rewards": (lambda a, b, m, o: prm_jax.credit.implicit_process_rewards(a, b, m, outcome=o),
+                                        lambda t: (F(t), F(t), M(t), spec(4))),
+    "credit.distillation_rewards": (lambda a, b, m: prm_jax.credit.distillation_rewards(a, b, m), lambda t: (F(t), F(t), M(t))),
+    "credit.min_form": (lambda s, m: prm_jax.credit.min_form(s, m), lambda t: (F(t), M(t))),
+    "credit.decoupled_normalization": (lambda r: prm_jax.credit.decoupled_normalization(r), lambda t: (spec(t, 3),)),
+    # (the tree kernels have no T: their inputs are a tree's nodes, 33 at either width; their loops walk its
+    # depth, bounded by the node count)
+    "credit.tree_discount": (lambda p, r: prm_jax.credit.tree_discount(p, r, 0.9),
+                             lambda t: (spec(33, dtype=np.int32), spec(33))),
+    "credit.tree_advantages": (lambda p, r: prm_jax.credit.tree_advantages(p, r),
+                               lambda t: (spec(33, dtype=np.int32), spec(33))),
+    "losses.logprobs_on_timesteps": (lambda z, i: L.logprobs_on_timesteps(z, i), lambda t: (spec(4, t, 50), INT(t))),
+    "losses.distillation_loss": (lambda a, b, r, m: L.distillation_loss(a, b, r, m)[0], lambda t: (F(t), F(t), F(t), M(t))),
+    "losses.supervised_distillation_loss": (lambda a, b, m: L.supervised_distillation_loss(a, b, m),
+                                            lambda t: (F(t), F(t), M(t))),
+    "losses.gspo_sequence_loss": (lambda *a: L.gspo_sequence_loss(*a)[0], lambda t: (F(t), F(t), spec(4), M(t))),
+    "losses.dro_loss": (lambda *a: L.dro_loss(*a, dro_beta=0.1)[0], LOSS_ARGS),
+    "losses.clip_cov_loss": (lambda *a: L.clip_cov_loss(*a[:4], chosen=a[4])[0], lambda t: (*LOSS_ARGS(t), M(t))),
+    "losses.gspo_loss": (lambda *a: L.gspo_loss(*a)[0], LOSS_ARGS),
+    **{f"losses.{name}": (lambda *a, name=name: getattr(L, name)(*a)[0], LOSS_ARGS) for name in (
+        "ppo_clip_loss", "policy_loss", "geo_mean_loss", "dppo_tv_loss", "dppo_kl_loss",
+        "kl_cov_loss", "gpg_loss", "cispo_loss", "sapo_loss", "vanilla_ppo_loss")},
 }
+
+
+def test_every_public_kernel_is_exported_or_named_as_left_out():
+    left_out = {"kernels.lowering_platform", "kernels.compute_advantages", "kernels.compute_advantage_variants",
+                "kernels.dense_anchor_ids", "kernels.turn_ids_from_spans", "losses.global_batch_info",
+                "losses.policy_loss_options", "kernels.sequence_parallel_gae"}
+    public = {f"{ns}.{name}" for ns in ("kernels", "credit", "losses") for name in getattr(prm_jax, ns).__all__
+              if inspect.isfunction(getattr(getattr(prm_jax, ns), name))}
+    assert public == {name.split(" ")[0] for name in KERNELS} | left_out, sorted(
+        public ^ ({name.split(" ")[0] for name in KERNELS} | left_out))
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -130,20 +187,30 @@ def test_a_public_kernel_exports_for_an_accelerator_within_lowering_platform(nam
     fn, shapes = KERNELS[name]
 
     def module(width):
-        with prm_jax.kernels.lowering_platform(platform):
-            return export.export(jax.jit(fn), platforms=(platform,))(*shapes(width)).mlir_module()
+        with prm_jax.kernels.lowering_platform(platform), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (a kernel's own warnings about its defaults)
+            # (a new function each time: traced within the platform, not a trace cached outside it)
+            return export.export(jax.jit(lambda *a: fn(*a)), platforms=(platform,))(*shapes(width)).mlir_module()
 
     narrow, wide = module(32), module(64)
+    # (a loop may remain whose bound is not T: group sizes' repeat walks the groups, the tree kernels the nodes)
     assert "stablehlo.custom_call" not in narrow and loops(narrow) == loops(wide), name
 
 
 def test_lowering_platform_is_scoped_and_checked():
-    from prm_jax.kernels._recurrence import on_cpu, resolve_method
+    from prm_jax.kernels._platform import on_cpu
+    from prm_jax.kernels._recurrence import resolve_method
 
-    assert on_cpu() == (jax.default_backend() == "cpu")
+    # (the ambient platform: the process's backend, or the one PRM_JAX_TESTS_AS_PLATFORM sets around each test)
+    ambient = target_platform()
+    assert on_cpu() == (ambient == "cpu") and ambient in (jax.default_backend(), os.environ.get(
+        "PRM_JAX_TESTS_AS_PLATFORM"))
     with prm_jax.kernels.lowering_platform("tpu"):
         assert not on_cpu() and resolve_method("auto", unit_discount=False) == "associative"
-    assert on_cpu() == (jax.default_backend() == "cpu")
+        with prm_jax.kernels.lowering_platform("cpu"):
+            assert on_cpu()
+        assert target_platform() == "tpu"
+    assert target_platform() == ambient
     with pytest.raises(ValueError, match="platform must be one of"):
         with prm_jax.kernels.lowering_platform("gpu0"):
             pass

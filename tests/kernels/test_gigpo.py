@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import reference
 from batches import compile_log
+from native_where import skip_without_native
 
 from prm_jax.kernels._gigpo import GiGPOConfig, dense_anchor_ids, gigpo
-from prm_jax.native import _ffi as native
 
 CONFIGS = [
     dict(),
@@ -23,8 +23,7 @@ CONFIGS = [
 def step_group_path(request):
     """Both ways of finding step groups, chosen by argument (issue 31.3: no monkeypatching, no cleared
     caches): the CPU's native hash pass and the sort every backend has."""
-    if request.param == "native" and not native.available():
-        pytest.skip("no C++ compiler: the native kernels are not built")
+    skip_without_native(request.param)
     return request.param
 
 

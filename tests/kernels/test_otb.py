@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import reference
 from matrix_cases import make_batch as matrix_batch
+from native_where import runs_native, skip_without_native
 
 import prm_jax
 from prm_jax.config import AdvantageConfig, ConfigError
@@ -41,9 +42,6 @@ ALIGNMENTS = ["scatter", "native"]
 METHODS = ["xla", "native"]
 
 
-def skip_without_native(choice: str) -> None:
-    if choice == "native" and not ffi.available():
-        pytest.skip("no C++ compiler: the native kernels are not built")
 
 
 @pytest.mark.parametrize("zero_tail", [True, False])
@@ -129,7 +127,7 @@ def test_bad_input_is_refused_naming_the_argument():
 
 def test_groups_that_do_not_cover_the_batch_are_refused():
     args = (np.zeros((4, 2), np.float32), np.ones((4, 2), bool), np.zeros((4, 2), np.float32), np.ones((4, 2), np.float32))
-    for alignment in ("scatter", *(("native",) if ffi.available() else ())):
+    for alignment in ("scatter", *(("native",) if runs_native() else ())):
         with pytest.raises(ValueError, match="group_sizes"):
             optimal_token_baseline(*args, group_sizes=np.array([3, 3], np.int32), alignment=alignment)
         with pytest.raises(ValueError, match=r"group_ids must be -1 \(padding\) or in \[0, 4\); entry 1 is 9"):

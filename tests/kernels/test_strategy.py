@@ -8,6 +8,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+from native_where import runs_native, skip_without_native
 
 from prm_jax import compute_advantages
 from prm_jax.config import AdvantageConfig, GiGPOConfig
@@ -83,8 +84,7 @@ def test_nothing_reads_the_backend_the_devices_or_the_native_policy_while_tracin
 
 @pytest.mark.parametrize("step_groups", ["native", "sort"])
 def test_gigpo_runs_the_chosen_step_group_method(step_groups):
-    if step_groups == "native" and not ffi.available():
-        pytest.skip("no C++ compiler: the native kernels are not built")
+    skip_without_native(step_groups)
     rewards = np.zeros((4, 3), np.float32)
     text = gigpo_module._gigpo_jit.lower(rewards, np.ones((4, 3), bool), np.zeros(4, np.float32),
                                          np.zeros((4, 3), np.int32), None, config=GiGPOConfig(),
@@ -100,7 +100,7 @@ def test_otb_aligns_rows_natively_where_the_kernels_run():
     # kernels run, XLA's scatter elsewhere), like the step groups.
     text = lowered(AdvantageConfig(**ESTIMATORS["otb"]))
     assert (ffi.OTB_COMPACT_TARGET in text) == (resolve_strategy("auto", unit_discount=True).alignment == "native")
-    assert resolve_strategy("auto", unit_discount=True).alignment == ("native" if ffi.use_native(sharded=False)
+    assert resolve_strategy("auto", unit_discount=True).alignment == ("native" if runs_native()
                                                                       else "scatter")
     assert resolve_strategy("auto", unit_discount=True, sharded=True).alignment == "scatter"
 

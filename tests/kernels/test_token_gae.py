@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import textwrap
 
 import chex
 import jax
@@ -11,6 +12,7 @@ import reference
 from batches import compile_log, timestep_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from native_where import runs_native
 
 import prm_jax
 from prm_jax.kernels import _recurrence as recurrence
@@ -24,7 +26,7 @@ ALL_METHODS = METHODS + ("auto",)
 
 def built(methods):
     """The methods this machine runs: ``native`` only where the kernel built."""
-    return [m for m in methods if m != "native" or native.available()]
+    return [m for m in methods if m != "native" or runs_native()]
 
 
 
@@ -172,9 +174,12 @@ def test_gae_argument_errors_name_the_argument():
         prm_jax.kernels.gae(r, None, np.ones((2, 3)), method="fast")
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu" or not find_compiler()
-                    or os.environ.get("PRM_JAX_NATIVE", "1") == "0", reason="needs the CPU backend and a C++ compiler")
+@pytest.mark.skipif(not find_compiler() or os.environ.get("PRM_JAX_NATIVE", "1") == "0",
+                    reason="needs a C++ compiler")
 def test_native_kernel_builds_where_a_compiler_exists():
+    if not recurrence.on_cpu():
+        pytest.skip(f"the native kernels are CPU kernels: programs here are lowered for "
+                    f"{recurrence.target_platform()!r}")
     assert native.available()
     assert recurrence.resolve_method("auto", unit_discount=False) == "native"
     # A sharded program never gets the custom call.
@@ -184,15 +189,19 @@ def test_native_kernel_builds_where_a_compiler_exists():
 
 
 def test_without_the_native_kernel_auto_falls_back_to_scan():
-    # (scan on the CPU; on a GPU or TPU auto never picks the native kernel: associative there, the backend's
-    # own choice, issue 56.1: this test asserted the CPU's on every backend)
-    code = ("import importlib, prm_jax, numpy as np; from prm_jax.native import _ffi as native; "
-            "gae = importlib.import_module('prm_jax.kernels._token_gae'); "
-            "import jax; assert not native.available(); "
-            "assert gae.resolve_method('auto', unit_discount=False) == ('scan' if jax.default_backend() == 'cpu' "
-            "else 'associative'); "
-            "out = prm_jax.kernels.gae(np.ones((2, 5), np.float32), None, np.ones((2, 5)), method='auto'); "
-            "assert float(out.advantages[0, 0]) == 5.0")
+    # (scan for a CPU program; for a GPU or TPU one auto never picks the native kernel: associative there, the
+    # resolver asked for each platform, issue 56.1: this test asserted the CPU's choice on every backend)
+    code = textwrap.dedent("""
+        import importlib, prm_jax, numpy as np
+        from prm_jax.native import _ffi as native
+        gae = importlib.import_module("prm_jax.kernels._token_gae")
+        assert not native.available()
+        for platform, choice in (("cpu", "scan"), ("cuda", "associative"), ("tpu", "associative")):
+            with prm_jax.kernels.lowering_platform(platform):
+                assert gae.resolve_method("auto", unit_discount=False) == choice, platform
+        out = prm_jax.kernels.gae(np.ones((2, 5), np.float32), None, np.ones((2, 5)), method="auto")
+        assert float(out.advantages[0, 0]) == 5.0
+        """)
     env = dict(os.environ, PRM_JAX_NATIVE="0")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -299,8 +308,8 @@ def test_a_float_mask_under_jit_needs_no_host_callback_and_still_fails_loudly():
     floats = mask.astype(np.float32)
     step = lambda m: prm_jax.kernels.gae(rewards, values, m, gamma=0.9, lam=0.8, method="native").advantages
     jaxpr = jax.make_jaxpr(step)(floats)
-    assert "debug_callback" not in str(jaxpr) and "prm_jax_gae_f32_float_mask" in str(jaxpr)
-    assert "debug_callback" in str(jax.make_jaxpr(step)(mask.astype(np.int32)))  # other masks keep the check
+    assert "callback" not in str(jaxpr) and "prm_jax_gae_f32_float_mask" in str(jaxpr)
+    assert "pure_callback" in str(jax.make_jaxpr(step)(mask.astype(np.int32)))  # other masks keep the check
     floats[2, 5] = 0.25
     with pytest.raises(Exception, match=r"mask must be bool or hold only 0 and 1; row 2, position 5 holds 0.25"):
         jax.block_until_ready(jax.jit(step)(floats))

@@ -237,7 +237,22 @@ def _gpu_dry_run(rest: list[str]) -> int:
                             "manylinux_2_17_x86_64", "--dest", str(GPU_WHEELS), "msgspec>=0.18"], check=True)
     env = dict(os.environ, DRY_RUN="1", JAX_PLATFORMS="cpu", PYTHON=str(python),
                OUT=os.environ.get("OUT", str(ROOT / "gpu_out" / "dry_run")))
-    return subprocess.run(["bash", "benchmarks/gpu_check.sh", *rest], cwd=ROOT, env=env).returncode
+    code = subprocess.run(["bash", "benchmarks/gpu_check.sh", *rest], cwd=ROOT, env=env).returncode
+    if rest:
+        return code
+    # The backend-dependent kernel tests with a GPU's backend choices (issue 56.1), on this CPU: the methods,
+    # step groups and alignment auto picks there against every reference, every native case skipping.
+    print("dev.py: the backend-dependent kernel tests with the choices made for cuda (PRM_JAX_TESTS_AS_PLATFORM)",
+          flush=True)
+    tests = [f"tests/kernels/test_{name}.py" for name in AS_ACCELERATOR_TESTS]
+    as_gpu = dict(os.environ, PRM_JAX_TESTS_AS_PLATFORM="cuda", JAX_PLATFORMS="cpu")
+    return code or subprocess.run([str(_ensure_env("test,example")), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n",
+                                   str(max(2, os.cpu_count() or 2)), *tests], cwd=ROOT, env=as_gpu).returncode
+
+
+# The kernel tests whose choices depend on the backend (dev.py gpu runs them with a GPU's choices).
+AS_ACCELERATOR_TESTS = ("recurrence", "token_gae", "strategy", "gigpo", "otb", "alignment", "check_callbacks",
+                        "progress", "normalization", "accelerator_export", "credit_empty")
 
 
 def main(argv: list[str]) -> int:

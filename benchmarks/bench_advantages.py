@@ -251,6 +251,9 @@ def main() -> None:
     parser.add_argument("--no-loop", action="store_true", help="skip the numpy loop (large shapes, accelerators)")
     parser.add_argument("--estimators", action="store_true",
                         help="also compute_advantages under every registered estimator (its example configuration)")
+    parser.add_argument("--estimators-shape", metavar="RxW",
+                        help="with --estimators: at this one of the shapes only (each estimator compiles once; "
+                             "default: at every shape)")
     parser.add_argument("--json", help="also write every figure to this JSON file")
     args = parser.parse_args()
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
@@ -260,9 +263,11 @@ def main() -> None:
     header = ("shape", "method", "median_ms", "x_roofline", "speedup_vs_loop", "of_copy_bw", "first_call_s")
     print("{:>10} {:>32} {:>10} {:>11} {:>16} {:>11} {:>13}".format(*header))
     results = []
+    if args.estimators_shape and args.estimators_shape not in args.shapes.split(","):
+        parser.error(f"--estimators-shape {args.estimators_shape} is not one of --shapes {args.shapes}")
     for rows, width in shapes:
-        res = bench_shape(rows, width, args.repeats, args.gamma, args.lam, loop=not args.no_loop,
-                          estimators=args.estimators)
+        here = args.estimators and args.estimators_shape in (None, f"{rows}x{width}")
+        res = bench_shape(rows, width, args.repeats, args.gamma, args.lam, loop=not args.no_loop, estimators=here)
         results.append(res)
         shown = ("copy", "roofline", *GAE_METHODS_SHOWN, *PIPELINE_SHOWN,
                  *(name for name in res["bytes"] if name.startswith("estimator:")), "numpy_loop")

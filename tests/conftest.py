@@ -90,7 +90,7 @@ def pytest_configure(config):
 
 
 # PRM_JAX_TESTS_AS_PLATFORM=cuda (or tpu): every test's backend choices are the ones made for that platform
-# (prm_jax.kernels.lowering_platform around it) while the programs still run here: on a CPU host, the GPU's
+# (prm_jax.kernels._platform.choices_for around it) while the programs still run here: on a CPU host, the GPU's
 # branches (associative GAE, sorted step groups, scattered alignment) against every float64 reference, and
 # every native case skipping with its reason (issue 56.1; python3 dev.py gpu runs the kernel tests so).
 _AS_PLATFORM = os.environ.get("PRM_JAX_TESTS_AS_PLATFORM")
@@ -100,9 +100,9 @@ _AS_PLATFORM = os.environ.get("PRM_JAX_TESTS_AS_PLATFORM")
 def _no_implicit_promotion():
     with jax.numpy_rank_promotion("raise"), jax.numpy_dtype_promotion("strict"):
         if _AS_PLATFORM:
-            from prm_jax.kernels import lowering_platform
+            from prm_jax.kernels._platform import choices_for
 
-            with lowering_platform(_AS_PLATFORM):
+            with choices_for(_AS_PLATFORM):
                 yield
         else:
             yield

@@ -297,8 +297,8 @@ def raise_when_run(out: Any, checks: list[ValueCheck]) -> Any:
     an H200 the callback tests failed, issue 56.1). Here the callback is a ``jax.pure_callback`` whose answer
     (always "keep") every array of ``out`` depends on (its first entry is selected by it, an in-place update
     of one entry), so no backend can hand any of them over without having run it, and its failure fails the
-    computation that makes them. It runs under ``lax.cond`` only when a count is nonzero: one device-to-host read of a scalar per
-    call, the counts (one int32 vector, ``[len(checks)]``) and details only on failure. Under ``vmap`` the
+    computation that makes them. It runs under ``lax.cond`` only when a count is nonzero: one device-to-host
+    read of a scalar per call, the counts (one int32 vector, ``[len(checks)]``) and details only on failure. Under ``vmap`` the
     cond runs both branches, so the callback raises only for a batch member whose count is nonzero. The
     details are ``stop_gradient``-ed: a callback has no derivative, and a check has none to give.
 

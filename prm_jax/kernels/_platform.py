@@ -15,6 +15,8 @@ from prm_jax._validation import one_of
 
 _LOWERING_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("prm_jax_lowering_platform",
                                                                                  default=None)
+# Whether the programs traced now are for export (``lowering_platform``'s), not run here (``choices_for``'s).
+_EXPORTING: contextvars.ContextVar[bool] = contextvars.ContextVar("prm_jax_exporting", default=False)
 
 
 @contextlib.contextmanager
@@ -41,6 +43,19 @@ def lowering_platform(platform: str) -> Iterator[None]:
         >>> "stablehlo.while" in module, "custom_call" in module
         (False, False)
     """
+    with choices_for(platform):
+        token = _EXPORTING.set(True)
+        try:
+            yield
+        finally:
+            _EXPORTING.reset(token)
+
+
+@contextlib.contextmanager
+def choices_for(platform: str) -> Iterator[None]:
+    """Within: the backend choices are made for ``platform`` while the programs still run in this process
+    (the checks keep their host callback): the tests' ``PRM_JAX_TESTS_AS_PLATFORM``, which runs the kernel
+    tests on a CPU host with a GPU's choices. ``lowering_platform`` is this and export."""
     one_of("platform", platform, ("cpu", "cuda", "rocm", "tpu"))
     token = _LOWERING_PLATFORM.set(platform)
     try:
@@ -61,6 +76,6 @@ def on_cpu() -> bool:
 
 
 def exporting() -> bool:
-    """Whether ``lowering_platform`` names the platform: the programs traced now are for export, where a
-    host callback cannot be serialized."""
-    return _LOWERING_PLATFORM.get() is not None
+    """Whether the programs traced now are for export (within ``lowering_platform``), where a host callback
+    cannot be serialized."""
+    return _EXPORTING.get()

@@ -105,9 +105,12 @@ def pipeline_roofline(batch):
 
 def gae_methods(unit_discount: bool) -> tuple[str, ...]:
     """The GAE methods this backend runs (``prm_jax.kernels.GAE_METHODS``): ``cumsum`` only where gamma * lam
-    == 1, ``native`` only where its kernel is available."""
+    == 1, ``native`` only where its kernel is available, ``pallas`` only on a GPU (elsewhere it is interpreted:
+    a check of its numbers, not a method to time)."""
+    gpu = jax.default_backend() in ("cuda", "rocm", "gpu")
     return tuple(m for m in prm_jax.kernels.GAE_METHODS
-                 if (m != "cumsum" or unit_discount) and (m != "native" or native.available()))
+                 if (m != "cumsum" or unit_discount) and (m != "native" or native.available())
+                 and (m != "pallas" or gpu))
 
 
 def bytes_per_step(arrays) -> int:
@@ -181,7 +184,7 @@ def estimator_batches(batch: dict) -> dict[str, tuple[prm_jax.AdvantageConfig, d
             for spec in registered()}
 
 
-GAE_METHODS_SHOWN = ("auto", "auto_float_mask", "native", "scan", "associative", "blocked", "cumsum")
+GAE_METHODS_SHOWN = ("auto", "auto_float_mask", "native", "pallas", "scan", "associative", "blocked", "cumsum")
 PIPELINE_SHOWN = ("pipeline_roofline", "compute_advantages", "compute_advantages_checked")
 
 

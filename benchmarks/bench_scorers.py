@@ -62,7 +62,9 @@ import scorer_workloads as work  # noqa: E402
 from stub_servers import answer_seven, engine_time, server_process, step_by_last_token, teacher_logprob  # noqa: E402
 
 from prm_jax import BaseScorer, BatchScorer, BatchTrajectoryScorer, Interaction, InteractionCache, PRMRunner  # noqa: E402
-from prm_jax.runtime import score_arrays  # noqa: E402
+from prm_jax.runtime import BlockingRunner, score_arrays  # noqa: E402
+from prm_jax.runtime._arrays import _row_arrays  # noqa: E402
+from prm_jax.runtime._trajectory import rows_with_turns  # noqa: E402
 from prm_jax.scorers import ModelScorer, OpenAIJudgeScorer, PoolingPRMScorer  # noqa: E402
 
 TURNS = 4
@@ -506,7 +508,10 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
     scorer = ModelScorer(fn=model, max_batch_size=chunk, bucket=128)
     runner = PRMRunner(scorers=(scorer,))
     TRACES[0] = 0
-    score = functools.partial(score_arrays, runner, tokens, turn_ids, attention_mask=attention)
+    async def score() -> Any:  # (not a functools.partial holding the arrays: asyncio's runner reprs its main
+        # task, a partial's repr prints its arrays, 0.75 ms a call on this VM: Python's cost, not the path's)
+        return await score_arrays(runner, tokens, turn_ids, attention_mask=attention)
+
     out = anyio.run(score)  # compiles
     compiles = TRACES[0]
     used = {-(-int(attention[b:b + chunk].sum(axis=1).max()) // 128) * 128 for b in range(0, n, chunk)}
@@ -528,7 +533,19 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
         return result
 
     hand_loop()  # compiles
-    walls, hand = wall_times(repeats, lambda: anyio.run(score), hand_loop)
+    # A synchronous trainer's call (BlockingRunner.score_arrays: the rows scored in its own thread), beside the
+    # async call in a running loop (score_arrays, one hop to a worker thread) and the checks any correct path
+    # must make of the arrays (token ids in range, AReaL's turn rule): the floor the host path cannot go under.
+    blocking = BlockingRunner(scorers=(ModelScorer(fn=model, max_batch_size=chunk, bucket=128),))
+    blocking.score_arrays(tokens, turn_ids, attention_mask=attention)  # compiles
+
+    def checks_floor() -> None:
+        rows_with_turns(_row_arrays(tokens, turn_ids, attention)[1])
+
+    walls, hand, in_loop, floor = wall_times(
+        repeats, lambda: blocking.score_arrays(tokens, turn_ids, attention_mask=attention), hand_loop,
+        lambda: anyio.run(score), checks_floor)
+    blocking.close()
     # The numbers against per-turn calls (each turn's prefix alone, unpadded) on a few rows.
     worst = 0.0
     for b in range(4):
@@ -539,6 +556,10 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
     what = "PRM" if model is jax_prm else "free model (the host path alone)"
     print(f"\n4. JAX {what}: {n} rows x {TURNS} turns, {int(attention.sum())} tokens; ModelScorer through score_arrays, "
           f"chunks of {chunk} rows: {n / median(walls):,.0f} rows/s against the hand loop's {n / median(hand):,.0f}")
+    print(f"   BlockingRunner.score_arrays (a synchronous trainer's call; the async call in its own anyio.run: "
+          f"{median(in_loop) * 1e3:.1f} ms = {median(in_loop) / median(hand):.2f}x; the arrays' checks alone, the "
+          f"floor: {median(floor) * 1e3:.2f} ms, so (hand loop + checks) / hand loop = "
+          f"{(median(hand) + median(floor)) / median(hand):.2f}x):")
     print(f"   wall {median(walls) * 1e3:.1f} ms = {median(walls) / median(hand):.2f}x the hand-batched loop "
           f"({median(hand) * 1e3:.1f} ms; runs: {', '.join(f'{w / median(hand):.2f}' for w in walls)}); compiles "
           f"{compiles} for {len(used)} bucket(s) used; {scorer.forwards // (repeats + 1)} forwards a batch; max |diff| "
@@ -560,7 +581,10 @@ def bench_model_lengths(n: int, repeats: int) -> None:
         turn_ids[b, 16:length] = 0
     scorer = ModelScorer(fn=jax_prm, max_batch_size=64, bucket=128)
     runner = PRMRunner(scorers=(scorer,))
-    score = functools.partial(score_arrays, runner, tokens, turn_ids, attention_mask=attention)
+    async def score() -> Any:  # (not a functools.partial holding the arrays: asyncio's runner reprs its main
+        # task, a partial's repr prints its arrays, 0.75 ms a call on this VM: Python's cost, not the path's)
+        return await score_arrays(runner, tokens, turn_ids, attention_mask=attention)
+
     out = anyio.run(score)  # compiles
     jitted = jax.jit(jax_prm)
 

@@ -11,6 +11,9 @@ elsewhere; every method computes the same values:
   cumulative sum: exact, no products.
 - ``native``: GAE's literal recurrence as a C++ XLA FFI kernel on the CPU (``prm_jax.native``), built on
   first use where a C++ compiler exists; float32 only.
+- ``pallas``: GAE's literal recurrence as one Pallas kernel for a GPU (``_pallas_gae``: one program per row,
+  one pass); on the CPU it runs in Pallas's interpret mode (how CI checks it); not for a TPU. GAE only:
+  every other recurrence takes ``auto``'s method.
 - ``auto``: resolved once, before tracing, by ``resolve_method``.
 """
 
@@ -31,7 +34,7 @@ from prm_jax.kernels import _checks
 from prm_jax.kernels._platform import on_cpu, target_platform
 from prm_jax.native import _ffi as ffi
 
-GAEMethod = Literal["auto", "scan", "associative", "blocked", "cumsum", "native"]
+GAEMethod = Literal["auto", "scan", "associative", "blocked", "cumsum", "native", "pallas"]
 #: The ``gae_method`` values (derived from ``GAEMethod``).
 GAE_METHODS: tuple[GAEMethod, ...] = get_args(GAEMethod)
 DEFAULT_BLOCK_SIZE = 64
@@ -56,6 +59,9 @@ def resolve_method(method: GAEMethod | str, *, unit_discount: bool, sharded: boo
     if checked == "native" and not on_cpu():
         raise ValueError(f"method='native' is a CPU kernel: not for a program lowered for {target_platform()!r}; "
                          "use 'auto' or an XLA method")
+    if checked == "pallas" and target_platform() == "tpu":
+        raise ValueError("method='pallas' is a GPU kernel (Pallas's Triton backend; interpreted on the CPU): not "
+                         "for a program lowered for 'tpu'; use 'auto' or an XLA method")
     if checked == "native" and sharded:
         raise ValueError("method='native' cannot run in a sharded program (a custom call has no partitioning "
                          "rule); use 'auto' or 'scan'")
@@ -94,12 +100,13 @@ class ScanStrategy:
 def resolve_strategy(method: GAEMethod | str, *, unit_discount: bool, sharded: bool = False,
                      step_groups: StepGroupMethod | Literal["auto"] = "auto") -> ScanStrategy:
     """``method`` for the GAE (``resolve_method``) and the method for every other recurrence: the same one,
-    unless it is ``cumsum`` (only exact for ``gamma * lam == 1``), where ``auto``'s choice for any
-    coefficients stands in. An explicit method (``scan``, ``native``, ...) is honoured everywhere. The step
-    groups and the cumulative sums follow the platform (``resolve_step_groups``, ``resolve_cumsum``): under
-    ``lowering_platform("cuda")`` every choice is the accelerator's and none a CPU-only kernel."""
+    unless it is ``cumsum`` (only exact for ``gamma * lam == 1``) or ``pallas`` (GAE's kernel alone), where
+    ``auto``'s choice for any coefficients stands in. An explicit method (``scan``, ``native``, ...) is
+    honoured everywhere. The step groups and the cumulative sums follow the platform
+    (``resolve_step_groups``, ``resolve_cumsum``): under ``lowering_platform("cuda")`` every choice is the
+    accelerator's and none a CPU-only kernel."""
     gae = resolve_method(method, unit_discount=unit_discount, sharded=sharded)
-    general = gae if gae != "cumsum" else resolve_method("auto", unit_discount=False, sharded=sharded)
+    general = gae if gae not in ("cumsum", "pallas") else resolve_method("auto", unit_discount=False, sharded=sharded)
     return ScanStrategy(gae, general, resolve_step_groups(step_groups, sharded=sharded), resolve_cumsum(),
                         resolve_alignment(sharded=sharded))
 

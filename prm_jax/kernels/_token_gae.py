@@ -17,7 +17,8 @@ So a masked timestep holds the advantage of the next active timestep to its righ
 and a multi-turn row whose generated spans are separated by user/tool tokens is discounted over its
 generated tokens only. The recurrence is linear, ``A_t = c_t A_{t+1} + delta_t`` with
 ``c_t = gamma * lam`` where active and 1 elsewhere; ``method`` picks how it is computed (``scan``,
-``associative``, ``blocked``, ``cumsum``, ``native`` or ``auto``: see ``prm_jax.kernels._recurrence``).
+``associative``, ``blocked``, ``cumsum``, ``native``, ``pallas`` or ``auto``: see
+``prm_jax.kernels._recurrence``).
 
 For the parallel methods ``nextv`` (the value at the next active timestep, or ``bootstrap``) is found
 with a reverse running minimum over active indices and a gather: exact, no arithmetic on values.
@@ -39,6 +40,7 @@ from jax.typing import ArrayLike
 from prm_jax.kernels import _checks
 from prm_jax.kernels._alignment import shift_to_next_token
 from prm_jax.kernels._estimator import Estimate, EstimatorSpec
+from prm_jax.kernels._pallas_gae import pallas_gae
 from prm_jax.kernels._recurrence import DEFAULT_BLOCK_SIZE, ScanStrategy, linear_recurrence, resolve_method
 from prm_jax.native import _ffi as ffi
 
@@ -93,6 +95,34 @@ def _native_gae_bwd(primals, cotangents):
 _native_gae.defvjp(_native_gae_fwd, _native_gae_bwd)
 
 
+@jax.custom_vjp
+def _pallas_gae(rewards, values, active, gamma, gamma_lam, bootstrap):
+    """The Pallas kernel (``_pallas_gae.pallas_gae``), differentiable: its cotangents are those of the same
+    recurrence in its associative form (no loop over T on an accelerator)."""
+    return pallas_gae(rewards, values, active, gamma, gamma_lam, bootstrap)
+
+
+def _pallas_gae_fwd(rewards, values, active, gamma, gamma_lam, bootstrap):
+    primals = (rewards, values, active, gamma, gamma_lam, bootstrap)
+    return pallas_gae(*primals), primals
+
+
+def _pallas_gae_bwd(primals, cotangents):
+    rewards, values, active, gamma, gamma_lam, bootstrap = primals
+
+    def associative(r, v, g, gl, b):
+        coeffs, deltas = linear_form(r, v, active, g[:, None], gl, b)
+        advantages = linear_recurrence(coeffs, deltas, jnp.zeros_like(b), "associative")
+        return advantages, advantages + v
+
+    _, vjp = jax.vjp(associative, rewards, values, gamma, gamma_lam, bootstrap)
+    d_rewards, d_values, d_gamma, d_gamma_lam, d_bootstrap = vjp(cotangents)
+    return d_rewards, d_values, np.zeros(active.shape, jax.dtypes.float0), d_gamma, d_gamma_lam, d_bootstrap
+
+
+_pallas_gae.defvjp(_pallas_gae_fwd, _pallas_gae_bwd)
+
+
 def _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap):
     def step(carry, inputs):
         last, next_value = carry
@@ -117,6 +147,9 @@ def _gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: j
             return GAEOutput(*_native_gae(rewards, values, active, jnp.broadcast_to(gamma, bootstrap.shape),
                                           gamma_lam, bootstrap))
         method = "scan"  # float64 inputs keep float64 accumulation
+    if method == "pallas":
+        return GAEOutput(*_pallas_gae(rewards, values, active, jnp.broadcast_to(gamma, bootstrap.shape), gamma_lam,
+                                     bootstrap))
     if method == "scan":
         advantages = _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap)
         return GAEOutput(advantages, advantages + values)
@@ -200,8 +233,9 @@ def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma:
       gamma: discount in [0, 1]; a traced scalar is fine (no retrace when it changes).
       lam: GAE lambda in [0, 1], a scalar or ``[B]`` (one per row).
       bootstrap: ``[B]`` value after the last timestep (``V[seqlen-1]`` for truncated rows), or None (0).
-      method: ``auto | scan | associative | blocked | cumsum | native`` (``cumsum`` needs
-        ``gamma * lam == 1`` as Python numbers; ``native`` a CPU with a C++ compiler).
+      method: ``auto | scan | associative | blocked | cumsum | native | pallas`` (``cumsum`` needs
+        ``gamma * lam == 1`` as Python numbers; ``native`` a CPU with a C++ compiler; ``pallas`` is the GPU
+        kernel, interpreted on the CPU, not for a TPU).
       block_size: timesteps per block for ``blocked``.
 
     Returns:

@@ -117,6 +117,11 @@ def _same_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {tuple(shape)} (input_ids' [B, T] or [B]), got {array.shape}")
 
 
+def check_on_error(on_error: Any) -> None:
+    if on_error not in ("raise", "mask"):
+        raise ValueError(f"on_error must be 'raise' or 'mask', got {on_error!r}")
+
+
 def _first_failure(group: BaseExceptionGroup, scored: list[int]) -> BaseException:
     """``on_error="raise"``: the failure that stopped the batch, the scorer's own error (its notes name the
     scorer and the turn, ``row{b}/t{k}``), with a note naming its row; not the group of the cancelled rest."""
@@ -136,7 +141,7 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     return out
 
 
-def _row_models(runner: PRMRunner) -> list[Any] | None:
+def row_models(runner: PRMRunner) -> list[Any] | None:
     """The runner's enabled scorers when every one scores whole rows of arrays (``ModelScorer.score_rows``)
     and none reads the student's log-probs (a teacher, ``reads_logprobs``): then ``score_arrays`` hands them
     the arrays, chunk by chunk, and builds no interactions."""
@@ -150,10 +155,30 @@ def _row_models(runner: PRMRunner) -> list[Any] | None:
 async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn_ids: Any, attention_mask: Any,
                       on_error: OnError, per_turn: bool,
                       progress: Callable[[int, int], None] | None) -> np.ndarray | ScoredArrays:
-    """``score_arrays`` for a runner of ``ModelScorer``s: the same numbers as the interactions' path
-    (``weight * raw`` in float32 per scorer, summed in config order), a failed chunk failing its rows."""
+    """``score_arrays`` for a runner of ``ModelScorer``s: ``score_rows_now`` in one call on a worker thread (one
+    hop a call, not one a chunk: on a GPU the host path is all there is beside the model, issue 56.6), its
+    progress reported back on the loop, its scorers' failures counted there."""
     if runner.closed:
         raise RunnerClosedError("PRMRunner is closed: score_arrays is rejected once aclose() has started")
+    failures: list[Any] = []
+    report = None if progress is None else (lambda done, total: anyio.from_thread.run_sync(progress, done, total))
+    try:
+        return await anyio.to_thread.run_sync(functools.partial(
+            score_rows_now, models, input_ids, turn_ids, attention_mask, on_error, per_turn, report, failures,
+            runner.shaping_mode))
+    finally:
+        for scorer in failures:
+            runner.count_failure(scorer)
+
+
+def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_mask: Any, on_error: OnError,
+                   per_turn: bool, progress: Callable[[int, int], Any] | None, failures: list[Any],
+                   shaping_mode: str | None) -> np.ndarray | ScoredArrays:
+    """The row path of ``score_arrays`` (every enabled scorer a ``ModelScorer``, ``row_models``), synchronous
+    in the calling thread: the same numbers as the interactions' path (``weight * raw`` in float32 per scorer,
+    summed in config order), a failed chunk failing its rows; each failure's scorer is appended to
+    ``failures`` (the caller counts them on the runner's loop). ``BlockingRunner.score_arrays`` calls it in the
+    trainer's own thread."""
     tokens, ids, attention = _row_arrays(input_ids, turn_ids, attention_mask)
     ids = ids.astype(np.int32)
     mask = attention.astype(np.int32)
@@ -168,45 +193,18 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
     index = np.asarray(scored, np.int64)
     index = index[rows_by_length(mask[index].astype(bool) | (ids[index] >= 0))]
     for scorer in models:
-        weighted = np.zeros(tokens.shape, np.float32)
-        means = np.zeros((rows, turns), np.float64)
-        for begin in range(0, len(scored), scorer.max_batch_size):
-            chunk = index[begin:begin + scorer.max_batch_size]
-            try:
-                raw = await anyio.to_thread.run_sync(functools.partial(scorer.score_rows, check=False),
-                                                     tokens[chunk], mask[chunk], ids[chunk])
-                chunk_weighted, bad = weighted_rows(scorer, raw, chunk.tolist())
-            except Exception as err:
-                if on_error == "raise":
-                    err.add_note(f"score_arrays: rows {chunk.tolist()} of input_ids (one call of scorer "
-                                  f"{scorer.name!r}) failed")
-                    raise
-                failed[chunk] = True
-                for row in chunk.tolist():
-                    errors.setdefault(row, error_text(err))
-                    runner.count_failure(scorer)
-            else:
-                if bad and on_error == "raise":
-                    raise ValueError(next(iter(bad.values())))
-                for row, message in bad.items():  # only the rows with a non-finite score fail
-                    failed[row] = True
-                    runner.count_failure(scorer)
-                    errors.setdefault(row, f"ValueError: {message}")
-                    chunk_weighted[chunk.tolist().index(row)] = 0.0
-                weighted[chunk] = chunk_weighted
-                if per_turn:
-                    product = raw * scorer.weight
-                    for k in range(turns):
-                        on_turn = ids[chunk] == k
-                        count = on_turn.sum(axis=1)
-                        means[chunk, k] = np.where(count > 0, (product * on_turn).sum(axis=1) / np.maximum(count, 1),
-                                                   0.0)
-            if progress is not None and scorer is models[-1]:
-                progress(min(begin + scorer.max_batch_size, len(scored)), len(scored))
+        report = progress if scorer is models[-1] else None
+        weighted, means, chunk_errors = _score_chunks(scorer, tokens, mask, ids, index, turns, on_error, per_turn,
+                                                      report)
+        for row, message in chunk_errors.items():
+            failed[row] = True
+            errors.setdefault(row, message)
+            failures.append(scorer)
         with np.errstate(over="ignore", invalid="ignore"):
             total = (total + weighted).astype(np.float32)
         per_scorer[scorer.name] = means.astype(np.float32)
-    overflow = [row for row in scored if not failed[row] and not np.isfinite(total[row]).all()]
+    finite: np.ndarray = np.asarray(np.isfinite(total).all(axis=1))
+    overflow = [row for row in scored if not failed[row] and not finite[row]]
     for row in overflow:
         message = (f"the committed token rewards of row {row} would be non-finite (the float32 sum over scorers "
                    f"{[scorer.name for scorer in models]} overflows); nothing was committed")
@@ -216,16 +214,57 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
     total[failed[:, None] & (ids >= 0)] = np.nan
     total[~failed[:, None] & (ids < 0)] = 0.0
     if on_error == "raise" and not per_turn:
-        if runner.shaping_mode == "gvpo" and scored and not (total < 0).any():
+        if shaping_mode == "gvpo" and scored and not (total < 0).any():
             warn_gvpo_without_penalty(stacklevel=3)
         return total
-    if runner.shaping_mode == "gvpo" and (~failed).any() and not (total[~failed] < 0).any():
+    if shaping_mode == "gvpo" and (~failed).any() and not (total[~failed] < 0).any():
         warn_gvpo_without_penalty(stacklevel=3)
     out = ScoredArrays(total, failed, errors)
     if not per_turn:
         return out
     return out._replace(**_turn_tables(per_scorer, failed, {row: int(ids[row].max()) + 1 for row in scored},
                                        (rows, turns)))
+
+
+def _score_chunks(scorer: Any, tokens: np.ndarray, mask: np.ndarray, ids: np.ndarray, index: np.ndarray, turns: int,
+                  on_error: OnError, per_turn: bool, report: Callable[[int, int], Any] | None
+                  ) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+    """One ``ModelScorer``'s chunks of ``index`` (the scored rows, by length), synchronously: its weighted
+    rewards ``[B, T]``, its per-turn means ``[B, K]`` (``per_turn``) and the rows that failed with their
+    message (each counts against the scorer). A failed chunk fails its rows
+    (``on_error="mask"``) or raises with a note naming them."""
+    weighted = np.zeros(tokens.shape, np.float32)
+    means = np.zeros((tokens.shape[0], turns), np.float64)
+    errors: dict[int, str] = {}
+    for begin in range(0, index.size, scorer.max_batch_size):
+        chunk = index[begin:begin + scorer.max_batch_size]
+        try:
+            raw = scorer.score_rows(tokens[chunk], mask[chunk], ids[chunk], check=False)
+            chunk_weighted, bad = weighted_rows(scorer, raw, chunk.tolist())
+        except Exception as err:
+            if on_error == "raise":
+                err.add_note(f"score_arrays: rows {chunk.tolist()} of input_ids (one call of scorer "
+                              f"{scorer.name!r}) failed")
+                raise
+            for row in chunk.tolist():
+                errors.setdefault(row, error_text(err))
+        else:
+            if bad and on_error == "raise":
+                raise ValueError(next(iter(bad.values())))
+            positions = {row: k for k, row in enumerate(chunk.tolist())}
+            for row, message in bad.items():  # only the rows with a non-finite score fail
+                errors.setdefault(row, f"ValueError: {message}")
+                chunk_weighted[positions[row]] = 0.0
+            weighted[chunk] = chunk_weighted
+            if per_turn:
+                product = raw * scorer.weight
+                for k in range(turns):
+                    on_turn = ids[chunk] == k
+                    count = on_turn.sum(axis=1)
+                    means[chunk, k] = np.where(count > 0, (product * on_turn).sum(axis=1) / np.maximum(count, 1), 0.0)
+        if report is not None:
+            report(min(begin + scorer.max_batch_size, index.size), index.size)
+    return weighted, means, errors
 
 
 def _turn_tables(per_scorer: dict[str, np.ndarray], failed: np.ndarray, turns_of: Mapping[int, int],
@@ -430,10 +469,9 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
         >>> out.failed.tolist(), out.token_rewards[0].tolist()
         ([False, True], [0.0, 1.0, 1.0])
     """
-    if on_error not in ("raise", "mask"):
-        raise ValueError(f"on_error must be 'raise' or 'mask', got {on_error!r}")
+    check_on_error(on_error)
     checked = row_metadata(metadata, np.shape(input_ids)[0]) if np.ndim(input_ids) >= 1 else None
-    models = _row_models(runner)
+    models = row_models(runner)
     if models is not None:
         return await _score_rows(runner, models, input_ids, turn_ids, attention_mask, on_error, per_turn,
                                  guarded_progress(progress))

@@ -27,9 +27,9 @@ import anyio
 import numpy as np
 from anyio.from_thread import BlockingPortal
 
-from prm_jax.runtime._arrays import ScoredArrays, score_arrays
+from prm_jax.runtime._arrays import ScoredArrays, check_on_error, row_metadata, row_models, score_arrays, score_rows_now
 from prm_jax.runtime._lifecycle import Lifecycle, RunnerClosedError, RunnerState
-from prm_jax.runtime._runner import PRMRunner
+from prm_jax.runtime._runner import PRMRunner, guarded_progress
 from prm_jax.runtime._scoring import BaseScorer
 from prm_jax.runtime._trajectory import Interaction, InteractionCache
 
@@ -135,19 +135,44 @@ class BlockingRunner(Lifecycle):
 
     def score_arrays(self, input_ids: Any, turn_ids: Any, **kwargs: Any) -> np.ndarray | ScoredArrays:
         """``prm_jax.runtime._arrays.score_arrays`` with this runner, blocking: ``token_rewards [B, T]``, or
-        with ``on_error="mask"`` a ``ScoredArrays`` (the failed rows flagged instead of raising)."""
-        return self._call(score_arrays, self.runner, input_ids, turn_ids, **kwargs)
+        with ``on_error="mask"`` a ``ScoredArrays`` (the failed rows flagged instead of raising).
+
+        When every enabled scorer is a ``ModelScorer`` (a model on this process's devices), the rows are
+        scored here, in the calling thread, with no hop to the runner's loop and back (issue 56.6: on a GPU
+        the host path is all there is beside the model); the same numbers, the same errors, the failures
+        counted on the runner's loop."""
+        models = row_models(self.runner)
+        if models is None or not set(kwargs) <= ROW_PATH_OPTIONS:
+            return self._call(score_arrays, self.runner, input_ids, turn_ids, **kwargs)
+        self._check_open()
+        if self.runner.closed:
+            raise RunnerClosedError("PRMRunner is closed: score_arrays is rejected once aclose() has started")
+        on_error = kwargs.get("on_error", "raise")
+        check_on_error(on_error)
+        if kwargs.get("metadata") is not None and np.ndim(input_ids) >= 1:
+            row_metadata(kwargs["metadata"], np.shape(input_ids)[0])
+        failures: list[Any] = []
+        try:
+            return score_rows_now(models, input_ids, turn_ids, kwargs.get("attention_mask"), on_error,
+                                  bool(kwargs.get("per_turn", False)), guarded_progress(kwargs.get("progress")),
+                                  failures, self.runner.shaping_mode)
+        finally:
+            if failures:
+                self._call(_count_failures, self.runner, failures)
 
     def close_scorer(self, scorer: BaseScorer) -> None:
         """``await scorer.aclose()`` on this runner's loop (where its client lives), blocking."""
         self._call(scorer.aclose)
 
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _check_open(self) -> None:
         if self._state is not RunnerState.OPEN:  # (said as "closed" in every state after close() started)
             raise RunnerClosedError("BlockingRunner is closed: calls are rejected once close() has started")
         if self._done.done():  # the loop's thread ended on its own: say why, once per call
             raise RunnerClosedError(f"BlockingRunner's event loop thread has ended ({self._ended()}); the runner "
                                     "cannot run anything: close() it and build another") from self._done.exception()
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self._check_open()
         try:
             return self._portal.call(functools.partial(fn, *args, **kwargs))
         except concurrent.futures.CancelledError:  # the loop was stopped under the call: a close
@@ -200,6 +225,16 @@ class BlockingRunner(Lifecycle):
     async def __aenter__(self) -> BlockingRunner:
         raise TypeError("BlockingRunner is synchronous (its scorers live on its own loop): use `with`, or "
                         "PRMRunner in async code")
+
+
+# The options of score_arrays that the row path reads (the rest, ctx, logprobs, rewards, limit, is_eval, are
+# for scorers of interactions: with them a call goes through the runner's loop as before).
+ROW_PATH_OPTIONS = frozenset({"attention_mask", "on_error", "per_turn", "progress", "metadata"})
+
+
+async def _count_failures(runner: PRMRunner, failures: list[Any]) -> None:
+    for scorer in failures:
+        runner.count_failure(scorer)
 
 
 @atexit.register

@@ -526,21 +526,32 @@ def rows_with_turns(turn_ids: np.ndarray) -> np.ndarray:
     """``turn_spans``' rule over a whole ``[B, T]`` batch at once (no Python loop over rows): ``[B]`` bool, the
     rows holding at least one turn; a row that breaks the rule raises ``turn_spans``' own ``ValueError``.
 
-    The rule, per valid position (``turn_ids >= 0``) against the row's previous valid one: the same id only
-    on the next position (a turn is one contiguous run), else the previous id plus one (turns 0, 1, 2, ... in
-    order); a row's first valid id is 0."""
+    The rule, in two parts that together are ``turn_spans``': along each row's valid positions (``turn_ids
+    >= 0``, gaps skipped) the ids start at 0 and each is the one before or that plus one (turns 0, 1, 2, ...
+    in order); and a row has as many runs (a valid id unlike the position just before it) as turns (each turn
+    one contiguous run). A handful of whole-batch passes (issue 56.6: the host path's cost is all there is on
+    a GPU)."""
     ids = np.asarray(turn_ids)
     valid = ids >= 0
-    positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
-    last = np.maximum.accumulate(np.where(valid, positions, -1), axis=1)  # the latest valid position so far
-    previous = np.concatenate([np.full((ids.shape[0], 1), -1), last[:, :-1]], axis=1)
-    before = np.take_along_axis(ids, np.maximum(previous, 0), axis=1)
-    first = previous < 0
-    ok = np.where(first, ids == 0, np.where(ids == before, previous == positions - 1, ids == before + 1))
-    bad = np.flatnonzero((valid & ~ok).any(axis=1))
-    for row in bad[:1]:
+    if ids.size == 0:
+        return np.asarray(valid.any(axis=-1))
+    counts = valid.sum(axis=1)
+    has = counts > 0
+    seq = ids[valid]  # each row's valid ids in order, the rows one after another
+    starts = (np.cumsum(counts) - counts)[has]  # where each row with turns begins in seq
+    in_order = np.ones(ids.shape[0], bool)
+    in_order[has] = seq[starts] == 0  # a row's first turn is 0
+    step = np.diff(seq, prepend=0)
+    step[starts] = 0  # (a row's first id is not a step from the row before)
+    wrong = np.flatnonzero((step != 0) & (step != 1))
+    if wrong.size:
+        in_order[np.flatnonzero(has)[np.searchsorted(starts, wrong, side="right") - 1]] = False
+    before = np.concatenate([np.full((ids.shape[0], 1), -1, ids.dtype), ids[:, :-1]], axis=1)
+    runs = (valid & (ids != before)).sum(axis=1)
+    turns = np.where(has, ids.max(axis=1) + 1, 0)
+    for row in np.flatnonzero(~in_order | (runs != turns))[:1]:
         turn_spans(ids[row], int(row))  # (raises, naming the row and what is wrong)
-    return np.asarray(valid.any(axis=1))
+    return np.asarray(has)
 
 
 def stitch(chain: Sequence[Interaction]) -> BranchSequence:

@@ -214,3 +214,27 @@ def test_lowering_platform_is_scoped_and_checked():
     with pytest.raises(ValueError, match="platform must be one of"):
         with prm_jax.kernels.lowering_platform("gpu0"):
             pass
+
+
+def test_the_pallas_gae_exports_for_a_gpu_as_one_triton_kernel_without_a_loop():
+    # Issue 56.4: method="pallas" exported for cuda is Pallas's Triton kernel (a custom call whose loop over T
+    # runs inside the kernel, one program per row), no XLA loop, at two widths; compute_advantages with it too;
+    # a TPU is refused (no lowering for its scalar loads).
+    from prm_jax.kernels._pallas_gae import TRITON_TARGET
+
+    def module(fn, *shapes):
+        with prm_jax.kernels.lowering_platform("cuda"):
+            return export.export(jax.jit(fn), platforms=("cuda",), disabled_checks=[
+                export.DisabledSafetyCheck.custom_call(TRITON_TARGET)])(*shapes).mlir_module()
+
+    gae = lambda r, v, m: K.gae(r, v, m, gamma=0.9, lam=0.95, method="pallas")
+    for width in (32, 64):
+        text = module(gae, F(width), F(width), M(width))
+        assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {TRITON_TARGET} and "stablehlo.while" not in text
+    batch = make_batch(np.random.default_rng(3))
+    plan = AdvantageConfig(kl_ctl=0.0, gae_method="pallas").plan.with_strategy(batch, platform="cuda")
+    shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), batch)
+    text = module(lambda b: prm_jax.compute_advantages(b, plan), shapes)
+    assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {TRITON_TARGET} and "stablehlo.while" not in text
+    with prm_jax.kernels.lowering_platform("tpu"), pytest.raises(ValueError, match="method='pallas' is a GPU kernel"):
+        K.gae(np.zeros((2, 4), np.float32), None, np.ones((2, 4), bool), method="pallas")

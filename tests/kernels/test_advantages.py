@@ -13,7 +13,7 @@ from native_where import skip_without_native
 import prm_jax
 from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages
 
-PIPELINE_METHODS = ["scan", "associative", "blocked", "native"]  # native skipped at run time where it does not build
+PIPELINE_METHODS = ["scan", "associative", "blocked", "native", "pallas"]  # native skipped at run time where it does not build
 
 FIELDS = ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs")
 
@@ -377,7 +377,7 @@ def test_advantage_config_is_hashable_and_static():
     chex.assert_trees_all_equal(a.advantage_shaping, ShapingConfig())
 
 
-@pytest.mark.parametrize("method", ["auto", "native", "associative", "blocked", "cumsum"])
+@pytest.mark.parametrize("method", ["auto", "native", "associative", "blocked", "cumsum", "pallas"])
 def test_grad_through_compute_advantages_matches_scan(method):
     # Issue 11.1: the native kernel (what 'auto' picks on a CPU with a compiler) is differentiable too.
     skip_without_native(method)

@@ -54,12 +54,17 @@ def lowered(config: AdvantageConfig) -> str:
 
 
 @pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
-@pytest.mark.parametrize("method", ["scan", "associative", "blocked", "native"])
+@pytest.mark.parametrize("method", ["scan", "associative", "blocked", "native", "pallas"])
 def test_every_estimator_runs_the_configured_gae_method(estimator, method):
     config = AdvantageConfig(gae_method=method, **ESTIMATORS[estimator])
     text = lowered(config)
     native = TARGET in text or FLOAT_MASK_TARGET in text
-    assert native == (method == "native" and estimator in RUNS_GAE), (estimator, method)
+    if method == "pallas":  # (the GAE's kernel alone: every other recurrence, PRIME's lambda-return among
+        # them, takes auto's method, native on this CPU)
+        jaxpr = str(jax.make_jaxpr(lambda b: compute_advantages(b, config))(batch()))
+        assert ("pallas_call" in jaxpr) == (estimator in RUNS_GAE - {"prime"}), (estimator, method)
+    else:
+        assert native == (method == "native" and estimator in RUNS_GAE), (estimator, method)
     # (That every method computes the same numbers: tests/kernels/test_token_gae.py and test_matrix.py.)
 
 

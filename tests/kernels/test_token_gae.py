@@ -20,7 +20,7 @@ from prm_jax.native import _ffi as native
 from prm_jax.native._build import find_compiler
 
 # ``native`` is skipped where the kernel does not build (tests/kernels/conftest.py).
-METHODS = ("scan", "associative", "blocked", "native")
+METHODS = ("scan", "associative", "blocked", "native", "pallas")  # (pallas: interpreted on the CPU, issue 56.4)
 ALL_METHODS = METHODS + ("auto",)
 
 

@@ -7,7 +7,7 @@ from batches import timestep_inputs
 
 import prm_jax
 
-METHODS = ("scan", "associative", "blocked", "native")
+METHODS = ("scan", "associative", "blocked", "native", "pallas")  # (pallas: interpreted on the CPU, issue 56.4)
 
 
 @pytest.mark.parametrize("method,gamma,lam", [(m, g, lam) for m in METHODS for g, lam in [(1.0, 1.0), (0.9, 0.7)]]

@@ -355,7 +355,26 @@ def test_the_batch_turn_rule_is_turn_spans_rule_row_for_row():
                 rows_with_turns(row[None])
         else:
             assert bool(rows_with_turns(row[None])[0]) == want, row
+    # Whole batches: the first row turn_spans refuses is the one named (the rows before and after it in the
+    # sequence of valid ids must not leak into each other: rows without turns between, a bad row last).
+    for _ in range(500):
+        rows = rng.choice([-1, 0, 1, 2], size=(int(rng.integers(1, 6)), int(rng.integers(1, 7))),
+                          p=[0.4, 0.3, 0.2, 0.1])
+        first_bad, want_rows = None, []
+        for b, row in enumerate(rows):
+            try:
+                want_rows.append(bool(turn_spans(row, b)))
+            except ValueError as err:
+                first_bad = first_bad or str(err)
+                want_rows.append(None)
+        if first_bad:
+            with pytest.raises(ValueError, match=re.escape(first_bad)):
+                rows_with_turns(rows)
+        else:
+            assert rows_with_turns(rows).tolist() == want_rows, rows
     batch = np.array([[-1, 0, 0, -1, 1], [-1, -1, -1, -1, -1], [0, 1, 1, 2, -1]])
     assert rows_with_turns(batch).tolist() == [True, False, True]
+    assert rows_with_turns(np.zeros((0, 4), np.int32)).tolist() == []
+    assert rows_with_turns(np.zeros((2, 0), np.int32)).tolist() == [False, False]
     with pytest.raises(ValueError, match="turn_ids of row 1 must number its turns 0, 1, 2"):
         rows_with_turns(np.array([[0, 1, -1], [1, -1, -1]]))

@@ -1,6 +1,8 @@
 """Issue 30, section 4: a JAX model as a scorer (ModelScorer): whole rows per forward, chunked and bucketed
 (one compile per bucket), the array path without interactions, the same numbers as per-turn calls."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -235,3 +237,54 @@ async def test_rows_are_chunked_by_length_and_scored_back_in_their_own_order():
     direct = model.score_rows(tokens, attention, turn_ids)  # the public call sorts the same way
     assert sorted(widths) == [128, 128, 256, 256]
     np.testing.assert_allclose(direct.astype(np.float32), out, rtol=1e-6, atol=1e-7)
+
+
+def test_blocking_runner_scores_model_rows_in_the_callers_thread_with_the_same_numbers_and_errors():
+    # Issue 56.6: a synchronous trainer's BlockingRunner.score_arrays with ModelScorers runs the row path in the
+    # trainer's own thread (no hop to the runner's loop and back: on a GPU the host path is all there is);
+    # the numbers, the failed rows, their messages, the failure counts and the progress calls are the async
+    # path's, and options only interaction scorers read still go through the loop.
+    import threading
+
+    from prm_jax.runtime import BlockingRunner
+
+    tokens, turn_ids, attention = trainer_rows(8)
+    callers = []
+
+    def watched(input_ids, attention_mask, turn_ids):
+        callers.append(threading.get_ident())
+        return causal_prm(input_ids, attention_mask, turn_ids)
+
+    def poisoned(input_ids, attention_mask, turn_ids):
+        scores = causal_prm(input_ids, attention_mask, turn_ids)
+        return jnp.where(input_ids[:, :1] == int(tokens[5, 0]), jnp.nan, scores)
+
+    async def async_path(model, **kwargs):
+        return await score_arrays(PRMRunner(scorers=(model,)), tokens, turn_ids, attention_mask=attention, **kwargs)
+
+    import anyio
+
+    want = anyio.run(async_path, ModelScorer(fn=causal_prm, max_batch_size=3))
+    want_masked = anyio.run(functools.partial(async_path, ModelScorer(fn=poisoned, max_batch_size=3),
+                                              on_error="mask", per_turn=True))
+    with BlockingRunner(scorers=(ModelScorer(fn=jax.jit(watched), max_batch_size=3),)) as runner:
+        seen = []
+        got = runner.score_arrays(tokens, turn_ids, attention_mask=attention, progress=lambda *a: seen.append(a))
+        np.testing.assert_array_equal(got, want)
+        assert set(callers) == {threading.get_ident()} and seen[-1] == (8, 8)
+    with BlockingRunner(scorers=(ModelScorer(fn=poisoned, max_batch_size=3),)) as runner:
+        out = runner.score_arrays(tokens, turn_ids, attention_mask=attention, on_error="mask", per_turn=True)
+        np.testing.assert_array_equal(out.token_rewards, want_masked.token_rewards)
+        np.testing.assert_array_equal(out.turn_scores, want_masked.turn_scores)
+        assert out.errors == want_masked.errors and out.failed.tolist() == [False] * 5 + [True] + [False] * 2
+        assert runner.scorer_stats()["model"]["failures"] == 1
+        with pytest.raises(ValueError, match="on row 5: the model returned non-finite scores"):
+            runner.score_arrays(tokens, turn_ids, attention_mask=attention)
+        with pytest.raises(ValueError, match="on_error must be 'raise' or 'mask'"):
+            runner.score_arrays(tokens, turn_ids, on_error="skip")
+        with pytest.raises(ValueError, match="metadata has 1 entries for 8 rows"):
+            runner.score_arrays(tokens, turn_ids, metadata=[{}])
+        with pytest.raises(ValueError, match="turn_ids of row 0 must number its turns"):
+            runner.score_arrays(tokens, np.where(turn_ids == 0, 1, turn_ids))
+    with pytest.raises(Exception, match="closed"):
+        runner.score_arrays(tokens, turn_ids, attention_mask=attention)

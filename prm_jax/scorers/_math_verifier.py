@@ -93,6 +93,15 @@ def reference_text(answer: str | int | float) -> str:
     return answer
 
 
+# How a reference names the empty set on purpose; bare braces ("{}", "{ }") parse to it too, but are an empty
+# answer (a hypothesis case of tests/scorers/test_math_verifier.py).
+_EMPTY_SET = re.compile(r"\\emptyset|\u2205|\\\{\s*\\\}")
+
+
+def _is_empty_set(parsed: Any) -> bool:
+    return type(parsed).__name__ == "EmptySet"
+
+
 def gold_text(answer: str) -> str:
     """The reference answer as math-verify parses it: wrapped in ``$...$`` unless it has math delimiters."""
     return answer if _DELIMITED.search(answer) else f"${answer}$"
@@ -213,7 +222,8 @@ class MathVerifyScorer(SyncTrajectoryScorer):
                              f"{short_repr(answer)}")
         parsed = math_verify_module().parse(gold_text(reference_text(answer)), extraction_mode="first_match",
                                             parsing_timeout=None)
-        if not parsed or isinstance(parsed[0], str):
+        if not parsed or isinstance(parsed[0], str) or (_is_empty_set(parsed[0]) and not _EMPTY_SET.search(
+                str(answer))):  # ("{}" parses to the empty set: an empty answer, not one written as a set)
             raise ValueError(f"{where}: math-verify could not parse the reference answer "
                              f"metadata[{self.answer_key!r}] = {short_repr(answer)} into a mathematical object: "
                              "write it as LaTeX or a plain number (e.g. \"\\\\frac{1}{2}\" or 0.5)")

@@ -192,6 +192,18 @@ def test_a_verifier_that_cannot_read_its_reference_never_hands_out_zeros(junk):
         scorer.evaluate_trajectory([one_turn(r"\boxed{1}")], {"metadata": {"answer": junk}})
 
 
+def test_bare_braces_are_an_empty_reference_but_the_empty_set_written_as_one_is_read():
+    # (hypothesis found "{}": math-verify reads "${}$" as the empty set, so a reference of bare braces, an empty
+    # answer, was accepted and every reply scored 0 against it; the empty set named on purpose still is one)
+    scorer = MathVerifyScorer()
+    for junk in ("{}", "{ }"):
+        with pytest.raises(ValueError, match="could not parse the reference answer"):
+            scorer.evaluate_trajectory([one_turn(r"\boxed{1}")], {"metadata": {"answer": junk}})
+    for named in (r"\emptyset", r"\{\}"):  # (math-verify reads \varnothing as a symbol, not the set)
+        assert scorer.evaluate_trajectory([one_turn(r"\boxed{\emptyset}")], {"metadata": {"answer": named}}) == {
+            "t0": 1.0}, named
+
+
 # Issue 55.3: a reply is judged by its last boxed answer by default (before, every boxed answer was read as
 # one set: "\boxed{3} then \boxed{5}" scored 0 against 5 and against 3); boxed="all" keeps math-verify's set.
 def test_a_reply_is_judged_by_its_last_boxed_answer():

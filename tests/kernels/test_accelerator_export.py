@@ -231,6 +231,13 @@ def test_the_pallas_gae_exports_for_a_gpu_as_one_triton_kernel_without_a_loop():
     for width in (32, 64):
         text = module(gae, F(width), F(width), M(width))
         assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {TRITON_TARGET} and "stablehlo.while" not in text
+    # few long rows: split into chunks (two Triton kernels and an associative scan of the chunks' carries)
+    from prm_jax.kernels._pallas_gae import CHUNK
+
+    for width in (2 * CHUNK, 4 * CHUNK):
+        text = module(gae, spec(2, width), spec(2, width), spec(2, width, dtype=np.bool_))
+        assert "prm_jax_gae_chunks" in text and "stablehlo.while" not in text
+        assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {TRITON_TARGET}
     batch = make_batch(np.random.default_rng(3))
     plan = AdvantageConfig(kl_ctl=0.0, gae_method="pallas").plan.with_strategy(batch, platform="cuda")
     shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), batch)

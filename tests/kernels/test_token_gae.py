@@ -324,3 +324,39 @@ def test_a_float_mask_through_the_native_kernel_has_the_scan_gradient():
     scan = grad(rewards, values, mask, "scan")
     for got, want in zip(native, scan):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+# Issue 56.4: where rows are few and long, the Pallas kernel splits each row into chunks (a summary pass, an
+# associative scan of the chunks' carries, a second pass): the float64 loop's numbers at every chunk size,
+# with per-row lambda, bootstrap, holes in the mask, chunks with no trained timestep and a short last chunk.
+@pytest.mark.parametrize("chunk", [1, 3, 8, 16])
+@pytest.mark.parametrize("density", [0.05, 0.5, 1.0])
+def test_the_chunked_pallas_kernel_matches_the_float64_loop(chunk, density):
+    from prm_jax.kernels._pallas_gae import pallas_gae
+
+    rng = np.random.default_rng(int(density * 100) + chunk)
+    for rows, width in ((1, 1), (3, 37), (4, 64)):
+        rewards, values, _, bootstrap = timestep_inputs(rng, rows, width)
+        mask = rng.random((rows, width)) < density
+        gamma = np.full(rows, 0.97, np.float32)
+        lam = np.array([0.0, 0.5, 0.95, 1.0][:rows] + [1.0] * max(0, rows - 4), np.float32)
+        for float_mask in (False, True):
+            given = mask.astype(np.float32) if float_mask else mask
+            adv, ret = pallas_gae(rewards, values, given, gamma, (gamma * lam).astype(np.float32), bootstrap,
+                                  chunk=chunk)
+            want, want_returns = reference.gae(rewards, values, mask, 0.97, lam, bootstrap)
+            np.testing.assert_allclose(adv, want, rtol=2e-5, atol=2e-5, err_msg=f"{rows}x{width} chunk {chunk}")
+            np.testing.assert_allclose(ret, want_returns, rtol=2e-5, atol=2e-5)
+
+
+def test_gae_splits_rows_into_chunks_where_they_are_few_and_long():
+    from prm_jax.kernels._pallas_gae import CHUNK, FEW_ROWS, chunked
+
+    assert chunked(16, 32768) and chunked(FEW_ROWS - 1, 2 * CHUNK)
+    assert not chunked(8192, 2048) and not chunked(FEW_ROWS, 32768) and not chunked(16, 2 * CHUNK - 1)
+    rng = np.random.default_rng(5)
+    rewards, values, mask, bootstrap = timestep_inputs(rng, 2, 2 * CHUNK + 5)
+    step = lambda r, v, m: prm_jax.kernels.gae(r, v, m, gamma=0.9, lam=0.8, bootstrap=bootstrap, method="pallas")
+    assert "prm_jax_gae_chunks" in str(jax.make_jaxpr(step)(rewards, values, mask))
+    want, _ = reference.gae(rewards, values, mask, 0.9, 0.8, bootstrap)
+    np.testing.assert_allclose(step(rewards, values, mask).advantages, want, rtol=2e-5, atol=2e-5)

@@ -49,6 +49,15 @@ def lowered(plan, batch, platform):
                              platforms=(platform,))(shapes).mlir_module()
 
 
+# XLA's own custom calls that every backend lowers (not a CPU kernel): top_k on older jax (0.7) lowers to one.
+PORTABLE_CALLS = {"mhlo.topk"}
+
+
+def cpu_only_calls(text):
+    """The custom calls of an exported module other than XLA's portable ones: a CPU kernel would be one."""
+    return set(re.findall(r"stablehlo\.custom_call @([\w$.]+)", text)) - PORTABLE_CALLS
+
+
 def loops(text):
     """Each ``while`` loop's condition as it compares: SSA names, locations and shapes left out, and each
     constant it reads replaced by its value (a loop over T compares against T: 32, then 64)."""
@@ -73,7 +82,7 @@ def test_compute_advantages_exports_for_an_accelerator_without_cpu_kernels_or_lo
     batch = make_batch(np.random.default_rng(3))
     plan = AdvantageConfig(**{"kl_ctl": 0.0, **fields}).plan
     narrow, wide = (lowered(plan, widened(batch, width), platform) for width in (32, 64))
-    assert "stablehlo.custom_call" not in narrow, label
+    assert not cpu_only_calls(narrow), label
     assert loops(narrow) == loops(wide), label  # (a loop over T would compare against 32, then 64)
     if "tree" not in label:
         assert "stablehlo.while" not in narrow, label
@@ -194,7 +203,7 @@ def test_a_public_kernel_exports_for_an_accelerator_within_lowering_platform(nam
 
     narrow, wide = module(32), module(64)
     # (a loop may remain whose bound is not T: group sizes' repeat walks the groups, the tree kernels the nodes)
-    assert "stablehlo.custom_call" not in narrow and loops(narrow) == loops(wide), name
+    assert not cpu_only_calls(narrow) and loops(narrow) == loops(wide), name
 
 
 def test_lowering_platform_is_scoped_and_checked():

@@ -2,6 +2,7 @@
 (one compile per bucket), the array path without interactions, the same numbers as per-turn calls."""
 
 import functools
+import threading
 
 import chex
 import jax
@@ -35,6 +36,13 @@ def per_turn_reference(prefix):
     return np.asarray(causal_prm(ids, np.ones_like(ids), np.zeros_like(ids)), np.float64)[0]
 
 
+# One reference call at a time: each turn's prefix is a new shape, so the executor's threads would compile the
+# model side by side, and XLA's CPU compiler aborted the process once doing so (a clean-clone run, 2026-12-06:
+# "Fatal Python error: Aborted" with two threads in backend_compile_and_load). The reference needs no
+# concurrency; the executors' own tests keep theirs.
+_REFERENCE_LOCK = threading.Lock()
+
+
 class PerTurnModel(SyncScorer):
     """The same model, one call per turn (what the issue measured: 1,024 forwards), in a worker thread."""
 
@@ -42,7 +50,8 @@ class PerTurnModel(SyncScorer):
 
     def evaluate(self, interaction, ctx):
         prefix = np.concatenate([interaction.input_tokens, interaction.output_tokens])
-        return per_turn_reference(prefix)[-interaction.output_len:]
+        with _REFERENCE_LOCK:
+            return per_turn_reference(prefix)[-interaction.output_len:]
 
 
 def trainer_rows(rows=10, seed=1):
@@ -244,8 +253,6 @@ def test_blocking_runner_scores_model_rows_in_the_callers_thread_with_the_same_n
     # trainer's own thread (no hop to the runner's loop and back: on a GPU the host path is all there is);
     # the numbers, the failed rows, their messages, the failure counts and the progress calls are the async
     # path's, and options only interaction scorers read still go through the loop.
-    import threading
-
     from prm_jax.runtime import BlockingRunner
 
     tokens, turn_ids, attention = trainer_rows(8)
@@ -272,6 +279,10 @@ def test_blocking_runner_scores_model_rows_in_the_callers_thread_with_the_same_n
         got = runner.score_arrays(tokens, turn_ids, attention_mask=attention, progress=lambda *a: seen.append(a))
         np.testing.assert_array_equal(got, want)
         assert set(callers) == {threading.get_ident()} and seen[-1] == (8, 8)
+        callers.clear()  # (a ctx is for scorers of interactions: that call goes through the runner's loop)
+        np.testing.assert_array_equal(runner.score_arrays(tokens, turn_ids, attention_mask=attention, ctx={"k": 1}),
+                                      want)
+        assert callers and threading.get_ident() not in callers
     with BlockingRunner(scorers=(ModelScorer(fn=poisoned, max_batch_size=3),)) as runner:
         out = runner.score_arrays(tokens, turn_ids, attention_mask=attention, on_error="mask", per_turn=True)
         np.testing.assert_array_equal(out.token_rewards, want_masked.token_rewards)

@@ -248,7 +248,7 @@ async def test_rows_are_chunked_by_length_and_scored_back_in_their_own_order():
     np.testing.assert_allclose(direct.astype(np.float32), out, rtol=1e-6, atol=1e-7)
 
 
-def test_blocking_runner_scores_model_rows_in_the_callers_thread_with_the_same_numbers_and_errors():
+def test_blocking_runner_scores_model_rows_in_the_callers_thread_with_the_same_numbers_and_errors(monkeypatch):
     # Issue 56.6: a synchronous trainer's BlockingRunner.score_arrays with ModelScorers runs the row path in the
     # trainer's own thread (no hop to the runner's loop and back: on a GPU the host path is all there is);
     # the numbers, the failed rows, their messages, the failure counts and the progress calls are the async
@@ -279,10 +279,15 @@ def test_blocking_runner_scores_model_rows_in_the_callers_thread_with_the_same_n
         got = runner.score_arrays(tokens, turn_ids, attention_mask=attention, progress=lambda *a: seen.append(a))
         np.testing.assert_array_equal(got, want)
         assert set(callers) == {threading.get_ident()} and seen[-1] == (8, 8)
-        callers.clear()  # (a ctx is for scorers of interactions: that call goes through the runner's loop)
+        # (a ctx is for scorers of interactions: that call goes through the runner's loop, whose row path runs
+        # on one of the loop's worker threads)
+        threads, original = [], arrays_module.score_rows_now
+        monkeypatch.setattr(arrays_module, "score_rows_now",
+                            lambda *a: threads.append(threading.get_ident()) or original(*a))
         np.testing.assert_array_equal(runner.score_arrays(tokens, turn_ids, attention_mask=attention, ctx={"k": 1}),
                                       want)
-        assert callers and threading.get_ident() not in callers
+        assert threads and threading.get_ident() not in threads
+        monkeypatch.undo()
     with BlockingRunner(scorers=(ModelScorer(fn=poisoned, max_batch_size=3),)) as runner:
         out = runner.score_arrays(tokens, turn_ids, attention_mask=attention, on_error="mask", per_turn=True)
         np.testing.assert_array_equal(out.token_rewards, want_masked.token_rewards)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import functools
+import inspect
 import logging
 import threading
 import time
@@ -227,9 +228,11 @@ class BlockingRunner(Lifecycle):
                         "PRMRunner in async code")
 
 
-# The options of score_arrays that the row path reads (the rest, ctx, logprobs, rewards, limit, is_eval, are
-# for scorers of interactions: with them a call goes through the runner's loop as before).
-ROW_PATH_OPTIONS = frozenset({"attention_mask", "on_error", "per_turn", "progress", "metadata"})
+# score_arrays' options: the row path reads attention_mask, on_error, per_turn, progress and metadata; ctx,
+# logprobs, rewards, limit and is_eval are for scorers of interactions and go unread by model rows, as on the
+# runner's loop (so tunix's learners, which pass ctx, take the row path too); an unknown one goes to the loop,
+# whose score_arrays names it.
+ROW_PATH_OPTIONS = frozenset(inspect.signature(score_arrays).parameters) - {"runner", "input_ids", "turn_ids"}
 
 
 async def _count_failures(runner: PRMRunner, failures: list[Any]) -> None:

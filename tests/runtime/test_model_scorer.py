@@ -279,14 +279,18 @@ def test_blocking_runner_scores_model_rows_in_the_callers_thread_with_the_same_n
         got = runner.score_arrays(tokens, turn_ids, attention_mask=attention, progress=lambda *a: seen.append(a))
         np.testing.assert_array_equal(got, want)
         assert set(callers) == {threading.get_ident()} and seen[-1] == (8, 8)
-        # (a ctx is for scorers of interactions: that call goes through the runner's loop, whose row path runs
-        # on one of the loop's worker threads)
-        threads, original = [], arrays_module.score_rows_now
-        monkeypatch.setattr(arrays_module, "score_rows_now",
-                            lambda *a: threads.append(threading.get_ident()) or original(*a))
+        # (a ctx, what tunix's learners pass, is for scorers of interactions and unread by model rows: the row
+        # path here too; an unknown option goes through the runner's loop, whose score_arrays names it)
+        from prm_jax.runtime import _blocking
+
+        threads, original = [], _blocking.score_rows_now
+        monkeypatch.setattr(_blocking, "score_rows_now", lambda *a: threads.append(threading.get_ident()) or original(*a))
         np.testing.assert_array_equal(runner.score_arrays(tokens, turn_ids, attention_mask=attention, ctx={"k": 1}),
                                       want)
-        assert threads and threading.get_ident() not in threads
+        assert threads == [threading.get_ident()]
+        with pytest.raises(TypeError, match="colour"):
+            runner.score_arrays(tokens, turn_ids, colour="red")
+        assert len(threads) == 1
         monkeypatch.undo()
     with BlockingRunner(scorers=(ModelScorer(fn=poisoned, max_batch_size=3),)) as runner:
         out = runner.score_arrays(tokens, turn_ids, attention_mask=attention, on_error="mask", per_turn=True)

@@ -43,3 +43,15 @@ def test_import_prm_jax_loads_no_application_code():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_kernels_load_pallas_only_when_its_gae_runs():
+    # Issue 56.4: the Pallas GAE imports jax.experimental.pallas (its Mosaic and Triton bindings) on first use,
+    # not with the library; a process that never asks for method="pallas" never loads it.
+    code = ("import sys, numpy as np, prm_jax; prm_jax.kernels.gae(np.ones((1, 3), np.float32), None, "
+            "np.ones((1, 3), bool)); before = 'jax._src.pallas' in sys.modules; "
+            "prm_jax.kernels.gae(np.ones((1, 3), np.float32), None, np.ones((1, 3), bool), method='pallas'); "
+            "print(before, 'jax._src.pallas' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "True"]

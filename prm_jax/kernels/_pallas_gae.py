@@ -29,11 +29,11 @@ either until a device run has measured them (``benchmarks/auto_table.py``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pallas_triton
 
 # The custom call a Pallas Triton kernel lowers to: what a program exported for a GPU holds (``jax.export``
 # needs it named in ``disabled_checks``: XLA gives it no compatibility guarantee across versions).
@@ -91,9 +91,17 @@ def _walk(rewards_ref, values_ref, mask_ref, gamma, gamma_lam, steps, carry, wri
     return lax.fori_loop(0, steps, step, carry)
 
 
+def _pallas() -> Any:
+    """``jax.experimental.pallas``, imported on the first use of the kernel (not with the library: it loads
+    Pallas's Mosaic and Triton bindings, which nothing else here needs)."""
+    from jax.experimental import pallas
+
+    return pallas
+
+
 def _chunk_steps(total: int, chunk: int) -> jax.Array:
     """The timesteps of this program's chunk (the last chunk of a row may be short)."""
-    return jnp.minimum(chunk, total - pl.program_id(1) * chunk)
+    return jnp.minimum(chunk, total - _pallas().program_id(1) * chunk)
 
 
 def _summary_kernel(total, rewards_ref, values_ref, mask_ref, gamma_ref, gamma_lam_ref, last_ref, next_ref,
@@ -122,6 +130,7 @@ def pallas_gae(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: 
     rows, steps = rewards.shape
     if rows == 0 or steps == 0:
         return jnp.zeros_like(rewards), values + jnp.zeros_like(rewards)
+    pl = _pallas()
     if chunk is None and chunked(rows, steps):
         chunk = CHUNK
     if chunk is not None and chunk < steps:
@@ -141,6 +150,7 @@ def pallas_gae(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: 
 
 
 def _chunked(rewards, values, active, gamma, gamma_lam, bootstrap, chunk):
+    pl = _pallas()
     rows, steps = rewards.shape
     chunks = -(-steps // chunk)
     block = pl.BlockSpec((1, chunk), lambda b, k: (b, k))
@@ -191,8 +201,13 @@ def _chunked(rewards, values, active, gamma, gamma_lam, bootstrap, chunk):
     return _on_platform(finals)
 
 
-def _params(interpret: bool) -> pallas_triton.CompilerParams | None:
-    return None if interpret else pallas_triton.CompilerParams(num_warps=1, num_stages=1)
+def _params(interpret: bool) -> Any:
+    """Triton's compiler parameters (they choose the Triton backend where Mosaic GPU is the default)."""
+    if interpret:
+        return None
+    from jax.experimental.pallas import triton
+
+    return triton.CompilerParams(num_warps=1, num_stages=1)
 
 
 def _on_platform(call):

@@ -50,27 +50,6 @@ def chunked(rows: int, steps: int) -> bool:
     return rows < FEW_ROWS and steps >= 2 * CHUNK
 
 
-def _kernel(rewards_ref, values_ref, mask_ref, gamma_ref, gamma_lam_ref, bootstrap_ref, advantages_ref,
-            returns_ref):
-    steps = rewards_ref.shape[1]
-    gamma, gamma_lam = gamma_ref[0], gamma_lam_ref[0]
-
-    def step(i, carry):
-        last, next_value = carry
-        t = steps - 1 - i
-        reward, value = rewards_ref[0, t], values_ref[0, t]
-        flag = mask_ref[0, t]
-        is_active = flag if flag.dtype == jnp.bool_ else flag != jnp.zeros((), flag.dtype)
-        new = reward + gamma * next_value - value + gamma_lam * last
-        last = jnp.where(is_active, new, last)
-        next_value = jnp.where(is_active, value, next_value)
-        advantages_ref[0, t] = last
-        returns_ref[0, t] = last + value
-        return last, next_value
-
-    lax.fori_loop(0, steps, step, (jnp.zeros((), advantages_ref.dtype), bootstrap_ref[0]))
-
-
 def _walk(rewards_ref, values_ref, mask_ref, gamma, gamma_lam, steps, carry, write):
     """The recurrence backwards over the first ``steps`` timesteps of a block from ``carry``: ``(last,
     next_value, trained count)`` at its first timestep; ``write(t, last, value)`` stores each timestep's."""
@@ -89,6 +68,24 @@ def _walk(rewards_ref, values_ref, mask_ref, gamma, gamma_lam, steps, carry, wri
         return last, next_value, count + is_active.astype(jnp.int32)
 
     return lax.fori_loop(0, steps, step, carry)
+
+
+def _writer(advantages_ref, returns_ref):
+    """``_walk``'s ``write``: each timestep's advantage and return (advantage + value) into the output blocks."""
+
+    def write(t, last, value):
+        advantages_ref[0, t] = last
+        returns_ref[0, t] = last + value
+
+    return write
+
+
+def _kernel(rewards_ref, values_ref, mask_ref, gamma_ref, gamma_lam_ref, bootstrap_ref, advantages_ref,
+            returns_ref):
+    """One program a row: the whole row from the empty carry (advantage 0, the row's bootstrap value)."""
+    zero = jnp.zeros((), advantages_ref.dtype)
+    _walk(rewards_ref, values_ref, mask_ref, gamma_ref[0], gamma_lam_ref[0], rewards_ref.shape[1],
+          (zero, bootstrap_ref[0], jnp.int32(0)), _writer(advantages_ref, returns_ref))
 
 
 def _pallas() -> Any:
@@ -114,12 +111,8 @@ def _summary_kernel(total, rewards_ref, values_ref, mask_ref, gamma_ref, gamma_l
 
 def _chunk_kernel(total, rewards_ref, values_ref, mask_ref, gamma_ref, gamma_lam_ref, last_in_ref, next_in_ref,
                   advantages_ref, returns_ref):
-    def write(t, last, value):
-        advantages_ref[0, t] = last
-        returns_ref[0, t] = last + value
-
     _walk(rewards_ref, values_ref, mask_ref, gamma_ref[0], gamma_lam_ref[0], _chunk_steps(total, rewards_ref.shape[1]),
-          (last_in_ref[0, 0], next_in_ref[0, 0], jnp.int32(0)), write)
+          (last_in_ref[0, 0], next_in_ref[0, 0], jnp.int32(0)), _writer(advantages_ref, returns_ref))
 
 
 def pallas_gae(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: jax.Array, gamma_lam: jax.Array,

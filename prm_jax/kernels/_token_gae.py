@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -63,18 +63,30 @@ def _next_active_values(values: jax.Array, active: jax.Array, bootstrap: jax.Arr
     return jnp.where(first_after < num_steps, gathered, bootstrap[:, None])
 
 
-@jax.custom_vjp
-def _native_gae(rewards, values, mask, gamma, gamma_lam, bootstrap):
-    """The native kernel, differentiable: its cotangents are those of the same recurrence as ``scan``.
+def _with_gradient_of(kernel: Any, reference: Any) -> Any:
+    """``kernel(rewards, values, mask, gamma [B], gamma_lam [B], bootstrap [B]) -> (advantages, returns)``, a
+    kernel without autodiff (the native FFI call, the Pallas call), made differentiable: its cotangents are
+    those of ``reference``, the same recurrence written in XLA, with ``mask`` read as the trained timesteps
+    (bool, or a float 0/1 mask; it has no cotangent)."""
 
-    ``mask`` is bool, or float32 checked by the kernel itself (see ``ffi.gae_native``).
-    """
-    return ffi.gae_native(rewards, values, mask, gamma, gamma_lam, bootstrap)
+    @jax.custom_vjp
+    def differentiable(rewards, values, mask, gamma, gamma_lam, bootstrap):
+        return kernel(rewards, values, mask, gamma, gamma_lam, bootstrap)
 
+    def forward(*primals):
+        return kernel(*primals), primals
 
-def _native_gae_fwd(rewards, values, mask, gamma, gamma_lam, bootstrap):
-    primals = (rewards, values, mask, gamma, gamma_lam, bootstrap)
-    return _native_gae(*primals), primals
+    def backward(primals, cotangents):
+        rewards, values, mask, gamma, gamma_lam, bootstrap = primals
+        active = _checks.as_mask("mask", mask)
+        _, vjp = jax.vjp(lambda r, v, g, gl, b: reference(r, v, active, g, gl, b),
+                         rewards, values, gamma, gamma_lam, bootstrap)
+        d_rewards, d_values, d_gamma, d_gamma_lam, d_bootstrap = vjp(cotangents)
+        d_mask = np.zeros(mask.shape, jax.dtypes.float0) if mask.dtype == jnp.bool_ else jnp.zeros_like(mask)
+        return d_rewards, d_values, d_mask, d_gamma, d_gamma_lam, d_bootstrap
+
+    differentiable.defvjp(forward, backward)
+    return differentiable
 
 
 def _scan_gae_pair(rewards, values, active, gamma, gamma_lam, bootstrap):
@@ -82,45 +94,16 @@ def _scan_gae_pair(rewards, values, active, gamma, gamma_lam, bootstrap):
     return advantages, advantages + values
 
 
-def _native_gae_bwd(primals, cotangents):
-    rewards, values, mask, gamma, gamma_lam, bootstrap = primals
-    active = _checks.as_mask("mask", mask)
-    differentiable = lambda r, v, g, gl, b: _scan_gae_pair(r, v, active, g, gl, b)
-    _, vjp = jax.vjp(differentiable, rewards, values, gamma, gamma_lam, bootstrap)
-    d_rewards, d_values, d_gamma, d_gamma_lam, d_bootstrap = vjp(cotangents)
-    d_mask = np.zeros(mask.shape, jax.dtypes.float0) if mask.dtype == jnp.bool_ else jnp.zeros_like(mask)
-    return d_rewards, d_values, d_mask, d_gamma, d_gamma_lam, d_bootstrap
+def _associative_gae_pair(rewards, values, active, gamma, gamma_lam, bootstrap):
+    coeffs, deltas = linear_form(rewards, values, active, gamma[:, None], gamma_lam, bootstrap)
+    advantages = linear_recurrence(coeffs, deltas, jnp.zeros_like(bootstrap), "associative")
+    return advantages, advantages + values
 
 
-_native_gae.defvjp(_native_gae_fwd, _native_gae_bwd)
-
-
-@jax.custom_vjp
-def _pallas_gae(rewards, values, active, gamma, gamma_lam, bootstrap):
-    """The Pallas kernel (``_pallas_gae.pallas_gae``), differentiable: its cotangents are those of the same
-    recurrence in its associative form (no loop over T on an accelerator)."""
-    return pallas_gae(rewards, values, active, gamma, gamma_lam, bootstrap)
-
-
-def _pallas_gae_fwd(rewards, values, active, gamma, gamma_lam, bootstrap):
-    primals = (rewards, values, active, gamma, gamma_lam, bootstrap)
-    return pallas_gae(*primals), primals
-
-
-def _pallas_gae_bwd(primals, cotangents):
-    rewards, values, active, gamma, gamma_lam, bootstrap = primals
-
-    def associative(r, v, g, gl, b):
-        coeffs, deltas = linear_form(r, v, active, g[:, None], gl, b)
-        advantages = linear_recurrence(coeffs, deltas, jnp.zeros_like(b), "associative")
-        return advantages, advantages + v
-
-    _, vjp = jax.vjp(associative, rewards, values, gamma, gamma_lam, bootstrap)
-    d_rewards, d_values, d_gamma, d_gamma_lam, d_bootstrap = vjp(cotangents)
-    return d_rewards, d_values, np.zeros(active.shape, jax.dtypes.float0), d_gamma, d_gamma_lam, d_bootstrap
-
-
-_pallas_gae.defvjp(_pallas_gae_fwd, _pallas_gae_bwd)
+# The native kernel (``mask`` bool, or float32 checked by the kernel itself: ``ffi.gae_native``), with the
+# cotangents of ``scan``; the Pallas kernel with those of the associative form (no loop over T on a GPU).
+_native_gae = _with_gradient_of(ffi.gae_native, _scan_gae_pair)
+_pallas_gae = _with_gradient_of(pallas_gae, _associative_gae_pair)
 
 
 def _gae_scan(rewards, values, active, gamma, gamma_lam, bootstrap):

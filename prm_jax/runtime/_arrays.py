@@ -117,9 +117,24 @@ def _same_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {tuple(shape)} (input_ids' [B, T] or [B]), got {array.shape}")
 
 
-def check_on_error(on_error: Any) -> None:
+def call_checks(input_ids: Any, on_error: Any, metadata: Any) -> list[dict[str, Any]] | None:
+    """``score_arrays``' checks of its call, before anything is scored (its async form and
+    ``BlockingRunner``'s row path): ``on_error``, and ``metadata`` against the rows (``row_metadata``)."""
     if on_error not in ("raise", "mask"):
         raise ValueError(f"on_error must be 'raise' or 'mask', got {on_error!r}")
+    return row_metadata(metadata, np.shape(input_ids)[0]) if np.ndim(input_ids) >= 1 else None
+
+
+def refuse_closed(runner: PRMRunner) -> None:
+    """The row path's refusal of a closed runner (the interactions' path has ``run_many``'s)."""
+    if runner.closed:
+        raise RunnerClosedError("PRMRunner is closed: score_arrays is rejected once aclose() has started")
+
+
+def count_failures(runner: PRMRunner, failures: list[Any]) -> None:
+    """Each failure ``score_rows_now`` listed, counted against its scorer, on the runner's loop."""
+    for scorer in failures:
+        runner.count_failure(scorer)
 
 
 def _first_failure(group: BaseExceptionGroup, scored: list[int]) -> BaseException:
@@ -158,8 +173,7 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
     """``score_arrays`` for a runner of ``ModelScorer``s: ``score_rows_now`` in one call on a worker thread (one
     hop a call, not one a chunk: on a GPU the host path is all there is beside the model, issue 56.6), its
     progress reported back on the loop, its scorers' failures counted there."""
-    if runner.closed:
-        raise RunnerClosedError("PRMRunner is closed: score_arrays is rejected once aclose() has started")
+    refuse_closed(runner)
     failures: list[Any] = []
     report = None if progress is None else (lambda done, total: anyio.from_thread.run_sync(progress, done, total))
     try:
@@ -167,8 +181,7 @@ async def _score_rows(runner: PRMRunner, models: list[Any], input_ids: Any, turn
             score_rows_now, models, input_ids, turn_ids, attention_mask, on_error, per_turn, report, failures,
             runner.shaping_mode))
     finally:
-        for scorer in failures:
-            runner.count_failure(scorer)
+        count_failures(runner, failures)
 
 
 def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_mask: Any, on_error: OnError,
@@ -469,8 +482,7 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
         >>> out.failed.tolist(), out.token_rewards[0].tolist()
         ([False, True], [0.0, 1.0, 1.0])
     """
-    check_on_error(on_error)
-    checked = row_metadata(metadata, np.shape(input_ids)[0]) if np.ndim(input_ids) >= 1 else None
+    checked = call_checks(input_ids, on_error, metadata)
     models = row_models(runner)
     if models is not None:
         return await _score_rows(runner, models, input_ids, turn_ids, attention_mask, on_error, per_turn,

@@ -28,7 +28,15 @@ import anyio
 import numpy as np
 from anyio.from_thread import BlockingPortal
 
-from prm_jax.runtime._arrays import ScoredArrays, check_on_error, row_metadata, row_models, score_arrays, score_rows_now
+from prm_jax.runtime._arrays import (
+    ScoredArrays,
+    call_checks,
+    count_failures,
+    refuse_closed,
+    row_models,
+    score_arrays,
+    score_rows_now,
+)
 from prm_jax.runtime._lifecycle import Lifecycle, RunnerClosedError, RunnerState
 from prm_jax.runtime._runner import PRMRunner, guarded_progress
 from prm_jax.runtime._scoring import BaseScorer
@@ -146,12 +154,9 @@ class BlockingRunner(Lifecycle):
         if models is None or not set(kwargs) <= ROW_PATH_OPTIONS:
             return self._call(score_arrays, self.runner, input_ids, turn_ids, **kwargs)
         self._check_open()
-        if self.runner.closed:
-            raise RunnerClosedError("PRMRunner is closed: score_arrays is rejected once aclose() has started")
+        refuse_closed(self.runner)
         on_error = kwargs.get("on_error", "raise")
-        check_on_error(on_error)
-        if kwargs.get("metadata") is not None and np.ndim(input_ids) >= 1:
-            row_metadata(kwargs["metadata"], np.shape(input_ids)[0])
+        call_checks(input_ids, on_error, kwargs.get("metadata"))
         failures: list[Any] = []
         try:
             return score_rows_now(models, input_ids, turn_ids, kwargs.get("attention_mask"), on_error,
@@ -159,7 +164,7 @@ class BlockingRunner(Lifecycle):
                                   failures, self.runner.shaping_mode)
         finally:
             if failures:
-                self._call(_count_failures, self.runner, failures)
+                self._call(count_failures, self.runner, failures)
 
     def close_scorer(self, scorer: BaseScorer) -> None:
         """``await scorer.aclose()`` on this runner's loop (where its client lives), blocking."""
@@ -233,11 +238,6 @@ class BlockingRunner(Lifecycle):
 # runner's loop (so tunix's learners, which pass ctx, take the row path too); an unknown one goes to the loop,
 # whose score_arrays names it.
 ROW_PATH_OPTIONS = frozenset(inspect.signature(score_arrays).parameters) - {"runner", "input_ids", "turn_ids"}
-
-
-async def _count_failures(runner: PRMRunner, failures: list[Any]) -> None:
-    for scorer in failures:
-        runner.count_failure(scorer)
 
 
 @atexit.register

@@ -59,7 +59,8 @@ KERNEL_TESTS = ["tests/kernels"]  # the kernel floor, on the oldest supported ja
 # their compiled programs and warm-ups).
 PARALLEL = ["-n", "auto", "--dist", "loadfile"]
 # The test command always ends (issue 55.9: a worker killed by a segfault in XLA:CPU's compiler once left the
-# run stalled at 98%, every process idle): each test is bounded (pytest-timeout; its thread method also ends
+# run stalled at 98%, every process idle; the segfaults' cause, a worker out of memory mappings, is bounded by
+# tests/memory_maps.py now): each test is bounded (pytest-timeout; its thread method also ends
 # a test stuck in C code, by ending its worker), a crashed worker is not replaced (with --dist loadfile a
 # replacement waits forever for work, pytest-xdist #784 and #1378, unfixed in 3.8.0: four runs of 2026-12-06
 # stalled so until the watcher; without one the other workers finish the run and the crashed test is rerun

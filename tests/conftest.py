@@ -108,6 +108,16 @@ def _no_implicit_promotion():
             yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _bounded_memory_maps():
+    """After each module, JAX's caches are dropped when the process's memory mappings near the kernel's limit
+    (tests/memory_maps.py: past it XLA:CPU's next compilation crashes the worker)."""
+    yield
+    import memory_maps
+
+    memory_maps.relieve()
+
+
 @pytest.fixture
 def anyio_backend():
     return "asyncio"

@@ -175,11 +175,12 @@ def _chunked(rewards, values, active, gamma, gamma_lam, bootstrap, chunk):
         a2, b2, c2, d2, e2 = earlier
         return (a2 * a1, a2 * b1 + b2 * d1, a2 * c1 + b2 * e1 + c2, d2 * d1, d2 * e1 + e2)
 
-    a, b, c, d, e = lax.associative_scan(compose, maps, reverse=True, axis=1)
-    # The carry out of chunk k (into chunk k - 1), from the row's own (0, bootstrap) at its end; chunk k's
-    # carry in is chunk k + 1's carry out.
+    _, b, c, d, e = lax.associative_scan(compose, maps, reverse=True, axis=1)
+    # The carry out of chunk k (into chunk k - 1), from the row's own (A, V) = (0, bootstrap) at its end (A_in
+    # = 0: the a term is left out, which an overflowed a would otherwise turn to NaN); chunk k's carry in is
+    # chunk k + 1's carry out.
     end = bootstrap[:, None]
-    last_out, next_out = a * zero + b * end + c, d * end + e
+    last_out, next_out = b * end + c, d * end + e
     last_in = jnp.concatenate([last_out[:, 1:], jnp.zeros((rows, 1), dtype)], axis=1)
     next_in = jnp.concatenate([next_out[:, 1:], end], axis=1)
     shape = jax.ShapeDtypeStruct(rewards.shape, dtype)

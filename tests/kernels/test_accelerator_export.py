@@ -9,13 +9,12 @@ import dataclasses
 import inspect
 import os
 import re
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import export
+from exports import module, shapes_of
 from matrix_cases import make_batch
 
 import prm_jax
@@ -41,12 +40,8 @@ def widened(batch, width):
 
 
 def lowered(plan, batch, platform):
-    shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), batch)
     resolved = plan.with_strategy(batch, platform=platform)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return export.export(jax.jit(lambda b: prm_jax.compute_advantages(b, resolved)),
-                             platforms=(platform,))(shapes).mlir_module()
+    return module(lambda b: prm_jax.compute_advantages(b, resolved), platform, shapes_of(batch))
 
 
 # XLA's own custom calls that every backend lowers (not a CPU kernel): top_k on older jax (0.7) lowers to one.
@@ -195,13 +190,7 @@ def test_every_public_kernel_is_exported_or_named_as_left_out():
 def test_a_public_kernel_exports_for_an_accelerator_within_lowering_platform(name, platform):
     fn, shapes = KERNELS[name]
 
-    def module(width):
-        with prm_jax.kernels.lowering_platform(platform), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (a kernel's own warnings about its defaults)
-            # (a new function each time: traced within the platform, not a trace cached outside it)
-            return export.export(jax.jit(lambda *a: fn(*a)), platforms=(platform,))(*shapes(width)).mlir_module()
-
-    narrow, wide = module(32), module(64)
+    narrow, wide = (module(fn, platform, *shapes(width)) for width in (32, 64))
     # (a loop may remain whose bound is not T: group sizes' repeat walks the groups, the tree kernels the nodes)
     assert not cpu_only_calls(narrow) and loops(narrow) == loops(wide), name
 
@@ -231,26 +220,23 @@ def test_the_pallas_gae_exports_for_a_gpu_as_one_triton_kernel_without_a_loop():
     # a TPU is refused (no lowering for its scalar loads).
     from prm_jax.kernels._pallas_gae import TRITON_TARGET
 
-    def module(fn, *shapes):
-        with prm_jax.kernels.lowering_platform("cuda"):
-            return export.export(jax.jit(fn), platforms=("cuda",), disabled_checks=[
-                export.DisabledSafetyCheck.custom_call(TRITON_TARGET)])(*shapes).mlir_module()
+    def triton(fn, *shapes):
+        return module(fn, "cuda", *shapes, custom_calls=(TRITON_TARGET,))
 
     gae = lambda r, v, m: K.gae(r, v, m, gamma=0.9, lam=0.95, method="pallas")
     for width in (32, 64):
-        text = module(gae, F(width), F(width), M(width))
+        text = triton(gae, F(width), F(width), M(width))
         assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {TRITON_TARGET} and "stablehlo.while" not in text
     # few long rows: split into chunks (two Triton kernels and an associative scan of the chunks' carries)
     from prm_jax.kernels._pallas_gae import CHUNK
 
     for width in (2 * CHUNK, 4 * CHUNK):
-        text = module(gae, spec(2, width), spec(2, width), spec(2, width, dtype=np.bool_))
+        text = triton(gae, spec(2, width), spec(2, width), spec(2, width, dtype=np.bool_))
         assert "prm_jax_gae_chunks" in text and "stablehlo.while" not in text
         assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {TRITON_TARGET}
     batch = make_batch(np.random.default_rng(3))
     plan = AdvantageConfig(kl_ctl=0.0, gae_method="pallas").plan.with_strategy(batch, platform="cuda")
-    shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), batch)
-    text = module(lambda b: prm_jax.compute_advantages(b, plan), shapes)
+    text = triton(lambda b: prm_jax.compute_advantages(b, plan), shapes_of(batch))
     assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {TRITON_TARGET} and "stablehlo.while" not in text
     with prm_jax.kernels.lowering_platform("tpu"), pytest.raises(ValueError, match="method='pallas' is a GPU kernel"):
         K.gae(np.zeros((2, 4), np.float32), None, np.ones((2, 4), bool), method="pallas")

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import export
+from exports import exported
 
 import prm_jax
 from prm_jax import AdvantageConfig, NormConfig, ShapingConfig, compute_advantages
@@ -97,11 +97,10 @@ def test_compute_advantages_with_the_callback_raises_when_only_one_output_is_rea
 def test_an_exported_kernel_carries_no_callback_and_a_failed_check_leaves_nan(platform):
     x = jax.ShapeDtypeStruct((4, 3), np.float32)
     sizes = jax.ShapeDtypeStruct((2,), np.int32)
-    with prm_jax.kernels.lowering_platform(platform):  # (a new function: traced within, not a cached trace)
-        exported = export.export(jax.jit(lambda x, s: grouped(x, s)), platforms=(platform,))(x, sizes)
-    assert "custom_call" not in exported.mlir_module()
+    program = exported(grouped, platform, x, sizes)
+    assert "custom_call" not in program.mlir_module()
     if platform == "cpu":  # (this host runs it)
-        good = np.asarray(exported.call(rows(6), np.array([2, 2], np.int32)))
+        good = np.asarray(program.call(rows(6), np.array([2, 2], np.int32)))
         np.testing.assert_array_equal(good, np.asarray(grouped(rows(6), np.array([2, 2]))))
-        bad = np.asarray(exported.call(rows(6), np.array([2, 5], np.int32)))
+        bad = np.asarray(program.call(rows(6), np.array([2, 5], np.int32)))
         assert np.isnan(bad[0, 0])

@@ -285,21 +285,19 @@ def test_the_step_returns_of_both_forms_equal_the_float64_loop(method):
 
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
 def test_gigpo_exported_for_an_accelerator_has_no_loop_over_the_turns(platform):
-    from jax import export
+    from exports import module
 
     from prm_jax.kernels._gigpo import GiGPOConfig, _gigpo_jit
 
-    def module(turns):
-        shapes = (jax.ShapeDtypeStruct((8, turns), jnp.float32), jax.ShapeDtypeStruct((8, turns), jnp.bool_),
-                  jax.ShapeDtypeStruct((8,), jnp.float32))
-        fn = jax.jit(lambda r, m, o: _gigpo_jit(r, m, o, None, None, config=GiGPOConfig(), step_groups="sort"))
-        return export.export(fn, platforms=(platform,))(*shapes).mlir_module()
+    def step_returns(r, m, o):
+        return _gigpo_jit(r, m, o, None, None, config=GiGPOConfig(), step_groups="sort")
+
+    def shapes(turns):
+        return (jax.ShapeDtypeStruct((8, turns), jnp.float32), jax.ShapeDtypeStruct((8, turns), jnp.bool_),
+                jax.ShapeDtypeStruct((8,), jnp.float32))
 
     for turns in (16, 64):
-        text = module(turns)
+        text = module(step_returns, platform, *shapes(turns))
         assert "stablehlo.while" not in text and "stablehlo.custom_call" not in text
-    cpu = export.export(jax.jit(lambda r, m, o: _gigpo_jit(r, m, o, None, None, config=GiGPOConfig(),
-                                                           step_groups="sort")), platforms=("cpu",))(
-        jax.ShapeDtypeStruct((8, 16), jnp.float32), jax.ShapeDtypeStruct((8, 16), jnp.bool_),
-        jax.ShapeDtypeStruct((8,), jnp.float32)).mlir_module()
+    cpu = module(step_returns, "cpu", *shapes(16))
     assert "stablehlo.while" in cpu  # (the CPU keeps its scan: the check above can see a loop)

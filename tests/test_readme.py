@@ -254,3 +254,17 @@ def test_a_scorer_entry_with_name_instead_of_path_says_did_you_mean_path():
 
     with pytest.raises(ConfigError, match=r"scorers\[0\] has unknown key 'name': did you mean path:\?"):
         ExperimentConfig.from_mapping({"rollout": {"agent": {"prm": {"scorers": [{"name": "pooling_prm"}]}}}})
+
+
+def test_the_first_screens_own_environment_line_names_extras_that_exist():
+    # Issue 57.11: the first screen says how to install prm-jax into a user's own environment; every extra it
+    # names (in the command and in the list after it) is one pyproject.toml declares, and the line is there.
+    import tomllib
+
+    root = Path(__file__).parent.parent
+    first_screen = (root / "README.md").read_text().split("## Your own scorer")[0]
+    declared = set(tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    command = re.search(r"`pip install -e '\.\[([\w,]+)\]'`", first_screen)
+    assert command, "the first screen has no `pip install -e '.[...]'` line"
+    listed = set(re.findall(r"`(\w+)`", first_screen.split(command.group(0))[1].split("\n\n")[0]))
+    assert set(command.group(1).split(",")) <= declared and listed and listed <= declared, (listed, declared)

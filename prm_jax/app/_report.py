@@ -8,7 +8,7 @@ import textwrap
 
 import numpy as np
 
-from prm_jax.app._score import ScoreRun, failure_causes, listed, stats_text
+from prm_jax.app._score import ScoreRun, ScoreSummary, failure_causes, listed, stats_text
 from prm_jax.kernels._alignment import shift_to_next_token
 from prm_jax.kernels._estimators import registered
 from prm_jax.kernels._shaping import SHAPING_MODES
@@ -24,6 +24,11 @@ MODE_RULES = {
                         "turn of a failed row turns positive, AReaL's rule) and stays A where P = 0",
 }
 # The per-turn table's columns.
+# The per-mode table's columns (its legend, as the per-turn table has TURN_COLUMNS).
+MODE_COLUMNS = (("mode", "the shaping mode (none: the outcome's advantages alone)"),
+                ("mean", "the mean advantage over every trained timestep of the batch, under the mode"),
+                ("std", "their standard deviation (population: divided by their count)"),
+                ("min, max", "the smallest and the largest of them"))
 TURN_COLUMNS = (("turn", "the turn's index in its row"),
                 ("tokens", "the trained timesteps of the turn (those that predict its tokens)"),
                 ("P", "the turn's process reward (the scorers' weighted sum), on those timesteps"),
@@ -75,7 +80,7 @@ def print_summary(run: ScoreRun, stream=None) -> None:
     s = run.summary
     g = s.groups
     print(f"groups: {g.total} total, {g.accepted} accepted, {g.rejected} rejected, {g.filtered} filtered;"
-          f" {s.trajectories} trajectories in the batch", file=out)
+          f" {s.trajectories} trajectories in the batch{trajectories_why(s)}", file=out)
     shown = list(s.rejected_groups.items())
     for group, rejection in shown[:10]:
         why = f": {rejection.reason}" if isinstance(rejection.reason, str) else ""
@@ -115,6 +120,9 @@ def print_summary(run: ScoreRun, stream=None) -> None:
             print(f"  {mode:<18} {stats}", file=out)
         else:
             print(f"  {mode:<18} {stats.mean:9.4f} {stats.std:9.4f} {stats.min:9.4f} {stats.max:9.4f}", file=out)
+    print("columns:", file=out)
+    for name, what in MODE_COLUMNS:
+        print(f"  {name:<18} {what}", file=out)
     print("each mode's rule (A: the advantage without process rewards; P: the process reward on a timestep):",
           file=out)
     negative = "token_rewards" in run.batch and bool((np.asarray(run.batch["token_rewards"]) < 0).any())
@@ -125,6 +133,16 @@ def print_summary(run: ScoreRun, stream=None) -> None:
     change = process_change(run)
     if change:
         print(textwrap.fill(change, 118, subsequent_indent="  "), file=out)
+
+
+def trajectories_why(summary: ScoreSummary) -> str:
+    """Why the batch's rows are not one a session, where they are not: a session whose turns branch (a
+    tree of interactions) gives one trajectory per leaf; '' where each accepted session is one row."""
+    sessions, branched = summary.sessions, summary.branched_sessions
+    if sessions is None or sessions == summary.trajectories:
+        return ""
+    return (f" ({sessions} sessions, one trajectory per leaf of a session's turns: {branched} "
+            f"{'session branches' if branched == 1 else 'sessions branch'})")
 
 
 def process_change(run: ScoreRun) -> str:

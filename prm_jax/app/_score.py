@@ -4,6 +4,7 @@ without its command line (arguments, signals, the output set and process tuning 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -379,6 +380,7 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
         raise NoGroupAccepted(f"no group was accepted ({len(groups)} rejected or filtered): nothing to train on; "
                               + shorten("; ".join(why), 1500))
     rows, group_sizes = len(trajectories), [len(group) for group in accepted]
+    per_session = collections.Counter(t.session_key for t in trajectories)  # (a branching session: one row a leaf)
     plan = config.actor.plan
     # What the plan's stages read decides what is packed beyond the rollout (BATCH_SCHEMA's "packed").
     padded = _pack([t.sequence for t in trajectories], group_sizes, *buckets, process_rewards=config.prm.active,
@@ -415,7 +417,7 @@ def _score_batch(exported: Exported, groups: list[str], config: ExperimentConfig
     summary = ScoreSummary(
         groups=GroupCounts(len(groups), *(sum(v == s for v in statuses.values()) for s in ("accepted", "rejected",
                                                                                           "filtered"))),
-        trajectories=rows,
+        trajectories=rows, sessions=len(per_session), branched_sessions=sum(n > 1 for n in per_session.values()),
         shaping_mode=config.actor.advantage_shaping.mode if plan.shaping is not None else "none",
         process_reward_per_scorer={k.rsplit("/", 1)[1]: v for k, v in metrics.items() if "/prm_turn_reward/" in k},
         advantages=stats, group_status=statuses, rejected_groups=reasons,
@@ -480,7 +482,9 @@ class ScoreSummary:
     """What a run did, typed; ``as_json()`` is ``metrics.json``'s ``summary``. ``advantages`` per shaping mode
     (and ``none``), a string where a mode does not apply; ``prm_fallbacks`` only under ``error_policy:
     keep_original``; ``filter`` only with a group filter; ``estimator`` the estimator's own summary
-    (``EstimatorSpec.summary``: GiGPO's ``gigpo_step_groups``); ``credit`` the credit modes' diagnostics."""
+    (``EstimatorSpec.summary``: GiGPO's ``gigpo_step_groups``); ``credit`` the credit modes' diagnostics.
+    ``trajectories`` is the batch's rows, one per leaf of each accepted session's tree of interactions:
+    ``sessions`` accepted sessions, of which ``branched_sessions`` branch (more than one leaf)."""
 
     groups: GroupCounts
     trajectories: int
@@ -495,10 +499,13 @@ class ScoreSummary:
     credit: dict[str, float] | None = None
     estimator: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     timings_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    sessions: int | None = None
+    branched_sessions: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "groups": dataclasses.asdict(self.groups), "trajectories": self.trajectories,
+            "sessions": self.sessions, "branched_sessions": self.branched_sessions,
             "shaping_mode": self.shaping_mode, "process_reward_per_scorer": self.process_reward_per_scorer,
             "advantages": {mode: stats if isinstance(stats, str) else dataclasses.asdict(stats)
                            for mode, stats in self.advantages.items()},

@@ -2,6 +2,7 @@
 shaping mode's rule, what the process rewards moved, a pointer to ``--plot``). End-to-end: each runs the whole
 command line in process (tests/conftest.py's E2E_FILES)."""
 
+import json
 import os
 import re
 import subprocess
@@ -34,8 +35,21 @@ def test_the_demo_explains_its_columns_and_modes_and_says_what_process_rewards_m
 
     assert cli.main(["demo"]) == 0
     text = capsys.readouterr().out
-    for name, _ in report.TURN_COLUMNS:
+    for name, _ in (*report.TURN_COLUMNS, *report.MODE_COLUMNS):
         assert f"  {name} " in text, name
+    # Issue 57.11: the per-mode table's legend follows it, and the batch's rows are explained by the sessions'
+    # trees, counted here from the bundled file by a plain loop (a leaf: an interaction no other one continues).
+    modes_table = text.index("  mode ")
+    assert text.index("columns:", modes_table) < text.index("each mode's rule")
+    sessions, leaves, branched = 0, 0, 0
+    for line in (Path(prm_jax.__file__).parent / "data" / "demo_sessions.jsonl").read_text().splitlines():
+        interactions = json.loads(line)["interactions"]
+        continued = {i.get("parent_id") for i in interactions}
+        ends = sum(i["id"] not in continued for i in interactions)
+        sessions, leaves, branched = sessions + 1, leaves + ends, branched + (ends > 1)
+    assert (sessions, leaves, branched) == (16, 17, 1)
+    assert (f"{leaves} trajectories in the batch ({sessions} sessions, one trajectory per leaf of a session's "
+            f"turns: {branched} session branches)") in text
     for mode in ("none", "additive", "gvpo", "process_weighted"):
         assert any(line.startswith(f"  {mode} ") and len(line.split()) > 4 for line in text.splitlines()), mode
     assert "no P < 0 here, so it equals none" in text  # (a 0..1 length budget never gives a negative P)
@@ -56,6 +70,19 @@ def test_the_demo_explains_its_columns_and_modes_and_says_what_process_rewards_m
     line = " ".join(text.split())
     assert (f"process rewards (process_weighted) moved the advantages of {moved:,} of {int(mask.sum()):,} trained "
             f"timesteps") in line and f"{flipped:,} changed sign" in line, line
+
+
+def test_the_summary_says_nothing_of_sessions_where_each_is_one_row(tmp_path):
+    import dataclasses
+
+    from prm_jax.app import _report as report
+    from prm_jax.app._score import score
+
+    data = Path(prm_jax.__file__).parent / "data"
+    summary = score(cli._load_config(str(data / "demo_config.yaml")), str(data / "demo_sessions.jsonl")).summary
+    assert (summary.trajectories, summary.sessions, summary.branched_sessions) == (17, 16, 1)
+    assert summary.as_json()["sessions"] == 16 and summary.as_json()["branched_sessions"] == 1
+    assert report.trajectories_why(dataclasses.replace(summary, trajectories=16, branched_sessions=0)) == ""
 
 
 def test_score_shows_a_per_turn_view_and_points_to_the_plot(tmp_path, capsys):

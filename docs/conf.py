@@ -35,7 +35,7 @@ import prm_jax
 
 HERE = Path(__file__).resolve().parent
 NAMESPACES = ("config", "kernels", "kernels.gae_lambda", "runtime", "credit", "estimators", "losses", "filters",
-              "scorers")  # as tests/test_public_api
+              "scorers", "errors")  # as tests/test_public_api
 
 project = "prm-jax"
 release = version = prm_jax.__version__
@@ -304,7 +304,22 @@ def _clean_rst(text: str) -> bool:
     return not any(message["level"] >= 2 for message in doctree.findall(nodes.system_message))
 
 
+def write_error_table() -> None:
+    """``guides/errors-table.inc`` (included by the Errors guide): ``prm_jax.errors.described()``, rendered at
+    each build from the error classes' own declarations, never pasted."""
+    from prm_jax.errors import described
+
+    cell = lambda text: text.replace("|", "\\|")
+    rows = ["| error | also a | raised when | on the command line |", "| --- | --- | --- | --- |",
+            *(f"| `{name}` | `{also}` | {cell(when)} | {cell(cli)} |" for name, also, when, cli in described())]
+    page = HERE / "guides" / "errors-table.inc"
+    text = "\n".join(rows) + "\n"
+    if not page.exists() or page.read_text() != text:
+        page.write_text(text)
+
+
 write_api_pages()
+write_error_table()
 
 
 def setup(app) -> None:

@@ -2,7 +2,7 @@
 
 The names a user needs first are here; the rest live in namespaces, as optax's do:
 
-- ``prm_jax.config``: every configuration class, ``ConfigError`` and the YAML loader;
+- ``prm_jax.config``: every configuration class and the YAML loader;
 - ``prm_jax.kernels``: the jitted pure functions over padded ``[B, T]`` batches (``gae``, ``turn_gae``,
   ``normalize``, ``shape_advantages``, ``kl_rewards``, ``gigpo``, the alignment helpers, ...);
 - ``prm_jax.runtime``: sessions, the runner's pieces, export, batches, metrics, retries;
@@ -11,7 +11,9 @@ The names a user needs first are here; the rest live in namespaces, as optax's d
   primitives);
 - ``prm_jax.losses``: the PPO loss side (``logprobs_on_timesteps``, ``ppo_clip_loss``);
 - ``prm_jax.filters``: AReaL's host-side group filters;
-- ``prm_jax.scorers``: the built-in scorers.
+- ``prm_jax.scorers``: the built-in scorers;
+- ``prm_jax.errors``: every error a caller can catch (``PRMJaxError`` their base), and what the command line
+  does with each.
 
 Four floors, each importing only the ones below it: ``prm_jax.kernels`` (with ``prm_jax.native`` beside
 it), ``prm_jax.config``, ``prm_jax.runtime`` and ``prm_jax.app`` (the JSONL format and the command line);

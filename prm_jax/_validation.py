@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from prm_jax.errors import ConfigError
+
 T = TypeVar("T")
 
 
@@ -156,20 +158,6 @@ def body_text(body: bytes | bytearray, limit: int = 200) -> str:
 def short_repr(value: Any) -> str:
     """A bounded ``repr`` for error messages: user input can be arbitrarily large or deep."""
     return _SHORT.repr(value)
-
-
-class ConfigError(ValueError):
-    """A bad setting, with the key path that names it (``actor.adv_norm.eps``) and what is wrong."""
-
-    def __init__(self, key: str, problem: str):
-        super().__init__(f"{key} {problem}" if key else problem)
-        self.key, self.problem = key, problem
-
-    def under(self, prefix: str) -> ConfigError:
-        """The same error one level down: ``prefix.key``."""
-        if not prefix:
-            return self
-        return ConfigError(f"{prefix}.{self.key}" if self.key else prefix, self.problem)
 
 
 def from_mapping(cls: type[T], data: Any, where: str = "", **convert: Callable[[Any, str], Any]) -> T:

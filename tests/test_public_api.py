@@ -14,7 +14,7 @@ import pytest
 import prm_jax
 
 NAMESPACES = ("config", "kernels", "kernels.gae_lambda", "runtime", "credit", "estimators", "losses", "filters",
-              "scorers")
+              "scorers", "errors")
 # Public modules that are not namespaces of names: the sessions format's reader (the application floor) and
 # the tunix integration (its learners need the tunix extra); and the packages that only hold others.
 DOCUMENTED_MODULES = ("prm_jax.app.sessions", "prm_jax.integrations.tunix")

@@ -62,6 +62,7 @@ from prm_jax.app._score import (
 )
 from prm_jax.config._experiment import ExperimentConfig, ScorerSpec
 from prm_jax.config._loader import ConfigFileError, load_config
+from prm_jax.errors import PRMJaxError
 from prm_jax.native._build import cache_dir
 from prm_jax.runtime._lifecycle import first_in_group
 from prm_jax.runtime._specs import check_scorer_specs
@@ -70,8 +71,11 @@ PUBLISHED_NOTE = "the new output set was published before the interruption"
 EXIT_WRITE_FAILED = 74  # sysexits' EX_IOERR: the disk is full or a file-size limit was hit
 
 
-class CLIError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
+class CLIError(PRMJaxError):
+    """A user-facing error of the command: printed as one line, exit status 2 (the library's errors that end a
+    run arrive as one, their own text)."""
+
+    exit_status = 2
 
 
 def _load_config(path: str) -> ExperimentConfig:
@@ -413,7 +417,8 @@ def _require_matplotlib() -> None:
 
 
 # What each exit status means (``main`` returns them), as every subcommand's --help lists them.
-EXIT_STATUSES = (f"exit status: 0 done; 1 no group accepted (nothing written) or stdout closed; 2 bad input, "
+EXIT_STATUSES = (f"exit status: 0 done; {NoGroupAccepted.exit_status} no group accepted (nothing written) or stdout "
+                 f"closed; {CLIError.exit_status} bad input, "
                  f"config or output folder (one line: file, line and field; nothing written); "
                  f"{EXIT_WRITE_FAILED} the output could not be written (disk full); 128 + N stopped by signal N")
 # Each subcommand: what it does, in a sentence, and an example (its --help shows them with EXIT_STATUSES).
@@ -490,10 +495,10 @@ def main(argv: list[str] | None = None, *, tune_process: bool = False) -> int:
         return args.func(args)
     except (CLIError, OutputFolderError) as err:  # OutputFolderError: another run published there first
         print(f"prm-jax: error: {shorten(str(err), 2000)}", file=sys.stderr)
-        return 2
+        return err.exit_status or 2
     except NoGroupAccepted as err:
         print(f"prm-jax: {shorten(str(err), 2000)}", file=sys.stderr)
-        return 1
+        return err.exit_status or 1
     except OSError as err:
         if err.errno not in WRITE_ERRNOS:
             raise

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from prm_jax.errors import OutputFolderError
+
 OUTPUT_SET = ("batch.npz", "metrics.json")
 # Errors of a full disk, a file-size limit, or a folder that refuses a rename (busy, on another device):
 # the environment's, not a bug (one line, no traceback).
@@ -60,10 +62,6 @@ def current_umask() -> int:
 def in_folder(path: Path, folder: Path) -> bool:
     """Whether ``path`` names a file directly inside ``folder`` (as given, or through symbolic links)."""
     return path.absolute().parent == folder.absolute() or path.parent.resolve() == folder.resolve()
-
-
-class OutputFolderError(ValueError):
-    """The output folder cannot take this run's outputs (said before any input is read)."""
 
 
 def is_mount_point(folder: Path) -> bool:

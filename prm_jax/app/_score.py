@@ -20,6 +20,7 @@ import numpy as np
 from prm_jax._validation import cut_at_word
 from prm_jax.app.sessions import InputError, SessionRecord, read_sessions
 from prm_jax.config._experiment import ExperimentConfig
+from prm_jax.errors import NoGroupAccepted, ScoreError
 from prm_jax.kernels._advantages import compute_advantage_variants, compute_advantages
 from prm_jax.kernels._diagnostics import STATISTICS
 from prm_jax.kernels._estimators import registered
@@ -38,18 +39,6 @@ from prm_jax.runtime._runner import BUILDING_NOTE
 from prm_jax.runtime._scoring import BaseScorer
 from prm_jax.runtime._specs import enabled_scorer_names
 from prm_jax.runtime._trajectory import MODEL_OUTPUT_FIELDS
-
-
-class ScoreError(Exception):
-    """A user-facing error of the run (bad input, a scorer that cannot be built, advantages that cannot be
-    computed): one line, the command's exit status 2."""
-
-
-class NoGroupAccepted(Exception):
-    """Every group was rejected or filtered: nothing to train on (exit status 1)."""
-
-
-
 
 FILTERS: dict[str, Callable] = {
     "filter_function": filter_function,
@@ -210,8 +199,6 @@ def shorten(text: str, limit: int = 600) -> str:
     return cut_at_word(text, limit)
 
 
-
-
 TIMESTEP_FIELDS = ("advantages", "returns", "kl_rewards", "tot_rewards", "loss_mask", "logprobs")
 
 
@@ -262,8 +249,6 @@ def _pack(sequences: list, group_sizes: list[int], bucket: int, row_bucket: int,
         if key not in carried:
             batch.pop(key, None)
     return batch
-
-
 
 
 def score(config: ExperimentConfig, sessions: str | Path | list[SessionRecord], *, group_filter: str | None = None,
@@ -437,8 +422,6 @@ def timestep_arrays(configured: Any, outputs: dict[str, Any]) -> dict[str, np.nd
     arrays = {f"timestep_{field}": np.asarray(getattr(configured, field)) for field in TIMESTEP_FIELDS}
     arrays["timestep_advantages_unshaped"] = np.asarray(outputs["none"].advantages)
     return arrays
-
-
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,6 +53,7 @@ import msgspec
 import numpy as np
 
 from prm_jax._validation import short_repr
+from prm_jax.errors import InputError
 from prm_jax.kernels._schema import LOGPROB
 from prm_jax.runtime._context import check_metadata
 from prm_jax.runtime._trajectory import (
@@ -72,17 +73,9 @@ from prm_jax.runtime._trajectory import (
     stray_token_id,
 )
 
-__all__ = ["InputError", "SessionRecord", "iter_sessions", "read_sessions"]
+__all__ = ["SessionRecord", "iter_sessions", "read_sessions"]
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
-
-
-class InputError(ValueError):
-    """Bad input, located: which file, which line, which field."""
-
-    def __init__(self, path: Path | str, line: int, field: str, message: str):
-        super().__init__(f"{path}:{line}: {field}: {message}")
-        self.path, self.line, self.field = str(path), line, field
 
 
 @dataclasses.dataclass

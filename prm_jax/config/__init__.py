@@ -2,14 +2,14 @@
 
 ``AdvantageConfig`` (``actor``) resolves into the kernels' ``AdvantagePlan``; ``ExperimentConfig`` is a
 whole file (``rollout``, ``rollout.agent.prm``, ``actor``), read by ``load_config`` (YAML with a bound on
-alias expansion). Errors are ``ConfigError``, naming the key path. The kernels' own parameter records
+alias expansion). Errors are ``prm_jax.errors.ConfigError`` (``ConfigFileError`` for a file), naming the key
+path. The kernels' own parameter records
 (``NormConfig``, ``DecoupledNorm``, ``ShapingConfig``, ``GiGPOConfig``, ``TreeCredit``, ``PureCredit``,
 ``PrimeCredit``, ``OTBCredit``, ``ReinforcePPCredit``, ``ReinforcePPBaselineCredit``, ``MinFormTransform``,
 ``ProgressTransform``) are re-exported: they are the values of
 ``reward_norm``/``adv_norm``, ``advantage_shaping``, ``credit_assignment`` and ``process_reward_transform``.
 """
 
-from prm_jax._validation import ConfigError
 from prm_jax.config._advantage import (
     SETTING_REFUSALS,
     AdvantageConfig,
@@ -27,7 +27,11 @@ from prm_jax.config._experiment import (
     RolloutConfig,
     ScorerSpec,
 )
-from prm_jax.config._loader import ConfigFileError, load_config, parse_yaml
+from prm_jax.config._loader import load_config, parse_yaml
+
+# (prm_jax.errors' classes, at the path they had before it)
+from prm_jax.errors import ConfigError as ConfigError
+from prm_jax.errors import ConfigFileError as ConfigFileError
 from prm_jax.kernels._gigpo import GiGPOConfig
 from prm_jax.kernels._normalization import DecoupledNorm, NormConfig
 from prm_jax.kernels._otb import OTBCredit
@@ -41,8 +45,6 @@ from prm_jax.kernels._tree import TreeCredit
 __all__ = [
     "ERROR_POLICIES",
     "AdvantageConfig",
-    "ConfigError",
-    "ConfigFileError",
     "DecoupledNorm",
     "ErrorPolicy",
     "ExperimentConfig",

@@ -11,6 +11,7 @@ import yaml
 
 from prm_jax._validation import short_repr
 from prm_jax.config._experiment import ExperimentConfig
+from prm_jax.errors import ConfigFileError
 
 MAX_YAML_NODES = 100_000
 
@@ -56,10 +57,6 @@ _Loader.add_implicit_resolver(
 # The float resolver above also matches plain integers; YAML's own int resolver comes first for those.
 _Loader.yaml_implicit_resolvers = {key: sorted(resolvers, key=lambda r: r[0] != "tag:yaml.org,2002:int")
                                    for key, resolvers in _Loader.yaml_implicit_resolvers.items()}
-
-
-class ConfigFileError(ValueError):
-    """A config file that cannot be read or is not a valid config; the message starts with the file's name."""
 
 
 def parse_yaml(text: str, where: str) -> Any:

@@ -15,17 +15,10 @@ from typing import Any, TypeVar
 
 import anyio
 
+from prm_jax.errors import RetryError
 from prm_jax.runtime._limits import MAX_RETRY_AFTER_S, RequestLimiter, retry_delay, should_retry
 
 T = TypeVar("T")
-
-
-class RetryError(RuntimeError):
-    """Every attempt failed; ``__cause__`` is the last failure and ``errors`` holds them all."""
-
-    def __init__(self, message: str, errors: list[BaseException]):
-        super().__init__(message)
-        self.errors = errors
 
 
 async def call_with_retry(fn: Callable[..., Awaitable[T]], *args: Any, timeout: float, attempts: int = 3,

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from prm_jax._validation import short_repr
+from prm_jax.errors import PrefixRuleError
 from prm_jax.runtime._trajectory import Interaction, freeze, thaw
 
 METADATA_KEY = "metadata"          # ctx["metadata"]: the session's (or the array row's) metadata
@@ -46,11 +47,6 @@ def check_metadata(value: Any, name: str = "metadata") -> dict[str, Any]:
         raise ValueError(f"{name} is {size:,} bytes encoded as JSON, more than {MAX_METADATA_BYTES:,} (64 KiB: "
                          "keep large data out of the session, and a key to it in)")
     return value
-
-
-class PrefixRuleError(RuntimeError):
-    """A ``prefix_determined`` scorer read ``ctx["messages"]``, the branch's conversation: its score of a shared
-    turn would be given to every clone of the session although it depends on one branch."""
 
 
 class ScorerContext(Mapping):

@@ -21,6 +21,8 @@ from typing import ClassVar, Self
 
 import anyio
 
+from prm_jax.errors import RunnerClosedError
+
 logger = logging.getLogger(__name__)
 
 
@@ -35,10 +37,6 @@ class RunnerState(enum.Enum):
     CLOSING = "closing"
     INTERRUPTED = "interrupted"
     CLOSED = "closed"
-
-
-class RunnerClosedError(RuntimeError):
-    """A call on a runner (or service) that is closing or closed: a lifecycle error, not a scorer's failure."""
 
 
 class Lifecycle:

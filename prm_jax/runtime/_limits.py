@@ -27,21 +27,11 @@ from collections.abc import AsyncIterator, Mapping
 import anyio
 
 from prm_jax._validation import finite_number, integer
+from prm_jax.errors import ServiceError  # noqa: F401  (defined there; named here too)
 from prm_jax.runtime._concurrency import LoopLocal
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 60.0  # a Retry-After beyond this is not waited for: the call fails
-
-
-class ServiceError(RuntimeError):
-    """A service answered, but not with a usable result: ``status`` (the HTTP status, None for a malformed
-    200 answer) and its ``reason`` phrase, whether the answer is worth retrying, and the server's
-    ``retry_after`` seconds."""
-
-    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False,
-                 retry_after: float | None = None, reason: str = ""):
-        super().__init__(message)
-        self.status, self.retryable, self.retry_after, self.reason = status, retryable, retry_after, reason
 
 
 def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) -> float | None:

@@ -28,6 +28,7 @@ import anyio
 
 from prm_jax._validation import integer
 from prm_jax.config._experiment import PRMSection
+from prm_jax.errors import NotScorableError
 from prm_jax.runtime import _evaluation as evaluation
 from prm_jax.runtime._concurrency import concurrently
 from prm_jax.runtime._context import ScorerContext
@@ -48,10 +49,6 @@ logger = logging.getLogger(__name__)
 
 
 BUILDING_NOTE = "while building the scorer of"
-
-
-class NotScorableError(ValueError):
-    """A branch the runner cannot score (a message-only turn): the input's fault, not a scorer's."""
 
 
 # Errors of a run that no scorer caused: AReaL's ``error_policy: keep_original`` never falls back on them.

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 
 from prm_jax._validation import body_text, cut_at_word, finite_number, integer, short_repr
+from prm_jax.errors import RequestFailed
 from prm_jax.runtime._authoring import RetryError, call_with_retry
 from prm_jax.runtime._limits import RETRYABLE_STATUS, RequestLimiter, ServiceError, retry_after_seconds
 from prm_jax.runtime._runner import cause_text
@@ -98,16 +99,6 @@ def failure_cause(err: BaseException, request_timeout: float) -> str:
     if type(err).__module__.split(".")[0] in ("httpx", "httpcore") or isinstance(err, OSError):
         return f"connection error ({cause_text(err)})"
     return cause_text(err)
-
-
-class RequestFailed(RetryError):
-    """A served scorer's request failed on every attempt: the message names the scorer, the URL (without
-    secrets), the last attempt's HTTP status or connection error, and the attempts made; ``status`` is the
-    last HTTP status (None: no answer), ``errors`` every attempt's failure (``RetryError``'s)."""
-
-    def __init__(self, message: str, errors: list[BaseException], *, url: str, status: int | None):
-        super().__init__(message, errors)
-        self.url, self.status = url, status
 
 
 class Probe(NamedTuple):

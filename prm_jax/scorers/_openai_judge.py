@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 from prm_jax._validation import finite_number, integer, one_of, short_repr
+from prm_jax.errors import NoTextError, TemplateError
 from prm_jax.runtime._scoring import BaseScorer
 from prm_jax.runtime._trajectory import Interaction
 from prm_jax.scorers._http import (
@@ -52,14 +53,6 @@ TEMPLATE_FIELDS = ("prompt", "response", "conversation", "ctx")
 DEFAULT_PROMPT = ("Rate how good the assistant's last reply is, from 0 (useless or wrong) to 10 (excellent).\n\n"
                   "Conversation so far:\n{prompt}\n\nReply:\n{response}\n\nAnswer with the number only.")
 DEFAULT_PATTERN = r"(-?\d+(?:\.\d+)?)"
-
-
-class NoTextError(ValueError):
-    """A judge got a turn without the text it reads."""
-
-
-class TemplateError(ValueError):
-    """A judge's prompt template has a field without a value for this turn (``{ctx[task]}``, no ``task``)."""
 
 
 def _field_of(template: str, err: BaseException) -> str:

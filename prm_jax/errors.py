@@ -1,0 +1,174 @@
+"""Every error prm-jax raises for a caller to catch, in one module (as httpx keeps its own in
+``httpx._exceptions``): ``except prm_jax.errors.PRMJaxError`` catches any of them, and each is also the
+built-in exception it always was (a ``ConfigError`` is a ``ValueError``), so existing handlers still apply.
+
+Each class says when it is raised (its docstring's first sentence) and what the ``prm-jax`` command does when
+a run meets it (``command_line``; ``exit_status`` where it ends the run: 2 for input the user must fix, 1 when
+nothing was left to train on). ``described()`` is the table the documentation renders from these
+declarations. ``KeyboardInterrupt`` and the command's SIGTERM/SIGHUP end a run with 128 + the signal's number.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+__all__ = ["PRMJaxError", "ConfigError", "ConfigFileError", "InputError", "OutputFolderError", "ScoreError",
+           "NoGroupAccepted", "NotScorableError", "RunnerClosedError", "PrefixRuleError", "RetryError",
+           "ServiceError", "RequestFailed", "NoTextError", "TemplateError", "described"]
+
+SCORER_FAILURE = "a scorer's failure: the rows it was scoring fail (counted in the scorer's stats), the run goes on"
+
+
+class PRMJaxError(Exception):
+    """The base of every prm-jax error (catch it to catch any of them)."""
+
+    #: The ``prm-jax`` command's exit status when a run ends on this error; None where it does not end one.
+    exit_status: ClassVar[int | None] = None
+    #: What the ``prm-jax`` command does when a run meets this error.
+    command_line: ClassVar[str] = "not raised by the command line"
+
+
+# ---- configuration
+
+
+class ConfigError(PRMJaxError, ValueError):
+    """A bad setting, with the key path that names it (``actor.adv_norm.eps``) and what is wrong."""
+
+    exit_status = 2
+    command_line = "exit 2, one line naming the file and the key; nothing written"
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key} {problem}" if key else problem)
+        self.key, self.problem = key, problem
+
+    def under(self, prefix: str) -> ConfigError:
+        """The same error one level down: ``prefix.key``."""
+        if not prefix:
+            return self
+        return ConfigError(f"{prefix}.{self.key}" if self.key else prefix, self.problem)
+
+
+class ConfigFileError(PRMJaxError, ValueError):
+    """A config file that cannot be read or is not a valid config; the message starts with the file's name."""
+
+    exit_status = 2
+    command_line = "exit 2, one line starting with the file's name; nothing written"
+
+
+# ---- the command line's input and outputs
+
+
+class InputError(PRMJaxError, ValueError):
+    """Bad input, located: which file, which line, which field."""
+
+    exit_status = 2
+    command_line = "exit 2, one line: file, line and field; nothing written"
+
+    def __init__(self, path: Path | str, line: int, field: str, message: str):
+        super().__init__(f"{path}:{line}: {field}: {message}")
+        self.path, self.line, self.field = str(path), line, field
+
+
+class OutputFolderError(PRMJaxError, ValueError):
+    """The output folder cannot take this run's outputs (said before any input is read)."""
+
+    exit_status = 2
+    command_line = "exit 2, one line naming `--output`; nothing written"
+
+
+class ScoreError(PRMJaxError):
+    """A run could not be scored (bad input, a scorer that cannot be built, advantages that cannot be
+    computed): one line, what the user must fix."""
+
+    exit_status = 2
+    command_line = "exit 2, the one line; nothing written"
+
+
+class NoGroupAccepted(PRMJaxError):
+    """Every group was rejected or filtered: nothing to train on."""
+
+    exit_status = 1
+    command_line = "exit 1, one line with each cause once and the sessions it hit; nothing written"
+
+
+# ---- the runner
+
+
+class NotScorableError(PRMJaxError, ValueError):
+    """A branch the runner cannot score (a message-only turn): the input's fault, not a scorer's."""
+
+    command_line = "not raised by the command line (its session reader refuses a turn without tokens first)"
+
+
+class RunnerClosedError(PRMJaxError, RuntimeError):
+    """A call on a runner (or service) that is closing or closed: a lifecycle error, not a scorer's failure."""
+
+
+class PrefixRuleError(PRMJaxError, RuntimeError):
+    """A ``prefix_determined`` scorer read ``ctx["messages"]``, the branch's conversation: its score of a shared
+    turn would be given to every clone of the session although it depends on one branch."""
+
+    command_line = SCORER_FAILURE
+
+
+# ---- scorers and the services they call
+
+
+class RetryError(PRMJaxError, RuntimeError):
+    """Every attempt failed; ``__cause__`` is the last failure and ``errors`` holds them all."""
+
+    command_line = SCORER_FAILURE
+
+    def __init__(self, message: str, errors: list[BaseException]):
+        super().__init__(message)
+        self.errors = errors
+
+
+class ServiceError(PRMJaxError, RuntimeError):
+    """A service answered, but not with a usable result: ``status`` (the HTTP status, None for a malformed
+    200 answer) and its ``reason`` phrase, whether the answer is worth retrying, and the server's
+    ``retry_after`` seconds."""
+
+    command_line = SCORER_FAILURE
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False,
+                 retry_after: float | None = None, reason: str = ""):
+        super().__init__(message)
+        self.status, self.retryable, self.retry_after, self.reason = status, retryable, retry_after, reason
+
+
+class RequestFailed(RetryError):
+    """A served scorer's request failed on every attempt: the message names the scorer, the URL (without
+    secrets), the last attempt's HTTP status or connection error, and the attempts made; ``status`` is the
+    last HTTP status (None: no answer), ``errors`` every attempt's failure (``RetryError``'s)."""
+
+    def __init__(self, message: str, errors: list[BaseException], *, url: str, status: int | None):
+        super().__init__(message, errors)
+        self.url, self.status = url, status
+
+
+class NoTextError(PRMJaxError, ValueError):
+    """A judge got a turn without the text it reads."""
+
+    command_line = SCORER_FAILURE
+
+
+class TemplateError(PRMJaxError, ValueError):
+    """A judge's prompt template has a field without a value for this turn (``{ctx[task]}``, no ``task``)."""
+
+    command_line = SCORER_FAILURE
+
+
+def described() -> list[tuple[str, str, str, str]]:
+    """One row an error of ``__all__``: its name, what else it is (the built-in exception or the prm-jax error
+    it extends), when it is raised (its docstring's first sentence) and what the command line does with it."""
+    rows = []
+    for name in __all__:
+        error = globals()[name]
+        if not (isinstance(error, type) and issubclass(error, PRMJaxError)):
+            continue
+        also = [base.__name__ for base in error.__bases__ if base is not PRMJaxError] or ["Exception"]
+        when = " ".join((error.__doc__ or "").split()).split(". ")[0].rstrip(".")
+        rows.append((name, ", ".join(also), when, error.command_line))
+    return rows

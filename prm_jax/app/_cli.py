@@ -423,8 +423,9 @@ EXIT_STATUSES = (f"exit status: 0 done; {NoGroupAccepted.exit_status} no group a
                  f"{EXIT_WRITE_FAILED} the output could not be written (disk full); 128 + N stopped by signal N")
 # Each subcommand: what it does, in a sentence, and an example (its --help shows them with EXIT_STATUSES).
 COMMANDS = {
-    "score": ("Score sessions (JSONL, one per line: '-' for stdin, .gz read as gzip; the format: "
-              "prm_jax.app.sessions), export each group, and compute the advantages: OUT/batch.npz and "
+    "score": ("Score sessions (JSONL, one per line: '-' for stdin, .gz read as gzip; every key: the docs' "
+              "Session format page, docs/guides/session-format.md), export each group, and compute the "
+              "advantages: OUT/batch.npz and "
               "OUT/metrics.json, and a summary on stdout.",
               "prm-jax score --config config.yaml --input sessions.jsonl --output out --plot rows.png"),
     "demo": ("Score the bundled example sessions (16 sessions, 4 groups) with the bundled example config "

@@ -54,7 +54,7 @@ import numpy as np
 
 from prm_jax._validation import short_repr
 from prm_jax.errors import InputError
-from prm_jax.kernels._schema import LOGPROB
+from prm_jax.kernels._schema import BATCH_SCHEMA, LOGPROB
 from prm_jax.runtime._context import check_metadata
 from prm_jax.runtime._trajectory import (
     STOP_REASONS,
@@ -116,6 +116,8 @@ class JSONType(NamedTuple):
     type_problem: str
     value: Callable[[Any], Any] | None = None
     default: Any = None  # the fast path's value when absent (None: the turn's own absent value follows)
+    label: str = ""  # the JSON type, as the format's page names it
+    range: str = ""  # the values accepted, as the format's page says them (a batch key's declared bounds first)
 
 
 def _number(v: Any) -> bool:
@@ -147,20 +149,25 @@ def _objects(v: Any) -> bool:
 _logprobs = bounded_vector(LOGPROB)
 
 
-_NUMBERS = JSONType(list[float] | None, _optional(_numbers), "must hold numbers")
-_LOGPROBS = _NUMBERS._replace(value=_logprobs)
-_NUMBER = JSONType(float | None, _optional(_number), "must hold numbers")
-_MESSAGES = JSONType(list[dict[str, Any]] | None, _optional(_objects), "must be a list of JSON objects")
+_FINITE = "finite, and finite in float32"
+_NUMBERS = JSONType(list[float] | None, _optional(_numbers), "must hold numbers",
+                    label="list of numbers, one per output token", range=_FINITE)
+_LOGPROBS = _NUMBERS._replace(value=_logprobs, range=f"{LOGPROB.text}, {_FINITE}")
+_NUMBER = JSONType(float | None, _optional(_number), "must hold numbers", label="number", range=_FINITE)
+_MESSAGES = JSONType(list[dict[str, Any]] | None, _optional(_objects), "must be a list of JSON objects",
+                     label="list of objects (`role`, `content`, ...)", range="any JSON objects")
 # The JSON type of each kind of turn field (the fields, their kinds, value rules and absent values are the
 # turn's own: prm_jax.runtime._trajectory.TURN_FIELDS; a kind without a type here fails at import).
 JSON_KINDS: dict[str, JSONType] = {
-    "id": JSONType(NonEmpty | None, _optional(_nonempty_str), "must be a non-empty string or null"),
+    "id": JSONType(NonEmpty | None, _optional(_nonempty_str), "must be a non-empty string or null",
+                   label="string or null", range="another interaction's `id`, never a cycle"),
     "logprobs": _LOGPROBS, "numbers": _NUMBERS, "messages": _MESSAGES, "number": _NUMBER,
     "stop_reason": JSONType(StopReason, lambda v: v in STOP_REASONS, f"must be one of {STOP_REASONS}",
-                            default="stop"),
+                            default="stop", label="string", range=" or ".join(f"`{r}`" for r in STOP_REASONS)),
     # (msgspec bounds no int beyond int64: the value rule checks the range)
     "integer": JSONType(int | None, _optional(lambda v: isinstance(v, int) and not isinstance(v, bool)),
-                        "must be an integer or null"),
+                        "must be an integer or null", label="integer or null",
+                        range="a 64-bit integer, signed or unsigned (-1: none)"),
 }
 if set(JSON_KINDS) != set(get_args(JsonKind)):
     raise RuntimeError(f"JSON_KINDS and JsonKind disagree: {sorted(set(JSON_KINDS) ^ set(get_args(JsonKind)))}")
@@ -331,6 +338,71 @@ class _SessionIn(msgspec.Struct, forbid_unknown_fields=True):
 
 
 SESSION_KEYS = set(_SessionIn.__struct_fields__)
+
+
+class KeyDoc(NamedTuple):
+    """What a key of the format is, for its page (``format_table``): its JSON type, the values accepted, what
+    it is and what it becomes in the batch; the turn fields' are on ``TURN_FIELDS``."""
+
+    label: str
+    range: str
+    doc: str
+    becomes: str
+
+
+# The session's own keys (``_SessionIn``) and a turn's identity (``id`` and the token lists), declared beside
+# the schema; a key without its entry, or an entry without its key, fails at import.
+SESSION_KEY_DOCS: dict[str, KeyDoc] = {
+    "session_key": KeyDoc("string", "non-empty, unique in the file", "the session's name",
+                          "the session trees `node_ids`, `node_parents` (under `credit_assignment: tree`)"),
+    "group": KeyDoc("string", "non-empty; absent: the session key (a group of one, with a warning)",
+                    "the sessions exported together (a GRPO group: the outcome is normalized within it)",
+                    "`group_sizes` (a group's rows are adjacent)"),
+    "interactions": KeyDoc("list of objects", "at least one; each one below", "the session's turns",
+                           "one row per leaf"),
+    "ready": KeyDoc("list of strings", "interaction ids, each once", "the leaves to export (default: every leaf)",
+                    "which rows there are"),
+    "metadata": KeyDoc("object", "any JSON object, at most 64 KiB and 32 levels deep",
+                       "given to every scorer of the session, read-only", "`ctx[\"metadata\"]` (read by scorers)"),
+}
+IDENTITY_DOCS: dict[str, KeyDoc] = {
+    "id": KeyDoc("string", "non-empty, unique in the session", "the interaction's name", "(names the rows' turns)"),
+    "input_tokens": KeyDoc("list of integers", f"token ids in {TOKEN_ID_RANGE}",
+                           "the prompt of the turn (a child's starts with its parent's inputs and outputs)",
+                           "`input_ids`, `attention_mask`"),
+    "output_tokens": KeyDoc("list of integers", f"token ids in {TOKEN_ID_RANGE}, at least one",
+                            "the tokens the policy generated", "`input_ids`, `loss_mask` (the trained tokens)"),
+}
+_undocumented = sorted(set(SESSION_KEY_DOCS) ^ SESSION_KEYS) + sorted(
+    set(IDENTITY_DOCS) ^ (INTERACTION_KEYS - {field.name for field in TURN_FIELDS}))
+if _undocumented:
+    raise RuntimeError(f"session format keys and their documentation disagree: {_undocumented}")
+
+
+def format_table() -> list[tuple[str, str, str, str, str, str]]:
+    """The session format, one row a key, from its declarations (``_SessionIn``, ``INTERACTION_SCHEMA``,
+    ``TURN_FIELDS``, ``JSON_KINDS``, the batch schema's bounds): ``(key, required or optional (with its
+    default), JSON type, values accepted, what it is, what it becomes in the batch)``; a turn's keys are
+    ``interactions[].<key>``. The site's Session format page renders it."""
+    rows = []
+    for name in _SessionIn.__struct_fields__:
+        doc = SESSION_KEY_DOCS[name]
+        required = name in ("session_key", "interactions")
+        rows.append((name, "required" if required else "optional", doc.label, doc.range, doc.doc, doc.becomes))
+    fields = {field.name: field for field in TURN_FIELDS}
+    for rule in INTERACTION_SCHEMA:
+        key = f"interactions[].{rule.name}"
+        if rule.name in IDENTITY_DOCS:
+            doc = IDENTITY_DOCS[rule.name]
+            rows.append((key, "required", doc.label, doc.range, doc.doc, doc.becomes))
+            continue
+        field, kind = fields[rule.name], JSON_KINDS[fields[rule.name].json]
+        bounds = BATCH_SCHEMA[field.batch_key].bounds if field.batch_key is not None else None
+        accepted = f"{bounds.text}, {_FINITE}" if bounds is not None else kind.range
+        default = f"optional (default `{field.absent}`)" if field.absent not in (None, ()) else "optional"
+        becomes = field.becomes or (f"`{field.batch_key}` (on timesteps)" if field.batch_key else "")
+        rows.append((key, default, kind.label, accepted, field.doc, becomes))
+    return rows
 
 
 _DECODER = msgspec.json.Decoder(_SessionIn)

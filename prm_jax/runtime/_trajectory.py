@@ -154,7 +154,9 @@ class TurnField:
     construction (its attribute of each name must exist: checked at import); the JSONL readers
     (``prm_jax.app.sessions``) run the same rules on the decoded values, typed by ``json``; the concat
     export and the packer carry every field whose batch key the schema packs as a model output.
-    ``vector``: a per-token field, one entry per output token."""
+    ``vector``: a per-token field, one entry per output token. ``doc``: what it is, for the session format's
+    page (``prm_jax.app.sessions.format_table``); ``becomes``: what it becomes in the batch where that is
+    not its ``batch_key`` alone."""
 
     name: str
     rule: Any          # Callable[[Any], Any] | None: None keeps the value as given
@@ -162,25 +164,44 @@ class TurnField:
     vector: bool = False
     json: JsonKind = "number"
     batch_key: str | None = None
+    doc: str = ""
+    becomes: str = ""
 
 
 #: Every optional field of a turn, one row each (its value rule, JSON kind and batch key; the token lists and the
 #: id are the turn's identity, checked apart).
 TURN_FIELDS: tuple[TurnField, ...] = (
-    TurnField("parent_id", _parent_id, json="id"),
-    TurnField("output_logprobs", finite_vector, vector=True, json="logprobs", batch_key="logprobs"),
-    TurnField("messages", tuple, (), json="messages"),
-    TurnField("output_messages", tuple, (), json="messages"),
-    TurnField("stop_reason", _stop_reason, "stop", json="stop_reason"),
-    TurnField("reward", finite_value),
-    TurnField("token_rewards", finite_vector, vector=True, json="numbers", batch_key="token_rewards"),
-    TurnField("anchor_id", anchor_value, json="integer"),
-    TurnField("step_reward", finite_value),
-    TurnField("output_prm_logprobs", finite_vector, vector=True, json="logprobs", batch_key="prm_logprobs"),
-    TurnField("output_ref_logprobs", finite_vector, vector=True, json="logprobs", batch_key="ref_logprobs"),
+    TurnField("parent_id", _parent_id, json="id",
+              doc="the turn this one continues (its inputs start with that turn's inputs and outputs); null or "
+                  "absent: a root", becomes="the rows: one trajectory per leaf, its turns concatenated"),
+    TurnField("output_logprobs", finite_vector, vector=True, json="logprobs", batch_key="logprobs",
+              doc="the policy's log-prob of each output token when it was sampled"),
+    TurnField("messages", tuple, (), json="messages",
+              doc="the chat so far, as the scorers read it (`ctx[\"messages\"]`)", becomes="(read by scorers)"),
+    TurnField("output_messages", tuple, (), json="messages",
+              doc="the turn's reply as messages (a judge reads its text)", becomes="(read by scorers)"),
+    TurnField("stop_reason", _stop_reason, "stop", json="stop_reason",
+              doc="why generation stopped; `length` marks a truncated turn",
+              becomes="`is_truncated` (the leaf's)"),
+    TurnField("reward", finite_value,
+              doc="the outcome reward: required on each interaction `ready` names (default: every leaf), "
+                  "optional on the others", becomes="`rewards` (group-normalized as configured)"),
+    TurnField("token_rewards", finite_vector, vector=True, json="numbers", batch_key="token_rewards",
+              doc="process rewards already given (the scorers' are added)"),
+    TurnField("anchor_id", anchor_value, json="integer",
+              doc="GiGPO's anchor state of the turn (turns of one group with one anchor share a step baseline)",
+              becomes="`anchor_ids`"),
+    TurnField("step_reward", finite_value, doc="GiGPO's reward of the step the turn took",
+              becomes="`turn_rewards`, `turn_reward_mask`"),
+    TurnField("output_prm_logprobs", finite_vector, vector=True, json="logprobs", batch_key="prm_logprobs",
+              doc="an implicit PRM's log-prob of each output token (PRIME)"),
+    TurnField("output_ref_logprobs", finite_vector, vector=True, json="logprobs", batch_key="ref_logprobs",
+              doc="the reference model's log-prob of each output token (the KL penalty, PRIME)"),
     TurnField("output_sum_pi_squared", bounded_vector(_bounds("sum_pi_squared")), vector=True,
-              json="numbers", batch_key="sum_pi_squared"),
-    TurnField("output_teacher_logprobs", finite_vector, vector=True, json="logprobs", batch_key="teacher_logprobs"),
+              json="numbers", batch_key="sum_pi_squared",
+              doc="the sum over the vocabulary of pi_v^2 of each output token's distribution (OTB)"),
+    TurnField("output_teacher_logprobs", finite_vector, vector=True, json="logprobs", batch_key="teacher_logprobs",
+              doc="a teacher's log-prob of each output token (on-policy distillation)"),
 )
 # The turn field each per-token model output of the schema is packed from (every such key has one).
 MODEL_OUTPUT_FIELDS: dict[str, str] = {field.batch_key: field.name for field in TURN_FIELDS

@@ -27,6 +27,7 @@ import importlib
 import inspect
 import pkgutil
 import shutil
+import sys
 from pathlib import Path
 
 import jupyter_server_mathjax
@@ -304,28 +305,11 @@ def _clean_rst(text: str) -> bool:
     return not any(message["level"] >= 2 for message in doctree.findall(nodes.system_message))
 
 
-def write_tables() -> None:
-    """The tables the guides include, rendered at each build from the code's own declarations, never pasted:
-    ``guides/errors-table.inc`` (``prm_jax.errors.described()``: the Errors page) and
-    ``guides/session-format-table.inc`` (``prm_jax.app.sessions.format_table()``: the Session format page)."""
-    from prm_jax.app.sessions import format_table
-    from prm_jax.errors import described
-
-    tables = {"errors-table.inc": (("error", "also a", "raised when", "on the command line"), described()),
-              "session-format-table.inc": (("key", "", "JSON type", "values", "what it is", "in the batch"),
-                                           format_table())}
-    cell = lambda text: text.replace("|", "\\|")
-    for name, (header, rows) in tables.items():
-        lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header),
-                 *("| " + " | ".join([f"`{row[0]}`", *map(cell, row[1:])]) + " |" for row in rows)]
-        page = HERE / "guides" / name
-        text = "\n".join(lines) + "\n"
-        if not page.exists() or page.read_text() != text:
-            page.write_text(text)
-
-
 write_api_pages()
-write_tables()
+sys.path.insert(0, str(HERE))  # (docs/doc_tables.py: the tables the guides include, from the declarations)
+import doc_tables  # noqa: E402
+
+doc_tables.write(HERE / "guides")
 
 
 def setup(app) -> None:

@@ -1,0 +1,43 @@
+"""Issue 57.5 (in part) and 57.8/57.9: the tables the guides include are rendered at docs build from the code's
+declarations (docs/doc_tables.py), never pasted: each include names a table the build writes, and each table is
+its declaration's rendering (the refused pairs, the errors, the session format)."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+from plugins import without_plugins
+
+from prm_jax.app.sessions import format_table
+from prm_jax.config import refusals_markdown
+from prm_jax.errors import described
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def doc_tables():
+    spec = importlib.util.spec_from_file_location("doc_tables", DOCS / "doc_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_include_of_the_guides_is_a_table_the_build_writes(tmp_path):
+    tables = doc_tables()
+    included = {name for page in DOCS.rglob("*.md") if "_build" not in page.parts
+                for name in re.findall(r"```\{include\} ([\w.-]+\.inc)", page.read_text())}
+    assert included == set(tables.TABLES), included ^ set(tables.TABLES)
+    with without_plugins():  # (the site documents the built-in estimators)
+        tables.write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(tables.TABLES)
+
+
+def test_each_table_is_its_declarations_rendering():
+    tables = doc_tables()
+    with without_plugins():
+        assert tables.TABLES["refusals-table.inc"]() == refusals_markdown()
+    errors_table = tables.TABLES["errors-table.inc"]().splitlines()
+    assert len(errors_table) == 2 + len(described())
+    assert all(f"`{name}`" in line for line, (name, *_) in zip(errors_table[2:], described()))
+    session_table = tables.TABLES["session-format-table.inc"]().splitlines()
+    assert [line.split(" | ")[0] for line in session_table[2:]] == [f"| `{row[0]}`" for row in format_table()]

@@ -41,3 +41,16 @@ def test_each_table_is_its_declarations_rendering():
     assert all(f"`{name}`" in line for line, (name, *_) in zip(errors_table[2:], described()))
     session_table = tables.TABLES["session-format-table.inc"]().splitlines()
     assert [line.split(" | ")[0] for line in session_table[2:]] == [f"| `{row[0]}`" for row in format_table()]
+
+
+def test_pack_branches_names_the_model_outputs_the_schema_declares():
+    # Issue 57.5: the model outputs pack_branches carries are rendered into its docstring from
+    # MODEL_OUTPUT_FIELDS (BATCH_SCHEMA's packed="model_outputs" keys and their turn fields), never pasted.
+    import prm_jax
+    from prm_jax.runtime._trajectory import MODEL_OUTPUT_FIELDS
+
+    doc = " ".join(prm_jax.pack_branches.__doc__.split())
+    assert "MODEL_OUTPUTS" not in doc and len(MODEL_OUTPUT_FIELDS) >= 4
+    names = ", ".join(f"``{key}``" for key in list(MODEL_OUTPUT_FIELDS)[:-1])
+    assert f"{names} and ``{list(MODEL_OUTPUT_FIELDS)[-1]}``, from the interactions'" in doc
+    assert all(f"``{field}``" in doc for field in MODEL_OUTPUT_FIELDS.values())

@@ -15,7 +15,7 @@ import numpy as np
 
 from prm_jax.kernels._gigpo import dense_anchor_ids
 from prm_jax.kernels._schema import BATCH_SCHEMA, MODEL_OUTPUT_KEYS
-from prm_jax.runtime._trajectory import BranchSequence
+from prm_jax.runtime._trajectory import MODEL_OUTPUT_FIELDS, BranchSequence
 
 
 def bucket_width(length: int, bucket: int | str = 128, min_width: int = 1) -> int:
@@ -50,10 +50,8 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     none) and ``node_parents [rows * K]`` (each node's parent, -1 for a root or an unused slot), a node
     being one interaction of one session (branches of a session share their common turns' nodes).
     ``model_outputs`` adds the schema's per-token model outputs ``[rows, width]`` on *timesteps* (as
-    ``compute_advantages`` reads them: the value for position ``t + 1``'s token at ``t``): ``prm_logprobs``,
-    ``ref_logprobs``, ``sum_pi_squared`` and ``teacher_logprobs``, from the interactions'
-    ``output_prm_logprobs``, ``output_ref_logprobs``, ``output_sum_pi_squared`` and
-    ``output_teacher_logprobs`` (``MODEL_OUTPUT_FIELDS``); NaN on the tokens of a turn (or a branch) without
+    ``compute_advantages`` reads them: the value for position ``t + 1``'s token at ``t``): MODEL_OUTPUTS
+    (``MODEL_OUTPUT_FIELDS``, from the schema); NaN on the tokens of a turn (or a branch) without
     them, so a stage that reads them refuses the batch instead of training on 0 (``compute_advantages``
     names the row and timestep).
     Every branch needs an outcome reward.
@@ -109,6 +107,16 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     if sessions is not None:
         _session_trees(batch, sequences, sessions)
     return batch
+
+
+def _listed(names: list[str]) -> str:
+    quoted = [f"``{name}``" for name in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
+# The model outputs pack_branches carries, in its docstring as the schema declares them (never pasted).
+pack_branches.__doc__ = (pack_branches.__doc__ or "").replace("MODEL_OUTPUTS", (
+    f"{_listed(list(MODEL_OUTPUT_FIELDS))}, from the interactions' {_listed(list(MODEL_OUTPUT_FIELDS.values()))}"))
 
 
 def _session_trees(batch: dict[str, np.ndarray], sequences: Sequence[BranchSequence], sessions: Sequence[str]) -> None:

@@ -83,24 +83,38 @@ def finite_checks(batch: Mapping[str, jax.Array], active: jax.Array, values: jax
     The other keys' rules are kept where they are read: ``rows`` by the
     outcome stage (``batch['rewards']``), a ``reader`` key of turns or rows by its stage (GiGPO's
     ``turn_rewards``, the λ), ``nan_is_missing`` by GDPO's sources."""
-    checks = []
     dtype = values.dtype
+    read = []  # (name, the array as the stages read it: on timesteps, or on positions with the mask moved)
     for name in timestep_checked_keys(BATCH_SCHEMA):
         key = BATCH_SCHEMA[name]
         # (values: without a critic the pipeline's zeros, checked all the same, so the diagnostics keep one
         # structure whatever the batch holds)
         if (name not in batch and name != "values") or not (key.finite == "trained" or name in plan.reads):
             continue
-        array = _checks.as_float(f"batch[{name!r}]", batch[name], dtype) if name in batch else values
+        read.append((name, _checks.as_float(f"batch[{name!r}]", batch[name], dtype) if name in batch else values))
+    # Every key's rows probed in one pass over the inputs as given (a key on positions is read where the
+    # timestep mask, moved back one position, says: the same entries as its shifted copy, which is not made).
+    on_positions = shift_to_previous_position(active)
+    masks = {name: on_positions if BATCH_SCHEMA[name].on == "positions" else active for name, _ in read}
+    bad_rows = dict(zip([name for name, _ in read], _checks.nonfinite_rows([(x, masks[n]) for n, x in read])))
+    checks = []
+    for name, array in read:
+        key = BATCH_SCHEMA[name]
         if key.on == "positions":  # as the stages read it: on the next token's timestep
             array = shift_to_next_token(array)
         safe = jnp.where(active, array, jnp.zeros((), dtype))
-        checks.append(_checks.finite_check(f"batch[{name!r}]", safe, active, hint=key.hint))
+        checks.append(_checks.finite_check(f"batch[{name!r}]", safe, active, hint=key.hint, bad_rows=bad_rows[name]))
         if key.bounds is not None and key.finite == "reader":  # a model output: its declared range too
             checks.append(_checks.bounds_check(f"batch[{name!r}]", safe, active, key.bounds))
     checks.append(_checks.finite_check("batch['values'] (the bootstrap value V[seqlen - 1] of a truncated row)",
                                        last_value, truncated, key="values_bootstrap"))
     return checks
+
+
+def shift_to_previous_position(mask: jax.Array) -> jax.Array:
+    """A timestep mask as positions: ``out[:, p] = mask[:, p - 1]``, False at ``p = 0`` (the inverse of
+    ``shift_to_next_token`` on the entries it keeps: a position's value is read at the timestep before it)."""
+    return jnp.concatenate([jnp.zeros(mask.shape[:1] + (1,), jnp.bool_), mask[:, :-1]], axis=1)
 
 
 def warn_about_fallbacks(batch: Mapping[str, Any], plan: AdvantagePlan) -> None:

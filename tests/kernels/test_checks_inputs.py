@@ -147,3 +147,67 @@ def test_a_key_added_to_the_schema_is_checked_with_no_other_change(monkeypatch):
     entropy[b, t] = np.nan
     with pytest.raises(ValueError, match=re.escape("batch['entropy'] must be finite")):
         compute_advantages(dict(batch, entropy=entropy), AdvantageConfig(kl_ctl=0.0))
+
+
+def test_nonfinite_rows_is_the_loop_for_every_input_and_mask():
+    # Issue 56.5: the finite checks of compute_advantages' inputs are one variadic reduction over the inputs as
+    # given (no masked copy each); against a plain loop, with two inputs sharing a mask, a float16 input, and
+    # NaN and infinities both where used and where not (ignored there). A count has no gradient: a gradient
+    # through the same inputs is the one without the check.
+    import jax
+    import jax.numpy as jnp
+
+    from prm_jax.kernels._checks import nonfinite_rows
+
+    rng = np.random.default_rng(7)
+    rows, width = 6, 9
+    xs = [rng.normal(size=(rows, width)).astype(dtype) for dtype in (np.float32, np.float16, np.float32)]
+    used_a, used_b = rng.random((rows, width)) < 0.6, rng.random((rows, width)) < 0.4
+    masks = [used_a, used_b, used_a]
+    for x in xs:
+        for _ in range(5):
+            x[rng.integers(rows), rng.integers(width)] = rng.choice([np.nan, np.inf, -np.inf])
+    expected = [[any(not np.isfinite(x[b, t]) and used[b, t] for t in range(width)) for b in range(rows)]
+                for x, used in zip(xs, masks)]
+    shared = jnp.asarray(used_a)
+    got = jax.jit(lambda a, b, c, m1, m2: nonfinite_rows([(a, m1), (b, m2), (c, m1)]))(*xs, shared, used_b)
+    assert [np.asarray(g).tolist() for g in got] == expected
+    assert any(map(any, expected)) and not all(map(all, expected))  # (the case holds both answers)
+
+    def loss(x):
+        (bad,) = nonfinite_rows([(x, shared)])
+        return jnp.sum(jnp.where(shared, x, 0.0) ** 2) + jnp.sum(bad.astype(jnp.float32))
+
+    finite = np.nan_to_num(xs[0], nan=0.0, posinf=0.0, neginf=0.0)
+    np.testing.assert_array_equal(np.asarray(jax.grad(loss)(finite)), 2 * np.where(used_a, finite, 0.0))
+
+
+def test_a_key_on_positions_is_checked_where_the_timestep_before_it_is_trained():
+    # Issue 56.5: a key on positions is probed in place with the timestep mask moved back one position (the
+    # entries its shifted copy holds): a NaN at position 0, never read, passes; one at the position after the
+    # row's last trained timestep passes; one read at a trained timestep is refused, naming that timestep.
+    from batches import make_batch
+
+    from prm_jax import compute_advantages
+    from prm_jax.config import AdvantageConfig
+    from prm_jax.kernels._alignment import shift_to_next_token
+
+    batch = make_batch(np.random.default_rng(5), rows=3, width=16)
+    trained = np.asarray(shift_to_next_token((batch["loss_mask"] > 0) & (batch["attention_mask"] > 0)))
+    config = AdvantageConfig(kl_ctl=0.0)
+    b = int(np.argwhere(trained.any(axis=1))[0, 0])
+    first, last = np.flatnonzero(trained[b])[[0, -1]]
+    for position, refused in ((0, False), (first + 1, True), (last + 1, True)):
+        rewards = np.array(batch["token_rewards"], np.float32)
+        rewards[b, position] = np.nan
+        if refused:
+            with pytest.raises(ValueError, match=re.escape(f"batch['token_rewards'] must be finite where it is "
+                                                           f"used; row {b}, timestep {position - 1} is nan")):
+                compute_advantages(dict(batch, token_rewards=rewards), config)
+        else:
+            out = compute_advantages(dict(batch, token_rewards=rewards), config)
+            assert np.isfinite(np.asarray(out.advantages)).all()
+    untrained = np.flatnonzero(~trained[b] & (np.arange(16) < 15))
+    rewards = np.array(batch["token_rewards"], np.float32)
+    rewards[b, untrained + 1] = np.nan  # (positions read only at untrained timesteps)
+    assert np.isfinite(np.asarray(compute_advantages(dict(batch, token_rewards=rewards), config).advantages)).all()

@@ -33,6 +33,13 @@ def shift_to_next_token(x: ArrayLike, *, fill: ArrayLike = 0) -> jax.Array:
     return _shift_jit(x, fill)
 
 
+def shift_to_previous_position(mask: jax.Array) -> jax.Array:
+    """A ``[B, T]`` timestep mask as positions: ``out[:, p] = mask[:, p - 1]``, False at ``p = 0``
+    (``shift_to_next_token``'s inverse on the entries it keeps: position ``p``'s value is read at timestep
+    ``p - 1``), so a position tensor can be checked where it is read without making its shifted copy."""
+    return jnp.concatenate([jnp.zeros(mask.shape[:1] + (1,), jnp.bool_), mask[:, :-1]], axis=1)
+
+
 @jax.jit
 def _shift_jit(x, fill):
     x = jnp.asarray(x)

@@ -270,10 +270,9 @@ def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key
     bad entry, and the message names the first such row and the index along ``axis``. ``key`` names the
     check (default: from ``name``).
 
-    A row is probed with one fused pass, ``sum(where(used, x * 0, 0))``: NaN exactly when a used entry is
-    NaN or infinite (``inf * 0`` is NaN), and never an overflow; the bad entry is then looked for in that
-    one row only, so a check that passes costs a single read of ``x``. ``bad_rows`` (``[B]`` bool): that probe,
-    computed already (``nonfinite_rows``, one reduction for several inputs).
+    A row is probed in one pass (``nonfinite_rows``); the bad entry is then looked for in that one row only,
+    so a check that passes costs a single read of ``x``. ``bad_rows`` (``[B]`` bool): that probe, computed
+    already (``nonfinite_rows`` over several inputs at once).
     """
     scope = "" if where is None else " where it is used"
     if x.ndim < 2:
@@ -289,7 +288,7 @@ def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key
                           lambda row, step, value: "", jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), zero)
     used = jnp.ones(x.shape, jnp.bool_) if where is None else where
     if bad_rows is None:
-        bad_rows = jnp.isnan(jnp.sum(jnp.where(used, x * zero, zero), axis=1))
+        (bad_rows,) = nonfinite_rows([(x, used.astype(jnp.bool_))])
     row = first_true(bad_rows)
     in_row = lax.dynamic_index_in_dim(x, row, axis=0, keepdims=False)
     bad = ~jnp.isfinite(in_row) & lax.dynamic_index_in_dim(used, row, axis=0, keepdims=False)

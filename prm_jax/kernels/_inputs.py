@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from prm_jax.kernels import _checks
-from prm_jax.kernels._alignment import shift_to_next_token
+from prm_jax.kernels._alignment import shift_to_next_token, shift_to_previous_position
 from prm_jax.kernels._gigpo import host_anchor_ids
 from prm_jax.kernels._normalization import group_ids_check, group_sizes_check, member_counts_check
 from prm_jax.kernels._plan import AdvantagePlan
@@ -95,26 +95,20 @@ def finite_checks(batch: Mapping[str, jax.Array], active: jax.Array, values: jax
     # Every key's rows probed in one pass over the inputs as given (a key on positions is read where the
     # timestep mask, moved back one position, says: the same entries as its shifted copy, which is not made).
     on_positions = shift_to_previous_position(active)
-    masks = {name: on_positions if BATCH_SCHEMA[name].on == "positions" else active for name, _ in read}
-    bad_rows = dict(zip([name for name, _ in read], _checks.nonfinite_rows([(x, masks[n]) for n, x in read])))
+    probes = _checks.nonfinite_rows([(array, on_positions if BATCH_SCHEMA[name].on == "positions" else active)
+                                     for name, array in read])
     checks = []
-    for name, array in read:
+    for (name, array), bad_rows in zip(read, probes):
         key = BATCH_SCHEMA[name]
         if key.on == "positions":  # as the stages read it: on the next token's timestep
             array = shift_to_next_token(array)
         safe = jnp.where(active, array, jnp.zeros((), dtype))
-        checks.append(_checks.finite_check(f"batch[{name!r}]", safe, active, hint=key.hint, bad_rows=bad_rows[name]))
+        checks.append(_checks.finite_check(f"batch[{name!r}]", safe, active, hint=key.hint, bad_rows=bad_rows))
         if key.bounds is not None and key.finite == "reader":  # a model output: its declared range too
             checks.append(_checks.bounds_check(f"batch[{name!r}]", safe, active, key.bounds))
     checks.append(_checks.finite_check("batch['values'] (the bootstrap value V[seqlen - 1] of a truncated row)",
                                        last_value, truncated, key="values_bootstrap"))
     return checks
-
-
-def shift_to_previous_position(mask: jax.Array) -> jax.Array:
-    """A timestep mask as positions: ``out[:, p] = mask[:, p - 1]``, False at ``p = 0`` (the inverse of
-    ``shift_to_next_token`` on the entries it keeps: a position's value is read at the timestep before it)."""
-    return jnp.concatenate([jnp.zeros(mask.shape[:1] + (1,), jnp.bool_), mask[:, :-1]], axis=1)
 
 
 def warn_about_fallbacks(batch: Mapping[str, Any], plan: AdvantagePlan) -> None:

@@ -44,7 +44,6 @@ from prm_jax.app._outputs import (
     OUTPUT_SET,
     WRITE_ERRNOS,
     BatchWriter,
-    OutputFolderError,
     StagedOutputs,
     check_output_folder,
     current_umask,
@@ -53,16 +52,14 @@ from prm_jax.app._outputs import (
 from prm_jax.app._report import plot, print_summary, print_turn_table
 from prm_jax.app._score import (
     FILTERS,
-    NoGroupAccepted,
-    ScoreError,
     ScoreRun,
     score,
     shorten,
     timestep_arrays,
 )
 from prm_jax.config._experiment import ExperimentConfig, ScorerSpec
-from prm_jax.config._loader import ConfigFileError, load_config
-from prm_jax.errors import PRMJaxError
+from prm_jax.config._loader import load_config
+from prm_jax.errors import ConfigFileError, NoGroupAccepted, OutputFolderError, PRMJaxError, ScoreError
 from prm_jax.native._build import cache_dir
 from prm_jax.runtime._lifecycle import first_in_group
 from prm_jax.runtime._specs import check_scorer_specs

@@ -18,9 +18,9 @@ import jax
 import numpy as np
 
 from prm_jax._validation import cut_at_word
-from prm_jax.app.sessions import InputError, SessionRecord, read_sessions
+from prm_jax.app.sessions import SessionRecord, read_sessions
 from prm_jax.config._experiment import ExperimentConfig
-from prm_jax.errors import NoGroupAccepted, ScoreError
+from prm_jax.errors import InputError, NoGroupAccepted, ScoreError
 from prm_jax.kernels._advantages import compute_advantage_variants, compute_advantages
 from prm_jax.kernels._diagnostics import STATISTICS
 from prm_jax.kernels._estimators import registered

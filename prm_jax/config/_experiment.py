@@ -36,8 +36,9 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple, get_args
 
-from prm_jax._validation import ConfigError, boolean, deadline, finite_number, from_mapping, one_of, scorer_weight, short_repr
+from prm_jax._validation import boolean, deadline, finite_number, from_mapping, one_of, scorer_weight, short_repr
 from prm_jax.config._advantage import AdvantageConfig, shaping_config
+from prm_jax.errors import ConfigError
 from prm_jax.kernels._normalization import DecoupledNorm
 from prm_jax.kernels._shaping import ShapingConfig
 

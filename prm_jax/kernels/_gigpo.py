@@ -45,7 +45,8 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from prm_jax._validation import ConfigError, finite_number, one_of, short_repr
+from prm_jax._validation import finite_number, one_of, short_repr
+from prm_jax.errors import ConfigError
 from prm_jax.kernels import _checks
 from prm_jax.kernels._estimator import Estimate, EstimatorSpec, SummaryHook, on_turn_timesteps
 from prm_jax.kernels._normalization import NormConfig, group_layout, group_sizes_check, weighted_moments, z_score

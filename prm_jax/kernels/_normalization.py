@@ -38,7 +38,8 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from prm_jax._validation import ConfigError, boolean, finite_number, integer, one_of, short_repr
+from prm_jax._validation import boolean, finite_number, integer, one_of, short_repr
+from prm_jax.errors import ConfigError
 from prm_jax.kernels import _checks
 from prm_jax.kernels._stage import StageSpec
 

@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from prm_jax._validation import ConfigError, finite_number, one_of
+from prm_jax._validation import finite_number, one_of
+from prm_jax.errors import ConfigError
 from prm_jax.kernels import _checks
 from prm_jax.kernels._alignment import shift_to_next_token
 from prm_jax.kernels._normalization import row_sum_mean

@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from prm_jax._validation import ConfigError, finite_number
+from prm_jax._validation import finite_number
+from prm_jax.errors import ConfigError
 
 __all__ = ["GAELambdaContext", "constant_gae_lambda", "relative_position_gae_lambda", "vapo_length_adaptive_gae"]
 

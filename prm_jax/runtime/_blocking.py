@@ -28,6 +28,7 @@ import anyio
 import numpy as np
 from anyio.from_thread import BlockingPortal
 
+from prm_jax.errors import RunnerClosedError
 from prm_jax.runtime._arrays import (
     ScoredArrays,
     call_checks,
@@ -37,7 +38,7 @@ from prm_jax.runtime._arrays import (
     score_arrays,
     score_rows_now,
 )
-from prm_jax.runtime._lifecycle import Lifecycle, RunnerClosedError, RunnerState
+from prm_jax.runtime._lifecycle import Lifecycle, RunnerState
 from prm_jax.runtime._runner import PRMRunner, guarded_progress
 from prm_jax.runtime._scoring import BaseScorer
 from prm_jax.runtime._trajectory import Interaction, InteractionCache

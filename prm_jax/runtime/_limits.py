@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Mapping
 import anyio
 
 from prm_jax._validation import finite_number, integer
-from prm_jax.errors import ServiceError  # noqa: F401  (defined there; named here too)
 from prm_jax.runtime._concurrency import LoopLocal
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})

@@ -28,13 +28,13 @@ import anyio
 
 from prm_jax._validation import integer
 from prm_jax.config._experiment import PRMSection
-from prm_jax.errors import NotScorableError
+from prm_jax.errors import NotScorableError, RunnerClosedError
 from prm_jax.runtime import _evaluation as evaluation
 from prm_jax.runtime._concurrency import concurrently
 from prm_jax.runtime._context import ScorerContext
 from prm_jax.runtime._dispatch import make_executor
 from prm_jax.runtime._executors import Executor
-from prm_jax.runtime._lifecycle import Lifecycle, RunnerClosedError, RunnerState, first_in_group, rolled_back
+from prm_jax.runtime._lifecycle import Lifecycle, RunnerState, first_in_group, rolled_back
 from prm_jax.runtime._scoring import (
     BaseScorer,
     PRMTurnResult,

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from prm_jax._validation import short_repr
+from prm_jax.errors import ServiceError
 from prm_jax.kernels._schema import LOGPROB_SLACK, PROBABILITY_SLACK
-from prm_jax.runtime._limits import ServiceError
 
 MAX_NESTING = 64
 REDACTED = "[redacted]"

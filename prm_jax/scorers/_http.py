@@ -13,9 +13,9 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 
 from prm_jax._validation import body_text, cut_at_word, finite_number, integer, short_repr
-from prm_jax.errors import RequestFailed
-from prm_jax.runtime._authoring import RetryError, call_with_retry
-from prm_jax.runtime._limits import RETRYABLE_STATUS, RequestLimiter, ServiceError, retry_after_seconds
+from prm_jax.errors import RequestFailed, RetryError, ServiceError
+from prm_jax.runtime._authoring import call_with_retry
+from prm_jax.runtime._limits import RETRYABLE_STATUS, RequestLimiter, retry_after_seconds
 from prm_jax.runtime._runner import cause_text
 from prm_jax.scorers._answers import AnswerReader
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prm_jax._validation import short_repr
-from prm_jax.runtime._limits import ServiceError
+from prm_jax.errors import NoTextError, ServiceError
 from prm_jax.runtime._scoring import BaseScorer
 from prm_jax.runtime._trajectory import Interaction
 from prm_jax.scorers._http import (
@@ -36,7 +36,6 @@ from prm_jax.scorers._http import (
     httpx_module,
     transport,
 )
-from prm_jax.scorers._openai_judge import NoTextError
 
 JudgeError = ServiceError  # the judge answered, but not with a usable score (the name of earlier versions)
 

@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Literal, NamedTuple, get_args
 import numpy as np
 
 from prm_jax._validation import integer, one_of, short_repr
-from prm_jax.runtime._limits import ServiceError
+from prm_jax.errors import ServiceError
 from prm_jax.runtime._scoring import BatchTrajectoryScorer
 from prm_jax.runtime._steps import Spread, StepRule, check_spread, spread_steps
 from prm_jax.runtime._trajectory import Interaction, concat_spans

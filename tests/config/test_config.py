@@ -177,8 +177,8 @@ def test_advantage_config_from_actor_section():
 
 def test_config_classes_validate_when_built_in_code():
     # Issue 11.7: one validation path, in __post_init__, whether built from YAML or in code.
-    from prm_jax._validation import ConfigError
     from prm_jax.config._experiment import RolloutConfig
+    from prm_jax.errors import ConfigError
     with pytest.raises(ConfigError, match=r"^path must be a non-empty"):
         ScorerSpec("")
     with pytest.raises(ConfigError, match=r"^timeout must be > 0"):

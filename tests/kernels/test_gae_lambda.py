@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prm_jax._validation import ConfigError
+from prm_jax.errors import ConfigError
 from prm_jax.kernels.gae_lambda import constant_gae_lambda, relative_position_gae_lambda, vapo_length_adaptive_gae
 
 LENGTHS = [0, 1, 2, 3, 10, 1000]

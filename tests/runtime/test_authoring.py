@@ -6,8 +6,9 @@ import time
 import anyio
 import pytest
 
+from prm_jax.errors import ServiceError
 from prm_jax.runtime import RetryError, call_with_retry
-from prm_jax.runtime._limits import RequestLimiter, ServiceError
+from prm_jax.runtime._limits import RequestLimiter
 
 pytestmark = pytest.mark.anyio
 

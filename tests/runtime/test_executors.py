@@ -837,7 +837,7 @@ class GetsMessages(ReadsMessages):
 @pytest.mark.parametrize("scorer", [ReadsMessages, GetsMessages])
 async def test_a_prefix_determined_scorer_that_reads_the_branchs_messages_fails_loudly(scorer):
     # Issue 41.24: such a scorer shared the first branch's score (2.0 and 2.0 where alone it scored 2.0 and 4.0).
-    from prm_jax.runtime._context import PrefixRuleError
+    from prm_jax.errors import PrefixRuleError
 
     session = session_tree(depth_shared=1, levels=1)
     branches = [session.clone_chain(leaf) for leaf in session.leaves()]

@@ -8,8 +8,9 @@ import pytest
 import scorers_for_tests as st
 
 from prm_jax import BlockingRunner, ExperimentConfig, PRMRunner
+from prm_jax.errors import RunnerClosedError
 from prm_jax.runtime._export import ExportService
-from prm_jax.runtime._lifecycle import Lifecycle, RunnerClosedError, RunnerState
+from prm_jax.runtime._lifecycle import Lifecycle, RunnerState
 from prm_jax.runtime._process_pool import ProcessExecutor
 
 pytestmark = pytest.mark.anyio

@@ -134,7 +134,7 @@ async def test_non_result_from_evaluate_result():
 async def test_zero_length_turn_cannot_be_scored():
     # The input's fault, found before any scorer runs (issue 29.23: never a scorer failure, so never
     # error_policy's fallback).
-    from prm_jax.runtime._runner import NotScorableError
+    from prm_jax.errors import NotScorableError
     cache = InteractionCache([Interaction("e", [1, 2], [])])
     with pytest.raises(NotScorableError, match="interaction 'e' has no output tokens: there is nothing to score"):
         await PRMRunner(scorers=(st.ConstantScorer(),)).run(cache)

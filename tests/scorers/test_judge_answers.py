@@ -14,10 +14,9 @@ import pytest
 from scorers_for_tests import chain, committed
 
 from prm_jax import PRMRunner
-from prm_jax.runtime._limits import ServiceError
+from prm_jax.errors import ServiceError, TemplateError
 from prm_jax.runtime._runner import error_text
 from prm_jax.scorers import ClassifyPRMScorer, HTTPJudgeScorer, OpenAIJudgeScorer, PoolingPRMScorer
-from prm_jax.scorers._openai_judge import TemplateError
 
 pytestmark = pytest.mark.anyio
 KEY = "sk-test-0123456789abcdef"

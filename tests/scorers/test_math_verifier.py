@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 pytest.importorskip("math_verify")
 
 from prm_jax import Interaction, InteractionCache, PRMRunner
+from prm_jax.errors import NoTextError
 from prm_jax.scorers import MathVerifyScorer
 from prm_jax.scorers._math_verifier import gold_text, last_boxed, reference_text
-from prm_jax.scorers._openai_judge import NoTextError
 
 pytestmark = pytest.mark.anyio
 

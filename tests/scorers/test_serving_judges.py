@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from prm_jax import Interaction, InteractionCache, PRMRunner, score_arrays
+from prm_jax.errors import NoTextError, ServiceError
 from prm_jax.runtime import call_with_retry
-from prm_jax.runtime._limits import RequestLimiter, ServiceError, retry_after_seconds, retry_delay, should_retry
+from prm_jax.runtime._limits import RequestLimiter, retry_after_seconds, retry_delay, should_retry
 from prm_jax.scorers import HTTPJudgeScorer, OpenAIJudgeScorer, PoolingPRMScorer
-from prm_jax.scorers._openai_judge import NoTextError
 from prm_jax.scorers._pooling_prm import branch_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

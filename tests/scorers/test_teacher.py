@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from prm_jax import Interaction, PRMRunner, score_arrays
-from prm_jax.runtime._limits import ServiceError
+from prm_jax.errors import ServiceError
 from prm_jax.scorers import TeacherLogprobScorer, TeacherModelScorer, token_logprobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -21,7 +21,16 @@ SCORER_FAILURE = "a scorer's failure: the rows it was scoring fail (counted in t
 
 
 class PRMJaxError(Exception):
-    """The base of every prm-jax error (catch it to catch any of them)."""
+    """The base of every prm-jax error (catch it to catch any of them).
+
+    Example:
+        >>> from prm_jax.errors import ConfigError, PRMJaxError
+        >>> try:
+        ...     prm_jax.AdvantageConfig(discount=2.0)
+        ... except PRMJaxError as err:
+        ...     print(type(err).__name__, isinstance(err, ValueError), err.exit_status)
+        ConfigError True 2
+    """
 
     #: The ``prm-jax`` command's exit status when a run ends on this error; None where it does not end one.
     exit_status: ClassVar[int | None] = None
@@ -161,8 +170,16 @@ class TemplateError(PRMJaxError, ValueError):
 
 
 def described() -> list[tuple[str, str, str, str]]:
-    """One row an error of ``__all__``: its name, what else it is (the built-in exception or the prm-jax error
-    it extends), when it is raised (its docstring's first sentence) and what the command line does with it."""
+    """The errors of ``__all__``, one row each: ``(name, what else it is (the built-in exception or the
+    prm-jax error it extends), when it is raised (its docstring's first sentence), what the command line does
+    with it)``; the site's Errors page renders it.
+
+    Example:
+        >>> from prm_jax.errors import described
+        >>> [row for row in described() if row[0] == "NoGroupAccepted"]  # doctest: +NORMALIZE_WHITESPACE
+        [('NoGroupAccepted', 'Exception', 'Every group was rejected or filtered: nothing to train on',
+          'exit 1, one line with each cause once and the sessions it hit; nothing written')]
+    """
     rows = []
     for name in __all__:
         error = globals()[name]

@@ -63,8 +63,8 @@ from stub_servers import answer_seven, engine_time, server_process, step_by_last
 
 from prm_jax import BaseScorer, BatchScorer, BatchTrajectoryScorer, Interaction, InteractionCache, PRMRunner  # noqa: E402
 from prm_jax.runtime import BlockingRunner, score_arrays  # noqa: E402
-from prm_jax.runtime._arrays import _row_arrays  # noqa: E402
-from prm_jax.runtime._trajectory import rows_with_turns  # noqa: E402
+from prm_jax.runtime._arrays import _checked_rows  # noqa: E402
+from prm_jax.runtime._trajectory import turn_counts  # noqa: E402
 from prm_jax.scorers import ModelScorer, OpenAIJudgeScorer, PoolingPRMScorer  # noqa: E402
 
 TURNS = 4
@@ -540,7 +540,8 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
     blocking.score_arrays(tokens, turn_ids, attention_mask=attention)  # compiles
 
     def checks_floor() -> None:
-        rows_with_turns(_row_arrays(tokens, turn_ids, attention)[1])
+        checked = _checked_rows(tokens, turn_ids, attention)
+        turn_counts(checked.turn_ids, checked.valid)
 
     walls, hand, in_loop, floor = wall_times(
         repeats, lambda: blocking.score_arrays(tokens, turn_ids, attention_mask=attention), hand_loop,

@@ -20,7 +20,7 @@ import numpy as np
 from prm_jax._validation import integer_dtype
 from prm_jax.kernels._shaping import warn_gvpo_without_penalty
 from prm_jax.runtime._context import METADATA_KEY, check_metadata
-from prm_jax.runtime._model_scorer import rows_by_length, weighted_rows
+from prm_jax.runtime._model_scorer import chunk_order, row_chunks, weighted_rows
 from prm_jax.runtime._runner import (
     NOT_SCORER_FAILURES,
     PRMRunner,
@@ -28,7 +28,8 @@ from prm_jax.runtime._runner import (
     error_text,
     guarded_progress,
 )
-from prm_jax.runtime._trajectory import TOKEN_ID_RANGE, Interaction, rows_with_turns, stray_token_id, turn_spans
+from prm_jax.runtime._steps import place_steps
+from prm_jax.runtime._trajectory import TOKEN_ID_RANGE, Interaction, stray_token_id, turn_counts, turn_spans
 
 
 def scored_turn_ids(turn_ids: Any, attention_mask: Any = None) -> np.ndarray:
@@ -192,40 +193,46 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
     summed in config order), a failed chunk failing its rows; each failure's scorer is appended to
     ``failures`` (the caller counts them on the runner's loop). ``BlockingRunner.score_arrays`` calls it in the
     trainer's own thread."""
-    tokens, ids, attention = _row_arrays(input_ids, turn_ids, attention_mask)
-    ids = ids.astype(np.int32)
-    mask = attention.astype(np.int32)
+    rows_in = _checked_rows(input_ids, turn_ids, attention_mask)
+    tokens, ids, attention, valid, _ = rows_in
     rows = tokens.shape[0]
-    scored = np.flatnonzero(rows_with_turns(ids)).tolist()  # (checks every row's turns, as chains do)
+    counts = turn_counts(ids, valid)  # (checks every row's turns, as chains do)
+    scored = np.flatnonzero(counts).tolist()
     failed = np.zeros(rows, bool)
     errors: dict[int, str] = {}
-    turns = int(ids.max()) + 1 if ids.size and ids.max() >= 0 else 0
-    total = np.zeros(tokens.shape, np.float32)
+    turns = int(counts.max()) if rows else 0
+    total: np.ndarray | None = None
     per_scorer: dict[str, np.ndarray] = {}
-    # Chunks of rows of similar length (rows_by_length: each chunk padded near its own rows' length).
-    index = np.asarray(scored, np.int64)
-    index = index[rows_by_length(mask[index].astype(bool) | (ids[index] >= 0))]
+    live = attention if attention is not None else np.ones(tokens.shape, bool)
+    # Turn ids outside the attention mask are not read: written -1 in the chunks (only where there are any).
+    outside = valid if rows_in.outside else None
     for scorer in models:
         report = progress if scorer is models[-1] else None
-        weighted, means, chunk_errors = _score_chunks(scorer, tokens, mask, ids, index, turns, on_error, per_turn,
-                                                      report)
+        order, lengths, ascending = chunk_order(live, np.asarray(scored, np.int64), scorer.bucket)
+        weighted, means, chunk_errors = _score_chunks(scorer, rows_in, outside, (order, lengths, ascending),
+                                                      counts, turns, on_error, per_turn, report)
         for row, message in chunk_errors.items():
             failed[row] = True
             errors.setdefault(row, message)
             failures.append(scorer)
-        with np.errstate(over="ignore", invalid="ignore"):
-            total = (total + weighted).astype(np.float32)
+        if total is None:
+            total = weighted
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):
+                total = (total + weighted).astype(np.float32)
         per_scorer[scorer.name] = means.astype(np.float32)
-    finite: np.ndarray = np.asarray(np.isfinite(total).all(axis=1))
-    overflow = [row for row in scored if not failed[row] and not finite[row]]
-    for row in overflow:
-        message = (f"the committed token rewards of row {row} would be non-finite (the float32 sum over scorers "
-                   f"{[scorer.name for scorer in models]} overflows); nothing was committed")
-        if on_error == "raise":
-            raise ValueError(message)
-        failed[row], errors[row] = True, f"ValueError: {message}"
-    total[failed[:, None] & (ids >= 0)] = np.nan
-    total[~failed[:, None] & (ids < 0)] = 0.0
+    if total is None:
+        total = np.zeros(tokens.shape, np.float32)
+    if len(models) > 1:  # (one scorer's rows were checked as they came: weighted_rows)
+        finite: np.ndarray = np.isfinite(total.sum(axis=1, dtype=np.float64))
+        for row in [row for row in scored if not failed[row] and not finite[row]]:
+            message = (f"the committed token rewards of row {row} would be non-finite (the float32 sum over "
+                       f"scorers {[scorer.name for scorer in models]} overflows); nothing was committed")
+            if on_error == "raise":
+                raise ValueError(message)
+            failed[row], errors[row] = True, f"ValueError: {message}"
+    for row in np.flatnonzero(failed).tolist():
+        total[row] = np.where(valid[row], np.float32(np.nan), np.float32(0.0))
     if on_error == "raise" and not per_turn:
         if shaping_mode == "gvpo" and scored and not (total < 0).any():
             warn_gvpo_without_penalty(stacklevel=3)
@@ -235,48 +242,96 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
     out = ScoredArrays(total, failed, errors)
     if not per_turn:
         return out
-    return out._replace(**_turn_tables(per_scorer, failed, {row: int(ids[row].max()) + 1 for row in scored},
+    return out._replace(**_turn_tables(per_scorer, failed, {row: int(counts[row]) for row in scored},
                                        (rows, turns)))
 
 
-def _score_chunks(scorer: Any, tokens: np.ndarray, mask: np.ndarray, ids: np.ndarray, index: np.ndarray, turns: int,
-                  on_error: OnError, per_turn: bool, report: Callable[[int, int], Any] | None
-                  ) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
-    """One ``ModelScorer``'s chunks of ``index`` (the scored rows, by length), synchronously: its weighted
-    rewards ``[B, T]``, its per-turn means ``[B, K]`` (``per_turn``) and the rows that failed with their
-    message (each counts against the scorer). A failed chunk fails its rows
+class _Rows(NamedTuple):
+    """A trainer's arrays as the row path reads them (``_checked_rows``)."""
+
+    tokens: np.ndarray  # [B, T] int, token ids in TOKEN_ID_RANGE
+    turn_ids: np.ndarray  # [B, T] int, as given
+    attention: np.ndarray | None  # [B, T] bool, or None: every position attends
+    valid: np.ndarray  # [B, T] bool: a turn's token (turn id >= 0, with attention)
+    outside: bool  # whether some turn id >= 0 lies outside the attention mask (then not read)
+
+
+def _checked_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> _Rows:
+    """``_row_arrays``' checks, without its masked copy of the turn ids (the row path reads ``valid``)."""
+    tokens = _integers("input_ids", input_ids)
+    if tokens.ndim != 2:
+        raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
+    ids = _integers("turn_ids", turn_ids)
+    _same_shape("turn_ids", ids, tokens.shape)
+    stray = stray_token_id(tokens)
+    if stray is not None:
+        raise ValueError(f"input_ids must hold token ids in {TOKEN_ID_RANGE}, got {stray}")
+    valid = ids >= 0
+    if attention_mask is None:
+        return _Rows(tokens, ids, None, valid, False)
+    mask = np.asarray(attention_mask)
+    _same_shape("attention_mask", mask, ids.shape)
+    attention = mask if mask.dtype == bool else mask != 0
+    present = np.count_nonzero(valid)
+    valid &= attention
+    return _Rows(tokens, ids, attention, valid, np.count_nonzero(valid) != present)
+
+
+def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan: tuple[np.ndarray, np.ndarray, bool],
+                  counts: np.ndarray, turns: int, on_error: OnError, per_turn: bool,
+                  report: Callable[[int, int], Any] | None) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+    """One ``ModelScorer``'s chunks of the scored rows (``plan``: ``chunk_order``'s), synchronously: its weighted
+    rewards ``[B, T]`` float32 (0 off the turns), its per-turn means ``[B, K]`` (``per_turn``) and the rows
+    that failed with their message (each counts against the scorer). A failed chunk fails its rows
     (``on_error="mask"``) or raises with a note naming them."""
+    tokens = rows_in.tokens
     weighted = np.zeros(tokens.shape, np.float32)
     means = np.zeros((tokens.shape[0], turns), np.float64)
     errors: dict[int, str] = {}
-    for begin in range(0, index.size, scorer.max_batch_size):
-        chunk = index[begin:begin + scorer.max_batch_size]
+    done = 0
+    order, lengths, ascending = plan
+    for chunk in row_chunks(tokens, rows_in.attention, rows_in.turn_ids, order, lengths, scorer.max_batch_size,
+                            scorer.bucket, ascending=ascending, valid=outside):
+        members = chunk.rows.tolist()
+        count, cut = chunk.rows.size, chunk.cut
         try:
-            raw = scorer.score_rows(tokens[chunk], mask[chunk], ids[chunk], check=False)
-            chunk_weighted, bad = weighted_rows(scorer, raw, chunk.tolist())
+            if scorer.output == "turns" and int(counts[chunk.rows].max()) > scorer.max_turns:
+                row = members[int(np.argmax(counts[chunk.rows] > scorer.max_turns))]
+                raise ValueError(f"scorer {scorer.name!r}: row {row} has more turns than "
+                                 f"max_turns={scorer.max_turns}")
+            raw = scorer.chunk_scores(chunk)
+            if scorer.spread is not None:
+                raw = place_steps(raw, chunk.ids[:count, :cut], chunk.turns[:count, :cut], scorer.rule,
+                                  scorer.spread, rows=members)
+            chunk_weighted, bad = weighted_rows(scorer, raw, members)
         except Exception as err:
             if on_error == "raise":
-                err.add_note(f"score_arrays: rows {chunk.tolist()} of input_ids (one call of scorer "
+                err.add_note(f"score_arrays: rows {members} of input_ids (one call of scorer "
                               f"{scorer.name!r}) failed")
                 raise
-            for row in chunk.tolist():
+            for row in members:
                 errors.setdefault(row, error_text(err))
         else:
             if bad and on_error == "raise":
                 raise ValueError(next(iter(bad.values())))
-            positions = {row: k for k, row in enumerate(chunk.tolist())}
-            for row, message in bad.items():  # only the rows with a non-finite score fail
-                errors.setdefault(row, f"ValueError: {message}")
-                chunk_weighted[positions[row]] = 0.0
-            weighted[chunk] = chunk_weighted
+            if bad:  # only the rows with a non-finite score fail
+                positions = {row: k for k, row in enumerate(members)}
+                chunk_weighted = chunk_weighted.copy() if chunk_weighted is raw else chunk_weighted
+                for row, message in bad.items():
+                    errors.setdefault(row, f"ValueError: {message}")
+                    chunk_weighted[positions[row]] = 0.0
+            weighted[chunk.at, :cut] = chunk_weighted
             if per_turn:
-                product = raw * scorer.weight
+                product = raw.astype(np.float64) * scorer.weight
+                on_turns = chunk.turns[:count, :cut]
                 for k in range(turns):
-                    on_turn = ids[chunk] == k
-                    count = on_turn.sum(axis=1)
-                    means[chunk, k] = np.where(count > 0, (product * on_turn).sum(axis=1) / np.maximum(count, 1), 0.0)
+                    on_turn = on_turns == k
+                    seen = on_turn.sum(axis=1)
+                    means[chunk.at, k] = np.where(seen > 0, (product * on_turn).sum(axis=1) / np.maximum(seen, 1),
+                                                    0.0)
+        done += count
         if report is not None:
-            report(min(begin + scorer.max_batch_size, index.size), index.size)
+            report(done, order.size)
     return weighted, means, errors
 
 

@@ -37,8 +37,8 @@ loads the model, called with ``factory_kwargs``, and returns ``fn``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import anyio
 import jax
@@ -143,37 +143,16 @@ class ModelScorer(BatchTrajectoryScorer):
         rows, width = turn_ids.shape
         out = np.zeros((rows, width), np.float64)
         live = attention_mask.astype(bool) | (turn_ids >= 0)
-        # Rows sorted by length before chunking (as a hand-written loop does), so each chunk is padded to a
-        # length near its own rows' instead of the longest row of a random mix; results go back by row.
-        order = rows_by_length(live)
-        for begin in range(0, rows, self.max_batch_size):
-            members = order[begin:begin + self.max_batch_size]
-            count = members.size
-            used = live[members].any(axis=0)
-            length = int(np.flatnonzero(used)[-1]) + 1 if used.any() else 0
-            if length == 0:
-                continue
-            padded = bucket_width(length, self.bucket)
-            shape = (self.max_batch_size, padded)
-            ids, mask, turns = np.zeros(shape, np.int32), np.zeros(shape, np.int32), np.full(shape, -1, np.int32)
-            cut = min(padded, width)
-            ids[:count, :cut] = input_ids[members, :cut]
-            mask[:count, :cut] = attention_mask[members, :cut]
-            chunk = turn_ids[members, :cut]
-            turns[:count, :cut] = chunk
+        order, lengths, ascending = chunk_order(live, np.flatnonzero(live.any(axis=1)), self.bucket)
+        for chunk in row_chunks(input_ids, attention_mask, turn_ids, order, lengths, self.max_batch_size,
+                                self.bucket, ascending=ascending):
             if self.output == "turns":
                 assert self.max_turns is not None
-                too_many = np.flatnonzero(chunk.max(axis=1) >= self.max_turns)
+                too_many = np.flatnonzero(chunk.turns.max(axis=1) >= self.max_turns)
                 if too_many.size:
-                    raise ValueError(f"scorer {self.name!r}: row {int(members[too_many[0]])} has more turns than "
-                                     f"max_turns={self.max_turns}")
-            scores = self._forward(ids, mask, turns)[:count]
-            if self.output == "turns":
-                last = (self.max_turns or 1) - 1
-                gathered = np.take_along_axis(scores, np.clip(chunk, 0, last), axis=1)
-                out[members, :cut] = np.where(chunk >= 0, gathered, 0.0)
-            else:
-                out[members, :cut] = np.where(chunk >= 0, scores[:, :cut], 0.0)
+                    raise ValueError(f"scorer {self.name!r}: row {int(chunk.rows[too_many[0]])} has more turns "
+                                     f"than max_turns={self.max_turns}")
+            out[chunk.at, :chunk.cut] = self.chunk_scores(chunk)
         if self.spread is not None:
             out = place_steps(out, input_ids, turn_ids, self.rule, self.spread)
         bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
@@ -181,14 +160,29 @@ class ModelScorer(BatchTrajectoryScorer):
             raise ValueError(f"scorer {self.name!r}: the model returned non-finite scores on row {int(bad[0])}")
         return out
 
+    def chunk_scores(self, chunk: RowChunk) -> np.ndarray:
+        """The model's raw scores of one chunk's rows, ``[rows, cut]`` in the model's float dtype (float64 for
+        one that returns integers), 0 off the turns (``output="turns"``: each turn's column spread over its
+        tokens): one call of the model (``max_batch_size`` rows, the chunk's bucketed width). Placing by
+        ``spread`` is the caller's (``place_steps``, over whole rows)."""
+        scores = self._forward(chunk.ids, chunk.mask, chunk.turns)
+        count = chunk.rows.size
+        turns = chunk.turns[:count, :chunk.cut]
+        if self.output == "turns":
+            last = (self.max_turns or 1) - 1
+            scores = np.take_along_axis(scores[:count], np.clip(turns, 0, last), axis=1)
+        else:
+            scores = scores[:count, :chunk.cut]
+        return np.where(turns >= 0, scores, scores.dtype.type(0))
+
     def _forward(self, ids: np.ndarray, mask: np.ndarray, turns: np.ndarray) -> np.ndarray:
-        result = np.asarray(jax.device_get(self.fn(ids, mask, turns)), np.float64)
+        result = np.asarray(jax.device_get(self.fn(ids, mask, turns)))
         self.forwards += 1
         expected = (ids.shape[0], self.max_turns) if self.output == "turns" else ids.shape
         if result.shape != expected:
             raise ValueError(f"scorer {self.name!r}: the model returned shape {result.shape} for rows of shape "
                              f"{ids.shape}, expected {expected} (output={self.output!r})")
-        return result
+        return result if result.dtype.kind == "f" else result.astype(np.float64)
 
     # -- the branches path -----------------------------------------------------------------------------------
 
@@ -284,21 +278,94 @@ class TeacherModelScorer(ModelScorer):
                 for (turns, _), per_turn in zip(items, scored)]
 
 
-def rows_by_length(live: np.ndarray) -> np.ndarray:
-    """The rows' indices ordered by their length (the last live position + 1; stable, so rows of one length
-    keep their order): the chunking order of ``score_rows`` and of ``score_arrays``' model path."""
-    lengths = np.where(live.any(axis=1), live.shape[1] - np.argmax(live[:, ::-1], axis=1), 0)
-    return np.argsort(lengths, kind="stable")
+class RowChunk(NamedTuple):
+    """One model call's rows (``row_chunks``): ``rows``, their indices in the batch, copied up to column ``cut``
+    into ``[max_batch_size, width]`` int32 buffers (``width`` the chunk's length rounded up to its bucket;
+    rows and columns past the copy hold 0, and -1 in ``turns``); ``at`` indexes them in the batch (a slice
+    where they are consecutive: copied without a gather)."""
+
+    rows: np.ndarray
+    at: Any
+    cut: int
+    ids: np.ndarray
+    mask: np.ndarray
+    turns: np.ndarray
+
+
+def row_lengths(live: np.ndarray) -> np.ndarray:
+    """``[B]`` each row's length: its last live position + 1, 0 for a row with none."""
+    width = live.shape[1]
+    return np.where(live.any(axis=1), width - np.argmax(live[:, ::-1], axis=1), 0)
+
+
+def chunk_order(live: np.ndarray, rows: np.ndarray, bucket: int | str) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The order in which ``rows`` (the rows to score; ``live``: ``[B, T]`` bool, the positions a model must
+    read) are chunked, and a length per row of the batch that sets each chunk's width (its longest row's,
+    rounded up to ``bucket``): by length (stable, so rows of one length keep their order), as a hand-written
+    loop sorts them so each chunk is padded near its own rows' length; as given when every row falls in one
+    bucket (sorting would narrow no chunk, and consecutive rows are copied without a gather), which a look at
+    the last bucket's columns tells without measuring each row. The third value: whether the order is
+    ``rows``' own (``rows`` increasing: ``row_chunks``' ``ascending``)."""
+    width = live.shape[1]
+    if rows.size == 0:
+        return rows, np.zeros(live.shape[0], np.int64), True
+    columns = np.flatnonzero(live.any(axis=0))
+    end = int(columns[-1]) + 1 if columns.size else 0
+    padded = bucket_width(end, bucket)
+    below = padded // 2 if bucket == "pow2" else padded - int(bucket)  # (lengths above it share the bucket)
+    if end and bool(np.asarray(live[:, below:end].any(axis=1))[rows].all()):
+        return rows, np.full(live.shape[0], end, np.int64), True
+    lengths = row_lengths(live) if width else np.zeros(live.shape[0], np.int64)
+    return rows[np.argsort(lengths[rows], kind="stable")], lengths, False
+
+
+def row_chunks(input_ids: np.ndarray, attention_mask: np.ndarray | None, turn_ids: np.ndarray, order: np.ndarray,
+               lengths: np.ndarray, size: int, bucket: int | str, *, ascending: bool = False,
+               valid: np.ndarray | None = None) -> Iterator[RowChunk]:
+    """The model calls of ``order``'s rows, ``size`` at a time (``RowChunk``), each padded to its longest row's
+    length rounded up to ``bucket``; rows of length 0 are skipped. ``attention_mask`` ``None``: every
+    position attends. ``ascending``: ``order`` holds distinct rows in increasing order (``chunk_order``'s
+    unsorted case), so a chunk spanning as many rows as it holds is a slice. ``valid`` (``[B, T]`` bool): the
+    positions whose turn ids are read, -1 written elsewhere (``score_arrays``: a token without attention is
+    never scored); default: the ids as given."""
+    width = turn_ids.shape[1]
+    for begin in range(0, order.size, size):
+        members = order[begin:begin + size]
+        count = members.size
+        length = int(lengths[members].max())
+        if length == 0:
+            continue
+        padded = bucket_width(length, bucket)
+        cut = min(padded, width)
+        rows: Any = slice(int(members[0]), int(members[0]) + count) if (
+            ascending and members[-1] - members[0] == count - 1) else members
+        shape = (size, padded)
+        ids, mask, turns = np.zeros(shape, np.int32), np.zeros(shape, np.int32), np.full(shape, -1, np.int32)
+        ids[:count, :cut] = input_ids[rows, :cut]
+        if attention_mask is None:
+            mask[:count, :cut] = 1
+        else:
+            mask[:count, :cut] = attention_mask[rows, :cut]
+        turns[:count, :cut] = turn_ids[rows, :cut]
+        if valid is not None:
+            np.copyto(turns[:count, :cut], -1, where=~valid[rows, :cut])
+        yield RowChunk(members, rows, cut, ids, mask, turns)
 
 
 def weighted_rows(scorer: ModelScorer, raw: np.ndarray, rows: Sequence[int]) -> tuple[np.ndarray, dict[int, str]]:
-    """``weight * raw`` as float32, as ``weighted_rewards`` gives each turn, and for each row (``rows``: the
-    rows of ``raw`` in the caller's numbering) whose raw score or weighted reward is not finite in float32,
-    the message naming the scorer and the row: only those rows fail."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        _, weighted = weighted_float32(raw, scorer.weight)
-    errors = {}
-    for k in np.flatnonzero(~(np.isfinite(raw).all(axis=1) & np.isfinite(weighted).all(axis=1))).tolist():
+    """``weight * raw`` as float32, as ``weighted_rewards`` gives each turn (``weighted_float32``; float32
+    scores of weight 1 are already that, and are not copied), and for each row (``rows``: the rows of ``raw``
+    in the caller's numbering) whose raw score or weighted reward is not finite in float32, the message naming
+    the scorer and the row: only those rows fail."""
+    if raw.dtype == np.float32 and scorer.weight == 1.0:
+        weighted = raw
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            _, weighted = weighted_float32(raw.astype(np.float64), scorer.weight)
+    errors: dict[int, str] = {}
+    if np.isfinite(weighted).all():
+        return weighted, errors
+    for k in np.flatnonzero(~np.isfinite(weighted).all(axis=1)).tolist():
         what = ("the model returned non-finite scores" if not np.isfinite(raw[k]).all() else
                 f"reward * weight ({scorer.weight}) is non-finite")
         errors[int(rows[k])] = f"scorer {scorer.name!r} on row {int(rows[k])}: {what}"

@@ -164,14 +164,14 @@ def step_turn_ids(input_ids: Any, turn_ids: Any, step_separator: Any, step_tag_i
 
 
 def place_steps(scores: np.ndarray, input_ids: np.ndarray, turn_ids: np.ndarray, rule: StepRule,
-                spread: Spread) -> np.ndarray:
+                spread: Spread, rows: Sequence[int] | None = None) -> np.ndarray:
     """A model's token scores ``[B, T]`` read at each step's last token (the step's score, where a causal PRM
     has read the whole step) and placed by ``spread`` over each turn's tokens (``turn_ids`` on positions);
     0 off the turns. ``ModelScorer``'s step rule (parsed without a step tag): nothing is inserted, and a
-    turn's end always ends a step."""
+    turn's end always ends a step. ``rows``: the rows' numbers in errors (default 0, 1, ...)."""
     out = np.zeros(scores.shape, np.float64)
     for row in range(scores.shape[0]):
-        for start, stop in turn_spans(turn_ids[row], row):
+        for start, stop in turn_spans(turn_ids[row], row if rows is None else rows[row]):
             ends = rule.ends(input_ids[row, start:stop])  # (a rule without a tag ends a step at the turn's end)
             steps = [scores[row, start + end - 1] for end in ends]
             out[row, start:stop] = spread_steps(steps, ends, stop - start, spread)

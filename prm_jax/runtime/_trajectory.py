@@ -44,6 +44,9 @@ def stray_token_id(ids: Sequence[int] | np.ndarray) -> int | None:
     if isinstance(ids, np.ndarray):
         if not ids.size:
             return None
+        if ids.dtype.kind == "i" and ids.dtype.itemsize >= 4 and int(
+                ids.view(f"u{ids.dtype.itemsize}").max()) <= MAX_TOKEN_ID:
+            return None  # (one pass: a negative int32 or int64 read unsigned is above any token id)
         low, high = int(ids.min()), int(ids.max())
     else:
         if not len(ids):
@@ -544,35 +547,40 @@ def turn_spans(turn_ids: np.ndarray, row: int = 0) -> list[tuple[int, int]]:
 
 
 def rows_with_turns(turn_ids: np.ndarray) -> np.ndarray:
-    """``turn_spans``' rule over a whole ``[B, T]`` batch at once (no Python loop over rows): ``[B]`` bool, the
-    rows holding at least one turn; a row that breaks the rule raises ``turn_spans``' own ``ValueError``.
+    """``[B]`` bool, the rows of a ``[B, T]`` batch holding at least one turn (``turn_counts`` > 0); a row that
+    breaks ``turn_spans``' rule raises its ``ValueError``."""
+    return np.asarray(turn_counts(turn_ids) > 0)
 
-    The rule, in two parts that together are ``turn_spans``': along each row's valid positions (``turn_ids
-    >= 0``, gaps skipped) the ids start at 0 and each is the one before or that plus one (turns 0, 1, 2, ...
-    in order); and a row has as many runs (a valid id unlike the position just before it) as turns (each turn
-    one contiguous run). A handful of whole-batch passes (issue 56.6: the host path's cost is all there is on
-    a GPU)."""
+
+def turn_counts(turn_ids: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    """``turn_spans``' rule over a whole ``[B, T]`` batch at once (no Python loop over rows): ``[B]`` int64,
+    each row's number of turns (0: none); a row that breaks the rule raises ``turn_spans``' own ``ValueError``.
+    ``valid`` (``[B, T]`` bool, default ``turn_ids >= 0``): the positions that hold a turn's token (the
+    caller's ``turn_ids >= 0`` under its attention mask), so no masked copy of the ids is made.
+
+    The rule as counts: a run starts at a valid position whose left neighbour is not valid or holds another
+    id; a row keeps the rule exactly when its runs' ids, in order, are 0, 1, 2, ... (each turn one
+    contiguous run, numbered in order). A few whole-batch passes over contiguous buffers (issue 56.6: on a GPU
+    the host path's cost is all there is beside the model)."""
     ids = np.asarray(turn_ids)
-    valid = ids >= 0
+    rows = ids.shape[0]
+    present = ids >= 0 if valid is None else np.asarray(valid, bool)
     if ids.size == 0:
-        return np.asarray(valid.any(axis=-1))
-    counts = valid.sum(axis=1)
-    has = counts > 0
-    seq = ids[valid]  # each row's valid ids in order, the rows one after another
-    starts = (np.cumsum(counts) - counts)[has]  # where each row with turns begins in seq
-    in_order = np.ones(ids.shape[0], bool)
-    in_order[has] = seq[starts] == 0  # a row's first turn is 0
-    step = np.diff(seq, prepend=0)
-    step[starts] = 0  # (a row's first id is not a step from the row before)
-    wrong = np.flatnonzero((step != 0) & (step != 1))
+        return np.zeros(rows, np.int64)
+    flat_ids, flat_valid = ids.reshape(-1), np.ascontiguousarray(present).reshape(-1)
+    starts = flat_valid.copy()
+    starts[1:] &= ~flat_valid[:-1] | (flat_ids[1:] != flat_ids[:-1])
+    starts.reshape(ids.shape)[:, 0] = present[:, 0]  # (a row's first position does not continue the row before)
+    at = np.flatnonzero(starts)  # (one entry a run: few)
+    counts = np.bincount(at // ids.shape[1], minlength=rows)
+    offsets = np.cumsum(counts) - counts  # where each row's runs begin among all runs
+    run_ids = flat_ids[at]
+    wrong = np.flatnonzero(run_ids != np.arange(run_ids.size) - np.repeat(offsets, counts))
     if wrong.size:
-        in_order[np.flatnonzero(has)[np.searchsorted(starts, wrong, side="right") - 1]] = False
-    before = np.concatenate([np.full((ids.shape[0], 1), -1, ids.dtype), ids[:, :-1]], axis=1)
-    runs = (valid & (ids != before)).sum(axis=1)
-    turns = np.where(has, ids.max(axis=1) + 1, 0)
-    for row in np.flatnonzero(~in_order | (runs != turns))[:1]:
-        turn_spans(ids[row], int(row))  # (raises, naming the row and what is wrong)
-    return np.asarray(has)
+        row = int(np.searchsorted(offsets, wrong[0], side="right") - 1)
+        turn_spans(np.where(present[row], ids[row], -1), row)  # (raises, naming the row and what is wrong)
+        raise AssertionError(f"turn_counts and turn_spans disagree on row {row}")  # (unreachable: one rule)
+    return counts
 
 
 def stitch(chain: Sequence[Interaction]) -> BranchSequence:

@@ -378,3 +378,19 @@ def test_the_batch_turn_rule_is_turn_spans_rule_row_for_row():
     assert rows_with_turns(np.zeros((2, 0), np.int32)).tolist() == [False, False]
     with pytest.raises(ValueError, match="turn_ids of row 1 must number its turns 0, 1, 2"):
         rows_with_turns(np.array([[0, 1, -1], [1, -1, -1]]))
+
+
+@pytest.mark.parametrize("dtype,bad,shown", [
+    (np.int64, 2**31, "2147483648"), (np.int64, -2**40, "-1099511627776"), (np.int32, -1, "-1"), (np.int8, -5, "-5"),
+    (np.uint64, 2**63, "9223372036854775808"), (np.int16, 7, None), (np.uint8, 255, None)])
+def test_the_token_id_rule_in_one_pass_refuses_each_dtypes_strays(dtype, bad, shown):
+    # Issue 56.6: the token-id check reads a signed batch once, unsigned (a negative id is then above any token
+    # id); the stray it names is still the lowest negative, else the highest.
+    from prm_jax.runtime._trajectory import stray_token_id
+
+    ids = np.array([[1, 2, 3], [4, 5, 6]], dtype)
+    ids[1, 1] = bad
+    assert stray_token_id(ids) == (None if shown is None else int(shown))
+    if shown is not None:
+        ids[0, 0] = bad if bad < 0 else 0  # (a second stray: the lowest negative is named when there is one)
+        assert stray_token_id(ids) == (int(ids.min()) if ids.min() < 0 else int(shown))

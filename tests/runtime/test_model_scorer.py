@@ -2,6 +2,7 @@
 (one compile per bucket), the array path without interactions, the same numbers as per-turn calls."""
 
 import functools
+import re
 import threading
 
 import chex
@@ -308,3 +309,59 @@ def test_blocking_runner_scores_model_rows_in_the_callers_thread_with_the_same_n
             runner.score_arrays(tokens, np.where(turn_ids == 0, 1, turn_ids))
     with pytest.raises(Exception, match="closed"):
         runner.score_arrays(tokens, turn_ids, attention_mask=attention)
+
+
+@pytest.mark.parametrize("layout", ["one_bucket", "mixed"])
+async def test_the_row_path_reads_turns_only_under_attention_in_either_chunk_order(layout):
+    # Issue 56.6 (the host path without a masked copy of the turn ids): rows all in one width bucket are chunked
+    # in their own order (consecutive rows copied as a slice), rows of mixed widths sorted by length; turn ids
+    # that run past a row's attention are written -1 in the model's chunk (the model never sees a turn there),
+    # and a row with attention but no turn, and an all-padding row, are not scored. Every layout equals the
+    # per-turn loop on the turns cut at the attention, with a mask given as int64, int32 or bool.
+    tokens, turn_ids, attention = trainer_rows(9, seed=3)  # lengths 9..40: one bucket of 64, several of 8
+    bucket = 8 if layout == "mixed" else 64
+    past = attention.sum(axis=1) < tokens.shape[1]
+    cut = turn_ids.copy()
+    for b in np.flatnonzero(past):  # the last turn runs on past the attention into the padding
+        end = int(attention[b].sum())
+        turn_ids[b, end:end + 3] = turn_ids[b, :end].max()
+        cut[b, end:] = -1
+    turn_ids[4], cut[4] = -1, -1  # attention, no turn
+    tokens[7], attention[7], turn_ids[7], cut[7] = 0, 0, -1, -1  # padding
+    seen = []
+
+    def spy(input_ids, attention_mask, turn_ids):
+        seen.append((np.asarray(attention_mask), np.asarray(turn_ids)))
+        return causal_prm(input_ids, attention_mask, turn_ids)
+
+    want = await score_arrays(PRMRunner(scorers=(PerTurnModel(weight=0.5),)), tokens, cut, attention_mask=attention)
+    for mask in (attention, attention.astype(np.int32), attention.astype(bool)):
+        seen.clear()
+        model = ModelScorer(fn=spy, max_batch_size=4, bucket=bucket, weight=0.5, jit=False)
+        got = await score_arrays(PRMRunner(scorers=(model,)), tokens, turn_ids, attention_mask=mask)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+        assert (got[turn_ids < 0] == 0).all() and (got[cut >= 0] > 0).all() and (got[4] == 0).all()
+        assert model.forwards == 2  # rows 4 and 7 are not sent: 7 rows, 4 per call
+        assert all(((ids < 0) | (m != 0)).all() for m, ids in seen)  # never a turn without attention
+    assert (len({ids.shape[1] for _, ids in seen}) > 1) == (layout == "mixed")
+
+
+def test_the_batch_turn_counts_under_a_mask_are_turn_spans_counts():
+    # Issue 56.6: turn_counts reads the turn ids where a caller's mask allows (valid), with no masked copy of
+    # them; on random rows and masks its counts are turn_spans' on the masked ids, and it refuses the rows
+    # turn_spans refuses, naming the first.
+    from prm_jax.runtime._trajectory import turn_counts, turn_spans
+
+    rng = np.random.default_rng(566)
+    for _ in range(500):
+        shape = (int(rng.integers(1, 5)), int(rng.integers(1, 8)))
+        ids = rng.choice([-1, 0, 1, 2], size=shape, p=[0.3, 0.4, 0.2, 0.1])
+        mask = rng.random(shape) < 0.8
+        masked = np.where(mask, ids, -1)
+        try:
+            want = [len(turn_spans(row, b)) for b, row in enumerate(masked)]
+        except ValueError as err:
+            with pytest.raises(ValueError, match=re.escape(str(err))):
+                turn_counts(ids, (ids >= 0) & mask)
+        else:
+            assert turn_counts(ids, (ids >= 0) & mask).tolist() == want, (ids, mask)

@@ -17,7 +17,7 @@ import contextvars
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -200,8 +200,10 @@ def located(count: jax.Array, locate: Callable[[], tuple[jax.Array, ...]]) -> tu
     return lax.cond(count > 0, locate, zeros)
 
 
-def mask_check(name: str, x: Any) -> list[ValueCheck]:
+def mask_check(name: str, x: Any, *, counts: jax.Array | None = None) -> list[ValueCheck]:
     """Masks are bool, or numbers that are exactly 0 or 1 (one rule for every mask); [] for bool masks.
+    ``counts``: ``[B]`` the bad entries of each row of a ``[B, T]`` mask, summed already with other masks'
+    in one pass (``bad_entries``).
 
     The native GAE kernel applies the same rule, with the same message, to the float32 masks it reads
     (``prm_jax/native/gae_cpu.cc``); a test holds the two to each other.
@@ -209,9 +211,9 @@ def mask_check(name: str, x: Any) -> list[ValueCheck]:
     x = jnp.asarray(x)
     if x.dtype == jnp.bool_:
         return []
-    bad = (x != 0) & (x != 1)  # NaN is bad too
-    count = violations(bad)
+    bad = not_binary(x)
     flags = bad.reshape(bad.shape[0], -1) if bad.ndim else bad.reshape(1, 1)
+    count = violations(flags) if counts is None else jnp.sum(counts)
     row, step, value = located(count, lambda: first_flagged(flags, x.reshape(flags.shape).astype(jnp.float32)))
     where = (lambda row, step: f"row {int(row)}, position {int(step)}") if x.ndim > 1 else (
         lambda row, step: f"entry {int(row)}")
@@ -220,47 +222,98 @@ def mask_check(name: str, x: Any) -> list[ValueCheck]:
                        f"{where(row, step)} holds {float(value):.9g}", row, step, value)]
 
 
-def nonfinite_rows(entries: Sequence[tuple[jax.Array, jax.Array]]) -> list[jax.Array]:
-    """For each ``(x, used)`` of ``entries`` (``[B, K]`` floats and their ``[B, K]`` bool masks): ``[B]`` bool,
-    True on the rows where a used entry of ``x`` is NaN or infinite.
+def not_binary(x: jax.Array) -> jax.Array:
+    """The mask rule's violations: entries neither 0 nor 1 (NaN included)."""
+    return (x != 0) & (x != 1)
 
-    One variadic reduction along the rows (one per float dtype: XLA reduces one precision at a time) reads
-    every ``x`` and mask once, in place: each ``x``'s row probe is ``sum(where(used, x * 0, 0))`` (NaN exactly
-    when a used entry is not finite, ``inf * 0`` being NaN; never an overflow), taken in the reducer itself,
-    so no masked copy of any input is written (XLA's CPU backend wrote one per input and read it again: 13
-    bytes an element each, against 4 plus the shared mask's 1 here). A mask shared by several inputs (by
-    identity) is read once."""
-    out: list[jax.Array | None] = [None] * len(entries)
-    for dtype in dict.fromkeys(jnp.dtype(x.dtype) for x, _ in entries):
-        picked = [i for i, (x, _) in enumerate(entries) if jnp.dtype(x.dtype) == dtype]
-        for i, rows in zip(picked, _probed_rows([entries[i] for i in picked], np.zeros((), dtype))):
+
+def bad_entries(masks: Sequence[jax.Array]) -> list[jax.Array]:
+    """For each ``[B, T]`` numeric mask of ``masks``: ``[B]`` int32, the entries of each row that are neither 0
+    nor 1, all summed in one variadic reduction that XLA fuses with the comparisons (one read of each mask;
+    a lone sum over a whole array is rewritten on the CPU into a tree of windows whose input, the flags as
+    int32, is written out and read again: 8 bytes an element more a mask)."""
+    if not masks:
+        return []
+    flags = tuple(not_binary(m).astype(jnp.int32) for m in masks)
+    return list(lax.reduce(flags, tuple(np.int32(0) for _ in flags),
+                           lambda a, b: tuple(lax.add(x, y) for x, y in zip(a, b)), (1,)))
+
+
+ProbeKind = Literal["finite", "bounds"]
+
+
+class Probe(NamedTuple):
+    """One ``[B, K]`` input's row probe in ``probed_rows``, on its entries where ``used`` (``[B, K]`` bool):
+    ``finite`` (a used entry is NaN or infinite) or ``bounds`` (a used entry lies outside ``bounds``, a schema
+    ``Bounds`` holding 0; NaN is the finite probe's)."""
+
+    x: jax.Array
+    used: jax.Array
+    kind: ProbeKind = "finite"
+    bounds: Any = None
+
+
+def probed_rows(probes: Sequence[Probe]) -> list[jax.Array]:
+    """For each of ``probes``: ``[B]`` bool, True on the rows it flags.
+
+    One variadic reduction along the rows per dtype (XLA reduces one precision at a time) reads every input
+    and mask once, in place, each probe taken in the reducer itself, so no flags or masked copy of any
+    input is written (XLA's CPU backend wrote one per input and read it again: 13 bytes an element for a
+    finite check, 6 for a range check, against 4 plus the shared mask's 1 here). A probe is its own fixed
+    point on the reduction's partial results (whose masks are True): ``finite`` ``where(used, x * 0, 0)``
+    summed (NaN exactly when a used entry is not finite, ``inf * 0`` being NaN; never an overflow);
+    ``bounds`` ``where(used and outside, a value outside the bounds, 0)`` (0 lies inside every declared
+    range), the first nonzero kept. A mask shared by several probes (by identity) is read once."""
+    out: list[jax.Array | None] = [None] * len(probes)
+    for dtype in dict.fromkeys(jnp.dtype(p.x.dtype) for p in probes):
+        picked = [i for i, p in enumerate(probes) if jnp.dtype(p.x.dtype) == dtype]
+        for i, rows in zip(picked, _probed_rows([probes[i] for i in picked], dtype)):
             out[i] = rows
     return [rows for rows in out if rows is not None]
 
 
-def _probed_rows(entries: Sequence[tuple[jax.Array, jax.Array]], zero: np.ndarray) -> list[jax.Array]:
-    """``nonfinite_rows`` of entries of one float dtype (``zero``: its 0), in one variadic reduction."""
+def nonfinite_rows(entries: Sequence[tuple[jax.Array, jax.Array]]) -> list[jax.Array]:
+    """``probed_rows`` of ``finite`` probes: for each ``(x, used)`` of ``entries`` (``[B, K]`` floats and their
+    ``[B, K]`` bool masks), ``[B]`` bool, True on the rows where a used entry of ``x`` is NaN or infinite."""
+    return probed_rows([Probe(x, used) for x, used in entries])
+
+
+def _probed_rows(probes: Sequence[Probe], dtype: Any) -> list[jax.Array]:
+    """``probed_rows`` of probes of one dtype, in one variadic reduction."""
+    zero = np.zeros((), dtype)
     masks: list[jax.Array] = []
     slots = []
-    for _, used in entries:
-        index = next((k for k, m in enumerate(masks) if m is used), None)
+    for probe in probes:
+        index = next((k for k, m in enumerate(masks) if m is probe.used), None)
         if index is None:
-            masks.append(used)
+            masks.append(probe.used)
             index = len(masks) - 1
         slots.append(index)
     count = len(masks)
 
+    def flagged(value: Any, i: int) -> Any:
+        probe = probes[i]
+        if probe.kind == "finite":
+            return lax.mul(value, zero)
+        bounds = probe.bounds
+        outside = np.full((), bounds.high + 1 if np.isfinite(bounds.high) else bounds.low - 1, dtype)
+        out = lax.bitwise_or(lax.lt(value, np.full((), bounds.low, dtype)), lax.gt(value, np.full((), bounds.high, dtype)))
+        return lax.select(out, outside, zero)
+
     def combine(left: tuple[jax.Array, ...], right: tuple[jax.Array, ...]) -> tuple[Any, ...]:
         def probe(side: tuple[jax.Array, ...], i: int) -> jax.Array:
-            return lax.select(side[slots[i]], lax.mul(side[count + i], zero), zero)
+            return lax.select(side[slots[i]], flagged(side[count + i], i), zero)
 
-        merged = tuple(lax.add(probe(left, i), probe(right, i)) for i in range(len(entries)))
+        merged = []
+        for i in range(len(probes)):
+            a, b = probe(left, i), probe(right, i)
+            merged.append(lax.add(a, b) if probes[i].kind == "finite" else lax.select(lax.ne(a, zero), a, b))
         return (*(np.bool_(True) for _ in masks), *merged)  # (a merged probe is used: probe(probe) = probe)
 
-    inits = (*(np.bool_(True) for _ in masks), *(zero for _ in entries))
+    inits = (*(np.bool_(True) for _ in masks), *(zero for _ in probes))
     # (a count has no gradient; JAX's derivative of a general reduction cannot take the bool masks either)
-    probes = lax.reduce((*masks, *(lax.stop_gradient(x) for x, _ in entries)), inits, combine, (1,))[count:]
-    return [jnp.isnan(p) for p in probes]
+    results = lax.reduce((*masks, *(lax.stop_gradient(p.x) for p in probes)), inits, combine, (1,))[count:]
+    return [jnp.isnan(r) if p.kind == "finite" else r != 0 for p, r in zip(probes, results)]
 
 
 def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key: str | None = None,
@@ -298,13 +351,16 @@ def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key
                                                f"is {float(value)!r}{hint}", row, step, in_row[step])
 
 
-def bounds_check(name: str, x: jax.Array, where: jax.Array, bounds: Any, *, key: str | None = None) -> ValueCheck:
+def bounds_check(name: str, x: jax.Array, where: jax.Array, bounds: Any, *, key: str | None = None,
+                 bad_rows: jax.Array | None = None) -> ValueCheck:
     """``[B, T]`` ``x`` lies within ``bounds`` (a schema ``Bounds``) where ``where`` is True (NaN is the finite
     check's to report). The count is the number of rows holding a value outside; the message names the first
-    such row, its timestep and the value. ``key`` names the check (default: from ``name``)."""
-    bad = where & ((x < bounds.low) | (x > bounds.high))
-    bad_rows = jnp.any(bad, axis=1)
-    row, step, value = located(violations(bad_rows), lambda: first_flagged(bad, x))
+    such row, its timestep and the value. ``key`` names the check (default: from ``name``). ``bad_rows``:
+    ``probed_rows``' ``bounds`` probe, computed already with other probes in one pass."""
+    bad = lambda: where & ((x < bounds.low) | (x > bounds.high))
+    if bad_rows is None:
+        bad_rows = jnp.any(bad(), axis=1)
+    row, step, value = located(violations(bad_rows), lambda: first_flagged(bad(), x))
     return ValueCheck(f"{key or check_key(name)}_out_of_range", violations(bad_rows),
                       lambda row, step, value: f"{name} must be {bounds.text}; row {int(row)}, timestep {int(step)} "
                                                f"is {float(value)!r}", row, step, value)

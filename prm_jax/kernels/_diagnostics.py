@@ -108,9 +108,8 @@ def outputs_check(advantages: jax.Array, returns: jax.Array, active: jax.Array) 
     Every input passed its own checks by then, so a non-finite output is a float32 overflow inside a stage
     (inputs or settings near float32's range, 3.4e38): counted like any check, never returned silently.
     """
-    zero = jnp.zeros((), advantages.dtype)
-    bad_rows = jnp.isnan(jnp.sum(jnp.where(active, advantages * zero + returns * zero, zero), axis=1))
-    count = _checks.violations(bad_rows)
+    bad_advantages, bad_returns = _checks.nonfinite_rows([(advantages, active), (returns, active)])  # (one pass)
+    count = _checks.violations(bad_advantages | bad_returns)
 
     def locate() -> tuple[jax.Array, ...]:
         bad_advantage = active & ~jnp.isfinite(advantages)

@@ -60,8 +60,12 @@ def check_shapes(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> tuple[i
 
 def structure_checks(batch: Mapping[str, jax.Array], num_rows: int) -> list[_checks.ValueCheck]:
     """Value checks of the inputs themselves: every mask of the schema is bool or 0/1, groups add up."""
-    checks = [check for name, key in BATCH_SCHEMA.items() if key.dtype == "mask" and name in batch
-              for check in _checks.mask_check(f"batch[{name!r}]", batch[name])]
+    masks = {name: jnp.asarray(batch[name]) for name, key in BATCH_SCHEMA.items()
+             if key.dtype == "mask" and name in batch}
+    summed = [name for name, mask in masks.items() if mask.ndim == 2 and mask.dtype != jnp.bool_]  # (in one pass)
+    counts = dict(zip(summed, _checks.bad_entries([masks[name] for name in summed])))
+    checks = [check for name, mask in masks.items()
+              for check in _checks.mask_check(f"batch[{name!r}]", mask, counts=counts.get(name))]
     if "group_sizes" in batch:
         checks.append(group_sizes_check(batch["group_sizes"], num_rows))
     elif "group_ids" in batch:
@@ -94,18 +98,24 @@ def finite_checks(batch: Mapping[str, jax.Array], active: jax.Array, values: jax
         read.append((name, _checks.as_float(f"batch[{name!r}]", batch[name], dtype) if name in batch else values))
     # Every key's rows probed in one pass over the inputs as given (a key on positions is read where the
     # timestep mask, moved back one position, says: the same entries as its shifted copy, which is not made).
+    # A model output a stage reads is probed for its declared range in the same pass.
     on_positions = shift_to_previous_position(active)
-    probes = _checks.nonfinite_rows([(array, on_positions if BATCH_SCHEMA[name].on == "positions" else active)
-                                     for name, array in read])
+    bounded = [BATCH_SCHEMA[name].bounds is not None and BATCH_SCHEMA[name].finite == "reader" for name, _ in read]
+    probes = []
+    for (name, array), ranged in zip(read, bounded):
+        used = on_positions if BATCH_SCHEMA[name].on == "positions" else active
+        probes += [_checks.Probe(array, used)] + ([_checks.Probe(array, used, "bounds", BATCH_SCHEMA[name].bounds)]
+                                                   if ranged else [])
+    found = iter(_checks.probed_rows(probes))
     checks = []
-    for (name, array), bad_rows in zip(read, probes):
+    for (name, array), ranged in zip(read, bounded):
         key = BATCH_SCHEMA[name]
         if key.on == "positions":  # as the stages read it: on the next token's timestep
             array = shift_to_next_token(array)
         safe = jnp.where(active, array, jnp.zeros((), dtype))
-        checks.append(_checks.finite_check(f"batch[{name!r}]", safe, active, hint=key.hint, bad_rows=bad_rows))
-        if key.bounds is not None and key.finite == "reader":  # a model output: its declared range too
-            checks.append(_checks.bounds_check(f"batch[{name!r}]", safe, active, key.bounds))
+        checks.append(_checks.finite_check(f"batch[{name!r}]", safe, active, hint=key.hint, bad_rows=next(found)))
+        if ranged:  # a model output: its declared range too
+            checks.append(_checks.bounds_check(f"batch[{name!r}]", safe, active, key.bounds, bad_rows=next(found)))
     checks.append(_checks.finite_check("batch['values'] (the bootstrap value V[seqlen - 1] of a truncated row)",
                                        last_value, truncated, key="values_bootstrap"))
     return checks

@@ -115,7 +115,7 @@ BATCH_SCHEMA: Mapping[str, BatchKey] = MappingProxyType({key.name: key for key i
     BatchKey("node_parents", "N", "nodes", "int", "none", -1, packed="sessions"),
     BatchKey("values", "BT", "timesteps", "float", "trained", 0.0),
     BatchKey("prox_logprobs", "BT", "timesteps", "float", "trained", 0.0, bounds=LOGPROB),
-    BatchKey("gae_lambda", "B", "rows", "float", "reader", 1.0),
+    BatchKey("gae_lambda", "B", "rows", "float", "rows", 1.0),  # (its λ step reads every row whenever given)
     BatchKey("reward_sources", "BK", "rows", "float", "nan_is_missing", 0.0),
     BatchKey("group_sizes", "G", "groups", "int", "none", 1),
     BatchKey("group_member_counts", "G", "groups", "int", "none", 1),

@@ -61,46 +61,41 @@ def test_a_short_per_row_ctx_list_is_a_named_error():
         anyio.run(main)
 
 
-def _nan_case(name):
+def _nan_case(name, schema=None):
     """A batch, a config whose stages read ``name``, and where to put a NaN (a trained position or timestep,
-    a real row, a used turn slot)."""
-    from batches import make_batch
+    a real row, a used turn slot), all from the declarations (issue 57.5): the option matrix's batch, which
+    holds every optional input, or else an array of the key's declared shape and fill; the config of the
+    first estimator or stage that declares reading the key (its declared ``example``, or ``{kind: {mode}}``),
+    or the default one for a key every run reads (``trained``, ``rows``). A key with a finiteness rule that no
+    declaration reads gets a message naming what to declare."""
+    from matrix_cases import make_batch
 
     from prm_jax.config import AdvantageConfig
+    from prm_jax.estimators import STAGE_SPECS, registered
     from prm_jax.kernels._schema import BATCH_SCHEMA
 
-    rng = np.random.default_rng(41)
-    batch = make_batch(rng, rows=4, width=24)
-    batch["group_sizes"] = np.array([2, 2])
-    config = AdvantageConfig(kl_ctl=0.0)
-    if name == "ref_logprobs":
-        config = AdvantageConfig(kl_ctl=0.1)
-    if name == "prm_logprobs":
-        batch["prm_logprobs"] = batch["ref_logprobs"].copy()
-        batch = {k: v for k, v in batch.items() if k != "token_rewards"}
-        config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "prime", "beta": 0.1})
-    if name == "prox_logprobs":
-        batch["prox_logprobs"] = batch["logprobs"].copy()
-    if name == "gae_lambda":
-        batch["gae_lambda"] = np.full(4, 0.9, np.float32)  # (read whenever the batch holds it)
-    if name in ("sum_pi_squared", "rollout_is_weights"):  # OTB's model outputs
-        batch["sum_pi_squared"] = np.full(batch["logprobs"].shape, 0.5, np.float32)
-        batch["rollout_is_weights"] = np.ones(batch["logprobs"].shape, np.float32)
-        config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "otb"})
-    if name == "turn_rewards":
-        batch["turn_rewards"] = np.zeros((4, 4), np.float32)
-        batch["turn_reward_mask"] = np.ones((4, 4), bool)
-        batch["anchor_ids"] = np.zeros((4, 4), np.int32)
-        config = AdvantageConfig(kl_ctl=0.0, credit_assignment={"mode": "gigpo"})
-    if name == "reward_sources":
-        batch["reward_sources"] = np.zeros((4, 2), np.float32)
-        config = AdvantageConfig(kl_ctl=0.0, reward_norm={"mode": "decoupled", "weights": [1.0, 1.0]})
-    key = BATCH_SCHEMA[name]
+    key = (schema or BATCH_SCHEMA)[name]
+    batch = make_batch(np.random.default_rng(41))
+    rows, width = batch["loss_mask"].shape
+    if name not in batch:  # (a key the matrix's batch does not hold: its declared shape, filled as declared)
+        shape = {"B": (rows,), "BT": (rows, width), "BK": (rows, 4)}.get(key.shape)
+        if shape is None:
+            return None, (f"batch key {name!r} has a finiteness rule on shape {key.shape!r}, which this test cannot "
+                          "build: give the option matrix's batch (tests/matrix_cases.py) an entry for it")
+        batch[name] = np.full(shape, key.fill, np.float32)
+    readers = [dict(spec.example) for spec in registered() if name in (*spec.reads, *spec.may_read)]
+    readers += [{spec.kind: {"mode": spec.mode}} for spec in STAGE_SPECS if name in spec.reads]
+    if key.finite == "reader" and not readers and name not in AdvantageConfig(kl_ctl=0.1).plan.reads:
+        return None, (f"batch key {name!r} is checked where a stage reads it (finite='reader'), but no estimator "
+                      "or stage declares reading it: add it to the reads (or may_read) of the EstimatorSpec or "
+                      "StageSpec that reads it")
+    config = AdvantageConfig(kl_ctl=0.1 if name == "ref_logprobs" and not readers else 0.0,
+                             **(readers[0] if readers else {}))
     array = np.array(batch[name], np.float32)
+    trained = (batch["loss_mask"] > 0) & (batch["attention_mask"] > 0)
     if key.on == "positions":  # the first trained position after the first (read on the timestep before it)
-        b, t = np.argwhere((batch["loss_mask"] > 0) & (batch["attention_mask"] > 0))[1]
+        b, t = np.argwhere(trained)[1]
     elif key.on == "timesteps":
-        trained = (batch["loss_mask"] > 0) & (batch["attention_mask"] > 0)
         b, t = np.argwhere(trained[:, 1:])[0]
     else:
         b, t = 1, 0
@@ -123,6 +118,7 @@ def test_a_nan_in_every_key_with_a_finiteness_rule_is_refused_naming_the_key(nam
     from prm_jax import compute_advantages
 
     batch, config = _nan_case(name)
+    assert batch is not None, config  # (the message: what to declare)
     with pytest.raises(ValueError, match=re.escape(f"batch[{name!r}]")):
         compute_advantages(batch, config)
 
@@ -147,6 +143,16 @@ def test_a_key_added_to_the_schema_is_checked_with_no_other_change(monkeypatch):
     entropy[b, t] = np.nan
     with pytest.raises(ValueError, match=re.escape("batch['entropy'] must be finite")):
         compute_advantages(dict(batch, entropy=entropy), AdvantageConfig(kl_ctl=0.0))
+    # Issue 57.5: the schema-driven NaN case of a new key comes from its declaration alone (its shape and fill;
+    # the matrix's batch does not hold it), and is refused; a new key checked where a stage reads it, which no
+    # stage declares reading, gets a message naming what to declare, never a bare KeyError.
+    case, config = _nan_case("entropy", schema)
+    assert np.isnan(case["entropy"]).sum() == 1
+    with pytest.raises(ValueError, match=re.escape("batch['entropy'] must be finite")):
+        compute_advantages(case, config)
+    unread = dict(schema, judge_logprobs=BatchKey("judge_logprobs", "BT", "timesteps", "float", "reader", 0.0))
+    case, message = _nan_case("judge_logprobs", unread)
+    assert case is None and "no estimator or stage declares reading it" in message and "'judge_logprobs'" in message
 
 
 def test_nonfinite_rows_is_the_loop_for_every_input_and_mask():
@@ -180,6 +186,63 @@ def test_nonfinite_rows_is_the_loop_for_every_input_and_mask():
 
     finite = np.nan_to_num(xs[0], nan=0.0, posinf=0.0, neginf=0.0)
     np.testing.assert_array_equal(np.asarray(jax.grad(loss)(finite)), 2 * np.where(used_a, finite, 0.0))
+
+
+def test_range_probes_share_the_finite_probes_pass_and_are_the_loop():
+    # Issue 56.5: a model output's declared range is probed in the finite probes' own reduction (no flags of
+    # its own written: 6 bytes an element on the CPU); against a plain loop for each declared Bounds (log-probs
+    # <= slack, probabilities in [0, 1 + slack], weights >= 0), in float32 and float16, values outside the
+    # range and NaN (the finite probe's, never the range's) both where used and where not, next to a finite
+    # probe of the same array and mask.
+    import jax
+
+    from prm_jax.kernels._checks import Probe, probed_rows
+    from prm_jax.kernels._schema import LOGPROB, PROBABILITY, WEIGHT
+
+    rng = np.random.default_rng(565)
+    rows, width = 7, 11
+    for dtype in (np.float32, np.float16):
+        for bounds in (LOGPROB, PROBABILITY, WEIGHT):
+            x = rng.uniform(max(bounds.low, -5.0), min(bounds.high, 5.0), size=(rows, width)).astype(dtype)
+            used = rng.random((rows, width)) < 0.6
+            far = bounds.high + 3.0 if np.isfinite(bounds.high) else bounds.low - 3.0
+            used[:3, 0], used[:3, 1] = True, False
+            x[0, 0], x[1, 1], x[2, 0] = far, far, np.nan  # outside and used, outside and unused, NaN and used
+            for _ in range(4):
+                x[rng.integers(rows), rng.integers(width)] = rng.choice([np.nan, far])
+            outside = [[bool(used[b, t] and bounds.outside(np.float64(x[b, t]))) for t in range(width)]
+                       for b in range(rows)]
+            nonfinite = [[bool(used[b, t] and not np.isfinite(x[b, t])) for t in range(width)] for b in range(rows)]
+            finite_rows, range_rows = jax.jit(lambda a, m, bounds=bounds: probed_rows(
+                [Probe(a, m), Probe(a, m, "bounds", bounds)]))(x, used)
+            assert np.asarray(range_rows).tolist() == [any(r) for r in outside], (dtype, bounds.text)
+            assert np.asarray(finite_rows).tolist() == [any(r) for r in nonfinite], (dtype, bounds.text)
+            assert any(map(any, outside)) and not all(map(any, outside))  # (the case holds both answers)
+
+
+def test_the_masks_0_1_counts_are_one_pass_and_count_each_bad_entry():
+    # Issue 56.5: compute_advantages sums the bad entries of its [B, T] masks in one variadic reduction (no
+    # int32 flags written: 8 bytes an element a mask on the CPU); each mask's count is still its bad entries
+    # (NaN, 0.5, 2, -1), as a plain loop counts them, and the message names the first.
+    import jax
+
+    from prm_jax.kernels._checks import bad_entries, mask_check
+
+    rng = np.random.default_rng(56)
+    int_mask = rng.integers(0, 2, (5, 9)).astype(np.int32)
+    float_mask = rng.integers(0, 2, (5, 9)).astype(np.float32)
+    int_mask[1, 3], int_mask[1, 5], int_mask[4, 0] = 2, -1, 7
+    float_mask[0, 8], float_mask[3, 2] = np.nan, 0.5
+    counts = jax.jit(bad_entries)([int_mask, float_mask])
+    for mask, count in zip((int_mask, float_mask), counts):
+        want = [sum(1 for v in row if not (v == 0 or v == 1)) for row in mask.tolist()]
+        assert np.asarray(count).tolist() == want
+    (check,) = mask_check("batch['loss_mask']", int_mask, counts=counts[0])
+    assert int(check.count) == 3
+    with pytest.raises(ValueError, match=re.escape("batch['loss_mask'] must be bool or hold only 0 and 1; row 1, "
+                                                   "position 3 holds 2")):
+        from prm_jax.kernels._checks import raise_value_checks
+        raise_value_checks([check])
 
 
 def test_a_key_on_positions_is_checked_where_the_timestep_before_it_is_trained():

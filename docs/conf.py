@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import pkgutil
 import shutil
 import sys
 from pathlib import Path
@@ -35,8 +34,8 @@ import jupyter_server_mathjax
 import prm_jax
 
 HERE = Path(__file__).resolve().parent
-NAMESPACES = ("config", "kernels", "kernels.gae_lambda", "runtime", "credit", "estimators", "losses", "filters",
-              "scorers", "errors")  # as tests/test_public_api
+sys.path.insert(0, str(HERE))  # (docs/doc_tables.py: the namespaces, and the tables the guides include)
+import doc_tables  # noqa: E402
 
 project = "prm-jax"
 release = version = prm_jax.__version__
@@ -67,6 +66,7 @@ napoleon_numpy_docstring = False
 html_theme = "furo"
 html_title = f"prm-jax {release}"
 html_css_files = ["prm-jax.css"]
+html_js_files = ["prm-jax.js"]
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
 doctest_global_setup = "import numpy as np\nimport prm_jax"
@@ -87,7 +87,7 @@ mathjax2_config = {"HTML-CSS": {"availableFonts": ["STIX-Web"], "preferredFont":
 
 
 def public_names() -> dict[str, list[str]]:
-    return {ns: list(importlib.import_module(f"prm_jax.{ns}").__all__) for ns in NAMESPACES}
+    return {ns: list(importlib.import_module(f"prm_jax.{ns}").__all__) for ns in doc_tables.NAMESPACES}
 
 
 def write_api_pages() -> None:
@@ -105,21 +105,7 @@ def write_api_pages() -> None:
             page.write_text(text)
 
 
-@functools.cache
-def alias_docs() -> dict[str, str]:
-    """Names given a ``#:`` documentation comment anywhere in the package (type aliases such as
-    ``ErrorPolicy``: a ``Literal`` has no docstring of its own), with the comment's text."""
-    from sphinx.pycode import ModuleAnalyzer
-
-    found = {}
-    for info in pkgutil.walk_packages(prm_jax.__path__, "prm_jax."):
-        try:
-            docs = ModuleAnalyzer.for_module(info.name).find_attr_docs()
-        except Exception:  # (a module without source)
-            continue
-        found.update({attr: " ".join(lines).strip() for (scope, attr), lines in docs.items()
-                      if not scope and "".join(lines).strip()})
-    return found
+alias_docs = doc_tables.alias_docs  # (the '#:' comments: one reader for the site and the guides' tables)
 
 
 def alias_comments() -> set[str]:
@@ -306,13 +292,61 @@ def _clean_rst(text: str) -> bool:
 
 
 write_api_pages()
-sys.path.insert(0, str(HERE))  # (docs/doc_tables.py: the tables the guides include, from the declarations)
-import doc_tables  # noqa: E402
 
 doc_tables.write(HERE / "guides")
 
 
+LONG_DEFAULT = 60  # a default whose repr runs longer is shown by name (a long constant: ":meta hide-value:")
+
+
+class _Named:
+    """A long default as its signature shows it: its type's name, with ``()`` where it is that type's own
+    default, ``(...)`` otherwise (issue 57.10: ``ExperimentConfig``'s signature printed 873 characters)."""
+
+    def __init__(self, value: object) -> None:
+        try:
+            plain = type(value)() == value
+        except Exception:
+            plain = False
+        self.text = f"{type(value).__name__}({'' if plain else '...'})"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def short_defaults(app, what, name, obj, options, signature, return_annotation):
+    """``autodoc-process-signature``: a signature whose defaults' reprs run long (a dataclass's generated
+    ``__init__`` has no source to preserve them from) is printed with those defaults named (``_Named``)."""
+    if signature is None or len(signature) <= 2 * LONG_DEFAULT or not callable(obj):
+        return None
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    if not any(p.default is not p.empty and len(repr(p.default)) > LONG_DEFAULT for p in sig.parameters.values()):
+        return None
+    params = [p.replace(annotation=p.empty, default=_Named(p.default) if p.default is not p.empty
+                        and len(repr(p.default)) > LONG_DEFAULT else p.default)
+              for p in sig.parameters.values() if p.name != "self"]
+    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty)), return_annotation
+
+
+def drop_long_values(app, doctree) -> None:
+    """``doctree-read``: a constant's or an attribute's value whose repr runs long (``BATCH_SCHEMA = ...`` ran to
+    5,039 characters) is left out of its signature: the name stands for it, and its page and the guides'
+    tables say what it holds."""
+    from sphinx import addnodes
+
+    for signature in doctree.findall(addnodes.desc_signature):
+        for annotation in list(signature.findall(addnodes.desc_annotation)):
+            text = annotation.astext().strip()
+            if text.startswith("=") and len(text) > LONG_DEFAULT:
+                annotation.parent.remove(annotation)
+
+
 def setup(app) -> None:
+    app.connect("doctree-read", drop_long_values)
+    app.connect("autodoc-process-signature", short_defaults)
     app.connect("builder-inited", check_coverage)
 
     def remember(app) -> None:

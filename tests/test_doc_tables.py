@@ -2,10 +2,10 @@
 declarations (docs/doc_tables.py), never pasted: each include names a table the build writes, and each table is
 its declaration's rendering (the refused pairs, the errors, the session format)."""
 
-import importlib.util
 import re
 from pathlib import Path
 
+from documentation import doc_tables
 from plugins import without_plugins
 
 from prm_jax.app.sessions import format_table
@@ -13,13 +13,6 @@ from prm_jax.config import refusals_markdown
 from prm_jax.errors import described
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-
-
-def doc_tables():
-    spec = importlib.util.spec_from_file_location("doc_tables", DOCS / "doc_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_include_of_the_guides_is_a_table_the_build_writes(tmp_path):

@@ -62,3 +62,32 @@ def test_no_table_on_the_site_has_an_empty_description_cell():
             if any(not re.sub(r"<[^>]+>|\s|&#160;|¶", "", cell) for cell in cells):
                 empty.append(f"{page.relative_to(SITE)}: {re.sub(r'<[^>]+>', '', cells[0]).strip()[:60]}")
     assert empty == []
+
+
+def test_no_signature_prints_a_long_default_or_value_whole():
+    # Issue 57.10: signatures printed whole default reprs (18 lines over 300 characters; BATCH_SCHEMA's value
+    # ran to 5,039, ExperimentConfig's signature to 873): a default whose repr runs past conf.LONG_DEFAULT is
+    # shown by name (its type's), and a constant's or attribute's long value is left out.
+    import conf
+
+    long = []
+    for page in (SITE / "api" / "_generated").glob("*.html"):
+        for signature in re.findall(r'<dt class="sig sig-object py"[^>]*>(.*?)</dt>', page.read_text(), re.S):
+            text = " ".join(re.sub(r"<[^>]+>", "", signature).replace("&#39;", "'").replace("&quot;", '"').split())
+            depth, value, values = 0, None, []
+            for ch in text:  # (each "= default", to the comma or the parenthesis that closes it)
+                if value is not None and depth == 0 and ch in ",)":
+                    values.append(value.strip())
+                    value = None
+                if ch in "([{":
+                    depth += 1
+                elif ch in ")]}":
+                    depth -= 1
+                if ch == "=" and depth <= 1 and value is None:
+                    value, depth = "", 0
+                elif value is not None:
+                    value += ch
+            if value is not None:
+                values.append(value.strip())
+            long += [f"{page.name}: {v[:80]}" for v in values if len(v) > conf.LONG_DEFAULT]
+    assert long == []

@@ -6,7 +6,8 @@ Chromium is needed), offscreen, in a window of 1,280 x 800 (a laptop's). For the
 (``gae``): the title, the navigation (the sidebar's links to every guide), a formula rendered by MathJax
 (served from ``_static``: no network), and no error on the JavaScript console. Issue 46.3: on the landing
 page, a guide and API pages, no code block, table or signature runs past its box or the window; the
-landing page's example shows whole without scrolling; the site's search finds ``score_arrays``.
+landing page's example shows whole without scrolling; the site's search finds ``score_arrays``. Issue 57.10:
+titles and names in tables wrap between words or after a name's dots, never inside a word.
 Screenshots go to ``docs/_build/screenshots`` (ignored by git).
 """
 
@@ -45,12 +46,33 @@ PROBE = r"""
     document.querySelectorAll('article pre, article table, article dl.py > dt'), function (e) {
       return e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right > width + 1; }).map(function (e) {
       return e.tagName + ': ' + e.innerText.slice(0, 80); });
+  // Issue 57.10: a title or a name in a table broken inside a word ("compute_advant / ages"): a line that
+  // starts with a letter or digit right after a letter or digit of the line before.
+  var midword = [];
+  Array.prototype.forEach.call(document.querySelectorAll('article h1, article table code'), function (e) {
+    var walker = document.createTreeWalker(e, NodeFilter.SHOW_TEXT, null);
+    var range = document.createRange(), lastTop = null, prev = '';
+    while (walker.nextNode()) {
+      var node = walker.currentNode;
+      for (var i = 0; i < node.nodeValue.length; i++) {
+        range.setStart(node, i); range.setEnd(node, i + 1);
+        var rects = range.getClientRects(), ch = node.nodeValue[i];
+        if (!rects.length) { prev = ch; continue; }  // (a space collapsed at a line's end: a break there is fine)
+        var top = rects[0].top;
+        if (lastTop !== null && top > lastTop + 2 && /[A-Za-z0-9]/.test(prev) && /[A-Za-z0-9]/.test(ch)) {
+          midword.push(e.tagName + ': ' + e.textContent.slice(0, 60) + ' (at ' + prev + '|' + ch + ')');
+        }
+        lastTop = top; prev = ch;
+      }
+    }
+  });
   var example = document.querySelector('.landing-example');
   var exampleBottom = example ? example.getBoundingClientRect().bottom : null;
   var found = Array.prototype.map.call(document.querySelectorAll('#search-results a, ul.search a'), function (a) {
     return a.getAttribute('href'); });
   return JSON.stringify({title: document.title, typeset: typeset, raw: raw, output: output, links: links,
-                         overflowing: overflowing, pageWidth: document.documentElement.scrollWidth, width: width,
+                         overflowing: overflowing, midword: midword,
+                         pageWidth: document.documentElement.scrollWidth, width: width,
                          exampleBottom: exampleBottom, height: window.innerHeight, found: found});
 })()
 """
@@ -165,6 +187,17 @@ def test_nothing_runs_past_its_box_or_the_window_at_1280_px(page):
     assert result, f"{page} did not answer within 30 s"
     assert result["overflowing"] == [], result["overflowing"]
     assert result["pageWidth"] <= result["width"], (result["pageWidth"], result["width"])
+    assert errors == []
+
+
+@pytest.mark.parametrize("page", [*PAGES, "guides/public-api.html",
+                                  "api/_generated/prm_jax.scorers.TeacherLogprobScorer.html"])
+def test_titles_and_names_in_tables_wrap_only_between_words_or_after_dots_at_1280_px(page):
+    # Issue 57.10: at 1,280 px titles broke mid-word ("compute_advant / ages") and table cells split names
+    # (`TeacherLogprobSco / rer`): they wrap at spaces, or after a name's dots and underscores.
+    result, errors = render_in_a_process(page)
+    assert result, f"{page} did not answer within 30 s"
+    assert result["midword"] == [], result["midword"]
     assert errors == []
 
 

@@ -7,7 +7,8 @@ Chromium is needed), offscreen, in a window of 1,280 x 800 (a laptop's). For the
 (served from ``_static``: no network), and no error on the JavaScript console. Issue 46.3: on the landing
 page, a guide and API pages, no code block, table or signature runs past its box or the window; the
 landing page's example shows whole without scrolling; the site's search finds ``score_arrays``. Issue 57.10:
-titles and names in tables wrap between words or after a name's dots, never inside a word.
+titles and names in tables wrap between words or after a name's dots, never inside a word, and the content
+column takes the width a laptop's window leaves.
 Screenshots go to ``docs/_build/screenshots`` (ignored by git).
 """
 
@@ -72,6 +73,9 @@ PROBE = r"""
     return a.getAttribute('href'); });
   return JSON.stringify({title: document.title, typeset: typeset, raw: raw, output: output, links: links,
                          overflowing: overflowing, midword: midword,
+                         article: (document.querySelector('article') || {}).clientWidth || 0,
+                         sidebar: (document.querySelector('.sidebar-drawer') || {}).clientWidth || 0,
+                         toc: (document.querySelector('.toc-drawer') || {}).clientWidth || 0,
                          pageWidth: document.documentElement.scrollWidth, width: width,
                          exampleBottom: exampleBottom, height: window.innerHeight, found: found});
 })()
@@ -199,6 +203,14 @@ def test_titles_and_names_in_tables_wrap_only_between_words_or_after_dots_at_128
     assert result, f"{page} did not answer within 30 s"
     assert result["midword"] == [], result["midword"]
     assert errors == []
+
+
+def test_the_content_column_takes_the_width_a_laptop_leaves():
+    # Issue 57.10: furo's content column is 46em (736 px) whatever the window; at 1,280 px it now takes the width
+    # the sidebars leave (up to 64em), and nothing runs past the window for it (the test above).
+    result, errors = render_in_a_process("guides/scorers.html")
+    assert result["article"] >= 800, (result["article"], result["sidebar"], result["toc"], result["width"])
+    assert result["pageWidth"] <= result["width"] and errors == []
 
 
 def test_the_landing_pages_example_shows_without_scrolling():

@@ -139,15 +139,22 @@ def steps() -> str:
          "scaling; verl clips nothing, so a summed reward above 20 surprises there); then `reward_norm`: "
          f"{listed(modes('reward_norm'))} (`normalize`: AReaL's `NormConfig`; `decoupled`: GDPO over the outcome "
          "and `reward_sources [B, K]`)", keys(modes("reward_norm"), "rewards")),
-        ("2-4", "timesteps, KL, where the outcome goes", "the KL estimate (`kl_estimator`) clamped to `+-kl_clamp` "
-         "(AReaL's 10; tunix uses 5) before `-kl_ctl` scales it", "`ref_logprobs`, `logprobs`, `values`"),
-        ("5", "process rewards `P`", f"`process_reward_transform`: {listed(modes('process_reward_transform'))} "
-         "first; then kept for shaping (`token_rewards_as_adv: true`) or folded into the rewards",
-         keys(modes("process_reward_transform"), "token_rewards", "turn_ids")),
+        ("2", "timesteps", "the rollout's arrays shifted onto next-token timesteps; the old log-probs are "
+         "`prox_logprobs` where given, else the shifted `logprobs`; `P` is the shifted `token_rewards`",
+         "`loss_mask`, `attention_mask`, `logprobs`, `prox_logprobs`, `values`, `token_rewards`"),
+        ("3", "process rewards `P`", f"`process_reward_transform`: {listed(modes('process_reward_transform'))}",
+         keys(modes("process_reward_transform"), "turn_ids")),
+        ("4", "KL rewards", "the KL estimate (`kl_estimator`) clamped to `+-kl_clamp` (AReaL's 10; tunix uses 5) "
+         "before `-kl_ctl` scales it", "`ref_logprobs`"),
+        ("5", "where the outcome and `P` go", "the outcome reward at the last trained timestep (0 on truncated rows "
+         "under `mask_no_eos_with_zero`); `P` kept for shaping (`token_rewards_as_adv: true`) or folded into the "
+         "rewards", "`is_truncated`"),
         ("6-7", "advantages and returns", "GAE (`gae_timestep_unit: token \\| turn`), or `credit_assignment`: "
          f"{listed(after)} (each replaces GAE; the KL rewards are added to its advantages), {listed(summed)} (the "
          "KL rewards in the rewards they sum)", keys(credit)),
-        ("8", "`adv_norm`", "AReaL's `NormConfig`", "(the advantages of step 7)"),
+        ("8", "`adv_norm`", "AReaL's `NormConfig` over the advantages on the trained timesteps",
+         "(the advantages of step 7)" + (f"; {keys(modes('adv_norm'))}" if any(s.reads for s in modes("adv_norm"))
+                                         else "")),
         ("9", "shaping", f"`advantage_shaping` with `P`: {listed(modes('advantage_shaping'))}"
          + (f"; not under {listed(owners)} (its returns already hold `P`)" if owners else ""),
          "(the advantages of step 8, `P` of step 5)"),

@@ -11,7 +11,7 @@ The other stage kinds (outcome normalizations, process transforms, shapings) dec
 ``StageSpec``, beside their kernels; ``STAGE_SPECS`` lists them.
 """
 
-from prm_jax.kernels._estimator import (
+from prm_jax.kernels._estimator_contract import (
     INPUTS,
     Estimate,
     EstimatorSpec,
@@ -22,7 +22,13 @@ from prm_jax.kernels._estimator import (
     row_groups,
     violations,
 )
-from prm_jax.kernels._estimators import credit_modes, estimator_for, register_estimator, registered, unregister_estimator
+from prm_jax.kernels._estimator_registry import (
+    credit_modes,
+    estimator_for,
+    register_estimator,
+    registered,
+    unregister_estimator,
+)
 from prm_jax.kernels._normalization import leave_one_out_mean, whiten
 from prm_jax.kernels._plan import STAGE_SPECS
 from prm_jax.kernels._recurrence import reverse_cumsum

@@ -1,5 +1,5 @@
 """Issue 55.13: a user-facing message names public paths only. A user-facing error named the private
-``prm_jax.kernels._estimators.register_estimator``; every raised message template (and every warning's) is
+``prm_jax.kernels._estimator_registry.register_estimator``; every raised message template (and every warning's) is
 read here, and none may name a private module or attribute (``x._y``)."""
 
 import ast
@@ -41,5 +41,5 @@ def test_no_raised_or_warned_message_names_a_private_path():
 
 
 def test_the_check_finds_the_issues_example():
-    tree = ast.parse('raise ValueError(f"register it with prm_jax.kernels._estimators.register_estimator({x})")')
+    tree = ast.parse('raise ValueError(f"register it with prm_jax.kernels._estimator_registry.register_estimator({x})")')
     assert [text for _, e in messages(tree) for text in message_texts(e) if PRIVATE.search(text)]

@@ -10,7 +10,7 @@ import numpy as np
 
 from prm_jax.app._score import ScoreRun, ScoreSummary, failure_causes, listed, stats_text
 from prm_jax.kernels._alignment import shift_to_next_token
-from prm_jax.kernels._estimators import registered
+from prm_jax.kernels._estimator_registry import registered
 from prm_jax.kernels._shaping import SHAPING_MODES
 
 # Each shaping mode's rule in one line (``prm_jax.kernels._shaping``'s docstring states them in full; A is the

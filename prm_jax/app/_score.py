@@ -23,7 +23,7 @@ from prm_jax.config._experiment import ExperimentConfig
 from prm_jax.errors import InputError, NoGroupAccepted, ScoreError
 from prm_jax.kernels._advantages import compute_advantage_variants, compute_advantages
 from prm_jax.kernels._diagnostics import STATISTICS
-from prm_jax.kernels._estimators import registered
+from prm_jax.kernels._estimator_registry import registered
 from prm_jax.kernels._plan import STAGE_DIAGNOSTICS
 from prm_jax.kernels._schema import MODEL_OUTPUT_KEYS
 from prm_jax.kernels._shaping import SHAPING_MODES

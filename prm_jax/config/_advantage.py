@@ -28,8 +28,8 @@ from prm_jax._validation import (
     short_repr,
 )
 from prm_jax.kernels import gae_lambda
-from prm_jax.kernels._estimator import EstimatorStage
-from prm_jax.kernels._estimators import credit_modes, estimator_for, registered
+from prm_jax.kernels._estimator_contract import EstimatorStage
+from prm_jax.kernels._estimator_registry import credit_modes, estimator_for, registered
 from prm_jax.kernels._kl import KL_CLAMP, KL_ESTIMATORS, KLEstimator
 from prm_jax.kernels._normalization import DecoupledNorm, NormConfig
 from prm_jax.kernels._plan import (

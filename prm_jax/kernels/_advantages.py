@@ -9,15 +9,16 @@ of a forward pass already on timesteps and are not shifted (AReaL's alignment). 
    optional ``reward_norm`` over the ``[B]`` vector.
 2. shift the rollout-side arrays to timesteps; the shifted mask is ``m``. The old log-probs are the
    recomputed ``prox_logprobs`` when given, else the shifted behaviour ``logprobs``; they and the
-   reference log-probs are zeroed where ``m = 0``.
-3. ``kl_rewards = -kl_ctl * clamp(kl, +-kl_clamp)`` (AReaL's 10) on active timesteps, 0 at timestep ``seqlen - 1``.
+   reference log-probs are zeroed where ``m = 0``. The process rewards are ``P = shifted(token_rewards) * m``.
+3. optional ``process_reward_transform`` of ``P`` (``min_form``, ``progress``).
+4. ``kl_rewards = -kl_ctl * clamp(kl, +-kl_clamp)`` (AReaL's 10) on active timesteps, 0 at timestep ``seqlen - 1``.
    Without ``ref_logprobs`` the reference log-prob is 0 (AReaL's rule; a warning once per trace when
    ``kl_ctl != 0``).
-4. truncation: ``is_truncated`` when given, else ``seqlen == T`` (with a warning: it mislabels a row that
+5. truncation: ``is_truncated`` when given, else ``seqlen == T`` (with a warning: it mislabels a row that
    ends exactly at the padded width). The outcome reward goes to timestep ``max(seqlen - 2, 0)``, or 0
    there for truncated rows under ``mask_no_eos_with_zero``, which also zeroes their process rewards.
-5. process rewards ``P = shifted(token_rewards) * m``: kept for shaping (``token_rewards_as_adv``), or
-   folded: each turn's uniform reward is added once, at the timestep predicting its last token.
+   ``P`` is kept for shaping (``token_rewards_as_adv``), or folded: each turn's uniform reward is added
+   once, at the timestep predicting its last token.
 6. GAE (``gae`` or ``turn_gae``) with bootstrap ``V[seqlen - 1]`` on truncated rows; λ is the batch's
    per-row ``gae_lambda``, the config's λ function of the rows' lengths, or its float. At turn level
    the KL rewards are added to the advantages after GAE instead of entering the turn rewards, and
@@ -41,8 +42,8 @@ from jax import lax
 from prm_jax.kernels import _checks
 from prm_jax.kernels import _inputs as inputs
 from prm_jax.kernels._diagnostics import STATISTICS, diagnostics, outputs_check, statistics_of
-from prm_jax.kernels._estimator import finish
-from prm_jax.kernels._normalization import GRPO_GROUPS, GroupLayout, _normalize_core, batch_groups, row_groups
+from prm_jax.kernels._estimator_contract import finish
+from prm_jax.kernels._normalization import ADV_NORM, GRPO_GROUPS, GroupLayout, batch_groups, row_groups
 from prm_jax.kernels._plan import AdvantagePlan, PlanSource, as_plan
 from prm_jax.kernels._shaping import ShapingConfig, warn_gvpo_without_penalty
 from prm_jax.kernels._stage import declared_batch
@@ -78,7 +79,7 @@ def _estimator_inputs(plan: AdvantagePlan, batch: Mapping[str, jax.Array], rewar
                       process: jax.Array | None, steps: Timesteps, bootstrap: jax.Array, lam: jax.Array,
                       real_rows: jax.Array, groups: GroupLayout | None, outcome_at: jax.Array,
                       turns: TurnSteps | None, dtype: Any) -> dict[str, Any]:
-    """The inputs the estimator's ``run`` names (``prm_jax.kernels._estimator.INPUTS``), and only those; its
+    """The inputs the estimator's ``run`` names (``prm_jax.kernels._estimator_contract.INPUTS``), and only those; its
     batch holds only the keys it declared."""
     spec, width = plan.estimator_spec, steps.active.shape[1]
     available: dict[str, Callable[[], Any]] = {
@@ -132,15 +133,15 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> _Run:
     last_value = jnp.take_along_axis(steps.values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
     truncated = truncation(batch, seqlen, width)
     checks += inputs.finite_checks(batch, steps.active, steps.values, last_value, truncated, plan)  # as given
-    if (transform := plan.process_transform) is not None and steps.process is not None:    # (5, first)
+    if (transform := plan.process_transform) is not None and steps.process is not None:    # 3
         transformed, transform_diagnostics = transform.spec.run(
             transform, checks, steps.process, steps.active, turns, declared_batch(transform.spec, batch), outcome,
             strategy.general)
         steps = steps._replace(process=transformed)
         stage_diagnostics.update(transform_diagnostics)
-    kl = kl_step(steps, seqlen, plan.kl)                                                     # 3
+    kl = kl_step(steps, seqlen, plan.kl)                                                     # 4
     outcome_at = lax.broadcasted_iota(jnp.int32, steps.active.shape, 1) == jnp.maximum(seqlen - 2, 0)[:, None]
-    task, process, outcome = task_rewards(outcome, steps.process, steps, outcome_at, truncated, plan.task,  # 4-5
+    task, process, outcome = task_rewards(outcome, steps.process, steps, outcome_at, truncated, plan.task,  # 5
                                           turns, strategy.general, checks)
     # A row with attention after its last generated span (a trailing tool message) has its outcome on an
     # untrained timestep, where GAE's masked carry drops it (AReaL's rule): said, not silent.
@@ -152,8 +153,9 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> _Run:
     advantages, returns, step_groups = finish(spec, spec.run(plan.estimator, checks, **_estimator_inputs(  # 6-7
         plan, batch, task + kl if spec.kl == "rewards" else task, outcome, process, steps, bootstrap, lam,
         seqlen > 0, grpo_groups, outcome_at, turns, dtype)), kl, steps.values)
-    if plan.adv_norm is not None:                                                            # 8
-        advantages = _normalize_core(advantages, steps.active, plan.adv_norm, groups_of(plan.adv_norm))
+    if (adv_norm := plan.adv_norm) is not None:                                              # 8
+        advantages, adv_norm_diagnostics = ADV_NORM.run(adv_norm, checks, advantages, steps.active, groups_of)
+        stage_diagnostics.update(adv_norm_diagnostics)
     unshaped = advantages
     if process is not None and (shaping := plan.shaping) is not None:                        # 9
         advantages, shaping_diagnostics = shaping.spec.run(shaping, checks, advantages, process, steps.active)

@@ -48,7 +48,7 @@ from jax.typing import ArrayLike
 from prm_jax._validation import finite_number, one_of, short_repr
 from prm_jax.errors import ConfigError
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator import Estimate, EstimatorSpec, SummaryHook, on_turn_timesteps
+from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec, SummaryHook, on_turn_timesteps
 from prm_jax.kernels._normalization import NormConfig, group_layout, group_sizes_check, weighted_moments, z_score
 from prm_jax.kernels._recurrence import ScanStrategy, StepGroupMethod, linear_recurrence, resolve_step_groups
 from prm_jax.kernels._schema import is_anchor_id

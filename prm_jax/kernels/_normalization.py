@@ -582,6 +582,14 @@ def _decoupled_outcome(norm: DecoupledNorm, checks: list, rewards: jax.Array, ba
                                                                  1).astype(rewards.dtype)}
 
 
+def _normalized_advantages(norm: NormConfig, checks: list, advantages: jax.Array, active: jax.Array,
+                           groups_of: Callable[[NormConfig], GroupLayout | None]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``adv_norm`` (AReaL's ``NormConfig``) over the advantages on the trained timesteps (step 8)."""
+    return _normalize_core(advantages, active, norm, groups_of(norm)), {}
+
+
 OUTCOME_NORM = StageSpec("reward_norm", "normalize", NormConfig, _normalized_outcome)
+#: ``actor.adv_norm``: the advantages' normalization (the record is the same ``NormConfig``; the plan names its slot).
+ADV_NORM = StageSpec("adv_norm", "normalize", NormConfig, _normalized_advantages)
 DECOUPLED_NORM = StageSpec("reward_norm", "decoupled", DecoupledNorm, _decoupled_outcome, reads=("reward_sources",),
                            diagnostics="decoupled/", checks=("reward_sources_infinite",))

@@ -37,7 +37,7 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import boolean, finite_number, integer
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
 from prm_jax.kernels._normalization import given_groups, segment_totals
 from prm_jax.kernels._recurrence import AlignmentMethod, ScanStrategy, native_or, resolve_alignment
 from prm_jax.kernels._schema import BATCH_SCHEMA, LOGPROB

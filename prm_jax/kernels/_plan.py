@@ -16,10 +16,10 @@ from typing import Any, Literal, Protocol, get_args
 
 import jax
 
-from prm_jax.kernels._estimator import EstimatorSpec, EstimatorStage
-from prm_jax.kernels._estimators import estimator_for
+from prm_jax.kernels._estimator_contract import EstimatorSpec, EstimatorStage
+from prm_jax.kernels._estimator_registry import estimator_for
 from prm_jax.kernels._kl import KL_CLAMP, KLEstimator
-from prm_jax.kernels._normalization import DECOUPLED_NORM, OUTCOME_NORM, DecoupledNorm, NormConfig
+from prm_jax.kernels._normalization import ADV_NORM, DECOUPLED_NORM, OUTCOME_NORM, DecoupledNorm, NormConfig
 from prm_jax.kernels._platform import lowering_platform
 from prm_jax.kernels._progress import PROGRESS_TRANSFORM, ProgressTransform
 from prm_jax.kernels._pure import MIN_FORM_TRANSFORM, MinFormTransform
@@ -37,8 +37,9 @@ TIMESTEP_UNITS: tuple[TimestepUnit, ...] = get_args(TimestepUnit)
 REWARD_NORMS: dict[str, StageSpec] = {spec.mode: spec for spec in (OUTCOME_NORM, DECOUPLED_NORM)}
 #: ``actor.process_reward_transform``.
 PROCESS_TRANSFORMS: dict[str, StageSpec] = {spec.mode: spec for spec in (MIN_FORM_TRANSFORM, PROGRESS_TRANSFORM)}
-#: Every declared stage other than the estimators.
-STAGE_SPECS: tuple[StageSpec, ...] = (*REWARD_NORMS.values(), *PROCESS_TRANSFORMS.values(), *SHAPINGS.values())
+#: Every declared stage other than the estimators, in the order the pipeline runs their kinds.
+STAGE_SPECS: tuple[StageSpec, ...] = (*REWARD_NORMS.values(), *PROCESS_TRANSFORMS.values(), ADV_NORM,
+                                      *SHAPINGS.values())
 #: The prefixes of the declared stages' diagnostics (each estimator declares its own).
 STAGE_DIAGNOSTICS: tuple[str, ...] = tuple(spec.diagnostics for spec in STAGE_SPECS if spec.diagnostics is not None)
 
@@ -68,7 +69,7 @@ class OutcomeStage:
 
 @dataclasses.dataclass(frozen=True)
 class KLStage:
-    """Step 3: ``-kl_ctl * clamp(kl, -clamp, clamp)`` on active timesteps (AReaL's clamp: 10)."""
+    """Step 4: ``-kl_ctl * clamp(kl, -clamp, clamp)`` on active timesteps (AReaL's clamp: 10)."""
 
     kl_ctl: float = 0.1
     estimator: KLEstimator = "k1"
@@ -77,7 +78,7 @@ class KLStage:
 
 @dataclasses.dataclass(frozen=True)
 class TaskRewardStage:
-    """Steps 4-5: where the outcome reward goes; ``mask_truncated`` (``mask_no_eos_with_zero``) zeroes it
+    """Step 5: where the outcome reward goes; ``mask_truncated`` (``mask_no_eos_with_zero``) zeroes it
     and the process rewards of truncated rows; ``fold_process`` folds uniform per-turn process rewards
     into the rewards (``token_rewards_as_adv=False``) instead of keeping them for shaping."""
 
@@ -150,14 +151,22 @@ class AdvantagePlan:
 
     @property
     def estimator_spec(self) -> EstimatorSpec:
-        """The declaration of ``estimator`` (``prm_jax.kernels._estimators``)."""
+        """The declaration of ``estimator`` (``prm_jax.kernels._estimator_registry``)."""
         return estimator_for(self.estimator)
 
     @property
-    def stages(self) -> tuple[DeclaredStage, ...]:
-        """The configured stages other than the estimator, in the order they run: the outcome's
-        normalization, the process transform, the shaping."""
-        return tuple(stage for stage in (self.outcome.norm, self.process_transform, self.shaping) if stage is not None)
+    def stages(self) -> tuple[tuple[StageSpec, Any], ...]:
+        """The configured stages other than the estimator, each with its declaration, in the order they run:
+        the outcome's normalization (step 1), the process transform (3), the advantages' normalization (8),
+        the shaping (9). A record names its own declaration (``DeclaredStage.spec``); ``adv_norm``'s record is
+        a ``NormConfig`` like ``reward_norm``'s, so its slot names its declaration (``ADV_NORM``)."""
+        records: tuple[DeclaredStage | None, ...] = (self.outcome.norm, self.process_transform)
+        declared = [(stage.spec, stage) for stage in records if stage is not None]
+        if self.adv_norm is not None:
+            declared.append((ADV_NORM, self.adv_norm))
+        if self.shaping is not None:
+            declared.append((self.shaping.spec, self.shaping))
+        return tuple(declared)
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -165,7 +174,7 @@ class AdvantagePlan:
         rollout's (``prm_jax.kernels._schema``): what a caller packs. Each stage's declared keys (the
         estimator's, GDPO's ``reward_sources``, progress's ``token_reward_mask``); the reference log-probs
         for a KL reward."""
-        declared = [key for stage in self.stages for key in stage.spec.reads]
+        declared = [key for spec, _ in self.stages for key in spec.reads]
         kl = ("ref_logprobs",) if self.kl.kl_ctl != 0 else ()
         return tuple(dict.fromkeys((*self.estimator_spec.batch_keys, *declared, *kl)))
 

@@ -37,7 +37,7 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import boolean, finite_number, one_of
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
 from prm_jax.kernels._normalization import leave_one_out_affine, leave_one_out_mean, whiten
 from prm_jax.kernels._recurrence import CumsumMethod, ScanStrategy, resolve_strategy, reverse_cumsum
 from prm_jax.kernels._token_gae import _gae_core

@@ -35,7 +35,7 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import boolean, finite_number
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
 from prm_jax.kernels._normalization import leave_one_out_mean, row_sum_mean, whiten
 from prm_jax.kernels._recurrence import CumsumMethod, ScanStrategy, reverse_cumsum
 from prm_jax.kernels._stage import StageSpec

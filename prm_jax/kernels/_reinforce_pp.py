@@ -33,7 +33,7 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import boolean, finite_number
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
 from prm_jax.kernels._normalization import given_groups, whiten
 from prm_jax.kernels._recurrence import GAEMethod, ScanStrategy, resolve_strategy
 from prm_jax.kernels._token_gae import _gae_core

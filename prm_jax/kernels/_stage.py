@@ -1,6 +1,6 @@
 """The contract of the pipeline's other stage kinds: outcome normalizations, process transforms, shapings.
 
-Estimators declare themselves with an ``EstimatorSpec`` (``prm_jax.kernels._estimator``); the three other
+Estimators declare themselves with an ``EstimatorSpec`` (``prm_jax.kernels._estimator_contract``); the three other
 kinds of configurable stage declare themselves with a ``StageSpec`` the same way, beside their kernel: the
 config key and mode that select it, the batch keys it reads when present (``prm_jax.kernels._schema``),
 whether it reads turns, the prefix of its diagnostics (the command line's summary lists them under
@@ -27,7 +27,7 @@ import jax
 
 from prm_jax.kernels._schema import BATCH_SCHEMA
 
-StageKind = Literal["reward_norm", "process_reward_transform", "advantage_shaping"]
+StageKind = Literal["reward_norm", "process_reward_transform", "adv_norm", "advantage_shaping"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,7 +78,7 @@ def to_timesteps(batch: Mapping[str, jax.Array], raw_active: jax.Array, dtype: A
 
 
 def kl_step(steps: Timesteps, seqlen: jax.Array, stage: KLStage) -> jax.Array:
-    """Step 3: the KL rewards (the estimate clamped to ``+-stage.clamp``); without reference log-probs the
+    """Step 4: the KL rewards (the estimate clamped to ``+-stage.clamp``); without reference log-probs the
     reference is 0 (AReaL), so k1 gives ``kl_ctl * logp``. With ``kl_ctl = 0`` there is no KL term, and the
     reference log-probs are not read."""
     if stage.kl_ctl == 0:
@@ -129,7 +129,7 @@ def step_lambda(batch: Mapping[str, jax.Array], steps: Timesteps, plan_lam: floa
 def task_rewards(outcome: jax.Array, process: jax.Array | None, steps: Timesteps, outcome_at: jax.Array,
                  truncated: jax.Array, stage: TaskRewardStage, turns: TurnSteps | None, method: str,
                  checks: list[_checks.ValueCheck]) -> tuple[jax.Array, jax.Array | None, jax.Array]:
-    """Steps 4-5: the outcome reward at timestep ``max(seqlen - 2, 0)`` (0 for truncated rows under
+    """Step 5: the outcome reward at timestep ``max(seqlen - 2, 0)`` (0 for truncated rows under
     ``mask_no_eos_with_zero``, which also clears their process rewards), plus folded turn rewards; and the
     ``[B]`` outcome every estimator reads (the same zeros: GiGPO, tree, PURE and PRIME honour it too)."""
     zero = jnp.zeros((), outcome.dtype)

@@ -39,7 +39,7 @@ from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels._alignment import shift_to_next_token
-from prm_jax.kernels._estimator import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
 from prm_jax.kernels._pallas_gae import pallas_gae
 from prm_jax.kernels._recurrence import DEFAULT_BLOCK_SIZE, ScanStrategy, linear_recurrence, resolve_method
 from prm_jax.native import _ffi as ffi

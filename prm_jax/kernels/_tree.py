@@ -44,7 +44,7 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import one_of
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator import Estimate, EstimatorSpec, on_turn_timesteps
+from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec, on_turn_timesteps
 from prm_jax.kernels._turns import turn_segments, turn_sums
 
 TreeWeighting = Literal["sqrt", "uniform", "none"]

@@ -21,7 +21,7 @@ from jax.typing import ArrayLike
 from prm_jax._validation import integer, integer_dtype
 from prm_jax.kernels import _checks
 from prm_jax.kernels._alignment import shift_to_next_token
-from prm_jax.kernels._estimator import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
 from prm_jax.kernels._recurrence import ScanStrategy, resolve_strategy
 from prm_jax.kernels._token_gae import GAEOutput, _gae_core, _prepare, check_discounts, is_unit_discount
 from prm_jax.native import _ffi as ffi

@@ -25,6 +25,7 @@ CONFIGS = {
     ("process_reward_transform", "min_form"): {"process_reward_transform": {"mode": "min_form"}},
     ("process_reward_transform", "progress"): {"process_reward_transform": {"mode": "progress", "level": "turn"},
                                                "advantage_shaping": {"mode": "additive"}},
+    ("adv_norm", "normalize"): {"adv_norm": {"mean_level": "group", "std_level": "group"}},
     **{("advantage_shaping", mode): {"advantage_shaping": {"mode": mode}}
        for mode in ("additive", "gvpo", "process_weighted")},
 }
@@ -38,7 +39,7 @@ def test_every_declared_stage_has_a_case_here():
 def test_a_stage_writes_its_declared_diagnostics_and_checks(kind, mode):
     spec = next(s for s in STAGE_SPECS if (s.kind, s.mode) == (kind, mode))
     config = AdvantageConfig(kl_ctl=0.0, **CONFIGS[kind, mode])
-    assert any(stage.spec is spec for stage in config.plan.stages)
+    assert any(declared is spec for declared, _ in config.plan.stages)
     batch = make_batch(np.random.default_rng(43), rows=4, width=24, unit_interval=True)
     batch["group_sizes"] = np.array([2, 2], np.int32)
     out = compute_advantages(batch, config)
@@ -88,3 +89,20 @@ def test_a_new_process_transform_runs_from_its_declaration_alone():
     want = compute_advantages(clipped, config)
     np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-6, atol=1e-6)
     assert int(got.diagnostics["clipped/steps"]) == int(np.asarray(got.loss_mask).sum())
+
+
+def test_the_stages_run_in_the_order_the_steps_are_numbered():
+    # Issue 57.4: adv_norm was the one stage not declared, and the driver's step numbers were not its order
+    # (1, 2, "5, first", 3, 4-5, ...): every stage kind is declared, the plan lists a config's stages in the
+    # order they run, and the driver's step comments count up in the order of its lines.
+    import re
+
+    config = AdvantageConfig(kl_ctl=0.0, reward_norm={"mean_level": "group", "std_level": "group"},
+                             process_reward_transform={"mode": "min_form"},
+                             adv_norm={"mean_level": "batch", "std_level": "batch"})
+    kinds = [spec.kind for spec, _ in config.plan.stages]
+    assert kinds == ["reward_norm", "process_reward_transform", "adv_norm", "advantage_shaping"]
+    assert [spec.kind for spec in STAGE_SPECS] == sorted((spec.kind for spec in STAGE_SPECS), key=kinds.index)
+    steps = [int(step.split("-")[0]) for step in re.findall(r"#\s+(\d+(?:-\d+)?)\s*$",
+                                                             inspect.getsource(advantages._pipeline), re.M)]
+    assert steps == sorted(steps) and steps[0] == 1 and len(steps) >= 7, steps

@@ -7,8 +7,8 @@ fields are the config keys of ``credit_assignment: {mode: <mode>, ...}``), the b
 summary prints them), and where the KL rewards go. Its ``run(stage, checks, **inputs)`` receives exactly
 the inputs its signature names (``INPUTS``), appends its value checks to ``checks`` (``ValueCheck``: a
 violation count computed on the device, ``violations(flags)``, and the message built on the host from its
-details), and returns an ``Estimate``. One registry line (``prm_jax.kernels._estimators``) makes it known to the config, the
-pipeline, the command line's packing and its report.
+details), and returns an ``Estimate``. One registry line (``prm_jax.kernels._estimator_registry``) makes it
+known to the config, the pipeline, the command line's packing and its report.
 
 The shared epilogue (``finish``) then forms what every estimator returns the same way: with ``kl="after"``
 the KL rewards are added to the advantages (with ``kl="rewards"`` they were in the rewards the estimator

@@ -1,4 +1,4 @@
-"""The registry of estimators (``prm_jax.kernels._estimator`` says what one declares).
+"""The registry of estimators (``prm_jax.kernels._estimator_contract`` says what one declares).
 
 One line per estimator below; ``register_estimator`` adds one at run time (a plug-in, or a test's toy).
 The config's ``credit_assignment`` modes, the pipeline's dispatch and checks, the command line's packing
@@ -7,7 +7,7 @@ and its report of diagnostics all read this registry.
 
 from __future__ import annotations
 
-from prm_jax.kernels._estimator import EstimatorSpec
+from prm_jax.kernels._estimator_contract import EstimatorSpec
 from prm_jax.kernels._gigpo import GIGPO
 from prm_jax.kernels._otb import OTB
 from prm_jax.kernels._prime import PRIME

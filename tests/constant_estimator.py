@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 
-from prm_jax.estimators import Estimate, EstimatorSpec, ValueCheck, violations
+from prm_jax.estimators import EstimatorSpec, StageResult, ValueCheck, violations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,14 +21,14 @@ class ConstantCredit:
     value: float = 1.0
 
 
-def _run(stage: ConstantCredit, checks: list, batch: Mapping[str, jax.Array], active: jax.Array,
-         real_rows: jax.Array, dtype) -> Estimate:
+def _run(stage: ConstantCredit, batch: Mapping[str, jax.Array], active: jax.Array,
+         real_rows: jax.Array, dtype) -> StageResult:
     nameless = real_rows & jnp.all(batch["node_ids"] < 0, axis=1)
-    checks.append(ValueCheck("constant_rows_without_nodes", violations(nameless),
-                             lambda: "credit_assignment 'constant': a real row names no node in batch['node_ids']"))
+    check = ValueCheck("constant_rows_without_nodes", violations(nameless),
+                       lambda: "credit_assignment 'constant': a real row names no node in batch['node_ids']")
     advantages = jnp.where(active, jnp.asarray(stage.value, dtype), jnp.zeros((), dtype))
-    return Estimate(advantages, diagnostics={"constant/trained": jnp.sum(active, dtype=jnp.int32),
-                                             "constant/nodes": jnp.sum(batch["node_ids"] >= 0, dtype=jnp.int32)})
+    return StageResult(advantages, {"constant/trained": jnp.sum(active, dtype=jnp.int32),
+                                    "constant/nodes": jnp.sum(batch["node_ids"] >= 0, dtype=jnp.int32)}, (check,))
 
 
 CONSTANT = EstimatorSpec(ConstantCredit, _run, "credit_assignment 'constant'", mode="constant",

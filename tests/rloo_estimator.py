@@ -11,7 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from prm_jax.estimators import Estimate, EstimatorSpec, leave_one_out_mean
+from prm_jax.estimators import EstimatorSpec, StageResult, leave_one_out_mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,12 +19,12 @@ class RLOOCredit:
     """``credit_assignment: {mode: rloo}`` (no settings)."""
 
 
-def _run(stage: RLOOCredit, checks: list, outcome: jax.Array, active: jax.Array, real_rows: jax.Array,
-         row_group: jax.Array, num_groups: int, dtype) -> Estimate:
+def _run(stage: RLOOCredit, outcome: jax.Array, active: jax.Array, real_rows: jax.Array,
+         row_group: jax.Array, num_groups: int, dtype) -> StageResult:
     baseline, alone = leave_one_out_mean(outcome, real_rows, row_group, num_groups)
     advantage = jnp.where(alone, jnp.zeros((), dtype), outcome - baseline)
-    return Estimate(jnp.where(active, advantage[:, None], jnp.zeros((), dtype)),
-                    diagnostics={"rloo/groups_of_one": jnp.sum(alone & real_rows, dtype=jnp.int32)})
+    return StageResult(jnp.where(active, advantage[:, None], jnp.zeros((), dtype)),
+                       {"rloo/groups_of_one": jnp.sum(alone & real_rows, dtype=jnp.int32)})
 
 
 RLOO = EstimatorSpec(RLOOCredit, _run, "credit_assignment 'rloo'", mode="rloo", diagnostics="rloo/", units=("token",),

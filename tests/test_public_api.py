@@ -68,8 +68,8 @@ def test_the_public_api_table_gives_every_public_name_one_short_line(namespace):
 
 
 def test_a_public_name_without_a_description_fails_the_table():
-    with pytest.raises(ValueError, match=r"prm_jax\.config\.nothing has no description"):
-        TABLES.summary("prm_jax.config.nothing", (1, 2))
+    with pytest.raises(ValueError, match=r"prm_jax\.config\.NoSuchName has no description"):
+        TABLES.summary("prm_jax.config.NoSuchName", (1, 2))
     assert TABLES.short_line("Sums ``x``. Then more.") == "Sums `x`."
     cut = TABLES.short_line("A " + "word " * 40 + "end.")
     assert len(cut) <= TABLES.SHORT and cut.endswith(" …")

@@ -43,12 +43,11 @@ from prm_jax.kernels import _checks
 from prm_jax.kernels import _inputs as inputs
 from prm_jax.kernels._diagnostics import STATISTICS, diagnostics, outputs_check, statistics_of
 from prm_jax.kernels._estimator_contract import finish
-from prm_jax.kernels._normalization import ADV_NORM, GRPO_GROUPS, GroupLayout, batch_groups, row_groups
+from prm_jax.kernels._normalization import GRPO_GROUPS, batch_groups, row_groups
 from prm_jax.kernels._plan import AdvantagePlan, PlanSource, as_plan
 from prm_jax.kernels._shaping import ShapingConfig, warn_gvpo_without_penalty
-from prm_jax.kernels._stage import declared_batch
+from prm_jax.kernels._stage import StageResult, run_stage
 from prm_jax.kernels._timesteps import (
-    Timesteps,
     kl_step,
     outcome_rewards,
     sequence_lengths,
@@ -57,7 +56,7 @@ from prm_jax.kernels._timesteps import (
     to_timesteps,
     truncation,
 )
-from prm_jax.kernels._turns import TurnSteps, turn_ids_check, turn_steps
+from prm_jax.kernels._turns import turn_ids_check, turn_steps
 
 
 class AdvantageOutput(NamedTuple):
@@ -75,25 +74,8 @@ class AdvantageOutput(NamedTuple):
     diagnostics: dict[str, jax.Array]
 
 
-def _estimator_inputs(plan: AdvantagePlan, batch: Mapping[str, jax.Array], rewards: jax.Array, outcome: jax.Array,
-                      process: jax.Array | None, steps: Timesteps, bootstrap: jax.Array, lam: jax.Array,
-                      real_rows: jax.Array, groups: GroupLayout | None, outcome_at: jax.Array,
-                      turns: TurnSteps | None, dtype: Any) -> dict[str, Any]:
-    """The inputs the estimator's ``run`` names (``prm_jax.kernels._estimator_contract.INPUTS``), and only those; its
-    batch holds only the keys it declared."""
-    spec, width = plan.estimator_spec, steps.active.shape[1]
-    available: dict[str, Callable[[], Any]] = {
-        "batch": lambda: {key: batch[key] for key in spec.batch_keys if key in batch},
-        "rewards": lambda: rewards, "outcome": lambda: outcome, "process": lambda: process,
-        "active": lambda: steps.active,
-        "logprobs": lambda: steps.logprobs, "values": lambda: steps.values, "turn_ids": lambda: steps.turn_ids,
-        "ref_logprobs": lambda: steps.ref_logprobs, "bootstrap": lambda: bootstrap, "lam": lambda: lam,
-        "gamma": lambda: jnp.asarray(plan.discount, dtype), "real_rows": lambda: real_rows,
-        "row_group": lambda: row_groups(groups, outcome.shape[0])[0],
-        "num_groups": lambda: row_groups(groups, outcome.shape[0])[1], "num_turns": lambda: plan.num_turns(width),
-        "strategy": lambda: plan.strategy, "outcome_at": lambda: outcome_at, "turns": lambda: turns,
-        "dtype": lambda: dtype}
-    return {name: available[name]() for name in spec.inputs}
+def _given(value: Any) -> Any:
+    return value
 
 
 class _Run(NamedTuple):
@@ -110,20 +92,39 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> _Run:
     num_rows, width = inputs.check_shapes(batch, plan)
     dtype = inputs.float_dtype(batch)
     checks = inputs.structure_checks(batch, num_rows)
+    stage_diagnostics: dict[str, jax.Array] = {}
+    # The stages' named inputs (INPUTS), each a thunk of its value as the steps so far left it: a stage is
+    # given exactly the ones its run names (run_stage), each computed only when one does.
+    now: dict[str, Callable[[], Any]] = {}
+
+    def give(**values: Any) -> None:
+        for name, value in values.items():
+            now[name] = functools.partial(_given, value)
+
+    def run(spec: Any, stage: Any) -> StageResult:
+        result = run_stage(spec, stage, now, batch)
+        checks.extend(result.checks)
+        return result
+
     seqlen = sequence_lengths(batch["attention_mask"])
     # A position outside the attention mask is never trained, whatever its loss mask says (padding).
     raw_active = (_checks.as_mask("batch['loss_mask']", batch["loss_mask"])
                   & _checks.as_mask("batch['attention_mask']", batch["attention_mask"]))
     groups_of = functools.partial(batch_groups, batch, num_rows)
     grpo_groups = groups_of(GRPO_GROUPS) if "group_sizes" in batch or "group_ids" in batch else None
+    give(real_rows=seqlen > 0, groups_of=groups_of, grpo_groups=grpo_groups, strategy=strategy, dtype=dtype,
+         gamma=jnp.asarray(plan.discount, dtype), num_turns=plan.num_turns(width))
+    now["row_group"] = lambda: row_groups(grpo_groups, num_rows)[0]
+    now["num_groups"] = lambda: row_groups(grpo_groups, num_rows)[1]
     rewards = _checks.as_float("batch['rewards']", batch["rewards"], dtype)
     checks.append(_checks.finite_check("batch['rewards']", rewards))
     outcome = outcome_rewards(rewards, raw_active, plan.outcome)                              # 1
-    stage_diagnostics: dict[str, jax.Array] = {}
-    if (norm := plan.outcome.norm) is not None:
-        outcome, norm_diagnostics = norm.spec.run(norm, checks, outcome, declared_batch(norm.spec, batch),
-                                                  seqlen > 0, groups_of, grpo_groups)
-        stage_diagnostics.update(norm_diagnostics)
+    give(outcome=outcome)
+    for spec, stage in plan.stages_of("reward_norm"):
+        result = run(spec, stage)
+        outcome = result.value
+        give(outcome=outcome)
+        stage_diagnostics.update(result.diagnostics)
     steps = to_timesteps(batch, raw_active, dtype)                                           # 2
     turns = None
     if plan.reads_turns(batch):
@@ -133,12 +134,15 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> _Run:
     last_value = jnp.take_along_axis(steps.values, jnp.clip(seqlen - 1, 0, width - 1)[:, None], axis=1)[:, 0]
     truncated = truncation(batch, seqlen, width)
     checks += inputs.finite_checks(batch, steps.active, steps.values, last_value, truncated, plan)  # as given
-    if (transform := plan.process_transform) is not None and steps.process is not None:    # 3
-        transformed, transform_diagnostics = transform.spec.run(
-            transform, checks, steps.process, steps.active, turns, declared_batch(transform.spec, batch), outcome,
-            strategy.general)
-        steps = steps._replace(process=transformed)
-        stage_diagnostics.update(transform_diagnostics)
+    give(active=steps.active, logprobs=steps.logprobs, values=steps.values, turn_ids=steps.turn_ids,
+         ref_logprobs=steps.ref_logprobs, process=steps.process, turns=turns)
+    for spec, stage in plan.stages_of("process_reward_transform"):                          # 3
+        if steps.process is None:
+            continue
+        result = run(spec, stage)
+        steps = steps._replace(process=result.value)
+        give(process=steps.process)
+        stage_diagnostics.update(result.diagnostics)
     kl = kl_step(steps, seqlen, plan.kl)                                                     # 4
     outcome_at = lax.broadcasted_iota(jnp.int32, steps.active.shape, 1) == jnp.maximum(seqlen - 2, 0)[:, None]
     task, process, outcome = task_rewards(outcome, steps.process, steps, outcome_at, truncated, plan.task,  # 5
@@ -149,17 +153,23 @@ def _pipeline(batch: Mapping[str, jax.Array], plan: AdvantagePlan) -> _Run:
     stage_diagnostics["outcome/rows_off_trained_timesteps"] = jnp.sum(off, dtype=jnp.int32)
     bootstrap = jnp.where(truncated, last_value, jnp.zeros((), dtype))
     lam = step_lambda(batch, steps, plan.lam, dtype, turns, checks)
-    spec = plan.estimator_spec
-    advantages, returns, step_groups = finish(spec, spec.run(plan.estimator, checks, **_estimator_inputs(  # 6-7
-        plan, batch, task + kl if spec.kl == "rewards" else task, outcome, process, steps, bootstrap, lam,
-        seqlen > 0, grpo_groups, outcome_at, turns, dtype)), kl, steps.values)
-    if (adv_norm := plan.adv_norm) is not None:                                              # 8
-        advantages, adv_norm_diagnostics = ADV_NORM.run(adv_norm, checks, advantages, steps.active, groups_of)
-        stage_diagnostics.update(adv_norm_diagnostics)
+    estimator = plan.estimator_spec
+    give(rewards=task + kl if estimator.kl == "rewards" else task, outcome=outcome, process=process,
+         bootstrap=bootstrap, lam=lam, outcome_at=outcome_at)
+    advantages, returns, step_groups = finish(estimator, run(estimator, plan.estimator), kl, steps.values)  # 6-7
+    for spec, stage in plan.stages_of("adv_norm"):                                           # 8
+        give(advantages=advantages)
+        result = run(spec, stage)
+        advantages = result.value
+        stage_diagnostics.update(result.diagnostics)
     unshaped = advantages
-    if process is not None and (shaping := plan.shaping) is not None:                        # 9
-        advantages, shaping_diagnostics = shaping.spec.run(shaping, checks, advantages, process, steps.active)
-        stage_diagnostics.update(shaping_diagnostics)
+    for spec, stage in plan.stages_of("advantage_shaping"):                                  # 9
+        if process is None:
+            continue
+        give(advantages=advantages)
+        result = run(spec, stage)
+        advantages = result.value
+        stage_diagnostics.update(result.diagnostics)
     checks.append(outputs_check(advantages, returns, steps.active))
     output = AdvantageOutput(advantages=advantages, returns=returns, kl_rewards=kl, tot_rewards=task + kl,
                              loss_mask=steps.active.astype(dtype), logprobs=steps.logprobs,
@@ -183,10 +193,11 @@ def _variants_jit(batch, plan, shapings, locate=True):
         run = _pipeline(batch, plan)
     assert run.process is not None  # compute_advantage_variants needs token_rewards
     shaped, failed = {"none": run.unshaped}, {"none": jnp.zeros((), jnp.int32)}
+    given = {"advantages": lambda: run.unshaped, "process": lambda: run.process, "active": lambda: run.active}
     for shaping in shapings:
-        checks: list[_checks.ValueCheck] = []
-        shaped[shaping.mode], _ = shaping.spec.run(shaping, checks, run.unshaped, run.process, run.active)
-        failed[shaping.mode] = sum((check.count for check in checks), jnp.zeros((), jnp.int32))
+        result = run_stage(shaping.spec, shaping, given, batch)
+        shaped[shaping.mode] = result.value
+        failed[shaping.mode] = sum((check.count for check in result.checks), jnp.zeros((), jnp.int32))
     stats = statistics_of(shaped, run.active)  # (every variant's in few passes)
     return run.output, run.checks, tuple((shaped[mode], {f"advantages/{name}": stats[f"{mode}/{name}"] for name in
                                                          STATISTICS}, failed[mode]) for mode in shaped)

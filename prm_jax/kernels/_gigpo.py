@@ -48,10 +48,11 @@ from jax.typing import ArrayLike
 from prm_jax._validation import finite_number, one_of, short_repr
 from prm_jax.errors import ConfigError
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec, SummaryHook, on_turn_timesteps
+from prm_jax.kernels._estimator_contract import EstimatorSpec, SummaryHook, on_turn_timesteps
 from prm_jax.kernels._normalization import NormConfig, group_layout, group_sizes_check, weighted_moments, z_score
 from prm_jax.kernels._recurrence import ScanStrategy, StepGroupMethod, linear_recurrence, resolve_step_groups
 from prm_jax.kernels._schema import is_anchor_id
+from prm_jax.kernels._stage import StageResult
 from prm_jax.kernels._turns import TurnSteps, turn_segments, turn_sums
 from prm_jax.native import _ffi as ffi
 
@@ -347,10 +348,10 @@ def _gigpo_turns(batch: Mapping[str, Any], default: int) -> int:
     return default
 
 
-def _estimate(stage: GiGPOConfig, checks: list, batch: Mapping[str, jax.Array], outcome: jax.Array,
+def _estimate(stage: GiGPOConfig, batch: Mapping[str, jax.Array], outcome: jax.Array,
               process: jax.Array | None, active: jax.Array, turn_ids: jax.Array, turns: TurnSteps,
               row_group: jax.Array, num_groups: int, real_rows: jax.Array, num_turns: int,
-              strategy: ScanStrategy, dtype: Any) -> Estimate:
+              strategy: ScanStrategy, dtype: Any) -> StageResult:
     """GiGPO in place of GAE: per-turn advantages broadcast to each turn's active timesteps, and the step
     groups' counts (``step_group_counts``).
 
@@ -359,6 +360,7 @@ def _estimate(stage: GiGPOConfig, checks: list, batch: Mapping[str, jax.Array], 
     never read as "derive"), else derived from each turn's process rewards by ``step_reward`` (``mean``,
     ``sum`` or ``last``); anchors are ``batch['anchor_ids'] [B, K]`` (none: one step group per GRPO group).
     """
+    checks = []
     num_turns = _gigpo_turns(batch, num_turns)
     in_turn, segment = turn_segments(active, turn_ids, num_turns)
     counts = turn_sums(active.astype(dtype), in_turn, segment, num_turns)
@@ -377,8 +379,8 @@ def _estimate(stage: GiGPOConfig, checks: list, batch: Mapping[str, jax.Array], 
     anchors = _checks.as_integer("batch['anchor_ids']", batch["anchor_ids"]) if "anchor_ids" in batch else None
     per_turn = _gigpo_core(step_rewards, counts > 0, anchors, outcome, row_group, num_groups, stage, real_rows,
                            strategy.step_groups)
-    return Estimate(on_turn_timesteps(per_turn.advantages, in_turn, turn_ids),
-                    diagnostics=step_group_counts(per_turn.step_group_sizes))
+    return StageResult(on_turn_timesteps(per_turn.advantages, in_turn, turn_ids),
+                       step_group_counts(per_turn.step_group_sizes), tuple(checks))
 
 
 def _derived_step_rewards(process: jax.Array | None, turns: TurnSteps, in_turn: jax.Array, segment: jax.Array,

@@ -41,7 +41,7 @@ from jax.typing import ArrayLike
 from prm_jax._validation import boolean, finite_number, integer, one_of, short_repr
 from prm_jax.errors import ConfigError
 from prm_jax.kernels import _checks
-from prm_jax.kernels._stage import StageSpec
+from prm_jax.kernels._stage import StageResult, StageSpec
 
 NormLevel = Literal["batch", "group"] | None
 NORM_LEVELS: tuple[NormLevel, ...] = ("batch", "group", None)
@@ -549,19 +549,18 @@ def _decoupled_jit(rewards, weights, group_ids, *, eps):
     return out, checks
 
 
-def _normalized_outcome(norm: NormConfig, checks: list, rewards: jax.Array, batch: dict, real_rows: jax.Array,
-                        groups_of: Callable[[NormConfig], GroupLayout | None],
-                        grpo_groups: GroupLayout | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _normalized_outcome(norm: NormConfig, outcome: jax.Array, real_rows: jax.Array,
+                        groups_of: Callable[[NormConfig], GroupLayout | None]) -> StageResult:
     """``reward_norm`` (AReaL's ``NormConfig``) over the ``[B]`` outcome rewards: every real row counts (one
     without generated tokens too, as in AReaL); padding rows (no attention at all) do not, and come out 0."""
-    return _normalize_core(rewards[:, None], real_rows[:, None], norm, groups_of(norm))[:, 0], {}
+    return StageResult(_normalize_core(outcome[:, None], real_rows[:, None], norm, groups_of(norm))[:, 0])
 
 
-def _decoupled_outcome(norm: DecoupledNorm, checks: list, rewards: jax.Array, batch: dict, real_rows: jax.Array,
-                       groups_of: Callable[[NormConfig], GroupLayout | None],
-                       grpo_groups: GroupLayout | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _decoupled_outcome(norm: DecoupledNorm, outcome: jax.Array, batch: dict, real_rows: jax.Array,
+                       grpo_groups: GroupLayout | None) -> StageResult:
     """GDPO: the outcome reward and the batch's ``reward_sources [B, K]`` normalized source by source, within
     the batch's GRPO groups, else the whole batch (the rule of every group-wise credit mode)."""
+    rewards = outcome
     columns = rewards[:, None]
     if "reward_sources" in batch:
         columns = jnp.concatenate([columns, _checks.as_float("batch['reward_sources']", batch["reward_sources"],
@@ -573,19 +572,19 @@ def _decoupled_outcome(norm: DecoupledNorm, checks: list, rewards: jax.Array, ba
     weights = jnp.asarray(norm.weights if norm.weights is not None else (1.0,) * count, rewards.dtype)
     row_group, num_groups = row_groups(grpo_groups, rewards.shape[0])
     out, missing = _decoupled_normalization_core(columns, weights, real_rows, row_group, num_groups, norm.eps)
-    checks.append(_checks.ValueCheck("reward_sources_infinite",
-                                     _checks.violations(jnp.isinf(columns) & real_rows[:, None]),
-                                     lambda: "batch['reward_sources'] must be finite or NaN (a missing score)"))
+    infinite = _checks.ValueCheck("reward_sources_infinite",
+                                  _checks.violations(jnp.isinf(columns) & real_rows[:, None]),
+                                  lambda: "batch['reward_sources'] must be finite or NaN (a missing score)")
     shares = jnp.sum(jnp.isnan(columns) & real_rows[:, None], dtype=jnp.int32).astype(rewards.dtype)
-    return out, {"decoupled/rows_without_rewards": jnp.sum(missing, dtype=jnp.int32),
-                 "decoupled/missing_share": shares / jnp.maximum(jnp.sum(real_rows, dtype=jnp.int32) * count,
-                                                                 1).astype(rewards.dtype)}
+    return StageResult(out, {"decoupled/rows_without_rewards": jnp.sum(missing, dtype=jnp.int32),
+                             "decoupled/missing_share": shares / jnp.maximum(
+                                 jnp.sum(real_rows, dtype=jnp.int32) * count, 1).astype(rewards.dtype)}, (infinite,))
 
 
-def _normalized_advantages(norm: NormConfig, checks: list, advantages: jax.Array, active: jax.Array,
-                           groups_of: Callable[[NormConfig], GroupLayout | None]) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _normalized_advantages(norm: NormConfig, advantages: jax.Array, active: jax.Array,
+                           groups_of: Callable[[NormConfig], GroupLayout | None]) -> StageResult:
     """``adv_norm`` (AReaL's ``NormConfig``) over the advantages on the trained timesteps (step 8)."""
-    return _normalize_core(advantages, active, norm, groups_of(norm)), {}
+    return StageResult(_normalize_core(advantages, active, norm, groups_of(norm)))
 
 
 OUTCOME_NORM = StageSpec("reward_norm", "normalize", NormConfig, _normalized_outcome)

@@ -37,10 +37,11 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import boolean, finite_number, integer
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import EstimatorSpec
 from prm_jax.kernels._normalization import given_groups, segment_totals
 from prm_jax.kernels._recurrence import AlignmentMethod, ScanStrategy, native_or, resolve_alignment
 from prm_jax.kernels._schema import BATCH_SCHEMA, LOGPROB
+from prm_jax.kernels._stage import StageResult
 from prm_jax.native import _ffi as ffi
 
 
@@ -252,15 +253,15 @@ def _otb_jit(token_rewards, mask, logprobs, sum_pi_squared, rollout_is_weights, 
     return out, checks
 
 
-def _estimate(stage: OTBCredit, checks: list, batch: Mapping[str, jax.Array], rewards: jax.Array,
+def _estimate(stage: OTBCredit, batch: Mapping[str, jax.Array], rewards: jax.Array,
               logprobs: jax.Array, active: jax.Array, row_group: jax.Array, num_groups: int,
-              strategy: ScanStrategy, dtype: Any) -> Estimate:
+              strategy: ScanStrategy, dtype: Any) -> StageResult:
     """OTB in the pipeline (module docstring). ``sum_pi_squared`` and ``rollout_is_weights`` are finite and
     within their declared ranges on the trained timesteps (the pipeline checks every model output a stage
     reads, BATCH_SCHEMA's rule); the old log-probs, read here as probabilities, are checked here."""
     zero = jnp.zeros((), dtype)
-    checks.append(_checks.bounds_check("the old log-probs (batch['prox_logprobs'] when given, else batch['logprobs'] "
-                                       "shifted to timesteps)", logprobs, active, LOGPROB, key="otb_logprobs"))
+    old = _checks.bounds_check("the old log-probs (batch['prox_logprobs'] when given, else batch['logprobs'] "
+                               "shifted to timesteps)", logprobs, active, LOGPROB, key="otb_logprobs")
 
     def read(key: str) -> jax.Array:
         return jnp.where(active, _checks.as_float(f"batch[{key!r}]", batch[key], dtype), zero)
@@ -268,7 +269,7 @@ def _estimate(stage: OTBCredit, checks: list, batch: Mapping[str, jax.Array], re
     weights = read("rollout_is_weights") if "rollout_is_weights" in batch else None
     out = _otb_core(rewards, active, logprobs, read("sum_pi_squared"), weights, row_group, num_groups,
                     stage.handle_zero_tail, stage.epsilon, strategy.alignment)
-    return Estimate(out.advantages, out.returns)
+    return StageResult(out.advantages, checks=(old,), returns=out.returns)
 
 
 OTB = EstimatorSpec(

@@ -168,6 +168,10 @@ class AdvantagePlan:
             declared.append((self.shaping.spec, self.shaping))
         return tuple(declared)
 
+    def stages_of(self, kind: str) -> tuple[tuple[StageSpec, Any], ...]:
+        """The configured stages of one kind (``StageSpec.kind``), with their declarations: none or one."""
+        return tuple((spec, stage) for spec, stage in self.stages if spec.kind == kind)
+
     @property
     def reads(self) -> tuple[str, ...]:
         """The batch keys a stage of this plan needs or reads when present, beyond the required ones and the

@@ -37,9 +37,10 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import boolean, finite_number, one_of
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import EstimatorSpec
 from prm_jax.kernels._normalization import leave_one_out_affine, leave_one_out_mean, whiten
 from prm_jax.kernels._recurrence import CumsumMethod, ScanStrategy, resolve_strategy, reverse_cumsum
+from prm_jax.kernels._stage import StageResult
 from prm_jax.kernels._token_gae import _gae_core
 
 PrimeNorm = Literal["batch_norm", "none"]
@@ -176,18 +177,17 @@ def _prime_core(prm_logprobs: jax.Array, ref_logprobs: jax.Array, outcome: jax.A
     return PrimeOutput(whiten(returns, active & ~alone[:, None]), returns, rewards), check
 
 
-def _estimate(stage: PrimeCredit, checks: list, batch: Mapping[str, jax.Array], ref_logprobs: jax.Array,
+def _estimate(stage: PrimeCredit, batch: Mapping[str, jax.Array], ref_logprobs: jax.Array,
               outcome: jax.Array, active: jax.Array, real_rows: jax.Array, row_group: jax.Array, num_groups: int,
-              strategy: ScanStrategy, dtype: Any) -> Estimate:
+              strategy: ScanStrategy, dtype: Any) -> StageResult:
     """The PRIME recipe (``_prime_core``) from ``batch['prm_logprobs']`` and the reference log-probs."""
     # (Finite on trained timesteps: the pipeline checks every model output a stage reads, BATCH_SCHEMA's rule.)
     prm = jnp.where(active, _checks.as_float("batch['prm_logprobs']", batch["prm_logprobs"], dtype), jnp.zeros((), dtype))
     out, alone = _prime_core(prm, ref_logprobs, outcome, active, real_rows, row_group, num_groups,
                             beta=stage.beta, lam=stage.lam, use_gt=stage.use_gt, dpo_coef=stage.dpo_coef,
                             gt_coef=stage.gt_coef, batch_norm=stage.norm == "batch_norm", strategy=strategy)
-    checks.append(alone)
     count = jnp.maximum(jnp.sum(active, dtype=jnp.int32), 1).astype(dtype)
-    return Estimate(out.advantages, diagnostics={"prime/implicit_reward_mean": jnp.sum(out.rewards) / count})
+    return StageResult(out.advantages, {"prime/implicit_reward_mean": jnp.sum(out.rewards) / count}, (alone,))
 
 
 PRIME = EstimatorSpec(PrimeCredit, _estimate, "credit_assignment 'prime'", mode="prime",

@@ -39,7 +39,8 @@ from prm_jax.errors import ConfigError
 from prm_jax.kernels import _checks
 from prm_jax.kernels._alignment import shift_to_next_token
 from prm_jax.kernels._normalization import row_sum_mean
-from prm_jax.kernels._stage import StageSpec
+from prm_jax.kernels._recurrence import ScanStrategy
+from prm_jax.kernels._stage import StageResult, StageSpec
 from prm_jax.kernels._turns import TurnSteps, first_at_or_after
 
 ProgressTerminal = Literal["zero", "outcome"]
@@ -113,14 +114,14 @@ def progress_rewards(process: jax.Array, steps: jax.Array, scored: jax.Array, ou
     return jnp.where(steps, jnp.asarray(transform.gamma, dtype) * after - before, zero)
 
 
-def progress_process(transform: ProgressTransform, checks: list, process: jax.Array, active: jax.Array,
+def progress_process(transform: ProgressTransform, process: jax.Array, active: jax.Array,
                      turns: TurnSteps | None, batch: dict, outcome: jax.Array,
-                     method: str) -> tuple[jax.Array, dict[str, jax.Array]]:
+                     strategy: ScanStrategy) -> StageResult:
     """``process_reward_transform: progress`` on the pipeline's timesteps: ``P`` replaced by the shaped
     rewards, uniform over each turn at ``level: turn`` (a masked fill from the turn's end), per timestep at
     ``level: token``; with its diagnostics. A step is scored where ``batch['token_reward_mask']`` (on
     positions, read on the next token's timestep as the process rewards are) says so; every step without it."""
-    zero = jnp.zeros((), process.dtype)
+    zero, method = jnp.zeros((), process.dtype), strategy.general
     scored = active
     if "token_reward_mask" in batch:
         scored = active & shift_to_next_token(_checks.as_mask("batch['token_reward_mask']", batch["token_reward_mask"]),
@@ -136,7 +137,7 @@ def progress_process(transform: ProgressTransform, checks: list, process: jax.Ar
     count = jnp.sum(steps, dtype=jnp.int32)
     diagnostics = {"progress/steps": count, "progress/unscored_steps": jnp.sum(steps & ~scored, dtype=jnp.int32),
                    "progress/row_sum_mean": row_sum_mean(out, steps)}
-    return out, diagnostics
+    return StageResult(out, diagnostics)
 
 
 PROGRESS_TRANSFORM = StageSpec("process_reward_transform", "progress", ProgressTransform, progress_process,

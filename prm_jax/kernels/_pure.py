@@ -35,10 +35,10 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import boolean, finite_number
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import EstimatorSpec
 from prm_jax.kernels._normalization import leave_one_out_mean, row_sum_mean, whiten
 from prm_jax.kernels._recurrence import CumsumMethod, ScanStrategy, reverse_cumsum
-from prm_jax.kernels._stage import StageSpec
+from prm_jax.kernels._stage import StageResult, StageSpec
 from prm_jax.kernels._turns import TurnSteps, any_change_within_turns, first_at_or_after
 
 
@@ -132,9 +132,8 @@ def _min_form_jit(step_scores, step_mask, *, temperature):
     return _min_form_core(scores, steps, temperature), checks
 
 
-def _min_form_turns(transform: MinFormTransform, checks: list, process: jax.Array, active: jax.Array,
-                    turns: TurnSteps | None, batch: dict, outcome: jax.Array,
-                    method: str) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _min_form_turns(transform: MinFormTransform, process: jax.Array, active: jax.Array, turns: TurnSteps | None,
+                    strategy: ScanStrategy) -> StageResult:
     """``process_reward_transform: min_form`` on the pipeline's timesteps: each turn's process score (its
     value at the turn's last timestep) becomes its min-form reward over the row's turns, uniform over the
     turn's timesteps.
@@ -146,7 +145,7 @@ def _min_form_turns(transform: MinFormTransform, checks: list, process: jax.Arra
     (``lax.cond`` runs only the one taken).
     """
     assert turns is not None  # the transform declares that it reads turns
-    zero = jnp.zeros((), process.dtype)
+    zero, method = jnp.zeros((), process.dtype), strategy.general
     ends = turns.ends
 
     def in_place(_: None) -> jax.Array:
@@ -159,7 +158,7 @@ def _min_form_turns(transform: MinFormTransform, checks: list, process: jax.Arra
     out = jax.lax.cond(any_change_within_turns(process, turns, active, method), spread, in_place, None)
     diagnostics = {"min_form/turns": jnp.sum(ends, dtype=jnp.int32),  # (each turn's reward once: at its end)
                    "min_form/row_sum_mean": row_sum_mean(out, ends)}
-    return out, diagnostics
+    return StageResult(out, diagnostics)
 
 
 MIN_FORM_TRANSFORM = StageSpec("process_reward_transform", "min_form", MinFormTransform, _min_form_turns,
@@ -189,15 +188,15 @@ def _pure_core(process: jax.Array, outcome: jax.Array, active: jax.Array, ends: 
     return PureOutput(whiten(returns, scored) if whitened else returns, returns, alone & real)
 
 
-def _estimate(stage: PureCredit, checks: list, process: jax.Array | None, outcome: jax.Array, active: jax.Array,
+def _estimate(stage: PureCredit, process: jax.Array | None, outcome: jax.Array, active: jax.Array,
               turns: TurnSteps, outcome_at: jax.Array, real_rows: jax.Array, row_group: jax.Array, num_groups: int,
-              strategy: ScanStrategy, dtype: Any) -> Estimate:
+              strategy: ScanStrategy, dtype: Any) -> StageResult:
     """The PURE recipe (``_pure_core``): min-form turn rewards and the verifier score, sum returns, RLOO,
     whitening."""
     process = process if process is not None else jnp.zeros(active.shape, dtype)
     out = _pure_core(process, outcome, active, turns.ends, outcome_at, real_rows, row_group, num_groups,
                     stage.temperature, stage.verifier_coef, stage.whiten, strategy.cumsum)
-    return Estimate(out.advantages, diagnostics={"pure/groups_of_one": jnp.sum(out.alone, dtype=jnp.int32)})
+    return StageResult(out.advantages, {"pure/groups_of_one": jnp.sum(out.alone, dtype=jnp.int32)})
 
 
 PURE = EstimatorSpec(

@@ -33,9 +33,10 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import boolean, finite_number
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import EstimatorSpec
 from prm_jax.kernels._normalization import given_groups, whiten
 from prm_jax.kernels._recurrence import GAEMethod, ScanStrategy, resolve_strategy
+from prm_jax.kernels._stage import StageResult
 from prm_jax.kernels._token_gae import _gae_core
 
 
@@ -129,10 +130,10 @@ def _reinforce_pp_jit(token_rewards, mask, group_sizes, group_ids, *, gamma, bas
 
 
 def _estimate(baseline: bool) -> Any:
-    def run(stage: Any, checks: list, rewards: jax.Array, active: jax.Array, gamma: jax.Array, real_rows: jax.Array,
-            row_group: jax.Array, num_groups: int, strategy: ScanStrategy) -> Estimate:
+    def run(stage: Any, rewards: jax.Array, active: jax.Array, gamma: jax.Array, real_rows: jax.Array,
+            row_group: jax.Array, num_groups: int, strategy: ScanStrategy) -> StageResult:
         out = _reinforce_pp_core(rewards, active, gamma, baseline, real_rows, row_group, num_groups, strategy.gae)
-        return Estimate(out.advantages, out.returns, {"reinforce_pp/degenerate": out.degenerate})
+        return StageResult(out.advantages, {"reinforce_pp/degenerate": out.degenerate}, returns=out.returns)
     return run
 
 

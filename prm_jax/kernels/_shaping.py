@@ -28,7 +28,7 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import finite_number, one_of
 from prm_jax.kernels import _checks
-from prm_jax.kernels._stage import StageSpec
+from prm_jax.kernels._stage import StageResult, StageSpec
 
 ShapingMode = Literal["additive", "gvpo", "process_weighted"]
 #: The ``advantage_shaping.mode`` values (derived from ``ShapingMode``).
@@ -108,13 +108,11 @@ def process_range_check(process_rewards: jax.Array, active: jax.Array) -> _check
         lowest, highest)
 
 
-def _shaped(shaping: ShapingConfig, checks: list, advantages: jax.Array, process: jax.Array,
-            active: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _shaped(shaping: ShapingConfig, advantages: jax.Array, process: jax.Array, active: jax.Array) -> StageResult:
     """Step 9 of the pipeline: the normalized advantages shaped with the process rewards; process_weighted
     first checks that they lie in [0, 1]."""
-    if shaping.mode == "process_weighted":
-        checks.append(process_range_check(process, active))
-    return _shape_core(advantages, process, active, shaping), {}
+    checks = (process_range_check(process, active),) if shaping.mode == "process_weighted" else ()
+    return StageResult(_shape_core(advantages, process, active, shaping), checks=checks)
 
 
 #: Each ``advantage_shaping.mode``'s declaration (``prm_jax.kernels._stage``).

@@ -39,9 +39,10 @@ from jax.typing import ArrayLike
 
 from prm_jax.kernels import _checks
 from prm_jax.kernels._alignment import shift_to_next_token
-from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import EstimatorSpec
 from prm_jax.kernels._pallas_gae import pallas_gae
 from prm_jax.kernels._recurrence import DEFAULT_BLOCK_SIZE, ScanStrategy, linear_recurrence, resolve_method
+from prm_jax.kernels._stage import StageResult
 from prm_jax.native import _ffi as ffi
 
 
@@ -250,9 +251,10 @@ class TokenGAE:
     block_size: int = DEFAULT_BLOCK_SIZE
 
 
-def _token_gae(stage: TokenGAE, checks: list, rewards: jax.Array, values: jax.Array, active: jax.Array,
-               gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, strategy: ScanStrategy) -> Estimate:
-    return Estimate(*_gae_core(rewards, values, active, gamma, lam, bootstrap, strategy.gae, stage.block_size))
+def _token_gae(stage: TokenGAE, rewards: jax.Array, values: jax.Array, active: jax.Array,
+               gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, strategy: ScanStrategy) -> StageResult:
+    advantages, returns = _gae_core(rewards, values, active, gamma, lam, bootstrap, strategy.gae, stage.block_size)
+    return StageResult(advantages, returns=returns)
 
 
 TOKEN_GAE = EstimatorSpec(TokenGAE, _token_gae, "gae_timestep_unit 'token'", kl="rewards", name="token_gae",

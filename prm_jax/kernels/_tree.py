@@ -44,7 +44,8 @@ from jax.typing import ArrayLike
 
 from prm_jax._validation import one_of
 from prm_jax.kernels import _checks
-from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec, on_turn_timesteps
+from prm_jax.kernels._estimator_contract import EstimatorSpec, on_turn_timesteps
+from prm_jax.kernels._stage import StageResult
 from prm_jax.kernels._turns import turn_segments, turn_sums
 
 TreeWeighting = Literal["sqrt", "uniform", "none"]
@@ -299,12 +300,13 @@ def _advantages_jit(parent, leaf_reward, mask, selected, group, *, weighting, va
     return out, checks
 
 
-def _estimate(stage: TreeCredit, checks: list, batch: Mapping[str, jax.Array], outcome: jax.Array,
-              active: jax.Array, turn_ids: jax.Array, real_rows: jax.Array, row_group: jax.Array, dtype: Any) -> Estimate:
+def _estimate(stage: TreeCredit, batch: Mapping[str, jax.Array], outcome: jax.Array,
+              active: jax.Array, turn_ids: jax.Array, real_rows: jax.Array, row_group: jax.Array, dtype: Any) -> StageResult:
     """TreeRL over each group's session tree: ``batch['node_ids'] [B, K]`` names the node of each row's
     turn ``k`` (-1: none) in ``batch['node_parents'] [N]`` (-1: a root); a row's outcome reward is the reward
     of its last node, which must be a leaf, and no two rows end at one node. Each turn's timesteps get its
     node's value."""
+    checks = []
     node_ids = _checks.as_int("batch['node_ids']", batch["node_ids"])
     parents = _checks.as_int("batch['node_parents']", batch["node_parents"])
     rows, turns = node_ids.shape
@@ -357,7 +359,7 @@ def _estimate(stage: TreeCredit, checks: list, batch: Mapping[str, jax.Array], o
     per_turn = jnp.where(has, tree.values[jnp.clip(node_ids, 0, size - 1)], jnp.zeros((), dtype))
     leaves = used & (children == 0)
     diagnostics = {"tree/nodes": jnp.sum(used, dtype=jnp.int32), "tree/leaves": jnp.sum(leaves, dtype=jnp.int32)}
-    return Estimate(on_turn_timesteps(per_turn, in_turn, turn_ids), diagnostics=diagnostics)
+    return StageResult(on_turn_timesteps(per_turn, in_turn, turn_ids), diagnostics, tuple(checks))
 
 
 TREE = EstimatorSpec(TreeCredit, _estimate, "credit_assignment 'tree'", mode="tree",

@@ -21,8 +21,9 @@ from jax.typing import ArrayLike
 from prm_jax._validation import integer, integer_dtype
 from prm_jax.kernels import _checks
 from prm_jax.kernels._alignment import shift_to_next_token
-from prm_jax.kernels._estimator_contract import Estimate, EstimatorSpec
+from prm_jax.kernels._estimator_contract import EstimatorSpec
 from prm_jax.kernels._recurrence import ScanStrategy, resolve_strategy
+from prm_jax.kernels._stage import StageResult
 from prm_jax.kernels._token_gae import GAEOutput, _gae_core, _prepare, check_discounts, is_unit_discount
 from prm_jax.native import _ffi as ffi
 
@@ -286,10 +287,12 @@ class TurnGAE:
     and stay out of the returns (each turn's ``A_k + V_k``, AReaL's rule)."""
 
 
-def _turn_gae(stage: TurnGAE, checks: list, rewards: jax.Array, values: jax.Array, active: jax.Array,
+def _turn_gae(stage: TurnGAE, rewards: jax.Array, values: jax.Array, active: jax.Array,
               turn_ids: jax.Array, gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, num_turns: int,
-              strategy: ScanStrategy) -> Estimate:
-    return Estimate(*_turn_gae_core(rewards, values, active, turn_ids, gamma, lam, bootstrap, num_turns, strategy.gae))
+              strategy: ScanStrategy) -> StageResult:
+    advantages, returns = _turn_gae_core(rewards, values, active, turn_ids, gamma, lam, bootstrap, num_turns,
+                                         strategy.gae)
+    return StageResult(advantages, returns=returns)
 
 
 TURN_GAE = EstimatorSpec(TurnGAE, _turn_gae, "gae_timestep_unit 'turn'", reads=("turn_ids",), needs_turn_ids=True,

@@ -15,7 +15,7 @@ from prm_jax.app._score import credit_prefixes
 from prm_jax.config import AdvantageConfig
 from prm_jax.kernels import _advantages as advantages
 from prm_jax.kernels._plan import STAGE_DIAGNOSTICS, STAGE_SPECS
-from prm_jax.kernels._stage import StageSpec
+from prm_jax.kernels._stage import StageResult, StageSpec
 
 # Each declared stage selected in a config (the key its kind names, and the mode); the batch is one whose
 # process rewards lie in [0, 1], so process_weighted's check runs and passes.
@@ -70,9 +70,9 @@ class Clipped:
         return CLIPPED
 
 
-def _clipped(stage, checks, process, active, turns, batch, outcome, method):
+def _clipped(stage, process, active):  # (it names the inputs it reads, as every stage does: INPUTS)
     out = jnp.where(active, jnp.clip(process, 0.0, stage.ceiling), jnp.zeros((), process.dtype))
-    return out, {"clipped/steps": jnp.sum(active, dtype=jnp.int32)}
+    return StageResult(out, {"clipped/steps": jnp.sum(active, dtype=jnp.int32)})
 
 
 CLIPPED = StageSpec("process_reward_transform", "clipped", Clipped, _clipped, diagnostics="clipped/")
@@ -106,3 +106,18 @@ def test_the_stages_run_in_the_order_the_steps_are_numbered():
     steps = [int(step.split("-")[0]) for step in re.findall(r"#\s+(\d+(?:-\d+)?)\s*$",
                                                              inspect.getsource(advantages._pipeline), re.M)]
     assert steps == sorted(steps) and steps[0] == 1 and len(steps) >= 7, steps
+
+
+def test_every_stage_kind_has_one_call_contract():
+    # Issue 57.4: the four stage kinds had four call contracts (an estimator named inputs, a normalization took 7
+    # positional arguments, a transform 8, a shaping 5; estimators returned a record, the others tuples; every
+    # stage appended to a checks list passed down). Every declared stage and estimator names only inputs of the
+    # one INPUTS table after its record, none takes a checks list, and each returns a StageResult.
+    from prm_jax.estimators import INPUTS, registered
+
+    for spec in (*STAGE_SPECS, *registered()):
+        names = tuple(inspect.signature(spec.run).parameters)[1:]
+        assert names == spec.inputs and set(names) <= set(INPUTS) and "checks" not in names, (spec, names)
+        assert inspect.signature(spec.run).return_annotation in ("StageResult", StageResult), spec
+    with pytest.raises(ValueError, match=r"run\(\) names inputs \['checks'\]"):
+        StageSpec("process_reward_transform", "old", Clipped, lambda stage, checks, process: None)

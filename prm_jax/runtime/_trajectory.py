@@ -546,12 +546,6 @@ def turn_spans(turn_ids: np.ndarray, row: int = 0) -> list[tuple[int, int]]:
     return spans
 
 
-def rows_with_turns(turn_ids: np.ndarray) -> np.ndarray:
-    """``[B]`` bool, the rows of a ``[B, T]`` batch holding at least one turn (``turn_counts`` > 0); a row that
-    breaks ``turn_spans``' rule raises its ``ValueError``."""
-    return np.asarray(turn_counts(turn_ids) > 0)
-
-
 def turn_counts(turn_ids: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
     """``turn_spans``' rule over a whole ``[B, T]`` batch at once (no Python loop over rows): ``[B]`` int64,
     each row's number of turns (0: none); a row that breaks the rule raises ``turn_spans``' own ``ValueError``.

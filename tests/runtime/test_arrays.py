@@ -341,9 +341,12 @@ async def test_progress_is_reported_as_rows_finish_and_the_runner_counts_runs():
 
 def test_the_batch_turn_rule_is_turn_spans_rule_row_for_row():
     # Issue 56.6 (the host path): score_arrays checked each row's turns in a Python loop (80% of its host time
-    # with a model that costs nothing); rows_with_turns checks the whole batch at once, by the same rule: on
+    # with a model that costs nothing); turn_counts checks the whole batch at once, by the same rule: on
     # random rows it raises exactly where turn_spans raises, with turn_spans' message, and finds the same rows.
-    from prm_jax.runtime._trajectory import rows_with_turns, turn_spans
+    from prm_jax.runtime._trajectory import turn_counts, turn_spans
+
+    def rows_with_turns(ids):  # (the rows holding a turn, as score_arrays reads them)
+        return turn_counts(ids) > 0
 
     rng = np.random.default_rng(56)
     for _ in range(2000):

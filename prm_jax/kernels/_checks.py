@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -235,8 +236,12 @@ def bad_entries(masks: Sequence[jax.Array]) -> list[jax.Array]:
     if not masks:
         return []
     flags = tuple(not_binary(m).astype(jnp.int32) for m in masks)
-    return list(lax.reduce(flags, tuple(np.int32(0) for _ in flags),
-                           lambda a, b: tuple(lax.add(x, y) for x, y in zip(a, b)), (1,)))
+    return list(lax.reduce(flags, tuple(np.int32(0) for _ in flags), _sums, (1,)))
+
+
+def _sums(left: tuple[Any, ...], right: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A variadic reduction's sum, one function for all (JAX's caches are keyed by the reducer)."""
+    return tuple(lax.add(x, y) for x, y in zip(left, right))
 
 
 ProbeKind = Literal["finite", "bounds"]
@@ -280,7 +285,6 @@ def nonfinite_rows(entries: Sequence[tuple[jax.Array, jax.Array]]) -> list[jax.A
 
 def _probed_rows(probes: Sequence[Probe], dtype: Any) -> list[jax.Array]:
     """``probed_rows`` of probes of one dtype, in one variadic reduction."""
-    zero = np.zeros((), dtype)
     masks: list[jax.Array] = []
     slots = []
     for probe in probes:
@@ -289,31 +293,45 @@ def _probed_rows(probes: Sequence[Probe], dtype: Any) -> list[jax.Array]:
             masks.append(probe.used)
             index = len(masks) - 1
         slots.append(index)
-    count = len(masks)
+    # (bounds as (low, high, a value outside them); 0 lies inside every declared range)
+    ranges = tuple(None if p.kind == "finite" else (p.bounds.low, p.bounds.high, p.bounds.high + 1
+                                                    if np.isfinite(p.bounds.high) else p.bounds.low - 1)
+                   for p in probes)
+    zero = np.zeros((), dtype)
+    combine = _probe_combiner(tuple(slots), len(masks), ranges, jnp.dtype(dtype).name)
+    inits = (*(np.bool_(True) for _ in masks), *(zero for _ in probes))
+    # (a count has no gradient; JAX's derivative of a general reduction cannot take the bool masks either)
+    results = lax.reduce((*masks, *(lax.stop_gradient(p.x) for p in probes)), inits, combine, (1,))[len(masks):]
+    return [jnp.isnan(r) if p.kind == "finite" else r != 0 for p, r in zip(probes, results)]
+
+
+@functools.cache
+def _probe_combiner(slots: tuple[int, ...], count: int, ranges: tuple[tuple[float, float, float] | None, ...],
+                    dtype_name: str) -> Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]]:
+    """The reducer of ``_probed_rows`` for one layout of probes: the same function for the same layout, so
+    JAX's caches (keyed by the reducer) compile a layout's reduction once, also op by op outside ``jit``
+    (a fresh closure a call recompiled it at every eager call)."""
+    dtype = np.dtype(dtype_name)
+    zero = np.zeros((), dtype)
 
     def flagged(value: Any, i: int) -> Any:
-        probe = probes[i]
-        if probe.kind == "finite":
+        bounds = ranges[i]
+        if bounds is None:  # finite: x * 0 is NaN exactly where x is not finite
             return lax.mul(value, zero)
-        bounds = probe.bounds
-        outside = np.full((), bounds.high + 1 if np.isfinite(bounds.high) else bounds.low - 1, dtype)
-        out = lax.bitwise_or(lax.lt(value, np.full((), bounds.low, dtype)), lax.gt(value, np.full((), bounds.high, dtype)))
-        return lax.select(out, outside, zero)
+        low, high, outside = (np.full((), v, dtype) for v in bounds)
+        return lax.select(lax.bitwise_or(lax.lt(value, low), lax.gt(value, high)), outside, zero)
 
-    def combine(left: tuple[jax.Array, ...], right: tuple[jax.Array, ...]) -> tuple[Any, ...]:
-        def probe(side: tuple[jax.Array, ...], i: int) -> jax.Array:
+    def combine(left: tuple[Any, ...], right: tuple[Any, ...]) -> tuple[Any, ...]:
+        def probe(side: tuple[Any, ...], i: int) -> Any:
             return lax.select(side[slots[i]], flagged(side[count + i], i), zero)
 
         merged = []
-        for i in range(len(probes)):
+        for i in range(len(slots)):
             a, b = probe(left, i), probe(right, i)
-            merged.append(lax.add(a, b) if probes[i].kind == "finite" else lax.select(lax.ne(a, zero), a, b))
-        return (*(np.bool_(True) for _ in masks), *merged)  # (a merged probe is used: probe(probe) = probe)
+            merged.append(lax.add(a, b) if ranges[i] is None else lax.select(lax.ne(a, zero), a, b))
+        return (*(np.bool_(True) for _ in range(count)), *merged)  # (a merged probe is used: probe(probe) = probe)
 
-    inits = (*(np.bool_(True) for _ in masks), *(zero for _ in probes))
-    # (a count has no gradient; JAX's derivative of a general reduction cannot take the bool masks either)
-    results = lax.reduce((*masks, *(lax.stop_gradient(p.x) for p in probes)), inits, combine, (1,))[count:]
-    return [jnp.isnan(r) if p.kind == "finite" else r != 0 for p, r in zip(probes, results)]
+    return combine
 
 
 def finite_check(name: str, x: jax.Array, where: jax.Array | None = None, *, key: str | None = None,

@@ -12,6 +12,7 @@ declared stages' own (each under its declared prefix), with ``AdvantagePlan.diag
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,9 +44,8 @@ def statistics_of(arrays: Mapping[str, jax.Array], active: jax.Array) -> dict[st
     n = jnp.maximum(count, 1).astype(dtype)
     bounds = (jnp.inf, -jnp.inf)
     extremes = lax.reduce(tuple(jnp.where(active, x, bound) for x in xs for bound in bounds),
-                          tuple(jnp.asarray(bound, dtype) for _ in xs for bound in bounds),
-                          lambda a, b: tuple(jnp.minimum(p, q) if i % 2 == 0 else jnp.maximum(p, q)
-                                             for i, (p, q) in enumerate(zip(a, b))), tuple(range(active.ndim)))
+                          tuple(jnp.asarray(bound, dtype) for _ in xs for bound in bounds), _minima_maxima,
+                          tuple(range(active.ndim)))
     flat = active.reshape(-1)
     ones = jnp.ones(flat.shape, dtype)
     out = {}
@@ -126,3 +126,9 @@ def outputs_check(advantages: jax.Array, returns: jax.Array, active: jax.Array) 
             "passed their checks: a float32 overflow inside a stage (inputs or settings near float32's range, "
             "|x| <= 3.4e38, or sums or squares of them); scale them down. (Or a normalization with eps 0 over a "
             "group of equal values: 0 / 0.)"), row, step, which, advantage, ret)
+
+
+def _minima_maxima(left: tuple[Any, ...], right: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The reducer of the statistics' extremes: minima at even places, maxima at odd ones (one function for
+    all, so JAX's caches, keyed by the reducer, compile it once a layout, op by op too)."""
+    return tuple(jnp.minimum(p, q) if i % 2 == 0 else jnp.maximum(p, q) for i, (p, q) in enumerate(zip(left, right)))

@@ -274,3 +274,31 @@ def test_a_key_on_positions_is_checked_where_the_timestep_before_it_is_trained()
     rewards = np.array(batch["token_rewards"], np.float32)
     rewards[b, untrained + 1] = np.nan  # (positions read only at untrained timesteps)
     assert np.isfinite(np.asarray(compute_advantages(dict(batch, token_rewards=rewards), config).advantages)).all()
+
+
+def test_the_checks_reductions_compile_once_a_layout_also_op_by_op():
+    # The checks' variadic reductions took a fresh reducer at every call, and JAX keys its caches by the reducer:
+    # op by op (outside jit, as the option matrix runs the pipeline) each call compiled its reduction again,
+    # the matrix's time went from 91 s to 163 s when two more were added. The same layout is the same reducer,
+    # and a second eager call of each compiles nothing.
+    import jax
+    import jax.numpy as jnp
+    from batches import compile_log
+
+    from prm_jax.kernels._checks import Probe, bad_entries, probed_rows
+    from prm_jax.kernels._schema import LOGPROB
+
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(size=(3, 8)).astype(np.float32))
+    used = jnp.asarray(rng.random((3, 8)) < 0.5)
+    mask = jnp.asarray(rng.integers(0, 2, (3, 8)).astype(np.int32))
+
+    def calls():
+        probed_rows([Probe(x, used), Probe(x, used, "bounds", LOGPROB)])
+        bad_entries([mask, mask + 0])
+
+    with jax.disable_jit():
+        calls()  # (compiles each primitive once)
+        with compile_log() as compiled:
+            calls()
+    assert [m for m in compiled if "reduce" in m] == []

@@ -293,11 +293,8 @@ def _probed_rows(probes: Sequence[Probe], dtype: Any) -> list[jax.Array]:
             masks.append(probe.used)
             index = len(masks) - 1
         slots.append(index)
-    # (bounds as (low, high, a value outside them); 0 lies inside every declared range)
-    ranges = tuple(None if p.kind == "finite" else (p.bounds.low, p.bounds.high, p.bounds.high + 1
-                                                    if np.isfinite(p.bounds.high) else p.bounds.low - 1)
-                   for p in probes)
     zero = np.zeros((), dtype)
+    ranges = tuple(None if p.kind == "finite" else p.bounds for p in probes)  # (Bounds: frozen, hashable)
     combine = _probe_combiner(tuple(slots), len(masks), ranges, jnp.dtype(dtype).name)
     inits = (*(np.bool_(True) for _ in masks), *(zero for _ in probes))
     # (a count has no gradient; JAX's derivative of a general reduction cannot take the bool masks either)
@@ -306,7 +303,7 @@ def _probed_rows(probes: Sequence[Probe], dtype: Any) -> list[jax.Array]:
 
 
 @functools.cache
-def _probe_combiner(slots: tuple[int, ...], count: int, ranges: tuple[tuple[float, float, float] | None, ...],
+def _probe_combiner(slots: tuple[int, ...], count: int, ranges: tuple[Any, ...],
                     dtype_name: str) -> Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]]:
     """The reducer of ``_probed_rows`` for one layout of probes: the same function for the same layout, so
     JAX's caches (keyed by the reducer) compile a layout's reduction once, also op by op outside ``jit``
@@ -318,8 +315,9 @@ def _probe_combiner(slots: tuple[int, ...], count: int, ranges: tuple[tuple[floa
         bounds = ranges[i]
         if bounds is None:  # finite: x * 0 is NaN exactly where x is not finite
             return lax.mul(value, zero)
-        low, high, outside = (np.full((), v, dtype) for v in bounds)
-        return lax.select(lax.bitwise_or(lax.lt(value, low), lax.gt(value, high)), outside, zero)
+        # (a value outside the bounds marks the row; 0 lies inside every declared range)
+        beyond = np.full((), bounds.high + 1 if np.isfinite(bounds.high) else bounds.low - 1, dtype)
+        return lax.select(bounds.outside(value), beyond, zero)
 
     def combine(left: tuple[Any, ...], right: tuple[Any, ...]) -> tuple[Any, ...]:
         def probe(side: tuple[Any, ...], i: int) -> Any:
@@ -375,7 +373,7 @@ def bounds_check(name: str, x: jax.Array, where: jax.Array, bounds: Any, *, key:
     check's to report). The count is the number of rows holding a value outside; the message names the first
     such row, its timestep and the value. ``key`` names the check (default: from ``name``). ``bad_rows``:
     ``probed_rows``' ``bounds`` probe, computed already with other probes in one pass."""
-    bad = lambda: where & ((x < bounds.low) | (x > bounds.high))
+    bad = lambda: where & bounds.outside(x)
     if bad_rows is None:
         bad_rows = jnp.any(bad(), axis=1)
     row, step, value = located(violations(bad_rows), lambda: first_flagged(bad(), x))

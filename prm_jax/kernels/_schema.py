@@ -16,7 +16,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -47,8 +47,9 @@ class Bounds:
     high: float
     text: str
 
-    def outside(self, values: np.ndarray) -> np.ndarray:
-        """A host array's entries outside the range (NaN is not outside: the finite rule says so)."""
+    def outside(self, values: Any) -> Any:
+        """The entries of ``values`` (a host array, a device one, a traced one) outside the range (NaN is not
+        outside: the finite rule says so): the one rule of the readers, the pipeline and the kernels."""
         return (values < self.low) | (values > self.high)
 
 

@@ -43,6 +43,39 @@ def scored_turn_ids(turn_ids: Any, attention_mask: Any = None) -> np.ndarray:
     return np.where(mask.astype(bool), ids, -1)
 
 
+class _Rows(NamedTuple):
+    """A trainer's arrays as the row path reads them (``_checked_rows``)."""
+
+    tokens: np.ndarray  # [B, T] int, token ids in TOKEN_ID_RANGE
+    turn_ids: np.ndarray  # [B, T] int, as given
+    attention: np.ndarray | None  # [B, T] bool, or None: every position attends
+    valid: np.ndarray  # [B, T] bool: a turn's token (turn id >= 0, with attention)
+    outside: bool  # whether some turn id >= 0 lies outside the attention mask (then not read)
+
+
+def _checked_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> _Rows:
+    """The checks of a trainer's arrays, once for both paths (``chains_from_arrays``, the row path): integer
+    ``[B, T]`` token ids in ``TOKEN_ID_RANGE`` and turn ids of their shape, an attention mask of it; no masked
+    copy of the turn ids is made (``valid`` says where they are read)."""
+    tokens = _integers("input_ids", input_ids)
+    if tokens.ndim != 2:
+        raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
+    ids = _integers("turn_ids", turn_ids)
+    _same_shape("turn_ids", ids, tokens.shape)
+    stray = stray_token_id(tokens)
+    if stray is not None:
+        raise ValueError(f"input_ids must hold token ids in {TOKEN_ID_RANGE}, got {stray}")
+    valid = ids >= 0
+    if attention_mask is None:
+        return _Rows(tokens, ids, None, valid, False)
+    mask = np.asarray(attention_mask)
+    _same_shape("attention_mask", mask, ids.shape)
+    attention = mask if mask.dtype == bool else mask != 0
+    present = np.count_nonzero(valid)
+    valid &= attention
+    return _Rows(tokens, ids, attention, valid, np.count_nonzero(valid) != present)
+
+
 def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = None, logprobs: Any = None,
                        rewards: Any = None, row_ids: Sequence[str] | None = None) -> list[list[Interaction] | None]:
     """One chain of interactions per row (``None`` for a padding row or a row without turns).
@@ -57,9 +90,11 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
       rewards: ``[B]`` outcome rewards, set on each row's last turn.
       row_ids: names of the rows (interaction ids are ``f"{row_id}/t{k}"``); default ``row{b}``.
     """
-    tokens, ids, mask = _row_arrays(input_ids, turn_ids, attention_mask)
-    rows = tokens.shape[0]
-    real: np.ndarray = np.asarray(mask.any(axis=1))
+    checked = _checked_rows(input_ids, turn_ids, attention_mask)
+    tokens, rows = checked.tokens, checked.tokens.shape[0]
+    ids = np.where(checked.valid, checked.turn_ids, -1)  # (turn_spans reads each row's ids >= 0)
+    real: np.ndarray = (np.ones(rows, bool) if checked.attention is None else
+                        np.asarray(checked.attention.any(axis=1)))
     logp = None
     if logprobs is not None:
         logp = np.asarray(logprobs)
@@ -88,21 +123,6 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
                 reward=float(outcome[b]) if outcome is not None and k == len(spans) - 1 else None))
         chains.append(chain)
     return chains
-
-
-def _row_arrays(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The checks of a trainer's arrays, once for both paths: ``(tokens [B, T], the scored turn ids [B, T]
-    (-1 outside attention), the attention mask [B, T] bool)``."""
-    tokens = _integers("input_ids", input_ids)
-    if tokens.ndim != 2:
-        raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
-    _same_shape("turn_ids", _integers("turn_ids", turn_ids), tokens.shape)
-    ids = scored_turn_ids(turn_ids, attention_mask)
-    stray = stray_token_id(tokens)
-    if stray is not None:
-        raise ValueError(f"input_ids must hold token ids in {TOKEN_ID_RANGE}, got {stray}")
-    mask = np.ones(tokens.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
-    return tokens, ids, mask
 
 
 def _integers(name: str, value: Any) -> np.ndarray:
@@ -244,37 +264,6 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
         return out
     return out._replace(**_turn_tables(per_scorer, failed, {row: int(counts[row]) for row in scored},
                                        (rows, turns)))
-
-
-class _Rows(NamedTuple):
-    """A trainer's arrays as the row path reads them (``_checked_rows``)."""
-
-    tokens: np.ndarray  # [B, T] int, token ids in TOKEN_ID_RANGE
-    turn_ids: np.ndarray  # [B, T] int, as given
-    attention: np.ndarray | None  # [B, T] bool, or None: every position attends
-    valid: np.ndarray  # [B, T] bool: a turn's token (turn id >= 0, with attention)
-    outside: bool  # whether some turn id >= 0 lies outside the attention mask (then not read)
-
-
-def _checked_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> _Rows:
-    """``_row_arrays``' checks, without its masked copy of the turn ids (the row path reads ``valid``)."""
-    tokens = _integers("input_ids", input_ids)
-    if tokens.ndim != 2:
-        raise ValueError(f"input_ids must be [B, T], got shape {tokens.shape}")
-    ids = _integers("turn_ids", turn_ids)
-    _same_shape("turn_ids", ids, tokens.shape)
-    stray = stray_token_id(tokens)
-    if stray is not None:
-        raise ValueError(f"input_ids must hold token ids in {TOKEN_ID_RANGE}, got {stray}")
-    valid = ids >= 0
-    if attention_mask is None:
-        return _Rows(tokens, ids, None, valid, False)
-    mask = np.asarray(attention_mask)
-    _same_shape("attention_mask", mask, ids.shape)
-    attention = mask if mask.dtype == bool else mask != 0
-    present = np.count_nonzero(valid)
-    valid &= attention
-    return _Rows(tokens, ids, attention, valid, np.count_nonzero(valid) != present)
 
 
 def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan: tuple[np.ndarray, np.ndarray, bool],

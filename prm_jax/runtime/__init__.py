@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         SyncScorer,
         SyncTrajectoryScorer,
     )
+    from prm_jax.runtime._settings import Settings, setting
     from prm_jax.runtime._specs import check_scorer_specs, resolve_scorer_class
     from prm_jax.runtime._steps import StepRule, place_steps, step_turn_ids
     from prm_jax.runtime._trajectory import TURN_FIELDS, BranchSequence, Interaction, InteractionCache, stitch
@@ -48,9 +49,9 @@ __all__ = [
     "BlockingRunner", "BranchSequence", "ExportResult", "ExportService", "ExportedTrajectory", "InMemoryRecorder",
     "Interaction", "InteractionCache", "Lifecycle", "MetricRecorder", "MetricStats", "PRMMetricObservation",
     "PRMRunner", "PRMScorerResult", "PRMStats", "PRMTurnResult", "ProcessExecutor", "RequestLimiter", "RunnerState",
-    "ScoredArrays", "StepRule", "SyncScorer", "SyncTrajectoryScorer",
+    "ScoredArrays", "Settings", "StepRule", "SyncScorer", "SyncTrajectoryScorer",
     "TrajectoryStore", "batch_spec", "branch_stats", "bucket_width", "call_with_retry", "chains_from_arrays",
     "check_metadata", "check_scorer_specs", "empty_batch", "export_group", "pack_branches", "place_steps",
-    "reduce_workers", "resolve_scorer_class", "score_arrays", "should_retry", "step_turn_ids", "stitch",
+    "reduce_workers", "resolve_scorer_class", "score_arrays", "setting", "should_retry", "step_turn_ids", "stitch",
     "token_rewards_from_chains",
 ]

@@ -228,7 +228,7 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
     outside = valid if rows_in.outside else None
     for scorer in models:
         report = progress if scorer is models[-1] else None
-        order, lengths, ascending = chunk_order(live, np.asarray(scored, np.int64), scorer.bucket)
+        order, lengths, ascending = chunk_order(live, np.asarray(scored, np.int64), scorer.settings.bucket)
         weighted, means, chunk_errors = _score_chunks(scorer, rows_in, outside, (order, lengths, ascending),
                                                       counts, turns, on_error, per_turn, report)
         for row, message in chunk_errors.items():
@@ -280,14 +280,14 @@ def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan:
     done = 0
     order, lengths, ascending = plan
     for chunk in row_chunks(tokens, rows_in.attention, rows_in.turn_ids, order, lengths, scorer.max_batch_size,
-                            scorer.bucket, ascending=ascending, valid=outside):
+                            scorer.settings.bucket, ascending=ascending, valid=outside):
         members = chunk.rows.tolist()
         count, cut = chunk.rows.size, chunk.cut
         try:
-            if scorer.output == "turns" and int(counts[chunk.rows].max()) > scorer.max_turns:
-                row = members[int(np.argmax(counts[chunk.rows] > scorer.max_turns))]
+            if scorer.settings.output == "turns" and int(counts[chunk.rows].max()) > scorer.settings.max_turns:
+                row = members[int(np.argmax(counts[chunk.rows] > scorer.settings.max_turns))]
                 raise ValueError(f"scorer {scorer.name!r}: row {row} has more turns than "
-                                 f"max_turns={scorer.max_turns}")
+                                 f"max_turns={scorer.settings.max_turns}")
             raw = scorer.chunk_scores(chunk)
             if scorer.spread is not None:
                 raw = place_steps(raw, chunk.ids[:count, :cut], chunk.turns[:count, :cut], scorer.rule,

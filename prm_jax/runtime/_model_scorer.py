@@ -36,6 +36,7 @@ loads the model, called with ``factory_kwargs``, and returns ``fn``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple
@@ -51,6 +52,7 @@ from prm_jax.kernels._policy_loss import logprobs_on_timesteps
 from prm_jax.runtime._batching import bucket_width
 from prm_jax.runtime._rewards import weighted_float32
 from prm_jax.runtime._scoring import BatchTrajectoryScorer
+from prm_jax.runtime._settings import Settings, setting
 from prm_jax.runtime._steps import Spread, StepRule, check_spread, place_steps
 from prm_jax.runtime._trajectory import Interaction, concat_spans
 
@@ -63,6 +65,56 @@ def resolve_factory(path: Any) -> Callable[..., ModelFn]:
     if not isinstance(path, str) or "." not in path:
         raise ValueError(f"factory must be a dotted path 'package.module.function', got {short_repr(path)}")
     return imported_callable("factory", path)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSettings(Settings):
+    fn: ModelFn | None = setting(None, doc="The model, in code: a function of ``(input_ids, attention_mask, "
+                                 "turn_ids)`` (``[B, L]`` each) returning ``[B, L]`` token scores (``output: "
+                                 "tokens``) or ``[B, max_turns]`` turn scores (``output: turns``); give it or "
+                                 "``factory``.")
+    factory: str | None = setting(None, doc="The model, in a config: a dotted path ``package.module.function`` "
+                                  "to a factory that loads the model and returns that function; give it or "
+                                  "``fn``.")
+    factory_kwargs: Mapping[str, Any] | None = setting(None, doc="Keyword arguments of ``factory`` (a mapping); "
+                                                       "``None``: none.")
+    output: ModelOutput = setting("tokens", doc="What the model returns: ``tokens`` (a score per token) or "
+                                  "``turns`` (a score per turn, spread over the turn's tokens).")
+    max_turns: int | None = setting(None, doc="The width of the model's ``[B, max_turns]`` output, >= 1 "
+                                    "(``output: turns`` only; a row with more turns fails).")
+    bucket: int = setting(128, doc="Rows are padded to a multiple of this many tokens, >= 1, so the jitted "
+                          "model compiles once per bucket, not per length.")
+    jit: bool = setting(True, doc="Whether the scorer wraps the model in ``jax.jit`` (``False`` for one that "
+                        "is jitted already or must not be).")
+    spread: Spread | None = setting(None, doc="How the model's token scores are placed on the steps "
+                                    "(``step``, ``step_end``, ``turn``, ``tokens``); ``None``: as the model "
+                                    "returns them (``step`` when ``step_separator`` is set).")
+    step_separator: Sequence[Sequence[int]] | None = setting(None, doc="Token sequences that end a step inside "
+                                                             "a turn's output; ``None``: each turn one step.")
+    positional: ClassVar[tuple[str, ...] | None] = ("fn",)
+
+    def check(self) -> None:
+        if (self.fn is None) == (self.factory is None):
+            raise ValueError("give exactly one of fn (a function, in code) and factory (a dotted path, in a "
+                             "config)")
+        if self.factory_kwargs is not None and (self.factory is None or not isinstance(self.factory_kwargs, Mapping)):
+            raise ValueError("factory_kwargs must be a mapping, given with factory")
+        if self.factory is not None:
+            resolve_factory(self.factory)
+        if self.output not in ("tokens", "turns"):
+            raise ValueError(f"output must be 'tokens' or 'turns', got {short_repr(self.output)}")
+        if self.output == "turns":
+            if self.max_turns is None:
+                raise ValueError("output 'turns' needs max_turns (the width of the model's [B, max_turns] output)")
+            integer("max_turns", self.max_turns, minimum=1)
+        integer("bucket", self.bucket, minimum=1)
+        boolean("jit", self.jit, config=False)
+        if self.spread is not None:
+            check_spread(self.spread)
+        StepRule.parse(self.step_separator)
+        if self.output == "turns" and (self.spread is not None or self.step_separator is not None):
+            raise ValueError("spread and step_separator read the model's token scores at step ends: output "
+                             "'turns' gives one score per turn (use output 'tokens')")
 
 
 class ModelScorer(BatchTrajectoryScorer):
@@ -82,54 +134,23 @@ class ModelScorer(BatchTrajectoryScorer):
     """
 
     name = "model"
+    settings_class = ModelSettings
+    base_defaults = {"max_batch_size": 32}
     pads = True  # rows are padded to the longest: batches sorted by length
     # Whether it reads the turns' output_logprobs (a teacher): score_arrays then builds interactions for it.
     reads_logprobs: ClassVar[bool] = False
 
-    def __init__(self, fn: ModelFn | None = None, factory: str | None = None,
-                 factory_kwargs: Mapping[str, Any] | None = None, output: ModelOutput = "tokens",
-                 max_turns: int | None = None, bucket: int = 128, jit: bool = True, max_batch_size: int = 32,
-                 spread: Spread | None = None, step_separator: Sequence[Sequence[int]] | None = None,
-                 **kwargs: Any):
-        type(self).validate_kwargs(fn=fn, factory=factory, factory_kwargs=factory_kwargs, output=output,
-                                   max_turns=max_turns, bucket=bucket, jit=jit, spread=spread,
-                                   step_separator=step_separator)
-        super().__init__(max_batch_size=max_batch_size, **kwargs)
-        model = fn if fn is not None else resolve_factory(factory)(**dict(factory_kwargs or {}))
+    def prepare(self) -> None:
+        super().prepare()
+        s = self.settings
+        model = s.fn if s.fn is not None else resolve_factory(s.factory)(**dict(s.factory_kwargs or {}))
         if not callable(model):
-            raise TypeError(f"scorer {self.name!r}: factory {factory!r} returned {type(model).__name__}, not a "
+            raise TypeError(f"scorer {self.name!r}: factory {s.factory!r} returned {type(model).__name__}, not a "
                             "function of (input_ids, attention_mask, turn_ids)")
-        self.fn: ModelFn = jax.jit(model) if jit else model
-        self.output, self.max_turns, self.bucket = output, max_turns, bucket
-        self.spread = spread if spread is not None or step_separator is None else "step"
-        self.rule = StepRule.parse(step_separator)
+        self.fn: ModelFn = jax.jit(model) if s.jit else model
+        self.spread: Spread | None = s.spread if s.spread is not None or s.step_separator is None else "step"
+        self.rule = StepRule.parse(s.step_separator)
         self.forwards = 0
-
-    @classmethod
-    def validate_kwargs(cls, fn: Any = None, factory: Any = None, factory_kwargs: Any = None, output: Any = "tokens",
-                        max_turns: Any = None, bucket: Any = 128, jit: Any = True, spread: Any = None,
-                        step_separator: Any = None, **kwargs: Any) -> None:
-        if (fn is None) == (factory is None):
-            raise ValueError("give exactly one of fn (a function, in code) and factory (a dotted path, in a "
-                             "config)")
-        if factory_kwargs is not None and (factory is None or not isinstance(factory_kwargs, Mapping)):
-            raise ValueError("factory_kwargs must be a mapping, given with factory")
-        if factory is not None:
-            resolve_factory(factory)
-        if output not in ("tokens", "turns"):
-            raise ValueError(f"output must be 'tokens' or 'turns', got {short_repr(output)}")
-        if output == "turns":
-            if max_turns is None:
-                raise ValueError("output 'turns' needs max_turns (the width of the model's [B, max_turns] output)")
-            integer("max_turns", max_turns, minimum=1)
-        integer("bucket", bucket, minimum=1)
-        boolean("jit", jit, config=False)
-        if spread is not None:
-            check_spread(spread)
-        StepRule.parse(step_separator)
-        if output == "turns" and (spread is not None or step_separator is not None):
-            raise ValueError("spread and step_separator read the model's token scores at step ends: output "
-                             "'turns' gives one score per turn (use output 'tokens')")
 
     # -- the rows path ---------------------------------------------------------------------------------------
 
@@ -143,15 +164,15 @@ class ModelScorer(BatchTrajectoryScorer):
         rows, width = turn_ids.shape
         out = np.zeros((rows, width), np.float64)
         live = attention_mask.astype(bool) | (turn_ids >= 0)
-        order, lengths, ascending = chunk_order(live, np.flatnonzero(live.any(axis=1)), self.bucket)
+        order, lengths, ascending = chunk_order(live, np.flatnonzero(live.any(axis=1)), self.settings.bucket)
         for chunk in row_chunks(input_ids, attention_mask, turn_ids, order, lengths, self.max_batch_size,
-                                self.bucket, ascending=ascending):
-            if self.output == "turns":
-                assert self.max_turns is not None
-                too_many = np.flatnonzero(chunk.turns.max(axis=1) >= self.max_turns)
+                                self.settings.bucket, ascending=ascending):
+            if self.settings.output == "turns":
+                assert self.settings.max_turns is not None
+                too_many = np.flatnonzero(chunk.turns.max(axis=1) >= self.settings.max_turns)
                 if too_many.size:
                     raise ValueError(f"scorer {self.name!r}: row {int(chunk.rows[too_many[0]])} has more turns "
-                                     f"than max_turns={self.max_turns}")
+                                     f"than max_turns={self.settings.max_turns}")
             out[chunk.at, :chunk.cut] = self.chunk_scores(chunk)
         if self.spread is not None:
             out = place_steps(out, input_ids, turn_ids, self.rule, self.spread)
@@ -168,8 +189,8 @@ class ModelScorer(BatchTrajectoryScorer):
         scores = self._forward(chunk.ids, chunk.mask, chunk.turns)
         count = chunk.rows.size
         turns = chunk.turns[:count, :chunk.cut]
-        if self.output == "turns":
-            last = (self.max_turns or 1) - 1
+        if self.settings.output == "turns":
+            last = (self.settings.max_turns or 1) - 1
             scores = np.take_along_axis(scores[:count], np.clip(turns, 0, last), axis=1)
         else:
             scores = scores[:count, :chunk.cut]
@@ -178,10 +199,10 @@ class ModelScorer(BatchTrajectoryScorer):
     def _forward(self, ids: np.ndarray, mask: np.ndarray, turns: np.ndarray) -> np.ndarray:
         result = np.asarray(jax.device_get(self.fn(ids, mask, turns)))
         self.forwards += 1
-        expected = (ids.shape[0], self.max_turns) if self.output == "turns" else ids.shape
+        expected = (ids.shape[0], self.settings.max_turns) if self.settings.output == "turns" else ids.shape
         if result.shape != expected:
             raise ValueError(f"scorer {self.name!r}: the model returned shape {result.shape} for rows of shape "
-                             f"{ids.shape}, expected {expected} (output={self.output!r})")
+                             f"{ids.shape}, expected {expected} (output={self.settings.output!r})")
         return result if result.dtype.kind == "f" else result.astype(np.float64)
 
     # -- the branches path -----------------------------------------------------------------------------------
@@ -246,6 +267,25 @@ def teacher_rewards(who: str, turns: Sequence[Interaction], teacher: Sequence[np
     return out
 
 
+# The two teachers' clip of a token's reward (``teacher_rewards``), declared once for both records.
+REWARD_MIN_DOC = "The lower clip of a token's reward ``log pi_T - log pi_S``; ``None``: not clipped below."
+REWARD_MAX_DOC = ("The upper clip of a token's reward; ``None``: not clipped above (with ``reward_min``, "
+                  "``reward_min < reward_max``).")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TeacherModelSettings(ModelSettings):
+    reward_min: float | None = setting(None, doc=REWARD_MIN_DOC)
+    reward_max: float | None = setting(None, doc=REWARD_MAX_DOC)
+    refused: ClassVar[Mapping[tuple[str, ...], str]] = {
+        ("output", "spread", "step_separator", "max_turns"): "are not settings of a teacher (each output token "
+                                                             "gets its own reward)"}
+
+    def check(self) -> None:
+        super().check()
+        reward_bounds(self.reward_min, self.reward_max)
+
+
 class TeacherModelScorer(ModelScorer):
     """On-policy distillation's teacher as a JAX model on the trainer's device: ``fn(input_ids,
     attention_mask, turn_ids) -> [B, L]``, each position's token's log-prob under the teacher given the
@@ -259,22 +299,12 @@ class TeacherModelScorer(ModelScorer):
     name = "teacher_model"
     reads_logprobs: ClassVar[bool] = True
 
-    def __init__(self, fn: ModelFn | None = None, factory: str | None = None,
-                 factory_kwargs: Mapping[str, Any] | None = None, reward_min: float | None = None,
-                 reward_max: float | None = None, **kwargs: Any):
-        bounds = reward_bounds(reward_min, reward_max)
-        for key in ("output", "spread", "step_separator", "max_turns"):
-            if key in kwargs:
-                raise ValueError(f"scorer {self.name!r}: {key} is not a setting of a teacher (each output token "
-                                 "gets its own reward)")
-        super().__init__(fn=fn, factory=factory, factory_kwargs=factory_kwargs, **kwargs)
-        self.reward_min, self.reward_max = bounds
-
+    settings_class = TeacherModelSettings
     async def evaluate_batch(self, items: Sequence[tuple[Sequence[Interaction], Mapping[str, Any]]]  # type: ignore[override]
                              ) -> list[dict[str, Any]]:
         scored = await super().evaluate_batch(items)
         return [teacher_rewards(self.name, turns, [per_turn[turn.interaction_id] for turn in turns],
-                                self.reward_min, self.reward_max)
+                                self.settings.reward_min, self.settings.reward_max)
                 for (turns, _), per_turn in zip(items, scored)]
 
 

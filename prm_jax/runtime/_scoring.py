@@ -45,6 +45,7 @@ from typing import Any, ClassVar, Literal, get_args
 import numpy as np
 
 from prm_jax._validation import boolean, deadline, finite_number, integer, one_of, scorer_weight
+from prm_jax.runtime._settings import Settings, args_section, settings_constructor
 from prm_jax.runtime._trajectory import Interaction
 
 Unit = Literal["turn", "trajectory"]
@@ -170,6 +171,25 @@ class BaseScorer:
     # scores a turn shared by several clones of one session once per run_many and gives each the same score.
     prefix_determined: ClassVar[bool] = False
     executor: ExecutorKind = "async"  # a class attribute (SyncScorer's instances may set their own)
+    # The scorer's own settings, declared once (``prm_jax.runtime._settings``): a class that sets it gets a
+    # constructor taking the record's fields (then the base class's arguments, ``base_defaults`` over their
+    # defaults), ``self.settings`` holding them, ``validate_kwargs`` building the record, and its docstring's
+    # ``Args`` generated from the fields' sentences.
+    settings_class: ClassVar[type[Settings] | None] = None
+    base_defaults: ClassVar[Mapping[str, Any]] = {}
+    settings: Any
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        record = cls.__dict__.get("settings_class")
+        if record is None:
+            return
+        if "__init__" in cls.__dict__:
+            raise TypeError(f"{cls.__name__} declares settings_class: its constructor is generated from the record "
+                            "(build what else it needs in prepare())")
+        cls.__init__ = settings_constructor(cls, record, cls.base_defaults, BaseScorer)  # type: ignore[method-assign]
+        if cls.__doc__ and "Args:" not in cls.__doc__:
+            cls.__doc__ = _with_section(cls.__doc__, args_section(record))
 
     def __init__(self, weight: float = 1.0, enabled: bool = True, timeout: float | None = None,
                  max_concurrency: int | None = None, **kwargs: Any):
@@ -189,6 +209,10 @@ class BaseScorer:
         self.max_concurrency = None if max_concurrency is None else integer(
             f"scorer {self.name!r}: max_concurrency", max_concurrency, minimum=1)
 
+    def prepare(self) -> None:
+        """What a scorer that declares ``settings_class`` builds from ``self.settings`` once it is constructed
+        (a client, a model); its generated constructor calls it last. Call ``super().prepare()`` first."""
+
     @classmethod
     def check_kind(cls) -> None:
         """The class's methods match its kind: ``TypeError`` naming the base class to use otherwise (called
@@ -201,7 +225,11 @@ class BaseScorer:
         """Checks a config entry's ``kwargs`` for this class without acquiring anything (no client, no
         connection, no file): ``validate-config`` and ``prm-jax score``'s preflight call it, so a bad value
         is reported before anything is scored. Raise ``ValueError`` or ``TypeError`` naming the argument; a
-        constructor should call it too, so each rule has one home. The default accepts everything."""
+        constructor should call it too, so each rule has one home. The default builds the class's declared
+        settings (``settings_class``) from their keys and accepts everything else."""
+        record = cls.settings_class
+        if record is not None:
+            record.build({k: v for k, v in kwargs.items() if k in record.keys()})
 
     def validate_metadata(self, metadata: Mapping[str, Any]) -> None:
         """Checks one session's ``metadata`` (what the scorer will read as ``ctx["metadata"]``) before anything
@@ -223,6 +251,15 @@ class BaseScorer:
 
     async def aclose(self) -> None:
         """Cleanup hook (default no-op): flush buffers, join writers, close owned clients, with bounded I/O."""
+
+
+def _with_section(doc: str, section: str) -> str:
+    """``doc`` with ``section`` (a generated ``Args:``) after its summary paragraph, indented as ``doc`` is."""
+    lines = doc.expandtabs().splitlines()
+    indent = min((len(line) - len(line.lstrip()) for line in lines[1:] if line.strip()), default=0)
+    body = "\n".join(" " * indent + line for line in section.splitlines())
+    head, sep, tail = doc.partition("\n\n")
+    return f"{head}\n\n{body}\n\n{tail}" if sep else f"{head}\n\n{body}\n"
 
 
 class BaseTrajectoryScorer(BaseScorer):
@@ -451,6 +488,11 @@ class BatchScorer(BaseScorer):
         super().__init__(**kwargs)
         type(self).validate_batching(max_batch_size=max_batch_size, max_wait=max_wait)
         self.max_batch_size, self.max_wait = max_batch_size, float(max_wait)
+
+    @classmethod
+    def validate_kwargs(cls, **kwargs: Any) -> None:
+        super().validate_kwargs(**kwargs)
+        cls.validate_batching(**{k: kwargs[k] for k in ("max_batch_size", "max_wait") if k in kwargs})
 
     @classmethod
     def validate_batching(cls, max_batch_size: Any = DEFAULT_MAX_BATCH_SIZE, max_wait: Any = DEFAULT_MAX_WAIT_S) -> None:

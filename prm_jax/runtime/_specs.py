@@ -15,6 +15,7 @@ from prm_jax._validation import short_repr
 from prm_jax.config._experiment import ExperimentConfig, PRMConfig, PRMSection, ScorerSpec, section_shaping
 from prm_jax.kernels._shaping import ShapingConfig
 from prm_jax.runtime._scoring import EXECUTOR_SETTINGS, BaseScorer, SyncScorer
+from prm_jax.runtime._settings import base_parameters
 
 
 def resolve_scorer_class(path: str) -> type[BaseScorer]:
@@ -47,28 +48,17 @@ RESERVED_KWARGS = ("weight", "enabled", "timeout")
 
 
 def _constructor_arguments(cls: type[BaseScorer]) -> tuple[set[str], set[str], bool]:
-    """Keyword names a scorer class's constructor chain accepts, those it requires, and whether it is open.
-
-    Follows ``**kwargs`` up the MRO: a class that forwards them passes the rest to its parent; ``BaseScorer``
-    accepts ``weight`` and ``enabled`` and nothing else.
-    """
-    accepted: set[str] = set()
-    required: set[str] | None = None  # the most derived constructor's parameters without a default
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        try:
-            parameters = list(inspect.signature(init).parameters.values())[1:]
-        except (TypeError, ValueError):
-            return accepted, required or set(), True  # no readable signature: cannot check
-        named = [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        accepted.update(p.name for p in named)
-        if required is None:
-            required = {p.name for p in named if p.default is p.empty}
-        if klass is BaseScorer or not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            return accepted, required or set(), False
-    return accepted, required or set(), True
+    """Keyword names a scorer class's constructor chain accepts (``base_parameters``: ``**kwargs`` followed
+    up the MRO to ``BaseScorer``), those its most derived constructor requires, and whether it is open."""
+    parameters, open_ = base_parameters(cls, BaseScorer)
+    first = next((k.__dict__["__init__"] for k in cls.__mro__ if "__init__" in k.__dict__), None)
+    try:
+        own = list(inspect.signature(first).parameters.values())[1:] if first is not None else []
+    except (TypeError, ValueError):
+        own = []
+    required = {p.name for p in own if p.default is p.empty
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {p.name for p in parameters}, required, open_
 
 
 def check_scorer_specs(section: PRMSection | PRMConfig | ExperimentConfig,

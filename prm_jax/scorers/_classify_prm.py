@@ -13,63 +13,81 @@ step-tag PRM that scores every step of a branch in one forward, serve it with vL
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping
-from typing import Any
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from prm_jax._validation import integer
-from prm_jax.runtime._trajectory import Interaction
-from prm_jax.scorers._http import Probe
-from prm_jax.scorers._openai_judge import OpenAIJudgeScorer
+from prm_jax.runtime._scoring import BaseScorer
+from prm_jax.runtime._settings import setting
+from prm_jax.scorers._http import (
+    Item,
+    Reads,
+    ServedScorer,
+    ServedSettings,
+    Transport,
+    transport_setting,
+)
+from prm_jax.scorers._openai_judge import MODEL_DOC, PROMPT_DOC, Templated, check_served_model, check_template
 
 DEFAULT_CLASSIFY_PROMPT = "{conversation}"
-# OpenAIJudgeScorer's settings of a chat answer, which a classification has none of: refused, not ignored.
-CHAT_ONLY = ("system", "score", "pattern", "json_field", "logprob_tokens", "top_logprobs", "score_range",
-             "max_tokens", "extra_body")
 
 
-class ClassifyPRMScorer(OpenAIJudgeScorer):
-    """Scores each turn with a sequence classifier on SGLang's /v1/classify (see the module docstring)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClassifyPRMSettings(ServedSettings):
+    scorer: ClassVar[str] = "ClassifyPRMScorer"
+    base_url: str = setting(doc="The SGLang server's URL (http or https, without ``/v1``: the scorer POSTs to "
+                            "``/v1/classify`` under it).", example="http://127.0.0.1:30000")
+    model: str = setting(doc=MODEL_DOC, example="Skywork/Skywork-Reward-V2-Llama-3.1-8B")
+    prompt: str = setting(DEFAULT_CLASSIFY_PROMPT, doc=PROMPT_DOC + " The default classifies the conversation "
+                          "through the turn.")
+    good_index: int = setting(1, doc="The label whose probability is the turn's score (``data[0].probs[i]``), "
+                              ">= 0.")
+    transport: Transport = transport_setting()
+
+    # OpenAIJudgeScorer's settings of a chat answer, which a classification has none of: refused, not ignored.
+    refused: ClassVar[Mapping[tuple[str, ...], str]] = {
+        ("system", "score", "pattern", "json_field", "logprob_tokens", "top_logprobs", "score_range", "max_tokens",
+         "extra_body"): "set how a chat answer is read; a classification has none"}
+
+    def check(self) -> None:
+        super().check()
+        check_served_model(self.model)
+        check_template(self.prompt)
+        integer("good_index", self.good_index, minimum=0)
+
+
+class ClassifyPRMScorer(Templated, ServedScorer, BaseScorer):
+    """Scores each turn with a sequence classifier on SGLang's /v1/classify (see the module docstring).
+
+    Example:
+        >>> prm = prm_jax.scorers.ClassifyPRMScorer("http://127.0.0.1:30000", "Skywork/Skywork-Reward-V2-Llama-3.1-8B")
+        >>> prm.name, prm.endpoint()
+        ('classify_prm', '/v1/classify')
+    """
 
     name = "classify_prm"
+    settings_class = ClassifyPRMSettings
+    route = "/v1/classify"
 
-    def __init__(self, base_url: str, model: str, prompt: str = DEFAULT_CLASSIFY_PROMPT, good_index: int = 1,
-                 **kwargs: Any):
-        chat_only = sorted(set(kwargs) & set(CHAT_ONLY))
-        if chat_only:
-            raise ValueError(f"{chat_only} set how a chat answer is read; a classification has none")
-        integer("good_index", good_index, minimum=0)
-        super().__init__(base_url, model, prompt=prompt, score_range=None, **kwargs)
-        self.good_index = good_index
+    def request(self, items: Sequence[Item]) -> dict[str, Any]:
+        (interaction, ctx), = items
+        return {"model": self.settings.model, "input": self.render(interaction, ctx)}
 
-    @classmethod
-    def validate_kwargs(cls, base_url: Any = None, model: Any = None, prompt: Any = DEFAULT_CLASSIFY_PROMPT,  # type: ignore[override]
-                        good_index: Any = 1, **kwargs: Any) -> None:
-        integer("good_index", good_index, minimum=0)
-        defaults = {p.name: p.default for p in inspect.signature(OpenAIJudgeScorer.__init__).parameters.values()}
-        chat_only = sorted(key for key in CHAT_ONLY if key in kwargs and kwargs[key] != defaults[key]
-                           and not (key == "score_range" and kwargs[key] is None))  # (ours: None)
-        if chat_only:
-            raise ValueError(f"{chat_only} set how a chat answer is read; a classification has none")
-        super().validate_kwargs(base_url=base_url, model=model, prompt=prompt,
-                                **{k: v for k, v in kwargs.items() if k not in CHAT_ONLY})
+    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+        read, good = self.service.reader, self.settings.good_index
+        value = read.field(answer, ("data", 0, "probs", good), where)
+        return [read.probability(value, where, f"data[0].probs[{good}]")]
 
-    async def probe(self) -> Probe:
-        """One small classification (``prm-jax validate-config --probe``)."""
-        def check(answer: Any) -> None:
-            where = f"scorer {self.name!r} (probe)"
-            read = self.service.reader
-            read.probability(read.field(answer, ("data", 0, "probs", self.good_index), where), where,
-                             f"data[0].probs[{self.good_index}]")
+    def reads(self) -> Reads:
+        return "probability"
 
-        return await self.service.probe(self.name, "/v1/classify", {"model": self.model, "input": self.PROBE_TEXT},
-                                        check)
-
-    async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> float:
-        text = self.render(interaction, ctx)
-        answer = await self.service.post("/v1/classify", {"model": self.model, "input": text})
-        where = f"scorer {self.name!r} on interaction {interaction.interaction_id!r}"
-        read = self.service.reader
-        value = read.field(answer, ("data", 0, "probs", self.good_index), where)
-        return read.probability(value, where, f"data[0].probs[{self.good_index}]")
-
+    def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
+        """SGLang's /v1/classify answer (vLLM 0.7's classification API, as its documentation shows it)."""
+        probs: list[Any] = [0.0] * max(2, self.settings.good_index + 1)
+        probs[self.settings.good_index] = value
+        return {"id": "classify-9bf17f2847b046c99f5d8c3f5bc7e3a8", "object": "list", "created": 1745383213,
+                "model": self.settings.model,
+                "data": [{"index": 0, "label": "Default", "probs": probs, "num_classes": len(probs)}],
+                "usage": {"prompt_tokens": 10, "total_tokens": 10, "completion_tokens": 0,
+                          "prompt_tokens_details": None}}

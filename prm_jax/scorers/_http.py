@@ -4,10 +4,12 @@ of ``prm_jax.runtime._limits`` and a bounded answer (``JSONService``), read by t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -17,6 +19,8 @@ from prm_jax.errors import RequestFailed, RetryError, ServiceError
 from prm_jax.runtime._authoring import call_with_retry
 from prm_jax.runtime._limits import RETRYABLE_STATUS, RequestLimiter, retry_after_seconds
 from prm_jax.runtime._runner import cause_text
+from prm_jax.runtime._settings import Settings, setting
+from prm_jax.runtime._trajectory import Interaction
 from prm_jax.scorers._answers import AnswerReader
 
 # An answer larger than this is decoded in a worker thread: a batch's prompt log-probs (a teacher's) run to
@@ -58,23 +62,65 @@ def check_url(name: str, url: Any) -> str:
     return url.rstrip("/")
 
 
-def check_transport(request_timeout: Any, attempts: Any, backoff: Any, max_backoff: Any, max_body_bytes: Any,
-                    max_concurrency: Any, max_requests_per_second: Any, api_key_env: Any = None) -> None:
-    """The transport settings every built-in judge takes, checked without opening anything."""
-    timeout = finite_number("request_timeout", request_timeout)
-    if not timeout > 0:
-        raise ValueError(f"request_timeout must be > 0 seconds, got {short_repr(request_timeout)}")
-    integer("attempts", attempts, minimum=1)
-    finite_number("backoff", backoff, minimum=0.0)
-    finite_number("max_backoff", max_backoff, minimum=0.0)
-    integer("max_body_bytes", max_body_bytes, minimum=1)
-    if max_concurrency is not None:
-        integer("max_concurrency", max_concurrency, minimum=1)
-    if max_requests_per_second is not None:
-        finite_number("max_requests_per_second", max_requests_per_second, minimum=1e-3)
-    if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env.isidentifier()):
-        raise ValueError(f"api_key_env must name an environment variable (e.g. OPENAI_API_KEY), got "
-                         f"{short_repr(api_key_env)}: a key never belongs in a config file")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Transport(Settings):
+    """How a served scorer talks to its server: every built-in served scorer holds one (its ``transport``
+    setting, flat to the user: ``request_timeout: 60`` beside ``model``), with its own defaults."""
+
+    request_timeout: float = setting(30.0, doc="Seconds one attempt may take (connecting, sending, reading the "
+                                     "whole answer); > 0. The config entry's own ``timeout`` bounds the whole "
+                                     "call, retries and waits included.")
+    attempts: int = setting(4, doc="Attempts per call, >= 1: retried are 429, 408 and 5xx answers, connection "
+                            "errors and timeouts; any other answer fails the call at once.")
+    backoff: float = setting(0.25, doc="Seconds, >= 0: the first retry waits a random time up to this (full "
+                             "jitter, doubling each retry) unless the server sent ``Retry-After``.")
+    max_backoff: float = setting(8.0, doc="Seconds, >= 0: the longest wait between two attempts.")
+    max_body_bytes: int = setting(DEFAULT_MAX_BODY_BYTES, doc="Bytes, >= 1: the largest answer read; a larger "
+                                  "one fails the call (not retried).")
+    max_concurrency: int | None = setting(16, doc="Requests in flight at once, >= 1, across every run of the "
+                                          "runner; ``None``: no bound.")
+    max_requests_per_second: float | None = setting(None, doc="Requests started per second, at most (>= 0.001; "
+                                                    "set it from the server's published limit); ``None``: no "
+                                                    "bound.")
+    api_key_env: str | None = setting(None, doc="The environment variable that holds the API key, sent as "
+                                      "``Authorization: Bearer``; a key never belongs in a config. ``None``: no "
+                                      "key.")
+
+    def check(self) -> None:
+        timeout = finite_number("request_timeout", self.request_timeout)
+        if not timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {short_repr(self.request_timeout)}")
+        integer("attempts", self.attempts, minimum=1)
+        finite_number("backoff", self.backoff, minimum=0.0)
+        finite_number("max_backoff", self.max_backoff, minimum=0.0)
+        integer("max_body_bytes", self.max_body_bytes, minimum=1)
+        if self.max_concurrency is not None:
+            integer("max_concurrency", self.max_concurrency, minimum=1)
+        if self.max_requests_per_second is not None:
+            finite_number("max_requests_per_second", self.max_requests_per_second, minimum=1e-3)
+        key = self.api_key_env
+        if key is not None and (not isinstance(key, str) or not key.isidentifier()):
+            raise ValueError(f"api_key_env must name an environment variable (e.g. OPENAI_API_KEY), got "
+                             f"{short_repr(key)}: a key never belongs in a config file")
+
+
+def transport_setting(**defaults: Any) -> Any:
+    """A served scorer's ``transport`` field: the shared record with this scorer's defaults."""
+    return setting(Transport(**defaults), doc="How the scorer talks to its server (flat: the transport's keys are "
+                   "the scorer's own).")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServedSettings(Settings):
+    """The base of a served scorer's record: ``check`` needs httpx (the ``judge`` extra) and an http(s) URL in
+    the field ``url_field``; a subclass's ``check`` calls it first."""
+
+    scorer: ClassVar[str] = "a served scorer"
+    url_field: ClassVar[str] = "base_url"
+
+    def check(self) -> None:
+        httpx_module(self.scorer)
+        check_url(self.url_field, getattr(self, self.url_field))
 
 
 def shown_url(url: str) -> str:
@@ -118,15 +164,6 @@ class Probe(NamedTuple):
                 f"{self.latency_s * 1e3:.1f} ms" + ("" if self.ok else "  <- FAILED"))
 
 
-TRANSPORT_KEYS = ("request_timeout", "attempts", "backoff", "max_backoff", "max_body_bytes", "max_concurrency",
-                  "max_requests_per_second", "api_key_env")
-
-
-def transport(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The transport settings among a judge's constructor arguments (``JSONService``'s keywords)."""
-    return {key: settings[key] for key in TRANSPORT_KEYS if key in settings}
-
-
 class JSONService:
     """POSTs JSON to one server and returns its decoded JSON answer, under the limiter and the retry rules.
 
@@ -136,13 +173,14 @@ class JSONService:
     ``ServiceError`` at once (a 400 does not get better by asking again).
     """
 
-    def __init__(self, base_url: str, *, who: str, request_timeout: float, attempts: int, backoff: float,
-                 max_backoff: float, max_body_bytes: int, max_concurrency: int | None,
-                 max_requests_per_second: float | None, api_key_env: str | None = None):
+    def __init__(self, base_url: str, *, who: str, transport: Transport):
         httpx = httpx_module(who)
         self.base_url, self.who = base_url, who
-        self.request_timeout, self.attempts = float(request_timeout), attempts
-        self.backoff, self.max_backoff, self.max_body_bytes = float(backoff), float(max_backoff), max_body_bytes
+        self.request_timeout, self.attempts = float(transport.request_timeout), transport.attempts
+        self.backoff, self.max_backoff = float(transport.backoff), float(transport.max_backoff)
+        self.max_body_bytes = transport.max_body_bytes
+        max_concurrency, max_requests_per_second = transport.max_concurrency, transport.max_requests_per_second
+        api_key_env = transport.api_key_env
         # A burst of 10 ms worth of requests (2 at 250/s), far inside any gateway's bucket: a start that woke
         # late can be made up, where a burst of 1 lost ~10% of the rate to the event loop's wake-up lag.
         burst = 1 if max_requests_per_second is None else max(1, min(int(max_requests_per_second * BURST_S),
@@ -192,7 +230,7 @@ class JSONService:
             raise ServiceError(f"{err} (attempt {tried} of {self.attempts}; not retried: this answer does not "
                                "change by asking again)", status=err.status, reason=err.reason) from err
 
-    async def probe(self, scorer: str, path: str, payload: Mapping[str, Any], check: Callable[[Any], None]) -> Probe:
+    async def probe(self, scorer: str, path: str, payload: Mapping[str, Any], check: Callable[[Any], object]) -> Probe:
         """One request (one attempt, no limiter) and what it says: ``check`` reads the decoded answer as the
         scorer reads one (raising where it cannot be scored); the model is the answer's ``model`` field."""
         url = shown_url(self.base_url + path)
@@ -238,13 +276,104 @@ class JSONService:
         await self._client.aclose()
 
 
+Item = tuple[Any, Mapping[str, Any]]  # what a call scores: (a turn, or a branch's turns root first; ctx)
+Reads = Literal["number", "probability", "logprob", "text"]
+PROBE_TEXT = "Reply with the number 0."
+
+
+def probe_turn() -> Interaction:
+    """The one small turn a probe scores: one input token, one output token (with its log-prob, which a
+    teacher reads), a question and its answer."""
+    return Interaction("probe", [0], [1], messages=[{"role": "user", "content": PROBE_TEXT}],
+                       output_messages=[{"role": "assistant", "content": "0"}], output_logprobs=[-1.0])
+
+
 class ServedScorer:
-    """What every scorer served over HTTP shares: its ``JSONService`` (``self.service``) reports the client's
-    figures (``client_stats``: requests, retries, rate-limit waits) and is closed with the scorer."""
+    """What every scorer served over HTTP shares, from what it declares.
+
+    A served scorer declares its settings (a ``ServedSettings`` record with a ``transport`` field,
+    ``transport_setting(...)``, and the server's URL in the field its ``url_field`` names), its ``route``,
+    how a request is built from the items of one call
+    (``request(items)``: one turn for a per-turn scorer, the branches of a batch for a batched one), how the
+    answer is read (``read(answer, items, where)``, through the one ``AnswerReader``, ``self.service.reader``:
+    one score per item), and an example answer of its server's documented shape (``example_answer(request,
+    value)``, with ``value`` where the score is read, of the kind ``reads()`` says). Scoring (``evaluate``,
+    ``evaluate_batch``) and ``probe`` come from those; the judge suite
+    (``tests/scorers/test_every_served_scorer.py``) runs every malformed answer against each one.
+    """
 
     service: JSONService
+    settings: Any
+    name: ClassVar[str]
+    route: ClassVar[str] = ""
+    read_in_thread: ClassVar[bool] = False  # answers of megabytes (a teacher's log-probs) are read off the loop
+    # The settings each example runs with besides the declared examples (one entry per way of reading an answer).
+    example_modes: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
+
+    def prepare(self) -> None:
+        super().prepare()  # type: ignore[misc]
+        record = self.settings
+        url = check_url(record.url_field, getattr(record, record.url_field))
+        self.service = JSONService(url, who=f"scorer {self.name!r}", transport=self.settings.transport)
+
+    # -- what a served scorer declares ---------------------------------------------------------------------
+
+    def endpoint(self) -> str:
+        """The route requests go to, after the URL (the declared ``route``; a setting may choose it)."""
+        return self.route
+
+    def request(self, items: Sequence[Item]) -> dict[str, Any]:
+        raise NotImplementedError(f"scorer {self.name!r} must declare request(items)")
+
+    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+        raise NotImplementedError(f"scorer {self.name!r} must declare read(answer, items, where)")
+
+    def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
+        raise NotImplementedError(f"scorer {type(self).__name__} declares no example answer (example_answer)")
+
+    def reads(self) -> Reads:
+        """What the value an answer holds is read as (``AnswerReader``'s rule for it)."""
+        return "number"
+
+    # -- what comes from it --------------------------------------------------------------------------------
+
+    def where(self, items: Sequence[Item]) -> str:
+        """How errors name one call: the turn, or the batch."""
+        turns = all(isinstance(item, Interaction) for item, _ in items)
+        if len(items) == 1 and turns:
+            return f"scorer {self.name!r} on interaction {items[0][0].interaction_id!r}"
+        return f"scorer {self.name!r} on a batch of {len(items)} {'turns' if turns else 'branches'}"
+
+    async def exchange(self, items: Sequence[Item]) -> list[Any]:
+        """One request for ``items`` and its answer read: one score per item."""
+        answer = await self.service.post(self.endpoint(), self.request(items))
+        if self.read_in_thread:
+            return await anyio.to_thread.run_sync(self.read, answer, items, self.where(items))
+        return self.read(answer, items, self.where(items))
+
+    async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
+        return (await self.exchange([(interaction, ctx)]))[0]
+
+    async def evaluate_batch(self, items: Sequence[Item]) -> list[Any]:
+        return await self.exchange(items)
+
+    def probe_items(self) -> list[Item]:
+        """The probe's one item (``probe_turn``, alone or as a branch) and a context that answers any key (a
+        prompt's ``{ctx[task]}`` reads ``probe``)."""
+        ctx: Mapping[str, Any] = defaultdict(lambda: "probe")
+        turn = probe_turn()
+        return [((turn,) if getattr(self, "unit", "turn") == "trajectory" else turn, ctx)]
+
+    async def probe(self) -> Probe:
+        """One small request built and read as every call is (``prm-jax validate-config --probe``): the
+        endpoint's status, the model that answered, the round trip, and whether the answer can be scored."""
+        items = self.probe_items()
+        where = f"scorer {self.name!r} (probe)"
+        return await self.service.probe(self.name, self.endpoint(), self.request(items),
+                                        lambda answer: self.read(answer, items, where))
 
     def client_stats(self) -> dict[str, float]:
+        """Requests sent, retries, rate-limit waits (the client's figures)."""
         return self.service.stats()
 
     async def aclose(self) -> None:

@@ -19,22 +19,20 @@ for the limiter included; ``kwargs.request_timeout`` bounds one attempt.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from prm_jax._validation import short_repr
 from prm_jax.errors import NoTextError, ServiceError
 from prm_jax.runtime._scoring import BaseScorer
-from prm_jax.runtime._trajectory import Interaction
+from prm_jax.runtime._settings import setting
 from prm_jax.scorers._http import (
-    DEFAULT_MAX_BODY_BYTES,
-    JSONService,
-    Probe,
+    Item,
     ServedScorer,
-    check_transport,
-    check_url,
-    httpx_module,
-    transport,
+    ServedSettings,
+    Transport,
+    transport_setting,
 )
 
 JudgeError = ServiceError  # the judge answered, but not with a usable score (the name of earlier versions)
@@ -48,54 +46,48 @@ def _plain(value: Any) -> Any:
     return value
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HTTPJudgeSettings(ServedSettings):
+    scorer: ClassVar[str] = "HTTPJudgeScorer"
+    url_field: ClassVar[str] = "url"
+    url: str = setting(doc="The judge's URL (http or https); requests are POSTed to it as it is.",
+                       example="http://127.0.0.1:8000/judge")
+    transport: Transport = transport_setting(request_timeout=10.0, attempts=3, backoff=0.05, max_backoff=2.0)
+
+    def check(self) -> None:
+        super().check()
+
+
 class HTTPJudgeScorer(ServedScorer, BaseScorer):
-    """Scores each turn by asking an HTTP judge (see the module docstring)."""
+    """Scores each turn by asking an HTTP judge (see the module docstring).
+
+    Example:
+        >>> judge = prm_jax.scorers.HTTPJudgeScorer("http://127.0.0.1:8000/judge", max_concurrency=8)
+        >>> judge.name, judge.settings.transport.request_timeout
+        ('http_judge', 10.0)
+    """
 
     name = "http_judge"
+    settings_class = HTTPJudgeSettings
 
-    def __init__(self, url: str, request_timeout: float = 10.0, attempts: int = 3, backoff: float = 0.05,
-                 max_backoff: float = 2.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 max_concurrency: int | None = 16, max_requests_per_second: float | None = None, **kwargs: Any):
-        settings = dict(request_timeout=request_timeout, attempts=attempts, backoff=backoff, max_backoff=max_backoff,
-                        max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
-                        max_requests_per_second=max_requests_per_second)
-        type(self).validate_kwargs(url=url, **settings)
-        super().__init__(**kwargs)
-        self.url = url
-        self.service = JSONService(check_url("url", url), who=f"scorer {self.name!r}", **transport(settings))
-
-    @classmethod
-    def validate_kwargs(cls, url: Any = None, request_timeout: Any = 10.0, attempts: Any = 3, backoff: Any = 0.05,
-                        max_backoff: Any = 2.0, max_body_bytes: Any = DEFAULT_MAX_BODY_BYTES,
-                        max_concurrency: Any = 16, max_requests_per_second: Any = None, **kwargs: Any) -> None:
-        """The constructor's arguments, checked without opening anything (``validate-config`` calls this)."""
-        httpx_module("HTTPJudgeScorer")
-        check_url("url", url)
-        check_transport(request_timeout, attempts, backoff, max_backoff, max_body_bytes, max_concurrency,
-                        max_requests_per_second)
-
-    async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
+    def request(self, items: Sequence[Item]) -> dict[str, Any]:
+        (interaction, _), = items
         if not interaction.output_messages:
             raise NoTextError(f"scorer {self.name!r}: interaction {interaction.interaction_id!r} has no output "
                               "messages for the judge (turns built from token arrays carry tokens only: score "
                               "sessions with messages); it was not scored")
-        payload = {"interaction_id": interaction.interaction_id, "messages": _plain(interaction.messages),
-                   "output_messages": _plain(interaction.output_messages), "output_len": interaction.output_len}
-        answer = await self.service.post("", payload)
-        return self._score_of(answer, f"scorer {self.name!r} on interaction {interaction.interaction_id!r}")
+        return {"interaction_id": interaction.interaction_id, "messages": _plain(interaction.messages),
+                "output_messages": _plain(interaction.output_messages), "output_len": interaction.output_len}
 
-    def _score_of(self, answer: Any, where: str) -> Any:
-        """The score (or the per-token scores) in the judge's answer, read by the judges' one reader."""
+    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+        """The score (or the per-token scores) in the judge's answer."""
         read = self.service.reader
         if isinstance(answer, Mapping) and "score" in answer:
-            return read.number(answer["score"], where, "the answer's field 'score'")
+            return [read.number(answer["score"], where, "the answer's field 'score'")]
         if isinstance(answer, Mapping) and isinstance(answer.get("scores"), list):
-            return [read.number(s, where, f"the answer's field 'scores'[{i}]") for i, s in enumerate(answer["scores"])]
+            return [[read.number(s, where, f"the answer's field 'scores'[{i}]")
+                     for i, s in enumerate(answer["scores"])]]
         raise read.error(where, f"the judge's answer needs 'score' or a list 'scores', got {short_repr(answer)}")
 
-    async def probe(self) -> Probe:
-        """One small turn (``prm-jax validate-config --probe``): the judge must answer a score."""
-        payload = {"interaction_id": "probe", "messages": [{"role": "user", "content": "probe"}],
-                   "output_messages": [{"role": "assistant", "content": "probe"}], "output_len": 1}
-        return await self.service.probe(self.name, "", payload,
-                                        lambda answer: self._score_of(answer, f"scorer {self.name!r} (probe)"))
+    def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
+        return {"score": value}

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from prm_jax._validation import integer
 from prm_jax.runtime._scoring import BaseScorer, PRMMetricObservation, PRMScorerResult
+from prm_jax.runtime._settings import Settings, setting
 from prm_jax.runtime._trajectory import Interaction
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LengthBudgetSettings(Settings):
+    max_output_tokens: int = setting(128, doc="The budget: a turn with at most this many output tokens (>= 1) "
+                                     "scores 1.0, a longer one 0.0.")
+
+    def check(self) -> None:
+        integer("max_output_tokens", self.max_output_tokens, minimum=1)
 
 
 class LengthBudgetScorer(BaseScorer):
@@ -26,18 +37,10 @@ class LengthBudgetScorer(BaseScorer):
     """
 
     name = "length_budget"
-
-    def __init__(self, max_output_tokens: int = 128, **kwargs: Any):
-        super().__init__(**kwargs)
-        type(self).validate_kwargs(max_output_tokens=max_output_tokens)
-        self.max_output_tokens = max_output_tokens
-
-    @classmethod
-    def validate_kwargs(cls, max_output_tokens: Any = 128, **kwargs: Any) -> None:
-        integer("max_output_tokens", max_output_tokens, minimum=1)
+    settings_class = LengthBudgetSettings
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> float:
-        return float(interaction.output_len <= self.max_output_tokens)
+        return float(interaction.output_len <= self.settings.max_output_tokens)
 
     def prepare_result(self, interaction: Interaction, raw: Any, ctx: Mapping[str, Any]) -> PRMScorerResult:
         observation = PRMMetricObservation("within_budget", "turn", interaction.interaction_id, bool(raw == 1.0),

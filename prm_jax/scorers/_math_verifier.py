@@ -38,6 +38,7 @@ timeout; every other branch goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -48,6 +49,7 @@ from typing import Any, Literal, NamedTuple, get_args
 from prm_jax._validation import finite_number, one_of, short_repr
 from prm_jax.runtime._context import METADATA_KEY
 from prm_jax.runtime._scoring import SyncTrajectoryScorer
+from prm_jax.runtime._settings import Settings, setting
 from prm_jax.runtime._trajectory import Interaction
 from prm_jax.scorers._openai_judge import output_text
 
@@ -139,6 +141,28 @@ def float_rounding(parsed: Sequence[Any]) -> int:
     return FLOAT_ROUNDING
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MathVerifySettings(Settings):
+    answer_key: str = setting("answer", doc="The key of the session's ``metadata`` that holds the reference "
+                              "answer (a string or a number).")
+    scope: Scope = setting("last_turn", doc="Which turns are judged: ``last_turn`` (the branch's final answer, on "
+                           "its last turn; the other turns score 0) or ``every_turn`` (each turn's own answer).")
+    correct: float = setting(1.0, doc="The score of a right answer (finite).")
+    wrong: float = setting(0.0, doc="The score of a wrong answer, or of a turn with no answer in it (finite).")
+    boxed: Boxed = setting("last", doc="Which boxed answers a reply is judged by: ``last`` (its last "
+                           "``\\boxed{}`` alone) or ``all`` (every one together, as math-verify reads them).")
+
+    def check(self) -> None:
+        math_verify_module()
+        if not isinstance(self.answer_key, str) or not self.answer_key:
+            raise ValueError(f"answer_key must be the metadata key of the reference answer, got "
+                             f"{short_repr(self.answer_key)}")
+        one_of("scope", self.scope, get_args(Scope))
+        one_of("boxed", self.boxed, get_args(Boxed))
+        finite_number("correct", self.correct)
+        finite_number("wrong", self.wrong)
+
+
 class MathVerifyScorer(SyncTrajectoryScorer):
     """Checks each branch's final answer (or every turn's) against ``ctx["metadata"][answer_key]`` with
     math-verify (see the module docstring).
@@ -153,26 +177,12 @@ class MathVerifyScorer(SyncTrajectoryScorer):
 
     name = "math_verify"
     executor = "process"
+    settings_class = MathVerifySettings
+    base_defaults = {"timeout": DEFAULT_TIMEOUT_S}
 
-    def __init__(self, answer_key: str = "answer", scope: Scope = "last_turn", correct: float = 1.0,
-                 wrong: float = 0.0, boxed: Boxed = "last", timeout: float | None = DEFAULT_TIMEOUT_S, **kwargs: Any):
-        type(self).validate_kwargs(answer_key=answer_key, scope=scope, correct=correct, wrong=wrong, boxed=boxed)
-        super().__init__(timeout=timeout, **kwargs)
-        self.answer_key, self.scope, self.boxed = answer_key, scope, boxed
-        self.correct, self.wrong = float(correct), float(wrong)
+    def prepare(self) -> None:
+        super().prepare()
         self._configs: Any = None  # math-verify's extraction settings, built in the worker on first use
-
-    @classmethod
-    def validate_kwargs(cls, answer_key: Any = "answer", scope: Any = "last_turn", correct: Any = 1.0,
-                        wrong: Any = 0.0, boxed: Any = "last", **kwargs: Any) -> None:
-        math_verify_module()
-        if not isinstance(answer_key, str) or not answer_key:
-            raise ValueError(f"answer_key must be the metadata key of the reference answer, got "
-                             f"{short_repr(answer_key)}")
-        one_of("scope", scope, get_args(Scope))
-        one_of("boxed", boxed, get_args(Boxed))
-        finite_number("correct", correct)
-        finite_number("wrong", wrong)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_configs": None}  # (rebuilt in each worker)
@@ -186,7 +196,7 @@ class MathVerifyScorer(SyncTrajectoryScorer):
     def evaluate_trajectory(self, interactions: Sequence[Interaction],
                             ctx: Mapping[str, Any]) -> dict[str, float]:
         gold = self.gold(interactions[-1], ctx)
-        turns = interactions if self.scope == "every_turn" else interactions[-1:]
+        turns = interactions if self.settings.scope == "every_turn" else interactions[-1:]
         return {turn.interaction_id: self.verdict(gold, self.reply(turn)) for turn in turns}
 
     def gold(self, leaf: Interaction, ctx: Mapping[str, Any]) -> Reference:
@@ -212,20 +222,20 @@ class MathVerifyScorer(SyncTrajectoryScorer):
         """``metadata[answer_key]`` parsed into a mathematical object; ``ValueError`` naming ``where`` and the
         key when it is missing, not a string or a number, or unreadable (math-verify hands text it cannot
         read back as a string)."""
-        if self.answer_key not in metadata:
-            raise ValueError(f"{where}: the session's metadata has no {self.answer_key!r} (the reference answer: "
-                             f"a session line's \"metadata\": {{\"{self.answer_key}\": \"...\"}}); it has "
+        if self.settings.answer_key not in metadata:
+            raise ValueError(f"{where}: the session's metadata has no {self.settings.answer_key!r} (the reference answer: "
+                             f"a session line's \"metadata\": {{\"{self.settings.answer_key}\": \"...\"}}); it has "
                              f"{sorted(metadata)}")
-        answer = metadata[self.answer_key]
+        answer = metadata[self.settings.answer_key]
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-            raise ValueError(f"{where}: metadata[{self.answer_key!r}] must be a string or a number, got "
+            raise ValueError(f"{where}: metadata[{self.settings.answer_key!r}] must be a string or a number, got "
                              f"{short_repr(answer)}")
         parsed = math_verify_module().parse(gold_text(reference_text(answer)), extraction_mode="first_match",
                                             parsing_timeout=None)
         if not parsed or isinstance(parsed[0], str) or (_is_empty_set(parsed[0]) and not _EMPTY_SET.search(
                 str(answer))):  # ("{}" parses to the empty set: an empty answer, not one written as a set)
             raise ValueError(f"{where}: math-verify could not parse the reference answer "
-                             f"metadata[{self.answer_key!r}] = {short_repr(answer)} into a mathematical object: "
+                             f"metadata[{self.settings.answer_key!r}] = {short_repr(answer)} into a mathematical object: "
                              "write it as LaTeX or a plain number (e.g. \"\\\\frac{1}{2}\" or 0.5)")
         return Reference(parsed, float_rounding(parsed))
 
@@ -251,11 +261,11 @@ class MathVerifyScorer(SyncTrajectoryScorer):
         """``correct`` where the reply's answer equals ``gold``, else ``wrong`` (no answer found: wrong).
         ``boxed: last`` reads a reply with boxed answers by its last one alone."""
         math_verify = math_verify_module()
-        if self.boxed == "last":
+        if self.settings.boxed == "last":
             reply = last_boxed(reply) or reply
         parsed = math_verify.parse(reply, extraction_config=self._extraction(), extraction_mode="first_match",
                                    parsing_timeout=None)
         if not parsed:
-            return self.wrong
+            return float(self.settings.wrong)
         same = math_verify.verify(gold.parsed, parsed, float_rounding=gold.float_rounding, timeout_seconds=None)
-        return self.correct if same else self.wrong
+        return float(self.settings.correct if same else self.settings.wrong)

@@ -26,25 +26,27 @@ judge). ``api_key_env`` names the environment variable holding the key (a key ne
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 import math
 import re
 import string
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from prm_jax._validation import finite_number, integer, one_of, short_repr
 from prm_jax.errors import NoTextError, TemplateError
 from prm_jax.runtime._scoring import BaseScorer
+from prm_jax.runtime._settings import setting
 from prm_jax.runtime._trajectory import Interaction
 from prm_jax.scorers._http import (
-    DEFAULT_MAX_BODY_BYTES,
-    JSONService,
-    Probe,
+    Item,
+    Reads,
     ServedScorer,
-    check_transport,
-    check_url,
-    httpx_module,
-    transport,
+    ServedSettings,
+    Transport,
+    transport_setting,
 )
 
 ScoreFrom = Literal["regex", "json", "logprobs"]
@@ -89,92 +91,99 @@ def render_messages(messages: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(f"{m.get('role', 'user')}: {message_text(m.get('content'))}" for m in messages)
 
 
-class OpenAIJudgeScorer(ServedScorer, BaseScorer):
-    """Scores each turn with an LLM judge on an OpenAI-compatible server (see the module docstring).
+def check_template(prompt: Any) -> None:
+    """A ``str.format`` template over ``TEMPLATE_FIELDS`` only."""
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a str.format template, got {short_repr(prompt)}")
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(prompt) if f is not None]
+    except ValueError as err:
+        raise ValueError(f"prompt is not a valid str.format template: {err}") from None
+    unknown = sorted({re.split(r"[.\[]", f, maxsplit=1)[0] for f in fields} - set(TEMPLATE_FIELDS))
+    if unknown:
+        raise ValueError(f"prompt uses unknown fields {unknown}; it may use {list(TEMPLATE_FIELDS)}")
 
-    Example:
-        >>> judge = prm_jax.scorers.OpenAIJudgeScorer(base_url="http://127.0.0.1:8000/v1", model="Qwen/Qwen2.5-7B-Instruct",
-        ...                                           max_concurrency=8, max_requests_per_second=50)
-        >>> judge.name
-        'openai_judge'
-    """
 
-    name = "openai_judge"
+def check_served_model(model: Any) -> None:
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"model must be the served model's name, got {short_repr(model)}")
 
-    def __init__(self, base_url: str, model: str, prompt: str = DEFAULT_PROMPT, system: str | None = None,
-                 score: ScoreFrom = "regex", pattern: str = DEFAULT_PATTERN, json_field: str = "score",
-                 logprob_tokens: Sequence[str] = ("Yes",), top_logprobs: int = 5,
-                 score_range: Sequence[float] | None = (0.0, 10.0), max_tokens: int = 16,
-                 extra_body: Mapping[str, Any] | None = None, api_key_env: str | None = None,
-                 request_timeout: float = 30.0, attempts: int = 4, backoff: float = 0.25, max_backoff: float = 8.0,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_concurrency: int | None = 16,
-                 max_requests_per_second: float | None = None, **kwargs: Any):
-        settings = dict(base_url=base_url, model=model, prompt=prompt, system=system, score=score, pattern=pattern,
-                        json_field=json_field, logprob_tokens=logprob_tokens, top_logprobs=top_logprobs,
-                        score_range=score_range, max_tokens=max_tokens, extra_body=extra_body,
-                        api_key_env=api_key_env, request_timeout=request_timeout, attempts=attempts,
-                        backoff=backoff, max_backoff=max_backoff, max_body_bytes=max_body_bytes,
-                        max_concurrency=max_concurrency, max_requests_per_second=max_requests_per_second)
-        type(self).validate_kwargs(**settings)
-        super().__init__(**kwargs)  # (max_concurrency bounds requests in the limiter, not calls)
-        self.model, self.prompt, self.system, self.score_from = model, prompt, system, score
-        self.pattern = re.compile(pattern)
-        self.json_field, self.logprob_tokens = json_field, tuple(logprob_tokens)
-        self.top_logprobs, self.max_tokens = top_logprobs, max_tokens
-        self.score_range = None if score_range is None else (float(score_range[0]), float(score_range[1]))
-        self.extra_body = dict(extra_body or {})
-        self.service = JSONService(check_url("base_url", base_url), who=f"scorer {self.name!r}",
-                                   **transport(settings))
 
-    @classmethod
-    def validate_kwargs(cls, base_url: Any = None, model: Any = None, prompt: Any = DEFAULT_PROMPT,
-                        system: Any = None, score: Any = "regex", pattern: Any = DEFAULT_PATTERN,
-                        json_field: Any = "score", logprob_tokens: Any = ("Yes",), top_logprobs: Any = 5,
-                        score_range: Any = (0.0, 10.0), max_tokens: Any = 16, extra_body: Any = None,
-                        api_key_env: Any = None, request_timeout: Any = 30.0, attempts: Any = 4,
-                        backoff: Any = 0.25, max_backoff: Any = 8.0, max_body_bytes: Any = DEFAULT_MAX_BODY_BYTES,
-                        max_concurrency: Any = 16, max_requests_per_second: Any = None, **kwargs: Any) -> None:
-        httpx_module("OpenAIJudgeScorer")
-        check_url("base_url", base_url)
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model must be the served model's name, got {short_repr(model)}")
-        if not isinstance(prompt, str):
-            raise ValueError(f"prompt must be a str.format template, got {short_repr(prompt)}")
+BASE_URL_DOC = "The server's OpenAI-compatible base URL (http or https, usually ending in ``/v1``)."
+MODEL_DOC = "The served model's name, as the server lists it (``GET /v1/models``)."
+PROMPT_DOC = ("A ``str.format`` template over ``{prompt}`` (the turn's input, one ``role: content`` line a "
+              "message), ``{response}`` (its output text), ``{conversation}`` (the branch up to and including "
+              "the turn) and ``{ctx[...]}`` (the caller's context).")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OpenAIJudgeSettings(ServedSettings):
+    scorer: ClassVar[str] = "OpenAIJudgeScorer"
+    base_url: str = setting(doc=BASE_URL_DOC, example="http://127.0.0.1:8000/v1")
+    model: str = setting(doc=MODEL_DOC, example="Qwen/Qwen2.5-7B-Instruct")
+    prompt: str = setting(DEFAULT_PROMPT, doc=PROMPT_DOC + " The default asks for a 0-10 rating.")
+    system: str | None = setting(None, doc="A system message sent before the prompt; ``None``: none.")
+    score: ScoreFrom = setting("regex", doc="Where the score is read: ``regex`` (the first group of ``pattern`` "
+                               "in the answer's text), ``json`` (the number at ``json_field`` of the text parsed "
+                               "as JSON) or ``logprobs`` (the summed probability of ``logprob_tokens`` among the "
+                               "first answer token's ``top_logprobs``).")
+    pattern: str = setting(DEFAULT_PATTERN, doc="A regular expression with one group, the number (``score: "
+                           "regex``); the default reads the first decimal number.")
+    json_field: str = setting("score", doc="The field of the answer's JSON that holds the number (``score: "
+                              "json``).")
+    logprob_tokens: Sequence[str] = setting(("Yes",), doc="The answer tokens whose probabilities are summed "
+                                            "(``score: logprobs``), compared with surrounding spaces stripped.")
+    top_logprobs: int = setting(5, doc="How many top log-probs of the first answer token the server returns "
+                                "(``score: logprobs``), >= 1.")
+    score_range: Sequence[float] | None = setting((0.0, 10.0), doc="``[lo, hi]``: a parsed number is mapped "
+                                                  "to [0, 1] and one outside the range is refused; ``None``: "
+                                                  "the number as it is (``score: regex`` or ``json``).")
+    max_tokens: int = setting(16, doc="The most tokens the judge may answer, >= 1.")
+    extra_body: Mapping[str, Any] | None = setting(None, doc="Fields added to every request as they are "
+                                                   "(``temperature``, ``seed``, vLLM's ``guided_regex``); it may "
+                                                   "not set ``model`` or ``messages``.")
+    transport: Transport = transport_setting()
+
+    def check(self) -> None:
+        super().check()
+        check_served_model(self.model)
+        check_template(self.prompt)
+        if self.system is not None and not isinstance(self.system, str):
+            raise ValueError(f"system must be a string or None, got {short_repr(self.system)}")
+        one_of("score", self.score, SCORE_FROM)
         try:
-            fields = [f for _, f, _, _ in string.Formatter().parse(prompt) if f is not None]
-        except ValueError as err:
-            raise ValueError(f"prompt is not a valid str.format template: {err}") from None
-        unknown = sorted({re.split(r"[.\[]", f, maxsplit=1)[0] for f in fields} - set(TEMPLATE_FIELDS))
-        if unknown:
-            raise ValueError(f"prompt uses unknown fields {unknown}; it may use {list(TEMPLATE_FIELDS)}")
-        if system is not None and not isinstance(system, str):
-            raise ValueError(f"system must be a string or None, got {short_repr(system)}")
-        one_of("score", score, SCORE_FROM)
-        try:
-            if re.compile(pattern).groups < 1:
+            if re.compile(self.pattern).groups < 1:
                 raise ValueError("it needs one group: the number")
         except (re.error, TypeError) as err:
-            raise ValueError(f"pattern {short_repr(pattern)} is not a usable regular expression: {err}") from None
-        if not isinstance(json_field, str) or not json_field:
-            raise ValueError(f"json_field must be a non-empty string, got {short_repr(json_field)}")
-        if isinstance(logprob_tokens, str) or not isinstance(logprob_tokens, Sequence) or not logprob_tokens \
-                or not all(isinstance(t, str) and t for t in logprob_tokens):
-            raise ValueError(f"logprob_tokens must be a list of token strings, got {short_repr(logprob_tokens)}")
-        integer("top_logprobs", top_logprobs, minimum=1)
-        if score_range is not None:
-            if isinstance(score_range, str) or not isinstance(score_range, Sequence) or len(score_range) != 2:
-                raise ValueError(f"score_range must be [lo, hi] or null, got {short_repr(score_range)}")
-            lo, hi = (finite_number("score_range", v) for v in score_range)
+            raise ValueError(f"pattern {short_repr(self.pattern)} is not a usable regular expression: {err}"
+                             ) from None
+        if not isinstance(self.json_field, str) or not self.json_field:
+            raise ValueError(f"json_field must be a non-empty string, got {short_repr(self.json_field)}")
+        tokens = self.logprob_tokens
+        if isinstance(tokens, str) or not isinstance(tokens, Sequence) or not tokens \
+                or not all(isinstance(t, str) and t for t in tokens):
+            raise ValueError(f"logprob_tokens must be a list of token strings, got {short_repr(tokens)}")
+        integer("top_logprobs", self.top_logprobs, minimum=1)
+        if self.score_range is not None:
+            bounds = self.score_range
+            if isinstance(bounds, str) or not isinstance(bounds, Sequence) or len(bounds) != 2:
+                raise ValueError(f"score_range must be [lo, hi] or null, got {short_repr(bounds)}")
+            lo, hi = (finite_number("score_range", v) for v in bounds)
             if not lo < hi:
-                raise ValueError(f"score_range must have lo < hi, got {short_repr(score_range)}")
-        integer("max_tokens", max_tokens, minimum=1)
-        if extra_body is not None and not isinstance(extra_body, Mapping):
-            raise ValueError(f"extra_body must be a mapping, got {short_repr(extra_body)}")
-        reserved = sorted({"model", "messages"} & set(extra_body or {}))
+                raise ValueError(f"score_range must have lo < hi, got {short_repr(bounds)}")
+        integer("max_tokens", self.max_tokens, minimum=1)
+        if self.extra_body is not None and not isinstance(self.extra_body, Mapping):
+            raise ValueError(f"extra_body must be a mapping, got {short_repr(self.extra_body)}")
+        reserved = sorted({"model", "messages"} & set(self.extra_body or {}))
         if reserved:
             raise ValueError(f"extra_body must not set {reserved}: the scorer sends them")
-        check_transport(request_timeout, attempts, backoff, max_backoff, max_body_bytes, max_concurrency,
-                        max_requests_per_second, api_key_env)
+
+
+class Templated:
+    """A scorer that fills a prompt template (its setting ``prompt``) for each turn."""
+
+    name: ClassVar[str]
+    settings: Any
 
     def turn_text(self, interaction: Interaction, ctx: Mapping[str, Any]) -> dict[str, str]:
         """The template's text fields for a turn; override to supply text for turns without messages."""
@@ -186,49 +195,90 @@ class OpenAIJudgeScorer(ServedScorer, BaseScorer):
     def render(self, interaction: Interaction, ctx: Mapping[str, Any]) -> str:
         """The prompt template filled for a turn; a field without a value (``{ctx[task]}`` with no ``task`` in
         ctx) is a ``TemplateError`` naming the judge, the turn and the field."""
+        template = self.settings.prompt
         try:
-            return self.prompt.format(ctx=ctx, **self.turn_text(interaction, ctx))
+            return template.format(ctx=ctx, **self.turn_text(interaction, ctx))
         except (KeyError, IndexError, AttributeError) as err:
             keys = sorted(str(key) for key in ctx)
             raise TemplateError(f"scorer {self.name!r} on interaction {interaction.interaction_id!r}: the prompt's "
-                                f"template field {_field_of(self.prompt, err)} has no value ({type(err).__name__}: "
+                                f"template field {_field_of(template, err)} has no value ({type(err).__name__}: "
                                 f"{err}); ctx holds {keys}") from None
 
-    def request(self, interaction: Interaction, ctx: Mapping[str, Any]) -> dict[str, Any]:
-        """The chat completion request for a turn."""
-        messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
-            {"role": "user", "content": self.render(interaction, ctx)}]
-        return self._body(messages)
 
-    def _body(self, messages: list[dict[str, str]]) -> dict[str, Any]:
-        """A chat completion request with this judge's settings: ``extra_body``, the model, ``max_tokens`` and,
-        scoring by log-probs, ``logprobs`` / ``top_logprobs``."""
-        body: dict[str, Any] = {**self.extra_body, "model": self.model, "messages": messages,
-                                "max_tokens": self.max_tokens}
-        if self.score_from == "logprobs":
-            body.update(logprobs=True, top_logprobs=self.top_logprobs)
+def chat_completion(model: str, content: str, top: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A chat completion object as OpenAI's API reference documents it, answering ``content`` (with the first
+    token's ``top_logprobs``, where given; the sampled token's own log-prob, which no judge reads, is -0.1)."""
+    logprobs = None if top is None else {"content": [{"token": top[0]["token"], "logprob": -0.1,
+                                                      "bytes": None, "top_logprobs": top}], "refusal": None}
+    return {"id": "chatcmpl-123", "object": "chat.completion", "created": 1677652288, "model": model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "refusal": None},
+                         "logprobs": logprobs, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}
+
+
+class OpenAIJudgeScorer(Templated, ServedScorer, BaseScorer):
+    """Scores each turn with an LLM judge on an OpenAI-compatible server (see the module docstring).
+
+    Example:
+        >>> judge = prm_jax.scorers.OpenAIJudgeScorer(base_url="http://127.0.0.1:8000/v1", model="Qwen/Qwen2.5-7B-Instruct",
+        ...                                           max_concurrency=8, max_requests_per_second=50)
+        >>> judge.name
+        'openai_judge'
+    """
+
+    name = "openai_judge"
+    settings_class = OpenAIJudgeSettings
+    route = "/chat/completions"
+    example_modes = ({"score": "regex"}, {"score": "json", "score_range": None}, {"score": "logprobs"})
+
+    @functools.cached_property
+    def pattern(self) -> re.Pattern[str]:
+        return re.compile(self.settings.pattern)
+
+    def request(self, items: Sequence[Item]) -> dict[str, Any]:
+        """The chat completion request for a turn, with this judge's settings: ``extra_body``, the model,
+        ``max_tokens`` and, scoring by log-probs, ``logprobs`` / ``top_logprobs``."""
+        (interaction, ctx), = items
+        s = self.settings
+        messages = ([{"role": "system", "content": s.system}] if s.system else []) + [
+            {"role": "user", "content": self.render(interaction, ctx)}]
+        body: dict[str, Any] = {**(s.extra_body or {}), "model": s.model, "messages": messages,
+                                "max_tokens": s.max_tokens}
+        if s.score == "logprobs":
+            body.update(logprobs=True, top_logprobs=s.top_logprobs)
         return body
 
-    async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> float:
-        answer = await self.service.post("/chat/completions", self.request(interaction, ctx))
-        return self.parse(answer, interaction)
+    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+        return [self.parse(answer, where)]
 
-    def parse(self, answer: Any, interaction: Interaction) -> float:
+    def reads(self) -> Reads:
+        return {"regex": "text", "json": "number", "logprobs": "logprob"}[self.settings.score]  # type: ignore[return-value]
+
+    def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
+        s = self.settings
+        if s.score == "logprobs":
+            return chat_completion(s.model, s.logprob_tokens[0], [{"token": s.logprob_tokens[0], "logprob": value,
+                                                                   "bytes": None}])
+        if s.score == "json":
+            return chat_completion(s.model, json.dumps({s.json_field: value}))
+        return chat_completion(s.model, value if isinstance(value, str) else str(value))
+
+    def parse(self, answer: Any, where: str) -> float:
         """The score in a chat completion, read by the judges' one ``AnswerReader``."""
-        read = self.service.reader
-        where = f"scorer {self.name!r} on interaction {interaction.interaction_id!r}"
+        read, s = self.service.reader, self.settings
         choice = read.field(answer, ("choices", 0), where)
         message = read.field(choice, ("message",), where)
         if not isinstance(message, Mapping):
             raise read.error(where, f"not a chat completion: {short_repr(answer)}")
         content = message_text(message.get("content"))
-        if self.score_from == "logprobs":
+        if s.score == "logprobs":
             return self._logprob_score(choice, where)
-        if self.score_from == "json":
+        if s.score == "json":
             parsed = read.json(content, where, "the answer's content")
-            if not isinstance(parsed, Mapping) or self.json_field not in parsed:
-                raise read.error(where, f"the answer is not JSON with field {self.json_field!r}: {short_repr(content)}")
-            number = read.number(parsed[self.json_field], where, f"the answer's field {self.json_field!r}")
+            if not isinstance(parsed, Mapping) or s.json_field not in parsed:
+                raise read.error(where, f"the answer is not JSON with field {s.json_field!r}: {short_repr(content)}")
+            number = read.number(parsed[s.json_field], where, f"the answer's field {s.json_field!r}")
         else:
             match = self.pattern.search(content)
             if match is None:
@@ -240,9 +290,9 @@ class OpenAIJudgeScorer(ServedScorer, BaseScorer):
                 raise read.error(where, f"the score {short_repr(match.group(1))} is not a number") from None
             if not math.isfinite(number):
                 raise read.error(where, f"the score {match.group(1)!r} is not finite")
-        if self.score_range is None:
+        if s.score_range is None:
             return number
-        lo, hi = self.score_range
+        lo, hi = (float(v) for v in s.score_range)
         if not lo <= number <= hi:
             raise read.error(where, f"the score {number} is outside score_range [{lo}, {hi}]")
         return (number - lo) / (hi - lo)
@@ -253,25 +303,11 @@ class OpenAIJudgeScorer(ServedScorer, BaseScorer):
         read = self.service.reader
         path = "choices[0].logprobs.content[0].top_logprobs"
         top = read.field(choice, ("logprobs", "content", 0, "top_logprobs"), where)
-        if not isinstance(top, list) or not all(isinstance(t, Mapping) and "logprob" in t for t in top):
+        if not isinstance(top, list) or not top or not all(isinstance(t, Mapping) and "logprob" in t for t in top):
             raise read.error(where, f"the answer has no top_logprobs for its first token (does the server return "
                                     f"logprobs?): {short_repr(choice)}")
         probabilities = [math.exp(read.logprob(t["logprob"], where, f"{path}[{i}].logprob")) for i, t in enumerate(top)]
         read.distribution(probabilities, where, f"the probabilities of {path}")
-        chosen = [p for t, p in zip(top, probabilities) if str(t.get("token", "")).strip() in self.logprob_tokens]
+        tokens = tuple(self.settings.logprob_tokens)
+        chosen = [p for t, p in zip(top, probabilities) if str(t.get("token", "")).strip() in tokens]
         return min(math.fsum(chosen), 1.0)  # (within the distribution's slack of 1e-6)
-
-    PROBE_TEXT = "Reply with the number 0."
-
-    async def probe(self) -> Probe:
-        """One small chat completion with this judge's settings (``prm-jax validate-config --probe``): its
-        endpoint's status, the model that answered, the round trip."""
-        def check(answer: Any) -> None:
-            read, where = self.service.reader, f"scorer {self.name!r} (probe)"
-            choice = read.field(answer, ("choices", 0), where)
-            read.field(choice, ("message",), where)
-            if self.score_from == "logprobs":
-                read.field(choice, ("logprobs", "content", 0, "top_logprobs"), where)
-
-        body = self._body([{"role": "user", "content": self.PROBE_TEXT}])
-        return await self.service.probe(self.name, "/chat/completions", body, check)

@@ -37,6 +37,8 @@ step): not supported here.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple, get_args
 
@@ -45,18 +47,19 @@ import numpy as np
 from prm_jax._validation import integer, one_of, short_repr
 from prm_jax.errors import ServiceError
 from prm_jax.runtime._scoring import BatchTrajectoryScorer
+from prm_jax.runtime._settings import setting
 from prm_jax.runtime._steps import Spread, StepRule, check_spread, spread_steps
 from prm_jax.runtime._trajectory import Interaction, concat_spans
 from prm_jax.scorers._http import (
     DEFAULT_MAX_BODY_BYTES,
-    JSONService,
-    Probe,
+    Item,
+    Reads,
     ServedScorer,
-    check_transport,
-    check_url,
-    httpx_module,
-    transport,
+    ServedSettings,
+    Transport,
+    transport_setting,
 )
+from prm_jax.scorers._openai_judge import MODEL_DOC, check_served_model
 
 QWEN_PRM_STEP_TAG_ID = 151651  # "<extra_0>" in Qwen2.5-Math-PRM's tokenizer
 StepScore = Literal["good", "good_minus_bad"]
@@ -113,140 +116,162 @@ def branch_tokens(turns: Sequence[Interaction], step_tag_id: int, rule: StepRule
     return TaggedBranch(out, tags, all_ends, all_rows)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PoolingPRMSettings(ServedSettings):
+    scorer: ClassVar[str] = "PoolingPRMScorer"
+    base_url: str = setting(doc="The vLLM server's URL (http or https, without ``/v1``: the scorer POSTs to "
+                            "``/pooling`` under it).", example="http://127.0.0.1:8000")
+    model: str = setting(doc=MODEL_DOC, example="Qwen/Qwen2.5-Math-PRM-7B")
+    step_tag_id: int = setting(QWEN_PRM_STEP_TAG_ID, doc="The token id of the step tag the model's pooler "
+                               "scores at, >= 0; the default is Qwen2.5-Math-PRM's ``<extra_0>``.")
+    good_index: int = setting(1, doc="The column of a step's row that is P(good), >= 0.")
+    task: str | None = setting("token_classify", doc="The pooling task sent with each request (vLLM >= 0.11); "
+                               "``None`` sends none (vLLM 0.8-0.10, or a server started with "
+                               "``--pooler-config.task``).")
+    spread: Spread = setting("turn", doc="How a step's score is placed on the turn's tokens: ``step``, "
+                             "``step_end``, ``turn`` (the turn's last step on all its tokens) or ``tokens`` "
+                             "(that divided evenly).")
+    step_separator: Sequence[Sequence[int]] | None = setting(None, doc="Token sequences that end a step inside "
+                                                             "a turn's output (``[[271]]``); ``None``: each "
+                                                             "turn is one step.")
+    step_score: StepScore = setting("good", doc="A step's score: ``good`` (``row[good_index]``) or "
+                                    "``good_minus_bad`` (``p_good - p_bad``, PURE's; two-class rows).")
+    transport: Transport = transport_setting(request_timeout=60.0, max_body_bytes=64 * DEFAULT_MAX_BODY_BYTES,
+                                             max_concurrency=4)
+
+    def check(self) -> None:
+        super().check()
+        check_served_model(self.model)
+        integer("step_tag_id", self.step_tag_id, minimum=0)
+        integer("good_index", self.good_index, minimum=0)
+        if self.task is not None and (not isinstance(self.task, str) or not self.task):
+            raise ValueError(f"task must be a pooling task name (token_classify) or null, got {short_repr(self.task)}")
+        check_spread(self.spread)
+        StepRule.parse(self.step_separator, self.step_tag_id)
+        one_of("step_score", self.step_score, get_args(StepScore))
+        if self.step_score == "good_minus_bad" and self.good_index not in (0, 1):
+            raise ValueError(f"step_score 'good_minus_bad' reads two-class rows [p_bad, p_good]: good_index must "
+                             f"be 0 or 1, got {self.good_index}")
+
+
 class PoolingPRMScorer(ServedScorer, BatchTrajectoryScorer):
-    """Scores every step of a branch with a step-tag PRM on vLLM's /pooling (see the module docstring)."""
+    """Scores every step of a branch with a step-tag PRM on vLLM's /pooling (see the module docstring).
+
+    Example:
+        >>> prm = prm_jax.scorers.PoolingPRMScorer("http://127.0.0.1:8000", "Qwen/Qwen2.5-Math-PRM-7B",
+        ...                                        step_separator=[[271]], spread="step", max_batch_size=64)
+        >>> prm.name, prm.endpoint(), prm.settings.step_tag_id
+        ('pooling_prm', '/pooling', 151651)
+    """
 
     name = "pooling_prm"
+    settings_class = PoolingPRMSettings
+    route = "/pooling"
     pads: ClassVar[bool] = True  # the server pads a batch to its longest input: sorted by length
+    example_modes = ({}, {"step_score": "good_minus_bad"})
 
-    def __init__(self, base_url: str, model: str, step_tag_id: int = QWEN_PRM_STEP_TAG_ID, good_index: int = 1,
-                 task: str | None = "token_classify", spread: Spread = "turn",
-                 step_separator: Sequence[Sequence[int]] | None = None, step_score: StepScore = "good",
-                 request_timeout: float = 60.0, attempts: int = 4, backoff: float = 0.25, max_backoff: float = 8.0,
-                 max_body_bytes: int = 64 * DEFAULT_MAX_BODY_BYTES, max_concurrency: int | None = 4,
-                 max_requests_per_second: float | None = None, api_key_env: str | None = None, **kwargs: Any):
-        settings = dict(base_url=base_url, model=model, step_tag_id=step_tag_id, good_index=good_index, task=task,
-                        spread=spread, step_separator=step_separator, step_score=step_score,
-                        request_timeout=request_timeout, attempts=attempts, backoff=backoff,
-                        max_backoff=max_backoff, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
-                        max_requests_per_second=max_requests_per_second, api_key_env=api_key_env)
-        type(self).validate_kwargs(**settings)
-        super().__init__(**kwargs)
-        self.model, self.step_tag_id, self.good_index, self.task, self.spread = (
-            model, step_tag_id, good_index, task, spread)
-        self.rule, self.step_score = StepRule.parse(step_separator, step_tag_id), step_score
-        self.service = JSONService(check_url("base_url", base_url), who=f"scorer {self.name!r}",
-                                   **transport(settings))
-        self._task_refused: ServiceError | None = None  # the server refused the task: later batches fail with it
+    _task_refused: ServiceError | None = None  # the server refused the task: later batches fail with it
 
-    @classmethod
-    def validate_kwargs(cls, base_url: Any = None, model: Any = None, step_tag_id: Any = QWEN_PRM_STEP_TAG_ID,
-                        good_index: Any = 1, task: Any = "token_classify", spread: Any = "turn",
-                        step_separator: Any = None, step_score: Any = "good",
-                        request_timeout: Any = 60.0, attempts: Any = 4, backoff: Any = 0.25, max_backoff: Any = 8.0,
-                        max_body_bytes: Any = 64 * DEFAULT_MAX_BODY_BYTES, max_concurrency: Any = 4,
-                        max_requests_per_second: Any = None, api_key_env: Any = None,
-                        max_batch_size: Any = 64, max_wait: Any = 0.005, **kwargs: Any) -> None:
-        httpx_module("PoolingPRMScorer")
-        check_url("base_url", base_url)
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model must be the served model's name, got {short_repr(model)}")
-        integer("step_tag_id", step_tag_id, minimum=0)
-        integer("good_index", good_index, minimum=0)
-        if task is not None and (not isinstance(task, str) or not task):
-            raise ValueError(f"task must be a pooling task name (token_classify) or null, got {short_repr(task)}")
-        check_spread(spread)
-        StepRule.parse(step_separator, step_tag_id)
-        one_of("step_score", step_score, get_args(StepScore))
-        if step_score == "good_minus_bad" and good_index not in (0, 1):
-            raise ValueError(f"step_score 'good_minus_bad' reads two-class rows [p_bad, p_good]: good_index must "
-                             f"be 0 or 1, got {good_index}")
-        check_transport(request_timeout, attempts, backoff, max_backoff, max_body_bytes, max_concurrency,
-                        max_requests_per_second, api_key_env)
-        cls.validate_batching(max_batch_size=max_batch_size, max_wait=max_wait)
+    @functools.cached_property
+    def rule(self) -> StepRule:
+        return StepRule.parse(self.settings.step_separator, self.settings.step_tag_id)
 
-    async def evaluate_batch(self, items: Sequence[tuple[Sequence[Interaction], Mapping[str, Any]]]  # type: ignore[override]
-                             ) -> list[dict[str, Any]]:
-        branches = []
+    def tagged(self, items: Sequence[Item]) -> list[TaggedBranch]:
+        out = []
         for turns, _ in items:
             try:
-                branches.append(branch_tokens(turns, self.step_tag_id, self.rule))
+                out.append(branch_tokens(turns, self.settings.step_tag_id, self.rule))
             except ValueError as err:
                 raise ValueError(f"scorer {self.name!r}: {err}") from None
-        body: dict[str, Any] = {"model": self.model, "input": [branch.ids for branch in branches]}
-        if self.task is not None:
-            body["task"] = self.task
+        return out
+
+    def request(self, items: Sequence[Item]) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.settings.model, "input": [b.ids for b in self.tagged(items)]}
+        if self.settings.task is not None:
+            body["task"] = self.settings.task
+        return body
+
+    async def exchange(self, items: Sequence[Item]) -> list[Any]:
+        """``ServedScorer.exchange``, but a server that refuses the per-request task fails this batch and every
+        later one with one error naming both settings, without a request."""
         if self._task_refused is not None:
             raise self._task_refused
         try:
-            answer = await self.service.post("/pooling", body)
+            return await super().exchange(items)
         except ServiceError as err:
             refused = self._refused_task(err)
             if refused is None:
                 raise
             self._task_refused = refused
             raise refused from None
-        return [self._branch_scores(turns, branch, rows)
-                for (turns, _), branch, rows in zip(items, branches, self._rows(answer, len(items)))]
+
+    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+        rows = self._rows(answer, len(items), where)
+        return [self._branch_scores(turns, branch, branch_rows, where)
+                for (turns, _), branch, branch_rows in zip(items, self.tagged(items), rows)]
+
+    def reads(self) -> Reads:
+        return "probability"
+
+    def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
+        """vLLM's ``PoolingResponse`` with STEP pooling: one row per step tag of each input, ``value`` at
+        ``good_index`` (the other columns 0)."""
+        width = max(2, self.settings.good_index + 1)
+
+        def row() -> list[Any]:
+            out: list[Any] = [0.0] * width
+            out[self.settings.good_index] = value
+            return out
+
+        data = [{"index": i, "object": "pooling", "data": [row() for t in ids if t == self.settings.step_tag_id]}
+                for i, ids in enumerate(request["input"])]
+        tokens = sum(len(ids) for ids in request["input"])
+        return {"id": "pool-5b2c1a", "object": "list", "created": 1745383213, "model": self.settings.model,
+                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                                        "prompt_tokens_details": None}}
 
     def _refused_task(self, err: ServiceError) -> ServiceError | None:
         """A 400 whose answer is about the per-request task (vLLM >= 0.21 fixes it when it starts): the one
         error that names the settings to change; ``None`` for any other failure."""
-        if self.task is None or err.status != 400 or "task" not in str(err).rsplit("answered", 1)[-1].lower():
+        task = self.settings.task
+        if task is None or err.status != 400 or "task" not in str(err).rsplit("answered", 1)[-1].lower():
             return None
-        return ServiceError(f"scorer {self.name!r}: the server refused the per-request pooling task {self.task!r} "
+        return ServiceError(f"scorer {self.name!r}: the server refused the per-request pooling task {task!r} "
                             f"({str(err).rsplit('answered ', 1)[-1]}). A server that fixes its pooling task when it "
                             f"starts (vLLM >= 0.21: --pooler-config.task) takes none per request: set the scorer's "
-                            f"kwargs task: null, or start the server with --pooler-config.task {self.task}",
+                            f"kwargs task: null, or start the server with --pooler-config.task {task}",
                             status=400, reason=err.reason)
 
-    def _rows(self, answer: Any, count: int) -> list[Any]:
+    def _rows(self, answer: Any, count: int, where: str) -> list[Any]:
         """Each input's rows, by the answer's ``index`` fields: each index of the request exactly once."""
         read = self.service.reader
-        where = f"scorer {self.name!r} on a batch of {count} branches"
         if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
             raise read.error(where, f"not a pooling response: {short_repr(answer)}")
         ordered = read.indexed(answer["data"], count, where)
         return [read.field(item, ("data",), where) for item in ordered]
 
-    def _branch_scores(self, turns: Sequence[Interaction], branch: TaggedBranch, rows: Any) -> dict[str, Any]:
-        where = f"scorer {self.name!r} on the branch ending at {turns[-1].interaction_id!r}"
+    def _branch_scores(self, turns: Sequence[Interaction], branch: TaggedBranch, rows: Any,
+                       where: str) -> dict[str, Any]:
+        if "(probe)" not in where:
+            where = f"scorer {self.name!r} on the branch ending at {turns[-1].interaction_id!r}"
         if not isinstance(rows, list) or len(rows) != branch.tags:
             got = len(rows) if isinstance(rows, list) else type(rows).__name__
-            raise ServiceError(f"{where}: expected one row per step tag ({branch.tags}), got {got} (is the model "
-                               "served with STEP pooling and this step_tag_id?)", status=200)
+            raise self.service.reader.error(where, f"expected one row per step tag ({branch.tags}), got {got} (is "
+                                                   "the model served with STEP pooling and this step_tag_id?)")
         out: dict[str, Any] = {}
         for turn, ends, indices in zip(turns, branch.ends, branch.rows):
             scores = [self._step_score(rows[index], where, index) for index in indices]
-            out[turn.interaction_id] = spread_steps(scores, ends, turn.output_len, self.spread)
+            out[turn.interaction_id] = spread_steps(scores, ends, turn.output_len, self.settings.spread)
         return out
 
     def _step_score(self, row: Any, where: str, index: int) -> float:
-        read = self.service.reader
-        if not isinstance(row, list) or not -len(row) <= self.good_index < len(row):
-            raise read.error(where, f"row {short_repr(row)} has no probability at good_index {self.good_index}")
-        good = read.probability(row[self.good_index], where, f"row {index}'s probability [{self.good_index}]")
-        if self.step_score == "good":
-            return good
+        read, good = self.service.reader, self.settings.good_index
+        if not isinstance(row, list) or not -len(row) <= good < len(row):
+            raise read.error(where, f"row {short_repr(row)} has no probability at good_index {good}")
+        p_good = read.probability(row[good], where, f"row {index}'s probability [{good}]")
+        if self.settings.step_score == "good":
+            return p_good
         if len(row) != 2:
             raise read.error(where, f"step_score 'good_minus_bad' reads two-class rows, got {short_repr(row)}")
-        bad = read.probability(row[1 - self.good_index], where, f"row {index}'s probability [{1 - self.good_index}]")
-        return good - bad
-
-    async def probe(self) -> Probe:
-        """One tiny input, a step tag after one token (``prm-jax validate-config --probe``): the answer must hold one
-        row with a probability at ``good_index`` (a model served without STEP pooling or with another tag
-        answers no row)."""
-        body: dict[str, Any] = {"model": self.model, "input": [[0, self.step_tag_id]]}
-        if self.task is not None:
-            body["task"] = self.task
-
-        def check(answer: Any) -> None:
-            rows = self._rows(answer, 1)[0]
-            where = f"scorer {self.name!r} (probe)"
-            if not isinstance(rows, list) or len(rows) != 1:
-                raise self.service.reader.error(where, f"expected one row for one step tag, got {short_repr(rows)} "
-                                                       "(is the model served with STEP pooling and this step_tag_id?)")
-            self._step_score(rows[0], where, 0)
-
-        return await self.service.probe(self.name, "/pooling", body, check)
+        bad = read.probability(row[1 - good], where, f"row {index}'s probability [{1 - good}]")
+        return p_good - bad

@@ -26,6 +26,7 @@ themselves (``teacher_logprobs``, or the sessions' ``output_teacher_logprobs``) 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, get_args
@@ -36,18 +37,18 @@ import numpy as np
 from prm_jax._validation import one_of, short_repr
 from prm_jax.kernels._distillation import reward_bounds
 from prm_jax.kernels._schema import LOGPROB_SLACK
-from prm_jax.runtime._model_scorer import teacher_rewards
+from prm_jax.runtime._model_scorer import REWARD_MAX_DOC, REWARD_MIN_DOC, teacher_rewards
 from prm_jax.runtime._scoring import BatchTrajectoryScorer
+from prm_jax.runtime._settings import setting
 from prm_jax.runtime._trajectory import Interaction, concat_spans
 from prm_jax.scorers._http import (
     DEFAULT_MAX_BODY_BYTES,
-    JSONService,
-    Probe,
+    Item,
+    Reads,
     ServedScorer,
-    check_transport,
-    check_url,
-    httpx_module,
-    transport,
+    ServedSettings,
+    Transport,
+    transport_setting,
 )
 
 Server = Literal["vllm", "sglang"]
@@ -64,55 +65,92 @@ def branch_ids(turns: Sequence[Interaction]) -> tuple[list[int], list[tuple[int,
     return np.concatenate([leaf.input_tokens, leaf.output_tokens]).tolist(), spans
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TeacherLogprobSettings(ServedSettings):
+    scorer: ClassVar[str] = "TeacherLogprobScorer"
+    base_url: str = setting(doc="The server's URL (http or https, without ``/v1``): vLLM's ``/v1/completions`` "
+                            "or SGLang's ``/generate`` is under it.", example="http://127.0.0.1:8000")
+    model: str = setting(doc="The served teacher's name, as the server lists it.", example="Qwen/Qwen3-8B")
+    server: Server = setting("vllm", doc="Which server answers: ``vllm`` (``prompt_logprobs``) or ``sglang`` "
+                             "(``return_logprob``); they take different requests.")
+    reward_min: float | None = setting(None, doc=REWARD_MIN_DOC)
+    reward_max: float | None = setting(None, doc=REWARD_MAX_DOC)
+    transport: Transport = transport_setting(request_timeout=120.0, max_body_bytes=64 * DEFAULT_MAX_BODY_BYTES,
+                                             max_concurrency=4)
+
+    def check(self) -> None:
+        super().check()
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model must be the served teacher's name, got {short_repr(self.model)}")
+        one_of("server", self.server, SERVERS)
+        reward_bounds(self.reward_min, self.reward_max)
+
+
 class TeacherLogprobScorer(ServedScorer, BatchTrajectoryScorer):
     """Scores each output token with a served teacher's log-prob of it, less the student's (see the module
-    docstring)."""
+    docstring).
+
+    Example:
+        >>> teacher = prm_jax.scorers.TeacherLogprobScorer("http://127.0.0.1:30000", "Qwen/Qwen3-8B", server="sglang")
+        >>> teacher.name, teacher.endpoint()
+        ('teacher_logprobs', '/generate')
+    """
 
     name = "teacher_logprobs"
+    settings_class = TeacherLogprobSettings
     pads: ClassVar[bool] = True  # the server pads a batch to its longest input: sorted by length
+    read_in_thread = True  # a batch's answer runs to megabytes
+    example_modes = ({"server": "vllm"}, {"server": "sglang"})
 
-    def __init__(self, base_url: str, model: str, server: Server = "vllm", reward_min: float | None = None,
-                 reward_max: float | None = None, request_timeout: float = 120.0, attempts: int = 4,
-                 backoff: float = 0.25, max_backoff: float = 8.0, max_body_bytes: int = 64 * DEFAULT_MAX_BODY_BYTES,
-                 max_concurrency: int | None = 4, max_requests_per_second: float | None = None,
-                 api_key_env: str | None = None, **kwargs: Any):
-        settings = dict(base_url=base_url, model=model, server=server, reward_min=reward_min, reward_max=reward_max,
-                        request_timeout=request_timeout, attempts=attempts, backoff=backoff, max_backoff=max_backoff,
-                        max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
-                        max_requests_per_second=max_requests_per_second, api_key_env=api_key_env)
-        type(self).validate_kwargs(**settings)
-        super().__init__(**kwargs)
-        self.model, self.server, self.reward_min, self.reward_max = model, server, reward_min, reward_max
-        self.service = JSONService(check_url("base_url", base_url), who=f"scorer {self.name!r}",
-                                   **transport(settings))
+    def endpoint(self) -> str:
+        return ROUTES[self.settings.server]
 
-    @classmethod
-    def validate_kwargs(cls, base_url: Any = None, model: Any = None, server: Any = "vllm", reward_min: Any = None,
-                        reward_max: Any = None, request_timeout: Any = 120.0, attempts: Any = 4,
-                        backoff: Any = 0.25, max_backoff: Any = 8.0, max_body_bytes: Any = 64 * DEFAULT_MAX_BODY_BYTES,
-                        max_concurrency: Any = 4, max_requests_per_second: Any = None, api_key_env: Any = None,
-                        max_batch_size: Any = 64, max_wait: Any = 0.005, **kwargs: Any) -> None:
-        httpx_module("TeacherLogprobScorer")
-        check_url("base_url", base_url)
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model must be the served teacher's name, got {short_repr(model)}")
-        one_of("server", server, SERVERS)
-        reward_bounds(reward_min, reward_max)
-        check_transport(request_timeout, attempts, backoff, max_backoff, max_body_bytes, max_concurrency,
-                        max_requests_per_second, api_key_env)
-        cls.validate_batching(max_batch_size=max_batch_size, max_wait=max_wait)
+    def request(self, items: Sequence[Item]) -> dict[str, Any]:
+        return self._body([branch_ids(turns)[0] for turns, _ in items])
 
     def _body(self, inputs: list[list[int]]) -> dict[str, Any]:
-        if self.server == "vllm":  # one token generated (vLLM's least), the prompt's log-probs of its tokens
-            return {"model": self.model, "prompt": inputs, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0.0}
-        return {"model": self.model, "input_ids": inputs, "return_logprob": True, "logprob_start_len": 0,
+        model = self.settings.model
+        if self.settings.server == "vllm":  # one token generated (vLLM's least), the prompt's log-probs of its tokens
+            return {"model": model, "prompt": inputs, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0.0}
+        return {"model": model, "input_ids": inputs, "return_logprob": True, "logprob_start_len": 0,
                 "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}}
+
+    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+        """Each branch's rewards (``teacher_rewards``) from the teacher's log-probs of its tokens."""
+        out = []
+        layouts = [branch_ids(turns) for turns, _ in items]
+        teachers = self._read_all(answer, [ids for ids, _ in layouts], where)
+        for (turns, _), teacher, (_, spans) in zip(items, teachers, layouts):
+            out.append(teacher_rewards(self.name, turns, [teacher[start:stop] for start, stop in spans],
+                                       self.settings.reward_min, self.settings.reward_max))
+        return out
+
+    def reads(self) -> Reads:
+        return "logprob"
+
+    def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
+        """vLLM's completion with ``prompt_logprobs`` (entry 0 ``None``, then ``{token id: {logprob, rank,
+        decoded_token}}``), or SGLang's ``/generate`` result(s) with ``meta_info.input_token_logprobs`` (``[logprob,
+        token id, text]``, the first logprob ``None``), ``value`` as every token's log-prob."""
+        if self.settings.server == "vllm":
+            choices = [{"index": i, "text": "", "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                        "prompt_logprobs": [None] + [{str(t): {"logprob": value, "rank": 1, "decoded_token": "x"}}
+                                                     for t in ids[1:]]}
+                       for i, ids in enumerate(request["prompt"])]
+            return {"id": "cmpl-1", "object": "text_completion", "created": 1745383213,
+                    "model": self.settings.model, "choices": choices,
+                    "usage": {"prompt_tokens": 1, "total_tokens": 2, "completion_tokens": 1}}
+        results = [{"text": "", "meta_info": {"id": f"r{i}", "prompt_tokens": len(ids), "completion_tokens": 0,
+                                              "input_token_logprobs": [[None, ids[0], None]]
+                                              + [[value, t, None] for t in ids[1:]]}}
+                   for i, ids in enumerate(request["input_ids"])]
+        return results[0] if len(results) == 1 else results
 
     async def teacher_logprobs(self, inputs: list[list[int]]) -> list[np.ndarray]:
         """The teacher's log-prob of each token of each input given the tokens before it, in one request:
         float64 ``[len(input)]`` per input (entry 0, which has no context, is NaN). The answer (a few MB for
         a batch of long branches) is read in a worker thread: the event loop serves the other scorers."""
-        answer = await self.service.post(ROUTES[self.server], self._body(inputs))
+        answer = await self.service.post(self.endpoint(), self._body(inputs))
         where = f"scorer {self.name!r} on a batch of {len(inputs)} branches"
         return await anyio.to_thread.run_sync(self._read_all, answer, inputs, where)
 
@@ -121,7 +159,7 @@ class TeacherLogprobScorer(ServedScorer, BatchTrajectoryScorer):
 
     def _items(self, answer: Any, count: int, where: str) -> list[Any]:
         read = self.service.reader
-        if self.server == "vllm":
+        if self.settings.server == "vllm":
             if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
                 raise read.error(where, f"not a completions response: {short_repr(answer)}")
             return read.indexed(answer["choices"], count, where)
@@ -134,7 +172,7 @@ class TeacherLogprobScorer(ServedScorer, BatchTrajectoryScorer):
         """One input's log-probs: each token's entry found (by its id) and every value a log-prob by the
         answer reader's rule (checked in one pass; the first bad one is reported as the reader words it)."""
         read = self.service.reader
-        if self.server == "vllm":
+        if self.settings.server == "vllm":
             entries, field = read.field(item, ("prompt_logprobs",), where), "prompt_logprobs"
             shape = "one entry per prompt token"
         else:
@@ -146,7 +184,7 @@ class TeacherLogprobScorer(ServedScorer, BatchTrajectoryScorer):
         values: list[Any] = [None]
         for t in range(1, len(ids)):
             entry = entries[t]
-            if self.server == "vllm":
+            if self.settings.server == "vllm":
                 token = entry.get(str(ids[t])) if isinstance(entry, dict) else None
                 if not isinstance(token, dict):
                     raise read.error(where, f"{field}[{t}] has no entry for token {ids[t]}: {short_repr(entry)}")
@@ -163,20 +201,3 @@ class TeacherLogprobScorer(ServedScorer, BatchTrajectoryScorer):
             read.logprob(values[bad], where, f"{field}[{bad}]")  # raises, worded as every judge's
         out[1:] = np.minimum(out[1:], 0.0)
         return out
-
-    async def evaluate_batch(self, items: Sequence[tuple[Sequence[Interaction], Mapping[str, Any]]]  # type: ignore[override]
-                             ) -> list[dict[str, Any]]:
-        layouts = [branch_ids(turns) for turns, _ in items]
-        teachers = await self.teacher_logprobs([ids for ids, _ in layouts])
-        return [teacher_rewards(self.name, turns, [teacher[start:stop] for start, stop in spans], self.reward_min,
-                                self.reward_max)
-                for (turns, _), teacher, (_, spans) in zip(items, teachers, layouts)]
-
-    async def probe(self) -> Probe:
-        """Two tokens (``prm-jax validate-config --probe``): the answer must hold the second one's log-prob."""
-        def check(answer: Any) -> None:
-            where = f"scorer {self.name!r} (probe)"
-            item = self._items(answer, 1, where)[0]
-            self._read(item, [0, 1], where)
-
-        return await self.service.probe(self.name, ROUTES[self.server], self._body([[0, 1]]), check)

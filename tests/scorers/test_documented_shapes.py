@@ -105,12 +105,13 @@ def test_our_request_bodies_are_what_the_official_client_sends(logprobs):
     kwargs = dict(score="logprobs", logprob_tokens=["Yes"], top_logprobs=2) if logprobs else {}
     with ChatServer(lambda m: "Yes" if logprobs else "7", rate=1000.0) as server:
         scorer = OpenAIJudgeScorer(server.url + "/v1", "judge", extra_body={"temperature": 0.0, "seed": 7}, **kwargs)
-        body = scorer.request(turn(), {})
+        body = scorer.request([(turn(), {})])
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0, timeout=5)
         done = client.chat.completions.create(**body)  # every key of ours is a documented parameter
         sent = server.requests[-1]
         assert {k: sent[k] for k in body} == body  # the client sends our body as it is
-        assert scorer.parse(done.model_dump(), turn()) == (pytest.approx(math.exp(-0.105)) if logprobs else 0.7)
+        want = pytest.approx(math.exp(-0.105)) if logprobs else 0.7
+        assert scorer.read(done.model_dump(), [(turn(), {})], "here") == [want]
 
 
 @pytest.mark.parametrize("task", ["token_classify", None])  # vLLM >= 0.11, vLLM 0.8-0.10

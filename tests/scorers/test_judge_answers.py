@@ -1,13 +1,10 @@
-"""Issue 41 ("every judge parses through one answer reader"): the same malformed answers fed to every
-built-in judge (``OpenAIJudgeScorer`` in its json and logprobs modes, ``ClassifyPRMScorer``,
-``HTTPJudgeScorer``, ``PoolingPRMScorer``) through its real transport (an ``httpx.MockTransport`` in place of
-the server), each refused as a ``ServiceError`` naming the judge and the turn: numbers only (41.4: JSON
-``true`` was read as 1), finite, in range, log-probs at most 0 and probabilities summing to at most 1
-(41.2: a log-prob of +5 became P = 1.0), indices each once (41.3), nesting bounded (41.19: a bare
-``RecursionError``), secrets redacted (41.14: a 401 body quoting the key)."""
+"""Issue 41 ("every judge parses through one answer reader"), the cases particular to one judge: top
+log-probs summing to at most 1, indices each once (41.3), a template field without a value (41.19), the
+HTTP judge's list of scores. The cases every served scorer shares (numbers only, finite, in range, fields
+missing, nesting bounded, secrets redacted) run over each of them from its declarations in
+``tests/scorers/test_every_served_scorer.py``."""
 
 import json
-import math
 
 import httpx
 import pytest
@@ -35,26 +32,17 @@ def chat(content=None, logprob=NO_LOGPROBS):
     return {"choices": [choice]}
 
 
-# Each judge: how it is built, and the answer it reads with ``value`` where its score stands.
+# The judges these cases are about (the cases every served scorer shares are tests/scorers/test_every_served_scorer.py's).
 JUDGES = {
-    "openai_json": (lambda: OpenAIJudgeScorer(URL, "m", score="json", score_range=None, api_key_env="JUDGE_KEY"),
-                    lambda v: chat(content=json.dumps({"score": v}))),
-    "openai_logprobs": (lambda: OpenAIJudgeScorer(URL, "m", score="logprobs", api_key_env="JUDGE_KEY"),
-                        lambda v: chat(logprob=v)),
-    "classify": (lambda: ClassifyPRMScorer(URL, "m", api_key_env="JUDGE_KEY"),
-                 lambda v: {"data": [{"index": 0, "probs": [0.0, v]}]}),
-    "http": (lambda: HTTPJudgeScorer(URL), lambda v: {"score": v}),
-    "pooling": (lambda: PoolingPRMScorer(URL, "m", step_tag_id=99, api_key_env="JUDGE_KEY", max_wait=0.001),
-                lambda v: {"data": [{"index": 0, "data": [[0.0, v]]}]}),
+    "openai_logprobs": lambda: OpenAIJudgeScorer(URL, "m", score="logprobs", api_key_env="JUDGE_KEY"),
+    "http": lambda: HTTPJudgeScorer(URL),
+    "pooling": lambda: PoolingPRMScorer(URL, "m", step_tag_id=99, api_key_env="JUDGE_KEY", max_wait=0.001),
 }
-NAMES = {"openai_json": "openai_judge", "openai_logprobs": "openai_judge", "classify": "classify_prm",
-         "http": "http_judge", "pooling": "pooling_prm"}
-PROBABILITIES = {"openai_logprobs", "classify", "pooling"}  # where the read value must be a (log-)probability
 
 
 def judge_answering(monkeypatch, kind, status, body: bytes):
     monkeypatch.setenv("JUDGE_KEY", KEY)
-    scorer = JUDGES[kind][0]()
+    scorer = JUDGES[kind]()
     scorer.service._client = httpx.AsyncClient(
         transport=httpx.MockTransport(lambda request: httpx.Response(status, content=body)))
     return scorer
@@ -68,38 +56,6 @@ async def refused(scorer) -> str:
     text = error_text(info.value)
     assert f"'{scorer.name}'" in text and "'t0'" in text, text
     return text
-
-
-def body_of(kind, value) -> bytes:
-    return json.dumps(JUDGES[kind][1](value)).encode()  # (json writes NaN and Infinity as Python reads them)
-
-
-@pytest.mark.parametrize("kind", sorted(JUDGES))
-@pytest.mark.parametrize("value,needle", [
-    (True, "must be a number, got True"),
-    (None, "must be a number, got None"),
-    ("7", "must be a number, got '7'"),
-    ([1, 2], "must be a number, got [1, 2]"),
-    (math.nan, "must be finite"),
-    (math.inf, "must be finite"),
-])
-async def test_every_judge_refuses_a_score_that_is_not_a_finite_number(monkeypatch, kind, value, needle):
-    text = await refused(judge_answering(monkeypatch, kind, 200, body_of(kind, value)))
-    assert needle in text, text
-
-
-@pytest.mark.parametrize("kind", sorted(JUDGES))
-async def test_a_value_beyond_a_probability_or_a_log_prob_is_refused_never_clipped(monkeypatch, kind):
-    # 41.2: a top log-prob of +5 gave P = 1.0 (clipped); a probability of 1.5 is no probability.
-    scorer = judge_answering(monkeypatch, kind, 200, body_of(kind, 5.0))
-    if kind not in PROBABILITIES:  # a plain number: 5.0 is a score there
-        await PRMRunner(scorers=(scorer,)).run(branch := chain(1, messages=True))
-        await scorer.aclose()
-        assert committed(branch) == [[5.0, 5.0]]
-        return
-    text = await refused(scorer)
-    assert ("must be a log-probability (at most 0), got 5.0" if kind == "openai_logprobs" else
-            "must be a probability in [0, 1], got 5.0") in text, text
 
 
 async def test_top_log_probs_whose_probabilities_sum_past_one_are_malformed(monkeypatch):

@@ -159,7 +159,7 @@ def test_bad_settings_are_refused_naming_them():
         TeacherLogprobScorer("http://127.0.0.1:1", "teacher", server="tgi")
     with pytest.raises(ValueError, match=r"reward_min \(1.0\) must not exceed reward_max \(0.0\)"):
         TeacherLogprobScorer("http://127.0.0.1:1", "teacher", reward_min=1.0, reward_max=0.0)
-    with pytest.raises(ValueError, match="spread is not a setting of a teacher"):
+    with pytest.raises(ValueError, match=r"\['spread'\] are not settings of a teacher"):
         TeacherModelScorer(lambda i, m, t: i, spread="turn")
 
 

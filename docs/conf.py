@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -63,6 +64,9 @@ autodoc_type_aliases = {"ArrayLike": "jax.typing.ArrayLike"}
 autodoc_member_order = "bysource"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+# A record's ``Attributes`` (an output's fields) as one field list, not as attribute entries that repeat the
+# members autodoc documents.
+napoleon_use_ivar = True
 html_theme = "furo"
 html_title = f"prm-jax {release}"
 html_css_files = ["prm-jax.css"]
@@ -150,11 +154,64 @@ def undocumented() -> list[str]:
 
 
 def check_coverage(app) -> None:
+    """The build fails on a public name without a docstring of its own, and on a parameter of a public
+    callable (a class's: its constructor's, a config record's fields) that nothing describes: neither its
+    docstring's ``Args``, nor a declaration (a settings record's field, a turn field), nor the glossary of
+    ``docs/parameters.py`` (``doc_tables.undescribed_parameters``)."""
+    from sphinx.errors import ExtensionError
+
     missing = undocumented()
     if missing:
-        from sphinx.errors import ExtensionError
-
         raise ExtensionError(f"public names without a docstring of their own: {missing}")
+    undescribed = doc_tables.undescribed_parameters()
+    if undescribed:
+        listed = "; ".join(f"{name}: {', '.join(params)}" for name, params in undescribed.items())
+        raise ExtensionError(f"parameters without a sentence (give each one in the callable's Args, or a name "
+                             f"that means one thing everywhere in docs/parameters.py): {listed}")
+
+
+def describe_parameters(app, what, name, obj, options, lines) -> None:
+    """Each parameter of a public callable gets its own ``:param:`` line: grouped entries (``advantages,
+    loss_mask: ...``) are split, and a parameter the docstring does not describe gets its declaration's
+    sentence or the glossary's (``doc_tables.parameter_sentences``)."""
+    owner = name.rsplit(".", 1)[0]
+    public = name in app.env.prm_public_paths or (what == "method" and owner in app.env.prm_public_paths)
+    if not public or what not in ("class", "function", "method", "exception"):
+        return
+    takes = set(doc_tables.parameters_of(obj))
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        field = re.match(r"^:ivar ([\w*\\]+):", lines[i])
+        if field and field.group(1) in takes:  # (a record's Attributes are its constructor's parameters)
+            lines[i] = ":param" + lines[i][len(":ivar"):]
+        match = re.match(r"^:param ([\w*]+(?:, [\w*]+)+):(.*)$", lines[i])
+        if not match:
+            out.append(lines[i])
+            i += 1
+            continue
+        body = [match.group(2)]
+        i += 1
+        while i < len(lines) and lines[i].startswith(" "):
+            body.append(lines[i])
+            i += 1
+        for each in match.group(1).split(", "):
+            out += [f":param {each}:{body[0]}", *body[1:]]
+    told = {m.group(1).replace("\\", "").lstrip("*") for line in out
+            for m in [re.match(r"^:(?:param|ivar) (?:[^:]+ )?([\w*\\]+):", line)] if m}
+    extra = [f":param {param}: {sentence}" for param, sentence in doc_tables.parameter_sentences(obj, name).items()
+             if param not in told]
+    fields = [k for k, line in enumerate(out) if re.match(r"^:(?:param|type|ivar|vartype) ", line)]
+    if extra and fields:  # (into the one field list the docstring's own Args made)
+        end = fields[-1] + 1
+        while end < len(out) and out[end].startswith(" "):
+            end += 1
+        out[end:end] = extra
+    elif extra:
+        while out and not out[-1].strip():
+            out.pop()
+        out += ["", *extra, ""]
+    lines[:] = out
 
 
 # Python's, numpy's, JAX's and httpx's names the API pages and guides refer to, with their pages on those
@@ -356,4 +413,5 @@ def setup(app) -> None:
     app.connect("builder-inited", remember)
     app.connect("doctree-read", link_names)
     app.connect("doctree-read", fill_summaries)
+    app.connect("autodoc-process-docstring", describe_parameters)
     app.connect("autodoc-process-docstring", defining_module)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 import re
 from collections.abc import Callable, Sequence
@@ -96,6 +97,155 @@ def alias_docs() -> dict[str, str]:
                 start -= 1
             found.setdefault(match.group(1), " ".join(text[2:].strip() for text in lines[start:k]).strip())
     return found
+
+
+@functools.cache
+def glossary() -> dict[str, str]:
+    """``docs/parameters.py``'s ``GLOSSARY``: the parameters that mean one thing wherever they stand."""
+    spec = importlib.util.spec_from_file_location("parameters", Path(__file__).resolve().parent / "parameters.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.GLOSSARY)
+
+
+SECTIONS = ("Args:", "Arguments:", "Parameters:", "Keyword Args:", "Attributes:")
+
+
+def entries(doc: str | None) -> dict[str, str]:
+    """The parameters a Google-style docstring describes, with their sentences: its ``Args`` (or
+    ``Attributes``) entries, each ``name: sentence`` (or ``name (type): sentence``, or ``a, b: sentence`` for
+    several) one indent under the section's line, continuation lines deeper."""
+    found: dict[str, str] = {}
+    lines = (doc or "").expandtabs().splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() not in SECTIONS:
+            i += 1
+            continue
+        indent = len(lines[i]) - len(lines[i].lstrip())
+        i += 1
+        entry, names = None, []
+        while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent):
+            line = lines[i]
+            depth = len(line) - len(line.lstrip())
+            match = re.match(r"\s*((?:\*{0,2}\w+\s*,\s*)*\*{0,2}\w+)\s*(\([^)]*\))?\s*:(.*)$", line)
+            if match and (entry is None or depth <= entry):
+                entry = depth
+                names = [name.strip().lstrip("*") for name in match.group(1).split(",")]
+                for name in names:  # (grouped names, "advantages, loss_mask: ...", share the sentence)
+                    found[name] = match.group(3).strip()
+            elif names and line.strip():
+                for name in names:
+                    found[name] = f"{found[name]} {line.strip()}"
+            i += 1
+    return {name: sentence for name, sentence in found.items() if sentence}
+
+
+def described(doc: str | None) -> set[str]:
+    """The names ``entries`` finds."""
+    return set(entries(doc))
+
+
+def parameters_of(obj: Any) -> list[str]:
+    """The parameters a user passes to a public callable (a class's: its constructor's), ``*args`` and
+    ``**kwargs`` by their names, without ``self``; none for an enumeration (its members are the values, not its
+    arguments)."""
+    import enum
+
+    if inspect.isclass(obj) and (issubclass(obj, enum.Enum) or getattr(obj, "_is_protocol", False)):
+        return []  # (an enumeration's members are its values; a protocol is implemented, never called)
+    if not (inspect.isclass(obj) or inspect.isroutine(obj) or isinstance(obj, functools.partial)
+            or hasattr(obj, "__wrapped__")):
+        return []  # (a type alias: Literal[...], a union)
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in signature.parameters.values() if p.name not in ("self", "cls")]
+
+
+def own_docstring(obj: Any) -> str:
+    """A callable's docstring and, for a class, its constructor's (where autodoc reads both)."""
+    doc = inspect.getdoc(obj) or ""
+    init = obj.__dict__.get("__init__") if inspect.isclass(obj) else None
+    if init is not None and getattr(init, "__doc__", None):
+        doc += "\n\n" + (inspect.getdoc(init) or "")
+    return doc
+
+
+def declared_docs(obj: Any) -> dict[str, str]:
+    """Parameter sentences a declaration already holds: a settings record's fields
+    (``prm_jax.runtime.Settings``), an ``Interaction``'s optional fields (``TURN_FIELDS``' ``doc``, the session
+    format's sentences too)."""
+    from prm_jax.runtime import TURN_FIELDS, Interaction, Settings
+
+    if inspect.isclass(obj) and issubclass(obj, Settings):
+        return obj.docs()
+    if obj is Interaction:
+        return {field.name: field.doc[0].upper() + field.doc[1:] + "." for field in TURN_FIELDS if field.doc}
+    return {}
+
+
+#: Callables whose parameters are another's, described there once: the docs give them that one's sentences.
+SAME_PARAMETERS = {"prm_jax.runtime.empty_batch": "prm_jax.runtime.batch_spec",
+                   "prm_jax.runtime.BlockingRunner.run_many": "prm_jax.runtime.PRMRunner.run_many",
+                   "prm_jax.runtime.BlockingRunner.run": "prm_jax.runtime.PRMRunner.run"}
+
+
+def borrowed_docs(path: str) -> dict[str, str]:
+    """The sentences ``SAME_PARAMETERS`` lends ``path`` (its twin's own ``Args``)."""
+    twin = SAME_PARAMETERS.get(path)
+    if twin is None:
+        return {}
+    module, _, rest = twin.partition(".runtime.")
+    obj: Any = importlib.import_module(f"{module}.runtime")
+    for part in rest.split("."):
+        obj = getattr(obj, part)
+    return entries(own_docstring(obj))
+
+
+def parameter_sentences(obj: Any, path: str = "") -> dict[str, str]:
+    """The sentences the docs give the parameters a callable (at ``path``) leaves out of its own docstring: a
+    declaration's (``declared_docs``), else its twin's (``SAME_PARAMETERS``), else the glossary's
+    (``docs/parameters.py``)."""
+    told = described(own_docstring(obj))
+    declared = {**glossary(), **borrowed_docs(path), **declared_docs(obj)}
+    return {p: declared[p] for p in parameters_of(obj) if p not in told and p in declared}
+
+
+def documented_methods(cls: type) -> dict[str, Any]:
+    """The methods a class's API page documents: its own public ones (the page's ``:members:``)."""
+    fields = getattr(cls, "__dataclass_fields__", {})  # (a field's default may be a function: not a method)
+    return {name: getattr(cls, name) for name, raw in vars(cls).items()
+            if not name.startswith("_") and name not in fields
+            and (isinstance(raw, (staticmethod, classmethod)) or inspect.isfunction(raw))}
+
+
+def undescribed_parameters() -> dict[str, list[str]]:
+    """Each public callable's parameters (a public class's documented methods' too) that neither its
+    docstring, nor a declaration (``declared_docs``), nor the glossary (``docs/parameters.py``: a name that
+    means one thing wherever it stands) describes: the docs build fails on any (conf.py), and so does
+    tests/test_doc_tables.py."""
+    missing: dict[str, list[str]] = {}
+
+    def check(path: str, obj: Any) -> None:
+        told = described(own_docstring(obj)) | declared_docs(obj).keys() | borrowed_docs(path).keys()
+        lacking = [p for p in parameters_of(obj) if p not in told and p not in glossary()]
+        if lacking:
+            missing[path] = lacking
+
+    for namespace in NAMESPACES:
+        module = importlib.import_module(f"prm_jax.{namespace}")
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not callable(obj):
+                continue
+            check(f"prm_jax.{namespace}.{name}", obj)
+            if inspect.isclass(obj):
+                for method_name, method in documented_methods(obj).items():
+                    check(f"prm_jax.{namespace}.{name}.{method_name}", method)
+    return missing
 
 
 def short_line(text: str) -> str:

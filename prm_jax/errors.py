@@ -42,7 +42,12 @@ class PRMJaxError(Exception):
 
 
 class ConfigError(PRMJaxError, ValueError):
-    """A bad setting, with the key path that names it (``actor.adv_norm.eps``) and what is wrong."""
+    """A bad setting, with the key path that names it (``actor.adv_norm.eps``) and what is wrong.
+
+    Args:
+        key: The setting's key path, as written (``actor.adv_norm.eps``); empty for none.
+        problem: What is wrong with it, in words.
+    """
 
     exit_status = 2
     command_line = "exit 2, one line naming the file and the key; nothing written"
@@ -52,7 +57,11 @@ class ConfigError(PRMJaxError, ValueError):
         self.key, self.problem = key, problem
 
     def under(self, prefix: str) -> ConfigError:
-        """The same error one level down: ``prefix.key``."""
+        """The same error one level down: ``prefix.key``.
+
+        Args:
+            prefix: The key path of the section it came from (``actor``).
+        """
         if not prefix:
             return self
         return ConfigError(f"{prefix}.{self.key}" if self.key else prefix, self.problem)
@@ -69,7 +78,14 @@ class ConfigFileError(PRMJaxError, ValueError):
 
 
 class InputError(PRMJaxError, ValueError):
-    """Bad input, located: which file, which line, which field."""
+    """Bad input, located: which file, which line, which field.
+
+    Args:
+        path: The input file.
+        line: The line, from 1.
+        field: The field of that line (``interactions[2].reward``).
+        message: What is wrong, in words.
+    """
 
     exit_status = 2
     command_line = "exit 2, one line: file, line and field; nothing written"
@@ -125,7 +141,12 @@ class PrefixRuleError(PRMJaxError, RuntimeError):
 
 
 class RetryError(PRMJaxError, RuntimeError):
-    """Every attempt failed; ``__cause__`` is the last failure and ``errors`` holds them all."""
+    """Every attempt failed; ``__cause__`` is the last failure and ``errors`` holds them all.
+
+    Args:
+        message: The error's message.
+        errors: Every attempt's failure, in order.
+    """
 
     command_line = SCORER_FAILURE
 
@@ -137,7 +158,15 @@ class RetryError(PRMJaxError, RuntimeError):
 class ServiceError(PRMJaxError, RuntimeError):
     """A service answered, but not with a usable result: ``status`` (the HTTP status, None for a malformed
     200 answer) and its ``reason`` phrase, whether the answer is worth retrying, and the server's
-    ``retry_after`` seconds."""
+    ``retry_after`` seconds.
+
+    Args:
+        message: The error's message (naming the scorer, the turn and the server).
+        status: The HTTP status the server answered; ``None`` for a malformed 200 answer or no answer.
+        retryable: Whether the answer is worth another attempt (429, 408, 5xx).
+        retry_after: The seconds the server asked to wait (``Retry-After``); ``None``: it did not say.
+        reason: The HTTP reason phrase.
+    """
 
     command_line = SCORER_FAILURE
 
@@ -150,7 +179,14 @@ class ServiceError(PRMJaxError, RuntimeError):
 class RequestFailed(RetryError):
     """A served scorer's request failed on every attempt: the message names the scorer, the URL (without
     secrets), the last attempt's HTTP status or connection error, and the attempts made; ``status`` is the
-    last HTTP status (None: no answer), ``errors`` every attempt's failure (``RetryError``'s)."""
+    last HTTP status (None: no answer), ``errors`` every attempt's failure (``RetryError``'s).
+
+    Args:
+        message: The error's message (the scorer, the URL, the last failure, the attempts).
+        errors: Every attempt's failure, in order.
+        url: The URL requested, without secrets.
+        status: The last attempt's HTTP status; ``None``: no answer.
+    """
 
     def __init__(self, message: str, errors: list[BaseException], *, url: str, status: int | None):
         super().__init__(message, errors)

@@ -58,7 +58,11 @@ BUILTIN_LAMBDA_MODULES = (AREAL_LAMBDA_MODULE, gae_lambda.__name__, "prm_jax.ker
 
 
 def resolve_lambda(path: str) -> Callable[..., jax.Array]:
-    """The λ function a dotted path names (AReaL's built-in paths map to ``prm_jax.kernels.gae_lambda``)."""
+    """The λ function a dotted path names (AReaL's built-in paths map to ``prm_jax.kernels.gae_lambda``).
+
+    Args:
+        path: A dotted path ``package.module.function`` (AReaL's built-in paths included).
+    """
     if not isinstance(path, str) or not path:
         raise ValueError(f"gae_lambda must be a float or a non-empty dotted path, got {path!r}")
     module_name, _, name = path.rpartition(".")
@@ -94,6 +98,51 @@ class AdvantageConfig:
     ``gae_block_size`` choose the scan, ``max_turns`` bounds turns per row for turn-level GAE (default
     ``T``), ``check_values=False`` skips the value checks on the hot path (their reductions and the device
     sync).
+
+    Args:
+        discount: γ, the discount of the GAE recurrence, in [0, 1] (AReaL's ``discount``; default 1).
+        gae_lambda: λ of GAE in [0, 1] (default 1), or a dotted path to a jittable λ function of the rows' lengths
+            (AReaL's dynamic λ; ``prm_jax.kernels.gae_lambda``'s functions, AReaL's paths too).
+        gae_lambda_kwargs: Keyword arguments of a λ function named by ``gae_lambda`` (a mapping; ignored for a float).
+        kl_ctl: The KL penalty's coefficient: each timestep's reward gets ``-kl_ctl * KL`` (finite; 0 turns it off).
+        kl_estimator: The per-token KL estimate: ``k1`` (``logp - ref``), ``k2`` (``(logp - ref)^2 / 2``) or ``k3``.
+        kl_clamp: The KL estimate is clamped to ``[-kl_clamp, kl_clamp]`` (> 0; AReaL's 10).
+        reward_bias: Added to each outcome reward before scaling (finite; default 0).
+        reward_scaling: Multiplies each outcome reward after the bias (finite; default 1).
+        reward_clip: The outcome reward is clipped to ``[-reward_clip, reward_clip]`` after bias and scaling (>= 0;
+            20).
+        mask_no_eos_with_zero: Whether a truncated row (no EOS) gets outcome reward 0 and its token rewards are zeroed
+            (AReaL's key); ``process_weighted`` shaping refuses it.
+        token_rewards_as_adv: ``True`` (default): process rewards shape the advantages after GAE
+            (``advantage_shaping``); ``False``: each turn's uniform reward is folded once into GAE's rewards (additive
+            shaping only).
+        gae_timestep_unit: ``token`` (GAE over timesteps, default) or ``turn`` (AReaL's turn-level GAE over each row's
+            turns).
+        reward_norm: Outcome normalization before GAE: ``None`` (none), AReaL's ``NormConfig`` fields (a mapping or a
+            record), or ``{"mode": "decoupled", ...}`` (GDPO's ``DecoupledNorm``).
+        adv_norm: Advantage normalization after GAE (``NormConfig`` fields, a mapping or a record); ``None``: none.
+        advantage_shaping: How process rewards reshape the advantages: ``ShapingConfig`` fields, a mapping ``{"mode":
+            "additive" | "gvpo" | "process_weighted", ...}`` or a record.
+        overlong_reward_penalty: Whether DAPO's overlong penalty is added to the outcome (needs the next three).
+        overlong_tokens: The penalty's ramp, in tokens (>= 1): rows longer than ``max_new_tokens - overlong_tokens``
+            are penalized.
+        overlong_penalty_factor: The penalty at the full ramp (>= 0): ``-factor`` for a row of ``max_new_tokens``
+            tokens.
+        max_new_tokens: The generation budget the penalty measures against (>= ``overlong_tokens``).
+        gae_method: How the GAE recurrence is computed: ``auto`` (chosen per backend), ``scan``, ``associative``,
+            ``blocked``, ``cumsum`` (needs γλ = 1), ``native`` (the CPU kernel) or ``pallas``; every method gives the
+            same numbers.
+        gae_block_size: Timesteps per block of the ``blocked`` method, >= 1.
+        max_turns: The most turns a row holds, for turn-level estimators (>= 1); ``None``: the width ``T``.
+        check_values: The value checks: ``True`` (counted, and raised eagerly outside ``jit``), ``"callback"`` (raised
+            from inside ``jit`` through a host callback) or ``False`` (skipped on the hot path).
+        credit_assignment: The estimator: ``None`` (GAE of ``gae_timestep_unit``), a credit record (``GiGPOConfig``,
+            ``TreeCredit``, ``PureCredit``, ``PrimeCredit``, ``OTBCredit``, ...) or a mapping ``{"mode": name,
+            **fields}`` naming a registered one: ``gigpo``, ``tree``, ``pure``, ``prime``, ``reinforce_pp``,
+            ``reinforce_pp_baseline``, ``otb``.
+        process_reward_transform: A transform of the process rewards before they are used: ``None``, a record
+            (``MinFormTransform``, ``ProgressTransform``) or ``{"mode": "min_form" | "progress", ...}``.
+        diagnostics: Whether ``AdvantageOutput.diagnostics`` gathers each stage's statistics (means, minima, maxima).
 
     Example:
         >>> config = prm_jax.AdvantageConfig(kl_ctl=0.0, gae_lambda=0.95,
@@ -214,7 +263,11 @@ class AdvantageConfig:
 
     def shaping_variants(self, modes: Sequence[ShapingMode]) -> tuple[list[ShapingConfig], dict[str, str]]:
         """This config's shaping under each of ``modes``, and ``{mode: "n/a: why"}`` for the modes it rules
-        out (for ``compute_advantage_variants``): the refusals of ``refused_pairs()``."""
+        out (for ``compute_advantage_variants``): the refusals of ``refused_pairs()``.
+
+        Args:
+            modes: The shaping modes to build (``additive``, ``gvpo``, ``process_weighted``).
+        """
         shapings: list[ShapingConfig] = []
         refused: dict[str, str] = {}
         for mode in modes:
@@ -230,14 +283,25 @@ class AdvantageConfig:
 @dataclasses.dataclass(frozen=True)
 class Refusal:
     """Two settings of the ``actor`` section that ``AdvantageConfig`` refuses together: ``first`` and ``second``
-    are ``(key, values)``, a key as written (``credit_assignment.mode``) and the values that clash."""
+    are ``(key, values)``, a key as written (``credit_assignment.mode``) and the values that clash.
+
+    Args:
+        first: One setting of the pair: ``(key, values)``, the key as written (``credit_assignment.mode``) and the
+            values that clash.
+        second: The other setting, in the same form.
+        why: The reason in words, part of the error message.
+    """
 
     first: tuple[str, tuple[Any, ...]]
     second: tuple[str, tuple[Any, ...]]
     why: str
 
     def when(self, config: AdvantageConfig) -> bool:
-        """Whether ``config`` holds the pair."""
+        """Whether ``config`` holds the pair.
+
+        Args:
+            config: The ``AdvantageConfig`` being checked.
+        """
         return all(setting(config, key) in values for key, values in (self.first, self.second))
 
     def error(self) -> ConfigError:

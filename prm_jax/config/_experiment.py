@@ -47,7 +47,12 @@ VERSIONS = ("v1", "v2")
 
 @dataclasses.dataclass(frozen=True)
 class ScorerSpec:
-    """One ``rollout.agent.prm.scorers`` entry: a dotted import path to a ``BaseScorer`` subclass."""
+    """One ``rollout.agent.prm.scorers`` entry: a dotted import path to a ``BaseScorer`` subclass.
+
+    Args:
+        path: The scorer class's dotted import path (``prm_jax.scorers.MathVerifyScorer``, ``mypkg.MyScorer``).
+        kwargs: The scorer's own constructor arguments (a mapping), checked by its ``validate_kwargs``.
+    """
 
     path: str
     weight: float = 1.0
@@ -106,6 +111,12 @@ class PRMConfig:
     scorer fails; ``keep_original`` exports that session as it was before scoring (its original outcome and
     token rewards, never a partly scored branch), counted in the ``prm_fallback`` metric. Cancellation,
     start-up and configuration errors are never caught by the fallback. v1 only (AReaL has no v2 fallback).
+
+    Args:
+        enabled: Whether process rewards are computed (``False``: the scorers are validated, never run).
+        scorers: The scorer entries (``ScorerSpec``), in order; their classes' names must be unique.
+        error_policy: ``reject`` (a scorer failure rejects the session and its group) or ``keep_original`` (AReaL PR
+            #1747).
     """
 
     enabled: bool = True
@@ -125,7 +136,11 @@ class PRMConfig:
     @classmethod
     def from_mapping(cls, data: Any, where: str = "rollout.agent.prm") -> PRMConfig:
         """The YAML section; its ``advantage_shaping`` belongs to the actor (see ``ExperimentConfig``): it is
-        checked here (a bad one is a ``ConfigError`` naming it) and read by ``section_shaping``."""
+        checked here (a bad one is a ``ConfigError`` naming it) and read by ``section_shaping``.
+
+        Args:
+            data: The ``rollout.agent.prm`` section, decoded (a mapping).
+        """
         section = dict(data or {}) if isinstance(data, Mapping) else data
         if isinstance(section, dict):
             section_shaping(section, where)
@@ -140,7 +155,13 @@ def section_shaping(section: Mapping[str, Any], where: str = "rollout.agent.prm"
 
 
 class PRMSection(NamedTuple):
-    """``rollout.agent.prm`` as written, shaping included: what a scorer's ``validate_prm_config`` reads."""
+    """``rollout.agent.prm`` as written, shaping included: what a scorer's ``validate_prm_config`` reads.
+
+    Args:
+        enabled: ``rollout.agent.prm.enabled`` as written.
+        advantage_shaping: The shaping as written (``ShapingConfig``).
+        scorers: The scorer entries as written (``ScorerSpec``).
+    """
 
     enabled: bool
     advantage_shaping: ShapingConfig
@@ -149,7 +170,14 @@ class PRMSection(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    """``rollout``: the proxy version, the v2 external-model URL, the agent's template and export style."""
+    """``rollout``: the proxy version, the v2 external-model URL, the agent's template and export style.
+
+    Args:
+        version: The proxy's version, ``v1`` or ``v2`` (the YAML key ``_version``).
+        api_url: The v2 external-model URL (``None``: none); process rewards are refused with it set.
+        chat_template_type: The agent's chat template (``concat`` is the one process rewards support).
+        export_style: How sessions are exported (``concat`` is the one process rewards support).
+    """
 
     version: str = "v1"
     api_url: str | None = None
@@ -167,7 +195,15 @@ class RolloutConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """The whole YAML: rollout settings, the PRM section and the actor's advantage settings."""
+    """The whole YAML: rollout settings, the PRM section and the actor's advantage settings.
+
+    Args:
+        rollout: The ``rollout`` section: the proxy version, the v2 external-model URL, the template and export style.
+        prm: ``rollout.agent.prm``: the scorers and the error policy.
+        actor: The ``actor`` section: the advantage pipeline's settings (``AdvantageConfig``).
+        turn_discount: AReaL's per-turn discount of an exported trajectory's reward (``None``: no discount); the
+            export applies it.
+    """
 
     rollout: RolloutConfig = RolloutConfig()
     prm: PRMConfig = PRMConfig(enabled=False)
@@ -205,7 +241,11 @@ class ExperimentConfig:
 
     @classmethod
     def from_mapping(cls, data: Any) -> ExperimentConfig:
-        """From the YAML's mapping (AReaL's layout: ``rollout.agent.prm``, ``actor``)."""
+        """From the YAML's mapping (AReaL's layout: ``rollout.agent.prm``, ``actor``).
+
+        Args:
+            data: The whole YAML document, decoded (a mapping).
+        """
         top = _keys(_read_sections(data), "", {"rollout", "actor", "turn_discount"})
         rollout = _keys(top.get("rollout"), "rollout", {"_version", "api_url", "agent"})
         agent = _keys(rollout.get("agent"), "rollout.agent", {"chat_template_type", "export_style", "prm"})

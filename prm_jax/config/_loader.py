@@ -62,7 +62,12 @@ _Loader.yaml_implicit_resolvers = {key: sorted(resolvers, key=lambda r: r[0] != 
 def parse_yaml(text: str, where: str) -> Any:
     """``yaml.safe_load`` (numbers as AReaL reads them) that refuses documents whose aliases expand them by
     more than ``MAX_YAML_NODES`` nodes (nested-alias bombs; a long document as written is read as it is), or
-    nested too deeply for the parser. Errors are ``ConfigFileError`` naming ``where``."""
+    nested too deeply for the parser. Errors are ``ConfigFileError`` naming ``where``.
+
+    Args:
+        text: The YAML document.
+        where: How errors name its source (a file name, ``<string>``).
+    """
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -84,6 +89,9 @@ def parse_yaml(text: str, where: str) -> Any:
 def load_config(path: str | Path) -> ExperimentConfig:
     """Loads and validates a YAML config file; every error names the file (``ConfigFileError``, a
     ``ValueError``; ``OSError`` when it cannot be read).
+
+    Args:
+        path: The YAML file to read.
 
     Example:
         >>> import pathlib, tempfile

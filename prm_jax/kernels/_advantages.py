@@ -60,7 +60,14 @@ from prm_jax.kernels._turns import turn_ids_check, turn_steps
 
 
 class AdvantageOutput(NamedTuple):
-    """All ``[B, T]`` float32 on timesteps."""
+    """All ``[B, T]`` float32 on timesteps.
+
+    Attributes:
+        returns: The value targets ``advantages + values``, taken before normalization and shaping.
+        kl_rewards: ``-kl_ctl * KL`` on each trained timestep (0 at a row's last timestep and off the mask).
+        tot_rewards: The rewards GAE ran on: outcome, KL and folded process rewards (at turn level, the task rewards
+            plus the KL rewards).
+    """
 
     advantages: jax.Array
     returns: jax.Array
@@ -299,6 +306,11 @@ def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantagePlan |
     a mode whose shaping's value checks fail (``process_weighted`` on process rewards outside [0, 1]) maps
     to a string saying why. Needs direct process rewards (``token_rewards`` in the batch and a plan that
     shapes with them). ``AdvantageConfig.shaping_variants`` says which modes a config allows.
+
+    Args:
+        batch: The padded batch ``compute_advantages`` takes (``BATCH_SCHEMA``'s keys), with ``token_rewards``.
+        config: The configuration: an ``AdvantagePlan``, an ``AdvantageConfig`` or a mapping of its fields.
+        shapings: The shapings to compute besides the configured one (``ShapingConfig`` records, one a mode).
     """
     plan = as_plan(config)
     if "token_rewards" not in batch or plan.shaping is None:

@@ -149,6 +149,12 @@ class ValueCheck:
 
     A pytree (the name and the message are static), so jitted functions can return their checks to the
     caller. ``count`` is the number of violating entries (for a check of a whole array, 0 or 1).
+
+    Args:
+        name: The check's name (its count is reported as ``checks/<name>``).
+        count: The number of violating entries, a device scalar (0 or 1 for a check of a whole array).
+        message: ``message(*details) -> str``: the error message, built on the host from the details.
+        details: Device values the message is built from (the first bad row, its value, ...).
     """
 
     def __init__(self, name: str, count: jax.Array, message: Callable[..., str], *details: jax.Array):
@@ -161,12 +167,22 @@ class ValueCheck:
         return (self.count, *self.details), (self.name, self.message)
 
     @classmethod
-    def tree_unflatten(cls, aux, children):
+    def tree_unflatten(cls, aux: Any, children: Any) -> ValueCheck:
+        """JAX's pytree protocol: the check from ``tree_flatten``'s parts.
+
+        Args:
+            aux: The static parts: the name and the message.
+            children: The device parts: the count, then the details.
+        """
         return cls(aux[0], children[0], aux[1], *children[1:])
 
 
 def violations(flags: jax.Array) -> jax.Array:
-    """The number of True entries, int32: a check's count."""
+    """The number of True entries, int32: a check's count.
+
+    Args:
+        flags: The violation flags, bool, any shape.
+    """
     return jnp.sum(flags, dtype=jnp.int32)
 
 

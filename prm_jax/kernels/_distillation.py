@@ -51,7 +51,12 @@ _NOT_A_REWARD = ("is never positive, so as a policy-gradient reward it pushes do
 
 class DistillationStats(NamedTuple):
     """``reverse_kl``: the mean of ``-rho r`` over trained tokens; ``capped``: the share whose ratio hit the cap;
-    and the value checks' violation counts."""
+    and the value checks' violation counts.
+
+    Attributes:
+        reverse_kl: The mean of ``-rho r`` over trained tokens.
+        capped: The share of trained tokens whose ratio hit the cap.
+    """
 
     reverse_kl: jax.Array
     capped: jax.Array
@@ -90,6 +95,8 @@ def distillation_rewards(teacher_logprobs: ArrayLike, logprobs: ArrayLike, loss_
       weights: ``K`` finite weights > 0 (default 1 each), raw unless ``normalize_teacher_weights``.
       reward_min, reward_max: an optional clip of the reward, at trained tokens only.
       estimator: ``k1`` only (the others are named and refused: module docstring).
+      normalize_teacher_weights: whether the teachers' weights are divided by their sum (AReaL's raw weights
+        otherwise).
 
     Returns:
       ``[B, T]`` float32 (float64 for float64 inputs), 0 where untrained.
@@ -220,7 +227,14 @@ def supervised_distillation_loss(logprobs: ArrayLike, teacher_logprobs: ArrayLik
                                  batch_num_tokens: Any = None, global_batch_size: Any = None) -> jax.Array:
     """verl's supervised distillation loss: ``D(l, l_T)`` (``distillation_estimate``), clamped to
     ``+-loss_max_clamp`` when given, aggregated by ``loss_agg_mode`` (verl's five, with the global batch info
-    of the policy losses) and differentiated through the estimator (the teacher held constant)."""
+    of the policy losses) and differentiated through the estimator (the teacher held constant).
+
+    Args:
+        teacher_logprobs: ``[B, T]`` the teacher's log-probs of the same tokens (held constant).
+        estimator: verl's divergence estimator of ``D(l, l_T)``: ``k1``, ``k2``, ``k3``, ...
+            (``distillation_estimate``).
+        loss_max_clamp: The per-token loss is clamped to ``[-loss_max_clamp, loss_max_clamp]``; ``None``: not clamped.
+    """
     one_of("estimator", estimator, DISTILLATION_ESTIMATORS)
     clamp = None if loss_max_clamp is None else finite_number("loss_max_clamp", loss_max_clamp, positive=True)
     check_token_arrays(logprobs, teacher_logprobs=teacher_logprobs, loss_mask=loss_mask)

@@ -38,7 +38,13 @@ __all__ = ["INPUTS", "EstimatorSpec", "SummaryHook", "ValueCheck", "finish", "on
 
 class SummaryHook(NamedTuple):
     """How the command line's summary shows an estimator's diagnostics when not as plain numbers under
-    ``credit``: ``summary[key] = stats(diagnostics)``, printed as ``line(stats)``."""
+    ``credit``: ``summary[key] = stats(diagnostics)``, printed as ``line(stats)``.
+
+    Attributes:
+        key: The summary's key its statistics go under.
+        stats: ``stats(diagnostics) -> {name: value}``: the statistics from the estimator's diagnostics.
+        line: ``line(stats) -> str``: the summary's line.
+    """
 
     key: str
     stats: Callable[[Mapping[str, Any]], dict[str, float]]
@@ -64,6 +70,28 @@ class EstimatorSpec:
     are neither folded into the rewards nor used for shaping; ``missing_hint`` is added to the error for
     a missing key it reads; ``summary`` shows its diagnostics its own way (else the summary lists them
     under ``credit``).
+
+    Args:
+        stage: The plan record that selects the estimator; its fields are the ``credit_assignment`` keys.
+        run: The estimator, ``run(stage, **inputs) -> StageResult``, its inputs named from ``INPUTS``.
+        label: How errors name it (``"credit_assignment 'tree'"``).
+        mode: Its ``credit_assignment.mode``; ``None``: the built-in GAE, chosen by ``gae_timestep_unit``.
+        reads: The batch keys it needs (``BATCH_SCHEMA``'s).
+        may_read: The batch keys it reads when present.
+        needs_turn_ids: Whether the pipeline checks the turn ids (and their turn slots) for it.
+        kl: Where the KL rewards go: ``rewards`` (into the rewards it reads) or ``after`` (added to its advantages).
+        diagnostics: The prefix of its diagnostics' keys, ending in ``/``; ``None``: it has none.
+        turn_slots: ``turn_slots(batch, num_turns)``: the turn slots ``K`` its ``[B, K]`` inputs index; ``None``:
+            none.
+        owns_process_rewards: Whether it consumes the process rewards itself (neither folded nor used for shaping).
+        missing_hint: Added to the error for a missing key it reads.
+        summary: How the command line's summary shows its diagnostics (``SummaryHook``); ``None``: as numbers under
+            ``credit``.
+        units: The ``gae_timestep_unit`` values it runs under; one it lacks is refused at configuration.
+        refused_with: Other settings it is refused with: ``(key, values, why)`` each, declared here and rendered in
+            the guide's refusal table.
+        example: A configuration of it the option matrix runs (its record's fields).
+        name: Its name (default: its ``mode``; one without a mode must give it).
     """
 
     stage: type
@@ -120,6 +148,11 @@ def finish(spec: EstimatorSpec, estimate: StageResult, kl: jax.Array,
 
 
 def on_turn_timesteps(per_turn: jax.Array, in_turn: jax.Array, turn_ids: jax.Array) -> jax.Array:
-    """``[B, K]`` per-turn values on each turn's active timesteps, 0 elsewhere."""
+    """``[B, K]`` per-turn values on each turn's active timesteps, 0 elsewhere.
+
+    Args:
+        per_turn: ``[B, K]`` one value per turn slot.
+        in_turn: ``[B, T]`` bool: the active timesteps of a turn.
+    """
     safe = jnp.clip(turn_ids, 0, per_turn.shape[1] - 1)
     return jnp.where(in_turn, jnp.take_along_axis(per_turn, safe, axis=1), jnp.zeros((), per_turn.dtype))

@@ -21,7 +21,11 @@ _REGISTRY: dict[type, EstimatorSpec] = {}
 
 
 def register_estimator(spec: EstimatorSpec) -> EstimatorSpec:
-    """Makes ``spec`` known (its plan record and its ``credit_assignment`` mode must be new); returns it."""
+    """Makes ``spec`` known (its plan record and its ``credit_assignment`` mode must be new); returns it.
+
+    Args:
+        spec: The estimator's declaration (``EstimatorSpec``).
+    """
     if not isinstance(spec, EstimatorSpec):
         raise TypeError(f"register_estimator needs an EstimatorSpec, got {type(spec).__name__}")
     taken = [other.label for other in _REGISTRY.values()
@@ -33,13 +37,21 @@ def register_estimator(spec: EstimatorSpec) -> EstimatorSpec:
 
 
 def unregister_estimator(spec: EstimatorSpec) -> None:
-    """Removes an estimator ``register_estimator`` added."""
+    """Removes an estimator ``register_estimator`` added.
+
+    Args:
+        spec: A declaration ``register_estimator`` added.
+    """
     if _REGISTRY.get(spec.stage) is spec:
         del _REGISTRY[spec.stage]
 
 
 def estimator_for(stage: object) -> EstimatorSpec:
-    """The declaration of a plan's estimator record."""
+    """The declaration of a plan's estimator record.
+
+    Args:
+        stage: A plan's estimator record (``TokenGAE``, ``GiGPOConfig``, ...).
+    """
     try:
         return _REGISTRY[type(stage)]
     except KeyError:

@@ -64,7 +64,18 @@ STEP_REWARDS: tuple[StepReward, ...] = get_args(StepReward)
 
 @dataclasses.dataclass(frozen=True)
 class GiGPOConfig:
-    """``actor.credit_assignment`` with ``mode: gigpo``; hashable, a static argument."""
+    """``actor.credit_assignment`` with ``mode: gigpo``; hashable, a static argument.
+
+    Args:
+        step_weight: ω, the weight of the step-level advantage beside the episode-level one (GiGPO's
+            ``step_advantage_w``).
+        step_discount: γ of the step returns within a trajectory, in [0, 1] (GiGPO's 0.95).
+        norm: ``mean_norm`` (centre within each group) or ``mean_std_norm`` (and divide by its std).
+        eps: Added to a group's std before dividing, >= 0.
+        episode_stats: The episode groups' statistics over ``trajectory`` rows (verl-agent's) or over ``step``
+            entries.
+        step_reward: A step's reward from its turn's process rewards: ``mean``, ``sum`` or ``last``.
+    """
 
     step_weight: float = 1.0        # omega
     step_discount: float = 0.95     # gamma over turns
@@ -89,7 +100,14 @@ class GiGPOConfig:
 
 class GiGPOOutput(NamedTuple):
     """What ``gigpo`` returns: the combined per-turn advantages and their episode and step parts, the step
-    returns, and each turn's step-group size."""
+    returns, and each turn's step-group size.
+
+    Attributes:
+        episode_advantages: ``[B]`` the episode-level advantage ``A^E`` of each row.
+        step_advantages: ``[B, K]`` the step-level advantage ``A^S`` of each turn.
+        step_returns: ``[B, K]`` each turn's discounted step return.
+        step_group_sizes: ``[B, K]`` the size of each turn's step group (0 for an inactive turn).
+    """
 
     advantages: jax.Array          # [B, K] A^E + omega A^S on active turns, 0 elsewhere
     episode_advantages: jax.Array  # [B]
@@ -100,7 +118,12 @@ class GiGPOOutput(NamedTuple):
 
 def dense_anchor_ids(anchor_ids: ArrayLike) -> np.ndarray:
     """Host helper: any 64-bit anchor ids (signed or unsigned state hashes; Python ints too, e.g. -1 beside
-    hashes of 2**63 or more, which no numpy integer dtype holds together) to dense int32 ids; -1 stays -1."""
+    hashes of 2**63 or more, which no numpy integer dtype holds together) to dense int32 ids; -1 stays -1.
+
+    Args:
+        anchor_ids: ``[B, K]`` anchor ids of any 64-bit integers (signed or unsigned hashes, Python ints), -1 for
+            none.
+    """
     ids = np.asarray(anchor_ids)
     if ids.dtype == object:
         if not all(map(is_anchor_id, ids.ravel().tolist())):

@@ -51,6 +51,14 @@ NORM_LEVELS: tuple[NormLevel, ...] = ("batch", "group", None)
 class NormConfig:
     """AReaL's ``NormConfig``: hashable, so it is a static argument and never causes a retrace.
 
+    Args:
+        mean_level: Where the mean is taken: ``batch``, ``group`` or ``None`` (no centring).
+        std_level: Where the std is taken: ``batch``, ``group`` or ``None`` (no scaling).
+        mean_leave1out: Whether each entry's mean leaves the entry itself out (RLOO's baseline).
+        std_unbiased: Whether the std divides by ``n - 1`` (AReaL's default) rather than ``n``.
+        eps: Added to the std before dividing, >= 0.
+        group_size: Rows per group when no ``group_sizes`` are given (equal groups), >= 1.
+
     Example:
         >>> norm = prm_jax.NormConfig(mean_level="group", std_level="group", std_unbiased=False)
         >>> x = np.array([1.0, 3.0, 10.0, 20.0], np.float32)
@@ -87,7 +95,12 @@ class NormConfig:
 class DecoupledNorm:
     """``actor.reward_norm: {mode: decoupled, weights, eps}``: GDPO's normalization of the outcome reward and
     the batch's ``reward_sources [B, K]`` (``decoupled_normalization``); ``weights`` one per source, the
-    outcome first (default 1 each)."""
+    outcome first (default 1 each).
+
+    Args:
+        weights: One weight per reward source, the outcome first, each >= 0; ``None``: 1 each.
+        eps: Added to each source's std before dividing, > 0.
+    """
 
     weights: tuple[float, ...] | None = None
     eps: float = 1e-4
@@ -172,7 +185,12 @@ def given_groups(rows: int, group_sizes: Any, group_ids: Any) -> tuple[jax.Array
 
 
 def row_groups(groups: GroupLayout | None, rows: int) -> tuple[jax.Array, int]:
-    """``(row_group [B], num_groups)``: the batch's GRPO groups, else the whole batch as one group."""
+    """``(row_group [B], num_groups)``: the batch's GRPO groups, else the whole batch as one group.
+
+    Args:
+        groups: The batch's GRPO group layout, or ``None`` (the whole batch one group).
+        rows: ``B``, the batch's rows.
+    """
     if groups is not None:
         return groups.row_group, groups.num_groups
     return jnp.zeros((rows,), jnp.int32), 1
@@ -291,7 +309,14 @@ def proxy_normalize(rewards: Sequence[float | None]) -> np.ndarray:
 def leave_one_out_mean(x: jax.Array, members: jax.Array, row_group: jax.Array,
                        num_groups: int) -> tuple[jax.Array, jax.Array]:
     """``[B]``: the mean of ``x`` over the other members of each row's group (RLOO's baseline), and ``[B]``
-    bool: the row is alone in its group (its mean of others is 0). Non-members count nowhere."""
+    bool: the row is alone in its group (its mean of others is 0). Non-members count nowhere.
+
+    Args:
+        x: ``[B]`` the values.
+        members: ``[B]`` bool: the rows that count (non-members count nowhere).
+        row_group: ``[B]`` each row's group index.
+        num_groups: The number of groups (static).
+    """
     zero = jnp.zeros((), x.dtype)
     kept = jnp.where(members, x, zero)
     total = segment_totals(kept, row_group, num_groups)
@@ -332,7 +357,13 @@ def whiten(x: jax.Array, active: jax.Array, eps: float = 1e-8) -> jax.Array:
     entries are divided by the power of two ``s`` at or above the largest (and ``eps`` by ``s^2``), which
     leaves the formula's value unchanged and keeps the variance in float32's range (rewards of 1e20 gave
     NaN). That pass runs only where verl's variance overflowed; elsewhere the computation is verl's, bit for
-    bit."""
+    bit.
+
+    Args:
+        x: ``[B, T]`` the values.
+        active: ``[B, T]`` bool: the entries whitened.
+        eps: Added to the variance, > 0 (verl's 1e-8).
+    """
     zero = jnp.zeros((), x.dtype)
     moments = segment_moments(x, active, ddof=1)
 

@@ -48,7 +48,13 @@ from prm_jax.native import _ffi as ffi
 @dataclasses.dataclass(frozen=True)
 class OTBCredit:
     """``actor.credit_assignment: {mode: otb}``: the zero tail (on by default, as verl's trainer runs it) and
-    the baseline denominator's ``epsilon`` (verl's 1e-8)."""
+    the baseline denominator's ``epsilon`` (verl's 1e-8).
+
+    Args:
+        handle_zero_tail: Whether a group's longest row, where it alone reaches an index, gets baseline 0 from the
+            second longest row's length on (verl's trainer; on by default).
+        epsilon: Added to the baseline's denominator, > 0 (verl's 1e-8).
+    """
 
     handle_zero_tail: bool = True
     epsilon: float = 1e-8
@@ -59,7 +65,11 @@ class OTBCredit:
 
 
 class OTBOutput(NamedTuple):
-    """``advantages`` and ``returns`` ``[B, T]`` (0 where untrained)."""
+    """``advantages`` and ``returns`` ``[B, T]`` (0 where untrained).
+
+    Attributes:
+        returns: ``[B, T]`` the returns ``G`` (0 where untrained).
+    """
 
     advantages: jax.Array
     returns: jax.Array
@@ -79,6 +89,12 @@ def sum_pi_squared(logits: ArrayLike, *, temperature: float = 1.0, chunk: int | 
     >>> z = np.log(np.array([[0.5, 0.25, 0.25]], np.float32))    # pi = (1/2, 1/4, 1/4)
     >>> round(float(prm_jax.credit.sum_pi_squared(z)[0]), 6)       # 1/4 + 1/16 + 1/16
     0.375
+
+    Args:
+        logits: ``[..., V]`` the policy's logits.
+        temperature: The sampling temperature the logits are divided by, > 0.
+        chunk: Positions per chunk of the ``xla`` method (bounding its memory); ``None``: all at once.
+        method: ``native`` (the CPU kernel; not differentiable), ``xla`` (every backend) or ``auto``.
     """
     temperature = finite_number("temperature", temperature, positive=True)
     if chunk is not None:

@@ -49,7 +49,13 @@ ProcessTransform = MinFormTransform | ProgressTransform
 @dataclasses.dataclass(frozen=True)
 class OverlongPenalty:
     """DAPO's overlong reward penalty: ``min(-(len - (max_new_tokens - overlong_tokens)) / overlong_tokens
-    * factor, 0)`` added to the outcome reward."""
+    * factor, 0)`` added to the outcome reward.
+
+    Args:
+        max_new_tokens: The generation budget the penalty measures against.
+        overlong_tokens: The ramp, in tokens: rows longer than ``max_new_tokens - overlong_tokens`` are penalized.
+        factor: The penalty at the full ramp (``overlong_penalty_factor``).
+    """
 
     max_new_tokens: int
     overlong_tokens: int
@@ -58,7 +64,15 @@ class OverlongPenalty:
 
 @dataclasses.dataclass(frozen=True)
 class OutcomeStage:
-    """Step 1: the ``[B]`` outcome rewards: overlong penalty, bias, scaling, clip, optional normalization."""
+    """Step 1: the ``[B]`` outcome rewards: overlong penalty, bias, scaling, clip, optional normalization.
+
+    Args:
+        bias: Added to each outcome reward (``reward_bias``).
+        scaling: Multiplies it after the bias (``reward_scaling``).
+        clip: It is clipped to ``[-clip, clip]`` (``reward_clip``).
+        norm: The outcome normalization (``NormConfig`` or ``DecoupledNorm``), or ``None``.
+        overlong: DAPO's overlong penalty (``OverlongPenalty``), or ``None``.
+    """
 
     bias: float = 0.0
     scaling: float = 1.0
@@ -69,7 +83,13 @@ class OutcomeStage:
 
 @dataclasses.dataclass(frozen=True)
 class KLStage:
-    """Step 4: ``-kl_ctl * clamp(kl, -clamp, clamp)`` on active timesteps (AReaL's clamp: 10)."""
+    """Step 4: ``-kl_ctl * clamp(kl, -clamp, clamp)`` on active timesteps (AReaL's clamp: 10).
+
+    Args:
+        kl_ctl: The penalty's coefficient (``AdvantageConfig.kl_ctl``).
+        estimator: ``k1``, ``k2`` or ``k3`` (``AdvantageConfig.kl_estimator``).
+        clamp: The estimate's clamp, > 0 (``AdvantageConfig.kl_clamp``).
+    """
 
     kl_ctl: float = 0.1
     estimator: KLEstimator = "k1"
@@ -80,7 +100,14 @@ class KLStage:
 class TaskRewardStage:
     """Step 5: where the outcome reward goes; ``mask_truncated`` (``mask_no_eos_with_zero``) zeroes it
     and the process rewards of truncated rows; ``fold_process`` folds uniform per-turn process rewards
-    into the rewards (``token_rewards_as_adv=False``) instead of keeping them for shaping."""
+    into the rewards (``token_rewards_as_adv=False``) instead of keeping them for shaping.
+
+    Args:
+        mask_truncated: Whether truncated rows get outcome 0 and their process rewards zeroed
+            (``mask_no_eos_with_zero``).
+        fold_process: Whether uniform per-turn process rewards are folded into GAE's rewards
+            (``token_rewards_as_adv=False``).
+    """
 
     mask_truncated: bool = False
     fold_process: bool = False
@@ -89,7 +116,14 @@ class TaskRewardStage:
 @dataclasses.dataclass(frozen=True)
 class LambdaFunction:
     """AReaL's dynamic λ: a jittable ``fn(GAELambdaContext, **kwargs) -> [B]`` (``gae_lambda``), with the
-    timestep unit whose lengths it reads."""
+    timestep unit whose lengths it reads.
+
+    Args:
+        fn: The jittable λ function, ``fn(GAELambdaContext, **kwargs) -> [B]``.
+        kwargs: Its keyword arguments, as sorted ``(name, value)`` pairs (hashable).
+        name: The dotted path it was named by (for messages and the plan's identity).
+        unit: ``token`` or ``turn``: the unit whose lengths the context gives it.
+    """
 
     fn: Callable[..., jax.Array]
     kwargs: tuple[tuple[str, Any], ...]
@@ -110,6 +144,23 @@ class AdvantagePlan:
     with ``prm_jax.config.AdvantageConfig(...).plan`` (AReaL's keys, validated) rather than by hand.
     ``shaping`` is ``None`` when the process rewards are folded or unused; ``check_turn_ids`` says the
     turn ids must follow AReaL's rules (turn-level GAE or a λ function).
+
+    Args:
+        outcome: Step 1, the outcome rewards (``OutcomeStage``: overlong penalty, bias, scaling, clip, normalization).
+        kl: Step 4, the KL penalty (``KLStage``).
+        task: Step 5, where the outcome and the process rewards go (``TaskRewardStage``).
+        process_transform: Step 3, the process rewards' transform (``MinFormTransform``, ``ProgressTransform``), or
+            ``None``.
+        discount: γ of the estimator's recurrence, in [0, 1].
+        lam: λ of GAE: a float in [0, 1], or a ``LambdaFunction`` giving one per row.
+        estimator: Steps 6-7, the estimator's record (``TokenGAE``, ``TurnGAE``, a credit record).
+        adv_norm: Step 8, the advantages' normalization (``NormConfig``), or ``None``.
+        shaping: Step 9, the shaping by process rewards (``ShapingConfig``), or ``None`` (folded or unused).
+        gae_method: How the GAE recurrence is computed (``AdvantageConfig.gae_method``'s values).
+        max_turns: The most turns a row holds, for turn-level estimators; ``None``: the width ``T``.
+        check_turn_ids: Whether the turn ids must follow AReaL's rules (turn-level GAE or a λ function).
+        check_values: The value checks: ``True``, ``"callback"`` or ``False`` (``AdvantageConfig.check_values``).
+        strategy: The backend choices resolved before tracing (``ScanStrategy``); ``None``: resolved per call.
     """
 
     outcome: OutcomeStage = OutcomeStage()
@@ -137,7 +188,13 @@ class AdvantagePlan:
         ``platform`` (``cuda``, ``rocm``, ``tpu``, ``cpu``) resolves the backend choices for the platform a
         program will be lowered for instead of this process's default backend: ``compute_advantages(batch,
         plan.with_strategy(batch, platform="cuda"))`` exported with ``jax.export`` from a CPU host holds the
-        GPU's methods and no CPU kernel."""
+        GPU's methods and no CPU kernel.
+
+        Args:
+            batch: The batch the plan will run on (its keys and widths decide the backend choices).
+            platform: The platform the program will be lowered for (``cpu``, ``cuda``, ``rocm``, ``tpu``); ``None``:
+                this process's default backend.
+        """
         unit_discount = ("gae_lambda" not in batch and not isinstance(self.lam, LambdaFunction)
                          and self.discount * self.lam == 1.0)
         if self.strategy is not None:
@@ -169,7 +226,12 @@ class AdvantagePlan:
         return tuple(declared)
 
     def stages_of(self, kind: str) -> tuple[tuple[StageSpec, Any], ...]:
-        """The configured stages of one kind (``StageSpec.kind``), with their declarations: none or one."""
+        """The configured stages of one kind (``StageSpec.kind``), with their declarations: none or one.
+
+        Args:
+            kind: A stage kind (``StageSpec.kind``): ``reward_norm``, ``process_transform``, ``estimator``,
+                ``adv_norm`` or ``shaping``.
+        """
         return tuple((spec, stage) for spec, stage in self.stages if spec.kind == kind)
 
     @property
@@ -193,7 +255,11 @@ class AdvantagePlan:
     def reads_turns(self, batch: Mapping[str, Any]) -> bool:
         """Whether a stage reads the batch's turns (then their ids are checked): turn-level GAE or a λ
         function (``check_turn_ids``), an estimator that declares them, or process rewards a turn-level
-        transform reads or that are folded per turn."""
+        transform reads or that are folded per turn.
+
+        Args:
+            batch: The batch the plan runs on.
+        """
         transform = self.process_transform
         with_process = "token_rewards" in batch and (
             self.task.fold_process or (transform is not None and transform.spec.turns(transform)))
@@ -202,13 +268,23 @@ class AdvantagePlan:
     def turn_slots(self, batch: Mapping[str, Any], width: int) -> int | None:
         """The bound on turn ids where turns index ``[B, K]`` slots (the estimator's ``turn_slots``: GiGPO's
         per-turn inputs, the tree's ``node_ids``), turn-level GAE's ``max_turns``; ``None`` where turns are
-        only counted in order."""
+        only counted in order.
+
+        Args:
+            batch: The batch the plan runs on.
+            width: The batch's width ``T``.
+        """
         spec = self.estimator_spec
         if spec.turn_slots is not None:
             return spec.turn_slots(batch, self.num_turns(width))
         return self.num_turns(width) if self.check_turn_ids else None
 
     def num_turns(self, width: int) -> int:
+        """The turn slots a row may use: ``max_turns``, else the width.
+
+        Args:
+            width: The batch's width ``T``.
+        """
         return self.max_turns or width
 
 

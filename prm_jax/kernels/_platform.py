@@ -33,6 +33,9 @@ def lowering_platform(platform: str) -> Iterator[None]:
     minimum). Trace within: a function already traced outside (the same ``jax.jit(f)`` called before) keeps
     the choices of that trace; export ``jax.jit(lambda *a: f(*a))``.
 
+    Args:
+        platform: ``cpu``, ``cuda``, ``rocm`` or ``tpu``: the platform the programs traced inside are lowered for.
+
     Example:
         >>> import jax
         >>> gae = lambda r, v, m: prm_jax.kernels.gae(r, v, m, gamma=0.9, lam=0.95).advantages

@@ -155,7 +155,16 @@ def aggregate(losses: jax.Array, mask: jax.Array, mode: AggMode, loss_scale_fact
 
 
 class PPOLossStats(NamedTuple):
-    """Means over trained timesteps (scalars), and the value checks' violation counts."""
+    """Means over trained timesteps (scalars), and the value checks' violation counts.
+
+    Attributes:
+        clip_fraction: The share of trained timesteps where the clip was taken.
+        dual_clip_fraction: The share where the dual clip cut (``A < 0``).
+        approx_kl: The mean of ``proximal_logprobs - logprobs``.
+        importance_weight: The mean importance ratio.
+        behav_imp_weight: The mean behaviour importance weight (decoupled PPO; 1 without ``old_logprobs``).
+        behav_kept_fraction: The share of timesteps the behaviour cap kept.
+    """
 
     clip_fraction: jax.Array       # share where the clipped term was taken (l1 < l2)
     dual_clip_fraction: jax.Array  # share where the dual clip was taken

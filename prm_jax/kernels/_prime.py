@@ -51,7 +51,16 @@ PRIME_NORMS: tuple[PrimeNorm, ...] = get_args(PrimeNorm)
 class PrimeCredit:
     """``actor.credit_assignment`` with ``mode: prime``: verl's ``beta_train``, ``lambda``,
     ``prime_use_gt``, ``reward_dpo_coef``, ``reward_gt_coef`` and ``prime_norm`` (``batch_norm`` or
-    ``none``), with verl's defaults."""
+    ``none``), with verl's defaults.
+
+    Args:
+        beta: β of the implicit PRM's reward ``β (log π_prm - log π_ref)`` (verl's ``beta_train``).
+        lam: λ of the implicit rewards' λ-return (verl's ``lambda``).
+        use_gt: Whether the ground-truth (outcome) reward is used beside the implicit ones (``prime_use_gt``).
+        dpo_coef: The weight of the implicit (DPO-style) rewards (``reward_dpo_coef``).
+        gt_coef: The weight of the ground-truth reward (``reward_gt_coef``).
+        norm: ``batch_norm`` (the implicit rewards normalized over the batch) or ``none`` (``prime_norm``).
+    """
 
     beta: float = 0.05
     lam: float = 0.0

@@ -55,6 +55,12 @@ class ProgressTransform:
     is ``Phi(s_0)``, the potential before a row's first step (and carried into leading unscored ones);
     ``terminal`` the potential after the last step, ``"zero"`` or ``"outcome"`` (the row's outcome reward);
     ``level`` says what a step is, ``"turn"`` or ``"token"`` (a trained timestep).
+
+    Args:
+        gamma: The shaping's discount, in [0, 1].
+        initial: Φ(s_0), the potential before a row's first step.
+        terminal: The potential after the last step: ``zero`` or ``outcome`` (the row's outcome reward).
+        level: What a step is: ``turn`` or ``token`` (a trained timestep).
     """
 
     gamma: float = 1.0

@@ -51,7 +51,11 @@ def check_temperature(temperature: float) -> float:
 @dataclasses.dataclass(frozen=True)
 class MinFormTransform:
     """``actor.process_reward_transform: {mode: min_form, temperature}``: each turn's process reward (its
-    value at the turn's last trained timestep) is replaced by its min-form reward, uniform over the turn."""
+    value at the turn's last trained timestep) is replaced by its min-form reward, uniform over the turn.
+
+    Args:
+        temperature: τ of the min-form's softmin over the turn's step scores, > 0 (PURE's 0.1).
+    """
 
     temperature: float = 0.1
 
@@ -65,7 +69,13 @@ class MinFormTransform:
 
 @dataclasses.dataclass(frozen=True)
 class PureCredit:
-    """``actor.credit_assignment`` with ``mode: pure`` (the recipe end to end; module docstring)."""
+    """``actor.credit_assignment`` with ``mode: pure`` (the recipe end to end; module docstring).
+
+    Args:
+        temperature: τ of the min-form's softmin, > 0 (PURE's 0.1).
+        verifier_coef: The weight of the verifier's (outcome) reward beside the process rewards.
+        whiten: Whether the advantages are whitened over the batch (PURE's default).
+    """
 
     temperature: float = 0.1
     verifier_coef: float = 1.0

@@ -88,7 +88,15 @@ class ScanStrategy:
     hash pass or the ``sort`` every backend has); ``cumsum`` how a reverse cumulative sum runs (``blocked``
     matrix products on the CPU, where XLA's ``lax.cumsum`` is slow, else ``lax``); ``alignment`` how OTB
     aligns rows by generated-token index (the CPU's ``native`` passes, or XLA's ``scatter`` and gather).
-    ``native`` is chosen where the native kernels run (``ffi.use_native``), like the step groups."""
+    ``native`` is chosen where the native kernels run (``ffi.use_native``), like the step groups.
+
+    Args:
+        gae: The method of the configured GAE (``GAEMethod``, resolved: never ``auto``).
+        general: The method of recurrences with other coefficients (never ``cumsum``).
+        step_groups: How GiGPO finds its step groups: ``native`` (the CPU's hash pass) or ``sort``.
+        cumsum: How a reverse cumulative sum runs: ``blocked`` (matrix products, the CPU's) or ``lax``.
+        alignment: How OTB aligns rows by generated-token index: ``native`` or ``scatter``.
+    """
 
     gae: GAEMethod
     general: GAEMethod
@@ -256,6 +264,11 @@ def reverse_cumsum(x: jax.Array, active: jax.Array, method: CumsumMethod) -> jax
     timesteps one small matrix product (an upper triangle of ones, full precision), across blocks a
     cumulative sum of the block totals. Otherwise (and for short rows) it is ``lax.cumsum``. The two differ
     only in rounding.
+
+    Args:
+        x: ``[B, T]`` the values.
+        active: ``[B, T]`` bool: the entries summed.
+        method: ``lax`` or ``blocked`` (``resolve_cumsum`` chooses per backend); the numbers agree.
     """
     zero = jnp.zeros((), x.dtype)
     kept = jnp.where(active, x, zero)

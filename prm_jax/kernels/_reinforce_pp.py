@@ -52,7 +52,12 @@ class ReinforcePPBaselineCredit:
 
 class ReinforcePPOutput(NamedTuple):
     """``advantages`` and ``returns`` ``[B, T]`` (0 where untrained); ``degenerate``: 1 when fewer than two
-    timesteps train (the advantages are then 0), else 0."""
+    timesteps train (the advantages are then 0), else 0.
+
+    Attributes:
+        returns: ``[B, T]`` the discounted returns (0 where untrained).
+        degenerate: 1 when fewer than two timesteps train (the advantages are then 0), else 0.
+    """
 
     advantages: jax.Array
     returns: jax.Array
@@ -92,6 +97,8 @@ def reinforce_pp(token_rewards: ArrayLike, mask: ArrayLike, *, gamma: float = 1.
       gamma: the discount over trained tokens, in ``[0, 1]`` (REINFORCE++ only).
       baseline: REINFORCE++-baseline: each row's reward sum minus its group's mean score.
       group_sizes: ``[G]`` consecutive groups for ``baseline`` (or ``group_ids [B]``); neither: one group.
+      group_ids: ``[B]`` each row's group id, for ``baseline`` (rows of one id form a group); ``None``:
+        ``group_sizes``, or one group.
       method: the scan (``prm_jax.kernels.gae``'s methods).
 
     Returns:

@@ -60,7 +60,26 @@ WEIGHT = Bounds(0.0, math.inf, "weights (>= 0)")
 
 @dataclasses.dataclass(frozen=True)
 class BatchKey:
-    """One key of the batch: see the module docstring."""
+    """One key of the batch: see the module docstring.
+
+    Args:
+        name: The key's name in the batch (and in ``batch.npz``).
+        shape: Its shape relation: ``BT`` (``[B, T]``), ``B``, ``BK`` (turn slots), ``G`` (groups) or ``N`` (tree
+            nodes).
+        on: What its axis indexes: ``positions`` (rollout side, shifted by the pipeline), ``timesteps`` (model
+            outputs), ``rows``, ``turns``, ``groups`` or ``nodes``.
+        dtype: Its dtype class: ``float``, ``int`` or ``mask``.
+        finite: Where a float key must be finite: ``trained`` timesteps, every real ``rows``, where its ``reader``
+            reads it, ``nan_is_missing`` or ``none``.
+        fill: A padding entry's value (padding row, timestep, turn slot or node).
+        packed: The ``pack_branches`` argument that adds it (``always``, ``token_rewards``, ``per_turn``,
+            ``model_outputs``, ``sessions``; ``never``: the trainer's or the CLI's).
+        required: Whether ``compute_advantages`` needs it in every batch.
+        like: A key whose shape it must share and that must be there with it; ``None``: none.
+        hint: Said after the key's name when it holds NaN where a stage reads it.
+        stored: The dtype ``pack_branches`` stores it in, where not its class's own; ``None``: the class's.
+        bounds: Its values' declared range (``Bounds``), checked where it is read; ``None``: none declared.
+    """
 
     name: str
     shape: Shape

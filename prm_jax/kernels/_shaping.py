@@ -39,6 +39,14 @@ SHAPING_MODES: tuple[ShapingMode, ...] = get_args(ShapingMode)
 class ShapingConfig:
     """``rollout.agent.prm.advantage_shaping``; hashable, a static argument.
 
+    Args:
+        mode: ``additive`` (``A + P``), ``gvpo`` (only the sign of negative ``P`` matters) or ``process_weighted``
+            (``P`` in [0, 1] weights ``A``).
+        negative_scale: gvpo's ``b``, >= 0: a negative advantage under a negative process reward becomes ``(1 + b)
+            A``.
+        zero_penalty: gvpo's ``z``, >= 0: a zero advantage under a negative process reward becomes ``-z``.
+        zero_eps: gvpo's ``ε``, >= 0: ``|A| <= ε`` counts as zero.
+
     Example:
         >>> shaping = prm_jax.ShapingConfig("gvpo", negative_scale=0.5)
         >>> advantages, process = np.array([[-1.0, 0.0, 1.0]], np.float32), np.array([[-1.0, -1.0, -1.0]], np.float32)

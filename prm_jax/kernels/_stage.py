@@ -68,7 +68,12 @@ INPUTS: Mapping[str, str] = MappingProxyType({
 class StageResult(NamedTuple):
     """What every stage returns: its ``value`` (see the module docstring), its ``diagnostics`` (each key under
     its declared prefix) and its value ``checks``; an estimator's own ``returns``, or ``None`` (the epilogue
-    forms ``advantages + values``)."""
+    forms ``advantages + values``).
+
+    Attributes:
+        value: The stage's value: the outcome rewards, the process rewards or the advantages, by its kind.
+        returns: An estimator's own returns ``[B, T]``; ``None``: the epilogue forms ``advantages + values``.
+    """
 
     value: jax.Array
     diagnostics: Mapping[str, jax.Array] = {}
@@ -87,7 +92,18 @@ def run_inputs(run: Callable[..., Any], who: str) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class StageSpec:
-    """A stage's declaration (see the module docstring); ``turns(stage)`` says whether a record reads turns."""
+    """A stage's declaration (see the module docstring); ``turns(stage)`` says whether a record reads turns.
+
+    Args:
+        kind: The stage's kind: ``reward_norm``, ``process_transform``, ``estimator``, ``adv_norm`` or ``shaping``.
+        mode: The mode that selects it in its config key (``gvpo``, ``min_form``, ...).
+        stage: The record that configures it.
+        run: The stage, ``run(stage, **inputs) -> StageResult``, its inputs named from ``INPUTS``.
+        reads: The batch keys it needs.
+        diagnostics: The prefix of its diagnostics' keys, ending in ``/``; ``None``: it has none.
+        checks: The names of the value checks it may report.
+        turns: ``turns(stage)``: whether a record of it reads turns.
+    """
 
     kind: StageKind
     mode: str

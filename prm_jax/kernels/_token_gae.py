@@ -47,7 +47,11 @@ from prm_jax.native import _ffi as ffi
 
 
 class GAEOutput(NamedTuple):
-    """What ``gae`` and ``turn_gae`` return: the advantages and the returns (advantages + values)."""
+    """What ``gae`` and ``turn_gae`` return: the advantages and the returns (advantages + values).
+
+    Attributes:
+        returns: ``[B, T]`` the returns, ``advantages + values``.
+    """
 
     advantages: jax.Array  # [B, T] (or [B, K] turns) float32
     returns: jax.Array     # [B, T] float32, advantages + values
@@ -246,7 +250,11 @@ def gae(rewards: ArrayLike, values: ArrayLike | None, mask: ArrayLike, *, gamma:
 
 @dataclasses.dataclass(frozen=True)
 class TokenGAE:
-    """The default estimator: GAE over token timesteps, the KL rewards inside the recurrence."""
+    """The default estimator: GAE over token timesteps, the KL rewards inside the recurrence.
+
+    Args:
+        block_size: Timesteps per block of the ``blocked`` scan method, >= 1.
+    """
 
     block_size: int = DEFAULT_BLOCK_SIZE
 

@@ -57,7 +57,14 @@ FILL_IN_EPS = 1e-8
 
 @dataclasses.dataclass(frozen=True)
 class TreeCredit:
-    """``actor.credit_assignment`` with ``mode: tree``; hashable, a static argument."""
+    """``actor.credit_assignment`` with ``mode: tree``; hashable, a static argument.
+
+    Args:
+        weighting: How a node's subtree sum ``A(n)`` is weighted by its selected leaves ``k(n)``: ``sqrt`` (``A /
+            sqrt(k)``, TreeRL's), ``uniform`` (``A / k``) or ``none``.
+        value: A node's advantage: ``state_value`` (``l(n) + V(n)``, TreeRL's script), ``value_only`` (``V(n)``) or
+            ``local_only`` (``l(n)``).
+    """
 
     weighting: TreeWeighting = "sqrt"
     value: TreeValue = "state_value"
@@ -69,7 +76,15 @@ class TreeCredit:
 
 class TreeAdvantages(NamedTuple):
     """What ``tree_advantages`` returns per node: the value its tokens get, V(n), the local signal l(n), its
-    leaf count and the centred leaf rewards (the module docstring gives each formula)."""
+    leaf count and the centred leaf rewards (the module docstring gives each formula).
+
+    Attributes:
+        values: ``[N]`` the value each node's tokens get (by ``value``).
+        state_values: ``[N]`` V(n), the node's mean centred leaf reward.
+        local: ``[N]`` l(n), the node's local signal ``V(n) - V(parent)``.
+        leaf_counts: ``[N]`` c(n), the leaves below each node.
+        centred: ``[N]`` the centred leaf rewards (at leaves; 0 elsewhere).
+    """
 
     values: jax.Array        # [N] the value each node's tokens get (``value`` mode), 0 at masked nodes
     state_values: jax.Array  # [N] V(n)
@@ -254,7 +269,8 @@ def tree_advantages(parent: ArrayLike, leaf_reward: ArrayLike, *, mask: ArrayLik
       selected: ``[N]`` bool, the selected leaves for the weighting (default every leaf).
       group: ``[N]`` int in ``[0, N)``, each node's group (one prompt's forest; default one group): leaves are
         centred within their group and a root's parent is its group's synthetic root.
-      weighting: ``sqrt | uniform | none``; value: ``state_value | value_only | local_only``.
+      weighting: ``sqrt | uniform | none`` (``TreeCredit.weighting``).
+      value: ``state_value | value_only | local_only`` (``TreeCredit.value``).
 
     Returns:
       ``TreeAdvantages``: per-node ``values`` (what each node's tokens get), ``state_values``, ``local``,

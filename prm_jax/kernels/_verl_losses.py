@@ -54,7 +54,13 @@ GSPO_LOG_RATIO_CAP = 10.0  # verl's gspo caps the sequence log ratio from above
 
 class PolicyLossStats(NamedTuple):
     """verl's metrics of a policy loss (``masked_mean``: over trained timesteps, ``N + 1e-8``), and the value
-    checks' violation counts."""
+    checks' violation counts.
+
+    Attributes:
+        pg_clipfrac: The share of trained timesteps where the clip (or the loss's own gate) was taken.
+        ppo_kl: The mean of ``-d``, ``d = logprobs - proximal_logprobs`` (each loss says whether clamped).
+        pg_clipfrac_lower: The share where the dual clip cut (``A < 0``).
+    """
 
     pg_clipfrac: jax.Array        # the share of tokens the loss clipped (0 where it clips nothing)
     ppo_kl: jax.Array             # mean of -(clamped) log ratio
@@ -396,7 +402,12 @@ def kl_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: A
     unclamped. The penalty's gradient is ``ppo_kl_coef sign(d)`` with ``sign(0) = 0`` (on-policy, ``d = 0``, it
     adds none, as torch's ``abs``). A token whose loss overflows (its ratio above float32) is counted
     (``checks/kl_cov_ratio_overflow``) and refused eagerly. ``ppo_kl`` is the mean ``|d|`` (verl's name).
-    Returns ``(loss, PolicyLossStats)``."""
+    Returns ``(loss, PolicyLossStats)``.
+
+    Args:
+        kl_cov_ratio: The share of trained tokens (at least one) of the largest covariance that get the KL term.
+        ppo_kl_coef: The coefficient of their ``|d|`` penalty.
+    """
     ratio_kl = finite_number("kl_cov_ratio", kl_cov_ratio)
     if not 0 < ratio_kl <= 1:
         raise ValueError(f"kl_cov_ratio must be in (0, 1], got {kl_cov_ratio!r}")
@@ -420,7 +431,15 @@ def clip_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
     loss nor gradient. ``chosen`` ``[B, T]`` bool fixes the choice instead of ``key`` (one of the two is
     required). ``pg_clipfrac`` is the share chosen; a token whose loss overflows (an unclamped ratio on the
     unclipped side) is counted (``checks/clip_cov_ratio_overflow``) and refused eagerly. Returns ``(loss,
-    PolicyLossStats)``."""
+    PolicyLossStats)``.
+
+    Args:
+        key: A ``jax.random`` key drawing the tokens excluded from the gradient; give it or ``chosen``.
+        chosen: ``[B, T]`` bool fixing the excluded tokens instead of ``key``.
+        clip_cov_ratio: The share of trained tokens excluded (at least one).
+        clip_cov_lb: Candidates' covariance must exceed this lower bound.
+        clip_cov_ub: And stay below this upper bound.
+    """
     if (key is None) == (chosen is None):
         raise ValueError("clip_cov_loss needs exactly one of key (a jax.random key: a random choice of tokens) "
                          "and chosen ([B, T] bool: the tokens to drop)")
@@ -454,7 +473,11 @@ def dro_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arra
              global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``dro``: ``L = -(logprobs * A - beta d^2 / 2)`` with ``d = logprobs - proximal_logprobs``
     (gradient ``-A + beta d``); ``dro_beta`` is required and ``> 0`` (verl's ``policy_loss.dro_beta``).
-    Returns ``(loss, PolicyLossStats)``; ``ppo_kl`` is the mean of ``-d``."""
+    Returns ``(loss, PolicyLossStats)``; ``ppo_kl`` is the mean of ``-d``.
+
+    Args:
+        dro_beta: β of the squared log-ratio penalty, > 0 (verl's ``policy_loss.dro_beta``; required).
+    """
     beta = finite_number("dro_beta", dro_beta)
     if beta <= 0:
         raise ValueError(f"dro_beta must be > 0, got {dro_beta!r}")
@@ -487,7 +510,12 @@ def sapo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arr
     exp(clamp(d, -20, 20))`` and ``tau = tau_pos`` where ``A > 0``, else ``tau_neg`` (zero advantages take
     ``tau_neg``); gradient ``-A * 4 s (1 - s) r`` (slope 1 at ``r = 1``). verl always aggregates it with
     ``seq-mean-token-mean`` (its default here; another mode is honoured). Returns ``(loss,
-    PolicyLossStats)``."""
+    PolicyLossStats)``.
+
+    Args:
+        tau_pos: The gate's temperature where ``A > 0``, > 0.
+        tau_neg: The gate's temperature where ``A <= 0``, > 0.
+    """
     pos = finite_number("tau_pos", tau_pos)
     neg = finite_number("tau_neg", tau_neg)
     if pos <= 0 or neg <= 0:
@@ -503,7 +531,15 @@ TRL_LOSS_TYPES: tuple[TrlLossType, ...] = get_args(TrlLossType)
 
 
 class SequenceClipStats(NamedTuple):
-    """TRL's clip metrics of a sequence-level loss, over the ``B`` sequences (empty ones included)."""
+    """TRL's clip metrics of a sequence-level loss, over the ``B`` sequences (empty ones included).
+
+    Attributes:
+        low_mean: The share of sequences clipped at the lower bound with a negative advantage.
+        high_mean: The share clipped at the upper bound with a positive advantage.
+        region_mean: The share clipped either way.
+        low_min: The smallest of the lower-clip indicators (TRL's ``clip_ratio/low_min``).
+        high_max: The largest of the upper-clip indicators (TRL's ``clip_ratio/high_max``).
+    """
 
     low_mean: jax.Array     # share of rows with ratio < 1 - epsilon and A < 0
     high_mean: jax.Array    # share of rows with ratio > 1 + epsilon_high and A > 0
@@ -560,7 +596,16 @@ def gspo_sequence_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advant
     each row's token mean: empty rows count, adding 0), ``bnpo`` (``sum n_b l_b / N``), ``dr_grpo`` (``/ (B
     max_completion_length)``), ``dapo`` (``/ num_items_in_batch``, one process; default ``N``), ``luspo`` (``sum
     n_b l_b / B``). TRL's names and defaults (``epsilon_high`` defaults to ``epsilon``). Returns ``(loss,
-    SequenceClipStats)``."""
+    SequenceClipStats)``.
+
+    Args:
+        epsilon: The clip's lower margin: ``c`` is clipped at ``1 - epsilon``.
+        epsilon_high: The clip's upper margin (``1 + epsilon_high``); ``None``: ``epsilon``.
+        delta: An upper cap of the sequence ratio (``min(c, delta)``); ``None``: none.
+        loss_type: TRL's aggregation: ``grpo``, ``bnpo``, ``dr_grpo``, ``dapo`` or ``luspo``.
+        max_completion_length: The divisor's length of ``dr_grpo`` (TRL's ``max_completion_length``).
+        num_items_in_batch: The divisor of ``dapo``; ``None``: this call's trained tokens.
+    """
     one_of("loss_type", loss_type, TRL_LOSS_TYPES)
     low = finite_number("epsilon", epsilon, minimum=0.0)
     high = low if epsilon_high is None else finite_number("epsilon_high", epsilon_high, minimum=0.0)
@@ -591,7 +636,13 @@ def policy_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: A
                 mode: PolicyLossMode = "vanilla", **options: Any) -> tuple[jax.Array, PolicyLossStats]:
     """The loss verl's ``actor.policy_loss.loss_mode`` names (``POLICY_LOSS_MODES``), with its keyword
     ``options`` (that loss's own names: ``clip_ratio_low``, ``loss_agg_mode``, ``dro_beta``, ...; an option
-    the loss does not take is refused, naming it). Returns ``(loss, PolicyLossStats)``."""
+    the loss does not take is refused, naming it). Returns ``(loss, PolicyLossStats)``.
+
+    Args:
+        mode: verl's ``policy_loss.loss_mode``: one of ``POLICY_LOSS_MODES``.
+        options: That loss's own keyword arguments (``clip_ratio_low``, ``loss_agg_mode``, ``dro_beta``, ...); one it
+            does not take is refused, naming it.
+    """
     accepted = policy_loss_options(mode)
     unknown = sorted(set(options) - accepted)
     if unknown:
@@ -601,7 +652,11 @@ def policy_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: A
 
 def policy_loss_options(mode: PolicyLossMode) -> frozenset[str]:
     """The keyword options ``policy_loss(..., mode=mode)`` takes (its loss's own: ``geo_mean`` has no
-    ``loss_agg_mode``, GMPO aggregating each sequence itself)."""
+    ``loss_agg_mode``, GMPO aggregating each sequence itself).
+
+    Args:
+        mode: verl's ``policy_loss.loss_mode``: one of ``POLICY_LOSS_MODES``.
+    """
     one_of("mode", mode, POLICY_LOSS_MODES)
     arrays = {"logprobs", "proximal_logprobs", "advantages", "loss_mask"}
     return frozenset(inspect.signature(_POLICY_LOSSES[mode]).parameters) - arrays

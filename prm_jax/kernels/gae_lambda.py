@@ -62,13 +62,23 @@ def _check_q(*, q: float) -> float:
 
 
 def constant_gae_lambda(context: GAELambdaContext, *, value: float) -> jax.Array:
-    """``value`` for every row."""
+    """``value`` for every row.
+
+    Args:
+        context: The rows' lengths (``GAELambdaContext``), which the pipeline gives every λ function.
+        value: λ for every row, in [0, 1].
+    """
     value = _check_value(value=value)
     return jnp.full(np.shape(context["timestep_lengths"]), value, jnp.float32)
 
 
 def vapo_length_adaptive_gae(context: GAELambdaContext, *, alpha: float) -> jax.Array:
-    """VAPO's length-adaptive ``lambda = max(0, 1 - 1 / (alpha L))``; 0 for an empty trajectory."""
+    """VAPO's length-adaptive ``lambda = max(0, 1 - 1 / (alpha L))``; 0 for an empty trajectory.
+
+    Args:
+        context: The rows' lengths (``GAELambdaContext``), which the pipeline gives every λ function.
+        alpha: VAPO's α, > 0: longer rows get λ closer to 1.
+    """
     alpha = _check_alpha(alpha=alpha)
     lengths = context["timestep_lengths"]
     adaptive = 1.0 - 1.0 / (alpha * jnp.maximum(lengths, 1).astype(jnp.float32))
@@ -76,7 +86,12 @@ def vapo_length_adaptive_gae(context: GAELambdaContext, *, alpha: float) -> jax.
 
 
 def relative_position_gae_lambda(context: GAELambdaContext, *, q: float) -> jax.Array:
-    """``lambda = q ** (1 / (L - 1))`` for ``L >= 2`` (1 for ``L = 1``, 0 for ``L = 0``)."""
+    """``lambda = q ** (1 / (L - 1))`` for ``L >= 2`` (1 for ``L = 1``, 0 for ``L = 0``).
+
+    Args:
+        context: The rows' lengths (``GAELambdaContext``), which the pipeline gives every λ function.
+        q: λ's value at the full length: ``q ** (1 / (L - 1))``, in [0, 1].
+    """
     q = _check_q(q=q)
     lengths = context["timestep_lengths"]
     decay_steps = jnp.maximum(lengths - 1, 1).astype(jnp.float32)

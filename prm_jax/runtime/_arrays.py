@@ -419,7 +419,11 @@ def _turn_scores(chains: list[list[Interaction] | None], scored: list[int], resu
 
 
 def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], turn_ids: Any) -> np.ndarray:
-    """``[B, T]`` float32: each turn's committed ``token_rewards`` on its positions, 0 elsewhere."""
+    """``[B, T]`` float32: each turn's committed ``token_rewards`` on its positions, 0 elsewhere.
+
+    Args:
+        chains: One scored chain of turns per row (``None`` for a row without one).
+    """
     ids = np.asarray(turn_ids)
     out = np.zeros(ids.shape, np.float32)
     for b, chain in enumerate(chains):
@@ -433,7 +437,15 @@ def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], tu
 
 class ScoredArrays(NamedTuple):
     """``score_arrays(..., on_error="mask")`` or ``per_turn=True``: what scored, which rows a scorer failed on,
-    and (``per_turn``) the per-turn scores. A failed row holds NaN (never a silent 0)."""
+    and (``per_turn``) the per-turn scores. A failed row holds NaN (never a silent 0).
+
+    Attributes:
+        failed: ``[B]`` bool: the rows a scorer failed on (their turn positions hold NaN).
+        errors: Each failed row's error, in words, by row.
+        turn_scores: ``[B, K]`` each turn's weighted reward summed over scorers (``per_turn=True``); else ``None``.
+        per_scorer: Each scorer's weighted contribution ``[B, K]`` (``per_turn=True``); else ``None``.
+        turn_mask: ``[B, K]`` bool: the turns a row has (``per_turn=True``); else ``None``.
+    """
 
     token_rewards: np.ndarray  # [B, T] float32; NaN on a failed row's turn positions
     failed: np.ndarray         # [B] bool: rows a scorer failed on (drop them from the loss or the group)
@@ -507,6 +519,15 @@ async def score_arrays(runner: PRMRunner, input_ids: Any, turn_ids: Any, *, atte
     ``per_scorer`` (each scorer's weighted contribution ``[B, K]``, for logging); ``K`` is the most turns of
     a row, turns a row does not have are 0, a failed row's are NaN. ``progress(done, total)`` is called as
     rows finish.
+
+    Args:
+        rewards: ``[B]`` outcome rewards the scorers see as each row's last turn's ``reward``; ``None``: none.
+        ctx: The scorers' context: one mapping for every row, or one per row.
+        metadata: One JSON object (or ``None``) per row: the row's scorers' ``ctx["metadata"]``.
+        limit: The most rows scored at once, >= 1; ``None``: every row at once.
+        on_error: ``raise`` (the first failure stops the batch) or ``mask`` (failed rows returned as failed).
+        per_turn: Whether the per-turn scores come back too (a ``ScoredArrays``).
+        progress: Called as ``progress(done, total)`` as rows finish; ``None``: not called.
 
     Example:
         >>> import anyio

@@ -29,6 +29,7 @@ async def call_with_retry(fn: Callable[..., Awaitable[T]], *args: Any, timeout: 
 
     Args:
       fn: the coroutine function to call.
+      args: ``fn``'s positional arguments, the same for every attempt.
       timeout: seconds allowed per attempt (``anyio.fail_after``; not counting the wait for ``limiter``); a
         timeout counts as a failure.
       attempts: total attempts, >= 1 (the retry budget of one call).

@@ -19,7 +19,13 @@ from prm_jax.runtime._trajectory import MODEL_OUTPUT_FIELDS, BranchSequence
 
 
 def bucket_width(length: int, bucket: int | str = 128, min_width: int = 1) -> int:
-    """``length`` rounded up to a multiple of ``bucket``, or to a power of two for ``"pow2"``."""
+    """``length`` rounded up to a multiple of ``bucket``, or to a power of two for ``"pow2"``.
+
+    Args:
+        length: The length to round, >= 0.
+        bucket: A multiple to round up to, >= 1, or ``"pow2"``.
+        min_width: The smallest width returned, >= 1.
+    """
     length = max(int(length), int(min_width), 1)
     if bucket == "pow2":
         return 1 << (length - 1).bit_length()
@@ -55,6 +61,20 @@ def pack_branches(sequences: Sequence[BranchSequence], *, bucket: int | str = 12
     them, so a stage that reads them refuses the batch instead of training on 0 (``compute_advantages``
     names the row and timestep).
     Every branch needs an outcome reward.
+
+    Args:
+        sequences: The branches to pack (``BranchSequence``), one row each.
+        bucket: The width is rounded up to a multiple of this (or ``"pow2"``), so a jitted step compiles per bucket.
+        width: A fixed width ``T`` (at least the longest branch); ``None``: the longest, bucketed.
+        rows: A fixed number of rows (padding rows after the branches); ``None``: one per branch.
+        min_width: The smallest width, >= 1.
+        group_sizes: Consecutive groups' sizes (summing to the branches); ``None``: one group.
+        token_rewards: Whether ``token_rewards`` is packed (``False`` when no scorer runs).
+        per_turn: Whether GiGPO's ``anchor_ids``, ``turn_rewards`` and ``turn_reward_mask`` are packed.
+        turns: ``K`` of the per-turn and tree arrays; ``None``: the most turns of a branch.
+        sessions: Each sequence's session key, to pack the session trees (``credit_assignment: {mode: tree}``);
+            ``None``: none.
+        model_outputs: Whether the per-token model outputs are packed (on timesteps).
 
     Example:
         >>> cache = prm_jax.InteractionCache([
@@ -138,7 +158,8 @@ def empty_batch(rows: int, width: int, *, token_rewards: bool = True, turns: int
     """``rows`` padding rows with ``pack_branches``' keys, dtypes and fill values (``turns``: with GiGPO's
     per-turn arrays, ``[rows, turns]``; ``tree_turns``: with the session trees' ``node_ids [rows,
     tree_turns]`` and ``node_parents [rows * tree_turns]``): a fixed-shape template, e.g. to compile a step
-    before any data."""
+    before any data. Its parameters are ``batch_spec``'s.
+    """
     spec = batch_spec(rows, width, token_rewards=token_rewards, turns=turns, tree_turns=tree_turns,
                       model_outputs=model_outputs)
     return {name: aligned_full(shape, fill, dtype) for name, (shape, dtype, fill) in spec.items()}
@@ -148,7 +169,16 @@ def batch_spec(rows: int, width: int, *, token_rewards: bool = True, turns: int 
                tree_turns: int | None = None,
                model_outputs: bool = False) -> dict[str, tuple[tuple[int, ...], type, float | int | bool]]:
     """``pack_branches``' keys with the shape, dtype and padding value of each (nothing allocated), from
-    ``BATCH_SCHEMA``: its ``packed`` argument says which of them adds a key."""
+    ``BATCH_SCHEMA``: its ``packed`` argument says which of them adds a key.
+
+    Args:
+        rows: The batch's rows.
+        width: The padded width ``T``.
+        token_rewards: Whether the batch holds ``token_rewards`` (as ``pack_branches``' argument).
+        turns: ``K``, with GiGPO's per-turn arrays ``[rows, K]``; ``None``: without them.
+        tree_turns: ``K``, with the session trees' ``node_ids`` and ``node_parents``; ``None``: without them.
+        model_outputs: Whether the batch holds the per-token model outputs (as ``pack_branches``' argument).
+    """
     added = {"always": True, "token_rewards": token_rewards, "per_turn": turns is not None,
              "model_outputs": model_outputs, "sessions": tree_turns is not None, "never": False}
     slots = {"per_turn": turns, "sessions": tree_turns}

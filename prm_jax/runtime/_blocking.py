@@ -88,6 +88,13 @@ class BlockingRunner(Lifecycle):
     which the caller cannot reach: ``own_scorers=True`` hands them over (``close()`` closes them there,
     after the runner's own), or ``close_scorer(scorer)`` closes one on the loop at any time.
 
+    Args:
+        config: What to build the runner from: an ``ExperimentConfig``, a ``PRMConfig``, a mapping of either, or
+            ``None`` (borrowed scorers only).
+        scorers: Scorer instances the caller owns, run after the configured ones and never closed here.
+        backend: anyio's event-loop backend for the runner's thread: ``asyncio`` or ``trio``.
+        own_scorers: Whether ``close`` closes the ``scorers`` given too (``True``: the runner owns them).
+
     Example:
         >>> class Half(prm_jax.BaseScorer):
         ...     name = "half"
@@ -117,13 +124,14 @@ class BlockingRunner(Lifecycle):
 
     def run(self, branch: InteractionCache | Sequence[Interaction], ctx: Mapping[str, Any] | None = None, *,
             is_eval: bool = False) -> list:
-        """``PRMRunner.run``, blocking."""
+        """``PRMRunner.run``, blocking (its parameters are ``PRMRunner.run``'s)."""
         return self._call(self.runner.run, branch, ctx, is_eval=is_eval)
 
     def run_many(self, branches: Sequence[InteractionCache | Sequence[Interaction]], ctx: Any = None, *,
                  limit: int | None = 64, is_eval: bool = False, return_exceptions: bool = False,
                  progress: Callable[[int, int], None] | None = None) -> list:
-        """``PRMRunner.run_many``, blocking (``progress`` is called on the runner's loop thread)."""
+        """``PRMRunner.run_many``, blocking (``progress`` is called on the runner's loop thread; the parameters are
+        ``PRMRunner.run_many``'s)."""
         return self._call(self.runner.run_many, branches, ctx, limit=limit, is_eval=is_eval,
                           return_exceptions=return_exceptions, progress=progress)
 
@@ -150,7 +158,12 @@ class BlockingRunner(Lifecycle):
         When every enabled scorer is a ``ModelScorer`` (a model on this process's devices), the rows are
         scored here, in the calling thread, with no hop to the runner's loop and back (issue 56.6: on a GPU
         the host path is all there is beside the model); the same numbers, the same errors, the failures
-        counted on the runner's loop."""
+        counted on the runner's loop.
+
+        Args:
+            kwargs: ``prm_jax.runtime.score_arrays``' keyword arguments (``attention_mask``, ``ctx``, ``on_error``,
+                ...).
+        """
         models = row_models(self.runner)
         if models is None or not set(kwargs) <= ROW_PATH_OPTIONS:
             return self._call(score_arrays, self.runner, input_ids, turn_ids, **kwargs)
@@ -168,7 +181,11 @@ class BlockingRunner(Lifecycle):
                 self._call(count_failures, self.runner, failures)
 
     def close_scorer(self, scorer: BaseScorer) -> None:
-        """``await scorer.aclose()`` on this runner's loop (where its client lives), blocking."""
+        """``await scorer.aclose()`` on this runner's loop (where its client lives), blocking.
+
+        Args:
+            scorer: A scorer this runner runs.
+        """
         self._call(scorer.aclose)
 
     def _check_open(self) -> None:

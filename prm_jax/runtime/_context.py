@@ -22,7 +22,12 @@ def check_metadata(value: Any, name: str = "metadata") -> dict[str, Any]:
     """A session's (or a row's) ``metadata``: a JSON object (string keys; strings, finite numbers, booleans,
     null, lists and objects), at most ``MAX_METADATA_DEPTH`` levels deep and ``MAX_METADATA_BYTES``
     encoded; ``ValueError`` naming ``name`` and where inside it the problem is. Scorers get it as
-    ``ctx["metadata"]``, read-only. Both JSONL readers and ``score_arrays`` run this one rule."""
+    ``ctx["metadata"]``, read-only. Both JSONL readers and ``score_arrays`` run this one rule.
+
+    Args:
+        value: The metadata to check.
+        name: How errors name it (``metadata``, ``metadata[3]``).
+    """
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a JSON object (e.g. {{\"answer\": \"42\"}}), got {short_repr(value)}")
     stack: list[tuple[Any, str, int]] = [(value, name, 1)]

@@ -86,7 +86,11 @@ class TrajectoryStore:
 
     def set_metadata(self, session_key: str, metadata: Mapping[str, Any]) -> None:
         """The session's ``metadata`` (``check_metadata``'s rule): every scorer of the session gets it as
-        ``ctx["metadata"]``, and its exported trajectories carry it."""
+        ``ctx["metadata"]``, and its exported trajectories carry it.
+
+        Args:
+            metadata: The session's ``metadata`` (a JSON object; ``check_metadata``'s rule).
+        """
         if not isinstance(session_key, str) or not session_key:
             raise ValueError(f"session_key must be a non-empty string, got {session_key!r}")
         checked = check_metadata(dict(metadata) if isinstance(metadata, Mapping) else metadata)
@@ -133,7 +137,12 @@ class TrajectoryStore:
 
     def consume(self, session_key: str, select: str | None = None, *, persistent: bool = False) -> list[str]:
         """Consumes the ready trajectories to export: all of them, or only ``select`` (a persistent session:
-        only ``select``, by default its oldest)."""
+        only ``select``, by default its oldest).
+
+        Args:
+            select: The one leaf id to consume; ``None``: every ready one (a persistent session's oldest).
+            persistent: Whether the session stays open for more turns (only one trajectory is consumed).
+        """
         session = self._sessions.get(session_key)
         if session is None or not session.ready:
             return []
@@ -155,7 +164,17 @@ ExportStatus = Literal["accepted", "rejected", "filtered", "discarded"]
 class ExportedTrajectory:
     """One exported ready trajectory. With group normalization ``reward`` and ``sequence.reward`` are both
     the normalized reward (``pack_branches([t.sequence ...])`` trains on it) and ``original_reward`` the raw
-    one; without it ``original_reward`` is ``None``."""
+    one; without it ``original_reward`` is ``None``.
+
+    Attributes:
+        session_key: The session's key.
+        leaf_id: The branch's leaf id.
+        sequence: The branch's concat export (``BranchSequence``).
+        reward: Its outcome reward (group-normalized where configured).
+        original_reward: The raw outcome reward with group normalization; else ``None``.
+        scorer_totals: Each scorer's total weighted reward over the branch; ``None`` without PRM.
+        metadata: The session's ``metadata`` (read-only).
+    """
 
     session_key: str
     leaf_id: str
@@ -168,7 +187,13 @@ class ExportedTrajectory:
 
 class PRMStats(NamedTuple):
     """A group's process-reward results: each scored session's per-turn results (every branch's, in order),
-    each branch's totals per scorer (``{session: {leaf: {scorer: total}}}``) and the metrics."""
+    each branch's totals per scorer (``{session: {leaf: {scorer: total}}}``) and the metrics.
+
+    Attributes:
+        turn_results: Each scored session's per-turn results (every branch's, in order), by session key.
+        branch_totals: Each branch's totals per scorer, ``{session: {leaf: {scorer: total}}}``.
+        metrics: The group's metrics (``MetricStats``).
+    """
 
     turn_results: dict[str, list[PRMTurnResult]]
     branch_totals: dict[str, dict[str, dict[str, float]]]
@@ -183,6 +208,14 @@ class ExportResult:
     the ``MetricStats``, the per-turn results and the branch totals (``PRMStats``); ``prm_fallbacks``
     (``error_policy: keep_original`` only) maps a session key to why it was exported unscored; ``filter`` is
     the group filter's decision with AReaL's counters (a ``GroupFilterResult``, with a ``group_filter`` only).
+
+    Attributes:
+        status: ``accepted`` or ``rejected`` (the whole group).
+        trajectories: The exported trajectories (``ExportedTrajectory``), one per ready leaf.
+        rejected_sessions: Each rejected session's key and why.
+        prm_stats: The process-reward results and metrics (``PRMStats``), with PRM active; else ``None``.
+        prm_fallbacks: Sessions exported unscored under ``error_policy: keep_original``, with why; else ``None``.
+        filter: The group filter's decision (``GroupFilterResult``), with a ``group_filter``; else ``None``.
     """
 
     status: ExportStatus = "accepted"
@@ -426,6 +459,11 @@ class ExportService(Lifecycle):
     which are closed even when scorer cleanup fails. A start-up error unwinds the same stack (the clients)
     and is re-raised unchanged, with cleanup failures attached as notes. An async context manager; entering
     it after close is refused, as ``PRMRunner`` refuses it.
+
+    Args:
+        config: The experiment configuration (its PRM section builds the runner).
+        runner: The PRM runner (``None``: no process rewards); the service closes it.
+        clients: Other clients the service closes at shutdown, after the runner.
     """
 
     CLOSE_FAILED = "export service shutdown failed"
@@ -443,6 +481,13 @@ class ExportService(Lifecycle):
 
     @classmethod
     async def start(cls, config: ExperimentConfig, *, clients: Sequence[Any] = ()) -> ExportService:
+        """The service started in the config's order (v1: the runner built synchronously; v2: ``await
+        PRMRunner.create``); a start-up failure closes what was opened, the clients included, and is raised.
+
+        Args:
+            config: The experiment configuration (its PRM section builds the runner).
+            clients: Other clients the service closes at shutdown, after the runner.
+        """
         service = cls(config, None, clients)
         async with rolled_back(service._stack, lambda: service._cleanup_notes("after the failed start-up")):
             if config.prm.active:
@@ -453,7 +498,13 @@ class ExportService(Lifecycle):
 
     async def export(self, session_keys: Sequence[str], **kwargs: Any) -> ExportResult:
         """``export_group`` with this service's runner and the config's ``error_policy``; refused once the
-        service's close has started (``RunnerClosedError``)."""
+        service's close has started (``RunnerClosedError``).
+
+        Args:
+            session_keys: The group's sessions, by key.
+            kwargs: ``export_group``'s other keyword arguments (``group_filter``, ``normalize_rewards``, ...);
+                ``error_policy`` and ``turn_discount`` default to the config's.
+        """
         self._refuse_unless_open("export() is rejected once aclose() has started")
         kwargs.setdefault("error_policy", self.config.prm.error_policy)
         kwargs.setdefault("turn_discount", self.config.turn_discount)

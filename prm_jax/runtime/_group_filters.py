@@ -33,7 +33,15 @@ CORRECT_THRESHOLD = 1.0 - 1e-3  # filter_function's "all correct"
 
 class GroupFilterResult(NamedTuple):
     """What a group filter decided for one group: accepted or not, and the counts of each rejection reason
-    (AReaL's filters' statistics)."""
+    (AReaL's filters' statistics).
+
+    Attributes:
+        accepted: Whether the group is kept.
+        rejected_by_failed_or_perfect: Groups rejected as all failed or all perfect (0 or 1).
+        rejected_by_all_correct: Groups rejected as all correct (0 or 1).
+        rejected_by_all_wrong: Groups rejected as all wrong without a penalized turn (0 or 1).
+        accepted_penalized_all_wrong: All-wrong groups kept because a turn was penalized (0 or 1).
+    """
 
     accepted: bool
     rejected_by_failed_or_perfect: int
@@ -49,6 +57,10 @@ def group_filter_flags(rewards: jax.Array, negative_process_rows: jax.Array) -> 
 
     Returns ``(mixed, all_wrong, negative_process)`` as bool scalars over every row; the host filters
     below make the same decisions in float64.
+
+    Args:
+        rewards: ``[G]`` the group's outcome rewards.
+        negative_process_rows: ``[G]`` bool: the rows with a negative process reward.
     """
     return (jnp.any(rewards != rewards[0]), jnp.all(rewards <= 0), jnp.any(negative_process_rows))
 
@@ -141,5 +153,9 @@ def filter_mixed_or_penalized_all_wrong_mask_no_eos(group: Mapping[str, Any]) ->
     When the penalty check runs (an all-wrong, unmixed group with ``token_rewards`` and ``loss_mask``),
     it needs ``attention_mask [G, T]``, even when ``is_truncated [G]`` is given (AReaL's rule); truncation
     is ``is_truncated`` when given, else ``seqlen == width``.
+
+    Args:
+        group: The group's arrays, by name (``rewards [G]``, ``token_rewards``, ``loss_mask``, ``attention_mask``
+            ...).
     """
     return _penalized_all_wrong(group, True)

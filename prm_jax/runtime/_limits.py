@@ -60,7 +60,11 @@ def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) ->
 
 
 def should_retry(err: BaseException) -> bool:
-    """Whether a failed attempt is worth another: see the module docstring."""
+    """Whether a failed attempt is worth another: see the module docstring.
+
+    Args:
+        err: The failed attempt's exception.
+    """
     retryable = getattr(err, "retryable", None)
     if isinstance(retryable, bool):
         return retryable
@@ -88,7 +92,12 @@ def retry_delay(err: BaseException, attempt: int, backoff: float, max_backoff: f
 class RequestLimiter:
     """Requests in flight and requests per second for one client (see the module docstring). ``waits``
     counts the requests that waited for the rate or a server's hold, ``waited_s`` the seconds they waited;
-    ``requests`` counts the requests started."""
+    ``requests`` counts the requests started.
+
+    Args:
+        max_concurrency: Requests in flight at once, >= 1; ``None``: no bound.
+        burst: Requests the rate may start back to back, >= 1 (the token bucket's size).
+    """
 
     def __init__(self, max_concurrency: int | None = None, max_requests_per_second: float | None = None,
                  burst: int = 1):
@@ -105,7 +114,11 @@ class RequestLimiter:
         self.waited_s = 0.0
 
     def hold(self, seconds: float) -> None:
-        """No request of this limiter starts for ``seconds`` (a server's ``Retry-After``)."""
+        """No request of this limiter starts for ``seconds`` (a server's ``Retry-After``).
+
+        Args:
+            seconds: How long no request starts, >= 0.
+        """
         self._held_until = max(self._held_until, time.monotonic() + seconds)
 
     @contextlib.asynccontextmanager

@@ -54,6 +54,15 @@ class MetricStats:
         self.metrics: dict[str, Metric] = {}
 
     def add(self, name: str, value: float, *, averaged: bool, count: int = 1) -> None:
+        """Adds ``count`` observations totalling ``value`` to the metric ``name``.
+
+        Args:
+            name: The metric's name.
+            value: The observations' total.
+            averaged: Whether the metric is a mean (its total divided by its count) or a sum; a metric is
+                always one or the other.
+            count: How many observations ``value`` totals, >= 1.
+        """
         metric = self.metrics.setdefault(name, Metric(averaged=averaged))
         if metric.averaged != averaged:
             raise ValueError(f"metric {name!r} is recorded both as averaged and as summed")
@@ -61,11 +70,17 @@ class MetricStats:
         metric.count += count
 
     def merge(self, other: MetricStats) -> MetricStats:
+        """Adds another's metrics into this one (count-weighted); returns this one.
+
+        Args:
+            other: The stats to add.
+        """
         for name, metric in other.metrics.items():
             self.add(name, metric.total, averaged=metric.averaged, count=metric.count)
         return self
 
     def values(self) -> dict[str, float]:
+        """Each metric's value (a mean or a sum), by name."""
         return {name: metric.value for name, metric in sorted(self.metrics.items())}
 
     def __len__(self) -> int:
@@ -81,7 +96,11 @@ def trajectory_rewards(results: Iterable[PRMTurnResult]) -> dict[str, float]:
 
 
 def branch_stats(results: Iterable[PRMTurnResult], *, is_eval: bool = False) -> MetricStats:
-    """The metrics of one scored branch (the list ``PRMRunner.run`` returned)."""
+    """The metrics of one scored branch (the list ``PRMRunner.run`` returned).
+
+    Args:
+        results: The branch's per-turn results (what ``PRMRunner.run`` returned).
+    """
     ns = namespace(is_eval)
     stats = MetricStats()
     results = list(results)
@@ -98,7 +117,11 @@ def branch_stats(results: Iterable[PRMTurnResult], *, is_eval: bool = False) -> 
 
 
 def reduce_workers(per_worker: Iterable[MetricStats]) -> MetricStats:
-    """Cross-worker reduction: count-weighted means and rates, added sums and counts."""
+    """Cross-worker reduction: count-weighted means and rates, added sums and counts.
+
+    Args:
+        per_worker: Each worker's ``MetricStats``.
+    """
     total = MetricStats()
     for stats in per_worker:
         total.merge(stats)
@@ -108,7 +131,12 @@ def reduce_workers(per_worker: Iterable[MetricStats]) -> MetricStats:
 class MetricRecorder(Protocol):
     """Where a trainer's PRM metrics go: anything with ``record(stats)`` (``InMemoryRecorder`` keeps them)."""
 
-    def record(self, stats: MetricStats) -> None: ...
+    def record(self, stats: MetricStats) -> None:
+        """Records one group's (or branch's) metrics.
+
+        Args:
+            stats: The metrics to record.
+        """
 
 
 class InMemoryRecorder:
@@ -118,6 +146,11 @@ class InMemoryRecorder:
         self._stats = MetricStats()
 
     def record(self, stats: MetricStats) -> None:
+        """Adds them to what was recorded since the last flush.
+
+        Args:
+            stats: The metrics to record.
+        """
         self._stats.merge(stats)
 
     def peek(self) -> dict[str, float]:

@@ -160,7 +160,11 @@ class ModelScorer(BatchTrajectoryScorer):
         where the result is 0), ``max_batch_size`` rows per model call, placed by ``spread`` over the steps
         where one is set (``place_steps``). ``ValueError`` naming the row for a
         row with more than ``max_turns`` turns, and for a non-finite score unless ``check=False`` (the
-        runner's paths fail only the rows that hold one: ``weighted_rows``)."""
+        runner's paths fail only the rows that hold one: ``weighted_rows``).
+
+        Args:
+            check: Whether a non-finite score raises (``False``: the runner's paths fail only the rows that hold one).
+        """
         rows, width = turn_ids.shape
         out = np.zeros((rows, width), np.float64)
         live = attention_mask.astype(bool) | (turn_ids >= 0)
@@ -185,7 +189,11 @@ class ModelScorer(BatchTrajectoryScorer):
         """The model's raw scores of one chunk's rows, ``[rows, cut]`` in the model's float dtype (float64 for
         one that returns integers), 0 off the turns (``output="turns"``: each turn's column spread over its
         tokens): one call of the model (``max_batch_size`` rows, the chunk's bucketed width). Placing by
-        ``spread`` is the caller's (``place_steps``, over whole rows)."""
+        ``spread`` is the caller's (``place_steps``, over whole rows).
+
+        Args:
+            chunk: One model call's rows (``RowChunk``).
+        """
         scores = self._forward(chunk.ids, chunk.mask, chunk.turns)
         count = chunk.rows.size
         turns = chunk.turns[:count, :chunk.cut]
@@ -233,9 +241,13 @@ def token_logprobs(logits: Any, input_ids: Any) -> jax.Array:
     0 at position 0 (no context); ``prm_jax.losses.logprobs_on_timesteps`` (its argument checks too) moved
     one position on. What a ``TeacherModelScorer``'s function returns.
 
-    >>> logits = np.log(np.array([[[0.5, 0.5], [0.9, 0.1], [0.5, 0.5]]], np.float32))
-    >>> [round(float(x), 4) for x in prm_jax.scorers.token_logprobs(logits, np.array([[0, 1, 0]]))[0]]
-    [0.0, -0.6931, -0.1054]
+    Args:
+        logits: ``[B, L, V]`` a causal model's logits (position ``t``'s predict token ``t + 1``).
+
+    Example:
+        >>> logits = np.log(np.array([[[0.5, 0.5], [0.9, 0.1], [0.5, 0.5]]], np.float32))
+        >>> [round(float(x), 4) for x in prm_jax.scorers.token_logprobs(logits, np.array([[0, 1, 0]]))[0]]
+        [0.0, -0.6931, -0.1054]
     """
     on_timesteps = logprobs_on_timesteps(logits, input_ids)
     return jnp.concatenate([jnp.zeros_like(on_timesteps[:, :1]), on_timesteps[:, :-1]], axis=1)

@@ -309,7 +309,13 @@ class _Unusable(Exception):
 
 class ProcessExecutor(WorkerPool):
     """A plain function in ``max_workers`` worker processes; see the module docstring and ``WorkerPool``
-    (the rules it keeps)."""
+    (the rules it keeps).
+
+    Args:
+        scorer: The scorer whose calls run in the workers (pickled into each).
+        method: The scorer's method the workers call (``evaluate`` or ``evaluate_trajectory``).
+        timeout: Seconds a call may run in its worker before the worker is ended; ``None``: no deadline.
+    """
 
     WORKERS = "worker processes"
 

@@ -111,6 +111,11 @@ class PRMRunner(Lifecycle):
     owns (borrowed: run after the configured ones, never closed here). An async context manager:
     ``async with await PRMRunner.create(config) as runner: ...`` closes it on exit.
 
+    Args:
+        config: What names the scorers to build (owned: closed by ``aclose``): an ``ExperimentConfig``, a
+            ``PRMConfig``, a mapping of either, or ``None``.
+        scorers: Scorer instances the caller owns (borrowed: run after the configured ones, never closed here).
+
     Example:
         >>> import anyio
         >>> class Half(prm_jax.BaseScorer):
@@ -141,7 +146,13 @@ class PRMRunner(Lifecycle):
 
     @classmethod
     async def create(cls, config: Any = None, *, scorers: Sequence[BaseScorer] = ()) -> PRMRunner:
-        """Builds and validates; on failure closes the owned scorers built so far, then re-raises."""
+        """Builds and validates; on failure closes the owned scorers built so far, then re-raises.
+
+        Args:
+            config: What names the scorers to build (owned): an ``ExperimentConfig``, a ``PRMConfig``, a mapping of
+                either, or ``None``.
+            scorers: Scorer instances the caller owns (borrowed).
+        """
         runner = cls.__new__(cls)
         runner._init_state()
         async with rolled_back(runner._stack, lambda: runner._cleanup_notes("after the failed start-up")):
@@ -200,7 +211,11 @@ class PRMRunner(Lifecycle):
 
     def count_failure(self, scorer: BaseScorer) -> None:
         """One row (branch) ``scorer`` failed, in its ``scorer_stats()`` (paths that score rows without
-        running branches call this; ``run`` counts its own)."""
+        running branches call this; ``run`` counts its own).
+
+        Args:
+            scorer: The scorer that failed a row.
+        """
         self._executors[id(scorer)].count_failure()
 
     @property
@@ -284,6 +299,14 @@ class PRMRunner(Lifecycle):
         batch fills while one is in flight. ``progress(done, total)`` is called as each
         branch finishes (scored or failed). The runner's counters ``branches_scored`` and
         ``branches_failed`` count every run.
+
+        Args:
+            branches: The branches to score: each an ``InteractionCache`` holding one root-to-leaf chain, or the chain
+                itself.
+            limit: The most branches scored at once, >= 1; ``None``: all at once.
+            return_exceptions: Whether every branch runs and a failed one's slot holds its exception (else the first
+                failure cancels the rest and is raised).
+            progress: Called as ``progress(done, total)`` as branches finish; ``None``: not called.
         """
         if limit is not None:
             integer("limit", limit, minimum=1)

@@ -62,7 +62,16 @@ AGGREGATIONS = {"boolean": ("count", "rate"), "float": ("sum", "mean")}
 
 @dataclasses.dataclass(frozen=True)
 class PRMMetricObservation:
-    """One structured monitoring value, unweighted. A turn-scope observation targets its own turn."""
+    """One structured monitoring value, unweighted. A turn-scope observation targets its own turn.
+
+    Args:
+        metric_id: The metric's name (``checked/passed``); its statistics are reported under it.
+        scope: ``turn`` (one turn's value) or ``trajectory`` (one branch's).
+        target_id: The turn's id (``turn`` scope) or the branch's leaf id (``trajectory``).
+        value: The value: a finite float, or a bool for ``value_type: boolean``.
+        value_type: ``float`` or ``boolean``.
+        aggregations: How values are reduced: ``sum`` and ``mean`` for floats, ``count`` and ``rate`` for booleans.
+    """
 
     metric_id: str
     scope: str
@@ -108,6 +117,11 @@ class PRMMetricObservation:
 class PRMScorerResult:
     """A scorer's raw (unweighted) reward for one turn plus its observations.
 
+    Args:
+        reward: The raw (unweighted) score: a float for the turn, an ``[output_len]`` array, or ``None`` (rejects the
+            branch).
+        observations: Its monitoring values (``PRMMetricObservation``).
+
     Example:
         >>> class Checked(prm_jax.BaseScorer):
         ...     name = "checked"
@@ -134,7 +148,14 @@ class PRMScorerResult:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PRMTurnResult:
-    """What one scorer committed to one turn: the weighted token rewards and the turn metric."""
+    """What one scorer committed to one turn: the weighted token rewards and the turn metric.
+
+    Attributes:
+        scorer: The scorer's ``name``.
+        interaction_id: The turn's id.
+        reward: The turn metric: the mean of the weighted token rewards over its tokens.
+        observations: The scorer's monitoring values for the turn.
+    """
 
     scorer: str
     interaction_id: str
@@ -150,6 +171,9 @@ class BaseScorer:
     ``ctx`` holds ``messages`` (the branch's full conversation), ``is_eval`` and the caller's context.
     Override ``prepare_result`` or ``evaluate_result`` to return ``PRMScorerResult(reward, observations)``
     for structured monitoring, and ``aclose`` to release what the scorer owns.
+
+    Args:
+        kwargs: Refused, naming them: a subclass consumes its own keyword arguments before calling this constructor.
 
     Example:
         >>> class Short(prm_jax.BaseScorer):
@@ -226,7 +250,11 @@ class BaseScorer:
         connection, no file): ``validate-config`` and ``prm-jax score``'s preflight call it, so a bad value
         is reported before anything is scored. Raise ``ValueError`` or ``TypeError`` naming the argument; a
         constructor should call it too, so each rule has one home. The default builds the class's declared
-        settings (``settings_class``) from their keys and accepts everything else."""
+        settings (``settings_class``) from their keys and accepts everything else.
+
+        Args:
+            kwargs: A config entry's ``kwargs``, as written.
+        """
         record = cls.settings_class
         if record is not None:
             record.build({k: v for k, v in kwargs.items() if k in record.keys()})
@@ -235,13 +263,21 @@ class BaseScorer:
         """Checks one session's ``metadata`` (what the scorer will read as ``ctx["metadata"]``) before anything
         is scored: ``prm-jax score`` calls it for every session it reads and stops (exit 2, file, line and
         key named) at the first that fails, so a reference a verifier cannot read fails the run up front, not
-        its rows one by one. Raise ``ValueError`` naming the key. The default accepts everything."""
+        its rows one by one. Raise ``ValueError`` naming the key. The default accepts everything.
+
+        Args:
+            metadata: One session's ``metadata`` (a JSON object).
+        """
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
         raise NotImplementedError(f"scorer {self.name!r} must implement evaluate(interaction, ctx)")
 
     def prepare_result(self, interaction: Interaction, raw: Any, ctx: Mapping[str, Any]) -> PRMScorerResult | None:
-        """Wraps a raw score; override to attach observations. ``None`` stays ``None`` (a rejection)."""
+        """Wraps a raw score; override to attach observations. ``None`` stays ``None`` (a rejection).
+
+        Args:
+            raw: What ``evaluate`` returned (a float, an ``[output_len]`` array, ``None`` or a ``PRMScorerResult``).
+        """
         if raw is None or isinstance(raw, PRMScorerResult):
             return raw
         return PRMScorerResult(raw)
@@ -266,6 +302,10 @@ class BaseTrajectoryScorer(BaseScorer):
     """Scores a whole branch at once: ``evaluate_trajectory`` maps interaction ids to unweighted rewards.
 
     Ids it leaves out get 0.0; an unknown id is a ``ValueError``; a non-mapping is a ``TypeError``.
+
+    Args:
+        kwargs: The base class's keyword arguments (``weight``, ``enabled``, ``timeout``, ``max_concurrency``); any
+            other is refused, naming it.
 
     Example:
         >>> class LastTurn(prm_jax.BaseTrajectoryScorer):
@@ -341,6 +381,10 @@ class SyncScorer(BaseScorer):
     Deadlines (``timeout``) start when a worker starts the call, never while it waits for a worker. Past its
     deadline a ``process`` call's worker is ended (and replaced); a ``thread`` call is reported as timed out
     and its result, when the thread finishes, is discarded (a thread cannot be stopped).
+
+    Args:
+        kwargs: The base class's keyword arguments (``weight``, ``enabled``, ``timeout``, ``max_concurrency``); any
+            other is refused, naming it.
 
     Example:
         >>> class SmallTokens(prm_jax.SyncScorer):
@@ -426,6 +470,10 @@ class SyncTrajectoryScorer(SyncScorer):
     """``SyncScorer`` for whole branches: a plain ``evaluate_trajectory(interactions, ctx)`` returns a
     mapping of interaction id to unweighted reward (as ``BaseTrajectoryScorer``'s).
 
+    Args:
+        kwargs: The base class's keyword arguments (``weight``, ``enabled``, ``timeout``, ``max_concurrency``); any
+            other is refused, naming it.
+
     Example:
         >>> class TurnIndex(prm_jax.SyncTrajectoryScorer):
         ...     name = "turn_index"
@@ -465,6 +513,10 @@ class BatchScorer(BaseScorer):
     call fails exactly the branches with an item in it. ``pads = True`` (a class attribute) says the scorer
     pads its items to the longest: the runner then sorts a batch's items by length (results come back in
     the original order). ``max_concurrency`` bounds the batch calls in flight.
+
+    Args:
+        kwargs: The base class's keyword arguments (``weight``, ``enabled``, ``timeout``, ``max_concurrency``); any
+            other is refused, naming it.
 
     Example:
         >>> class Lengths(prm_jax.BatchScorer):
@@ -509,13 +561,21 @@ class BatchScorer(BaseScorer):
         raise NotImplementedError(f"scorer {self.name!r} must implement evaluate_batch(items)")
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
-        """One turn alone: a batch of one."""
+        """One turn alone: a batch of one.
+
+        Args:
+            kwargs: A config entry's ``kwargs``, as written (``max_batch_size`` and ``max_wait`` checked here).
+        """
         return (await self.evaluate_batch([(interaction, ctx)]))[0]
 
 
 class BatchTrajectoryScorer(BatchScorer):
     """``BatchScorer`` for whole branches: ``evaluate_batch(items)`` gets ``(interactions, ctx)`` pairs, one
     per branch (root first), and returns one mapping of interaction id to unweighted reward per item.
+
+    Args:
+        kwargs: The base class's keyword arguments (``weight``, ``enabled``, ``timeout``, ``max_concurrency``); any
+            other is refused, naming it.
 
     Example:
         >>> class Turns(prm_jax.BatchTrajectoryScorer):

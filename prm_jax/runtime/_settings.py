@@ -34,7 +34,13 @@ _R = TypeVar("_R", bound="Settings")
 
 def setting(default: Any = dataclasses.MISSING, *, doc: str, example: Any = NO_EXAMPLE) -> Any:
     """A record field: its default (none: required), one sentence (``doc``: what it is, its unit or range,
-    what its default means) and, for a required field, an example value."""
+    what its default means) and, for a required field, an example value.
+
+    Args:
+        default: The field's default; none: the field is required.
+        doc: One sentence: what it is, its unit or range, what its default means.
+        example: For a required field, an example value (the docs' and the tests' way to build the record).
+    """
     if not doc or not doc.strip():
         raise ValueError("a setting needs its sentence (doc)")
     metadata = {DOC: doc, EXAMPLE: example}
@@ -125,7 +131,13 @@ class Settings:
 
     @classmethod
     def split(cls, args: Sequence[Any], kwargs: Mapping[str, Any], who: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``(args, kwargs)`` of a constructor call as the record's keywords and the rest (the base class's)."""
+        """``(args, kwargs)`` of a constructor call as the record's keywords and the rest (the base class's).
+
+        Args:
+            args: The constructor's positional arguments (the record's ``positional`` fields, in order).
+            kwargs: Its keyword arguments.
+            who: How errors name the scorer.
+        """
         names = cls.positional_names()
         if len(args) > len(names):
             raise TypeError(f"{who} takes at most {len(names)} positional arguments ({', '.join(names)}), got "
@@ -145,7 +157,12 @@ class Settings:
     @classmethod
     def build(cls: type[_R], values: Mapping[str, Any], who: str = "") -> _R:
         """The record from flat keywords (a nested record gets its own keys over the field's default);
-        ``TypeError`` naming a missing or unknown keyword, the record's checks for the values."""
+        ``TypeError`` naming a missing or unknown keyword, the record's checks for the values.
+
+        Args:
+            values: The record's keywords, flat (a nested record's keys beside the others).
+            who: How errors name the scorer; empty: not named.
+        """
         prefix = f"{who}: " if who else ""
         nested = cls.nested()
         keys = set(cls.keys())

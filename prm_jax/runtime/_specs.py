@@ -19,7 +19,11 @@ from prm_jax.runtime._settings import base_parameters
 
 
 def resolve_scorer_class(path: str) -> type[BaseScorer]:
-    """Imports ``package.module.ClassName``; the class must subclass ``BaseScorer``."""
+    """Imports ``package.module.ClassName``; the class must subclass ``BaseScorer``.
+
+    Args:
+        path: The class's dotted path ``package.module.ClassName``.
+    """
     if not isinstance(path, str) or not path:
         raise ValueError(f"scorer path must be a non-empty dotted import path, got {path!r}")
     module_name, _, attr = path.rpartition(".")
@@ -70,6 +74,10 @@ def check_scorer_specs(section: PRMSection | PRMConfig | ExperimentConfig,
     ``validate_prm_config(prm_section)`` (AReaL's per-scorer check; it sees ``enabled``,
     ``advantage_shaping`` and ``scorers``). Returns the entries' classes. Raises ``ValueError``/``TypeError``
     naming the entry.
+
+    Args:
+        section: The PRM section to check (a ``PRMSection``, a ``PRMConfig`` or an ``ExperimentConfig``).
+        borrowed: Scorer instances the runner will also run (their names count against the entries').
     """
     if isinstance(section, ExperimentConfig):
         section = section.prm_section

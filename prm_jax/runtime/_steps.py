@@ -46,7 +46,12 @@ SPREADS: tuple[Spread, ...] = get_args(Spread)
 @dataclasses.dataclass(frozen=True)
 class StepRule:
     """Where a turn's output splits into steps (the module docstring): ``separators`` (empty: one step per
-    turn); ``tag_in_text``: the separator is the PRM's step tag, standing in the text (math-shepherd)."""
+    turn); ``tag_in_text``: the separator is the PRM's step tag, standing in the text (math-shepherd).
+
+    Args:
+        separators: Token sequences that end a step inside a turn's output; empty: one step per turn.
+        tag_in_text: Whether the separator is the PRM's step tag, standing in the text (math-shepherd).
+    """
 
     separators: tuple[tuple[int, ...], ...] = ()
     tag_in_text: bool = False
@@ -54,7 +59,13 @@ class StepRule:
     @classmethod
     def parse(cls, step_separator: Any, step_tag_id: int | None = None) -> StepRule:
         """``step_separator`` (``None`` or a list of token-id lists) as a rule; ``ValueError`` naming it. A
-        separator equal to ``[step_tag_id]`` is the tag-in-text layout and must be the only one."""
+        separator equal to ``[step_tag_id]`` is the tag-in-text layout and must be the only one.
+
+        Args:
+            step_separator: Token sequences that end a step (``[[271]]``), ``[[step_tag_id]]`` for a tag in the text,
+                or ``None`` (one step per turn).
+            step_tag_id: The PRM's step tag id; ``None``: no tag (a model scorer's rule).
+        """
         if step_separator is None:
             return cls()
         what = "step_separator must be null (one step per turn) or a list of separators, each a non-empty list of "
@@ -82,7 +93,11 @@ class StepRule:
         return not self.separators
 
     def ends(self, tokens: Sequence[int] | np.ndarray) -> list[int]:
-        """The step ends (exclusive, increasing) of one turn's output ``tokens``."""
+        """The step ends (exclusive, increasing) of one turn's output ``tokens``.
+
+        Args:
+            tokens: A turn's output token ids.
+        """
         length = len(tokens)
         if self.per_turn:
             return [length] if length else []
@@ -145,6 +160,10 @@ def step_turn_ids(input_ids: Any, turn_ids: Any, step_separator: Any, step_tag_i
     >>> turns = np.array([[-1, 0, 0, 0, -1, 1]])
     >>> step_turn_ids(ids, turns, [[271]]).tolist()
     [[-1, 0, 0, 1, -1, 2]]
+
+    Args:
+        step_separator: The scorer's step separators (``[[271]]``), as the scorer's setting.
+        step_tag_id: The PRM's step tag id, where the separator is the tag in the text; ``None``: none.
     """
     rule = StepRule.parse(step_separator, step_tag_id)
     ids, turns = np.asarray(input_ids), np.asarray(turn_ids)
@@ -168,7 +187,14 @@ def place_steps(scores: np.ndarray, input_ids: np.ndarray, turn_ids: np.ndarray,
     """A model's token scores ``[B, T]`` read at each step's last token (the step's score, where a causal PRM
     has read the whole step) and placed by ``spread`` over each turn's tokens (``turn_ids`` on positions);
     0 off the turns. ``ModelScorer``'s step rule (parsed without a step tag): nothing is inserted, and a
-    turn's end always ends a step. ``rows``: the rows' numbers in errors (default 0, 1, ...)."""
+    turn's end always ends a step. ``rows``: the rows' numbers in errors (default 0, 1, ...).
+
+    Args:
+        scores: ``[B, T]`` the model's token scores.
+        rule: Where steps end (``StepRule``).
+        spread: How a step's score is placed on its tokens: ``step``, ``step_end``, ``turn`` or ``tokens``.
+        rows: The rows' numbers, for errors; ``None``: 0, 1, ...
+    """
     out = np.zeros(scores.shape, np.float64)
     for row in range(scores.shape[0]):
         for start, stop in turn_spans(turn_ids[row], row if rows is None else rows[row]):

@@ -299,6 +299,11 @@ class Interaction:
     ``input_tokens``/``output_tokens`` are token ids; an interaction without them is message-only and
     cannot be scored. ``token_rewards`` is float32 ``[output_len]``; ``reward`` the optional outcome.
 
+    Args:
+        interaction_id: The turn's id, unique within its session.
+        input_tokens: The token ids the model read for this call (the prompt, earlier turns, tool outputs).
+        output_tokens: The token ids it generated.
+
     Example:
         >>> turn = prm_jax.Interaction("t0", [1, 2], [3, 4, 5], reward=1.0)
         >>> turn.output_len, turn.input_tokens.tolist(), turn.reward
@@ -349,7 +354,14 @@ class Interaction:
         """An interaction built WITHOUT checks, from fields a reader has already validated by the rules of
         ``__post_init__`` (token ids int64 arrays in range, vectors float32 of the output's length and
         finite, numbers finite, messages tuples), e.g. once per branch with vectorized checks. (It was
-        ``checked``, a name that promised the checks it skips.)"""
+        ``checked``, a name that promised the checks it skips.)
+
+        Args:
+            interaction_id: The turn's id.
+            input_tokens: int64 ``[n]`` input token ids, validated.
+            output_tokens: int64 ``[m]`` output token ids, validated.
+            fields: The other fields, each validated by its ``TURN_FIELDS`` rule.
+        """
         turn = object.__new__(cls)
         turn.__dict__.update(_DEFAULTS, interaction_id=interaction_id, input_tokens=input_tokens,
                              output_tokens=output_tokens, **fields)
@@ -372,7 +384,11 @@ class Interaction:
     def readonly(self, turn_index: int | None = None) -> Interaction:
         """What a scorer sees: every field immutable (read-only array views, frozen messages), no copy of the
         token arrays (nothing writes into them: scoring replaces ``token_rewards``), and ``turn_index``. The
-        frozen messages are built on first read (most scorers read tokens only), once per interaction."""
+        frozen messages are built on first read (most scorers read tokens only), once per interaction.
+
+        Args:
+            turn_index: The turn's index in its branch, as scorers see it; ``None``: not set.
+        """
         view = object.__new__(ReadOnlyInteraction)
         state = object.__getattribute__(view, "__dict__")
         _share_state(self, state)
@@ -464,7 +480,24 @@ def _readonly_of(source: Interaction, turn_index: int | None = None) -> Interact
 
 @dataclasses.dataclass(frozen=True)
 class BranchSequence:
-    """The concat export of one branch (numpy, unpadded)."""
+    """The concat export of one branch (numpy, unpadded).
+
+    Args:
+        leaf_id: The id of the branch's last turn.
+        input_ids: ``[L]`` the branch's tokens: the leaf's input and output tokens.
+        loss_mask: ``[L]`` 1 on the tokens the policy generated (every turn's output), 0 elsewhere.
+        logprobs: ``[L]`` the policy's log-probs of the generated tokens, 0 elsewhere.
+        turn_ids: ``[L]`` each generated token's turn index in the branch, -1 elsewhere.
+        token_rewards: ``[L]`` the committed process rewards on the generated tokens (0 elsewhere), or ``None`` where
+            no turn has any.
+        reward: The branch's outcome reward (its leaf's), or ``None``.
+        is_truncated: Whether the leaf stopped at its length limit (``stop_reason: length``).
+        interaction_ids: The branch's turns' ids, root first.
+        anchor_ids: Each turn's GiGPO anchor id (``None``: none), root first.
+        step_rewards: Each turn's GiGPO step reward (``None``: none), root first.
+        model_outputs: The turns' per-token model outputs (``output_prm_logprobs``, ...) on the branch's tokens, by
+            batch key.
+    """
 
     leaf_id: str
     input_ids: np.ndarray      # [L] int64
@@ -578,7 +611,11 @@ def turn_counts(turn_ids: np.ndarray, valid: np.ndarray | None = None) -> np.nda
 
 
 def stitch(chain: Sequence[Interaction]) -> BranchSequence:
-    """Concat export of a root-to-leaf chain (see the module docstring)."""
+    """Concat export of a root-to-leaf chain (see the module docstring).
+
+    Args:
+        chain: A root-to-leaf chain of turns, each continuing the one before it.
+    """
     spans = concat_spans(chain)
     leaf = chain[-1]
     input_ids = np.concatenate([leaf.input_tokens, leaf.output_tokens])
@@ -620,6 +657,9 @@ def _on_positions(chain: Sequence[Interaction], spans: list[tuple[int, int]], na
 class InteractionCache:
     """A session: interactions by id, linked into a tree by ``parent_id``.
 
+    Args:
+        interactions: The session's turns, in any order (each ``parent_id`` must be among them).
+
     Example:
         >>> cache = prm_jax.InteractionCache([
         ...     prm_jax.Interaction("t0", [1], [2, 3]),
@@ -642,12 +682,22 @@ class InteractionCache:
         self._items[interaction.interaction_id] = interaction
 
     def get(self, interaction_id: str) -> Interaction:
+        """The interaction of that id (``KeyError`` naming it where there is none).
+
+        Args:
+            interaction_id: The turn's id.
+        """
         try:
             return self._items[interaction_id]
         except KeyError:
             raise KeyError(f"no interaction {interaction_id!r} in the cache") from None
 
     def remove(self, interaction_id: str) -> Interaction:
+        """Removes the interaction of that id and returns it.
+
+        Args:
+            interaction_id: The turn's id.
+        """
         return self._items.pop(interaction_id)
 
     def __contains__(self, interaction_id: object) -> bool:

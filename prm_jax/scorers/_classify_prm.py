@@ -83,7 +83,11 @@ class ClassifyPRMScorer(Templated, ServedScorer, BaseScorer):
         return "probability"
 
     def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
-        """SGLang's /v1/classify answer (vLLM 0.7's classification API, as its documentation shows it)."""
+        """SGLang's /v1/classify answer (vLLM 0.7's classification API, as its documentation shows it).
+
+        Args:
+            value: The value standing where the score is read (a number, or anything a malformed answer could hold).
+        """
         probs: list[Any] = [0.0] * max(2, self.settings.good_index + 1)
         probs[self.settings.good_index] = value
         return {"id": "classify-9bf17f2847b046c99f5d8c3f5bc7e3a8", "object": "list", "created": 1745383213,

@@ -105,7 +105,11 @@ class Transport(Settings):
 
 
 def transport_setting(**defaults: Any) -> Any:
-    """A served scorer's ``transport`` field: the shared record with this scorer's defaults."""
+    """A served scorer's ``transport`` field: the shared record with this scorer's defaults.
+
+    Args:
+        defaults: The scorer's own transport defaults (``Transport``'s fields).
+    """
     return setting(Transport(**defaults), doc="How the scorer talks to its server (flat: the transport's keys are "
                    "the scorer's own).")
 
@@ -329,6 +333,12 @@ class ServedScorer:
         raise NotImplementedError(f"scorer {self.name!r} must declare read(answer, items, where)")
 
     def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
+        """An answer of the server's documented shape to ``request``, ``value`` where the score is read.
+
+        Args:
+            value: The value standing where the score is read (a number, or anything a malformed answer could
+                hold).
+        """
         raise NotImplementedError(f"scorer {type(self).__name__} declares no example answer (example_answer)")
 
     def reads(self) -> Reads:

@@ -43,6 +43,11 @@ class LengthBudgetScorer(BaseScorer):
         return float(interaction.output_len <= self.settings.max_output_tokens)
 
     def prepare_result(self, interaction: Interaction, raw: Any, ctx: Mapping[str, Any]) -> PRMScorerResult:
+        """The score with its ``within_budget`` observation.
+
+        Args:
+            raw: What ``evaluate`` returned: 1.0 or 0.0.
+        """
         observation = PRMMetricObservation("within_budget", "turn", interaction.interaction_id, bool(raw == 1.0),
                                            "boolean", ("count", "rate"))
         return PRMScorerResult(raw, (observation,))

@@ -200,7 +200,11 @@ class MathVerifyScorer(SyncTrajectoryScorer):
         return {turn.interaction_id: self.verdict(gold, self.reply(turn)) for turn in turns}
 
     def gold(self, leaf: Interaction, ctx: Mapping[str, Any]) -> Reference:
-        """The parsed reference answer; ``ValueError`` naming the scorer, the branch and the key."""
+        """The parsed reference answer; ``ValueError`` naming the scorer, the branch and the key.
+
+        Args:
+            leaf: The branch's last turn.
+        """
         where = f"scorer {self.name!r} on the branch ending at {leaf.interaction_id!r}"
         return self.reference(ctx.get(METADATA_KEY) or {}, where)
 
@@ -208,6 +212,9 @@ class MathVerifyScorer(SyncTrajectoryScorer):
         """A session's reference answer is there and readable (``reference``'s rule), before anything is
         scored: ``ValueError`` naming the ``metadata`` key otherwise (``prm-jax score`` calls it for every
         session it reads).
+
+        Args:
+            metadata: One session's ``metadata``.
 
         Example:
             >>> prm_jax.scorers.MathVerifyScorer().validate_metadata({"answer": 1e-05})   # read: 0.00001
@@ -221,7 +228,11 @@ class MathVerifyScorer(SyncTrajectoryScorer):
     def reference(self, metadata: Mapping[str, Any], where: str) -> Reference:
         """``metadata[answer_key]`` parsed into a mathematical object; ``ValueError`` naming ``where`` and the
         key when it is missing, not a string or a number, or unreadable (math-verify hands text it cannot
-        read back as a string)."""
+        read back as a string).
+
+        Args:
+            metadata: The session's ``metadata``, holding the reference under ``answer_key``.
+        """
         if self.settings.answer_key not in metadata:
             raise ValueError(f"{where}: the session's metadata has no {self.settings.answer_key!r} (the reference answer: "
                              f"a session line's \"metadata\": {{\"{self.settings.answer_key}\": \"...\"}}); it has "
@@ -240,7 +251,11 @@ class MathVerifyScorer(SyncTrajectoryScorer):
         return Reference(parsed, float_rounding(parsed))
 
     def reply(self, turn: Interaction) -> str:
-        """The turn's text (its output messages); ``NoTextError`` for a turn without any."""
+        """The turn's text (its output messages); ``NoTextError`` for a turn without any.
+
+        Args:
+            turn: The turn whose answer is read.
+        """
         return output_text(self.name, turn, "check", "reply")
 
     def _extraction(self) -> Any:
@@ -259,7 +274,12 @@ class MathVerifyScorer(SyncTrajectoryScorer):
 
     def verdict(self, gold: Reference, reply: str) -> float:
         """``correct`` where the reply's answer equals ``gold``, else ``wrong`` (no answer found: wrong).
-        ``boxed: last`` reads a reply with boxed answers by its last one alone."""
+        ``boxed: last`` reads a reply with boxed answers by its last one alone.
+
+        Args:
+            gold: The parsed reference (``Reference``).
+            reply: The turn's text.
+        """
         math_verify = math_verify_module()
         if self.settings.boxed == "last":
             reply = last_boxed(reply) or reply

@@ -215,7 +215,11 @@ class PoolingPRMScorer(ServedScorer, BatchTrajectoryScorer):
 
     def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
         """vLLM's ``PoolingResponse`` with STEP pooling: one row per step tag of each input, ``value`` at
-        ``good_index`` (the other columns 0)."""
+        ``good_index`` (the other columns 0).
+
+        Args:
+            value: The value standing where the score is read (a number, or anything a malformed answer could hold).
+        """
         width = max(2, self.settings.good_index + 1)
 
         def row() -> list[Any]:

@@ -131,7 +131,11 @@ class TeacherLogprobScorer(ServedScorer, BatchTrajectoryScorer):
     def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
         """vLLM's completion with ``prompt_logprobs`` (entry 0 ``None``, then ``{token id: {logprob, rank,
         decoded_token}}``), or SGLang's ``/generate`` result(s) with ``meta_info.input_token_logprobs`` (``[logprob,
-        token id, text]``, the first logprob ``None``), ``value`` as every token's log-prob."""
+        token id, text]``, the first logprob ``None``), ``value`` as every token's log-prob.
+
+        Args:
+            value: The value standing where the score is read (a number, or anything a malformed answer could hold).
+        """
         if self.settings.server == "vllm":
             choices = [{"index": i, "text": "", "logprobs": None, "finish_reason": "length", "stop_reason": None,
                         "prompt_logprobs": [None] + [{str(t): {"logprob": value, "rank": 1, "decoded_token": "x"}}
@@ -149,7 +153,11 @@ class TeacherLogprobScorer(ServedScorer, BatchTrajectoryScorer):
     async def teacher_logprobs(self, inputs: list[list[int]]) -> list[np.ndarray]:
         """The teacher's log-prob of each token of each input given the tokens before it, in one request:
         float64 ``[len(input)]`` per input (entry 0, which has no context, is NaN). The answer (a few MB for
-        a batch of long branches) is read in a worker thread: the event loop serves the other scorers."""
+        a batch of long branches) is read in a worker thread: the event loop serves the other scorers.
+
+        Args:
+            inputs: Token id lists, one per input.
+        """
         answer = await self.service.post(self.endpoint(), self._body(inputs))
         where = f"scorer {self.name!r} on a batch of {len(inputs)} branches"
         return await anyio.to_thread.run_sync(self._read_all, answer, inputs, where)

@@ -90,6 +90,10 @@ class TEIClassifierScorer(Templated, ServedScorer, BatchScorer):
         return "probability"
 
     def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
-        """TEI's ``PredictResponse`` for a batch: per input, its labels' ``{"score", "label"}``."""
+        """TEI's ``PredictResponse`` for a batch: per input, its labels' ``{"score", "label"}``.
+
+        Args:
+            value: The value standing where the score is read (a number, or anything a malformed answer could hold).
+        """
         return [[{"score": value, "label": self.settings.good_label}, {"score": 0.0, "label": "other"}]
                 for _ in request["inputs"]]

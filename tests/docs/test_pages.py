@@ -91,3 +91,25 @@ def test_no_signature_prints_a_long_default_or_value_whole():
                 values.append(value.strip())
             long += [f"{page.name}: {v[:80]}" for v in values if len(v) > conf.LONG_DEFAULT]
     assert long == []
+
+
+def test_every_parameter_on_the_site_has_a_sentence():
+    # Issue 57.6: 855 of 1,028 parameter entries had a type and no description. Every entry of a Parameters (or
+    # Variables) list, a method's included, carries its sentence: "name (type) - what it is".
+    from bs4 import BeautifulSoup
+
+    bare = []
+    for page in sorted((SITE / "api" / "_generated").glob("*.html")):
+        soup = BeautifulSoup(page.read_text(), "html.parser")
+        for entry in soup.select("dl.py"):
+            owner = entry.find("dt").get("id", page.stem)
+            for fields in entry.select(":scope > dd > dl.field-list"):
+                for label in fields.select(":scope > dt"):
+                    if label.get_text(strip=True).rstrip(":") not in ("Parameters", "Variables"):
+                        continue
+                    listed = label.find_next_sibling("dd")
+                    for item in listed.select(":scope > ul > li") or [listed]:
+                        text = item.get_text(" ", strip=True)
+                        if "\u2013" not in text:  # (Sphinx writes "name (type) – sentence")
+                            bare.append(f"{owner}: {text[:60]}")
+    assert bare == []

@@ -154,7 +154,8 @@ def undocumented() -> list[str]:
 
 
 def check_coverage(app) -> None:
-    """The build fails on a public name without a docstring of its own, and on a parameter of a public
+    """The build fails on a public name without a docstring of its own, on a public callable without a runnable
+    example (``doc_tables.without_example``), and on a parameter of a public
     callable (a class's: its constructor's, a config record's fields) that nothing describes: neither its
     docstring's ``Args``, nor a declaration (a settings record's field, a turn field), nor the glossary of
     ``docs/parameters.py`` (``doc_tables.undescribed_parameters``)."""
@@ -163,6 +164,10 @@ def check_coverage(app) -> None:
     missing = undocumented()
     if missing:
         raise ExtensionError(f"public names without a docstring of their own: {missing}")
+    lacking = doc_tables.without_example()
+    if lacking:
+        raise ExtensionError(f"public callables without a runnable example (an 'Example:' with >>> lines, run as a "
+                             f"doctest): {lacking}")
     undescribed = doc_tables.undescribed_parameters()
     if undescribed:
         listed = "; ".join(f"{name}: {', '.join(params)}" for name, params in undescribed.items())

@@ -214,6 +214,19 @@ def parameter_sentences(obj: Any, path: str = "") -> dict[str, str]:
     return {p: declared[p] for p in parameters_of(obj) if p not in told and p in declared}
 
 
+def public_callables() -> list[tuple[str, Any]]:
+    """Every public callable, by its public path: each namespace's (and documented module's) ``__all__``
+    names that are classes or functions (not data, not type aliases)."""
+    out = []
+    for namespace in (*NAMESPACES, *DOCUMENTED_MODULES):
+        module = importlib.import_module(f"prm_jax.{namespace}")
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj) or inspect.isroutine(obj) or hasattr(obj, "__wrapped__"):
+                out.append((f"prm_jax.{namespace}.{name}", obj))
+    return out
+
+
 def documented_methods(cls: type) -> dict[str, Any]:
     """The methods a class's API page documents: its own public ones (the page's ``:members:``)."""
     fields = getattr(cls, "__dataclass_fields__", {})  # (a field's default may be a function: not a method)
@@ -235,17 +248,18 @@ def undescribed_parameters() -> dict[str, list[str]]:
         if lacking:
             missing[path] = lacking
 
-    for namespace in NAMESPACES:
-        module = importlib.import_module(f"prm_jax.{namespace}")
-        for name in module.__all__:
-            obj = getattr(module, name)
-            if not callable(obj):
-                continue
-            check(f"prm_jax.{namespace}.{name}", obj)
-            if inspect.isclass(obj):
-                for method_name, method in documented_methods(obj).items():
-                    check(f"prm_jax.{namespace}.{name}.{method_name}", method)
+    for path, obj in public_callables():
+        check(path, obj)
+        if inspect.isclass(obj):
+            for method_name, method in documented_methods(obj).items():
+                check(f"{path}.{method_name}", method)
     return missing
+
+
+def without_example() -> list[str]:
+    """The public callables whose docstring holds no runnable example (``>>>``; the docs build runs them as
+    doctests): the docs build fails on any (conf.py), and so does tests/test_doc_tables.py."""
+    return [path for path, obj in public_callables() if ">>>" not in own_docstring(obj)]
 
 
 def short_line(text: str) -> str:

@@ -47,6 +47,14 @@ class ConfigError(PRMJaxError, ValueError):
     Args:
         key: The setting's key path, as written (``actor.adv_norm.eps``); empty for none.
         problem: What is wrong with it, in words.
+
+    Example:
+        >>> try:
+        ...     prm_jax.AdvantageConfig(discount=2.0)
+        ... except prm_jax.errors.ConfigError as err:
+        ...     print(err.key, "|", err.problem)
+        ...
+        discount | must be in [0.0, 1.0], got 2.0
     """
 
     exit_status = 2
@@ -68,7 +76,19 @@ class ConfigError(PRMJaxError, ValueError):
 
 
 class ConfigFileError(PRMJaxError, ValueError):
-    """A config file that cannot be read or is not a valid config; the message starts with the file's name."""
+    """A config file that cannot be read or is not a valid config; the message starts with the file's name.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "broken.yaml"
+        >>> _ = path.write_text("actor: [1, 2")
+        >>> try:
+        ...     prm_jax.load_config(path)
+        ... except prm_jax.errors.ConfigFileError as err:
+        ...     print(str(err).startswith(str(path)), err.exit_status)
+        ...
+        True 2
+    """
 
     exit_status = 2
     command_line = "exit 2, one line starting with the file's name; nothing written"
@@ -85,6 +105,13 @@ class InputError(PRMJaxError, ValueError):
         line: The line, from 1.
         field: The field of that line (``interactions[2].reward``).
         message: What is wrong, in words.
+
+    Example:
+        >>> err = prm_jax.errors.InputError("sessions.jsonl", 3, "interactions[0].reward", "must be finite, got NaN")
+        >>> print(err)
+        sessions.jsonl:3: interactions[0].reward: must be finite, got NaN
+        >>> err.exit_status, isinstance(err, ValueError)
+        (2, True)
     """
 
     exit_status = 2
@@ -96,7 +123,13 @@ class InputError(PRMJaxError, ValueError):
 
 
 class OutputFolderError(PRMJaxError, ValueError):
-    """The output folder cannot take this run's outputs (said before any input is read)."""
+    """The output folder cannot take this run's outputs (said before any input is read).
+
+    Example:
+        >>> err = prm_jax.errors.OutputFolderError("--output out: already holds an output set")
+        >>> err.exit_status, isinstance(err, ValueError)
+        (2, True)
+    """
 
     exit_status = 2
     command_line = "exit 2, one line naming `--output`; nothing written"
@@ -104,14 +137,24 @@ class OutputFolderError(PRMJaxError, ValueError):
 
 class ScoreError(PRMJaxError):
     """A run could not be scored (bad input, a scorer that cannot be built, advantages that cannot be
-    computed): one line, what the user must fix."""
+    computed): one line, what the user must fix.
+
+    Example:
+        >>> prm_jax.errors.ScoreError.exit_status, issubclass(prm_jax.errors.ScoreError, prm_jax.errors.PRMJaxError)
+        (2, True)
+    """
 
     exit_status = 2
     command_line = "exit 2, the one line; nothing written"
 
 
 class NoGroupAccepted(PRMJaxError):
-    """Every group was rejected or filtered: nothing to train on."""
+    """Every group was rejected or filtered: nothing to train on.
+
+    Example:
+        >>> prm_jax.errors.NoGroupAccepted.exit_status
+        1
+    """
 
     exit_status = 1
     command_line = "exit 1, one line with each cause once and the sessions it hit; nothing written"
@@ -121,18 +164,45 @@ class NoGroupAccepted(PRMJaxError):
 
 
 class NotScorableError(PRMJaxError, ValueError):
-    """A branch the runner cannot score (a message-only turn): the input's fault, not a scorer's."""
+    """A branch the runner cannot score (a message-only turn): the input's fault, not a scorer's.
+
+    Example:
+        >>> turn = prm_jax.Interaction("t0", None, None, output_messages=[{"role": "assistant", "content": "hi"}])
+        >>> with prm_jax.BlockingRunner(scorers=[prm_jax.scorers.LengthBudgetScorer()]) as runner:
+        ...     try:
+        ...         runner.run([turn])
+        ...     except prm_jax.errors.NotScorableError as err:
+        ...         print(type(err).__name__)
+        ...
+        NotScorableError
+    """
 
     command_line = "not raised by the command line (its session reader refuses a turn without tokens first)"
 
 
 class RunnerClosedError(PRMJaxError, RuntimeError):
-    """A call on a runner (or service) that is closing or closed: a lifecycle error, not a scorer's failure."""
+    """A call on a runner (or service) that is closing or closed: a lifecycle error, not a scorer's failure.
+
+    Example:
+        >>> runner = prm_jax.BlockingRunner(scorers=[prm_jax.scorers.LengthBudgetScorer()])
+        >>> runner.close()
+        >>> try:
+        ...     runner.run([prm_jax.Interaction("t0", [1], [2])])
+        ... except prm_jax.errors.RunnerClosedError as err:
+        ...     print(type(err).__name__, isinstance(err, RuntimeError))
+        ...
+        RunnerClosedError True
+    """
 
 
 class PrefixRuleError(PRMJaxError, RuntimeError):
     """A ``prefix_determined`` scorer read ``ctx["messages"]``, the branch's conversation: its score of a shared
-    turn would be given to every clone of the session although it depends on one branch."""
+    turn would be given to every clone of the session although it depends on one branch.
+
+    Example:
+        >>> issubclass(prm_jax.errors.PrefixRuleError, RuntimeError), prm_jax.errors.PrefixRuleError.exit_status
+        (True, None)
+    """
 
     command_line = SCORER_FAILURE
 
@@ -146,6 +216,20 @@ class RetryError(PRMJaxError, RuntimeError):
     Args:
         message: The error's message.
         errors: Every attempt's failure, in order.
+
+    Example:
+        >>> import anyio
+        >>> async def flaky():
+        ...     raise ConnectionError("refused")
+        ...
+        >>> async def main():
+        ...     try:
+        ...         await prm_jax.runtime.call_with_retry(flaky, timeout=1.0, attempts=2, backoff=0.0)
+        ...     except prm_jax.errors.RetryError as err:
+        ...         return len(err.errors), type(err.__cause__).__name__
+        ...
+        >>> anyio.run(main)
+        (2, 'ConnectionError')
     """
 
     command_line = SCORER_FAILURE
@@ -166,6 +250,11 @@ class ServiceError(PRMJaxError, RuntimeError):
         retryable: Whether the answer is worth another attempt (429, 408, 5xx).
         retry_after: The seconds the server asked to wait (``Retry-After``); ``None``: it did not say.
         reason: The HTTP reason phrase.
+
+    Example:
+        >>> err = prm_jax.errors.ServiceError("scorer 'judge': answered 503", status=503, retryable=True)
+        >>> err.status, err.retryable, isinstance(err, RuntimeError)
+        (503, True, True)
     """
 
     command_line = SCORER_FAILURE
@@ -186,6 +275,12 @@ class RequestFailed(RetryError):
         errors: Every attempt's failure, in order.
         url: The URL requested, without secrets.
         status: The last attempt's HTTP status; ``None``: no answer.
+
+    Example:
+        >>> errors = [TimeoutError()] * 3
+        >>> err = prm_jax.errors.RequestFailed("POST failed 3 times", errors, url="http://127.0.0.1:8000", status=None)
+        >>> len(err.errors), err.url, isinstance(err, prm_jax.errors.RetryError)
+        (3, 'http://127.0.0.1:8000', True)
     """
 
     def __init__(self, message: str, errors: list[BaseException], *, url: str, status: int | None):
@@ -194,13 +289,34 @@ class RequestFailed(RetryError):
 
 
 class NoTextError(PRMJaxError, ValueError):
-    """A judge got a turn without the text it reads."""
+    """A judge got a turn without the text it reads.
+
+    Example:
+        >>> judge = prm_jax.scorers.HTTPJudgeScorer("http://127.0.0.1:8000/judge")
+        >>> try:
+        ...     judge.request([(prm_jax.Interaction("t0", [1], [2]), {})])
+        ... except prm_jax.errors.NoTextError as err:
+        ...     print(type(err).__name__, isinstance(err, ValueError))
+        ...
+        NoTextError True
+    """
 
     command_line = SCORER_FAILURE
 
 
 class TemplateError(PRMJaxError, ValueError):
-    """A judge's prompt template has a field without a value for this turn (``{ctx[task]}``, no ``task``)."""
+    """A judge's prompt template has a field without a value for this turn (``{ctx[task]}``, no ``task``).
+
+    Example:
+        >>> judge = prm_jax.scorers.OpenAIJudgeScorer("http://127.0.0.1:8000/v1", "m", prompt="Task {ctx[task]}: {response}")
+        >>> turn = prm_jax.Interaction("t0", [1], [2], output_messages=[{"role": "assistant", "content": "4"}])
+        >>> try:
+        ...     judge.render(turn, {})
+        ... except prm_jax.errors.TemplateError as err:
+        ...     print("{ctx[task]}" in str(err))
+        ...
+        True
+    """
 
     command_line = SCORER_FAILURE
 

@@ -84,3 +84,44 @@ def test_the_args_reader_reads_google_entries_in_either_indent_and_grouped_names
     """
     assert doc_tables().described(doc) == {"a", "b", "c", "d"}
     assert doc_tables().described("Summary.\n\nAttributes:\n    x: a field.\n    y:\n") == {"x"}  # (y: no sentence)
+
+
+def test_every_public_callable_has_a_runnable_example_and_the_check_names_one_without(monkeypatch):
+    # Issue 57.7: 36 of 175 public callables had an example. Every one (each namespace's and the session
+    # reader's) now holds an "Example:" the docs build runs as a doctest; the build fails on one without.
+    tables = doc_tables()
+    assert tables.without_example() == []
+    import prm_jax.losses
+
+    def bare_NoSuch(logprobs):
+        """A public function without an example.
+
+        Args:
+            logprobs: Described.
+        """
+
+    monkeypatch.setattr(prm_jax.losses, "bare_NoSuch", bare_NoSuch, raising=False)
+    monkeypatch.setattr(prm_jax.losses, "__all__", [*prm_jax.losses.__all__, "bare_NoSuch"])
+    assert tables.without_example() == ["prm_jax.losses.bare_NoSuch"]
+
+
+def test_the_examples_of_the_documented_modules_run():
+    # The API pages' examples run as the docs build's doctests; a documented module has no API page of its own
+    # (prm_jax.app.sessions: the session format's page), so its examples run here.
+    import doctest
+    import inspect
+
+    import numpy as np
+
+    import prm_jax
+
+    tables = doc_tables()
+    ran = 0
+    for path, obj in tables.public_callables():
+        if path.rsplit(".", 1)[0].removeprefix("prm_jax.") not in tables.DOCUMENTED_MODULES:
+            continue
+        test = doctest.DocTestParser().get_doctest(inspect.getdoc(obj), {"np": np, "prm_jax": prm_jax}, path, None, 0)
+        result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test, out=lambda text: None)
+        assert result.failed == 0 and result.attempted > 0, path
+        ran += 1
+    assert ran == 3

@@ -80,6 +80,30 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 @dataclasses.dataclass
 class SessionRecord:
+    """One session line as read: its key and group, its turns (an ``InteractionCache``), the interactions
+    ready for export, the line it came from, and its ``metadata``.
+
+    Args:
+        key: The session's ``session_key``.
+        group: Its ``group`` (the session's own key where the line names none).
+        cache: Its turns.
+        ready: The ids of the interactions it exports (its ``ready``, by default every leaf).
+        line: The line of the file it came from, from 1.
+        metadata: Its ``metadata`` (a JSON object; empty where the line has none).
+
+    Example:
+        >>> import json, pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "sessions.jsonl"
+        >>> line = {"session_key": "a", "group": "q1", "metadata": {"answer": "4"},
+        ...         "interactions": [{"id": "a0", "input_tokens": [1, 2], "output_tokens": [3, 4], "reward": 1.0}]}
+        ...
+        >>> _ = path.write_text(json.dumps(line) + "\\n")
+        >>> from prm_jax.app.sessions import iter_sessions, read_sessions
+        >>> record = read_sessions(path)[0]
+        >>> record.key, record.group, record.ready, record.line, record.metadata
+        ('a', 'q1', ['a0'], 1, {'answer': '4'})
+    """
+
     key: str
     group: str
     cache: InteractionCache
@@ -109,7 +133,8 @@ class FieldRule(NamedTuple):
 class JSONType(NamedTuple):
     """A turn field's JSON type in this format: the fast path's msgspec type, the field-by-field check of
     the same type and what to say when it fails; ``value``: the format's own value rule where it is stricter
-    than the turn's (log-probs <= 0)."""
+    than the turn's (log-probs <= 0).
+    """
 
     json_type: Any
     is_type: Callable[[Any], bool]
@@ -590,7 +615,24 @@ def _open(path: Path) -> Iterator[Any]:
 def iter_sessions(path: str | Path, *, discounted: bool = False) -> Iterator[tuple[SessionRecord, bool]]:
     """Streams ``(record, had_no_group)`` line by line; ``InputError`` at the first problem. ``path`` may
     be ``-`` (standard input) or a gzip file; ``discounted``: the config sets ``turn_discount`` (a ready
-    interaction with children may then have no reward of its own)."""
+    interaction with children may then have no reward of its own).
+
+    Args:
+        path: The JSONL file (gzip-compressed ones are recognized by their magic bytes), or ``-`` for standard input.
+        discounted: Whether the config sets ``turn_discount`` (a ready interaction with children may then have no
+            reward of its own).
+
+    Example:
+        >>> import json, pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "sessions.jsonl"
+        >>> line = {"session_key": "a", "group": "q1", "metadata": {"answer": "4"},
+        ...         "interactions": [{"id": "a0", "input_tokens": [1, 2], "output_tokens": [3, 4], "reward": 1.0}]}
+        ...
+        >>> _ = path.write_text(json.dumps(line) + "\\n")
+        >>> from prm_jax.app.sessions import iter_sessions, read_sessions
+        >>> [(record.key, had_no_group) for record, had_no_group in iter_sessions(path)]
+        [('a', False)]
+    """
     path = Path(path)
     shown = Path("<stdin>") if str(path) == "-" else path
     with _open(path) as handle:
@@ -611,7 +653,23 @@ def iter_sessions(path: str | Path, *, discounted: bool = False) -> Iterator[tup
 
 def read_sessions(path: str | Path, *, discounted: bool = False) -> list[SessionRecord]:
     """Reads and validates every line before anything is scored; raises ``InputError`` at the first problem.
-    ``discounted``: the config sets ``turn_discount`` (see ``iter_sessions``)."""
+    ``discounted``: the config sets ``turn_discount`` (see ``iter_sessions``).
+
+    Args:
+        path: The JSONL file (gzip-compressed ones are recognized by their magic bytes), or ``-`` for standard input.
+        discounted: Whether the config sets ``turn_discount`` (see ``iter_sessions``).
+
+    Example:
+        >>> import json, pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "sessions.jsonl"
+        >>> line = {"session_key": "a", "group": "q1", "metadata": {"answer": "4"},
+        ...         "interactions": [{"id": "a0", "input_tokens": [1, 2], "output_tokens": [3, 4], "reward": 1.0}]}
+        ...
+        >>> _ = path.write_text(json.dumps(line) + "\\n")
+        >>> from prm_jax.app.sessions import iter_sessions, read_sessions
+        >>> [record.cache.to_sequence("a0").input_ids.tolist() for record in read_sessions(path)]
+        [[1, 2, 3, 4]]
+    """
     records, keys = [], set()
     ungrouped = 0
     shown = "<stdin>" if str(path) == "-" else path

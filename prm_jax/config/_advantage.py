@@ -62,6 +62,11 @@ def resolve_lambda(path: str) -> Callable[..., jax.Array]:
 
     Args:
         path: A dotted path ``package.module.function`` (AReaL's built-in paths included).
+
+    Example:
+        >>> fn = prm_jax.config.resolve_lambda("prm_jax.kernels.gae_lambda.constant_gae_lambda")
+        >>> fn.__name__
+        'constant_gae_lambda'
     """
     if not isinstance(path, str) or not path:
         raise ValueError(f"gae_lambda must be a float or a non-empty dotted path, got {path!r}")
@@ -290,6 +295,11 @@ class Refusal:
             values that clash.
         second: The other setting, in the same form.
         why: The reason in words, part of the error message.
+
+    Example:
+        >>> refusal = prm_jax.config.refused_pairs()[0]
+        >>> refusal.first[0], refusal.second[0]
+        ('gae_timestep_unit', 'credit_assignment.mode')
     """
 
     first: tuple[str, tuple[Any, ...]]
@@ -352,7 +362,13 @@ SETTING_REFUSALS: tuple[Refusal, ...] = (
 def refused_pairs() -> tuple[Refusal, ...]:
     """Every pair of settings refused at configuration (each names both keys and why), from the registry: the
     credit modes that replace GAE (``units`` without ``turn``) with ``gae_timestep_unit: turn``, each
-    registered estimator's ``refused_with``, then ``SETTING_REFUSALS``."""
+    registered estimator's ``refused_with``, then ``SETTING_REFUSALS``.
+
+    Example:
+        >>> pairs = prm_jax.config.refused_pairs()
+        >>> [(p.first, p.second) for p in pairs if p.first[0] == "mask_no_eos_with_zero"]
+        [(('mask_no_eos_with_zero', (True,)), ('advantage_shaping.mode', ('process_weighted',)))]
+    """
     specs = [spec for spec in registered() if spec.mode is not None]
     rows: list[Refusal] = []
     replacing = tuple(spec.mode for spec in specs if "turn" not in spec.units)
@@ -368,7 +384,12 @@ def refused_pairs() -> tuple[Refusal, ...]:
 
 
 def refusals_markdown() -> str:
-    """The guides' table of ``refused_pairs()`` (Markdown)."""
+    """The guides' table of ``refused_pairs()`` (Markdown).
+
+    Example:
+        >>> print(prm_jax.config.refusals_markdown().splitlines()[0])
+        | setting | refused with | why |
+    """
     rows = ["| setting | refused with | why |", "| --- | --- | --- |"]
     rows += [f"| `{r.first[0]}: {_shown(r.first[1])}` | `{r.second[0]}: {_shown(r.second[1])}` | {r.why} |"
              for r in refused_pairs()]

@@ -52,6 +52,11 @@ class ScorerSpec:
     Args:
         path: The scorer class's dotted import path (``prm_jax.scorers.MathVerifyScorer``, ``mypkg.MyScorer``).
         kwargs: The scorer's own constructor arguments (a mapping), checked by its ``validate_kwargs``.
+
+    Example:
+        >>> spec = prm_jax.config.ScorerSpec("prm_jax.scorers.LengthBudgetScorer", weight=0.5, kwargs={"max_output_tokens": 64})
+        >>> spec.path.rsplit(".", 1)[-1], spec.weight, dict(spec.kwargs)
+        ('LengthBudgetScorer', 0.5, {'max_output_tokens': 64})
     """
 
     path: str
@@ -117,6 +122,13 @@ class PRMConfig:
         scorers: The scorer entries (``ScorerSpec``), in order; their classes' names must be unique.
         error_policy: ``reject`` (a scorer failure rejects the session and its group) or ``keep_original`` (AReaL PR
             #1747).
+
+    Example:
+        >>> prm = prm_jax.config.PRMConfig.from_mapping({"enabled": True, "scorers": [
+        ...     {"path": "prm_jax.scorers.LengthBudgetScorer", "weight": 0.5, "kwargs": {"max_output_tokens": 64}}]})
+        ...
+        >>> prm.active, prm.scorers[0].weight, prm.error_policy
+        (True, 0.5, 'reject')
     """
 
     enabled: bool = True
@@ -161,6 +173,13 @@ class PRMSection(NamedTuple):
         enabled: ``rollout.agent.prm.enabled`` as written.
         advantage_shaping: The shaping as written (``ShapingConfig``).
         scorers: The scorer entries as written (``ScorerSpec``).
+
+    Example:
+        >>> section = prm_jax.config.ExperimentConfig.from_mapping({"rollout": {"agent": {"prm": {
+        ...     "enabled": True, "advantage_shaping": {"mode": "gvpo"}}}}}).prm_section
+        ...
+        >>> section.enabled, section.advantage_shaping.mode
+        (True, 'gvpo')
     """
 
     enabled: bool
@@ -177,6 +196,11 @@ class RolloutConfig:
         api_url: The v2 external-model URL (``None``: none); process rewards are refused with it set.
         chat_template_type: The agent's chat template (``concat`` is the one process rewards support).
         export_style: How sessions are exported (``concat`` is the one process rewards support).
+
+    Example:
+        >>> rollout = prm_jax.config.ExperimentConfig.from_mapping({"rollout": {"_version": "v2"}}).rollout
+        >>> rollout.version, rollout.api_url, rollout.export_style
+        ('v2', None, 'concat')
     """
 
     version: str = "v1"
@@ -203,6 +227,11 @@ class ExperimentConfig:
         actor: The ``actor`` section: the advantage pipeline's settings (``AdvantageConfig``).
         turn_discount: AReaL's per-turn discount of an exported trajectory's reward (``None``: no discount); the
             export applies it.
+
+    Example:
+        >>> config = prm_jax.config.ExperimentConfig.from_mapping({"actor": {"kl_ctl": 0.0}, "turn_discount": 0.9})
+        >>> config.actor.kl_ctl, config.turn_discount, config.prm.active
+        (0.0, 0.9, False)
     """
 
     rollout: RolloutConfig = RolloutConfig()

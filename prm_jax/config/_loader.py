@@ -67,6 +67,10 @@ def parse_yaml(text: str, where: str) -> Any:
     Args:
         text: The YAML document.
         where: How errors name its source (a file name, ``<string>``).
+
+    Example:
+        >>> prm_jax.config.parse_yaml("actor: {kl_ctl: 0.0, gae_lambda: 1.0e-1}", "<string>")
+        {'actor': {'kl_ctl': 0.0, 'gae_lambda': 0.1}}
     """
     loader = _Loader(text)
     try:

@@ -67,6 +67,15 @@ class AdvantageOutput(NamedTuple):
         kl_rewards: ``-kl_ctl * KL`` on each trained timestep (0 at a row's last timestep and off the mask).
         tot_rewards: The rewards GAE ran on: outcome, KL and folded process rewards (at turn level, the task rewards
             plus the KL rewards).
+
+    Example:
+        >>> batch = {"attention_mask": np.ones((1, 4), np.int32), "loss_mask": np.array([[0, 1, 1, 1]], np.int32),
+        ...          "logprobs": np.zeros((1, 4), np.float32), "rewards": np.array([1.0], np.float32),
+        ...          "is_truncated": np.array([False])}
+        ...
+        >>> out = prm_jax.compute_advantages(batch, prm_jax.AdvantageConfig(kl_ctl=0.0))
+        >>> np.asarray(out.advantages).tolist(), np.asarray(out.loss_mask).tolist()
+        ([[1.0, 1.0, 1.0, 0.0]], [[1.0, 1.0, 1.0, 0.0]])
     """
 
     advantages: jax.Array
@@ -311,6 +320,17 @@ def compute_advantage_variants(batch: Mapping[str, Any], config: AdvantagePlan |
         batch: The padded batch ``compute_advantages`` takes (``BATCH_SCHEMA``'s keys), with ``token_rewards``.
         config: The configuration: an ``AdvantagePlan``, an ``AdvantageConfig`` or a mapping of its fields.
         shapings: The shapings to compute besides the configured one (``ShapingConfig`` records, one a mode).
+
+    Example:
+        >>> batch = {"attention_mask": np.ones((1, 4), np.int32), "loss_mask": np.array([[0, 1, 1, 1]], np.int32),
+        ...          "logprobs": np.zeros((1, 4), np.float32), "rewards": np.array([1.0], np.float32),
+        ...          "is_truncated": np.array([False])}
+        ...
+        >>> batch["token_rewards"] = np.array([[0.0, 0.0, -0.5, -0.5]], np.float32)
+        >>> config = prm_jax.AdvantageConfig(kl_ctl=0.0)
+        >>> out, variants = prm_jax.kernels.compute_advantage_variants(batch, config, [prm_jax.ShapingConfig("gvpo")])
+        >>> sorted(variants), np.asarray(variants["none"].advantages).tolist(), np.asarray(out.advantages).tolist()
+        (['gvpo', 'none'], [[1.0, 1.0, 1.0, 0.0]], [[1.0, 0.5, 0.5, 0.0]])
     """
     plan = as_plan(config)
     if "token_rewards" not in batch or plan.shaping is None:

@@ -27,6 +27,10 @@ def shift_to_next_token(x: ArrayLike, *, fill: ArrayLike = 0) -> jax.Array:
 
     Returns:
       ``[..., T]`` array with ``x``'s dtype.
+
+    Example:
+        >>> np.asarray(prm_jax.kernels.shift_to_next_token(np.array([[1, 2, 3]]), fill=-1)).tolist()
+        [[2, 3, -1]]
     """
     if np.ndim(x) < 1:
         raise ValueError(f"x must have a time axis, got shape {np.shape(x)}")
@@ -59,6 +63,11 @@ def broadcast_turn_rewards(turn_rewards: ArrayLike, turn_ids: ArrayLike) -> jax.
 
     Returns:
       ``[B, T]`` array with ``turn_rewards``'s dtype.
+
+    Example:
+        >>> rewards = prm_jax.kernels.broadcast_turn_rewards(np.array([[0.5, -1.0]], np.float32), np.array([[-1, 0, 0, -1, 1]]))
+        >>> np.asarray(rewards).tolist()
+        [[0.0, 0.5, 0.5, 0.0, -1.0]]
     """
     _checks.check_rank("turn_rewards", turn_rewards, 2)
     _checks.check_rank("turn_ids", turn_ids, 2)

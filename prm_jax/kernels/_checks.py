@@ -155,6 +155,13 @@ class ValueCheck:
         count: The number of violating entries, a device scalar (0 or 1 for a check of a whole array).
         message: ``message(*details) -> str``: the error message, built on the host from the details.
         details: Device values the message is built from (the first bad row, its value, ...).
+
+    Example:
+        >>> check = prm_jax.estimators.ValueCheck("negative_reward", prm_jax.estimators.violations(np.array([False, True])),
+        ...                                       lambda: "a reward below 0")
+        ...
+        >>> int(check.count), check.message()
+        (1, 'a reward below 0')
     """
 
     def __init__(self, name: str, count: jax.Array, message: Callable[..., str], *details: jax.Array):
@@ -182,6 +189,10 @@ def violations(flags: jax.Array) -> jax.Array:
 
     Args:
         flags: The violation flags, bool, any shape.
+
+    Example:
+        >>> int(prm_jax.estimators.violations(np.array([[True, False], [True, True]])))
+        3
     """
     return jnp.sum(flags, dtype=jnp.int32)
 

@@ -56,6 +56,13 @@ class DistillationStats(NamedTuple):
     Attributes:
         reverse_kl: The mean of ``-rho r`` over trained tokens.
         capped: The share of trained tokens whose ratio hit the cap.
+
+    Example:
+        >>> logprobs = np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> rewards = np.array([[0.2, -0.1]], np.float32)          # log pi_teacher - log pi_student, per token
+        >>> _, stats = prm_jax.losses.distillation_loss(logprobs, logprobs, rewards, np.ones((1, 2), bool))
+        >>> round(float(stats.reverse_kl), 4), float(stats.capped)
+        (-0.05, 0.0)
     """
 
     reverse_kl: jax.Array
@@ -170,6 +177,13 @@ def distillation_loss(logprobs: ArrayLike, old_logprobs: ArrayLike, rewards: Arr
 
     Returns:
       ``(loss, DistillationStats)``. Combine with an RL loss: ``rl_coef * rl + distill_coef * loss``.
+
+    Example:
+        >>> logprobs = np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> rewards = np.array([[0.2, -0.1]], np.float32)
+        >>> loss, _ = prm_jax.losses.distillation_loss(logprobs, logprobs, rewards, np.ones((1, 2), bool))
+        >>> round(float(loss), 4)
+        -0.05
     """
     cap = finite_number("importance_ratio_cap", importance_ratio_cap, positive=True)
     check_token_arrays(logprobs, old_logprobs=old_logprobs, rewards=rewards, loss_mask=loss_mask,
@@ -234,6 +248,12 @@ def supervised_distillation_loss(logprobs: ArrayLike, teacher_logprobs: ArrayLik
         estimator: verl's divergence estimator of ``D(l, l_T)``: ``k1``, ``k2``, ``k3``, ...
             (``distillation_estimate``).
         loss_max_clamp: The per-token loss is clamped to ``[-loss_max_clamp, loss_max_clamp]``; ``None``: not clamped.
+
+    Example:
+        >>> student, teacher = np.log(np.array([[0.5, 0.25]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> loss = prm_jax.losses.supervised_distillation_loss(student, teacher, np.ones((1, 2), bool), estimator="k1")
+        >>> round(float(loss), 4)
+        -0.3466
     """
     one_of("estimator", estimator, DISTILLATION_ESTIMATORS)
     clamp = None if loss_max_clamp is None else finite_number("loss_max_clamp", loss_max_clamp, positive=True)

@@ -44,6 +44,11 @@ class SummaryHook(NamedTuple):
         key: The summary's key its statistics go under.
         stats: ``stats(diagnostics) -> {name: value}``: the statistics from the estimator's diagnostics.
         line: ``line(stats) -> str``: the summary's line.
+
+    Example:
+        >>> hooks = [(spec.mode, spec.summary.key) for spec in prm_jax.estimators.registered() if spec.summary is not None]
+        >>> hooks[:2]
+        [('gigpo', 'gigpo_step_groups')]
     """
 
     key: str
@@ -53,7 +58,13 @@ class SummaryHook(NamedTuple):
 
 class EstimatorStage(Protocol):
     """An estimator's record: a frozen dataclass (``TokenGAE``, ``TurnGAE``, ``GiGPOConfig``, ``TreeCredit``,
-    ``PureCredit``, ``PrimeCredit`` or a registered one) whose class an ``EstimatorSpec`` names (``stage``)."""
+    ``PureCredit``, ``PrimeCredit`` or a registered one) whose class an ``EstimatorSpec`` names (``stage``).
+
+    Example:
+        >>> stage = prm_jax.AdvantageConfig(credit_assignment={"mode": "tree"}).plan.estimator
+        >>> isinstance(stage, prm_jax.config.TreeCredit), prm_jax.estimators.estimator_for(stage).label
+        (True, "credit_assignment 'tree'")
+    """
 
     __dataclass_fields__: ClassVar[dict[str, Any]]
 
@@ -92,6 +103,11 @@ class EstimatorSpec:
             the guide's refusal table.
         example: A configuration of it the option matrix runs (its record's fields).
         name: Its name (default: its ``mode``; one without a mode must give it).
+
+    Example:
+        >>> spec = prm_jax.estimators.estimator_for(prm_jax.config.GiGPOConfig())
+        >>> spec.mode, spec.reads, spec.needs_turn_ids, spec.kl
+        ('gigpo', ('turn_ids',), True, 'after')
     """
 
     stage: type
@@ -153,6 +169,12 @@ def on_turn_timesteps(per_turn: jax.Array, in_turn: jax.Array, turn_ids: jax.Arr
     Args:
         per_turn: ``[B, K]`` one value per turn slot.
         in_turn: ``[B, T]`` bool: the active timesteps of a turn.
+
+    Example:
+        >>> turn_ids = np.array([[-1, 0, 0, 1]])
+        >>> values = prm_jax.estimators.on_turn_timesteps(np.array([[0.5, 2.0]], np.float32), turn_ids >= 0, turn_ids)
+        >>> np.asarray(values).tolist()
+        [[0.0, 0.5, 0.5, 2.0]]
     """
     safe = jnp.clip(turn_ids, 0, per_turn.shape[1] - 1)
     return jnp.where(in_turn, jnp.take_along_axis(per_turn, safe, axis=1), jnp.zeros((), per_turn.dtype))

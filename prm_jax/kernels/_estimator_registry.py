@@ -25,6 +25,27 @@ def register_estimator(spec: EstimatorSpec) -> EstimatorSpec:
 
     Args:
         spec: The estimator's declaration (``EstimatorSpec``).
+
+    Example:
+        >>> import dataclasses
+        >>> import jax.numpy as jnp
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class Constant:
+        ...     value: float = 1.0
+        ...
+        >>> def run(stage, active):
+        ...     return prm_jax.estimators.StageResult(jnp.where(active, jnp.float32(stage.value), jnp.float32(0)))
+        ...
+        >>> spec = prm_jax.estimators.EstimatorSpec(Constant, run, "credit_assignment 'constant'", mode="constant")
+        >>> spec = prm_jax.estimators.register_estimator(spec)
+        >>> config = prm_jax.AdvantageConfig(credit_assignment={"mode": "constant", "value": 0.5}, kl_ctl=0.0)
+        >>> batch = {"attention_mask": np.ones((1, 3), np.int32), "loss_mask": np.array([[0, 1, 1]], np.int32),
+        ...          "logprobs": np.zeros((1, 3), np.float32), "rewards": np.array([1.0], np.float32),
+        ...          "is_truncated": np.array([False])}
+        ...
+        >>> np.asarray(prm_jax.compute_advantages(batch, config).advantages).tolist()
+        [[0.5, 0.5, 0.0]]
+        >>> prm_jax.estimators.unregister_estimator(spec)
     """
     if not isinstance(spec, EstimatorSpec):
         raise TypeError(f"register_estimator needs an EstimatorSpec, got {type(spec).__name__}")
@@ -41,6 +62,23 @@ def unregister_estimator(spec: EstimatorSpec) -> None:
 
     Args:
         spec: A declaration ``register_estimator`` added.
+
+    Example:
+        >>> import dataclasses
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class Zero:
+        ...     pass
+        ...
+        >>> def run(stage, advantages):
+        ...     return prm_jax.estimators.StageResult(advantages * 0)
+        ...
+        >>> spec = prm_jax.estimators.register_estimator(
+        ...     prm_jax.estimators.EstimatorSpec(Zero, run, "credit_assignment 'zero'", mode="zero"))
+        >>> "zero" in prm_jax.estimators.credit_modes()
+        True
+        >>> prm_jax.estimators.unregister_estimator(spec)
+        >>> "zero" in prm_jax.estimators.credit_modes()
+        False
     """
     if _REGISTRY.get(spec.stage) is spec:
         del _REGISTRY[spec.stage]
@@ -51,6 +89,10 @@ def estimator_for(stage: object) -> EstimatorSpec:
 
     Args:
         stage: A plan's estimator record (``TokenGAE``, ``GiGPOConfig``, ...).
+
+    Example:
+        >>> prm_jax.estimators.estimator_for(prm_jax.kernels.TokenGAE()).name
+        'token_gae'
     """
     try:
         return _REGISTRY[type(stage)]
@@ -60,12 +102,22 @@ def estimator_for(stage: object) -> EstimatorSpec:
 
 
 def registered() -> tuple[EstimatorSpec, ...]:
-    """Every registered estimator, in registration order."""
+    """Every registered estimator, in registration order.
+
+    Example:
+        >>> [spec.name for spec in prm_jax.estimators.registered()][:4]
+        ['token_gae', 'turn_gae', 'gigpo', 'tree']
+    """
     return tuple(_REGISTRY.values())
 
 
 def credit_modes() -> dict[str, type]:
-    """``credit_assignment.mode`` -> the record its keys build."""
+    """``credit_assignment.mode`` -> the record its keys build.
+
+    Example:
+        >>> sorted(prm_jax.estimators.credit_modes())
+        ['gigpo', 'otb', 'prime', 'pure', 'reinforce_pp', 'reinforce_pp_baseline', 'tree']
+    """
     return {spec.mode: spec.stage for spec in _REGISTRY.values() if spec.mode is not None}
 
 

@@ -75,6 +75,11 @@ class GiGPOConfig:
         episode_stats: The episode groups' statistics over ``trajectory`` rows (verl-agent's) or over ``step``
             entries.
         step_reward: A step's reward from its turn's process rewards: ``mean``, ``sum`` or ``last``.
+
+    Example:
+        >>> credit = prm_jax.AdvantageConfig(credit_assignment={"mode": "gigpo", "step_weight": 0.5}).credit_assignment
+        >>> type(credit).__name__, credit.step_weight, credit.norm
+        ('GiGPOConfig', 0.5, 'mean_norm')
     """
 
     step_weight: float = 1.0        # omega
@@ -107,6 +112,13 @@ class GiGPOOutput(NamedTuple):
         step_advantages: ``[B, K]`` the step-level advantage ``A^S`` of each turn.
         step_returns: ``[B, K]`` each turn's discounted step return.
         step_group_sizes: ``[B, K]`` the size of each turn's step group (0 for an inactive turn).
+
+    Example:
+        >>> out = prm_jax.credit.gigpo(np.array([[0.0, 1.0], [0.0, 0.0]], np.float32), np.ones((2, 2), bool),
+        ...                            np.array([1.0, 0.0], np.float32), group_sizes=np.array([2]))
+        ...
+        >>> np.asarray(out.advantages, np.float64).round(3).tolist(), np.asarray(out.step_group_sizes).tolist()
+        ([[0.962, 1.013], [-0.988, -0.988]], [[4, 4], [4, 4]])
     """
 
     advantages: jax.Array          # [B, K] A^E + omega A^S on active turns, 0 elsewhere
@@ -123,6 +135,10 @@ def dense_anchor_ids(anchor_ids: ArrayLike) -> np.ndarray:
     Args:
         anchor_ids: ``[B, K]`` anchor ids of any 64-bit integers (signed or unsigned hashes, Python ints), -1 for
             none.
+
+    Example:
+        >>> prm_jax.kernels.dense_anchor_ids(np.array([[2**62, -1, 7], [7, 2**62, -1]])).tolist()
+        [[1, -1, 0], [0, 1, -1]]
     """
     ids = np.asarray(anchor_ids)
     if ids.dtype == object:

@@ -41,6 +41,11 @@ def kl_estimate(logprobs: ArrayLike, ref_logprobs: ArrayLike, estimator: str = "
       ref_logprobs: ``[B, T]`` reference log-probs on timesteps.
       estimator: ``"k1" | "k2" | "k3"``.
       clamp: the bound, a finite number > 0.
+
+    Example:
+        >>> logp, ref = np.log(np.array([[0.5, 0.25]], np.float32)), np.log(np.array([[0.25, 0.5]], np.float32))
+        >>> np.asarray(prm_jax.kernels.kl_estimate(logp, ref, "k1"), np.float64).round(4).tolist()
+        [[0.6931, -0.6931]]
     """
     one_of("estimator", estimator, KL_ESTIMATORS)
     clamp = finite_number("clamp", clamp, positive=True)
@@ -73,6 +78,11 @@ def kl_rewards(logprobs: ArrayLike, ref_logprobs: ArrayLike, mask: ArrayLike, *,
       kl_ctl: KL coefficient.
       estimator: ``"k1" | "k2" | "k3"``.
       clamp: the estimate's bound (``kl_estimate``).
+
+    Example:
+        >>> logp, ref = np.log(np.array([[0.5, 0.25, 0.5]], np.float32)), np.log(np.array([[0.25, 0.5, 0.25]], np.float32))
+        >>> np.asarray(prm_jax.kernels.kl_rewards(logp, ref, np.ones((1, 3), bool), kl_ctl=0.1), np.float64).round(4).tolist()
+        [[-0.0693, 0.0693, -0.0693]]
     """
     one_of("estimator", estimator, KL_ESTIMATORS)
     clamp = finite_number("clamp", clamp, positive=True)

@@ -100,6 +100,11 @@ class DecoupledNorm:
     Args:
         weights: One weight per reward source, the outcome first, each >= 0; ``None``: 1 each.
         eps: Added to each source's std before dividing, > 0.
+
+    Example:
+        >>> config = prm_jax.AdvantageConfig(reward_norm={"mode": "decoupled", "weights": [1.0, 0.5]})
+        >>> config.reward_norm
+        DecoupledNorm(weights=(1.0, 0.5), eps=0.0001)
     """
 
     weights: tuple[float, ...] | None = None
@@ -190,6 +195,11 @@ def row_groups(groups: GroupLayout | None, rows: int) -> tuple[jax.Array, int]:
     Args:
         groups: The batch's GRPO group layout, or ``None`` (the whole batch one group).
         rows: ``B``, the batch's rows.
+
+    Example:
+        >>> row_group, count = prm_jax.estimators.row_groups(None, 3)
+        >>> np.asarray(row_group).tolist(), count
+        ([0, 0, 0], 1)
     """
     if groups is not None:
         return groups.row_group, groups.num_groups
@@ -316,6 +326,13 @@ def leave_one_out_mean(x: jax.Array, members: jax.Array, row_group: jax.Array,
         members: ``[B]`` bool: the rows that count (non-members count nowhere).
         row_group: ``[B]`` each row's group index.
         num_groups: The number of groups (static).
+
+    Example:
+        >>> mean, alone = prm_jax.estimators.leave_one_out_mean(np.array([1.0, 3.0, 5.0], np.float32), np.ones(3, bool),
+        ...                                                     np.array([0, 0, 1]), 2)
+        ...
+        >>> np.asarray(mean).tolist(), np.asarray(alone).tolist()
+        ([3.0, 1.0, 0.0], [False, False, True])
     """
     zero = jnp.zeros((), x.dtype)
     kept = jnp.where(members, x, zero)
@@ -363,6 +380,11 @@ def whiten(x: jax.Array, active: jax.Array, eps: float = 1e-8) -> jax.Array:
         x: ``[B, T]`` the values.
         active: ``[B, T]`` bool: the entries whitened.
         eps: Added to the variance, > 0 (verl's 1e-8).
+
+    Example:
+        >>> x = np.array([[1.0, 2.0, 3.0]], np.float32)
+        >>> np.asarray(prm_jax.estimators.whiten(x, np.ones((1, 3), bool)), np.float64).round(4).tolist()
+        [[-1.0, 0.0, 1.0]]
     """
     zero = jnp.zeros((), x.dtype)
     moments = segment_moments(x, active, ddof=1)
@@ -546,6 +568,12 @@ def decoupled_normalization(rewards: ArrayLike, weights: ArrayLike | Sequence[fl
       ``[B]`` float32 (float64 for float64 input) advantages.
 
     Statistics that overflow float32 (rewards near 1.8e19 and beyond) give NaN, never a finite wrong 0.
+
+    Example:
+        >>> rewards = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]], np.float32)   # [B, K]: the outcome, one scorer
+        >>> normalized = prm_jax.credit.decoupled_normalization(rewards, group_ids=np.array([0, 0, 1, 1]))
+        >>> np.asarray(normalized, np.float64).round(3).tolist()
+        [0.0, 0.0, 1.225, -1.225]
     """
     _checks.check_rank("rewards", rewards, 2)
     rows, sources = np.shape(rewards)

@@ -54,6 +54,10 @@ class OTBCredit:
         handle_zero_tail: Whether a group's longest row, where it alone reaches an index, gets baseline 0 from the
             second longest row's length on (verl's trainer; on by default).
         epsilon: Added to the baseline's denominator, > 0 (verl's 1e-8).
+
+    Example:
+        >>> prm_jax.AdvantageConfig(credit_assignment={"mode": "otb"}).credit_assignment
+        OTBCredit(handle_zero_tail=True, epsilon=1e-08)
     """
 
     handle_zero_tail: bool = True
@@ -69,6 +73,13 @@ class OTBOutput(NamedTuple):
 
     Attributes:
         returns: ``[B, T]`` the returns ``G`` (0 where untrained).
+
+    Example:
+        >>> w = np.array([[0.5, 0.2, 0.3], [0.4, 0.6, 0.0]])
+        >>> rewards, mask = np.array([[0, 0, 1.0], [0, 0, 0]]), np.array([[1, 1, 1], [1, 1, 0]], bool)
+        >>> out = prm_jax.credit.optimal_token_baseline(rewards, mask, np.log(np.full((2, 3), 0.5)), w)
+        >>> np.asarray(out.returns, np.float64).round(4).tolist()
+        [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
     """
 
     advantages: jax.Array

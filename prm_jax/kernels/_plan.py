@@ -55,6 +55,13 @@ class OverlongPenalty:
         max_new_tokens: The generation budget the penalty measures against.
         overlong_tokens: The ramp, in tokens: rows longer than ``max_new_tokens - overlong_tokens`` are penalized.
         factor: The penalty at the full ramp (``overlong_penalty_factor``).
+
+    Example:
+        >>> config = prm_jax.AdvantageConfig(overlong_reward_penalty=True, overlong_tokens=4, overlong_penalty_factor=1.0,
+        ...                                  max_new_tokens=16)
+        ...
+        >>> config.plan.outcome.overlong
+        OverlongPenalty(max_new_tokens=16, overlong_tokens=4, factor=1.0)
     """
 
     max_new_tokens: int
@@ -72,6 +79,10 @@ class OutcomeStage:
         clip: It is clipped to ``[-clip, clip]`` (``reward_clip``).
         norm: The outcome normalization (``NormConfig`` or ``DecoupledNorm``), or ``None``.
         overlong: DAPO's overlong penalty (``OverlongPenalty``), or ``None``.
+
+    Example:
+        >>> prm_jax.AdvantageConfig(reward_bias=-0.5, reward_scaling=2.0).plan.outcome
+        OutcomeStage(bias=-0.5, scaling=2.0, clip=20.0, norm=None, overlong=None)
     """
 
     bias: float = 0.0
@@ -89,6 +100,10 @@ class KLStage:
         kl_ctl: The penalty's coefficient (``AdvantageConfig.kl_ctl``).
         estimator: ``k1``, ``k2`` or ``k3`` (``AdvantageConfig.kl_estimator``).
         clamp: The estimate's clamp, > 0 (``AdvantageConfig.kl_clamp``).
+
+    Example:
+        >>> prm_jax.AdvantageConfig(kl_ctl=0.05, kl_estimator="k3").plan.kl
+        KLStage(kl_ctl=0.05, estimator='k3', clamp=10.0)
     """
 
     kl_ctl: float = 0.1
@@ -107,6 +122,10 @@ class TaskRewardStage:
             (``mask_no_eos_with_zero``).
         fold_process: Whether uniform per-turn process rewards are folded into GAE's rewards
             (``token_rewards_as_adv=False``).
+
+    Example:
+        >>> prm_jax.AdvantageConfig(mask_no_eos_with_zero=True).plan.task
+        TaskRewardStage(mask_truncated=True, fold_process=False)
     """
 
     mask_truncated: bool = False
@@ -123,6 +142,13 @@ class LambdaFunction:
         kwargs: Its keyword arguments, as sorted ``(name, value)`` pairs (hashable).
         name: The dotted path it was named by (for messages and the plan's identity).
         unit: ``token`` or ``turn``: the unit whose lengths the context gives it.
+
+    Example:
+        >>> plan = prm_jax.AdvantageConfig(gae_lambda="prm_jax.kernels.gae_lambda.vapo_length_adaptive_gae",
+        ...                                gae_lambda_kwargs={"alpha": 0.05}).plan
+        ...
+        >>> plan.lam.name, dict(plan.lam.kwargs), plan.lam.unit
+        ('prm_jax.kernels.gae_lambda.vapo_length_adaptive_gae', {'alpha': 0.05}, 'token')
     """
 
     fn: Callable[..., jax.Array]
@@ -161,6 +187,11 @@ class AdvantagePlan:
         check_turn_ids: Whether the turn ids must follow AReaL's rules (turn-level GAE or a λ function).
         check_values: The value checks: ``True``, ``"callback"`` or ``False`` (``AdvantageConfig.check_values``).
         strategy: The backend choices resolved before tracing (``ScanStrategy``); ``None``: resolved per call.
+
+    Example:
+        >>> plan = prm_jax.AdvantageConfig(gae_lambda=0.95, adv_norm={"mean_level": "batch"}).plan
+        >>> [spec.kind for spec, _ in plan.stages], plan.lam
+        (['adv_norm', 'advantage_shaping'], 0.95)
     """
 
     outcome: OutcomeStage = OutcomeStage()
@@ -229,8 +260,8 @@ class AdvantagePlan:
         """The configured stages of one kind (``StageSpec.kind``), with their declarations: none or one.
 
         Args:
-            kind: A stage kind (``StageSpec.kind``): ``reward_norm``, ``process_transform``, ``estimator``,
-                ``adv_norm`` or ``shaping``.
+            kind: A stage kind (``StageSpec.kind``, its config key): ``reward_norm``, ``process_reward_transform``,
+                ``adv_norm`` or ``advantage_shaping``.
         """
         return tuple((spec, stage) for spec, stage in self.stages if spec.kind == kind)
 

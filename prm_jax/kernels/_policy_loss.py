@@ -52,7 +52,13 @@ class GlobalBatch(NamedTuple):
     of it (a micro-batch on one of ``dp_size`` data-parallel ranks): ``batch_num_tokens`` the trained tokens of
     the whole mini-batch (over every rank), ``global_batch_size`` its rows (empty ones included: what
     ``global_batch_info`` gives). ``None``: the piece's own counts (``dp_size`` 1 only). The pieces' losses,
-    summed over micro-batches and averaged over ranks, are then the mini-batch's loss in every mode."""
+    summed over micro-batches and averaged over ranks, are then the mini-batch's loss in every mode.
+
+    Example:
+        >>> info = prm_jax.losses.global_batch_info(np.array([[0, 1, 1], [0, 1, 0]], bool), dp_size=2)
+        >>> prm_jax.losses.GlobalBatch(**info)
+        GlobalBatch(dp_size=2, batch_num_tokens=3, global_batch_size=2)
+    """
 
     dp_size: int = 1
     batch_num_tokens: Any = None
@@ -63,7 +69,14 @@ def global_batch_info(loss_mask: ArrayLike, dp_size: int = 1) -> dict[str, Any]:
     """The global batch keywords of every policy loss for a mini-batch whose whole ``loss_mask [B, T]`` is
     given (on one host, or all-gathered): ``dp_size``, ``batch_num_tokens`` (its trained tokens) and
     ``global_batch_size`` (its rows, empty ones included, as verl's trainer counts ``ppo_mini_batch_size x
-    rollout.n``)."""
+    rollout.n``).
+
+    Example:
+        >>> mini_batch_mask = np.array([[0, 1, 1], [0, 1, 0], [0, 0, 0]], bool)
+        >>> info = prm_jax.losses.global_batch_info(mini_batch_mask, dp_size=4)
+        >>> info["dp_size"], int(info["batch_num_tokens"]), int(info["global_batch_size"])
+        (4, 3, 3)
+    """
     integer("dp_size", dp_size, minimum=1)
     mask = np.asarray(loss_mask)
     _checks.check_rank("loss_mask", mask, 2)
@@ -164,6 +177,13 @@ class PPOLossStats(NamedTuple):
         importance_weight: The mean importance ratio.
         behav_imp_weight: The mean behaviour importance weight (decoupled PPO; 1 without ``old_logprobs``).
         behav_kept_fraction: The share of timesteps the behaviour cap kept.
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.ppo_clip_loss(logprobs, old, advantages, mask, eps_clip=0.2)
+        >>> round(float(stats.clip_fraction), 4), round(float(stats.importance_weight), 4)
+        (0.5, 1.4)
     """
 
     clip_fraction: jax.Array       # share where the clipped term was taken (l1 < l2)

@@ -60,6 +60,11 @@ class PrimeCredit:
         dpo_coef: The weight of the implicit (DPO-style) rewards (``reward_dpo_coef``).
         gt_coef: The weight of the ground-truth reward (``reward_gt_coef``).
         norm: ``batch_norm`` (the implicit rewards normalized over the batch) or ``none`` (``prime_norm``).
+
+    Example:
+        >>> credit = prm_jax.AdvantageConfig(credit_assignment={"mode": "prime", "beta": 0.1}).credit_assignment
+        >>> type(credit).__name__, credit.beta, credit.norm
+        ('PrimeCredit', 0.1, 'batch_norm')
     """
 
     beta: float = 0.05
@@ -120,6 +125,13 @@ def implicit_process_rewards(prm_logprobs: ArrayLike, ref_logprobs: ArrayLike, m
     Returns:
       ``[B, T]`` float32 (float64 for float64 input) process rewards, 0 at inactive timesteps and at each
       row's last trained timestep.
+
+    Example:
+        >>> prm = np.log(np.array([[0.5, 0.8, 0.5]], np.float32))
+        >>> ref = np.log(np.array([[0.5, 0.4, 0.25]], np.float32))
+        >>> rewards = prm_jax.credit.implicit_process_rewards(prm, ref, np.ones((1, 3), bool), beta=1.0)
+        >>> np.asarray(rewards, np.float64).round(4).tolist()   # beta log(prm / ref); 0 on the last timestep
+        [[0.0, 0.6931, 0.0]]
     """
     _checks.check_rank("prm_logprobs", prm_logprobs, 2)
     shape = np.shape(prm_logprobs)

@@ -61,6 +61,11 @@ class ProgressTransform:
         initial: Φ(s_0), the potential before a row's first step.
         terminal: The potential after the last step: ``zero`` or ``outcome`` (the row's outcome reward).
         level: What a step is: ``turn`` or ``token`` (a trained timestep).
+
+    Example:
+        >>> config = prm_jax.AdvantageConfig(process_reward_transform={"mode": "progress", "gamma": 0.9})
+        >>> config.process_reward_transform.gamma, config.process_reward_transform.terminal
+        (0.9, 'zero')
     """
 
     gamma: float = 1.0

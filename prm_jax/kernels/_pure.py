@@ -55,6 +55,11 @@ class MinFormTransform:
 
     Args:
         temperature: τ of the min-form's softmin over the turn's step scores, > 0 (PURE's 0.1).
+
+    Example:
+        >>> config = prm_jax.AdvantageConfig(process_reward_transform={"mode": "min_form", "temperature": 0.2})
+        >>> config.process_reward_transform
+        MinFormTransform(temperature=0.2)
     """
 
     temperature: float = 0.1
@@ -75,6 +80,10 @@ class PureCredit:
         temperature: τ of the min-form's softmin, > 0 (PURE's 0.1).
         verifier_coef: The weight of the verifier's (outcome) reward beside the process rewards.
         whiten: Whether the advantages are whitened over the batch (PURE's default).
+
+    Example:
+        >>> prm_jax.AdvantageConfig(credit_assignment={"mode": "pure", "temperature": 0.1}).credit_assignment
+        PureCredit(temperature=0.1, verifier_coef=1.0, whiten=True)
     """
 
     temperature: float = 0.1
@@ -124,6 +133,11 @@ def min_form(step_scores: ArrayLike, step_mask: ArrayLike | None = None, tempera
 
     Raises:
       ValueError: a bad temperature or shape, or a non-finite score of an existing step.
+
+    Example:
+        >>> scores = np.array([[0.9, 0.1, 0.8]], np.float32)
+        >>> np.asarray(prm_jax.credit.min_form(scores, temperature=0.1), np.float64).round(4).tolist()
+        [[0.0003, 0.0999, 0.0007]]
     """
     temperature = check_temperature(temperature)
     _checks.check_rank("step_scores", step_scores, 2)

@@ -96,6 +96,12 @@ class ScanStrategy:
         step_groups: How GiGPO finds its step groups: ``native`` (the CPU's hash pass) or ``sort``.
         cumsum: How a reverse cumulative sum runs: ``blocked`` (matrix products, the CPU's) or ``lax``.
         alignment: How OTB aligns rows by generated-token index: ``native`` or ``scatter``.
+
+    Example:
+        >>> batch = {"loss_mask": np.ones((2, 8), np.int32)}
+        >>> strategy = prm_jax.AdvantageConfig(gae_method="scan").plan.with_strategy(batch).strategy
+        >>> strategy.gae, strategy.general
+        ('scan', 'scan')
     """
 
     gae: GAEMethod
@@ -195,6 +201,13 @@ def backward_linear_recurrence(coeffs: ArrayLike, offsets: ArrayLike, init: Arra
 
     Returns:
       ``[B, T]`` float32 (float64 for float64 inputs).
+
+    Example:
+        >>> x = prm_jax.kernels.backward_linear_recurrence(np.full((1, 3), 0.5, np.float32), np.ones((1, 3), np.float32),
+        ...                                                np.zeros((1,), np.float32))
+        ...
+        >>> np.asarray(x).tolist()
+        [[1.75, 1.5, 1.0]]
     """
     if method not in ("scan", "associative", "blocked"):
         raise ValueError(f"method must be 'scan', 'associative' or 'blocked', got {method!r}")
@@ -269,6 +282,11 @@ def reverse_cumsum(x: jax.Array, active: jax.Array, method: CumsumMethod) -> jax
         x: ``[B, T]`` the values.
         active: ``[B, T]`` bool: the entries summed.
         method: ``lax`` or ``blocked`` (``resolve_cumsum`` chooses per backend); the numbers agree.
+
+    Example:
+        >>> x = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+        >>> np.asarray(prm_jax.estimators.reverse_cumsum(x, np.array([[True, True, False, True]]), "lax")).tolist()
+        [[7.0, 6.0, 0.0, 4.0]]
     """
     zero = jnp.zeros((), x.dtype)
     kept = jnp.where(active, x, zero)

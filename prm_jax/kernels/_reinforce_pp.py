@@ -42,12 +42,22 @@ from prm_jax.kernels._token_gae import _gae_core
 
 @dataclasses.dataclass(frozen=True)
 class ReinforcePPCredit:
-    """``actor.credit_assignment: {mode: reinforce_pp}`` (no settings: the discount is ``actor.discount``)."""
+    """``actor.credit_assignment: {mode: reinforce_pp}`` (no settings: the discount is ``actor.discount``).
+
+    Example:
+        >>> prm_jax.AdvantageConfig(credit_assignment={"mode": "reinforce_pp"}, discount=0.99).plan.discount
+        0.99
+    """
 
 
 @dataclasses.dataclass(frozen=True)
 class ReinforcePPBaselineCredit:
-    """``actor.credit_assignment: {mode: reinforce_pp_baseline}`` (no settings)."""
+    """``actor.credit_assignment: {mode: reinforce_pp_baseline}`` (no settings).
+
+    Example:
+        >>> prm_jax.AdvantageConfig(credit_assignment={"mode": "reinforce_pp_baseline"}).credit_assignment
+        ReinforcePPBaselineCredit()
+    """
 
 
 class ReinforcePPOutput(NamedTuple):
@@ -57,6 +67,11 @@ class ReinforcePPOutput(NamedTuple):
     Attributes:
         returns: ``[B, T]`` the discounted returns (0 where untrained).
         degenerate: 1 when fewer than two timesteps train (the advantages are then 0), else 0.
+
+    Example:
+        >>> out = prm_jax.credit.reinforce_pp(np.array([[0, 0, 1.0]]), np.array([[1, 1, 1]], bool), gamma=1.0)
+        >>> np.asarray(out.returns, np.float64).tolist(), int(out.degenerate)
+        ([[1.0, 1.0, 1.0]], 0)
     """
 
     advantages: jax.Array

@@ -79,6 +79,11 @@ class BatchKey:
         hint: Said after the key's name when it holds NaN where a stage reads it.
         stored: The dtype ``pack_branches`` stores it in, where not its class's own; ``None``: the class's.
         bounds: Its values' declared range (``Bounds``), checked where it is read; ``None``: none declared.
+
+    Example:
+        >>> key = prm_jax.kernels.BATCH_SCHEMA["turn_ids"]
+        >>> key.shape_text, key.on, key.fill, key.numpy_dtype.__name__
+        ('[B, T]', 'positions', -1, 'int32')
     """
 
     name: str

@@ -84,6 +84,15 @@ def sequence_parallel_gae(rewards: ArrayLike, values: ArrayLike | None, mask: Ar
 
     Returns:
       ``GAEOutput(advantages, returns)``, ``[B, T]`` float32, sharded like the inputs.
+
+    Example:
+        >>> import jax
+        >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("seq",))
+        >>> out = prm_jax.kernels.sequence_parallel_gae(np.array([[0.0, 0.0, 1.0, 0.0]], np.float32), None,
+        ...                                             np.ones((1, 4), bool), mesh=mesh, gamma=0.5)
+        ...
+        >>> np.asarray(out.advantages).tolist()
+        [[0.25, 0.5, 1.0, 0.0]]
     """
     _checks.check_rank("rewards", rewards, 2)
     if axis_name not in mesh.shape:

@@ -73,6 +73,11 @@ class StageResult(NamedTuple):
     Attributes:
         value: The stage's value: the outcome rewards, the process rewards or the advantages, by its kind.
         returns: An estimator's own returns ``[B, T]``; ``None``: the epilogue forms ``advantages + values``.
+
+    Example:
+        >>> result = prm_jax.estimators.StageResult(np.zeros((1, 3), np.float32))
+        >>> result.value.shape, dict(result.diagnostics), result.checks, result.returns
+        ((1, 3), {}, (), None)
     """
 
     value: jax.Array
@@ -95,7 +100,8 @@ class StageSpec:
     """A stage's declaration (see the module docstring); ``turns(stage)`` says whether a record reads turns.
 
     Args:
-        kind: The stage's kind: ``reward_norm``, ``process_transform``, ``estimator``, ``adv_norm`` or ``shaping``.
+        kind: The stage's kind, its config key: ``reward_norm``, ``process_reward_transform``, ``adv_norm`` or
+            ``advantage_shaping`` (an estimator is declared by ``EstimatorSpec``).
         mode: The mode that selects it in its config key (``gvpo``, ``min_form``, ...).
         stage: The record that configures it.
         run: The stage, ``run(stage, **inputs) -> StageResult``, its inputs named from ``INPUTS``.
@@ -103,6 +109,11 @@ class StageSpec:
         diagnostics: The prefix of its diagnostics' keys, ending in ``/``; ``None``: it has none.
         checks: The names of the value checks it may report.
         turns: ``turns(stage)``: whether a record of it reads turns.
+
+    Example:
+        >>> spec, stage = prm_jax.AdvantageConfig(advantage_shaping={"mode": "gvpo"}).plan.stages_of("advantage_shaping")[0]
+        >>> spec.kind, spec.mode, spec.inputs
+        ('advantage_shaping', 'gvpo', ('advantages', 'process', 'active'))
     """
 
     kind: StageKind

@@ -51,6 +51,13 @@ class GAEOutput(NamedTuple):
 
     Attributes:
         returns: ``[B, T]`` the returns, ``advantages + values``.
+
+    Example:
+        >>> out = prm_jax.kernels.gae(np.array([[0.0, 0.0, 1.0]], np.float32), np.array([[0.5, 0.5, 0.5]], np.float32),
+        ...                           np.ones((1, 3), bool), gamma=1.0, lam=1.0)
+        ...
+        >>> np.asarray(out.advantages).tolist(), np.asarray(out.returns).tolist()
+        ([[0.5, 0.5, 0.5]], [[1.0, 1.0, 1.0]])
     """
 
     advantages: jax.Array  # [B, T] (or [B, K] turns) float32
@@ -254,6 +261,10 @@ class TokenGAE:
 
     Args:
         block_size: Timesteps per block of the ``blocked`` scan method, >= 1.
+
+    Example:
+        >>> prm_jax.AdvantageConfig(gae_block_size=32).plan.estimator
+        TokenGAE(block_size=32)
     """
 
     block_size: int = DEFAULT_BLOCK_SIZE

@@ -64,6 +64,10 @@ class TreeCredit:
             sqrt(k)``, TreeRL's), ``uniform`` (``A / k``) or ``none``.
         value: A node's advantage: ``state_value`` (``l(n) + V(n)``, TreeRL's script), ``value_only`` (``V(n)``) or
             ``local_only`` (``l(n)``).
+
+    Example:
+        >>> prm_jax.AdvantageConfig(credit_assignment={"mode": "tree", "weighting": "uniform"}).credit_assignment
+        TreeCredit(weighting='uniform', value='state_value')
     """
 
     weighting: TreeWeighting = "sqrt"
@@ -84,6 +88,11 @@ class TreeAdvantages(NamedTuple):
         local: ``[N]`` l(n), the node's local signal ``V(n) - V(parent)``.
         leaf_counts: ``[N]`` c(n), the leaves below each node.
         centred: ``[N]`` the centred leaf rewards (at leaves; 0 elsewhere).
+
+    Example:
+        >>> out = prm_jax.credit.tree_advantages(np.array([-1, 0, 0]), np.array([0.0, 1.0, 0.0]))
+        >>> np.asarray(out.leaf_counts).tolist(), np.asarray(out.state_values, np.float64).round(3).tolist()
+        ([2, 1, 1], [0.0, 1.0, -1.0])
     """
 
     values: jax.Array        # [N] the value each node's tokens get (``value`` mode), 0 at masked nodes
@@ -240,6 +249,11 @@ def tree_discount(parent: ArrayLike, raw_reward: ArrayLike, gamma: ArrayLike, *,
 
     Returns:
       ``[N]`` float32 (float64 for float64 input) discounted rewards.
+
+    Example:
+        >>> rewards = prm_jax.credit.tree_discount(np.array([-1, 0, 0]), np.array([0.0, 1.0, 0.0]), 0.9)
+        >>> np.asarray(rewards, np.float64).round(3).tolist()
+        [0.45, 1.0, 0.0]
     """
     _tree_inputs(parent, mask, raw_reward, "raw_reward")
     if np.shape(parent)[0] == 0:  # no node: nothing to discount (an empty result, as every credit kernel's)

@@ -258,6 +258,10 @@ def turn_ids_from_spans(spans: ArrayLike, width: int) -> jax.Array:
 
     Returns:
       ``[B, T]`` int32: ``k`` on turn ``k``'s positions, -1 elsewhere (where spans overlap, the later turn).
+
+    Example:
+        >>> np.asarray(prm_jax.kernels.turn_ids_from_spans(np.array([[[1, 3], [4, 6]]]), 7)).tolist()
+        [[-1, 0, 0, -1, 1, 1, -1]]
     """
     _checks.check_rank("spans", spans, 3)
     if np.shape(spans)[2] != 2:
@@ -284,7 +288,12 @@ def _spans_jit(spans, *, width):
 @dataclasses.dataclass(frozen=True)
 class TurnGAE:
     """GAE over turns (``gae_timestep_unit: turn``); the KL rewards are added to the advantages afterwards
-    and stay out of the returns (each turn's ``A_k + V_k``, AReaL's rule)."""
+    and stay out of the returns (each turn's ``A_k + V_k``, AReaL's rule).
+
+    Example:
+        >>> prm_jax.AdvantageConfig(gae_timestep_unit="turn").plan.estimator
+        TurnGAE()
+    """
 
 
 def _turn_gae(stage: TurnGAE, rewards: jax.Array, values: jax.Array, active: jax.Array,

@@ -60,6 +60,13 @@ class PolicyLossStats(NamedTuple):
         pg_clipfrac: The share of trained timesteps where the clip (or the loss's own gate) was taken.
         ppo_kl: The mean of ``-d``, ``d = logprobs - proximal_logprobs`` (each loss says whether clamped).
         pg_clipfrac_lower: The share where the dual clip cut (``A < 0``).
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.vanilla_ppo_loss(logprobs, old, advantages, mask)
+        >>> round(float(stats.pg_clipfrac), 4), round(float(stats.ppo_kl), 4), round(float(stats.pg_clipfrac_lower), 4)
+        (0.5, -0.2939, 0.0)
     """
 
     pg_clipfrac: jax.Array        # the share of tokens the loss clipped (0 where it clips nothing)
@@ -300,7 +307,15 @@ def vanilla_ppo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantag
     > 1``, 3.0), rollout weights instead of AReaL's behaviour cap, verl's five aggregations. The gradient at
     exactly a clip bound or at a dual-clip tie is half, as torch's. Returns ``(loss, PolicyLossStats)``:
     ``pg_clipfrac`` where the clip was taken, ``pg_clipfrac_lower`` where the dual clip cut (``A < 0``),
-    ``ppo_kl`` the mean of the clamped ``-d``."""
+    ``ppo_kl`` the mean of the clamped ``-d``.
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.vanilla_ppo_loss(logprobs, old, advantages, mask)
+        >>> round(float(loss), 4), round(float(stats.pg_clipfrac), 4)
+        (-1.1, 0.5)
+    """
     cap = finite_number("clip_ratio_c", clip_ratio_c)
     if cap <= 1:
         raise ValueError(f"clip_ratio_c must be > 1 (the dual clip), got {clip_ratio_c!r}")
@@ -323,7 +338,15 @@ def gspo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arr
     the paper's sequence-level gradient. verl always aggregates it with ``seq-mean-token-mean`` (the default
     here; another mode is honoured). The GSPO paper's clip ranges are far smaller (3e-4 / 4e-4). Returns
     ``(loss, PolicyLossStats)``: ``pg_clipfrac`` where the clipped term was taken, ``ppo_kl`` the mean of
-    ``-d`` (unclamped)."""
+    ``-d`` (unclamped).
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.gspo_loss(logprobs, old, advantages, mask)
+        >>> round(float(loss), 4), round(float(stats.pg_clipfrac), 4)
+        (-1.2, 1.0)
+    """
     low, high = _clip_ratios(clip_ratio_low, clip_ratio_high)
     return _run("gspo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
                 (low, high), loss_scale_factor,
@@ -341,7 +364,15 @@ def geo_mean_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
     aggregation. The gradient is torch's (half at exactly a bound). A row whose ``R_b`` overflows float32 is
     counted (``stats.checks["checks/geo_mean_ratio_overflow"]``) and refused eagerly. The GMPO authors use a
     range of 0.4. Returns ``(loss, PolicyLossStats)``: ``pg_clipfrac`` / ``pg_clipfrac_lower`` the shares
-    capped with ``A > 0`` / ``A < 0``."""
+    capped with ``A > 0`` / ``A < 0``.
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.geo_mean_loss(logprobs, old, advantages, mask)
+        >>> round(float(loss), 4), round(float(stats.pg_clipfrac), 4)
+        (-1.1052, 0.5)
+    """
     low, high = _clip_ratios(clip_ratio_low, clip_ratio_high)
     return _run("geo_mean", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, "token-mean",
                 (low, high), None)
@@ -358,7 +389,15 @@ def dppo_tv_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: 
     (``p = exp(logprobs)``; here the clip ratios are divergence bounds, not ratio bounds). ``clip_ratio_c``
     is verl's shipped 3.0 (its code's own fallback, 20, is never reached with its config; its example uses
     10000). Returns ``(loss, PolicyLossStats)``: ``pg_clipfrac`` the share masked out, ``pg_clipfrac_lower``
-    the share truncated (``r > C``)."""
+    the share truncated (``r > C``).
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.dppo_tv_loss(logprobs, old, advantages, mask)
+        >>> round(float(loss), 4), round(float(stats.pg_clipfrac), 4)
+        (0.3466, 0.5)
+    """
     return _run("dppo_tv", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
                 _dppo_params(clip_ratio_low, clip_ratio_high, clip_ratio_c), loss_scale_factor,
                 global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
@@ -372,7 +411,15 @@ def dppo_kl_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: 
     """verl's ``dppo_kl``: ``dppo_tv_loss`` with the binary KL region: ``D = p_old (logp_old - logp) + (1 -
     p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))``; a token is kept where ``D <= clip_ratio_high or p <=
     p_old`` (``A > 0``), ``D <= clip_ratio_low or p >= p_old`` otherwise (a log-prob above 0 makes ``D`` NaN:
-    the comparison is False and the second part decides, as in verl). Returns ``(loss, PolicyLossStats)``."""
+    the comparison is False and the second part decides, as in verl). Returns ``(loss, PolicyLossStats)``.
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.dppo_kl_loss(logprobs, old, advantages, mask)
+        >>> round(float(loss), 4), round(float(stats.pg_clipfrac), 4)
+        (0.3466, 0.5)
+    """
     return _run("dppo_kl", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
                 _dppo_params(clip_ratio_low, clip_ratio_high, clip_ratio_c), loss_scale_factor,
                 global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
@@ -407,6 +454,13 @@ def kl_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: A
     Args:
         kl_cov_ratio: The share of trained tokens (at least one) of the largest covariance that get the KL term.
         ppo_kl_coef: The coefficient of their ``|d|`` penalty.
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.kl_cov_loss(logprobs, old, advantages, mask, kl_cov_ratio=0.5)
+        >>> round(float(loss), 4), round(float(stats.pg_clipfrac), 4)
+        (-1.3706, 0.0)
     """
     ratio_kl = finite_number("kl_cov_ratio", kl_cov_ratio)
     if not 0 < ratio_kl <= 1:
@@ -439,6 +493,13 @@ def clip_cov_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages:
         clip_cov_ratio: The share of trained tokens excluded (at least one).
         clip_cov_lb: Candidates' covariance must exceed this lower bound.
         clip_cov_ub: And stay below this upper bound.
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.clip_cov_loss(logprobs, old, advantages, mask, chosen=np.array([[False, True]]))
+        >>> round(float(loss), 4), round(float(stats.pg_clipfrac), 4)
+        (-0.5, 0.5)
     """
     if (key is None) == (chosen is None):
         raise ValueError("clip_cov_loss needs exactly one of key (a jax.random key: a random choice of tokens) "
@@ -461,7 +522,15 @@ def gpg_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arra
              loss_scale_factor: float | None = None, dp_size: int = 1, batch_num_tokens: Any = None,
              global_batch_size: Any = None) -> tuple[jax.Array, PolicyLossStats]:
     """verl's ``gpg``: ``L = -logprobs * A`` (no ratio; gradient ``-A``), aggregated by ``loss_agg_mode``.
-    ``proximal_logprobs`` is not read (kept for one signature). Returns ``(loss, PolicyLossStats)``."""
+    ``proximal_logprobs`` is not read (kept for one signature). Returns ``(loss, PolicyLossStats)``.
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.gpg_loss(logprobs, old, advantages, mask)
+        >>> round(float(loss), 4), round(float(stats.pg_clipfrac), 4)
+        (0.3993, 0.0)
+    """
     return _run("gpg", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode, (),
                 loss_scale_factor,
                 global_batch=GlobalBatch(dp_size, batch_num_tokens, global_batch_size))
@@ -477,6 +546,13 @@ def dro_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arra
 
     Args:
         dro_beta: β of the squared log-ratio penalty, > 0 (verl's ``policy_loss.dro_beta``; required).
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.dro_loss(logprobs, old, advantages, mask, dro_beta=0.1)
+        >>> round(float(loss), 4), round(float(stats.ppo_kl), 4)
+        (0.4079, -0.2939)
     """
     beta = finite_number("dro_beta", dro_beta)
     if beta <= 0:
@@ -494,7 +570,15 @@ def cispo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Ar
     """verl's ``cispo`` (MiniMax-M1): ``L = -sg(clip(r, 1 - low, 1 + high)) * A * logprobs`` with ``r =
     exp(clamp(d, -20, 20))``: every token keeps a gradient, ``-weight * A``, clipped or not. The CISPO paper
     (and verl's example) drop the lower clip: ``clip_ratio_low=10``. ``pg_clipfrac`` is the share whose weight
-    was clipped, either side. Returns ``(loss, PolicyLossStats)``."""
+    was clipped, either side. Returns ``(loss, PolicyLossStats)``.
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.cispo_loss(logprobs, old, advantages, mask)
+        >>> round(float(loss), 4), round(float(stats.pg_clipfrac), 4)
+        (0.4098, 0.5)
+    """
     low, high = _clip_ratios(clip_ratio_low, clip_ratio_high)
     return _run("cispo", logprobs, proximal_logprobs, advantages, loss_mask, rollout_is_weights, loss_agg_mode,
                 (low, high), loss_scale_factor,
@@ -515,6 +599,13 @@ def sapo_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: Arr
     Args:
         tau_pos: The gate's temperature where ``A > 0``, > 0.
         tau_neg: The gate's temperature where ``A <= 0``, > 0.
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.sapo_loss(logprobs, old, advantages, mask)
+        >>> round(float(loss), 4), round(float(stats.ppo_kl), 4)
+        (-2.3799, -0.2939)
     """
     pos = finite_number("tau_pos", tau_pos)
     neg = finite_number("tau_neg", tau_neg)
@@ -539,6 +630,12 @@ class SequenceClipStats(NamedTuple):
         region_mean: The share clipped either way.
         low_min: The smallest of the lower-clip indicators (TRL's ``clip_ratio/low_min``).
         high_max: The largest of the upper-clip indicators (TRL's ``clip_ratio/high_max``).
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.9, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> _, stats = prm_jax.losses.gspo_sequence_loss(logprobs, old, np.array([1.0], np.float32), np.ones((1, 2), bool))
+        >>> float(stats.high_mean), float(stats.low_mean), float(stats.region_mean)
+        (1.0, 0.0, 1.0)
     """
 
     low_mean: jax.Array     # share of rows with ratio < 1 - epsilon and A < 0
@@ -605,6 +702,12 @@ def gspo_sequence_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advant
         loss_type: TRL's aggregation: ``grpo``, ``bnpo``, ``dr_grpo``, ``dapo`` or ``luspo``.
         max_completion_length: The divisor's length of ``dr_grpo`` (TRL's ``max_completion_length``).
         num_items_in_batch: The divisor of ``dapo``; ``None``: this call's trained tokens.
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> loss, stats = prm_jax.losses.gspo_sequence_loss(logprobs, old, np.array([1.0], np.float32), np.ones((1, 2), bool))
+        >>> round(float(loss), 4), round(float(stats.high_mean), 4)
+        (-1.2, 1.0)
     """
     one_of("loss_type", loss_type, TRL_LOSS_TYPES)
     low = finite_number("epsilon", epsilon, minimum=0.0)
@@ -642,6 +745,13 @@ def policy_loss(logprobs: ArrayLike, proximal_logprobs: ArrayLike, advantages: A
         mode: verl's ``policy_loss.loss_mode``: one of ``POLICY_LOSS_MODES``.
         options: That loss's own keyword arguments (``clip_ratio_low``, ``loss_agg_mode``, ``dro_beta``, ...); one it
             does not take is refused, naming it.
+
+    Example:
+        >>> logprobs, old = np.log(np.array([[0.5, 0.9]], np.float32)), np.log(np.array([[0.5, 0.5]], np.float32))
+        >>> advantages, mask = np.array([[1.0, 1.0]], np.float32), np.ones((1, 2), bool)
+        >>> loss, stats = prm_jax.losses.policy_loss(logprobs, old, advantages, mask, mode="cispo", clip_ratio_high=0.5)
+        >>> round(float(loss), 4)
+        0.4256
     """
     accepted = policy_loss_options(mode)
     unknown = sorted(set(options) - accepted)
@@ -656,6 +766,11 @@ def policy_loss_options(mode: PolicyLossMode) -> frozenset[str]:
 
     Args:
         mode: verl's ``policy_loss.loss_mode``: one of ``POLICY_LOSS_MODES``.
+
+    Example:
+        >>> options = prm_jax.losses.policy_loss_options("dro")
+        >>> "dro_beta" in options, "clip_ratio_low" in options
+        (True, False)
     """
     one_of("mode", mode, POLICY_LOSS_MODES)
     arrays = {"logprobs", "proximal_logprobs", "advantages", "loss_mask"}

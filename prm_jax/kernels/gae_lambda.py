@@ -39,7 +39,15 @@ __all__ = ["GAELambdaContext", "constant_gae_lambda", "relative_position_gae_lam
 
 class GAELambdaContext(TypedDict):
     """What a λ function reads of each row: its trained tokens, its turns, and the lengths in the configured
-    timestep unit (tokens or turns)."""
+    timestep unit (tokens or turns).
+
+    Example:
+        >>> lengths = np.array([1, 4, 16], np.int32)
+        >>> Context = prm_jax.kernels.gae_lambda.GAELambdaContext
+        >>> context = Context(effective_token_lengths=lengths, turn_counts=np.zeros(3, np.int32), timestep_lengths=lengths)
+        >>> sorted(context)
+        ['effective_token_lengths', 'timestep_lengths', 'turn_counts']
+    """
 
     effective_token_lengths: jax.Array  # [B] int32
     turn_counts: jax.Array              # [B] int32
@@ -67,6 +75,13 @@ def constant_gae_lambda(context: GAELambdaContext, *, value: float) -> jax.Array
     Args:
         context: The rows' lengths (``GAELambdaContext``), which the pipeline gives every λ function.
         value: λ for every row, in [0, 1].
+
+    Example:
+        >>> lengths = np.array([1, 4, 16], np.int32)
+        >>> Context = prm_jax.kernels.gae_lambda.GAELambdaContext
+        >>> context = Context(effective_token_lengths=lengths, turn_counts=np.zeros(3, np.int32), timestep_lengths=lengths)
+        >>> np.asarray(prm_jax.kernels.gae_lambda.constant_gae_lambda(context, value=0.9), np.float64).round(4).tolist()
+        [0.9, 0.9, 0.9]
     """
     value = _check_value(value=value)
     return jnp.full(np.shape(context["timestep_lengths"]), value, jnp.float32)
@@ -78,6 +93,13 @@ def vapo_length_adaptive_gae(context: GAELambdaContext, *, alpha: float) -> jax.
     Args:
         context: The rows' lengths (``GAELambdaContext``), which the pipeline gives every λ function.
         alpha: VAPO's α, > 0: longer rows get λ closer to 1.
+
+    Example:
+        >>> lengths = np.array([1, 4, 16], np.int32)
+        >>> Context = prm_jax.kernels.gae_lambda.GAELambdaContext
+        >>> context = Context(effective_token_lengths=lengths, turn_counts=np.zeros(3, np.int32), timestep_lengths=lengths)
+        >>> np.asarray(prm_jax.kernels.gae_lambda.vapo_length_adaptive_gae(context, alpha=0.5), np.float64).round(4).tolist()
+        [0.0, 0.5, 0.875]
     """
     alpha = _check_alpha(alpha=alpha)
     lengths = context["timestep_lengths"]
@@ -91,6 +113,13 @@ def relative_position_gae_lambda(context: GAELambdaContext, *, q: float) -> jax.
     Args:
         context: The rows' lengths (``GAELambdaContext``), which the pipeline gives every λ function.
         q: λ's value at the full length: ``q ** (1 / (L - 1))``, in [0, 1].
+
+    Example:
+        >>> lengths = np.array([1, 4, 16], np.int32)
+        >>> Context = prm_jax.kernels.gae_lambda.GAELambdaContext
+        >>> context = Context(effective_token_lengths=lengths, turn_counts=np.zeros(3, np.int32), timestep_lengths=lengths)
+        >>> np.asarray(prm_jax.kernels.gae_lambda.relative_position_gae_lambda(context, q=0.5), np.float64).round(4).tolist()
+        [1.0, 0.7937, 0.9548]
     """
     q = _check_q(q=q)
     lengths = context["timestep_lengths"]

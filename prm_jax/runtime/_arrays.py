@@ -89,6 +89,11 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
       logprobs: ``[B, T]`` behaviour log-probs of the tokens, given to scorers as ``output_logprobs``.
       rewards: ``[B]`` outcome rewards, set on each row's last turn.
       row_ids: names of the rows (interaction ids are ``f"{row_id}/t{k}"``); default ``row{b}``.
+
+    Example:
+        >>> chains = prm_jax.runtime.chains_from_arrays(np.array([[1, 2, 3, 4, 5]]), np.array([[-1, 0, 0, -1, 1]]))
+        >>> [(turn.interaction_id, turn.input_tokens.tolist(), turn.output_tokens.tolist()) for turn in chains[0]]
+        [('row0/t0', [1], [2, 3]), ('row0/t1', [1, 2, 3, 4], [5])]
     """
     checked = _checked_rows(input_ids, turn_ids, attention_mask)
     tokens, rows = checked.tokens, checked.tokens.shape[0]
@@ -423,6 +428,15 @@ def token_rewards_from_chains(chains: Sequence[Sequence[Interaction] | None], tu
 
     Args:
         chains: One scored chain of turns per row (``None`` for a row without one).
+
+    Example:
+        >>> turn_ids = np.array([[-1, 0, 0, -1, 1]])
+        >>> chains = prm_jax.runtime.chains_from_arrays(np.array([[1, 2, 3, 4, 5]]), turn_ids)
+        >>> with prm_jax.BlockingRunner(scorers=[prm_jax.scorers.LengthBudgetScorer(max_output_tokens=1)]) as runner:
+        ...     _ = runner.run(chains[0])
+        ...
+        >>> prm_jax.runtime.token_rewards_from_chains(chains, turn_ids).tolist()
+        [[0.0, 0.0, 0.0, 0.0, 1.0]]
     """
     ids = np.asarray(turn_ids)
     out = np.zeros(ids.shape, np.float32)
@@ -445,6 +459,13 @@ class ScoredArrays(NamedTuple):
         turn_scores: ``[B, K]`` each turn's weighted reward summed over scorers (``per_turn=True``); else ``None``.
         per_scorer: Each scorer's weighted contribution ``[B, K]`` (``per_turn=True``); else ``None``.
         turn_mask: ``[B, K]`` bool: the turns a row has (``per_turn=True``); else ``None``.
+
+    Example:
+        >>> with prm_jax.BlockingRunner(scorers=[prm_jax.scorers.LengthBudgetScorer(max_output_tokens=1)]) as runner:
+        ...     out = runner.score_arrays(np.array([[1, 2, 3, 4]]), np.array([[-1, 0, -1, 1]]), per_turn=True)
+        ...
+        >>> out.token_rewards.tolist(), out.turn_scores.tolist(), out.failed.tolist()
+        ([[0.0, 1.0, 0.0, 1.0]], [[1.0, 1.0]], [False])
     """
 
     token_rewards: np.ndarray  # [B, T] float32; NaN on a failed row's turn positions

@@ -43,6 +43,18 @@ async def call_with_retry(fn: Callable[..., Awaitable[T]], *args: Any, timeout: 
     Raises:
       RetryError: all attempts failed, chained to the last failure. A failure not worth retrying
         propagates at once, as it is.
+
+    Example:
+        >>> import anyio
+        >>> tries = []
+        >>> async def flaky():
+        ...     tries.append(1)
+        ...     if len(tries) < 3:
+        ...         raise ConnectionError("reset")
+        ...     return "ok"
+        ...
+        >>> anyio.run(lambda: prm_jax.runtime.call_with_retry(flaky, timeout=1.0, attempts=3, backoff=0.0)), len(tries)
+        ('ok', 3)
     """
     if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")

@@ -25,6 +25,10 @@ def bucket_width(length: int, bucket: int | str = 128, min_width: int = 1) -> in
         length: The length to round, >= 0.
         bucket: A multiple to round up to, >= 1, or ``"pow2"``.
         min_width: The smallest width returned, >= 1.
+
+    Example:
+        >>> prm_jax.runtime.bucket_width(130), prm_jax.runtime.bucket_width(130, 64), prm_jax.runtime.bucket_width(130, "pow2")
+        (256, 192, 256)
     """
     length = max(int(length), int(min_width), 1)
     if bucket == "pow2":
@@ -159,6 +163,11 @@ def empty_batch(rows: int, width: int, *, token_rewards: bool = True, turns: int
     per-turn arrays, ``[rows, turns]``; ``tree_turns``: with the session trees' ``node_ids [rows,
     tree_turns]`` and ``node_parents [rows * tree_turns]``): a fixed-shape template, e.g. to compile a step
     before any data. Its parameters are ``batch_spec``'s.
+
+    Example:
+        >>> batch = prm_jax.runtime.empty_batch(2, 4)
+        >>> batch["turn_ids"].tolist(), batch["rewards"].tolist()
+        ([[-1, -1, -1, -1], [-1, -1, -1, -1]], [0.0, 0.0])
     """
     spec = batch_spec(rows, width, token_rewards=token_rewards, turns=turns, tree_turns=tree_turns,
                       model_outputs=model_outputs)
@@ -178,6 +187,11 @@ def batch_spec(rows: int, width: int, *, token_rewards: bool = True, turns: int 
         turns: ``K``, with GiGPO's per-turn arrays ``[rows, K]``; ``None``: without them.
         tree_turns: ``K``, with the session trees' ``node_ids`` and ``node_parents``; ``None``: without them.
         model_outputs: Whether the batch holds the per-token model outputs (as ``pack_branches``' argument).
+
+    Example:
+        >>> spec = prm_jax.runtime.batch_spec(2, 8, turns=3)
+        >>> spec["turn_ids"], spec["anchor_ids"][0]
+        (((2, 8), <class 'numpy.int32'>, -1), (2, 3))
     """
     added = {"always": True, "token_rewards": token_rewards, "per_turn": turns is not None,
              "model_outputs": model_outputs, "sessions": tree_turns is not None, "never": False}

@@ -27,6 +27,16 @@ def check_metadata(value: Any, name: str = "metadata") -> dict[str, Any]:
     Args:
         value: The metadata to check.
         name: How errors name it (``metadata``, ``metadata[3]``).
+
+    Example:
+        >>> prm_jax.runtime.check_metadata({"answer": "42", "task_id": 7})
+        {'answer': '42', 'task_id': 7}
+        >>> try:
+        ...     prm_jax.runtime.check_metadata({"answer": float("nan")})
+        ... except ValueError as err:
+        ...     print(err)
+        ...
+        metadata.answer is nan: numbers must be finite
     """
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a JSON object (e.g. {{\"answer\": \"42\"}}), got {short_repr(value)}")

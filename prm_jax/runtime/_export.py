@@ -65,7 +65,15 @@ class _Session:
 
 
 class TrajectoryStore:
-    """Sessions of interactions and their ready trajectories."""
+    """Sessions of interactions and their ready trajectories.
+
+    Example:
+        >>> store = prm_jax.runtime.TrajectoryStore()
+        >>> store.add("s", prm_jax.Interaction("t0", [1], [2], reward=1.0))
+        >>> store.mark_ready("s", "t0")
+        >>> store.keys(), store.ready("s")
+        (['s'], ['t0'])
+    """
 
     def __init__(self):
         self._sessions: dict[str, _Session] = {}
@@ -174,6 +182,17 @@ class ExportedTrajectory:
         original_reward: The raw outcome reward with group normalization; else ``None``.
         scorer_totals: Each scorer's total weighted reward over the branch; ``None`` without PRM.
         metadata: The session's ``metadata`` (read-only).
+
+    Example:
+        >>> import anyio
+        >>> store = prm_jax.runtime.TrajectoryStore()
+        >>> for key, reward in (("a", 1.0), ("b", 0.0)):
+        ...     store.add(key, prm_jax.Interaction(f"{key}0", [1], [2, 3], reward=reward))
+        ...     store.mark_ready(key, f"{key}0")
+        ...
+        >>> result = anyio.run(lambda: prm_jax.runtime.export_group(store, ["a", "b"]))
+        >>> [(t.session_key, t.leaf_id, round(t.reward, 4), t.original_reward) for t in result.trajectories]
+        [('a', 'a0', 1.0, 1.0), ('b', 'b0', -1.0, 0.0)]
     """
 
     session_key: str
@@ -193,6 +212,20 @@ class PRMStats(NamedTuple):
         turn_results: Each scored session's per-turn results (every branch's, in order), by session key.
         branch_totals: Each branch's totals per scorer, ``{session: {leaf: {scorer: total}}}``.
         metrics: The group's metrics (``MetricStats``).
+
+    Example:
+        >>> import anyio
+        >>> store = prm_jax.runtime.TrajectoryStore()
+        >>> for key, reward in (("a", 1.0), ("b", 0.0)):
+        ...     store.add(key, prm_jax.Interaction(f"{key}0", [1], [2, 3], reward=reward))
+        ...     store.mark_ready(key, f"{key}0")
+        ...
+        >>> async def main():
+        ...     async with prm_jax.PRMRunner(scorers=[prm_jax.scorers.LengthBudgetScorer(max_output_tokens=1)]) as runner:
+        ...         return await prm_jax.runtime.export_group(store, ["a", "b"], runner=runner)
+        ...
+        >>> anyio.run(main).prm_stats.branch_totals
+        {'a': {'a0': {'length_budget': 0.0}}, 'b': {'b0': {'length_budget': 0.0}}}
     """
 
     turn_results: dict[str, list[PRMTurnResult]]
@@ -216,6 +249,17 @@ class ExportResult:
         prm_stats: The process-reward results and metrics (``PRMStats``), with PRM active; else ``None``.
         prm_fallbacks: Sessions exported unscored under ``error_policy: keep_original``, with why; else ``None``.
         filter: The group filter's decision (``GroupFilterResult``), with a ``group_filter``; else ``None``.
+
+    Example:
+        >>> import anyio
+        >>> store = prm_jax.runtime.TrajectoryStore()
+        >>> for key, reward in (("a", 1.0), ("b", 0.0)):
+        ...     store.add(key, prm_jax.Interaction(f"{key}0", [1], [2, 3], reward=reward))
+        ...     store.mark_ready(key, f"{key}0")
+        ...
+        >>> result = anyio.run(lambda: prm_jax.runtime.export_group(store, ["a", "b"]))
+        >>> result.status, [round(t.reward, 4) for t in result.trajectories], result.rejected_sessions
+        ('accepted', [1.0, -1.0], {})
     """
 
     status: ExportStatus = "accepted"
@@ -343,6 +387,17 @@ async def export_group(store: TrajectoryStore, session_keys: Sequence[str], *, r
     Returns:
       an ``ExportResult``: ``status``, the accepted ``trajectories`` (``ExportedTrajectory``),
       ``rejected_sessions``, and ``prm_stats`` with PRM active.
+
+    Example:
+        >>> import anyio
+        >>> store = prm_jax.runtime.TrajectoryStore()
+        >>> for key, reward in (("a", 1.0), ("b", 0.0)):
+        ...     store.add(key, prm_jax.Interaction(f"{key}0", [1], [2, 3], reward=reward))
+        ...     store.mark_ready(key, f"{key}0")
+        ...
+        >>> result = anyio.run(lambda: prm_jax.runtime.export_group(store, ["a", "b"]))
+        >>> result.status, [round(t.reward, 4) for t in result.trajectories]
+        ('accepted', [1.0, -1.0])
     """
     keys = list(session_keys)
     if len(set(keys)) != len(keys):
@@ -464,6 +519,18 @@ class ExportService(Lifecycle):
         config: The experiment configuration (its PRM section builds the runner).
         runner: The PRM runner (``None``: no process rewards); the service closes it.
         clients: Other clients the service closes at shutdown, after the runner.
+
+    Example:
+        >>> import anyio
+        >>> async def main():
+        ...     config = prm_jax.config.ExperimentConfig()
+        ...     async with await prm_jax.runtime.ExportService.start(config) as service:
+        ...         service.store.add("a", prm_jax.Interaction("a0", [1], [2], reward=1.0))
+        ...         service.store.mark_ready("a", "a0")
+        ...         return (await service.export(["a"], normalize_rewards=False)).status
+        ...
+        >>> anyio.run(main)
+        'accepted'
     """
 
     CLOSE_FAILED = "export service shutdown failed"

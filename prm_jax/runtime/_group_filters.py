@@ -41,6 +41,11 @@ class GroupFilterResult(NamedTuple):
         rejected_by_all_correct: Groups rejected as all correct (0 or 1).
         rejected_by_all_wrong: Groups rejected as all wrong without a penalized turn (0 or 1).
         accepted_penalized_all_wrong: All-wrong groups kept because a turn was penalized (0 or 1).
+
+    Example:
+        >>> result = prm_jax.filters.filter_function({"rewards": np.array([1.0, 1.0])})
+        >>> result.accepted, result.rejected_by_failed_or_perfect
+        (False, 1)
     """
 
     accepted: bool
@@ -61,6 +66,11 @@ def group_filter_flags(rewards: jax.Array, negative_process_rows: jax.Array) -> 
     Args:
         rewards: ``[G]`` the group's outcome rewards.
         negative_process_rows: ``[G]`` bool: the rows with a negative process reward.
+
+    Example:
+        >>> flags = prm_jax.filters.group_filter_flags(np.array([0.0, 0.0]), np.array([False, True]))
+        >>> [bool(f) for f in flags]
+        [False, True, True]
     """
     return (jnp.any(rewards != rewards[0]), jnp.all(rewards <= 0), jnp.any(negative_process_rows))
 
@@ -123,6 +133,10 @@ def filter_function(group: Mapping[str, Any]) -> GroupFilterResult:
 
     Args:
       group: mapping with ``rewards [G]`` (or ``original_rewards [G]``, preferred when present).
+
+    Example:
+        >>> prm_jax.filters.filter_function({"rewards": np.array([1.0, 0.0])}).accepted
+        True
     """
     rewards = _group_rewards(group)
     accepted = bool((rewards != rewards[0]).any())
@@ -143,6 +157,13 @@ def filter_mixed_or_penalized_all_wrong(group: Mapping[str, Any]) -> GroupFilter
     Args:
       group: mapping with ``rewards [G]`` (or ``original_rewards [G]``, preferred when present) and
         optionally ``token_rewards [G, T]`` with the raw, unshifted ``loss_mask [G, T]``.
+
+    Example:
+        >>> group = {"rewards": np.array([0.0, 0.0]), "token_rewards": np.array([[0.0, -1.0], [0.0, 0.0]]),
+        ...          "loss_mask": np.array([[0, 1], [0, 1]])}
+        ...
+        >>> prm_jax.filters.filter_mixed_or_penalized_all_wrong(group).accepted
+        True
     """
     return _penalized_all_wrong(group, False)
 
@@ -157,5 +178,13 @@ def filter_mixed_or_penalized_all_wrong_mask_no_eos(group: Mapping[str, Any]) ->
     Args:
         group: The group's arrays, by name (``rewards [G]``, ``token_rewards``, ``loss_mask``, ``attention_mask``
             ...).
+
+    Example:
+        >>> group = {"rewards": np.array([0.0, 0.0]), "token_rewards": np.array([[0.0, -1.0], [0.0, 0.0]]),
+        ...          "loss_mask": np.array([[0, 1], [0, 1]]), "attention_mask": np.ones((2, 2)),
+        ...          "is_truncated": np.array([True, False])}
+        ...
+        >>> prm_jax.filters.filter_mixed_or_penalized_all_wrong_mask_no_eos(group).accepted
+        False
     """
     return _penalized_all_wrong(group, True)

@@ -31,7 +31,12 @@ class RunnerState(enum.Enum):
     executor alike): ``OPEN`` (calls accepted), ``CLOSING`` (a close started: calls rejected, calls in flight
     cancelled, what it owns being closed), ``INTERRUPTED`` (a cancelled close left cleanups never tried: calls
     stay rejected, and the next close resumes with them), ``CLOSED`` (every cleanup was tried). Entering an
-    owner that is not ``OPEN`` is refused."""
+    owner that is not ``OPEN`` is refused.
+
+    Example:
+        >>> [state.name for state in prm_jax.runtime.RunnerState]
+        ['OPEN', 'CLOSING', 'INTERRUPTED', 'CLOSED']
+    """
 
     OPEN = "open"
     CLOSING = "closing"
@@ -43,7 +48,16 @@ class Lifecycle:
     """The base of every owner of resources (see the module docstring). A subclass calls ``_open()`` first,
     registers each resource's cleanup with ``_owns(name, cleanup)`` as it acquires it, checks
     ``_refuse_unless_open(what)`` before a call, and may override ``_before_close`` (what runs before the
-    cleanups: cancelling calls in flight). ``CLOSE_FAILED`` is the message of the close's error group."""
+    cleanups: cancelling calls in flight). ``CLOSE_FAILED`` is the message of the close's error group.
+
+    Example:
+        >>> runner = prm_jax.BlockingRunner(scorers=[prm_jax.scorers.LengthBudgetScorer()])
+        >>> runner.state.name
+        'OPEN'
+        >>> runner.close()
+        >>> runner.state.name, isinstance(runner.runner, prm_jax.runtime.Lifecycle)
+        ('CLOSED', True)
+    """
 
     CLOSE_FAILED: ClassVar[str] = "{count} cleanup hook(s) failed"
     _state: RunnerState

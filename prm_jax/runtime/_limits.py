@@ -64,6 +64,10 @@ def should_retry(err: BaseException) -> bool:
 
     Args:
         err: The failed attempt's exception.
+
+    Example:
+        >>> prm_jax.runtime.should_retry(ConnectionError()), prm_jax.runtime.should_retry(ValueError())
+        (True, False)
     """
     retryable = getattr(err, "retryable", None)
     if isinstance(retryable, bool):
@@ -97,6 +101,17 @@ class RequestLimiter:
     Args:
         max_concurrency: Requests in flight at once, >= 1; ``None``: no bound.
         burst: Requests the rate may start back to back, >= 1 (the token bucket's size).
+
+    Example:
+        >>> import anyio
+        >>> limiter = prm_jax.runtime.RequestLimiter(max_concurrency=2)
+        >>> async def main():
+        ...     async with limiter.request():
+        ...         pass
+        ...     return limiter.stats()
+        ...
+        >>> anyio.run(main)
+        {'requests': 1, 'rate_limit_waits': 0, 'rate_limit_wait_s': 0.0}
     """
 
     def __init__(self, max_concurrency: int | None = None, max_requests_per_second: float | None = None,

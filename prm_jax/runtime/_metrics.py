@@ -48,7 +48,16 @@ class Metric:
 
 
 class MetricStats:
-    """Named running metrics that merge exactly across workers."""
+    """Named running metrics that merge exactly across workers.
+
+    Example:
+        >>> stats = prm_jax.runtime.MetricStats()
+        >>> stats.add("prm/reward", 1.0, averaged=True)
+        >>> stats.add("prm/reward", 0.0, averaged=True)
+        >>> stats.add("prm/turns", 3.0, averaged=False)
+        >>> stats.values()
+        {'prm/reward': 0.5, 'prm/turns': 3.0}
+    """
 
     def __init__(self):
         self.metrics: dict[str, Metric] = {}
@@ -100,6 +109,14 @@ def branch_stats(results: Iterable[PRMTurnResult], *, is_eval: bool = False) -> 
 
     Args:
         results: The branch's per-turn results (what ``PRMRunner.run`` returned).
+
+    Example:
+        >>> with prm_jax.BlockingRunner(scorers=[prm_jax.scorers.LengthBudgetScorer(max_output_tokens=2)]) as runner:
+        ...     results = runner.run([prm_jax.Interaction("t0", [1], [2, 3])])
+        ...
+        >>> stats = prm_jax.runtime.branch_stats(results).values()
+        >>> stats["rollout/prm_metric/turn/length_budget/within_budget/rate"]
+        1.0
     """
     ns = namespace(is_eval)
     stats = MetricStats()
@@ -121,6 +138,13 @@ def reduce_workers(per_worker: Iterable[MetricStats]) -> MetricStats:
 
     Args:
         per_worker: Each worker's ``MetricStats``.
+
+    Example:
+        >>> a, b = prm_jax.runtime.MetricStats(), prm_jax.runtime.MetricStats()
+        >>> a.add("prm/reward", 1.0, averaged=True)
+        >>> b.add("prm/reward", 0.0, averaged=True, count=3)
+        >>> prm_jax.runtime.reduce_workers([a, b]).values()
+        {'prm/reward': 0.25}
     """
     total = MetricStats()
     for stats in per_worker:
@@ -129,7 +153,19 @@ def reduce_workers(per_worker: Iterable[MetricStats]) -> MetricStats:
 
 
 class MetricRecorder(Protocol):
-    """Where a trainer's PRM metrics go: anything with ``record(stats)`` (``InMemoryRecorder`` keeps them)."""
+    """Where a trainer's PRM metrics go: anything with ``record(stats)`` (``InMemoryRecorder`` keeps them).
+
+    Example:
+        >>> class Printer:
+        ...     def record(self, stats):
+        ...         print(stats.values())
+        ...
+        >>> printer: prm_jax.runtime.MetricRecorder = Printer()
+        >>> stats = prm_jax.runtime.MetricStats()
+        >>> stats.add("prm/calls", 2.0, averaged=False)
+        >>> printer.record(stats)
+        {'prm/calls': 2.0}
+    """
 
     def record(self, stats: MetricStats) -> None:
         """Records one group's (or branch's) metrics.
@@ -140,7 +176,16 @@ class MetricRecorder(Protocol):
 
 
 class InMemoryRecorder:
-    """Accumulates stats until a trainer flushes them to its own logger."""
+    """Accumulates stats until a trainer flushes them to its own logger.
+
+    Example:
+        >>> recorder = prm_jax.runtime.InMemoryRecorder()
+        >>> stats = prm_jax.runtime.MetricStats()
+        >>> stats.add("prm/length_budget/reward", 1.0, averaged=True)
+        >>> recorder.record(stats)
+        >>> recorder.flush()
+        {'prm/length_budget/reward': 1.0}
+    """
 
     def __init__(self):
         self._stats = MetricStats()

@@ -306,7 +306,19 @@ class TeacherModelScorer(ModelScorer):
     the turn's ``output_logprobs`` are the student's), clipped to ``[reward_min, reward_max]`` where set, as
     ``prm_jax.scorers.TeacherLogprobScorer`` scores with a served teacher. ``score_arrays`` scores it
     through interactions (their ``output_logprobs`` from its ``logprobs``), never on the rows path, which
-    has no student log-probs."""
+    has no student log-probs.
+
+    Example:
+        >>> def teacher(input_ids, attention_mask, turn_ids):     # the teacher's log-prob of each token given the ones before
+        ...     return np.full(input_ids.shape, -0.5, np.float32)
+        ...
+        >>> turn = prm_jax.Interaction("t0", [1], [2, 3], output_logprobs=[-1.0, -0.25])
+        >>> with prm_jax.BlockingRunner(scorers=[prm_jax.scorers.TeacherModelScorer(teacher, jit=False)]) as runner:
+        ...     _ = runner.run([turn])
+        ...
+        >>> turn.token_rewards.tolist()                          # log pi_T - log pi_S
+        [0.5, -0.25]
+    """
 
     name = "teacher_model"
     reads_logprobs: ClassVar[bool] = True

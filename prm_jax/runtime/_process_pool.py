@@ -315,6 +315,10 @@ class ProcessExecutor(WorkerPool):
         scorer: The scorer whose calls run in the workers (pickled into each).
         method: The scorer's method the workers call (``evaluate`` or ``evaluate_trajectory``).
         timeout: Seconds a call may run in its worker before the worker is ended; ``None``: no deadline.
+
+    Example:
+        >>> prm_jax.runtime.ProcessExecutor.WORKERS
+        'worker processes'
     """
 
     WORKERS = "worker processes"

@@ -71,6 +71,11 @@ class PRMMetricObservation:
         value: The value: a finite float, or a bool for ``value_type: boolean``.
         value_type: ``float`` or ``boolean``.
         aggregations: How values are reduced: ``sum`` and ``mean`` for floats, ``count`` and ``rate`` for booleans.
+
+    Example:
+        >>> seen = prm_jax.PRMMetricObservation("checked/passed", "turn", "t0", True, "boolean", ("count", "rate"))
+        >>> seen.metric_id, seen.value
+        ('checked/passed', True)
     """
 
     metric_id: str
@@ -155,6 +160,14 @@ class PRMTurnResult:
         interaction_id: The turn's id.
         reward: The turn metric: the mean of the weighted token rewards over its tokens.
         observations: The scorer's monitoring values for the turn.
+
+    Example:
+        >>> scorer = prm_jax.scorers.LengthBudgetScorer(max_output_tokens=2, weight=0.5)
+        >>> with prm_jax.BlockingRunner(scorers=[scorer]) as runner:
+        ...     results = runner.run([prm_jax.Interaction("t0", [1], [2, 3])])
+        ...
+        >>> [(r.scorer, r.interaction_id, r.weight, r.token_rewards.tolist(), r.reward) for r in results]
+        [('length_budget', 't0', 0.5, [0.5, 0.5], 0.5)]
     """
 
     scorer: str

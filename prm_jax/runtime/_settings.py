@@ -40,6 +40,15 @@ def setting(default: Any = dataclasses.MISSING, *, doc: str, example: Any = NO_E
         default: The field's default; none: the field is required.
         doc: One sentence: what it is, its unit or range, what its default means.
         example: For a required field, an example value (the docs' and the tests' way to build the record).
+
+    Example:
+        >>> import dataclasses
+        >>> @dataclasses.dataclass(frozen=True, kw_only=True)
+        ... class Budget(prm_jax.runtime.Settings):
+        ...     tokens: int = prm_jax.runtime.setting(doc="The budget, in tokens.", example=128)
+        ...
+        >>> Budget.docs(), Budget.examples(), Budget.build({"tokens": 64})
+        ({'tokens': 'The budget, in tokens.'}, {'tokens': 128}, Budget(tokens=64))
     """
     if not doc or not doc.strip():
         raise ValueError("a setting needs its sentence (doc)")
@@ -49,7 +58,26 @@ def setting(default: Any = dataclasses.MISSING, *, doc: str, example: Any = NO_E
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
-    """The base of every settings record (see the module docstring)."""
+    """The base of every settings record (see the module docstring).
+
+    Example:
+        >>> import dataclasses
+        >>> @dataclasses.dataclass(frozen=True, kw_only=True)
+        ... class Budget(prm_jax.runtime.Settings):
+        ...     tokens: int = prm_jax.runtime.setting(128, doc="The budget, in tokens, >= 1.")
+        ...     def check(self):
+        ...         if self.tokens < 1:
+        ...             raise ValueError(f"tokens must be >= 1, got {self.tokens}")
+        ...
+        >>> Budget.build({"tokens": 64}).tokens
+        64
+        >>> try:
+        ...     Budget.build({"tokens": 0})
+        ... except ValueError as err:
+        ...     print(err)
+        ...
+        tokens must be >= 1, got 0
+    """
 
     # Fields given by position, in this order (the required ones by default: ``OpenAIJudgeScorer(url, model)``).
     positional: ClassVar[tuple[str, ...] | None] = None

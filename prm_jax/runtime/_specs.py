@@ -23,6 +23,10 @@ def resolve_scorer_class(path: str) -> type[BaseScorer]:
 
     Args:
         path: The class's dotted path ``package.module.ClassName``.
+
+    Example:
+        >>> prm_jax.runtime.resolve_scorer_class("prm_jax.scorers.MathVerifyScorer").name
+        'math_verify'
     """
     if not isinstance(path, str) or not path:
         raise ValueError(f"scorer path must be a non-empty dotted import path, got {path!r}")
@@ -78,6 +82,11 @@ def check_scorer_specs(section: PRMSection | PRMConfig | ExperimentConfig,
     Args:
         section: The PRM section to check (a ``PRMSection``, a ``PRMConfig`` or an ``ExperimentConfig``).
         borrowed: Scorer instances the runner will also run (their names count against the entries').
+
+    Example:
+        >>> section = prm_jax.config.PRMConfig.from_mapping({"scorers": [{"path": "prm_jax.scorers.LengthBudgetScorer"}]})
+        >>> [cls.__name__ for cls in prm_jax.runtime.check_scorer_specs(section)]
+        ['LengthBudgetScorer']
     """
     if isinstance(section, ExperimentConfig):
         section = section.prm_section

@@ -51,6 +51,11 @@ class StepRule:
     Args:
         separators: Token sequences that end a step inside a turn's output; empty: one step per turn.
         tag_in_text: Whether the separator is the PRM's step tag, standing in the text (math-shepherd).
+
+    Example:
+        >>> rule = prm_jax.runtime.StepRule.parse([[271]])
+        >>> rule.ends([5, 271, 6, 7, 271, 8])
+        [2, 5, 6]
     """
 
     separators: tuple[tuple[int, ...], ...] = ()
@@ -194,6 +199,13 @@ def place_steps(scores: np.ndarray, input_ids: np.ndarray, turn_ids: np.ndarray,
         rule: Where steps end (``StepRule``).
         spread: How a step's score is placed on its tokens: ``step``, ``step_end``, ``turn`` or ``tokens``.
         rows: The rows' numbers, for errors; ``None``: 0, 1, ...
+
+    Example:
+        >>> scores = np.array([[0.0, 0.2, 0.9, 0.4, 0.7]])
+        >>> rule = prm_jax.runtime.StepRule.parse([[9]])
+        >>> ids, turn_ids = np.array([[1, 5, 9, 6, 7]]), np.array([[-1, 0, 0, 0, 0]])
+        >>> prm_jax.runtime.place_steps(scores, ids, turn_ids, rule, "step_end").tolist()
+        [[0.0, 0.0, 0.9, 0.0, 0.7]]
     """
     out = np.zeros(scores.shape, np.float64)
     for row in range(scores.shape[0]):

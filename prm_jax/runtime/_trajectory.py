@@ -497,6 +497,14 @@ class BranchSequence:
         step_rewards: Each turn's GiGPO step reward (``None``: none), root first.
         model_outputs: The turns' per-token model outputs (``output_prm_logprobs``, ...) on the branch's tokens, by
             batch key.
+
+    Example:
+        >>> cache = prm_jax.InteractionCache([prm_jax.Interaction("t0", [1], [2, 3]),
+        ...                                   prm_jax.Interaction("t1", [1, 2, 3, 7], [8], parent_id="t0", reward=1.0)])
+        ...
+        >>> branch = cache.to_sequence("t1")
+        >>> branch.input_ids.tolist(), branch.loss_mask.tolist(), branch.turn_ids.tolist(), branch.reward
+        ([1, 2, 3, 7, 8], [0, 1, 1, 0, 1], [-1, 0, 0, -1, 1], 1.0)
     """
 
     leaf_id: str
@@ -615,6 +623,13 @@ def stitch(chain: Sequence[Interaction]) -> BranchSequence:
 
     Args:
         chain: A root-to-leaf chain of turns, each continuing the one before it.
+
+    Example:
+        >>> cache = prm_jax.InteractionCache([prm_jax.Interaction("t0", [1], [2, 3]),
+        ...                                   prm_jax.Interaction("t1", [1, 2, 3, 7], [8], parent_id="t0", reward=1.0)])
+        ...
+        >>> prm_jax.runtime.stitch(cache.chain("t1")).input_ids.tolist()
+        [1, 2, 3, 7, 8]
     """
     spans = concat_spans(chain)
     leaf = chain[-1]

@@ -65,7 +65,19 @@ def check_url(name: str, url: Any) -> str:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Transport(Settings):
     """How a served scorer talks to its server: every built-in served scorer holds one (its ``transport``
-    setting, flat to the user: ``request_timeout: 60`` beside ``model``), with its own defaults."""
+    setting, flat to the user: ``request_timeout: 60`` beside ``model``), with its own defaults.
+
+    Example:
+        >>> transport = prm_jax.scorers.Transport(request_timeout=5.0, max_requests_per_second=20.0)
+        >>> transport.attempts, transport.max_concurrency
+        (4, 16)
+        >>> try:
+        ...     prm_jax.scorers.Transport(attempts=0)
+        ... except ValueError as err:
+        ...     print(err)
+        ...
+        attempts must be an integer >= 1, got 0
+    """
 
     request_timeout: float = setting(30.0, doc="Seconds one attempt may take (connecting, sending, reading the "
                                      "whole answer); > 0. The config entry's own ``timeout`` bounds the whole "
@@ -109,6 +121,11 @@ def transport_setting(**defaults: Any) -> Any:
 
     Args:
         defaults: The scorer's own transport defaults (``Transport``'s fields).
+
+    Example:
+        >>> field = prm_jax.scorers.transport_setting(request_timeout=120.0)
+        >>> field.default.request_timeout, field.default.attempts
+        (120.0, 4)
     """
     return setting(Transport(**defaults), doc="How the scorer talks to its server (flat: the transport's keys are "
                    "the scorer's own).")
@@ -117,7 +134,20 @@ def transport_setting(**defaults: Any) -> Any:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ServedSettings(Settings):
     """The base of a served scorer's record: ``check`` needs httpx (the ``judge`` extra) and an http(s) URL in
-    the field ``url_field``; a subclass's ``check`` calls it first."""
+    the field ``url_field``; a subclass's ``check`` calls it first.
+
+    Example:
+        >>> record = prm_jax.scorers.OpenAIJudgeScorer.settings_class
+        >>> settings = record.build({"base_url": "http://127.0.0.1:8000/v1", "model": "m"})
+        >>> settings.url_field, settings.transport.request_timeout
+        ('base_url', 30.0)
+        >>> try:
+        ...     prm_jax.scorers.OpenAIJudgeScorer.validate_kwargs(base_url="ftp://host", model="m")
+        ... except ValueError as err:
+        ...     print(err)
+        ...
+        base_url must be an http:// or https:// URL, got 'ftp://host'
+    """
 
     scorer: ClassVar[str] = "a served scorer"
     url_field: ClassVar[str] = "base_url"
@@ -304,6 +334,15 @@ class ServedScorer:
     value)``, with ``value`` where the score is read, of the kind ``reads()`` says). Scoring (``evaluate``,
     ``evaluate_batch``) and ``probe`` come from those; the judge suite
     (``tests/scorers/test_every_served_scorer.py``) runs every malformed answer against each one.
+
+    Example:
+        >>> judge = prm_jax.scorers.HTTPJudgeScorer("http://127.0.0.1:8000/judge")
+        >>> turn = prm_jax.Interaction("t0", [1], [2], output_messages=[{"role": "assistant", "content": "4"}])
+        >>> judge.request([(turn, {})])["output_messages"]
+        [{'role': 'assistant', 'content': '4'}]
+        >>> answer = judge.example_answer(judge.request([(turn, {})]), 0.75)
+        >>> answer, judge.read(answer, [(turn, {})], "here")
+        ({'score': 0.75}, [0.75])
     """
 
     service: JSONService

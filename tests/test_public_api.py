@@ -134,3 +134,22 @@ def test_a_documented_module_declares_its_public_names_and_the_guide_lists_them(
         return
     assert module.removeprefix("prm_jax.") in TABLES.DOCUMENTED_MODULES  # (the public-API table lists its names)
     assert names
+
+
+def test_every_declared_records_config_form_is_exported_from_config():
+    # Issue 57 ("two namespace re-exports, silent when forgotten"): a registered estimator with a
+    # credit_assignment mode, and every declared stage, is configured by a record a user may build; that record
+    # is prm_jax.config's (next to AdvantageConfig), or this test names it.
+    # (the tests' plug-in estimator is a user's, not a built-in: lifted here)
+    from plugins import without_plugins
+
+    import prm_jax.config
+    import prm_jax.estimators
+    from prm_jax.kernels._plan import STAGE_SPECS
+
+    with without_plugins():
+        records = {spec.stage for spec in prm_jax.estimators.registered() if spec.mode is not None}
+    records |= {spec.stage for spec in STAGE_SPECS}
+    exported = {getattr(prm_jax.config, name) for name in prm_jax.config.__all__}
+    assert sorted(record.__name__ for record in records - exported) == []
+    assert len(records) >= 12  # (7 credit modes, 5 stage records: a registry read wrong would pass empty)

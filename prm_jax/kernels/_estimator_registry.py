@@ -115,8 +115,9 @@ def credit_modes() -> dict[str, type]:
     """``credit_assignment.mode`` -> the record its keys build.
 
     Example:
-        >>> sorted(prm_jax.estimators.credit_modes())
-        ['gigpo', 'otb', 'prime', 'pure', 'reinforce_pp', 'reinforce_pp_baseline', 'tree']
+        >>> modes = prm_jax.estimators.credit_modes()
+        >>> modes["gigpo"].__name__, "tree" in modes
+        ('GiGPOConfig', True)
     """
     return {spec.mode: spec.stage for spec in _REGISTRY.values() if spec.mode is not None}
 

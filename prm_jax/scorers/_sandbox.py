@@ -1,0 +1,260 @@
+"""The local sandbox that runs code an agent wrote: bubblewrap (Debian's ``bubblewrap``, ``apt-get install
+bubblewrap``), chosen because it is the unprivileged-namespace tool Flatpak ships and distributions maintain,
+small enough to audit, and starts in tens of milliseconds (a container runtime would be a daemon and a second
+of start-up per call).
+
+Each run gets new user, PID, network, IPC, UTS and mount namespaces (``--unshare-all``: no network at all,
+not even loopback to the host's), the interpreter and the system libraries bound read-only (``/usr``), the
+task's files bound read-only at ``/task`` (the harness' files cannot be changed), the root read-only, a fresh
+tmpfs as its working folder ``/work`` and ``/tmp``, an empty environment (no API key reaches it), and the code's process as
+PID 1 of its namespace (``--as-pid-1``: it reaps its children; bubblewrap's own init, left a zombie, counted
+against the process limit and failed every call after about a dozen). Before bubblewrap starts, the child
+takes rlimits on CPU time, address space, file size, open files and processes, and, where the host runs as
+root, a uid of its own from a pool (the kernel does not enforce ``RLIMIT_NPROC`` for root: a fork bomb under
+root reached 200 processes). A wall-clock deadline kills bubblewrap's process group; ``--die-with-parent``
+then takes PID 1 of the namespace, and with it every process inside (a daemonized or SIGTERM-ignoring child
+included). stdout and stderr are read up to ``output_bytes`` each; past it the run is killed.
+
+Where bubblewrap cannot start (not installed, no user namespaces), ``unavailable()`` says why and the scorer
+refuses at configuration; nothing falls back to running unsandboxed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NamedTuple
+
+from prm_jax._validation import finite_number, integer, short_repr
+from prm_jax.runtime._settings import Settings, setting
+
+Outcome = Literal["ok", "error", "timeout", "memory", "output_limit"]
+UID_BASE = 200_000  # the pool of sandbox uids when the host runs as root (none of them is a real user)
+UID_POOL = 4096
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Limits(Settings):
+    """What one run of the agent's code may use (each checked at configuration)."""
+
+    time_per_test: float = setting(2.0, doc="Seconds of wall clock one run (one test) may take, > 0; past it the "
+                                   "run is killed and scores as a timeout (its CPU time is capped one second "
+                                   "above it).")
+    total_time: float = setting(30.0, doc="Seconds all of a turn's runs may take together, > 0; the tests left "
+                                "when it is spent are failed as timeouts, not run.")
+    memory_mb: int = setting(512, doc="The address space a run may map, in MiB, >= 32 (the interpreter itself "
+                             "maps about 20).")
+    output_bytes: int = setting(1 << 20, doc="Bytes of stdout (and of stderr) a run may write, >= 1; past it the "
+                                "run is killed and scores as an output-limit failure.")
+    processes: int = setting(16, doc="Processes (and threads) a run may hold at once, >= 1.")
+    file_size_mb: int = setting(16, doc="The largest file a run may write, in MiB, >= 1 (its folder is a tmpfs).")
+    open_files: int = setting(64, doc="File descriptors a run may hold open, >= 8.")
+
+    def check(self) -> None:
+        for name in ("time_per_test", "total_time"):
+            value = finite_number(name, getattr(self, name))
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {short_repr(getattr(self, name))}")
+        integer("memory_mb", self.memory_mb, minimum=32)
+        integer("output_bytes", self.output_bytes, minimum=1)
+        integer("processes", self.processes, minimum=1)
+        integer("file_size_mb", self.file_size_mb, minimum=1)
+        integer("open_files", self.open_files, minimum=8)
+
+
+class Run(NamedTuple):
+    """One run's result: how it ended (``ok``: exit status 0; ``error``: another status or a signal;
+    ``timeout``; ``memory``; ``output_limit``), its exit status (negative: the signal), what it wrote (at most
+    ``output_bytes`` of each) and its wall-clock seconds."""
+
+    outcome: Outcome
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    seconds: float
+
+
+def unavailable(interpreter: str) -> str | None:
+    """Why the local sandbox cannot run here (bubblewrap missing, user namespaces off, the interpreter not
+    usable inside), or ``None`` where it can: one tiny run, at configuration."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (apt-get install bubblewrap)"
+    if not os.path.isfile(interpreter) or not os.access(interpreter, os.X_OK):
+        return f"the interpreter {interpreter!r} is not an executable file"
+    try:
+        probe = LocalSandbox(Limits(), interpreter).run({}, ["-c", "print(6 * 7)"], b"", 10.0)
+    except OSError as err:
+        return f"bubblewrap could not start: {err}"
+    if probe.outcome != "ok" or probe.stdout.strip() != b"42":
+        detail = probe.stderr.decode(errors="replace").strip()[-300:]
+        return f"bubblewrap could not start a sandbox ({detail or probe.outcome}; are user namespaces enabled?)"
+    return None
+
+
+class LocalSandbox:
+    """Runs ``interpreter`` (a system interpreter every uid can read: ``/usr/bin/python3`` by default) on the
+    task's files inside bubblewrap, under ``limits`` (see the module docstring)."""
+
+    _uids = itertools.count()
+    _lock = threading.Lock()
+
+    def __init__(self, limits: Limits, interpreter: str = "/usr/bin/python3"):
+        self.limits, self.interpreter = limits, interpreter
+
+    def _uid(self) -> int | None:
+        if os.geteuid() != 0:
+            return None
+        with self._lock:
+            return UID_BASE + next(self._uids) % UID_POOL
+
+    def command(self) -> list[str]:
+        """bubblewrap's arguments, up to the interpreter's own."""
+        out = ["bwrap", "--unshare-all", "--die-with-parent", "--as-pid-1", "--new-session",
+               "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
+               "--tmpfs", "/tmp", "--tmpfs", "/work", "--chdir", "/work", "--clearenv",
+               "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
+               "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "LANG", "C.UTF-8"]
+        for link in ("lib", "lib64", "bin", "sbin"):
+            if os.path.islink(f"/{link}") or os.path.isdir(f"/usr/{link}"):
+                out += ["--symlink", f"usr/{link}", f"/{link}"]
+        return out
+
+    def run(self, files: Mapping[str, bytes], argv: Sequence[str], stdin: bytes, timeout: float) -> Run:
+        """Runs ``interpreter *argv`` in ``/work`` with ``files`` read-only at ``/task/<name>``, ``stdin`` on
+        its standard input, for at most ``timeout`` seconds (and the limits)."""
+        limits = self.limits
+        task = tempfile.mkdtemp(prefix="prm-jax-task-")
+        try:
+            os.chmod(task, 0o755)
+            for name, content in files.items():
+                if "/" in name or name in ("", ".", ".."):
+                    raise ValueError(f"a task file's name must be a plain file name, got {name!r}")
+                path = os.path.join(task, name)
+                with open(path, "wb") as handle:
+                    handle.write(content)
+                os.chmod(path, 0o444)
+            cmd = [*self.command(), "--ro-bind", task, "/task", "--remount-ro", "/", self.interpreter, *argv]
+            uid = self._uid()
+            cpu = math.ceil(timeout) + 1
+
+            def confine() -> None:  # (in the child, before bubblewrap runs)
+                resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+                memory = limits.memory_mb << 20
+                resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+                size = limits.file_size_mb << 20
+                resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                if uid is not None:
+                    os.setgroups([])
+                    os.setgid(uid)
+                    os.setuid(uid)
+                # bubblewrap and its namespace's init count as processes of the uid too
+                processes = limits.processes + 2
+                resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+
+            started = time.monotonic()
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    preexec_fn=confine, start_new_session=True, close_fds=True)
+            try:
+                stdout, stderr, ended = _communicate(proc, stdin, started + timeout, limits.output_bytes)
+            finally:
+                _kill(proc)
+            seconds = time.monotonic() - started
+            returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+            return Run(_outcome(ended, returncode, stderr), returncode, stdout, stderr, seconds)
+        finally:
+            shutil.rmtree(task, ignore_errors=True)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """bubblewrap's whole process group, then the wait (its namespace dies with it: ``--die-with-parent``)."""
+    if proc.returncode is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _communicate(proc: subprocess.Popen[bytes], stdin: bytes, deadline: float,
+                 cap: int) -> tuple[bytes, bytes, str]:
+    """stdin written, stdout and stderr read (at most ``cap`` bytes each) until both close, the deadline passes
+    (``"timeout"``) or a stream passes the cap (``"output_limit"``); ``"exit"`` otherwise."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    out: dict[Any, bytearray] = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    selector = selectors.DefaultSelector()
+    for stream in out:
+        os.set_blocking(stream.fileno(), False)
+        selector.register(stream, selectors.EVENT_READ)
+    pending = memoryview(stdin)
+    if pending:
+        os.set_blocking(proc.stdin.fileno(), False)
+        selector.register(proc.stdin, selectors.EVENT_WRITE)
+    else:
+        proc.stdin.close()
+    ended = "exit"
+    try:
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                ended = "timeout"
+                break
+            for key, _ in selector.select(min(left, 0.1)):
+                stream = key.fileobj
+                if stream is proc.stdin:
+                    try:
+                        written = os.write(proc.stdin.fileno(), pending[:1 << 16])
+                    except BlockingIOError:
+                        written = 0
+                    except BrokenPipeError:  # (the code stopped reading: the rest is dropped)
+                        written = len(pending)
+                    pending = pending[written:]
+                    if not pending:
+                        selector.unregister(proc.stdin)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(stream.fileno(), 1 << 16)  # type: ignore[union-attr]
+                if not chunk:
+                    selector.unregister(stream)
+                    continue
+                buffer = out[stream]
+                buffer += chunk
+                if len(buffer) > cap:
+                    del buffer[cap:]
+                    ended = "output_limit"
+                    return bytes(out[proc.stdout]), bytes(out[proc.stderr]), ended
+    finally:
+        selector.close()
+    if ended == "exit":
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            ended = "timeout"
+    return bytes(out[proc.stdout]), bytes(out[proc.stderr]), ended
+
+
+def _outcome(ended: str, returncode: int, stderr: bytes) -> Outcome:
+    if ended == "timeout" or returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return "timeout"
+    if ended == "output_limit":
+        return "output_limit"
+    if returncode == 0:
+        return "ok"
+    if b"MemoryError" in stderr[-4096:] or b"Cannot allocate memory" in stderr[-4096:]:
+        return "memory"
+    return "error"

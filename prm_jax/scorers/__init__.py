@@ -5,6 +5,7 @@ answer checker (the ``verify`` extra, math-verify), a length budget, and on-poli
 # (ModelScorer's code is the runtime's: score_arrays has a path for it)
 from prm_jax.runtime._model_scorer import ModelScorer, TeacherModelScorer, token_logprobs
 from prm_jax.scorers._classify_prm import ClassifyPRMScorer
+from prm_jax.scorers._code_execution import CodeExecutionScorer
 from prm_jax.scorers._http import ServedScorer, ServedSettings, Transport, transport_setting
 from prm_jax.scorers._http_judge import HTTPJudgeScorer
 from prm_jax.scorers._length_budget import LengthBudgetScorer
@@ -14,6 +15,7 @@ from prm_jax.scorers._pooling_prm import PoolingPRMScorer
 from prm_jax.scorers._teacher import TeacherLogprobScorer
 from prm_jax.scorers._tei_classifier import TEIClassifierScorer
 
-__all__ = ["ClassifyPRMScorer", "HTTPJudgeScorer", "LengthBudgetScorer", "MathVerifyScorer", "ModelScorer",
-           "OpenAIJudgeScorer", "PoolingPRMScorer", "ServedScorer", "ServedSettings", "TEIClassifierScorer",
-           "TeacherLogprobScorer", "TeacherModelScorer", "Transport", "token_logprobs", "transport_setting"]
+__all__ = ["ClassifyPRMScorer", "CodeExecutionScorer", "HTTPJudgeScorer", "LengthBudgetScorer", "MathVerifyScorer",
+           "ModelScorer", "OpenAIJudgeScorer", "PoolingPRMScorer", "ServedScorer", "ServedSettings",
+           "TEIClassifierScorer", "TeacherLogprobScorer", "TeacherModelScorer", "Transport", "token_logprobs",
+           "transport_setting"]

@@ -6,14 +6,15 @@ of start-up per call).
 Each run gets new user, PID, network, IPC, UTS and mount namespaces (``--unshare-all``: no network at all,
 not even loopback to the host's), the interpreter and the system libraries bound read-only (``/usr``), the
 task's files bound read-only at ``/task`` (the harness' files cannot be changed), the root read-only, a fresh
-tmpfs as its working folder ``/work`` and ``/tmp``, an empty environment (no API key reaches it), and the code's process as
-PID 1 of its namespace (``--as-pid-1``: it reaps its children; bubblewrap's own init, left a zombie, counted
-against the process limit and failed every call after about a dozen). Before bubblewrap starts, the child
-takes rlimits on CPU time, address space, file size, open files and processes, and, where the host runs as
-root, a uid of its own from a pool (the kernel does not enforce ``RLIMIT_NPROC`` for root: a fork bomb under
-root reached 200 processes). A wall-clock deadline kills bubblewrap's process group; ``--die-with-parent``
-then takes PID 1 of the namespace, and with it every process inside (a daemonized or SIGTERM-ignoring child
-included). stdout and stderr are read up to ``output_bytes`` each; past it the run is killed.
+tmpfs as its working folder ``/work`` and ``/tmp``, an empty environment (no API key reaches it), and the
+code's process as PID 1 of its namespace (``--as-pid-1``: it reaps its children; bubblewrap's own init, left a
+zombie, counted against the process limit and failed every call after about a dozen). Before bubblewrap
+starts, the child takes rlimits on CPU time, address space, file size, open files and processes (util-linux's
+``prlimit``) and, where the host runs as root, a uid of its own from a pool (``setpriv``; the kernel does not
+enforce ``RLIMIT_NPROC`` for root: a fork bomb under root reached 200 processes). A wall-clock deadline kills
+bubblewrap's process group; ``--die-with-parent`` then takes PID 1 of the namespace, and with it every process
+inside (a daemonized or SIGTERM-ignoring child included). stdout and stderr are read up to ``output_bytes``
+each; past it the run is killed.
 
 Where bubblewrap cannot start (not installed, no user namespaces), ``unavailable()`` says why and the scorer
 refuses at configuration; nothing falls back to running unsandboxed.
@@ -25,7 +26,6 @@ import dataclasses
 import itertools
 import math
 import os
-import resource
 import selectors
 import shutil
 import signal
@@ -90,6 +90,9 @@ def unavailable(interpreter: str) -> str | None:
     usable inside), or ``None`` where it can: one tiny run, at configuration."""
     if shutil.which("bwrap") is None:
         return "bubblewrap is not installed (apt-get install bubblewrap)"
+    missing = [tool for tool in ("prlimit", "setpriv") if shutil.which(tool) is None]
+    if missing:
+        return f"util-linux's {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed"
     if not os.path.isfile(interpreter) or not os.access(interpreter, os.X_OK):
         return f"the interpreter {interpreter!r} is not an executable file"
     try:
@@ -118,6 +121,20 @@ class LocalSandbox:
         with self._lock:
             return UID_BASE + next(self._uids) % UID_POOL
 
+    def confinement(self, timeout: float) -> list[str]:
+        """util-linux's ``prlimit`` (the rlimits) and, where the host runs as root, ``setpriv`` (a uid of the
+        pool, no groups) ahead of bubblewrap: set by programs the child execs, not in a ``preexec_fn`` (a fork
+        of a multithreaded process, JAX's, can deadlock)."""
+        limits = self.limits
+        cpu = math.ceil(timeout) + 1
+        processes = limits.processes + 2  # (bubblewrap and its namespace's init count as processes of the uid)
+        out = ["prlimit", f"--cpu={cpu}", f"--as={limits.memory_mb << 20}", f"--fsize={limits.file_size_mb << 20}",
+               f"--nofile={limits.open_files}", "--core=0", f"--nproc={processes}", "--"]
+        uid = self._uid()
+        if uid is not None:
+            out += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        return out
+
     def command(self) -> list[str]:
         """bubblewrap's arguments, up to the interpreter's own."""
         out = ["bwrap", "--unshare-all", "--die-with-parent", "--as-pid-1", "--new-session",
@@ -144,29 +161,11 @@ class LocalSandbox:
                 with open(path, "wb") as handle:
                     handle.write(content)
                 os.chmod(path, 0o444)
-            cmd = [*self.command(), "--ro-bind", task, "/task", "--remount-ro", "/", self.interpreter, *argv]
-            uid = self._uid()
-            cpu = math.ceil(timeout) + 1
-
-            def confine() -> None:  # (in the child, before bubblewrap runs)
-                resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-                memory = limits.memory_mb << 20
-                resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-                size = limits.file_size_mb << 20
-                resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-                resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-                if uid is not None:
-                    os.setgroups([])
-                    os.setgid(uid)
-                    os.setuid(uid)
-                # bubblewrap and its namespace's init count as processes of the uid too
-                processes = limits.processes + 2
-                resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
-
+            cmd = [*self.confinement(timeout), *self.command(), "--ro-bind", task, "/task", "--remount-ro", "/",
+                   self.interpreter, *argv]
             started = time.monotonic()
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    preexec_fn=confine, start_new_session=True, close_fds=True)
+                                    start_new_session=True, close_fds=True)
             try:
                 stdout, stderr, ended = _communicate(proc, stdin, started + timeout, limits.output_bytes)
             finally:

@@ -691,6 +691,67 @@ def bench_shared() -> None:
           f"turns (one call per branch and turn: {len(session.leaves()) * 8})")
 
 
+CPU_TEST = "import sys\nn = int(sys.stdin.read())\nprint(sum(i * i % 7 for i in range(n)))"
+
+
+def bench_code_execution(sessions: int, repeats: int) -> None:
+    """7. code execution (issue 58.7): a CPU-bound test program (about 30 ms, then about 0.15 s of Python) run
+    ``4 x cores`` times on ``cores`` threads in the local sandbox, against the bare interpreter run the same way
+    (a plain subprocess) in this run, interleaved: throughput against the bare one (target >= 0.9x); and the
+    sandbox's own start-up, the median wall of a program that does nothing, sandboxed against bare."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prm_jax.scorers._sandbox import Limits, LocalSandbox, unavailable
+
+    interpreter = "/usr/bin/python3"
+    reason = unavailable(interpreter)
+    if reason is not None:
+        print(f"\n7. code execution: skipped ({reason})")
+        return
+    sandbox = LocalSandbox(Limits(time_per_test=30.0), interpreter)
+    calls = 4 * CORES
+
+    def throughput(fn: Any) -> float:
+        started = time.perf_counter()
+        with ThreadPoolExecutor(CORES) as pool:
+            list(pool.map(fn, range(calls)))
+        return calls / (time.perf_counter() - started)
+
+    print(f"\n7. code execution: {calls} CPU-bound runs on {CORES} threads, sandboxed against the bare interpreter")
+    for size in (b"300000", b"3000000"):
+        def sandboxed(_: int, size: bytes = size) -> None:
+            run = sandbox.run({}, ["-c", CPU_TEST], size, 30.0)
+            assert run.outcome == "ok", run
+
+        def bare(_: int, size: bytes = size) -> None:
+            subprocess.run([interpreter, "-c", CPU_TEST], input=size, capture_output=True, check=True, timeout=30)
+
+        ratios, sandbox_rates, bare_rates = [], [], []
+        for _ in range(max(repeats, 3)):  # interleaved: bare, then sandboxed, each round
+            bare_rate, sandbox_rate = throughput(bare), throughput(sandboxed)
+            bare_rates.append(bare_rate)
+            sandbox_rates.append(sandbox_rate)
+            ratios.append(sandbox_rate / bare_rate)
+        bare_median = statistics.median(bare_rates)
+        print(f"   n={size.decode()} ({CORES / bare_median * 1e3:.0f} ms a run): sandboxed "
+              f"{statistics.median(sandbox_rates):.1f}/s, bare {bare_median:.1f}/s: "
+              f"{statistics.median(ratios):.2f}x the bare throughput (target >= 0.9x)")
+
+    def start_up(fn: Any) -> float:
+        times = []
+        for _ in range(21):
+            started = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    empty_sandboxed = start_up(lambda: sandbox.run({}, ["-c", "pass"], b"", 10.0))
+    empty_bare = start_up(lambda: subprocess.run([interpreter, "-c", "pass"], check=True, timeout=10))
+    print(f"   an empty program: {empty_sandboxed * 1e3:.1f} ms sandboxed, {empty_bare * 1e3:.1f} ms bare (the "
+          f"sandbox's own start-up: {(empty_sandboxed - empty_bare) * 1e3:.1f} ms a call)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=256)
@@ -707,7 +768,7 @@ def main() -> None:
             "3": bench_pooling, "3t": bench_teacher,
             "4": functools.partial(bench_model, chunks=tuple(int(c) for c in args.chunks.split(",")),
                                    model=args.model),
-            "4b": bench_model_lengths, "5": bench_batching}
+            "4b": bench_model_lengths, "5": bench_batching, "7": bench_code_execution}
     for key, fn in runs.items():
         if args.only is None or key in args.only:
             fn(args.sessions, args.repeats)

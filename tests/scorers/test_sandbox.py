@@ -151,3 +151,30 @@ def test_the_limits_are_checked_at_configuration():
                            ({"processes": 0}, "processes"), ({"output_bytes": True}, "output_bytes")]:
         with pytest.raises((ValueError, TypeError), match=needle):
             Limits(**kwargs)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def task_folders() -> set[str]:
+    import tempfile
+
+    return {p.name for p in Path(tempfile.gettempdir()).glob("prm-jax-task-*")}
+
+
+def test_200_calls_in_a_row_and_64_at_once_leak_no_descriptor_folder_or_process(sandbox):
+    # Issue 58.7: every run's pipes, task folder and processes are gone when it returns, in a row or at once.
+    from concurrent.futures import ThreadPoolExecutor
+
+    marker, source = marked("import sys\nprint(sum(range(int(sys.stdin.read()))))")
+    sandbox.run({}, ["-c", source], b"10", 2.0)  # (warm: the first run's imports open what stays open)
+    fds, folders = open_fds(), task_folders()
+    for n in range(200):
+        run = sandbox.run({"note.txt": b"x"}, ["-c", source], str(n).encode(), 2.0)
+        assert run.outcome == "ok" and run.stdout == f"{sum(range(n))}\n".encode(), run
+    with ThreadPoolExecutor(64) as pool:
+        runs = list(pool.map(lambda n: sandbox.run({}, ["-c", source], str(n).encode(), 10.0), range(64)))
+    failed = [r for r in runs if r.outcome != "ok"][:2]
+    assert [r.stdout for r in runs] == [f"{sum(range(n))}\n".encode() for n in range(64)], failed
+    assert open_fds() == fds and task_folders() == folders and processes_with(marker) == []

@@ -2,7 +2,7 @@
 (``prm_jax.scorers._sandbox``: bubblewrap), and scores the turn by the tests it passes.
 
 The code is taken from the turn's output text: by default the last fenced block of the configured language
-(```` ```python ```` ... ```` ``` ````; a block without a language counts too), or the first block, or every
+(```` ```python ```` ... ```` ``` ````, or ``~~~`` fences; a block without a language counts too), or the first block, or every
 block joined, or the whole reply (``extract``). The tests are the session's ``metadata[tests_key]``: a list of
 ``{"input": str, "output": str}`` pairs, each run as its own process with ``input`` on stdin; a test passes
 when the run exits 0 and its stdout equals ``output`` (trailing whitespace of each line and trailing blank
@@ -12,9 +12,9 @@ status alone, and no file it writes can pass a test (its task files are read-onl
 A turn scores the fraction of tests passed (``score: fraction``) or 1 only when all pass (``score: all``);
 a turn without code scores 0 (``no_code: zero``) or is left unscored (``no_code: skip``: 0, as every turn a
 scorer leaves out, but counted apart). A failure of the code (a wrong answer, a crash, a time, memory or
-output limit) is a score; the turn's observations count each kind (``code/passed``, ``code/failed``,
-``code/timeout``, ``code/memory``, ``code/output_limit``, ``code/no_code``). A failure of the sandbox itself
-(it cannot start) fails the branch, never a 0.
+output limit) is a score; the turn's observations count each kind (``tests_passed``, ``tests_failed``,
+``tests_timeout``, ``tests_memory``, ``tests_output_limit``, ``no_code``; ``skipped`` under ``no_code:
+skip``). A failure of the sandbox itself (it cannot start) fails the branch, never a 0.
 
 The limits (``time_per_test``, ``total_time``, ``memory_mb``, ``output_bytes``, ``processes``,
 ``file_size_mb``, ``open_files``) are one declared record (``Limits``), checked at configuration, where the
@@ -44,13 +44,15 @@ Extract = Literal["last_block", "first_block", "all_blocks", "whole_reply"]
 ScoreBy = Literal["fraction", "all"]
 NoCode = Literal["zero", "skip"]
 KINDS = ("passed", "failed", "timeout", "memory", "output_limit", "no_code")
-_FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)```", re.S)
+# Each kind's metric: how many of a turn's tests ended so (``tests_passed``, ...; ``no_code``: the turn had none).
+METRICS = {kind: kind if kind == "no_code" else f"tests_{kind}" for kind in KINDS}
+_FENCE = re.compile(r"(```|~~~)[ \t]*([\w+.-]*)[^\n]*\n(.*?)\1", re.S)  # (Markdown's two fences)
 SOLUTION = "solution.py"
 
 
 def code_blocks(text: str, language: str) -> list[str]:
     """The fenced blocks of ``text`` in ``language`` (or without a language), in order."""
-    return [body for tag, body in _FENCE.findall(text) if tag.lower() in ("", language, f"{language}3")]
+    return [body for _, tag, body in _FENCE.findall(text) if tag.lower() in ("", language, f"{language}3")]
 
 
 def same_output(got: bytes, expected: str) -> bool:
@@ -104,7 +106,7 @@ class CodeExecutionScorer(SyncScorer):
         >>> tests = [{"input": "2\\n", "output": "4"}, {"input": "5\\n", "output": "10"}, {"input": "1", "output": "3"}]
         >>> result = scorer.evaluate(turn, {"metadata": {"tests": tests}})
         >>> round(result.reward, 4), [(o.metric_id, o.value) for o in result.observations][:2]
-        (0.6667, [('code/passed', 2.0), ('code/failed', 1.0)])
+        (0.6667, [('tests_passed', 2.0), ('tests_failed', 1.0)])
     """
 
     name = "code_execution"
@@ -185,10 +187,10 @@ class CodeExecutionScorer(SyncScorer):
         return "failed" if run.outcome == "error" else run.outcome
 
     def _result(self, interaction: Interaction, score: float, counts: Mapping[str, float]) -> PRMScorerResult:
-        observations = tuple(PRMMetricObservation(f"code/{kind}", "turn", interaction.interaction_id, value,
+        observations = tuple(PRMMetricObservation(METRICS[kind], "turn", interaction.interaction_id, value,
                                                   "float", ("sum", "mean")) for kind, value in counts.items())
         if self.settings.no_code == "skip" and counts["no_code"]:
-            observations = (PRMMetricObservation("code/skipped", "turn", interaction.interaction_id, True,
+            observations = (PRMMetricObservation("skipped", "turn", interaction.interaction_id, True,
                                                  "boolean", ("count", "rate")),)
         return PRMScorerResult(score, observations)
 

@@ -27,7 +27,7 @@ def scorer():
 
 
 def counts(result) -> dict[str, float]:
-    return {o.metric_id.removeprefix("code/"): o.value for o in result.observations}
+    return {o.metric_id.removeprefix("tests_"): o.value for o in result.observations}
 
 
 def test_the_score_is_the_fraction_of_tests_passed(scorer):
@@ -47,7 +47,7 @@ def test_all_or_nothing_scores_one_only_when_every_test_passes():
 
 @pytest.mark.parametrize("extract, want", [("last_block", 1.0), ("first_block", 0.0), ("all_blocks", 0.0)])
 def test_the_code_is_the_configured_block(extract, want):
-    text = "First try:\n```python\nprint('nope')\n```\nFixed:\n```\nprint(int(input()) * 2)\n```"
+    text = "First try:\n```python\nprint('nope')\n```\nFixed:\n~~~\nprint(int(input()) * 2)\n~~~"
     scorer = CodeExecutionScorer(extract=extract, time_per_test=2.0)
     assert scorer.evaluate(turn(text), {"metadata": {"tests": DOUBLE}}).reward == want
 

@@ -155,7 +155,8 @@ def undocumented() -> list[str]:
 
 def check_coverage(app) -> None:
     """The build fails on a public name without a docstring of its own, on a public callable without a runnable
-    example (``doc_tables.without_example``), and on a parameter of a public
+    example (``doc_tables.without_example``), on an ``Args`` entry that names no parameter
+    (``doc_tables.stray_entries``), and on a parameter of a public
     callable (a class's: its constructor's, a config record's fields) that nothing describes: neither its
     docstring's ``Args``, nor a declaration (a settings record's field, a turn field), nor the glossary of
     ``docs/parameters.py`` (``doc_tables.undescribed_parameters``)."""
@@ -168,6 +169,9 @@ def check_coverage(app) -> None:
     if lacking:
         raise ExtensionError(f"public callables without a runnable example (an 'Example:' with >>> lines, run as a "
                              f"doctest): {lacking}")
+    stray = doc_tables.stray_entries()
+    if stray:
+        raise ExtensionError(f"Args entries that name no parameter of their callable: {stray}")
     undescribed = doc_tables.undescribed_parameters()
     if undescribed:
         listed = "; ".join(f"{name}: {', '.join(params)}" for name, params in undescribed.items())

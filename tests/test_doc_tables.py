@@ -125,3 +125,27 @@ def test_the_examples_of_the_documented_modules_run():
         assert result.failed == 0 and result.attempted > 0, path
         ran += 1
     assert ran == 3
+
+
+def test_an_args_entry_that_names_no_parameter_is_found(monkeypatch):
+    # A review found BatchScorer.evaluate's docstring describing a ``kwargs`` it does not take (the sentence
+    # belonged to validate_kwargs): the docs build now fails on such an entry, naming the callable.
+    tables = doc_tables()
+    assert tables.stray_entries() == {}
+    import prm_jax.losses
+
+    def misdescribed_NoSuch(logprobs):
+        """A function whose docstring describes a parameter it does not take.
+
+        Args:
+            logprobs: Described.
+            temperature: Not a parameter of it.
+
+        Example:
+            >>> 1
+            1
+        """
+
+    monkeypatch.setattr(prm_jax.losses, "misdescribed_NoSuch", misdescribed_NoSuch, raising=False)
+    monkeypatch.setattr(prm_jax.losses, "__all__", [*prm_jax.losses.__all__, "misdescribed_NoSuch"])
+    assert tables.stray_entries() == {"prm_jax.losses.misdescribed_NoSuch": ["temperature"]}

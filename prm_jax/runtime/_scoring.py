@@ -270,7 +270,8 @@ class BaseScorer:
         """
         record = cls.settings_class
         if record is not None:
-            record.build({k: v for k, v in kwargs.items() if k in record.keys()})
+            keys = set(record.keys())
+            record.build({k: v for k, v in kwargs.items() if k in keys})
 
     def validate_metadata(self, metadata: Mapping[str, Any]) -> None:
         """Checks one session's ``metadata`` (what the scorer will read as ``ctx["metadata"]``) before anything
@@ -556,6 +557,11 @@ class BatchScorer(BaseScorer):
 
     @classmethod
     def validate_kwargs(cls, **kwargs: Any) -> None:
+        """``BaseScorer.validate_kwargs``, and the batching settings.
+
+        Args:
+            kwargs: A config entry's ``kwargs``, as written (``max_batch_size`` and ``max_wait`` checked here).
+        """
         super().validate_kwargs(**kwargs)
         cls.validate_batching(**{k: kwargs[k] for k in ("max_batch_size", "max_wait") if k in kwargs})
 
@@ -574,11 +580,7 @@ class BatchScorer(BaseScorer):
         raise NotImplementedError(f"scorer {self.name!r} must implement evaluate_batch(items)")
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
-        """One turn alone: a batch of one.
-
-        Args:
-            kwargs: A config entry's ``kwargs``, as written (``max_batch_size`` and ``max_wait`` checked here).
-        """
+        """One turn alone: a batch of one."""
         return (await self.evaluate_batch([(interaction, ctx)]))[0]
 
 

@@ -108,11 +108,7 @@ class Settings:
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         """Every keyword the record takes, flattened, in declaration order."""
-        nested = cls.nested()
-        out: list[str] = []
-        for field in cls.taken():
-            out.extend(nested[field.name].keys() if field.name in nested else (field.name,))
-        return tuple(out)
+        return tuple(p.name for p in cls.parameters())
 
     @classmethod
     def taken(cls) -> tuple[dataclasses.Field[Any], ...]:
@@ -210,14 +206,6 @@ class Settings:
             elif field.name in values:
                 own[field.name] = values[field.name]
         return cls(**own)
-
-    def flat(self) -> dict[str, Any]:
-        """The record as the keywords that build it again (nested records flattened)."""
-        out: dict[str, Any] = {}
-        for field in self.declared():
-            value = getattr(self, field.name)
-            out.update(value.flat() if isinstance(value, Settings) else {field.name: value})
-        return out
 
 
 def base_parameters(cls: type, stop: type, start: type | None = None) -> tuple[list[inspect.Parameter], bool]:

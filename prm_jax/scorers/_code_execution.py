@@ -29,7 +29,7 @@ import dataclasses
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, Literal, get_args
 
 from prm_jax._validation import one_of, short_repr
 from prm_jax.runtime._context import METADATA_KEY
@@ -198,11 +198,6 @@ class CodeExecutionScorer(SyncScorer):
         """One tiny run in the sandbox (``prm-jax validate-config --probe``): whether it starts, and how long it
         takes."""
         started = time.perf_counter()
-        run = self.sandbox.run({}, ["-c", "print(6 * 7)"], b"", self.settings.limits.time_per_test)
-        ok = run.outcome == "ok" and run.stdout.strip() == b"42"
-        status = "sandbox started" if ok else f"sandbox failed: {run.outcome} {run.stderr[-200:]!r}"
-        return Probe(self.name, f"local sandbox ({self.settings.interpreter})", ok, status, None,
-                     time.perf_counter() - started)
-
-    # The sandbox holds no state across calls: nothing to close.
-    KINDS: ClassVar[tuple[str, ...]] = KINDS
+        failure = self.sandbox.start_failure(self.settings.limits.time_per_test)
+        return Probe(self.name, f"local sandbox ({self.settings.interpreter})", failure is None,
+                     failure or "sandbox started", None, time.perf_counter() - started)

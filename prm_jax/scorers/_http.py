@@ -99,9 +99,7 @@ class Transport(Settings):
                                       "key.")
 
     def check(self) -> None:
-        timeout = finite_number("request_timeout", self.request_timeout)
-        if not timeout > 0:
-            raise ValueError(f"request_timeout must be > 0 seconds, got {short_repr(self.request_timeout)}")
+        finite_number("request_timeout", self.request_timeout, positive=True)
         integer("attempts", self.attempts, minimum=1)
         finite_number("backoff", self.backoff, minimum=0.0)
         finite_number("max_backoff", self.max_backoff, minimum=0.0)

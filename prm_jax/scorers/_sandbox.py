@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
-from prm_jax._validation import finite_number, integer, short_repr
+from prm_jax._validation import finite_number, integer
 from prm_jax.runtime._settings import Settings, setting
 
 Outcome = Literal["ok", "error", "timeout", "memory", "output_limit"]
@@ -62,10 +62,8 @@ class Limits(Settings):
     open_files: int = setting(64, doc="File descriptors a run may hold open, >= 8.")
 
     def check(self) -> None:
-        for name in ("time_per_test", "total_time"):
-            value = finite_number(name, getattr(self, name))
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {short_repr(getattr(self, name))}")
+        finite_number("time_per_test", self.time_per_test, positive=True)
+        finite_number("total_time", self.total_time, positive=True)
         integer("memory_mb", self.memory_mb, minimum=32)
         integer("output_bytes", self.output_bytes, minimum=1)
         integer("processes", self.processes, minimum=1)
@@ -95,14 +93,7 @@ def unavailable(interpreter: str) -> str | None:
         return f"util-linux's {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed"
     if not os.path.isfile(interpreter) or not os.access(interpreter, os.X_OK):
         return f"the interpreter {interpreter!r} is not an executable file"
-    try:
-        probe = LocalSandbox(Limits(), interpreter).run({}, ["-c", "print(6 * 7)"], b"", 10.0)
-    except OSError as err:
-        return f"bubblewrap could not start: {err}"
-    if probe.outcome != "ok" or probe.stdout.strip() != b"42":
-        detail = probe.stderr.decode(errors="replace").strip()[-300:]
-        return f"bubblewrap could not start a sandbox ({detail or probe.outcome}; are user namespaces enabled?)"
-    return None
+    return LocalSandbox(Limits(), interpreter).start_failure(10.0)
 
 
 class LocalSandbox:
@@ -120,6 +111,18 @@ class LocalSandbox:
             return None
         with self._lock:
             return UID_BASE + next(self._uids) % UID_POOL
+
+    def start_failure(self, timeout: float) -> str | None:
+        """Why a tiny program (``print(6 * 7)``) does not run in this sandbox within ``timeout`` seconds, or
+        ``None`` where it does: ``unavailable``'s last check and the scorer's probe."""
+        try:
+            probe = self.run({}, ["-c", "print(6 * 7)"], b"", timeout)
+        except OSError as err:
+            return f"bubblewrap could not start: {err}"
+        if probe.outcome != "ok" or probe.stdout.strip() != b"42":
+            detail = probe.stderr.decode(errors="replace").strip()[-300:]
+            return f"bubblewrap could not start a sandbox ({detail or probe.outcome}; are user namespaces enabled?)"
+        return None
 
     def confinement(self, timeout: float) -> list[str]:
         """util-linux's ``prlimit`` (the rlimits) and, where the host runs as root, ``setpriv`` (a uid of the

@@ -90,4 +90,6 @@ GLOSSARY: dict[str, str] = {
     "request": "The JSON body the scorer sent (its ``request(items)``).",
     "session_key": "The session's key.",
     "leaf_id": "The id of a branch's last turn.",
+    "layout": ("What the scorer's ``layout(items)`` derived once for this call (a branch's tokens with its step "
+               "tags), shared by ``request`` and ``read``; ``None``: derived here where needed."),
 }

@@ -70,11 +70,11 @@ class ClassifyPRMScorer(Templated, ServedScorer, BaseScorer):
     settings_class = ClassifyPRMSettings
     route = "/v1/classify"
 
-    def request(self, items: Sequence[Item]) -> dict[str, Any]:
+    def request(self, items: Sequence[Item], layout: Any = None) -> dict[str, Any]:
         (interaction, ctx), = items
         return {"model": self.settings.model, "input": self.render(interaction, ctx)}
 
-    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+    def read(self, answer: Any, items: Sequence[Item], where: str, layout: Any = None) -> list[Any]:
         read, good = self.service.reader, self.settings.good_index
         value = read.field(answer, ("data", 0, "probs", good), where)
         return [read.probability(value, where, f"data[0].probs[{good}]")]

@@ -328,7 +328,8 @@ class ServedScorer:
     how a request is built from the items of one call
     (``request(items)``: one turn for a per-turn scorer, the branches of a batch for a batched one), how the
     answer is read (``read(answer, items, where)``, through the one ``AnswerReader``, ``self.service.reader``:
-    one score per item), and an example answer of its server's documented shape (``example_answer(request,
+    one score per item; what both derive from the items, a branch's tokens, is its ``layout(items)``,
+    computed once a call), and an example answer of its server's documented shape (``example_answer(request,
     value)``, with ``value`` where the score is read, of the kind ``reads()`` says). Scoring (``evaluate``,
     ``evaluate_batch``) and ``probe`` come from those; the judge suite
     (``tests/scorers/test_every_served_scorer.py``) runs every malformed answer against each one.
@@ -363,10 +364,19 @@ class ServedScorer:
         """The route requests go to, after the URL (the declared ``route``; a setting may choose it)."""
         return self.route
 
-    def request(self, items: Sequence[Item]) -> dict[str, Any]:
+    def layout(self, items: Sequence[Item]) -> Any:
+        """What ``request`` and ``read`` both derive from one call's items (a branch's tokens with its step
+        tags), computed once a call and given to both as ``layout``; ``None`` (the default): nothing shared.
+
+        Args:
+            items: One call's items.
+        """
+        return None
+
+    def request(self, items: Sequence[Item], layout: Any = None) -> dict[str, Any]:
         raise NotImplementedError(f"scorer {self.name!r} must declare request(items)")
 
-    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+    def read(self, answer: Any, items: Sequence[Item], where: str, layout: Any = None) -> list[Any]:
         raise NotImplementedError(f"scorer {self.name!r} must declare read(answer, items, where)")
 
     def example_answer(self, request: Mapping[str, Any], value: Any) -> Any:
@@ -393,10 +403,11 @@ class ServedScorer:
 
     async def exchange(self, items: Sequence[Item]) -> list[Any]:
         """One request for ``items`` and its answer read: one score per item."""
-        answer = await self.service.post(self.endpoint(), self.request(items))
+        layout = self.layout(items)
+        answer = await self.service.post(self.endpoint(), self.request(items, layout))
         if self.read_in_thread:
-            return await anyio.to_thread.run_sync(self.read, answer, items, self.where(items))
-        return self.read(answer, items, self.where(items))
+            return await anyio.to_thread.run_sync(self.read, answer, items, self.where(items), layout)
+        return self.read(answer, items, self.where(items), layout)
 
     async def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> Any:
         return (await self.exchange([(interaction, ctx)]))[0]
@@ -416,8 +427,9 @@ class ServedScorer:
         endpoint's status, the model that answered, the round trip, and whether the answer can be scored."""
         items = self.probe_items()
         where = f"scorer {self.name!r} (probe)"
-        return await self.service.probe(self.name, self.endpoint(), self.request(items),
-                                        lambda answer: self.read(answer, items, where))
+        layout = self.layout(items)
+        return await self.service.probe(self.name, self.endpoint(), self.request(items, layout),
+                                        lambda answer: self.read(answer, items, where, layout))
 
     def client_stats(self) -> dict[str, float]:
         """Requests sent, retries, rate-limit waits (the client's figures)."""

@@ -70,7 +70,7 @@ class HTTPJudgeScorer(ServedScorer, BaseScorer):
     name = "http_judge"
     settings_class = HTTPJudgeSettings
 
-    def request(self, items: Sequence[Item]) -> dict[str, Any]:
+    def request(self, items: Sequence[Item], layout: Any = None) -> dict[str, Any]:
         (interaction, _), = items
         if not interaction.output_messages:
             raise NoTextError(f"scorer {self.name!r}: interaction {interaction.interaction_id!r} has no output "
@@ -79,7 +79,7 @@ class HTTPJudgeScorer(ServedScorer, BaseScorer):
         return {"interaction_id": interaction.interaction_id, "messages": _plain(interaction.messages),
                 "output_messages": _plain(interaction.output_messages), "output_len": interaction.output_len}
 
-    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+    def read(self, answer: Any, items: Sequence[Item], where: str, layout: Any = None) -> list[Any]:
         """The score (or the per-token scores) in the judge's answer."""
         read = self.service.reader
         if isinstance(answer, Mapping) and "score" in answer:

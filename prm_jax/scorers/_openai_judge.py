@@ -236,7 +236,7 @@ class OpenAIJudgeScorer(Templated, ServedScorer, BaseScorer):
     def pattern(self) -> re.Pattern[str]:
         return re.compile(self.settings.pattern)
 
-    def request(self, items: Sequence[Item]) -> dict[str, Any]:
+    def request(self, items: Sequence[Item], layout: Any = None) -> dict[str, Any]:
         """The chat completion request for a turn, with this judge's settings: ``extra_body``, the model,
         ``max_tokens`` and, scoring by log-probs, ``logprobs`` / ``top_logprobs``."""
         (interaction, ctx), = items
@@ -249,7 +249,7 @@ class OpenAIJudgeScorer(Templated, ServedScorer, BaseScorer):
             body.update(logprobs=True, top_logprobs=s.top_logprobs)
         return body
 
-    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+    def read(self, answer: Any, items: Sequence[Item], where: str, layout: Any = None) -> list[Any]:
         return [self.parse(answer, where)]
 
     def reads(self) -> Reads:

@@ -185,8 +185,18 @@ class PoolingPRMScorer(ServedScorer, BatchTrajectoryScorer):
                 raise ValueError(f"scorer {self.name!r}: {err}") from None
         return out
 
-    def request(self, items: Sequence[Item]) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.settings.model, "input": [b.ids for b in self.tagged(items)]}
+    def layout(self, items: Sequence[Item]) -> list[TaggedBranch]:
+        """Each branch's tokens with its step tags (``tagged``), which the request sends and the answer's rows
+        are read by.
+
+        Args:
+            items: One call's branches.
+        """
+        return self.tagged(items)
+
+    def request(self, items: Sequence[Item], layout: Any = None) -> dict[str, Any]:
+        tagged = layout if layout is not None else self.tagged(items)
+        body: dict[str, Any] = {"model": self.settings.model, "input": [b.ids for b in tagged]}
         if self.settings.task is not None:
             body["task"] = self.settings.task
         return body
@@ -205,10 +215,11 @@ class PoolingPRMScorer(ServedScorer, BatchTrajectoryScorer):
             self._task_refused = refused
             raise refused from None
 
-    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+    def read(self, answer: Any, items: Sequence[Item], where: str, layout: Any = None) -> list[Any]:
         rows = self._rows(answer, len(items), where)
+        tagged = layout if layout is not None else self.tagged(items)
         return [self._branch_scores(turns, branch, branch_rows, where)
-                for (turns, _), branch, branch_rows in zip(items, self.tagged(items), rows)]
+                for (turns, _), branch, branch_rows in zip(items, tagged, rows)]
 
     def reads(self) -> Reads:
         return "probability"

@@ -154,7 +154,7 @@ class LocalSandbox:
         """Runs ``interpreter *argv`` in ``/work`` with ``files`` read-only at ``/task/<name>``, ``stdin`` on
         its standard input, for at most ``timeout`` seconds (and the limits)."""
         limits = self.limits
-        task = tempfile.mkdtemp(prefix="prm-jax-task-")
+        task = tempfile.mkdtemp(prefix=f"prm-jax-task-{os.getpid()}-")  # (whose run left it, should one stay)
         try:
             os.chmod(task, 0o755)
             for name, content in files.items():

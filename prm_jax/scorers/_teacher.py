@@ -105,8 +105,18 @@ class TeacherLogprobScorer(ServedScorer, BatchTrajectoryScorer):
     def endpoint(self) -> str:
         return ROUTES[self.settings.server]
 
-    def request(self, items: Sequence[Item]) -> dict[str, Any]:
-        return self._body([branch_ids(turns)[0] for turns, _ in items])
+    def layout(self, items: Sequence[Item]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """Each branch's token ids and its turns' output spans in them (``branch_ids``), which the request sends
+        and the answer is read by.
+
+        Args:
+            items: One call's branches.
+        """
+        return [branch_ids(turns) for turns, _ in items]
+
+    def request(self, items: Sequence[Item], layout: Any = None) -> dict[str, Any]:
+        layouts = layout if layout is not None else self.layout(items)
+        return self._body([ids for ids, _ in layouts])
 
     def _body(self, inputs: list[list[int]]) -> dict[str, Any]:
         model = self.settings.model
@@ -115,10 +125,10 @@ class TeacherLogprobScorer(ServedScorer, BatchTrajectoryScorer):
         return {"model": model, "input_ids": inputs, "return_logprob": True, "logprob_start_len": 0,
                 "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}}
 
-    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+    def read(self, answer: Any, items: Sequence[Item], where: str, layout: Any = None) -> list[Any]:
         """Each branch's rewards (``teacher_rewards``) from the teacher's log-probs of its tokens."""
         out = []
-        layouts = [branch_ids(turns) for turns, _ in items]
+        layouts = layout if layout is not None else self.layout(items)
         teachers = self._read_all(answer, [ids for ids, _ in layouts], where)
         for (turns, _), teacher, (_, spans) in zip(items, teachers, layouts):
             out.append(teacher_rewards(self.name, turns, [teacher[start:stop] for start, stop in spans],

@@ -65,11 +65,11 @@ class TEIClassifierScorer(Templated, ServedScorer, BatchScorer):
     settings_class = TEIClassifierSettings
     route = "/predict"
 
-    def request(self, items: Sequence[Item]) -> dict[str, Any]:
+    def request(self, items: Sequence[Item], layout: Any = None) -> dict[str, Any]:
         return {"inputs": [[self.render(turn, ctx)] for turn, ctx in items], "truncate": self.settings.truncate,
                 "raw_scores": False}
 
-    def read(self, answer: Any, items: Sequence[Item], where: str) -> list[Any]:
+    def read(self, answer: Any, items: Sequence[Item], where: str, layout: Any = None) -> list[Any]:
         read, label = self.service.reader, self.settings.good_label
         if not isinstance(answer, list) or len(answer) != len(items):
             raise read.error(where, f"expected one list of predictions per input ({len(items)}), got "

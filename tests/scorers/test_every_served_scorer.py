@@ -218,3 +218,24 @@ async def test_the_probe_is_the_scorers_own_request_read_as_every_answer_is(monk
     probe = await scorer.probe()
     await scorer.aclose()
     assert not probe.ok and "HTTP 200 OK, but" in probe.status, probe
+
+
+@pytest.mark.parametrize("cls, mode", SERVED)
+async def test_a_call_derives_its_layout_once_for_the_request_and_the_answer(monkeypatch, cls, mode):
+    # A review found the pooling PRM tagging each branch twice a call (once for the request, once to read the
+    # rows; ~15 ms a batch of 64 long branches, on the event loop), and the teacher its token ids twice.
+    scorer = build(cls, mode, monkeypatch)
+    calls = []
+    layout = scorer.layout
+
+    def counted(items):
+        calls.append(len(items))
+        return layout(items)
+
+    monkeypatch.setattr(scorer, "layout", counted)
+    tagged = []
+    if hasattr(scorer, "tagged"):  # (the pooling PRM's tagging: once, through its layout)
+        tag = scorer.tagged
+        monkeypatch.setattr(scorer, "tagged", lambda items: tagged.append(1) or tag(items))
+    rewards = await scored(answering(scorer, lambda req: (200, encoded(scorer.example_answer(req, GOOD[scorer.reads()])))))
+    assert calls == [1] and tagged in ([], [1]) and np.isfinite(rewards[0]).all(), (calls, tagged)

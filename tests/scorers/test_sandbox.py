@@ -160,7 +160,7 @@ def open_fds() -> int:
 def task_folders() -> set[str]:
     import tempfile
 
-    return {p.name for p in Path(tempfile.gettempdir()).glob("prm-jax-task-*")}
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"prm-jax-task-{os.getpid()}-*")}  # (this process's)
 
 
 def test_200_calls_in_a_row_and_64_at_once_leak_no_descriptor_folder_or_process(sandbox):

@@ -15,6 +15,9 @@ schemas:
   (``token_classify`` in vLLM >= 0.11, the default ``encode`` before): one ``[p_bad, p_good]`` row per
   step-tag token of each input. ``engine_s(tokens)`` is the engine's time for a request of that many tokens
   (one forward for the batch).
+- ``SandboxFusionServer``: SandboxFusion's ``POST /run_code`` (``RunCodeRequest`` -> ``RunCodeResponse``),
+  running each program in prm-jax's local sandbox, with the request's files beside it in its working
+  folder; ``fail(payload)`` may answer a status first (a 503 the client retries).
 - ``PromptLogprobServer``: a teacher's prompt log-probs, on vLLM's ``POST /v1/completions`` with
   ``prompt_logprobs`` and SGLang's ``POST /generate`` with ``return_logprob`` (one forward per request, no
   token generated that anyone reads).
@@ -398,3 +401,44 @@ class PromptLogprobServer(_Server):
 def teacher_logprob(prefix: list[int], token: int) -> float:
     """A teacher that likes even tokens after an even count of tokens (picklable): log 0.8 or log 0.1."""
     return math.log(0.8) if (token + len(prefix)) % 2 == 0 else math.log(0.1)
+
+
+class SandboxFusionServer(_Server):
+    """SandboxFusion's ``POST /run_code`` (see the module docstring); ``answer(payload)``, when given, replaces
+    the run's answer (a malformed one, a ``SandboxError``)."""
+
+    RUNNER = "import os, runpy, sys; os.chdir('/task'); sys.argv = ['main.py']; runpy.run_path('main.py', run_name='__main__')"
+
+    def __init__(self, *, lifetime: float = 120.0, fail: Callable[[dict[str, Any]], int | None] | None = None,
+                 answer: Callable[[dict[str, Any]], Any] | None = None):
+        from prm_jax.scorers._sandbox import Limits, LocalSandbox
+
+        self.fail, self.answer = fail, answer
+        self.sandbox = LocalSandbox(Limits(memory_mb=256, output_bytes=1 << 16))
+        super().__init__(lifetime)
+
+    def handle(self, request: Any, path: str, payload: Any) -> None:
+        import base64
+
+        with self.lock:
+            self.requests.append(payload)
+        status = self.fail(payload) if self.fail else None
+        if status is not None:
+            request.reply(status, {"detail": "sandbox queue saturated"})
+            return
+        if path != "/run_code":
+            request.reply(404, {"detail": "Not Found"})
+            return
+        if self.answer is not None:
+            request.reply(200, self.answer(payload))
+            return
+        files = {name: base64.b64decode(content) for name, content in payload.get("files", {}).items()}
+        files["main.py"] = payload["code"].encode()
+        run = self.sandbox.run(files, ["-c", self.RUNNER], (payload.get("stdin") or "").encode(),
+                               float(payload.get("run_timeout", 10)))
+        result = {"status": "TimeLimitExceeded" if run.outcome == "timeout" else "Finished",
+                  "execution_time": run.seconds, "return_code": None if run.outcome == "timeout" else run.returncode,
+                  "stdout": run.stdout.decode(errors="replace"), "stderr": run.stderr.decode(errors="replace")}
+        ok = run.outcome == "ok"
+        request.reply(200, {"status": "Success" if ok else "Failed", "message": "", "compile_result": None,
+                            "run_result": result, "executor_pod_name": None, "files": {}})

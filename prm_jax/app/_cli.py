@@ -2,7 +2,7 @@
 
   prm-jax score --config CONFIG.yaml --input SESSIONS.jsonl --output OUT [--overwrite] [--plot FILE.png]
                 [--filter NAME]
-  prm-jax demo [--output OUT] [--overwrite]
+  prm-jax demo [--example lengths|coding] [--output OUT] [--overwrite]
   prm-jax validate-config CONFIG.yaml
   prm-jax doctor
 
@@ -368,17 +368,24 @@ def cmd_score(args) -> int:
     return 0
 
 
+# The bundled examples (prm_jax/data): config, sessions, and what the config's scorer is, in words.
+DEMOS = {"lengths": ("demo_config.yaml", "demo_sessions.jsonl", "LengthBudgetScorer, max_output_tokens=128"),
+         "coding": ("coding_config.yaml", "coding_sessions.jsonl",
+                    "CodeExecutionScorer in the local sandbox; stdin/stdout and assert-style tests")}
+
+
 def cmd_demo(args) -> int:
     if args.output:
         _check_output(args)
     output = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="prm-jax-demo-")) / "out"
     data = resources.files("prm_jax").joinpath("data")
-    with _signals_unwind(), resources.as_file(data.joinpath("demo_config.yaml")) as config_path, \
-            resources.as_file(data.joinpath("demo_sessions.jsonl")) as sessions_path, \
+    config_name, sessions_name, scorer = DEMOS[args.example]
+    with _signals_unwind(), resources.as_file(data.joinpath(config_name)) as config_path, \
+            resources.as_file(data.joinpath(sessions_name)) as sessions_path, \
             _staged(output, bool(args.overwrite)) as staged:
         config = _load_config(str(config_path))
-        print(f"prm-jax demo: {sessions_path.name} scored with the bundled example config "
-              f"(LengthBudgetScorer, max_output_tokens=128, shaping {config.actor.advantage_shaping.mode})\n")
+        print(f"prm-jax demo: {sessions_path.name} scored with the bundled example config {config_name} "
+              f"({scorer}, shaping {config.actor.advantage_shaping.mode})\n")
         run = run_score(config, str(sessions_path), progress=args.progress if args.progress is not None else False)
         write_outputs(run, staged)
     print_summary(run)
@@ -425,8 +432,10 @@ COMMANDS = {
               "advantages: OUT/batch.npz and "
               "OUT/metrics.json, and a summary on stdout.",
               "prm-jax score --config config.yaml --input sessions.jsonl --output out --plot rows.png"),
-    "demo": ("Score the bundled example sessions (16 sessions, 4 groups) with the bundled example config "
-             "(a length-budget scorer, process_weighted shaping) and print the summary.", "prm-jax demo"),
+    "demo": ("Score a bundled example with its bundled config and print the summary: --example lengths (16 "
+             "sessions, 4 groups; a length-budget scorer, process_weighted shaping) or coding (8 coding sessions, "
+             "2 groups; the agent's code run against each session's tests in the local sandbox).",
+             "prm-jax demo --example coding"),
     "validate-config": ("Check a config file and import its scorers, without scoring anything; --probe also "
                         "asks every served scorer once.", "prm-jax validate-config config.yaml --probe"),
     "doctor": ("Print what a bug report needs: versions, the backend and its devices, the native kernels, the "
@@ -469,6 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="first send one small request to every served scorer and stop (exit 2) if one fails")
     score.set_defaults(func=cmd_score)
     demo = _subcommand(sub, "demo", "score the bundled example sessions with the bundled example config")
+    demo.add_argument("--example", choices=tuple(DEMOS), default="lengths",
+                      help="which bundled example (default: lengths)")
     demo.add_argument("--output", help="output directory (default: a new temporary directory)")
     demo.add_argument("--overwrite", action="store_true", help="replace an output set already in --output")
     demo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
@@ -497,6 +508,9 @@ def main(argv: list[str] | None = None, *, tune_process: bool = False) -> int:
     except NoGroupAccepted as err:
         print(f"prm-jax: {shorten(str(err), 2000)}", file=sys.stderr)
         return err.exit_status or 1
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly (before OSError, which it is)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as err:
         if err.errno not in WRITE_ERRNOS:
             raise
@@ -510,9 +524,6 @@ def main(argv: list[str] | None = None, *, tune_process: bool = False) -> int:
         if interruption is None:
             raise
         return _interrupted(interruption, group)
-    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
 
 
 def _interrupted(err: BaseException, raised: BaseException) -> int:

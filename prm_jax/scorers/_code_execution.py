@@ -3,51 +3,74 @@
 
 The code is taken from the turn's output text: by default the last fenced block of the configured language
 (```` ```python ```` ... ```` ``` ````, or ``~~~`` fences; a block without a language counts too), or the first block, or every
-block joined, or the whole reply (``extract``). The tests are the session's ``metadata[tests_key]``: a list of
-``{"input": str, "output": str}`` pairs, each run as its own process with ``input`` on stdin; a test passes
-when the run exits 0 and its stdout equals ``output`` (trailing whitespace of each line and trailing blank
-lines ignored). The verdicts are the scorer's, from outside the sandbox: nothing the code prints, no exit
-status alone, and no file it writes can pass a test (its task files are read-only).
+block joined, or the whole reply (``extract``). The tests are the session's ``metadata[tests_key]``, a list
+of two kinds, mixed as a session likes:
+
+- ``{"input": str, "output": str}``: the code runs as its own program with ``input`` on stdin; the test
+  passes when it exits 0 and its stdout equals ``output`` (trailing whitespace of each line and trailing
+  blank lines ignored);
+- ``{"assert": str}``: Python test code (``assert add(2, 3) == 5``, or a ``def check(candidate): ...`` and
+  its call) run against the functions the code defines, by the harness (``prm_jax.scorers._harness``): the
+  code runs in a process of its own (its module-level code with ``__name__`` ``"solution"`` and an empty
+  stdin: a ``__main__`` block does not run) and only literal values cross to the test's process, so a test
+  passes when its code runs to its end on values the solution returned.
+
+Each test is one run in the sandbox, under ``time_per_test`` and the other limits. The verdicts are the
+scorer's, from outside the code's process: nothing the code prints, no exit status alone, no object that
+claims to equal everything, and no file it writes can pass a test (its task files are read-only; an assert
+test's verdict carries a nonce the code never sees).
 
 A turn scores the fraction of tests passed (``score: fraction``) or 1 only when all pass (``score: all``);
 a turn without code scores 0 (``no_code: zero``) or is left unscored (``no_code: skip``: 0, as every turn a
 scorer leaves out, but counted apart). A failure of the code (a wrong answer, a crash, a time, memory or
 output limit) is a score; the turn's observations count each kind (``tests_passed``, ``tests_failed``,
 ``tests_timeout``, ``tests_memory``, ``tests_output_limit``, ``no_code``; ``skipped`` under ``no_code:
-skip``). A failure of the sandbox itself (it cannot start) fails the branch, never a 0.
+skip``). A failure of the sandbox itself (it cannot start, or the served sandbox fails) fails the branch,
+never a 0.
 
-The limits (``time_per_test``, ``total_time``, ``memory_mb``, ``output_bytes``, ``processes``,
-``file_size_mb``, ``open_files``) are one declared record (``Limits``), checked at configuration, where the
-sandbox is also started once: a machine without bubblewrap or user namespaces is refused then, with the
-reason. There is no unsandboxed mode. SandboxFusion's served sandbox (``sandbox: sandbox_fusion``) is not
-offered yet.
+Two sandboxes run the code (``sandbox``): ``local``, bubblewrap on this machine
+(``prm_jax.scorers._sandbox``), and ``sandbox_fusion``, a SandboxFusion server's ``POST /run_code``
+(``prm_jax.scorers._sandbox_fusion``) through the served scorers' one transport (retries, rate limit,
+deadlines) and answer reader. The limits (``time_per_test``, ``total_time``, ``memory_mb``, ``output_bytes``,
+``processes``, ``file_size_mb``, ``open_files``) are one declared record (``Limits``), checked at
+configuration, where the local sandbox is also started once: a machine without bubblewrap or user namespaces
+is refused then, with the reason. There is no unsandboxed mode.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import secrets
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, get_args
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, get_args
 
 from prm_jax._validation import one_of, short_repr
 from prm_jax.runtime._context import METADATA_KEY
 from prm_jax.runtime._scoring import PRMMetricObservation, PRMScorerResult, SyncScorer
 from prm_jax.runtime._settings import Settings, setting
 from prm_jax.runtime._trajectory import Interaction
-from prm_jax.scorers._http import Probe
+from prm_jax.scorers._http import Probe, Transport, check_url, httpx_module, transport_setting
 from prm_jax.scorers._openai_judge import output_text
-from prm_jax.scorers._sandbox import Limits, LocalSandbox, Run, unavailable
+from prm_jax.scorers._sandbox import Limits, LocalSandbox, unavailable
+from prm_jax.scorers._sandbox_fusion import SandboxFusion
 
 Extract = Literal["last_block", "first_block", "all_blocks", "whole_reply"]
 ScoreBy = Literal["fraction", "all"]
 NoCode = Literal["zero", "skip"]
+SandboxKind = Literal["local", "sandbox_fusion"]
 KINDS = ("passed", "failed", "timeout", "memory", "output_limit", "no_code")
 # Each kind's metric: how many of a turn's tests ended so (``tests_passed``, ...; ``no_code``: the turn had none).
 METRICS = {kind: kind if kind == "no_code" else f"tests_{kind}" for kind in KINDS}
 _FENCE = re.compile(r"(```|~~~)[ \t]*([\w+.-]*)[^\n]*\n(.*?)\1", re.S)  # (Markdown's two fences)
-SOLUTION = "solution.py"
+SOLUTION, HARNESS = "solution.py", "harness.py"
+HARNESS_SOURCE = (Path(__file__).parent / "_harness.py").read_bytes()
+TEST_SHAPE = '{"input": str, "output": str} or {"assert": str}'
+VERDICTS = ("passed", "failed", "memory")  # what the harness prints after its run's nonce
+FUSION_TRANSPORT: dict[str, Any] = {"request_timeout": 60.0, "max_concurrency": 32}  # (the served sandbox's)
 
 
 def code_blocks(text: str, language: str) -> list[str]:
@@ -66,6 +89,19 @@ def same_output(got: bytes, expected: str) -> bool:
     return lines(got.decode("utf-8", errors="replace")) == lines(expected)
 
 
+class IOTest(NamedTuple):
+    """A stdin/stdout test: ``input`` on stdin, ``output`` expected on stdout."""
+
+    input: str
+    output: str
+
+
+class AssertTest(NamedTuple):
+    """An assert-style test: Python code run against the solution's functions (the harness)."""
+
+    code: str
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CodeExecutionSettings(Settings):
     language: Literal["python"] = setting("python", doc="The language the turn's code is in, and run as "
@@ -74,48 +110,83 @@ class CodeExecutionSettings(Settings):
                                "``last_block`` or ``first_block`` fenced in ``language`` (or untagged), "
                                "``all_blocks`` joined, or the ``whole_reply``.")
     tests_key: str = setting("tests", doc="The key of the session's ``metadata`` that holds the tests: a list of "
-                             "``{\"input\": str, \"output\": str}``.")
+                             f"``{TEST_SHAPE}``.")
     score: ScoreBy = setting("fraction", doc="A turn's score: the ``fraction`` of tests passed, or 1 only when "
                              "``all`` pass (else 0).")
     no_code: NoCode = setting("zero", doc="A turn without code: scored 0 (``zero``) or left unscored "
                               "(``skip``: 0, counted apart).")
-    interpreter: str = setting("/usr/bin/python3", doc="The interpreter inside the sandbox: a system one every "
-                               "user can read (bound read-only with ``/usr``).")
+    sandbox: SandboxKind = setting("local", doc="Where the code runs: ``local`` (bubblewrap on this machine) or "
+                                   "``sandbox_fusion`` (a SandboxFusion server at ``url``).")
+    url: str | None = setting(None, doc="The SandboxFusion server (``http://host:8080``; ``/run_code`` is "
+                              "appended), with ``sandbox: sandbox_fusion`` only.")
+    interpreter: str = setting("/usr/bin/python3", doc="The interpreter inside the local sandbox: a system one "
+                               "every user can read (bound read-only with ``/usr``).")
     limits: Limits = setting(Limits(), doc="What one run may use (flat: the limits' keys are the scorer's).")
+    transport: Transport = transport_setting(**FUSION_TRANSPORT)
 
     def check(self) -> None:
         one_of("language", self.language, ("python",))
         one_of("extract", self.extract, get_args(Extract))
         one_of("score", self.score, get_args(ScoreBy))
         one_of("no_code", self.no_code, get_args(NoCode))
+        one_of("sandbox", self.sandbox, get_args(SandboxKind))
         if not isinstance(self.tests_key, str) or not self.tests_key:
             raise ValueError(f"tests_key must be the metadata key of the tests, got {short_repr(self.tests_key)}")
+        if self.sandbox == "sandbox_fusion":
+            if self.url is None:
+                raise ValueError("sandbox: sandbox_fusion needs url (the SandboxFusion server)")
+            httpx_module("scorer 'code_execution' (sandbox: sandbox_fusion)")
+            check_url("url", self.url)
+            if self.interpreter != "/usr/bin/python3":
+                raise ValueError("interpreter applies to sandbox: local only (SandboxFusion runs its own python)")
+            return
+        if self.url is not None:
+            raise ValueError("url applies to sandbox: sandbox_fusion only, and sandbox is 'local'")
+        if self.transport != Transport(**FUSION_TRANSPORT):
+            raise ValueError("the transport settings (request_timeout, attempts, ...) apply to sandbox: "
+                             "sandbox_fusion only, and sandbox is 'local'")
         reason = unavailable(self.interpreter) if isinstance(self.interpreter, str) else "interpreter is no path"
         if reason is not None:
             raise ValueError(f"the local sandbox cannot run here: {reason}")
 
 
 class CodeExecutionScorer(SyncScorer):
-    """Scores each turn by running its code against the session's tests in the local sandbox (see the module
+    """Scores each turn by running its code against the session's tests in a sandbox (see the module
     docstring).
 
     Example:
         >>> scorer = prm_jax.scorers.CodeExecutionScorer(time_per_test=2.0)
-        >>> reply = "Here:\\n```python\\nprint(int(input()) * 2)\\n```"
+        >>> code = "def double(n):\\n    return 2 * n\\n\\nif __name__ == '__main__':\\n    print(double(int(input())))"
+        >>> reply = f"Here:\\n```python\\n{code}\\n```"
         >>> turn = prm_jax.Interaction("t0", [1], [2], output_messages=[{"role": "assistant", "content": reply}])
-        >>> tests = [{"input": "2\\n", "output": "4"}, {"input": "5\\n", "output": "10"}, {"input": "1", "output": "3"}]
+        >>> tests = [{"input": "2\\n", "output": "4"}, {"input": "1", "output": "3"}, {"assert": "assert double(5) == 10"}]
         >>> result = scorer.evaluate(turn, {"metadata": {"tests": tests}})
         >>> round(result.reward, 4), [(o.metric_id, o.value) for o in result.observations][:2]
         (0.6667, [('tests_passed', 2.0), ('tests_failed', 1.0)])
     """
 
     name = "code_execution"
-    executor = "thread"  # (the code runs in the sandbox's processes; a thread waits for each)
+    executor = "thread"  # (the code runs in the sandbox's processes, or on the server; a thread waits for each)
     settings_class = CodeExecutionSettings
 
     def prepare(self) -> None:
         super().prepare()
-        self.sandbox = LocalSandbox(self.settings.limits, self.settings.interpreter)
+        record = self.settings
+        if record.sandbox == "sandbox_fusion":
+            if self.executor != "thread":
+                raise ValueError(f"scorer {self.name!r}: sandbox: sandbox_fusion sends requests from the runner's "
+                                 f"event loop, with executor 'thread' only (executor is {self.executor!r})")
+            self.runner: LocalSandbox | SandboxFusion = SandboxFusion(record.url, record.limits, record.transport,
+                                                                      who=f"scorer {self.name!r}")
+        else:
+            self.runner = LocalSandbox(record.limits, record.interpreter)
+
+    @classmethod
+    def validate_kwargs(cls, **kwargs: Any) -> None:
+        super().validate_kwargs(**kwargs)
+        if kwargs.get("sandbox") == "sandbox_fusion" and kwargs.get("executor", cls.executor) != "thread":
+            raise ValueError(f"sandbox: sandbox_fusion sends requests from the runner's event loop, with executor "
+                             f"'thread' only (executor is {kwargs['executor']!r})")
 
     def code(self, text: str) -> str | None:
         """The code the turn wrote (``extract``), or ``None`` where it wrote none.
@@ -132,15 +203,16 @@ class CodeExecutionScorer(SyncScorer):
         return {"first_block": blocks[0], "last_block": blocks[-1]}.get(how) or "\n".join(blocks)
 
     def validate_metadata(self, metadata: Mapping[str, Any]) -> None:
-        """The session's tests are there and well formed, before anything is scored.
+        """The session's tests are there and well formed (an assert test's code compiles), before anything is
+        scored.
 
         Args:
             metadata: One session's ``metadata``.
         """
         self.tests(metadata)
 
-    def tests(self, metadata: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """The session's ``(input, output)`` tests; ``ValueError`` naming the ``metadata`` key otherwise.
+    def tests(self, metadata: Mapping[str, Any]) -> list[IOTest | AssertTest]:
+        """The session's tests; ``ValueError`` naming the ``metadata`` key otherwise.
 
         Args:
             metadata: The session's ``metadata``.
@@ -149,14 +221,20 @@ class CodeExecutionScorer(SyncScorer):
         tests = metadata.get(key)
         where = f"scorer {self.name!r}: metadata[{key!r}]"
         if not isinstance(tests, Sequence) or isinstance(tests, str) or not tests:
-            raise ValueError(f"{where} must be a non-empty list of {{\"input\": str, \"output\": str}}, got "
-                             f"{short_repr(tests)}")
-        out = []
+            raise ValueError(f"{where} must be a non-empty list of {TEST_SHAPE}, got {short_repr(tests)}")
+        out: list[IOTest | AssertTest] = []
         for i, test in enumerate(tests):
-            if not isinstance(test, Mapping) or not isinstance(test.get("input", ""), str) \
-                    or not isinstance(test.get("output"), str):
-                raise ValueError(f"{where}[{i}] must be {{\"input\": str, \"output\": str}}, got {short_repr(test)}")
-            out.append((test.get("input", ""), test["output"]))
+            if isinstance(test, Mapping) and set(test) == {"assert"} and isinstance(test["assert"], str):
+                try:
+                    compile(test["assert"], f"{where}[{i}]['assert']", "exec")
+                except (SyntaxError, ValueError) as err:
+                    raise ValueError(f"{where}[{i}]['assert'] is not Python code: {err}") from None
+                out.append(AssertTest(test["assert"]))
+            elif isinstance(test, Mapping) and set(test) <= {"input", "output"} \
+                    and isinstance(test.get("input", ""), str) and isinstance(test.get("output"), str):
+                out.append(IOTest(test.get("input", ""), test["output"]))
+            else:
+                raise ValueError(f"{where}[{i}] must be {TEST_SHAPE}, got {short_repr(test)}")
         return out
 
     def evaluate(self, interaction: Interaction, ctx: Mapping[str, Any]) -> PRMScorerResult:  # type: ignore[override]
@@ -167,24 +245,42 @@ class CodeExecutionScorer(SyncScorer):
         if code is None:
             counts["no_code"] = 1.0
             return self._result(interaction, 0.0, counts)
-        limits, files = self.settings.limits, {SOLUTION: code.encode()}
+        limits = self.settings.limits
         spent_by = time.monotonic() + limits.total_time
-        for given, expected in tests:
+        for test in tests:
             left = spent_by - time.monotonic()
             if left <= 0:
                 counts["timeout"] += 1
                 continue
-            run = self.sandbox.run(files, [f"/task/{SOLUTION}"], given.encode(), min(limits.time_per_test, left))
-            counts[self._kind(run, expected)] += 1
+            counts[self.run_test(code, test, min(limits.time_per_test, left))] += 1
         passed = counts["passed"] / len(tests)
         score = passed if self.settings.score == "fraction" else float(passed == 1.0)
         return self._result(interaction, score, counts)
 
-    @staticmethod
-    def _kind(run: Run, expected: str) -> str:
-        if run.outcome == "ok":
-            return "passed" if same_output(run.stdout, expected) else "failed"
-        return "failed" if run.outcome == "error" else run.outcome
+    def run_test(self, code: str, test: IOTest | AssertTest, timeout: float) -> str:
+        """One test run in the sandbox, and how it ended (``passed``, ``failed``, ``timeout``, ``memory``,
+        ``output_limit``).
+
+        Args:
+            code: The turn's code.
+            test: The test.
+            timeout: Seconds the run may take.
+        """
+        if isinstance(test, IOTest):
+            run = self.runner.run_file({SOLUTION: code.encode()}, SOLUTION, test.input.encode(), timeout)
+            if run.outcome == "ok":
+                return "passed" if same_output(run.stdout, test.output) else "failed"
+            return "failed" if run.outcome == "error" else run.outcome
+        nonce = secrets.token_hex(16)
+        job = {"nonce": nonce, "test": test.code, "solution": self.runner.path(SOLUTION),
+               "limit": self.settings.limits.output_bytes}
+        run = self.runner.run_file({SOLUTION: code.encode(), HARNESS: HARNESS_SOURCE}, HARNESS,
+                              json.dumps(job).encode(), timeout, isolated=True)
+        if run.outcome not in ("ok", "error"):
+            return run.outcome
+        last = run.stdout.decode("utf-8", errors="replace").rstrip("\n").rpartition("\n")[2]
+        given, _, verdict = last.partition(" ")
+        return verdict if run.outcome == "ok" and given == nonce and verdict in VERDICTS else "failed"
 
     def _result(self, interaction: Interaction, score: float, counts: Mapping[str, float]) -> PRMScorerResult:
         observations = tuple(PRMMetricObservation(METRICS[kind], "turn", interaction.interaction_id, value,
@@ -195,9 +291,21 @@ class CodeExecutionScorer(SyncScorer):
         return PRMScorerResult(score, observations)
 
     async def probe(self) -> Probe:
-        """One tiny run in the sandbox (``prm-jax validate-config --probe``): whether it starts, and how long it
-        takes."""
+        """One tiny run in the sandbox (``prm-jax validate-config --probe``): whether it starts (locally) or
+        answers (SandboxFusion), and how long it takes."""
+        if isinstance(self.runner, SandboxFusion):
+            return await self.runner.probe(self.name)
         started = time.perf_counter()
-        failure = self.sandbox.start_failure(self.settings.limits.time_per_test)
+        failure = self.runner.start_failure(self.settings.limits.time_per_test)
         return Probe(self.name, f"local sandbox ({self.settings.interpreter})", failure is None,
                      failure or "sandbox started", None, time.perf_counter() - started)
+
+    def client_stats(self) -> dict[str, float]:
+        """The served sandbox's requests, retries and rate-limit waits (none locally)."""
+        return self.runner.stats() if isinstance(self.runner, SandboxFusion) else {}
+
+    async def aclose(self) -> None:
+        if isinstance(self.runner, SandboxFusion):
+            await self.runner.aclose()
+
+

@@ -150,6 +150,28 @@ class LocalSandbox:
                 out += ["--symlink", f"usr/{link}", f"/{link}"]
         return out
 
+    def path(self, name: str) -> str:
+        """Where a task file named ``name`` is, as the code sees it.
+
+        Args:
+            name: The file's name.
+        """
+        return f"/task/{name}"
+
+    def run_file(self, files: Mapping[str, bytes], entry: str, stdin: bytes, timeout: float,
+                 isolated: bool = False) -> Run:
+        """Runs the task file ``entry`` (one of ``files``) as the program (``isolated``: in the interpreter's
+        isolated mode, ``-I``).
+
+        Args:
+            files: The task's files, by name.
+            entry: The file that is the program.
+            stdin: Its standard input.
+            timeout: Seconds it may take.
+            isolated: Whether the interpreter runs in isolated mode.
+        """
+        return self.run(files, [*(["-I"] if isolated else []), self.path(entry)], stdin, timeout)
+
     def run(self, files: Mapping[str, bytes], argv: Sequence[str], stdin: bytes, timeout: float) -> Run:
         """Runs ``interpreter *argv`` in ``/work`` with ``files`` read-only at ``/task/<name>``, ``stdin`` on
         its standard input, for at most ``timeout`` seconds (and the limits)."""
@@ -175,7 +197,7 @@ class LocalSandbox:
                 _kill(proc)
             seconds = time.monotonic() - started
             returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-            return Run(_outcome(ended, returncode, stderr), returncode, stdout, stderr, seconds)
+            return Run(classify(ended, returncode, stderr), returncode, stdout, stderr, seconds)
         finally:
             shutil.rmtree(task, ignore_errors=True)
 
@@ -250,7 +272,9 @@ def _communicate(proc: subprocess.Popen[bytes], stdin: bytes, deadline: float,
     return bytes(out[proc.stdout]), bytes(out[proc.stderr]), ended
 
 
-def _outcome(ended: str, returncode: int, stderr: bytes) -> Outcome:
+def classify(ended: str, returncode: int, stderr: bytes) -> Outcome:
+    """How a run ended, from how its reading ended (``exit``, ``timeout``, ``output_limit``), its exit status
+    and its stderr (a ``MemoryError`` there: ``memory``)."""
     if ended == "timeout" or returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
         return "timeout"
     if ended == "output_limit":

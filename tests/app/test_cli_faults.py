@@ -547,3 +547,17 @@ def test_a_long_flat_list_is_not_an_alias_bomb(tmp_path, capsys):
     path.write_text(yaml.safe_dump(config) + "extra: [" + ", ".join(["1"] * 100_000) + "]\n")
     code, _, err = in_process(capsys, "validate-config", path)
     assert code == 0 and "aliases" not in err, err
+
+
+def test_a_closed_stdout_stops_the_command_quietly_with_status_1(tmp_path):
+    # `prm-jax demo | head -1`: the summary's next line met a closed pipe; BrokenPipeError is an OSError, and the
+    # OSError clause re-raised it as a traceback before the clause meant for it was reached.
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "prm_jax.app._cli", "demo", "--output", str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert first.startswith(b"prm-jax demo:") and proc.returncode == 1 and b"Traceback" not in err, err[-2000:]

@@ -1,5 +1,6 @@
-"""Issue 58.1, 58.3 and 58.6: ``CodeExecutionScorer`` scores a turn by the session's stdin/stdout tests its code
-passes in the local sandbox; failures of the code are scores of their kind, its verdicts are the scorer's
+"""Issue 58.1, 58.3 and 58.6: ``CodeExecutionScorer`` scores a turn by the session's tests its code passes in
+the local sandbox (stdin/stdout pairs, and assert-style Python tests run by the harness against the functions
+the code defines); failures of the code are scores of their kind, its verdicts are the scorer's
 (printing a fake result line, exiting 0 with a wrong answer or writing to the task's files earns nothing), a
 session without well-formed tests is refused naming the key, and the limits are checked at configuration."""
 
@@ -115,3 +116,158 @@ def test_the_scorer_runs_under_a_runner_with_every_turn_scored():
     with prm_jax.BlockingRunner(scorers=[scorer]) as runner:
         runner.run(cache, {"metadata": {"tests": DOUBLE}})
     assert [t.token_rewards.tolist() for t in cache] == [[0.0], [0.5]]
+
+
+# -- assert-style tests (the harness: the solution in a process of its own, only literal values cross) ---------
+
+ADD = [{"assert": "assert add(2, 3) == 5"}, {"assert": "assert add('a', 'b') == 'ab'"},
+       {"assert": "def check(candidate):\n    assert candidate(0.5, 0.25) == 0.75\n    assert candidate([1], [2]) == [1, 2]\n"
+                  "check(add)"},
+       {"assert": "try:\n    add(None, 1)\nexcept TypeError:\n    pass\nelse:\n    raise AssertionError('no TypeError')"}]
+GOOD_ADD = "def add(a, b):\n    return a + b"
+
+
+def test_assert_tests_score_the_functions_the_code_defines(scorer):
+    right = scorer.evaluate(turn(reply(GOOD_ADD)), {"metadata": {"tests": ADD}})
+    wrong = scorer.evaluate(turn(reply("def add(a, b):\n    return a - b if isinstance(a, int) else a + b")),
+                            {"metadata": {"tests": ADD}})
+    assert right.reward == 1.0 and counts(right)["passed"] == 4, counts(right)
+    assert wrong.reward == 0.75 and counts(wrong)["failed"] == 1, counts(wrong)
+
+
+def test_io_and_assert_tests_mix_in_one_session(scorer):
+    code = "def double(n):\n    return 2 * n\n\nif __name__ == '__main__':\n    print(double(int(input())))"
+    tests = [*DOUBLE, {"assert": "assert double(21) == 42"}, {"assert": "assert double(1) == 3"}]
+    result = scorer.evaluate(turn(reply(code)), {"metadata": {"tests": tests}})
+    assert result.reward == pytest.approx(4 / 5) and counts(result)["failed"] == 1, counts(result)
+
+
+def test_values_cross_as_literals_nan_and_inf_included(scorer):
+    code = "def f(x):\n    return {'nan': float('nan'), 'inf': -float('inf'), 'set': {x}, 'tuple': (x, b'x')}"
+    test = ("import math\nv = f(3)\nassert math.isnan(v['nan']) and v['inf'] == -math.inf\n"
+            "assert v['set'] == {3} and v['tuple'] == (3, b'x')")
+    assert scorer.evaluate(turn(reply(code)), {"metadata": {"tests": [{"assert": test}]}}).reward == 1.0
+
+
+@pytest.mark.parametrize("code", [
+    "import sys\nsys.exit(0)",                                                       # exits 0 before any test
+    "import os\ndef add(a, b):\n    os._exit(0)",                                   # exits 0 inside the call
+    "import atexit, os\natexit.register(lambda: os._exit(0))\ndef add(a, b):\n    raise SystemExit(0)",
+    "class Same:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Same()",  # equals all
+    "import builtins\nbuiltins.AssertionError = type('Quiet', (Exception,), {})\ndef add(a, b):\n    return 0",
+    "def add(a, b):\n    print('0' * 32 + ' passed')\n    return 0",                   # a fake verdict line
+    "import os\ndef add(a, b):\n    os.kill(1, 9)",                                 # kills the harness
+    "import os\ndef add(a, b):\n    os.kill(os.getppid(), 9)",
+    "def add(a, b):\n    open('/task/harness.py', 'w').write('print(1)')\n    return 0",  # tampers with the harness
+])
+def test_assert_tests_give_no_credit_the_code_did_not_earn(scorer, code):
+    result = scorer.evaluate(turn(reply(code)), {"metadata": {"tests": ADD}})
+    assert result.reward == 0.0 and counts(result)["passed"] == 0, counts(result)
+
+
+def test_a_call_that_earns_no_value_fails_the_test_even_where_the_test_catches_everything(scorer):
+    # A test that swallows every exception still fails when the solution's call returned no literal or exited.
+    lenient = [{"assert": "try:\n    add(1, 2)\nexcept Exception:\n    pass"},
+               {"assert": "try:\n    add(1, 2)\nexcept:\n    pass"}]
+    for code in ("class X:\n    pass\ndef add(a, b):\n    return X()", "import os\ndef add(a, b):\n    os._exit(0)"):
+        result = scorer.evaluate(turn(reply(code)), {"metadata": {"tests": lenient}})
+        assert result.reward == 0.0, (code, counts(result))
+    honest = scorer.evaluate(turn(reply("def add(a, b):\n    raise ValueError('no')")), {"metadata": {"tests": lenient}})
+    assert honest.reward == 1.0  # (the solution's own error is the test's to catch)
+
+
+FORGER = r"""
+import os, re
+def add(a, b):
+    # Looks for the run's nonce in the harness' memory and writes a passing verdict on its stdout.
+    nonces = set()
+    try:
+        with open("/proc/1/maps") as maps, open("/proc/1/mem", "rb") as mem:
+            for line in maps:
+                start, end = (int(x, 16) for x in line.split()[0].split("-"))
+                if "rw" in line.split()[1]:
+                    try:
+                        mem.seek(start)
+                        nonces.update(re.findall(rb"[0-9a-f]{32}", mem.read(end - start)))
+                    except OSError:
+                        pass
+    except OSError as err:
+        print("no memory:", err, flush=True)
+    for nonce in nonces:
+        try:
+            with open("/proc/1/fd/1", "wb") as out:
+                out.write(nonce + b" passed\n")
+        except OSError as err:
+            print("no stdout:", err, flush=True)
+            break
+    return 0
+"""
+
+
+def test_the_code_can_read_neither_the_nonce_nor_the_harness_stdout(scorer):
+    # The harness is non-dumpable: its /proc/<pid>/mem, maps and fd are closed to the code (same uid); the forger
+    # returns a wrong value, so only a forged verdict could pass it.
+    result = scorer.evaluate(turn(reply(FORGER)), {"metadata": {"tests": ADD[:1]}})
+    assert result.reward == 0.0 and counts(result)["failed"] == 1, counts(result)
+    from prm_jax.scorers._code_execution import HARNESS, HARNESS_SOURCE, SOLUTION
+    job = b'{"nonce": "' + b"ab" * 16 + b'", "test": "assert add(2, 3) == 5", "solution": "/task/solution.py", "limit": 4096}'
+    run = scorer.runner.run_file({SOLUTION: FORGER.encode(), HARNESS: HARNESS_SOURCE}, HARNESS, job, 5.0, isolated=True)
+    assert b"no memory: [Errno 13] Permission denied" in run.stderr, run.stderr
+    assert run.stdout == b"ab" * 16 + b" failed\n"
+
+
+def test_memory_and_time_in_an_assert_test_are_failures_of_their_kind(scorer):
+    cases = [("def add(a, b):\n    return len(bytearray(1 << 30))", "memory"),
+             ("import time\ndef add(a, b):\n    time.sleep(30)", "timeout"),
+             ("def add(a, b):\n    return 'x' * (1 << 20)", "failed")]  # (an answer past output_bytes)
+    for code, kind in cases:
+        result = scorer.evaluate(turn(reply(code)), {"metadata": {"tests": ADD[:1]}})
+        assert result.reward == 0.0 and counts(result)[kind] == 1, (code, counts(result))
+
+
+@pytest.mark.parametrize("metadata, needle", [
+    ({"tests": [{"assert": "assert add(1, 2) =="}]}, r"\[0\]\['assert'\] is not Python code"),
+    ({"tests": [{"assert": "x", "output": "1"}]}, r"\[0\] must be"),
+    ({"tests": [{"assert": 3}]}, r"\[0\] must be"),
+    ({"tests": [{"input": "1", "output": "2", "expected": "3"}]}, r"\[0\] must be"),
+])
+def test_malformed_assert_tests_are_refused_naming_the_key(scorer, metadata, needle):
+    with pytest.raises(ValueError, match=needle):
+        scorer.validate_metadata(metadata)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"url": "http://127.0.0.1:1"}, "url applies to sandbox: sandbox_fusion only"),
+    ({"request_timeout": 5.0}, "apply to sandbox: sandbox_fusion only"),
+    ({"sandbox": "sandbox_fusion"}, "needs url"),
+    ({"sandbox": "docker"}, "sandbox"),
+    ({"sandbox": "sandbox_fusion", "url": "http://127.0.0.1:1", "interpreter": "/bin/python9"}, "interpreter applies"),
+    ({"sandbox": "sandbox_fusion", "url": "http://127.0.0.1:1", "executor": "process"}, "executor 'thread' only"),
+])
+def test_the_sandbox_settings_meet_at_configuration(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        CodeExecutionScorer.validate_kwargs(**kwargs)
+
+
+def test_the_bundled_coding_example_scores_each_turn_by_its_tests(tmp_path, capsys):
+    # Issue 58.8: `prm-jax demo --example coding` (prm_jax/data/coding_*): 8 sessions; weight 0.5 times the fraction
+    # of tests passed, per turn: a fix in a second turn earns what its first turn did not; the object that equals
+    # everything and the exit after a printed "4 passed" earn nothing.
+    import json
+
+    import numpy as np
+
+    from prm_jax.app import _cli as cli
+
+    assert cli.main(["demo", "--example", "coding", "--output", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "coding_config.yaml (CodeExecutionScorer in the local sandbox" in out
+    batch = np.load(tmp_path / "out" / "batch.npz")
+    rows = batch["token_rewards"].sum(axis=1) / 6  # (6 output tokens a turn; the turn's reward on each)
+    # square: right, fixed (2 of 3, then 3 of 3), loops, no code; fizz: right, 3 of 4, cheats, exits
+    expected = [0.5, 0.5 * 2 / 3 + 0.5, 0.0, 0.0, 0.5, 0.5 * 3 / 4, 0.0, 0.0]
+    np.testing.assert_allclose(rows, expected, rtol=1e-6)
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())["metrics"]
+    prefix = "rollout/prm_metric/turn/code_execution/"
+    assert {k: metrics[prefix + k + "/sum"] for k in ("tests_passed", "tests_timeout", "no_code")} == \
+        {"tests_passed": 15.0, "tests_timeout": 3.0, "no_code": 1.0}

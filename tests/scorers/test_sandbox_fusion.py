@@ -1,0 +1,166 @@
+"""Issue 58.2: ``CodeExecutionScorer(sandbox="sandbox_fusion")`` runs the code on a SandboxFusion server
+(``POST /run_code``, its documented ``RunCodeRequest`` and ``RunCodeResponse``) through the served scorers'
+one transport (a 503 retried) and answer reader: the same scores as the local sandbox on the same tests
+(stdin/stdout and assert-style, the harness run remotely), a failure of the server's sandbox or a malformed
+answer fails the row naming the scorer and the turn (never a 0), and the probe says whether it answers.
+The stub (``tests/stub_servers.py``) listens on 127.0.0.1 and runs each program in the local sandbox."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import httpx
+import pytest
+from stub_servers import SandboxFusionServer
+
+import prm_jax
+from prm_jax.errors import ServiceError
+from prm_jax.runtime._runner import error_text
+from prm_jax.scorers import CodeExecutionScorer
+
+pytestmark = pytest.mark.anyio
+
+TESTS = [{"input": "2\n", "output": "4"}, {"input": "5\n", "output": "11"}, {"assert": "assert double(21) == 42"},
+         {"assert": "assert double(0.5) == 1.0"}]
+CODE = "def double(n):\n    return 2 * n\n\nif __name__ == '__main__':\n    print(double(int(input())))"
+REPLIES = {"right": CODE, "exits": "import sys\nsys.exit(0)", "sleeps": "import time\ntime.sleep(30)",
+           "memory": "x = bytearray(1 << 30)"}
+
+
+def turn(code: str, iid: str) -> prm_jax.Interaction:
+    return prm_jax.Interaction(iid, [1], [2], output_messages=[
+        {"role": "assistant", "content": f"Here:\n```python\n{code}\n```"}])
+
+
+def fused(url: str, **kwargs) -> CodeExecutionScorer:
+    return CodeExecutionScorer(sandbox="sandbox_fusion", url=url, time_per_test=1.5, total_time=2.0, memory_mb=128,
+                               backoff=0.01,
+                               **kwargs)
+
+
+def reward(cache) -> float:
+    return float(next(iter(cache)).token_rewards[-1])
+
+
+async def scores(scorer) -> dict[str, float]:
+    out = {}
+    async with prm_jax.PRMRunner(scorers=[scorer]) as runner:
+        for name, code in REPLIES.items():
+            cache = prm_jax.InteractionCache([turn(code, name)])
+            await runner.run(cache, {"metadata": {"tests": TESTS}})
+            out[name] = reward(cache)
+    await scorer.aclose()  # (borrowed: the runner leaves it to its owner)
+    return out
+
+
+async def test_the_served_sandbox_scores_as_the_local_one():
+    with SandboxFusionServer() as server:
+        served = await scores(fused(server.url))
+        sent = list(server.requests)
+    local = await scores(CodeExecutionScorer(time_per_test=1.5, total_time=2.0, memory_mb=128))
+    assert served == local == {"right": 0.75, "exits": 0.0, "sleeps": 0.0, "memory": 0.0}  # (5 -> "11" is wrong)
+    # The documented request: the program, its stdin, the limits, the other files base64 beside it.
+    harness_runs = [r for r in sent if r["files"]]
+    assert len(sent) == 14 and len(harness_runs) == 6  # (the sleeper spent total_time on its 2 stdin tests)
+    first = harness_runs[0]
+    assert first["language"] == "python" and first["run_timeout"] <= 1.5 and first["memory_limit_MB"] == 128
+    assert base64.b64decode(first["files"]["solution.py"]).decode() == CODE + "\n"  # (the fenced block, as taken)
+    job = json.loads(first["stdin"])
+    assert job["solution"] == "solution.py" and len(job["nonce"]) == 32 and job["test"] == TESTS[2]["assert"]
+
+
+async def test_a_503_is_retried_through_the_one_transport():
+    seen = {"count": 0}
+
+    def fail(payload):
+        seen["count"] += 1
+        return 503 if seen["count"] <= 2 else None
+    with SandboxFusionServer(fail=fail) as server:
+        scorer = fused(server.url)
+        cache = prm_jax.InteractionCache([turn(CODE, "t0")])
+        async with prm_jax.PRMRunner(scorers=[scorer]) as runner:
+            await runner.run(cache, {"metadata": {"tests": TESTS[:1]}})
+        await scorer.aclose()
+        assert reward(cache) == 1.0 and server.statuses == {503: 2, 200: 1}
+        assert scorer.client_stats()["retries"] == 2
+
+
+def answer(overall="Success", **run_result):
+    result = {"status": "Finished", "execution_time": 0.01, "return_code": 0, "stdout": "4\n", "stderr": ""}
+    result.update(run_result)
+    return {"status": overall, "message": "", "compile_result": None, "run_result": result,
+            "executor_pod_name": None, "files": {}}
+
+
+def broken(change):
+    value = answer()
+    change(value)
+    return value
+
+
+@pytest.mark.parametrize("body, needle", [
+    (answer("SandboxError", status="Error"), "the server's sandbox failed"),
+    (answer(status="Error"), "could not run the program"),
+    (broken(lambda a: a.pop("status")), r"no \['status'\]"),
+    (broken(lambda a: a.update(status="Done")), r"\['status'\] must be"),
+    (broken(lambda a: a.update(run_result=None)), "no run_result"),
+    (broken(lambda a: a.pop("run_result")), r"no \['run_result'\]"),
+    (broken(lambda a: a["run_result"].pop("status")), r"no \['run_result'\]\['status'\]"),
+    (broken(lambda a: a["run_result"].update(status="Killed")), r"\['run_result'\]\['status'\] must be"),
+    (broken(lambda a: a["run_result"].update(return_code=True)), "return_code'] must be an integer"),
+    (broken(lambda a: a["run_result"].update(return_code="0")), "return_code'] must be an integer"),
+    (broken(lambda a: a["run_result"].pop("return_code")), r"no \['run_result'\]\['return_code'\]"),
+    (broken(lambda a: a["run_result"].update(stdout=4)), r"\['stdout'\] must be a string"),
+    (broken(lambda a: a["run_result"].update(execution_time="fast")), "execution_time'] must be a number"),
+    (broken(lambda a: a["run_result"].update(execution_time=float("nan"))), "must be finite"),
+    ([answer()], r"no \['status'\]"),
+    (None, r"no \['status'\]"),
+])
+async def test_a_failed_sandbox_or_a_malformed_answer_fails_the_row_naming_the_turn(body, needle):
+    scorer = fused("http://127.0.0.1:9")
+    await scorer.runner.service._client.aclose()
+    scorer.runner.service._client = httpx.AsyncClient(transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, content=json.dumps(body).encode())))
+    with pytest.raises(ServiceError, match=needle) as info:
+        async with prm_jax.PRMRunner(scorers=[scorer]) as runner:
+            await runner.run(prm_jax.InteractionCache([turn(CODE, "t0")]), {"metadata": {"tests": TESTS[:1]}})
+    await scorer.aclose()
+    assert "'code_execution'" in error_text(info.value) and "'t0'" in error_text(info.value)
+
+
+@pytest.mark.parametrize("body, outcome", [
+    (answer(), "ok"), (answer("Failed", return_code=2), "error"),
+    (answer("Failed", return_code=1, stderr="Traceback (most recent call last):\nMemoryError\n"), "memory"),
+    (answer("Failed", status="TimeLimitExceeded", return_code=None), "timeout"),
+    (answer(stdout="x" * 65), "output_limit"), (answer(stderr="x" * 65), "output_limit"),
+    (answer(stdout=None, stderr=None, execution_time=None), "ok"),
+])
+async def test_the_answers_outcomes_are_read_as_the_local_ones(body, outcome):
+    scorer = fused("http://127.0.0.1:9", output_bytes=64)
+    assert scorer.runner.read(body, "here").outcome == outcome
+    await scorer.aclose()
+
+
+async def test_the_probe_says_whether_the_server_runs_code():
+    async def probe(url):
+        scorer = fused(url)
+        try:
+            return await scorer.probe()
+        finally:
+            await scorer.aclose()
+    with SandboxFusionServer() as server:
+        good = await probe(server.url)
+    with SandboxFusionServer(answer=lambda payload: answer(stdout="41\n")) as server:
+        wrong = await probe(server.url)
+    closed = await probe("http://127.0.0.1:9")
+    assert good.ok and good.status == "HTTP 200 OK" and good.url.endswith("/run_code"), good
+    assert not wrong.ok and "print(6 * 7) ran as ok" in wrong.status, wrong
+    assert not closed.ok and "connection error" in closed.status, closed
+
+
+async def test_called_outside_a_runner_it_says_how_to_score():
+    scorer = fused("http://127.0.0.1:9")
+    with pytest.raises(RuntimeError, match="score through PRMRunner"):
+        scorer.evaluate(turn(CODE, "t0"), {"metadata": {"tests": TESTS[:1]}})
+    await scorer.aclose()

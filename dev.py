@@ -192,9 +192,10 @@ def _in_private_network(argv: list[str]) -> int:
         env = dict(os.environ, HOME=home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
                    PRM_JAX_RAY_SUITE="1", RAY_USAGE_STATS_ENABLED="0")
         env.pop("RAY_ADDRESS", None)
-        # (root: a network namespace; otherwise a user namespace too, mapping this user to root inside it)
-        command = ["unshare", "--net", "--map-root-user", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
-                   *argv]
+        # (root: a network namespace alone, so that every uid stays mapped: the code scorer's sandbox runs under
+        # uids of its own; otherwise a user namespace too, mapping this user to root inside it)
+        users = [] if os.geteuid() == 0 else ["--map-root-user"]
+        command = ["unshare", "--net", *users, "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv]
         return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 

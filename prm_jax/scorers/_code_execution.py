@@ -275,7 +275,7 @@ class CodeExecutionScorer(SyncScorer):
         job = {"nonce": nonce, "test": test.code, "solution": self.runner.path(SOLUTION),
                "limit": self.settings.limits.output_bytes}
         run = self.runner.run_file({SOLUTION: code.encode(), HARNESS: HARNESS_SOURCE}, HARNESS,
-                              json.dumps(job).encode(), timeout, isolated=True)
+                              json.dumps(job).encode(), timeout, harness=True)
         if run.outcome not in ("ok", "error"):
             return run.outcome
         last = run.stdout.decode("utf-8", errors="replace").rstrip("\n").rpartition("\n")[2]

@@ -8,13 +8,16 @@ not even loopback to the host's), the interpreter and the system libraries bound
 task's files bound read-only at ``/task`` (the harness' files cannot be changed), the root read-only, a fresh
 tmpfs as its working folder ``/work`` and ``/tmp``, an empty environment (no API key reaches it), and the
 code's process as PID 1 of its namespace (``--as-pid-1``: it reaps its children; bubblewrap's own init, left a
-zombie, counted against the process limit and failed every call after about a dozen). Before bubblewrap
-starts, the child takes rlimits on CPU time, address space, file size, open files and processes (util-linux's
-``prlimit``) and, where the host runs as root, a uid of its own from a pool (``setpriv``; the kernel does not
-enforce ``RLIMIT_NPROC`` for root: a fork bomb under root reached 200 processes). A wall-clock deadline kills
+zombie, counted against the process limit and failed every call after about a dozen). Inside the sandbox,
+util-linux's ``prlimit`` sets rlimits on CPU time, address space, file size, open files and processes before it
+execs the interpreter: taken inside the new user namespace, the process limit counts the sandbox's own processes
+(taken before bubblewrap, it counted every process of the host user, and a user with 18 processes could not start
+one). Where the host runs as root, bubblewrap itself starts under a uid of its own from a pool (``setpriv``; the
+kernel does not enforce ``RLIMIT_NPROC`` for root: a fork bomb under root reached 200 processes); a root whose
+user namespace maps none of the pool (``unshare --map-root-user``) is refused. A wall-clock deadline kills
 bubblewrap's process group; ``--die-with-parent`` then takes PID 1 of the namespace, and with it every process
-inside (a daemonized or SIGTERM-ignoring child included). stdout and stderr are read up to ``output_bytes``
-each; past it the run is killed.
+inside (a daemonized or SIGTERM-ignoring child included). stdout and stderr are read up to ``output_bytes`` each;
+past it the run is killed.
 
 Where bubblewrap cannot start (not installed, no user namespaces), ``unavailable()`` says why and the scorer
 refuses at configuration; nothing falls back to running unsandboxed.
@@ -23,6 +26,7 @@ refuses at configuration; nothing falls back to running unsandboxed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -42,6 +46,30 @@ from prm_jax.runtime._settings import Settings, setting
 Outcome = Literal["ok", "error", "timeout", "memory", "output_limit"]
 UID_BASE = 200_000  # the pool of sandbox uids when the host runs as root (none of them is a real user)
 UID_POOL = 4096
+PRLIMIT = "/usr/bin/prlimit"  # (run inside the sandbox, which binds /usr)
+
+
+@functools.lru_cache(maxsize=1)
+def _uid_map() -> tuple[tuple[int, int, int], ...]:
+    """This process's user namespace's uid map: ``(inside, outside, count)`` ranges (the initial namespace
+    maps every uid to itself)."""
+    try:
+        with open("/proc/self/uid_map") as handle:
+            return tuple((int(a), int(b), int(c)) for a, b, c in (line.split() for line in handle if line.strip()))
+    except OSError:
+        return ((0, 0, 1 << 32),)
+
+
+def uid_pool_needed() -> bool:
+    """Whether runs switch to a uid of the pool: the host runs the scorer as the real root (uid 0 mapped to
+    uid 0), whom the kernel does not hold to ``RLIMIT_NPROC``."""
+    return os.geteuid() == 0 and any(inside == 0 and outside == 0 for inside, outside, _ in _uid_map())
+
+
+def uid_pool_mapped() -> bool:
+    """Whether this user namespace maps the pool's uids (the initial one does; ``unshare --map-root-user``
+    maps root alone)."""
+    return any(inside <= UID_BASE and UID_BASE + UID_POOL <= inside + count for inside, _, count in _uid_map())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -88,9 +116,14 @@ def unavailable(interpreter: str) -> str | None:
     usable inside), or ``None`` where it can: one tiny run, at configuration."""
     if shutil.which("bwrap") is None:
         return "bubblewrap is not installed (apt-get install bubblewrap)"
-    missing = [tool for tool in ("prlimit", "setpriv") if shutil.which(tool) is None]
-    if missing:
-        return f"util-linux's {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed"
+    if not os.path.isfile(PRLIMIT):
+        return f"util-linux's prlimit is not at {PRLIMIT} (the sandbox binds /usr only)"
+    if uid_pool_needed() and shutil.which("setpriv") is None:
+        return "util-linux's setpriv is not installed (as root, each run starts under a uid of its own)"
+    if uid_pool_needed() and not uid_pool_mapped():
+        return (f"this process runs as root in a user namespace that maps none of the sandbox's uids "
+                f"({UID_BASE}-{UID_BASE + UID_POOL - 1}): without them root's processes are not limited (run "
+                "as another user, or map the range)")
     if not os.path.isfile(interpreter) or not os.access(interpreter, os.X_OK):
         return f"the interpreter {interpreter!r} is not an executable file"
     return LocalSandbox(Limits(), interpreter).start_failure(10.0)
@@ -107,7 +140,7 @@ class LocalSandbox:
         self.limits, self.interpreter = limits, interpreter
 
     def _uid(self) -> int | None:
-        if os.geteuid() != 0:
+        if not uid_pool_needed():
             return None
         with self._lock:
             return UID_BASE + next(self._uids) % UID_POOL
@@ -124,19 +157,25 @@ class LocalSandbox:
             return f"bubblewrap could not start a sandbox ({detail or probe.outcome}; are user namespaces enabled?)"
         return None
 
-    def confinement(self, timeout: float) -> list[str]:
-        """util-linux's ``prlimit`` (the rlimits) and, where the host runs as root, ``setpriv`` (a uid of the
-        pool, no groups) ahead of bubblewrap: set by programs the child execs, not in a ``preexec_fn`` (a fork
-        of a multithreaded process, JAX's, can deadlock)."""
+    def identity(self) -> list[str]:
+        """Where the host runs as root, ``setpriv`` ahead of bubblewrap: a uid of the pool and no groups; nothing
+        otherwise. An exec, not ``Popen(user=...)``: that makes ``subprocess`` fork the scorer's process instead
+        of spawning (8.6-11.6 ms a call from a process with JAX loaded, against 5.5-6.3 ms through ``setpriv``),
+        and not a ``preexec_fn`` (a fork of a multithreaded process, JAX's, can deadlock)."""
+        uid = self._uid()
+        if uid is None:
+            return []
+        return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+    def confinement(self, timeout: float, helpers: int = 0) -> list[str]:
+        """util-linux's ``prlimit`` inside the sandbox, ahead of the interpreter: the rlimits, taken after
+        bubblewrap made the user namespace, so that the process limit counts the sandbox's own processes (the
+        kernel counts processes per user namespace and uid), not every process of the host user that runs the
+        scorer (a limit of 18 taken before bubblewrap failed every call of a user with 18 processes)."""
         limits = self.limits
         cpu = math.ceil(timeout) + 1
-        processes = limits.processes + 2  # (bubblewrap and its namespace's init count as processes of the uid)
-        out = ["prlimit", f"--cpu={cpu}", f"--as={limits.memory_mb << 20}", f"--fsize={limits.file_size_mb << 20}",
-               f"--nofile={limits.open_files}", "--core=0", f"--nproc={processes}", "--"]
-        uid = self._uid()
-        if uid is not None:
-            out += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-        return out
+        return [PRLIMIT, f"--cpu={cpu}", f"--as={limits.memory_mb << 20}", f"--fsize={limits.file_size_mb << 20}",
+                f"--nofile={limits.open_files}", "--core=0", f"--nproc={limits.processes + helpers}", "--"]
 
     def command(self) -> list[str]:
         """bubblewrap's arguments, up to the interpreter's own."""
@@ -159,22 +198,26 @@ class LocalSandbox:
         return f"/task/{name}"
 
     def run_file(self, files: Mapping[str, bytes], entry: str, stdin: bytes, timeout: float,
-                 isolated: bool = False) -> Run:
-        """Runs the task file ``entry`` (one of ``files``) as the program (``isolated``: in the interpreter's
-        isolated mode, ``-I``).
+                 harness: bool = False) -> Run:
+        """Runs the task file ``entry`` (one of ``files``) as the program; ``harness``: the program is the
+        assert tests' harness (the interpreter in isolated mode, ``-I``, and one process more than
+        ``processes``: the harness' own).
 
         Args:
             files: The task's files, by name.
             entry: The file that is the program.
             stdin: Its standard input.
             timeout: Seconds it may take.
-            isolated: Whether the interpreter runs in isolated mode.
+            harness: Whether the program is the harness.
         """
-        return self.run(files, [*(["-I"] if isolated else []), self.path(entry)], stdin, timeout)
+        return self.run(files, [*(["-I"] if harness else []), self.path(entry)], stdin, timeout,
+                        helpers=int(harness))
 
-    def run(self, files: Mapping[str, bytes], argv: Sequence[str], stdin: bytes, timeout: float) -> Run:
+    def run(self, files: Mapping[str, bytes], argv: Sequence[str], stdin: bytes, timeout: float,
+            helpers: int = 0) -> Run:
         """Runs ``interpreter *argv`` in ``/work`` with ``files`` read-only at ``/task/<name>``, ``stdin`` on
-        its standard input, for at most ``timeout`` seconds (and the limits)."""
+        its standard input, for at most ``timeout`` seconds (and the limits; ``helpers``: processes of ours
+        allowed beyond ``processes``, the harness')."""
         limits = self.limits
         task = tempfile.mkdtemp(prefix=f"prm-jax-task-{os.getpid()}-")  # (whose run left it, should one stay)
         try:
@@ -186,8 +229,8 @@ class LocalSandbox:
                 with open(path, "wb") as handle:
                     handle.write(content)
                 os.chmod(path, 0o444)
-            cmd = [*self.confinement(timeout), *self.command(), "--ro-bind", task, "/task", "--remount-ro", "/",
-                   self.interpreter, *argv]
+            cmd = [*self.identity(), *self.command(), "--ro-bind", task, "/task", "--remount-ro", "/",
+                   *self.confinement(timeout, helpers), self.interpreter, *argv]
             started = time.monotonic()
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, close_fds=True)

@@ -108,17 +108,17 @@ class SandboxFusion:
         return Run(classify(ended, code, stderr), code, stdout[:cap], stderr[:cap], seconds)
 
     def run_file(self, files: Mapping[str, bytes], entry: str, stdin: bytes, timeout: float,
-                 isolated: bool = False) -> Run:
+                 harness: bool = False) -> Run:
         """One run on the server, from a worker thread of the runner's event loop (the request goes out on
-        the loop, through the transport). ``isolated`` is the local sandbox's (SandboxFusion runs its own
-        interpreter).
+        the loop, through the transport). ``harness`` is the local sandbox's (SandboxFusion runs its own
+        interpreter, under its own process limit).
 
         Args:
             files: The task's files, by name.
             entry: The file that is the program.
             stdin: Its standard input.
             timeout: Seconds it may take.
-            isolated: Unused here.
+            harness: Unused here.
         """
         request = self.request(files, entry, stdin, timeout)
         try:

@@ -122,3 +122,86 @@ def test_a_two_node_cluster_scores_loses_a_node_without_losing_a_row_and_is_torn
     while any(alive(pid) for pid in started_here) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert [title(pid) for pid in started_here if alive(pid)] == []  # nothing the test started is left
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Every process of the machine (both nodes run here) whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def coding_turn(code: str, iid: str):
+    from prm_jax import Interaction
+
+    return Interaction(iid, [1], [2], output_messages=[{"role": "assistant", "content": f"```python\n{code}\n```"}])
+
+
+@pytest.mark.e2e
+def test_the_code_scorer_on_two_nodes_kills_a_stuck_sandbox_there_and_leaves_nothing(monkeypatch):
+    # Issue 58.9: CodeExecutionScorer with executor: ray on the two-node cluster. (a) Code stuck in its sandbox
+    # on either node is killed at time_per_test and scores as a timeout; (b) a call past the scorer's own
+    # deadline kills its actor, and the sandbox dies with it (bubblewrap's --die-with-parent): no process of
+    # the stuck code is left on either node.
+    import uuid
+
+    from prm_jax import InteractionCache
+    from prm_jax.scorers import CodeExecutionScorer
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(TESTS.parent)]))
+    marker = f"prm-jax-stuck-{uuid.uuid4().hex}"
+    stuck, good = f"import time  # {marker}\ntime.sleep(600)", "print(int(input()) * 2)"
+    ctx = {"metadata": {"tests": [{"input": "21\n", "output": "42"}]}}
+    cluster = Cluster(initialize_head=True, head_node_args=dict(NODE))
+    try:
+        cluster.add_node(**NODE)
+        cluster.wait_for_nodes()
+
+        def scored(scorer, rows):
+            runner = PRMRunner(scorers=(scorer,))
+            executor = runner._executors[id(scorer)]
+            caches = [InteractionCache([coding_turn(code, f"row{i}")]) for i, code in enumerate(rows)]
+
+            async def score():
+                try:
+                    return await runner.run_many(caches, ctx, return_exceptions=True)
+                finally:
+                    await runner.aclose()
+            started = time.monotonic()
+            results = anyio.run(score)
+            return results, caches, executor, time.monotonic() - started
+
+        rows = [stuck if i % 2 else good for i in range(8)]
+        scorer = CodeExecutionScorer(executor="ray", max_workers=2, ray_address=cluster.address, time_per_test=1.0,
+                                     placement_timeout=30.0)
+        results, caches, executor, seconds = scored(scorer, rows)
+        assert len(executor.nodes) == 2, executor.nodes  # actors (and so sandboxes) on both nodes
+        assert not [r for r in results if isinstance(r, BaseException)], results
+        rewards = [float(next(iter(cache)).token_rewards[-1]) for cache in caches]
+        assert rewards == [1.0, 0.0] * 4, rewards
+        print(f"4 stuck and 4 good turns on two nodes in {seconds:.1f} s")
+        assert marked_processes(marker) == []
+
+        # (b) the call's deadline (1.5 s) comes before the sandbox's (60 s): the actor is killed and replaced,
+        # the stuck row fails with the deadline, and its sandbox is gone within 5 s.
+        scorer = CodeExecutionScorer(executor="ray", max_workers=2, ray_address=cluster.address, time_per_test=60.0,
+                                     timeout=1.5, placement_timeout=30.0)
+        results, caches, executor, seconds = scored(scorer, [stuck, good])
+        assert isinstance(results[0], BaseException) and not isinstance(results[1], BaseException), results
+        assert executor.restarts >= 1
+        deadline = time.monotonic() + 5
+        while marked_processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marked_processes(marker) == [], "the stuck sandbox outlived its killed actor"
+        started_here = descendants(os.getpid())
+    finally:
+        cluster.shutdown()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in started_here) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [title(pid) for pid in started_here if alive(pid)] == []

@@ -211,7 +211,7 @@ def test_the_code_can_read_neither_the_nonce_nor_the_harness_stdout(scorer):
     assert result.reward == 0.0 and counts(result)["failed"] == 1, counts(result)
     from prm_jax.scorers._code_execution import HARNESS, HARNESS_SOURCE, SOLUTION
     job = b'{"nonce": "' + b"ab" * 16 + b'", "test": "assert add(2, 3) == 5", "solution": "/task/solution.py", "limit": 4096}'
-    run = scorer.runner.run_file({SOLUTION: FORGER.encode(), HARNESS: HARNESS_SOURCE}, HARNESS, job, 5.0, isolated=True)
+    run = scorer.runner.run_file({SOLUTION: FORGER.encode(), HARNESS: HARNESS_SOURCE}, HARNESS, job, 5.0, harness=True)
     assert b"no memory: [Errno 13] Permission denied" in run.stderr, run.stderr
     assert run.stdout == b"ab" * 16 + b" failed\n"
 
@@ -219,7 +219,8 @@ def test_the_code_can_read_neither_the_nonce_nor_the_harness_stdout(scorer):
 def test_memory_and_time_in_an_assert_test_are_failures_of_their_kind(scorer):
     cases = [("def add(a, b):\n    return len(bytearray(1 << 30))", "memory"),
              ("import time\ndef add(a, b):\n    time.sleep(30)", "timeout"),
-             ("def add(a, b):\n    return 'x' * (1 << 20)", "failed")]  # (an answer past output_bytes)
+             ("def add(a, b):\n    return 'x' * (1 << 20)", "failed"),  # (an answer past output_bytes)
+             ("import os\ndef add(a, b):\n    while True:\n        os.fork()", "failed")]  # (a fork bomb in the call)
     for code, kind in cases:
         result = scorer.evaluate(turn(reply(code)), {"metadata": {"tests": ADD[:1]}})
         assert result.reward == 0.0 and counts(result)[kind] == 1, (code, counts(result))

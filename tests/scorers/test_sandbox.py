@@ -180,3 +180,32 @@ def test_200_calls_in_a_row_and_64_at_once_leak_no_descriptor_folder_or_process(
     failed = [r for r in runs if r.outcome != "ok"][:2]
     assert [r.stdout for r in runs] == [f"{sum(range(n))}\n".encode() for n in range(64)], failed
     assert open_fds() == fds and task_folders() == folders and processes_with(marker) == []
+
+
+BUSY_USER_SCRIPT = """
+import sys
+from prm_jax.scorers._sandbox import Limits, LocalSandbox, uid_pool_needed
+sandbox = LocalSandbox(Limits(processes=8))
+bomb = ("import os\\nn = 0\\ntry:\\n    while n < 100:\\n        if os.fork() == 0:\\n            import time\\n"
+        "            time.sleep(5)\\n            os._exit(0)\\n        n += 1\\nexcept OSError:\\n    pass\\nprint(n)")
+runs = [sandbox.run({}, ["-c", "print(6 * 7)"], b"", 5.0), sandbox.run({}, ["-c", bomb], b"", 5.0)]
+print(uid_pool_needed(), [(run.outcome, run.stdout.decode().strip()) for run in runs])
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts processes under another uid (CI runs as root)")
+def test_the_process_limit_counts_the_sandboxs_processes_not_the_host_users():
+    # A user who already runs 30 processes (a desktop, a Ray node) starts sandboxes with processes=8, and a fork
+    # bomb inside stops at 8 processes in all: the limit is taken inside the sandbox's user namespace. (Taken
+    # before bubblewrap, it counted the user's 30 and no sandbox started: "Creating new namespace failed".)
+    import subprocess
+    import sys
+
+    uid = 199_999  # (no real user, and outside the pool of uids the sandbox gives itself under root)
+    root = Path(__file__).resolve().parents[2]
+    command = 'for i in $(seq 30); do sleep 30 & done; "$0" -c "$1"; status=$?; kill $(jobs -p); exit $status'
+    proc = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "bash", "-c",
+                           command, sys.executable, BUSY_USER_SCRIPT], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(root), "HOME": "/nonexistent"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False [('ok', '42'), ('ok', '7')]", (proc.stdout, proc.stderr[-2000:])

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 __all__ = ["PRMJaxError", "ConfigError", "ConfigFileError", "InputError", "OutputFolderError", "ScoreError",
            "NoGroupAccepted", "NotScorableError", "RunnerClosedError", "PrefixRuleError", "RetryError",
-           "ServiceError", "RequestFailed", "NoTextError", "TemplateError", "described"]
+           "ServiceError", "RequestFailed", "SandboxError", "NoTextError", "TemplateError", "described"]
 
 SCORER_FAILURE = "a scorer's failure: the rows it was scoring fail (counted in the scorer's stats), the run goes on"
 
@@ -286,6 +286,19 @@ class RequestFailed(RetryError):
     def __init__(self, message: str, errors: list[BaseException], *, url: str, status: int | None):
         super().__init__(message, errors)
         self.url, self.status = url, status
+
+
+class SandboxError(PRMJaxError, RuntimeError):
+    """The sandbox that runs an agent's code failed, not the code (``CodeExecutionScorer``: the tests' harness
+    did not start): the branch fails, never a score of 0.
+
+    Example:
+        >>> err = prm_jax.errors.SandboxError("scorer 'code_execution': the tests' harness did not start")
+        >>> isinstance(err, RuntimeError), err.command_line == prm_jax.errors.ServiceError.command_line
+        (True, True)
+    """
+
+    command_line = SCORER_FAILURE
 
 
 class NoTextError(PRMJaxError, ValueError):

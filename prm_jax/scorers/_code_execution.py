@@ -15,18 +15,20 @@ of two kinds, mixed as a session likes:
   stdin: a ``__main__`` block does not run) and only literal values cross to the test's process, so a test
   passes when its code runs to its end on values the solution returned.
 
-Each test is one run in the sandbox, under ``time_per_test`` and the other limits. The verdicts are the
-scorer's, from outside the code's process: nothing the code prints, no exit status alone, no object that
-claims to equal everything, and no file it writes can pass a test (its task files are read-only; an assert
-test's verdict carries a nonce the code never sees).
+Locally each stdin/stdout test is one sandbox run, its verdict taken outside the sandbox; a turn's assert tests
+are one sandbox run of the harness (``prm_jax.scorers._harness``: a fresh process a test, everything else in
+the namespace killed and the folder emptied between tests); on SandboxFusion the harness runs all of a turn's
+tests, one request a turn. Nothing the code prints, no exit status alone, no object that claims to equal
+everything, and no file it writes can pass a test (its task files are read-only; the harness' verdicts carry a
+nonce the code never sees).
 
 A turn scores the fraction of tests passed (``score: fraction``) or 1 only when all pass (``score: all``);
 a turn without code scores 0 (``no_code: zero``) or is left unscored (``no_code: skip``: 0, as every turn a
 scorer leaves out, but counted apart). A failure of the code (a wrong answer, a crash, a time, memory or
 output limit) is a score; the turn's observations count each kind (``tests_passed``, ``tests_failed``,
 ``tests_timeout``, ``tests_memory``, ``tests_output_limit``, ``no_code``; ``skipped`` under ``no_code:
-skip``). A failure of the sandbox itself (it cannot start, or the served sandbox fails) fails the branch,
-never a 0.
+skip``). A failure of the sandbox itself (it cannot start, the harness does not start: ``SandboxError``; the
+served sandbox fails: ``ServiceError``) fails the branch, never a 0.
 
 Two sandboxes run the code (``sandbox``): ``local``, bubblewrap on this machine
 (``prm_jax.scorers._sandbox``), and ``sandbox_fusion``, a SandboxFusion server's ``POST /run_code``
@@ -49,10 +51,13 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 
 from prm_jax._validation import one_of, short_repr
+from prm_jax.errors import SandboxError
 from prm_jax.runtime._context import METADATA_KEY
 from prm_jax.runtime._scoring import PRMMetricObservation, PRMScorerResult, SyncScorer
 from prm_jax.runtime._settings import Settings, setting
 from prm_jax.runtime._trajectory import Interaction
+from prm_jax.scorers._harness import KINDS as VERDICT_KINDS
+from prm_jax.scorers._harness import io_verdict, verdicts
 from prm_jax.scorers._http import Probe, Transport, check_url, httpx_module, transport_setting
 from prm_jax.scorers._openai_judge import output_text
 from prm_jax.scorers._sandbox import Limits, LocalSandbox, unavailable
@@ -62,31 +67,20 @@ Extract = Literal["last_block", "first_block", "all_blocks", "whole_reply"]
 ScoreBy = Literal["fraction", "all"]
 NoCode = Literal["zero", "skip"]
 SandboxKind = Literal["local", "sandbox_fusion"]
-KINDS = ("passed", "failed", "timeout", "memory", "output_limit", "no_code")
+KINDS = (*VERDICT_KINDS, "no_code")
 # Each kind's metric: how many of a turn's tests ended so (``tests_passed``, ...; ``no_code``: the turn had none).
 METRICS = {kind: kind if kind == "no_code" else f"tests_{kind}" for kind in KINDS}
 _FENCE = re.compile(r"(```|~~~)[ \t]*([\w+.-]*)[^\n]*\n(.*?)\1", re.S)  # (Markdown's two fences)
 SOLUTION, HARNESS = "solution.py", "harness.py"
 HARNESS_SOURCE = (Path(__file__).parent / "_harness.py").read_bytes()
 TEST_SHAPE = '{"input": str, "output": str} or {"assert": str}'
-VERDICTS = ("passed", "failed", "memory")  # what the harness prints after its run's nonce
+HARNESS_SLACK_S = 3.0  # seconds the sandbox run may take beyond its tests' (the harness' start, the kills)
 FUSION_TRANSPORT: dict[str, Any] = {"request_timeout": 60.0, "max_concurrency": 32}  # (the served sandbox's)
 
 
 def code_blocks(text: str, language: str) -> list[str]:
     """The fenced blocks of ``text`` in ``language`` (or without a language), in order."""
     return [body for _, tag, body in _FENCE.findall(text) if tag.lower() in ("", language, f"{language}3")]
-
-
-def same_output(got: bytes, expected: str) -> bool:
-    """Whether a run's stdout is the expected output, each line's trailing whitespace and trailing blank lines
-    ignored."""
-    def lines(text: str) -> list[str]:
-        out = [line.rstrip() for line in text.splitlines()]
-        while out and not out[-1]:
-            out.pop()
-        return out
-    return lines(got.decode("utf-8", errors="replace")) == lines(expected)
 
 
 class IOTest(NamedTuple):
@@ -245,42 +239,72 @@ class CodeExecutionScorer(SyncScorer):
         if code is None:
             counts["no_code"] = 1.0
             return self._result(interaction, 0.0, counts)
-        limits = self.settings.limits
-        spent_by = time.monotonic() + limits.total_time
-        for test in tests:
-            left = spent_by - time.monotonic()
-            if left <= 0:
-                counts["timeout"] += 1
-                continue
-            counts[self.run_test(code, test, min(limits.time_per_test, left))] += 1
+        for kind in self.run_tests(code, tests):
+            counts[kind] += 1
         passed = counts["passed"] / len(tests)
         score = passed if self.settings.score == "fraction" else float(passed == 1.0)
         return self._result(interaction, score, counts)
 
-    def run_test(self, code: str, test: IOTest | AssertTest, timeout: float) -> str:
-        """One test run in the sandbox, and how it ended (``passed``, ``failed``, ``timeout``, ``memory``,
-        ``output_limit``).
+    def run_tests(self, code: str, tests: Sequence[IOTest | AssertTest]) -> list[str]:
+        """How each of the turn's tests ended (``passed``, ``failed``, ``timeout``, ``memory``,
+        ``output_limit``). In the local sandbox each stdin/stdout test is a sandbox run of its own (a fresh
+        namespace a test: 4 ms of CPU), run first, and the assert tests one run of the harness
+        (``prm_jax.scorers._harness``: a fresh process a test; its interpreter starts once a turn); on
+        SandboxFusion every test goes to the harness, one request a turn. ``SandboxError`` where the harness
+        did not start.
 
         Args:
             code: The turn's code.
-            test: The test.
-            timeout: Seconds the run may take.
+            tests: The session's tests.
         """
-        if isinstance(test, IOTest):
-            run = self.runner.run_file({SOLUTION: code.encode()}, SOLUTION, test.input.encode(), timeout)
-            if run.outcome == "ok":
-                return "passed" if same_output(run.stdout, test.output) else "failed"
-            return "failed" if run.outcome == "error" else run.outcome
+        limits = self.settings.limits
+        spent_by = time.monotonic() + limits.total_time
+        kinds: list[str | None] = [None] * len(tests)
+        local = isinstance(self.runner, LocalSandbox)
+        for index, test in enumerate(tests):
+            if not (local and isinstance(test, IOTest)):
+                continue
+            left = spent_by - time.monotonic()
+            if left <= 0:
+                kinds[index] = "timeout"
+                continue
+            run = self.runner.run_file({SOLUTION: code.encode()}, SOLUTION, test.input.encode(),
+                                       min(limits.time_per_test, left))
+            kinds[index] = io_verdict(run.outcome, run.stdout, test.output)
+        harnessed = [index for index, kind in enumerate(kinds) if kind is None]
+        left = spent_by - time.monotonic()
+        if harnessed and left <= 0:
+            return [kind or "timeout" for kind in kinds]
+        if harnessed:
+            for index, kind in zip(harnessed, self.harness([tests[i] for i in harnessed], code, left), strict=True):
+                kinds[index] = kind
+        return [kind or "failed" for kind in kinds]
+
+    def harness(self, tests: Sequence[IOTest | AssertTest], code: str, total_time: float) -> list[str]:
+        """``tests`` run by the harness in one sandbox run within ``total_time`` seconds, and how each ended.
+
+        Args:
+            tests: The tests.
+            code: The turn's code.
+            total_time: Seconds the tests may take together.
+        """
+        limits = self.settings.limits
         nonce = secrets.token_hex(16)
-        job = {"nonce": nonce, "test": test.code, "solution": self.runner.path(SOLUTION),
-               "limit": self.settings.limits.output_bytes}
+        job = {"nonce": nonce, "solution": self.runner.path(SOLUTION), "time_per_test": limits.time_per_test,
+               "total_time": total_time, "output_bytes": limits.output_bytes,
+               "wipe": isinstance(self.runner, LocalSandbox),
+               "tests": [{"assert": t.code} if isinstance(t, AssertTest) else {"input": t.input, "output": t.output}
+                         for t in tests]}
+        budget = min(total_time, len(tests) * limits.time_per_test) + HARNESS_SLACK_S
         run = self.runner.run_file({SOLUTION: code.encode(), HARNESS: HARNESS_SOURCE}, HARNESS,
-                              json.dumps(job).encode(), timeout, harness=True)
-        if run.outcome not in ("ok", "error"):
-            return run.outcome
-        last = run.stdout.decode("utf-8", errors="replace").rstrip("\n").rpartition("\n")[2]
-        given, _, verdict = last.partition(" ")
-        return verdict if run.outcome == "ok" and given == nonce and verdict in VERDICTS else "failed"
+                                   json.dumps(job).encode(), budget, harness=True)
+        started, kinds = verdicts(run.stdout, nonce, len(tests))
+        if not started:
+            detail = run.stderr.decode("utf-8", errors="replace").strip()[-300:]
+            raise SandboxError(f"scorer {self.name!r}: the tests' harness did not start in the sandbox ({run.outcome}"
+                               f"{': ' + detail if detail else ''})")
+        missing = "timeout" if run.outcome == "timeout" else "failed"  # (the run ended, or the harness was killed)
+        return [kind or missing for kind in kinds]
 
     def _result(self, interaction: Interaction, score: float, counts: Mapping[str, float]) -> PRMScorerResult:
         observations = tuple(PRMMetricObservation(METRICS[kind], "turn", interaction.interaction_id, value,

@@ -30,7 +30,6 @@ import functools
 import itertools
 import math
 import os
-import selectors
 import shutil
 import signal
 import subprocess
@@ -38,14 +37,16 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from prm_jax._validation import finite_number, integer
 from prm_jax.runtime._settings import Settings, setting
+from prm_jax.scorers._harness import classify, communicate
 
 Outcome = Literal["ok", "error", "timeout", "memory", "output_limit"]
 UID_BASE = 200_000  # the pool of sandbox uids when the host runs as root (none of them is a real user)
 UID_POOL = 4096
+HARNESS_CAP = 1 << 20  # bytes of the harness' stdout and stderr read (its verdict lines)
 PRLIMIT = "/usr/bin/prlimit"  # (run inside the sandbox, which binds /usr)
 
 
@@ -200,8 +201,8 @@ class LocalSandbox:
     def run_file(self, files: Mapping[str, bytes], entry: str, stdin: bytes, timeout: float,
                  harness: bool = False) -> Run:
         """Runs the task file ``entry`` (one of ``files``) as the program; ``harness``: the program is the
-        assert tests' harness (the interpreter in isolated mode, ``-I``, and one process more than
-        ``processes``: the harness' own).
+        tests' harness (the interpreter in isolated mode without ``site``, ``-I -S``; one process more than ``processes``, the
+        harness' own; its stdout read up to ``HARNESS_CAP`` bytes, a verdict line a test).
 
         Args:
             files: The task's files, by name.
@@ -210,14 +211,15 @@ class LocalSandbox:
             timeout: Seconds it may take.
             harness: Whether the program is the harness.
         """
-        return self.run(files, [*(["-I"] if harness else []), self.path(entry)], stdin, timeout,
-                        helpers=int(harness))
+        return self.run(files, [*(["-I", "-S"] if harness else []), self.path(entry)], stdin, timeout,
+                        helpers=int(harness), cap=max(self.limits.output_bytes, HARNESS_CAP) if harness else None)
 
     def run(self, files: Mapping[str, bytes], argv: Sequence[str], stdin: bytes, timeout: float,
-            helpers: int = 0) -> Run:
+            helpers: int = 0, cap: int | None = None) -> Run:
         """Runs ``interpreter *argv`` in ``/work`` with ``files`` read-only at ``/task/<name>``, ``stdin`` on
         its standard input, for at most ``timeout`` seconds (and the limits; ``helpers``: processes of ours
-        allowed beyond ``processes``, the harness')."""
+        allowed beyond ``processes``, the harness'; ``cap``: the bytes of stdout and stderr read, default
+        ``output_bytes``)."""
         limits = self.limits
         task = tempfile.mkdtemp(prefix=f"prm-jax-task-{os.getpid()}-")  # (whose run left it, should one stay)
         try:
@@ -235,12 +237,12 @@ class LocalSandbox:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, close_fds=True)
             try:
-                stdout, stderr, ended = _communicate(proc, stdin, started + timeout, limits.output_bytes)
+                stdout, stderr, ended = communicate(proc, stdin, started + timeout, cap or limits.output_bytes)
             finally:
                 _kill(proc)
             seconds = time.monotonic() - started
             returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-            return Run(classify(ended, returncode, stderr), returncode, stdout, stderr, seconds)
+            return Run(classify(ended, returncode, stderr), returncode, stdout, stderr, seconds)  # type: ignore[arg-type]
         finally:
             shutil.rmtree(task, ignore_errors=True)
 
@@ -258,72 +260,3 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
             stream.close()
 
 
-def _communicate(proc: subprocess.Popen[bytes], stdin: bytes, deadline: float,
-                 cap: int) -> tuple[bytes, bytes, str]:
-    """stdin written, stdout and stderr read (at most ``cap`` bytes each) until both close, the deadline passes
-    (``"timeout"``) or a stream passes the cap (``"output_limit"``); ``"exit"`` otherwise."""
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    out: dict[Any, bytearray] = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    selector = selectors.DefaultSelector()
-    for stream in out:
-        os.set_blocking(stream.fileno(), False)
-        selector.register(stream, selectors.EVENT_READ)
-    pending = memoryview(stdin)
-    if pending:
-        os.set_blocking(proc.stdin.fileno(), False)
-        selector.register(proc.stdin, selectors.EVENT_WRITE)
-    else:
-        proc.stdin.close()
-    ended = "exit"
-    try:
-        while selector.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                ended = "timeout"
-                break
-            for key, _ in selector.select(min(left, 0.1)):
-                stream = key.fileobj
-                if stream is proc.stdin:
-                    try:
-                        written = os.write(proc.stdin.fileno(), pending[:1 << 16])
-                    except BlockingIOError:
-                        written = 0
-                    except BrokenPipeError:  # (the code stopped reading: the rest is dropped)
-                        written = len(pending)
-                    pending = pending[written:]
-                    if not pending:
-                        selector.unregister(proc.stdin)
-                        proc.stdin.close()
-                    continue
-                chunk = os.read(stream.fileno(), 1 << 16)  # type: ignore[union-attr]
-                if not chunk:
-                    selector.unregister(stream)
-                    continue
-                buffer = out[stream]
-                buffer += chunk
-                if len(buffer) > cap:
-                    del buffer[cap:]
-                    ended = "output_limit"
-                    return bytes(out[proc.stdout]), bytes(out[proc.stderr]), ended
-    finally:
-        selector.close()
-    if ended == "exit":
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            ended = "timeout"
-    return bytes(out[proc.stdout]), bytes(out[proc.stderr]), ended
-
-
-def classify(ended: str, returncode: int, stderr: bytes) -> Outcome:
-    """How a run ended, from how its reading ended (``exit``, ``timeout``, ``output_limit``), its exit status
-    and its stderr (a ``MemoryError`` there: ``memory``)."""
-    if ended == "timeout" or returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
-        return "timeout"
-    if ended == "output_limit":
-        return "output_limit"
-    if returncode == 0:
-        return "ok"
-    if b"MemoryError" in stderr[-4096:] or b"Cannot allocate memory" in stderr[-4096:]:
-        return "memory"
-    return "error"

@@ -24,8 +24,9 @@ from typing import Any
 import anyio.from_thread
 
 from prm_jax._validation import short_repr
+from prm_jax.scorers._harness import classify
 from prm_jax.scorers._http import JSONService, Probe, Transport
-from prm_jax.scorers._sandbox import Limits, Run, classify
+from prm_jax.scorers._sandbox import HARNESS_CAP, Limits, Run
 
 ROUTE = "/run_code"
 PROBE_PROGRAM = b"print(6 * 7)"
@@ -61,13 +62,14 @@ class SandboxFusion:
                 "files": {name: base64.b64encode(content).decode("ascii") for name, content in files.items()
                           if name != entry}, "fetch_files": []}
 
-    def read(self, answer: Any, where: str) -> Run:
+    def read(self, answer: Any, where: str, cap: int | None = None) -> Run:
         """A ``RunCodeResponse`` as the run it reports; ``ServiceError`` where the server's sandbox failed or
         the answer is malformed.
 
         Args:
             answer: The decoded answer.
             where: How errors name the call.
+            cap: The bytes of stdout and stderr taken (past them: ``output_limit``); default ``output_bytes``.
         """
         reader = self.service.reader
         status = reader.field(answer, ["status"], where)
@@ -98,27 +100,27 @@ class SandboxFusion:
         seconds = result.get("execution_time")
         seconds = reader.number(seconds, where, "['run_result']['execution_time']") if seconds is not None else math.nan
         if kind == "TimeLimitExceeded":
-            return Run(classify("timeout", -9, stderr), -9, stdout, stderr, seconds)
+            return Run("timeout", -9, stdout, stderr, seconds)
         code = reader.field(answer, ["run_result", "return_code"], where)
         if isinstance(code, bool) or not isinstance(code, int):
             raise reader.error(where, f"['run_result']['return_code'] must be an integer, got "
                                       f"{reader.redact(short_repr(code))}")
-        cap = self.limits.output_bytes
+        cap = cap or self.limits.output_bytes
         ended = "output_limit" if max(len(stdout), len(stderr)) > cap else "exit"
-        return Run(classify(ended, code, stderr), code, stdout[:cap], stderr[:cap], seconds)
+        return Run(classify(ended, code, stderr), code, stdout[:cap], stderr[:cap], seconds)  # type: ignore[arg-type]
 
     def run_file(self, files: Mapping[str, bytes], entry: str, stdin: bytes, timeout: float,
                  harness: bool = False) -> Run:
         """One run on the server, from a worker thread of the runner's event loop (the request goes out on
-        the loop, through the transport). ``harness`` is the local sandbox's (SandboxFusion runs its own
-        interpreter, under its own process limit).
+        the loop, through the transport). ``harness``: the program is the tests' harness (its stdout read up
+        to ``HARNESS_CAP``).
 
         Args:
             files: The task's files, by name.
             entry: The file that is the program.
             stdin: Its standard input.
             timeout: Seconds it may take.
-            harness: Unused here.
+            harness: Whether the program is the harness.
         """
         request = self.request(files, entry, stdin, timeout)
         try:
@@ -129,7 +131,8 @@ class SandboxFusion:
             raise RuntimeError(f"{self.who}: sandbox: sandbox_fusion sends its requests from the runner's event "
                                "loop: score through PRMRunner or prm-jax score, not by calling evaluate "
                                "directly") from None
-        return self.read(answer, f"{self.who}: POST {ROUTE}")
+        return self.read(answer, f"{self.who}: POST {ROUTE}",
+                         max(self.limits.output_bytes, HARNESS_CAP) if harness else None)
 
     async def probe(self, scorer: str) -> Probe:
         """One tiny program (``print(6 * 7)``) run on the server, read as every run is.

@@ -10,6 +10,7 @@ import pytest
 
 import prm_jax
 from prm_jax.scorers import CodeExecutionScorer
+from prm_jax.scorers._code_execution import IOTest
 
 DOUBLE = [{"input": "2\n", "output": "4"}, {"input": "5\n", "output": "10\n"}, {"input": "-1", "output": "-2"}]
 
@@ -209,11 +210,15 @@ def test_the_code_can_read_neither_the_nonce_nor_the_harness_stdout(scorer):
     # returns a wrong value, so only a forged verdict could pass it.
     result = scorer.evaluate(turn(reply(FORGER)), {"metadata": {"tests": ADD[:1]}})
     assert result.reward == 0.0 and counts(result)["failed"] == 1, counts(result)
+    # What the forger sees, under a parent made non-dumpable by the harness' own function (its output, which the
+    # harness discards, goes to the sandbox's stderr here).
     from prm_jax.scorers._code_execution import HARNESS, HARNESS_SOURCE, SOLUTION
-    job = b'{"nonce": "' + b"ab" * 16 + b'", "test": "assert add(2, 3) == 5", "solution": "/task/solution.py", "limit": 4096}'
-    run = scorer.runner.run_file({SOLUTION: FORGER.encode(), HARNESS: HARNESS_SOURCE}, HARNESS, job, 5.0, harness=True)
-    assert b"no memory: [Errno 13] Permission denied" in run.stderr, run.stderr
-    assert run.stdout == b"ab" * 16 + b" failed\n"
+    parent = ("import subprocess, sys\nsys.path.insert(0, '/task')\nimport harness\nharness._undumpable()\n"
+              "subprocess.run([sys.executable, '-c', \"exec(open('/task/solution.py').read()); add(2, 3)\"])\n"
+              "print('ab' * 16)")
+    run = scorer.runner.run({SOLUTION: FORGER.encode(), HARNESS: HARNESS_SOURCE}, ["-c", parent], b"", 5.0)
+    assert b"no memory: [Errno 13] Permission denied" in run.stdout, (run.stdout, run.stderr)
+    assert b"passed" not in run.stdout
 
 
 def test_memory_and_time_in_an_assert_test_are_failures_of_their_kind(scorer):
@@ -272,3 +277,56 @@ def test_the_bundled_coding_example_scores_each_turn_by_its_tests(tmp_path, caps
     prefix = "rollout/prm_metric/turn/code_execution/"
     assert {k: metrics[prefix + k + "/sum"] for k in ("tests_passed", "tests_timeout", "no_code")} == \
         {"tests_passed": 15.0, "tests_timeout": 3.0, "no_code": 1.0}
+
+
+# -- one sandbox run a turn: the harness runs each test in a fresh process, and nothing of one reaches the next --
+
+STEPS = r"""
+import os, sys, time
+given = sys.stdin.read().strip()
+if given == "daemon":
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(60)
+        os._exit(0)
+    print("started")
+elif given == "write":
+    open("note.txt", "w").write("left for the next test")
+    print("written")
+elif given == "sleep":
+    time.sleep(60)
+elif given == "count":
+    print(len([p for p in os.listdir("/proc") if p.isdigit()]), sorted(os.listdir(".")))
+elif given == "kill":
+    import signal
+    for signum in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):
+        os.kill(1, signum)
+    print("still here")
+"""
+
+
+@pytest.mark.parametrize("harnessed", [False, True], ids=["a-sandbox-a-test", "the-harness"])
+def test_a_tests_processes_files_and_time_do_not_reach_the_next_test(harnessed):
+    # Locally each stdin/stdout test is a sandbox of its own (its program alone in the namespace: 1 process); the
+    # harness (assert tests, and every test on SandboxFusion) runs a turn's tests in one sandbox, each starting
+    # with the harness and itself alone (2 processes) in an empty folder, whatever the one before left (a setsid
+    # daemon, a file, a sleep past time_per_test); signals to the harness (PID 1 of the namespace) are not
+    # delivered. A test ends with its program: the daemon it leaves holding the pipes is not waited for (its
+    # sandbox's namespace ends with its first process; the harness kills what a test leaves).
+    scorer = CodeExecutionScorer(time_per_test=1.0, total_time=10.0)
+    count = IOTest("count", f"{1 + harnessed} []")
+    tests = [IOTest("daemon", "started"), count, IOTest("write", "written"), count, IOTest("sleep", ""), count,
+             IOTest("kill", "still here"), count]
+    kinds = scorer.harness(tests, STEPS, 10.0) if harnessed else scorer.run_tests(STEPS, tests)
+    assert kinds == ["passed", "passed", "passed", "passed", "timeout", "passed", "passed", "passed"], kinds
+
+
+def test_a_harness_that_does_not_start_fails_the_branch_never_a_zero(monkeypatch):
+    from prm_jax.errors import SandboxError
+    from prm_jax.scorers import _code_execution
+
+    scorer = CodeExecutionScorer(time_per_test=1.0)
+    monkeypatch.setattr(_code_execution, "HARNESS_SOURCE", b"import sys\nsys.exit('the harness broke')\n")
+    with pytest.raises(SandboxError, match=r"scorer 'code_execution': the tests' harness did not start .*harness broke"):
+        scorer.evaluate(turn(reply(GOOD_ADD)), {"metadata": {"tests": ADD}})

@@ -1,9 +1,9 @@
-"""Issue 58.2: ``CodeExecutionScorer(sandbox="sandbox_fusion")`` runs the code on a SandboxFusion server
-(``POST /run_code``, its documented ``RunCodeRequest`` and ``RunCodeResponse``) through the served scorers'
-one transport (a 503 retried) and answer reader: the same scores as the local sandbox on the same tests
-(stdin/stdout and assert-style, the harness run remotely), a failure of the server's sandbox or a malformed
-answer fails the row naming the scorer and the turn (never a 0), and the probe says whether it answers.
-The stub (``tests/stub_servers.py``) listens on 127.0.0.1 and runs each program in the local sandbox."""
+"""Issue 58.2: ``CodeExecutionScorer(sandbox="sandbox_fusion")`` runs the code on a SandboxFusion server (``POST
+/run_code``, its documented ``RunCodeRequest`` and ``RunCodeResponse``) through the served scorers' one transport
+(a 503 retried) and answer reader: the same scores as the local sandbox on the same tests (stdin/stdout and
+assert-style: the harness runs a turn's tests remotely, one request a turn), a failure of the server's sandbox or
+a malformed answer fails the row naming the scorer and the turn (never a 0), and the probe says whether it
+answers. The stub (``tests/stub_servers.py``) listens on 127.0.0.1 and runs each program in the local sandbox."""
 
 from __future__ import annotations
 
@@ -60,14 +60,16 @@ async def test_the_served_sandbox_scores_as_the_local_one():
         sent = list(server.requests)
     local = await scores(CodeExecutionScorer(time_per_test=1.5, total_time=2.0, memory_mb=128))
     assert served == local == {"right": 0.75, "exits": 0.0, "sleeps": 0.0, "memory": 0.0}  # (5 -> "11" is wrong)
-    # The documented request: the program, its stdin, the limits, the other files base64 beside it.
-    harness_runs = [r for r in sent if r["files"]]
-    assert len(sent) == 14 and len(harness_runs) == 6  # (the sleeper spent total_time on its 2 stdin tests)
-    first = harness_runs[0]
-    assert first["language"] == "python" and first["run_timeout"] <= 1.5 and first["memory_limit_MB"] == 128
+    # The documented request, one a turn: the harness as the program, its job on stdin, the limits, the solution
+    # base64 beside it.
+    assert len(sent) == 4 and all(set(r["files"]) == {"solution.py"} for r in sent)
+    first = sent[0]
+    assert first["language"] == "python" and first["memory_limit_MB"] == 128
+    assert 4.9 < first["run_timeout"] <= 2.0 + 3.0  # (what is left of total_time, then the harness' slack)
     assert base64.b64decode(first["files"]["solution.py"]).decode() == CODE + "\n"  # (the fenced block, as taken)
     job = json.loads(first["stdin"])
-    assert job["solution"] == "solution.py" and len(job["nonce"]) == 32 and job["test"] == TESTS[2]["assert"]
+    assert job["solution"] == "solution.py" and len(job["nonce"]) == 32 and job["tests"] == TESTS
+    assert first["code"].startswith('"""The harness')
 
 
 async def test_a_503_is_retried_through_the_one_transport():

@@ -341,10 +341,26 @@ def steps() -> str:
                       *(f"| {' | '.join(row)} |" for row in rows)])
 
 
+def code_settings() -> str:
+    """``CodeExecutionScorer``'s settings (the limits' record flat among them, the transport's left to the
+    served scorers' table): each key, its default and its sentence, from the declarations."""
+    import inspect as inspect_module
+
+    from prm_jax.scorers._code_execution import CodeExecutionSettings
+    from prm_jax.scorers._http import Transport
+
+    transport = set(Transport.keys())
+    docs = CodeExecutionSettings.docs()
+    rows = [(p.name, f"`{p.default!r}`" if p.default is not inspect_module.Parameter.empty else "required",
+             " ".join(docs[p.name].split()))
+            for p in CodeExecutionSettings.parameters() if p.name not in transport]
+    return markdown(("setting", "default", "what it is"), rows)
+
+
 # Each include of the guides, and what renders it.
 TABLES: dict[str, Callable[[], str]] = {"errors-table.inc": errors, "session-format-table.inc": session_format,
                                         "refusals-table.inc": refusals, "public-api-table.inc": public_api,
-                                        "steps-table.inc": steps}
+                                        "steps-table.inc": steps, "code-settings-table.inc": code_settings}
 
 
 def write(folder: Path) -> None:

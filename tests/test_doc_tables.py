@@ -34,6 +34,16 @@ def test_each_table_is_its_declarations_rendering():
     assert all(f"`{name}`" in line for line, (name, *_) in zip(errors_table[2:], described()))
     session_table = tables.TABLES["session-format-table.inc"]().splitlines()
     assert [line.split(" | ")[0] for line in session_table[2:]] == [f"| `{row[0]}`" for row in format_table()]
+    # Issue 58.3: the code scorer's settings, the limits among them, each with its declared default.
+    from prm_jax.scorers._code_execution import CodeExecutionSettings
+    from prm_jax.scorers._sandbox import Limits
+
+    code_table = tables.TABLES["code-settings-table.inc"]().splitlines()
+    keys = [line.split(" | ")[0].removeprefix("| `").removesuffix("`") for line in code_table[2:]]
+    assert set(Limits.keys()) <= set(keys) and "sandbox" in keys and "request_timeout" not in keys
+    limits = Limits()
+    assert all(f"| `{key}` | `{getattr(limits, key)!r}` |" in "\n".join(code_table) for key in Limits.keys())
+    assert len(keys) == len(CodeExecutionSettings.keys()) - 8  # (the transport's 8 keys are the served table's)
 
 
 def test_pack_branches_names_the_model_outputs_the_schema_declares():

@@ -13,18 +13,22 @@ import prm_jax
 from prm_jax import errors
 from prm_jax.app import _cli as cli
 
-# What each error was before issue 57.9 (and must stay: a handler written for these still applies).
+# What each error was before issue 57.9 (and must stay: a handler written for these still applies), and what a
+# later one is (SandboxError, issue 58).
 BUILT_IN = {"ConfigError": ValueError, "ConfigFileError": ValueError, "InputError": ValueError,
             "OutputFolderError": ValueError, "NotScorableError": ValueError, "NoTextError": ValueError,
             "TemplateError": ValueError, "RunnerClosedError": RuntimeError, "PrefixRuleError": RuntimeError,
             "RetryError": RuntimeError, "ServiceError": RuntimeError, "RequestFailed": RuntimeError,
+            "SandboxError": RuntimeError,
             "ScoreError": Exception, "NoGroupAccepted": Exception}
 # The older paths (namespaces and modules users imported them from), each the same class.
 OLDER_PATHS = {"prm_jax.config": ("ConfigError", "ConfigFileError"),
                "prm_jax.runtime": ("RunnerClosedError", "RetryError"), "prm_jax.app.sessions": ("InputError",)}
 # Exceptions defined elsewhere that no caller meets: the command line's own (it returns an exit status: the
-# errors it prints come from prm_jax.errors or say so) and the session reader's (raised as an InputError).
-INTERNAL = {"prm_jax.app._cli.CLIError", "prm_jax.app._cli.Interrupted", "prm_jax.app.sessions.FieldError"}
+# errors it prints come from prm_jax.errors or say so), the session reader's (raised as an InputError) and the
+# code scorer's harness' (raised inside the sandbox, in the harness' own process: a test's failure there).
+INTERNAL = {"prm_jax.app._cli.CLIError", "prm_jax.app._cli.Interrupted", "prm_jax.app.sessions.FieldError",
+            "prm_jax.scorers._harness.Unearned"}
 
 
 def error_classes():

@@ -77,16 +77,17 @@ def uid_pool_mapped() -> bool:
 class Limits(Settings):
     """What one run of the agent's code may use (each checked at configuration)."""
 
-    time_per_test: float = setting(2.0, doc="Seconds of wall clock one run (one test) may take, > 0; past it the "
-                                   "run is killed and scores as a timeout (its CPU time is capped one second "
-                                   "above it).")
+    time_per_test: float = setting(2.0, doc="Seconds of wall clock one test may take, > 0; past it the test is "
+                                   "killed and scores as a timeout (a stdin/stdout test's CPU time is capped one "
+                                   "second above it; the assert tests', at their turn's).")
     total_time: float = setting(30.0, doc="Seconds all of a turn's runs may take together, > 0; the tests left "
                                 "when it is spent are failed as timeouts, not run.")
     memory_mb: int = setting(512, doc="The address space a run may map, in MiB, >= 32 (the interpreter itself "
                              "maps about 20).")
     output_bytes: int = setting(1 << 20, doc="Bytes of stdout (and of stderr) a run may write, >= 1; past it the "
                                 "run is killed and scores as an output-limit failure.")
-    processes: int = setting(16, doc="Processes (and threads) a run may hold at once, >= 1.")
+    processes: int = setting(16, doc="Processes (and threads) a test may hold at once, >= 1 (the assert tests' "
+                             "harness is one more).")
     file_size_mb: int = setting(16, doc="The largest file a run may write, in MiB, >= 1 (its folder is a tmpfs).")
     open_files: int = setting(64, doc="File descriptors a run may hold open, >= 8.")
 

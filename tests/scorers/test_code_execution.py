@@ -109,8 +109,10 @@ def test_the_settings_are_checked_at_configuration(kwargs, needle):
         CodeExecutionScorer.validate_kwargs(**kwargs)
 
 
-def test_the_scorer_runs_under_a_runner_with_every_turn_scored():
-    scorer = CodeExecutionScorer(time_per_test=2.0, weight=0.5)
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_the_scorer_runs_under_a_runner_with_every_turn_scored(executor):
+    # (a synchronous scorer: every executor applies; Ray's, on the two-node cluster, in tests/ray)
+    scorer = CodeExecutionScorer(time_per_test=2.0, weight=0.5, executor=executor, max_workers=2)
     cache = prm_jax.InteractionCache([turn(reply("print(0)"), "t0"),
                                       prm_jax.Interaction("t1", [1, 2, 7], [3], parent_id="t0", output_messages=[
                                           {"role": "assistant", "content": reply("print(int(input()) * 2)")}])])
@@ -255,6 +257,7 @@ def test_the_sandbox_settings_meet_at_configuration(kwargs, needle):
         CodeExecutionScorer.validate_kwargs(**kwargs)
 
 
+@pytest.mark.e2e  # (the command line's whole run: the end-to-end step)
 def test_the_bundled_coding_example_scores_each_turn_by_its_tests(tmp_path, capsys):
     # Issue 58.8: `prm-jax demo --example coding` (prm_jax/data/coding_*): 8 sessions; weight 0.5 times the fraction
     # of tests passed, per turn: a fix in a second turn earns what its first turn did not; the object that equals

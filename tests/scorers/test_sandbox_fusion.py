@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -166,3 +167,27 @@ async def test_called_outside_a_runner_it_says_how_to_score():
     with pytest.raises(RuntimeError, match="score through PRMRunner"):
         scorer.evaluate(turn(CODE, "t0"), {"metadata": {"tests": TESTS[:1]}})
     await scorer.aclose()
+
+
+def test_prm_jax_score_runs_the_bundled_sessions_on_the_served_sandbox_after_its_probe(tmp_path, capsys):
+    # Issue 58.8 on the served sandbox: `prm-jax validate-config --probe` asks the server once, then `prm-jax
+    # score --probe` scores the bundled coding sessions there: the turns' rewards are the local sandbox's.
+    import numpy as np
+
+    from prm_jax.app import _cli as cli
+
+    data = Path(prm_jax.__file__).parent / "data"
+    config = tmp_path / "served.yaml"
+    with SandboxFusionServer() as server:
+        config.write_text((data / "coding_config.yaml").read_text().replace(
+            "            time_per_test: 2.0\n",
+            f"            time_per_test: 2.0\n            sandbox: sandbox_fusion\n            url: {server.url}\n"))
+        assert cli.main(["validate-config", "--probe", str(config)]) == 0
+        probe = [line for line in capsys.readouterr().out.splitlines() if line.startswith("probe:")]
+        assert probe and probe[0].startswith(f"probe: scorer 'code_execution' at {server.url}/run_code: HTTP 200 OK")
+        assert cli.main(["score", "--probe", "--config", str(config), "--input", str(data / "coding_sessions.jsonl"),
+                         "--output", str(tmp_path / "served")]) == 0
+        assert len(server.requests) == 1 + 1 + 8  # (two probes, then one request a turn: 8 of the 9 turns have code)
+    assert cli.main(["demo", "--example", "coding", "--output", str(tmp_path / "local")]) == 0
+    served, local = (np.load(tmp_path / name / "batch.npz")["token_rewards"] for name in ("served", "local"))
+    np.testing.assert_array_equal(served, local)

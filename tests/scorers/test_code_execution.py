@@ -25,7 +25,7 @@ def turn(text: str, iid: str = "t0") -> prm_jax.Interaction:
 
 @pytest.fixture(scope="module")
 def scorer():
-    return CodeExecutionScorer(time_per_test=2.0, memory_mb=128, output_bytes=1 << 14)
+    return CodeExecutionScorer(time_per_test=1.0, memory_mb=128, output_bytes=1 << 14)
 
 
 def counts(result) -> dict[str, float]:

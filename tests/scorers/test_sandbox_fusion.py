@@ -180,8 +180,8 @@ def test_prm_jax_score_runs_the_bundled_sessions_on_the_served_sandbox_after_its
     config = tmp_path / "served.yaml"
     with SandboxFusionServer() as server:
         config.write_text((data / "coding_config.yaml").read_text().replace(
-            "            time_per_test: 2.0\n",
-            f"            time_per_test: 2.0\n            sandbox: sandbox_fusion\n            url: {server.url}\n"))
+            "            time_per_test: 1.0\n",
+            f"            time_per_test: 1.0\n            sandbox: sandbox_fusion\n            url: {server.url}\n"))
         assert cli.main(["validate-config", "--probe", str(config)]) == 0
         probe = [line for line in capsys.readouterr().out.splitlines() if line.startswith("probe:")]
         assert probe and probe[0].startswith(f"probe: scorer 'code_execution' at {server.url}/run_code: HTTP 200 OK")

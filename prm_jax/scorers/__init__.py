@@ -1,6 +1,7 @@
 """Built-in scorers: judges on the protocols serving stacks speak (the ``judge`` extra, httpx), a math
-answer checker (the ``verify`` extra, math-verify), a length budget, and on-policy distillation's teachers
-(served by vLLM or SGLang, or a JAX model on the trainer's device)."""
+answer checker (the ``verify`` extra, math-verify), the agent's code run against tests in a sandbox (local
+bubblewrap, or a SandboxFusion server), a length budget, and on-policy distillation's teachers (served by
+vLLM or SGLang, or a JAX model on the trainer's device)."""
 
 # (ModelScorer's code is the runtime's: score_arrays has a path for it)
 from prm_jax.runtime._model_scorer import ModelScorer, TeacherModelScorer, token_logprobs

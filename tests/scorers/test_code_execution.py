@@ -333,3 +333,58 @@ def test_a_harness_that_does_not_start_fails_the_branch_never_a_zero(monkeypatch
     monkeypatch.setattr(_code_execution, "HARNESS_SOURCE", b"import sys\nsys.exit('the harness broke')\n")
     with pytest.raises(SandboxError, match=r"scorer 'code_execution': the tests' harness did not start .*harness broke"):
         scorer.evaluate(turn(reply(GOOD_ADD)), {"metadata": {"tests": ADD}})
+
+
+EXFILTRATE = r"""
+import glob, os
+
+def loot():
+    found = [repr(dict(os.environ))]
+    for path in [os.path.expanduser("~/.secret"), *sorted(glob.glob("/proc/*/environ")), *sorted(glob.glob("/home/*/.secret"))]:
+        try:
+            found.append(open(path).read())
+        except OSError as err:
+            found.append(str(err))
+    return " ".join(found)
+
+def add(a, b):
+    return loot()
+
+print(loot())
+raise RuntimeError(loot())
+"""
+
+
+@pytest.mark.e2e  # (the command line's whole run)
+def test_a_planted_secret_reaches_no_output_score_error_or_log(tmp_path, monkeypatch, capsys, caplog):
+    # Issue 58.5 through the whole scorer: an API key in the parent's environment and a file in $HOME; the code
+    # prints what it finds, raises it, and returns it from an assert test's call. Neither the command's stdout and
+    # stderr, nor its metrics, nor any log record holds it.
+    import json
+    import logging
+
+    from prm_jax.app import _cli as cli
+
+    secret = f"sk-planted-{tmp_path.name}-0123456789"
+    monkeypatch.setenv("PRM_JAX_PLANTED_KEY", secret)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".secret").write_text(secret)
+    monkeypatch.setenv("HOME", str(home))
+    caplog.set_level(logging.DEBUG)
+    session = {"session_key": "s", "group": "g", "metadata": {"tests": [
+        {"input": "", "output": "x"}, {"assert": "assert add(1, 2) == 3"}]},
+        "interactions": [{"id": "t0", "input_tokens": [1, 2], "output_tokens": [3, 4],
+                          "output_messages": [{"role": "assistant", "content": reply(EXFILTRATE)}], "reward": 1.0}]}
+    (tmp_path / "s.jsonl").write_text(json.dumps(session) + "\n")
+    config = tmp_path / "c.yaml"
+    config.write_text("rollout:\n  agent:\n    prm:\n      enabled: true\n      scorers:\n"
+                      "        - path: prm_jax.scorers.CodeExecutionScorer\n          kwargs: {time_per_test: 2.0}\n")
+    assert cli.main(["score", "--config", str(config), "--input", str(tmp_path / "s.jsonl"),
+                     "--output", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    metrics = (tmp_path / "out" / "metrics.json").read_text()
+    logs = "\n".join(record.getMessage() for record in caplog.records)
+    for where, text in (("stdout", captured.out), ("stderr", captured.err), ("metrics.json", metrics), ("logs", logs)):
+        assert secret not in text and "PRM_JAX_PLANTED_KEY" not in text, where
+    assert '"rollout/prm_metric/turn/code_execution/tests_failed/sum": 2.0' in metrics  # (both ran, and failed)

@@ -1,0 +1,95 @@
+"""Issue 59, in part: the auditor's core (``prm_jax/_audit.py``). The exact policy gradient of a tabular softmax
+policy by enumeration is the finite difference of the expected reward; the pipeline's expected gradient, over
+every enumerated group, equals a plain float64 loop; and the known results come out: no baseline and RLOO's
+leave-one-out baseline are unbiased (scale 1), the group mean that includes the sample's own reward shrinks the
+gradient to (G - 1) / G of it (Dr. GRPO, "Understanding R1-Zero-Like Training", Liu et al. 2025; RLOO),
+and GRPO's per-sequence token mean biases it when the policy controls length (Dr. GRPO's length bias) where
+the token sum does not. (Std normalization's question-difficulty bias needs questions of different reward
+variance: the suite's difficulty problem, not built yet.)"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import prm_jax
+from prm_jax._audit import Problem, compare, expected_estimate, log_prob_grads, responses, true_gradient
+
+CONTROL = Problem("control", vocab=2, max_len=2, reward=lambda s: float(sum(s)))  # fixed length
+LENGTH = Problem("length", vocab=3, max_len=3, reward=lambda s: float(s[0] == 1), eos=2)  # length free, unrewarded
+THETA2 = np.array([[0.3, -0.2], [-0.4, 0.1]])
+THETA3 = np.array([[0.2, -0.1, 0.4], [-0.3, 0.5, 0.0], [0.1, 0.2, -0.2]])
+
+
+def config(**norm):
+    return prm_jax.AdvantageConfig(kl_ctl=0.0, reward_norm=norm or None, adv_norm=None)
+
+
+def expected_reward(problem, theta):
+    return sum(np.exp(log_prob_grads(theta, s)[0]) * problem.reward(s) for s in responses(problem))
+
+
+@pytest.mark.parametrize("problem, theta", [(CONTROL, THETA2), (LENGTH, THETA3)], ids=["control", "length"])
+def test_the_true_gradient_is_the_finite_difference_of_the_expected_reward(problem, theta):
+    step, numeric = 1e-6, np.zeros(theta.shape)
+    for index in np.ndindex(theta.shape):
+        up, down = theta.copy(), theta.copy()
+        up[index] += step
+        down[index] -= step
+        numeric[index] = (expected_reward(problem, up) - expected_reward(problem, down)) / (2 * step)
+    np.testing.assert_allclose(true_gradient(problem, theta), numeric, atol=1e-8)
+    assert len(responses(LENGTH)) == 1 + 2 + 4 + 8  # (EOS at 1, 2 or 3 tokens, or 3 tokens without it)
+
+
+def loop_estimate(problem, theta, group_size, baseline, per_token):
+    """A plain float64 loop: every ordered group, each response's advantage its reward less ``baseline``
+    (on every token: an outcome reward, gamma = lambda = 1), the tokens' gradients weighted by ``per_token``."""
+    seqs = responses(problem)
+    out = np.zeros(theta.shape)
+    for group in itertools.product(seqs, repeat=group_size):
+        p = np.prod([np.exp(log_prob_grads(theta, s)[0]) for s in group])
+        rewards = [problem.reward(s) for s in group]
+        for i, seq in enumerate(group):
+            advantage = rewards[i] - baseline(rewards, i)
+            weight = per_token(group, i)
+            out += p * weight * advantage * log_prob_grads(theta, seq)[1].sum(axis=0)
+    return out
+
+
+@pytest.mark.parametrize("aggregation, per_token", [
+    ("token-sum", lambda group, i: 1 / len(group)),
+    ("seq-mean-token-mean", lambda group, i: 1 / (len(group) * len(group[i]))),
+    ("token-mean", lambda group, i: 1 / sum(len(s) for s in group)),
+])
+def test_the_pipelines_expected_gradient_is_the_plain_loops(aggregation, per_token):
+    group_mean = lambda rewards, i: float(np.mean(rewards))
+    got = expected_estimate(LENGTH, THETA3, config(mean_level="group", std_level=None), 2, aggregation)
+    want = loop_estimate(LENGTH, THETA3, 2, group_mean, per_token)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("norm, scale", [
+    ({}, 1.0),                                                                # REINFORCE: unbiased
+    ({"mean_level": "group", "std_level": None, "mean_leave1out": True}, 1.0),  # RLOO: unbiased
+    ({"mean_level": "group", "std_level": None}, 3 / 4),                      # the mean with its own reward
+], ids=["no-baseline", "leave-one-out", "group-mean"])
+def test_the_baselines_scale_the_gradient_as_known(norm, scale):
+    comparison = compare(expected_estimate(CONTROL, THETA2, config(**norm), 4), true_gradient(CONTROL, THETA2))
+    assert comparison.cosine == pytest.approx(1.0, abs=1e-9) and comparison.across < 1e-6
+    assert comparison.scale == pytest.approx(scale, rel=1e-6)
+
+
+def test_the_per_sequence_token_mean_biases_the_gradient_when_the_policy_controls_length():
+    truth = true_gradient(LENGTH, THETA3)
+    rloo = config(mean_level="group", std_level=None, mean_leave1out=True)
+    summed = compare(expected_estimate(LENGTH, THETA3, rloo, 3, "token-sum"), truth)
+    per_sequence = compare(expected_estimate(LENGTH, THETA3, rloo, 3, "seq-mean-token-mean"), truth)
+    assert summed.across < 1e-6 and summed.scale == pytest.approx(1.0, rel=1e-6)
+    assert per_sequence.across > 0.05 and per_sequence.cosine < 0.99  # (0.142 and 0.967 at this theta)
+
+
+def test_a_zero_true_gradient_is_refused():
+    with pytest.raises(ValueError, match="true gradient is zero"):
+        compare(np.ones(3), np.zeros(3))

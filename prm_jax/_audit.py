@@ -1,4 +1,4 @@
-"""The credit auditor's core (issue 59, in part; the public ``prm_jax.audit``, its problems suite, report and
+"""The credit auditor's core (issue 59, in part; its public module, its problems suite, report and
 command come later): on a problem small enough to enumerate, the exact policy gradient of a tabular softmax
 policy beside the expected gradient the configured advantage pipeline gives, both in float64.
 

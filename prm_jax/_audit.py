@@ -153,3 +153,15 @@ def compare(estimate: np.ndarray, truth: np.ndarray) -> Comparison:
     scale = float(e @ t) / norm_t ** 2
     cosine = float(e @ t) / (float(np.linalg.norm(e)) * norm_t) if np.linalg.norm(e) else 0.0
     return Comparison(cosine, scale, float(np.linalg.norm(e - scale * t)) / norm_t)
+
+
+def compare_questions(problems: Sequence[Problem], thetas: Sequence[np.ndarray], config: object, group_size: int,
+                      aggregation: Aggregation = "token-sum") -> Comparison:
+    """Several questions at once, each with its own tabular policy and its own groups (the training batch's
+    questions): the estimate and the true gradient of ``sum_q J_q``, each question's block side by side. A
+    normalization whose scale differs by question (std normalization, by the question's reward spread) turns
+    the estimate away from the truth even where each question's block is parallel to its own."""
+    estimate = np.concatenate([np.ravel(expected_estimate(p, t, config, group_size, aggregation))
+                               for p, t in zip(problems, thetas, strict=True)])
+    truth = np.concatenate([np.ravel(true_gradient(p, t)) for p, t in zip(problems, thetas, strict=True)])
+    return compare(estimate, truth)

@@ -4,8 +4,8 @@ every enumerated group, equals a plain float64 loop; and the known results come 
 leave-one-out baseline are unbiased (scale 1), the group mean that includes the sample's own reward shrinks the
 gradient to (G - 1) / G of it (Dr. GRPO, "Understanding R1-Zero-Like Training", Liu et al. 2025; RLOO),
 and GRPO's per-sequence token mean biases it when the policy controls length (Dr. GRPO's length bias) where
-the token sum does not. (Std normalization's question-difficulty bias needs questions of different reward
-variance: the suite's difficulty problem, not built yet.)"""
+the token sum does not, and std normalization weighs questions by their reward spread (Dr. GRPO's
+question-difficulty bias)."""
 
 from __future__ import annotations
 
@@ -93,3 +93,23 @@ def test_the_per_sequence_token_mean_biases_the_gradient_when_the_policy_control
 def test_a_zero_true_gradient_is_refused():
     with pytest.raises(ValueError, match="true gradient is zero"):
         compare(np.ones(3), np.zeros(3))
+
+
+def test_std_normalization_reweights_questions_by_their_difficulty():
+    # Dr. GRPO's question-difficulty bias: an easy question (P(R=1) = 0.99, a small reward spread) and a hard one
+    # (0.13). Group std normalization weighs each question's gradient by its groups' spread: in expectation over
+    # groups of 8 the easy question's block comes out 1.15x as large, relative to its truth, as the hard one's, and
+    # the sum turns; the group mean alone scales both alike ((G - 1) / G) and keeps the direction.
+    from prm_jax._audit import compare_questions
+
+    easy = Problem("easy", vocab=2, max_len=2, reward=lambda s: float(1 in s))
+    hard = Problem("hard", vocab=2, max_len=2, reward=lambda s: float(s == (1, 1)))
+    thetas = [np.array([[-1.0, 1.0], [-1.0, 1.0]]), np.array([[0.3, -0.3], [0.3, -0.3]])]
+    mean_only, with_std = config(mean_level="group", std_level=None), config(mean_level="group", std_level="group")
+    scales = {name: [compare(expected_estimate(p, t, norm, 8), true_gradient(p, t)).scale
+                     for p, t in zip((easy, hard), thetas, strict=True)]
+              for name, norm in (("mean", mean_only), ("std", with_std))}
+    assert scales["mean"] == pytest.approx([7 / 8, 7 / 8], rel=1e-6)
+    assert scales["std"][0] / scales["std"][1] > 1.1  # (1.146: the low-spread question weighs more)
+    assert compare_questions([easy, hard], thetas, mean_only, 8).across < 1e-6
+    assert compare_questions([easy, hard], thetas, with_std, 8).cosine < 1 - 1e-4

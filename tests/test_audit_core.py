@@ -9,6 +9,7 @@ question-difficulty bias)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -113,3 +114,38 @@ def test_std_normalization_reweights_questions_by_their_difficulty():
     assert scales["std"][0] / scales["std"][1] > 1.1  # (1.146: the low-spread question weighs more)
     assert compare_questions([easy, hard], thetas, mean_only, 8).across < 1e-6
     assert compare_questions([easy, hard], thetas, with_std, 8).cosine < 1 - 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnRewardBaseline:
+    """A planted mistake: ``A_i = R_i - R_i ** 2``, a baseline made of the sample's own reward."""
+
+
+def _own_reward(stage, outcome, active, real_rows, row_group, num_groups, dtype):
+    import jax.numpy as jnp
+
+    from prm_jax.estimators import StageResult
+
+    advantage = outcome - outcome * outcome
+    return StageResult(jnp.where(active, advantage[:, None], jnp.zeros((), dtype)), {})
+
+
+def test_a_planted_baseline_of_the_samples_own_reward_is_caught_and_rloo_passes():
+    # Issue 59.3: an estimator plugged in as a user plugs one in, whose baseline uses the sample's own reward, is
+    # flagged (the estimate turns away from the true gradient); the RLOO plug-in (tests/rloo_estimator.py, the
+    # same shape with the leave-one-out mean) is exact.
+    from prm_jax.estimators import EstimatorSpec, register_estimator, unregister_estimator
+
+    planted = EstimatorSpec(OwnRewardBaseline, _own_reward, "credit_assignment 'own_reward'", mode="own_reward",
+                            units=("token",))
+    register_estimator(planted)
+    try:
+        truth = true_gradient(CONTROL, THETA2)
+        mistaken = compare(expected_estimate(CONTROL, THETA2, prm_jax.AdvantageConfig(
+            kl_ctl=0.0, reward_norm=None, adv_norm=None, credit_assignment={"mode": "own_reward"}), 3), truth)
+    finally:
+        unregister_estimator(planted)
+    rloo = compare(expected_estimate(CONTROL, THETA2, prm_jax.AdvantageConfig(
+        kl_ctl=0.0, reward_norm=None, adv_norm=None, credit_assignment={"mode": "rloo"}), 3), truth)
+    assert mistaken.across > 0.1 and mistaken.cosine < 0.99, mistaken  # (cosine -0.97: it points the wrong way)
+    assert rloo.across < 1e-6 and rloo.scale == pytest.approx(1.0, rel=1e-6), rloo

@@ -13,7 +13,8 @@ The estimate: ``group_size`` responses drawn independently make a group; the con
 loss's gradient at the sampling policy is ``sum_i sum_t w_it A_it grad log pi(a_it)``, with the aggregation's
 weights ``w`` (``token-sum``: ``1 / G``; ``seq-mean-token-mean``: ``1 / (G n_i)``, GRPO's; ``token-mean``:
 ``1 / sum_i n_i``, DAPO's). Its expectation is exact: every ordered group is enumerated with its probability
-(``K ** G`` groups of ``K`` responses, all in one call of the pipeline).
+(``K ** G`` groups of ``K`` responses, all in one call of the pipeline); where they are too many,
+``sampled_estimate`` draws groups with a fixed seed and gives the standard error.
 """
 
 from __future__ import annotations
@@ -89,30 +90,42 @@ def true_gradient(problem: Problem, theta: np.ndarray) -> np.ndarray:
     return out
 
 
-def expected_estimate(problem: Problem, theta: np.ndarray, config: object, group_size: int,
-                      aggregation: Aggregation = "token-sum") -> np.ndarray:
-    """The expectation, over every ordered group of ``group_size`` responses, of the policy loss's gradient
-    the configured pipeline gives (see the module docstring), float64 sums of the pipeline's float32
-    advantages."""
+def group_gradients(problem: Problem, theta: np.ndarray, config: object, groups: np.ndarray,
+                    aggregation: Aggregation = "token-sum") -> np.ndarray:
+    """Each group's policy-loss gradient, ``[n_groups, *theta.shape]`` (float64 sums of the pipeline's float32
+    advantages): ``groups`` holds each group's responses as indices into ``responses(problem)``, and the
+    configured pipeline scores all of them in one call.
+
+    Args:
+        problem: The problem.
+        theta: The policy's logits, ``[max_len, vocab]``.
+        config: The ``AdvantageConfig`` (or its plan).
+        groups: ``[n_groups, group_size]`` indices of responses.
+        aggregation: How the loss aggregates tokens (the module docstring).
+    """
     import prm_jax
 
     seqs = responses(problem)
-    k, g, width = len(seqs), group_size, problem.max_len + 1  # (a one-token prompt, then the response)
-    logps, grads = zip(*(log_prob_grads(theta, s) for s in seqs), strict=True)
-    groups = np.array(list(itertools.product(range(k), repeat=g)), np.int64)  # [K**G, G]
+    n, g = groups.shape
+    width = problem.max_len + 1  # (a one-token prompt, then the response)
     rows = groups.reshape(-1)
-    lengths = np.array([len(s) for s in seqs])[rows]
+    lengths = np.array([len(s) for s in seqs])
     positions = np.arange(width)
-    batch = {"attention_mask": (positions[None, :] <= lengths[:, None]).astype(np.int32),
-             "loss_mask": ((positions[None, :] >= 1) & (positions[None, :] <= lengths[:, None])).astype(np.int32),
+    row_lengths = lengths[rows]
+    batch = {"attention_mask": (positions[None, :] <= row_lengths[:, None]).astype(np.int32),
+             "loss_mask": ((positions[None, :] >= 1) & (positions[None, :] <= row_lengths[:, None])).astype(np.int32),
              "logprobs": np.zeros((rows.size, width), np.float32),
              "rewards": np.array([problem.reward(s) for s in seqs], np.float32)[rows],
              "is_truncated": np.zeros(rows.size, bool),
-             "group_sizes": np.full(groups.shape[0], g, np.int32)}
+             "group_sizes": np.full(n, g, np.int32)}
     out = prm_jax.compute_advantages(batch, config)  # type: ignore[arg-type]
-    advantages = np.asarray(out.advantages, np.float64).reshape(groups.shape[0], g, width)
-    weight = np.exp(np.array(logps))[groups].prod(axis=1)  # [K**G] each group's probability
-    tokens = np.array([len(s) for s in seqs])[groups]  # [K**G, G]
+    # timestep t predicts the response's token t (position t + 1): the first max_len timesteps
+    advantages = np.asarray(out.advantages, np.float64)[:, :problem.max_len]
+    token_grads = np.zeros((len(seqs), problem.max_len, theta.size))
+    for index, seq in enumerate(seqs):
+        token_grads[index, :len(seq)] = log_prob_grads(theta, seq)[1].reshape(len(seq), -1)
+    row_grads = np.einsum("rt,rtp->rp", advantages, token_grads[rows]).reshape(n, g, theta.size)
+    tokens = lengths[groups]
     if aggregation == "token-sum":
         per_row = np.full(groups.shape, 1.0 / g)
     elif aggregation == "seq-mean-token-mean":
@@ -121,17 +134,49 @@ def expected_estimate(problem: Problem, theta: np.ndarray, config: object, group
         per_row = np.repeat(1.0 / tokens.sum(axis=1, keepdims=True), g, axis=1)
     else:
         raise ValueError(f"aggregation must be token-sum, seq-mean-token-mean or token-mean, got {aggregation!r}")
-    total = np.zeros(theta.shape)
-    for member in range(g):
-        for index, seq_grads in enumerate(grads):
-            chosen = groups[:, member] == index
-            if not chosen.any():
-                continue
-            # timestep t predicts the response's token t (position t + 1)
-            adv = advantages[chosen, member, :len(seqs[index])]  # [n_groups_with_it, n]
-            scale = (weight[chosen] * per_row[chosen, member])[:, None] * adv
-            total += np.tensordot(scale.sum(axis=0), seq_grads, axes=(0, 0))
-    return total
+    return np.einsum("ng,ngp->np", per_row, row_grads).reshape(n, *theta.shape)
+
+
+def expected_estimate(problem: Problem, theta: np.ndarray, config: object, group_size: int,
+                      aggregation: Aggregation = "token-sum") -> np.ndarray:
+    """The expectation, over every ordered group of ``group_size`` responses (``K ** G`` of them), of the policy
+    loss's gradient the configured pipeline gives (see the module docstring).
+
+    Args:
+        problem: The problem.
+        theta: The policy's logits, ``[max_len, vocab]``.
+        config: The ``AdvantageConfig`` (or its plan).
+        group_size: Responses a group.
+        aggregation: How the loss aggregates tokens.
+    """
+    seqs = responses(problem)
+    groups = np.array(list(itertools.product(range(len(seqs)), repeat=group_size)), np.int64)
+    probabilities = np.exp([log_prob_grads(theta, s)[0] for s in seqs])[groups].prod(axis=1)
+    return np.tensordot(probabilities, group_gradients(problem, theta, config, groups, aggregation), axes=1)
+
+
+def sampled_estimate(problem: Problem, theta: np.ndarray, config: object, group_size: int, samples: int,
+                     seed: int = 0, aggregation: Aggregation = "token-sum") -> tuple[np.ndarray, np.ndarray]:
+    """Monte Carlo where groups are too many to enumerate: the mean of ``samples`` groups drawn from the policy
+    (a fixed ``seed``) and its standard error, per parameter.
+
+    Args:
+        problem: The problem.
+        theta: The policy's logits, ``[max_len, vocab]``.
+        config: The ``AdvantageConfig`` (or its plan).
+        group_size: Responses a group.
+        samples: Groups drawn, >= 2.
+        seed: The generator's seed.
+        aggregation: How the loss aggregates tokens.
+    """
+    if samples < 2:
+        raise ValueError(f"samples must be >= 2 (a standard error needs two), got {samples}")
+    seqs = responses(problem)
+    probabilities = np.exp([log_prob_grads(theta, s)[0] for s in seqs])
+    rng = np.random.default_rng(seed)
+    groups = rng.choice(len(seqs), size=(samples, group_size), p=probabilities / probabilities.sum())
+    per_group = group_gradients(problem, theta, config, groups, aggregation)
+    return per_group.mean(axis=0), per_group.std(axis=0, ddof=1) / np.sqrt(samples)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -149,3 +149,21 @@ def test_a_planted_baseline_of_the_samples_own_reward_is_caught_and_rloo_passes(
         kl_ctl=0.0, reward_norm=None, adv_norm=None, credit_assignment={"mode": "rloo"}), 3), truth)
     assert mistaken.across > 0.1 and mistaken.cosine < 0.99, mistaken  # (cosine -0.97: it points the wrong way)
     assert rloo.across < 1e-6 and rloo.scale == pytest.approx(1.0, rel=1e-6), rloo
+
+
+def test_the_sampled_estimate_brackets_the_enumerated_one_with_its_standard_error():
+    # Monte Carlo (issue 59.1, where groups are too many to enumerate): 4,000 groups with a fixed seed; the exact
+    # expectation lies within 4 standard errors in every parameter, the same seed gives the same numbers, and the
+    # error shrinks as one over the square root of the samples.
+    from prm_jax._audit import sampled_estimate
+
+    norm = config(mean_level="group", std_level=None, mean_leave1out=True)
+    exact = expected_estimate(LENGTH, THETA3, norm, 3, "seq-mean-token-mean")
+    mean, error = sampled_estimate(LENGTH, THETA3, norm, 3, 4000, seed=7, aggregation="seq-mean-token-mean")
+    assert np.all(np.abs(mean - exact) <= 4 * error + 1e-12), (mean - exact) / error
+    again, _ = sampled_estimate(LENGTH, THETA3, norm, 3, 4000, seed=7, aggregation="seq-mean-token-mean")
+    np.testing.assert_array_equal(mean, again)
+    _, quarter = sampled_estimate(LENGTH, THETA3, norm, 3, 16000, seed=8, aggregation="seq-mean-token-mean")
+    np.testing.assert_allclose(quarter, error / 2, rtol=0.15)
+    with pytest.raises(ValueError, match="samples must be >= 2"):
+        sampled_estimate(LENGTH, THETA3, norm, 3, 1)

@@ -37,3 +37,18 @@ def title(pid: int) -> str:
             return cmdline.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def with_marker(marker: str) -> list[int]:
+    """Every process of the machine whose command line holds ``marker``."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and marker in title(int(p))]
+
+
+def left_running(pids: set[int], within: float) -> list[str]:
+    """The command lines of ``pids`` still running after waiting up to ``within`` seconds for them to end."""
+    import time
+
+    deadline = time.monotonic() + within
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [title(pid) for pid in pids if alive(pid)]

@@ -48,7 +48,7 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, cast, get_args
 
 from prm_jax._validation import one_of, short_repr
 from prm_jax.errors import SandboxError
@@ -60,7 +60,7 @@ from prm_jax.scorers._harness import KINDS as VERDICT_KINDS
 from prm_jax.scorers._harness import io_verdict, verdicts
 from prm_jax.scorers._http import Probe, Transport, check_url, httpx_module, transport_setting
 from prm_jax.scorers._openai_judge import output_text
-from prm_jax.scorers._sandbox import Limits, LocalSandbox, unavailable
+from prm_jax.scorers._sandbox import DEFAULT_INTERPRETER, Limits, LocalSandbox, unavailable
 from prm_jax.scorers._sandbox_fusion import SandboxFusion
 
 Extract = Literal["last_block", "first_block", "all_blocks", "whole_reply"]
@@ -76,6 +76,14 @@ HARNESS_SOURCE = (Path(__file__).parent / "_harness.py").read_bytes()
 TEST_SHAPE = '{"input": str, "output": str} or {"assert": str}'
 HARNESS_SLACK_S = 3.0  # seconds the sandbox run may take beyond its tests' (the harness' start, the kills)
 FUSION_TRANSPORT: dict[str, Any] = {"request_timeout": 60.0, "max_concurrency": 32}  # (the served sandbox's)
+
+
+def check_executor(sandbox: str, executor: str) -> None:
+    """The served sandbox's requests go out on the runner's event loop from the scorer's threads: with
+    ``sandbox: sandbox_fusion`` only executor ``thread`` is taken (a refusal naming both keys)."""
+    if sandbox == "sandbox_fusion" and executor != "thread":
+        raise ValueError(f"sandbox: sandbox_fusion sends requests from the runner's event loop, with executor "
+                         f"'thread' only (executor is {executor!r})")
 
 
 def code_blocks(text: str, language: str) -> list[str]:
@@ -113,7 +121,7 @@ class CodeExecutionSettings(Settings):
                                    "``sandbox_fusion`` (a SandboxFusion server at ``url``).")
     url: str | None = setting(None, doc="The SandboxFusion server (``http://host:8080``; ``/run_code`` is "
                               "appended), with ``sandbox: sandbox_fusion`` only.")
-    interpreter: str = setting("/usr/bin/python3", doc="The interpreter inside the local sandbox: a system one "
+    interpreter: str = setting(DEFAULT_INTERPRETER, doc="The interpreter inside the local sandbox: a system one "
                                "every user can read (bound read-only with ``/usr``).")
     limits: Limits = setting(Limits(), doc="What one run may use (flat: the limits' keys are the scorer's).")
     transport: Transport = transport_setting(**FUSION_TRANSPORT)
@@ -131,7 +139,7 @@ class CodeExecutionSettings(Settings):
                 raise ValueError("sandbox: sandbox_fusion needs url (the SandboxFusion server)")
             httpx_module("scorer 'code_execution' (sandbox: sandbox_fusion)")
             check_url("url", self.url)
-            if self.interpreter != "/usr/bin/python3":
+            if self.interpreter != DEFAULT_INTERPRETER:
                 raise ValueError("interpreter applies to sandbox: local only (SandboxFusion runs its own python)")
             return
         if self.url is not None:
@@ -166,10 +174,11 @@ class CodeExecutionScorer(SyncScorer):
     def prepare(self) -> None:
         super().prepare()
         record = self.settings
+        try:
+            check_executor(record.sandbox, self.executor)
+        except ValueError as err:
+            raise ValueError(f"scorer {self.name!r}: {err}") from None
         if record.sandbox == "sandbox_fusion":
-            if self.executor != "thread":
-                raise ValueError(f"scorer {self.name!r}: sandbox: sandbox_fusion sends requests from the runner's "
-                                 f"event loop, with executor 'thread' only (executor is {self.executor!r})")
             self.runner: LocalSandbox | SandboxFusion = SandboxFusion(record.url, record.limits, record.transport,
                                                                       who=f"scorer {self.name!r}")
         else:
@@ -178,9 +187,7 @@ class CodeExecutionScorer(SyncScorer):
     @classmethod
     def validate_kwargs(cls, **kwargs: Any) -> None:
         super().validate_kwargs(**kwargs)
-        if kwargs.get("sandbox") == "sandbox_fusion" and kwargs.get("executor", cls.executor) != "thread":
-            raise ValueError(f"sandbox: sandbox_fusion sends requests from the runner's event loop, with executor "
-                             f"'thread' only (executor is {kwargs['executor']!r})")
+        check_executor(kwargs.get("sandbox", "local"), kwargs.get("executor", cls.executor))
 
     def code(self, text: str) -> str | None:
         """The code the turn wrote (``extract``), or ``None`` where it wrote none.
@@ -248,7 +255,7 @@ class CodeExecutionScorer(SyncScorer):
     def run_tests(self, code: str, tests: Sequence[IOTest | AssertTest]) -> list[str]:
         """How each of the turn's tests ended (``passed``, ``failed``, ``timeout``, ``memory``,
         ``output_limit``). In the local sandbox each stdin/stdout test is a sandbox run of its own (a fresh
-        namespace a test: 4 ms of CPU), run first, and the assert tests one run of the harness
+        namespace a test: about 6 ms of CPU), run first, and the assert tests one run of the harness
         (``prm_jax.scorers._harness``: a fresh process a test; its interpreter starts once a turn); on
         SandboxFusion every test goes to the harness, one request a turn. ``SandboxError`` where the harness
         did not start.
@@ -273,12 +280,11 @@ class CodeExecutionScorer(SyncScorer):
             kinds[index] = io_verdict(run.outcome, run.stdout, test.output)
         harnessed = [index for index, kind in enumerate(kinds) if kind is None]
         left = spent_by - time.monotonic()
-        if harnessed and left <= 0:
-            return [kind or "timeout" for kind in kinds]
         if harnessed:
-            for index, kind in zip(harnessed, self.harness([tests[i] for i in harnessed], code, left), strict=True):
+            ended = self.harness([tests[i] for i in harnessed], code, left) if left > 0 else ["timeout"] * len(harnessed)
+            for index, kind in zip(harnessed, ended, strict=True):
                 kinds[index] = kind
-        return [kind or "failed" for kind in kinds]
+        return cast("list[str]", kinds)  # (every test has its verdict by now)
 
     def harness(self, tests: Sequence[IOTest | AssertTest], code: str, total_time: float) -> list[str]:
         """``tests`` run by the harness in one sandbox run within ``total_time`` seconds, and how each ended.

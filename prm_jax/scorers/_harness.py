@@ -45,7 +45,9 @@ import time
 
 TYPE_CHECKING = False  # (typing is not imported at run time: the harness starts once a turn, and every ms shows)
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
+    from typing import Any, Literal, NoReturn
+
+    Outcome = Literal["ok", "error", "timeout", "memory", "output_limit"]  # how a run ended (``classify``)
 
 PR_SET_DUMPABLE = 4
 KINDS = ("passed", "failed", "timeout", "memory", "output_limit")  # a test's verdict
@@ -64,7 +66,7 @@ def same_output(got: bytes, expected: str) -> bool:
     return lines(got.decode("utf-8", errors="replace")) == lines(expected)
 
 
-def classify(ended: str, returncode: int, stderr: bytes) -> str:
+def classify(ended: str, returncode: int, stderr: bytes) -> Outcome:
     """How a run ended (``ok``, ``error``, ``timeout``, ``memory``, ``output_limit``), from how its reading
     ended (``exit``, ``timeout``, ``output_limit``), its exit status and its stderr (a ``MemoryError``:
     ``memory``)."""

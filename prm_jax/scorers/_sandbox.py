@@ -37,13 +37,16 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from prm_jax._validation import finite_number, integer
 from prm_jax.runtime._settings import Settings, setting
 from prm_jax.scorers._harness import classify, communicate
 
-Outcome = Literal["ok", "error", "timeout", "memory", "output_limit"]
+if TYPE_CHECKING:
+    from prm_jax.scorers._harness import Outcome
+
+DEFAULT_INTERPRETER = "/usr/bin/python3"  # a system interpreter every uid can read (bound with /usr)
 UID_BASE = 200_000  # the pool of sandbox uids when the host runs as root (none of them is a real user)
 UID_POOL = 4096
 HARNESS_CAP = 1 << 20  # bytes of the harness' stdout and stderr read (its verdict lines)
@@ -90,6 +93,15 @@ class Limits(Settings):
                              "harness is one more).")
     file_size_mb: int = setting(16, doc="The largest file a run may write, in MiB, >= 1 (its folder is a tmpfs).")
     open_files: int = setting(64, doc="File descriptors a run may hold open, >= 8.")
+
+    def read_cap(self, harness: bool = False) -> int:
+        """The bytes of a run's stdout (and of its stderr) read: ``output_bytes``, or for the tests' harness at
+        least ``HARNESS_CAP`` (its verdict lines, a test's output being capped inside it).
+
+        Args:
+            harness: Whether the run is the harness'.
+        """
+        return max(self.output_bytes, HARNESS_CAP) if harness else self.output_bytes
 
     def check(self) -> None:
         finite_number("time_per_test", self.time_per_test, positive=True)
@@ -138,7 +150,7 @@ class LocalSandbox:
     _uids = itertools.count()
     _lock = threading.Lock()
 
-    def __init__(self, limits: Limits, interpreter: str = "/usr/bin/python3"):
+    def __init__(self, limits: Limits, interpreter: str = DEFAULT_INTERPRETER):
         self.limits, self.interpreter = limits, interpreter
 
     def _uid(self) -> int | None:
@@ -202,8 +214,8 @@ class LocalSandbox:
     def run_file(self, files: Mapping[str, bytes], entry: str, stdin: bytes, timeout: float,
                  harness: bool = False) -> Run:
         """Runs the task file ``entry`` (one of ``files``) as the program; ``harness``: the program is the
-        tests' harness (the interpreter in isolated mode without ``site``, ``-I -S``; one process more than ``processes``, the
-        harness' own; its stdout read up to ``HARNESS_CAP`` bytes, a verdict line a test).
+        tests' harness (the interpreter in isolated mode without ``site``, ``-I -S``; one process more than
+        ``processes``, the harness' own; its output read up to ``Limits.read_cap``).
 
         Args:
             files: The task's files, by name.
@@ -213,14 +225,14 @@ class LocalSandbox:
             harness: Whether the program is the harness.
         """
         return self.run(files, [*(["-I", "-S"] if harness else []), self.path(entry)], stdin, timeout,
-                        helpers=int(harness), cap=max(self.limits.output_bytes, HARNESS_CAP) if harness else None)
+                        helpers=int(harness), cap=self.limits.read_cap(harness))
 
     def run(self, files: Mapping[str, bytes], argv: Sequence[str], stdin: bytes, timeout: float,
             helpers: int = 0, cap: int | None = None) -> Run:
         """Runs ``interpreter *argv`` in ``/work`` with ``files`` read-only at ``/task/<name>``, ``stdin`` on
         its standard input, for at most ``timeout`` seconds (and the limits; ``helpers``: processes of ours
         allowed beyond ``processes``, the harness'; ``cap``: the bytes of stdout and stderr read, default
-        ``output_bytes``)."""
+        ``Limits.read_cap()``)."""
         limits = self.limits
         task = tempfile.mkdtemp(prefix=f"prm-jax-task-{os.getpid()}-")  # (whose run left it, should one stay)
         try:
@@ -238,12 +250,12 @@ class LocalSandbox:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, close_fds=True)
             try:
-                stdout, stderr, ended = communicate(proc, stdin, started + timeout, cap or limits.output_bytes)
+                stdout, stderr, ended = communicate(proc, stdin, started + timeout, cap or limits.read_cap())
             finally:
                 _kill(proc)
             seconds = time.monotonic() - started
             returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-            return Run(classify(ended, returncode, stderr), returncode, stdout, stderr, seconds)  # type: ignore[arg-type]
+            return Run(classify(ended, returncode, stderr), returncode, stdout, stderr, seconds)
         finally:
             shutil.rmtree(task, ignore_errors=True)
 

@@ -26,7 +26,7 @@ import anyio.from_thread
 from prm_jax._validation import short_repr
 from prm_jax.scorers._harness import classify
 from prm_jax.scorers._http import JSONService, Probe, Transport
-from prm_jax.scorers._sandbox import HARNESS_CAP, Limits, Run
+from prm_jax.scorers._sandbox import Limits, Run
 
 ROUTE = "/run_code"
 PROBE_PROGRAM = b"print(6 * 7)"
@@ -69,7 +69,8 @@ class SandboxFusion:
         Args:
             answer: The decoded answer.
             where: How errors name the call.
-            cap: The bytes of stdout and stderr taken (past them: ``output_limit``); default ``output_bytes``.
+            cap: The bytes of stdout and stderr taken (past them: ``output_limit``); default
+                ``Limits.read_cap()``.
         """
         reader = self.service.reader
         status = reader.field(answer, ["status"], where)
@@ -105,15 +106,15 @@ class SandboxFusion:
         if isinstance(code, bool) or not isinstance(code, int):
             raise reader.error(where, f"['run_result']['return_code'] must be an integer, got "
                                       f"{reader.redact(short_repr(code))}")
-        cap = cap or self.limits.output_bytes
+        cap = cap or self.limits.read_cap()
         ended = "output_limit" if max(len(stdout), len(stderr)) > cap else "exit"
-        return Run(classify(ended, code, stderr), code, stdout[:cap], stderr[:cap], seconds)  # type: ignore[arg-type]
+        return Run(classify(ended, code, stderr), code, stdout[:cap], stderr[:cap], seconds)
 
     def run_file(self, files: Mapping[str, bytes], entry: str, stdin: bytes, timeout: float,
                  harness: bool = False) -> Run:
         """One run on the server, from a worker thread of the runner's event loop (the request goes out on
-        the loop, through the transport). ``harness``: the program is the tests' harness (its stdout read up
-        to ``HARNESS_CAP``).
+        the loop, through the transport). ``harness``: the program is the tests' harness (its output read up
+        to ``Limits.read_cap``).
 
         Args:
             files: The task's files, by name.
@@ -131,8 +132,7 @@ class SandboxFusion:
             raise RuntimeError(f"{self.who}: sandbox: sandbox_fusion sends its requests from the runner's event "
                                "loop: score through PRMRunner or prm-jax score, not by calling evaluate "
                                "directly") from None
-        return self.read(answer, f"{self.who}: POST {ROUTE}",
-                         max(self.limits.output_bytes, HARNESS_CAP) if harness else None)
+        return self.read(answer, f"{self.who}: POST {ROUTE}", self.limits.read_cap(harness))
 
     async def probe(self, scorer: str) -> Probe:
         """One tiny program (``print(6 * 7)``) run on the server, read as every run is.

@@ -23,7 +23,7 @@ if not os.environ.get("PRM_JAX_RAY_SUITE"):  # (set by python3 dev.py ray: tests
 
 import anyio
 import scorers_for_tests as st
-from processes import alive, descendants, title
+from processes import alive, descendants, left_running, title, with_marker
 from ray.cluster_utils import Cluster
 
 from prm_jax import PRMRunner
@@ -42,7 +42,7 @@ import sys, anyio, numpy as np
 from prm_jax import PRMRunner
 from prm_jax.runtime._arrays import score_arrays
 import scorers_for_tests as st
-from processes import alive, descendants, title
+from processes import alive, descendants, left_running, title, with_marker
 
 async def main():
     scorer = st.Misbehaves(slow=("row0/t0", "row1/t0"), started=sys.argv[2], executor="ray", max_workers=2,
@@ -118,22 +118,7 @@ def test_a_two_node_cluster_scores_loses_a_node_without_losing_a_row_and_is_torn
         started_here = descendants(os.getpid())
     finally:
         cluster.shutdown()
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in started_here) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [title(pid) for pid in started_here if alive(pid)] == []  # nothing the test started is left
-
-
-def marked_processes(marker: str) -> list[int]:
-    """Every process of the machine (both nodes run here) whose command line holds ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    assert left_running(started_here, within=10) == []  # nothing the test started is left
 
 
 def coding_turn(code: str, iid: str):
@@ -185,7 +170,7 @@ def test_the_code_scorer_on_two_nodes_kills_a_stuck_sandbox_there_and_leaves_not
         rewards = [float(next(iter(cache)).token_rewards[-1]) for cache in caches]
         assert rewards == [1.0, 0.0] * 4, rewards
         print(f"4 stuck and 4 good turns on two nodes in {seconds:.1f} s")
-        assert marked_processes(marker) == []
+        assert with_marker(marker) == []
 
         # (b) the call's deadline (1.5 s) comes before the sandbox's (60 s): the actor is killed and replaced,
         # the stuck row fails with the deadline, and its sandbox is gone within 5 s.
@@ -195,13 +180,10 @@ def test_the_code_scorer_on_two_nodes_kills_a_stuck_sandbox_there_and_leaves_not
         assert isinstance(results[0], BaseException) and not isinstance(results[1], BaseException), results
         assert executor.restarts >= 1
         deadline = time.monotonic() + 5
-        while marked_processes(marker) and time.monotonic() < deadline:
+        while with_marker(marker) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert marked_processes(marker) == [], "the stuck sandbox outlived its killed actor"
+        assert with_marker(marker) == [], "the stuck sandbox outlived its killed actor"
         started_here = descendants(os.getpid())
     finally:
         cluster.shutdown()
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in started_here) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [title(pid) for pid in started_here if alive(pid)] == []
+    assert left_running(started_here, within=10) == []

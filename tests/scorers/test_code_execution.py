@@ -356,7 +356,7 @@ raise RuntimeError(loot())
 
 
 @pytest.mark.e2e  # (the command line's whole run)
-def test_a_planted_secret_reaches_no_output_score_error_or_log(tmp_path, monkeypatch, capsys, caplog):
+def test_a_planted_secret_reaches_no_output_score_error_or_log(tmp_path, planted_secret, capsys, caplog):
     # Issue 58.5 through the whole scorer: an API key in the parent's environment and a file in $HOME; the code
     # prints what it finds, raises it, and returns it from an assert test's call. Neither the command's stdout and
     # stderr, nor its metrics, nor any log record holds it.
@@ -365,12 +365,7 @@ def test_a_planted_secret_reaches_no_output_score_error_or_log(tmp_path, monkeyp
 
     from prm_jax.app import _cli as cli
 
-    secret = f"sk-planted-{tmp_path.name}-0123456789"
-    monkeypatch.setenv("PRM_JAX_PLANTED_KEY", secret)
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / ".secret").write_text(secret)
-    monkeypatch.setenv("HOME", str(home))
+    secret = planted_secret
     caplog.set_level(logging.DEBUG)
     session = {"session_key": "s", "group": "g", "metadata": {"tests": [
         {"input": "", "output": "x"}, {"assert": "assert add(1, 2) == 3"}]},

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from processes import with_marker
 
 from prm_jax.scorers._sandbox import Limits, LocalSandbox, unavailable
 
@@ -35,28 +36,15 @@ def marked(code: str) -> tuple[str, str]:
     return marker, f"# {marker}\n{code}"
 
 
-def processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def run_marked(sandbox, code: str, timeout: float = 2.0, stdin: bytes = b""):
     marker, source = marked(code)
     started = time.monotonic()
     run = sandbox.run({}, ["-c", source], stdin, timeout)
     elapsed = time.monotonic() - started
     deadline = time.monotonic() + 2.0  # (the kernel tears a dead namespace down asynchronously)
-    while processes_with(marker) and time.monotonic() < deadline:
+    while with_marker(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert processes_with(marker) == [], f"processes left behind by {code!r}"
+    assert with_marker(marker) == [], f"processes left behind by {code!r}"
     return run, elapsed
 
 
@@ -92,16 +80,11 @@ def test_reading_outside_its_folder_fails(sandbox, path):
     assert run.outcome == "error" and b"FileNotFoundError" in run.stderr, run
 
 
-def test_the_parents_environment_and_home_are_out_of_reach(sandbox, monkeypatch, tmp_path):
-    secret = f"sk-planted-{uuid.uuid4().hex}"
-    monkeypatch.setenv("PRM_JAX_PLANTED_KEY", secret)
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / ".secret").write_text(secret)
-    monkeypatch.setenv("HOME", str(home))
+def test_the_parents_environment_and_home_are_out_of_reach(sandbox, planted_secret):
+    secret = planted_secret
     parent = os.getpid()
     code = (f"import os, glob\nprint(dict(os.environ))\n"
-            f"for path in [{str(home / '.secret')!r}, '/proc/{parent}/environ', '/proc/1/environ', "
+            f"for path in [{os.path.join(os.environ['HOME'], '.secret')!r}, '/proc/{parent}/environ', '/proc/1/environ', "
             f"*glob.glob('/proc/*/environ')]:\n"
             "    try:\n        print(path, open(path, 'rb').read())\n    except OSError as err:\n        print(path, err)")
     run, _ = run_marked(sandbox, code)
@@ -179,7 +162,7 @@ def test_200_calls_in_a_row_and_64_at_once_leak_no_descriptor_folder_or_process(
         runs = list(pool.map(lambda n: sandbox.run({}, ["-c", source], str(n).encode(), 10.0), range(64)))
     failed = [r for r in runs if r.outcome != "ok"][:2]
     assert [r.stdout for r in runs] == [f"{sum(range(n))}\n".encode() for n in range(64)], failed
-    assert open_fds() == fds and task_folders() == folders and processes_with(marker) == []
+    assert open_fds() == fds and task_folders() == folders and with_marker(marker) == []
 
 
 BUSY_USER_SCRIPT = """

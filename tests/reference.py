@@ -319,7 +319,7 @@ def compute_advantages(batch, cfg):
         lam = c["gae_lambda"]
     if mode in CREDIT_FROM_REWARDS:  # an estimator that takes the task rewards with the KL rewards in them
         real = attention.any(axis=1)
-        model = {"logprobs": logp, **{key: f64(key) if key in batch else None
+        model = {"logprobs": logp, "turn_ids": tids, **{key: f64(key) if key in batch else None
                                       for key in ("sum_pi_squared", "rollout_is_weights")}}
         advantages, returns = CREDIT_FROM_REWARDS[mode](credit, tot + kl_rewards, m, groups, real, c["discount"],
                                                         model)
@@ -509,6 +509,46 @@ def optimal_token_baseline(rewards, mask, logprobs, sum_pi_squared, groups, weig
     return advantages, returns
 
 
+def turn_rloo(rewards, mask, tids, gamma, groups, real, per_index=False):
+    """The per-turn leave-one-out baseline (``credit_assignment: {mode: turn_rloo}``; prm-jax's own, issue 59, after
+    verl's RFC #7244), in plain loops: ``(advantages, returns)``. A turn is the trained timesteps of one id; its
+    reward the sum of the rewards on them; its return ``G_k = r_k + gamma G_next`` over the row's turns (an id the
+    row skips passes the return on undiscounted); its baseline the mean of ``G_k`` over the other real rows of
+    the group that have a turn ``k`` (0 where none has); ``A = G_k - b_k`` and return ``G_k`` on the turn's
+    timesteps, 0 elsewhere. ``per_index``: #7244's biased form, each turn's reward less its own baseline (the
+    mean reward at that index over the others), those summed over the row's remaining turns."""
+    rows, width = mask.shape
+    turn_reward, ret = [], []
+    for b in range(rows):
+        ids = {int(tids[b, t]) for t in range(width) if mask[b, t]}
+        r = {k: math.fsum(rewards[b, t] for t in range(width) if mask[b, t] and tids[b, t] == k) for k in ids}
+        g, running = {}, 0.0
+        for k in sorted(ids, reverse=True):
+            running = r[k] + gamma * running
+            g[k] = running
+        turn_reward.append(r)
+        ret.append(g)
+
+    def baseline(b, k, values):
+        others = [values[c][k] for c in range(rows)
+                  if c != b and real[c] and groups[c] == groups[b] and k in values[c]]
+        return math.fsum(others) / len(others) if others else 0.0
+
+    advantages, returns = np.zeros((rows, width)), np.zeros((rows, width))
+    for b in range(rows):
+        if per_index:
+            own, running = {}, 0.0
+            for k in sorted(turn_reward[b], reverse=True):
+                running = turn_reward[b][k] - baseline(b, k, turn_reward) + gamma * running
+                own[k] = running
+        else:
+            own = {k: ret[b][k] - baseline(b, k, ret) for k in ret[b]}
+        for t in range(width):
+            if mask[b, t]:
+                advantages[b, t] = own[int(tids[b, t])]
+                returns[b, t] = ret[b][int(tids[b, t])]
+    return advantages, returns
+
 # The float64 reference of each credit mode, by its registered name: a registered estimator without one
 # fails the option matrix naming it (tests/kernels/test_matrix.py); the GAE estimators are steps 6-7 above.
 CREDIT = {"pure": _credit_pure, "prime": _credit_prime, "gigpo": _credit_gigpo, "tree": _credit_tree,
@@ -516,7 +556,7 @@ CREDIT = {"pure": _credit_pure, "prime": _credit_prime, "gigpo": _credit_gigpo, 
 # Those that read the task rewards with the KL rewards in them (EstimatorSpec.kl == "rewards") and form their
 # own returns: ``(options, rewards, mask, groups, real_rows, discount, model) -> (advantages, returns)``, ``model``
 # the model outputs on timesteps (``logprobs``: the pipeline's old log-probs; the batch's ``sum_pi_squared`` and
-# ``rollout_is_weights`` as given, or None).
+# ``rollout_is_weights`` as given, or None) and ``turn_ids`` (shifted to timesteps, or None).
 CREDIT_FROM_REWARDS = {
     "reinforce_pp": lambda options, r, m, groups, real, discount, model: reinforce_pp(r, m, discount, groups, real),
     "reinforce_pp_baseline": lambda options, r, m, groups, real, discount, model: reinforce_pp(
@@ -524,6 +564,8 @@ CREDIT_FROM_REWARDS = {
     "otb": lambda options, r, m, groups, real, discount, model: optimal_token_baseline(
         r, m, model["logprobs"], model["sum_pi_squared"], groups, model["rollout_is_weights"],
         zero_tail=options.get("handle_zero_tail", True), eps=options.get("epsilon", 1e-8)),
+    "turn_rloo": lambda options, r, m, groups, real, discount, model: turn_rloo(r, m, model["turn_ids"], discount,
+                                                                                groups, real),
 }
 GAE_ESTIMATORS = ("token_gae", "turn_gae")
 

@@ -5,7 +5,7 @@ whole file (``rollout``, ``rollout.agent.prm``, ``actor``), read by ``load_confi
 alias expansion). Errors are ``prm_jax.errors.ConfigError`` (``ConfigFileError`` for a file), naming the key
 path. The kernels' own parameter records
 (``NormConfig``, ``DecoupledNorm``, ``ShapingConfig``, ``GiGPOConfig``, ``TreeCredit``, ``PureCredit``,
-``PrimeCredit``, ``OTBCredit``, ``ReinforcePPCredit``, ``ReinforcePPBaselineCredit``, ``MinFormTransform``,
+``PrimeCredit``, ``OTBCredit``, ``ReinforcePPCredit``, ``ReinforcePPBaselineCredit``, ``TurnRLOOCredit``, ``MinFormTransform``,
 ``ProgressTransform``) are re-exported: they are the values of
 ``reward_norm``/``adv_norm``, ``advantage_shaping``, ``credit_assignment`` and ``process_reward_transform``.
 """
@@ -41,6 +41,7 @@ from prm_jax.kernels._pure import MinFormTransform, PureCredit
 from prm_jax.kernels._reinforce_pp import ReinforcePPBaselineCredit, ReinforcePPCredit
 from prm_jax.kernels._shaping import ShapingConfig
 from prm_jax.kernels._tree import TreeCredit
+from prm_jax.kernels._turn_rloo import TurnRLOOCredit
 
 __all__ = [
     "ERROR_POLICIES",
@@ -65,6 +66,7 @@ __all__ = [
     "ScorerSpec",
     "ShapingConfig",
     "TreeCredit",
+    "TurnRLOOCredit",
     "load_config",
     "refusals_markdown",
     "refused_pairs",

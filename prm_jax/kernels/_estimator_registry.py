@@ -15,6 +15,7 @@ from prm_jax.kernels._pure import PURE
 from prm_jax.kernels._reinforce_pp import REINFORCE_PP, REINFORCE_PP_BASELINE
 from prm_jax.kernels._token_gae import TOKEN_GAE
 from prm_jax.kernels._tree import TREE
+from prm_jax.kernels._turn_rloo import TURN_RLOO
 from prm_jax.kernels._turns import TURN_GAE
 
 _REGISTRY: dict[type, EstimatorSpec] = {}
@@ -122,5 +123,5 @@ def credit_modes() -> dict[str, type]:
     return {spec.mode: spec.stage for spec in _REGISTRY.values() if spec.mode is not None}
 
 
-for _spec in (TOKEN_GAE, TURN_GAE, GIGPO, TREE, PURE, PRIME, REINFORCE_PP, REINFORCE_PP_BASELINE, OTB):
+for _spec in (TOKEN_GAE, TURN_GAE, GIGPO, TREE, PURE, PRIME, REINFORCE_PP, REINFORCE_PP_BASELINE, OTB, TURN_RLOO):
     register_estimator(_spec)

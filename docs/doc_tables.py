@@ -16,7 +16,7 @@ from typing import Any
 #: The public namespaces of ``prm_jax`` (each an ``__all__``): the API pages (conf.py), the public-API table,
 #: the boundary tests (tests/test_public_api.py).
 NAMESPACES = ("config", "kernels", "kernels.gae_lambda", "runtime", "credit", "estimators", "losses", "filters",
-              "scorers", "errors")
+              "scorers", "errors", "audit")
 #: Public modules that are not namespaces of names, in the public-API table too (the tunix integration has its
 #: own guide: its learners need the tunix extra).
 DOCUMENTED_MODULES = ("app.sessions",)
@@ -358,9 +358,19 @@ def code_settings() -> str:
 
 
 # Each include of the guides, and what renders it.
+def audit_table() -> str:
+    """The auditor's verdict on every built-in mode, a column a problem (``prm_jax.audit.built_in_table``: the
+    audit runs at every docs build, about a minute)."""
+    from prm_jax.audit import SUITE, built_in_table
+
+    rows = [(name, f"`{aggregation}`", *cells) for name, aggregation, cells in built_in_table()]
+    return markdown(("mode", "loss_agg_mode", *(f"`{p.name}`" for p in SUITE)), rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {"errors-table.inc": errors, "session-format-table.inc": session_format,
                                         "refusals-table.inc": refusals, "public-api-table.inc": public_api,
-                                        "steps-table.inc": steps, "code-settings-table.inc": code_settings}
+                                        "steps-table.inc": steps, "code-settings-table.inc": code_settings,
+                                        "audit-table.inc": audit_table}
 
 
 def write(folder: Path) -> None:

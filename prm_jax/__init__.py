@@ -9,6 +9,7 @@ The names a user needs first are here; the rest live in namespaces, as optax's d
 - ``prm_jax.credit``: credit assignment beyond GAE (tree, PURE, PRIME, GDPO, GiGPO);
 - ``prm_jax.estimators``: the estimator plug-in API (``EstimatorSpec``, ``register_estimator``, the shared
   primitives);
+- ``prm_jax.audit``: the credit auditor (does a configuration estimate the policy gradient? on exact problems);
 - ``prm_jax.losses``: the PPO loss side (``logprobs_on_timesteps``, ``ppo_clip_loss``);
 - ``prm_jax.filters``: AReaL's host-side group filters;
 - ``prm_jax.scorers``: the built-in scorers;
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 from prm_jax._lazy import attach
 
 if TYPE_CHECKING:
-    from prm_jax import config, credit, estimators, filters, kernels, losses, runtime, scorers
+    from prm_jax import audit, config, credit, estimators, filters, kernels, losses, runtime, scorers
     from prm_jax.config import AdvantageConfig, ExperimentConfig, GiGPOConfig, NormConfig, ShapingConfig, load_config
     from prm_jax.kernels import AdvantageOutput, compute_advantages
     from prm_jax.runtime._arrays import score_arrays
@@ -52,5 +53,5 @@ __all__ = [
     "BatchTrajectoryScorer", "BlockingRunner", "ExperimentConfig", "SyncScorer", "SyncTrajectoryScorer",
     "GiGPOConfig", "Interaction", "InteractionCache", "NormConfig", "PRMMetricObservation", "PRMRunner",
     "PRMScorerResult", "ShapingConfig", "compute_advantages", "load_config", "pack_branches", "score_arrays",
-    "config", "credit", "estimators", "filters", "kernels", "losses", "runtime", "scorers",
+    "audit", "config", "credit", "estimators", "filters", "kernels", "losses", "runtime", "scorers",
 ]

@@ -1,4 +1,4 @@
-"""Issue 59, in part: the auditor's core (``prm_jax/_audit.py``). The exact policy gradient of a tabular softmax
+"""Issue 59: the auditor's core (``prm_jax.audit``). The exact policy gradient of a tabular softmax
 policy by enumeration is the finite difference of the expected reward; the pipeline's expected gradient, over
 every enumerated group, equals a plain float64 loop; and the known results come out: no baseline and RLOO's
 leave-one-out baseline are unbiased (scale 1), the group mean that includes the sample's own reward shrinks the
@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 import prm_jax
-from prm_jax._audit import Problem, compare, expected_estimate, log_prob_grads, responses, true_gradient
+from prm_jax.audit import Problem, compare, expected_estimate, log_prob_grads, responses, true_gradient
 
 CONTROL = Problem("control", vocab=2, max_len=2, reward=lambda s: float(sum(s)))  # fixed length
 LENGTH = Problem("length", vocab=3, max_len=3, reward=lambda s: float(s[0] == 1), eos=2)  # length free, unrewarded
 THETA2 = np.array([[0.3, -0.2], [-0.4, 0.1]])
+SUM = "seq-mean-token-sum"  # verl's loss_agg_mode: 1 / G a row, the plain REINFORCE sum
 THETA3 = np.array([[0.2, -0.1, 0.4], [-0.3, 0.5, 0.0], [0.1, 0.2, -0.2]])
 
 
@@ -60,7 +61,7 @@ def loop_estimate(problem, theta, group_size, baseline, per_token):
 
 
 @pytest.mark.parametrize("aggregation, per_token", [
-    ("token-sum", lambda group, i: 1 / len(group)),
+    ("seq-mean-token-sum", lambda group, i: 1 / len(group)),
     ("seq-mean-token-mean", lambda group, i: 1 / (len(group) * len(group[i]))),
     ("token-mean", lambda group, i: 1 / sum(len(s) for s in group)),
 ])
@@ -77,7 +78,7 @@ def test_the_pipelines_expected_gradient_is_the_plain_loops(aggregation, per_tok
     ({"mean_level": "group", "std_level": None}, 3 / 4),                      # the mean with its own reward
 ], ids=["no-baseline", "leave-one-out", "group-mean"])
 def test_the_baselines_scale_the_gradient_as_known(norm, scale):
-    comparison = compare(expected_estimate(CONTROL, THETA2, config(**norm), 4), true_gradient(CONTROL, THETA2))
+    comparison = compare(expected_estimate(CONTROL, THETA2, config(**norm), 4, SUM), true_gradient(CONTROL, THETA2))
     assert comparison.cosine == pytest.approx(1.0, abs=1e-9) and comparison.across < 1e-6
     assert comparison.scale == pytest.approx(scale, rel=1e-6)
 
@@ -85,7 +86,7 @@ def test_the_baselines_scale_the_gradient_as_known(norm, scale):
 def test_the_per_sequence_token_mean_biases_the_gradient_when_the_policy_controls_length():
     truth = true_gradient(LENGTH, THETA3)
     rloo = config(mean_level="group", std_level=None, mean_leave1out=True)
-    summed = compare(expected_estimate(LENGTH, THETA3, rloo, 3, "token-sum"), truth)
+    summed = compare(expected_estimate(LENGTH, THETA3, rloo, 3, "seq-mean-token-sum"), truth)
     per_sequence = compare(expected_estimate(LENGTH, THETA3, rloo, 3, "seq-mean-token-mean"), truth)
     assert summed.across < 1e-6 and summed.scale == pytest.approx(1.0, rel=1e-6)
     assert per_sequence.across > 0.05 and per_sequence.cosine < 0.99  # (0.142 and 0.967 at this theta)
@@ -101,19 +102,19 @@ def test_std_normalization_reweights_questions_by_their_difficulty():
     # (0.13). Group std normalization weighs each question's gradient by its groups' spread: in expectation over
     # groups of 8 the easy question's block comes out 1.15x as large, relative to its truth, as the hard one's, and
     # the sum turns; the group mean alone scales both alike ((G - 1) / G) and keeps the direction.
-    from prm_jax._audit import compare_questions
+    from prm_jax.audit import compare_questions
 
     easy = Problem("easy", vocab=2, max_len=2, reward=lambda s: float(1 in s))
     hard = Problem("hard", vocab=2, max_len=2, reward=lambda s: float(s == (1, 1)))
     thetas = [np.array([[-1.0, 1.0], [-1.0, 1.0]]), np.array([[0.3, -0.3], [0.3, -0.3]])]
     mean_only, with_std = config(mean_level="group", std_level=None), config(mean_level="group", std_level="group")
-    scales = {name: [compare(expected_estimate(p, t, norm, 8), true_gradient(p, t)).scale
+    scales = {name: [compare(expected_estimate(p, t, norm, 8, SUM), true_gradient(p, t)).scale
                      for p, t in zip((easy, hard), thetas, strict=True)]
               for name, norm in (("mean", mean_only), ("std", with_std))}
     assert scales["mean"] == pytest.approx([7 / 8, 7 / 8], rel=1e-6)
     assert scales["std"][0] / scales["std"][1] > 1.1  # (1.146: the low-spread question weighs more)
-    assert compare_questions([easy, hard], thetas, mean_only, 8).across < 1e-6
-    assert compare_questions([easy, hard], thetas, with_std, 8).cosine < 1 - 1e-4
+    assert compare_questions([easy, hard], thetas, mean_only, 8, SUM).across < 1e-6
+    assert compare_questions([easy, hard], thetas, with_std, 8, SUM).cosine < 1 - 1e-4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +143,11 @@ def test_a_planted_baseline_of_the_samples_own_reward_is_caught_and_rloo_passes(
     try:
         truth = true_gradient(CONTROL, THETA2)
         mistaken = compare(expected_estimate(CONTROL, THETA2, prm_jax.AdvantageConfig(
-            kl_ctl=0.0, reward_norm=None, adv_norm=None, credit_assignment={"mode": "own_reward"}), 3), truth)
+            kl_ctl=0.0, reward_norm=None, adv_norm=None, credit_assignment={"mode": "own_reward"}), 3, SUM), truth)
     finally:
         unregister_estimator(planted)
     rloo = compare(expected_estimate(CONTROL, THETA2, prm_jax.AdvantageConfig(
-        kl_ctl=0.0, reward_norm=None, adv_norm=None, credit_assignment={"mode": "rloo"}), 3), truth)
+        kl_ctl=0.0, reward_norm=None, adv_norm=None, credit_assignment={"mode": "rloo"}), 3, SUM), truth)
     assert mistaken.across > 0.1 and mistaken.cosine < 0.99, mistaken  # (cosine -0.97: it points the wrong way)
     assert rloo.across < 1e-6 and rloo.scale == pytest.approx(1.0, rel=1e-6), rloo
 
@@ -155,7 +156,7 @@ def test_the_sampled_estimate_brackets_the_enumerated_one_with_its_standard_erro
     # Monte Carlo (issue 59.1, where groups are too many to enumerate): 4,000 groups with a fixed seed; the exact
     # expectation lies within 4 standard errors in every parameter, the same seed gives the same numbers, and the
     # error shrinks as one over the square root of the samples.
-    from prm_jax._audit import sampled_estimate
+    from prm_jax.audit import sampled_estimate
 
     norm = config(mean_level="group", std_level=None, mean_leave1out=True)
     exact = expected_estimate(LENGTH, THETA3, norm, 3, "seq-mean-token-mean")

@@ -60,12 +60,14 @@ from prm_jax.app._score import (
 from prm_jax.config._experiment import ExperimentConfig, ScorerSpec
 from prm_jax.config._loader import load_config
 from prm_jax.errors import ConfigFileError, NoGroupAccepted, OutputFolderError, PRMJaxError, ScoreError
+from prm_jax.kernels._verl_losses import VERL_AGG_MODES
 from prm_jax.native._build import cache_dir
 from prm_jax.runtime._lifecycle import first_in_group
 from prm_jax.runtime._specs import check_scorer_specs
 
 PUBLISHED_NOTE = "the new output set was published before the interruption"
 EXIT_WRITE_FAILED = 74  # sysexits' EX_IOERR: the disk is full or a file-size limit was hit
+EXIT_AUDIT_FAILED = 3  # prm-jax audit: a problem marked required failed
 
 
 class CLIError(PRMJaxError):
@@ -75,11 +77,13 @@ class CLIError(PRMJaxError):
     exit_status = 2
 
 
-def _load_config(path: str) -> ExperimentConfig:
-    """The config, with everything runner start-up would reject checked and no scorer built."""
+def _load_config(path: str, scorers: bool = True) -> ExperimentConfig:
+    """The config, with everything runner start-up would reject checked and no scorer built (``scorers``
+    False: the scorers' imports not checked, for a command that runs none)."""
     try:
         config = load_config(path)
-        check_scorer_specs(config)
+        if scorers:
+            check_scorer_specs(config)
     except OSError as err:
         raise CLIError(f"{path}: {err.strerror or err}") from None
     except ConfigFileError as err:  # names the file itself
@@ -407,6 +411,44 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_audit(args) -> int:
+    from prm_jax import audit
+
+    config = _load_config(args.config, scorers=False)
+    names = [p.name for p in audit.SUITE]
+    unknown = [name for name in (*args.require, *(args.problems or ())) if name not in (*names, "all")]
+    if unknown:
+        raise CLIError(f"--require/--problems: unknown problem {unknown[0]!r}; the problems are {', '.join(names)} "
+                       "(or all)")
+    problems = [p for p in audit.SUITE if not args.problems or p.name in args.problems]
+    if args.plot:
+        _require_matplotlib()
+    report = audit.audit(config.actor, args.loss_agg_mode, problems=problems, seed=args.seed)
+    print(report.table())
+    if args.json:
+        _write_atomically(Path(args.json), report.as_json())
+    if args.plot:
+        audit.plot(report, args.plot)
+    failed = report.failed(args.require)
+    if failed:
+        print(f"prm-jax audit: required problems failed: {', '.join(failed)}", file=sys.stderr)
+        return EXIT_AUDIT_FAILED
+    return 0
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """``text`` to ``path`` whole or not at all (a temporary file beside it, renamed)."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
 def cmd_doctor(args) -> int:
     from prm_jax.app._doctor import main as doctor
     return doctor()
@@ -424,7 +466,8 @@ def _require_matplotlib() -> None:
 EXIT_STATUSES = (f"exit status: 0 done; {NoGroupAccepted.exit_status} no group accepted (nothing written) or stdout "
                  f"closed; {CLIError.exit_status} bad input, "
                  f"config or output folder (one line: file, line and field; nothing written); "
-                 f"{EXIT_WRITE_FAILED} the output could not be written (disk full); 128 + N stopped by signal N")
+                 f"{EXIT_WRITE_FAILED} the output could not be written (disk full); {EXIT_AUDIT_FAILED} (audit) a required "
+                 "problem failed; 128 + N stopped by signal N")
 # Each subcommand: what it does, in a sentence, and an example (its --help shows them with EXIT_STATUSES).
 COMMANDS = {
     "score": ("Score sessions (JSONL, one per line: '-' for stdin, .gz read as gzip; every key: the docs' "
@@ -438,6 +481,10 @@ COMMANDS = {
              "prm-jax demo --example coding"),
     "validate-config": ("Check a config file and import its scorers, without scoring anything; --probe also "
                         "asks every served scorer once.", "prm-jax validate-config config.yaml --probe"),
+    "audit": ("Audit the actor's advantage configuration before training: on small problems whose exact policy "
+              "gradient is known by enumeration, compare it with the expected gradient the configuration gives "
+              "(bias, cosine, variance, a verdict with its reason a problem); --require makes a failure exit 3.",
+              "prm-jax audit --config config.yaml --loss-agg-mode seq-mean-token-sum --require all --json audit.json"),
     "doctor": ("Print what a bug report needs: versions, the backend and its devices, the native kernels, the "
                "caches and the extras installed.", "prm-jax doctor"),
 }
@@ -490,6 +537,18 @@ def build_parser() -> argparse.ArgumentParser:
                           help="also send one small request to every served scorer: its URL, status, model and "
                                "latency (exit 2 if one fails)")
     validate.set_defaults(func=cmd_validate)
+    audit = _subcommand(sub, "audit", "audit the advantage configuration on exact synthetic problems")
+    audit.add_argument("--config", required=True, help="YAML config (its actor section is audited)")
+    audit.add_argument("--loss-agg-mode", default="token-mean", choices=VERL_AGG_MODES,
+                       help="the policy loss's aggregation, verl's loss_agg_mode (default token-mean)")
+    audit.add_argument("--require", action="append", default=[], metavar="PROBLEM",
+                       help="a problem that must pass (repeat it; 'all': every one); a failure exits 3")
+    audit.add_argument("--problems", type=lambda text: [p for p in text.split(",") if p], metavar="A,B",
+                       help="audit only these problems (default: all of them)")
+    audit.add_argument("--json", help="also write the report as JSON to this file")
+    audit.add_argument("--plot", help="also draw the true against the estimated gradient per parameter to this PNG")
+    audit.add_argument("--seed", type=int, default=0, help="the seed where groups are sampled (default 0)")
+    audit.set_defaults(func=cmd_audit)
     doctor = _subcommand(sub, "doctor", "versions, backend, native kernels, caches and extras (for a bug report)")
     doctor.set_defaults(func=cmd_doctor)
     return parser

@@ -1,7 +1,7 @@
 """The credit auditor's cost (issue 59.6): the whole suite for one configuration, against the minute it must fit
 in before a training job, in one run.
 
-  python benchmarks/bench_audit.py [--repeats 3]
+  python benchmarks/bench_audit.py [--repeats 3] [--only RLOO]
 
 For each configuration (GRPO, RLOO, turn_rloo): the first audit in a fresh process (the pipeline compiled once a
 problem: what ``prm-jax audit`` pays) and the median of ``--repeats`` more (compiled), each split into the
@@ -51,12 +51,15 @@ def timed_audit(settings, aggregation) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", help="the configurations whose name starts with this (default: all)")
     args = parser.parse_args()
     print(f"prm-jax {prm_jax.__version__}: the audit suite ({len(audit.SUITE)} problems) for one configuration, "
           f"against {BUDGET_S:.0f} s")
     print(f"{'configuration':<32} {'first (s)':>10} {'pipeline':>9} {'enum.':>7} {'warm (s)':>9} {'pipeline':>9} "
           f"{'enum.':>7} {'first/60s':>10}")
     for name, (settings, aggregation) in CONFIGS.items():
+        if args.only and not name.startswith(args.only):
+            continue
         first, first_pipeline = timed_audit(settings, aggregation)
         warm = [timed_audit(settings, aggregation) for _ in range(args.repeats)]
         wall = statistics.median(w for w, _ in warm)

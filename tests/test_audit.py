@@ -231,3 +231,21 @@ def test_the_command_prints_the_report_writes_json_and_a_plot_and_exits_3_on_a_r
     assert "required problems failed: length" in capsys.readouterr().err
     assert main(["audit", "--config", str(path), "--require", "lenght"]) == 2
     assert "unknown problem 'lenght'" in capsys.readouterr().err
+
+
+def test_the_guides_command_runs_as_written(tmp_path):
+    # The auditor's guide's command block (a config with turn_rloo, every problem required): it passes all six.
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "auditor.md").read_text()
+    body = re.search(r"```bash\n(.*?)```", page, re.S).group(1)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run(["bash", "-e", "-c", body], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "audit.json").read_text())
+    assert [r["verdict"] for r in data["results"]] == ["pass"] * 6

@@ -22,9 +22,11 @@ TOY = {
     "bench_sum_pi_squared.py": ["--rows", "4", "--vocab", "300", "--chunk", "128", "--repeats", "1"],
     "bench_scorers.py": ["--sessions", "8", "--repeats", "1", "--only", "3t"],  # the distillation teacher
     "bench_scorers.py model": ["--sessions", "8", "--repeats", "1", "--only", "4", "--chunks", "4,16"],
+    "bench_audit.py": ["--repeats", "1", "--only", "RLOO"],
 }
 # What each prints (the figures' unit, or their name), where not milliseconds.
-SHOWN = {"bench_compile.py": "ratio", "profile_gae.py": "bytes/elem", "bench_scorers.py": "requests 1",
+SHOWN = {"bench_compile.py": "ratio", "bench_audit.py": "first/60s", "profile_gae.py": "bytes/elem",
+         "bench_scorers.py": "requests 1",
          "bench_scorers.py model": "chunks of 16 rows",
          "bench_train_step.py step": "host round trips in the compiled step: 0\n"}
 

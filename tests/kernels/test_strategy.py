@@ -26,7 +26,7 @@ ESTIMATORS = {**{spec.name: dict(spec.example) for spec in registered()},
               "prime_lam0": {"credit_assignment": {"mode": "prime"}}}  # lam 0: its implicit rewards need no recursion
 # The configurations that run a GAE scan (prime's example: lam 0.5; REINFORCE++'s return is one, with no
 # values and lambda 1; a new estimator that runs one fails the test below until it is listed).
-RUNS_GAE = {"token_gae", "turn_gae", "prime", "reinforce_pp"}
+RUNS_GAE = {"token_gae", "turn_gae", "prime", "reinforce_pp", "turn_rloo"}
 
 
 def batch() -> dict:

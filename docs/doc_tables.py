@@ -367,10 +367,30 @@ def audit_table() -> str:
     return markdown(("mode", "loss_agg_mode", *(f"`{p.name}`" for p in SUITE)), rows)
 
 
+def turn_baselines() -> str:
+    """The auditor's verdict on the two per-turn baselines, side by side (the credit guide's table): ``turn_rloo``
+    and verl RFC #7244's per-turn-index form."""
+    from prm_jax.audit import BUILT_IN, SUITE, built_in_table
+
+    entries = [entry for entry in BUILT_IN if "per-turn" in entry[0]]
+    rows = [(name, f"`{aggregation}`", *cells) for name, aggregation, cells in built_in_table(entries=entries)]
+    return markdown(("mode", "loss_agg_mode", *(f"`{p.name}`" for p in SUITE)), rows)
+
+
+def audit_problems() -> str:
+    """The auditor's problems: each one's name, what it tests and the known failure it is aimed at
+    (``prm_jax.audit.SUITE``)."""
+    from prm_jax.audit import SUITE
+
+    return markdown(("problem", "what it tests", "the known failure it is aimed at"),
+                    [(p.name, p.tests, p.failure) for p in SUITE])
+
+
 TABLES: dict[str, Callable[[], str]] = {"errors-table.inc": errors, "session-format-table.inc": session_format,
                                         "refusals-table.inc": refusals, "public-api-table.inc": public_api,
                                         "steps-table.inc": steps, "code-settings-table.inc": code_settings,
-                                        "audit-table.inc": audit_table}
+                                        "audit-table.inc": audit_table, "audit-problems-table.inc": audit_problems,
+                                        "turn-baselines-table.inc": turn_baselines}
 
 
 def write(folder: Path) -> None:

@@ -60,7 +60,7 @@ from prm_jax.kernels._verl_losses import VERL_AGG_MODES
 
 __all__ = ["BUILT_IN", "SUITE", "AuditProblem", "AuditReport", "Comparison", "Problem", "ProblemResult", "audit",
            "audit_problem", "built_in_config", "built_in_table", "compare", "expected_estimate", "known_forms",
-           "plot", "responses", "sampled_estimate", "true_gradient"]
+           "plot", "responses", "sampled_estimate", "tree_groups", "tree_layout", "true_gradient"]
 
 Aggregation = AggMode
 Verdict = Literal["pass", "fail", "not audited"]
@@ -218,20 +218,20 @@ def _as_plan_source(config: object) -> object:
     return config.actor if isinstance(config, ExperimentConfig) else config
 
 
-def missing_inputs(config: object) -> tuple[str, ...]:
-    """The batch keys the configured estimator needs that the auditor's problems cannot give (a tree's nodes,
-    a PRM's log-probs): its audit is then ``not audited``, naming them."""
+def missing_inputs(config: object, tree: bool = False) -> tuple[str, ...]:
+    """The batch keys the configured estimator needs that the auditor's problems cannot give (a PRM's log-probs;
+    a tree's nodes, except on a ``tree`` problem): its audit is then ``not audited``, naming them."""
     source = _as_plan_source(config)
     if not isinstance(source, AdvantageConfig):
         return ()
     plan = source.plan
     given = {"attention_mask", "loss_mask", "logprobs", "ref_logprobs", "rewards", "is_truncated", "group_sizes",
-             "turn_ids", "sum_pi_squared", "token_rewards"}
+             "turn_ids", "sum_pi_squared", "token_rewards", *(("node_ids", "node_parents") if tree else ())}
     return tuple(key for key in estimator_for(plan.estimator).reads if key not in given)
 
 
 def group_gradients(problem: Problem, theta: np.ndarray, config: object, groups: np.ndarray,
-                    aggregation: Aggregation = "token-mean") -> np.ndarray:
+                    aggregation: Aggregation = "token-mean", tree: Sequence[int] | None = None) -> np.ndarray:
     """Each group's policy-loss gradient, ``[n_groups, *theta.shape]`` (float64 sums of the pipeline's float32
     advantages): ``groups`` holds each group's responses as indices into ``responses(problem)``, and the
     configured pipeline scores all of them in one call, one group a batch of it.
@@ -242,6 +242,9 @@ def group_gradients(problem: Problem, theta: np.ndarray, config: object, groups:
         config: The ``AdvantageConfig`` (or an ``ExperimentConfig``: its ``actor``).
         groups: ``[n_groups, group_size]`` indices of responses.
         aggregation: The loss's ``loss_agg_mode`` (the module docstring).
+        tree: Each group is a tree of this branching (``tree_layout``), its rows the leaves' paths in level order
+            (``groups`` from ``tree_groups``): the batch also names each row's turns' nodes (``node_ids``) and
+            the tree (``node_parents``). ``None``: independent responses.
     """
     import prm_jax
 
@@ -249,6 +252,10 @@ def group_gradients(problem: Problem, theta: np.ndarray, config: object, groups:
     n, g = groups.shape
     rows = groups.reshape(-1)
     batch = _batch(problem, theta, rows, g)
+    if tree is not None:
+        parents, _, paths = tree_layout(tree)
+        batch["node_ids"] = np.tile(paths, (n, 1)).astype(np.int32)
+        batch["node_parents"] = np.tile(parents, n).astype(np.int32)  # (each group's [N], side by side)
     source = _as_plan_source(config)
     advantages = np.asarray(_grouped_advantages(batch, source, n, g, prm_jax.compute_advantages), np.float64)
     # timestep p - 1 predicts the token at position p
@@ -267,8 +274,11 @@ def group_gradients(problem: Problem, theta: np.ndarray, config: object, groups:
 
 def _grouped_advantages(batch: Mapping[str, np.ndarray], config: object, n: int, g: int, run: Callable) -> jax.Array:
     """The pipeline on each group as its own batch (batch-wide statistics see one group), vmapped."""
-    grouped = {key: np.asarray(value).reshape(n, g, *np.shape(value)[1:]) if key != "group_sizes"
-               else np.full((n, 1), g, np.int32) for key, value in batch.items()}
+    grouped = {key: np.asarray(value).reshape(n, g, *np.shape(value)[1:]) for key, value in batch.items()
+               if key not in ("group_sizes", "node_parents")}
+    grouped["group_sizes"] = np.full((n, 1), g, np.int32)
+    if "node_parents" in batch:
+        grouped["node_parents"] = np.asarray(batch["node_parents"]).reshape(n, -1)
     return jax.vmap(lambda b: run(b, config).advantages)(grouped).reshape(n * g, -1)
 
 
@@ -316,11 +326,77 @@ def expected_estimate(problem: Problem, theta: np.ndarray, config: object, group
     return _exact(problem, theta, config, group_size, aggregation).mean
 
 
+def tree_layout(branching: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A tree of sampled turns, nodes in level order: ``branching[d]`` children of every node of depth ``d - 1``
+    (``branching[0]`` roots, the first turns). Returns each node's parent (-1: a root), each node's depth, and
+    each leaf's path of nodes (``[leaves, depth]``, the leaves in level order).
+
+    Args:
+        branching: Children a node, per depth; its length is the number of turns.
+
+    Example:
+        >>> parents, depth, paths = prm_jax.audit.tree_layout([2, 2])
+        >>> parents.tolist(), paths.tolist()
+        ([-1, -1, 0, 0, 1, 1], [[0, 2], [0, 3], [1, 4], [1, 5]])
+    """
+    parents: list[int] = []
+    depths: list[int] = []
+    level = [-1]
+    for d, width in enumerate(branching):
+        if width < 1:
+            raise ValueError(f"branching must be >= 1 at every depth, got {list(branching)}")
+        start = len(parents)
+        for node in level:
+            parents += [node] * width
+            depths += [d] * width
+        level = list(range(start, len(parents)))
+    paths = []
+    for leaf in level:
+        path, node = [], leaf
+        while node != -1:
+            path.append(node)
+            node = parents[node]
+        paths.append(path[::-1])
+    return np.array(parents), np.array(depths), np.array(paths)
+
+
+def tree_groups(problem: Problem, theta: np.ndarray, branching: Sequence[int],
+                tokens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The trees as groups: ``(groups [n_trees, leaves], probabilities [n_trees])``, each row a leaf's path as an
+    index into ``responses(problem)``; every assignment of tokens to the tree's nodes (``vocab ** N``), or the
+    ``tokens [n, N]`` given (sampled).
+
+    Args:
+        problem: A problem of fixed length (no ``eos``) with ``max_len == len(branching)``.
+        theta: The policy's logits.
+        branching: The tree (``tree_layout``).
+        tokens: Each tree's token a node; ``None``: every assignment.
+
+    Example:
+        >>> toy = prm_jax.audit.Problem("toy", vocab=2, max_len=1, reward=lambda s: float(s[0]))
+        >>> groups, p = prm_jax.audit.tree_groups(toy, np.zeros((1, 2)), [2])
+        >>> groups.tolist(), p.tolist()
+        ([[0, 0], [0, 1], [1, 0], [1, 1]], [0.25, 0.25, 0.25, 0.25])
+    """
+    if problem.eos is not None or problem.max_len != len(branching):
+        raise ValueError(f"problem {problem.name!r}: a tree needs a fixed length (no eos) of len(branching) turns")
+    parents, depths, paths = tree_layout(branching)
+    if tokens is None:
+        tokens = np.array(list(itertools.product(range(problem.vocab), repeat=parents.size)), np.int64)
+    index = {seq: i for i, seq in enumerate(responses(problem))}
+    groups = np.array([[index[tuple(int(t) for t in assignment[path])] for path in paths] for assignment in tokens])
+    probs = _softmax(np.asarray(theta, np.float64))
+    return groups, probs[depths[None, :], tokens].prod(axis=1)
+
+
 def _exact(problem: Problem, theta: np.ndarray, config: object, group_size: int,
-           aggregation: Aggregation) -> Estimate:
-    groups = np.array(list(itertools.product(range(len(responses(problem))), repeat=group_size)), np.int64)
-    probabilities = _probabilities(problem, theta)[groups].prod(axis=1)
-    per_group = group_gradients(problem, theta, config, groups, aggregation)
+           aggregation: Aggregation, tree: Sequence[int] | None = None) -> Estimate:
+    if tree is not None:
+        groups, probabilities = tree_groups(problem, theta, tree)
+    else:
+        groups = np.array(list(itertools.product(range(len(responses(problem))), repeat=group_size)), np.int64)
+        probabilities = _probabilities(problem, theta)[groups].prod(axis=1)
+    per_group = group_gradients(problem, theta, config, groups, aggregation, tree)
     mean = np.tensordot(probabilities, per_group, axes=1)
     second = float(np.tensordot(probabilities, (per_group ** 2).reshape(len(groups), -1).sum(axis=1), axes=1))
     square = np.tensordot(probabilities, per_group ** 2, axes=1)
@@ -355,13 +431,19 @@ def sampled_estimate(problem: Problem, theta: np.ndarray, config: object, group_
 
 
 def _sampled(problem: Problem, theta: np.ndarray, config: object, group_size: int, samples: int, seed: int,
-             aggregation: Aggregation) -> Estimate:
+             aggregation: Aggregation, tree: Sequence[int] | None = None) -> Estimate:
     if samples < 2:
         raise ValueError(f"samples must be >= 2 (a standard error needs two), got {samples}")
-    probabilities = _probabilities(problem, theta)
     rng = np.random.default_rng(seed)
-    groups = rng.choice(probabilities.size, size=(samples, group_size), p=probabilities / probabilities.sum())
-    per_group = group_gradients(problem, theta, config, groups, aggregation)
+    if tree is not None:  # each node's token drawn from its turn's policy
+        _, depths, _ = tree_layout(tree)
+        probs = _softmax(np.asarray(theta, np.float64))
+        tokens = np.stack([rng.choice(problem.vocab, size=samples, p=probs[d]) for d in depths], axis=1)
+        groups, _ = tree_groups(problem, theta, tree, tokens)
+    else:
+        probabilities = _probabilities(problem, theta)
+        groups = rng.choice(probabilities.size, size=(samples, group_size), p=probabilities / probabilities.sum())
+    per_group = group_gradients(problem, theta, config, groups, aggregation, tree)
     variance = float(per_group.reshape(samples, -1).var(axis=0, ddof=1).sum())
     return Estimate(per_group.mean(axis=0), per_group.std(axis=0, ddof=1) / np.sqrt(samples), variance,
                     f"sampled ({samples} groups, seed {seed})", (per_group ** 2).mean(axis=0))
@@ -439,6 +521,8 @@ class AuditProblem:
         group_size: Responses a group.
         focus: The one turn whose reward there is (the ``process`` problem): the report measures the share of the
             update on the other turns.
+        tree: A group is a tree of sampled turns of this branching (``tree_layout``; the ``trees`` problem), its
+            rows the leaves' paths sharing their prefixes; ``None``: ``group_size`` independent responses.
 
     Example:
         >>> toy = prm_jax.audit.Problem("toy", vocab=2, max_len=1, reward=lambda s: float(s[0]))
@@ -453,6 +537,7 @@ class AuditProblem:
     questions: tuple[tuple[Problem, np.ndarray], ...]
     group_size: int = 3
     focus: int | None = None
+    tree: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -545,14 +630,23 @@ SUITE: tuple[AuditProblem, ...] = (
                   turn_rewards=lambda s: [0.0, float(s[1] == 1), 0.0]),
           _theta([0.2, -0.3], [0.1, 0.4], [-0.2, 0.0])),),
         focus=1),
+    AuditProblem(
+        "trees", "each group a tree: two first turns, each continued twice, the rows the four paths sharing their "
+                 "first turns",
+        "rows of one tree share their earlier turns, so a baseline over the tree's other rows depends on the row's "
+        "own shared actions",
+        ((Problem("trees", vocab=2, max_len=2, reward=lambda s: float(s[0] == 1) + 0.5 * float(s == (0, 1))),
+          _theta([0.3, -0.1], [-0.2, 0.4])),),
+        tree=(2, 2)),
 )
 
 
 def _estimate(problem: Problem, theta: np.ndarray, config: object, group_size: int, aggregation: Aggregation,
-              max_groups: int, samples: int, seed: int) -> Estimate:
-    if len(responses(problem)) ** group_size <= max_groups:
-        return _exact(problem, theta, config, group_size, aggregation)
-    return _sampled(problem, theta, config, group_size, samples, seed, aggregation)
+              max_groups: int, samples: int, seed: int, tree: Sequence[int] | None = None) -> Estimate:
+    count = problem.vocab ** len(tree_layout(tree)[0]) if tree is not None else len(responses(problem)) ** group_size
+    if count <= max_groups:
+        return _exact(problem, theta, config, group_size, aggregation, tree)
+    return _sampled(problem, theta, config, group_size, samples, seed, aggregation, tree)
 
 
 def audit_problem(problem: AuditProblem, config: object, aggregation: Aggregation = "token-mean", *,
@@ -573,12 +667,12 @@ def audit_problem(problem: AuditProblem, config: object, aggregation: Aggregatio
         >>> prm_jax.audit.audit_problem(length, config, "seq-mean-token-mean").verdict
         'fail'
     """
-    missing = missing_inputs(config)
+    missing = missing_inputs(config, tree=problem.tree is not None)
     if missing:
         return ProblemResult(problem.name, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, None, "-",
                              "not audited", f"its estimator needs {', '.join(missing)}, which these problems do not "
                                             "give")
-    estimates = [_estimate(q, t, config, problem.group_size, aggregation, max_groups, samples, seed)
+    estimates = [_estimate(q, t, config, problem.group_size, aggregation, max_groups, samples, seed, problem.tree)
                  for q, t in problem.questions]
     truth = np.concatenate([np.ravel(true_gradient(q, t)) for q, t in problem.questions])
     mean = np.concatenate([np.ravel(e.mean) for e in estimates])
@@ -837,12 +931,15 @@ def built_in_config(settings: Mapping[str, Any]) -> AdvantageConfig:
                               **settings})
 
 
-def built_in_table(problems: Sequence[AuditProblem] = SUITE) -> list[tuple[str, str, list[str]]]:
+def built_in_table(problems: Sequence[AuditProblem] = SUITE,
+                   entries: Sequence[tuple[str, Mapping[str, Any], Aggregation]] | None = None,
+                   ) -> list[tuple[str, str, list[str]]]:
     """The audit of every ``BUILT_IN`` mode: ``(name, aggregation, a cell a problem)``, each cell the verdict with
     ``across`` where it fails (the guide renders it at every docs build).
 
     Args:
         problems: The problems (default: ``SUITE``).
+        entries: The modes (default: ``BUILT_IN``).
 
     Example:
         >>> rows = prm_jax.audit.built_in_table(prm_jax.audit.SUITE[:1])
@@ -851,7 +948,7 @@ def built_in_table(problems: Sequence[AuditProblem] = SUITE) -> list[tuple[str, 
     """
     rows: list[tuple[str, str, list[str]]] = []
     with known_forms():
-        for name, settings, aggregation in BUILT_IN:
+        for name, settings, aggregation in BUILT_IN if entries is None else entries:
             report = audit(built_in_config(settings), aggregation, problems=problems)
             cells = [(f"fail ({r.across:.2g} across)" if r.scale > TOLERANCE else "fail (no signal)")
                      if r.verdict == "fail" else r.verdict for r in report.results]

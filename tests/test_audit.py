@@ -236,6 +236,10 @@ def test_the_command_prints_the_report_writes_json_and_a_plot_and_exits_3_on_a_r
     assert "required problems failed: length" in capsys.readouterr().err
     assert main(["audit", "--config", str(path), "--require", "lenght"]) == 2
     assert "unknown problem 'lenght'" in capsys.readouterr().err
+    assert main(["audit", "--config", str(path), "--json", str(tmp_path / "no" / "a.json")]) == 2
+    assert "--json" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    assert main(["audit", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
 
 
 def test_the_guides_command_runs_as_written(tmp_path):

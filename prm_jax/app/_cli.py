@@ -423,6 +423,10 @@ def cmd_audit(args) -> int:
     problems = [p for p in audit.SUITE if not args.problems or p.name in args.problems]
     if args.plot:
         _require_matplotlib()
+    for flag, target in (("--json", args.json), ("--plot", args.plot)):
+        folder = Path(target).resolve().parent if target else None
+        if folder is not None and not (folder.is_dir() and os.access(folder, os.W_OK)):
+            raise CLIError(f"{flag} {target}: its folder {folder} does not exist or is not writable (nothing was run)")
     report = audit.audit(config.actor, args.loss_agg_mode, problems=problems, seed=args.seed)
     print(report.table())
     if args.json:

@@ -581,8 +581,9 @@ class ProblemResult:
     estimate: np.ndarray = dataclasses.field(repr=False, compare=False, default_factory=lambda: np.zeros(0))
 
     def as_dict(self) -> dict[str, Any]:
-        """Its fields as JSON values (the gradients as lists)."""
+        """Its fields as JSON values (the gradients as lists; a number a ``not audited`` problem lacks, ``None``)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("truth", "estimate")}
+        out = {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in out.items()}
         return {**out, "truth": self.truth.tolist(), "estimate": self.estimate.tolist()}
 
 
@@ -753,9 +754,10 @@ class AuditReport:
         return "\n".join(lines)
 
     def as_json(self) -> str:
-        """The report as JSON (each problem's numbers, verdict, reason and both gradients)."""
+        """The report as strict JSON (each problem's numbers, verdict, reason and both gradients; ``null`` for a
+        number a ``not audited`` problem lacks)."""
         return json.dumps({"config": self.config, "aggregation": self.aggregation,
-                           "results": [r.as_dict() for r in self.results]}, indent=1, allow_nan=True)
+                           "results": [r.as_dict() for r in self.results]}, indent=1, allow_nan=False)
 
 
 def describe(config: object) -> str:

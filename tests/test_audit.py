@@ -205,6 +205,7 @@ def test_an_estimator_that_needs_inputs_the_problems_lack_is_not_audited_and_say
     report = audit.audit(config(credit_assignment={"mode": "tree"}), SUM, problems=SUITE[:1])
     assert report.results[0].verdict == "not audited" and "node_ids" in report.results[0].reason
     assert report.failed(["all"]) == []
+    assert json.loads(report.as_json())["results"][0]["cosine"] is None  # (strict JSON: no NaN)
 
 
 def test_the_report_table_json_and_required_problems():

@@ -765,11 +765,13 @@ def describe(config: object) -> str:
     source = _as_plan_source(config)
     if not isinstance(source, AdvantageConfig):
         return type(source).__name__
-    plan = source.plan
-    parts = [estimator_for(plan.estimator).name]
-    for key in ("reward_norm", "adv_norm", "advantage_shaping"):
-        value = getattr(source, key)
-        if value is not None and getattr(value, "mode", "none") != "none":
+    parts = [estimator_for(source.plan.estimator).name]
+    keys = ["reward_norm", "process_reward_transform", "adv_norm"]
+    if source.token_rewards_as_adv:  # (else the process rewards are folded into the rewards: no shaping)
+        keys.append("advantage_shaping")
+    for key in keys:
+        value = getattr(source, key, None)
+        if value is not None:
             parts.append(f"{key} {_short(value)}")
     return ", ".join(parts)
 

@@ -211,6 +211,8 @@ def test_an_estimator_that_needs_inputs_the_problems_lack_is_not_audited_and_say
 def test_the_report_table_json_and_required_problems():
     report = audit.audit(config(reward_norm=GRPO), "seq-mean-token-mean", problems=SUITE[:2])
     table = report.table()
+    assert table.splitlines()[0].startswith("audit of token_gae, reward_norm {mean_level: group, std_level: group")
+    assert "advantage_shaping" not in table.splitlines()[0]  # (process rewards folded: no shaping applies)
     assert "control" in table.splitlines()[3] and "length" in table.splitlines()[4] and "fail" in table
     data = json.loads(report.as_json())
     assert [r["problem"] for r in data["results"]] == ["control", "length"]

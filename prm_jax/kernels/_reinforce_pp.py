@@ -37,7 +37,7 @@ from prm_jax.kernels._estimator_contract import EstimatorSpec
 from prm_jax.kernels._normalization import given_groups, whiten
 from prm_jax.kernels._recurrence import GAEMethod, ScanStrategy, resolve_strategy
 from prm_jax.kernels._stage import StageResult
-from prm_jax.kernels._token_gae import _gae_core
+from prm_jax.kernels._token_gae import masked_return
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +90,8 @@ def _reinforce_pp_core(rewards: jax.Array, active: jax.Array, gamma: jax.Array, 
         totals = jax.ops.segment_sum(score, row_group, num_segments=num_groups)
         mean = jnp.where(members > 1, totals / jnp.maximum(members, 1), zero)[row_group]
         returns = jnp.where(active, (score - mean)[:, None], zero)
-    else:  # GAE with no values and lambda 1 is the masked-carry return (its rule at a hole is #7300's)
-        rows = rewards.shape[0]
-        returns = _gae_core(rewards, jnp.zeros_like(rewards), active, gamma, jnp.ones((), rewards.dtype),
-                            jnp.zeros((rows,), rewards.dtype), method).advantages
-        returns = jnp.where(active, returns, zero)
+    else:  # the masked-carry return (its rule at a hole is #7300's)
+        returns = masked_return(rewards, active, gamma, method)
     advantages = whiten(returns, active)  # fewer than two trained timesteps: 0 (centred values, variance 0)
     degenerate = (jnp.sum(active, dtype=jnp.int32) < 2).astype(jnp.int32)
     return ReinforcePPOutput(advantages, advantages if baseline else returns, degenerate)

@@ -156,6 +156,16 @@ def _gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, gamma: j
     return GAEOutput(advantages, advantages + values)
 
 
+def masked_return(rewards: jax.Array, active: jax.Array, gamma: jax.Array, method: str) -> jax.Array:
+    """``[B, T]``: the discounted return over the active timesteps, ``G_t = r_t + gamma * G_next``, a masked one
+    passing it on undiscounted (its reward not read), 0 where inactive: GAE with no values and ``lam = 1``, so
+    one pass of whichever scan ``method`` names (REINFORCE++'s return after verl #7300, turn_rloo's over turns)."""
+    zero = jnp.zeros((), rewards.dtype)
+    returns = _gae_core(jnp.where(active, rewards, zero), jnp.zeros_like(rewards), active, gamma,
+                        jnp.ones((), rewards.dtype), jnp.zeros(rewards.shape[:1], rewards.dtype), method).advantages
+    return jnp.where(active, returns, zero)
+
+
 def linear_form(rewards, values, active, gamma, gamma_lam, next_value_after):
     """The GAE recurrence as ``A_t = coeffs_t * A_{t+1} + deltas_t``.
 

@@ -46,7 +46,7 @@ from prm_jax._validation import one_of
 from prm_jax.kernels import _checks
 from prm_jax.kernels._estimator_contract import EstimatorSpec, on_turn_timesteps
 from prm_jax.kernels._stage import StageResult
-from prm_jax.kernels._turns import turn_segments, turn_sums
+from prm_jax.kernels._turns import turn_segments, turns_present
 
 TreeWeighting = Literal["sqrt", "uniform", "none"]
 TreeValue = Literal["state_value", "value_only", "local_only"]
@@ -342,7 +342,7 @@ def _estimate(stage: TreeCredit, batch: Mapping[str, jax.Array], outcome: jax.Ar
     rows, turns = node_ids.shape
     size = parents.shape[0]
     in_turn, segment = turn_segments(active, turn_ids, turns)
-    trained = turn_sums(active.astype(jnp.int32), in_turn, segment, turns) > 0
+    trained = turns_present(in_turn, segment, turns)
     # Every trained turn names a node, and every id names a node of node_parents (or is -1: none).
     stray = real_rows[:, None] & ((node_ids < -1) | (node_ids >= size))
     unnamed = trained & (node_ids == -1)

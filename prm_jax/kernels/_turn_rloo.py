@@ -34,8 +34,8 @@ from prm_jax.kernels._estimator_contract import EstimatorSpec, on_turn_timesteps
 from prm_jax.kernels._normalization import leave_one_out_mean
 from prm_jax.kernels._recurrence import ScanStrategy
 from prm_jax.kernels._stage import StageResult
-from prm_jax.kernels._token_gae import _gae_core
-from prm_jax.kernels._turns import turn_segments, turn_sums
+from prm_jax.kernels._token_gae import masked_return
+from prm_jax.kernels._turns import turn_segments, turn_sums, turns_present
 
 #: How a per-turn baseline is formed: ``return``, of each turn's return (``turn_rloo``, unbiased), or
 #: ``per_index``, of each turn's reward summed over the row's own remaining turns (#7244's biased form, which
@@ -62,10 +62,8 @@ def turn_baselines(rewards: jax.Array, active: jax.Array, turn_ids: jax.Array, g
     zero = jnp.zeros((), dtype)
     in_turn, segment = turn_segments(active, turn_ids, num_turns)
     per_turn = turn_sums(rewards, in_turn, segment, num_turns)                                   # [B, K]
-    present = turn_sums(jnp.ones_like(rewards), in_turn, segment, num_turns) > 0
-    zeros = jnp.zeros(rewards.shape[:1], dtype)
-    returns = _gae_core(per_turn, jnp.zeros_like(per_turn), present, gamma, jnp.ones((), dtype), zeros,
-                        method).advantages
+    present = turns_present(in_turn, segment, num_turns)
+    returns = masked_return(per_turn, present, gamma, method)
     members = present & real_rows[:, None]
     baseline_of = jax.vmap(lambda x, m: leave_one_out_mean(x, m, row_group, num_groups), in_axes=1, out_axes=1)
     if form == "return":
@@ -73,9 +71,7 @@ def turn_baselines(rewards: jax.Array, active: jax.Array, turn_ids: jax.Array, g
         advantages = jnp.where(present, returns - baseline, zero)
     else:  # #7244's form: each later turn's own baseline, summed over the turns the row goes on to take
         baseline, alone = baseline_of(per_turn, members)
-        centred = jnp.where(present, per_turn - baseline, zero)
-        advantages = jnp.where(present, _gae_core(centred, jnp.zeros_like(centred), present, gamma,
-                                                  jnp.ones((), dtype), zeros, method).advantages, zero)
+        advantages = masked_return(per_turn - baseline, present, gamma, method)
     without = jnp.sum(alone & members, dtype=jnp.int32)
     return (on_turn_timesteps(advantages, in_turn, turn_ids), on_turn_timesteps(returns, in_turn, turn_ids),
             without)

@@ -70,6 +70,11 @@ def turn_sums(x: jax.Array, in_turn: jax.Array, segment: jax.Array, num_turns: i
                                num_segments=batch * num_turns).reshape(batch, num_turns)
 
 
+def turns_present(in_turn: jax.Array, segment: jax.Array, num_turns: int) -> jax.Array:
+    """``[B, K]`` bool: the turn slots with at least one timestep in the turn (``turn_segments``' outputs)."""
+    return turn_sums(in_turn.astype(jnp.int32), in_turn, segment, num_turns) > 0
+
+
 def _turn_gae_core(rewards: jax.Array, values: jax.Array, active: jax.Array, turn_ids: jax.Array,
                   gamma: jax.Array, lam: jax.Array, bootstrap: jax.Array, num_turns: int,
                   method: str) -> GAEOutput:

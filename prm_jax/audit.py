@@ -53,6 +53,7 @@ import numpy as np
 
 from prm_jax.config import AdvantageConfig, ExperimentConfig
 from prm_jax.estimators import EstimatorSpec, StageResult, estimator_for, register_estimator, unregister_estimator
+from prm_jax.kernels import compute_advantages
 from prm_jax.kernels._policy_loss import AggMode, aggregate
 from prm_jax.kernels._recurrence import ScanStrategy
 from prm_jax.kernels._turn_rloo import turn_baselines
@@ -179,9 +180,11 @@ def true_gradient(problem: Problem, theta: np.ndarray) -> np.ndarray:
     return out
 
 
-def _batch(problem: Problem, theta: np.ndarray, rows: np.ndarray, group_size: int) -> dict[str, np.ndarray]:
+def _batch(problem: Problem, theta: np.ndarray, rows: np.ndarray, group_size: int,
+           tree: Sequence[int] | None = None) -> dict[str, np.ndarray]:
     """The pipeline's batch of the responses ``rows`` (indices into ``responses``), groups of ``group_size``:
-    each response's row built once, then gathered."""
+    each response's row built once, then gathered; with ``tree``, each group a tree (``group_gradients``), whose
+    rows name their turns' nodes (``node_ids``) and each group its tree (``node_parents``, side by side)."""
     seqs = responses(problem)
     probs = _softmax(np.asarray(theta, np.float64))
     width, k = problem.width, len(seqs)
@@ -211,6 +214,10 @@ def _batch(problem: Problem, theta: np.ndarray, rows: np.ndarray, group_size: in
     batch = {key: value[rows] for key, value in templates.items()}
     batch["is_truncated"] = np.zeros(rows.size, bool)
     batch["group_sizes"] = np.full(rows.size // group_size, group_size, np.int32)
+    if tree is not None:
+        parents, _, paths = tree_layout(tree)
+        batch["node_ids"] = np.tile(paths, (rows.size // group_size, 1)).astype(np.int32)
+        batch["node_parents"] = np.tile(parents, rows.size // group_size).astype(np.int32)
     return batch
 
 
@@ -218,16 +225,13 @@ def _as_plan_source(config: object) -> object:
     return config.actor if isinstance(config, ExperimentConfig) else config
 
 
-def missing_inputs(config: object, tree: bool = False) -> tuple[str, ...]:
-    """The batch keys the configured estimator needs that the auditor's problems cannot give (a PRM's log-probs;
+def missing_inputs(config: object, batch: Mapping[str, np.ndarray]) -> tuple[str, ...]:
+    """The batch keys the configured estimator needs that a problem's ``batch`` does not give (a PRM's log-probs;
     a tree's nodes, except on a ``tree`` problem): its audit is then ``not audited``, naming them."""
     source = _as_plan_source(config)
     if not isinstance(source, AdvantageConfig):
         return ()
-    plan = source.plan
-    given = {"attention_mask", "loss_mask", "logprobs", "ref_logprobs", "rewards", "is_truncated", "group_sizes",
-             "turn_ids", "sum_pi_squared", "token_rewards", *(("node_ids", "node_parents") if tree else ())}
-    return tuple(key for key in estimator_for(plan.estimator).reads if key not in given)
+    return tuple(key for key in estimator_for(source.plan.estimator).reads if key not in batch)
 
 
 def group_gradients(problem: Problem, theta: np.ndarray, config: object, groups: np.ndarray,
@@ -246,18 +250,11 @@ def group_gradients(problem: Problem, theta: np.ndarray, config: object, groups:
             (``groups`` from ``tree_groups``): the batch also names each row's turns' nodes (``node_ids``) and
             the tree (``node_parents``). ``None``: independent responses.
     """
-    import prm_jax
-
     seqs = responses(problem)
     n, g = groups.shape
     rows = groups.reshape(-1)
-    batch = _batch(problem, theta, rows, g)
-    if tree is not None:
-        parents, _, paths = tree_layout(tree)
-        batch["node_ids"] = np.tile(paths, (n, 1)).astype(np.int32)
-        batch["node_parents"] = np.tile(parents, n).astype(np.int32)  # (each group's [N], side by side)
-    source = _as_plan_source(config)
-    advantages = np.asarray(_grouped_advantages(batch, source, n, g, prm_jax.compute_advantages), np.float64)
+    batch = _batch(problem, theta, rows, g, tree)
+    advantages = np.asarray(_grouped_advantages(batch, _as_plan_source(config), n, g), np.float64)
     # timestep p - 1 predicts the token at position p
     steps = np.array([problem.position(j) - 1 for j in range(problem.max_len)])
     active = batch["loss_mask"][:, 1:].astype(bool)
@@ -272,14 +269,14 @@ def group_gradients(problem: Problem, theta: np.ndarray, config: object, groups:
     return grads.reshape(n, *theta.shape)
 
 
-def _grouped_advantages(batch: Mapping[str, np.ndarray], config: object, n: int, g: int, run: Callable) -> jax.Array:
+def _grouped_advantages(batch: Mapping[str, np.ndarray], config: Any, n: int, g: int) -> jax.Array:
     """The pipeline on each group as its own batch (batch-wide statistics see one group), vmapped."""
     grouped = {key: np.asarray(value).reshape(n, g, *np.shape(value)[1:]) for key, value in batch.items()
                if key not in ("group_sizes", "node_parents")}
     grouped["group_sizes"] = np.full((n, 1), g, np.int32)
     if "node_parents" in batch:
         grouped["node_parents"] = np.asarray(batch["node_parents"]).reshape(n, -1)
-    return jax.vmap(lambda b: run(b, config).advantages)(grouped).reshape(n * g, -1)
+    return jax.vmap(lambda b: compute_advantages(b, config).advantages)(grouped).reshape(n * g, -1)
 
 
 def _aggregation_weights(mask: np.ndarray, aggregation: Aggregation) -> jax.Array:
@@ -398,9 +395,8 @@ def _exact(problem: Problem, theta: np.ndarray, config: object, group_size: int,
         probabilities = _probabilities(problem, theta)[groups].prod(axis=1)
     per_group = group_gradients(problem, theta, config, groups, aggregation, tree)
     mean = np.tensordot(probabilities, per_group, axes=1)
-    second = float(np.tensordot(probabilities, (per_group ** 2).reshape(len(groups), -1).sum(axis=1), axes=1))
     square = np.tensordot(probabilities, per_group ** 2, axes=1)
-    return Estimate(mean, None, max(second - float(np.sum(mean ** 2)), 0.0), f"exact ({len(groups)} groups)",
+    return Estimate(mean, None, max(float(square.sum() - np.sum(mean ** 2)), 0.0), f"exact ({len(groups)} groups)",
                     square)
 
 
@@ -486,26 +482,6 @@ def compare(estimate: np.ndarray, truth: np.ndarray) -> Comparison:
     scale = float(e @ t) / norm_t ** 2
     cosine = float(e @ t) / (float(np.linalg.norm(e)) * norm_t) if np.linalg.norm(e) else 0.0
     return Comparison(cosine, scale, float(np.linalg.norm(e - scale * t)) / norm_t)
-
-
-def compare_questions(problems: Sequence[Problem], thetas: Sequence[np.ndarray], config: object, group_size: int,
-                      aggregation: Aggregation = "token-mean") -> Comparison:
-    """Several questions at once, each with its own tabular policy and its own groups (the training batch's
-    questions): the estimate and the true gradient of ``sum_q J_q``, each question's block side by side. A
-    normalization whose scale differs by question (std normalization, by the question's reward spread) turns
-    the estimate away from the truth even where each question's block is parallel to its own.
-
-    Args:
-        problems: The questions.
-        thetas: Each question's policy logits.
-        config: The ``AdvantageConfig``.
-        group_size: Responses a group.
-        aggregation: The loss's ``loss_agg_mode``.
-    """
-    estimate = np.concatenate([np.ravel(expected_estimate(p, t, config, group_size, aggregation))
-                               for p, t in zip(problems, thetas, strict=True)])
-    truth = np.concatenate([np.ravel(true_gradient(p, t)) for p, t in zip(problems, thetas, strict=True)])
-    return compare(estimate, truth)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -668,7 +644,9 @@ def audit_problem(problem: AuditProblem, config: object, aggregation: Aggregatio
         >>> prm_jax.audit.audit_problem(length, config, "seq-mean-token-mean").verdict
         'fail'
     """
-    missing = missing_inputs(config, tree=problem.tree is not None)
+    (first, theta), *_ = problem.questions
+    size = len(tree_layout(problem.tree)[2]) if problem.tree is not None else problem.group_size
+    missing = missing_inputs(config, _batch(first, theta, np.zeros(size, np.int64), size, problem.tree))
     if missing:
         return ProblemResult(problem.name, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, None, "-",
                              "not audited", f"its estimator needs {', '.join(missing)}, which these problems do not "

@@ -102,7 +102,7 @@ def test_std_normalization_reweights_questions_by_their_difficulty():
     # (0.13). Group std normalization weighs each question's gradient by its groups' spread: in expectation over
     # groups of 8 the easy question's block comes out 1.15x as large, relative to its truth, as the hard one's, and
     # the sum turns; the group mean alone scales both alike ((G - 1) / G) and keeps the direction.
-    from prm_jax.audit import compare_questions
+    from prm_jax.audit import AuditProblem, audit_problem
 
     easy = Problem("easy", vocab=2, max_len=2, reward=lambda s: float(1 in s))
     hard = Problem("hard", vocab=2, max_len=2, reward=lambda s: float(s == (1, 1)))
@@ -113,8 +113,10 @@ def test_std_normalization_reweights_questions_by_their_difficulty():
               for name, norm in (("mean", mean_only), ("std", with_std))}
     assert scales["mean"] == pytest.approx([7 / 8, 7 / 8], rel=1e-6)
     assert scales["std"][0] / scales["std"][1] > 1.1  # (1.146: the low-spread question weighs more)
-    assert compare_questions([easy, hard], thetas, mean_only, 8, SUM).across < 1e-6
-    assert compare_questions([easy, hard], thetas, with_std, 8, SUM).cosine < 1 - 1e-4
+    both = AuditProblem("difficulty", "", "", tuple(zip((easy, hard), thetas, strict=True)), group_size=8)
+    exact = 4 ** 8  # (every group enumerated, as above)
+    assert audit_problem(both, mean_only, SUM, max_groups=exact).across < 1e-6
+    assert audit_problem(both, with_std, SUM, max_groups=exact).cosine < 1 - 1e-4
 
 
 @dataclasses.dataclass(frozen=True)

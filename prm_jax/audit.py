@@ -44,8 +44,9 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import jax
 import jax.numpy as jnp
@@ -826,13 +827,13 @@ def known_forms() -> Iterator[None]:
         unregister_estimator(TURN_INDEX_BASELINE)
 
 
-def plot(report: AuditReport, path: str) -> None:
+def plot(report: AuditReport, path: str | os.PathLike[str] | BinaryIO) -> None:
     """The true against the expected estimated gradient, per parameter, a panel per problem (the ``plot`` extra:
-    matplotlib), to a PNG at ``path``.
+    matplotlib), as a PNG.
 
     Args:
         report: An audit's report.
-        path: The PNG to write.
+        path: Where the PNG goes: a path, or a binary file open for writing.
 
     Example:
         >>> import os, tempfile
@@ -859,7 +860,7 @@ def plot(report: AuditReport, path: str) -> None:
     axes[0][0].set_ylabel("expected estimate", fontsize=8)
     fig.suptitle(f"{report.config} ({report.aggregation})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
 
 

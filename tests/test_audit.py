@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -234,6 +235,10 @@ def test_the_command_prints_the_report_writes_json_and_a_plot_and_exits_3_on_a_r
     out = capsys.readouterr().out
     assert "length          fail" in out and "Dr. GRPO's length bias" in out
     assert json.loads((tmp_path / "a.json").read_text())["aggregation"] == "seq-mean-token-mean"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o666 & ~umask  # (the mode open gives)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # (no temporary left)
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
     assert main([*common, "--require", "length"]) == 3
     assert "required problems failed: length" in capsys.readouterr().err

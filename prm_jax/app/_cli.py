@@ -205,10 +205,7 @@ def write_outputs(run: ScoreRun, staged: StagedOutputs, plot_path: Path | None =
             with open(staged.path(plot_path.name), "wb") as handle:
                 plot(run, handle)
         elif plot_path is not None:
-            fd, outside = tempfile.mkstemp(prefix=f".{plot_path.name}.", dir=plot_path.parent)
-            with os.fdopen(fd, "wb") as handle:
-                plot(run, handle)
-            os.chmod(outside, 0o666 & ~current_umask())
+            outside = str(_write_beside(plot_path, lambda handle: plot(run, handle)))
         staged.publish()
         if outside is not None and plot_path is not None:
             os.replace(outside, plot_path)
@@ -216,6 +213,41 @@ def write_outputs(run: ScoreRun, staged: StagedOutputs, plot_path: Path | None =
     finally:
         if outside is not None:
             Path(outside).unlink(missing_ok=True)
+
+
+def _write_beside(path: Path, write: Callable[[Any], None]) -> Path:
+    """Writes a file beside ``path`` under a temporary name (``write(handle)``, binary), with the mode ``open``
+    would give, and returns its name: the caller renames it onto ``path`` or removes it."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+        os.chmod(name, 0o666 & ~current_umask())
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name)
+
+
+def _publish_file(path: Path, write: Callable[[Any], None]) -> None:
+    """``path`` written whole or not at all (``_write_beside``, then renamed)."""
+    temporary = _write_beside(path, write)
+    try:
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _check_file_argument(flag: str, value: str, folder_made_by_the_run: bool = False) -> None:
+    """A file the command writes (``--plot``, ``--json``): its folder exists (unless the run makes it) and is
+    writable, and it is not itself a folder."""
+    path, folder = Path(value), Path(value).parent
+    if not folder.is_dir() and not folder_made_by_the_run:
+        raise CLIError(f"{flag} {value}: the folder {folder} does not exist")
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        raise CLIError(f"{flag} {value}: the folder {folder} is not writable")
+    if path.is_dir():
+        raise CLIError(f"{flag} {value}: is a directory")
 
 
 def _check_arguments(args) -> None:
@@ -226,14 +258,9 @@ def _check_arguments(args) -> None:
     _check_output(args)
     if args.plot:
         _require_matplotlib()
-        plot_path, plot_dir = Path(args.plot), Path(args.plot).parent
+        plot_path = Path(args.plot)
         staged_with_the_set = in_folder(plot_path, Path(args.output))
-        if not plot_dir.is_dir() and not staged_with_the_set:
-            raise CLIError(f"--plot {args.plot}: the folder {plot_dir} does not exist")
-        if plot_dir.is_dir() and not os.access(plot_dir, os.W_OK | os.X_OK):
-            raise CLIError(f"--plot {args.plot}: the folder {plot_dir} is not writable")
-        if plot_path.is_dir():
-            raise CLIError(f"--plot {args.plot}: is a directory")
+        _check_file_argument("--plot", args.plot, folder_made_by_the_run=staged_with_the_set)
         if plot_path.name in OUTPUT_SET and staged_with_the_set:
             raise CLIError(f"--plot {args.plot}: would replace the output set's own {plot_path.name}")
 
@@ -424,33 +451,19 @@ def cmd_audit(args) -> int:
     if args.plot:
         _require_matplotlib()
     for flag, target in (("--json", args.json), ("--plot", args.plot)):
-        folder = Path(target).resolve().parent if target else None
-        if folder is not None and not (folder.is_dir() and os.access(folder, os.W_OK)):
-            raise CLIError(f"{flag} {target}: its folder {folder} does not exist or is not writable (nothing was run)")
+        if target:
+            _check_file_argument(flag, target)
     report = audit.audit(config.actor, args.loss_agg_mode, problems=problems, seed=args.seed)
     print(report.table())
     if args.json:
-        _write_atomically(Path(args.json), report.as_json())
+        _publish_file(Path(args.json), lambda handle: handle.write(report.as_json().encode()))
     if args.plot:
-        audit.plot(report, args.plot)
+        _publish_file(Path(args.plot), lambda handle: audit.plot(report, handle))
     failed = report.failed(args.require)
     if failed:
         print(f"prm-jax audit: required problems failed: {', '.join(failed)}", file=sys.stderr)
         return EXIT_AUDIT_FAILED
     return 0
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """``text`` to ``path`` whole or not at all (a temporary file beside it, renamed)."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
 
 
 def cmd_doctor(args) -> int:

@@ -358,23 +358,21 @@ def code_settings() -> str:
 
 
 # Each include of the guides, and what renders it.
-def audit_table() -> str:
-    """The auditor's verdict on every built-in mode, a column a problem (``prm_jax.audit.built_in_table``: the
-    audit runs at every docs build, about a minute)."""
+def audit_verdicts(entries: Sequence[tuple[str, Any, str]] | None = None) -> str:
+    """The auditor's verdicts, a row a mode of ``entries`` (default: every built-in mode,
+    ``prm_jax.audit.BUILT_IN``; the audit runs at every docs build, about a minute), a column a problem."""
     from prm_jax.audit import SUITE, built_in_table
 
-    rows = [(name, f"`{aggregation}`", *cells) for name, aggregation, cells in built_in_table()]
+    rows = [(name, f"`{aggregation}`", *cells) for name, aggregation, cells in built_in_table(entries=entries)]
     return markdown(("mode", "loss_agg_mode", *(f"`{p.name}`" for p in SUITE)), rows)
 
 
 def turn_baselines() -> str:
     """The auditor's verdict on the two per-turn baselines, side by side (the credit guide's table): ``turn_rloo``
     and verl RFC #7244's per-turn-index form."""
-    from prm_jax.audit import BUILT_IN, SUITE, built_in_table
+    from prm_jax.audit import BUILT_IN
 
-    entries = [entry for entry in BUILT_IN if "per-turn" in entry[0]]
-    rows = [(name, f"`{aggregation}`", *cells) for name, aggregation, cells in built_in_table(entries=entries)]
-    return markdown(("mode", "loss_agg_mode", *(f"`{p.name}`" for p in SUITE)), rows)
+    return audit_verdicts([entry for entry in BUILT_IN if "per-turn" in entry[0]])
 
 
 def audit_problems() -> str:
@@ -389,7 +387,7 @@ def audit_problems() -> str:
 TABLES: dict[str, Callable[[], str]] = {"errors-table.inc": errors, "session-format-table.inc": session_format,
                                         "refusals-table.inc": refusals, "public-api-table.inc": public_api,
                                         "steps-table.inc": steps, "code-settings-table.inc": code_settings,
-                                        "audit-table.inc": audit_table, "audit-problems-table.inc": audit_problems,
+                                        "audit-table.inc": audit_verdicts, "audit-problems-table.inc": audit_problems,
                                         "turn-baselines-table.inc": turn_baselines}
 
 

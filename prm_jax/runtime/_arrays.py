@@ -277,56 +277,109 @@ def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan:
     """One ``ModelScorer``'s chunks of the scored rows (``plan``: ``chunk_order``'s), synchronously: its weighted
     rewards ``[B, T]`` float32 (0 off the turns), its per-turn means ``[B, K]`` (``per_turn``) and the rows
     that failed with their message (each counts against the scorer). A failed chunk fails its rows
-    (``on_error="mask"``) or raises with a note naming them."""
+    (``on_error="mask"``) or raises with a note naming them; a row with a non-finite score fails alone. The
+    model is called on every chunk before any output is read (``_calls``), so the device computes while the
+    host builds the next chunks. A model's float32 token scores of weight 1, placed as they come (no
+    ``spread``) and without ``per_turn``, are written straight onto the turns' positions and checked for
+    finiteness once for the batch (issue 56.6: on a GPU the host path is all there is beside the model)."""
     tokens = rows_in.tokens
     weighted = np.zeros(tokens.shape, np.float32)
     means = np.zeros((tokens.shape[0], turns), np.float64)
     errors: dict[int, str] = {}
     done = 0
-    order, lengths, ascending = plan
-    for chunk in row_chunks(tokens, rows_in.attention, rows_in.turn_ids, order, lengths, scorer.max_batch_size,
-                            scorer.settings.bucket, ascending=ascending, valid=outside):
-        members = chunk.rows.tolist()
+    order = plan[0]
+    direct = (scorer.settings.output == "tokens" and scorer.spread is None and scorer.weight == 1.0
+              and not per_turn)
+    written: list[Any] = []  # the chunks written straight, not yet checked for finiteness
+
+    def commit(chunk: Any, chunk_weighted: np.ndarray, bad: dict[int, str]) -> None:
+        if bad and on_error == "raise":
+            raise ValueError(next(iter(bad.values())))
+        if bad:  # only the rows with a non-finite score fail
+            positions = {row: k for k, row in enumerate(chunk.rows.tolist())}
+            for row, message in bad.items():
+                errors.setdefault(row, f"ValueError: {message}")
+                chunk_weighted[positions[row]] = 0.0
+        weighted[chunk.at, :chunk.cut] = chunk_weighted
+
+    def check_written() -> None:
+        if written and not np.isfinite(weighted).all():
+            for chunk in written:
+                chunk_weighted = weighted[chunk.at, :chunk.cut]
+                commit(chunk, chunk_weighted, weighted_rows(scorer, chunk_weighted, chunk.rows.tolist())[1])
+        written.clear()
+
+    for chunk, pending in _calls(scorer, rows_in, outside, plan, counts, stop_at_error=on_error == "raise"):
         count, cut = chunk.rows.size, chunk.cut
         try:
-            if scorer.settings.output == "turns" and int(counts[chunk.rows].max()) > scorer.settings.max_turns:
-                row = members[int(np.argmax(counts[chunk.rows] > scorer.settings.max_turns))]
-                raise ValueError(f"scorer {scorer.name!r}: row {row} has more turns than "
-                                 f"max_turns={scorer.settings.max_turns}")
-            raw = scorer.chunk_scores(chunk)
+            if isinstance(pending, Exception):
+                raise pending
+            if direct:
+                scores = scorer._fetch(pending, chunk.ids.shape)
+                if scores.dtype == np.float32:
+                    on_turns = rows_in.valid[chunk.at, :cut]  # (the chunk's turn ids >= 0, without reading them)
+                    if isinstance(chunk.at, slice):
+                        np.copyto(weighted[chunk.at, :cut], scores[:count, :cut], where=on_turns)
+                    else:
+                        weighted[chunk.at, :cut] = np.where(on_turns, scores[:count, :cut], np.float32(0))
+                    written.append(chunk)
+                    done += count
+                    if report is not None:
+                        report(done, order.size)
+                    continue
+                pending = scores
+            raw = scorer.chunk_scores(chunk, pending)
             if scorer.spread is not None:
                 raw = place_steps(raw, chunk.ids[:count, :cut], chunk.turns[:count, :cut], scorer.rule,
-                                  scorer.spread, rows=members)
-            chunk_weighted, bad = weighted_rows(scorer, raw, members)
+                                  scorer.spread, rows=chunk.rows.tolist())
+            chunk_weighted, bad = weighted_rows(scorer, raw, chunk.rows.tolist())
         except Exception as err:
             if on_error == "raise":
-                err.add_note(f"score_arrays: rows {members} of input_ids (one call of scorer "
+                check_written()  # (an earlier chunk's non-finite row is the first failure)
+                err.add_note(f"score_arrays: rows {chunk.rows.tolist()} of input_ids (one call of scorer "
                               f"{scorer.name!r}) failed")
                 raise
-            for row in members:
+            for row in chunk.rows.tolist():
                 errors.setdefault(row, error_text(err))
         else:
-            if bad and on_error == "raise":
-                raise ValueError(next(iter(bad.values())))
-            if bad:  # only the rows with a non-finite score fail
-                positions = {row: k for k, row in enumerate(members)}
-                chunk_weighted = chunk_weighted.copy() if chunk_weighted is raw else chunk_weighted
-                for row, message in bad.items():
-                    errors.setdefault(row, f"ValueError: {message}")
-                    chunk_weighted[positions[row]] = 0.0
-            weighted[chunk.at, :cut] = chunk_weighted
+            check_written()
+            commit(chunk, chunk_weighted.copy() if bad and chunk_weighted is raw else chunk_weighted, bad)
             if per_turn:
                 product = raw.astype(np.float64) * scorer.weight
-                on_turns = chunk.turns[:count, :cut]
+                on_turn_ids = chunk.turns[:count, :cut]
                 for k in range(turns):
-                    on_turn = on_turns == k
+                    on_turn = on_turn_ids == k
                     seen = on_turn.sum(axis=1)
                     means[chunk.at, k] = np.where(seen > 0, (product * on_turn).sum(axis=1) / np.maximum(seen, 1),
                                                     0.0)
         done += count
         if report is not None:
             report(done, order.size)
+    check_written()
     return weighted, means, errors
+
+
+def _calls(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan: tuple[np.ndarray, np.ndarray, bool],
+           counts: np.ndarray, stop_at_error: bool) -> list[tuple[Any, Any]]:
+    """Each chunk of ``plan`` (``row_chunks``) with the model's output for it, the model called on every chunk
+    before any output is read (a jitted model's outputs are computed asynchronously), or the error that
+    refused the chunk: a row beyond ``max_turns`` (``output="turns"``), or the call's own; ``stop_at_error``:
+    no chunk is called after one that failed (``on_error="raise"`` stops there)."""
+    order, lengths, ascending = plan
+    out: list[tuple[Any, Any]] = []
+    for chunk in row_chunks(rows_in.tokens, rows_in.attention, rows_in.turn_ids, order, lengths,
+                            scorer.max_batch_size, scorer.settings.bucket, ascending=ascending, valid=outside):
+        try:
+            if scorer.settings.output == "turns" and int(counts[chunk.rows].max()) > scorer.settings.max_turns:
+                row = int(chunk.rows[int(np.argmax(counts[chunk.rows] > scorer.settings.max_turns))])
+                raise ValueError(f"scorer {scorer.name!r}: row {row} has more turns than "
+                                 f"max_turns={scorer.settings.max_turns}")
+            out.append((chunk, scorer._call(chunk.ids, chunk.mask, chunk.turns)))
+        except Exception as err:
+            out.append((chunk, err))
+            if stop_at_error:
+                break
+    return out
 
 
 def _turn_tables(per_scorer: dict[str, np.ndarray], failed: np.ndarray, turns_of: Mapping[int, int],

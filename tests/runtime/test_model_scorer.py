@@ -178,6 +178,78 @@ async def test_a_non_finite_score_fails_exactly_its_own_row_on_mask_and_names_it
     assert mixed.failed.tolist() == out.failed.tolist()
 
 
+async def test_every_chunk_is_called_before_any_output_is_read_and_both_writes_give_the_same_numbers():
+    # Issue 56.6: the row path calls the model on every chunk before it reads an output (a jitted model's outputs
+    # are computed asynchronously: the device works while the host builds the next chunks), and writes float32
+    # scores of weight 1 straight onto the turns' positions. The numbers are per-turn calls', and those of the
+    # path that weights each chunk (a model returning float64, and per_turn=True).
+    tokens, turn_ids, attention = trainer_rows(10)
+    model = ModelScorer(fn=causal_prm, max_batch_size=4)
+    events = []
+    call, fetch = model._call, model._fetch
+
+    def spy_call(*args):
+        events.append("call")
+        return call(*args)
+
+    def spy_fetch(*args):
+        events.append("fetch")
+        return fetch(*args)
+    model._call, model._fetch = spy_call, spy_fetch
+    out = await score_arrays(PRMRunner(scorers=(model,)), tokens, turn_ids, attention_mask=attention)
+    assert events == ["call"] * 3 + ["fetch"] * 3  # 10 rows, 4 a call
+    for b in range(10):
+        for k in range(int(turn_ids[b].max()) + 1):
+            at = np.flatnonzero(turn_ids[b] == k)
+            want = per_turn_reference(tokens[b, :at[-1] + 1])[at]
+            np.testing.assert_allclose(out[b, at], want, rtol=1e-6, atol=1e-7)
+    assert (out[turn_ids < 0] == 0).all()
+
+    def in_float64(input_ids, attention_mask, turn_ids):
+        return np.asarray(causal_prm(input_ids, attention_mask, turn_ids), np.float64)
+    weighted = await score_arrays(PRMRunner(scorers=(ModelScorer(fn=in_float64, jit=False, max_batch_size=4),)),
+                                  tokens, turn_ids, attention_mask=attention)
+    np.testing.assert_array_equal(weighted, out)
+    per_turn = await score_arrays(PRMRunner(scorers=(ModelScorer(fn=causal_prm, max_batch_size=4),)), tokens,
+                                  turn_ids, attention_mask=attention, per_turn=True)
+    np.testing.assert_array_equal(per_turn.token_rewards, out)
+
+
+async def test_a_non_finite_row_before_a_failed_call_is_the_first_failure_and_mask_keeps_each_rows_own():
+    # Issue 56.6: the scores written straight are checked for finiteness once for the batch; the first failure
+    # is still the first in chunk order (row 1's NaN in the first call, before the second call's error), the
+    # calls stop at a failed one under on_error="raise", and a NaN off the turns fails nothing.
+    tokens, turn_ids, attention = trainer_rows(8)
+    calls = []
+
+    def flaky(input_ids, attention_mask, turn_ids):
+        calls.append(input_ids.shape)
+        if len(calls) % 3 == 2:
+            raise RuntimeError("the second call fails")
+        scores = np.array(causal_prm(input_ids, attention_mask, turn_ids))
+        if len(calls) % 3 == 1:
+            scores[1, 3] = np.nan  # row 1: position 3 is on its first turn
+            scores[2, 0] = np.inf  # row 2: position 0 is its prompt
+        return scores
+
+    with pytest.raises(ValueError, match="on row 1: the model returned non-finite scores"):
+        await score_arrays(PRMRunner(scorers=(ModelScorer(fn=flaky, jit=False, max_batch_size=3),)), tokens,
+                           turn_ids, attention_mask=attention)
+    assert len(calls) == 2  # the third chunk was not called
+    calls.extend([None])  # (the next call is the first of three again)
+    assert turn_ids[1, 3] == 0 and turn_ids[2, 0] == -1
+    out = await score_arrays(PRMRunner(scorers=(ModelScorer(fn=flaky, jit=False, max_batch_size=3),)), tokens,
+                             turn_ids, attention_mask=attention, on_error="mask")
+    assert len(calls) == 6 and out.failed.tolist() == [False, True, False, True, True, True, False, False]
+    assert "row 1: the model returned non-finite scores" in out.errors[1]
+    assert all(out.errors[row] == "RuntimeError: the second call fails" for row in (3, 4, 5))
+    clean = await score_arrays(PRMRunner(scorers=(ModelScorer(fn=causal_prm, max_batch_size=3),)), tokens,
+                               turn_ids, attention_mask=attention)
+    keep = ~out.failed
+    np.testing.assert_array_equal(out.token_rewards[keep], clean[keep])
+    assert np.isnan(out.token_rewards[~keep][turn_ids[~keep] >= 0]).all()
+
+
 async def test_beside_another_scorer_the_model_runs_on_branches_with_the_same_numbers():
     tokens, turn_ids, attention = trainer_rows(6)
 
@@ -231,12 +303,12 @@ async def test_rows_are_chunked_by_length_and_scored_back_in_their_own_order():
         turn_ids[b, 1:length] = 0
     model = ModelScorer(fn=causal_prm, max_batch_size=2, bucket=128)
     widths = []
-    forward = model._forward
+    forward = model._call
 
     def spy(ids, mask, turns):
         widths.append(ids.shape[1])
         return forward(ids, mask, turns)
-    model._forward = spy
+    model._call = spy
     out = await score_arrays(PRMRunner(scorers=(model,)), tokens, turn_ids, attention_mask=attention)
     assert sorted(widths) == [128, 128, 256, 256]  # unsorted: four chunks of 256
     for b in range(rows):

@@ -1,12 +1,12 @@
 """Building the native CPU kernels: compile, cache, lock, verify (the only code that runs a compiler).
 
 The C++ sources beside this file (``gae_cpu.cc``, ``step_groups_cpu.cc``, ``turns_cpu.cc``, ``otb_cpu.cc``,
-``sum_pi_squared_cpu.cc``, sharing ``row_tasks.h``) are compiled into one library once per machine with the
-system C++ compiler into a cache directory (``$PRM_JAX_CACHE``, default ``~/.cache/prm_jax``). The build is
-keyed on the sources' and headers' text, the flags, the compiler and JAX (not on the folder the sources are in),
-synced to disk with its size and SHA-256 recorded beside it, and verified before every load: a damaged file (a
-crash or a full disk while it was written) is rebuilt. Concurrent processes wait on a file lock, then find the
-finished library.
+``sum_pi_squared_cpu.cc``, sharing ``row_tasks.h``; ``rows_cpu.cc``, a host function) are compiled into one
+library once per machine with the system C++ compiler into a cache directory (``$PRM_JAX_CACHE``, default
+``~/.cache/prm_jax``). The build is keyed on the sources' and headers' text, the flags, the compiler and JAX
+(not on the folder the sources are in), synced to disk with its size and SHA-256 recorded beside it, and
+verified before every load: a damaged file (a crash or a full disk while it was written) is rebuilt. Concurrent
+processes wait on a file lock, then find the finished library.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import jax
 
 logger = logging.getLogger("prm_jax.native")
 SOURCES = tuple(Path(__file__).parent / name
-                for name in ("gae_cpu.cc", "step_groups_cpu.cc", "turns_cpu.cc", "otb_cpu.cc", "sum_pi_squared_cpu.cc"))
+                for name in ("gae_cpu.cc", "step_groups_cpu.cc", "turns_cpu.cc", "otb_cpu.cc", "sum_pi_squared_cpu.cc",
+                             "rows_cpu.cc"))
 HEADERS = (Path(__file__).parent / "row_tasks.h",)  # included by the sources: part of the build key
 INPUTS = SOURCES + HEADERS
 LIBRARY_PREFIX = "prm_jax_cpu_"

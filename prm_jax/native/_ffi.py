@@ -8,7 +8,10 @@ directly over the row-major buffers. XLA:CPU also sorts slowly (~1 ms for 32k ke
 ``step_groups_cpu.cc`` finds GiGPO's step groups with one hash-table pass instead of a sort, and
 ``turns_cpu.cc`` finds where each turn continues (the next trained timestep's turn id) in one reverse pass;
 ``otb_cpu.cc`` aligns OTB's rows by generated-token index without XLA's scatter and gather, and
-``sum_pi_squared_cpu.cc`` takes OTB's ``sum pi^2`` of logits with one exponential per logit.
+``sum_pi_squared_cpu.cc`` takes OTB's ``sum pi^2`` of logits with one exponential per logit. One function of the
+library is not a custom call: ``rows_cpu.cc`` surveys a trainer's token arrays on the host (``survey_rows``,
+through ctypes on numpy buffers, whatever the backend), the checks ``score_arrays`` makes before a model reads
+them, in one pass instead of numpy's dozen.
 
 Where the library comes from: a wheel carries it built (``prm_jax/native/_prm_jax_cpu.so``, setup.py), and it
 is loaded as it is, no compiler needed; XLA refuses it at registration if it was built against a newer XLA
@@ -30,6 +33,7 @@ import os
 import subprocess
 import threading
 import warnings
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -222,6 +226,85 @@ def sum_pi_squared(logits: jax.Array, temperature: float) -> jax.Array:
     call = jax.ffi.ffi_call(SUM_PI_SQUARED_TARGET, jax.ShapeDtypeStruct(logits.shape[:-1], jnp.float32),
                             vmap_method="broadcast_all")
     return call(logits.astype(jnp.float32), temperature=np.float32(temperature))
+
+
+def _host_library() -> ctypes.CDLL | None:
+    """The library for the host functions (``survey_rows``): the packaged one where it has them, else built from
+    the sources as ``available`` builds them, whatever the default backend (they read numpy buffers); ``None``
+    with ``PRM_JAX_NATIVE=0``, or neither (callers use numpy). Loaded once, under the build's lock."""
+    if "host" in _state:
+        return _state["host"]  # type: ignore[return-value]
+    with _lock:
+        if "host" not in _state:
+            _state["host"] = _load_host()
+    return _state["host"]  # type: ignore[return-value]
+
+
+def _load_host() -> ctypes.CDLL | None:
+    mode = os.environ.get("PRM_JAX_NATIVE", "1")
+    if mode == "0":
+        return None
+    paths = [PACKAGED_LIBRARY] if mode != "build" and PACKAGED_LIBRARY.exists() else []
+    for path in paths:
+        try:
+            library = ctypes.cdll.LoadLibrary(str(path))
+            _survey_function(library)
+            return library
+        except (OSError, AttributeError):  # (an older packaged library, without the host functions)
+            pass
+    compiler = find_compiler()
+    if not compiler:
+        return None
+    try:
+        library = ctypes.cdll.LoadLibrary(str(build_library(compiler)))
+        _survey_function(library)
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
+        logger.warning("the native host functions are not available (score_arrays checks rows with numpy): %s",
+                       getattr(err, "stderr", "") or err)
+        return None
+    return library
+
+
+def _survey_function(library: ctypes.CDLL) -> Any:
+    function = library.PrmJaxSurveyRows
+    if function.restype is not ctypes.c_int64:
+        function.restype = ctypes.c_int64
+        function.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                             ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+    return function
+
+
+SURVEY_STRAY, SURVEY_OUTSIDE, SURVEY_NOT_BINARY = 1, 2, 4  # survey_rows' flags (rows_cpu.cc)
+
+
+def survey_rows(tokens: np.ndarray, turn_ids: np.ndarray,
+                attention: np.ndarray | None) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """A trainer's ``[B, T]`` arrays surveyed in one native pass (``rows_cpu.cc``): ``(flags, counts, lengths)``,
+    ``flags`` a sum of ``SURVEY_STRAY`` (a token id outside ``[0, 2^31 - 1]``), ``SURVEY_OUTSIDE`` (a turn id
+    >= 0 without attention) and ``SURVEY_NOT_BINARY`` (an attention value other than 0 and 1); ``counts [B]``
+    each row's number of turns by AReaL's rule over its turn tokens (turn id >= 0 with attention), -1 where the
+    rule breaks; ``lengths [B]`` each row's last attended position + 1. ``None`` where the library is not at
+    hand or the arrays are not C-contiguous signed integers of 4 or 8 bytes (``attention``: bool, or integers
+    of 1, 4 or 8 bytes; ``None``: every position attends): the caller checks them with numpy."""
+    if tokens.ndim != 2 or turn_ids.shape != tokens.shape or (attention is not None and attention.shape != tokens.shape):
+        return None
+    arrays = (tokens, turn_ids) if attention is None else (tokens, turn_ids, attention)
+    if not all(a.flags.c_contiguous for a in arrays) or not all(
+            a.dtype.kind == "i" and a.dtype.itemsize in (4, 8) for a in (tokens, turn_ids)):
+        return None
+    if attention is not None and not (attention.dtype.kind == "b" or (
+            attention.dtype.kind in "iu" and attention.dtype.itemsize in (1, 4, 8))):
+        return None
+    library = _host_library()
+    if library is None:
+        return None
+    rows, width = tokens.shape
+    counts, lengths = np.empty(rows, np.int64), np.empty(rows, np.int64)
+    flags = int(_survey_function(library)(
+        tokens.ctypes.data, tokens.itemsize, turn_ids.ctypes.data, turn_ids.itemsize,
+        None if attention is None else attention.ctypes.data, 0 if attention is None else attention.itemsize,
+        rows, width, counts.ctypes.data, lengths.ctypes.data))
+    return None if flags < 0 else (flags, counts, lengths)
 
 
 def use_native(*, sharded: bool, platform: str) -> bool:

@@ -19,6 +19,7 @@ import numpy as np
 
 from prm_jax._validation import integer_dtype
 from prm_jax.kernels._shaping import warn_gvpo_without_penalty
+from prm_jax.native._ffi import SURVEY_NOT_BINARY, SURVEY_OUTSIDE, SURVEY_STRAY, survey_rows
 from prm_jax.runtime._context import METADATA_KEY, check_metadata
 from prm_jax.runtime._model_scorer import chunk_order, row_chunks, weighted_rows
 from prm_jax.runtime._runner import (
@@ -44,13 +45,20 @@ def scored_turn_ids(turn_ids: Any, attention_mask: Any = None) -> np.ndarray:
 
 
 class _Rows(NamedTuple):
-    """A trainer's arrays as the row path reads them (``_checked_rows``)."""
+    """A trainer's arrays as the row path reads them (``_checked_rows``, ``_surveyed_rows``)."""
 
     tokens: np.ndarray  # [B, T] int, token ids in TOKEN_ID_RANGE
     turn_ids: np.ndarray  # [B, T] int, as given
-    attention: np.ndarray | None  # [B, T] bool, or None: every position attends
-    valid: np.ndarray  # [B, T] bool: a turn's token (turn id >= 0, with attention)
+    attention: np.ndarray | None  # [B, T] bool, or integers 0 and 1; None: every position attends
+    valid: np.ndarray | None  # [B, T] bool: a turn's token (turn id >= 0, with attention); None: not formed
     outside: bool  # whether some turn id >= 0 lies outside the attention mask (then not read)
+
+    def turn_tokens(self) -> np.ndarray:
+        """``valid``, formed here where the checks did not form it (the native survey writes no ``[B, T]``)."""
+        if self.valid is not None:
+            return self.valid
+        present = self.turn_ids >= 0
+        return present if self.attention is None else present & (self.attention != 0)
 
 
 def _checked_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> _Rows:
@@ -76,6 +84,24 @@ def _checked_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> _Rows:
     return _Rows(tokens, ids, attention, valid, np.count_nonzero(valid) != present)
 
 
+def _surveyed_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[_Rows, np.ndarray, np.ndarray | None]:
+    """The row path's checks, ``_checked_rows``' and ``turn_counts``' (their errors, in their order), with ``[B]``
+    each row's number of turns and, from the native survey, each row's length (last attended position + 1).
+    One native pass where the library is at hand and the arrays are C-contiguous integers (``survey_rows``:
+    nothing ``[B, T]`` is written), else numpy's passes; a batch the survey finds wrong is checked again
+    with numpy, which raises the error by its one rule."""
+    tokens, ids = np.asarray(input_ids), np.asarray(turn_ids)
+    mask = None if attention_mask is None else np.asarray(attention_mask)
+    surveyed = survey_rows(tokens, ids, mask) if tokens.dtype.kind == ids.dtype.kind == "i" else None
+    if surveyed is None or surveyed[0] & SURVEY_STRAY or bool((surveyed[1] < 0).any()):
+        rows_in = _checked_rows(input_ids, turn_ids, attention_mask)
+        assert rows_in.valid is not None
+        return rows_in, turn_counts(rows_in.turn_ids, rows_in.valid), None
+    flags, counts, lengths = surveyed
+    attention = mask if mask is None or not flags & SURVEY_NOT_BINARY else mask != 0
+    return _Rows(tokens, ids, attention, None, bool(flags & SURVEY_OUTSIDE)), counts, lengths
+
+
 def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = None, logprobs: Any = None,
                        rewards: Any = None, row_ids: Sequence[str] | None = None) -> list[list[Interaction] | None]:
     """One chain of interactions per row (``None`` for a padding row or a row without turns).
@@ -97,7 +123,7 @@ def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = N
     """
     checked = _checked_rows(input_ids, turn_ids, attention_mask)
     tokens, rows = checked.tokens, checked.tokens.shape[0]
-    ids = np.where(checked.valid, checked.turn_ids, -1)  # (turn_spans reads each row's ids >= 0)
+    ids = np.where(checked.turn_tokens(), checked.turn_ids, -1)  # (turn_spans reads each row's ids >= 0)
     real: np.ndarray = (np.ones(rows, bool) if checked.attention is None else
                         np.asarray(checked.attention.any(axis=1)))
     logp = None
@@ -218,24 +244,23 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
     summed in config order), a failed chunk failing its rows; each failure's scorer is appended to
     ``failures`` (the caller counts them on the runner's loop). ``BlockingRunner.score_arrays`` calls it in the
     trainer's own thread."""
-    rows_in = _checked_rows(input_ids, turn_ids, attention_mask)
-    tokens, ids, attention, valid, _ = rows_in
+    rows_in, counts, lengths = _surveyed_rows(input_ids, turn_ids, attention_mask)  # (every row's turns, as chains)
+    tokens, attention = rows_in.tokens, rows_in.attention
     rows = tokens.shape[0]
-    counts = turn_counts(ids, valid)  # (checks every row's turns, as chains do)
     scored = np.flatnonzero(counts).tolist()
     failed = np.zeros(rows, bool)
     errors: dict[int, str] = {}
     turns = int(counts.max()) if rows else 0
     total: np.ndarray | None = None
     per_scorer: dict[str, np.ndarray] = {}
-    live = attention if attention is not None else np.ones(tokens.shape, bool)
+    live = None if lengths is not None else attention if attention is not None else np.ones(tokens.shape, bool)
     # Turn ids outside the attention mask are not read: written -1 in the chunks (only where there are any).
-    outside = valid if rows_in.outside else None
+    outside = rows_in.turn_tokens() if rows_in.outside else None
     for scorer in models:
         report = progress if scorer is models[-1] else None
-        order, lengths, ascending = chunk_order(live, np.asarray(scored, np.int64), scorer.settings.bucket)
-        weighted, means, chunk_errors = _score_chunks(scorer, rows_in, outside, (order, lengths, ascending),
-                                                      counts, turns, on_error, per_turn, report)
+        plan = chunk_order(live, np.asarray(scored, np.int64), scorer.settings.bucket, lengths=lengths)
+        weighted, means, chunk_errors = _score_chunks(scorer, rows_in, outside, plan, counts, turns, on_error,
+                                                      per_turn, report)
         for row, message in chunk_errors.items():
             failed[row] = True
             errors.setdefault(row, message)
@@ -257,7 +282,7 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
                 raise ValueError(message)
             failed[row], errors[row] = True, f"ValueError: {message}"
     for row in np.flatnonzero(failed).tolist():
-        total[row] = np.where(valid[row], np.float32(np.nan), np.float32(0.0))
+        total[row] = np.where(rows_in.turn_tokens()[row], np.float32(np.nan), np.float32(0.0))
     if on_error == "raise" and not per_turn:
         if shaping_mode == "gvpo" and scored and not (total < 0).any():
             warn_gvpo_without_penalty(stacklevel=3)
@@ -317,7 +342,7 @@ def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan:
             if direct:
                 scores = scorer._fetch(pending, chunk.ids.shape)
                 if scores.dtype == np.float32:
-                    on_turns = rows_in.valid[chunk.at, :cut]  # (the chunk's turn ids >= 0, without reading them)
+                    on_turns = chunk.turns[:count, :cut] >= 0  # (-1 off the turns: row_chunks)
                     if isinstance(chunk.at, slice):
                         np.copyto(weighted[chunk.at, :cut], scores[:count, :cut], where=on_turns)
                     else:

@@ -363,24 +363,34 @@ def row_lengths(live: np.ndarray) -> np.ndarray:
     return np.where(live.any(axis=1), width - np.argmax(live[:, ::-1], axis=1), 0)
 
 
-def chunk_order(live: np.ndarray, rows: np.ndarray, bucket: int | str) -> tuple[np.ndarray, np.ndarray, bool]:
+def chunk_order(live: np.ndarray | None, rows: np.ndarray, bucket: int | str, *,
+                lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
     """The order in which ``rows`` (the rows to score; ``live``: ``[B, T]`` bool, the positions a model must
     read) are chunked, and a length per row of the batch that sets each chunk's width (its longest row's,
     rounded up to ``bucket``): by length (stable, so rows of one length keep their order), as a hand-written
     loop sorts them so each chunk is padded near its own rows' length; as given when every row falls in one
     bucket (sorting would narrow no chunk, and consecutive rows are copied without a gather), which a look at
     the last bucket's columns tells without measuring each row. The third value: whether the order is
-    ``rows``' own (``rows`` increasing: ``row_chunks``' ``ascending``)."""
-    width = live.shape[1]
+    ``rows``' own (``rows`` increasing: ``row_chunks``' ``ascending``). ``lengths`` (``[B]``, each row's last
+    live position + 1, where the caller has them: the native survey): read instead of ``live``."""
+    if lengths is not None:
+        batch, end = lengths.shape[0], int(lengths.max()) if lengths.size else 0
+    elif live is not None:
+        columns = np.flatnonzero(live.any(axis=0))
+        batch, end = live.shape[0], int(columns[-1]) + 1 if columns.size else 0
+    else:
+        raise ValueError("chunk_order needs live or lengths")
     if rows.size == 0:
-        return rows, np.zeros(live.shape[0], np.int64), True
-    columns = np.flatnonzero(live.any(axis=0))
-    end = int(columns[-1]) + 1 if columns.size else 0
+        return rows, lengths if lengths is not None else np.zeros(batch, np.int64), True
     padded = bucket_width(end, bucket)
     below = padded // 2 if bucket == "pow2" else padded - int(bucket)  # (lengths above it share the bucket)
-    if end and bool(np.asarray(live[:, below:end].any(axis=1))[rows].all()):
-        return rows, np.full(live.shape[0], end, np.int64), True
-    lengths = row_lengths(live) if width else np.zeros(live.shape[0], np.int64)
+    if lengths is None:
+        assert live is not None
+        if end and bool(np.asarray(live[:, below:end].any(axis=1))[rows].all()):
+            return rows, np.full(batch, end, np.int64), True
+        lengths = row_lengths(live) if live.shape[1] else np.zeros(batch, np.int64)
+    elif end and bool((lengths[rows] > below).all()):
+        return rows, np.full(batch, end, np.int64), True
     return rows[np.argsort(lengths[rows], kind="stable")], lengths, False
 
 

@@ -404,16 +404,19 @@ def row_chunks(input_ids: np.ndarray, attention_mask: np.ndarray | None, turn_id
     positions whose turn ids are read, -1 written elsewhere (``score_arrays``: a token without attention is
     never scored); default: the ids as given."""
     width = turn_ids.shape[1]
-    for begin in range(0, order.size, size):
+    begins = np.arange(0, order.size, size)
+    # Each chunk's longest row in one call, and each length's bucket once (a chunk of 8 rows is a few us of work).
+    longest = np.maximum.reduceat(lengths[order], begins).tolist() if order.size else []
+    widths: dict[int, int] = {}
+    for begin, length in zip(begins.tolist(), longest):
         members = order[begin:begin + size]
         count = members.size
-        length = int(lengths[members].max())
         if length == 0:
             continue
-        padded = bucket_width(length, bucket)
+        padded = widths[length] if length in widths else widths.setdefault(length, bucket_width(length, bucket))
         cut = min(padded, width)
-        rows: Any = slice(int(members[0]), int(members[0]) + count) if (
-            ascending and members[-1] - members[0] == count - 1) else members
+        first = int(members[0])
+        rows: Any = slice(first, first + count) if ascending and int(members[-1]) - first == count - 1 else members
         shape = (size, padded)
         ids, mask, turns = np.zeros(shape, np.int32), np.zeros(shape, np.int32), np.full(shape, -1, np.int32)
         ids[:count, :cut] = input_ids[rows, :cut]

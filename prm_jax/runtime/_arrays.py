@@ -247,7 +247,7 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
     rows_in, counts, lengths = _surveyed_rows(input_ids, turn_ids, attention_mask)  # (every row's turns, as chains)
     tokens, attention = rows_in.tokens, rows_in.attention
     rows = tokens.shape[0]
-    scored = np.flatnonzero(counts).tolist()
+    scored = np.flatnonzero(counts)
     failed = np.zeros(rows, bool)
     errors: dict[int, str] = {}
     turns = int(counts.max()) if rows else 0
@@ -258,7 +258,7 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
     outside = rows_in.turn_tokens() if rows_in.outside else None
     for scorer in models:
         report = progress if scorer is models[-1] else None
-        plan = chunk_order(live, np.asarray(scored, np.int64), scorer.settings.bucket, lengths=lengths)
+        plan = chunk_order(live, scored, scorer.settings.bucket, lengths=lengths)
         weighted, means, chunk_errors = _score_chunks(scorer, rows_in, outside, plan, counts, turns, on_error,
                                                       per_turn, report)
         for row, message in chunk_errors.items():
@@ -275,16 +275,17 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
         total = np.zeros(tokens.shape, np.float32)
     if len(models) > 1:  # (one scorer's rows were checked as they came: weighted_rows)
         finite: np.ndarray = np.isfinite(total.sum(axis=1, dtype=np.float64))
-        for row in [row for row in scored if not failed[row] and not finite[row]]:
+        for row in [row for row in scored.tolist() if not failed[row] and not finite[row]]:
             message = (f"the committed token rewards of row {row} would be non-finite (the float32 sum over "
                        f"scorers {[scorer.name for scorer in models]} overflows); nothing was committed")
             if on_error == "raise":
                 raise ValueError(message)
             failed[row], errors[row] = True, f"ValueError: {message}"
-    for row in np.flatnonzero(failed).tolist():
-        total[row] = np.where(rows_in.turn_tokens()[row], np.float32(np.nan), np.float32(0.0))
+    failed_rows = np.flatnonzero(failed)
+    if failed_rows.size:  # (NaN on a failed row's turns: formed once, the survey formed no [B, T] mask)
+        total[failed_rows] = np.where(rows_in.turn_tokens()[failed_rows], np.float32(np.nan), np.float32(0.0))
     if on_error == "raise" and not per_turn:
-        if shaping_mode == "gvpo" and scored and not (total < 0).any():
+        if shaping_mode == "gvpo" and scored.size and not (total < 0).any():
             warn_gvpo_without_penalty(stacklevel=3)
         return total
     if shaping_mode == "gvpo" and (~failed).any() and not (total[~failed] < 0).any():
@@ -292,7 +293,7 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
     out = ScoredArrays(total, failed, errors)
     if not per_turn:
         return out
-    return out._replace(**_turn_tables(per_scorer, failed, {row: int(counts[row]) for row in scored},
+    return out._replace(**_turn_tables(per_scorer, failed, {row: int(counts[row]) for row in scored.tolist()},
                                        (rows, turns)))
 
 

@@ -248,6 +248,7 @@ async def test_a_non_finite_row_before_a_failed_call_is_the_first_failure_and_ma
     keep = ~out.failed
     np.testing.assert_array_equal(out.token_rewards[keep], clean[keep])
     assert np.isnan(out.token_rewards[~keep][turn_ids[~keep] >= 0]).all()
+    assert (out.token_rewards[~keep][turn_ids[~keep] < 0] == 0).all()  # (NaN on the failed rows' turns only)
 
 
 async def test_beside_another_scorer_the_model_runs_on_branches_with_the_same_numbers():

@@ -31,6 +31,10 @@ SOURCES = tuple(Path(__file__).parent / name
 HEADERS = (Path(__file__).parent / "row_tasks.h",)  # included by the sources: part of the build key
 INPUTS = SOURCES + HEADERS
 LIBRARY_PREFIX = "prm_jax_cpu_"
+# The host functions (numpy buffers in, no XLA header): in the one library a wheel carries, and built alone
+# (a second or so) where no packaged library holds them, whatever the backend (``_ffi._host_library``).
+HOST_SOURCES = (Path(__file__).parent / "rows_cpu.cc",)
+HOST_PREFIX = "prm_jax_host_"
 # What a wheel carries: the library setup.py builds from SOURCES with FLAGS, loaded without a compiler.
 PACKAGED_LIBRARY = Path(__file__).parent / "_prm_jax_cpu.so"
 
@@ -130,13 +134,19 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def build_library(compiler: str) -> Path:
-    """The library for this build key: a verified cached one, else built now (a damaged one is rebuilt)."""
+def build_library(compiler: str, *, host: bool = False) -> Path:
+    """The library for this build key: a verified cached one, else built now (a damaged one is rebuilt).
+    ``host``: the host functions alone (``HOST_SOURCES``), under their own name.
+
+    Args:
+        host: Whether to build the host functions alone (``HOST_SOURCES``) instead of every kernel.
+    """
     cache = cache_dir()
     if cache is None:
         raise OSError("no cache directory for the native kernel: set PRM_JAX_CACHE")
-    command = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES)]
-    library = cache / f"{LIBRARY_PREFIX}{build_key(compiler, INPUTS)}.so"
+    sources, inputs, prefix = (HOST_SOURCES, HOST_SOURCES, HOST_PREFIX) if host else (SOURCES, INPUTS, LIBRARY_PREFIX)
+    command = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, sources)]
+    library = cache / f"{prefix}{build_key(compiler, inputs)}.so"
     if verified(library):
         return library
     cache.mkdir(parents=True, exist_ok=True)
@@ -153,7 +163,7 @@ def build_library(compiler: str) -> Path:
                 logger.info("the cached native library %s has no recorded hash (an older build): rebuilding it",
                             library)
             library.unlink()
-        fd, tmp = tempfile.mkstemp(prefix=f".{LIBRARY_PREFIX}", suffix=".so", dir=cache)
+        fd, tmp = tempfile.mkstemp(prefix=f".{prefix}", suffix=".so", dir=cache)
         os.close(fd)
         try:
             subprocess.run([*command, "-o", tmp], check=True, capture_output=True, text=True, timeout=300)
@@ -164,13 +174,15 @@ def build_library(compiler: str) -> Path:
             _sync_folder(cache)
         finally:
             Path(tmp).unlink(missing_ok=True)
-        _remove_stale(cache, keep=library)
+        _remove_stale(cache, keep=library, prefix=prefix)
     return library
 
 
-def _remove_stale(cache: Path, keep: Path) -> None:
-    """Builds of other keys (older sources, compilers or JAX versions) are not used again."""
-    for old in [*cache.glob(f"{LIBRARY_PREFIX}*"), *cache.glob("gae_cpu_*")]:  # gae_cpu_: the GAE-only library
+def _remove_stale(cache: Path, keep: Path, prefix: str) -> None:
+    """Builds of other keys (older sources, compilers or JAX versions) of the same library (``prefix``) are not
+    used again."""
+    legacy = cache.glob("gae_cpu_*") if prefix == LIBRARY_PREFIX else ()  # gae_cpu_: the GAE-only library
+    for old in [*cache.glob(f"{prefix}*"), *legacy]:
         if old.stem != keep.stem:  # (the record and the lock share the library's stem)
             old.unlink(missing_ok=True)
 

@@ -229,9 +229,10 @@ def sum_pi_squared(logits: jax.Array, temperature: float) -> jax.Array:
 
 
 def _host_library() -> ctypes.CDLL | None:
-    """The library for the host functions (``survey_rows``): the packaged one where it has them, else built from
-    the sources as ``available`` builds them, whatever the default backend (they read numpy buffers); ``None``
-    with ``PRM_JAX_NATIVE=0``, or neither (callers use numpy). Loaded once, under the build's lock."""
+    """The library for the host functions (``survey_rows``): the packaged one where it has them, else
+    ``HOST_SOURCES`` built alone (no XLA header: a second or so, once a machine), whatever the default backend
+    (they read numpy buffers); ``None`` with ``PRM_JAX_NATIVE=0``, or neither (callers use numpy). Loaded
+    once, under the build's lock."""
     if "host" in _state:
         return _state["host"]  # type: ignore[return-value]
     with _lock:
@@ -256,7 +257,7 @@ def _load_host() -> ctypes.CDLL | None:
     if not compiler:
         return None
     try:
-        library = ctypes.cdll.LoadLibrary(str(build_library(compiler)))
+        library = ctypes.cdll.LoadLibrary(str(build_library(compiler, host=True)))
         _survey_function(library)
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
         logger.warning("the native host functions are not available (score_arrays checks rows with numpy): %s",

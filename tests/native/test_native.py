@@ -89,6 +89,28 @@ def test_collecting_the_suite_builds_nothing(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert " tests collected" in proc.stdout or "tests collected" in proc.stdout
     assert not list((tmp_path / "cache").glob(f"{build.LIBRARY_PREFIX}*"))
+    assert not list((tmp_path / "cache").glob(f"{build.HOST_PREFIX}*"))
+
+
+def test_the_host_functions_are_built_alone_beside_the_kernels_whatever_the_backend(cache):
+    # Issue 56.6: where no packaged library holds the host functions (score_arrays' survey of a trainer's arrays),
+    # rows_cpu.cc is built alone under its own name (no XLA header: a second or so), also where the default
+    # backend is an accelerator (the kernels are not loaded there), and the kernels' library beside it stays
+    # (a build removes only its own stale keys); PRM_JAX_NATIVE=0 turns it off (numpy checks the rows).
+    code = ("import jax, numpy as np; jax.default_backend = lambda: 'gpu'; from prm_jax.native import _ffi as ffi; "
+            "out = ffi.survey_rows(np.array([[5, 6, 7]]), np.array([[-1, 0, 0]]), None); "
+            "print(None if out is None else out[1].tolist(), ffi.available())")
+    env = {k: v for k, v in os.environ.items() if k != "PRM_JAX_NATIVE"}
+    kernels = set(cache.glob(f"{build.LIBRARY_PREFIX}*"))
+    assert kernels
+    for mode, printed in (("build", "[1] False"), ("0", "None False")):
+        proc = subprocess.run([sys.executable, "-c", code], env=dict(env, PRM_JAX_NATIVE=mode, PRM_JAX_CACHE=str(cache),
+                                                                      CXX=COMPILER, JAX_PLATFORMS="cpu"),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == printed
+    assert len(list(cache.glob(f"{build.HOST_PREFIX}*.so"))) == 1
+    assert set(cache.glob(f"{build.LIBRARY_PREFIX}*")) == kernels
 
 
 def test_a_packaged_library_that_cannot_be_loaded_gives_way_to_the_source_build(cache, tmp_path):

@@ -91,6 +91,19 @@ def test_the_wheel_loads_its_kernels_without_a_compiler_and_is_as_fast_as_the_so
     assert float(np.median(ratios)) <= 1.10, ratios
 
 
+def test_the_wheels_library_holds_the_host_functions_without_a_compiler(wheel_env):
+    # Issue 56.6: score_arrays' checks of a trainer's arrays in one native pass (rows_cpu.cc, survey_rows) come
+    # with the wheel's library: loaded from it without a compiler, nothing built.
+    python, library, work = wheel_env
+    code = ("import numpy as np; from prm_jax.native import _ffi as ffi; "
+            "print(ffi._host_library()._name, ffi.survey_rows(np.array([[5, 6, 7]]), np.array([[-1, 0, 0]]), None)[1])")
+    proc = subprocess.run([str(python), "-c", code], env=without_compiler(python, work), cwd=work,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(library), "[1]"]
+    assert not list((work / "empty-cache").glob("prm_jax_*"))
+
+
 @pytest.mark.skipif(not FLOOR_PYTHON.exists(), reason="needs .venv-floor (python3 dev.py floor makes it)")
 def test_one_library_serves_the_oldest_and_the_newest_jax_with_the_same_numbers(wheel_env, tmp_path):
     python, library, work = wheel_env

@@ -26,7 +26,8 @@ E2E_FILES = ("app/test_cli.py", "app/test_cli_credit.py", "app/test_cli_faults.p
              "app/test_doctor.py", "app/test_host_path.py", "app/test_outputs.py", "app/test_serving_cli.py",
              "native/test_native.py", "ray/test_ray_cluster.py", "runtime/test_worker_footprint.py",
              "scorers/test_sandbox_fusion.py",
-             "test_audit.py", "test_benchmarks.py", "test_example.py", "test_multidevice.py")
+             "test_audit.py", "test_benchmarks.py", "test_example.py", "test_multidevice.py",
+             "test_test_command.py")  # (the test command run in processes of its own: its watcher, its hook)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -245,10 +245,9 @@ def _load_host() -> ctypes.CDLL | None:
     mode = os.environ.get("PRM_JAX_NATIVE", "1")
     if mode == "0":
         return None
-    paths = [PACKAGED_LIBRARY] if mode != "build" and PACKAGED_LIBRARY.exists() else []
-    for path in paths:
+    if mode != "build" and PACKAGED_LIBRARY.exists():
         try:
-            library = ctypes.cdll.LoadLibrary(str(path))
+            library = ctypes.cdll.LoadLibrary(str(PACKAGED_LIBRARY))
             _survey_function(library)
             return library
         except (OSError, AttributeError):  # (an older packaged library, without the host functions)

@@ -92,7 +92,7 @@ def _surveyed_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[
     with numpy, which raises the error by its one rule."""
     tokens, ids = np.asarray(input_ids), np.asarray(turn_ids)
     mask = None if attention_mask is None else np.asarray(attention_mask)
-    surveyed = survey_rows(tokens, ids, mask) if tokens.dtype.kind == ids.dtype.kind == "i" else None
+    surveyed = survey_rows(tokens, ids, mask)
     if surveyed is None or surveyed[0] & SURVEY_STRAY or bool((surveyed[1] < 0).any()):
         rows_in = _checked_rows(input_ids, turn_ids, attention_mask)
         assert rows_in.valid is not None
@@ -340,25 +340,14 @@ def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan:
         try:
             if isinstance(pending, Exception):
                 raise pending
-            if direct:
-                scores = scorer._fetch(pending, chunk.ids.shape)
-                if scores.dtype == np.float32:
-                    on_turns = chunk.turns[:count, :cut] >= 0  # (-1 off the turns: row_chunks)
-                    if isinstance(chunk.at, slice):
-                        np.copyto(weighted[chunk.at, :cut], scores[:count, :cut], where=on_turns)
-                    else:
-                        weighted[chunk.at, :cut] = np.where(on_turns, scores[:count, :cut], np.float32(0))
-                    written.append(chunk)
-                    done += count
-                    if report is not None:
-                        report(done, order.size)
-                    continue
-                pending = scores
-            raw = scorer.chunk_scores(chunk, pending)
-            if scorer.spread is not None:
-                raw = place_steps(raw, chunk.ids[:count, :cut], chunk.turns[:count, :cut], scorer.rule,
-                                  scorer.spread, rows=chunk.rows.tolist())
-            chunk_weighted, bad = weighted_rows(scorer, raw, chunk.rows.tolist())
+            scores = scorer._fetch(pending, chunk.ids.shape)
+            straight = direct and scores.dtype == np.float32
+            if not straight:
+                raw = scorer._on_turns(chunk, scores)
+                if scorer.spread is not None:
+                    raw = place_steps(raw, chunk.ids[:count, :cut], chunk.turns[:count, :cut], scorer.rule,
+                                      scorer.spread, rows=chunk.rows.tolist())
+                chunk_weighted, bad = weighted_rows(scorer, raw, chunk.rows.tolist())
         except Exception as err:
             if on_error == "raise":
                 check_written()  # (an earlier chunk's non-finite row is the first failure)
@@ -368,8 +357,16 @@ def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan:
             for row in chunk.rows.tolist():
                 errors.setdefault(row, error_text(err))
         else:
-            check_written()
-            commit(chunk, chunk_weighted.copy() if bad and chunk_weighted is raw else chunk_weighted, bad)
+            if straight:
+                on_turns = chunk.turns[:count, :cut] >= 0  # (-1 off the turns: row_chunks)
+                if isinstance(chunk.at, slice):
+                    np.copyto(weighted[chunk.at, :cut], scores[:count, :cut], where=on_turns)
+                else:
+                    weighted[chunk.at, :cut] = np.where(on_turns, scores[:count, :cut], np.float32(0))
+                written.append(chunk)
+            else:
+                check_written()
+                commit(chunk, chunk_weighted.copy() if bad and chunk_weighted is raw else chunk_weighted, bad)
             if per_turn:
                 product = raw.astype(np.float64) * scorer.weight
                 on_turn_ids = chunk.turns[:count, :cut]

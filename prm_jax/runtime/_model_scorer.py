@@ -185,7 +185,7 @@ class ModelScorer(BatchTrajectoryScorer):
             raise ValueError(f"scorer {self.name!r}: the model returned non-finite scores on row {int(bad[0])}")
         return out
 
-    def chunk_scores(self, chunk: RowChunk, pending: Any = None) -> np.ndarray:
+    def chunk_scores(self, chunk: RowChunk) -> np.ndarray:
         """The model's raw scores of one chunk's rows, ``[rows, cut]`` in the model's float dtype (float64 for
         one that returns integers), 0 off the turns (``output="turns"``: each turn's column spread over its
         tokens): one call of the model (``max_batch_size`` rows, the chunk's bucketed width). Placing by
@@ -193,12 +193,12 @@ class ModelScorer(BatchTrajectoryScorer):
 
         Args:
             chunk: One model call's rows (``RowChunk``).
-            pending: The model's output for ``chunk`` from a call made ahead (``score_arrays`` calls the model on
-                every chunk before it reads any output, so the device computes while the host builds the next
-                chunks); ``None``: the model is called here.
         """
-        result = self._call(chunk.ids, chunk.mask, chunk.turns) if pending is None else pending
-        scores = self._fetch(result, chunk.ids.shape)
+        return self._on_turns(chunk, self._fetch(self._call(chunk.ids, chunk.mask, chunk.turns), chunk.ids.shape))
+
+    def _on_turns(self, chunk: RowChunk, scores: np.ndarray) -> np.ndarray:
+        """``chunk_scores`` from the call's output on the host (``_fetch``'s): the chunk's rows and columns, each
+        turn's column spread over its tokens for ``output="turns"``, 0 off the turns."""
         count = chunk.rows.size
         turns = chunk.turns[:count, :chunk.cut]
         if self.settings.output == "turns":
@@ -407,13 +407,13 @@ def row_chunks(input_ids: np.ndarray, attention_mask: np.ndarray | None, turn_id
     begins = np.arange(0, order.size, size)
     # Each chunk's longest row in one call, and each length's bucket once (a chunk of 8 rows is a few us of work).
     longest = np.maximum.reduceat(lengths[order], begins).tolist() if order.size else []
-    widths: dict[int, int] = {}
+    widths = {length: bucket_width(length, bucket) for length in set(longest) if length}
     for begin, length in zip(begins.tolist(), longest):
         members = order[begin:begin + size]
         count = members.size
         if length == 0:
             continue
-        padded = widths[length] if length in widths else widths.setdefault(length, bucket_width(length, bucket))
+        padded = widths[length]
         cut = min(padded, width)
         first = int(members[0])
         rows: Any = slice(first, first + count) if ascending and int(members[-1]) - first == count - 1 else members

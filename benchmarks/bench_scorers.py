@@ -63,7 +63,7 @@ from stub_servers import answer_seven, engine_time, server_process, step_by_last
 
 from prm_jax import BaseScorer, BatchScorer, BatchTrajectoryScorer, Interaction, InteractionCache, PRMRunner  # noqa: E402
 from prm_jax.runtime import BlockingRunner, score_arrays  # noqa: E402
-from prm_jax.runtime._arrays import _checked_rows, _surveyed_rows  # noqa: E402
+from prm_jax.runtime._arrays import _checked_rows, _fused_chunks, _planned_rows, _surveyed_rows  # noqa: E402
 from prm_jax.runtime._trajectory import turn_counts  # noqa: E402
 from prm_jax.scorers import ModelScorer, OpenAIJudgeScorer, PoolingPRMScorer  # noqa: E402
 
@@ -536,12 +536,28 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
 
     hand_loop()  # compiles
     # A synchronous trainer's call (BlockingRunner.score_arrays: the rows scored in its own thread), beside the
-    # async call in a running loop (score_arrays, one hop to a worker thread) and the checks any correct path
-    # must make of the arrays (token ids in range, AReaL's turn rule): as the path makes them (the native survey
-    # where the library is), with numpy's passes, and the floor under any check not fused into the chunks'
-    # copies: one read of each of the three arrays (a reduction over its bytes).
+    # async call in a running loop (score_arrays, one hop to a worker thread), and the parts: the checks any
+    # correct path must make of the arrays (token ids in range, AReaL's turn rule), made as the path makes them
+    # with one scorer (as the rows are copied into the chunks: each row's length, then the checked copies)
+    # against the hand loop's copies alone; and made apart from the copies (the native survey, numpy's passes),
+    # beside the floor under any check not fused into the copies: one read of each of the three arrays (a
+    # reduction over its bytes).
     blocking = BlockingRunner(scorers=(ModelScorer(fn=model, max_batch_size=chunk, bucket=128),))
     blocking.score_arrays(tokens, turn_ids, attention_mask=attention)  # compiles
+
+    def checked_copies() -> None:
+        planned = _planned_rows(tokens, turn_ids, attention)
+        assert planned is not None, "the native library is not at hand: the path checks the rows with numpy"
+        _, host, lengths = planned
+        _fused_chunks(host, np.flatnonzero(lengths), lengths, np.zeros(n, np.int64), chunk, 128)
+
+    def hand_copies() -> None:
+        for b in range(0, n, chunk):
+            ids, mask = np.zeros((chunk, padded), np.int32), np.zeros((chunk, padded), np.int32)
+            turns = np.full((chunk, padded), -1, np.int32)
+            ids[:min(chunk, n - b)] = tokens[b:b + chunk, :padded]
+            mask[:min(chunk, n - b)] = attention[b:b + chunk, :padded]
+            turns[:min(chunk, n - b)] = turn_ids[b:b + chunk, :padded]
 
     def checks_native() -> None:
         _surveyed_rows(tokens, turn_ids, attention)
@@ -554,9 +570,9 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
         for array in (tokens, turn_ids, attention):
             array.view(np.uint64).max()
 
-    walls, hand, in_loop, checks, numpy_checks, read = wall_times(
+    walls, hand, in_loop, fused, copies, checks, numpy_checks, read = wall_times(
         repeats, lambda: blocking.score_arrays(tokens, turn_ids, attention_mask=attention), hand_loop,
-        lambda: anyio.run(score), checks_native, checks_numpy, one_read)
+        lambda: anyio.run(score), checked_copies, hand_copies, checks_native, checks_numpy, one_read)
     blocking.close()
     # The numbers against per-turn calls (each turn's prefix alone, unpadded) on a few rows.
     worst = 0.0
@@ -569,11 +585,13 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
     print(f"\n4. JAX {what}: {n} rows x {TURNS} turns, {int(attention.sum())} tokens; ModelScorer through score_arrays, "
           f"chunks of {chunk} rows: {n / median(walls):,.0f} rows/s against the hand loop's {n / median(hand):,.0f}")
     print(f"   BlockingRunner.score_arrays (a synchronous trainer's call; the async call in its own anyio.run: "
-          f"{median(in_loop) * 1e3:.1f} ms = {median(in_loop) / median(hand):.2f}x; the arrays' checks alone "
-          f"{median(checks) * 1e3:.3f} ms (numpy's {median(numpy_checks) * 1e3:.3f}), so (hand loop + checks) / hand "
-          f"loop = {(median(hand) + median(checks)) / median(hand):.2f}x; one read of the three arrays, the floor "
-          f"of a check not fused into the copies, {median(read) * 1e3:.3f} ms: "
-          f"{(median(hand) + median(read)) / median(hand):.2f}x):")
+          f"{median(in_loop) * 1e3:.1f} ms = {median(in_loop) / median(hand):.2f}x). The checks as the path makes "
+          f"them, in the copies: {median(fused) * 1e3:.3f} ms against the hand loop's copies alone "
+          f"{median(copies) * 1e3:.3f} ms ({median(fused) / median(copies):.2f}x). Apart from the copies: the native "
+          f"survey {median(checks) * 1e3:.3f} ms (numpy's {median(numpy_checks) * 1e3:.3f}), so (hand loop + survey) "
+          f"/ hand loop = {(median(hand) + median(checks)) / median(hand):.2f}x; one read of the three arrays, the "
+          f"floor of a check not fused into the copies, {median(read) * 1e3:.3f} ms: "
+          f"{(median(hand) + median(read)) / median(hand):.2f}x:")
     print(f"   wall {median(walls) * 1e3:.1f} ms = {median(walls) / median(hand):.2f}x the hand-batched loop "
           f"({median(hand) * 1e3:.1f} ms; runs: {', '.join(f'{w / median(hand):.2f}' for w in walls)}); compiles "
           f"{compiles} for {len(used)} bucket(s) used; {scorer.forwards // (repeats + 1)} forwards a batch; max |diff| "

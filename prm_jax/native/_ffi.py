@@ -8,10 +8,12 @@ directly over the row-major buffers. XLA:CPU also sorts slowly (~1 ms for 32k ke
 ``step_groups_cpu.cc`` finds GiGPO's step groups with one hash-table pass instead of a sort, and
 ``turns_cpu.cc`` finds where each turn continues (the next trained timestep's turn id) in one reverse pass;
 ``otb_cpu.cc`` aligns OTB's rows by generated-token index without XLA's scatter and gather, and
-``sum_pi_squared_cpu.cc`` takes OTB's ``sum pi^2`` of logits with one exponential per logit. One function of the
-library is not a custom call: ``rows_cpu.cc`` surveys a trainer's token arrays on the host (``survey_rows``,
-through ctypes on numpy buffers, whatever the backend), the checks ``score_arrays`` makes before a model reads
-them, in one pass instead of numpy's dozen.
+``sum_pi_squared_cpu.cc`` takes OTB's ``sum pi^2`` of logits with one exponential per logit. Four functions of the
+library are not custom calls: ``rows_cpu.cc`` checks a trainer's token arrays on the host (through ctypes on
+numpy buffers, whatever the backend), the checks ``score_arrays`` makes before a model reads them, in one pass
+instead of numpy's dozen: surveyed before the rows are copied (``survey_rows``), or, with one ``ModelScorer``,
+as they are copied into its chunks (``plan_rows``, ``chunk_rows``), the scores written back by
+``place_scores``.
 
 Where the library comes from: a wheel carries it built (``prm_jax/native/_prm_jax_cpu.so``, setup.py), and it
 is loaded as it is, no compiler needed; XLA refuses it at registration if it was built against a newer XLA
@@ -33,7 +35,7 @@ import os
 import subprocess
 import threading
 import warnings
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -248,7 +250,7 @@ def _load_host() -> ctypes.CDLL | None:
     if mode != "build" and PACKAGED_LIBRARY.exists():
         try:
             library = ctypes.cdll.LoadLibrary(str(PACKAGED_LIBRARY))
-            _survey_function(library)
+            _host_functions(library)
             return library
         except (OSError, AttributeError):  # (an older packaged library, without the host functions)
             pass
@@ -257,7 +259,7 @@ def _load_host() -> ctypes.CDLL | None:
         return None
     try:
         library = ctypes.cdll.LoadLibrary(str(build_library(compiler, host=True)))
-        _survey_function(library)
+        _host_functions(library)
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
         logger.warning("the native host functions are not available (score_arrays checks rows with numpy): %s",
                        getattr(err, "stderr", "") or err)
@@ -265,27 +267,64 @@ def _load_host() -> ctypes.CDLL | None:
     return library
 
 
-def _survey_function(library: ctypes.CDLL) -> Any:
-    function = library.PrmJaxSurveyRows
-    if function.restype is not ctypes.c_int64:
-        function.restype = ctypes.c_int64
-        function.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                             ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
-    return function
+_HOST_SIGNATURES = {  # each host function's ctypes argument types (rows_cpu.cc)
+    "PrmJaxSurveyRows": (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p),
+    "PrmJaxPlanRows": (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                       ctypes.c_void_p),
+    "PrmJaxChunkRows": (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                        ctypes.c_void_p),
+    "PrmJaxPlaceScores": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                          ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64),
+}
+
+
+def _host_functions(library: ctypes.CDLL) -> dict[str, Any]:
+    """The library's host functions, typed once a library (``AttributeError`` for one without them all)."""
+    functions = _TYPED.get(id(library))
+    if functions is None:
+        functions = {}
+        for name, arguments in _HOST_SIGNATURES.items():
+            function = getattr(library, name)
+            function.restype, function.argtypes = ctypes.c_int64, arguments
+            functions[name] = function
+        _TYPED[id(library)] = functions
+    return functions
+
+
+_TYPED: dict[int, dict[str, Any]] = {}  # each loaded library's typed host functions (libraries stay loaded)
 
 
 SURVEY_STRAY, SURVEY_OUTSIDE, SURVEY_NOT_BINARY = 1, 2, 4  # survey_rows' flags (rows_cpu.cc)
 
 
-def survey_rows(tokens: np.ndarray, turn_ids: np.ndarray,
-                attention: np.ndarray | None) -> tuple[int, np.ndarray, np.ndarray] | None:
-    """A trainer's ``[B, T]`` arrays surveyed in one native pass (``rows_cpu.cc``): ``(flags, counts, lengths)``,
-    ``flags`` a sum of ``SURVEY_STRAY`` (a token id outside ``[0, 2^31 - 1]``), ``SURVEY_OUTSIDE`` (a turn id
-    >= 0 without attention) and ``SURVEY_NOT_BINARY`` (an attention value other than 0 and 1); ``counts [B]``
-    each row's number of turns by AReaL's rule over its turn tokens (turn id >= 0 with attention), -1 where the
-    rule breaks; ``lengths [B]`` each row's last attended position + 1. ``None`` where the library is not at
-    hand or the arrays are not C-contiguous signed integers of 4 or 8 bytes (``attention``: bool, or integers
-    of 1, 4 or 8 bytes; ``None``: every position attends): the caller checks them with numpy."""
+def _address(array: np.ndarray) -> int:
+    """A C-contiguous array's buffer address: through ``ctypes.c_char.from_buffer`` where it is writable (half a
+    microsecond; ``array.ctypes.data`` builds an object first, one to two), else ``array.ctypes.data``."""
+    if array.flags.writeable and array.nbytes:
+        try:
+            return ctypes.addressof(ctypes.c_char.from_buffer(cast(Any, array)))
+        except (TypeError, ValueError, BufferError):
+            pass
+    return array.ctypes.data
+
+
+class HostRows(NamedTuple):
+    """A trainer's ``[B, T]`` arrays as the host functions take them (``host_rows``): the arrays (held, so their
+    buffers live), the functions' leading arguments (each buffer's address and item size) and the functions."""
+
+    tokens: np.ndarray
+    turn_ids: np.ndarray
+    attention: np.ndarray | None
+    arguments: tuple[int | None, ...]
+    functions: dict[str, Any]
+
+
+def host_rows(tokens: np.ndarray, turn_ids: np.ndarray, attention: np.ndarray | None) -> HostRows | None:
+    """``tokens``, ``turn_ids`` and ``attention`` for the host functions, or ``None`` where the library is not at
+    hand or they are not arrays its functions take: ``[B, T]``, C-contiguous, token and turn ids signed integers
+    of 4 or 8 bytes, ``attention`` bool or integers of 1, 4 or 8 bytes (``None``: every position attends)."""
     if tokens.ndim != 2 or turn_ids.shape != tokens.shape or (attention is not None and attention.shape != tokens.shape):
         return None
     arrays = (tokens, turn_ids) if attention is None else (tokens, turn_ids, attention)
@@ -298,13 +337,83 @@ def survey_rows(tokens: np.ndarray, turn_ids: np.ndarray,
     library = _host_library()
     if library is None:
         return None
+    arguments = (_address(tokens), tokens.itemsize, _address(turn_ids), turn_ids.itemsize,
+                 None if attention is None else _address(attention), 0 if attention is None else attention.itemsize)
+    return HostRows(tokens, turn_ids, attention, arguments, _host_functions(library))
+
+
+def survey_rows(tokens: np.ndarray, turn_ids: np.ndarray,
+                attention: np.ndarray | None) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """A trainer's ``[B, T]`` arrays surveyed in one native pass (``rows_cpu.cc``): ``(flags, counts, lengths)``,
+    ``flags`` a sum of ``SURVEY_STRAY`` (a token id outside ``[0, 2^31 - 1]``), ``SURVEY_OUTSIDE`` (a turn id
+    >= 0 without attention) and ``SURVEY_NOT_BINARY`` (an attention value other than 0 and 1); ``counts [B]``
+    each row's number of turns by AReaL's rule over its turn tokens (turn id >= 0 with attention), -1 where the
+    rule breaks; ``lengths [B]`` each row's last attended position + 1. ``None`` where ``host_rows`` is: the
+    caller checks them with numpy."""
+    host = host_rows(tokens, turn_ids, attention)
+    if host is None:
+        return None
     rows, width = tokens.shape
     counts, lengths = np.empty(rows, np.int64), np.empty(rows, np.int64)
-    flags = int(_survey_function(library)(
-        tokens.ctypes.data, tokens.itemsize, turn_ids.ctypes.data, turn_ids.itemsize,
-        None if attention is None else attention.ctypes.data, 0 if attention is None else attention.itemsize,
-        rows, width, counts.ctypes.data, lengths.ctypes.data))
+    flags = int(host.functions["PrmJaxSurveyRows"](*host.arguments, rows, width, _address(counts),
+                                                    _address(lengths)))
     return None if flags < 0 else (flags, counts, lengths)
+
+
+def plan_rows(host: HostRows) -> tuple[int, np.ndarray]:
+    """The first half of the checks made as rows are copied (``chunk_rows``): ``(flags, lengths)``, ``lengths
+    [B]`` each row's last attended position + 1 (the mask read back from each row's end: only its padding; the
+    turn ids are not read), ``flags`` ``SURVEY_STRAY`` where a row of length 0, which is never copied, holds a
+    token id outside ``[0, 2^31 - 1]``."""
+    rows, width = host.tokens.shape
+    lengths = np.empty(rows, np.int64)
+    tokens, token_bytes, _, _, attention, attention_bytes = host.arguments
+    flags = int(host.functions["PrmJaxPlanRows"](tokens, token_bytes, attention, attention_bytes, rows, width,
+                                                  _address(lengths)))
+    assert flags >= 0, "host_rows took arrays PrmJaxPlanRows refuses"
+    return flags, lengths
+
+
+def chunk_rows(host: HostRows, members: np.ndarray, chunk_sizes: list[int], widths: list[int],
+               size: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``members`` copied into model calls' int32 buffers, checked as they are copied, in one native
+    pass: call ``c`` the next ``chunk_sizes[c]`` members (at most ``size``) in a ``[size, widths[c]]`` block.
+    ``(flags, ids, mask, turns, counts)``: ``ids``, ``mask`` and ``turns`` the blocks one after another, flat
+    (``ids`` the token ids as given, ``mask`` 1 where a position attends, ``turns`` each turn token's turn id and
+    -1 elsewhere; columns up to ``min(widths[c], T)`` copied, the rest and a block's rows past its members 0, -1
+    in ``turns``); ``counts`` each member's number of turns by AReaL's rule, -1 where it breaks; ``flags``
+    ``SURVEY_STRAY`` where a member holds a token id outside ``[0, 2^31 - 1]`` (anywhere in its row)."""
+    if sum(chunk_sizes) != members.size or max(chunk_sizes, default=0) > size:
+        raise ValueError(f"chunk_rows: {members.size} members in chunks {chunk_sizes} of at most {size} rows")
+    n, chunks = members.size, len(chunk_sizes)
+    index = np.empty(2 * n + 2 * chunks, np.int64)  # (members, chunk sizes, widths, counts: rows_cpu.cc)
+    index[:n] = members
+    index[n:n + chunks], index[n + chunks:n + 2 * chunks] = chunk_sizes, widths
+    region = size * sum(widths)
+    out = np.empty(3 * region, np.int32)
+    flags = int(host.functions["PrmJaxChunkRows"](*host.arguments, host.tokens.shape[1], _address(index), n, chunks,
+                                                   size, _address(out)))
+    assert flags >= 0, "host_rows took arrays PrmJaxChunkRows refuses"
+    return flags, out[:region], out[region:2 * region], out[2 * region:], index[n + 2 * chunks:]
+
+
+def place_scores(scores: np.ndarray, turns: np.ndarray, rows: np.ndarray, cut: int, out: np.ndarray) -> bool | None:
+    """A model call's float32 ``scores [size, padded]`` written onto rows ``rows`` of ``out [B, T]`` float32, up to
+    column ``cut``: the scores where the call's ``turns [size, padded]`` int32 are >= 0, 0 elsewhere, in one native
+    pass; whether a score placed is not finite. ``None`` (nothing written) where the library is not at hand or
+    the arrays are not those C-contiguous buffers: the caller writes them with numpy."""
+    size, padded = turns.shape
+    if not (scores.dtype == np.float32 and scores.shape == turns.shape and turns.dtype == np.int32
+            and out.dtype == np.float32 and out.ndim == 2 and scores.flags.c_contiguous and turns.flags.c_contiguous
+            and out.flags.c_contiguous and out.flags.writeable and rows.dtype == np.int64 and rows.size <= size
+            and cut <= min(padded, out.shape[1])):
+        return None
+    library = _host_library()
+    if library is None:
+        return None
+    rows = np.ascontiguousarray(rows)
+    return bool(_host_functions(library)["PrmJaxPlaceScores"](
+        _address(scores), _address(turns), _address(rows), rows.size, cut, padded, _address(out), out.shape[1]))
 
 
 def use_native(*, sharded: bool, platform: str) -> bool:

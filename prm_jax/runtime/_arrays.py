@@ -11,7 +11,7 @@ own arrays stay the batch.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, overload
 
 import anyio
@@ -19,9 +19,19 @@ import numpy as np
 
 from prm_jax._validation import integer_dtype
 from prm_jax.kernels._shaping import warn_gvpo_without_penalty
-from prm_jax.native._ffi import SURVEY_NOT_BINARY, SURVEY_OUTSIDE, SURVEY_STRAY, survey_rows
+from prm_jax.native._ffi import (
+    SURVEY_NOT_BINARY,
+    SURVEY_OUTSIDE,
+    SURVEY_STRAY,
+    HostRows,
+    chunk_rows,
+    host_rows,
+    place_scores,
+    plan_rows,
+    survey_rows,
+)
 from prm_jax.runtime._context import METADATA_KEY, check_metadata
-from prm_jax.runtime._model_scorer import chunk_order, row_chunks, weighted_rows
+from prm_jax.runtime._model_scorer import RowChunk, chunk_order, chunk_slots, row_chunks, weighted_rows
 from prm_jax.runtime._runner import (
     NOT_SCORER_FAILURES,
     PRMRunner,
@@ -49,7 +59,7 @@ class _Rows(NamedTuple):
 
     tokens: np.ndarray  # [B, T] int, token ids in TOKEN_ID_RANGE
     turn_ids: np.ndarray  # [B, T] int, as given
-    attention: np.ndarray | None  # [B, T] bool, or integers 0 and 1; None: every position attends
+    attention: np.ndarray | None  # [B, T] bool or integers, read as nonzero; None: every position attends
     valid: np.ndarray | None  # [B, T] bool: a turn's token (turn id >= 0, with attention); None: not formed
     outside: bool  # whether some turn id >= 0 lies outside the attention mask (then not read)
 
@@ -100,6 +110,64 @@ def _surveyed_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[
     flags, counts, lengths = surveyed
     attention = mask if mask is None or not flags & SURVEY_NOT_BINARY else mask != 0
     return _Rows(tokens, ids, attention, None, bool(flags & SURVEY_OUTSIDE)), counts, lengths
+
+
+def _planned_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[_Rows, HostRows, np.ndarray] | None:
+    """The row path's first step where its checks are made as the rows are copied (``_fused_chunks``: one
+    ``ModelScorer``, arrays the native host functions take, ``host_rows``): the arrays, as ``_Rows`` and for the
+    host functions, and ``[B]`` each row's length (``plan_rows``: the mask read back from each row's end); a row
+    of length 0, never copied, has its tokens checked here. ``None`` elsewhere (the caller surveys the rows
+    first: ``_surveyed_rows``)."""
+    tokens, ids = np.asarray(input_ids), np.asarray(turn_ids)
+    mask = None if attention_mask is None else np.asarray(attention_mask)
+    host = host_rows(tokens, ids, mask)
+    if host is None:
+        return None
+    flags, lengths = plan_rows(host)
+    if flags & SURVEY_STRAY:
+        _raise_row_error(tokens, ids, mask)
+    return _Rows(tokens, ids, mask, None, False), host, lengths
+
+
+def _raise_row_error(tokens: np.ndarray, ids: np.ndarray, mask: np.ndarray | None) -> None:
+    """The error of arrays a native check found wrong, raised by numpy's checks (``_checked_rows``,
+    ``turn_counts``: one rule, one message, the first row in the batch's order)."""
+    checked = _checked_rows(tokens, ids, mask)
+    assert checked.valid is not None
+    turn_counts(checked.turn_ids, checked.valid)
+    raise AssertionError("the native checks of score_arrays' rows found an error numpy's checks do not")
+
+
+def _fused_chunks(host: HostRows, scored: np.ndarray, lengths: np.ndarray, counts: np.ndarray, size: int,
+                  bucket: int | str) -> list[RowChunk]:
+    """``row_chunks``' chunks of the rows ``scored`` (``chunk_order``'s plan by ``lengths``), with the rows' checks
+    made as they are copied, every chunk in one native pass (``chunk_rows``: each array read once, as a
+    hand-written loop's copies read it; issue 56.6), each row's number of turns written into ``counts``; a wrong
+    row raises numpy's error (``_raise_row_error``) before any chunk is returned. A row with attention and no
+    turn is found only as it is copied: where there is one, the rest are planned and copied again (the chunks
+    are then the survey's, row for row)."""
+    for _ in range(2):
+        order, chunk_lengths, ascending = chunk_order(None, scored, bucket, lengths=lengths)
+        slots = list(chunk_slots(order, chunk_lengths, size, bucket, host.tokens.shape[1], ascending=ascending))
+        if not slots:
+            return []
+        members = np.concatenate([slot.rows for slot in slots]) if len(slots) > 1 else slots[0].rows
+        flags, flat_ids, flat_mask, flat_turns, found = chunk_rows(
+            host, members, [slot.rows.size for slot in slots], [slot.padded for slot in slots], size)
+        fewest = int(found.min())
+        if flags & SURVEY_STRAY or fewest < 0:
+            _raise_row_error(host.tokens, host.turn_ids, host.attention)
+        counts[members] = found
+        if fewest > 0:
+            break
+        scored = np.sort(members[found > 0])  # (then every row has a turn: one more pass at most)
+    out, offset = [], 0
+    for members, at, padded, cut in slots:
+        block = slice(offset, offset + size * padded)
+        out.append(RowChunk(members, at, cut, *(flat[block].reshape(size, padded)
+                                                 for flat in (flat_ids, flat_mask, flat_turns))))
+        offset += size * padded
+    return out
 
 
 def chains_from_arrays(input_ids: Any, turn_ids: Any, *, attention_mask: Any = None, logprobs: Any = None,
@@ -244,13 +312,20 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
     summed in config order), a failed chunk failing its rows; each failure's scorer is appended to
     ``failures`` (the caller counts them on the runner's loop). ``BlockingRunner.score_arrays`` calls it in the
     trainer's own thread."""
-    rows_in, counts, lengths = _surveyed_rows(input_ids, turn_ids, attention_mask)  # (every row's turns, as chains)
+    # One scorer: the rows checked as they are copied into its chunks (_fused_chunks); else checked first.
+    planned = _planned_rows(input_ids, turn_ids, attention_mask) if len(models) == 1 and not per_turn else None
+    if planned is None:
+        rows_in, counts, lengths = _surveyed_rows(input_ids, turn_ids, attention_mask)  # (every row's turns, as chains)
+        scored = np.flatnonzero(counts)
+        turns = int(counts.max()) if counts.size else 0
+    else:
+        rows_in, host, lengths = planned
+        counts = np.zeros(lengths.shape, np.int64)  # (filled as the chunks are made)
+        scored, turns = np.flatnonzero(lengths), 0  # (turns: the width of per_turn's tables, not made here)
     tokens, attention = rows_in.tokens, rows_in.attention
     rows = tokens.shape[0]
-    scored = np.flatnonzero(counts)
     failed = np.zeros(rows, bool)
     errors: dict[int, str] = {}
-    turns = int(counts.max()) if rows else 0
     total: np.ndarray | None = None
     per_scorer: dict[str, np.ndarray] = {}
     live = None if lengths is not None else attention if attention is not None else np.ones(tokens.shape, bool)
@@ -258,8 +333,14 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
     outside = rows_in.turn_tokens() if rows_in.outside else None
     for scorer in models:
         report = progress if scorer is models[-1] else None
-        plan = chunk_order(live, scored, scorer.settings.bucket, lengths=lengths)
-        weighted, means, chunk_errors = _score_chunks(scorer, rows_in, outside, plan, counts, turns, on_error,
+        if planned is None:
+            order, chunk_lengths, ascending = chunk_order(live, scored, scorer.settings.bucket, lengths=lengths)
+            chunks: Iterable[RowChunk] = row_chunks(tokens, attention, rows_in.turn_ids, order, chunk_lengths,
+                                                    scorer.max_batch_size, scorer.settings.bucket,
+                                                    ascending=ascending, valid=outside)
+        else:
+            chunks = _fused_chunks(host, scored, planned[2], counts, scorer.max_batch_size, scorer.settings.bucket)
+        weighted, means, chunk_errors = _score_chunks(scorer, chunks, tokens.shape, counts, turns, on_error,
                                                       per_turn, report)
         for row, message in chunk_errors.items():
             failed[row] = True
@@ -270,7 +351,8 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
         else:
             with np.errstate(over="ignore", invalid="ignore"):
                 total = (total + weighted).astype(np.float32)
-        per_scorer[scorer.name] = means.astype(np.float32)
+        if per_turn:
+            per_scorer[scorer.name] = means.astype(np.float32)
     if total is None:
         total = np.zeros(tokens.shape, np.float32)
     if len(models) > 1:  # (one scorer's rows were checked as they came: weighted_rows)
@@ -281,11 +363,11 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
             if on_error == "raise":
                 raise ValueError(message)
             failed[row], errors[row] = True, f"ValueError: {message}"
-    failed_rows = np.flatnonzero(failed)
-    if failed_rows.size:  # (NaN on a failed row's turns: formed once, the survey formed no [B, T] mask)
+    if errors:  # (NaN on a failed row's turns: formed once, the survey formed no [B, T] mask)
+        failed_rows = np.flatnonzero(failed)
         total[failed_rows] = np.where(rows_in.turn_tokens()[failed_rows], np.float32(np.nan), np.float32(0.0))
     if on_error == "raise" and not per_turn:
-        if shaping_mode == "gvpo" and scored.size and not (total < 0).any():
+        if shaping_mode == "gvpo" and counts.any() and not (total < 0).any():  # (counts: the fused path's too)
             warn_gvpo_without_penalty(stacklevel=3)
         return total
     if shaping_mode == "gvpo" and (~failed).any() and not (total[~failed] < 0).any():
@@ -297,10 +379,10 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
                                        (rows, turns)))
 
 
-def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan: tuple[np.ndarray, np.ndarray, bool],
-                  counts: np.ndarray, turns: int, on_error: OnError, per_turn: bool,
+def _score_chunks(scorer: Any, chunks: Iterable[RowChunk], shape: tuple[int, ...], counts: np.ndarray, turns: int,
+                  on_error: OnError, per_turn: bool,
                   report: Callable[[int, int], Any] | None) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
-    """One ``ModelScorer``'s chunks of the scored rows (``plan``: ``chunk_order``'s), synchronously: its weighted
+    """One ``ModelScorer``'s ``chunks`` of the scored rows of ``[B, T]`` arrays (``shape``), synchronously: its weighted
     rewards ``[B, T]`` float32 (0 off the turns), its per-turn means ``[B, K]`` (``per_turn``) and the rows
     that failed with their message (each counts against the scorer). A failed chunk fails its rows
     (``on_error="mask"``) or raises with a note naming them; a row with a non-finite score fails alone. The
@@ -308,15 +390,14 @@ def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan:
     host builds the next chunks. A model's float32 token scores of weight 1, placed as they come (no
     ``spread``) and without ``per_turn``, are written straight onto the turns' positions and checked for
     finiteness once for the batch (issue 56.6: on a GPU the host path is all there is beside the model)."""
-    tokens = rows_in.tokens
-    weighted = np.zeros(tokens.shape, np.float32)
-    means = np.zeros((tokens.shape[0], turns), np.float64)
+    weighted = np.zeros(shape, np.float32)
+    means = np.zeros((shape[0], turns), np.float64)
     errors: dict[int, str] = {}
     done = 0
-    order = plan[0]
     direct = (scorer.settings.output == "tokens" and scorer.spread is None and scorer.weight == 1.0
               and not per_turn)
     written: list[Any] = []  # the chunks written straight, not yet checked for finiteness
+    unchecked = False  # whether one of them may hold a non-finite score (place_scores says which do not)
 
     def commit(chunk: Any, chunk_weighted: np.ndarray, bad: dict[int, str]) -> None:
         if bad and on_error == "raise":
@@ -329,13 +410,17 @@ def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan:
         weighted[chunk.at, :chunk.cut] = chunk_weighted
 
     def check_written() -> None:
-        if written and not np.isfinite(weighted).all():
+        nonlocal unchecked
+        if written and unchecked and not np.isfinite(weighted).all():
             for chunk in written:
                 chunk_weighted = weighted[chunk.at, :chunk.cut]
                 commit(chunk, chunk_weighted, weighted_rows(scorer, chunk_weighted, chunk.rows.tolist())[1])
         written.clear()
+        unchecked = False
 
-    for chunk, pending in _calls(scorer, rows_in, outside, plan, counts, stop_at_error=on_error == "raise"):
+    calls = _calls(scorer, chunks, counts, stop_at_error=on_error == "raise")
+    total = sum(chunk.rows.size for chunk, _ in calls)
+    for chunk, pending in calls:
         count, cut = chunk.rows.size, chunk.cut
         try:
             if isinstance(pending, Exception):
@@ -358,11 +443,14 @@ def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan:
                 errors.setdefault(row, error_text(err))
         else:
             if straight:
-                on_turns = chunk.turns[:count, :cut] >= 0  # (-1 off the turns: row_chunks)
-                if isinstance(chunk.at, slice):
-                    np.copyto(weighted[chunk.at, :cut], scores[:count, :cut], where=on_turns)
-                else:
-                    weighted[chunk.at, :cut] = np.where(on_turns, scores[:count, :cut], np.float32(0))
+                placed = place_scores(scores, chunk.turns, chunk.rows, cut, weighted)  # (None: numpy writes)
+                if placed is None:
+                    on_turns = chunk.turns[:count, :cut] >= 0  # (-1 off the turns: row_chunks)
+                    if isinstance(chunk.at, slice):
+                        np.copyto(weighted[chunk.at, :cut], scores[:count, :cut], where=on_turns)
+                    else:
+                        weighted[chunk.at, :cut] = np.where(on_turns, scores[:count, :cut], np.float32(0))
+                unchecked |= placed is not False
                 written.append(chunk)
             else:
                 check_written()
@@ -377,21 +465,18 @@ def _score_chunks(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan:
                                                     0.0)
         done += count
         if report is not None:
-            report(done, order.size)
+            report(done, total)
     check_written()
     return weighted, means, errors
 
 
-def _calls(scorer: Any, rows_in: _Rows, outside: np.ndarray | None, plan: tuple[np.ndarray, np.ndarray, bool],
-           counts: np.ndarray, stop_at_error: bool) -> list[tuple[Any, Any]]:
-    """Each chunk of ``plan`` (``row_chunks``) with the model's output for it, the model called on every chunk
-    before any output is read (a jitted model's outputs are computed asynchronously), or the error that
-    refused the chunk: a row beyond ``max_turns`` (``output="turns"``), or the call's own; ``stop_at_error``:
-    no chunk is called after one that failed (``on_error="raise"`` stops there)."""
-    order, lengths, ascending = plan
+def _calls(scorer: Any, chunks: Iterable[RowChunk], counts: np.ndarray, stop_at_error: bool) -> list[tuple[Any, Any]]:
+    """Each of ``chunks`` (``row_chunks``, ``_fused_chunks``) with the model's output for it, the model called on
+    every chunk before any output is read (a jitted model's outputs are computed asynchronously), or the error
+    that refused the chunk: a row beyond ``max_turns`` (``output="turns"``), or the call's own;
+    ``stop_at_error``: no chunk is called after one that failed (``on_error="raise"`` stops there)."""
     out: list[tuple[Any, Any]] = []
-    for chunk in row_chunks(rows_in.tokens, rows_in.attention, rows_in.turn_ids, order, lengths,
-                            scorer.max_batch_size, scorer.settings.bucket, ascending=ascending, valid=outside):
+    for chunk in chunks:
         try:
             if scorer.settings.output == "turns" and int(counts[chunk.rows].max()) > scorer.settings.max_turns:
                 row = int(chunk.rows[int(np.argmax(counts[chunk.rows] > scorer.settings.max_turns))])

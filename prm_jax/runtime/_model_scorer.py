@@ -394,29 +394,53 @@ def chunk_order(live: np.ndarray | None, rows: np.ndarray, bucket: int | str, *,
     return rows[np.argsort(lengths[rows], kind="stable")], lengths, False
 
 
-def row_chunks(input_ids: np.ndarray, attention_mask: np.ndarray | None, turn_ids: np.ndarray, order: np.ndarray,
-               lengths: np.ndarray, size: int, bucket: int | str, *, ascending: bool = False,
-               valid: np.ndarray | None = None) -> Iterator[RowChunk]:
-    """The model calls of ``order``'s rows, ``size`` at a time (``RowChunk``), each padded to its longest row's
-    length rounded up to ``bucket``; rows of length 0 are skipped. ``attention_mask`` ``None``: every
-    position attends. ``ascending``: ``order`` holds distinct rows in increasing order (``chunk_order``'s
-    unsorted case), so a chunk spanning as many rows as it holds is a slice. ``valid`` (``[B, T]`` bool): the
-    positions whose turn ids are read, -1 written elsewhere (``score_arrays``: a token without attention is
-    never scored); default: the ids as given."""
-    width = turn_ids.shape[1]
+class ChunkSlot(NamedTuple):
+    """Where one model call's rows go (``chunk_slots``): ``rows`` (their indices in the batch), ``at`` (a slice
+    where they are consecutive), the call's width ``padded`` (its longest row's length rounded up to the
+    bucket) and ``cut``, the columns copied (``min(padded, T)``)."""
+
+    rows: np.ndarray
+    at: Any
+    padded: int
+    cut: int
+
+
+def chunk_slots(order: np.ndarray, lengths: np.ndarray, size: int, bucket: int | str, width: int, *,
+                ascending: bool = False) -> Iterator[ChunkSlot]:
+    """``order``'s rows ``size`` at a time (``ChunkSlot``), each call padded to its longest row's length
+    (``lengths``) rounded up to ``bucket``; a call whose rows all have length 0 is skipped. ``ascending``:
+    ``order`` holds distinct rows in increasing order (``chunk_order``'s unsorted case), so a chunk spanning as
+    many rows as it holds is a slice. ``width``: the arrays' ``T``."""
     begins = np.arange(0, order.size, size)
     # Each chunk's longest row in one call, and each length's bucket once (a chunk of 8 rows is a few us of work).
     longest = np.maximum.reduceat(lengths[order], begins).tolist() if order.size else []
     widths = {length: bucket_width(length, bucket) for length in set(longest) if length}
     for begin, length in zip(begins.tolist(), longest):
-        members = order[begin:begin + size]
-        count = members.size
         if length == 0:
             continue
-        padded = widths[length]
-        cut = min(padded, width)
-        first = int(members[0])
-        rows: Any = slice(first, first + count) if ascending and int(members[-1]) - first == count - 1 else members
+        members = order[begin:begin + size]
+        yield ChunkSlot(members, rows_at(members, ascending), widths[length], min(widths[length], width))
+
+
+def rows_at(members: np.ndarray, ascending: bool) -> Any:
+    """``members`` as an index of the batch: a slice where they are consecutive and increasing (``ascending``:
+    known increasing), copied and written without a gather."""
+    first = int(members[0])
+    count = members.size
+    return slice(first, first + count) if ascending and int(members[-1]) - first == count - 1 else members
+
+
+def row_chunks(input_ids: np.ndarray, attention_mask: np.ndarray | None, turn_ids: np.ndarray, order: np.ndarray,
+               lengths: np.ndarray, size: int, bucket: int | str, *, ascending: bool = False,
+               valid: np.ndarray | None = None) -> Iterator[RowChunk]:
+    """The model calls of ``order``'s rows, ``size`` at a time (``RowChunk``), each padded to its longest row's
+    length rounded up to ``bucket`` (``chunk_slots``); rows of length 0 are skipped. ``attention_mask``
+    ``None``: every position attends. ``valid`` (``[B, T]`` bool): the positions whose turn ids are read, -1
+    written elsewhere (``score_arrays``: a token without attention is never scored); default: the ids as
+    given, those below -1 written -1 (the model's ``turn_ids`` are -1 off the turns)."""
+    for members, rows, padded, cut in chunk_slots(order, lengths, size, bucket, turn_ids.shape[1],
+                                                  ascending=ascending):
+        count = members.size
         shape = (size, padded)
         ids, mask, turns = np.zeros(shape, np.int32), np.zeros(shape, np.int32), np.full(shape, -1, np.int32)
         ids[:count, :cut] = input_ids[rows, :cut]
@@ -425,6 +449,7 @@ def row_chunks(input_ids: np.ndarray, attention_mask: np.ndarray | None, turn_id
         else:
             mask[:count, :cut] = attention_mask[rows, :cut]
         turns[:count, :cut] = turn_ids[rows, :cut]
+        np.maximum(turns[:count, :cut], -1, out=turns[:count, :cut])
         if valid is not None:
             np.copyto(turns[:count, :cut], -1, where=~valid[rows, :cut])
         yield RowChunk(members, rows, cut, ids, mask, turns)

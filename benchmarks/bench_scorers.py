@@ -484,17 +484,18 @@ def wall_times(repeats: int, *fns: Callable[[], Any]) -> list[list[float]]:
     return out
 
 
-def bench_model(n: int, repeats: int, chunks: tuple[int, ...] = (64,), model: str = "prm") -> None:
+def bench_model(n: int, repeats: int, chunks: tuple[int, ...] = (64,), model: str = "prm", scale: int = 1) -> None:
     """4. ``ModelScorer`` through ``score_arrays`` against the hand-batched loop, at each chunk size of ``chunks``
     (``max_batch_size``: rows per model call, and the hand loop's chunk), with ``model`` (``MODELS``: the PRM,
-    or ``free``, a constant that leaves the host path's overhead alone)."""
+    or ``free``, a constant that leaves the host path's overhead alone); rows ``scale`` times as long (prompt,
+    outputs and tool outputs; ``T`` = 512 * ``scale``)."""
     for chunk in chunks:
-        bench_model_chunk(n, repeats, chunk, MODELS[model])
+        bench_model_chunk(n, repeats, chunk, MODELS[model], scale)
 
 
-def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any] = jax_prm) -> None:
-    branches = sessions(n)
-    width = 512
+def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any] = jax_prm, scale: int = 1) -> None:
+    branches = sessions(n, prompt=200 * scale, output=30 * scale, tool=10 * scale)
+    width = 512 * scale
     tokens = np.zeros((n, width), np.int64)
     turn_ids = np.full((n, width), -1, np.int64)
     attention = np.zeros((n, width), np.int64)
@@ -582,7 +583,7 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
             alone = np.asarray(model(prefix, np.ones_like(prefix), np.zeros_like(prefix)))[0, -turn.output_len:]
             worst = max(worst, float(np.abs(out[b, turn_ids[b] == k] - alone).max()))
     what = "PRM" if model is jax_prm else "free model (the host path alone)"
-    print(f"\n4. JAX {what}: {n} rows x {TURNS} turns, {int(attention.sum())} tokens; ModelScorer through score_arrays, "
+    print(f"\n4. JAX {what}: {n} rows x {TURNS} turns, {int(attention.sum())} tokens (T = {width}); ModelScorer through score_arrays, "
           f"chunks of {chunk} rows: {n / median(walls):,.0f} rows/s against the hand loop's {n / median(hand):,.0f}")
     print(f"   BlockingRunner.score_arrays (a synchronous trainer's call; the async call in its own anyio.run: "
           f"{median(in_loop) * 1e3:.1f} ms = {median(in_loop) / median(hand):.2f}x). The checks as the path makes "
@@ -801,6 +802,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="workload numbers to run (default: all)")
     parser.add_argument("--chunks", default="64", help="4: ModelScorer's max_batch_size (and the hand loop's "
                         "chunk), comma-separated: one run each (e.g. 8,64,256)")
+    parser.add_argument("--row-scale", type=int, default=1, help="4: rows this many times as long (T = 512 x it; "
+                        "the default's ~350 tokens a row is a small batch, where the host path's fixed cost shows most)")
     parser.add_argument("--model", choices=sorted(MODELS), default="prm", help="4: the PRM, or 'free' (a constant "
                         "per token: the host path's overhead alone)")
     args = parser.parse_args()
@@ -809,7 +812,7 @@ def main() -> None:
     runs = {"1": bench_verifier, "1m": bench_math_verify, "1r": bench_math_verify_on_ray, "2": bench_judge,
             "3": bench_pooling, "3t": bench_teacher,
             "4": functools.partial(bench_model, chunks=tuple(int(c) for c in args.chunks.split(",")),
-                                   model=args.model),
+                                   model=args.model, scale=args.row_scale),
             "4b": bench_model_lengths, "5": bench_batching, "7": bench_code_execution}
     for key, fn in runs.items():
         if args.only is None or key in args.only:

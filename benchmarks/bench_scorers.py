@@ -583,8 +583,9 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
             alone = np.asarray(model(prefix, np.ones_like(prefix), np.zeros_like(prefix)))[0, -turn.output_len:]
             worst = max(worst, float(np.abs(out[b, turn_ids[b] == k] - alone).max()))
     what = "PRM" if model is jax_prm else "free model (the host path alone)"
-    print(f"\n4. JAX {what}: {n} rows x {TURNS} turns, {int(attention.sum())} tokens (T = {width}); ModelScorer through score_arrays, "
-          f"chunks of {chunk} rows: {n / median(walls):,.0f} rows/s against the hand loop's {n / median(hand):,.0f}")
+    print(f"\n4. JAX {what}: {n} rows x {TURNS} turns, {int(attention.sum())} tokens (T = {width}); ModelScorer through "
+          f"score_arrays, chunks of {chunk} rows: {n / median(walls):,.0f} rows/s against the hand loop's "
+          f"{n / median(hand):,.0f}")
     print(f"   BlockingRunner.score_arrays (a synchronous trainer's call; the async call in its own anyio.run: "
           f"{median(in_loop) * 1e3:.1f} ms = {median(in_loop) / median(hand):.2f}x). The checks as the path makes "
           f"them, in the copies: {median(fused) * 1e3:.3f} ms against the hand loop's copies alone "

@@ -35,6 +35,7 @@ import os
 import subprocess
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 import jax
@@ -273,8 +274,7 @@ _HOST_SIGNATURES = {  # each host function's ctypes argument types (rows_cpu.cc)
     "PrmJaxPlanRows": (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                        ctypes.c_void_p),
     "PrmJaxChunkRows": (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                        ctypes.c_void_p),
+                        ctypes.c_void_p, ctypes.c_void_p),
     "PrmJaxPlaceScores": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64),
 }
@@ -325,14 +325,12 @@ def host_rows(tokens: np.ndarray, turn_ids: np.ndarray, attention: np.ndarray | 
     """``tokens``, ``turn_ids`` and ``attention`` for the host functions, or ``None`` where the library is not at
     hand or they are not arrays its functions take: ``[B, T]``, C-contiguous, token and turn ids signed integers
     of 4 or 8 bytes, ``attention`` bool or integers of 1, 4 or 8 bytes (``None``: every position attends)."""
-    if tokens.ndim != 2 or turn_ids.shape != tokens.shape or (attention is not None and attention.shape != tokens.shape):
+    if not (tokens.ndim == 2 and turn_ids.shape == tokens.shape and tokens.flags.c_contiguous
+            and turn_ids.flags.c_contiguous and tokens.dtype.kind == turn_ids.dtype.kind == "i"
+            and tokens.itemsize in (4, 8) and turn_ids.itemsize in (4, 8)):
         return None
-    arrays = (tokens, turn_ids) if attention is None else (tokens, turn_ids, attention)
-    if not all(a.flags.c_contiguous for a in arrays) or not all(
-            a.dtype.kind == "i" and a.dtype.itemsize in (4, 8) for a in (tokens, turn_ids)):
-        return None
-    if attention is not None and not (attention.dtype.kind == "b" or (
-            attention.dtype.kind in "iu" and attention.dtype.itemsize in (1, 4, 8))):
+    if attention is not None and not (attention.shape == tokens.shape and attention.flags.c_contiguous and (
+            attention.dtype.kind == "b" or (attention.dtype.kind in "iu" and attention.itemsize in (1, 4, 8)))):
         return None
     library = _host_library()
     if library is None:
@@ -386,34 +384,47 @@ def chunk_rows(host: HostRows, members: np.ndarray, chunk_sizes: list[int], widt
     if sum(chunk_sizes) != members.size or max(chunk_sizes, default=0) > size:
         raise ValueError(f"chunk_rows: {members.size} members in chunks {chunk_sizes} of at most {size} rows")
     n, chunks = members.size, len(chunk_sizes)
-    index = np.empty(2 * n + 2 * chunks, np.int64)  # (members, chunk sizes, widths, counts: rows_cpu.cc)
-    index[:n] = members
-    index[n:n + chunks], index[n + chunks:n + 2 * chunks] = chunk_sizes, widths
+    # (T, n, chunks, size, then members, chunk sizes, widths, and room for the counts: rows_cpu.cc)
+    index = np.empty(4 + 2 * n + 2 * chunks, np.int64)
+    index[:4] = host.tokens.shape[1], n, chunks, size
+    index[4:4 + n] = members
+    index[4 + n:4 + n + chunks], index[4 + n + chunks:4 + n + 2 * chunks] = chunk_sizes, widths
     region = size * sum(widths)
     out = np.empty(3 * region, np.int32)
-    flags = int(host.functions["PrmJaxChunkRows"](*host.arguments, host.tokens.shape[1], _address(index), n, chunks,
-                                                   size, _address(out)))
+    flags = int(host.functions["PrmJaxChunkRows"](*host.arguments, _address(index), _address(out)))
     assert flags >= 0, "host_rows took arrays PrmJaxChunkRows refuses"
-    return flags, out[:region], out[region:2 * region], out[2 * region:], index[n + 2 * chunks:]
+    return flags, out[:region], out[region:2 * region], out[2 * region:], index[4 + n + 2 * chunks:]
 
 
-def place_scores(scores: np.ndarray, turns: np.ndarray, rows: np.ndarray, cut: int, out: np.ndarray) -> bool | None:
-    """A model call's float32 ``scores [size, padded]`` written onto rows ``rows`` of ``out [B, T]`` float32, up to
-    column ``cut``: the scores where the call's ``turns [size, padded]`` int32 are >= 0, 0 elsewhere, in one native
-    pass; whether a score placed is not finite. ``None`` (nothing written) where the library is not at hand or
-    the arrays are not those C-contiguous buffers: the caller writes them with numpy."""
-    size, padded = turns.shape
-    if not (scores.dtype == np.float32 and scores.shape == turns.shape and turns.dtype == np.int32
-            and out.dtype == np.float32 and out.ndim == 2 and scores.flags.c_contiguous and turns.flags.c_contiguous
-            and out.flags.c_contiguous and out.flags.writeable and rows.dtype == np.int64 and rows.size <= size
-            and cut <= min(padded, out.shape[1])):
+def scores_placer(out: np.ndarray) -> Callable[[np.ndarray, np.ndarray, np.ndarray, int], bool | None] | None:
+    """``place_scores`` onto one ``out [B, T]`` float32 (C-contiguous, writable), its checks and address taken
+    once for every chunk of a batch; ``None`` where the library is not at hand or ``out`` is not such a buffer."""
+    if not (out.dtype == np.float32 and out.ndim == 2 and out.flags.c_contiguous and out.flags.writeable):
         return None
     library = _host_library()
     if library is None:
         return None
-    rows = np.ascontiguousarray(rows)
-    return bool(_host_functions(library)["PrmJaxPlaceScores"](
-        _address(scores), _address(turns), _address(rows), rows.size, cut, padded, _address(out), out.shape[1]))
+    function, address, width = _host_functions(library)["PrmJaxPlaceScores"], _address(out), out.shape[1]
+
+    def place(scores: np.ndarray, turns: np.ndarray, rows: np.ndarray, cut: int) -> bool | None:
+        size, padded = turns.shape
+        if not (scores.dtype == np.float32 and scores.shape == turns.shape and turns.dtype == np.int32
+                and rows.dtype == np.int64 and scores.flags.c_contiguous and turns.flags.c_contiguous
+                and rows.flags.c_contiguous and rows.size <= size and cut <= min(padded, width)):
+            return None
+        return bool(function(_address(scores), _address(turns), _address(rows), rows.size, cut, padded, address,
+                             width))
+    return place
+
+
+def place_scores(scores: np.ndarray, turns: np.ndarray, rows: np.ndarray, cut: int, out: np.ndarray) -> bool | None:
+    """A model call's float32 ``scores [size, padded]`` written onto rows ``rows`` (int64) of ``out [B, T]`` float32,
+    up to column ``cut``: the scores where the call's ``turns [size, padded]`` int32 are >= 0, 0 elsewhere, in one
+    native pass; whether a score placed is not finite. ``None`` (nothing written) where the library is not at
+    hand or the arrays are not those C-contiguous buffers: the caller writes them with numpy. (A batch's chunks
+    share one ``scores_placer``.)"""
+    place = scores_placer(out)
+    return None if place is None else place(scores, turns, rows, cut)
 
 
 def use_native(*, sharded: bool, platform: str) -> bool:

@@ -323,22 +323,23 @@ extern "C" PRM_JAX_CLONES int64_t PrmJaxPlanRows(const void* tokens, int token_b
   });
 }
 
-// The same buffers: rows copied into chunks. index holds, one after another, the members[n] (the rows, in chunk
-// order), chunk_rows[chunks] (each chunk's number of members, at most size), chunk_widths[chunks], and n slots
-// for counts (each member's number of turns, -1 where the rule breaks); out holds three regions of
-// size * sum(chunk_widths) int32, the copies of the token ids, the mask and the turn ids, each region chunk c's
-// C-contiguous [size, chunk_widths[c]] blocks one after another (columns up to min(chunk_widths[c], width)
-// copied, the rest and rows past the chunk's members 0, -1 in the turn ids). Returns 1 where a copied row holds a
-// token id out of range, else 0, or -1 for sizes it does not take. (Two buffers, not seven: each address costs
-// its caller a microsecond through ctypes.)
+// The same buffers: rows copied into chunks. index holds, one after another, width (the arrays' T), n, chunks and
+// size, then the members[n] (the rows, in chunk order), chunk_rows[chunks] (each chunk's number of members, at
+// most size), chunk_widths[chunks], and n slots for counts (each member's number of turns, -1 where the rule
+// breaks); out holds three regions of size * sum(chunk_widths) int32, the copies of the token ids, the mask and
+// the turn ids, each region chunk c's C-contiguous [size, chunk_widths[c]] blocks one after another (columns up
+// to min(chunk_widths[c], width) copied, the rest and rows past the chunk's members 0, -1 in the turn ids).
+// Returns 1 where a copied row holds a token id out of range, else 0, or -1 for sizes it does not take. (Two
+// buffers and no scalars: through ctypes each address costs its caller about a microsecond, each argument a
+// fraction of one.)
 extern "C" PRM_JAX_CLONES int64_t PrmJaxChunkRows(const void* tokens, int token_bytes, const void* turn_ids,
                                                   int id_bytes, const void* attention, int attention_bytes,
-                                                  int64_t width, int64_t* index, int64_t n, int64_t chunks,
-                                                  int64_t size, int32_t* out) {
-  const int64_t* members = index;
-  const int64_t* chunk_rows = index + n;
+                                                  int64_t* index, int32_t* out) {
+  const int64_t width = index[0], n = index[1], chunks = index[2], size = index[3];
+  const int64_t* members = index + 4;
+  const int64_t* chunk_rows = members + n;
   const int64_t* chunk_widths = chunk_rows + chunks;
-  int64_t* counts = index + n + 2 * chunks;
+  int64_t* counts = index + 4 + n + 2 * chunks;
   int64_t region = 0;
   for (int64_t c = 0; c < chunks; ++c) region += size * chunk_widths[c];
   return Dispatch(token_bytes, id_bytes, attention_bytes, [&](auto tok, auto id, auto att, auto has) {

@@ -26,8 +26,8 @@ from prm_jax.native._ffi import (
     HostRows,
     chunk_rows,
     host_rows,
-    place_scores,
     plan_rows,
+    scores_placer,
     survey_rows,
 )
 from prm_jax.runtime._context import METADATA_KEY, check_metadata
@@ -397,6 +397,7 @@ def _score_chunks(scorer: Any, chunks: Iterable[RowChunk], shape: tuple[int, ...
     direct = (scorer.settings.output == "tokens" and scorer.spread is None and scorer.weight == 1.0
               and not per_turn)
     written: list[Any] = []  # the chunks written straight, not yet checked for finiteness
+    place = scores_placer(weighted) if direct else None  # (None: numpy writes them)
     unchecked = False  # whether one of them may hold a non-finite score (place_scores says which do not)
 
     def commit(chunk: Any, chunk_weighted: np.ndarray, bad: dict[int, str]) -> None:
@@ -443,7 +444,7 @@ def _score_chunks(scorer: Any, chunks: Iterable[RowChunk], shape: tuple[int, ...
                 errors.setdefault(row, error_text(err))
         else:
             if straight:
-                placed = place_scores(scores, chunk.turns, chunk.rows, cut, weighted)  # (None: numpy writes)
+                placed = None if place is None else place(scores, chunk.turns, chunk.rows, cut)
                 if placed is None:
                     on_turns = chunk.turns[:count, :cut] >= 0  # (-1 off the turns: row_chunks)
                     if isinstance(chunk.at, slice):

@@ -221,9 +221,12 @@ def test_chunk_rows_is_the_plain_loops_on_random_batches_of_every_dtype(library)
     # chunk_slots makes them; past T too): the copies, the padding, the turn counts and the stray flag (a token
     # anywhere in a member's row, past the copied columns too) are the plain loops'.
     rng = np.random.default_rng(5662)
-    seen = {"broken": 0, "stray": 0, "narrower": 0, "wider": 0, "partial": 0}
+    seen = {"broken": 0, "stray": 0, "stray_past_the_copies": 0, "narrower": 0, "wider": 0, "partial": 0}
     for _ in range(1500):
         tokens, turn_ids, mask = random_batch(rng)
+        if mask is not None and rng.random() < 0.5:  # right padding: rows shorter than T
+            mask = mask.copy()
+            mask[:, int(rng.integers(mask.shape[1])):] = 0
         host = ffi.host_rows(tokens, turn_ids, mask)
         _, lengths = ffi.plan_rows(host)
         rows, width = tokens.shape
@@ -235,6 +238,11 @@ def test_chunk_rows_is_the_plain_loops_on_random_batches_of_every_dtype(library)
             at += sizes[-1]
         starts = np.cumsum([0] + sizes[:-1])
         widths = [max(1, int(lengths[members[s:s + n]].max()) + int(rng.integers(0, 20))) for s, n in zip(starts, sizes)]
+        if rng.random() < 0.3 and widths[0] < width:  # a stray token past the copied columns (the padding)
+            tokens = tokens.copy()
+            tokens[members[0], int(rng.integers(widths[0], width))] = -3
+            host = ffi.host_rows(tokens, turn_ids, mask)
+            seen["stray_past_the_copies"] += 1
         flags, ids, mask_out, turns, counts = ffi.chunk_rows(host, members, sizes, widths, size)
         want_flags, blocks, want_counts = copied_reference(tokens, turn_ids, mask, members, sizes, widths, size)
         assert flags == want_flags and counts.tolist() == want_counts
@@ -325,6 +333,8 @@ def fused_batch(rng):
     turn_ids[turn_ids == -1] = rng.choice([-1, -1, -7])  # (ids below -1 off the turns)
     if rng.random() < 0.4:
         tokens[rng.integers(rows), rng.integers(width)] = 999  # (path_model: that row's scores are NaN)
+    if rng.random() < 0.1:
+        tokens[rng.integers(rows), width - 1] = -3  # (a stray token, in the padding where the row has one)
     mask = {0: attention, 1: attention.astype(np.int32), 2: attention != 0, 3: attention * 2}[int(rng.integers(4))]
     return tokens, turn_ids, mask
 

@@ -63,8 +63,7 @@ from stub_servers import answer_seven, engine_time, server_process, step_by_last
 
 from prm_jax import BaseScorer, BatchScorer, BatchTrajectoryScorer, Interaction, InteractionCache, PRMRunner  # noqa: E402
 from prm_jax.runtime import BlockingRunner, score_arrays  # noqa: E402
-from prm_jax.runtime._arrays import _checked_rows, _fused_chunks, _planned_rows, _surveyed_rows  # noqa: E402
-from prm_jax.runtime._trajectory import turn_counts  # noqa: E402
+from prm_jax.runtime._arrays import _fused_chunks, _numpy_rows, _planned_rows, _surveyed_rows  # noqa: E402
 from prm_jax.scorers import ModelScorer, OpenAIJudgeScorer, PoolingPRMScorer  # noqa: E402
 
 TURNS = 4
@@ -519,16 +518,21 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
     jitted = jax.jit(model)
     padded = max(used)
 
+    def hand_chunk(b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """The hand loop's copies of rows b, b + 1, ... into one call's buffers."""
+        ids = np.zeros((chunk, padded), np.int32)
+        mask = np.zeros((chunk, padded), np.int32)
+        turns = np.full((chunk, padded), -1, np.int32)
+        rows = min(chunk, n - b)
+        ids[:rows] = tokens[b:b + chunk, :padded]
+        mask[:rows] = attention[b:b + chunk, :padded]
+        turns[:rows] = turn_ids[b:b + chunk, :padded]
+        return ids, mask, turns, rows
+
     def hand_loop() -> np.ndarray:
         result = np.zeros((n, width), np.float32)
         for b in range(0, n, chunk):
-            ids = np.zeros((chunk, padded), np.int32)
-            mask = np.zeros((chunk, padded), np.int32)
-            turns = np.full((chunk, padded), -1, np.int32)
-            rows = min(chunk, n - b)
-            ids[:rows] = tokens[b:b + chunk, :padded]
-            mask[:rows] = attention[b:b + chunk, :padded]
-            turns[:rows] = turn_ids[b:b + chunk, :padded]
+            ids, mask, turns, rows = hand_chunk(b)
             # (np.asarray, not jax.device_get: the best hand loop; device_get's pytree walk costs 15-30 us a
             # call here, which this loop paid before 2026-12-07 and ModelScorer too)
             scores = np.asarray(jitted(ids, mask, turns))[:rows]
@@ -554,18 +558,13 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
 
     def hand_copies() -> None:
         for b in range(0, n, chunk):
-            ids, mask = np.zeros((chunk, padded), np.int32), np.zeros((chunk, padded), np.int32)
-            turns = np.full((chunk, padded), -1, np.int32)
-            ids[:min(chunk, n - b)] = tokens[b:b + chunk, :padded]
-            mask[:min(chunk, n - b)] = attention[b:b + chunk, :padded]
-            turns[:min(chunk, n - b)] = turn_ids[b:b + chunk, :padded]
+            hand_chunk(b)
 
     def checks_native() -> None:
         _surveyed_rows(tokens, turn_ids, attention)
 
     def checks_numpy() -> None:
-        checked = _checked_rows(tokens, turn_ids, attention)
-        turn_counts(checked.turn_ids, checked.valid)
+        _numpy_rows(tokens, turn_ids, attention)
 
     def one_read() -> None:
         for array in (tokens, turn_ids, attention):

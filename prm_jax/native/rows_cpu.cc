@@ -32,32 +32,38 @@ namespace {
 
 constexpr int64_t kBlock = 16;
 
-struct RowState {
-  int64_t last = -1;      // the id of the row's last turn token (valid: prev_valid)
-  bool prev_valid = false;
-  int64_t runs = 0;
+// AReaL's turn rule, one position at a time, over a row's turn ids with -1 off the turn tokens: a run starts
+// where the id differs from its left neighbour's, and each run's id must follow the last run's (0, 1, 2, ...).
+// The survey steps it with the ids it reads, the copies with the ids they wrote.
+struct TurnRule {
+  int64_t prev = -1;  // the left neighbour's id (-1: not a turn token)
+  int64_t last = -1;  // the last run's id
   bool broken = false;
+
+  void Step(int64_t v) {
+    if (v >= 0 && v != prev) {  // a new run
+      broken |= v != last + 1;
+      last = v;
+    }
+    prev = v;
+  }
+  int64_t Count() const { return broken ? -1 : last + 1; }  // the row's number of turns, -1 where it breaks
+};
+
+struct RowState {
+  TurnRule rule;
   bool outside = false;
   uint64_t attention_bits = 0;  // every attention value read, OR-ed: above 1 where one is not 0 or 1
   int64_t length = 0;
 };
 
-// One position of the rule (`attention`: the mask's value read unsigned).
+// One position of the survey (`attention`: the mask's value read unsigned).
 inline void Step(RowState& s, int64_t id, uint64_t attention, int64_t t) {
   const bool attends = attention != 0;
   s.attention_bits |= attention;
-  const bool present = id >= 0;
-  const bool valid = present && attends;
-  s.outside |= present && !attends;
+  s.outside |= id >= 0 && !attends;
   if (attends) s.length = t + 1;
-  if (valid) {
-    if (!s.prev_valid || id != s.last) {  // a new run: its id must be its index among the row's runs
-      s.broken |= id != s.runs;
-      ++s.runs;
-    }
-    s.last = id;
-  }
-  s.prev_valid = valid;
+  s.rule.Step(attends ? id : -1);
 }
 
 // Whether the kBlock values at p all equal p[0], compared as 16-byte words (SSE2 or NEON: every target's
@@ -130,7 +136,7 @@ int64_t Survey(const void* tokens, const void* turn_ids, const void* attention, 
       for (int64_t k = t + 1; k < t + kBlock; ++k) Step(s, static_cast<int64_t>(id[k]), Mask<Att, kHasAttention>(att, k), k);
     }
     for (; t < width; ++t) Step(s, static_cast<int64_t>(id[t]), Mask<Att, kHasAttention>(att, t), t);
-    counts[r] = s.broken ? -1 : s.runs;
+    counts[r] = s.rule.Count();
     lengths[r] = s.length;
     if (s.outside) flags |= 2;
     if (s.attention_bits > 1) flags |= 4;
@@ -171,23 +177,15 @@ int64_t Plan(const void* tokens, const void* attention, int64_t rows, int64_t wi
 
 // The rule over one row's copied turn ids (-1 off the turns): its number of turns, -1 where it breaks.
 inline int64_t Turns(const int32_t* turns, int64_t cut) {
-  int32_t prev = -1, last = -1;
-  bool broken = false;
+  TurnRule rule;
   int64_t t = 0;
-  auto step = [&](int32_t v) {
-    if (v >= 0 && v != prev) {  // a new run: its id must follow the last run's
-      broken |= v != last + 1;
-      last = v;
-    }
-    prev = v;
-  };
   for (; t + kBlock <= cut; t += kBlock) {
-    step(turns[t]);
-    if (SameAsFirst(turns + t)) continue;
-    for (int64_t k = t + 1; k < t + kBlock; ++k) step(turns[k]);
+    rule.Step(turns[t]);
+    if (SameAsFirst(turns + t)) continue;  // (the rest of the block repeats position t: no step changes the rule)
+    for (int64_t k = t + 1; k < t + kBlock; ++k) rule.Step(turns[k]);
   }
-  for (; t < cut; ++t) step(turns[t]);
-  return broken ? -1 : last + 1;
+  for (; t < cut; ++t) rule.Step(turns[t]);
+  return rule.Count();
 }
 
 template <typename Tok, typename Id, typename Att, bool kHasAttention>
@@ -219,7 +217,7 @@ int64_t Chunks(const void* tokens, const void* turn_ids, const void* attention, 
         // (an id above int32's range never follows a run's index: clamped, it breaks the rule as it would)
         o_turns[t] = d >= 0 && attends ? static_cast<int32_t>(d < INT32_MAX ? d : INT32_MAX) : -1;
       }
-      for (int64_t t = cut; t < width; ++t) high |= static_cast<UTok>(tk[t]) >> 31;  // (no attention past cut)
+      if (!TokensInRange(tk + cut, width - cut)) high = 1;  // (no attention past cut: the tokens alone)
       for (int64_t t = cut; t < padded; ++t) o_ids[t] = o_mask[t] = 0, o_turns[t] = -1;
       counts[i] = Turns(o_turns, cut);
     }

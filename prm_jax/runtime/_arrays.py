@@ -94,6 +94,14 @@ def _checked_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> _Rows:
     return _Rows(tokens, ids, attention, valid, np.count_nonzero(valid) != present)
 
 
+def _numpy_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[_Rows, np.ndarray]:
+    """The row path's checks by numpy's passes (``_checked_rows``, then ``turn_counts``: their errors, in their
+    order), with ``[B]`` each row's number of turns."""
+    rows_in = _checked_rows(input_ids, turn_ids, attention_mask)
+    assert rows_in.valid is not None
+    return rows_in, turn_counts(rows_in.turn_ids, rows_in.valid)
+
+
 def _surveyed_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[_Rows, np.ndarray, np.ndarray | None]:
     """The row path's checks, ``_checked_rows``' and ``turn_counts``' (their errors, in their order), with ``[B]``
     each row's number of turns and, from the native survey, each row's length (last attended position + 1).
@@ -104,9 +112,7 @@ def _surveyed_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[
     mask = None if attention_mask is None else np.asarray(attention_mask)
     surveyed = survey_rows(tokens, ids, mask)
     if surveyed is None or surveyed[0] & SURVEY_STRAY or bool((surveyed[1] < 0).any()):
-        rows_in = _checked_rows(input_ids, turn_ids, attention_mask)
-        assert rows_in.valid is not None
-        return rows_in, turn_counts(rows_in.turn_ids, rows_in.valid), None
+        return (*_numpy_rows(input_ids, turn_ids, attention_mask), None)
     flags, counts, lengths = surveyed
     attention = mask if mask is None or not flags & SURVEY_NOT_BINARY else mask != 0
     return _Rows(tokens, ids, attention, None, bool(flags & SURVEY_OUTSIDE)), counts, lengths
@@ -130,11 +136,9 @@ def _planned_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[_
 
 
 def _raise_row_error(tokens: np.ndarray, ids: np.ndarray, mask: np.ndarray | None) -> None:
-    """The error of arrays a native check found wrong, raised by numpy's checks (``_checked_rows``,
-    ``turn_counts``: one rule, one message, the first row in the batch's order)."""
-    checked = _checked_rows(tokens, ids, mask)
-    assert checked.valid is not None
-    turn_counts(checked.turn_ids, checked.valid)
+    """The error of arrays a native check found wrong, raised by numpy's checks (``_numpy_rows``: one rule, one
+    message, the first row in the batch's order)."""
+    _numpy_rows(tokens, ids, mask)
     raise AssertionError("the native checks of score_arrays' rows found an error numpy's checks do not")
 
 

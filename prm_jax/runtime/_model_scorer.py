@@ -419,15 +419,9 @@ def chunk_slots(order: np.ndarray, lengths: np.ndarray, size: int, bucket: int |
         if length == 0:
             continue
         members = order[begin:begin + size]
-        yield ChunkSlot(members, rows_at(members, ascending), widths[length], min(widths[length], width))
-
-
-def rows_at(members: np.ndarray, ascending: bool) -> Any:
-    """``members`` as an index of the batch: a slice where they are consecutive and increasing (``ascending``:
-    known increasing), copied and written without a gather."""
-    first = int(members[0])
-    count = members.size
-    return slice(first, first + count) if ascending and int(members[-1]) - first == count - 1 else members
+        first, count = int(members[0]), members.size
+        at = slice(first, first + count) if ascending and int(members[-1]) - first == count - 1 else members
+        yield ChunkSlot(members, at, widths[length], min(widths[length], width))
 
 
 def row_chunks(input_ids: np.ndarray, attention_mask: np.ndarray | None, turn_ids: np.ndarray, order: np.ndarray,

@@ -553,8 +553,8 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
     def checked_copies() -> None:
         planned = _planned_rows(tokens, turn_ids, attention)
         assert planned is not None, "the native library is not at hand: the path checks the rows with numpy"
-        _, host, lengths = planned
-        _fused_chunks(host, np.flatnonzero(lengths), lengths, np.zeros(n, np.int64), chunk, 128)
+        _, host, plan = planned
+        _fused_chunks(host, plan, np.flatnonzero(plan.lengths), np.zeros(n, np.int64), chunk, 128)
 
     def hand_copies() -> None:
         for b in range(0, n, chunk):

@@ -35,7 +35,6 @@ import os
 import subprocess
 import threading
 import warnings
-from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 import jax
@@ -253,7 +252,7 @@ def _load_host() -> ctypes.CDLL | None:
             library = ctypes.cdll.LoadLibrary(str(PACKAGED_LIBRARY))
             _host_functions(library)
             return library
-        except (OSError, AttributeError):  # (an older packaged library, without the host functions)
+        except (OSError, AttributeError):  # (an older packaged library: without the host functions, or of another interface)
             pass
     compiler = find_compiler()
     if not compiler:
@@ -275,15 +274,22 @@ _HOST_SIGNATURES = {  # each host function's ctypes argument types (rows_cpu.cc)
                        ctypes.c_void_p),
     "PrmJaxChunkRows": (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                         ctypes.c_void_p, ctypes.c_void_p),
-    "PrmJaxPlaceScores": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                          ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64),
+    "PrmJaxPlaceScores": (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64),
 }
 
 
+HOST_API = 2  # rows_cpu.cc's PrmJaxHostApi: the host functions' arguments as _HOST_SIGNATURES declares them
+
+
 def _host_functions(library: ctypes.CDLL) -> dict[str, Any]:
-    """The library's host functions, typed once a library (``AttributeError`` for one without them all)."""
+    """The library's host functions, typed once a library (``AttributeError`` for one without them all, or
+    built from sources of another interface version: ``PrmJaxHostApi``)."""
     functions = _TYPED.get(id(library))
     if functions is None:
+        version = library.PrmJaxHostApi
+        version.restype, version.argtypes = ctypes.c_int64, ()
+        if version() != HOST_API:
+            raise AttributeError(f"the library's host functions are of interface {version()}, not {HOST_API}")
         functions = {}
         for name, arguments in _HOST_SIGNATURES.items():
             function = getattr(library, name)
@@ -358,18 +364,30 @@ def survey_rows(tokens: np.ndarray, turn_ids: np.ndarray,
     return None if flags < 0 else (flags, counts, lengths)
 
 
-def plan_rows(host: HostRows) -> tuple[int, np.ndarray]:
-    """The first half of the checks made as rows are copied (``chunk_rows``): ``(flags, lengths)``, ``lengths
-    [B]`` each row's last attended position + 1 (the mask read back from each row's end: only its padding; the
-    turn ids are not read), ``flags`` ``SURVEY_STRAY`` where a row of length 0, which is never copied, holds a
-    token id outside ``[0, 2^31 - 1]``."""
+class PlannedRows(NamedTuple):
+    """``plan_rows``' answer: ``flags``, each row's length ``lengths [B]`` int64, and over the rows of length above
+    0 (the scored rows) the ``longest`` and ``shortest`` length and their number ``scored`` (0, 0, 0 for none)."""
+
+    flags: int
+    lengths: np.ndarray
+    longest: int
+    shortest: int
+    scored: int
+
+
+def plan_rows(host: HostRows) -> PlannedRows:
+    """The first half of the checks made as rows are copied (``chunk_rows``): each row's last attended position
+    + 1 (the mask read back from each row's end: only its padding; the turn ids are not read), with the span of
+    the lengths above 0 (``PlannedRows``: the chunks' plan needs no pass over them); ``flags`` ``SURVEY_STRAY``
+    where a row of length 0, which is never copied, holds a token id outside ``[0, 2^31 - 1]``."""
     rows, width = host.tokens.shape
-    lengths = np.empty(rows, np.int64)
+    lengths = np.empty(rows + 3, np.int64)
     tokens, token_bytes, _, _, attention, attention_bytes = host.arguments
     flags = int(host.functions["PrmJaxPlanRows"](tokens, token_bytes, attention, attention_bytes, rows, width,
                                                   _address(lengths)))
     assert flags >= 0, "host_rows took arrays PrmJaxPlanRows refuses"
-    return flags, lengths
+    longest, shortest, scored = lengths[rows:].tolist()
+    return PlannedRows(flags, lengths[:rows], longest, shortest, scored)
 
 
 def chunk_rows(host: HostRows, members: np.ndarray, chunk_sizes: list[int], widths: list[int],
@@ -396,35 +414,58 @@ def chunk_rows(host: HostRows, members: np.ndarray, chunk_sizes: list[int], widt
     return flags, out[:region], out[region:2 * region], out[2 * region:], index[4 + n + 2 * chunks:]
 
 
-def scores_placer(out: np.ndarray) -> Callable[[np.ndarray, np.ndarray, np.ndarray, int], bool | None] | None:
-    """``place_scores`` onto one ``out [B, T]`` float32 (C-contiguous, writable), its checks and address taken
-    once for every chunk of a batch; ``None`` where the library is not at hand or ``out`` is not such a buffer."""
-    if not (out.dtype == np.float32 and out.ndim == 2 and out.flags.c_contiguous and out.flags.writeable):
-        return None
-    library = _host_library()
-    if library is None:
-        return None
-    function, address, width = _host_functions(library)["PrmJaxPlaceScores"], _address(out), out.shape[1]
+class ScoresPlacer:
+    """Model calls' float32 scores written onto one ``out [B, T]`` float32 (C-contiguous, writable): ``add`` each
+    call's scores, ``place`` them all in one native pass (``rows_cpu.cc``; one ctypes call a batch, not one a
+    call: issue 56.6). ``scores_placer`` makes one where the library is at hand."""
 
-    def place(scores: np.ndarray, turns: np.ndarray, rows: np.ndarray, cut: int) -> bool | None:
+    def __init__(self, function: Any, out: np.ndarray) -> None:
+        self._function, self._out, self._address, self._width = function, out, _address(out), out.shape[1]
+        self._pending: list[tuple[int, ...]] = []
+        self._held: list[np.ndarray] = []  # (the pending calls' arrays, alive until they are placed)
+
+    def add(self, scores: np.ndarray, turns: np.ndarray, rows: np.ndarray, cut: int) -> bool:
+        """A call's ``scores [size, padded]`` to write onto rows ``rows`` (int64) of ``out``, up to column ``cut``:
+        the scores where the call's ``turns [size, padded]`` int32 are >= 0, 0 elsewhere, at the next ``place``.
+        False (nothing added) where they are not such C-contiguous buffers: the caller writes them with numpy."""
         size, padded = turns.shape
         if not (scores.dtype == np.float32 and scores.shape == turns.shape and turns.dtype == np.int32
                 and rows.dtype == np.int64 and scores.flags.c_contiguous and turns.flags.c_contiguous
-                and rows.flags.c_contiguous and rows.size <= size and cut <= min(padded, width)):
-            return None
-        return bool(function(_address(scores), _address(turns), _address(rows), rows.size, cut, padded, address,
-                             width))
-    return place
+                and rows.flags.c_contiguous and rows.size <= size and 0 <= cut <= min(padded, self._width)):
+            return False
+        self._pending.append((_address(scores), _address(turns), _address(rows), rows.size, cut, padded))
+        self._held += scores, turns, rows
+        return True
+
+    def place(self) -> bool:
+        """The calls added since the last ``place`` written onto ``out``, in one native pass; whether a score
+        placed on a turn token is not finite."""
+        if not self._pending:
+            return False
+        table = np.array(self._pending, np.int64)
+        non_finite = bool(self._function(_address(table), len(self._pending), self._address, self._width))
+        self._pending.clear()
+        self._held.clear()
+        return non_finite
+
+
+def scores_placer(out: np.ndarray) -> ScoresPlacer | None:
+    """A ``ScoresPlacer`` onto ``out``; ``None`` where the library is not at hand or ``out`` is not a C-contiguous,
+    writable ``[B, T]`` float32 buffer (the caller writes the scores with numpy)."""
+    if not (out.dtype == np.float32 and out.ndim == 2 and out.flags.c_contiguous and out.flags.writeable):
+        return None
+    library = _host_library()
+    return None if library is None else ScoresPlacer(_host_functions(library)["PrmJaxPlaceScores"], out)
 
 
 def place_scores(scores: np.ndarray, turns: np.ndarray, rows: np.ndarray, cut: int, out: np.ndarray) -> bool | None:
-    """A model call's float32 ``scores [size, padded]`` written onto rows ``rows`` (int64) of ``out [B, T]`` float32,
+    """One model call's float32 ``scores [size, padded]`` written onto rows ``rows`` (int64) of ``out [B, T]`` float32,
     up to column ``cut``: the scores where the call's ``turns [size, padded]`` int32 are >= 0, 0 elsewhere, in one
     native pass; whether a score placed is not finite. ``None`` (nothing written) where the library is not at
-    hand or the arrays are not those C-contiguous buffers: the caller writes them with numpy. (A batch's chunks
-    share one ``scores_placer``.)"""
-    place = scores_placer(out)
-    return None if place is None else place(scores, turns, rows, cut)
+    hand or the arrays are not those C-contiguous buffers: the caller writes them with numpy. (A batch's calls
+    share one ``ScoresPlacer``, placed together.)"""
+    placer = scores_placer(out)
+    return None if placer is None or not placer.add(scores, turns, rows, cut) else placer.place()
 
 
 def use_native(*, sharded: bool, platform: str) -> bool:

@@ -161,7 +161,7 @@ template <typename Tok, typename Att, bool kHasAttention>
 int64_t Plan(const void* tokens, const void* attention, int64_t rows, int64_t width, int64_t* lengths) {
   const auto* tok = static_cast<const Tok*>(tokens);
   const auto* atts = static_cast<const Att*>(attention);
-  int64_t flags = 0;
+  int64_t flags = 0, longest = 0, shortest = 0, scored = 0;  // (over the rows of length > 0)
   for (int64_t r = 0; r < rows; ++r) {
     int64_t length = width;
     if constexpr (kHasAttention) {  // (a block of 16 at a time, then a position at a time)
@@ -171,7 +171,13 @@ int64_t Plan(const void* tokens, const void* attention, int64_t rows, int64_t wi
     }
     lengths[r] = length;
     if (length == 0 && !TokensInRange(tok + r * width, width)) flags |= 1;
+    if (length > 0) {
+      longest = length > longest ? length : longest;
+      shortest = scored == 0 || length < shortest ? length : shortest;
+      ++scored;
+    }
   }
+  lengths[rows] = longest, lengths[rows + 1] = shortest, lengths[rows + 2] = scored;
   return flags;
 }
 
@@ -233,8 +239,8 @@ int64_t Chunks(const void* tokens, const void* turn_ids, const void* attention, 
 
 // A model call's float32 scores placed on its rows' turn tokens (0 elsewhere), and whether one placed is not
 // finite (its exponent bits all set: the comparison vectorizes where std::isfinite does not).
-inline int64_t Place(const float* scores, const int32_t* turns, const int64_t* rows, int64_t count, int64_t cut,
-                     int64_t padded, float* out, int64_t width) {
+inline bool Place(const float* scores, const int32_t* turns, const int64_t* rows, int64_t count, int64_t cut,
+                  int64_t padded, float* out, int64_t width) {
   uint32_t non_finite = 0;
   for (int64_t i = 0; i < count; ++i) {
     const float* s = scores + i * padded;
@@ -248,7 +254,7 @@ inline int64_t Place(const float* scores, const int32_t* turns, const int64_t* r
       o[t] = v;
     }
   }
-  return non_finite ? 1 : 0;
+  return non_finite != 0;
 }
 
 // Calls f(Tok{}, Id{}, Att{}, std::bool_constant<kHasAttention>{}) for the buffers' sizes (bytes: 4 or 8 for
@@ -291,6 +297,11 @@ int64_t Dispatch(int token_bytes, int id_bytes, int attention_bytes, F&& f) {
 #define PRM_JAX_CLONES
 #endif
 
+// The host functions' interface version, checked by prm_jax/native/_ffi.py before it calls any of them (HOST_API
+// there): a library built from older sources, whose functions take other arguments, is built again, not called.
+// Raise it with any change of an entry point's arguments or of what it writes.
+extern "C" int64_t PrmJaxHostApi() { return 2; }
+
 // A call's template arguments from Dispatch's tags.
 #define PRM_JAX_TYPES(tok, id, att, has)                                                     \
   using Tok = decltype(tok);                                                                 \
@@ -310,8 +321,9 @@ extern "C" PRM_JAX_CLONES int64_t PrmJaxSurveyRows(const void* tokens, int token
   });
 }
 
-// The same buffers: lengths[rows] (PlanRows above; the turn ids are not read); returns 1 where a row of length
-// 0 holds a token id out of range, else 0, or -1 for sizes it does not take.
+// The same buffers: lengths[rows] (PlanRows above; the turn ids are not read), then in lengths[rows .. rows + 2]
+// the longest and the shortest length above 0 and the number of rows of length above 0 (0, 0, 0 for none);
+// returns 1 where a row of length 0 holds a token id out of range, else 0, or -1 for sizes it does not take.
 extern "C" PRM_JAX_CLONES int64_t PrmJaxPlanRows(const void* tokens, int token_bytes, const void* attention,
                                                  int attention_bytes, int64_t rows, int64_t width, int64_t* lengths) {
   return Dispatch(token_bytes, 4, attention_bytes, [&](auto tok, auto, auto att, auto has) {
@@ -347,12 +359,18 @@ extern "C" PRM_JAX_CLONES int64_t PrmJaxChunkRows(const void* tokens, int token_
   });
 }
 
-// A model call's C-contiguous [size, padded] float32 scores and the chunk's int32 turn ids (-1 off the turns): row
-// i's first cut columns written onto row rows[i] of the C-contiguous [B, width] float32 out, the scores on the
-// turn tokens and 0 elsewhere (count <= size, cut <= min(padded, width)); returns 1 where a score placed on a turn
-// token is not finite, else 0.
-extern "C" PRM_JAX_CLONES int64_t PrmJaxPlaceScores(const float* scores, const int32_t* turns, const int64_t* rows,
-                                                    int64_t count, int64_t cut, int64_t padded, float* out,
-                                                    int64_t width) {
-  return Place(scores, turns, rows, count, cut, padded, out, width);
+// Model calls' scores placed onto the C-contiguous [B, width] float32 out, a batch's calls in one call (through
+// ctypes each call costs its caller microseconds, issue 56.6). table holds `calls` rows of six int64: the
+// addresses of a call's C-contiguous [size, padded] float32 scores, of its int32 turn ids (-1 off the turns) and
+// of its int64 rows[count], then count, cut and padded: row i's first cut columns written onto row rows[i] of out,
+// the scores on the turn tokens and 0 elsewhere (count <= size, cut <= min(padded, width)). Returns 1 where a
+// score placed on a turn token is not finite, else 0.
+extern "C" PRM_JAX_CLONES int64_t PrmJaxPlaceScores(const int64_t* table, int64_t calls, float* out, int64_t width) {
+  bool non_finite = false;
+  for (int64_t c = 0; c < calls; ++c) {
+    const int64_t* call = table + 6 * c;
+    non_finite |= Place(reinterpret_cast<const float*>(call[0]), reinterpret_cast<const int32_t*>(call[1]),
+                        reinterpret_cast<const int64_t*>(call[2]), call[3], call[4], call[5], out, width);
+  }
+  return non_finite ? 1 : 0;
 }

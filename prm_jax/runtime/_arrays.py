@@ -24,6 +24,7 @@ from prm_jax.native._ffi import (
     SURVEY_OUTSIDE,
     SURVEY_STRAY,
     HostRows,
+    PlannedRows,
     chunk_rows,
     host_rows,
     plan_rows,
@@ -118,21 +119,21 @@ def _surveyed_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[
     return _Rows(tokens, ids, attention, None, bool(flags & SURVEY_OUTSIDE)), counts, lengths
 
 
-def _planned_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[_Rows, HostRows, np.ndarray] | None:
+def _planned_rows(input_ids: Any, turn_ids: Any, attention_mask: Any) -> tuple[_Rows, HostRows, PlannedRows] | None:
     """The row path's first step where its checks are made as the rows are copied (``_fused_chunks``: one
     ``ModelScorer``, arrays the native host functions take, ``host_rows``): the arrays, as ``_Rows`` and for the
-    host functions, and ``[B]`` each row's length (``plan_rows``: the mask read back from each row's end); a row
-    of length 0, never copied, has its tokens checked here. ``None`` elsewhere (the caller surveys the rows
-    first: ``_surveyed_rows``)."""
+    host functions, and each row's length (``plan_rows``: the mask read back from each row's end, with the
+    span of the lengths); a row of length 0, never copied, has its tokens checked here. ``None`` elsewhere (the
+    caller surveys the rows first: ``_surveyed_rows``)."""
     tokens, ids = np.asarray(input_ids), np.asarray(turn_ids)
     mask = None if attention_mask is None else np.asarray(attention_mask)
     host = host_rows(tokens, ids, mask)
     if host is None:
         return None
-    flags, lengths = plan_rows(host)
-    if flags & SURVEY_STRAY:
+    plan = plan_rows(host)
+    if plan.flags & SURVEY_STRAY:
         _raise_row_error(tokens, ids, mask)
-    return _Rows(tokens, ids, mask, None, False), host, lengths
+    return _Rows(tokens, ids, mask, None, False), host, plan
 
 
 def _raise_row_error(tokens: np.ndarray, ids: np.ndarray, mask: np.ndarray | None) -> None:
@@ -142,16 +143,19 @@ def _raise_row_error(tokens: np.ndarray, ids: np.ndarray, mask: np.ndarray | Non
     raise AssertionError("the native checks of score_arrays' rows found an error numpy's checks do not")
 
 
-def _fused_chunks(host: HostRows, scored: np.ndarray, lengths: np.ndarray, counts: np.ndarray, size: int,
+def _fused_chunks(host: HostRows, plan: PlannedRows, scored: np.ndarray, counts: np.ndarray, size: int,
                   bucket: int | str) -> list[RowChunk]:
-    """``row_chunks``' chunks of the rows ``scored`` (``chunk_order``'s plan by ``lengths``), with the rows' checks
-    made as they are copied, every chunk in one native pass (``chunk_rows``: each array read once, as a
-    hand-written loop's copies read it; issue 56.6), each row's number of turns written into ``counts``; a wrong
-    row raises numpy's error (``_raise_row_error``) before any chunk is returned. A row with attention and no
-    turn is found only as it is copied: where there is one, the rest are planned and copied again (the chunks
-    are then the survey's, row for row)."""
+    """``row_chunks``' chunks of the rows ``scored`` (``chunk_order``'s plan by ``plan``'s lengths; ``plan``'s span
+    read where ``scored`` are every row of length above 0), with the rows' checks made as they are copied, every
+    chunk in one native pass (``chunk_rows``: each array read once, as a hand-written loop's copies read it;
+    issue 56.6), each row's number of turns written into ``counts``; a wrong row raises numpy's error
+    (``_raise_row_error``) before any chunk is returned. A row with attention and no turn is found only as it is
+    copied: where there is one, the rest are planned and copied again (the chunks are then the survey's, row
+    for row)."""
+    lengths = plan.lengths
+    span = (plan.longest, plan.shortest) if scored.size == plan.scored else None
     for _ in range(2):
-        order, chunk_lengths, ascending = chunk_order(None, scored, bucket, lengths=lengths)
+        order, chunk_lengths, ascending = chunk_order(None, scored, bucket, lengths=lengths, span=span)
         slots = list(chunk_slots(order, chunk_lengths, size, bucket, host.tokens.shape[1], ascending=ascending))
         if not slots:
             return []
@@ -164,7 +168,12 @@ def _fused_chunks(host: HostRows, scored: np.ndarray, lengths: np.ndarray, count
         counts[members] = found
         if fewest > 0:
             break
-        scored = np.sort(members[found > 0])  # (then every row has a turn: one more pass at most)
+        scored, span = np.sort(members[found > 0]), None  # (then every row has a turn: one more pass at most)
+    if len({slot.padded for slot in slots}) == 1:  # (one width: each block a view of one reshape, no slicing)
+        padded = slots[0].padded
+        ids, mask, turns = (flat.reshape(len(slots), size, padded) for flat in (flat_ids, flat_mask, flat_turns))
+        return [RowChunk(members, at, cut, ids[c], mask[c], turns[c])
+                for c, (members, at, _, cut) in enumerate(slots)]
     out, offset = [], 0
     for members, at, padded, cut in slots:
         block = slice(offset, offset + size * padded)
@@ -323,9 +332,12 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
         scored = np.flatnonzero(counts)
         turns = int(counts.max()) if counts.size else 0
     else:
-        rows_in, host, lengths = planned
+        rows_in, host, plan = planned
+        lengths = plan.lengths
         counts = np.zeros(lengths.shape, np.int64)  # (filled as the chunks are made)
-        scored, turns = np.flatnonzero(lengths), 0  # (turns: the width of per_turn's tables, not made here)
+        # (every row of length above 0; turns: the width of per_turn's tables, not made here)
+        scored = np.arange(lengths.size) if plan.scored == lengths.size else np.flatnonzero(lengths)
+        turns = 0
     tokens, attention = rows_in.tokens, rows_in.attention
     rows = tokens.shape[0]
     failed = np.zeros(rows, bool)
@@ -343,7 +355,7 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
                                                     scorer.max_batch_size, scorer.settings.bucket,
                                                     ascending=ascending, valid=outside)
         else:
-            chunks = _fused_chunks(host, scored, planned[2], counts, scorer.max_batch_size, scorer.settings.bucket)
+            chunks = _fused_chunks(host, plan, scored, counts, scorer.max_batch_size, scorer.settings.bucket)
         weighted, means, chunk_errors = _score_chunks(scorer, chunks, tokens.shape, counts, turns, on_error,
                                                       per_turn, report)
         for row, message in chunk_errors.items():
@@ -392,8 +404,9 @@ def _score_chunks(scorer: Any, chunks: Iterable[RowChunk], shape: tuple[int, ...
     (``on_error="mask"``) or raises with a note naming them; a row with a non-finite score fails alone. The
     model is called on every chunk before any output is read (``_calls``), so the device computes while the
     host builds the next chunks. A model's float32 token scores of weight 1, placed as they come (no
-    ``spread``) and without ``per_turn``, are written straight onto the turns' positions and checked for
-    finiteness once for the batch (issue 56.6: on a GPU the host path is all there is beside the model)."""
+    ``spread``) and without ``per_turn``, are written straight onto the turns' positions (every chunk in one
+    native pass where the library is at hand: ``ScoresPlacer``) and checked for finiteness once for the batch
+    (issue 56.6: on a GPU the host path is all there is beside the model)."""
     weighted = np.zeros(shape, np.float32)
     means = np.zeros((shape[0], turns), np.float64)
     errors: dict[int, str] = {}
@@ -401,8 +414,8 @@ def _score_chunks(scorer: Any, chunks: Iterable[RowChunk], shape: tuple[int, ...
     direct = (scorer.settings.output == "tokens" and scorer.spread is None and scorer.weight == 1.0
               and not per_turn)
     written: list[Any] = []  # the chunks written straight, not yet checked for finiteness
-    place = scores_placer(weighted) if direct else None  # (None: numpy writes them)
-    unchecked = False  # whether one of them may hold a non-finite score (place_scores says which do not)
+    placer = scores_placer(weighted) if direct else None  # (None: numpy writes them)
+    unchecked = False  # whether one of them may hold a non-finite score (the placer says which do not)
 
     def commit(chunk: Any, chunk_weighted: np.ndarray, bad: dict[int, str]) -> None:
         if bad and on_error == "raise":
@@ -416,6 +429,8 @@ def _score_chunks(scorer: Any, chunks: Iterable[RowChunk], shape: tuple[int, ...
 
     def check_written() -> None:
         nonlocal unchecked
+        if placer is not None:  # (the chunks the placer holds written first, in one native pass)
+            unchecked |= placer.place()
         if written and unchecked and not np.isfinite(weighted).all():
             for chunk in written:
                 chunk_weighted = weighted[chunk.at, :chunk.cut]
@@ -448,14 +463,13 @@ def _score_chunks(scorer: Any, chunks: Iterable[RowChunk], shape: tuple[int, ...
                 errors.setdefault(row, error_text(err))
         else:
             if straight:
-                placed = None if place is None else place(scores, chunk.turns, chunk.rows, cut)
-                if placed is None:
+                if placer is None or not placer.add(scores, chunk.turns, chunk.rows, cut):
                     on_turns = chunk.turns[:count, :cut] >= 0  # (-1 off the turns: row_chunks)
                     if isinstance(chunk.at, slice):
                         np.copyto(weighted[chunk.at, :cut], scores[:count, :cut], where=on_turns)
                     else:
                         weighted[chunk.at, :cut] = np.where(on_turns, scores[:count, :cut], np.float32(0))
-                unchecked |= placed is not False
+                    unchecked = True
                 written.append(chunk)
             else:
                 check_written()

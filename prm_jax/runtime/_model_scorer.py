@@ -363,17 +363,21 @@ def row_lengths(live: np.ndarray) -> np.ndarray:
     return np.where(live.any(axis=1), width - np.argmax(live[:, ::-1], axis=1), 0)
 
 
-def chunk_order(live: np.ndarray | None, rows: np.ndarray, bucket: int | str, *,
-                lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
+def chunk_order(live: np.ndarray | None, rows: np.ndarray, bucket: int | str, *, lengths: np.ndarray | None = None,
+                span: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray | int, bool]:
     """The order in which ``rows`` (the rows to score; ``live``: ``[B, T]`` bool, the positions a model must
-    read) are chunked, and a length per row of the batch that sets each chunk's width (its longest row's,
-    rounded up to ``bucket``): by length (stable, so rows of one length keep their order), as a hand-written
-    loop sorts them so each chunk is padded near its own rows' length; as given when every row falls in one
-    bucket (sorting would narrow no chunk, and consecutive rows are copied without a gather), which a look at
-    the last bucket's columns tells without measuring each row. The third value: whether the order is
-    ``rows``' own (``rows`` increasing: ``row_chunks``' ``ascending``). ``lengths`` (``[B]``, each row's last
-    live position + 1, where the caller has them: the native survey): read instead of ``live``."""
-    if lengths is not None:
+    read) are chunked, and the lengths that set each chunk's width (its longest row's, rounded up to
+    ``bucket``): by length (stable, so rows of one length keep their order), as a hand-written loop sorts them
+    so each chunk is padded near its own rows' length, with a length per row of the batch; as given when every
+    row falls in one bucket (sorting would narrow no chunk, and consecutive rows are copied without a gather),
+    which a look at the last bucket's columns tells without measuring each row, with one length for every
+    chunk (an ``int``). The third value: whether the order is ``rows``' own (``rows`` increasing:
+    ``row_chunks``' ``ascending``). ``lengths`` (``[B]``, each row's last live position + 1, where the caller has
+    them: the native survey): read instead of ``live``; ``span`` (the longest and shortest of them, where the
+    caller has those and ``rows`` are every row of length above 0: ``plan_rows``): no pass over them."""
+    if span is not None and lengths is not None:
+        batch, end = lengths.shape[0], span[0]
+    elif lengths is not None:
         batch, end = lengths.shape[0], int(lengths.max()) if lengths.size else 0
     elif live is not None:
         columns = np.flatnonzero(live.any(axis=0))
@@ -387,10 +391,10 @@ def chunk_order(live: np.ndarray | None, rows: np.ndarray, bucket: int | str, *,
     if lengths is None:
         assert live is not None
         if end and bool(np.asarray(live[:, below:end].any(axis=1))[rows].all()):
-            return rows, np.full(batch, end, np.int64), True
+            return rows, end, True
         lengths = row_lengths(live) if live.shape[1] else np.zeros(batch, np.int64)
-    elif end and bool((lengths[rows] > below).all()):
-        return rows, np.full(batch, end, np.int64), True
+    elif end and (span[1] > below if span is not None else bool((lengths[rows] > below).all())):
+        return rows, end, True
     return rows[np.argsort(lengths[rows], kind="stable")], lengths, False
 
 
@@ -405,27 +409,35 @@ class ChunkSlot(NamedTuple):
     cut: int
 
 
-def chunk_slots(order: np.ndarray, lengths: np.ndarray, size: int, bucket: int | str, width: int, *,
+def chunk_slots(order: np.ndarray, lengths: np.ndarray | int, size: int, bucket: int | str, width: int, *,
                 ascending: bool = False) -> Iterator[ChunkSlot]:
     """``order``'s rows ``size`` at a time (``ChunkSlot``), each call padded to its longest row's length
-    (``lengths``) rounded up to ``bucket``; a call whose rows all have length 0 is skipped. ``ascending``:
-    ``order`` holds distinct rows in increasing order (``chunk_order``'s unsorted case), so a chunk spanning as
-    many rows as it holds is a slice. ``width``: the arrays' ``T``."""
+    (``lengths``: ``[B]``, or one length for every call, ``chunk_order``'s) rounded up to ``bucket``; a call whose
+    rows all have length 0 is skipped. ``ascending``: ``order`` holds distinct rows in increasing order
+    (``chunk_order``'s unsorted case), so a chunk spanning as many rows as it holds is a slice. ``width``: the
+    arrays' ``T``."""
+    if not order.size:
+        return
+    # Each chunk's longest row, first and last row in one pass, and each length's bucket once (a chunk of 8 rows
+    # is a few us of work: no numpy call per chunk but the slice of its members).
     begins = np.arange(0, order.size, size)
-    # Each chunk's longest row in one call, and each length's bucket once (a chunk of 8 rows is a few us of work).
-    longest = np.maximum.reduceat(lengths[order], begins).tolist() if order.size else []
+    ends = np.minimum(begins + size, order.size)
+    if isinstance(lengths, np.ndarray):
+        longest = np.maximum.reduceat(lengths[order], begins).tolist()
+    else:
+        longest = [lengths] * begins.size
     widths = {length: bucket_width(length, bucket) for length in set(longest) if length}
-    for begin, length in zip(begins.tolist(), longest):
+    for begin, end, length, first, last in zip(begins.tolist(), ends.tolist(), longest, order[begins].tolist(),
+                                               order[ends - 1].tolist()):
         if length == 0:
             continue
-        members = order[begin:begin + size]
-        first, count = int(members[0]), members.size
-        at = slice(first, first + count) if ascending and int(members[-1]) - first == count - 1 else members
+        members = order[begin:end]
+        at = slice(first, end - begin + first) if ascending and last - first == end - begin - 1 else members
         yield ChunkSlot(members, at, widths[length], min(widths[length], width))
 
 
 def row_chunks(input_ids: np.ndarray, attention_mask: np.ndarray | None, turn_ids: np.ndarray, order: np.ndarray,
-               lengths: np.ndarray, size: int, bucket: int | str, *, ascending: bool = False,
+               lengths: np.ndarray | int, size: int, bucket: int | str, *, ascending: bool = False,
                valid: np.ndarray | None = None) -> Iterator[RowChunk]:
     """The model calls of ``order``'s rows, ``size`` at a time (``RowChunk``), each padded to its longest row's
     length rounded up to ``bucket`` (``chunk_slots``); rows of length 0 are skipped. ``attention_mask``

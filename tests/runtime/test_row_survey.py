@@ -4,6 +4,8 @@ are those of plain loops over AReaL's turn rule (``turn_spans``); through ``scor
 errors are numpy's path's, which still serves where it does not apply (no library, a float or strided mask,
 other dtypes)."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -174,7 +176,7 @@ def test_plan_rows_is_the_plain_loops_on_random_batches_of_every_dtype(library):
     # Each row's length (last attended position + 1, the mask read back from the row's end) and a stray token
     # flagged only in a row of length 0 (a row with attention has its tokens checked when it is copied).
     rng = np.random.default_rng(5661)
-    strays = 0
+    strays = empties = 0
     for _ in range(1500):
         tokens, turn_ids, mask = random_batch(rng)
         if rng.random() < 0.4 and mask is not None:  # long runs of padding (blocks of 16), whole rows of it
@@ -186,13 +188,17 @@ def test_plan_rows_is_the_plain_loops_on_random_batches_of_every_dtype(library):
                 tokens[row, rng.integers(tokens.shape[1])] = -5
         host = ffi.host_rows(tokens, turn_ids, mask)
         assert host is not None
-        flags, lengths = ffi.plan_rows(host)
+        plan = ffi.plan_rows(host)
         _, _, want_lengths = reference(tokens, turn_ids, mask)
         empty_stray = any(want_lengths[b] == 0 and not ((tokens[b] >= 0) & (tokens[b] <= MAX_TOKEN_ID)).all()
                           for b in range(tokens.shape[0]))
-        assert lengths.tolist() == want_lengths and flags == (ffi.SURVEY_STRAY if empty_stray else 0)
+        assert plan.lengths.tolist() == want_lengths and plan.flags == (ffi.SURVEY_STRAY if empty_stray else 0)
+        positive = [length for length in want_lengths if length > 0]  # (the span of the scored rows' lengths)
+        assert (plan.longest, plan.shortest, plan.scored) == (max(positive, default=0), min(positive, default=0),
+                                                              len(positive))
         strays += empty_stray
-    assert strays >= 5
+        empties += not positive
+    assert strays >= 5 and empties >= 5
 
 
 def copied_reference(tokens, turn_ids, attention, members, sizes, widths, size):
@@ -228,7 +234,7 @@ def test_chunk_rows_is_the_plain_loops_on_random_batches_of_every_dtype(library)
             mask = mask.copy()
             mask[:, int(rng.integers(mask.shape[1])):] = 0
         host = ffi.host_rows(tokens, turn_ids, mask)
-        _, lengths = ffi.plan_rows(host)
+        lengths = ffi.plan_rows(host).lengths
         rows, width = tokens.shape
         members = rng.permutation(rows)[:int(rng.integers(1, rows + 1))].astype(np.int64)
         size = int(rng.integers(1, 4))
@@ -294,6 +300,40 @@ def test_place_scores_is_the_plain_loop_and_flags_only_non_finite_scores_on_turn
     assert ffi.place_scores(scores, turns, rows, 4, np.zeros((4, 2), np.float32).T) is None
     assert ffi.place_scores(scores, turns, rows, 5, out) is None  # (cut past the buffers)
     assert ffi.place_scores(scores, turns, np.arange(3), 4, np.zeros((3, 4), np.float32)) is None  # (more rows)
+
+
+def test_place_scores_places_a_batch_of_calls_in_one_pass_as_the_plain_loop(library):
+    # The calls a ScoresPlacer holds are written together at place() (one native call a batch): the same out as
+    # each call placed alone, the flag said once for them all, nothing written before place().
+    rng = np.random.default_rng(5664)
+    for _ in range(200):
+        batch, width = int(rng.integers(2, 12)), int(rng.integers(1, 40))
+        out, want = np.zeros((batch, width), np.float32), np.zeros((batch, width), np.float32)
+        placer = ffi.scores_placer(out)
+        non_finite = False
+        for rows in np.array_split(rng.permutation(batch).astype(np.int64), int(rng.integers(1, batch + 1))):
+            size, padded = rows.size + int(rng.integers(0, 3)), int(rng.integers(1, 45))
+            cut = int(rng.integers(0, min(padded, width) + 1))
+            scores = rng.normal(size=(size, padded)).astype(np.float32)
+            if rng.random() < 0.1:
+                scores[0, 0] = np.inf
+            turns = np.where(rng.random((size, padded)) < 0.6, 0, -1).astype(np.int32)
+            non_finite |= ffi.place_scores(scores, turns, rows.copy(), cut, want) is True
+            assert placer.add(scores, turns, rows.copy(), cut)
+        assert not out.any()  # (held until place)
+        assert placer.place() is non_finite and placer.place() is False
+        np.testing.assert_array_equal(out, want)
+
+
+def test_a_library_of_another_host_interface_is_refused_not_called():
+    # A library built from older sources (a checkout's stale build) whose functions take other arguments: its
+    # version says so and the loader builds the sources again (_load_host catches the AttributeError).
+    def older():
+        return ffi.HOST_API - 1
+    with pytest.raises(AttributeError, match="interface"):
+        ffi._host_functions(types.SimpleNamespace(PrmJaxHostApi=older))
+    with pytest.raises(AttributeError):  # (older still: no version at all)
+        ffi._host_functions(types.SimpleNamespace())
 
 
 PATHS = ("fused", "survey", "numpy")

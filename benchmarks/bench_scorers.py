@@ -570,9 +570,15 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
         for array in (tokens, turn_ids, attention):
             array.view(np.uint64).max()
 
-    walls, hand, in_loop, fused, copies, checks, numpy_checks, read = wall_times(
-        repeats, lambda: blocking.score_arrays(tokens, turn_ids, attention_mask=attention), hand_loop,
-        lambda: anyio.run(score), checked_copies, hand_copies, checks_native, checks_numpy, one_read)
+    # Three loops: the path against the hand loop (the figure), the parts, then the async call. In one
+    # loop of rounds, an anyio.run (its rows read in anyio's worker thread) made every call after it slower, 2x
+    # on this VM, and the path more than the hand loop (at chunks of 256, 1.25-1.31x against 1.18-1.20x without
+    # it); the checked copies, which came next, measured 1.7-2.5x numpy's copies in that loop and 1.1x apart.
+    walls, hand = wall_times(repeats, lambda: blocking.score_arrays(tokens, turn_ids, attention_mask=attention),
+                             hand_loop)
+    fused, copies, checks, numpy_checks, read = wall_times(repeats, checked_copies, hand_copies, checks_native,
+                                                           checks_numpy, one_read)
+    [in_loop] = wall_times(repeats, lambda: anyio.run(score))
     blocking.close()
     # The numbers against per-turn calls (each turn's prefix alone, unpadded) on a few rows.
     worst = 0.0

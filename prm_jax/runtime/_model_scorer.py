@@ -416,23 +416,23 @@ def chunk_slots(order: np.ndarray, lengths: np.ndarray | int, size: int, bucket:
     rows all have length 0 is skipped. ``ascending``: ``order`` holds distinct rows in increasing order
     (``chunk_order``'s unsorted case), so a chunk spanning as many rows as it holds is a slice. ``width``: the
     arrays' ``T``."""
-    if not order.size:
-        return
-    # Each chunk's longest row, first and last row in one pass, and each length's bucket once (a chunk of 8 rows
-    # is a few us of work: no numpy call per chunk but the slice of its members).
-    begins = np.arange(0, order.size, size)
-    ends = np.minimum(begins + size, order.size)
+    count = order.size
+    begins = range(0, count, size)
+    # Each chunk's longest row in one pass, and each length's bucket once (a chunk of 8 rows is a few us of
+    # work: no numpy call per chunk but the slice of its members).
     if isinstance(lengths, np.ndarray):
-        longest = np.maximum.reduceat(lengths[order], begins).tolist()
+        longest = np.maximum.reduceat(lengths[order], np.arange(0, count, size)).tolist() if count else []
     else:
-        longest = [lengths] * begins.size
+        longest = [lengths] * len(begins)
     widths = {length: bucket_width(length, bucket) for length in set(longest) if length}
-    for begin, end, length, first, last in zip(begins.tolist(), ends.tolist(), longest, order[begins].tolist(),
-                                               order[ends - 1].tolist()):
+    for begin, length in zip(begins, longest):
         if length == 0:
             continue
-        members = order[begin:end]
-        at = slice(first, end - begin + first) if ascending and last - first == end - begin - 1 else members
+        members = order[begin:begin + size]
+        at: Any = members
+        if ascending:
+            first, last = int(members[0]), int(members[-1])
+            at = slice(first, last + 1) if last - first == members.size - 1 else members
         yield ChunkSlot(members, at, widths[length], min(widths[length], width))
 
 

@@ -18,7 +18,8 @@ RAY_SUITE = bool(os.environ.get("PRM_JAX_RAY_SUITE"))
 
 # The end-to-end tests: the command line run as a user runs it (most in processes of their own: signals,
 # exits, outputs), the examples, the multi-device processes, the native library built from the sources, the
-# benchmark scripts (and a test elsewhere marked ``e2e`` itself). Marked ``e2e``: ``python3 dev.py e2e`` runs
+# benchmark scripts (and a test elsewhere marked ``e2e`` itself: the README's and the guides' code blocks, each
+# run as written in a process of its own). Marked ``e2e``: ``python3 dev.py e2e`` runs
 # them, a CI step of their own;
 # ``python3 dev.py test`` runs the rest (``-m "not e2e"``); plain ``pytest`` runs both.
 E2E_FILES = ("app/test_cli.py", "app/test_cli_credit.py", "app/test_cli_faults.py", "app/test_cli_input.py",

@@ -147,6 +147,7 @@ def readme_blocks():
             for page in documentation.PAGES for i, m in enumerate(BLOCK.finditer(page.read_text()))]
 
 
+@pytest.mark.e2e  # (each block in a process of its own, as a reader runs it, ~60 s of CPU: the end-to-end step)
 @pytest.mark.parametrize("lang,body,why", [block[:3] for block in readme_blocks()],
                          ids=[block[3] for block in readme_blocks()])
 def test_every_readme_block_runs_as_written(lang, body, why, tmp_path):

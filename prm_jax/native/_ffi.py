@@ -420,7 +420,7 @@ class ScoresPlacer:
     call: issue 56.6). ``scores_placer`` makes one where the library is at hand."""
 
     def __init__(self, function: Any, out: np.ndarray) -> None:
-        self._function, self._out, self._address, self._width = function, out, _address(out), out.shape[1]
+        self._function, self._out, self._out_address, self._width = function, out, _address(out), out.shape[1]
         self._pending: list[tuple[int, ...]] = []
         self._held: list[np.ndarray] = []  # (the pending calls' arrays, alive until they are placed)
 
@@ -443,7 +443,7 @@ class ScoresPlacer:
         if not self._pending:
             return False
         table = np.array(self._pending, np.int64)
-        non_finite = bool(self._function(_address(table), len(self._pending), self._address, self._width))
+        non_finite = bool(self._function(_address(table), len(self._pending), self._out_address, self._width))
         self._pending.clear()
         self._held.clear()
         return non_finite

@@ -335,9 +335,7 @@ def score_rows_now(models: list[Any], input_ids: Any, turn_ids: Any, attention_m
         rows_in, host, plan = planned
         lengths = plan.lengths
         counts = np.zeros(lengths.shape, np.int64)  # (filled as the chunks are made)
-        # (every row of length above 0; turns: the width of per_turn's tables, not made here)
-        scored = np.arange(lengths.size) if plan.scored == lengths.size else np.flatnonzero(lengths)
-        turns = 0
+        scored, turns = np.flatnonzero(lengths), 0  # (turns: the width of per_turn's tables, not made here)
     tokens, attention = rows_in.tokens, rows_in.attention
     rows = tokens.shape[0]
     failed = np.zeros(rows, bool)

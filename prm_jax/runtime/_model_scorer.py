@@ -421,7 +421,7 @@ def chunk_slots(order: np.ndarray, lengths: np.ndarray | int, size: int, bucket:
     # Each chunk's longest row in one pass, and each length's bucket once (a chunk of 8 rows is a few us of
     # work: no numpy call per chunk but the slice of its members).
     if isinstance(lengths, np.ndarray):
-        longest = np.maximum.reduceat(lengths[order], np.arange(0, count, size)).tolist() if count else []
+        longest = np.maximum.reduceat(lengths[order], begins).tolist() if count else []
     else:
         longest = [lengths] * len(begins)
     widths = {length: bucket_width(length, bucket) for length in set(longest) if length}

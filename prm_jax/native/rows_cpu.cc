@@ -150,10 +150,10 @@ int64_t Survey(const void* tokens, const void* turn_ids, const void* attention, 
 // their tokens checked and the turn rule walked over the copied turn ids (-1 off the turns: a run starts where
 // the id differs from its left neighbour's).
 
-template <typename T>
+template <int64_t N, typename T>
 inline bool AnyNonzero(const T* p) {
   T any = 0;
-  for (int64_t k = 0; k < kBlock; ++k) any |= p[k];
+  for (int64_t k = 0; k < N; ++k) any |= p[k];
   return any != 0;
 }
 
@@ -164,9 +164,12 @@ int64_t Plan(const void* tokens, const void* attention, int64_t rows, int64_t wi
   int64_t flags = 0, longest = 0, shortest = 0, scored = 0;  // (over the rows of length > 0)
   for (int64_t r = 0; r < rows; ++r) {
     int64_t length = width;
-    if constexpr (kHasAttention) {  // (a block of 16 at a time, then a position at a time)
+    if constexpr (kHasAttention) {  // (4 blocks of 16 at a time, then a block, then a position at a time: each
+      // step waits on the last, so fewer, wider steps; 9.3 -> 7.3 us for 256 rows of 162 padding int64, 7.1 -> 3.1
+      // of int8, measured 2026-12-07)
       const Att* att = atts + r * width;
-      while (length >= kBlock && !AnyNonzero(att + length - kBlock)) length -= kBlock;
+      while (length >= 4 * kBlock && !AnyNonzero<4 * kBlock>(att + length - 4 * kBlock)) length -= 4 * kBlock;
+      while (length >= kBlock && !AnyNonzero<kBlock>(att + length - kBlock)) length -= kBlock;
       while (length > 0 && att[length - 1] == 0) --length;
     }
     lengths[r] = length;

@@ -46,10 +46,10 @@ def reference(tokens, turn_ids, attention):
     return flags, counts, lengths
 
 
-def random_batch(rng):
+def random_batch(rng, widest=69):
     """Rows of turns (stretches of one id, some gaps) across the survey's blocks of 16, sometimes broken, with a
-    mask of holes; every dtype the survey takes."""
-    rows, width = int(rng.integers(1, 6)), int(rng.integers(1, 70))
+    mask of holes; every dtype the survey takes; at most ``widest`` positions a row."""
+    rows, width = int(rng.integers(1, 6)), int(rng.integers(1, widest + 1))
     turn_ids = np.full((rows, width), -1, np.int64)
     for b in range(rows):
         position, turn = int(rng.integers(0, 4)), 0
@@ -174,12 +174,13 @@ def test_score_arrays_gives_numpys_numbers_and_errors_with_the_survey(library, m
 
 def test_plan_rows_is_the_plain_loops_on_random_batches_of_every_dtype(library):
     # Each row's length (last attended position + 1, the mask read back from the row's end) and a stray token
-    # flagged only in a row of length 0 (a row with attention has its tokens checked when it is copied).
+    # flagged only in a row of length 0 (a row with attention has its tokens checked when it is copied). Rows
+    # up to 300 wide in a quarter of the batches: padding read back 64 positions at a time, then 16, then one.
     rng = np.random.default_rng(5661)
-    strays = empties = 0
+    strays = empties = long_padding = 0
     for _ in range(1500):
-        tokens, turn_ids, mask = random_batch(rng)
-        if rng.random() < 0.4 and mask is not None:  # long runs of padding (blocks of 16), whole rows of it
+        tokens, turn_ids, mask = random_batch(rng, widest=300 if rng.random() < 0.25 else 69)
+        if rng.random() < 0.4 and mask is not None:  # long runs of padding (blocks of 16 and 64), whole rows of it
             mask = mask.copy()
             row = rng.integers(mask.shape[0])
             mask[row, int(rng.integers(mask.shape[1])) if rng.random() < 0.5 else 0:] = 0
@@ -198,7 +199,8 @@ def test_plan_rows_is_the_plain_loops_on_random_batches_of_every_dtype(library):
                                                               len(positive))
         strays += empty_stray
         empties += not positive
-    assert strays >= 5 and empties >= 5
+        long_padding += any(tokens.shape[1] - length >= 64 + 16 for length in want_lengths)
+    assert strays >= 5 and empties >= 5 and long_padding >= 50
 
 
 def copied_reference(tokens, turn_ids, attention, members, sizes, widths, size):

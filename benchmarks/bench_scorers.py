@@ -62,6 +62,7 @@ import scorer_workloads as work  # noqa: E402
 from stub_servers import answer_seven, engine_time, server_process, step_by_last_token, teacher_logprob  # noqa: E402
 
 from prm_jax import BaseScorer, BatchScorer, BatchTrajectoryScorer, Interaction, InteractionCache, PRMRunner  # noqa: E402
+from prm_jax.native._ffi import chunk_rows, plan_rows, scores_placer  # noqa: E402
 from prm_jax.runtime import BlockingRunner, score_arrays  # noqa: E402
 from prm_jax.runtime._arrays import _fused_chunks, _numpy_rows, _planned_rows, _surveyed_rows  # noqa: E402
 from prm_jax.scorers import ModelScorer, OpenAIJudgeScorer, PoolingPRMScorer  # noqa: E402
@@ -570,6 +571,31 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
         for array in (tokens, turn_ids, attention):
             array.view(np.uint64).max()
 
+    # The path's native work with the least Python around it: each row's length (plan_rows), the checked copies
+    # (chunk_rows), the model's calls and one placement (ScoresPlacer), the chunks planned once outside the loop
+    # as the hand loop's width is: what the path would cost if its Python cost nothing.
+    _, host, plan = _planned_rows(tokens, turn_ids, attention)
+    planned_chunks = _fused_chunks(host, plan, np.flatnonzero(plan.lengths), np.zeros(n, np.int64), chunk, 128)
+    members = np.concatenate([c.rows for c in planned_chunks])
+    sizes, widths = [c.rows.size for c in planned_chunks], [c.ids.shape[1] for c in planned_chunks]
+
+    def native_calls() -> np.ndarray:
+        plan_rows(host)
+        _, flat_ids, flat_mask, flat_turns, _ = chunk_rows(host, members, sizes, widths, chunk)
+        result = np.zeros((n, width), np.float32)
+        placer = scores_placer(result)
+        assert placer is not None
+        offset = 0
+        for c, padded in zip(planned_chunks, widths):
+            ids, mask, turns = (flat[offset:offset + chunk * padded].reshape(chunk, padded)
+                                for flat in (flat_ids, flat_mask, flat_turns))
+            placer.add(np.asarray(jitted(ids, mask, turns)), turns, c.rows, c.cut)
+            offset += chunk * padded
+        placer.place()
+        return result
+
+    np.testing.assert_array_equal(native_calls(), out)
+
     # Three loops: the path against the hand loop (the figure), the parts, then the async call. In one
     # loop of rounds, an anyio.run (its rows read in anyio's worker thread) made every call after it slower, 2x
     # on this VM, and the path more than the hand loop (at chunks of 256, 1.25-1.31x against 1.18-1.20x without
@@ -578,6 +604,7 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
                              hand_loop)
     fused, copies, checks, numpy_checks, read = wall_times(repeats, checked_copies, hand_copies, checks_native,
                                                            checks_numpy, one_read)
+    native, hand_again = wall_times(repeats, native_calls, hand_loop)
     [in_loop] = wall_times(repeats, lambda: anyio.run(score))
     blocking.close()
     # The numbers against per-turn calls (each turn's prefix alone, unpadded) on a few rows.
@@ -598,7 +625,10 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
           f"survey {median(checks) * 1e3:.3f} ms (numpy's {median(numpy_checks) * 1e3:.3f}), so (hand loop + survey) "
           f"/ hand loop = {(median(hand) + median(checks)) / median(hand):.2f}x; one read of the three arrays, the "
           f"floor of a check not fused into the copies, {median(read) * 1e3:.3f} ms: "
-          f"{(median(hand) + median(read)) / median(hand):.2f}x:")
+          f"{(median(hand) + median(read)) / median(hand):.2f}x. The path's native calls alone (each row's length, "
+          f"the checked copies, the model's calls, one placement; the chunks planned outside the loop), in rounds "
+          f"of their own with the hand loop: {median(native) / median(hand_again):.2f}x it, so its Python costs "
+          f"about {(median(walls) - median(native) * median(hand) / median(hand_again)) * 1e6:.0f} us a call:")
     print(f"   wall {median(walls) * 1e3:.1f} ms = {median(walls) / median(hand):.2f}x the hand-batched loop "
           f"({median(hand) * 1e3:.1f} ms; runs: {', '.join(f'{w / median(hand):.2f}' for w in walls)}); compiles "
           f"{compiles} for {len(used)} bucket(s) used; {scorer.forwards // (repeats + 1)} forwards a batch; max |diff| "

@@ -615,6 +615,9 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
             alone = np.asarray(model(prefix, np.ones_like(prefix), np.zeros_like(prefix)))[0, -turn.output_len:]
             worst = max(worst, float(np.abs(out[b, turn_ids[b] == k] - alone).max()))
     what = "PRM" if model is jax_prm else "free model (the host path alone)"
+    python = "" if model is not free_model else (  # (beside a model that costs something, its time's noise dominates)
+        f", so the path's Python costs about {(median(walls) - median(native) * median(hand) / median(hand_again)) * 1e6:.0f}"
+        " us a call")
     print(f"\n4. JAX {what}: {n} rows x {TURNS} turns, {int(attention.sum())} tokens (T = {width}); ModelScorer through "
           f"score_arrays, chunks of {chunk} rows: {n / median(walls):,.0f} rows/s against the hand loop's "
           f"{n / median(hand):,.0f}")
@@ -627,8 +630,7 @@ def bench_model_chunk(n: int, repeats: int, chunk: int, model: Callable[..., Any
           f"floor of a check not fused into the copies, {median(read) * 1e3:.3f} ms: "
           f"{(median(hand) + median(read)) / median(hand):.2f}x. The path's native calls alone (each row's length, "
           f"the checked copies, the model's calls, one placement; the chunks planned outside the loop), in rounds "
-          f"of their own with the hand loop: {median(native) / median(hand_again):.2f}x it, so its Python costs "
-          f"about {(median(walls) - median(native) * median(hand) / median(hand_again)) * 1e6:.0f} us a call:")
+          f"of their own with the hand loop: {median(native) / median(hand_again):.2f}x it{python}:")
     print(f"   wall {median(walls) * 1e3:.1f} ms = {median(walls) / median(hand):.2f}x the hand-batched loop "
           f"({median(hand) * 1e3:.1f} ms; runs: {', '.join(f'{w / median(hand):.2f}' for w in walls)}); compiles "
           f"{compiles} for {len(used)} bucket(s) used; {scorer.forwards // (repeats + 1)} forwards a batch; max |diff| "

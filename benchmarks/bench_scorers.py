@@ -26,8 +26,11 @@ turns each, against the ideal their resources allow, in one run.
    stub as in 3). Ideal: 4 requests, the engine's time for them; tokens against one leaf per branch.
 4. JAX PRM: ``ModelScorer`` over a trainer's arrays (``score_arrays``) against the best hand-batched loop
    (the same jitted model on chunks of 64 rows padded to the same bucket). Compiles against buckets used;
-   numbers against per-turn calls. 4b: rows of mixed lengths (64..512) against the hand loop that sorts
-   rows by length and pads each chunk to its own bucket (issue 42.4).
+   numbers against per-turn calls. Beside it, its parts and floors: the checks as the path makes them (in the
+   copies) against the hand loop's copies, the native survey and numpy's checks, one read of the arrays, and the
+   path's native calls alone (its cost if its Python cost nothing; with ``--model free``, the Python a call).
+   4b: rows of mixed lengths (64..512) against the hand loop that sorts rows by length and pads each chunk to
+   its own bucket (issue 42.4).
 5. batching: a ``BatchScorer`` and a ``BatchTrajectoryScorer`` whose call takes 20 ms: calls made (ideal 16
    and 4) and wall against the same calls in a hand-written loop.
 6. shared turns: a prefix-determined scorer on a session tree of 64 leaves and depth 8: calls against
